@@ -1,0 +1,66 @@
+/* File-system helpers: whole-file reads, path joining, and atomic writes.
+ *
+ * Atomic write protocol (used by every writer in kiln, e.g. the safetensors
+ * writer): write to "<path>.tmp.<pid>" in the same directory, fsync it, close
+ * it, rename() it over <path>, then fsync the directory so the rename itself
+ * is durable. A reader therefore sees either the old file or the complete new
+ * one, never a torn file. On any failure before the rename the temp file is
+ * unlinked and <path> is untouched.
+ *
+ * Error messages name the path and the OS reason (strerror).
+ */
+#ifndef KILN_FSUTIL_H
+#define KILN_FSUTIL_H
+
+#include <stddef.h>
+
+#include "kiln/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Read a whole file into a malloc'd buffer. *data gets one extra NUL byte
+ * after the contents (not counted in *len) so text can be used as a C string.
+ * On error *data is NULL and *len is 0. Free *data with free(). */
+kiln_error *kiln_read_file(const char *path, char **data, size_t *len);
+
+/* "dir" + "/" + "name" as a malloc'd string (no doubled '/'; an empty or NULL
+ * dir gives a copy of name). Plain string concatenation: ".." and absolute
+ * names are not interpreted. Returns NULL only when out of memory. */
+char *kiln_path_join(const char *dir, const char *name);
+
+/* Write len bytes to path atomically (see the protocol above). */
+kiln_error *kiln_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* The pieces of the protocol, for writers that stream their output:
+ *
+ *   kiln_atomic_file f;
+ *   KILN_TRY(kiln_atomic_begin(&f, path));
+ *   if ((e = kiln_atomic_write(&f, a, na)) || (e = kiln_atomic_write(&f, b, nb))) {
+ *       kiln_atomic_abort(&f);
+ *       return e;
+ *   }
+ *   return kiln_atomic_commit(&f);
+ *
+ * commit and abort both release everything; abort is a no-op after commit. */
+typedef struct {
+    char *path;     /* final destination */
+    char *tmp_path; /* "<path>.tmp.<pid>"; NULL once committed or aborted */
+    int fd;         /* open temp file, or -1 */
+} kiln_atomic_file;
+
+kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path);
+/* Write everything or fail (retries short writes and EINTR; ENOSPC, EFBIG,
+ * EIO... become errors naming the path). Does not abort on failure. */
+kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len);
+/* fsync, close, rename over the destination, fsync the directory. On failure
+ * before the rename the temp file is removed and the destination untouched. */
+kiln_error *kiln_atomic_commit(kiln_atomic_file *f);
+/* Close and unlink the temp file. */
+void kiln_atomic_abort(kiln_atomic_file *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

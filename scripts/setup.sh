@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up kiln on a fresh Debian machine: install the build's Debian packages, build, and run
+# the default job (ZAYA on a bundled model: logits, loss and gradients, then a short generation).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+if ! dpkg -s libopenblas-dev libopenblas-openmp-dev libcjson-dev cmake pkg-config gcc >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq build-essential cmake pkg-config \
+    libopenblas-dev libopenblas-openmp-dev libcjson-dev >/dev/null
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)"
+scripts/default_job.sh

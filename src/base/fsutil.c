@@ -1,0 +1,203 @@
+/* File-system helpers. See include/kiln/fsutil.h for the atomic write protocol. */
+#include "kiln/fsutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- reading ---- */
+
+kiln_error *kiln_read_file(const char *path, char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    /* The size from fstat is only a first guess: read until EOF so that files
+     * that change size under us, and pipes or /proc files (size 0), work. */
+    struct stat sb;
+    size_t cap = 4096;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0) cap = (size_t)sb.st_size + 1;
+    char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return kiln_errorf(KILN_ENOMEM, "%s: out of memory reading %zu bytes", path, cap);
+    }
+    size_t n = 0;
+    for (;;) {
+        if (n + 1 >= cap) { /* keep room for the NUL terminator */
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                close(fd);
+                return kiln_errorf(KILN_ENOMEM, "%s: out of memory reading the file", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            int err = errno;
+            free(buf);
+            close(fd);
+            return kiln_errorf(KILN_EIO, "%s: read failed after %zu bytes: %s", path, n, strerror(err));
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return NULL;
+}
+
+char *kiln_path_join(const char *dir, const char *name) {
+    if (!dir || !*dir) return strdup(name);
+    size_t dl = strlen(dir), nl = strlen(name);
+    int slash = dir[dl - 1] != '/';
+    char *p = malloc(dl + (size_t)slash + nl + 1);
+    if (!p) return NULL;
+    memcpy(p, dir, dl);
+    if (slash) p[dl] = '/';
+    memcpy(p + dl + slash, name, nl + 1);
+    return p;
+}
+
+/* ---- atomic writing ---- */
+
+/* The directory holding path ("." for a bare name), malloc'd. */
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    size_t n = (size_t)(slash - path);
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, path, n);
+    d[n] = 0;
+    return d;
+}
+
+/* fsync a directory so that a rename inside it survives a crash. Some file
+ * systems cannot fsync directories (EINVAL); there is nothing more we can do
+ * there, so that is not an error. */
+static kiln_error *fsync_dir(const char *path) {
+    char *dir = dir_of(path);
+    if (!dir) return kiln_errorf(KILN_ENOMEM, "%s: out of memory", path);
+    kiln_error *e = NULL;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        e = kiln_errorf(KILN_EIO, "%s: written, but cannot open directory %s to sync it: %s", path, dir,
+                        strerror(errno));
+    } else {
+        if (fsync(fd) != 0 && errno != EINVAL)
+            e = kiln_errorf(KILN_EIO, "%s: written, but syncing directory %s failed: %s", path, dir,
+                            strerror(errno));
+        close(fd);
+    }
+    free(dir);
+    return e;
+}
+
+kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path) {
+    f->fd = -1;
+    f->path = strdup(path);
+    int n = snprintf(NULL, 0, "%s.tmp.%ld", path, (long)getpid());
+    f->tmp_path = n < 0 ? NULL : malloc((size_t)n + 1);
+    if (!f->path || !f->tmp_path) {
+        free(f->path);
+        free(f->tmp_path);
+        f->path = f->tmp_path = NULL;
+        return kiln_errorf(KILN_ENOMEM, "%s: out of memory", path);
+    }
+    snprintf(f->tmp_path, (size_t)n + 1, "%s.tmp.%ld", path, (long)getpid());
+    /* O_EXCL so we never write through a symlink or into someone else's file.
+     * A leftover temp with our pid can only come from an earlier process that
+     * died (pids are reused, especially in containers): remove it and retry. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (f->fd >= 0 || errno != EEXIST || attempt > 0) break;
+        if (unlink(f->tmp_path) != 0) break;
+    }
+    if (f->fd < 0) {
+        kiln_error *e = kiln_errorf(KILN_EIO, "%s: cannot create temp file %s: %s", path, f->tmp_path,
+                                    strerror(errno));
+        free(f->path);
+        free(f->tmp_path);
+        f->path = f->tmp_path = NULL;
+        return e;
+    }
+    return NULL;
+}
+
+kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len) {
+    const char *p = data;
+    while (len > 0) {
+        /* Linux writes at most ~2 GiB per call; ask for 1 GiB at a time. */
+        size_t chunk = len < ((size_t)1 << 30) ? len : ((size_t)1 << 30);
+        ssize_t w = write(f->fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return kiln_errorf(KILN_EIO, "%s: write to %s failed: %s", f->path, f->tmp_path, strerror(errno));
+        }
+        if (w == 0) /* should not happen for regular files; do not spin */
+            return kiln_errorf(KILN_EIO, "%s: write to %s made no progress (disk full?)", f->path, f->tmp_path);
+        p += w;
+        len -= (size_t)w;
+    }
+    return NULL;
+}
+
+void kiln_atomic_abort(kiln_atomic_file *f) {
+    if (f->fd >= 0) close(f->fd);
+    if (f->tmp_path) unlink(f->tmp_path);
+    free(f->path);
+    free(f->tmp_path);
+    f->fd = -1;
+    f->path = f->tmp_path = NULL;
+}
+
+kiln_error *kiln_atomic_commit(kiln_atomic_file *f) {
+    kiln_error *e = NULL;
+    /* fsync before rename: otherwise a crash can leave the new name pointing
+     * at a file whose data never reached the disk. close() is checked too
+     * because network file systems report write errors there. */
+    if (fsync(f->fd) != 0) {
+        e = kiln_errorf(KILN_EIO, "%s: fsync of %s failed: %s", f->path, f->tmp_path, strerror(errno));
+    } else {
+        int rc = close(f->fd);
+        f->fd = -1;
+        if (rc != 0)
+            e = kiln_errorf(KILN_EIO, "%s: close of %s failed: %s", f->path, f->tmp_path, strerror(errno));
+        else if (rename(f->tmp_path, f->path) != 0)
+            e = kiln_errorf(KILN_EIO, "%s: cannot rename %s into place: %s", f->path, f->tmp_path,
+                            strerror(errno));
+    }
+    if (e) {
+        kiln_atomic_abort(f);
+        return e;
+    }
+    /* The data is in place; only the durability of the rename is left. */
+    e = fsync_dir(f->path);
+    free(f->path);
+    free(f->tmp_path);
+    f->path = f->tmp_path = NULL;
+    return e;
+}
+
+kiln_error *kiln_write_file_atomic(const char *path, const void *data, size_t len) {
+    kiln_atomic_file f;
+    KILN_TRY(kiln_atomic_begin(&f, path));
+    kiln_error *e = kiln_atomic_write(&f, data, len);
+    if (e) {
+        kiln_atomic_abort(&f);
+        return e;
+    }
+    return kiln_atomic_commit(&f);
+}

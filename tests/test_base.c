@@ -1,0 +1,375 @@
+/* Base helpers: JSON getters, file utilities, logging, progress output. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/json.h"
+#include "kiln/log.h"
+#include "kiln/progress.h"
+#include "test.h"
+
+static const char *in_dir(const char *dir, const char *name) {
+    static char bufs[8][1024];
+    static int k;
+    char *b = bufs[k++ & 7];
+    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
+    return b;
+}
+
+static void put(const char *path, const char *text) { CHECK_OK(kiln_write_file_atomic(path, text, strlen(text))); }
+
+/* ---- JSON ---- */
+
+TEST(json_parse_error_has_line_and_column) {
+    const char *dir = test_tmpdir();
+    const char *path = in_dir(dir, "config.json");
+    put(path, "{\n  \"a\": 1,\n  \"b\": ]\n}\n");
+    cJSON *root = (cJSON *)1;
+    char want[1200];
+    snprintf(want, sizeof want, "%s: invalid JSON at line 3, column 8 (near ']')", path);
+    CHECK_ERR(kiln_json_parse_file(path, &root), want);
+    CHECK(root == NULL);
+
+    put(path, "{\"a\": 1,\n \"b\": 2");
+    CHECK_ERR(kiln_json_parse_file(path, &root), "invalid JSON: unexpected end at line 2");
+    put(path, "{\"a\": 1}\n  x");
+    CHECK_ERR(kiln_json_parse_file(path, &root), "unexpected data after the value at line 2, column 3 (near 'x')");
+    put(path, "");
+    CHECK_ERR(kiln_json_parse_file(path, &root), "unexpected end at line 1, column 1");
+    CHECK_ERR(kiln_json_parse_file(in_dir(dir, "missing.json"), &root), "missing.json: cannot open: No such file");
+
+    /* Without a context the message has no prefix. */
+    CHECK_ERR(kiln_json_parse("[1,,2]", 6, NULL, &root), "invalid JSON at line 1, column 4");
+    kiln_error *e = kiln_json_parse("[1,,2]", 6, NULL, &root);
+    CHECK(e && strncmp(kiln_error_msg(e), "invalid JSON", 12) == 0);
+    kiln_error_free(e);
+
+    /* Length-bounded: bytes past len are not read. */
+    CHECK_OK(kiln_json_parse("{\"a\":1}garbage", 7, "t", &root));
+    CHECK(cJSON_IsObject(root));
+    cJSON_Delete(root);
+}
+
+TEST(json_typed_getters) {
+    cJSON *root = NULL;
+    const char *text = "{\"hidden_size\": 4096, \"big\": 1e3, \"frac\": 1.5, \"name\": \"zaya\", \"eps\": 1e-6,"
+                       " \"tie\": true, \"off\": false, \"str_int\": \"32\", \"nothing\": null, \"neg\": -2,"
+                       " \"list\": [1, 2], \"sub\": {\"x\": 1}, \"huge\": 1e300}";
+    CHECK_OK(kiln_json_parse(text, strlen(text), "config.json", &root));
+    int64_t i = 0;
+    double d = 0;
+    int b = -1;
+    const char *s = NULL;
+    const cJSON *node = NULL;
+
+    CHECK_OK(kiln_json_get_int(root, "hidden_size", &i, 0, 1, "config.json"));
+    CHECK(i == 4096);
+    CHECK_OK(kiln_json_get_int(root, "big", &i, 0, 1, "config.json"));
+    CHECK(i == 1000);
+    CHECK_OK(kiln_json_get_int(root, "neg", &i, 0, 1, "config.json"));
+    CHECK(i == -2);
+    CHECK_OK(kiln_json_get_int(root, "absent", &i, 77, 0, "config.json"));
+    CHECK(i == 77);
+    CHECK_OK(kiln_json_get_int(root, "nothing", &i, 78, 0, "config.json")); /* null = missing */
+    CHECK(i == 78);
+    CHECK_OK(kiln_json_get_double(root, "eps", &d, 0, 1, "config.json"));
+    CHECK(d == 1e-6);
+    CHECK_OK(kiln_json_get_double(root, "hidden_size", &d, 0, 1, "config.json")); /* ints are numbers */
+    CHECK(d == 4096);
+    CHECK_OK(kiln_json_get_bool(root, "tie", &b, 0, 1, "config.json"));
+    CHECK(b == 1);
+    CHECK_OK(kiln_json_get_bool(root, "off", &b, 1, 1, "config.json"));
+    CHECK(b == 0);
+    CHECK_OK(kiln_json_get_bool(root, "absent", &b, 1, 0, "config.json"));
+    CHECK(b == 1);
+    CHECK_OK(kiln_json_get_string(root, "name", &s, NULL, 1, "config.json"));
+    CHECK(s && strcmp(s, "zaya") == 0);
+    CHECK_OK(kiln_json_get_string(root, "absent", &s, "dflt", 0, "config.json"));
+    CHECK(s && strcmp(s, "dflt") == 0);
+    CHECK_OK(kiln_json_get_array(root, "list", &node, 1, "config.json"));
+    CHECK(node && cJSON_GetArraySize(node) == 2);
+    CHECK_OK(kiln_json_get_array(root, "absent", &node, 0, "config.json"));
+    CHECK(node == NULL);
+    CHECK_OK(kiln_json_get_object(root, "sub", &node, 1, "config.json"));
+    CHECK(node && cJSON_IsObject(node));
+
+    /* wrong types, each naming the field and what was found */
+    CHECK_ERR(kiln_json_get_int(root, "str_int", &i, 0, 1, "config.json"),
+              "config.json: field 'str_int' must be an integer, got string \"32\"");
+    CHECK_ERR(kiln_json_get_int(root, "frac", &i, 0, 1, "config.json"),
+              "config.json: field 'frac' must be an integer, got 1.5");
+    CHECK_ERR(kiln_json_get_int(root, "huge", &i, 0, 1, "config.json"), "field 'huge' must be an integer, got 1e+300");
+    CHECK_ERR(kiln_json_get_int(root, "tie", &i, 0, 1, "config.json"), "field 'tie' must be an integer, got boolean");
+    CHECK_ERR(kiln_json_get_double(root, "name", &d, 0, 1, "config.json"), "field 'name' must be a number, got string");
+    CHECK_ERR(kiln_json_get_bool(root, "hidden_size", &b, 0, 1, "config.json"),
+              "field 'hidden_size' must be true or false, got number");
+    CHECK_ERR(kiln_json_get_string(root, "list", &s, NULL, 1, "config.json"),
+              "field 'list' must be a string, got array");
+    CHECK_ERR(kiln_json_get_array(root, "sub", &node, 1, "config.json"), "field 'sub' must be an array, got object");
+    CHECK_ERR(kiln_json_get_object(root, "list", &node, 0, "config.json"), "field 'list' must be an object, got array");
+    /* on error the output is left alone */
+    i = 5;
+    kiln_error_free(kiln_json_get_int(root, "frac", &i, 0, 1, "config.json"));
+    CHECK(i == 5);
+
+    /* missing required fields */
+    CHECK_ERR(kiln_json_get_int(root, "vocab_size", &i, 0, 1, "config.json"),
+              "config.json: missing required field 'vocab_size'");
+    CHECK_ERR(kiln_json_get_string(root, "nothing", &s, NULL, 1, "config.json"), "missing required field 'nothing'");
+    CHECK_ERR(kiln_json_get_bool(NULL, "x", &b, 0, 1, NULL), "missing required field 'x'");
+    cJSON_Delete(root);
+}
+
+TEST(json_repeated_key_last_wins) {
+    cJSON *root = NULL;
+    CHECK_OK(kiln_json_parse("{\"a\": 1, \"a\": 2}", 16, "t", &root));
+    int64_t i = 0;
+    CHECK_OK(kiln_json_get_int(root, "a", &i, 0, 1, "t"));
+    CHECK(i == 2); /* as Python's json module, which writes most configs */
+    cJSON_Delete(root);
+}
+
+/* ---- fsutil ---- */
+
+TEST(fs_path_join) {
+    char *p = kiln_path_join("a/b", "c.json");
+    CHECK(p && strcmp(p, "a/b/c.json") == 0);
+    free(p);
+    p = kiln_path_join("a/b/", "c.json");
+    CHECK(p && strcmp(p, "a/b/c.json") == 0);
+    free(p);
+    p = kiln_path_join("", "c.json");
+    CHECK(p && strcmp(p, "c.json") == 0);
+    free(p);
+    p = kiln_path_join(NULL, "c.json");
+    CHECK(p && strcmp(p, "c.json") == 0);
+    free(p);
+    p = kiln_path_join("/", "etc");
+    CHECK(p && strcmp(p, "/etc") == 0);
+    free(p);
+}
+
+TEST(fs_read_and_atomic_write) {
+    const char *dir = test_tmpdir();
+    const char *path = in_dir(dir, "f.bin");
+    char data[10000];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (char)(i * 7);
+    CHECK_OK(kiln_write_file_atomic(path, data, sizeof data));
+    char *got = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(path, &got, &n));
+    CHECK(n == sizeof data && got && memcmp(got, data, n) == 0 && got[n] == 0);
+    free(got);
+
+    CHECK_OK(kiln_write_file_atomic(path, "short", 5)); /* overwrite, shrinking */
+    CHECK_OK(kiln_read_file(path, &got, &n));
+    CHECK(n == 5 && strcmp(got, "short") == 0);
+    free(got);
+
+    CHECK_OK(kiln_write_file_atomic(path, NULL, 0)); /* empty file */
+    CHECK_OK(kiln_read_file(path, &got, &n));
+    CHECK(n == 0 && got && got[0] == 0);
+    free(got);
+
+    /* only f.bin: no temp files left behind */
+    DIR *d = opendir(dir);
+    int entries = 0;
+    for (struct dirent *de; d && (de = readdir(d));)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) entries++;
+    if (d) closedir(d);
+    CHECK(entries == 1);
+}
+
+TEST(fs_errors_name_the_path) {
+    const char *dir = test_tmpdir();
+    char *got = (char *)1;
+    size_t n = 1;
+    char want[1200];
+    snprintf(want, sizeof want, "%s: cannot open: No such file or directory", in_dir(dir, "nope"));
+    CHECK_ERR(kiln_read_file(in_dir(dir, "nope"), &got, &n), want);
+    CHECK(got == NULL && n == 0);
+    CHECK_ERR(kiln_read_file(dir, &got, &n), "Is a directory");
+
+    const char *target = in_dir(dir, "missing/f.txt");
+    CHECK_ERR(kiln_write_file_atomic(target, "x", 1), "missing/f.txt: cannot create temp file");
+    struct stat sb;
+    CHECK(stat(in_dir(dir, "missing"), &sb) != 0);
+
+    /* Renaming onto a directory fails after the temp was written: the temp
+     * must be removed and the directory left alone. */
+    mkdir(in_dir(dir, "adir"), 0700);
+    CHECK_ERR(kiln_write_file_atomic(in_dir(dir, "adir"), "x", 1), "cannot rename");
+    CHECK(stat(in_dir(dir, "adir"), &sb) == 0 && S_ISDIR(sb.st_mode));
+    char tmpname[64];
+    snprintf(tmpname, sizeof tmpname, "adir.tmp.%ld", (long)getpid());
+    CHECK(stat(in_dir(dir, tmpname), &sb) != 0);
+}
+
+TEST(fs_stale_temp_file_is_replaced) {
+    /* A temp file left by a crashed process with our pid must not block us. */
+    const char *dir = test_tmpdir();
+    const char *path = in_dir(dir, "f.txt");
+    char stale[1200];
+    snprintf(stale, sizeof stale, "%s.tmp.%ld", path, (long)getpid());
+    put(stale, "junk");
+    CHECK_OK(kiln_write_file_atomic(path, "fresh", 5));
+    char *got;
+    size_t n;
+    CHECK_OK(kiln_read_file(path, &got, &n));
+    CHECK(n == 5 && memcmp(got, "fresh", 5) == 0);
+    free(got);
+    struct stat sb;
+    CHECK(stat(stale, &sb) != 0);
+}
+
+/* ---- stderr capture for log and progress ---- */
+
+static int saved_fd = -1;
+static char capture_path[1024];
+
+static void capture_begin(void) {
+    snprintf(capture_path, sizeof capture_path, "%s", in_dir(test_tmpdir(), "stderr.txt"));
+    fflush(stderr);
+    saved_fd = dup(2);
+    int fd = open(capture_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    close(fd);
+}
+
+/* Stop capturing; returns the captured text (malloc'd). */
+static char *capture_end(void) {
+    fflush(stderr);
+    dup2(saved_fd, 2);
+    close(saved_fd);
+    char *text = NULL;
+    size_t n;
+    kiln_error *e = kiln_read_file(capture_path, &text, &n);
+    if (e) {
+        kiln_error_free(e);
+        return calloc(1, 1);
+    }
+    return text;
+}
+
+static int count_str(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+TEST(log_levels_and_tags) {
+    kiln_log_level saved = kiln_log_get_level();
+    kiln_log_set_level(KILN_LOG_INFO);
+    capture_begin();
+    kiln_log(KILN_LOG_ERROR, "bad %d", 1);
+    kiln_log(KILN_LOG_WARN, "careful\n");
+    kiln_log(KILN_LOG_INFO, "loaded %s", "model");
+    kiln_log(KILN_LOG_DEBUG, "hidden");
+    kiln_log_set_level(KILN_LOG_DEBUG);
+    kiln_log(KILN_LOG_DEBUG, "shown");
+    kiln_log_set_level(KILN_LOG_ERROR);
+    kiln_log(KILN_LOG_WARN, "suppressed");
+    char longmsg[2000];
+    memset(longmsg, 'x', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = 0;
+    kiln_log(KILN_LOG_ERROR, "%s", longmsg);
+    char *out = capture_end();
+    kiln_log_set_level(saved);
+    const char *want = "kiln: error: bad 1\nkiln: warning: careful\nkiln: loaded model\nkiln: debug: shown\n";
+    CHECK_MSG(strncmp(out, want, strlen(want)) == 0, "got '%s'", out);
+    CHECK(!strstr(out, "hidden") && !strstr(out, "suppressed"));
+    CHECK(strstr(out, longmsg) != NULL);
+    free(out);
+    CHECK(kiln_log_enabled(KILN_LOG_ERROR));
+}
+
+TEST(log_level_names) {
+    kiln_log_level l = KILN_LOG_INFO;
+    CHECK(kiln_log_level_parse("debug", &l) == 0 && l == KILN_LOG_DEBUG);
+    CHECK(kiln_log_level_parse("WARN", &l) == 0 && l == KILN_LOG_WARN);
+    CHECK(kiln_log_level_parse("warning", &l) == 0 && l == KILN_LOG_WARN);
+    CHECK(kiln_log_level_parse("error", &l) == 0 && l == KILN_LOG_ERROR);
+    CHECK(kiln_log_level_parse("info", &l) == 0 && l == KILN_LOG_INFO);
+    CHECK(kiln_log_level_parse("loud", &l) == -1 && l == KILN_LOG_INFO);
+    CHECK(kiln_log_level_parse(NULL, &l) == -1);
+}
+
+TEST(progress_plain_lines) {
+    FILE *f = tmpfile();
+    kiln_progress p;
+    unsetenv("KILN_PROGRESS");
+    kiln_progress_start_to(&p, "train", 1000, "step", f, 0);
+    for (uint64_t i = 1; i <= 1000; i++) kiln_progress_update(&p, i);
+    kiln_progress_finish(&p);
+    kiln_progress_finish(&p); /* second finish is a no-op */
+    char buf[4096] = {0};
+    rewind(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* A fast loop in a log gets just the final line. */
+    CHECK_MSG(count_str(buf, "\n") == 1, "got '%s'", buf);
+    CHECK_MSG(strncmp(buf, "train: 1000/1000 step (100.0%), ", 32) == 0, "got '%s'", buf);
+    CHECK(strstr(buf, "step/s, elapsed 0:00, eta 0:00\n") != NULL);
+    CHECK(!strchr(buf, '\r'));
+
+    /* unknown total */
+    f = tmpfile();
+    kiln_progress_start_to(&p, "tokens", 0, "tok", f, 0);
+    kiln_progress_update(&p, 12345);
+    kiln_progress_finish(&p);
+    rewind(f);
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    CHECK_MSG(strncmp(buf, "tokens: 12345 tok, ", 19) == 0 && !strstr(buf, "eta"), "got '%s'", buf);
+}
+
+TEST(progress_tty_redraws_in_place) {
+    FILE *f = tmpfile();
+    kiln_progress p;
+    unsetenv("KILN_PROGRESS");
+    kiln_progress_start_to(&p, "load", 4, "file", f, 1);
+    for (uint64_t i = 1; i <= 4; i++) kiln_progress_update(&p, i);
+    kiln_progress_finish(&p);
+    char buf[4096] = {0};
+    rewind(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* first update drawn at once, the rest throttled, then the final line */
+    CHECK_MSG(count_str(buf, "\r") >= 2 && count_str(buf, "\r") <= 5, "got '%s'", buf);
+    CHECK(strstr(buf, "\rload [######..................] 1/4 file") != NULL);
+    CHECK(strstr(buf, "\rload [########################] 4/4 file") != NULL);
+    CHECK(count_str(buf, "\n") == 1 && buf[n - 1] == '\n');
+    CHECK(strstr(buf, "\033[K") != NULL);
+}
+
+TEST(progress_disabled_by_env) {
+    FILE *f = tmpfile();
+    kiln_progress p;
+    setenv("KILN_PROGRESS", "0", 1);
+    kiln_progress_start_to(&p, "x", 10, "it", f, 1);
+    kiln_progress_update(&p, 5);
+    kiln_progress_finish(&p);
+    unsetenv("KILN_PROGRESS");
+    CHECK(ftell(f) == 0);
+    fclose(f);
+
+    /* the stderr entry point works too (and stays quiet when disabled) */
+    setenv("KILN_PROGRESS", "0", 1);
+    capture_begin();
+    kiln_progress_start(&p, "y", 3, "it");
+    kiln_progress_update(&p, 3);
+    kiln_progress_finish(&p);
+    char *out = capture_end();
+    unsetenv("KILN_PROGRESS");
+    CHECK_MSG(out[0] == 0, "got '%s'", out);
+    free(out);
+}
