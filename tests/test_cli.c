@@ -236,3 +236,25 @@ TEST(zaya_save_load_roundtrip) {
     kiln_zaya_free(a);
     kiln_zaya_free(b);
 }
+
+TEST(cli_diff) {
+    const char *d = test_tmpdir();
+    char a[600], b[600], c[600], args[2048], out[8192];
+    snprintf(a, sizeof a, "%s/a.safetensors", d);
+    snprintf(b, sizeof b, "%s/b.safetensors", d);
+    snprintf(c, sizeof c, "%s/c.safetensors", d);
+    float x[4] = {1, -2, 3, 4}, y[4] = {1, -2, 3, 4.0001f}, z[2] = {1, 2};
+    int64_t s4[1] = {4}, s2[1] = {2};
+    kiln_st_entry ea[2] = {{"w", KILN_DT_F32, 1, s4, x}, {"v", KILN_DT_F32, 1, s2, z}};
+    kiln_st_entry eb[2] = {{"w", KILN_DT_F32, 1, s4, y}, {"v", KILN_DT_F32, 1, s2, z}};
+    CHECK_OK(kiln_st_write(a, ea, 2, NULL));
+    CHECK_OK(kiln_st_write(b, eb, 2, NULL));
+    CHECK_OK(kiln_st_write(c, ea, 1, NULL));
+    snprintf(args, sizeof args, "diff '%s' '%s'", a, b); /* 1e-4 / 4 = 2.5e-5: within 1e-4 */
+    CHECK_MSG(test_run_kiln(args, out, sizeof out) == 0 && strstr(out, "2 tensors compared, 0 problems"), "%s", out);
+    snprintf(args, sizeof args, "diff '%s' '%s' --tol 1e-6", a, b);
+    CHECK_MSG(test_run_kiln(args, out, sizeof out) == 1 && strstr(out, "1 problems"), "%s", out);
+    snprintf(args, sizeof args, "diff '%s' '%s'", c, b);
+    CHECK_MSG(test_run_kiln(args, out, sizeof out) == 1 && strstr(out, "only in"), "%s", out);
+    expect_fail("diff onlyone.safetensors", "two files");
+}

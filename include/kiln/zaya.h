@@ -100,6 +100,10 @@ kiln_error *kiln_zaya_check_ids(const kiln_zaya *m, const int64_t *ids, int64_t 
 
 /* Activations saved by a forward pass over B sequences of T tokens, for backward. */
 kiln_error *kiln_zaya_acts_create(const kiln_zaya *m, int64_t B, int64_t T, kiln_zaya_acts **out);
+/* The same; for_backward = 0 leaves out the attention probabilities (B*heads*T*T floats a layer),
+ * for forward-only use. */
+kiln_error *kiln_zaya_acts_create_ex(const kiln_zaya *m, int64_t B, int64_t T, int for_backward,
+                                     kiln_zaya_acts **out);
 void kiln_zaya_acts_free(kiln_zaya_acts *a);
 
 /* Forward over ids [B,T] (the acts' shape). logits [B,T,V] (nullable: then not stored beyond

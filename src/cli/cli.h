@@ -14,7 +14,7 @@ typedef struct {
     const char *usage;                 /* printed by `kiln <cmd> --help` */
 } kiln_cmd;
 
-extern const kiln_cmd kiln_cmd_logits, kiln_cmd_generate;
+extern const kiln_cmd kiln_cmd_logits, kiln_cmd_generate, kiln_cmd_diff;
 
 /* Print "kiln <cmd>: <message>" for an error, free it, return the exit status 1. */
 int cli_fail(const char *cmd, kiln_error *e);

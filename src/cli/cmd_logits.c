@@ -62,7 +62,7 @@ static kiln_error *run(const char *model_dir, const char *in, const char *out, i
     kiln_error *e = kiln_zaya_load_dir(model_dir, &m);
     if (!e) e = cli_read_input_ids(in, &ids, &B, &T);
     if (!e) e = cli_check_ids(m, in, ids, B, T);
-    if (!e) e = kiln_zaya_acts_create(m, B, T, &a);
+    if (!e) e = kiln_zaya_acts_create_ex(m, B, T, grads, &a);
     if (!e) e = kiln_zaya_forward(m, a, ids, NULL, &loss);
     if (!e && grads) e = kiln_zaya_backward(m, a, ids);
     if (!e) {

@@ -7,6 +7,7 @@
 
 #include "kiln/fsutil.h"
 #include "kiln/nn.h"
+#include "kiln/progress.h"
 #include "kiln/rng.h"
 #include "kiln/safetensors.h"
 #include "zaya_internal.h"
@@ -135,13 +136,28 @@ static kiln_error *load_tensor(const kiln_st *st, const char *name, int ndim, co
     return kiln_st_read_f32(t, dst, (size_t)numel);
 }
 
+/* Models above this many parameters show a progress bar while loading (reading and converting
+ * gigabytes takes seconds); small ones load silently. */
+#define LOAD_PROGRESS_MIN_PARAMS (64u * 1000u * 1000u)
+
 static kiln_error *load_weights(kiln_zaya *m, const kiln_st *st, const char *cfgpath) {
     const kiln_zaya_config *c = &m->cfg;
     const int64_t E1 = c->num_experts + 1;
+    kiln_progress bar;
+    int show = m->numel >= LOAD_PROGRESS_MIN_PARAMS;
+    if (show) kiln_progress_start(&bar, "loading", (uint64_t)m->numel, "params");
+    uint64_t done = 0;
     for (int i = 0; i < m->nparams; i++) {
         const kiln_param_info *p = &m->params[i];
-        KILN_TRY(load_tensor(st, p->name, p->ndim, p->shape, m->w + p->offset, cfgpath));
+        kiln_error *e = load_tensor(st, p->name, p->ndim, p->shape, m->w + p->offset, cfgpath);
+        if (e) {
+            if (show) kiln_progress_finish(&bar);
+            return e;
+        }
+        done += (uint64_t)p->numel;
+        if (show) kiln_progress_update(&bar, done);
     }
+    if (show) kiln_progress_finish(&bar);
     char name[128];
     for (int64_t l = 0; l < c->num_layers; l++) {
         balancing_name(name, sizeof name, l);

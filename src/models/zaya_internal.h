@@ -54,9 +54,6 @@ struct kiln_zaya_acts {
     size_t scratch_len;
 };
 
-kiln_error *kiln_zaya_acts_create_ex(const kiln_zaya *m, int64_t B, int64_t T, int with_probs,
-                                     kiln_zaya_acts **out);
-
 /* The forward of every layer, shared by training and decoding. cache may be NULL. */
 struct zaya_layer_cache;
 kiln_error *kiln_zaya_forward_impl(kiln_zaya *m, kiln_zaya_acts *a, const int64_t *ids, float *logits,
