@@ -31,13 +31,15 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
     cur_failed++;
 }
 
-const char *test_src_path(const char *rel) {
+const char *test_join(const char *dir, const char *name) {
     static char bufs[8][1024];
     static int k;
     char *b = bufs[k++ & 7];
-    snprintf(b, sizeof bufs[0], "%s/%s", KILN_SOURCE_DIR, rel);
+    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
     return b;
 }
+
+const char *test_src_path(const char *rel) { return test_join(KILN_SOURCE_DIR, rel); }
 
 const char *test_tmpdir(void) {
     static char bufs[8][512];

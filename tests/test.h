@@ -15,6 +15,8 @@ void test_register(const char *name, const char *file, test_fn fn);
 void test_fail(const char *file, int line, const char *fmt, ...);
 /* Path of a file in the source tree (tests/fixtures/...), in a static buffer rotated 8 ways. */
 const char *test_src_path(const char *rel);
+/* dir + "/" + name, in a static buffer rotated 8 ways. */
+const char *test_join(const char *dir, const char *name);
 /* A fresh empty temp directory for this test (removed at exit). */
 const char *test_tmpdir(void);
 /* Run the kiln binary with args (shell-quoted by the caller); returns exit status, captures stderr+stdout. */

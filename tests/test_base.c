@@ -14,13 +14,6 @@
 #include "kiln/progress.h"
 #include "test.h"
 
-static const char *in_dir(const char *dir, const char *name) {
-    static char bufs[8][1024];
-    static int k;
-    char *b = bufs[k++ & 7];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
 
 static void put(const char *path, const char *text) { CHECK_OK(kiln_write_file_atomic(path, text, strlen(text))); }
 
@@ -28,7 +21,7 @@ static void put(const char *path, const char *text) { CHECK_OK(kiln_write_file_a
 
 TEST(json_parse_error_has_line_and_column) {
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "config.json");
+    const char *path = test_join(dir, "config.json");
     put(path, "{\n  \"a\": 1,\n  \"b\": ]\n}\n");
     cJSON *root = (cJSON *)1;
     char want[1200];
@@ -42,7 +35,7 @@ TEST(json_parse_error_has_line_and_column) {
     CHECK_ERR(kiln_json_parse_file(path, &root), "unexpected data after the value at line 2, column 3 (near 'x')");
     put(path, "");
     CHECK_ERR(kiln_json_parse_file(path, &root), "unexpected end at line 1, column 1");
-    CHECK_ERR(kiln_json_parse_file(in_dir(dir, "missing.json"), &root), "missing.json: cannot open: No such file");
+    CHECK_ERR(kiln_json_parse_file(test_join(dir, "missing.json"), &root), "missing.json: cannot open: No such file");
 
     /* Without a context the message has no prefix. */
     CHECK_ERR(kiln_json_parse("[1,,2]", 6, NULL, &root), "invalid JSON at line 1, column 4");
@@ -157,7 +150,7 @@ TEST(fs_path_join) {
 
 TEST(fs_read_and_atomic_write) {
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "f.bin");
+    const char *path = test_join(dir, "f.bin");
     char data[10000];
     for (size_t i = 0; i < sizeof data; i++) data[i] = (char)(i * 7);
     CHECK_OK(kiln_write_file_atomic(path, data, sizeof data));
@@ -191,30 +184,30 @@ TEST(fs_errors_name_the_path) {
     char *got = (char *)1;
     size_t n = 1;
     char want[1200];
-    snprintf(want, sizeof want, "%s: cannot open: No such file or directory", in_dir(dir, "nope"));
-    CHECK_ERR(kiln_read_file(in_dir(dir, "nope"), &got, &n), want);
+    snprintf(want, sizeof want, "%s: cannot open: No such file or directory", test_join(dir, "nope"));
+    CHECK_ERR(kiln_read_file(test_join(dir, "nope"), &got, &n), want);
     CHECK(got == NULL && n == 0);
     CHECK_ERR(kiln_read_file(dir, &got, &n), "Is a directory");
 
-    const char *target = in_dir(dir, "missing/f.txt");
+    const char *target = test_join(dir, "missing/f.txt");
     CHECK_ERR(kiln_write_file_atomic(target, "x", 1), "missing/f.txt: cannot create temp file");
     struct stat sb;
-    CHECK(stat(in_dir(dir, "missing"), &sb) != 0);
+    CHECK(stat(test_join(dir, "missing"), &sb) != 0);
 
     /* Renaming onto a directory fails after the temp was written: the temp
      * must be removed and the directory left alone. */
-    mkdir(in_dir(dir, "adir"), 0700);
-    CHECK_ERR(kiln_write_file_atomic(in_dir(dir, "adir"), "x", 1), "cannot rename");
-    CHECK(stat(in_dir(dir, "adir"), &sb) == 0 && S_ISDIR(sb.st_mode));
+    mkdir(test_join(dir, "adir"), 0700);
+    CHECK_ERR(kiln_write_file_atomic(test_join(dir, "adir"), "x", 1), "cannot rename");
+    CHECK(stat(test_join(dir, "adir"), &sb) == 0 && S_ISDIR(sb.st_mode));
     char tmpname[64];
     snprintf(tmpname, sizeof tmpname, "adir.tmp.%ld", (long)getpid());
-    CHECK(stat(in_dir(dir, tmpname), &sb) != 0);
+    CHECK(stat(test_join(dir, tmpname), &sb) != 0);
 }
 
 TEST(fs_stale_temp_file_is_replaced) {
     /* A temp file left by a crashed process with our pid must not block us. */
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "f.txt");
+    const char *path = test_join(dir, "f.txt");
     char stale[1200];
     snprintf(stale, sizeof stale, "%s.tmp.%ld", path, (long)getpid());
     put(stale, "junk");
@@ -234,7 +227,7 @@ static int saved_fd = -1;
 static char capture_path[1024];
 
 static void capture_begin(void) {
-    snprintf(capture_path, sizeof capture_path, "%s", in_dir(test_tmpdir(), "stderr.txt"));
+    snprintf(capture_path, sizeof capture_path, "%s", test_join(test_tmpdir(), "stderr.txt"));
     fflush(stderr);
     saved_fd = dup(2);
     int fd = open(capture_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);

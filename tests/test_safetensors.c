@@ -18,14 +18,6 @@
 
 /* ---- helpers ---- */
 
-/* dir/name in a rotating static buffer (like test_tmpdir). */
-static const char *in_dir(const char *dir, const char *name) {
-    static char bufs[8][1024];
-    static int k;
-    char *b = bufs[k++ & 7];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
 
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -80,7 +72,7 @@ static void expect_open_error_at(const char *path, const char *needle, const cha
 /* Write header + data_len bytes to a fresh file and expect open to fail. */
 static void expect_bad_header_at(const char *header, size_t data_len, const char *needle, const char *file,
                                  int line) {
-    const char *path = in_dir(test_tmpdir(), "x.safetensors");
+    const char *path = test_join(test_tmpdir(), "x.safetensors");
     write_raw(path, header, data_len);
     expect_open_error_at(path, needle, file, line);
 }
@@ -98,7 +90,7 @@ static void write_small_valid(const char *path) {
 /* ---- round trips ---- */
 
 TEST(st_roundtrip_many_dtypes_with_metadata) {
-    const char *path = in_dir(test_tmpdir(), "rt.safetensors");
+    const char *path = test_join(test_tmpdir(), "rt.safetensors");
     float f32[6] = {1.5f, -2, 0, 3.25f, 1e-3f, -7};
     uint16_t f16[4] = {0x3c00, 0xc000, 0x3800, 0x7bff};   /* 1, -2, 0.5, 65504 */
     uint16_t bf16[4] = {0x3f80, 0xc040, 0x0000, 0x4049}; /* 1, -3, 0, 3.140625 */
@@ -208,7 +200,7 @@ TEST(st_roundtrip_many_dtypes_with_metadata) {
 }
 
 TEST(st_u64_beyond_int64_is_an_error) {
-    const char *path = in_dir(test_tmpdir(), "u.safetensors");
+    const char *path = test_join(test_tmpdir(), "u.safetensors");
     uint64_t v[2] = {1, UINT64_MAX};
     int64_t s[1] = {2};
     kiln_st_entry e = {"big", KILN_DT_U64, 1, s, v};
@@ -223,7 +215,7 @@ TEST(st_u64_beyond_int64_is_an_error) {
 }
 
 TEST(st_find_with_many_tensors) {
-    const char *path = in_dir(test_tmpdir(), "many.safetensors");
+    const char *path = test_join(test_tmpdir(), "many.safetensors");
     enum { N = 300 };
     static char names[N][16];
     static uint8_t vals[N];
@@ -249,7 +241,7 @@ TEST(st_find_with_many_tensors) {
 }
 
 TEST(st_no_tensors) {
-    const char *path = in_dir(test_tmpdir(), "none.safetensors");
+    const char *path = test_join(test_tmpdir(), "none.safetensors");
     CHECK_OK(kiln_st_write(path, NULL, 0, NULL));
     kiln_st *st = NULL;
     CHECK_OK(kiln_st_open(path, &st));
@@ -264,7 +256,7 @@ TEST(st_no_tensors) {
 TEST(st_reads_hand_written_file_with_padding_and_zero_size_tensors) {
     /* As other writers produce: whitespace in the JSON, trailing spaces,
      * zero-size tensors sharing an offset, tensors listed out of offset order. */
-    const char *path = in_dir(test_tmpdir(), "h.safetensors");
+    const char *path = test_join(test_tmpdir(), "h.safetensors");
     write_raw(path,
               "{ \"b\" : {\"dtype\":\"U8\", \"shape\":[2], \"data_offsets\":[4,6]},\n"
               "  \"z\" : {\"dtype\":\"F32\", \"shape\":[0], \"data_offsets\":[4,4]},\n"
@@ -314,36 +306,36 @@ TEST(st_writer_output_is_byte_exact) {
     int64_t s123[3] = {1, 2, 3}, s1123[4] = {1, 1, 2, 3};
 
     kiln_st_entry e1 = {"attn.0", KILN_DT_F32, 3, s123, v};
-    CHECK_OK(kiln_st_write(in_dir(dir, "a.safetensors"), &e1, 1, NULL));
+    CHECK_OK(kiln_st_write(test_join(dir, "a.safetensors"), &e1, 1, NULL));
     size_t n =
         expected_file(want, "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", 64, v, 24);
-    check_file_bytes_at(in_dir(dir, "a.safetensors"), want, n, __FILE__, __LINE__);
+    check_file_bytes_at(test_join(dir, "a.safetensors"), want, n, __FILE__, __LINE__);
 
     kiln_st_entry e2 = {"attn0", KILN_DT_F32, 4, s1123, v};
-    CHECK_OK(kiln_st_write(in_dir(dir, "b.safetensors"), &e2, 1, NULL));
+    CHECK_OK(kiln_st_write(test_join(dir, "b.safetensors"), &e2, 1, NULL));
     n = expected_file(want, "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}}", 72, v, 24);
-    check_file_bytes_at(in_dir(dir, "b.safetensors"), want, n, __FILE__, __LINE__);
+    check_file_bytes_at(test_join(dir, "b.safetensors"), want, n, __FILE__, __LINE__);
 
-    CHECK_OK(kiln_st_write(in_dir(dir, "c.safetensors"), NULL, 0, NULL));
+    CHECK_OK(kiln_st_write(test_join(dir, "c.safetensors"), NULL, 0, NULL));
     n = expected_file(want, "{}", 8, NULL, 0);
-    check_file_bytes_at(in_dir(dir, "c.safetensors"), want, n, __FILE__, __LINE__);
+    check_file_bytes_at(test_join(dir, "c.safetensors"), want, n, __FILE__, __LINE__);
 
     const char *meta[] = {"framework", "pt", NULL};
-    CHECK_OK(kiln_st_write(in_dir(dir, "d.safetensors"), NULL, 0, meta));
+    CHECK_OK(kiln_st_write(test_join(dir, "d.safetensors"), NULL, 0, meta));
     n = expected_file(want, "{\"__metadata__\":{\"framework\":\"pt\"}}", 40, NULL, 0);
-    check_file_bytes_at(in_dir(dir, "d.safetensors"), want, n, __FILE__, __LINE__);
+    check_file_bytes_at(test_join(dir, "d.safetensors"), want, n, __FILE__, __LINE__);
 }
 
 /* ---- malformed files ---- */
 
 TEST(st_truncated_at_every_length) {
     const char *dir = test_tmpdir();
-    const char *good = in_dir(dir, "good.safetensors");
+    const char *good = test_join(dir, "good.safetensors");
     write_small_valid(good);
     char *full;
     size_t n;
     CHECK_OK(kiln_read_file(good, &full, &n));
-    const char *path = in_dir(dir, "cut.safetensors");
+    const char *path = test_join(dir, "cut.safetensors");
     for (size_t len = 0; len < n; len++) {
         write_bytes(path, full, len);
         kiln_st *st = NULL;
@@ -371,7 +363,7 @@ TEST(st_truncated_at_every_length) {
 }
 
 TEST(st_header_length_past_end_of_file) {
-    const char *path = in_dir(test_tmpdir(), "x.safetensors");
+    const char *path = test_join(test_tmpdir(), "x.safetensors");
     unsigned char b[16] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
     write_bytes(path, b, 10);
     expect_open_error_at(path, "header length 200 runs past the end of the file (10 bytes, so at most 2)", __FILE__,
@@ -379,7 +371,7 @@ TEST(st_header_length_past_end_of_file) {
 }
 
 TEST(st_header_length_over_100mb) {
-    const char *path = in_dir(test_tmpdir(), "x.safetensors");
+    const char *path = test_join(test_tmpdir(), "x.safetensors");
     uint64_t len = 100000001; /* one byte over KILN_ST_MAX_HEADER */
     unsigned char b[16] = {0};
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(len >> (8 * i));
@@ -414,7 +406,7 @@ TEST(st_unknown_dtype) {
 }
 
 TEST(st_shape_and_offsets_disagree) {
-    const char *path = in_dir(test_tmpdir(), "x.safetensors");
+    const char *path = test_join(test_tmpdir(), "x.safetensors");
     write_raw(path, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 12);
     char want[1200];
     snprintf(want, sizeof want, "%s: tensor 'w': data_offsets [0,12] hold 12 bytes but F32 shape [2,2] needs 16", path);
@@ -507,7 +499,7 @@ TEST(st_other_malformed_entries) {
 
 TEST(st_open_errors_from_the_os) {
     const char *dir = test_tmpdir();
-    expect_open_error_at(in_dir(dir, "missing.safetensors"), "cannot open: No such file or directory", __FILE__,
+    expect_open_error_at(test_join(dir, "missing.safetensors"), "cannot open: No such file or directory", __FILE__,
                          __LINE__);
     expect_open_error_at(dir, "not a regular file", __FILE__, __LINE__);
 }
@@ -517,7 +509,7 @@ TEST(st_open_errors_from_the_os) {
 static void write_index(const char *dir, const char *weight_map_json) {
     char text[4096];
     snprintf(text, sizeof text, "{\"metadata\": {\"total_size\": 28}, \"weight_map\": %s}\n", weight_map_json);
-    CHECK_OK(kiln_write_file_atomic(in_dir(dir, "model.safetensors.index.json"), text, strlen(text)));
+    CHECK_OK(kiln_write_file_atomic(test_join(dir, "model.safetensors.index.json"), text, strlen(text)));
 }
 
 /* shard1 = {a[2], b[1]} (F32), shard2 = {c[4]} (U8) plus optionally "x". */
@@ -529,8 +521,8 @@ static const char *make_shards(int shard2_extra) {
     kiln_st_entry e1[] = {{"a", KILN_DT_F32, 1, s2, a}, {"b", KILN_DT_F32, 1, s1, b}};
     kiln_st_entry e2[] = {{"c", KILN_DT_U8, 1, s4, c}, {"x", KILN_DT_U8, 1, s1, x}};
     const char *meta[] = {"format", "pt", NULL};
-    CHECK_OK(kiln_st_write(in_dir(dir, "model-00001-of-00002.safetensors"), e1, 2, meta));
-    CHECK_OK(kiln_st_write(in_dir(dir, "model-00002-of-00002.safetensors"), e2, shard2_extra ? 2 : 1, NULL));
+    CHECK_OK(kiln_st_write(test_join(dir, "model-00001-of-00002.safetensors"), e1, 2, meta));
+    CHECK_OK(kiln_st_write(test_join(dir, "model-00002-of-00002.safetensors"), e2, shard2_extra ? 2 : 1, NULL));
     return dir;
 }
 
@@ -554,7 +546,7 @@ static void expect_dir_error_at(const char *dir, const char *needle, const char 
 
 TEST(st_dir_single_file) {
     const char *dir = test_tmpdir();
-    write_small_valid(in_dir(dir, "model.safetensors"));
+    write_small_valid(test_join(dir, "model.safetensors"));
     kiln_st *st = NULL;
     CHECK_OK(kiln_st_open_dir(dir, &st));
     if (!st) return;
@@ -568,9 +560,9 @@ TEST(st_dir_without_model_files) {
     char want[1024];
     snprintf(want, sizeof want, "%s: no model.safetensors or model.safetensors.index.json", dir);
     EXPECT_DIR_ERR(dir, want);
-    EXPECT_DIR_ERR(in_dir(dir, "nonexistent"), "cannot open model directory: No such file or directory");
-    write_small_valid(in_dir(dir, "model.safetensors"));
-    EXPECT_DIR_ERR(in_dir(dir, "model.safetensors"), "not a directory");
+    EXPECT_DIR_ERR(test_join(dir, "nonexistent"), "cannot open model directory: No such file or directory");
+    write_small_valid(test_join(dir, "model.safetensors"));
+    EXPECT_DIR_ERR(test_join(dir, "model.safetensors"), "not a directory");
 }
 
 TEST(st_dir_sharded) {
@@ -586,10 +578,10 @@ TEST(st_dir_sharded) {
     CHECK(strcmp(kiln_st_at(st, 2)->name, "c") == 0);
     const kiln_st_tensor *c = kiln_st_find(st, "c");
     CHECK(c && c->numel == 4 && ((const uint8_t *)c->data)[3] == 6);
-    CHECK(c && strcmp(c->file, in_dir(dir, SHARD2)) == 0);
+    CHECK(c && strcmp(c->file, test_join(dir, SHARD2)) == 0);
     const kiln_st_tensor *b = kiln_st_find(st, "b");
     float v = 0;
-    CHECK(b && strcmp(b->file, in_dir(dir, SHARD1)) == 0);
+    CHECK(b && strcmp(b->file, test_join(dir, SHARD1)) == 0);
     CHECK_OK(kiln_st_read_f32(b, &v, 1));
     CHECK(v == 3);
     CHECK(kiln_st_metadata(st, "format") && strcmp(kiln_st_metadata(st, "format"), "pt") == 0);
@@ -636,7 +628,7 @@ static void put_text(const char *path, const char *text) {
 
 TEST(st_dir_bad_index) {
     const char *dir = make_shards(0);
-    const char *index = in_dir(dir, "model.safetensors.index.json");
+    const char *index = test_join(dir, "model.safetensors.index.json");
     put_text(index, "{\"weight_map\": {\"a\": 1}}");
     EXPECT_DIR_ERR(dir, "weight_map['a'] must be a shard file name, got 1");
     put_text(index, "{\"weight_map\": {}}");
@@ -657,7 +649,7 @@ TEST(st_dir_bad_index) {
 
 TEST(st_write_rejects_bad_entries) {
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "w.safetensors");
+    const char *path = test_join(dir, "w.safetensors");
     float v[4] = {0};
     int64_t s2[1] = {2}, neg[2] = {2, -1}, huge[3] = {1LL << 40, 1LL << 40, 1LL << 40};
     kiln_st_entry dup[2] = {{"a", KILN_DT_F32, 1, s2, v}, {"a", KILN_DT_F32, 1, s2, v}};
@@ -694,7 +686,7 @@ TEST(st_write_rejects_bad_entries) {
 
 TEST(st_write_into_missing_directory) {
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "nope/x.safetensors");
+    const char *path = test_join(dir, "nope/x.safetensors");
     float v[1] = {1};
     int64_t s1[1] = {1};
     kiln_st_entry e = {"a", KILN_DT_F32, 1, s1, v};
@@ -702,13 +694,13 @@ TEST(st_write_into_missing_directory) {
     snprintf(want, sizeof want, "%s: cannot create temp file %s.tmp.", path, path);
     CHECK_ERR(kiln_st_write(path, &e, 1, NULL), want);
     CHECK_ERR(kiln_st_write(path, &e, 1, NULL), "No such file or directory");
-    CHECK(!file_exists(in_dir(dir, "nope")));
+    CHECK(!file_exists(test_join(dir, "nope")));
     CHECK(count_entries(dir) == 0);
 }
 
 TEST(st_overwrite_leaves_no_temp_files) {
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "x.safetensors");
+    const char *path = test_join(dir, "x.safetensors");
     float v1[1] = {1}, v2[3] = {4, 5, 6};
     int64_t s1[1] = {1}, s3[1] = {3};
     kiln_st_entry e1 = {"a", KILN_DT_F32, 1, s1, v1}, e2 = {"b", KILN_DT_F32, 1, s3, v2};
@@ -726,7 +718,7 @@ TEST(st_failed_write_keeps_old_file) {
     /* Make writes fail part-way with RLIMIT_FSIZE (EFBIG after a short
      * write): the temp file must go and the old file must be untouched. */
     const char *dir = test_tmpdir();
-    const char *path = in_dir(dir, "x.safetensors");
+    const char *path = test_join(dir, "x.safetensors");
     write_small_valid(path);
     char *before;
     size_t nbefore;
@@ -776,7 +768,7 @@ static uint64_t fuzz_rand(void) {
 
 TEST(st_fuzz_random_byte_flips) {
     const char *dir = test_tmpdir();
-    const char *good = in_dir(dir, "good.safetensors");
+    const char *good = test_join(dir, "good.safetensors");
     /* A richer file so flips hit many kinds of fields. */
     float a[6] = {1, 2, 3, 4, 5, 6};
     uint16_t h[3] = {0x3c00, 0x4000, 0x4200};
@@ -793,7 +785,7 @@ TEST(st_fuzz_random_byte_flips) {
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)orig[i] << (8 * i);
 
-    const char *path = in_dir(dir, "fuzz.safetensors");
+    const char *path = test_join(dir, "fuzz.safetensors");
     unsigned char *buf = malloc(n);
     int opened = 0;
     for (int iter = 0; iter < 2000; iter++) {
