@@ -30,6 +30,7 @@ typedef struct {
     double initializer_range;
     double rope_theta[2], partial_rotary[2]; /* per layer type */
     uint8_t layer_types[KILN_ZAYA_MAX_LAYERS];
+    int model_type_required; /* parsing: "model_type" must be present (HF config.json) */
 } kiln_zaya_config;
 
 /* HF ZayaConfig defaults (ZAYA1-8B shape). */
@@ -39,6 +40,13 @@ void kiln_zaya_config_default(kiln_zaya_config *c);
 kiln_error *kiln_zaya_config_load(const char *path, kiln_zaya_config *c);
 kiln_error *kiln_zaya_config_parse(const char *json_text, const char *ctx, kiln_zaya_config *c);
 kiln_error *kiln_zaya_config_validate(const kiln_zaya_config *c, const char *ctx);
+/* Overlay the fields of a parsed JSON object on c (as config.json does); for embedding a model
+ * section in other configs. kiln_zaya_config_known_key says whether a key is one it reads. */
+struct cJSON;
+kiln_error *kiln_zaya_config_from_json(const struct cJSON *obj, const char *ctx, kiln_zaya_config *c);
+int kiln_zaya_config_known_key(const char *key);
+/* The config as the JSON object config.json holds (NULL when out of memory). */
+struct cJSON *kiln_zaya_config_to_cjson(const kiln_zaya_config *c);
 /* Write config.json that transformers loads as ZayaConfig (atomic). */
 kiln_error *kiln_zaya_config_save(const kiln_zaya_config *c, const char *path);
 
@@ -109,6 +117,8 @@ void kiln_zaya_acts_free(kiln_zaya_acts *a);
 /* Forward over ids [B,T] (the acts' shape). logits [B,T,V] (nullable: then not stored beyond
  * the acts). Returns the mean next-token loss in *loss (nullable). */
 kiln_error *kiln_zaya_forward(kiln_zaya *m, kiln_zaya_acts *a, const int64_t *ids, float *logits, double *loss);
+/* Add the last forward's routing decisions to counts [layers, E+1] (last column: skip). */
+void kiln_zaya_route_counts(const kiln_zaya *m, const kiln_zaya_acts *a, int64_t *counts);
 /* The logits [B,T,V] of the last forward. */
 const float *kiln_zaya_acts_logits(const kiln_zaya_acts *a);
 /* Backward of the mean next-token loss of the last forward: accumulates into m->g. */

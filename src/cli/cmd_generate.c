@@ -6,14 +6,19 @@
 
 #include "cli.h"
 #include "kiln/rng.h"
+#include "kiln/fsutil.h"
 #include "kiln/sample.h"
+#include "kiln/tokenizer.h"
 #include "kiln/zaya.h"
 
 static const char usage[] =
-    "usage: kiln generate --model DIR --prompt-ids IDS [options]\n\n"
-    "Continues a prompt of token ids with a ZAYA model, decoding with a cache, and prints the\n"
-    "whole sequence (prompt then new tokens) as comma-separated ids on stdout.\n\n"
+    "usage: kiln generate --model DIR (--prompt TEXT | --prompt-ids IDS) [options]\n\n"
+    "Continues a prompt with a ZAYA model, decoding with a cache. With --prompt the text is encoded\n"
+    "with the model's tokenizer (DIR/tokenizer.json, or --tokenizer) and the continuation printed as\n"
+    "text; with --prompt-ids the whole sequence (prompt then new tokens) is printed as ids.\n\n"
     "  --model DIR          HF ZAYA model directory\n"
+    "  --prompt TEXT        prompt text (needs a tokenizer)\n"
+    "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
     "  --prompt-ids IDS     comma-separated token ids, e.g. \"1,2,3\"\n"
     "  --max-new N          tokens to generate (default 32)\n"
     "  --temperature T      sampling temperature; 0 = greedy (default 1.0)\n"
@@ -57,7 +62,7 @@ static kiln_error *parse_ids(const char *s, int64_t **ids, int64_t *n) {
 }
 
 typedef struct {
-    const char *model, *prompt;
+    const char *model, *prompt, *text, *tokenizer;
     int64_t max_new, seed;
     int ignore_eos;
     kiln_sample_opts so;
@@ -69,8 +74,19 @@ static kiln_error *run(const gen_args *g) {
     int64_t *ids = NULL, n = 0;
     float *logits = NULL;
     kiln_sample_cand *work = NULL;
+    kiln_tokenizer *tok = NULL;
     kiln_error *e = kiln_zaya_load_dir(g->model, &m);
-    if (!e) e = parse_ids(g->prompt, &ids, &n);
+    if (!e && g->text) {
+        char *tp = g->tokenizer ? NULL : kiln_path_join(g->model, "tokenizer.json");
+        e = kiln_tokenizer_load(g->tokenizer ? g->tokenizer : tp, &tok);
+        free(tp);
+        size_t nn = 0;
+        if (!e) e = kiln_tokenizer_encode(tok, g->text, strlen(g->text), &ids, &nn);
+        n = (int64_t)nn;
+        if (!e && n == 0) e = kiln_errorf(KILN_EINVAL, "--prompt: the text encodes to no tokens");
+    } else if (!e) {
+        e = parse_ids(g->prompt, &ids, &n);
+    }
     if (!e) e = cli_check_ids(m, "--prompt-ids", ids, 1, n);
     if (!e) {
         const int64_t V = m->cfg.vocab_size;
@@ -84,8 +100,10 @@ static kiln_error *run(const gen_args *g) {
         kiln_rng rng;
         kiln_rng_seed(&rng, (uint64_t)g->seed);
         const float *last = logits + (n - 1) * V;
+        /* with a tokenizer, only ids it can decode (a model's vocabulary may be padded past it) */
+        int64_t Vs = tok && kiln_tokenizer_vocab_size(tok) < V ? kiln_tokenizer_vocab_size(tok) : V;
         for (int64_t i = 0; !e && i < g->max_new; i++) {
-            int64_t next = kiln_sample(last, V, &g->so, &rng, work);
+            int64_t next = kiln_sample(last, Vs, &g->so, &rng, work);
             ids[n++] = next;
             if (!g->ignore_eos && next == m->cfg.eos_token_id) break;
             if (i + 1 < g->max_new) {
@@ -94,10 +112,17 @@ static kiln_error *run(const gen_args *g) {
             }
         }
     }
-    if (!e) {
+    if (!e && tok) { /* the prompt and its continuation as text */
+        char *text = NULL;
+        size_t len = 0;
+        e = kiln_tokenizer_decode(tok, ids, (size_t)n, &text, &len);
+        if (!e) printf("%s\n", text);
+        free(text);
+    } else if (!e) {
         for (int64_t i = 0; i < n; i++) printf(i ? ",%lld" : "%lld", (long long)ids[i]);
         printf("\n");
     }
+    kiln_tokenizer_free(tok);
     free(ids);
     free(logits);
     free(work);
@@ -107,7 +132,7 @@ static kiln_error *run(const gen_args *g) {
 }
 
 static int cmd(int argc, char **argv) {
-    gen_args g = {NULL, NULL, 32, 0, 0, {1.0, 0, 1.0}};
+    gen_args g = {NULL, NULL, NULL, NULL, 32, 0, 0, {1.0, 0, 1.0}};
     kiln_error *e = NULL;
     for (int i = 1; i < argc && !e; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -116,6 +141,8 @@ static int cmd(int argc, char **argv) {
         i++;
         if (!strcmp(a, "--model")) g.model = v;
         else if (!strcmp(a, "--prompt-ids")) g.prompt = v;
+        else if (!strcmp(a, "--prompt")) g.text = v;
+        else if (!strcmp(a, "--tokenizer")) g.tokenizer = v;
         else if (!strcmp(a, "--max-new")) e = cli_int(a, v, &g.max_new);
         else if (!strcmp(a, "--temperature")) e = cli_double(a, v, &g.so.temperature);
         else if (!strcmp(a, "--top-k")) e = cli_int(a, v, &g.so.top_k);
@@ -123,7 +150,8 @@ static int cmd(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) e = cli_int(a, v, &g.seed);
         else e = kiln_errorf(KILN_EINVAL, "unknown option '%s' (see kiln generate --help)", a);
     }
-    if (!e && (!g.model || !g.prompt)) e = kiln_errorf(KILN_EINVAL, "--model and --prompt-ids are required");
+    if (!e && (!g.model || !(g.prompt || g.text) || (g.prompt && g.text)))
+        e = kiln_errorf(KILN_EINVAL, "--model and one of --prompt or --prompt-ids are required");
     if (!e && (g.max_new < 0 || g.max_new > 1000000)) e = kiln_errorf(KILN_EINVAL, "--max-new must be in 0..1000000");
     if (!e && g.so.top_k < 0) e = kiln_errorf(KILN_EINVAL, "--top-k must be >= 0");
     if (!e) e = run(&g);

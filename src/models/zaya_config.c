@@ -91,10 +91,24 @@ static kiln_error *parse_rope(const cJSON *root, kiln_zaya_config *c, const char
     return NULL;
 }
 
+/* The keys this parser reads; kiln's own configs use it to reject unknown model fields. */
+static const char *const known_keys[] = {
+    "model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "router_hidden_size", "cca_time0",
+    "cca_time1", "sliding_window", "rms_norm_eps", "initializer_range", "tie_word_embeddings", "attention_bias",
+    "lm_head_bias", "pad_token_id", "bos_token_id", "eos_token_id", "hidden_act", "layer_types", "rope_parameters",
+    "rope_theta", NULL};
+
+int kiln_zaya_config_known_key(const char *key) {
+    for (int i = 0; known_keys[i]; i++)
+        if (!strcmp(known_keys[i], key)) return 1;
+    return 0;
+}
+
 static kiln_error *parse_obj(const cJSON *root, const char *ctx, kiln_zaya_config *c) {
     if (!cJSON_IsObject(root)) return kiln_errorf(KILN_EFORMAT, "%s: top level must be a JSON object", ctx);
     const char *mt;
-    KILN_TRY(kiln_json_get_string(root, "model_type", &mt, NULL, 1, ctx));
+    KILN_TRY(kiln_json_get_string(root, "model_type", &mt, "zaya", c->model_type_required, ctx));
     if (strcmp(mt, "zaya"))
         return kiln_errorf(KILN_EUNSUPPORTED, "%s: model_type '%s' is not supported (expected 'zaya')", ctx, mt);
     struct { const char *field; int64_t *dst; } ints[] = {
@@ -146,11 +160,18 @@ static kiln_error *parse_obj(const cJSON *root, const char *ctx, kiln_zaya_confi
     return parse_rope(root, c, ctx);
 }
 
+kiln_error *kiln_zaya_config_from_json(const cJSON *obj, const char *ctx, kiln_zaya_config *c) {
+    KILN_TRY(parse_obj(obj, ctx, c));
+    return kiln_zaya_config_validate(c, ctx);
+}
+
 kiln_error *kiln_zaya_config_parse(const char *json_text, const char *ctx, kiln_zaya_config *c) {
     cJSON *root = NULL;
     kiln_zaya_config_default(c);
+    c->model_type_required = 1; /* a HF config.json must say what it is */
     KILN_TRY(kiln_json_parse(json_text, strlen(json_text), ctx, &root));
     kiln_error *e = parse_obj(root, ctx, c);
+    c->model_type_required = 0;
     cJSON_Delete(root);
     if (!e) e = kiln_zaya_config_validate(c, ctx);
     return e;
@@ -203,9 +224,9 @@ kiln_error *kiln_zaya_config_validate(const kiln_zaya_config *c, const char *ctx
     return NULL;
 }
 
-kiln_error *kiln_zaya_config_save(const kiln_zaya_config *c, const char *path) {
+struct cJSON *kiln_zaya_config_to_cjson(const kiln_zaya_config *c) {
     cJSON *o = cJSON_CreateObject();
-    if (!o) return kiln_errorf(KILN_ENOMEM, "%s", path);
+    if (!o) return NULL;
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("ZayaForCausalLM"));
     cJSON_AddStringToObject(o, "model_type", "zaya");
@@ -249,7 +270,12 @@ kiln_error *kiln_zaya_config_save(const kiln_zaya_config *c, const char *path) {
         cJSON_AddNumberToObject(s, "rope_theta", c->rope_theta[t]);
         cJSON_AddNumberToObject(s, "partial_rotary_factor", c->partial_rotary[t]);
     }
-    char *text = cJSON_Print(o);
+    return o;
+}
+
+kiln_error *kiln_zaya_config_save(const kiln_zaya_config *c, const char *path) {
+    cJSON *o = kiln_zaya_config_to_cjson(c);
+    char *text = o ? cJSON_Print(o) : NULL;
     cJSON_Delete(o);
     if (!text) return kiln_errorf(KILN_ENOMEM, "%s", path);
     kiln_error *e = kiln_write_file_atomic(path, text, strlen(text));

@@ -318,3 +318,9 @@ kiln_error *kiln_zaya_forward(kiln_zaya *m, kiln_zaya_acts *a, const int64_t *id
 }
 
 const float *kiln_zaya_acts_logits(const kiln_zaya_acts *a) { return a->logits; }
+
+void kiln_zaya_route_counts(const kiln_zaya *m, const kiln_zaya_acts *a, int64_t *counts) {
+    const int64_t E1 = m->cfg.num_experts + 1, S = a->B * a->T * m->cfg.top_k;
+    for (int64_t l = 0; l < m->cfg.num_layers; l++)
+        for (int64_t s = 0; s < S; s++) counts[l * E1 + a->L[l].choice[s]]++;
+}

@@ -1,0 +1,156 @@
+/* kiln train [--config FILE] [--resume] ...
+ * With no config, the built-in default: a generated story corpus, a byte-level BPE tokenizer
+ * trained on it, token shards, and a small ZAYA model trained on two CPU cores in minutes.
+ * Under mpirun every rank runs this; rank 0 prepares the default data while the others wait. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kiln/data.h"
+#include "kiln/fsutil.h"
+#include "kiln/tokenizer.h"
+#include "kiln/train.h"
+
+static const char usage[] =
+    "usage: kiln train [--config FILE] [options]\n\n"
+    "Trains a ZAYA model: data parallel with ZeRO-1 when started under mpirun (mpirun -np N kiln train ...),\n"
+    "Muon for hidden matrices and AdamW for the rest, expert load balancing by feedback control,\n"
+    "sharded checkpoints every run.ckpt_every steps. Without --config it runs the built-in default:\n"
+    "it writes a generated story corpus, trains a tokenizer and prepares shards under runs/default/\n"
+    "(once), then trains a ~2M-parameter model there; `kiln generate --model runs/default/model\n"
+    "--prompt \"Anna\"` samples from it afterwards.\n\n"
+    "  --config FILE     JSON config (sections model, data, optim, balance, run); see --help-config\n"
+    "  --resume          continue from the newest valid checkpoint in run.out_dir/ckpt\n"
+    "  --data DIR        override data.dir\n"
+    "  --out DIR         override run.out_dir\n"
+    "  --steps N         override run.steps\n"
+    "  --stop-after N    stop after N steps of this run, with a checkpoint (resume later)\n"
+    "  --device cpu      where to train (cpu; cuda comes with the GPU backend)\n"
+    "  --quiet           no progress lines (metrics.jsonl is still written)\n"
+    "  --help-config     every config field with its default and meaning\n\n"
+    "Ctrl-C saves a checkpoint at the end of the current step and exits; --resume continues exactly.\n";
+
+static volatile int interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static int exists(const char *p) { return access(p, F_OK) == 0; }
+
+/* The default run's data: corpus -> tokenizer -> shards, each step skipped when its output exists.
+ * The model's vocabulary is then set to the tokenizer's (BPE stops early on a small corpus). */
+static kiln_error *prepare_default(kiln_train_config *c) {
+    char corpus[1200], tok[1200], index[1200];
+    const char *root = "runs/default";
+    if (mkdir("runs", 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "runs: cannot create: %s", strerror(errno));
+    if (mkdir(root, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", root, strerror(errno));
+    snprintf(corpus, sizeof corpus, "%s/corpus.jsonl", root);
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", root);
+    snprintf(index, sizeof index, "%s/index.json", c->data_dir);
+    if (!exists(corpus)) {
+        printf("writing the built-in corpus to %s\n", corpus);
+        KILN_TRY(kiln_default_corpus_write(corpus, 20000, 1));
+    }
+    if (!exists(tok)) {
+        printf("training a byte-level BPE tokenizer (%lld tokens) on it -> %s\n", (long long)c->model.vocab_size, tok);
+        const char *files[] = {corpus};
+        const char *special[] = {"<|endoftext|>", NULL};
+        kiln_bpe_train_opts o = {c->model.vocab_size, special, 0, 0};
+        KILN_TRY(kiln_tokenizer_train_bpe(files, 1, &o, tok));
+    }
+    if (!exists(index)) {
+        printf("tokenizing it into shards -> %s\n", c->data_dir);
+        const char *inputs[] = {corpus};
+        kiln_data_prepare_opts o = {tok, inputs, 1, c->data_dir, 0, 0, 0.02};
+        KILN_TRY(kiln_data_prepare(&o));
+    }
+    kiln_data_index *ix = NULL;
+    KILN_TRY(kiln_data_index_read(c->data_dir, &ix));
+    c->model.vocab_size = ix->vocab_size;
+    kiln_data_index_free(ix);
+    return NULL;
+}
+
+/* Put the data's tokenizer beside the saved model, so `kiln generate --prompt` finds it. */
+static kiln_error *copy_tokenizer(const kiln_train_config *c) {
+    kiln_data_index *ix = NULL;
+    KILN_TRY(kiln_data_index_read(c->data_dir, &ix));
+    char *text = NULL, *dst = NULL, model[1200];
+    size_t len = 0;
+    snprintf(model, sizeof model, "%s/model", c->out_dir);
+    kiln_error *e = NULL;
+    /* only once the run has finished and saved its model */
+    if (ix->tokenizer_path && access(ix->tokenizer_path, R_OK) == 0 && access(model, F_OK) == 0) {
+        e = kiln_read_file(ix->tokenizer_path, &text, &len);
+        if (!e) e = (dst = kiln_path_join(model, "tokenizer.json")) ? kiln_write_file_atomic(dst, text, len)
+                                                                     : kiln_errorf(KILN_ENOMEM, "%s", model);
+    }
+    free(text);
+    free(dst);
+    kiln_data_index_free(ix);
+    return e;
+}
+
+static int cmd(int argc, char **argv) {
+    const char *config = NULL, *data = NULL, *out = NULL, *device = "cpu";
+    int64_t steps = -1;
+    kiln_train_opts o = {0, 0, &interrupted, 0};
+    kiln_error *e = NULL;
+    for (int i = 1; i < argc && !e; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--resume")) { o.resume = 1; continue; }
+        if (!strcmp(a, "--quiet")) { o.quiet = 1; continue; }
+        if (!strcmp(a, "--help-config")) { kiln_train_config_print_help(stdout); return 0; }
+        if (i + 1 >= argc) { e = kiln_errorf(KILN_EINVAL, "%s needs a value (see kiln train --help)", a); break; }
+        const char *v = argv[++i];
+        if (!strcmp(a, "--config")) config = v;
+        else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--steps")) e = cli_int(a, v, &steps);
+        else if (!strcmp(a, "--stop-after")) e = cli_int(a, v, &o.stop_after);
+        else e = kiln_errorf(KILN_EINVAL, "unknown option '%s' (see kiln train --help)", a);
+    }
+    if (!e && strcmp(device, "cpu"))
+        e = kiln_errorf(KILN_EUNSUPPORTED, "--device %s: this build trains on the CPU only", device);
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    if (!e && config) e = kiln_train_config_load(config, &c);
+    if (!e && data) snprintf(c.data_dir, sizeof c.data_dir, "%s", data);
+    if (!e && out) snprintf(c.out_dir, sizeof c.out_dir, "%s", out);
+    if (!e && steps >= 0) c.steps = steps;
+    if (e) return cli_fail("train", e);
+
+    kiln_comm *comm = NULL;
+    e = kiln_comm_init(&argc, &argv, &comm);
+    if (e) return cli_fail("train", e);
+    if (!config && !data) { /* the built-in default run */
+        kiln_error *pe = comm->rank == 0 ? prepare_default(&c) : NULL;
+        double bad = pe ? 1 : 0;
+        e = comm->allreduce_sum_f64(comm, &bad, 1);
+        if (!e && bad > 0) e = pe ? pe : kiln_errorf(KILN_EIO, "preparing the default data failed on rank 0");
+        else kiln_error_free(pe);
+        if (!e) e = comm->broadcast(comm, &c.model.vocab_size, sizeof c.model.vocab_size, 0);
+    }
+    signal(SIGINT, on_sigint);
+    signal(SIGTERM, on_sigint);
+    double loss = 0;
+    if (!e) e = kiln_train(&c, &o, comm, &loss);
+    if (!e && comm->rank == 0 && !interrupted) e = copy_tokenizer(&c);
+    int rank = comm->rank;
+    comm->finalize(comm);
+    if (e) {
+        fprintf(stderr, "kiln train (rank %d): error: %s\n", rank, kiln_error_msg(e));
+        kiln_error_free(e);
+        return 1;
+    }
+    return interrupted ? 130 : 0;
+}
+
+const kiln_cmd kiln_cmd_train = {"train", "train a ZAYA model (built-in default with no arguments)", cmd, usage};

@@ -1,0 +1,420 @@
+/* Sharded, atomic, reshapeable checkpoints.
+ *
+ *   out_dir/ckpt/step_00000100/
+ *     manifest.json          rank 0: step, world size, config, every tensor's global shape and
+ *                            owner rank, optimizer kind and state size, the partition, every
+ *                            rank's data-loader position, checksums and sizes of all files
+ *     rank_00000.safetensors each rank: param.<name> and opt.<name> of the tensors it owns;
+ *                            rank 0 also the balancing biases and the controller's state
+ *     COMMITTED              written last
+ *
+ * Commit protocol: everything is written into step_N.tmp/ (each file fsynced), then rank 0 writes
+ * the manifest and COMMITTED, fsyncs, and renames the directory to step_N: a crash at any point
+ * leaves the previous checkpoint untouched and at worst a .tmp directory, which is ignored and
+ * replaced. Older checkpoints are deleted only after a newer one is committed. */
+#define _XOPEN_SOURCE 700
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/hash.h"
+#include "kiln/json.h"
+#include "kiln/log.h"
+#include "kiln/safetensors.h"
+#include "train_internal.h"
+
+#define CKPT_FORMAT 1
+
+static void step_dir(char *buf, size_t n, const char *out_dir, int64_t step, int tmp) {
+    snprintf(buf, n, "%s/ckpt/step_%08lld%s", out_dir, (long long)step, tmp ? ".tmp" : "");
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+static void rm_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static kiln_error *mkdir_p(const char *path) {
+    if (mkdir(path, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
+    return NULL;
+}
+
+static kiln_error *fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc ? kiln_errorf(KILN_EIO, "%s: fsync: %s", path, strerror(errno)) : NULL;
+}
+
+/* Every rank learns whether any rank failed; the first local error is kept. */
+static kiln_error *agree(kiln_comm *comm, kiln_error *e, const char *what) {
+    double bad = e ? 1 : 0;
+    kiln_error *ce = comm->allreduce_sum_f64(comm, &bad, 1);
+    if (ce) {
+        kiln_error_free(e);
+        return ce;
+    }
+    if (!e && bad > 0) return kiln_errorf(KILN_EIO, "%s failed on another rank", what);
+    return e;
+}
+
+static kiln_error *write_rank_file(const ckpt_view *v, int rank, const char *path) {
+    const kiln_zaya *m = v->model;
+    const int first = v->part->first[rank], last = v->part->first[rank + 1];
+    const int nt = last - first;
+    const int64_t L = m->cfg.num_layers, E1 = m->cfg.num_experts + 1;
+    size_t n = 0, cap = (size_t)(2 * nt + 3);
+    kiln_st_entry *ent = calloc(cap, sizeof *ent);
+    char(*names)[112] = calloc(cap, sizeof *names);
+    int64_t(*shapes)[2] = calloc(cap, sizeof *shapes);
+    kiln_error *e = NULL;
+    if (!ent || !names || !shapes) e = kiln_errorf(KILN_ENOMEM, "%s", path);
+    const float *state = v->opt_state;
+    for (int t = first; !e && t < last; t++) {
+        const kiln_param_info *p = &m->params[t];
+        snprintf(names[n], sizeof names[n], "param.%s", p->name);
+        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, p->ndim, p->shape, m->w + p->offset};
+        n++;
+        snprintf(names[n], sizeof names[n], "opt.%s", p->name);
+        shapes[n][0] = kiln_optim_state_numel(&v->oparams[t]);
+        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, 1, shapes[n], state};
+        state += shapes[n][0];
+        n++;
+    }
+    if (!e && rank == 0) {
+        shapes[n][0] = L;
+        shapes[n][1] = E1;
+        ent[n] = (kiln_st_entry){"balancing_biases", KILN_DT_F32, 2, shapes[n], m->balancing};
+        n++;
+        ent[n] = (kiln_st_entry){"balance.integral", KILN_DT_F64, 2, shapes[n - 1], v->bal->integral};
+        n++;
+        ent[n] = (kiln_st_entry){"balance.prev_err", KILN_DT_F64, 2, shapes[n - 2], v->bal->prev_err};
+        n++;
+    }
+    if (!e) e = kiln_st_write(path, ent, n, NULL);
+    free(ent);
+    free(names);
+    free(shapes);
+    return e;
+}
+
+static cJSON *manifest_json(const ckpt_view *v, int world, const uint64_t *sums, const uint64_t *sizes) {
+    const kiln_zaya *m = v->model;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "format", CKPT_FORMAT);
+    cJSON_AddNumberToObject(o, "step", (double)v->step);
+    cJSON_AddNumberToObject(o, "world_size", world);
+    cJSON_AddNumberToObject(o, "tokens_seen", v->tokens_seen);
+    cJSON_AddBoolToObject(o, "balance_have_prev", v->bal->have_prev);
+    char *cfg = kiln_train_config_to_json(v->cfg);
+    cJSON_AddItemToObject(o, "config", cfg ? cJSON_Parse(cfg) : cJSON_CreateNull());
+    free(cfg);
+    cJSON *ts = cJSON_AddArrayToObject(o, "tensors");
+    for (int r = 0; r < world; r++)
+        for (int t = v->part->first[r]; t < v->part->first[r + 1]; t++) {
+            const kiln_param_info *p = &m->params[t];
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "name", p->name);
+            cJSON *sh = cJSON_AddArrayToObject(x, "shape");
+            for (int d = 0; d < p->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)p->shape[d]));
+            cJSON_AddNumberToObject(x, "offset", (double)p->offset);
+            cJSON_AddNumberToObject(x, "owner", r);
+            cJSON_AddStringToObject(x, "optimizer", v->oparams[t].kind == KILN_OPT_MUON ? "muon" : "adamw");
+            cJSON_AddNumberToObject(x, "state_numel", (double)kiln_optim_state_numel(&v->oparams[t]));
+            cJSON_AddItemToArray(ts, x);
+        }
+    cJSON *ld = cJSON_AddArrayToObject(o, "loaders");
+    cJSON *fs = cJSON_AddArrayToObject(o, "files");
+    for (int r = 0; r < world; r++) {
+        cJSON *x = cJSON_CreateObject();
+        char hex[32];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)v->loaders[r].seed);
+        cJSON_AddStringToObject(x, "seed", hex);
+        cJSON_AddNumberToObject(x, "epoch", (double)v->loaders[r].epoch);
+        cJSON_AddNumberToObject(x, "cursor", (double)v->loaders[r].cursor);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)v->loaders[r].fingerprint);
+        cJSON_AddStringToObject(x, "fingerprint", hex);
+        cJSON_AddItemToArray(ld, x);
+        cJSON *f = cJSON_CreateObject();
+        char name[64];
+        snprintf(name, sizeof name, "rank_%05d.safetensors", r);
+        cJSON_AddStringToObject(f, "name", name);
+        cJSON_AddNumberToObject(f, "bytes", (double)sizes[r]);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sums[r]);
+        cJSON_AddStringToObject(f, "fnv1a64", hex);
+        cJSON_AddItemToArray(fs, f);
+    }
+    return o;
+}
+
+/* Delete all but the newest keep_last committed checkpoints. */
+static void prune(const char *out_dir, int64_t keep) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/ckpt", out_dir);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int64_t steps[4096];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 4096) {
+        long long s;
+        char tail[8];
+        if (sscanf(de->d_name, "step_%lld%7s", &s, tail) == 1) steps[n++] = s;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        int newer = 0;
+        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
+        if (newer >= keep) {
+            char p[1300];
+            step_dir(p, sizeof p, out_dir, steps[i], 0);
+            rm_tree(p);
+        }
+    }
+}
+
+kiln_error *ckpt_save(kiln_comm *comm, const ckpt_view *v) {
+    const char *out = v->cfg->out_dir;
+    char tmp[1300], fin[1300], path[1400], root[1200];
+    step_dir(tmp, sizeof tmp, out, v->step, 1);
+    step_dir(fin, sizeof fin, out, v->step, 0);
+    snprintf(root, sizeof root, "%s/ckpt", out);
+    kiln_error *e = NULL;
+    if (comm->rank == 0) {
+        e = mkdir_p(out);
+        if (!e) e = mkdir_p(root);
+        rm_tree(tmp); /* a stale attempt from a crash */
+        if (!e) e = mkdir_p(tmp);
+    }
+    KILN_TRY(agree(comm, e, "checkpoint directory"));
+    snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, comm->rank);
+    e = write_rank_file(v, comm->rank, path);
+    uint64_t mine[2] = {0, 0};
+    if (!e) e = kiln_fnv1a64_file(path, &mine[0], &mine[1]);
+    e = agree(comm, e, "writing the checkpoint shard");
+    if (e) {
+        if (comm->rank == 0) rm_tree(tmp);
+        return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)v->step);
+    }
+    /* everyone learns every file's checksum and size */
+    uint64_t *sums = calloc((size_t)comm->size * 2, sizeof *sums);
+    if (!sums) return kiln_errorf(KILN_ENOMEM, "checkpoint");
+    for (int r = 0; r < comm->size && !e; r++) {
+        uint64_t buf[2] = {mine[0], mine[1]};
+        e = comm->broadcast(comm, buf, sizeof buf, r);
+        sums[r] = buf[0];
+        sums[comm->size + r] = buf[1];
+    }
+    if (!e && comm->rank == 0) {
+        cJSON *man = manifest_json(v, comm->size, sums, sums + comm->size);
+        char *text = man ? cJSON_Print(man) : NULL;
+        cJSON_Delete(man);
+        snprintf(path, sizeof path, "%s/manifest.json", tmp);
+        e = text ? kiln_write_file_atomic(path, text, strlen(text)) : kiln_errorf(KILN_ENOMEM, "manifest");
+        free(text);
+        snprintf(path, sizeof path, "%s/COMMITTED", tmp);
+        if (!e) e = kiln_write_file_atomic(path, "ok\n", 3);
+        if (!e) e = fsync_path(tmp);
+        if (!e && rename(tmp, fin)) {
+            /* the same step committed before (a resumed run saving again): replace it */
+            rm_tree(fin);
+            if (rename(tmp, fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", tmp, fin, strerror(errno));
+        }
+        if (!e) e = fsync_path(root);
+        if (e) rm_tree(tmp);
+        else prune(out, v->cfg->keep_last);
+    }
+    free(sums);
+    return kiln_error_wrap(agree(comm, e, "committing the checkpoint"), "checkpoint at step %lld", (long long)v->step);
+}
+
+/* ---------- loading ---------- */
+
+static kiln_error *read_manifest(const char *dir, cJSON **out) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/COMMITTED", dir);
+    if (access(path, F_OK)) return kiln_errorf(KILN_EFORMAT, "%s: not committed (no COMMITTED marker)", dir);
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    return kiln_json_parse_file(path, out);
+}
+
+/* Sizes and checksums of every file listed in the manifest. */
+static kiln_error *verify_files(const char *dir, const cJSON *man) {
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
+    if (!cJSON_IsArray(files)) return kiln_errorf(KILN_EFORMAT, "%s/manifest.json: no 'files' list", dir);
+    cJSON_ArrayForEach(f, files) {
+        const char *name = NULL, *hex = NULL;
+        double bytes = -1;
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (cJSON_IsString(x)) name = x->valuestring;
+        x = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
+        if (cJSON_IsString(x)) hex = x->valuestring;
+        x = cJSON_GetObjectItemCaseSensitive(f, "bytes");
+        if (cJSON_IsNumber(x)) bytes = x->valuedouble;
+        if (!name || !hex || bytes < 0 || strchr(name, '/'))
+            return kiln_errorf(KILN_EFORMAT, "%s/manifest.json: malformed 'files' entry", dir);
+        char path[1500];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        uint64_t h, n;
+        KILN_TRY(kiln_fnv1a64_file(path, &h, &n));
+        char got[32];
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
+        if ((double)n != bytes) return kiln_errorf(KILN_EFORMAT, "%s: %llu bytes, manifest says %.0f", path, (unsigned long long)n, bytes);
+        if (strcmp(got, hex)) return kiln_errorf(KILN_EFORMAT, "%s: checksum %s, manifest says %s", path, got, hex);
+    }
+    return NULL;
+}
+
+kiln_error *ckpt_find_latest(const char *out_dir, int64_t *step) {
+    *step = -1;
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/ckpt", out_dir);
+    DIR *d = opendir(dir);
+    if (!d) return NULL; /* no checkpoints yet */
+    int64_t best = -1;
+    struct dirent *de;
+    int64_t steps[4096];
+    int n = 0;
+    while ((de = readdir(d)) && n < 4096) {
+        long long s;
+        char tail[8];
+        if (sscanf(de->d_name, "step_%lld%7s", &s, tail) == 1) steps[n++] = s;
+    }
+    closedir(d);
+    /* newest first; a corrupt one is reported and skipped */
+    for (;;) {
+        int bi = -1;
+        for (int i = 0; i < n; i++)
+            if (steps[i] >= 0 && (bi < 0 || steps[i] > steps[bi])) bi = i;
+        if (bi < 0) break;
+        char sd[1300];
+        step_dir(sd, sizeof sd, out_dir, steps[bi], 0);
+        cJSON *man = NULL;
+        kiln_error *e = read_manifest(sd, &man);
+        if (!e) e = verify_files(sd, man);
+        cJSON_Delete(man);
+        if (!e) {
+            best = steps[bi];
+            break;
+        }
+        kiln_log(KILN_LOG_WARN, "skipping checkpoint %s: %s", sd, kiln_error_msg(e));
+        kiln_error_free(e);
+        steps[bi] = -1;
+    }
+    *step = best;
+    return NULL;
+}
+
+static kiln_error *load_tensor_f32(const kiln_st *st, const char *name, float *dst, int64_t n, const char *file) {
+    const kiln_st_tensor *t = kiln_st_find(st, name);
+    if (!t) return kiln_errorf(KILN_EFORMAT, "%s: tensor '%s' is missing", file, name);
+    if (t->numel != n)
+        return kiln_errorf(KILN_EFORMAT, "%s: tensor '%s' has %lld elements, this model needs %lld (another model shape?)",
+                           file, name, (long long)t->numel, (long long)n);
+    return kiln_st_read_f32(t, dst, (size_t)n);
+}
+
+static kiln_error *load_f64(const kiln_st *st, const char *name, double *dst, int64_t n, const char *file) {
+    const kiln_st_tensor *t = kiln_st_find(st, name);
+    if (!t || t->dtype != KILN_DT_F64 || t->numel != n)
+        return kiln_errorf(KILN_EFORMAT, "%s: tensor '%s' is missing or has the wrong size", file, name);
+    memcpy(dst, t->data, (size_t)n * sizeof(double));
+    return NULL;
+}
+
+static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, ckpt_view *v) {
+    kiln_zaya *m = v->model;
+    cJSON *man = NULL;
+    KILN_TRY(read_manifest(sd, &man));
+    kiln_error *e = NULL;
+    char ctx[1400];
+    snprintf(ctx, sizeof ctx, "%s/manifest.json", sd);
+    int64_t world = 0, fmt = 0, step = 0;
+    double tokens = 0;
+    int have_prev = 0;
+    if (!e) e = kiln_json_get_int(man, "format", &fmt, 0, 1, ctx);
+    if (!e && fmt != CKPT_FORMAT) e = kiln_errorf(KILN_EUNSUPPORTED, "%s: format %lld is not %d", ctx, (long long)fmt, CKPT_FORMAT);
+    if (!e) e = kiln_json_get_int(man, "world_size", &world, 0, 1, ctx);
+    if (!e) e = kiln_json_get_int(man, "step", &step, 0, 1, ctx);
+    if (!e) e = kiln_json_get_double(man, "tokens_seen", &tokens, 0, 1, ctx);
+    if (!e) e = kiln_json_get_bool(man, "balance_have_prev", &have_prev, 0, 1, ctx);
+    if (!e && world != comm->size)
+        e = kiln_errorf(KILN_EINVAL, "%s: written by %lld ranks, this run has %d (reshape it with `kiln ckpt reshape`)",
+                        ctx, (long long)world, comm->size);
+    /* the tensor list must be this model's, name for name and shape for shape */
+    const cJSON *ts = e ? NULL : cJSON_GetObjectItemCaseSensitive(man, "tensors");
+    if (!e && (!cJSON_IsArray(ts) || cJSON_GetArraySize(ts) != m->nparams))
+        e = kiln_errorf(KILN_EFORMAT, "%s: lists %d tensors, this model has %d (another model shape?)", ctx,
+                        cJSON_IsArray(ts) ? cJSON_GetArraySize(ts) : -1, m->nparams);
+    for (int i = 0; !e && i < m->nparams; i++) {
+        const cJSON *x = cJSON_GetArrayItem(ts, i), *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+        if (!cJSON_IsString(nm) || strcmp(nm->valuestring, m->params[i].name))
+            e = kiln_errorf(KILN_EFORMAT, "%s: tensor %d is '%s', this model's is '%s' (another model shape?)", ctx, i,
+                            cJSON_IsString(nm) ? nm->valuestring : "?", m->params[i].name);
+    }
+    /* parameters: every rank reads every shard's params (all ranks hold the full model) */
+    for (int r = 0; !e && r < comm->size; r++) {
+        char path[1500];
+        snprintf(path, sizeof path, "%s/rank_%05d.safetensors", sd, r);
+        kiln_st *st = NULL;
+        e = kiln_st_open(path, &st);
+        for (int t = v->part->first[r]; !e && t < v->part->first[r + 1]; t++) {
+            char name[128];
+            snprintf(name, sizeof name, "param.%s", m->params[t].name);
+            e = load_tensor_f32(st, name, m->w + m->params[t].offset, m->params[t].numel, path);
+            if (!e && r == comm->rank) {
+                float *state = v->opt_state;
+                for (int u = v->part->first[r]; u < t; u++) state += kiln_optim_state_numel(&v->oparams[u]);
+                snprintf(name, sizeof name, "opt.%s", m->params[t].name);
+                e = load_tensor_f32(st, name, state, kiln_optim_state_numel(&v->oparams[t]), path);
+            }
+        }
+        if (!e && r == 0) {
+            const int64_t n = m->cfg.num_layers * (m->cfg.num_experts + 1);
+            e = load_tensor_f32(st, "balancing_biases", m->balancing, n, path);
+            if (!e) e = load_f64(st, "balance.integral", v->bal->integral, n, path);
+            if (!e) e = load_f64(st, "balance.prev_err", v->bal->prev_err, n, path);
+        }
+        kiln_st_close(st);
+    }
+    const cJSON *ld = e ? NULL : cJSON_GetObjectItemCaseSensitive(man, "loaders");
+    if (!e && (!cJSON_IsArray(ld) || cJSON_GetArraySize(ld) != comm->size))
+        e = kiln_errorf(KILN_EFORMAT, "%s: 'loaders' must list one position per rank", ctx);
+    for (int r = 0; !e && r < comm->size; r++) {
+        const cJSON *x = cJSON_GetArrayItem(ld, r);
+        const char *seed = NULL, *fp = NULL;
+        int64_t ep = 0, cur = 0;
+        e = kiln_json_get_string(x, "seed", &seed, NULL, 1, ctx);
+        if (!e) e = kiln_json_get_string(x, "fingerprint", &fp, "0", 0, ctx);
+        if (!e) e = kiln_json_get_int(x, "epoch", &ep, 0, 1, ctx);
+        if (!e) e = kiln_json_get_int(x, "cursor", &cur, 0, 1, ctx);
+        if (!e)
+            v->loaders[r] = (kiln_loader_state){strtoull(seed, NULL, 16), (uint64_t)ep, (uint64_t)cur,
+                                                strtoull(fp, NULL, 16)};
+    }
+    if (!e) {
+        v->step = step;
+        v->tokens_seen = tokens;
+        v->bal->have_prev = have_prev;
+    }
+    cJSON_Delete(man);
+    return e;
+}
+
+kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v) {
+    char sd[1300];
+    step_dir(sd, sizeof sd, v->cfg->out_dir, step, 0);
+    kiln_error *e = ckpt_load_impl(comm, sd, v);
+    return kiln_error_wrap(agree(comm, e, "loading the checkpoint"), "resuming from %s", sd);
+}

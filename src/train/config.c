@@ -1,0 +1,270 @@
+/* The training config: one JSON file in sections (model, data, optim, balance, run). Every field
+ * has a default and a line of help, kept together in one table; unknown fields and wrong types
+ * are errors naming the field. The model section takes HF ZayaConfig's field names. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/json.h"
+#include "kiln/train.h"
+
+typedef enum { F_INT, F_U64, F_DBL, F_BOOL, F_STR, F_SCHED } ftype;
+typedef struct {
+    const char *section, *key;
+    ftype type;
+    size_t off;
+    const char *help;
+} field;
+
+#define O(m) offsetof(kiln_train_config, m)
+static const field fields[] = {
+    {"data", "dir", F_STR, O(data_dir), "token shards made by `kiln data prepare` (train_*.bin, val_*.bin)"},
+    {"data", "seq_len", F_INT, O(seq_len), "tokens per training window"},
+    {"data", "micro_batch", F_INT, O(micro_batch), "windows per forward/backward on each rank"},
+    {"data", "grad_accum", F_INT, O(grad_accum), "micro-batches accumulated per optimizer step on each rank"},
+    {"data", "seed", F_U64, O(data_seed), "seed of the data order"},
+    {"data", "batch_ramp_start", F_INT, O(batch_ramp_start), "micro-batches per step at step 0 (0: no ramp)"},
+    {"data", "batch_ramp_steps", F_INT, O(batch_ramp_steps), "steps over which the batch ramps up to grad_accum"},
+    {"optim", "lr", F_DBL, O(sched.lr), "peak learning rate (AdamW, and Muon through its RMS-matched scaling)"},
+    {"optim", "min_lr", F_DBL, O(sched.min_lr), "learning rate at the end of the schedule"},
+    {"optim", "warmup", F_INT, O(sched.warmup), "linear warm-up steps"},
+    {"optim", "schedule", F_SCHED, O(sched.kind), "\"cosine\" or \"wsd\" (warmup-stable-decay)"},
+    {"optim", "decay_frac", F_DBL, O(sched.decay_frac), "wsd: share of training spent decaying"},
+    {"optim", "weight_decay", F_DBL, O(optim.weight_decay), "decoupled weight decay of matrices and embeddings"},
+    {"optim", "beta1", F_DBL, O(optim.beta1), "AdamW first-moment decay"},
+    {"optim", "beta2", F_DBL, O(optim.beta2), "AdamW second-moment decay"},
+    {"optim", "eps", F_DBL, O(optim.eps), "AdamW epsilon"},
+    {"optim", "muon", F_BOOL, O(optim.use_muon), "Muon for hidden matrices (false: AdamW everywhere)"},
+    {"optim", "muon_momentum", F_DBL, O(optim.muon_momentum), "Muon's Nesterov momentum"},
+    {"optim", "ns_steps", F_INT, O(optim.muon_ns_steps), "Newton-Schulz iterations of Muon"},
+    {"optim", "clip", F_DBL, O(clip), "global gradient-norm clipping threshold (0: off)"},
+    {"balance", "kp", F_DBL, O(bal_kp), "proportional gain of the expert-load controller"},
+    {"balance", "ki", F_DBL, O(bal_ki), "integral gain"},
+    {"balance", "kd", F_DBL, O(bal_kd), "derivative gain"},
+    {"balance", "skip_target", F_DBL, O(bal_skip_target), "target share of tokens routed to the skip expert"},
+    {"run", "steps", F_INT, O(steps), "optimizer steps"},
+    {"run", "log_every", F_INT, O(log_every), "steps between log lines and metrics records"},
+    {"run", "eval_every", F_INT, O(eval_every), "steps between validation losses (0: never)"},
+    {"run", "eval_batches", F_INT, O(eval_batches), "micro-batches per validation loss on each rank"},
+    {"run", "ckpt_every", F_INT, O(ckpt_every), "steps between checkpoints (0: only at the end)"},
+    {"run", "keep_last", F_INT, O(keep_last), "checkpoints kept (older ones are deleted once a newer one is committed)"},
+    {"run", "out_dir", F_STR, O(out_dir), "where metrics.jsonl, ckpt/ and the final model go"},
+    {"run", "init_seed", F_U64, O(init_seed), "seed of the parameter initialisation"},
+    {"run", "threads", F_INT, O(threads), "CPU threads per rank (0: all cores / ranks)"},
+};
+#define NFIELDS (sizeof fields / sizeof fields[0])
+static const char *const sections[] = {"model", "data", "optim", "balance", "run", NULL};
+
+void kiln_train_config_default(kiln_train_config *c) {
+    memset(c, 0, sizeof *c);
+    /* the built-in default: a small ZAYA that learns visibly on two CPU cores within minutes */
+    kiln_zaya_config *m = &c->model;
+    kiln_zaya_config_default(m);
+    m->vocab_size = 2048;
+    m->hidden_size = 128;
+    m->num_layers = 4;
+    m->num_heads = 4;
+    m->num_kv_heads = 2;
+    m->head_dim = 32;
+    m->num_experts = 4;
+    m->moe_intermediate = 256;
+    m->router_hidden = 32;
+    m->pad_token_id = -1;
+    m->bos_token_id = -1;
+    m->eos_token_id = 0; /* <|endoftext|>, the first special token of kiln-trained tokenizers */
+    m->rope_theta[0] = 10000.0;
+    c->init_seed = 1;
+    snprintf(c->data_dir, sizeof c->data_dir, "runs/default/data");
+    c->seq_len = 128;
+    c->micro_batch = 8;
+    c->grad_accum = 1;
+    c->data_seed = 1;
+    c->optim = (kiln_optim_hparams){0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1};
+    c->sched = (kiln_schedule){KILN_SCHED_COSINE, 3e-3, 3e-4, 50, 0, 0.2};
+    c->clip = 1.0;
+    c->bal_kp = 1e-2;
+    c->bal_ki = 1e-4;
+    c->bal_kd = 0.0;
+    c->bal_skip_target = 0.0;
+    c->steps = 600;
+    c->log_every = 10;
+    c->eval_every = 100;
+    c->eval_batches = 4;
+    c->ckpt_every = 200;
+    c->keep_last = 2;
+    snprintf(c->out_dir, sizeof c->out_dir, "runs/default");
+    c->threads = 0;
+}
+
+static const field *find_field(const char *section, const char *key) {
+    for (size_t i = 0; i < NFIELDS; i++)
+        if (!strcmp(fields[i].section, section) && !strcmp(fields[i].key, key)) return &fields[i];
+    return NULL;
+}
+
+static kiln_error *set_field(const field *f, const cJSON *sec, const char *ctx, kiln_train_config *c) {
+    char *base = (char *)c + f->off;
+    switch (f->type) {
+    case F_INT: {
+        int64_t v;
+        KILN_TRY(kiln_json_get_int(sec, f->key, &v, 0, 1, ctx));
+        if (f->off == O(optim.muon_ns_steps) || f->off == O(threads)) *(int *)base = (int)v;
+        else *(int64_t *)base = v;
+        return NULL;
+    }
+    case F_U64: {
+        int64_t v;
+        KILN_TRY(kiln_json_get_int(sec, f->key, &v, 0, 1, ctx));
+        if (v < 0) return kiln_errorf(KILN_EINVAL, "%s: field '%s' must be >= 0", ctx, f->key);
+        *(uint64_t *)base = (uint64_t)v;
+        return NULL;
+    }
+    case F_DBL: return kiln_json_get_double(sec, f->key, (double *)base, 0, 1, ctx);
+    case F_BOOL: return kiln_json_get_bool(sec, f->key, (int *)base, 0, 1, ctx);
+    case F_STR: {
+        const char *s;
+        KILN_TRY(kiln_json_get_string(sec, f->key, &s, NULL, 1, ctx));
+        if (strlen(s) >= 1024) return kiln_errorf(KILN_EINVAL, "%s: field '%s' is longer than 1023 bytes", ctx, f->key);
+        snprintf(base, 1024, "%s", s);
+        return NULL;
+    }
+    case F_SCHED: {
+        const char *s;
+        KILN_TRY(kiln_json_get_string(sec, f->key, &s, NULL, 1, ctx));
+        if (!strcmp(s, "cosine")) *(kiln_sched_kind *)base = KILN_SCHED_COSINE;
+        else if (!strcmp(s, "wsd")) *(kiln_sched_kind *)base = KILN_SCHED_WSD;
+        else return kiln_errorf(KILN_EINVAL, "%s: field '%s' must be \"cosine\" or \"wsd\", got \"%s\"", ctx, f->key, s);
+        return NULL;
+    }
+    }
+    return NULL;
+}
+
+static kiln_error *parse_root(const cJSON *root, const char *ctx, kiln_train_config *c) {
+    if (!cJSON_IsObject(root)) return kiln_errorf(KILN_EFORMAT, "%s: top level must be a JSON object", ctx);
+    const cJSON *sec;
+    cJSON_ArrayForEach(sec, root) {
+        int known = 0;
+        for (int i = 0; sections[i]; i++) known |= !strcmp(sections[i], sec->string);
+        if (!known)
+            return kiln_errorf(KILN_EINVAL, "%s: unknown section '%s' (sections: model, data, optim, balance, run)", ctx,
+                               sec->string);
+        if (!cJSON_IsObject(sec)) return kiln_errorf(KILN_EINVAL, "%s: section '%s' must be an object", ctx, sec->string);
+        char sctx[1200];
+        snprintf(sctx, sizeof sctx, "%s: %s", ctx, sec->string);
+        const cJSON *it;
+        if (!strcmp(sec->string, "model")) {
+            cJSON_ArrayForEach(it, sec) if (!kiln_zaya_config_known_key(it->string))
+                return kiln_errorf(KILN_EINVAL, "%s: unknown field '%s'", sctx, it->string);
+            KILN_TRY(kiln_zaya_config_from_json(sec, sctx, &c->model));
+            continue;
+        }
+        cJSON_ArrayForEach(it, sec) {
+            const field *f = find_field(sec->string, it->string);
+            if (!f) return kiln_errorf(KILN_EINVAL, "%s: unknown field '%s' (see kiln train --help-config)", sctx, it->string);
+            KILN_TRY(set_field(f, sec, sctx, c));
+        }
+    }
+    return kiln_train_config_validate(c);
+}
+
+kiln_error *kiln_train_config_parse(const char *text, const char *ctx, kiln_train_config *c) {
+    cJSON *root = NULL;
+    KILN_TRY(kiln_json_parse(text, strlen(text), ctx, &root));
+    kiln_error *e = parse_root(root, ctx, c);
+    cJSON_Delete(root);
+    return e;
+}
+
+kiln_error *kiln_train_config_load(const char *path, kiln_train_config *c) {
+    char *text = NULL;
+    size_t len = 0;
+    KILN_TRY(kiln_read_file(path, &text, &len));
+    kiln_error *e = kiln_train_config_parse(text, path, c);
+    free(text);
+    return e;
+}
+
+kiln_error *kiln_train_config_validate(const kiln_train_config *c) {
+    KILN_TRY(kiln_zaya_config_validate(&c->model, "config: model"));
+    struct { const char *name; int64_t v, lo; } ints[] = {
+        {"data.seq_len", c->seq_len, 2}, {"data.micro_batch", c->micro_batch, 1}, {"data.grad_accum", c->grad_accum, 1},
+        {"run.steps", c->steps, 0}, {"run.log_every", c->log_every, 1}, {"run.eval_every", c->eval_every, 0},
+        {"run.eval_batches", c->eval_batches, 1}, {"run.ckpt_every", c->ckpt_every, 0}, {"run.keep_last", c->keep_last, 1},
+        {"optim.warmup", c->sched.warmup, 0}, {"data.batch_ramp_start", c->batch_ramp_start, 0},
+        {"data.batch_ramp_steps", c->batch_ramp_steps, 0}, {"optim.ns_steps", c->optim.muon_ns_steps, 1},
+        {"run.threads", c->threads, 0},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].v < ints[i].lo)
+            return kiln_errorf(KILN_EINVAL, "config: field '%s' = %lld must be >= %lld", ints[i].name, (long long)ints[i].v,
+                               (long long)ints[i].lo);
+    if (c->batch_ramp_start > c->grad_accum)
+        return kiln_errorf(KILN_EINVAL, "config: data.batch_ramp_start (%lld) exceeds data.grad_accum (%lld)",
+                           (long long)c->batch_ramp_start, (long long)c->grad_accum);
+    if (!(c->sched.lr > 0) || c->sched.min_lr < 0 || c->sched.min_lr > c->sched.lr)
+        return kiln_errorf(KILN_EINVAL, "config: need 0 <= optim.min_lr <= optim.lr and optim.lr > 0");
+    if (c->sched.decay_frac < 0 || c->sched.decay_frac > 1)
+        return kiln_errorf(KILN_EINVAL, "config: optim.decay_frac must be in 0..1");
+    if (c->optim.beta1 < 0 || c->optim.beta1 >= 1 || c->optim.beta2 < 0 || c->optim.beta2 >= 1 || !(c->optim.eps > 0))
+        return kiln_errorf(KILN_EINVAL, "config: optim.beta1 and beta2 must be in [0,1) and eps > 0");
+    if (c->bal_skip_target < 0 || c->bal_skip_target >= 1)
+        return kiln_errorf(KILN_EINVAL, "config: balance.skip_target must be in [0,1)");
+    if (!c->data_dir[0]) return kiln_errorf(KILN_EINVAL, "config: data.dir is empty");
+    if (!c->out_dir[0]) return kiln_errorf(KILN_EINVAL, "config: run.out_dir is empty");
+    return NULL;
+}
+
+static cJSON *field_json(const field *f, const kiln_train_config *c) {
+    const char *base = (const char *)c + f->off;
+    switch (f->type) {
+    case F_INT:
+        if (f->off == O(optim.muon_ns_steps) || f->off == O(threads)) return cJSON_CreateNumber(*(const int *)base);
+        return cJSON_CreateNumber((double)*(const int64_t *)base);
+    case F_U64: return cJSON_CreateNumber((double)*(const uint64_t *)base);
+    case F_DBL: return cJSON_CreateNumber(*(const double *)base);
+    case F_BOOL: return cJSON_CreateBool(*(const int *)base);
+    case F_STR: return cJSON_CreateString(base);
+    case F_SCHED: return cJSON_CreateString(*(const kiln_sched_kind *)base == KILN_SCHED_WSD ? "wsd" : "cosine");
+    }
+    return cJSON_CreateNull();
+}
+
+char *kiln_train_config_to_json(const kiln_train_config *c) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON *model = kiln_zaya_config_to_cjson(&c->model); /* the model section in HF's names */
+    cJSON_AddItemToObject(root, "model", model ? model : cJSON_CreateObject());
+    for (int s = 1; sections[s]; s++) {
+        cJSON *sec = cJSON_AddObjectToObject(root, sections[s]);
+        for (size_t i = 0; i < NFIELDS; i++)
+            if (!strcmp(fields[i].section, sections[s])) cJSON_AddItemToObject(sec, fields[i].key, field_json(&fields[i], c));
+    }
+    char *out = cJSON_Print(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+void kiln_train_config_print_help(FILE *f) {
+    kiln_train_config d;
+    kiln_train_config_default(&d);
+    fprintf(f, "kiln train config: a JSON object with sections model, data, optim, balance, run.\n"
+               "Every field is optional; the defaults below are the built-in default run.\n\n"
+               "[model] HF ZayaConfig fields (vocab_size, hidden_size, num_hidden_layers, num_attention_heads,\n"
+               "  num_key_value_heads, head_dim, num_experts, num_experts_per_tok, moe_intermediate_size,\n"
+               "  router_hidden_size, cca_time0, cca_time1, sliding_window, layer_types, rope_parameters,\n"
+               "  rms_norm_eps, initializer_range, tie_word_embeddings, attention_bias, lm_head_bias, ...)\n");
+    const char *cur = "";
+    for (size_t i = 0; i < NFIELDS; i++) {
+        if (strcmp(cur, fields[i].section)) fprintf(f, "\n[%s]\n", cur = fields[i].section);
+        cJSON *v = field_json(&fields[i], &d);
+        char *s = cJSON_PrintUnformatted(v);
+        fprintf(f, "  %-18s %-22s %s\n", fields[i].key, s ? s : "?", fields[i].help);
+        free(s);
+        cJSON_Delete(v);
+    }
+}

@@ -1,0 +1,50 @@
+/* Pieces of the trainer, one file each. */
+#ifndef KILN_TRAIN_INTERNAL_H
+#define KILN_TRAIN_INTERNAL_H
+
+#include "kiln/data.h"
+#include "kiln/optim.h"
+#include "kiln/train.h"
+
+/* ZeRO-1 partition: whole parameter tensors, contiguous in the flat buffer, rank r owning
+ * tensors [first[r], first[r+1]) = elements [displs[r], displs[r] + counts[r]). */
+typedef struct {
+    int world;
+    int *first;              /* [world+1] tensor index */
+    size_t *counts, *displs; /* [world] elements */
+} zero1_partition;
+kiln_error *zero1_partition_make(const kiln_zaya *m, int world, zero1_partition *p);
+void zero1_partition_free(zero1_partition *p);
+
+/* Expert load balancing as ZAYA1: after each step a PID controller moves every layer's
+ * balancing biases toward equal expert load (the skip class toward its own target share). */
+typedef struct {
+    int64_t layers, classes;
+    double *integral, *prev_err; /* [layers*classes] */
+    int have_prev;
+} balance_ctl;
+kiln_error *balance_init(balance_ctl *b, int64_t layers, int64_t classes);
+void balance_free(balance_ctl *b);
+/* counts [layers, classes] summed over all ranks; updates biases [layers, classes]; writes the
+ * per-layer imbalance (max load / mean expert load) into imbalance[layers] (nullable). */
+void balance_update(balance_ctl *b, const kiln_train_config *c, const int64_t *counts, float *biases,
+                    double *imbalance);
+
+/* Checkpoints: out_dir/ckpt/step_NNNNNNNN/{manifest.json, rank_NNNNN.safetensors, COMMITTED}. */
+typedef struct {
+    int64_t step;
+    const kiln_train_config *cfg;
+    kiln_zaya *model;
+    const zero1_partition *part;
+    const kiln_opt_param *oparams;
+    float *opt_state;  /* this rank's optimizer state, tensors in order */
+    balance_ctl *bal;
+    kiln_loader_state *loaders; /* [world] (all ranks' states, gathered) */
+    double tokens_seen;
+} ckpt_view;
+kiln_error *ckpt_save(kiln_comm *comm, const ckpt_view *v);
+/* Newest valid checkpoint's step (-1: none); verifies checksums and shapes. */
+kiln_error *ckpt_find_latest(const char *out_dir, int64_t *step);
+kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v);
+
+#endif

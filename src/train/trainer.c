@@ -1,0 +1,332 @@
+/* The training loop: data-parallel ZeRO-1 over a kiln_comm.
+ *
+ * Every rank holds the whole model and computes gradients on its own windows; gradients are
+ * reduce-scattered so that each rank receives the summed gradient of the tensors it owns, which
+ * it alone updates (its slice of the AdamW/Muon state is all the optimizer state it keeps); the
+ * updated parameters are all-gathered. Expert load is summed over ranks and fed to the balance
+ * controller, identically on every rank, so the balancing biases never diverge. */
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kiln/data.h"
+#include "kiln/log.h"
+#include "train_internal.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int mkdir_p_simple(const char *dir) { return mkdir(dir, 0755) && errno != EEXIST; }
+
+/* Micro-batches per rank at this step (the batch-size ramp). */
+static int64_t accum_at(const kiln_train_config *c, int64_t step) {
+    if (c->batch_ramp_start <= 0 || c->batch_ramp_steps <= 0 || step >= c->batch_ramp_steps) return c->grad_accum;
+    return c->batch_ramp_start + (c->grad_accum - c->batch_ramp_start) * step / c->batch_ramp_steps;
+}
+
+/* Forward FLOPs per token, active parameters only (matrices x2) plus attention scores. */
+static double flops_per_token(const kiln_zaya *m, int64_t T) {
+    const kiln_zaya_config *c = &m->cfg;
+    double H = (double)c->hidden_size, Q = (double)(c->num_heads * c->head_dim), K = (double)(c->num_kv_heads * c->head_dim);
+    double R = (double)c->router_hidden, I = (double)c->moe_intermediate;
+    double per_layer = H * (Q + K + K) + Q * H + H * R + 2 * R * R + R * (c->num_experts + 1) + c->top_k * 3 * H * I;
+    per_layer += 2.0 * Q * (double)T / 2; /* causal scores and weighted sum, averaged over positions */
+    return 2.0 * (per_layer * (double)c->num_layers + H * (double)c->vocab_size);
+}
+
+/* A rough peak of this CPU for the MFU estimate: cores x clock x 32 f32 FLOPs/cycle (AVX2 FMA). */
+static double cpu_peak_flops(int threads) {
+    double mhz = 2000;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "cpu MHz", 7)) {
+                char *c = strchr(line, ':');
+                if (c) mhz = atof(c + 1);
+                break;
+            }
+        fclose(f);
+    }
+    return threads * mhz * 1e6 * 32;
+}
+
+typedef struct {
+    kiln_zaya *m;
+    kiln_zaya_acts *acts;
+    kiln_loader *train, *val;
+    int64_t *ids;
+    zero1_partition part;
+    kiln_opt_param *op;
+    float *state, *gshard, *ws;
+    balance_ctl bal;
+    int64_t *counts;
+    double *imbalance;
+    kiln_loader_state *loader_states;
+    FILE *metrics;
+} trainer;
+
+static void trainer_free(trainer *t) {
+    kiln_zaya_acts_free(t->acts);
+    kiln_zaya_free(t->m);
+    kiln_loader_close(t->train);
+    kiln_loader_close(t->val);
+    free(t->ids);
+    zero1_partition_free(&t->part);
+    free(t->op);
+    free(t->state);
+    free(t->gshard);
+    free(t->ws);
+    balance_free(&t->bal);
+    free(t->counts);
+    free(t->imbalance);
+    free(t->loader_states);
+    if (t->metrics) fclose(t->metrics);
+}
+
+static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
+    KILN_TRY(kiln_zaya_create(&c->model, &t->m));
+    kiln_zaya_init_random(t->m, c->init_seed);
+    KILN_TRY(kiln_zaya_grads_enable(t->m));
+    KILN_TRY(kiln_zaya_acts_create(t->m, c->micro_batch, c->seq_len, &t->acts));
+    KILN_TRY(kiln_loader_open(c->data_dir, "train", c->seq_len, c->data_seed, comm->rank, comm->size, &t->train));
+    KILN_TRY(kiln_loader_set_block(t->train, c->micro_batch));
+    if (kiln_loader_vocab_size(t->train) > c->model.vocab_size)
+        return kiln_errorf(KILN_EINVAL, "%s: the shards' vocabulary (%lld tokens) is larger than the model's vocab_size "
+                           "(%lld): the tokenizer does not match this config", c->data_dir,
+                           (long long)kiln_loader_vocab_size(t->train), (long long)c->model.vocab_size);
+    if (c->eval_every > 0) {
+        kiln_error *e = kiln_loader_open(c->data_dir, "val", c->seq_len, c->data_seed, comm->rank, comm->size, &t->val);
+        if (!e) e = kiln_loader_set_block(t->val, c->micro_batch);
+        if (e) { /* no validation split: say so once, train anyway */
+            if (comm->rank == 0) kiln_log(KILN_LOG_WARN, "no validation loss: %s", kiln_error_msg(e));
+            kiln_error_free(e);
+            kiln_loader_close(t->val);
+            t->val = NULL;
+        }
+    }
+    t->ids = malloc((size_t)(c->micro_batch * c->seq_len) * sizeof *t->ids);
+    KILN_TRY(zero1_partition_make(t->m, comm->size, &t->part));
+    t->op = calloc((size_t)t->m->nparams, sizeof *t->op);
+    if (!t->ids || !t->op) return kiln_errorf(KILN_ENOMEM, "trainer");
+    kiln_optim_classify(t->m, &c->optim, t->op);
+    size_t nstate = 0, ws = 1;
+    for (int i = t->part.first[comm->rank]; i < t->part.first[comm->rank + 1]; i++) {
+        nstate += (size_t)kiln_optim_state_numel(&t->op[i]);
+        if (t->op[i].kind == KILN_OPT_MUON && kiln_muon_workspace(&t->op[i]) > ws) ws = kiln_muon_workspace(&t->op[i]);
+    }
+    const int64_t L = c->model.num_layers, E1 = c->model.num_experts + 1;
+    t->state = calloc(nstate + 1, sizeof(float));
+    t->gshard = calloc(t->part.counts[comm->rank] + 1, sizeof(float));
+    t->ws = calloc(ws, sizeof(float));
+    t->counts = calloc((size_t)(L * E1), sizeof *t->counts);
+    t->imbalance = calloc((size_t)L + 1, sizeof *t->imbalance);
+    t->loader_states = calloc((size_t)comm->size, sizeof *t->loader_states);
+    if (!t->state || !t->gshard || !t->ws || !t->counts || !t->imbalance || !t->loader_states)
+        return kiln_errorf(KILN_ENOMEM, "optimizer state");
+    return balance_init(&t->bal, L, E1);
+}
+
+static ckpt_view view_of(trainer *t, const kiln_train_config *c, int64_t step, double tokens) {
+    return (ckpt_view){step, c, t->m, &t->part, t->op, t->state, &t->bal, t->loader_states, tokens};
+}
+
+/* Every rank's loader position, for the checkpoint. */
+static kiln_error *gather_loader_states(trainer *t, kiln_comm *comm) {
+    for (int r = 0; r < comm->size; r++) {
+        kiln_loader_state s = kiln_loader_get_state(t->train);
+        KILN_TRY(comm->broadcast(comm, &s, sizeof s, r));
+        t->loader_states[r] = s;
+    }
+    return NULL;
+}
+
+static kiln_error *eval_loss(trainer *t, const kiln_train_config *c, kiln_comm *comm, double *out) {
+    kiln_loader_state keep = kiln_loader_get_state(t->val); /* the same windows every evaluation */
+    double acc[2] = {0, 0};
+    for (int64_t i = 0; i < c->eval_batches; i++) {
+        double loss;
+        KILN_TRY(kiln_loader_next(t->val, c->micro_batch, t->ids));
+        KILN_TRY(kiln_zaya_forward(t->m, t->acts, t->ids, NULL, &loss));
+        acc[0] += loss;
+        acc[1] += 1;
+    }
+    KILN_TRY(kiln_loader_set_state(t->val, &keep));
+    KILN_TRY(comm->allreduce_sum_f64(comm, acc, 2));
+    *out = acc[0] / acc[1];
+    return NULL;
+}
+
+static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *comm, int64_t step, double *loss_out,
+                            double *gnorm_out, double *lr_out, int64_t *ntok) {
+    kiln_zaya *m = t->m;
+    const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
+    kiln_zaya_grads_zero(m);
+    memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
+    double loss_sum = 0;
+    for (int64_t a = 0; a < accum; a++) {
+        double loss;
+        KILN_TRY(kiln_loader_next(t->train, c->micro_batch, t->ids));
+        KILN_TRY(kiln_zaya_forward(m, t->acts, t->ids, NULL, &loss));
+        KILN_TRY(kiln_zaya_backward(m, t->acts, t->ids));
+        kiln_zaya_route_counts(m, t->acts, t->counts);
+        loss_sum += loss;
+    }
+    /* mean over every micro-batch of every rank */
+    const float inv = 1.0f / (float)(accum * comm->size);
+    for (size_t i = 0; i < m->numel; i++) m->g[i] *= inv;
+    const int me = comm->rank;
+    KILN_TRY(comm->reduce_scatter_sum(comm, m->g, t->gshard, t->part.counts, t->part.displs));
+    /* global gradient norm: each rank's shard, then summed */
+    double stats[3] = {0, loss_sum / (double)accum, 0};
+    for (size_t i = 0; i < t->part.counts[me]; i++) stats[0] += (double)t->gshard[i] * t->gshard[i];
+    KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
+    double gnorm = sqrt(stats[0]);
+    float scale = (c->clip > 0 && gnorm > c->clip) ? (float)(c->clip / (gnorm + 1e-6)) : 1.0f;
+    kiln_schedule sched = c->sched;
+    sched.total = c->steps;
+    double lr = kiln_schedule_lr(&sched, step);
+    /* update the tensors this rank owns */
+    float *state = t->state;
+    for (int i = t->part.first[me]; i < t->part.first[me + 1]; i++) {
+        const kiln_opt_param *p = &t->op[i];
+        float *g = t->gshard + (p->offset - t->part.displs[me]);
+        if (scale != 1.0f)
+            for (int64_t j = 0; j < p->numel; j++) g[j] *= scale;
+        if (p->kind == KILN_OPT_MUON) kiln_muon_step(m->w + p->offset, g, state, p, &c->optim, lr, t->ws);
+        else kiln_adamw_step(m->w + p->offset, g, state, p->numel, &c->optim, lr, step + 1, p->decay);
+        state += kiln_optim_state_numel(p);
+    }
+    KILN_TRY(comm->allgather(comm, m->w, t->part.counts, t->part.displs));
+    /* expert load over all ranks -> balancing biases, the same on every rank */
+    double *cnt = malloc((size_t)(L * E1) * sizeof(double));
+    if (!cnt) return kiln_errorf(KILN_ENOMEM, "route counts");
+    for (int64_t i = 0; i < L * E1; i++) cnt[i] = (double)t->counts[i];
+    kiln_error *e = comm->allreduce_sum_f64(comm, cnt, (size_t)(L * E1));
+    for (int64_t i = 0; i < L * E1; i++) t->counts[i] = (int64_t)llround(cnt[i]);
+    free(cnt);
+    KILN_TRY(e);
+    balance_update(&t->bal, c, t->counts, m->balancing, t->imbalance);
+    *loss_out = stats[1] / comm->size;
+    *gnorm_out = gnorm;
+    *lr_out = lr;
+    *ntok = accum * c->micro_batch * c->seq_len * comm->size;
+    return NULL;
+}
+
+static void log_metrics(trainer *t, const kiln_train_config *c, int64_t step, double loss, double val, double lr,
+                        double gnorm, double tokens, double tps, double mfu) {
+    if (!t->metrics) return;
+    fprintf(t->metrics, "{\"step\":%lld,\"loss\":%.6f,", (long long)step, loss);
+    if (!isnan(val)) fprintf(t->metrics, "\"val_loss\":%.6f,", val);
+    fprintf(t->metrics, "\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"imbalance\":[",
+            lr, gnorm, tokens, tps, mfu);
+    for (int64_t l = 0; l < c->model.num_layers; l++) fprintf(t->metrics, l ? ",%.3f" : "%.3f", t->imbalance[l]);
+    fprintf(t->metrics, "]}\n");
+    fflush(t->metrics);
+}
+
+kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kiln_comm *comm, double *final_loss) {
+    KILN_TRY(kiln_train_config_validate(c));
+    int threads = c->threads;
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(n / comm->size > 0 ? n / comm->size : 1);
+    }
+    omp_set_num_threads(threads);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit becomes a write error (EFBIG), not a kill */
+
+    trainer t;
+    memset(&t, 0, sizeof t);
+    kiln_error *e = setup(&t, c, comm);
+    int64_t start = 0;
+    double tokens = 0;
+    if (!e && o->resume) {
+        int64_t step = -1;
+        if (comm->rank == 0) e = ckpt_find_latest(c->out_dir, &step);
+        if (!e) e = comm->broadcast(comm, &step, sizeof step, 0);
+        if (!e && step >= 0) {
+            ckpt_view v = view_of(&t, c, 0, 0);
+            e = ckpt_load(comm, step, &v);
+            if (!e) e = kiln_loader_set_state(t.train, &t.loader_states[comm->rank]);
+            start = v.step;
+            tokens = v.tokens_seen;
+            if (!e && comm->rank == 0 && !o->quiet) printf("resumed from step %lld\n", (long long)start);
+        } else if (!e && comm->rank == 0 && !o->quiet) {
+            printf("no checkpoint in %s/ckpt: starting from step 0\n", c->out_dir);
+        }
+    }
+    if (!e && comm->rank == 0) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", c->out_dir);
+        if (mkdir_p_simple(c->out_dir) || !(t.metrics = fopen(path, start > 0 ? "a" : "w")))
+            e = kiln_errorf(KILN_EIO, "%s: cannot write", path);
+    }
+    const double fpt = t.m ? 3.0 * flops_per_token(t.m, c->seq_len) : 0, peak = cpu_peak_flops(threads) * comm->size;
+    const int tty = isatty(1);
+    double t0 = now(), last = 0, run_tokens = 0;
+    int64_t step = start;
+    if (!e && comm->rank == 0 && !o->quiet)
+        printf("training %.2fM parameters on %d rank%s x %d threads: %lld steps of %lld tokens\n", t.m->numel / 1e6,
+               comm->size, comm->size > 1 ? "s" : "", threads, (long long)c->steps,
+               (long long)(c->grad_accum * c->micro_batch * c->seq_len * comm->size));
+    while (!e && step < c->steps) {
+        double loss = 0, gnorm = 0, lr = 0, val = NAN;
+        int64_t ntok = 0;
+        e = one_step(&t, c, comm, step, &loss, &gnorm, &lr, &ntok);
+        if (e) break;
+        step++;
+        tokens += (double)ntok;
+        run_tokens += (double)ntok;
+        last = loss;
+        if (!isfinite(loss)) {
+            e = kiln_errorf(KILN_EINVAL, "loss is %g at step %lld: stopping (lower optim.lr?)", loss, (long long)step);
+            break;
+        }
+        if (t.val && c->eval_every > 0 && (step % c->eval_every == 0 || step == c->steps)) e = eval_loss(&t, c, comm, &val);
+        double el = now() - t0, tps = run_tokens / el, mfu = tps * fpt / peak;
+        if (!e && comm->rank == 0 && (step % c->log_every == 0 || step == c->steps || !isnan(val))) {
+            log_metrics(&t, c, step, loss, val, lr, gnorm, tokens, tps, mfu);
+            if (!o->quiet) {
+                double eta = (c->steps - step) * el / (double)(step - start);
+                printf("%sstep %6lld/%lld  loss %.4f", tty ? "\r" : "", (long long)step, (long long)c->steps, loss);
+                if (!isnan(val)) printf("  val %.4f", val);
+                printf("  lr %.2e  %7.0f tok/s  MFU~%.1f%%  ETA %4.0fs%s", lr, tps, 100 * mfu, eta,
+                       tty && isnan(val) && step != c->steps ? "" : "\n");
+                fflush(stdout);
+            }
+        }
+        /* stop requests (Ctrl-C, --stop-after) are agreed by all ranks, then saved */
+        double stop[1] = {(o->interrupted && *o->interrupted) || (o->stop_after > 0 && step - start >= o->stop_after)};
+        if (!e) e = comm->allreduce_sum_f64(comm, stop, 1);
+        int save = !e && ((c->ckpt_every > 0 && step % c->ckpt_every == 0) || step == c->steps || stop[0] > 0);
+        if (save) {
+            e = gather_loader_states(&t, comm);
+            ckpt_view v = view_of(&t, c, step, tokens);
+            if (!e) e = ckpt_save(comm, &v);
+        }
+        if (!e && stop[0] > 0) {
+            if (comm->rank == 0 && !o->quiet) printf("\nstopped at step %lld; checkpoint saved, resume with --resume\n", (long long)step);
+            break;
+        }
+    }
+    if (!e && comm->rank == 0 && step >= c->steps) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/model", c->out_dir);
+        e = kiln_zaya_save_dir(t.m, dir);
+        if (!e && !o->quiet) printf("saved %s (HF ZAYA format)\n", dir);
+    }
+    if (final_loss) *final_loss = last;
+    trainer_free(&t);
+    return e;
+}

@@ -1,0 +1,39 @@
+/* ZeRO-1's partition of the parameters over ranks: whole tensors (Muon orthogonalises whole
+ * matrices, so a tensor must not be split), contiguous, each rank near 1/world of the elements. */
+#include <stdlib.h>
+
+#include "train_internal.h"
+
+kiln_error *zero1_partition_make(const kiln_zaya *m, int world, zero1_partition *p) {
+    p->world = world;
+    p->first = calloc((size_t)world + 1, sizeof *p->first);
+    p->counts = calloc((size_t)world, sizeof *p->counts);
+    p->displs = calloc((size_t)world, sizeof *p->displs);
+    if (!p->first || !p->counts || !p->displs) {
+        zero1_partition_free(p);
+        return kiln_errorf(KILN_ENOMEM, "ZeRO-1 partition");
+    }
+    /* rank r takes tensors until its running total passes (r+1)/world of the elements */
+    int t = 0;
+    for (int r = 0; r < world; r++) {
+        p->first[r] = t;
+        size_t goal = (size_t)((double)m->numel * (r + 1) / world);
+        while (t < m->nparams && (r == world - 1 || m->params[t].offset + (size_t)m->params[t].numel / 2 < goal)) t++;
+    }
+    p->first[world] = m->nparams;
+    for (int r = 0; r < world; r++) {
+        size_t lo = p->first[r] < m->nparams ? m->params[p->first[r]].offset : m->numel;
+        size_t hi = p->first[r + 1] < m->nparams ? m->params[p->first[r + 1]].offset : m->numel;
+        p->displs[r] = lo;
+        p->counts[r] = hi - lo;
+    }
+    return NULL;
+}
+
+void zero1_partition_free(zero1_partition *p) {
+    free(p->first);
+    free(p->counts);
+    free(p->displs);
+    p->first = NULL;
+    p->counts = p->displs = NULL;
+}

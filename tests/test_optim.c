@@ -1,0 +1,186 @@
+/* Optimizers, schedules, the ZeRO-1 partition and the balance controller. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kiln/optim.h"
+#include "kiln/rng.h"
+#include "kiln/train.h"
+#include "../src/train/train_internal.h"
+#include "test.h"
+#include "zaya_testutil.h"
+
+/* AdamW against the textbook formula evaluated in double, over several steps. */
+TEST(adamw_matches_formula) {
+    const int n = 7, steps = 5;
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0};
+    float w[7], g[7], st[14] = {0};
+    double W[7], M[7] = {0}, V[7] = {0};
+    kiln_rng r;
+    kiln_rng_seed(&r, 3);
+    for (int i = 0; i < n; i++) W[i] = w[i] = (float)kiln_rng_normal(&r);
+    for (int t = 1; t <= steps; t++) {
+        double lr = 0.01 * t;
+        for (int i = 0; i < n; i++) g[i] = (float)kiln_rng_normal(&r);
+        kiln_adamw_step(w, g, st, n, &hp, lr, t, 1);
+        for (int i = 0; i < n; i++) {
+            M[i] = 0.9 * M[i] + 0.1 * g[i];
+            V[i] = 0.95 * V[i] + 0.05 * (double)g[i] * g[i];
+            double mh = M[i] / (1 - pow(0.9, t)), vh = V[i] / (1 - pow(0.95, t));
+            W[i] = W[i] * (1 - lr * 0.1) - lr * mh / (sqrt(vh) + 1e-8);
+        }
+    }
+    for (int i = 0; i < n; i++) CHECK_NEAR(w[i], W[i], 1e-5);
+}
+
+/* Newton-Schulz gives (approximately) the polar factor U V^T of G: compare with the exact polar
+ * factor from many cubic Newton-Schulz iterations, for tall and wide matrices. */
+static void ns_check(int64_t rows, int64_t cols) {
+    kiln_opt_param p = {0, rows * cols, KILN_OPT_MUON, 1, rows, cols, 0};
+    float *x = malloc((size_t)(rows * cols) * sizeof(float)), *ws = malloc(kiln_muon_workspace(&p) * sizeof(float));
+    double *P = malloc((size_t)(rows * cols) * sizeof(double)), *T = malloc((size_t)(rows * cols) * sizeof(double));
+    double *A = malloc((size_t)(cols * cols) * sizeof(double));
+    kiln_rng r;
+    kiln_rng_seed(&r, (uint64_t)(rows * 31 + cols));
+    double nrm = 0;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        x[i] = (float)kiln_rng_normal(&r);
+        nrm += (double)x[i] * x[i];
+    }
+    for (int64_t i = 0; i < rows * cols; i++) P[i] = x[i] / sqrt(nrm);
+    /* cubic iteration X <- 1.5 X - 0.5 X (X^T X), converging to the polar factor */
+    for (int it = 0; it < 200; it++) {
+        for (int64_t a = 0; a < cols; a++)
+            for (int64_t b = 0; b < cols; b++) {
+                double s = 0;
+                for (int64_t k = 0; k < rows; k++) s += P[k * cols + a] * P[k * cols + b];
+                A[a * cols + b] = s;
+            }
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t b = 0; b < cols; b++) {
+                double s = 0;
+                for (int64_t a = 0; a < cols; a++) s += P[i * cols + a] * A[a * cols + b];
+                T[i * cols + b] = 1.5 * P[i * cols + b] - 0.5 * s;
+            }
+        for (int64_t i = 0; i < rows * cols; i++) P[i] = T[i];
+    }
+    kiln_newton_schulz(x, rows, cols, 5, ws);
+    double dot = 0, nx = 0, np = 0;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        dot += x[i] * P[i];
+        nx += (double)x[i] * x[i];
+        np += P[i] * P[i];
+    }
+    double cosv = dot / sqrt(nx * np);
+    CHECK_MSG(cosv > 0.97, "%lldx%lld: cosine to the polar factor %.4f", (long long)rows, (long long)cols, cosv);
+    /* singular values land in Muon's band around 1: mean square near 1 */
+    double ms = nx / (double)(rows < cols ? rows : cols);
+    CHECK_MSG(ms > 0.5 && ms < 1.3, "%lldx%lld: mean squared singular value %.3f", (long long)rows, (long long)cols, ms);
+    free(x), free(ws), free(P), free(T), free(A);
+}
+
+TEST(newton_schulz_approximates_polar_factor) {
+    ns_check(16, 16);
+    ns_check(24, 10);
+    ns_check(10, 24);
+}
+
+TEST(schedules) {
+    kiln_schedule s = {KILN_SCHED_COSINE, 1.0, 0.1, 10, 110, 0.2};
+    CHECK_NEAR(kiln_schedule_lr(&s, 0), 0.1, 1e-12);   /* warm-up from lr/warmup */
+    CHECK_NEAR(kiln_schedule_lr(&s, 9), 1.0, 1e-12);
+    CHECK_NEAR(kiln_schedule_lr(&s, 10), 1.0, 1e-12);  /* cosine starts at the peak */
+    CHECK_NEAR(kiln_schedule_lr(&s, 60), 0.55, 1e-12); /* half way: the mean of peak and floor */
+    CHECK_NEAR(kiln_schedule_lr(&s, 110), 0.1, 1e-12);
+    s.kind = KILN_SCHED_WSD;
+    CHECK_NEAR(kiln_schedule_lr(&s, 50), 1.0, 1e-12);  /* stable */
+    CHECK_NEAR(kiln_schedule_lr(&s, 90), 1.0, 1e-12);  /* decay starts at 80% */
+    CHECK_NEAR(kiln_schedule_lr(&s, 100), 0.55, 1e-12);
+    CHECK_NEAR(kiln_schedule_lr(&s, 110), 0.1, 1e-12);
+}
+
+TEST(zero1_partition_covers_whole_tensors) {
+    kiln_zaya_config c;
+    tiny_config(&c, 0);
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    for (int world = 1; world <= 5; world++) {
+        zero1_partition p;
+        CHECK_OK(zero1_partition_make(m, world, &p));
+        size_t total = 0;
+        for (int r = 0; r < world; r++) {
+            CHECK(p.first[r] <= p.first[r + 1]);
+            CHECK(p.displs[r] == total);
+            total += p.counts[r];
+            /* a rank's range starts at a tensor boundary */
+            if (p.first[r] < m->nparams) CHECK(p.displs[r] == m->params[p.first[r]].offset);
+        }
+        CHECK(total == m->numel);
+        /* reasonably even: no rank holds more than the fair share plus the largest tensor */
+        int64_t biggest = 0;
+        for (int i = 0; i < m->nparams; i++) biggest = m->params[i].numel > biggest ? m->params[i].numel : biggest;
+        for (int r = 0; r < world; r++) CHECK(p.counts[r] <= m->numel / (size_t)world + (size_t)biggest);
+        zero1_partition_free(&p);
+    }
+    kiln_zaya_free(m);
+}
+
+/* Feeding back the load of a skewed router moves the biases toward equal load. */
+TEST(balance_controller_moves_toward_equal_load) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    c.bal_kp = 0.1;
+    c.bal_ki = 0.02; /* the integral term removes the proportional controller's steady-state offset */
+    c.bal_skip_target = 0.1;
+    balance_ctl b;
+    CHECK_OK(balance_init(&b, 1, 5));
+    float bias[5] = {0, 0, 0, 0, -1};
+    int64_t counts[5] = {70, 10, 10, 10, 0}; /* expert 0 overloaded, skip unused */
+    double imb[1];
+    balance_update(&b, &c, counts, bias, imb);
+    CHECK(bias[0] < 0 && bias[1] > 0 && bias[4] > -1);
+    CHECK_NEAR(imb[0], 70.0 / 25.0, 1e-12);
+    /* a simulated router: probability ~ softmax(logit + bias) with fixed logits: imbalance falls */
+    double logit[5] = {1.0, 0.0, 0.0, 0.0, -2.0};
+    double first = 0, last = 0;
+    for (int it = 0; it < 300; it++) {
+        double z = 0, p[5];
+        for (int e = 0; e < 5; e++) z += p[e] = exp(logit[e] + bias[e]);
+        for (int e = 0; e < 5; e++) counts[e] = (int64_t)llround(1000 * p[e] / z);
+        balance_update(&b, &c, counts, bias, imb);
+        if (it == 0) first = imb[0];
+        last = imb[0];
+    }
+    CHECK_MSG(last < 1.05 && last < first, "imbalance %.3f -> %.3f", first, last);
+    CHECK_MSG(fabs(counts[4] / 1000.0 - 0.1) < 0.02, "skip share %.3f, target 0.1", counts[4] / 1000.0);
+    balance_free(&b);
+}
+
+TEST(train_config_parse_and_errors) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    CHECK_OK(kiln_train_config_parse("{\"model\": {\"hidden_size\": 64, \"num_experts\": 8},"
+                                     " \"optim\": {\"lr\": 0.01, \"schedule\": \"wsd\"}, \"run\": {\"steps\": 7}}",
+                                     "t.json", &c));
+    CHECK(c.model.hidden_size == 64 && c.model.num_experts == 8 && c.sched.lr == 0.01 &&
+          c.sched.kind == KILN_SCHED_WSD && c.steps == 7 && c.seq_len == 128);
+    kiln_train_config_default(&c);
+    CHECK_ERR(kiln_train_config_parse("{\"optim\": {\"learning_rate\": 1}}", "t.json", &c),
+              "t.json: optim: unknown field 'learning_rate'");
+    CHECK_ERR(kiln_train_config_parse("{\"model\": {\"hiden_size\": 1}}", "t.json", &c), "unknown field 'hiden_size'");
+    CHECK_ERR(kiln_train_config_parse("{\"trainer\": {}}", "t.json", &c), "unknown section 'trainer'");
+    CHECK_ERR(kiln_train_config_parse("{\"run\": {\"steps\": \"ten\"}}", "t.json", &c), "field 'steps' must be an integer");
+    CHECK_ERR(kiln_train_config_parse("{\"optim\": {\"schedule\": \"linear\"}}", "t.json", &c), "\"cosine\" or \"wsd\"");
+    CHECK_ERR(kiln_train_config_parse("{\"data\": {\"micro_batch\": 0}}", "t.json", &c), "data.micro_batch");
+    CHECK_ERR(kiln_train_config_parse("{\"model\": {\"num_attention_heads\": 3}}", "t.json", &c), "multiple of");
+    /* the JSON the checkpoint stores parses back to the same config */
+    kiln_train_config_default(&c);
+    c.sched.kind = KILN_SCHED_WSD;
+    c.steps = 123;
+    char *js = kiln_train_config_to_json(&c);
+    CHECK(js != NULL);
+    kiln_train_config d;
+    kiln_train_config_default(&d);
+    if (js) CHECK_OK(kiln_train_config_parse(js, "roundtrip", &d));
+    CHECK(d.steps == 123 && d.sched.kind == KILN_SCHED_WSD && d.model.hidden_size == c.model.hidden_size);
+    free(js);
+}

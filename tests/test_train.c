@@ -1,0 +1,303 @@
+/* kiln train end to end on small synthetic data: loss falls, resume is bit-identical, two MPI
+ * ranks match one rank with twice the accumulation, full disks and Ctrl-C leave a good checkpoint. */
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kiln/data.h"
+#include "kiln/fsutil.h"
+#include "kiln/rng.h"
+#include "kiln/safetensors.h"
+#include "kiln/train.h"
+#include "test.h"
+
+#define VOCAB 64
+
+/* Token stream with structure a tiny model can learn: runs of an arithmetic progression
+ * t[i+1] = t[i] + step (mod V) whose step changes every document. */
+static void synth_split(const char *dir, const char *name, uint64_t ntok, uint64_t seed, kiln_data_split_info *si) {
+    uint16_t *tok = malloc(ntok * sizeof *tok);
+    uint64_t docs[4096], nd = 0;
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    uint64_t stepv = 1;
+    for (uint64_t i = 0; i < ntok; i++) {
+        if (i % 40 == 0) {
+            if (nd < 4096) docs[nd++] = i;
+            stepv = 1 + kiln_rng_u64(&r) % 5;
+            tok[i] = (uint16_t)(kiln_rng_u64(&r) % VOCAB);
+        } else {
+            tok[i] = (uint16_t)((tok[i - 1] + stepv) % VOCAB);
+        }
+    }
+    char file[64], path[1200];
+    snprintf(file, sizeof file, "%s_000000.bin", name);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    CHECK_OK(kiln_shard_write(path, tok, ntok, docs, nd, VOCAB));
+    si->name = strdup(name);
+    si->tokens = ntok;
+    si->documents = nd;
+    si->nshards = 1;
+    si->shards = calloc(1, sizeof *si->shards);
+    si->shards[0].file = strdup(file);
+    si->shards[0].tokens = ntok;
+    si->shards[0].documents = nd;
+    si->shards[0].checksum = kiln_fnv1a64(KILN_FNV1A64_INIT, tok, ntok * sizeof *tok);
+    free(tok);
+}
+
+static const char *synth_data(void) {
+    const char *dir = test_tmpdir();
+    kiln_data_index ix = {0};
+    ix.version = KILN_DATA_INDEX_VERSION;
+    ix.tokenizer_path = "none";
+    ix.vocab_size = VOCAB;
+    ix.eos_id = -1;
+    ix.token_bytes = 2;
+    ix.nsplits = 2;
+    kiln_data_split_info sp[2];
+    memset(sp, 0, sizeof sp);
+    synth_split(dir, "train", 40000, 1, &sp[0]);
+    synth_split(dir, "val", 4000, 2, &sp[1]);
+    ix.splits = sp;
+    CHECK_OK(kiln_data_index_write(dir, &ix));
+    for (int i = 0; i < 2; i++) {
+        free(sp[i].name);
+        free(sp[i].shards[0].file);
+        free(sp[i].shards);
+    }
+    return dir;
+}
+
+/* A config file for a tiny model on the synthetic data. extra: more JSON fields for "run". */
+static const char *write_config(const char *data, const char *out, int64_t steps, int64_t accum, const char *extra) {
+    static char path[8][1024];
+    static int k;
+    char *p = path[k++ & 7];
+    snprintf(p, sizeof path[0], "%s/cfg.json", test_tmpdir());
+    char text[4096];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"vocab_size\": %d, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"moe_intermediate_size\": 32,"
+             " \"router_hidden_size\": 16, \"eos_token_id\": null},"
+             " \"data\": {\"dir\": \"%s\", \"seq_len\": 32, \"micro_batch\": 4, \"grad_accum\": %lld},"
+             " \"optim\": {\"lr\": 0.01, \"min_lr\": 0.001, \"warmup\": 5},"
+             " \"run\": {\"steps\": %lld, \"out_dir\": \"%s\", \"log_every\": 1, \"eval_every\": 0, \"threads\": 1%s%s}}",
+             VOCAB, data, (long long)accum, (long long)steps, out, extra ? ", " : "", extra ? extra : "");
+    CHECK_OK(kiln_write_file_atomic(p, text, strlen(text)));
+    return p;
+}
+
+/* Losses per step from metrics.jsonl. */
+static int read_losses(const char *out, double *loss, int cap) {
+    char path[1200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    if (kiln_read_file(path, &text, &len)) return 0;
+    int n = 0;
+    for (char *p = text; (p = strstr(p, "\"step\":")) && n < cap;) {
+        int step = atoi(p + 7);
+        char *l = strstr(p, "\"loss\":");
+        if (l && step >= 1 && step <= cap) loss[step - 1] = atof(l + 7), n = step > n ? step : n;
+        p += 7;
+    }
+    free(text);
+    return n;
+}
+
+static int run_kiln(const char *args) {
+    char out[16384];
+    int rc = test_run_kiln(args, out, sizeof out);
+    if (rc) printf("    kiln %s -> %d\n%s\n", args, rc, out);
+    return rc;
+}
+
+TEST(train_loss_falls) {
+    const char *data = synth_data(), *out = test_tmpdir();
+    const char *cfg = write_config(data, out, 40, 1, NULL);
+    char args[2048];
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
+    CHECK(run_kiln(args) == 0);
+    double loss[40] = {0};
+    CHECK(read_losses(out, loss, 40) == 40);
+    double first = (loss[0] + loss[1]) / 2, last = (loss[38] + loss[39]) / 2;
+    CHECK_MSG(last < first - 0.5, "loss %.3f -> %.3f", first, last);
+    /* the saved model loads as a HF ZAYA directory */
+    char model[1200];
+    snprintf(model, sizeof model, "%s/model", out);
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_load_dir(model, &m));
+    kiln_zaya_free(m);
+}
+
+/* Parameters of a saved model, for bit-identity checks. */
+static float *model_params(const char *out, size_t *n) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/model", out);
+    kiln_zaya *m = NULL;
+    kiln_error *e = kiln_zaya_load_dir(dir, &m);
+    if (e) {
+        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
+        kiln_error_free(e);
+        return NULL;
+    }
+    const int64_t nb = m->cfg.num_layers * (m->cfg.num_experts + 1);
+    float *w = malloc((m->numel + (size_t)nb) * sizeof(float));
+    memcpy(w, m->w, m->numel * sizeof(float));
+    memcpy(w + m->numel, m->balancing, (size_t)nb * sizeof(float));
+    *n = m->numel + (size_t)nb;
+    kiln_zaya_free(m);
+    return w;
+}
+
+TEST(train_resume_is_bit_identical) {
+    const char *data = synth_data(), *a = test_tmpdir(), *b = test_tmpdir();
+    char args[2048];
+    const char *ca = write_config(data, a, 12, 2, "\"ckpt_every\": 4");
+    snprintf(args, sizeof args, "train --config '%s' --quiet", ca);
+    CHECK(run_kiln(args) == 0);
+    const char *cb = write_config(data, b, 12, 2, "\"ckpt_every\": 4");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 5", cb); /* stops at 5, saves */
+    CHECK(run_kiln(args) == 0);
+    snprintf(args, sizeof args, "train --config '%s' --quiet --resume --stop-after 2", cb); /* 5 -> 7 */
+    CHECK(run_kiln(args) == 0);
+    snprintf(args, sizeof args, "train --config '%s' --quiet --resume", cb); /* 7 -> 12 */
+    CHECK(run_kiln(args) == 0);
+    size_t na = 0, nb = 0;
+    float *wa = model_params(a, &na), *wb = model_params(b, &nb);
+    CHECK(wa && wb && na == nb);
+    if (wa && wb && na == nb) CHECK_MSG(!memcmp(wa, wb, na * sizeof(float)), "resumed weights differ from uninterrupted");
+    double la[12] = {0}, lb[12] = {0};
+    read_losses(a, la, 12);
+    read_losses(b, lb, 12);
+    for (int i = 0; i < 12; i++) CHECK_MSG(la[i] == lb[i], "step %d: loss %.9g vs %.9g", i + 1, la[i], lb[i]);
+    /* keep_last = 2: only the two newest checkpoints remain */
+    char p[1300];
+    snprintf(p, sizeof p, "%s/ckpt/step_00000004", b);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000012/COMMITTED", b);
+    CHECK(access(p, F_OK) == 0);
+    free(wa);
+    free(wb);
+}
+
+static int have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+/* Two ranks with ZeRO-1 against one rank accumulating two micro-batches: same data, same steps,
+ * losses within 1e-5 relative over 20 steps. */
+TEST(train_two_ranks_match_one_rank_with_accumulation) {
+    CHECK_MSG(have_mpirun(), "mpirun not found: install openmpi-bin");
+    if (!have_mpirun()) return;
+    const char *data = synth_data(), *one = test_tmpdir(), *two = test_tmpdir();
+    char args[4096];
+    const char *c1 = write_config(data, one, 20, 2, NULL);
+    snprintf(args, sizeof args, "train --config '%s' --quiet", c1);
+    CHECK(run_kiln(args) == 0);
+    const char *c2 = write_config(data, two, 20, 1, NULL);
+    char cmd[8192], out[16384];
+    snprintf(cmd, sizeof cmd,
+             /* OpenMPI's dlopened components leak by design and unload before LeakSanitizer reports,
+              * so their leaks cannot be suppressed by name: no leak check for the MPI ranks (the
+              * one-process runs above and elsewhere check ours) */
+             "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np 2 '%s' "
+             "train --config '%s' --quiet 2>&1", KILN_BINARY, c2);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    int rc = p ? pclose(p) : -1;
+    CHECK_MSG(rc == 0, "mpirun -np 2 failed (%d): %s", rc, out);
+    double l1[20] = {0}, l2[20] = {0};
+    CHECK(read_losses(one, l1, 20) == 20);
+    CHECK(read_losses(two, l2, 20) == 20);
+    double worst = 0;
+    for (int i = 0; i < 20; i++) worst = fmax(worst, fabs(l1[i] - l2[i]) / fabs(l1[i]));
+    CHECK_MSG(worst <= 1e-5, "1 rank x 2 accumulation vs 2 ranks: worst relative loss difference %.3g", worst);
+    printf("    1 rank x accum 2 vs 2 ranks: worst relative loss difference over 20 steps %.2e\n", worst);
+}
+
+/* A file-size limit makes the checkpoint write fail: the run stops with a message naming the
+ * checkpoint, and the previous checkpoint is intact and resumable. */
+TEST(train_full_disk_keeps_previous_checkpoint) {
+    const char *data = synth_data(), *out = test_tmpdir();
+    char args[2048];
+    const char *cfg = write_config(data, out, 4, 1, "\"ckpt_every\": 2");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 2", cfg);
+    CHECK(run_kiln(args) == 0);
+    char cmd[4096], text[8192];
+    /* a checkpoint shard is ~200 KB: 64 KB of file size fails it */
+    snprintf(cmd, sizeof cmd, "ulimit -f 64; '%s' train --config '%s' --quiet --resume 2>&1", KILN_BINARY, cfg);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(text, 1, sizeof text - 1, p) : 0;
+    text[n] = 0;
+    int rc = p ? pclose(p) : -1;
+    CHECK_MSG(rc != 0 && strstr(text, "checkpoint at step 4") && strstr(text, "previous checkpoint is intact"),
+              "rc %d: %s", rc, text);
+    char ck[1300];
+    snprintf(ck, sizeof ck, "%s/ckpt/step_00000002/COMMITTED", out);
+    CHECK(access(ck, F_OK) == 0);
+    snprintf(ck, sizeof ck, "%s/ckpt/step_00000004", out);
+    CHECK(access(ck, F_OK) != 0);
+    snprintf(args, sizeof args, "train --config '%s' --quiet --resume", cfg);
+    CHECK(run_kiln(args) == 0); /* and the run finishes from step 2 once there is room */
+}
+
+/* Ctrl-C: the run saves at the end of the step and exits 130; --resume finishes it. */
+TEST(train_sigint_saves_and_resumes) {
+    const char *data = synth_data(), *out = test_tmpdir();
+    const char *cfg = write_config(data, out, 100000, 1, "\"ckpt_every\": 0");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(KILN_BINARY, KILN_BINARY, "train", "--config", cfg, "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    struct stat sb;
+    for (int i = 0; i < 600 && (stat(metrics, &sb) || sb.st_size < 200); i++) usleep(50000);
+    kill(pid, SIGINT);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    char latest[1300];
+    double loss[4096];
+    int steps = read_losses(out, loss, 4096);
+    snprintf(latest, sizeof latest, "%s/ckpt/step_%08d/COMMITTED", out, steps);
+    CHECK_MSG(steps > 0 && access(latest, F_OK) == 0, "no checkpoint at step %d after SIGINT", steps);
+}
+
+TEST(train_bad_data) {
+    const char *data = synth_data(), *out = test_tmpdir();
+    char args[2048], text[4096];
+    /* a model whose vocabulary is smaller than the shards' */
+    const char *cfg = write_config(data, out, 2, 1, NULL);
+    char *t = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(cfg, &t, &len));
+    if (t) {
+        char *v = strstr(t, "\"vocab_size\": 64");
+        if (v) memcpy(v, "\"vocab_size\": 32", 16);
+        CHECK_OK(kiln_write_file_atomic(cfg, t, len));
+        free(t);
+    }
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
+    CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "tokenizer does not match"));
+    /* a corrupted shard */
+    cfg = write_config(data, out, 2, 1, NULL);
+    char shard[1200];
+    snprintf(shard, sizeof shard, "%s/train_000000.bin", data);
+    FILE *f = fopen(shard, "r+b");
+    fseek(f, 1000, SEEK_SET);
+    fputc(0x3f, f);
+    fclose(f);
+    CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "train_000000.bin"));
+    /* not a data directory */
+    snprintf(args, sizeof args, "train --config '%s' --data /nonexistent --quiet", cfg);
+    CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "/nonexistent"));
+}
