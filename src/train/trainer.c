@@ -232,6 +232,17 @@ static void log_metrics(trainer *t, const kiln_train_config *c, int64_t step, do
     fprintf(t->metrics, "\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"imbalance\":[",
             lr, gnorm, tokens, tps, mfu);
     for (int64_t l = 0; l < c->model.num_layers; l++) fprintf(t->metrics, l ? ",%.3f" : "%.3f", t->imbalance[l]);
+    /* per layer: each class's share of the routed tokens (the last one is the skip expert) */
+    const int64_t E1 = c->model.num_experts + 1;
+    fprintf(t->metrics, "],\"load\":[");
+    for (int64_t l = 0; l < c->model.num_layers; l++) {
+        int64_t tot = 0;
+        for (int64_t e = 0; e < E1; e++) tot += t->counts[l * E1 + e];
+        fprintf(t->metrics, l ? ",[" : "[");
+        for (int64_t e = 0; e < E1; e++)
+            fprintf(t->metrics, e ? ",%.4f" : "%.4f", tot ? (double)t->counts[l * E1 + e] / (double)tot : 0.0);
+        fprintf(t->metrics, "]");
+    }
     fprintf(t->metrics, "]}\n");
     fflush(t->metrics);
 }
