@@ -140,6 +140,7 @@ static int cmd(int argc, char **argv) {
     }
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit becomes a write error (EFBIG), not a kill */
     double loss = 0;
     if (!e) e = kiln_train(&c, &o, comm, &loss);
     if (!e && comm->rank == 0 && !interrupted) e = copy_tokenizer(&c);

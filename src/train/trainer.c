@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,7 +254,6 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         threads = (int)(n / comm->size > 0 ? n / comm->size : 1);
     }
     omp_set_num_threads(threads);
-    signal(SIGXFSZ, SIG_IGN); /* a file-size limit becomes a write error (EFBIG), not a kill */
 
     trainer t;
     memset(&t, 0, sizeof t);
