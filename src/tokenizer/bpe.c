@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kiln/json.h"
+#include "heap.h"
 #include "tokenizer_internal.h"
 
 #define CACHE_SHARDS 64
@@ -281,47 +282,9 @@ typedef struct {
     int64_t new_id;
 } merge_item;
 
-static int item_before(const merge_item *a, const merge_item *b) {
+static int item_before(const void *x, const void *y) {
+    const merge_item *a = x, *b = y;
     return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
-
-typedef struct {
-    merge_item *v;
-    size_t n, cap;
-} heap;
-
-static int heap_push(heap *h, merge_item it) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        merge_item *v = realloc(h->v, cap * sizeof *v);
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!item_before(&it, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = it;
-    return 0;
-}
-
-static merge_item heap_pop(heap *h) {
-    merge_item top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && item_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!item_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
 }
 
 typedef struct {
@@ -366,14 +329,15 @@ static inline const uint64_t *merge_of(const kiln_bpe *m, int64_t a, int64_t b) 
 }
 
 static int merge_all(const kiln_bpe *m, word *w) {
-    heap h = {0};
+    kiln_heap h = kiln_heap_make(sizeof(merge_item), 64, item_before);
     int rc = 0;
     for (size_t i = 0; i + 1 < w->n && !rc; i++) {
         const uint64_t *mg = merge_of(m, w->id[i], w->id[i + 1]);
-        if (mg) rc = heap_push(&h, (merge_item){(uint32_t)(*mg >> 32), (int32_t)i, (int64_t)(*mg & 0xFFFFFFFFu)});
+        if (mg) rc = kiln_heap_push(&h, &(merge_item){(uint32_t)(*mg >> 32), (int32_t)i, (int64_t)(*mg & 0xFFFFFFFFu)});
     }
     while (h.n && !rc) {
-        merge_item top = heap_pop(&h);
+        merge_item top;
+        kiln_heap_pop(&h, &top);
         int32_t p = top.pos;
         if (w->len[p] == 0 || w->next[p] < 0) continue;
         int32_t nx = w->next[p];
@@ -387,14 +351,14 @@ static int merge_all(const kiln_bpe *m, word *w) {
         if (w->prev[p] >= 0) {
             int32_t pv = w->prev[p];
             if ((mg = merge_of(m, w->id[pv], w->id[p])))
-                rc = heap_push(&h, (merge_item){(uint32_t)(*mg >> 32), pv, (int64_t)(*mg & 0xFFFFFFFFu)});
+                rc = kiln_heap_push(&h, &(merge_item){(uint32_t)(*mg >> 32), pv, (int64_t)(*mg & 0xFFFFFFFFu)});
         }
         if (!rc && w->next[p] >= 0) {
             if ((mg = merge_of(m, w->id[p], w->id[w->next[p]])))
-                rc = heap_push(&h, (merge_item){(uint32_t)(*mg >> 32), p, (int64_t)(*mg & 0xFFFFFFFFu)});
+                rc = kiln_heap_push(&h, &(merge_item){(uint32_t)(*mg >> 32), p, (int64_t)(*mg & 0xFFFFFFFFu)});
         }
     }
-    free(h.v);
+    kiln_heap_free(&h);
     return rc;
 }
 

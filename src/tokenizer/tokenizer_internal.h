@@ -2,6 +2,7 @@
  *
  *   unicode.c / unicode_tables.c  UTF-8, \p{L} \p{N} \s flags, ASCII case folding, NFC
  *   strmap.c                      hash maps: byte strings -> int64, uint64 -> uint64
+ *   heap.h                        a binary heap of fixed-size elements (the merge queues)
  *   bytelevel.c                   GPT-2's byte <-> unicode map
  *   pretokenize.c                 the GPT-2 / Llama-3 regexes as scanners, Split, ByteLevel, Metaspace
  *   normalize.c                   Replace, Prepend, NFC normalizers

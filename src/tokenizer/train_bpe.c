@@ -18,6 +18,7 @@
 
 #include "kiln/fsutil.h"
 #include "kiln/progress.h"
+#include "heap.h"
 #include "tokenizer_internal.h"
 
 /* ---------------------------------------------------------------- 1. counting words */
@@ -79,50 +80,12 @@ typedef struct {
     size_t npos;
 } qentry;
 
-typedef struct {
-    qentry *v;
-    size_t n, cap;
-} pqueue;
-
 /* HF's Merge ordering: higher count first, then the smaller (a, b). */
-static int q_before(const qentry *x, const qentry *y) {
+static int q_before(const void *p, const void *q) {
+    const qentry *x = p, *y = q;
     if (x->count != y->count) return x->count > y->count;
     if (x->a != y->a) return x->a < y->a;
     return x->b < y->b;
-}
-
-static int q_push(pqueue *h, qentry it) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 1024;
-        qentry *v = realloc(h->v, cap * sizeof *v);
-        if (!v) return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!q_before(&it, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = it;
-    return 0;
-}
-
-static qentry q_pop(pqueue *h) {
-    qentry top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && q_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!q_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = last;
-    return top;
 }
 
 /* pair -> list of word indices (deduplicated: words are visited in runs) */
@@ -311,7 +274,7 @@ typedef struct {
     size_t *woff, *wn; /* per word: offset into sym, current length */
     vocab voc;
     kiln_u64map pair_counts; /* pair -> count (int64 stored as uint64) */
-    pqueue q;
+    kiln_heap q; /* of qentry */
     where_map where;
     uint64_t *merges; /* (a << 32 | b) in order */
     size_t nmerges, merges_cap;
@@ -329,8 +292,8 @@ static void trainer_free(trainer *t) {
     free(t->wn);
     vocab_free(&t->voc);
     kiln_u64map_free(&t->pair_counts);
-    for (size_t i = 0; i < t->q.n; i++) free(t->q.v[i].pos);
-    free(t->q.v);
+    for (size_t i = 0; i < t->q.n; i++) free(((qentry *)kiln_heap_at(&t->q, i))->pos);
+    kiln_heap_free(&t->q);
     where_free(&t->where);
     free(t->merges);
 }
@@ -481,6 +444,7 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
                                                       (long long)o->vocab_size);
     trainer t;
     memset(&t, 0, sizeof t);
+    t.q = kiln_heap_make(sizeof(qentry), 1024, q_before);
     kiln_error *e = read_inputs(&t, files, nfiles);
     if (!e) e = count_words(&t, o->threads);
 #define OOM_IF(cond)                                                   \
@@ -537,7 +501,8 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
         int64_t c = *pc_get(&t, t.where.pairs[i]);
         ilist *l = &t.where.lists[i];
         if (c > 0) {
-            OOM_IF(q_push(&t.q, (qentry){c, (uint32_t)(t.where.pairs[i] >> 32), (uint32_t)t.where.pairs[i], l->v, l->n}));
+            OOM_IF(kiln_heap_push(&t.q, &(qentry){c, (uint32_t)(t.where.pairs[i] >> 32), (uint32_t)t.where.pairs[i],
+                                                  l->v, l->n}));
             if (!e) l->v = NULL;
         }
     }
@@ -549,12 +514,13 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
     kiln_progress_start(&prog, "bpe merges", target, "merge");
     kiln_buf nt = {0};
     while (!e && (int64_t)t.voc.n < o->vocab_size && t.q.n) {
-        qentry top = q_pop(&t.q);
+        qentry top;
+        kiln_heap_pop(&t.q, &top);
         uint64_t pair = ((uint64_t)top.a << 32) | top.b;
         int64_t cur = *pc_get(&t, pair);
         if (top.count != cur) {
             top.count = cur;
-            OOM_IF(q_push(&t.q, top));
+            OOM_IF(kiln_heap_push(&t.q, &top));
             if (e) free(top.pos);
             continue;
         }
@@ -585,8 +551,8 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
             int64_t c = *pc_get(&t, t.where.pairs[i]);
             ilist *l = &t.where.lists[i];
             if (c > 0) {
-                OOM_IF(q_push(&t.q, (qentry){c, (uint32_t)(t.where.pairs[i] >> 32), (uint32_t)t.where.pairs[i], l->v,
-                                             l->n}));
+                OOM_IF(kiln_heap_push(&t.q, &(qentry){c, (uint32_t)(t.where.pairs[i] >> 32),
+                                                      (uint32_t)t.where.pairs[i], l->v, l->n}));
                 if (!e) l->v = NULL;
             }
         }
