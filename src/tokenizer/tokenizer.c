@@ -85,39 +85,60 @@ static kiln_error *prepend_scheme_of(const cJSON *o, const char *field, const ch
     return NULL;
 }
 
+/* A Replace normalizer or decoder: its {"String": ...} pattern and content, copied into *a and *b
+ * (both freed again on failure); a Regex pattern is not supported. ctx: "path: field". */
+static kiln_error *replace_of(const cJSON *o, const char *field, const char *path, const char *ctx, char **a,
+                              size_t *alen, char **b, size_t *blen) {
+    const char *s, *re, *content;
+    KILN_TRY(pattern_of(o, field, path, &s, &re));
+    if (re)
+        return kiln_errorf(KILN_EUNSUPPORTED, "%s: field '%s.pattern': Regex pattern \"%s\" is not supported "
+                                              "(only {\"String\": ...})",
+                           path, field, re);
+    KILN_TRY(kiln_json_get_string(o, "content", &content, NULL, 1, ctx));
+    *a = strdup(s);
+    *b = strdup(content);
+    *alen = strlen(s);
+    *blen = strlen(content);
+    if (!*a || !*b) {
+        free(*a);
+        free(*b);
+        *a = *b = NULL;
+        return nomem(path);
+    }
+    return NULL;
+}
+
+/* Loads one normalizer, pre-tokenizer or decoder into t (the post-processor is only checked). */
+typedef kiln_error *component_loader(kiln_tokenizer *t, const cJSON *o, const char *field, const char *path);
+
+/* A "Sequence" component: load each element of its array `key` as "field.key[i]". ctx: "path: field". */
+static kiln_error *load_sequence(kiln_tokenizer *t, const cJSON *o, const char *key, const char *field,
+                                 const char *path, const char *ctx, component_loader *load) {
+    const cJSON *list;
+    char sub[256];
+    KILN_TRY(kiln_json_get_array(o, key, &list, 1, ctx));
+    int i = 0;
+    for (const cJSON *it = list->child; it; it = it->next, i++) {
+        snprintf(sub, sizeof sub, "%s.%s[%d]", field, key, i);
+        KILN_TRY(load(t, it, sub, path));
+    }
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- normalizer */
 
 static kiln_error *load_normalizer(kiln_tokenizer *t, const cJSON *o, const char *field, const char *path) {
     if (!o || cJSON_IsNull(o)) return NULL;
     const char *type;
     KILN_TRY(type_of(o, field, path, &type));
-    char sub[256], ctx[1200];
+    char ctx[1200];
     snprintf(ctx, sizeof ctx, "%s: %s", path, field);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list;
-        KILN_TRY(kiln_json_get_array(o, "normalizers", &list, 1, ctx));
-        int i = 0;
-        for (const cJSON *it = list->child; it; it = it->next, i++) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", field, i);
-            KILN_TRY(load_normalizer(t, it, sub, path));
-        }
-        return NULL;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(t, o, "normalizers", field, path, ctx, load_normalizer);
     kiln_norm n = {0};
     if (!strcmp(type, "Replace")) {
-        const char *s, *re, *content;
-        KILN_TRY(pattern_of(o, field, path, &s, &re));
-        if (re)
-            return kiln_errorf(KILN_EUNSUPPORTED, "%s: field '%s.pattern': Regex pattern \"%s\" is not supported "
-                                                  "(only {\"String\": ...})",
-                               path, field, re);
-        KILN_TRY(kiln_json_get_string(o, "content", &content, NULL, 1, ctx));
-        n = (kiln_norm){KILN_NORM_REPLACE, strdup(s), strdup(content), strlen(s), strlen(content)};
-        if (!n.a || !n.b) {
-            free(n.a);
-            free(n.b);
-            return nomem(path);
-        }
+        n.kind = KILN_NORM_REPLACE;
+        KILN_TRY(replace_of(o, field, path, ctx, &n.a, &n.alen, &n.b, &n.blen));
     } else if (!strcmp(type, "Prepend")) {
         const char *p;
         KILN_TRY(kiln_json_get_string(o, "prepend", &p, NULL, 1, ctx));
@@ -157,18 +178,9 @@ static kiln_error *load_pretokenizer(kiln_tokenizer *t, const cJSON *o, const ch
     if (!o || cJSON_IsNull(o)) return NULL;
     const char *type;
     KILN_TRY(type_of(o, field, path, &type));
-    char sub[256], ctx[1200];
+    char ctx[1200];
     snprintf(ctx, sizeof ctx, "%s: %s", path, field);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list;
-        KILN_TRY(kiln_json_get_array(o, "pretokenizers", &list, 1, ctx));
-        int i = 0;
-        for (const cJSON *it = list->child; it; it = it->next, i++) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", field, i);
-            KILN_TRY(load_pretokenizer(t, it, sub, path));
-        }
-        return NULL;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(t, o, "pretokenizers", field, path, ctx, load_pretokenizer);
     kiln_pretok p = {0};
     if (!strcmp(type, "ByteLevel")) {
         p.kind = KILN_PRE_BYTELEVEL;
@@ -220,18 +232,9 @@ static kiln_error *load_decoder(kiln_tokenizer *t, const cJSON *o, const char *f
     if (!o || cJSON_IsNull(o)) return NULL;
     const char *type;
     KILN_TRY(type_of(o, field, path, &type));
-    char sub[256], ctx[1200];
+    char ctx[1200];
     snprintf(ctx, sizeof ctx, "%s: %s", path, field);
-    if (!strcmp(type, "Sequence")) {
-        const cJSON *list;
-        KILN_TRY(kiln_json_get_array(o, "decoders", &list, 1, ctx));
-        int i = 0;
-        for (const cJSON *it = list->child; it; it = it->next, i++) {
-            snprintf(sub, sizeof sub, "%s.decoders[%d]", field, i);
-            KILN_TRY(load_decoder(t, it, sub, path));
-        }
-        return NULL;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(t, o, "decoders", field, path, ctx, load_decoder);
     kiln_dec d = {0};
     if (!strcmp(type, "ByteLevel")) {
         d.kind = KILN_DEC_BYTELEVEL;
@@ -240,23 +243,8 @@ static kiln_error *load_decoder(kiln_tokenizer *t, const cJSON *o, const char *f
     } else if (!strcmp(type, "Fuse")) {
         d.kind = KILN_DEC_FUSE;
     } else if (!strcmp(type, "Replace")) {
-        const char *s, *re, *content;
         d.kind = KILN_DEC_REPLACE;
-        KILN_TRY(pattern_of(o, field, path, &s, &re));
-        if (re)
-            return kiln_errorf(KILN_EUNSUPPORTED, "%s: field '%s.pattern': Regex pattern \"%s\" is not supported "
-                                                  "(only {\"String\": ...})",
-                               path, field, re);
-        KILN_TRY(kiln_json_get_string(o, "content", &content, NULL, 1, ctx));
-        d.a = strdup(s);
-        d.b = strdup(content);
-        d.alen = strlen(s);
-        d.blen = strlen(content);
-        if (!d.a || !d.b) {
-            free(d.a);
-            free(d.b);
-            return nomem(path);
-        }
+        KILN_TRY(replace_of(o, field, path, ctx, &d.a, &d.alen, &d.b, &d.blen));
     } else if (!strcmp(type, "Strip")) {
         const char *c;
         size_t w;
@@ -292,21 +280,14 @@ static kiln_error *load_decoder(kiln_tokenizer *t, const cJSON *o, const char *f
 }
 
 /* Encoding never adds special tokens, so the post-processor only has to be one HF knows. */
-static kiln_error *check_post_processor(const cJSON *o, const char *field, const char *path) {
+static kiln_error *check_post_processor(kiln_tokenizer *t, const cJSON *o, const char *field, const char *path) {
     if (!o || cJSON_IsNull(o)) return NULL;
     const char *type;
     KILN_TRY(type_of(o, field, path, &type));
     if (!strcmp(type, "Sequence")) {
-        const cJSON *list;
-        char ctx[1200], sub[256];
+        char ctx[1200];
         snprintf(ctx, sizeof ctx, "%s: %s", path, field);
-        KILN_TRY(kiln_json_get_array(o, "processors", &list, 1, ctx));
-        int i = 0;
-        for (const cJSON *it = list->child; it; it = it->next, i++) {
-            snprintf(sub, sizeof sub, "%s.processors[%d]", field, i);
-            KILN_TRY(check_post_processor(it, sub, path));
-        }
-        return NULL;
+        return load_sequence(t, o, "processors", field, path, ctx, check_post_processor);
     }
     static const char *const known[] = {"TemplateProcessing", "ByteLevel", "BertProcessing", "RobertaProcessing"};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
@@ -448,7 +429,8 @@ kiln_error *kiln_tokenizer_load(const char *path, kiln_tokenizer **out) {
         t->has_decoder = d && !cJSON_IsNull(d);
         e = load_decoder(t, d, "decoder", path);
     }
-    if (!e) e = check_post_processor(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor", path);
+    if (!e)
+        e = check_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor", path);
     if (!e) e = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), path);
     if (!e) e = build_added(t, path);
     cJSON_Delete(root);
