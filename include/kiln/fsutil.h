@@ -1,4 +1,4 @@
-/* File-system helpers: whole-file reads, path joining, and atomic writes.
+/* File-system helpers: whole-file reads, read-only mappings, path joining, and atomic writes.
  *
  * Atomic write protocol (used by every writer in kiln, e.g. the safetensors
  * writer): write to "<path>.tmp.<pid>" in the same directory, fsync it, close
@@ -13,6 +13,7 @@
 #define KILN_FSUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kiln/error.h"
 
@@ -24,6 +25,17 @@ extern "C" {
  * after the contents (not counted in *len) so text can be used as a C string.
  * On error *data is NULL and *len is 0. Free *data with free(). */
 kiln_error *kiln_read_file(const char *path, char **data, size_t *len);
+
+/* Open path read-only for mapping; it must be a regular file. *fd gets the open
+ * descriptor and *size the file's size. Errors name the path: KILN_ENOTFOUND when
+ * it does not exist, KILN_EIO when it cannot be opened or stat'ed, KILN_EINVAL
+ * when it is not a regular file (nothing is left open then). */
+kiln_error *kiln_open_regular(const char *path, int *fd, uint64_t *size);
+
+/* Map size bytes of fd read-only (PROT_READ, MAP_PRIVATE: pages load on first
+ * touch) and close fd in every case: the mapping keeps the file alive. Release
+ * it with munmap(*map, size). path is for the message. */
+kiln_error *kiln_mmap_close(int fd, const char *path, size_t size, void **map);
 
 /* "dir" + "/" + "name" as a malloc'd string (no doubled '/'; an empty or NULL
  * dir gives a copy of name). Plain string concatenation: ".." and absolute

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +55,40 @@ kiln_error *kiln_read_file(const char *path, char **data, size_t *len) {
     buf[n] = 0;
     *data = buf;
     *len = n;
+    return NULL;
+}
+
+/* ---- read-only mapping ---- */
+
+kiln_error *kiln_open_regular(const char *path, int *fd, uint64_t *size) {
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0)
+        return kiln_errorf(errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(*fd, &sb) != 0) {
+        int err = errno;
+        close(*fd);
+        *fd = -1;
+        return kiln_errorf(KILN_EIO, "%s: cannot stat: %s", path, strerror(err));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return kiln_errorf(KILN_EINVAL, "%s: not a regular file", path);
+    }
+    *size = (uint64_t)sb.st_size;
+    return NULL;
+}
+
+kiln_error *kiln_mmap_close(int fd, const char *path, size_t size, void **map) {
+    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd); /* the mapping keeps the file alive */
+    if (m == MAP_FAILED) {
+        *map = NULL;
+        return kiln_errorf(KILN_EIO, "%s: cannot mmap %zu bytes: %s", path, size, strerror(err));
+    }
+    *map = m;
     return NULL;
 }
 

@@ -14,7 +14,6 @@
 #include "kiln/safetensors.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -456,20 +455,10 @@ static kiln_error *load_file(kiln_st *st, const char *path) {
     if (!f->path) return oom(path);
     st->nfiles++;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_errorf(errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return kiln_errorf(KILN_EIO, "%s: cannot stat: %s", path, strerror(err));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln_errorf(KILN_EINVAL, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    uint64_t fsize;
+    KILN_TRY(kiln_open_regular(path, &fd, &fsize));
+    size_t size = (size_t)fsize;
     if (size < 8) {
         close(fd);
         if (size == 0)
@@ -481,11 +470,7 @@ static kiln_error *load_file(kiln_st *st, const char *path) {
      * 100 GB checkpoint costs only the header. (If another process truncates
      * the file while it is mapped, touching the lost pages raises SIGBUS;
      * that is the price of zero-copy and is true of every mmap reader.) */
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED) return kiln_errorf(KILN_EIO, "%s: cannot mmap %zu bytes: %s", path, size, strerror(err));
-    f->map = map;
+    KILN_TRY(kiln_mmap_close(fd, path, size, &f->map));
     f->map_len = size;
     return parse_file(st, f, st->nfiles == 1);
 }

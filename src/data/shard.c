@@ -3,12 +3,10 @@
 #include "kiln/data.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kiln/fsutil.h"
@@ -211,20 +209,9 @@ static kiln_error *check_tokens(const kiln_shard *s) {
 
 kiln_error *kiln_shard_open(const char *path, kiln_shard *out) {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_errorf(errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return kiln_errorf(KILN_EIO, "%s: cannot stat: %s", path, strerror(err));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln_errorf(KILN_EINVAL, "%s: not a regular file", path);
-    }
-    const uint64_t size = (uint64_t)sb.st_size;
+    int fd;
+    uint64_t size;
+    KILN_TRY(kiln_open_regular(path, &fd, &size));
     unsigned char hdr[KILN_SHARD_HEADER_BYTES] = {0};
     size_t want = size < sizeof hdr ? (size_t)size : sizeof hdr, got = 0;
     while (got < want) {
@@ -243,11 +230,8 @@ kiln_error *kiln_shard_open(const char *path, kiln_shard *out) {
         close(fd);
         return e;
     }
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED)
-        return kiln_errorf(KILN_EIO, "%s: cannot mmap %" PRIu64 " bytes: %s", path, size, strerror(err));
+    void *map;
+    KILN_TRY(kiln_mmap_close(fd, path, (size_t)size, &map));
     out->map = map;
     out->map_len = (size_t)size;
     out->h = h;
