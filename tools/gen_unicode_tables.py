@@ -46,6 +46,16 @@ def flags_of(cp):
     return f
 
 
+def write_table(w, comment, name, rows, row_fmt):
+    """`const uint32_t name[n][k]` (one row per tuple in rows, k = the fields in row_fmt) and `name_n`."""
+    w("/* %s */\n" % comment)
+    w("const uint32_t %s[%d][%d] = {\n" % (name, len(rows), row_fmt.count("%")))
+    for row in rows:
+        w("    {" + row_fmt % tuple(row) + "},\n")
+    w("};\n")
+    w("const size_t %s_n = %d;\n" % (name, len(rows)))
+
+
 def main():
     out = []
     w = out.append
@@ -85,12 +95,9 @@ def main():
         f = chr(cp).casefold()
         if len(f) == 1 and f.isascii() and f.isalpha():
             folds.append((cp, ord(f)))
-    w("/* non-ASCII code points whose case folding is one ASCII letter, sorted */\n")
-    w("const uint32_t kiln_uni_fold_ascii[%d][2] = {\n" % len(folds))
-    for cp, f in folds:
-        w("    {0x%04X, '%s'},\n" % (cp, chr(f)))
-    w("};\n")
-    w("const size_t kiln_uni_fold_ascii_n = %d;\n\n" % len(folds))
+    write_table(w, "non-ASCII code points whose case folding is one ASCII letter, sorted", "kiln_uni_fold_ascii",
+                [(cp, chr(f)) for cp, f in folds], "0x%04X, '%s'")
+    w("\n")
 
     # ---- NFC ----
     ccc_ranges = []
@@ -101,12 +108,9 @@ def main():
                 ccc_ranges[-1][1] = cp
             else:
                 ccc_ranges.append([cp, cp, c])
-    w("/* canonical combining class ranges {first, last, ccc}, sorted; 0 elsewhere */\n")
-    w("const uint32_t kiln_uni_ccc[%d][3] = {\n" % len(ccc_ranges))
-    for a, b, c in ccc_ranges:
-        w("    {0x%04X, 0x%04X, %d},\n" % (a, b, c))
-    w("};\n")
-    w("const size_t kiln_uni_ccc_n = %d;\n\n" % len(ccc_ranges))
+    write_table(w, "canonical combining class ranges {first, last, ccc}, sorted; 0 elsewhere", "kiln_uni_ccc",
+                ccc_ranges, "0x%04X, 0x%04X, %d")
+    w("\n")
 
     decomp = []  # (cp, [full NFD])
     pool = []
@@ -118,12 +122,8 @@ def main():
         if d != s:
             decomp.append((cp, len(pool), len(d)))
             pool.extend(ord(x) for x in d)
-    w("/* full canonical decompositions {cp, offset into pool, length}, sorted by cp */\n")
-    w("const uint32_t kiln_uni_decomp[%d][3] = {\n" % len(decomp))
-    for cp, off, n in decomp:
-        w("    {0x%04X, %d, %d},\n" % (cp, off, n))
-    w("};\n")
-    w("const size_t kiln_uni_decomp_n = %d;\n" % len(decomp))
+    write_table(w, "full canonical decompositions {cp, offset into pool, length}, sorted by cp", "kiln_uni_decomp",
+                decomp, "0x%04X, %d, %d")
     w("const uint32_t kiln_uni_decomp_pool[%d] = {\n" % len(pool))
     for i in range(0, len(pool), 12):
         w("    " + ",".join("0x%04X" % v for v in pool[i:i + 12]) + ",\n")
@@ -143,12 +143,8 @@ def main():
             continue  # composition exclusion or non-starter decomposition
         comps.append((parts[0], parts[1], cp))
     comps.sort()
-    w("/* primary composites {first, second, composite}, sorted by (first, second) */\n")
-    w("const uint32_t kiln_uni_comp[%d][3] = {\n" % len(comps))
-    for a, b, c in comps:
-        w("    {0x%04X, 0x%04X, 0x%04X},\n" % (a, b, c))
-    w("};\n")
-    w("const size_t kiln_uni_comp_n = %d;\n" % len(comps))
+    write_table(w, "primary composites {first, second, composite}, sorted by (first, second)", "kiln_uni_comp",
+                comps, "0x%04X, 0x%04X, 0x%04X")
     sys.stdout.write("".join(out))
 
 
