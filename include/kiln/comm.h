@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kiln/dtype.h"
 #include "kiln/error.h"
 
 typedef struct kiln_comm kiln_comm;
@@ -26,6 +27,26 @@ struct kiln_comm {
     kiln_error *(*broadcast)(kiln_comm *c, void *buf, size_t bytes, int root);
     kiln_error *(*barrier)(kiln_comm *c);
     void (*finalize)(kiln_comm *c);
+
+    /* ---- Typed collectives with NCCL's semantics (`kiln bench comm`, the MoE dispatch, the NCCL backend).
+     * dt is KILN_DT_F32, KILN_DT_BF16 or KILN_DT_F64; counts are elements. Sums of bf16 are computed in f32
+     * per element and rounded back to bf16 at each reduction step (MPI: a user-defined MPI_Op on 16-bit words).
+     * Out of place when the buffers do not overlap; in place exactly as NCCL defines it, noted per call. */
+    /* recv[i] = sum over ranks of send[i]; in place when recv == send */
+    kiln_error *(*allreduce_sum_dt)(kiln_comm *c, const void *send, void *recv, size_t count, kiln_dtype dt);
+    /* send holds size*count elements; rank r gets the sum of block r (elements [r*count, (r+1)*count)) in
+     * recv[count]; in place when recv == send + r*count (NCCL's layout; MPI reduces in place into the front
+     * of the buffer and moves the block there) */
+    kiln_error *(*reduce_scatter_sum_dt)(kiln_comm *c, const void *send, void *recv, size_t count, kiln_dtype dt);
+    /* send[count] of rank r lands in recv[r*count ..] on every rank; in place when send == recv + r*count */
+    kiln_error *(*allgather_dt)(kiln_comm *c, const void *send, void *recv, size_t count, kiln_dtype dt);
+    /* root's send[count] into recv on every rank (send is read on the root only); in place when send == recv */
+    kiln_error *(*broadcast_dt)(kiln_comm *c, const void *send, void *recv, size_t count, kiln_dtype dt, int root);
+    /* send holds size blocks of count elements: block p goes to rank p and lands in its recv block r (the
+     * MoE dispatch/combine exchange); in place when recv == send */
+    kiln_error *(*alltoall_dt)(kiln_comm *c, const void *send, void *recv, size_t count, kiln_dtype dt);
+    /* max over ranks, in place (the slowest rank's time) */
+    kiln_error *(*allreduce_max_f64)(kiln_comm *c, double *buf, size_t n);
     void *impl;
 };
 
@@ -34,5 +55,7 @@ kiln_error *kiln_comm_init(int *argc, char ***argv, kiln_comm **out);
 kiln_error *kiln_comm_local(kiln_comm **out);
 /* Built with MPI? */
 int kiln_comm_have_mpi(void);
+/* The MPI library's version line ("Open MPI v4.1.4, ..."), or NULL without MPI. */
+const char *kiln_comm_mpi_version(void);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "cli.h"
 
-static const kiln_cmd *const commands[] = {&kiln_cmd_train, &kiln_cmd_generate, &kiln_cmd_logits, &kiln_cmd_data, &kiln_cmd_tokenizer, &kiln_cmd_diff};
+static const kiln_cmd *const commands[] = {&kiln_cmd_train, &kiln_cmd_generate, &kiln_cmd_logits, &kiln_cmd_data, &kiln_cmd_tokenizer, &kiln_cmd_bench, &kiln_cmd_diff};
 #define NCMD (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f) {
@@ -60,7 +60,9 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < NCMD; i++)
         if (!strcmp(argv[1], commands[i]->name)) {
-            if (cli_wants_help(argc - 1, argv + 1)) {
+            /* `kiln bench <name> --help` is the benchmark's own help; elsewhere --help anywhere wins */
+            int sub_help = !strcmp(argv[1], "bench") && argc > 2 && argv[2][0] != '-';
+            if (!sub_help && cli_wants_help(argc - 1, argv + 1)) {
                 fputs(commands[i]->usage, stdout);
                 return 0;
             }

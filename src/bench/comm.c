@@ -1,0 +1,597 @@
+/* kiln bench comm: collectives over a message-size sweep, in nccl-tests' style (flags, table columns, size
+ * and bus-bandwidth conventions: see comm_formulas.h). One process per rank under mpirun (MPI backend on
+ * CPUs), or one rank without mpirun (the local backend). Every result is checked against rank-dependent
+ * fill patterns of small integers, exact in f32 and bf16. Times are the slowest rank's (MAX over ranks). */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/comm_formulas.h"
+#include "kiln/bench.h"
+#include "kiln/comm.h"
+#include "kiln/dtype.h"
+#include "kiln/fsutil.h"
+
+static const char usage[] =
+    "usage: kiln bench comm [options]            (mpirun -np N kiln bench comm ... for N ranks)\n\n"
+    "Times collectives over message sizes from -b to -e, nccl-tests' columns and bus-bandwidth conventions.\n\n"
+    "  -b, --minbytes N      smallest size in bytes, K/M/G suffixes (default 8)\n"
+    "  -e, --maxbytes N      largest size (default 1G; capped with a warning to what memory holds)\n"
+    "  -f, --stepfactor N    multiply the size by N each step, N >= 2 (default 2)\n"
+    "  -n, --iters N         timed iterations per size (default 20)\n"
+    "  -w, --warmup_iters N  untimed iterations first (default 5)\n"
+    "  -d, --datatype T      float | bfloat16 (default float; bf16 sums are f32 per element, rounded)\n"
+    "  -o, --op sum          the reduction (sum only)\n"
+    "  -c, --check 1|0       check every result (#wrong) (default 1)\n"
+    "  --collectives LIST    comma-separated: all_reduce,reduce_scatter,all_gather,broadcast,alltoall\n"
+    "                        (default all five)\n"
+    "  --inplace, --outofplace   only that variant (default both)\n"
+    "  --json FILE           write the JSON profile (section \"comm\")\n"
+    "  --csv FILE            write the same records as CSV\n";
+
+typedef struct {
+    size_t minb, maxb;
+    long factor, iters, warmup;
+    kiln_dtype dt;
+    int check;
+    int want[KILN_COLL_COUNT];
+    int oop, ip;
+    const char *json, *csv;
+} opts;
+
+/* ---- flags ---- */
+
+static int quiet_rank(void) { /* usage errors: print once under mpirun */
+    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    if (!r) r = getenv("PMI_RANK");
+    return r && atoi(r) != 0;
+}
+
+static int usage_error(const char *fmt, ...) KILN_PRINTF(1, 2);
+static int usage_error(const char *fmt, ...) {
+    if (quiet_rank()) return 2;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kiln bench comm: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (see kiln bench comm --help)\n", stderr);
+    va_end(ap);
+    return 2;
+}
+
+/* "1024", "64K", "1M", "1G" (binary multiples, as nccl-tests); 0 on success */
+static int parse_size(const char *s, size_t *out) {
+    if (!isdigit((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno) return -1;
+    unsigned long long mul = 1;
+    if (*end) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': mul = 1ull << 10; break;
+        case 'M': mul = 1ull << 20; break;
+        case 'G': mul = 1ull << 30; break;
+        case 'T': mul = 1ull << 40; break;
+        default: return -1;
+        }
+        if (end[1]) return -1;
+    }
+    if (v > SIZE_MAX / mul) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static int parse_long(const char *s, long *out) {
+    if (!isdigit((unsigned char)s[0])) return -1;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int coll_from_name(const char *s, size_t len) {
+    char n[32];
+    size_t k = 0;
+    for (size_t i = 0; i < len && k + 1 < sizeof n; i++)
+        if (s[i] != '_' && s[i] != '-') n[k++] = (char)tolower((unsigned char)s[i]);
+    n[k] = 0;
+    static const char *const plain[KILN_COLL_COUNT] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                                       "alltoall"};
+    for (int c = 0; c < KILN_COLL_COUNT; c++)
+        if (!strcmp(n, plain[c])) return c;
+    return -1;
+}
+
+static int parse_args(int argc, char **argv, opts *o) {
+    *o = (opts){.minb = 8, .maxb = (size_t)1 << 30, .factor = 2, .iters = 20, .warmup = 5, .dt = KILN_DT_F32,
+                .check = 1};
+    int any_coll = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            if (!quiet_rank()) fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--inplace")) { o->ip = 1; continue; }
+        if (!strcmp(a, "--outofplace")) { o->oop = 1; continue; }
+        const char *v = NULL, *eq = NULL;
+        char flag[64];
+        if (!strncmp(a, "--", 2) && (eq = strchr(a, '=')) != NULL) { /* --flag=value */
+            snprintf(flag, sizeof flag, "%.*s", (int)(eq - a), a);
+            a = flag;
+            v = eq + 1;
+        } else if (i + 1 < argc) {
+            v = argv[i + 1];
+        }
+#define IS(s, l) (!strcmp(a, s) || !strcmp(a, l))
+        int known = IS("-b", "--minbytes") || IS("-e", "--maxbytes") || IS("-f", "--stepfactor") ||
+                    IS("-n", "--iters") || IS("-w", "--warmup_iters") || IS("-d", "--datatype") || IS("-o", "--op") ||
+                    IS("-c", "--check") || !strcmp(a, "--collectives") || !strcmp(a, "--json") || !strcmp(a, "--csv");
+        if (!known) return usage_error("unknown option '%s'", argv[i]);
+        if (!v) return usage_error("%s needs a value", a);
+        if (!eq) i++;
+        if (IS("-b", "--minbytes") || IS("-e", "--maxbytes")) {
+            size_t *dst = a[1] == 'b' || !strcmp(a, "--minbytes") ? &o->minb : &o->maxb;
+            if (parse_size(v, dst)) return usage_error("%s '%s' is not a size (bytes, optionally with K, M or G)", a, v);
+        } else if (IS("-f", "--stepfactor")) {
+            if (parse_long(v, &o->factor) || o->factor < 2)
+                return usage_error("%s '%s': the step factor must be an integer >= 2", a, v);
+        } else if (IS("-n", "--iters")) {
+            if (parse_long(v, &o->iters) || o->iters < 1) return usage_error("%s '%s': iterations must be >= 1", a, v);
+        } else if (IS("-w", "--warmup_iters")) {
+            if (parse_long(v, &o->warmup) || o->warmup < 0)
+                return usage_error("%s '%s': warm-up iterations must be >= 0", a, v);
+        } else if (IS("-d", "--datatype")) {
+            if (!strcmp(v, "float") || !strcmp(v, "float32") || !strcmp(v, "f32")) o->dt = KILN_DT_F32;
+            else if (!strcmp(v, "bfloat16") || !strcmp(v, "bf16")) o->dt = KILN_DT_BF16;
+            else return usage_error("unknown datatype '%s' (float or bfloat16)", v);
+        } else if (IS("-o", "--op")) {
+            if (strcmp(v, "sum")) return usage_error("unsupported reduction op '%s' (sum only)", v);
+        } else if (IS("-c", "--check")) {
+            if (strcmp(v, "0") && strcmp(v, "1")) return usage_error("%s '%s': expected 1 or 0", a, v);
+            o->check = v[0] == '1';
+        } else if (!strcmp(a, "--collectives")) {
+            for (const char *p = v;;) {
+                size_t len = strcspn(p, ",");
+                int c = coll_from_name(p, len);
+                if (c < 0)
+                    return usage_error("unknown collective '%.*s' (all_reduce, reduce_scatter, all_gather, broadcast, "
+                                       "alltoall)", (int)len, p);
+                o->want[c] = any_coll = 1;
+                if (!p[len]) break;
+                p += len + 1;
+            }
+        } else if (!strcmp(a, "--json")) {
+            o->json = v;
+        } else {
+            o->csv = v;
+        }
+#undef IS
+    }
+    if (o->minb == 0) return usage_error("--minbytes must be at least 1");
+    if (o->minb > o->maxb) return usage_error("--minbytes %zu is larger than --maxbytes %zu", o->minb, o->maxb);
+    if (!any_coll)
+        for (int c = 0; c < KILN_COLL_COUNT; c++) o->want[c] = 1;
+    if (!o->ip && !o->oop) o->ip = o->oop = 1;
+    return -1; /* go on */
+}
+
+/* ---- memory ---- */
+
+static double mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        double kb = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+        fclose(f);
+        if (kb >= 0) return kb * 1024.0;
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
+
+static int ranks_on_host(const kiln_comm *c) {
+    const char *v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!v) v = getenv("MPI_LOCALNRANKS");
+    int n = v ? atoi(v) : 0;
+    return n > 0 ? n : c->size; /* unknown: assume all on this host */
+}
+
+/* ---- fill patterns: small integers, exact in f32 and bf16 (sums too, up to 128 ranks) ---- */
+
+static float red_val(int r, size_t j) { return (float)((int)((j + 3 * (size_t)r) % 5) - 2); }
+static float mov_val(int r, size_t j) { return (float)((int)((j * 31 + (size_t)r * 17) % 251) - 125); }
+#define SENTINEL (-999.0f)
+
+static void put(void *b, size_t i, float v, kiln_dtype dt) {
+    if (dt == KILN_DT_BF16) ((uint16_t *)b)[i] = kiln_f32_to_bf16(v);
+    else ((float *)b)[i] = v;
+}
+static float get(const void *b, size_t i, kiln_dtype dt) {
+    return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(((const uint16_t *)b)[i]) : ((const float *)b)[i];
+}
+static int same(float got, float want, kiln_dtype dt) {
+    if (dt == KILN_DT_BF16) want = kiln_bf16_to_f32(kiln_f32_to_bf16(want));
+    return got == want;
+}
+
+typedef struct {
+    kiln_comm *c;
+    kiln_coll coll;
+    kiln_dtype dt;
+    size_t ts, count, block; /* total elements, elements per rank block */
+    int inplace, root;
+    char *a, *b;             /* two buffers of the largest size */
+    const void *send;
+    void *recv;
+    float sums[5];           /* sum over ranks of red_val(r, j), by j % 5 */
+} run;
+
+/* set the send/recv pointers and fill the inputs (and a sentinel where results go) */
+static void prepare(run *u) {
+    const int me = u->c->rank, n = u->c->size;
+    const size_t cnt = u->count, blk = u->block;
+    const kiln_dtype dt = u->dt;
+    char *a = u->a, *b = u->b;
+    switch (u->coll) {
+    case KILN_COLL_ALLREDUCE:
+        u->send = u->inplace ? b : a;
+        u->recv = b;
+        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, red_val(me, j), dt);
+        if (!u->inplace) for (size_t j = 0; j < cnt; j++) put(b, j, SENTINEL, dt);
+        break;
+    case KILN_COLL_REDUCE_SCATTER:
+        u->send = u->inplace ? b : a;
+        u->recv = u->inplace ? b + (size_t)me * blk * u->ts : b;
+        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, red_val(me, j), dt);
+        if (!u->inplace) for (size_t k = 0; k < blk; k++) put(b, k, SENTINEL, dt);
+        break;
+    case KILN_COLL_ALLGATHER:
+        u->recv = b;
+        u->send = u->inplace ? b + (size_t)me * blk * u->ts : a;
+        for (size_t j = 0; j < cnt; j++) put(b, j, SENTINEL, dt);
+        for (size_t k = 0; k < blk; k++) put((void *)u->send, k, mov_val(me, (size_t)me * blk + k), dt);
+        break;
+    case KILN_COLL_BROADCAST:
+        u->send = u->inplace ? b : a;
+        u->recv = b;
+        for (size_t j = 0; j < cnt; j++) put(b, j, SENTINEL, dt);
+        if (me == u->root)
+            for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, mov_val(me, j), dt);
+        else if (!u->inplace)
+            for (size_t j = 0; j < cnt; j++) put(a, j, SENTINEL, dt); /* never read */
+        break;
+    case KILN_COLL_ALLTOALL:
+        u->send = u->inplace ? b : a;
+        u->recv = b;
+        if (!u->inplace) for (size_t j = 0; j < cnt; j++) put(b, j, SENTINEL, dt);
+        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, mov_val(me, j), dt);
+        break;
+    default: break;
+    }
+    (void)n;
+}
+
+static kiln_error *op(run *u) {
+    kiln_comm *c = u->c;
+    switch (u->coll) {
+    case KILN_COLL_ALLREDUCE: return c->allreduce_sum_dt(c, u->send, u->recv, u->count, u->dt);
+    case KILN_COLL_REDUCE_SCATTER: return c->reduce_scatter_sum_dt(c, u->send, u->recv, u->block, u->dt);
+    case KILN_COLL_ALLGATHER: return c->allgather_dt(c, u->send, u->recv, u->block, u->dt);
+    case KILN_COLL_BROADCAST: return c->broadcast_dt(c, u->send, u->recv, u->count, u->dt, u->root);
+    case KILN_COLL_ALLTOALL: return c->alltoall_dt(c, u->send, u->recv, u->block, u->dt);
+    default: return kiln_errorf(KILN_EINVAL, "collective %d", (int)u->coll);
+    }
+}
+
+/* elements of this rank's result that differ from the expected values */
+static size_t count_wrong(const run *u) {
+    const int me = u->c->rank;
+    const size_t cnt = u->count, blk = u->block;
+    const kiln_dtype dt = u->dt;
+    const void *r = u->recv;
+    size_t bad = 0;
+    switch (u->coll) {
+    case KILN_COLL_ALLREDUCE:
+        for (size_t j = 0; j < cnt; j++) bad += !same(get(r, j, dt), u->sums[j % 5], dt);
+        break;
+    case KILN_COLL_REDUCE_SCATTER:
+        for (size_t k = 0; k < blk; k++) bad += !same(get(r, k, dt), u->sums[((size_t)me * blk + k) % 5], dt);
+        break;
+    case KILN_COLL_ALLGATHER:
+        for (size_t j = 0; j < cnt; j++) bad += !same(get(r, j, dt), mov_val((int)(j / blk), j), dt);
+        break;
+    case KILN_COLL_BROADCAST:
+        for (size_t j = 0; j < cnt; j++) bad += !same(get(r, j, dt), mov_val(u->root, j), dt);
+        break;
+    case KILN_COLL_ALLTOALL:
+        for (size_t j = 0; j < cnt; j++)
+            bad += !same(get(r, j, dt), mov_val((int)(j / blk), (size_t)me * blk + j % blk), dt);
+        break;
+    default: break;
+    }
+    return bad;
+}
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+typedef struct {
+    double tmin, tavg, tmax, algbw, busbw;
+    double wrong; /* -1: not checked */
+} result;
+
+/* warm-up, timed iterations, then (with -c 1) a fresh run whose result is checked */
+static kiln_error *measure(run *u, const opts *o, result *res) {
+    kiln_comm *c = u->c;
+    prepare(u);
+    for (long i = 0; i < o->warmup; i++) KILN_TRY(op(u));
+    KILN_TRY(c->barrier(c));
+    double t[3] = {1e300, 0, 0}; /* min, sum, max */
+    for (long i = 0; i < o->iters; i++) {
+        double t0 = now_us();
+        KILN_TRY(op(u));
+        double dt = now_us() - t0;
+        t[0] = dt < t[0] ? dt : t[0];
+        t[1] += dt;
+        t[2] = dt > t[2] ? dt : t[2];
+    }
+    t[1] /= (double)o->iters;
+    KILN_TRY(c->allreduce_max_f64(c, t, 3)); /* the slowest rank, as nccl-tests */
+    res->tmin = t[0], res->tavg = t[1], res->tmax = t[2];
+    size_t bytes = u->count * u->ts;
+    res->algbw = kiln_coll_algbw_gbs(bytes, res->tavg);
+    res->busbw = kiln_coll_busbw_gbs(u->coll, c->size, bytes, res->tavg);
+    res->wrong = -1;
+    if (o->check) {
+        prepare(u);
+        KILN_TRY(op(u));
+        double w = (double)count_wrong(u);
+        KILN_TRY(c->allreduce_sum_f64(c, &w, 1));
+        res->wrong = w;
+    }
+    return NULL;
+}
+
+/* ---- output ---- */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) KILN_PRINTF(2, 3);
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (b->len + (size_t)n + 1 > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *s = realloc(b->s, cap);
+        if (!s) return;
+        b->s = s, b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+static const char *type_name(kiln_dtype dt) { return dt == KILN_DT_BF16 ? "bfloat16" : "float"; }
+
+static void fmt_time(char *s, size_t n, double us) {
+    snprintf(s, n, us < 1e4 ? "%7.2f" : us < 1e6 ? "%7.1f" : "%7.0f", us);
+}
+
+static void print_table_head(const opts *o) {
+    /* the row is 52 characters of size/count/type/redop/root, then 32 per variant; labels centred on them */
+    printf("#%61s%s", "", o->oop ? "out-of-place" : "        ");
+    if (o->ip) printf("%*s", o->oop ? 22 + 8 : 8, "in-place");
+    printf("\n#       size         count      type   redop    root");
+    for (int k = 0; k < o->oop + o->ip; k++) printf("     time   algbw   busbw #wrong");
+    printf("\n%-52s", "#        (B)    (elements)");
+    for (int k = 0; k < o->oop + o->ip; k++) printf("     (us)  (GB/s)  (GB/s)       ");
+    printf("\n");
+}
+
+static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, const run *u, const result *r) {
+    size_t bytes = u->count * u->ts;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "backend", c->backend);
+    cJSON_AddStringToObject(j, "collective", kiln_coll_name(u->coll));
+    cJSON_AddStringToObject(j, "dtype", type_name(u->dt));
+    cJSON_AddNumberToObject(j, "ranks", c->size);
+    cJSON_AddBoolToObject(j, "inplace", u->inplace);
+    cJSON_AddNumberToObject(j, "bytes", (double)bytes);
+    cJSON_AddNumberToObject(j, "count", (double)u->count);
+    cJSON_AddNumberToObject(j, "time_us_min", r->tmin);
+    cJSON_AddNumberToObject(j, "time_us_avg", r->tavg);
+    cJSON_AddNumberToObject(j, "time_us_max", r->tmax);
+    cJSON_AddNumberToObject(j, "algbw_gbs", r->algbw);
+    cJSON_AddNumberToObject(j, "busbw_gbs", r->busbw);
+    if (r->wrong >= 0) cJSON_AddNumberToObject(j, "wrong", r->wrong);
+    else cJSON_AddNullToObject(j, "wrong");
+    cJSON_AddItemToArray(sec, j);
+    sb_printf(csv, "%s,%s,%s,%d,%d,%zu,%zu,%.17g,%.17g,%.17g,%.17g,%.17g,", c->backend, kiln_coll_name(u->coll),
+              type_name(u->dt), c->size, u->inplace, bytes, u->count, r->tmin, r->tavg, r->tmax, r->algbw, r->busbw);
+    if (r->wrong >= 0) sb_printf(csv, "%.0f\n", r->wrong);
+    else sb_printf(csv, "\n");
+}
+
+/* ---- main ---- */
+
+static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
+    const int me = c->rank, n = c->size;
+    const size_t ts = kiln_dtype_size(o->dt);
+    /* the largest size of the sweep, capped by memory: two buffers of it per rank, as nccl-tests */
+    size_t maxb = o->maxb;
+    double avail = mem_available(), budget = 0.8 * avail / ranks_on_host(c);
+    double capped = (double)maxb;
+    if (avail > 0 && 2.0 * (double)maxb > budget) capped = budget / 2;
+    double neg = -capped;
+    KILN_TRY(c->allreduce_max_f64(c, &neg, 1)); /* the smallest cap of all ranks */
+    if (-neg < (double)maxb) {
+        size_t cap = (size_t)-neg;
+        if (me == 0)
+            fprintf(stderr, "# warning: --maxbytes %zu needs %.1f MiB per rank for its two buffers; %.1f MiB are "
+                    "available to each of %d rank(s) on this host: capped to %zu bytes\n", maxb,
+                    2.0 * (double)maxb / 1048576.0, budget / 1048576.0, ranks_on_host(c), cap);
+        if (cap < o->minb)
+            return kiln_errorf(KILN_ENOMEM, "not enough memory for --minbytes %zu (%.1f MiB available per rank)",
+                               o->minb, budget / 1048576.0);
+        maxb = cap;
+    }
+    size_t last = o->minb; /* largest size of the sweep */
+    while (last <= maxb / (size_t)o->factor) last *= (size_t)o->factor;
+    size_t alloc = last < 64 ? 64 : last;
+    char *a = malloc(alloc), *b = malloc(alloc);
+    double fail = !a || !b;
+    kiln_error *e = c->allreduce_sum_f64(c, &fail, 1);
+    if (!e && fail > 0) e = kiln_errorf(KILN_ENOMEM, "two buffers of %zu bytes on %.0f rank(s)", alloc, fail);
+    if (e) {
+        free(a);
+        free(b);
+        return e;
+    }
+
+    struct {
+        int pid;
+        char host[64];
+    } info;
+    char host[256] = "unknown";
+    gethostname(host, sizeof host - 1);
+    if (me == 0) {
+        const char *mv = kiln_comm_mpi_version();
+        printf("# kiln bench comm: backend %s, %d rank%s, host %s%s%s\n", c->backend, n, n == 1 ? "" : "s", host,
+               strcmp(c->backend, "mpi") || !mv ? "" : ", ", strcmp(c->backend, "mpi") || !mv ? "" : mv);
+        printf("# minBytes %zu maxBytes %zu step: %ld(factor) warmup iters: %ld iters: %ld validation: %d "
+               "datatype: %s\n#\n# Using ranks\n", o->minb, maxb, o->factor, o->warmup, o->iters, o->check,
+               type_name(o->dt));
+    }
+    for (int r = 0; r < n && !e; r++) { /* each rank's pid and host, printed by rank 0 */
+        memset(&info, 0, sizeof info);
+        info.pid = (int)getpid();
+        memcpy(info.host, host, sizeof info.host - 1); /* truncated to 63 characters */
+        e = c->broadcast(c, &info, sizeof info, r);
+        if (!e && me == 0) printf("#  Rank %2d Pid %6d on %s\n", r, info.pid, info.host);
+    }
+
+    cJSON *prof = NULL, *sec = NULL;
+    sbuf csv = {0};
+    if (me == 0) {
+        prof = kiln_profile_new("comm");
+        sec = prof ? kiln_profile_section(prof, "comm") : NULL;
+        if (!sec) e = kiln_errorf(KILN_ENOMEM, "profile");
+        else if (!strcmp(c->backend, "mpi") && kiln_comm_mpi_version()) {
+            cJSON *l = cJSON_GetObjectItemCaseSensitive(prof, "libraries");
+            if (l) cJSON_AddStringToObject(l, "mpi", kiln_comm_mpi_version());
+        }
+        sb_printf(&csv, "backend,collective,dtype,ranks,inplace,bytes,count,time_us_min,time_us_avg,time_us_max,"
+                  "algbw_gbs,busbw_gbs,wrong\n");
+    }
+    double all_wrong = 0;
+    run u = {.c = c, .dt = o->dt, .ts = ts, .a = a, .b = b, .root = 0};
+    for (int m = 0; m < 5; m++) {
+        u.sums[m] = 0;
+        for (int r = 0; r < n; r++) u.sums[m] += red_val(r, (size_t)m);
+    }
+    for (int ci = 0; ci < KILN_COLL_COUNT && !e; ci++) {
+        if (!o->want[ci]) continue;
+        u.coll = (kiln_coll)ci;
+        const int reduces = ci == KILN_COLL_ALLREDUCE || ci == KILN_COLL_REDUCE_SCATTER;
+        if (me == 0) {
+            printf("#\n# Collective: %s\n", kiln_coll_name(u.coll));
+            print_table_head(o);
+        }
+        double bw_sum = 0, wrong = 0;
+        int rows = 0;
+        for (size_t s = o->minb; !e; s *= (size_t)o->factor) {
+            u.count = kiln_coll_count(u.coll, s, ts, n, &u.block);
+            result res[2];
+            for (int ip = 0; ip < 2 && !e; ip++) {
+                if ((ip && !o->ip) || (!ip && !o->oop)) continue;
+                u.inplace = ip;
+                e = measure(&u, o, &res[ip]);
+                if (!e) {
+                    bw_sum += res[ip].busbw, rows++;
+                    if (res[ip].wrong > 0) wrong += res[ip].wrong;
+                    if (me == 0) add_record(sec, &csv, c, &u, &res[ip]);
+                }
+            }
+            if (!e && me == 0) {
+                printf("%12zu  %12zu  %8s  %6s  %6d", u.count * ts, u.count, type_name(o->dt), reduces ? "sum" : "none",
+                       ci == KILN_COLL_BROADCAST ? u.root : -1);
+                for (int ip = 0; ip < 2; ip++) {
+                    if ((ip && !o->ip) || (!ip && !o->oop)) continue;
+                    char t[32], w[32];
+                    fmt_time(t, sizeof t, res[ip].tavg);
+                    if (res[ip].wrong >= 0) snprintf(w, sizeof w, "%.0f", res[ip].wrong);
+                    else snprintf(w, sizeof w, "N/A");
+                    printf("  %s  %6.2f  %6.2f  %5s", t, res[ip].algbw, res[ip].busbw, w);
+                }
+                printf("\n");
+                fflush(stdout);
+            }
+            if (s > maxb / (size_t)o->factor) break;
+        }
+        if (!e && me == 0) {
+            if (o->check) printf("# Out of bounds values : %.0f %s\n", wrong, wrong > 0 ? "FAILED" : "OK");
+            printf("# Avg bus bandwidth    : %g\n", rows ? bw_sum / rows : 0.0);
+        }
+        all_wrong += wrong;
+    }
+    if (me == 0) printf("#\n");
+    if (!e && me == 0 && o->json) e = kiln_error_wrap(kiln_profile_write(prof, o->json), "--json");
+    if (!e && me == 0 && o->csv) {
+        if (!csv.s) e = kiln_errorf(KILN_ENOMEM, "--csv %s", o->csv);
+        else e = kiln_error_wrap(kiln_write_file_atomic(o->csv, csv.s, csv.len), "--csv");
+    }
+    cJSON_Delete(prof);
+    free(csv.s);
+    free(a);
+    free(b);
+    *wrong_total = all_wrong > 0;
+    if (!e && all_wrong > 0)
+        e = kiln_errorf(KILN_EIO, "%.0f wrong element%s: the collectives' results differ from the expected values",
+                        all_wrong, all_wrong == 1 ? "" : "s");
+    return e;
+}
+
+int kiln_bench_comm_main(int argc, char **argv) {
+    opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+    kiln_comm *c = NULL;
+    kiln_error *e = kiln_comm_init(&argc, &argv, &c);
+    if (e) {
+        fprintf(stderr, "kiln bench comm: error: %s\n", kiln_error_msg(e));
+        kiln_error_free(e);
+        return 1;
+    }
+    int wrong = 0;
+    e = bench(c, &o, &wrong);
+    int rank = c->rank;
+    c->finalize(c);
+    if (e) {
+        if (rank == 0 || !wrong) fprintf(stderr, "kiln bench comm (rank %d): error: %s\n", rank, kiln_error_msg(e));
+        kiln_error_free(e);
+        return 1;
+    }
+    return 0;
+}

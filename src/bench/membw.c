@@ -1,0 +1,334 @@
+/* kiln bench membw: STREAM-style memory bandwidth (copy, scale, add, triad) on the CPU with
+ * OpenMP threads, over array sizes from cache-resident to many GB.
+ *
+ * Each timed sample runs a kernel `reps` times back to back inside one parallel region (static
+ * schedule, so every thread touches the same slice each time: its cache for small arrays),
+ * with reps chosen so a sample moves at least ~64 MiB; GB/s counts the bytes read plus written
+ * (copy, scale: 2 arrays; add, triad: 3) in units of 1e9 bytes per second. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include "kiln/bench.h"
+#include "kiln/fsutil.h"
+
+static const char usage[] =
+    "usage: kiln bench membw [options]\n\n"
+    "STREAM-style memory bandwidth on the CPU (OpenMP threads): copy c=a, scale b=s*c, add c=a+b,\n"
+    "triad a=b+s*c over double arrays from cache-resident to many GB. GB/s counts bytes read + written\n"
+    "(copy/scale: 2 arrays, add/triad: 3), 1 GB = 1e9 bytes. The GPU version (HBM) comes with the\n"
+    "CUDA backend.\n\n"
+    "  --min SIZE       smallest array, bytes per array, K/M/G suffixes (binary) (default 4K)\n"
+    "  --max SIZE       largest array (default 2G; capped so three arrays fit in available memory)\n"
+    "  --factor F       size step, multiplicative > 1 (default 2)\n"
+    "  --iters N        timed samples per kernel and size; best and average are reported (default 10)\n"
+    "  --threads N      OpenMP threads (default: all cores)\n"
+    "  --json FILE      write the JSON profile (section \"membw\")\n"
+    "  --csv FILE       write the numbers as CSV\n";
+
+static const char *const kernel_names[4] = {"copy", "scale", "add", "triad"};
+
+/* "4K", "64M", "2G", "4096" (binary suffixes) -> bytes. */
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0)) return -1;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024.0; break;
+        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; break;
+        default: return -1;
+        }
+        end++;
+        if (*end && strcmp(end, "B") && strcmp(end, "iB")) return -1;
+    }
+    v *= mul;
+    if (v < 64 || v > 1e15) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static void fmt_bytes(char *buf, size_t cap, double b) {
+    if (b >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.4g GiB", b / (1024.0 * 1024 * 1024));
+    else if (b >= 1024.0 * 1024) snprintf(buf, cap, "%.4g MiB", b / (1024.0 * 1024));
+    else if (b >= 1024.0) snprintf(buf, cap, "%.4g KiB", b / 1024.0);
+    else snprintf(buf, cap, "%.0f B", b);
+}
+
+static double avail_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long kb;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (double)kb * 1024.0;
+            }
+        }
+        fclose(f);
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One timed sample: `reps` runs of kernel k over n doubles; returns seconds. */
+static double run_kernel(int k, double *a, double *b, double *c, int64_t n, int64_t reps, double s) {
+    double t0 = now_s();
+#pragma omp parallel
+    {
+        for (int64_t r = 0; r < reps; r++) {
+            switch (k) {
+            case 0:
+#pragma omp for schedule(static) nowait
+                for (int64_t i = 0; i < n; i++) c[i] = a[i];
+                break;
+            case 1:
+#pragma omp for schedule(static) nowait
+                for (int64_t i = 0; i < n; i++) b[i] = s * c[i];
+                break;
+            case 2:
+#pragma omp for schedule(static) nowait
+                for (int64_t i = 0; i < n; i++) c[i] = a[i] + b[i];
+                break;
+            default:
+#pragma omp for schedule(static) nowait
+                for (int64_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+                break;
+            }
+            __asm__ __volatile__("" ::: "memory"); /* keep every repetition */
+        }
+    }
+    return now_s() - t0;
+}
+
+typedef struct {
+    int kernel;
+    size_t bytes;
+    double best_s, avg_s, moved; /* per sample: bytes moved = reps * arrays * bytes */
+} result;
+
+int kiln_bench_membw_main(int argc, char **argv) {
+    size_t min_b = 4096, max_b = (size_t)2 << 30;
+    double factor = 2;
+    long iters = 10, threads = 0;
+    const char *json_path = NULL, *csv_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        int takes = !strcmp(a, "--min") || !strcmp(a, "--max") || !strcmp(a, "--factor") || !strcmp(a, "--iters") ||
+                    !strcmp(a, "--threads") || !strcmp(a, "--json") || !strcmp(a, "--csv");
+        if (!takes) {
+            fprintf(stderr, "kiln bench membw: error: unknown option '%s'\n\n%s", a, usage);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "kiln bench membw: error: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        char *end;
+        if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
+            if (parse_size(v, !strcmp(a, "--min") ? &min_b : &max_b)) {
+                fprintf(stderr, "kiln bench membw: error: %s '%s': expected a size >= 64 bytes like 4K, 64M, 2G\n", a, v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--factor")) {
+            factor = strtod(v, &end);
+            if (*end || end == v || !(factor > 1.0) || factor > 1e6) {
+                fprintf(stderr, "kiln bench membw: error: --factor '%s': expected a number > 1\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--iters") || !strcmp(a, "--threads")) {
+            long n = strtol(v, &end, 10);
+            if (*end || end == v || n < 1 || n > 1000000) {
+                fprintf(stderr, "kiln bench membw: error: %s '%s': expected a positive integer\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--iters")) iters = n;
+            else threads = n;
+        } else if (!strcmp(a, "--json")) json_path = v;
+        else csv_path = v;
+    }
+    if (iters > 200) {
+        fprintf(stderr, "kiln bench membw: error: --iters %ld: at most 200\n", iters);
+        return 2;
+    }
+    if (min_b > max_b) {
+        fprintf(stderr, "kiln bench membw: error: --min (%zu bytes) exceeds --max (%zu bytes)\n", min_b, max_b);
+        return 2;
+    }
+    double avail = avail_bytes();
+    if (avail > 0 && 3.0 * (double)max_b > 0.8 * avail) {
+        size_t cap = (size_t)(0.8 * avail / 3.0) & ~(size_t)4095;
+        char want[32], got[32];
+        fmt_bytes(want, sizeof want, (double)max_b);
+        fmt_bytes(got, sizeof got, (double)cap);
+        fprintf(stderr, "kiln bench membw: warning: --max %s per array does not fit in available memory; capped at %s\n",
+                want, got);
+        max_b = cap;
+        if (max_b < min_b) {
+            fprintf(stderr, "kiln bench membw: error: not enough memory for --min\n");
+            return 1;
+        }
+    }
+    if (threads > 0) omp_set_num_threads((int)threads);
+    int nthreads = omp_get_max_threads();
+
+    /* the list of sizes, multiples of 8 bytes, distinct */
+    size_t nsizes = 0, cap_sizes = 16;
+    size_t *sizes = malloc(cap_sizes * sizeof *sizes);
+    if (!sizes) return 1;
+    for (double s = (double)min_b; s <= (double)max_b * (1 + 1e-9); s *= factor) {
+        size_t b = ((size_t)s + 7) & ~(size_t)7;
+        if (b > max_b) b = max_b & ~(size_t)7;
+        if (nsizes && sizes[nsizes - 1] >= b) continue;
+        if (nsizes == cap_sizes) {
+            size_t *ns = realloc(sizes, 2 * cap_sizes * sizeof *sizes);
+            if (!ns) { free(sizes); return 1; }
+            sizes = ns;
+            cap_sizes *= 2;
+        }
+        sizes[nsizes++] = b;
+    }
+    if (!nsizes) { free(sizes); return 1; }
+    size_t big = sizes[nsizes - 1];
+    size_t alloc_b = (big + 63) & ~(size_t)63;
+    double *A = aligned_alloc(64, alloc_b), *B = aligned_alloc(64, alloc_b), *C = aligned_alloc(64, alloc_b);
+    result *res = calloc(nsizes * 4, sizeof *res);
+    if (!A || !B || !C || !res) {
+        fprintf(stderr, "kiln bench membw: error: out of memory allocating 3 x %zu bytes\n", alloc_b);
+        free(A); free(B); free(C); free(res); free(sizes);
+        return 1;
+    }
+    printf("kiln bench membw: cpu, %d threads, %zu sizes, %ld iterations (GB/s = 1e9 bytes/s, read + written)\n",
+           nthreads, nsizes, iters);
+    printf("%12s %8s %12s %12s\n", "bytes/array", "kernel", "best GB/s", "avg GB/s");
+    const double s = 3.0;
+    int bad = 0;
+    for (size_t si = 0; si < nsizes; si++) {
+        int64_t n = (int64_t)(sizes[si] / sizeof(double));
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            A[i] = 1.0;
+            B[i] = 2.0;
+            C[i] = 0.0;
+        }
+        int64_t reps[4];
+        for (int k = 0; k < 4; k++) {
+            double per = (double)sizes[si] * (k < 2 ? 2 : 3);
+            double r = ceil((64.0 * 1024 * 1024) / per);
+            reps[k] = r < 1 ? 1 : (int64_t)r;
+            result *R = &res[si * 4 + (size_t)k];
+            R->kernel = k;
+            R->bytes = sizes[si];
+            R->best_s = INFINITY;
+            R->moved = per * (double)reps[k];
+        }
+        for (int k = 0; k < 4; k++) run_kernel(k, A, B, C, n, 1, s); /* warm-up, first touch done */
+        for (long it = 0; it < iters; it++)
+            for (int k = 0; k < 4; k++) {
+                double t = run_kernel(k, A, B, C, n, reps[k], s);
+                result *R = &res[si * 4 + (size_t)k];
+                if (t < R->best_s) R->best_s = t;
+                R->avg_s += t / (double)iters;
+            }
+        /* check as STREAM: replay the warm-up and `iters` cycles on scalars (each kernel is idempotent
+         * over its repetitions; a cycle multiplies the values by 15) */
+        double ea = 1, eb = 2, ec = 0;
+        for (long it = 0; it <= iters; it++) {
+            ec = ea;
+            eb = s * ec;
+            ec = ea + eb;
+            ea = eb + s * ec;
+        }
+        for (int64_t i = 0; i < n; i += 1 + n / 97)
+            if (fabs(A[i] - ea) > 1e-12 * fabs(ea) || fabs(B[i] - eb) > 1e-12 * fabs(eb) ||
+                fabs(C[i] - ec) > 1e-12 * fabs(ec))
+                bad = 1;
+        char sz[32];
+        fmt_bytes(sz, sizeof sz, (double)sizes[si]);
+        for (int k = 0; k < 4; k++) {
+            const result *R = &res[si * 4 + (size_t)k];
+            printf("%12s %8s %12.2f %12.2f\n", sz, kernel_names[k], R->moved / R->best_s / 1e9,
+                   R->moved / R->avg_s / 1e9);
+        }
+        fflush(stdout);
+    }
+    free(A); free(B); free(C);
+    if (bad) {
+        fprintf(stderr, "kiln bench membw: error: kernel results are wrong (memory or compiler fault)\n");
+        free(res); free(sizes);
+        return 1;
+    }
+    int rc = 0;
+    if (json_path) {
+        cJSON *p = kiln_profile_new("membw");
+        cJSON *sec = p ? kiln_profile_section(p, "membw") : NULL;
+        kiln_error *e = NULL;
+        if (!sec) e = kiln_errorf(KILN_ENOMEM, "%s", json_path);
+        for (size_t i = 0; !e && i < nsizes * 4; i++) {
+            const result *R = &res[i];
+            cJSON *r = cJSON_CreateObject();
+            if (!r) { e = kiln_errorf(KILN_ENOMEM, "%s", json_path); break; }
+            cJSON_AddStringToObject(r, "device", "cpu");
+            cJSON_AddStringToObject(r, "kernel", kernel_names[R->kernel]);
+            cJSON_AddNumberToObject(r, "bytes_per_array", (double)R->bytes);
+            cJSON_AddNumberToObject(r, "threads", nthreads);
+            cJSON_AddNumberToObject(r, "gbs_best", R->moved / R->best_s / 1e9);
+            cJSON_AddNumberToObject(r, "gbs_avg", R->moved / R->avg_s / 1e9);
+            cJSON_AddItemToArray(sec, r);
+        }
+        if (!e) e = kiln_profile_write(p, json_path);
+        cJSON_Delete(p);
+        if (e) {
+            fprintf(stderr, "kiln bench membw: error: writing profile: %s\n", kiln_error_msg(e));
+            kiln_error_free(e);
+            rc = 1;
+        }
+    }
+    if (csv_path && !rc) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        kiln_error *e = NULL;
+        if (!f) e = kiln_errorf(KILN_ENOMEM, "%s", csv_path);
+        else {
+            fprintf(f, "device,kernel,bytes_per_array,threads,gbs_best,gbs_avg\n");
+            for (size_t i = 0; i < nsizes * 4; i++)
+                fprintf(f, "cpu,%s,%zu,%d,%.6g,%.6g\n", kernel_names[res[i].kernel], res[i].bytes, nthreads,
+                        res[i].moved / res[i].best_s / 1e9, res[i].moved / res[i].avg_s / 1e9);
+            fclose(f);
+            e = kiln_write_file_atomic(csv_path, buf, len);
+        }
+        free(buf);
+        if (e) {
+            fprintf(stderr, "kiln bench membw: error: writing CSV: %s\n", kiln_error_msg(e));
+            kiln_error_free(e);
+            rc = 1;
+        }
+    }
+    free(res);
+    free(sizes);
+    return rc;
+}
