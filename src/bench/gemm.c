@@ -13,6 +13,7 @@
 
 #include "gemm_shapes.h"
 #include "kiln/bench.h"
+#include "kiln/cuda.h"
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
 #include "kiln/train.h"
@@ -256,8 +257,8 @@ static kiln_error *time_gemm(const kiln_gemm_shape *s, int iters, int warmup, do
 
 static const char usage[] =
     "usage: kiln bench gemm [options]\n\n"
-    "Achieved FLOP/s of C = A·B (2·M·N·K FLOPs) through OpenBLAS cblas_sgemm, the GEMM path of the CPU\n"
-    "trainer, fp32. bf16/fp16/fp8 and cuBLASLt come with the CUDA backend.\n\n"
+    "Achieved FLOP/s of C = A·B (2·M·N·K FLOPs) through the trainer's GEMM path: OpenBLAS cblas_sgemm on\n"
+    "the CPU (fp32), cuBLASLt on the GPU (--device cuda: fp32, tf32, bf16, fp16; fp32 accumulation).\n\n"
     "Shapes (lists \"512,1024\", geometric ranges \"256:4096:x2\", arithmetic ranges \"2048:2304:+8\"):\n"
     "  -m LIST, -n LIST, -k LIST   the cartesian product of the lists; -n and -k left out follow -m\n"
     "                              (square shapes). Default: -m 256:4096:x2\n"
@@ -269,7 +270,8 @@ static const char usage[] =
     "                              tokens*top_k/num_experts tokens each (balanced routing), the LM head;\n"
     "                              fwd [M,K]x[K,N], dX [M,N]x[N,K], dW [N,M]x[M,K]; identical shapes collapse\n"
     "  --micro-batch N, --seq-len N  tokens = micro_batch*seq_len (default: the config's, else 8 x 512)\n\n"
-    "  --dtype fp32      element type (fp32 only on the CPU)\n"
+    "  --device D        cpu (default) or cuda (GPU 0, cuBLASLt; timed with CUDA events)\n"
+    "  --dtype T         cpu: fp32; cuda: fp32, tf32, bf16 (default on cuda), fp16\n"
     "  --iters N         timed runs per shape (default 10); time_us is their mean\n"
     "  --warmup N        untimed runs first (default 2)\n"
     "  --threads N       OpenBLAS/OpenMP threads (default: all cores)\n"
@@ -285,7 +287,7 @@ static int usage_err(const char *fmt, const char *a) {
 
 int kiln_bench_gemm_main(int argc, char **argv) {
     const char *ms = NULL, *ns = NULL, *ks = NULL, *sweep = NULL, *model = NULL, *json_path = NULL, *csv_path = NULL;
-    const char *dtype = "fp32";
+    const char *dtype = NULL, *device = "cpu";
     long iters = 10, warmup = 2, threads = 0, mb = 0, sl = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -295,7 +297,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         static const char *const valued[] = {"-m", "-n", "-k", "--sweep", "--model", "--json", "--csv", "--dtype",
-                                             "--iters", "--warmup", "--threads", "--micro-batch", "--seq-len", NULL};
+                                             "--device", "--iters", "--warmup", "--threads", "--micro-batch", "--seq-len", NULL};
         int known = 0;
         for (int j = 0; valued[j]; j++) known |= !strcmp(a, valued[j]);
         if (!known) {
@@ -312,6 +314,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
         else if (!strcmp(a, "--dtype")) dtype = v;
+        else if (!strcmp(a, "--device")) device = v;
         else {
             char *end;
             errno = 0;
@@ -326,12 +329,23 @@ int kiln_bench_gemm_main(int argc, char **argv) {
             else sl = x;
         }
     }
-    if (strcmp(dtype, "fp32")) {
+    const int gpu = !strcmp(device, "cuda");
+    if (!gpu && strcmp(device, "cpu")) return usage_err("--device '%s': expected cpu or cuda", device);
+    if (!dtype) dtype = gpu ? "bf16" : "fp32";
+    kiln_cuda_gemm_type gtype = KILN_CUDA_BF16;
+    if (gpu) {
+        kiln_error *pe = kiln_cuda_gemm_type_parse(dtype, &gtype);
+        if (pe) {
+            fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(pe));
+            kiln_error_free(pe);
+            return 2;
+        }
+    } else if (strcmp(dtype, "fp32")) {
         if (!strcmp(dtype, "bf16") || !strcmp(dtype, "fp16") || !strcmp(dtype, "fp8"))
-            return usage_err("--dtype %s: only fp32 on the CPU (OpenBLAS); bf16/fp16/fp8 come with the CUDA backend",
-                             dtype);
+            return usage_err("--dtype %s: only fp32 on the CPU (OpenBLAS); use --device cuda for bf16/fp16", dtype);
         return usage_err("--dtype '%s': expected fp32", dtype);
     }
+    const char *backend = gpu ? "cublaslt" : "openblas";
     if (model && sweep) return usage_err("%s", "--model and --sweep exclude each other");
     if (threads > 0) {
         openblas_set_num_threads((int)threads);
@@ -421,8 +435,22 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         free(shapes);
         return 1;
     }
-    printf("kiln bench gemm: openblas sgemm, fp32, %d threads, %ld iterations after %ld warm-up\n",
-           omp_get_max_threads(), iters, warmup);
+    if (gpu) {
+        kiln_cuda_info gi;
+        kiln_error *ie = kiln_cuda_device_info(&gi);
+        if (ie) {
+            fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(ie));
+            kiln_error_free(ie);
+            free(shapes);
+            free(us);
+            return 1;
+        }
+        printf("kiln bench gemm: cuBLASLt %d on %s (%d SMs), %s, %ld iterations after %ld warm-up\n",
+               gi.cublaslt_version, gi.name, gi.sms, dtype, iters, warmup);
+    } else {
+        printf("kiln bench gemm: openblas sgemm, fp32, %d threads, %ld iterations after %ld warm-up\n",
+               omp_get_max_threads(), iters, warmup);
+    }
     if (model)
         printf("model %s: %lld layers, %lld tokens per micro-batch (%lld x %lld), one forward + backward\n", model,
                (long long)gm.model.num_layers, (long long)tokens, (long long)gm.micro_batch, (long long)gm.seq_len);
@@ -431,7 +459,8 @@ int kiln_bench_gemm_main(int argc, char **argv) {
     int rc = 0;
     for (size_t i = 0; i < nshapes; i++) {
         const kiln_gemm_shape *s = &shapes[i];
-        e = time_gemm(s, (int)iters, (int)warmup, &us[i]);
+        e = gpu ? kiln_cuda_gemm_time(gtype, s->m, s->n, s->k, s->layout, (int)iters, (int)warmup, &us[i])
+                : time_gemm(s, (int)iters, (int)warmup, &us[i]);
         if (e) {
             fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(e));
             kiln_error_free(e);
@@ -463,7 +492,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
             const kiln_gemm_shape *s = &shapes[i];
             cJSON *r = cJSON_CreateObject();
             if (!r) { e = kiln_errorf(KILN_ENOMEM, "%s", json_path); break; }
-            cJSON_AddStringToObject(r, "backend", "openblas");
+            cJSON_AddStringToObject(r, "backend", backend);
             cJSON_AddStringToObject(r, "dtype", dtype);
             cJSON_AddNumberToObject(r, "m", (double)s->m);
             cJSON_AddNumberToObject(r, "n", (double)s->n);
@@ -503,7 +532,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
             fprintf(f, "backend,dtype,m,n,k,layout,label,count,time_us,tflops\n");
             for (size_t i = 0; i < nshapes; i++) {
                 const kiln_gemm_shape *s = &shapes[i];
-                fprintf(f, "openblas,%s,%lld,%lld,%lld,%s,\"%s\",%lld,%.3f,%.6g\n", dtype, (long long)s->m,
+                fprintf(f, "%s,%s,%lld,%lld,%lld,%s,\"%s\",%lld,%.3f,%.6g\n", backend, dtype, (long long)s->m,
                         (long long)s->n, (long long)s->k, s->layout, s->label, (long long)s->count, us[i],
                         kiln_gemm_flops(s->m, s->n, s->k) / (us[i] * 1e-6) / 1e12);
             }

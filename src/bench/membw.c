@@ -23,13 +23,14 @@ static const char usage[] =
     "usage: kiln bench membw [options]\n\n"
     "STREAM-style memory bandwidth on the CPU (OpenMP threads): copy c=a, scale b=s*c, add c=a+b,\n"
     "triad a=b+s*c over double arrays from cache-resident to many GB. GB/s counts bytes read + written\n"
-    "(copy/scale: 2 arrays, add/triad: 3), 1 GB = 1e9 bytes. The GPU version (HBM) comes with the\n"
-    "CUDA backend.\n\n"
+    "(copy/scale: 2 arrays, add/triad: 3), 1 GB = 1e9 bytes. --device cuda measures the GPU's HBM.\n\n"
     "  --min SIZE       smallest array, bytes per array, K/M/G suffixes (binary) (default 4K)\n"
     "  --max SIZE       largest array (default 2G; capped so three arrays fit in available memory)\n"
     "  --factor F       size step, multiplicative > 1 (default 2)\n"
     "  --iters N        timed samples per kernel and size; best and average are reported (default 10)\n"
     "  --threads N      OpenMP threads (default: all cores)\n"
+    "  --device D       cpu (default) or cuda: GPU 0's STREAM kernels plus host<->device copies from\n"
+    "                   pinned memory (h2d, d2h); defaults there: 1M..4G per array, x4, 20 iterations\n"
     "  --json FILE      write the JSON profile (section \"membw\")\n"
     "  --csv FILE       write the numbers as CSV\n";
 
@@ -124,7 +125,17 @@ typedef struct {
     double best_s, avg_s, moved; /* per sample: bytes moved = reps * arrays * bytes */
 } result;
 
+int kiln_bench_membw_gpu(int argc, char **argv); /* membw_gpu.c */
+
 int kiln_bench_membw_main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device")) {
+            if (!strcmp(argv[i + 1], "cuda")) return kiln_bench_membw_gpu(argc, argv);
+            if (strcmp(argv[i + 1], "cpu")) {
+                fprintf(stderr, "kiln bench membw: error: --device '%s': expected cpu or cuda\n", argv[i + 1]);
+                return 2;
+            }
+        }
     size_t min_b = 4096, max_b = (size_t)2 << 30;
     double factor = 2;
     long iters = 10, threads = 0;
@@ -136,7 +147,7 @@ int kiln_bench_membw_main(int argc, char **argv) {
             fputs(usage, stdout);
             return 0;
         }
-        int takes = !strcmp(a, "--min") || !strcmp(a, "--max") || !strcmp(a, "--factor") || !strcmp(a, "--iters") ||
+        int takes = !strcmp(a, "--device") || !strcmp(a, "--min") || !strcmp(a, "--max") || !strcmp(a, "--factor") || !strcmp(a, "--iters") ||
                     !strcmp(a, "--threads") || !strcmp(a, "--json") || !strcmp(a, "--csv");
         if (!takes) {
             fprintf(stderr, "kiln bench membw: error: unknown option '%s'\n\n%s", a, usage);
@@ -148,7 +159,9 @@ int kiln_bench_membw_main(int argc, char **argv) {
         }
         i++;
         char *end;
-        if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
+        if (!strcmp(a, "--device")) {
+            continue; /* cpu */
+        } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
             if (parse_size(v, !strcmp(a, "--min") ? &min_b : &max_b)) {
                 fprintf(stderr, "kiln bench membw: error: %s '%s': expected a size >= 64 bytes like 4K, 64M, 2G\n", a, v);
                 return 2;

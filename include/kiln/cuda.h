@@ -1,0 +1,42 @@
+/* The CUDA side of kiln, as C functions (host code stays C11). Built when CMake finds nvcc
+ * (KILN_CUDA); otherwise every function returns an error saying so. */
+#ifndef KILN_CUDA_H
+#define KILN_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Built with CUDA? (Says nothing about a device being present.) */
+int kiln_cuda_built(void);
+/* Device 0's name, multiprocessors, memory and the driver/runtime versions. */
+typedef struct {
+    char name[256];
+    int sms, cc_major, cc_minor, driver_version, runtime_version, cublaslt_version;
+    double memory_gib;
+} kiln_cuda_info;
+kiln_error *kiln_cuda_device_info(kiln_cuda_info *info);
+
+/* GEMM element types through cuBLASLt (the trainer's GEMM path). */
+typedef enum { KILN_CUDA_F32 = 0, KILN_CUDA_TF32, KILN_CUDA_BF16, KILN_CUDA_F16 } kiln_cuda_gemm_type;
+kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out);
+/* C[m,n] = op(A) op(B), row-major, layout "NN"/"NT"/"TN" as the CPU bench; mean microseconds of
+ * one GEMM over iters after warmup, timed with CUDA events. */
+kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int64_t n, int64_t k, const char *layout, int iters,
+                                int warmup, double *us);
+
+/* STREAM kernels on the GPU: "copy", "scale", "add", "triad" over arrays of `bytes` each; GB/s
+ * counting bytes read + written (best and mean over iters). */
+kiln_error *kiln_cuda_membw(const char *kernel, size_t bytes, int iters, double *best_gbs, double *avg_gbs);
+/* Host<->device copies from/to pinned memory: dir 0 = host to device, 1 = device to host. */
+kiln_error *kiln_cuda_hostbw(int dir, size_t bytes, int iters, double *best_gbs, double *avg_gbs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

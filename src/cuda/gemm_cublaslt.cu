@@ -1,0 +1,105 @@
+// GEMM through cuBLASLt, the path the CUDA trainer uses: row-major C[m,n] = op(A) op(B) computed as
+// the column-major C^T = op(B)^T op(A)^T, exactly as PyTorch calls cuBLAS for torch.matmul, so the
+// two are timed on the same problem. bf16/fp16 inputs and outputs accumulate in fp32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "kiln/cuda.h"
+
+extern "C" kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out) {
+    static const struct { const char *n; kiln_cuda_gemm_type t; } types[] = {
+        {"fp32", KILN_CUDA_F32}, {"tf32", KILN_CUDA_TF32}, {"bf16", KILN_CUDA_BF16}, {"fp16", KILN_CUDA_F16}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(name, types[i].n)) {
+            *out = types[i].t;
+            return NULL;
+        }
+    return kiln_errorf(KILN_EINVAL, "--dtype '%s': expected fp32, tf32, bf16 or fp16 on the GPU", name);
+}
+
+__global__ void fill_kernel(void *p, size_t n, int elem, unsigned seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        float v = (float)(h % 1000u) * 1e-3f - 0.5f;
+        if (elem == 4) ((float *)p)[i] = v;
+        else if (elem == 2 && seed & 1) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+        else ((__half *)p)[i] = __float2half(v);
+    }
+}
+
+extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int64_t n, int64_t k, const char *layout,
+                                           int iters, int warmup, double *us) {
+    kiln_error *err = NULL;
+    cublasLtHandle_t lt = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    void *A = NULL, *B = NULL, *C = NULL, *ws = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const size_t ws_bytes = 64u << 20;
+    const int elem = (t == KILN_CUDA_F32 || t == KILN_CUDA_TF32) ? 4 : 2;
+    const cudaDataType_t dt = elem == 4 ? CUDA_R_32F : t == KILN_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cublasComputeType_t ct = t == KILN_CUDA_F32 ? CUBLAS_COMPUTE_32F
+                                   : t == KILN_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const int ta = layout[0] == 'T', tb = layout[1] == 'T';
+    float alpha = 1.0f, beta = 0.0f;
+    float ms = 0;
+    int found = 0;
+    cublasLtMatmulHeuristicResult_t heur;
+    // column-major view: C^T[n,m] = op(B)^T [n,k] op(A)^T [k,m]; row-major X[r,c] is column-major X^T[c,r]
+    const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    // column-major views of the stored row-major matrices: B [k,n] (N) or [n,k] (T); A [m,k] (N) or [k,m] (T)
+    const uint64_t xb_rows = tb ? k : n, xb_cols = tb ? n : k;
+    const uint64_t ya_rows = ta ? m : k, ya_cols = ta ? k : m;
+    CUDA_TRY(cudaMalloc(&A, (size_t)m * k * elem));
+    CUDA_TRY(cudaMalloc(&B, (size_t)k * n * elem));
+    CUDA_TRY(cudaMalloc(&C, (size_t)m * n * elem));
+    CUDA_TRY(cudaMalloc(&ws, ws_bytes));
+    fill_kernel<<<1024, 256>>>(A, (size_t)m * k, elem, t == KILN_CUDA_BF16 ? 1u : 2u);
+    fill_kernel<<<1024, 256>>>(B, (size_t)k * n, elem, t == KILN_CUDA_BF16 ? 3u : 4u);
+    CUDA_TRY(cudaGetLastError());
+    CUBLAS_TRY(cublasLtCreate(&lt));
+    CUBLAS_TRY(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F));
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_TRY(cublasLtMatrixLayoutCreate(&la, dt, xb_rows, xb_cols, (int64_t)xb_rows));
+    CUBLAS_TRY(cublasLtMatrixLayoutCreate(&lb, dt, ya_rows, ya_cols, (int64_t)ya_rows));
+    CUBLAS_TRY(cublasLtMatrixLayoutCreate(&lc, dt, (uint64_t)n, (uint64_t)m, n));
+    CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof ws_bytes));
+    CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) {
+        err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no algorithm for %lldx%lldx%lld %s", (long long)m,
+                          (long long)n, (long long)k, layout);
+        goto done;
+    }
+    CUDA_TRY(cudaEventCreate(&e0));
+    CUDA_TRY(cudaEventCreate(&e1));
+    for (int i = 0; i < warmup; i++)
+        CUBLAS_TRY(cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, ws, ws_bytes, 0));
+    CUDA_TRY(cudaEventRecord(e0, 0));
+    for (int i = 0; i < iters; i++)
+        CUBLAS_TRY(cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, ws, ws_bytes, 0));
+    CUDA_TRY(cudaEventRecord(e1, 0));
+    CUDA_TRY(cudaEventSynchronize(e1));
+    CUDA_TRY(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_TRY(cudaGetLastError());
+    *us = (double)ms * 1e3 / iters;
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (lt) cublasLtDestroy(lt);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    cudaFree(ws);
+    return err;
+}
