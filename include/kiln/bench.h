@@ -25,5 +25,7 @@ int kiln_bench_comm_main(int argc, char **argv);
 int kiln_bench_membw_main(int argc, char **argv);
 int kiln_bench_gemm_main(int argc, char **argv);
 int kiln_bench_report_main(int argc, char **argv);
+int kiln_bench_attention_main(int, char **);
+int kiln_bench_moe_main(int, char **);
 
 #endif

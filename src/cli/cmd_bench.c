@@ -11,13 +11,16 @@ static const char usage[] =
     "            sizes, nccl-tests' columns and bus-bandwidth conventions; MPI on CPUs (mpirun -np N)\n"
     "  gemm      matrix-multiply TFLOP/s over shapes, or the exact GEMMs of a model config\n"
     "  membw     memory bandwidth: copy, scale, add, triad over array sizes\n"
+    "  attention the trainer's attention kernel, forward and forward+backward: time, GFLOP/s, tokens/s\n"
+    "  moe       the trainer's expert path (grouped SwiGLU experts), fwd and fwd+bwd: time, TFLOP/s, tokens/s\n"
     "  report    render JSON profiles as an HTML page with SVG plots\n";
 
 static const struct {
     const char *name;
     int (*run)(int, char **);
 } benches[] = {{"comm", kiln_bench_comm_main}, {"gemm", kiln_bench_gemm_main},
-               {"membw", kiln_bench_membw_main}, {"report", kiln_bench_report_main}};
+               {"membw", kiln_bench_membw_main}, {"report", kiln_bench_report_main},
+               {"attention", kiln_bench_attention_main}, {"moe", kiln_bench_moe_main}};
 
 static int cmd(int argc, char **argv) {
     if (argc < 2) {

@@ -1,0 +1,480 @@
+/* kiln bench moe: time and achieved TFLOP/s of the trainer's expert path, forward and forward +
+ * backward: routed slots grouped by expert, per expert SwiGLU gate_up then down through kiln_linear_*
+ * and kiln_swiglu_*, the gate-weighted scatter back to the tokens; the same steps as
+ * src/models/zaya_forward.c and zaya_backward.c. Routing is balanced and random from a fixed seed. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "gemm_shapes.h"
+#include "kernel_formulas.h"
+#include "kiln/bench.h"
+#include "kiln/fsutil.h"
+#include "kiln/nn.h"
+#include "kiln/rng.h"
+
+#define MAX_CASES 4096
+#define ROUTE_SEED 0x6b696c6eu /* "kiln" */
+
+double kiln_moe_flops_fwd(int64_t tokens, int64_t top_k, int64_t hidden, int64_t inter) {
+    return 6.0 * (double)tokens * (double)top_k * (double)hidden * (double)inter;
+}
+
+double kiln_moe_flops_fwd_bwd(int64_t tokens, int64_t top_k, int64_t hidden, int64_t inter) {
+    return 3.0 * kiln_moe_flops_fwd(tokens, top_k, hidden, inter);
+}
+
+double kiln_moe_bytes(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k) {
+    double N = (double)tokens, H = (double)hidden, Iw = (double)inter, S = N * (double)top_k;
+    double floats = 2.0 * (double)experts * 3.0 * H * Iw + 4.0 * N * H + S * (4.0 * H + 6.0 * Iw) + 2.0 * S;
+    double ints = 3.0 * S + 2.0 * ((double)experts + 1) + N + (double)experts;
+    return 4.0 * floats + 4.0 * ints + 8.0 * ((double)experts + 1) * 2;
+}
+
+static void shuffle(int32_t *p, int64_t n, kiln_rng *r) {
+    for (int64_t i = 0; i < n; i++) p[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(kiln_rng_u64(r) % (uint64_t)(i + 1));
+        int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+int kiln_moe_route(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed) {
+    if (tokens < 1 || experts < 1 || top_k < 1 || top_k > experts || tokens > INT32_MAX || experts > INT32_MAX)
+        return -1;
+    int32_t *pt = malloc((size_t)tokens * sizeof *pt), *pe = malloc((size_t)experts * sizeof *pe);
+    if (!pt || !pe) {
+        free(pt);
+        free(pe);
+        return -1;
+    }
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    shuffle(pt, tokens, &r);
+    shuffle(pe, experts, &r);
+    for (int64_t n = 0; n < tokens; n++)
+        for (int64_t j = 0; j < top_k; j++) choice[n * top_k + j] = pe[((int64_t)pt[n] * top_k + j) % experts];
+    free(pt);
+    free(pe);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double avail_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long kb;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (double)kb * 1024.0;
+            }
+        }
+        fclose(f);
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
+
+/* Deterministic values in [-scale, scale) */
+static void fill(float *x, int64_t n, uint32_t salt, float scale) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = ((float)((((uint64_t)i + salt) * 2654435761u) % 2000) * 1e-3f - 1.0f) * scale;
+}
+
+static int all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 1 + n / 211)
+        if (!isfinite(x[i])) return 0;
+    return isfinite(x[n - 1]);
+}
+
+typedef struct {
+    int64_t N, H, Iw, E, top;
+    double us[2]; /* mean microseconds: fwd, fwd_bwd */
+} moe_case;
+
+static const char *const pass_names[2] = {"fwd", "fwd_bwd"};
+
+static double case_flops(const moe_case *c, int pass) {
+    return pass ? kiln_moe_flops_fwd_bwd(c->N, c->top, c->H, c->Iw) : kiln_moe_flops_fwd(c->N, c->top, c->H, c->Iw);
+}
+
+typedef struct {
+    int64_t N, H, Iw, E, top, S, nslots;
+    const int32_t *choice;
+    const float *gate, *x, *dout;
+    const float *wgu, *wdn; /* [E, 2I, H], [E, H, Iw] */
+    float *ggu, *gdn;
+    int64_t *exp_off, *fill;
+    int32_t *slot_tok, *slot_k;
+    float *xe, *gu, *act, *ye, *out;
+    float *dye, *dgate, *dact, *dgu, *dxe, *dx;
+} moe_bufs;
+
+/* ZayaExperts forward as in zaya_forward.c: group the routed slots by expert, gather, SwiGLU MLP per
+ * expert, scale by the gate and scatter back to the tokens. */
+static void moe_forward(moe_bufs *b) {
+    const int64_t E = b->E, H = b->H, Iw = b->Iw, top = b->top;
+    memset(b->exp_off, 0, (size_t)(E + 1) * sizeof *b->exp_off);
+    for (int64_t s = 0; s < b->S; s++) b->exp_off[b->choice[s] + 1]++;
+    for (int64_t e = 0; e < E; e++) b->exp_off[e + 1] += b->exp_off[e];
+    b->nslots = b->exp_off[E];
+    memcpy(b->fill, b->exp_off, (size_t)E * sizeof *b->fill);
+    for (int64_t s = 0; s < b->S; s++) {
+        int64_t slot = b->fill[b->choice[s]]++;
+        b->slot_tok[slot] = (int32_t)(s / top);
+        b->slot_k[slot] = (int32_t)(s % top);
+    }
+    for (int64_t s = 0; s < b->nslots; s++)
+        memcpy(b->xe + s * H, b->x + (int64_t)b->slot_tok[s] * H, (size_t)H * sizeof(float));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t s0 = b->exp_off[e], ne = b->exp_off[e + 1] - s0;
+        if (!ne) continue;
+        kiln_linear_forward(b->gu + s0 * 2 * Iw, b->xe + s0 * H, b->wgu + e * 2 * Iw * H, NULL, ne, H, 2 * Iw);
+        kiln_swiglu_forward(b->act + s0 * Iw, b->gu + s0 * 2 * Iw, ne, Iw);
+        kiln_linear_forward(b->ye + s0 * H, b->act + s0 * Iw, b->wdn + e * H * Iw, NULL, ne, Iw, H);
+    }
+    memset(b->out, 0, (size_t)(b->N * H) * sizeof(float));
+    for (int64_t s = 0; s < b->nslots; s++) {
+        float g = b->gate[(int64_t)b->slot_tok[s] * top + b->slot_k[s]];
+        float *dst = b->out + (int64_t)b->slot_tok[s] * H;
+        for (int64_t h = 0; h < H; h++) dst[h] += g * b->ye[s * H + h];
+    }
+}
+
+/* The experts' part of zaya_backward.c: gate gradient and dye, per expert down, SwiGLU and gate_up
+ * backward (weight gradients accumulated), the scatter-add of dxe to the tokens. */
+static void moe_backward(moe_bufs *b) {
+    const int64_t E = b->E, H = b->H, Iw = b->Iw, top = b->top;
+    memset(b->dgate, 0, (size_t)b->S * sizeof(float));
+    for (int64_t sl = 0; sl < b->nslots; sl++) {
+        int64_t n = b->slot_tok[sl], gi = n * top + b->slot_k[sl];
+        float g = b->gate[gi];
+        double dg = 0;
+        for (int64_t h = 0; h < H; h++) {
+            b->dye[sl * H + h] = g * b->dout[n * H + h];
+            dg += (double)b->dout[n * H + h] * b->ye[sl * H + h];
+        }
+        b->dgate[gi] = (float)dg;
+    }
+    memset(b->dact, 0, (size_t)(b->nslots * Iw) * sizeof(float));
+    memset(b->dgu, 0, (size_t)(b->nslots * 2 * Iw) * sizeof(float));
+    memset(b->dxe, 0, (size_t)(b->nslots * H) * sizeof(float));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t s0 = b->exp_off[e], ne = b->exp_off[e + 1] - s0;
+        if (!ne) continue;
+        kiln_linear_backward(b->dact + s0 * Iw, b->gdn + e * H * Iw, NULL, b->dye + s0 * H, b->act + s0 * Iw,
+                             b->wdn + e * H * Iw, ne, Iw, H);
+        kiln_swiglu_backward(b->dgu + s0 * 2 * Iw, b->dact + s0 * Iw, b->gu + s0 * 2 * Iw, ne, Iw);
+        kiln_linear_backward(b->dxe + s0 * H, b->ggu + e * 2 * Iw * H, NULL, b->dgu + s0 * 2 * Iw, b->xe + s0 * H,
+                             b->wgu + e * 2 * Iw * H, ne, H, 2 * Iw);
+    }
+    memset(b->dx, 0, (size_t)(b->N * H) * sizeof(float));
+    for (int64_t sl = 0; sl < b->nslots; sl++) {
+        float *dst = b->dx + (int64_t)b->slot_tok[sl] * H;
+        for (int64_t h = 0; h < H; h++) dst[h] += b->dxe[sl * H + h];
+    }
+}
+
+static kiln_error *run_case(moe_case *c, int iters, int warmup) {
+    const int64_t N = c->N, H = c->H, Iw = c->Iw, E = c->E, S = N * c->top, nw = E * 2 * Iw * H, nd = E * H * Iw;
+    float *wgu = malloc((size_t)nw * sizeof(float)), *wdn = malloc((size_t)nd * sizeof(float));
+    float *ggu = malloc((size_t)nw * sizeof(float)), *gdn = malloc((size_t)nd * sizeof(float));
+    float *x = malloc((size_t)(N * H) * sizeof(float)), *out = malloc((size_t)(N * H) * sizeof(float));
+    float *dout = malloc((size_t)(N * H) * sizeof(float)), *dx = malloc((size_t)(N * H) * sizeof(float));
+    float *xe = malloc((size_t)(S * H) * sizeof(float)), *ye = malloc((size_t)(S * H) * sizeof(float));
+    float *dye = malloc((size_t)(S * H) * sizeof(float)), *dxe = malloc((size_t)(S * H) * sizeof(float));
+    float *gu = malloc((size_t)(S * 2 * Iw) * sizeof(float)), *dgu = malloc((size_t)(S * 2 * Iw) * sizeof(float));
+    float *act = malloc((size_t)(S * Iw) * sizeof(float)), *dact = malloc((size_t)(S * Iw) * sizeof(float));
+    float *gate = malloc((size_t)S * sizeof(float)), *dgate = malloc((size_t)S * sizeof(float));
+    int32_t *choice = malloc((size_t)S * sizeof(int32_t)), *slot_tok = malloc((size_t)S * sizeof(int32_t));
+    int32_t *slot_k = malloc((size_t)S * sizeof(int32_t));
+    int64_t *exp_off = malloc((size_t)(E + 1) * sizeof(int64_t)), *fillv = malloc((size_t)E * sizeof(int64_t));
+    kiln_error *e = NULL;
+    if (!wgu || !wdn || !ggu || !gdn || !x || !out || !dout || !dx || !xe || !ye || !dye || !dxe || !gu || !dgu ||
+        !act || !dact || !gate || !dgate || !choice || !slot_tok || !slot_k || !exp_off || !fillv) {
+        e = kiln_errorf(KILN_ENOMEM, "moe tokens=%lld hidden=%lld inter=%lld experts=%lld: cannot allocate %.3g GiB",
+                        (long long)N, (long long)H, (long long)Iw, (long long)E,
+                        kiln_moe_bytes(N, H, Iw, E, c->top) / (1 << 30));
+        goto done;
+    }
+    if (kiln_moe_route(choice, N, E, c->top, ROUTE_SEED)) {
+        e = kiln_errorf(KILN_ENOMEM, "moe: routing %lld tokens", (long long)N);
+        goto done;
+    }
+    kiln_rng r;
+    kiln_rng_seed(&r, ROUTE_SEED + 1);
+    for (int64_t s = 0; s < S; s++) gate[s] = (float)(0.1 + 0.9 * kiln_rng_uniform(&r));
+    fill(wgu, nw, 1, 1.0f / sqrtf((float)H));
+    fill(wdn, nd, 2, 1.0f / sqrtf((float)Iw));
+    fill(x, N * H, 3, 1.0f);
+    fill(dout, N * H, 4, 1.0f);
+    moe_bufs b = {N, H, Iw, E, c->top, S, 0, choice, gate, x, dout, wgu, wdn, ggu, gdn, exp_off, fillv,
+                  slot_tok, slot_k, xe, gu, act, ye, out, dye, dgate, dact, dgu, dxe, dx};
+    double tot = 0;
+    for (int i = 0; i < warmup + iters; i++) {
+        double t0 = now_s();
+        moe_forward(&b);
+        double t = now_s() - t0;
+        if (i >= warmup) tot += t;
+    }
+    c->us[0] = tot / iters * 1e6;
+    tot = 0;
+    for (int i = 0; i < warmup + iters; i++) {
+        memset(ggu, 0, (size_t)nw * sizeof(float)); /* the trainer's weight gradients start at zero */
+        memset(gdn, 0, (size_t)nd * sizeof(float));
+        double t0 = now_s();
+        moe_forward(&b);
+        moe_backward(&b);
+        double t = now_s() - t0;
+        if (i >= warmup) tot += t;
+    }
+    c->us[1] = tot / iters * 1e6;
+    if (b.nslots != S || !all_finite(out, N * H) || !all_finite(dx, N * H) || !all_finite(ggu, nw) ||
+        !all_finite(gdn, nd))
+        e = kiln_errorf(KILN_EINVAL, "moe tokens=%lld hidden=%lld inter=%lld experts=%lld: result is not finite",
+                        (long long)N, (long long)H, (long long)Iw, (long long)E);
+done:
+    free(wgu); free(wdn); free(ggu); free(gdn); free(x); free(out); free(dout); free(dx);
+    free(xe); free(ye); free(dye); free(dxe); free(gu); free(dgu); free(act); free(dact);
+    free(gate); free(dgate); free(choice); free(slot_tok); free(slot_k); free(exp_off); free(fillv);
+    return e;
+}
+
+static const char usage[] =
+    "usage: kiln bench moe [options]\n\n"
+    "Time and achieved TFLOP/s of the trainer's expert path, forward and forward + backward, fp32: the\n"
+    "routed slots grouped by expert, per expert gate_up [hidden -> 2*inter], SwiGLU, down [inter ->\n"
+    "hidden] through kiln_linear_* (OpenBLAS) and kiln_swiglu_*, the gate-weighted scatter back to the\n"
+    "tokens, as src/models/zaya_forward.c and zaya_backward.c do (weight gradients included). Routing\n"
+    "is balanced (every expert gets tokens*top_k/experts slots, +-1) and random from a fixed seed.\n\n"
+    "FLOPs: forward = 6*tokens*top_k*hidden*inter (gate_up 4*hidden*inter + down 2*hidden*inter per\n"
+    "slot); backward = 2 x forward (dX and dW of both); forward + backward = 18*tokens*top_k*hidden*inter.\n"
+    "SwiGLU, gather and scatter are timed but not counted. tokens/s = tokens / time.\n\n"
+    "Lists (\"1024,2048\", geometric ranges \"512:4096:x2\", arithmetic ranges \"1:4:+1\"); every\n"
+    "combination is run:\n"
+    "  --hidden N        hidden size (default 2048)\n"
+    "  --inter LIST      expert intermediate width (default 2048)\n"
+    "  --experts LIST    number of experts (default 16)\n"
+    "  --top-k LIST      experts per token, at most --experts (default 1)\n"
+    "  --tokens LIST     tokens per step (default 4096)\n"
+    "  --iters N         timed runs per shape and pass (default 5); time is their mean\n"
+    "  --warmup N        untimed runs first (default 1)\n"
+    "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
+    "  --json FILE       write the JSON profile (section \"moe\")\n"
+    "  --csv FILE        write the numbers as CSV\n";
+
+static int usage_err(const char *fmt, const char *a) {
+    fprintf(stderr, "kiln bench moe: error: ");
+    fprintf(stderr, fmt, a);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+static kiln_error *write_json(const char *path, const moe_case *cs, size_t n, int threads) {
+    cJSON *p = kiln_profile_new("moe");
+    cJSON *sec = p ? kiln_profile_section(p, "moe") : NULL;
+    kiln_error *e = sec ? NULL : kiln_errorf(KILN_ENOMEM, "%s", path);
+    for (size_t i = 0; !e && i < n; i++)
+        for (int pass = 0; pass < 2 && !e; pass++) {
+            const moe_case *c = &cs[i];
+            cJSON *r = cJSON_CreateObject();
+            if (!r) {
+                e = kiln_errorf(KILN_ENOMEM, "%s", path);
+                break;
+            }
+            double fl = case_flops(c, pass);
+            cJSON_AddStringToObject(r, "backend", "openblas");
+            cJSON_AddStringToObject(r, "dtype", "fp32");
+            cJSON_AddStringToObject(r, "pass", pass_names[pass]);
+            cJSON_AddNumberToObject(r, "tokens", (double)c->N);
+            cJSON_AddNumberToObject(r, "hidden", (double)c->H);
+            cJSON_AddNumberToObject(r, "inter", (double)c->Iw);
+            cJSON_AddNumberToObject(r, "experts", (double)c->E);
+            cJSON_AddNumberToObject(r, "top_k", (double)c->top);
+            cJSON_AddNumberToObject(r, "slots", (double)(c->N * c->top));
+            cJSON_AddNumberToObject(r, "threads", threads);
+            cJSON_AddNumberToObject(r, "flops", fl);
+            cJSON_AddNumberToObject(r, "time_us", c->us[pass]);
+            cJSON_AddNumberToObject(r, "tflops", fl / (c->us[pass] * 1e-6) / 1e12);
+            cJSON_AddNumberToObject(r, "tokens_per_s", (double)c->N / (c->us[pass] * 1e-6));
+            cJSON_AddItemToArray(sec, r);
+        }
+    if (!e) e = kiln_profile_write(p, path);
+    cJSON_Delete(p);
+    return e;
+}
+
+static kiln_error *write_csv(const char *path, const moe_case *cs, size_t n, int threads) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return kiln_errorf(KILN_ENOMEM, "%s", path);
+    fprintf(f, "backend,dtype,pass,tokens,hidden,inter,experts,top_k,slots,threads,flops,time_us,tflops,"
+               "tokens_per_s\n");
+    for (size_t i = 0; i < n; i++)
+        for (int pass = 0; pass < 2; pass++) {
+            const moe_case *c = &cs[i];
+            double fl = case_flops(c, pass);
+            fprintf(f, "openblas,fp32,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", pass_names[pass],
+                    (long long)c->N, (long long)c->H, (long long)c->Iw, (long long)c->E, (long long)c->top,
+                    (long long)(c->N * c->top), threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e12,
+                    (double)c->N / (c->us[pass] * 1e-6));
+        }
+    fclose(f);
+    kiln_error *e = kiln_write_file_atomic(path, buf, len);
+    free(buf);
+    return e;
+}
+
+int kiln_bench_moe_main(int argc, char **argv) {
+    const char *is = "2048", *es = "16", *ks = "1", *ns = "4096", *json_path = NULL, *csv_path = NULL;
+    long long hidden = 2048, iters = 5, warmup = 1, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        static const char *const valued[] = {"--hidden", "--inter", "--experts", "--top-k",  "--tokens",
+                                             "--iters",  "--warmup", "--threads", "--json", "--csv", NULL};
+        int known = 0;
+        for (int j = 0; valued[j]; j++) known |= !strcmp(a, valued[j]);
+        if (!known) {
+            fprintf(stderr, "kiln bench moe: error: unknown option '%s'\n\n%s", a, usage);
+            return 2;
+        }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return usage_err("%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--inter")) is = v;
+        else if (!strcmp(a, "--experts")) es = v;
+        else if (!strcmp(a, "--top-k")) ks = v;
+        else if (!strcmp(a, "--tokens")) ns = v;
+        else if (!strcmp(a, "--json")) json_path = v;
+        else if (!strcmp(a, "--csv")) csv_path = v;
+        else {
+            char *end;
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            int zero_ok = !strcmp(a, "--warmup");
+            long long hi = !strcmp(a, "--hidden") ? (1LL << 20) : 100000000LL;
+            if (*end || end == v || errno || x < (zero_ok ? 0 : 1) || x > hi) {
+                fprintf(stderr, "kiln bench moe: error: %s '%s': expected an integer in %d..%lld\n", a, v,
+                        zero_ok ? 0 : 1, hi);
+                return 2;
+            }
+            if (!strcmp(a, "--hidden")) hidden = x;
+            else if (!strcmp(a, "--iters")) iters = x;
+            else if (!strcmp(a, "--warmup")) warmup = x;
+            else threads = x;
+        }
+    }
+
+    int64_t *iv = NULL, *ev = NULL, *kv = NULL, *nv = NULL;
+    size_t in = 0, en = 0, kn = 0, nn = 0;
+    kiln_error *e = kiln_gemm_parse_dims(is, "--inter", &iv, &in);
+    if (!e) e = kiln_gemm_parse_dims(es, "--experts", &ev, &en);
+    if (!e) e = kiln_gemm_parse_dims(ks, "--top-k", &kv, &kn);
+    if (!e) e = kiln_gemm_parse_dims(ns, "--tokens", &nv, &nn);
+    moe_case *cs = NULL;
+    size_t ncase = 0;
+    if (!e && in * en * kn * nn > MAX_CASES)
+        e = kiln_errorf(KILN_EINVAL, "%zu shapes (more than %d)", in * en * kn * nn, MAX_CASES);
+    if (!e && !(cs = calloc(in * en * kn * nn, sizeof *cs))) e = kiln_errorf(KILN_ENOMEM, "shapes");
+    double avail = avail_bytes();
+    for (size_t a = 0; !e && a < en; a++)
+        for (size_t b = 0; !e && b < kn; b++) {
+            if (kv[b] > ev[a]) {
+                e = kiln_errorf(KILN_EINVAL, "--top-k %lld exceeds --experts %lld (a token's experts are distinct)",
+                                (long long)kv[b], (long long)ev[a]);
+                break;
+            }
+            for (size_t c = 0; !e && c < in; c++)
+                for (size_t d = 0; !e && d < nn; d++) {
+                    moe_case *x = &cs[ncase++];
+                    x->N = nv[d];
+                    x->H = hidden;
+                    x->Iw = iv[c];
+                    x->E = ev[a];
+                    x->top = kv[b];
+                    double need = kiln_moe_bytes(x->N, x->H, x->Iw, x->E, x->top);
+                    if (avail > 0 && need > 0.8 * avail)
+                        e = kiln_errorf(KILN_EINVAL,
+                                        "tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld needs %.3g GiB "
+                                        "(weights and gradients: 6*experts*hidden*inter floats; activations: "
+                                        "tokens*top_k*(4*hidden+6*inter) floats) but only %.3g GiB is available "
+                                        "(80%% of MemAvailable)",
+                                        (long long)x->N, (long long)x->H, (long long)x->Iw, (long long)x->E,
+                                        (long long)x->top, need / (1 << 30), 0.8 * avail / (1 << 30));
+                    else if ((double)x->N * (double)x->top > (double)INT32_MAX)
+                        e = kiln_errorf(KILN_EINVAL, "tokens=%lld x top_k=%lld: more than 2^31-1 routed slots",
+                                        (long long)x->N, (long long)x->top);
+                }
+        }
+    free(iv); free(ev); free(kv); free(nv);
+    if (e) {
+        fprintf(stderr, "kiln bench moe: error: %s\n", kiln_error_msg(e));
+        kiln_error_free(e);
+        free(cs);
+        return 2;
+    }
+    if (threads > 0) {
+        openblas_set_num_threads((int)threads);
+        omp_set_num_threads((int)threads);
+    }
+    int nthreads = omp_get_max_threads();
+    printf("kiln bench moe: experts through kiln_linear_* (openblas sgemm) + kiln_swiglu_*, fp32, %d threads, "
+           "%lld iterations after %lld warm-up\n",
+           nthreads, iters, warmup);
+    printf("TFLOP/s: forward 6*tokens*top_k*hidden*inter, fwd+bwd 3 x forward; tok/s = tokens / time; "
+           "balanced routing\n");
+    printf("%7s %6s %6s %7s %5s %8s | %10s %9s %11s | %10s %9s %11s\n", "tokens", "hidden", "inter", "experts",
+           "top_k", "per_exp", "fwd ms", "TFLOP/s", "tok/s", "f+b ms", "TFLOP/s", "tok/s");
+    int rc = 0;
+    for (size_t i = 0; i < ncase; i++) {
+        moe_case *c = &cs[i];
+        e = run_case(c, (int)iters, (int)warmup);
+        if (e) {
+            fprintf(stderr, "kiln bench moe: error: %s\n", kiln_error_msg(e));
+            kiln_error_free(e);
+            rc = 1;
+            ncase = i;
+            break;
+        }
+        printf("%7lld %6lld %6lld %7lld %5lld %8.1f | %10.3f %9.4f %11.4g | %10.3f %9.4f %11.4g\n", (long long)c->N,
+               (long long)c->H, (long long)c->Iw, (long long)c->E, (long long)c->top,
+               (double)(c->N * c->top) / (double)c->E, c->us[0] / 1e3, case_flops(c, 0) / (c->us[0] * 1e-6) / 1e12,
+               (double)c->N / (c->us[0] * 1e-6), c->us[1] / 1e3, case_flops(c, 1) / (c->us[1] * 1e-6) / 1e12,
+               (double)c->N / (c->us[1] * 1e-6));
+        fflush(stdout);
+    }
+    if (json_path && !rc && (e = write_json(json_path, cs, ncase, nthreads))) {
+        fprintf(stderr, "kiln bench moe: error: writing profile: %s\n", kiln_error_msg(e));
+        kiln_error_free(e);
+        rc = 1;
+    }
+    if (csv_path && !rc && (e = write_csv(csv_path, cs, ncase, nthreads))) {
+        fprintf(stderr, "kiln bench moe: error: writing CSV: %s\n", kiln_error_msg(e));
+        kiln_error_free(e);
+        rc = 1;
+    }
+    free(cs);
+    return rc;
+}
