@@ -12,46 +12,8 @@
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
 #include "kiln/zaya.h"
+#include "bench_testutil.h"
 #include "test.h"
-
-static int run_main(int (*fn)(int, char **), const char *const *args) {
-    char *argv[64];
-    int argc = 0;
-    while (args[argc] && argc < 63) {
-        argv[argc] = (char *)args[argc];
-        argc++;
-    }
-    argv[argc] = NULL;
-    fflush(stdout);
-    return fn(argc, argv);
-}
-
-static cJSON *load_json(const char *path) {
-    cJSON *j = NULL;
-    kiln_error *e = kiln_json_parse_file(path, &j);
-    if (e) {
-        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
-        kiln_error_free(e);
-        return NULL;
-    }
-    return j;
-}
-
-static double num(const cJSON *o, const char *f) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
-    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
-}
-
-static const char *str(const cJSON *o, const char *f) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
-    return cJSON_IsString(v) ? v->valuestring : "";
-}
-
-static size_t count_sub(const char *hay, const char *needle) {
-    size_t n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
-    return n;
-}
 
 /* ---- membw ---- */
 
@@ -92,15 +54,7 @@ TEST(bench_membw_profile) {
     for (int k = 0; k < 4; k++)
         for (int s = 0; s < 5; s++) CHECK_MSG(seen[k][s] == 1, "%s size %d seen %d times", kernels[k], s, seen[k][s]);
     cJSON_Delete(p);
-    char *text = NULL;
-    size_t len = 0;
-    CHECK_OK(kiln_read_file(csv, &text, &len));
-    if (text) {
-        CHECK(!strncmp(text, "device,kernel,bytes_per_array,threads,gbs_best,gbs_avg\n", 55));
-        CHECK(count_sub(text, "\n") == 21);
-        CHECK(strstr(text, "cpu,triad,65536,2,") != NULL);
-    }
-    free(text);
+    CHECK_CSV(csv, "device,kernel,bytes_per_array,threads,gbs_best,gbs_avg\n", 21, "cpu,triad,65536,2,");
     /* usage errors */
     const char *bad1[] = {"membw", "--min", "4X", NULL};
     CHECK(run_main(kiln_bench_membw_main, bad1) == 2);
@@ -193,14 +147,7 @@ TEST(bench_gemm_small_shapes) {
         i++;
     }
     cJSON_Delete(p);
-    char *text = NULL;
-    size_t len = 0;
-    CHECK_OK(kiln_read_file(csv, &text, &len));
-    if (text) {
-        CHECK(!strncmp(text, "backend,dtype,m,n,k,layout,label,count,time_us,tflops\n", 54));
-        CHECK(count_sub(text, "\n") == 5);
-    }
-    free(text);
+    CHECK_CSV(csv, "backend,dtype,m,n,k,layout,label,count,time_us,tflops\n", 5, NULL);
 
     /* -n and -k left out: square shapes; a sweep of k with m, n fixed */
     const char *sq[] = {"gemm", "-m", "8,16", "--iters", "1", "--json", json, NULL};

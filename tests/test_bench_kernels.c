@@ -10,46 +10,8 @@
 #include "kiln/bench.h"
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
+#include "bench_testutil.h"
 #include "test.h"
-
-static int run_main(int (*fn)(int, char **), const char *const *args) {
-    char *argv[64];
-    int argc = 0;
-    while (args[argc] && argc < 63) {
-        argv[argc] = (char *)args[argc];
-        argc++;
-    }
-    argv[argc] = NULL;
-    fflush(stdout);
-    return fn(argc, argv);
-}
-
-static cJSON *load_json(const char *path) {
-    cJSON *j = NULL;
-    kiln_error *e = kiln_json_parse_file(path, &j);
-    if (e) {
-        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
-        kiln_error_free(e);
-        return NULL;
-    }
-    return j;
-}
-
-static double num(const cJSON *o, const char *f) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
-    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
-}
-
-static const char *str(const cJSON *o, const char *f) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
-    return cJSON_IsString(v) ? v->valuestring : "";
-}
-
-static size_t count_sub(const char *hay, const char *needle) {
-    size_t n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
-    return n;
-}
 
 /* ---- attention ---- */
 
@@ -126,17 +88,8 @@ TEST(bench_attention_profile) {
     }
     CHECK(nfwd == 8 && nfb == 8);
     cJSON_Delete(p);
-    char *text = NULL;
-    size_t len = 0;
-    CHECK_OK(kiln_read_file(csv, &text, &len));
-    if (text) {
-        const char *hdr =
-            "backend,dtype,pass,batch,seq,heads,kv_heads,head_dim,window,threads,flops,time_us,gflops,tokens_per_s\n";
-        CHECK(!strncmp(text, hdr, strlen(hdr)));
-        CHECK(count_sub(text, "\n") == 17);
-        CHECK(strstr(text, "cpu,fp32,fwd_bwd,2,32,4,2,32,6,2,") != NULL);
-    }
-    free(text);
+    CHECK_CSV(csv, "backend,dtype,pass,batch,seq,heads,kv_heads,head_dim,window,threads,flops,time_us,gflops,tokens_per_s\n",
+              17, "cpu,fp32,fwd_bwd,2,32,4,2,32,6,2,");
 }
 
 TEST(bench_attention_usage_errors) {
@@ -259,17 +212,8 @@ TEST(bench_moe_profile) {
     }
     CHECK(nfb == 8);
     cJSON_Delete(p);
-    char *text = NULL;
-    size_t len = 0;
-    CHECK_OK(kiln_read_file(csv, &text, &len));
-    if (text) {
-        const char *hdr =
-            "backend,dtype,pass,tokens,hidden,inter,experts,top_k,slots,threads,flops,time_us,tflops,tokens_per_s\n";
-        CHECK(!strncmp(text, hdr, strlen(hdr)));
-        CHECK(count_sub(text, "\n") == 17);
-        CHECK(strstr(text, "openblas,fp32,fwd_bwd,40,64,48,4,2,80,2,") != NULL);
-    }
-    free(text);
+    CHECK_CSV(csv, "backend,dtype,pass,tokens,hidden,inter,experts,top_k,slots,threads,flops,time_us,tflops,tokens_per_s\n",
+              17, "openblas,fp32,fwd_bwd,40,64,48,4,2,80,2,");
 }
 
 TEST(bench_moe_usage_errors) {
