@@ -2,21 +2,17 @@
  * forward + backward, over head dim, heads, KV heads and sequence length (causal GQA, optional
  * sliding window). Today that kernel is the CPU reference kiln_attention_forward/backward
  * (src/nn/attention.c); the CUDA kernels replace it later behind the same entry point. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include <cblas.h>
 #include <omp.h>
 
+#include "bench_util.h"
 #include "gemm_shapes.h"
 #include "kernel_formulas.h"
 #include "kiln/bench.h"
-#include "kiln/fsutil.h"
 #include "kiln/nn.h"
 
 #define MAX_CASES 4096
@@ -41,48 +37,10 @@ double kiln_attn_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     return 4.0 * (4.0 * b * t * (double)H * (double)D + 4.0 * b * t * (double)KV * (double)D + b * (double)H * t * t);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double avail_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            unsigned long long kb;
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (double)kb * 1024.0;
-            }
-        }
-        fclose(f);
-    }
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
-}
-
-/* Deterministic values in [-1, 1) */
-static void fill(float *x, int64_t n, uint32_t salt) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)((((uint64_t)i + salt) * 2654435761u) % 2000) * 1e-3f - 1.0f;
-}
-
-static int all_finite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 1 + n / 211)
-        if (!isfinite(x[i])) return 0;
-    return isfinite(x[n - 1]);
-}
-
 typedef struct {
     int64_t B, T, H, KV, D, window;
     double us[2]; /* mean microseconds: fwd, fwd_bwd */
 } attn_case;
-
-static const char *const pass_names[2] = {"fwd", "fwd_bwd"};
 
 static double case_flops(const attn_case *c, int pass) {
     return pass ? kiln_attn_flops_fwd_bwd(c->B, c->H, c->D, c->T, c->window)
@@ -104,16 +62,16 @@ static kiln_error *run_case(attn_case *c, int iters, int warmup) {
                         kiln_attn_bytes(c->B, c->T, c->H, c->KV, c->D) / (1 << 30));
         goto done;
     }
-    fill(q, nq, 1);
-    fill(k, nk, 2);
-    fill(v, nk, 3);
-    fill(dout, nq, 4);
+    kiln_bench_fill(q, nq, 1, 1.0f);
+    kiln_bench_fill(k, nk, 2, 1.0f);
+    kiln_bench_fill(v, nk, 3, 1.0f);
+    kiln_bench_fill(dout, nq, 4, 1.0f);
     kiln_attn_shape s = {c->B, c->T, c->T, c->T, c->H, c->KV, c->D, c->window, 1.0f / sqrtf((float)c->D)};
     double tot = 0;
     for (int i = 0; i < warmup + iters; i++) {
-        double t0 = now_s();
+        double t0 = kiln_bench_now_s();
         kiln_attention_forward(out, probs, q, k, v, &s);
-        double t = now_s() - t0;
+        double t = kiln_bench_now_s() - t0;
         if (i >= warmup) tot += t;
     }
     c->us[0] = tot / iters * 1e6;
@@ -122,14 +80,15 @@ static kiln_error *run_case(attn_case *c, int iters, int warmup) {
         memset(dq, 0, (size_t)nq * sizeof *dq); /* the trainer's gradients start at zero */
         memset(dk, 0, (size_t)nk * sizeof *dk);
         memset(dv, 0, (size_t)nk * sizeof *dv);
-        double t0 = now_s();
+        double t0 = kiln_bench_now_s();
         kiln_attention_forward(out, probs, q, k, v, &s);
         kiln_attention_backward(dq, dk, dv, dout, probs, q, k, v, &s);
-        double t = now_s() - t0;
+        double t = kiln_bench_now_s() - t0;
         if (i >= warmup) tot += t;
     }
     c->us[1] = tot / iters * 1e6;
-    if (!all_finite(out, nq) || !all_finite(dq, nq) || !all_finite(dk, nk) || !all_finite(dv, nk))
+    if (!kiln_bench_all_finite(out, nq) || !kiln_bench_all_finite(dq, nq) || !kiln_bench_all_finite(dk, nk) ||
+        !kiln_bench_all_finite(dv, nk))
         e = kiln_errorf(KILN_EINVAL, "attention B=%lld T=%lld H=%lld KV=%lld D=%lld: result is not finite",
                         (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->KV, (long long)c->D);
 done:
@@ -160,89 +119,53 @@ static const char usage[] =
     "  --json FILE       write the JSON profile (section \"attention\")\n"
     "  --csv FILE        write the numbers as CSV\n";
 
-static int usage_err(const char *fmt, const char *a) {
-    fprintf(stderr, "kiln bench attention: error: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n");
-    return 2;
+/* Records and CSV rows: one per shape and pass. */
+typedef struct {
+    const attn_case *cs;
+    int threads;
+} attn_out;
+
+static void json_record(cJSON *r, size_t i, const void *ctx) {
+    const attn_out *o = ctx;
+    const attn_case *c = &o->cs[i / 2];
+    int pass = (int)(i % 2);
+    double fl = case_flops(c, pass);
+    cJSON_AddStringToObject(r, "backend", "cpu");
+    cJSON_AddStringToObject(r, "dtype", "fp32");
+    cJSON_AddStringToObject(r, "pass", kiln_bench_pass_names[pass]);
+    cJSON_AddNumberToObject(r, "batch", (double)c->B);
+    cJSON_AddNumberToObject(r, "seq", (double)c->T);
+    cJSON_AddNumberToObject(r, "heads", (double)c->H);
+    cJSON_AddNumberToObject(r, "kv_heads", (double)c->KV);
+    cJSON_AddNumberToObject(r, "head_dim", (double)c->D);
+    cJSON_AddNumberToObject(r, "window", (double)c->window);
+    cJSON_AddNumberToObject(r, "threads", o->threads);
+    cJSON_AddNumberToObject(r, "flops", fl);
+    cJSON_AddNumberToObject(r, "time_us", c->us[pass]);
+    cJSON_AddNumberToObject(r, "gflops", fl / (c->us[pass] * 1e-6) / 1e9);
+    cJSON_AddNumberToObject(r, "tokens_per_s", (double)(c->B * c->T) / (c->us[pass] * 1e-6));
 }
 
-static kiln_error *write_json(const char *path, const attn_case *cs, size_t n, int threads) {
-    cJSON *p = kiln_profile_new("attention");
-    cJSON *sec = p ? kiln_profile_section(p, "attention") : NULL;
-    kiln_error *e = sec ? NULL : kiln_errorf(KILN_ENOMEM, "%s", path);
-    for (size_t i = 0; !e && i < n; i++)
-        for (int pass = 0; pass < 2 && !e; pass++) {
-            const attn_case *c = &cs[i];
-            cJSON *r = cJSON_CreateObject();
-            if (!r) {
-                e = kiln_errorf(KILN_ENOMEM, "%s", path);
-                break;
-            }
-            double fl = case_flops(c, pass);
-            cJSON_AddStringToObject(r, "backend", "cpu");
-            cJSON_AddStringToObject(r, "dtype", "fp32");
-            cJSON_AddStringToObject(r, "pass", pass_names[pass]);
-            cJSON_AddNumberToObject(r, "batch", (double)c->B);
-            cJSON_AddNumberToObject(r, "seq", (double)c->T);
-            cJSON_AddNumberToObject(r, "heads", (double)c->H);
-            cJSON_AddNumberToObject(r, "kv_heads", (double)c->KV);
-            cJSON_AddNumberToObject(r, "head_dim", (double)c->D);
-            cJSON_AddNumberToObject(r, "window", (double)c->window);
-            cJSON_AddNumberToObject(r, "threads", threads);
-            cJSON_AddNumberToObject(r, "flops", fl);
-            cJSON_AddNumberToObject(r, "time_us", c->us[pass]);
-            cJSON_AddNumberToObject(r, "gflops", fl / (c->us[pass] * 1e-6) / 1e9);
-            cJSON_AddNumberToObject(r, "tokens_per_s", (double)(c->B * c->T) / (c->us[pass] * 1e-6));
-            cJSON_AddItemToArray(sec, r);
-        }
-    if (!e) e = kiln_profile_write(p, path);
-    cJSON_Delete(p);
-    return e;
-}
-
-static kiln_error *write_csv(const char *path, const attn_case *cs, size_t n, int threads) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return kiln_errorf(KILN_ENOMEM, "%s", path);
-    fprintf(f, "backend,dtype,pass,batch,seq,heads,kv_heads,head_dim,window,threads,flops,time_us,gflops,"
-               "tokens_per_s\n");
-    for (size_t i = 0; i < n; i++)
-        for (int pass = 0; pass < 2; pass++) {
-            const attn_case *c = &cs[i];
-            double fl = case_flops(c, pass);
-            fprintf(f, "cpu,fp32,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", pass_names[pass],
-                    (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->KV, (long long)c->D,
-                    (long long)c->window, threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e9,
-                    (double)(c->B * c->T) / (c->us[pass] * 1e-6));
-        }
-    fclose(f);
-    kiln_error *e = kiln_write_file_atomic(path, buf, len);
-    free(buf);
-    return e;
+static void csv_row(FILE *f, size_t i, const void *ctx) {
+    const attn_out *o = ctx;
+    const attn_case *c = &o->cs[i / 2];
+    int pass = (int)(i % 2);
+    double fl = case_flops(c, pass);
+    fprintf(f, "cpu,fp32,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", kiln_bench_pass_names[pass],
+            (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->KV, (long long)c->D,
+            (long long)c->window, o->threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e9,
+            (double)(c->B * c->T) / (c->us[pass] * 1e-6));
 }
 
 int kiln_bench_attention_main(int argc, char **argv) {
     const char *ds = "128", *hs = "8", *kvs = "2", *ts = "512,1024,2048", *json_path = NULL, *csv_path = NULL;
     long long batch = 1, window = 0, iters = 5, warmup = 1, threads = 0;
+    static const char *const valued[] = {"--head-dim", "--heads", "--kv-heads", "--seq", "--batch", "--window",
+                                         "--iters", "--warmup", "--threads", "--json", "--csv", NULL};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        static const char *const valued[] = {"--head-dim", "--heads", "--kv-heads", "--seq", "--batch", "--window",
-                                             "--iters", "--warmup", "--threads", "--json", "--csv", NULL};
-        int known = 0;
-        for (int j = 0; valued[j]; j++) known |= !strcmp(a, valued[j]);
-        if (!known) {
-            fprintf(stderr, "kiln bench attention: error: unknown option '%s'\n\n%s", a, usage);
-            return 2;
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) return usage_err("%s needs a value", a);
-        i++;
+        const char *a, *v;
+        int r = kiln_bench_flag(argc, argv, &i, "attention", usage, valued, &a, &v);
+        if (r >= 0) return r;
         if (!strcmp(a, "--head-dim")) ds = v;
         else if (!strcmp(a, "--heads")) hs = v;
         else if (!strcmp(a, "--kv-heads")) kvs = v;
@@ -250,16 +173,10 @@ int kiln_bench_attention_main(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
         else {
-            char *end;
-            errno = 0;
-            long long x = strtoll(v, &end, 10);
+            long long x;
             int zero_ok = !strcmp(a, "--window") || !strcmp(a, "--warmup");
             long long hi = !strcmp(a, "--window") ? (1LL << 40) : !strcmp(a, "--batch") ? (1LL << 20) : 100000000LL;
-            if (*end || end == v || errno || x < (zero_ok ? 0 : 1) || x > hi) {
-                fprintf(stderr, "kiln bench attention: error: %s '%s': expected an integer in %d..%lld\n", a, v,
-                        zero_ok ? 0 : 1, hi);
-                return 2;
-            }
+            if ((r = kiln_bench_parse_int("attention", a, v, zero_ok ? 0 : 1, hi, &x)) >= 0) return r;
             if (!strcmp(a, "--batch")) batch = x;
             else if (!strcmp(a, "--window")) window = x;
             else if (!strcmp(a, "--iters")) iters = x;
@@ -279,7 +196,7 @@ int kiln_bench_attention_main(int argc, char **argv) {
     if (!e && dn * hn * kvn * tn > MAX_CASES)
         e = kiln_errorf(KILN_EINVAL, "%zu shapes (more than %d)", dn * hn * kvn * tn, MAX_CASES);
     if (!e && !(cs = calloc(dn * hn * kvn * tn, sizeof *cs))) e = kiln_errorf(KILN_ENOMEM, "shapes");
-    double avail = avail_bytes();
+    double avail = kiln_bench_avail_bytes();
     for (size_t a = 0; !e && a < hn; a++)
         for (size_t b = 0; !e && b < kvn; b++) {
             if (hv[a] % kvv[b]) {
@@ -310,29 +227,24 @@ int kiln_bench_attention_main(int argc, char **argv) {
         }
     free(dv); free(hv); free(kvv); free(tv);
     if (e) {
-        fprintf(stderr, "kiln bench attention: error: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
+        kiln_bench_fail("attention", NULL, e);
         free(cs);
         return 2;
     }
-    if (threads > 0) {
-        openblas_set_num_threads((int)threads);
-        omp_set_num_threads((int)threads);
-    }
+    kiln_bench_set_threads(threads);
     int nthreads = omp_get_max_threads();
     printf("kiln bench attention: cpu reference (kiln_attention_forward/backward), fp32, %d threads, %lld "
            "iterations after %lld warm-up\n",
            nthreads, iters, warmup);
     printf("GFLOP/s: forward 4*B*H*D*pairs (causal pairs T(T+1)/2), fwd+bwd 3.5 x forward; tok/s = B*T / time\n");
-    printf("%5s %7s %4s %4s %5s %7s | %10s %9s %11s | %10s %9s %11s\n", "B", "T", "H", "KV", "D", "window",
-           "fwd ms", "GFLOP/s", "tok/s", "f+b ms", "GFLOP/s", "tok/s");
+    printf("%5s %7s %4s %4s %5s %7s", "B", "T", "H", "KV", "D", "window");
+    kiln_bench_pass_header("GFLOP/s");
     int rc = 0;
     for (size_t i = 0; i < ncase; i++) {
         attn_case *c = &cs[i];
         e = run_case(c, (int)iters, (int)warmup);
         if (e) {
-            fprintf(stderr, "kiln bench attention: error: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
+            kiln_bench_fail("attention", NULL, e);
             rc = 1;
             ncase = i;
             break;
@@ -340,23 +252,18 @@ int kiln_bench_attention_main(int argc, char **argv) {
         char win[24];
         if (c->window) snprintf(win, sizeof win, "%lld", (long long)c->window);
         else snprintf(win, sizeof win, "-");
-        printf("%5lld %7lld %4lld %4lld %5lld %7s | %10.3f %9.2f %11.4g | %10.3f %9.2f %11.4g\n", (long long)c->B,
-               (long long)c->T, (long long)c->H, (long long)c->KV, (long long)c->D, win, c->us[0] / 1e3,
-               case_flops(c, 0) / (c->us[0] * 1e-6) / 1e9, (double)(c->B * c->T) / (c->us[0] * 1e-6),
-               c->us[1] / 1e3, case_flops(c, 1) / (c->us[1] * 1e-6) / 1e9,
-               (double)(c->B * c->T) / (c->us[1] * 1e-6));
+        printf("%5lld %7lld %4lld %4lld %5lld %7s", (long long)c->B, (long long)c->T, (long long)c->H,
+               (long long)c->KV, (long long)c->D, win);
+        const double fl[2] = {case_flops(c, 0), case_flops(c, 1)};
+        kiln_bench_pass_row(c->us, fl, (double)(c->B * c->T), 1e9, 2);
         fflush(stdout);
     }
-    if (json_path && !rc && (e = write_json(json_path, cs, ncase, nthreads))) {
-        fprintf(stderr, "kiln bench attention: error: writing profile: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
-        rc = 1;
-    }
-    if (csv_path && !rc && (e = write_csv(csv_path, cs, ncase, nthreads))) {
-        fprintf(stderr, "kiln bench attention: error: writing CSV: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
-        rc = 1;
-    }
+    attn_out out = {cs, nthreads};
+    const kiln_bench_output o = {"attention", 2 * ncase, &out, json_record, NULL,
+                                 "backend,dtype,pass,batch,seq,heads,kv_heads,head_dim,window,threads,flops,time_us,"
+                                 "gflops,tokens_per_s\n",
+                                 csv_row};
+    if (!rc) rc = kiln_bench_write_outputs(&o, json_path, csv_path);
     free(cs);
     return rc;
 }

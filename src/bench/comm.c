@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_util.h"
 #include "bench/comm_formulas.h"
 #include "kiln/bench.h"
 #include "kiln/comm.h"
@@ -580,8 +581,7 @@ int kiln_bench_comm_main(int argc, char **argv) {
     kiln_comm *c = NULL;
     kiln_error *e = kiln_comm_init(&argc, &argv, &c);
     if (e) {
-        fprintf(stderr, "kiln bench comm: error: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
+        kiln_bench_fail("comm", NULL, e);
         return 1;
     }
     int wrong = 0;

@@ -6,15 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cblas.h>
 #include <omp.h>
 
+#include "bench_util.h"
 #include "gemm_shapes.h"
 #include "kiln/bench.h"
 #include "kiln/cuda.h"
-#include "kiln/fsutil.h"
 #include "kiln/json.h"
 #include "kiln/train.h"
 
@@ -220,12 +219,6 @@ kiln_error *kiln_gemm_model_load(const char *path, kiln_gemm_model *out) {
 
 /* ---- timing ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Mean microseconds of one sgemm of shape s over `iters` runs after `warmup` runs. */
 static kiln_error *time_gemm(const kiln_gemm_shape *s, int iters, int warmup, double *us) {
     size_t na = (size_t)s->m * (size_t)s->k, nb = (size_t)s->k * (size_t)s->n, nc = (size_t)s->m * (size_t)s->n;
@@ -241,10 +234,10 @@ static kiln_error *time_gemm(const kiln_gemm_shape *s, int iters, int warmup, do
     const int lda = (int)(ta ? s->m : s->k), ldb = (int)(tb ? s->k : s->n);
     double total = 0;
     for (int i = 0; i < warmup + iters; i++) {
-        double t0 = now_s();
+        double t0 = kiln_bench_now_s();
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)s->m,
                     (int)s->n, (int)s->k, 1.0f, A, lda, B, ldb, 0.0f, C, (int)s->n);
-        double t = now_s() - t0;
+        double t = kiln_bench_now_s() - t0;
         if (i >= warmup) total += t;
     }
     int finite = isfinite(C[0]) && isfinite(C[nc - 1]);
@@ -278,34 +271,64 @@ static const char usage[] =
     "  --json FILE       write the JSON profile (section \"gemm\")\n"
     "  --csv FILE        write the numbers as CSV\n";
 
-static int usage_err(const char *fmt, const char *a) {
-    fprintf(stderr, "kiln bench gemm: error: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n");
-    return 2;
+/* Records and CSV rows: one per shape. */
+typedef struct {
+    const kiln_gemm_shape *shapes;
+    const double *us;
+    const char *backend, *dtype, *model;
+    const kiln_gemm_model *gm;
+    int64_t tokens;
+    double tot_us, tot_flops;
+} gemm_out;
+
+static void json_record(cJSON *r, size_t i, const void *ctx) {
+    const gemm_out *o = ctx;
+    const kiln_gemm_shape *s = &o->shapes[i];
+    cJSON_AddStringToObject(r, "backend", o->backend);
+    cJSON_AddStringToObject(r, "dtype", o->dtype);
+    cJSON_AddNumberToObject(r, "m", (double)s->m);
+    cJSON_AddNumberToObject(r, "n", (double)s->n);
+    cJSON_AddNumberToObject(r, "k", (double)s->k);
+    cJSON_AddStringToObject(r, "layout", s->layout);
+    cJSON_AddStringToObject(r, "label", s->label);
+    cJSON_AddNumberToObject(r, "count", (double)s->count);
+    cJSON_AddNumberToObject(r, "time_us", o->us[i]);
+    cJSON_AddNumberToObject(r, "tflops", kiln_gemm_flops(s->m, s->n, s->k) / (o->us[i] * 1e-6) / 1e12);
+}
+
+/* With --model: the step's totals. */
+static void json_model(cJSON *p, const void *ctx) {
+    const gemm_out *o = ctx;
+    if (!o->model) return;
+    cJSON *mo = cJSON_AddObjectToObject(p, "gemm_model");
+    if (mo) {
+        cJSON_AddStringToObject(mo, "config", o->model);
+        cJSON_AddNumberToObject(mo, "tokens", (double)o->tokens);
+        cJSON_AddNumberToObject(mo, "micro_batch", (double)o->gm->micro_batch);
+        cJSON_AddNumberToObject(mo, "seq_len", (double)o->gm->seq_len);
+        cJSON_AddNumberToObject(mo, "step_time_us", o->tot_us);
+        cJSON_AddNumberToObject(mo, "step_tflops", o->tot_flops / (o->tot_us * 1e-6) / 1e12);
+    }
+}
+
+static void csv_row(FILE *f, size_t i, const void *ctx) {
+    const gemm_out *o = ctx;
+    const kiln_gemm_shape *s = &o->shapes[i];
+    fprintf(f, "%s,%s,%lld,%lld,%lld,%s,\"%s\",%lld,%.3f,%.6g\n", o->backend, o->dtype, (long long)s->m,
+            (long long)s->n, (long long)s->k, s->layout, s->label, (long long)s->count, o->us[i],
+            kiln_gemm_flops(s->m, s->n, s->k) / (o->us[i] * 1e-6) / 1e12);
 }
 
 int kiln_bench_gemm_main(int argc, char **argv) {
     const char *ms = NULL, *ns = NULL, *ks = NULL, *sweep = NULL, *model = NULL, *json_path = NULL, *csv_path = NULL;
     const char *dtype = NULL, *device = "cpu";
     long iters = 10, warmup = 2, threads = 0, mb = 0, sl = 0;
+    static const char *const valued[] = {"-m", "-n", "-k", "--sweep", "--model", "--json", "--csv", "--dtype",
+                                         "--device", "--iters", "--warmup", "--threads", "--micro-batch", "--seq-len", NULL};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        static const char *const valued[] = {"-m", "-n", "-k", "--sweep", "--model", "--json", "--csv", "--dtype",
-                                             "--device", "--iters", "--warmup", "--threads", "--micro-batch", "--seq-len", NULL};
-        int known = 0;
-        for (int j = 0; valued[j]; j++) known |= !strcmp(a, valued[j]);
-        if (!known) {
-            fprintf(stderr, "kiln bench gemm: error: unknown option '%s'\n\n%s", a, usage);
-            return 2;
-        }
-        if (!v) return usage_err("%s needs a value", a);
-        i++;
+        const char *a, *v;
+        int r = kiln_bench_flag(argc, argv, &i, "gemm", usage, valued, &a, &v);
+        if (r >= 0) return r;
         if (!strcmp(a, "-m")) ms = v;
         else if (!strcmp(a, "-n")) ns = v;
         else if (!strcmp(a, "-k")) ks = v;
@@ -321,7 +344,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
             long x = strtol(v, &end, 10);
             int lo = !strcmp(a, "--warmup") ? 0 : 1;
             if (*end || end == v || errno || x < lo || x > 100000000)
-                return usage_err("%s: expected a non-negative integer", a);
+                return kiln_bench_usage_err("gemm", "%s: expected a non-negative integer", a);
             if (!strcmp(a, "--iters")) iters = x;
             else if (!strcmp(a, "--warmup")) warmup = x;
             else if (!strcmp(a, "--threads")) threads = x;
@@ -330,27 +353,24 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         }
     }
     const int gpu = !strcmp(device, "cuda");
-    if (!gpu && strcmp(device, "cpu")) return usage_err("--device '%s': expected cpu or cuda", device);
+    if (!gpu && strcmp(device, "cpu")) return kiln_bench_usage_err("gemm", "--device '%s': expected cpu or cuda", device);
     if (!dtype) dtype = gpu ? "bf16" : "fp32";
     kiln_cuda_gemm_type gtype = KILN_CUDA_BF16;
     if (gpu) {
         kiln_error *pe = kiln_cuda_gemm_type_parse(dtype, &gtype);
         if (pe) {
-            fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(pe));
-            kiln_error_free(pe);
+            kiln_bench_fail("gemm", NULL, pe);
             return 2;
         }
     } else if (strcmp(dtype, "fp32")) {
         if (!strcmp(dtype, "bf16") || !strcmp(dtype, "fp16") || !strcmp(dtype, "fp8"))
-            return usage_err("--dtype %s: only fp32 on the CPU (OpenBLAS); use --device cuda for bf16/fp16", dtype);
-        return usage_err("--dtype '%s': expected fp32", dtype);
+            return kiln_bench_usage_err("gemm", "--dtype %s: only fp32 on the CPU (OpenBLAS); use --device cuda for bf16/fp16",
+                                        dtype);
+        return kiln_bench_usage_err("gemm", "--dtype '%s': expected fp32", dtype);
     }
     const char *backend = gpu ? "cublaslt" : "openblas";
-    if (model && sweep) return usage_err("%s", "--model and --sweep exclude each other");
-    if (threads > 0) {
-        openblas_set_num_threads((int)threads);
-        omp_set_num_threads((int)threads);
-    }
+    if (model && sweep) return kiln_bench_usage_err("gemm", "%s", "--model and --sweep exclude each other");
+    kiln_bench_set_threads(threads);
 
     kiln_gemm_shape *shapes = NULL;
     size_t nshapes = 0;
@@ -424,8 +444,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
     free(nv);
     free(kv);
     if (e) {
-        fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
+        kiln_bench_fail("gemm", NULL, e);
         free(shapes);
         return 2;
     }
@@ -439,8 +458,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         kiln_cuda_info gi;
         kiln_error *ie = kiln_cuda_device_info(&gi);
         if (ie) {
-            fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(ie));
-            kiln_error_free(ie);
+            kiln_bench_fail("gemm", NULL, ie);
             free(shapes);
             free(us);
             return 1;
@@ -462,8 +480,7 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         e = gpu ? kiln_cuda_gemm_time(gtype, s->m, s->n, s->k, s->layout, (int)iters, (int)warmup, &us[i])
                 : time_gemm(s, (int)iters, (int)warmup, &us[i]);
         if (e) {
-            fprintf(stderr, "kiln bench gemm: error: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
+            kiln_bench_fail("gemm", NULL, e);
             rc = 1;
             nshapes = i;
             break;
@@ -484,68 +501,10 @@ int kiln_bench_gemm_main(int argc, char **argv) {
             printf("per optimizer step (grad_accum %lld): %.3f ms of GEMMs\n", (long long)gm.grad_accum,
                    tot_us * (double)gm.grad_accum / 1e3);
     }
-    if (json_path && !rc) {
-        cJSON *p = kiln_profile_new("gemm");
-        cJSON *sec = p ? kiln_profile_section(p, "gemm") : NULL;
-        e = sec ? NULL : kiln_errorf(KILN_ENOMEM, "%s", json_path);
-        for (size_t i = 0; !e && i < nshapes; i++) {
-            const kiln_gemm_shape *s = &shapes[i];
-            cJSON *r = cJSON_CreateObject();
-            if (!r) { e = kiln_errorf(KILN_ENOMEM, "%s", json_path); break; }
-            cJSON_AddStringToObject(r, "backend", backend);
-            cJSON_AddStringToObject(r, "dtype", dtype);
-            cJSON_AddNumberToObject(r, "m", (double)s->m);
-            cJSON_AddNumberToObject(r, "n", (double)s->n);
-            cJSON_AddNumberToObject(r, "k", (double)s->k);
-            cJSON_AddStringToObject(r, "layout", s->layout);
-            cJSON_AddStringToObject(r, "label", s->label);
-            cJSON_AddNumberToObject(r, "count", (double)s->count);
-            cJSON_AddNumberToObject(r, "time_us", us[i]);
-            cJSON_AddNumberToObject(r, "tflops", kiln_gemm_flops(s->m, s->n, s->k) / (us[i] * 1e-6) / 1e12);
-            cJSON_AddItemToArray(sec, r);
-        }
-        if (!e && model) {
-            cJSON *mo = cJSON_AddObjectToObject(p, "gemm_model");
-            if (mo) {
-                cJSON_AddStringToObject(mo, "config", model);
-                cJSON_AddNumberToObject(mo, "tokens", (double)tokens);
-                cJSON_AddNumberToObject(mo, "micro_batch", (double)gm.micro_batch);
-                cJSON_AddNumberToObject(mo, "seq_len", (double)gm.seq_len);
-                cJSON_AddNumberToObject(mo, "step_time_us", tot_us);
-                cJSON_AddNumberToObject(mo, "step_tflops", tot_flops / (tot_us * 1e-6) / 1e12);
-            }
-        }
-        if (!e) e = kiln_profile_write(p, json_path);
-        cJSON_Delete(p);
-        if (e) {
-            fprintf(stderr, "kiln bench gemm: error: writing profile: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
-            rc = 1;
-        }
-    }
-    if (csv_path && !rc) {
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-        e = f ? NULL : kiln_errorf(KILN_ENOMEM, "%s", csv_path);
-        if (f) {
-            fprintf(f, "backend,dtype,m,n,k,layout,label,count,time_us,tflops\n");
-            for (size_t i = 0; i < nshapes; i++) {
-                const kiln_gemm_shape *s = &shapes[i];
-                fprintf(f, "%s,%s,%lld,%lld,%lld,%s,\"%s\",%lld,%.3f,%.6g\n", backend, dtype, (long long)s->m,
-                        (long long)s->n, (long long)s->k, s->layout, s->label, (long long)s->count, us[i],
-                        kiln_gemm_flops(s->m, s->n, s->k) / (us[i] * 1e-6) / 1e12);
-            }
-            fclose(f);
-            e = kiln_write_file_atomic(csv_path, buf, len);
-        }
-        free(buf);
-        if (e) {
-            fprintf(stderr, "kiln bench gemm: error: writing CSV: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
-            rc = 1;
-        }
-    }
+    gemm_out out = {shapes, us, backend, dtype, model, &gm, tokens, tot_us, tot_flops};
+    const kiln_bench_output o = {"gemm", nshapes, &out, json_record, json_model,
+                                 "backend,dtype,m,n,k,layout,label,count,time_us,tflops\n", csv_row};
+    if (!rc) rc = kiln_bench_write_outputs(&o, json_path, csv_path);
     free(us);
     free(shapes);
     return rc;

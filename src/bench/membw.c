@@ -11,13 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <omp.h>
 
+#include "bench_util.h"
 #include "kiln/bench.h"
-#include "kiln/fsutil.h"
 
 static const char usage[] =
     "usage: kiln bench membw [options]\n\n"
@@ -66,32 +64,9 @@ static void fmt_bytes(char *buf, size_t cap, double b) {
     else snprintf(buf, cap, "%.0f B", b);
 }
 
-static double avail_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            unsigned long long kb;
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (double)kb * 1024.0;
-            }
-        }
-        fclose(f);
-    }
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One timed sample: `reps` runs of kernel k over n doubles; returns seconds. */
 static double run_kernel(int k, double *a, double *b, double *c, int64_t n, int64_t reps, double s) {
-    double t0 = now_s();
+    double t0 = kiln_bench_now_s();
 #pragma omp parallel
     {
         for (int64_t r = 0; r < reps; r++) {
@@ -116,7 +91,7 @@ static double run_kernel(int k, double *a, double *b, double *c, int64_t n, int6
             __asm__ __volatile__("" ::: "memory"); /* keep every repetition */
         }
     }
-    return now_s() - t0;
+    return kiln_bench_now_s() - t0;
 }
 
 typedef struct {
@@ -125,73 +100,72 @@ typedef struct {
     double best_s, avg_s, moved; /* per sample: bytes moved = reps * arrays * bytes */
 } result;
 
+/* Records and CSV rows: one per size and kernel. */
+typedef struct {
+    const result *res;
+    int threads;
+} membw_out;
+
+static void json_record(cJSON *r, size_t i, const void *ctx) {
+    const membw_out *o = ctx;
+    const result *R = &o->res[i];
+    cJSON_AddStringToObject(r, "device", "cpu");
+    cJSON_AddStringToObject(r, "kernel", kernel_names[R->kernel]);
+    cJSON_AddNumberToObject(r, "bytes_per_array", (double)R->bytes);
+    cJSON_AddNumberToObject(r, "threads", o->threads);
+    cJSON_AddNumberToObject(r, "gbs_best", R->moved / R->best_s / 1e9);
+    cJSON_AddNumberToObject(r, "gbs_avg", R->moved / R->avg_s / 1e9);
+}
+
+static void csv_row(FILE *f, size_t i, const void *ctx) {
+    const membw_out *o = ctx;
+    const result *R = &o->res[i];
+    fprintf(f, "cpu,%s,%zu,%d,%.6g,%.6g\n", kernel_names[R->kernel], R->bytes, o->threads,
+            R->moved / R->best_s / 1e9, R->moved / R->avg_s / 1e9);
+}
+
 int kiln_bench_membw_gpu(int argc, char **argv); /* membw_gpu.c */
 
 int kiln_bench_membw_main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--device")) {
             if (!strcmp(argv[i + 1], "cuda")) return kiln_bench_membw_gpu(argc, argv);
-            if (strcmp(argv[i + 1], "cpu")) {
-                fprintf(stderr, "kiln bench membw: error: --device '%s': expected cpu or cuda\n", argv[i + 1]);
-                return 2;
-            }
+            if (strcmp(argv[i + 1], "cpu"))
+                return kiln_bench_usage_err("membw", "--device '%s': expected cpu or cuda", argv[i + 1]);
         }
     size_t min_b = 4096, max_b = (size_t)2 << 30;
     double factor = 2;
     long iters = 10, threads = 0;
     const char *json_path = NULL, *csv_path = NULL;
+    static const char *const valued[] = {"--device", "--min",     "--max",  "--factor",
+                                         "--iters",  "--threads", "--json", "--csv",    NULL};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        int takes = !strcmp(a, "--device") || !strcmp(a, "--min") || !strcmp(a, "--max") || !strcmp(a, "--factor") || !strcmp(a, "--iters") ||
-                    !strcmp(a, "--threads") || !strcmp(a, "--json") || !strcmp(a, "--csv");
-        if (!takes) {
-            fprintf(stderr, "kiln bench membw: error: unknown option '%s'\n\n%s", a, usage);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "kiln bench membw: error: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
+        const char *a, *v;
+        int r = kiln_bench_flag(argc, argv, &i, "membw", usage, valued, &a, &v);
+        if (r >= 0) return r;
         char *end;
         if (!strcmp(a, "--device")) {
             continue; /* cpu */
         } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
-            if (parse_size(v, !strcmp(a, "--min") ? &min_b : &max_b)) {
-                fprintf(stderr, "kiln bench membw: error: %s '%s': expected a size >= 64 bytes like 4K, 64M, 2G\n", a, v);
-                return 2;
-            }
+            if (parse_size(v, !strcmp(a, "--min") ? &min_b : &max_b))
+                return kiln_bench_usage_err("membw", "%s '%s': expected a size >= 64 bytes like 4K, 64M, 2G", a, v);
         } else if (!strcmp(a, "--factor")) {
             factor = strtod(v, &end);
-            if (*end || end == v || !(factor > 1.0) || factor > 1e6) {
-                fprintf(stderr, "kiln bench membw: error: --factor '%s': expected a number > 1\n", v);
-                return 2;
-            }
+            if (*end || end == v || !(factor > 1.0) || factor > 1e6)
+                return kiln_bench_usage_err("membw", "--factor '%s': expected a number > 1", v);
         } else if (!strcmp(a, "--iters") || !strcmp(a, "--threads")) {
             long n = strtol(v, &end, 10);
-            if (*end || end == v || n < 1 || n > 1000000) {
-                fprintf(stderr, "kiln bench membw: error: %s '%s': expected a positive integer\n", a, v);
-                return 2;
-            }
+            if (*end || end == v || n < 1 || n > 1000000)
+                return kiln_bench_usage_err("membw", "%s '%s': expected a positive integer", a, v);
             if (!strcmp(a, "--iters")) iters = n;
             else threads = n;
         } else if (!strcmp(a, "--json")) json_path = v;
         else csv_path = v;
     }
-    if (iters > 200) {
-        fprintf(stderr, "kiln bench membw: error: --iters %ld: at most 200\n", iters);
-        return 2;
-    }
-    if (min_b > max_b) {
-        fprintf(stderr, "kiln bench membw: error: --min (%zu bytes) exceeds --max (%zu bytes)\n", min_b, max_b);
-        return 2;
-    }
-    double avail = avail_bytes();
+    if (iters > 200) return kiln_bench_usage_err("membw", "--iters %ld: at most 200", iters);
+    if (min_b > max_b)
+        return kiln_bench_usage_err("membw", "--min (%zu bytes) exceeds --max (%zu bytes)", min_b, max_b);
+    double avail = kiln_bench_avail_bytes();
     if (avail > 0 && 3.0 * (double)max_b > 0.8 * avail) {
         size_t cap = (size_t)(0.8 * avail / 3.0) & ~(size_t)4095;
         char want[32], got[32];
@@ -294,53 +268,10 @@ int kiln_bench_membw_main(int argc, char **argv) {
         free(res); free(sizes);
         return 1;
     }
-    int rc = 0;
-    if (json_path) {
-        cJSON *p = kiln_profile_new("membw");
-        cJSON *sec = p ? kiln_profile_section(p, "membw") : NULL;
-        kiln_error *e = NULL;
-        if (!sec) e = kiln_errorf(KILN_ENOMEM, "%s", json_path);
-        for (size_t i = 0; !e && i < nsizes * 4; i++) {
-            const result *R = &res[i];
-            cJSON *r = cJSON_CreateObject();
-            if (!r) { e = kiln_errorf(KILN_ENOMEM, "%s", json_path); break; }
-            cJSON_AddStringToObject(r, "device", "cpu");
-            cJSON_AddStringToObject(r, "kernel", kernel_names[R->kernel]);
-            cJSON_AddNumberToObject(r, "bytes_per_array", (double)R->bytes);
-            cJSON_AddNumberToObject(r, "threads", nthreads);
-            cJSON_AddNumberToObject(r, "gbs_best", R->moved / R->best_s / 1e9);
-            cJSON_AddNumberToObject(r, "gbs_avg", R->moved / R->avg_s / 1e9);
-            cJSON_AddItemToArray(sec, r);
-        }
-        if (!e) e = kiln_profile_write(p, json_path);
-        cJSON_Delete(p);
-        if (e) {
-            fprintf(stderr, "kiln bench membw: error: writing profile: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
-            rc = 1;
-        }
-    }
-    if (csv_path && !rc) {
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-        kiln_error *e = NULL;
-        if (!f) e = kiln_errorf(KILN_ENOMEM, "%s", csv_path);
-        else {
-            fprintf(f, "device,kernel,bytes_per_array,threads,gbs_best,gbs_avg\n");
-            for (size_t i = 0; i < nsizes * 4; i++)
-                fprintf(f, "cpu,%s,%zu,%d,%.6g,%.6g\n", kernel_names[res[i].kernel], res[i].bytes, nthreads,
-                        res[i].moved / res[i].best_s / 1e9, res[i].moved / res[i].avg_s / 1e9);
-            fclose(f);
-            e = kiln_write_file_atomic(csv_path, buf, len);
-        }
-        free(buf);
-        if (e) {
-            fprintf(stderr, "kiln bench membw: error: writing CSV: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
-            rc = 1;
-        }
-    }
+    membw_out out = {res, nthreads};
+    const kiln_bench_output o = {"membw", nsizes * 4, &out, json_record, NULL,
+                                 "device,kernel,bytes_per_array,threads,gbs_best,gbs_avg\n", csv_row};
+    int rc = kiln_bench_write_outputs(&o, json_path, csv_path);
     free(res);
     free(sizes);
     return rc;

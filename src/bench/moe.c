@@ -2,21 +2,17 @@
  * backward: routed slots grouped by expert, per expert SwiGLU gate_up then down through kiln_linear_*
  * and kiln_swiglu_*, the gate-weighted scatter back to the tokens; the same steps as
  * src/models/zaya_forward.c and zaya_backward.c. Routing is balanced and random from a fixed seed. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include <cblas.h>
 #include <omp.h>
 
+#include "bench_util.h"
 #include "gemm_shapes.h"
 #include "kernel_formulas.h"
 #include "kiln/bench.h"
-#include "kiln/fsutil.h"
 #include "kiln/nn.h"
 #include "kiln/rng.h"
 
@@ -68,48 +64,10 @@ int kiln_moe_route(int32_t *choice, int64_t tokens, int64_t experts, int64_t top
     return 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double avail_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            unsigned long long kb;
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (double)kb * 1024.0;
-            }
-        }
-        fclose(f);
-    }
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
-}
-
-/* Deterministic values in [-scale, scale) */
-static void fill(float *x, int64_t n, uint32_t salt, float scale) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        x[i] = ((float)((((uint64_t)i + salt) * 2654435761u) % 2000) * 1e-3f - 1.0f) * scale;
-}
-
-static int all_finite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 1 + n / 211)
-        if (!isfinite(x[i])) return 0;
-    return isfinite(x[n - 1]);
-}
-
 typedef struct {
     int64_t N, H, Iw, E, top;
     double us[2]; /* mean microseconds: fwd, fwd_bwd */
 } moe_case;
-
-static const char *const pass_names[2] = {"fwd", "fwd_bwd"};
 
 static double case_flops(const moe_case *c, int pass) {
     return pass ? kiln_moe_flops_fwd_bwd(c->N, c->top, c->H, c->Iw) : kiln_moe_flops_fwd(c->N, c->top, c->H, c->Iw);
@@ -221,17 +179,17 @@ static kiln_error *run_case(moe_case *c, int iters, int warmup) {
     kiln_rng r;
     kiln_rng_seed(&r, ROUTE_SEED + 1);
     for (int64_t s = 0; s < S; s++) gate[s] = (float)(0.1 + 0.9 * kiln_rng_uniform(&r));
-    fill(wgu, nw, 1, 1.0f / sqrtf((float)H));
-    fill(wdn, nd, 2, 1.0f / sqrtf((float)Iw));
-    fill(x, N * H, 3, 1.0f);
-    fill(dout, N * H, 4, 1.0f);
+    kiln_bench_fill(wgu, nw, 1, 1.0f / sqrtf((float)H));
+    kiln_bench_fill(wdn, nd, 2, 1.0f / sqrtf((float)Iw));
+    kiln_bench_fill(x, N * H, 3, 1.0f);
+    kiln_bench_fill(dout, N * H, 4, 1.0f);
     moe_bufs b = {N, H, Iw, E, c->top, S, 0, choice, gate, x, dout, wgu, wdn, ggu, gdn, exp_off, fillv,
                   slot_tok, slot_k, xe, gu, act, ye, out, dye, dgate, dact, dgu, dxe, dx};
     double tot = 0;
     for (int i = 0; i < warmup + iters; i++) {
-        double t0 = now_s();
+        double t0 = kiln_bench_now_s();
         moe_forward(&b);
-        double t = now_s() - t0;
+        double t = kiln_bench_now_s() - t0;
         if (i >= warmup) tot += t;
     }
     c->us[0] = tot / iters * 1e6;
@@ -239,15 +197,15 @@ static kiln_error *run_case(moe_case *c, int iters, int warmup) {
     for (int i = 0; i < warmup + iters; i++) {
         memset(ggu, 0, (size_t)nw * sizeof(float)); /* the trainer's weight gradients start at zero */
         memset(gdn, 0, (size_t)nd * sizeof(float));
-        double t0 = now_s();
+        double t0 = kiln_bench_now_s();
         moe_forward(&b);
         moe_backward(&b);
-        double t = now_s() - t0;
+        double t = kiln_bench_now_s() - t0;
         if (i >= warmup) tot += t;
     }
     c->us[1] = tot / iters * 1e6;
-    if (b.nslots != S || !all_finite(out, N * H) || !all_finite(dx, N * H) || !all_finite(ggu, nw) ||
-        !all_finite(gdn, nd))
+    if (b.nslots != S || !kiln_bench_all_finite(out, N * H) || !kiln_bench_all_finite(dx, N * H) || !kiln_bench_all_finite(ggu, nw) ||
+        !kiln_bench_all_finite(gdn, nd))
         e = kiln_errorf(KILN_EINVAL, "moe tokens=%lld hidden=%lld inter=%lld experts=%lld: result is not finite",
                         (long long)N, (long long)H, (long long)Iw, (long long)E);
 done:
@@ -280,89 +238,53 @@ static const char usage[] =
     "  --json FILE       write the JSON profile (section \"moe\")\n"
     "  --csv FILE        write the numbers as CSV\n";
 
-static int usage_err(const char *fmt, const char *a) {
-    fprintf(stderr, "kiln bench moe: error: ");
-    fprintf(stderr, fmt, a);
-    fprintf(stderr, "\n");
-    return 2;
+/* Records and CSV rows: one per shape and pass. */
+typedef struct {
+    const moe_case *cs;
+    int threads;
+} moe_out;
+
+static void json_record(cJSON *r, size_t i, const void *ctx) {
+    const moe_out *o = ctx;
+    const moe_case *c = &o->cs[i / 2];
+    int pass = (int)(i % 2);
+    double fl = case_flops(c, pass);
+    cJSON_AddStringToObject(r, "backend", "openblas");
+    cJSON_AddStringToObject(r, "dtype", "fp32");
+    cJSON_AddStringToObject(r, "pass", kiln_bench_pass_names[pass]);
+    cJSON_AddNumberToObject(r, "tokens", (double)c->N);
+    cJSON_AddNumberToObject(r, "hidden", (double)c->H);
+    cJSON_AddNumberToObject(r, "inter", (double)c->Iw);
+    cJSON_AddNumberToObject(r, "experts", (double)c->E);
+    cJSON_AddNumberToObject(r, "top_k", (double)c->top);
+    cJSON_AddNumberToObject(r, "slots", (double)(c->N * c->top));
+    cJSON_AddNumberToObject(r, "threads", o->threads);
+    cJSON_AddNumberToObject(r, "flops", fl);
+    cJSON_AddNumberToObject(r, "time_us", c->us[pass]);
+    cJSON_AddNumberToObject(r, "tflops", fl / (c->us[pass] * 1e-6) / 1e12);
+    cJSON_AddNumberToObject(r, "tokens_per_s", (double)c->N / (c->us[pass] * 1e-6));
 }
 
-static kiln_error *write_json(const char *path, const moe_case *cs, size_t n, int threads) {
-    cJSON *p = kiln_profile_new("moe");
-    cJSON *sec = p ? kiln_profile_section(p, "moe") : NULL;
-    kiln_error *e = sec ? NULL : kiln_errorf(KILN_ENOMEM, "%s", path);
-    for (size_t i = 0; !e && i < n; i++)
-        for (int pass = 0; pass < 2 && !e; pass++) {
-            const moe_case *c = &cs[i];
-            cJSON *r = cJSON_CreateObject();
-            if (!r) {
-                e = kiln_errorf(KILN_ENOMEM, "%s", path);
-                break;
-            }
-            double fl = case_flops(c, pass);
-            cJSON_AddStringToObject(r, "backend", "openblas");
-            cJSON_AddStringToObject(r, "dtype", "fp32");
-            cJSON_AddStringToObject(r, "pass", pass_names[pass]);
-            cJSON_AddNumberToObject(r, "tokens", (double)c->N);
-            cJSON_AddNumberToObject(r, "hidden", (double)c->H);
-            cJSON_AddNumberToObject(r, "inter", (double)c->Iw);
-            cJSON_AddNumberToObject(r, "experts", (double)c->E);
-            cJSON_AddNumberToObject(r, "top_k", (double)c->top);
-            cJSON_AddNumberToObject(r, "slots", (double)(c->N * c->top));
-            cJSON_AddNumberToObject(r, "threads", threads);
-            cJSON_AddNumberToObject(r, "flops", fl);
-            cJSON_AddNumberToObject(r, "time_us", c->us[pass]);
-            cJSON_AddNumberToObject(r, "tflops", fl / (c->us[pass] * 1e-6) / 1e12);
-            cJSON_AddNumberToObject(r, "tokens_per_s", (double)c->N / (c->us[pass] * 1e-6));
-            cJSON_AddItemToArray(sec, r);
-        }
-    if (!e) e = kiln_profile_write(p, path);
-    cJSON_Delete(p);
-    return e;
-}
-
-static kiln_error *write_csv(const char *path, const moe_case *cs, size_t n, int threads) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return kiln_errorf(KILN_ENOMEM, "%s", path);
-    fprintf(f, "backend,dtype,pass,tokens,hidden,inter,experts,top_k,slots,threads,flops,time_us,tflops,"
-               "tokens_per_s\n");
-    for (size_t i = 0; i < n; i++)
-        for (int pass = 0; pass < 2; pass++) {
-            const moe_case *c = &cs[i];
-            double fl = case_flops(c, pass);
-            fprintf(f, "openblas,fp32,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", pass_names[pass],
-                    (long long)c->N, (long long)c->H, (long long)c->Iw, (long long)c->E, (long long)c->top,
-                    (long long)(c->N * c->top), threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e12,
-                    (double)c->N / (c->us[pass] * 1e-6));
-        }
-    fclose(f);
-    kiln_error *e = kiln_write_file_atomic(path, buf, len);
-    free(buf);
-    return e;
+static void csv_row(FILE *f, size_t i, const void *ctx) {
+    const moe_out *o = ctx;
+    const moe_case *c = &o->cs[i / 2];
+    int pass = (int)(i % 2);
+    double fl = case_flops(c, pass);
+    fprintf(f, "openblas,fp32,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", kiln_bench_pass_names[pass],
+            (long long)c->N, (long long)c->H, (long long)c->Iw, (long long)c->E, (long long)c->top,
+            (long long)(c->N * c->top), o->threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e12,
+            (double)c->N / (c->us[pass] * 1e-6));
 }
 
 int kiln_bench_moe_main(int argc, char **argv) {
     const char *is = "2048", *es = "16", *ks = "1", *ns = "4096", *json_path = NULL, *csv_path = NULL;
     long long hidden = 2048, iters = 5, warmup = 1, threads = 0;
+    static const char *const valued[] = {"--hidden", "--inter", "--experts", "--top-k",  "--tokens",
+                                         "--iters",  "--warmup", "--threads", "--json", "--csv", NULL};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        static const char *const valued[] = {"--hidden", "--inter", "--experts", "--top-k",  "--tokens",
-                                             "--iters",  "--warmup", "--threads", "--json", "--csv", NULL};
-        int known = 0;
-        for (int j = 0; valued[j]; j++) known |= !strcmp(a, valued[j]);
-        if (!known) {
-            fprintf(stderr, "kiln bench moe: error: unknown option '%s'\n\n%s", a, usage);
-            return 2;
-        }
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) return usage_err("%s needs a value", a);
-        i++;
+        const char *a, *v;
+        int r = kiln_bench_flag(argc, argv, &i, "moe", usage, valued, &a, &v);
+        if (r >= 0) return r;
         if (!strcmp(a, "--inter")) is = v;
         else if (!strcmp(a, "--experts")) es = v;
         else if (!strcmp(a, "--top-k")) ks = v;
@@ -370,16 +292,10 @@ int kiln_bench_moe_main(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
         else {
-            char *end;
-            errno = 0;
-            long long x = strtoll(v, &end, 10);
+            long long x;
             int zero_ok = !strcmp(a, "--warmup");
             long long hi = !strcmp(a, "--hidden") ? (1LL << 20) : 100000000LL;
-            if (*end || end == v || errno || x < (zero_ok ? 0 : 1) || x > hi) {
-                fprintf(stderr, "kiln bench moe: error: %s '%s': expected an integer in %d..%lld\n", a, v,
-                        zero_ok ? 0 : 1, hi);
-                return 2;
-            }
+            if ((r = kiln_bench_parse_int("moe", a, v, zero_ok ? 0 : 1, hi, &x)) >= 0) return r;
             if (!strcmp(a, "--hidden")) hidden = x;
             else if (!strcmp(a, "--iters")) iters = x;
             else if (!strcmp(a, "--warmup")) warmup = x;
@@ -398,7 +314,7 @@ int kiln_bench_moe_main(int argc, char **argv) {
     if (!e && in * en * kn * nn > MAX_CASES)
         e = kiln_errorf(KILN_EINVAL, "%zu shapes (more than %d)", in * en * kn * nn, MAX_CASES);
     if (!e && !(cs = calloc(in * en * kn * nn, sizeof *cs))) e = kiln_errorf(KILN_ENOMEM, "shapes");
-    double avail = avail_bytes();
+    double avail = kiln_bench_avail_bytes();
     for (size_t a = 0; !e && a < en; a++)
         for (size_t b = 0; !e && b < kn; b++) {
             if (kv[b] > ev[a]) {
@@ -430,51 +346,41 @@ int kiln_bench_moe_main(int argc, char **argv) {
         }
     free(iv); free(ev); free(kv); free(nv);
     if (e) {
-        fprintf(stderr, "kiln bench moe: error: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
+        kiln_bench_fail("moe", NULL, e);
         free(cs);
         return 2;
     }
-    if (threads > 0) {
-        openblas_set_num_threads((int)threads);
-        omp_set_num_threads((int)threads);
-    }
+    kiln_bench_set_threads(threads);
     int nthreads = omp_get_max_threads();
     printf("kiln bench moe: experts through kiln_linear_* (openblas sgemm) + kiln_swiglu_*, fp32, %d threads, "
            "%lld iterations after %lld warm-up\n",
            nthreads, iters, warmup);
     printf("TFLOP/s: forward 6*tokens*top_k*hidden*inter, fwd+bwd 3 x forward; tok/s = tokens / time; "
            "balanced routing\n");
-    printf("%7s %6s %6s %7s %5s %8s | %10s %9s %11s | %10s %9s %11s\n", "tokens", "hidden", "inter", "experts",
-           "top_k", "per_exp", "fwd ms", "TFLOP/s", "tok/s", "f+b ms", "TFLOP/s", "tok/s");
+    printf("%7s %6s %6s %7s %5s %8s", "tokens", "hidden", "inter", "experts", "top_k", "per_exp");
+    kiln_bench_pass_header("TFLOP/s");
     int rc = 0;
     for (size_t i = 0; i < ncase; i++) {
         moe_case *c = &cs[i];
         e = run_case(c, (int)iters, (int)warmup);
         if (e) {
-            fprintf(stderr, "kiln bench moe: error: %s\n", kiln_error_msg(e));
-            kiln_error_free(e);
+            kiln_bench_fail("moe", NULL, e);
             rc = 1;
             ncase = i;
             break;
         }
-        printf("%7lld %6lld %6lld %7lld %5lld %8.1f | %10.3f %9.4f %11.4g | %10.3f %9.4f %11.4g\n", (long long)c->N,
-               (long long)c->H, (long long)c->Iw, (long long)c->E, (long long)c->top,
-               (double)(c->N * c->top) / (double)c->E, c->us[0] / 1e3, case_flops(c, 0) / (c->us[0] * 1e-6) / 1e12,
-               (double)c->N / (c->us[0] * 1e-6), c->us[1] / 1e3, case_flops(c, 1) / (c->us[1] * 1e-6) / 1e12,
-               (double)c->N / (c->us[1] * 1e-6));
+        printf("%7lld %6lld %6lld %7lld %5lld %8.1f", (long long)c->N, (long long)c->H, (long long)c->Iw,
+               (long long)c->E, (long long)c->top, (double)(c->N * c->top) / (double)c->E);
+        const double fl[2] = {case_flops(c, 0), case_flops(c, 1)};
+        kiln_bench_pass_row(c->us, fl, (double)c->N, 1e12, 4);
         fflush(stdout);
     }
-    if (json_path && !rc && (e = write_json(json_path, cs, ncase, nthreads))) {
-        fprintf(stderr, "kiln bench moe: error: writing profile: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
-        rc = 1;
-    }
-    if (csv_path && !rc && (e = write_csv(csv_path, cs, ncase, nthreads))) {
-        fprintf(stderr, "kiln bench moe: error: writing CSV: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
-        rc = 1;
-    }
+    moe_out out = {cs, nthreads};
+    const kiln_bench_output o = {"moe", 2 * ncase, &out, json_record, NULL,
+                                 "backend,dtype,pass,tokens,hidden,inter,experts,top_k,slots,threads,flops,time_us,"
+                                 "tflops,tokens_per_s\n",
+                                 csv_row};
+    if (!rc) rc = kiln_bench_write_outputs(&o, json_path, csv_path);
     free(cs);
     return rc;
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "kiln/bench.h"
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
@@ -720,15 +721,13 @@ int kiln_bench_report_main(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "-o")) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "kiln bench report: error: %s needs a value\n", argv[i]);
                 free(r.p);
-                return 2;
+                return kiln_bench_usage_err("report", "%s needs a value", argv[i]);
             }
             out = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "kiln bench report: error: unknown option '%s'\n\n%s", argv[i], usage);
             free(r.p);
-            return 2;
+            return kiln_bench_unknown_option("report", argv[i], usage);
         } else
             r.p[r.np++].path = argv[i];
     }
@@ -754,8 +753,7 @@ int kiln_bench_report_main(int argc, char **argv) {
     free(r.g);
     free(r.m);
     if (e) {
-        fprintf(stderr, "kiln bench report: error: %s\n", kiln_error_msg(e));
-        kiln_error_free(e);
+        kiln_bench_fail("report", NULL, e);
         return 1;
     }
     printf("kiln bench report: wrote %s (%zu comm, %zu gemm, %zu membw records)\n", out, r.nc, r.ng, r.nm);

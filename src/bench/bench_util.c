@@ -1,0 +1,170 @@
+/* Pieces every `kiln bench` CLI shares: see bench_util.h. */
+#include "bench/bench_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "kiln/bench.h"
+#include "kiln/fsutil.h"
+
+/* ---- flags and messages ---- */
+
+int kiln_bench_flag(int argc, char **argv, int *i, const char *bench, const char *usage, const char *const *valued,
+                    const char **flag, const char **val) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    int known = 0;
+    for (int j = 0; valued[j]; j++) known |= !strcmp(a, valued[j]);
+    if (!known) return kiln_bench_unknown_option(bench, a, usage);
+    if (*i + 1 >= argc) return kiln_bench_usage_err(bench, "%s needs a value", a);
+    *flag = a;
+    *val = argv[++*i];
+    return -1;
+}
+
+int kiln_bench_unknown_option(const char *bench, const char *opt, const char *usage) {
+    fprintf(stderr, "kiln bench %s: error: unknown option '%s'\n\n%s", bench, opt, usage);
+    return 2;
+}
+
+int kiln_bench_usage_err(const char *bench, const char *fmt, ...) {
+    fprintf(stderr, "kiln bench %s: error: ", bench);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+void kiln_bench_fail(const char *bench, const char *what, kiln_error *e) {
+    if (what) fprintf(stderr, "kiln bench %s: error: %s: %s\n", bench, what, kiln_error_msg(e));
+    else fprintf(stderr, "kiln bench %s: error: %s\n", bench, kiln_error_msg(e));
+    kiln_error_free(e);
+}
+
+int kiln_bench_parse_int(const char *bench, const char *flag, const char *v, long long lo, long long hi,
+                         long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*end || end == v || errno || x < lo || x > hi)
+        return kiln_bench_usage_err(bench, "%s '%s': expected an integer in %lld..%lld", flag, v, lo, hi);
+    *out = x;
+    return -1;
+}
+
+void kiln_bench_set_threads(long long n) {
+    if (n > 0) {
+        openblas_set_num_threads((int)n);
+        omp_set_num_threads((int)n);
+    }
+}
+
+/* ---- measuring ---- */
+
+double kiln_bench_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double kiln_bench_avail_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long kb;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (double)kb * 1024.0;
+            }
+        }
+        fclose(f);
+    }
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
+
+void kiln_bench_fill(float *x, int64_t n, uint32_t salt, float scale) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = ((float)((((uint64_t)i + salt) * 2654435761u) % 2000) * 1e-3f - 1.0f) * scale;
+}
+
+int kiln_bench_all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 1 + n / 211)
+        if (!isfinite(x[i])) return 0;
+    return isfinite(x[n - 1]);
+}
+
+/* ---- the kernel benchmarks' two passes ---- */
+
+const char *const kiln_bench_pass_names[2] = {"fwd", "fwd_bwd"};
+
+void kiln_bench_pass_header(const char *unit) {
+    printf(" | %10s %9s %11s | %10s %9s %11s\n", "fwd ms", unit, "tok/s", "f+b ms", unit, "tok/s");
+}
+
+void kiln_bench_pass_row(const double us[2], const double flops[2], double tokens, double scale, int prec) {
+    printf(" | %10.3f %9.*f %11.4g | %10.3f %9.*f %11.4g\n", us[0] / 1e3, prec, flops[0] / (us[0] * 1e-6) / scale,
+           tokens / (us[0] * 1e-6), us[1] / 1e3, prec, flops[1] / (us[1] * 1e-6) / scale, tokens / (us[1] * 1e-6));
+}
+
+/* ---- outputs ---- */
+
+static kiln_error *write_profile(const kiln_bench_output *o, const char *path) {
+    cJSON *p = kiln_profile_new(o->bench);
+    cJSON *sec = p ? kiln_profile_section(p, o->bench) : NULL;
+    kiln_error *e = sec ? NULL : kiln_errorf(KILN_ENOMEM, "%s", path);
+    for (size_t i = 0; !e && i < o->n; i++) {
+        cJSON *r = cJSON_CreateObject();
+        if (!r) {
+            e = kiln_errorf(KILN_ENOMEM, "%s", path);
+            break;
+        }
+        o->json_record(r, i, o->ctx);
+        cJSON_AddItemToArray(sec, r);
+    }
+    if (!e && o->json_extra) o->json_extra(p, o->ctx);
+    if (!e) e = kiln_profile_write(p, path);
+    cJSON_Delete(p);
+    return e;
+}
+
+static kiln_error *write_csv(const kiln_bench_output *o, const char *path) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return kiln_errorf(KILN_ENOMEM, "%s", path);
+    fputs(o->csv_header, f);
+    for (size_t i = 0; i < o->n; i++) o->csv_row(f, i, o->ctx);
+    fclose(f);
+    kiln_error *e = kiln_write_file_atomic(path, buf, len);
+    free(buf);
+    return e;
+}
+
+int kiln_bench_write_outputs(const kiln_bench_output *o, const char *json_path, const char *csv_path) {
+    kiln_error *e;
+    if (json_path && (e = write_profile(o, json_path))) {
+        kiln_bench_fail(o->bench, "writing profile", e);
+        return 1;
+    }
+    if (csv_path && (e = write_csv(o, csv_path))) {
+        kiln_bench_fail(o->bench, "writing CSV", e);
+        return 1;
+    }
+    return 0;
+}
