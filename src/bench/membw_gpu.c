@@ -57,14 +57,15 @@ int kiln_bench_membw_gpu(int argc, char **argv) {
     cJSON *p = kiln_profile_new("membw"), *sec = p ? kiln_profile_section(p, "membw") : NULL;
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv) fprintf(csv, "device,kernel,bytes_per_array,threads,gbs_best,gbs_avg\n");
-    static const char *const kernels[] = {"copy", "scale", "add", "triad", "h2d", "d2h"};
+    static const char *const kernels[] = {"copy", "copy_sm", "scale", "add", "triad", "h2d", "d2h"};
+    enum { NK = 7, NDEV = 5 }; /* the first NDEV run on the device, the rest are host<->device */
     int rc = 0;
     for (double s = (double)min_b; !rc && s <= (double)max_b * (1 + 1e-9); s *= factor) {
         size_t b = (size_t)s & ~(size_t)15;
-        for (int k = 0; k < 6 && !rc; k++) {
+        for (int k = 0; k < NK && !rc; k++) {
             double best = 0, avg = 0;
-            e = k < 4 ? kiln_cuda_membw(kernels[k], b, (int)iters, &best, &avg)
-                      : kiln_cuda_hostbw(k - 4, b, (int)iters, &best, &avg);
+            e = k < NDEV ? kiln_cuda_membw(kernels[k], b, (int)iters, &best, &avg)
+                         : kiln_cuda_hostbw(k - NDEV, b, (int)iters, &best, &avg);
             if (e) {
                 fprintf(stderr, "kiln bench membw: error: %s\n", kiln_error_msg(e));
                 kiln_error_free(e);
@@ -72,18 +73,18 @@ int kiln_bench_membw_gpu(int argc, char **argv) {
                 break;
             }
             printf("%14zu %8s %12.1f %12.1f\n", b, kernels[k], best, avg);
-            const char *dev = k < 4 ? "cuda" : kernels[k];
+            const char *dev = k < NDEV ? "cuda" : kernels[k];
             if (sec) {
                 cJSON *r = cJSON_CreateObject();
                 cJSON_AddStringToObject(r, "device", dev);
-                cJSON_AddStringToObject(r, "kernel", k < 4 ? kernels[k] : "copy");
+                cJSON_AddStringToObject(r, "kernel", k < NDEV ? kernels[k] : "copy");
                 cJSON_AddNumberToObject(r, "bytes_per_array", (double)b);
                 cJSON_AddNumberToObject(r, "threads", 0);
                 cJSON_AddNumberToObject(r, "gbs_best", best);
                 cJSON_AddNumberToObject(r, "gbs_avg", avg);
                 cJSON_AddItemToArray(sec, r);
             }
-            if (csv) fprintf(csv, "%s,%s,%zu,0,%.6g,%.6g\n", dev, k < 4 ? kernels[k] : "copy", b, best, avg);
+            if (csv) fprintf(csv, "%s,%s,%zu,0,%.6g,%.6g\n", dev, k < NDEV ? kernels[k] : "copy", b, best, avg);
         }
     }
     if (csv) fclose(csv);

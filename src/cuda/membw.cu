@@ -5,8 +5,19 @@
 #include "cuda_check.h"
 #include "kiln/cuda.h"
 
-__global__ void k_copy(const float4 *a, float4 *c, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) c[i] = a[i];
+// copy: four independent 16-byte loads in flight per thread before the stores (memory-level
+// parallelism), then a grid-stride tail
+__global__ void k_copy(const float4 *__restrict__ a, float4 *__restrict__ c, size_t n) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x, t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t i = t;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        float4 x0 = a[i], x1 = a[i + stride], x2 = a[i + 2 * stride], x3 = a[i + 3 * stride];
+        c[i] = x0;
+        c[i + stride] = x1;
+        c[i + 2 * stride] = x2;
+        c[i + 3 * stride] = x3;
+    }
+    for (; i < n; i += stride) c[i] = a[i];
 }
 __global__ void k_scale(const float4 *a, float4 *c, float s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -32,9 +43,11 @@ extern "C" kiln_error *kiln_cuda_membw(const char *kernel, size_t bytes, int ite
     float4 *a = NULL, *b = NULL, *c = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     const size_t n = bytes / sizeof(float4);
+    // "copy" is a device-to-device cudaMemcpyAsync (what the trainer and torch's tensor copy use);
+    // "copy_sm" is the same copy as a kernel on the SMs
     int which = !strcmp(kernel, "copy") ? 0 : !strcmp(kernel, "scale") ? 1 : !strcmp(kernel, "add") ? 2
-              : !strcmp(kernel, "triad") ? 3 : -1;
-    double moved = (double)n * sizeof(float4) * (which < 2 ? 2 : 3), best = 0, sum = 0;
+              : !strcmp(kernel, "triad") ? 3 : !strcmp(kernel, "copy_sm") ? 4 : -1;
+    double moved = (double)n * sizeof(float4) * (which == 2 || which == 3 ? 3 : 2), best = 0, sum = 0;
     int sms = 0, blocks;
     if (which < 0) return kiln_errorf(KILN_EINVAL, "GPU membw: unknown kernel '%s'", kernel);
     if (n == 0) return kiln_errorf(KILN_EINVAL, "GPU membw: arrays of %zu bytes are too small", bytes);
@@ -49,7 +62,8 @@ extern "C" kiln_error *kiln_cuda_membw(const char *kernel, size_t bytes, int ite
     CUDA_TRY(cudaEventCreate(&e1));
     for (int it = -2; it < iters; it++) { // two warm-ups
         CUDA_TRY(cudaEventRecord(e0, 0));
-        if (which == 0) k_copy<<<blocks, 256>>>(a, c, n);
+        if (which == 0) CUDA_TRY(cudaMemcpyAsync(c, a, n * sizeof *a, cudaMemcpyDeviceToDevice, 0));
+        else if (which == 4) k_copy<<<blocks, 256>>>(a, c, n);
         else if (which == 1) k_scale<<<blocks, 256>>>(a, c, 3.0f, n);
         else if (which == 2) k_add<<<blocks, 256>>>(a, b, c, n);
         else k_triad<<<blocks, 256>>>(a, b, c, 3.0f, n);
