@@ -215,7 +215,9 @@ kiln_error *kiln_shard_open(const char *path, kiln_shard *out) {
     unsigned char hdr[KILN_SHARD_HEADER_BYTES] = {0};
     size_t want = size < sizeof hdr ? (size_t)size : sizeof hdr, got = 0;
     while (got < want) {
-        ssize_t r = pread(fd, hdr + got, want - got, (off_t)got);
+        /* the explicit bound is for gcc 13's -Wstringop-overflow, which cannot see got < want <= 48 */
+        size_t n = want - got > sizeof hdr - got ? sizeof hdr - got : want - got;
+        ssize_t r = pread(fd, hdr + got, n, (off_t)got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             int err = r < 0 ? errno : EIO;
