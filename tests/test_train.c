@@ -301,3 +301,41 @@ TEST(train_bad_data) {
     snprintf(args, sizeof args, "train --config '%s' --data /nonexistent --quiet", cfg);
     CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "/nonexistent"));
 }
+
+/* kiln ckpt verify/inspect, and a bit flip in the newest checkpoint: detected, and --resume falls
+ * back to the previous one. */
+TEST(train_ckpt_verify_and_corrupt_newest) {
+    const char *data = synth_data(), *out = test_tmpdir();
+    char args[2048], text[16384];
+    const char *cfg = write_config(data, out, 6, 1, "\"ckpt_every\": 2, \"keep_last\": 3");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 4", cfg);
+    CHECK(run_kiln(args) == 0); /* checkpoints at 2 and 4 */
+    snprintf(args, sizeof args, "ckpt verify '%s'", out);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "2 checkpoints, 0 invalid"), "%s", text);
+    snprintf(args, sizeof args, "ckpt inspect '%s/ckpt/step_00000004'", out);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "step 4, world size 1") &&
+                  strstr(text, "rank 0 data position"), "%s", text);
+    /* flip one byte of the newest shard */
+    char shard[1300];
+    snprintf(shard, sizeof shard, "%s/ckpt/step_00000004/rank_00000.safetensors", out);
+    FILE *f = fopen(shard, "r+b");
+    CHECK(f != NULL);
+    if (f) {
+        fseek(f, -17, SEEK_END);
+        int c = fgetc(f);
+        fseek(f, -17, SEEK_END);
+        fputc(c ^ 0x10, f);
+        fclose(f);
+    }
+    snprintf(args, sizeof args, "ckpt verify '%s'", out);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "INVALID") &&
+                  strstr(text, "rank_00000.safetensors: checksum") && strstr(text, "2 checkpoints, 1 invalid"),
+              "%s", text);
+    snprintf(args, sizeof args, "train --config '%s' --resume", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "skipping checkpoint") &&
+                  strstr(text, "resumed from step 2"), "%s", text);
+
+    CHECK(test_run_kiln("ckpt frobnicate x", text, sizeof text) == 2);
+    snprintf(args, sizeof args, "ckpt verify '%s/nothing-here'", out);
+    CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "nothing-here"));
+}

@@ -25,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kiln/ckpt.h"
 #include "kiln/fsutil.h"
 #include "kiln/hash.h"
 #include "kiln/json.h"
@@ -417,4 +418,111 @@ kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v) {
     step_dir(sd, sizeof sd, v->cfg->out_dir, step, 0);
     kiln_error *e = ckpt_load_impl(comm, sd, v);
     return kiln_error_wrap(agree(comm, e, "loading the checkpoint"), "resuming from %s", sd);
+}
+
+/* ---------- for `kiln ckpt` ---------- */
+
+kiln_error *kiln_ckpt_verify(const char *step_dir) {
+    cJSON *man = NULL;
+    KILN_TRY(read_manifest(step_dir, &man));
+    kiln_error *e = verify_files(step_dir, man);
+    cJSON_Delete(man);
+    return e;
+}
+
+kiln_error *kiln_ckpt_describe(const char *step_dir, FILE *out) {
+    cJSON *man = NULL;
+    KILN_TRY(read_manifest(step_dir, &man));
+    char ctx[1400];
+    snprintf(ctx, sizeof ctx, "%s/manifest.json", step_dir);
+    int64_t step = 0, world = 0;
+    double tokens = 0;
+    kiln_error *e = kiln_json_get_int(man, "step", &step, 0, 1, ctx);
+    if (!e) e = kiln_json_get_int(man, "world_size", &world, 0, 1, ctx);
+    if (!e) e = kiln_json_get_double(man, "tokens_seen", &tokens, 0, 1, ctx);
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(man, "tensors"), *t;
+    if (!e && !cJSON_IsArray(ts)) e = kiln_errorf(KILN_EFORMAT, "%s: no 'tensors' list", ctx);
+    if (!e) {
+        double params = 0, state = 0, muon = 0;
+        cJSON_ArrayForEach(t, ts) {
+            const cJSON *sh = cJSON_GetObjectItemCaseSensitive(t, "shape"), *d;
+            double n = 1;
+            cJSON_ArrayForEach(d, sh) n *= d->valuedouble;
+            params += n;
+            const cJSON *sn = cJSON_GetObjectItemCaseSensitive(t, "state_numel");
+            state += cJSON_IsNumber(sn) ? sn->valuedouble : 0;
+            const cJSON *op = cJSON_GetObjectItemCaseSensitive(t, "optimizer");
+            if (cJSON_IsString(op) && !strcmp(op->valuestring, "muon")) muon += n;
+        }
+        fprintf(out, "%s\n  step %lld, world size %lld, %.0f tokens seen\n", step_dir, (long long)step,
+                (long long)world, tokens);
+        fprintf(out, "  %d tensors, %.0f parameters (%.0f under Muon), %.0f optimizer-state floats\n",
+                cJSON_GetArraySize(ts), params, muon, state);
+        const cJSON *fs = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
+        cJSON_ArrayForEach(f, fs) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *by = cJSON_GetObjectItemCaseSensitive(f, "bytes"),
+                        *h = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
+            fprintf(out, "  file %-26s %12.0f bytes  fnv1a64 %s\n", cJSON_IsString(nm) ? nm->valuestring : "?",
+                    cJSON_IsNumber(by) ? by->valuedouble : -1, cJSON_IsString(h) ? h->valuestring : "?");
+        }
+        const cJSON *ld = cJSON_GetObjectItemCaseSensitive(man, "loaders"), *l;
+        int r = 0;
+        cJSON_ArrayForEach(l, ld) {
+            const cJSON *ep = cJSON_GetObjectItemCaseSensitive(l, "epoch"), *cu = cJSON_GetObjectItemCaseSensitive(l, "cursor");
+            fprintf(out, "  rank %d data position: epoch %.0f, window %.0f\n", r++, cJSON_IsNumber(ep) ? ep->valuedouble : -1,
+                    cJSON_IsNumber(cu) ? cu->valuedouble : -1);
+        }
+    }
+    cJSON_Delete(man);
+    return e;
+}
+
+static int by_step_desc(const void *a, const void *b) {
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    return strcmp(y, x); /* step_%08lld sorts like the numbers */
+}
+
+kiln_error *kiln_ckpt_list(const char *path, char ***dirs, int *n) {
+    *dirs = NULL;
+    *n = 0;
+    char probe[1400];
+    snprintf(probe, sizeof probe, "%s/manifest.json", path);
+    int is_step = access(probe, F_OK) == 0;
+    char root[1400];
+    snprintf(root, sizeof root, "%s/ckpt", path);
+    const char *scan = is_step ? NULL : access(root, F_OK) == 0 ? root : path;
+    int cap = 16;
+    char **v = calloc((size_t)cap, sizeof *v);
+    if (!v) return kiln_errorf(KILN_ENOMEM, "%s", path);
+    if (is_step) {
+        v[(*n)++] = strdup(path);
+    } else {
+        DIR *d = opendir(scan);
+        if (!d) {
+            free(v);
+            return kiln_errorf(KILN_ENOTFOUND, "%s: not a checkpoint, a ckpt/ directory or a run directory: %s", path,
+                               strerror(errno));
+        }
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            long long s;
+            char tail[8];
+            if (sscanf(de->d_name, "step_%lld%7s", &s, tail) != 1) continue;
+            if (*n == cap) {
+                char **nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+                if (!nv) break;
+                v = nv;
+            }
+            v[(*n)++] = kiln_path_join(scan, de->d_name);
+        }
+        closedir(d);
+        qsort(v, (size_t)*n, sizeof *v, by_step_desc);
+    }
+    *dirs = v;
+    return NULL;
+}
+
+void kiln_ckpt_list_free(char **dirs, int n) {
+    for (int i = 0; i < n; i++) free(dirs[i]);
+    free(dirs);
 }
