@@ -115,7 +115,9 @@ static kiln_error *run(const gen_args *g) {
     if (!e && tok) { /* the prompt and its continuation as text */
         char *text = NULL;
         size_t len = 0;
-        e = kiln_tokenizer_decode(tok, ids, (size_t)n, &text, &len);
+        int64_t shown = n;
+        if (!g->ignore_eos && shown > 0 && ids[shown - 1] == m->cfg.eos_token_id) shown--; /* the stop, not text */
+        e = kiln_tokenizer_decode(tok, ids, (size_t)shown, &text, &len);
         if (!e) printf("%s\n", text);
         free(text);
     } else if (!e) {
