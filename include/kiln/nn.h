@@ -91,6 +91,27 @@ void kiln_cca_conv_backward(float *dx, float *dw0, float *db0, float *dw1, float
                             const float *dy, const float *x, const float *hist, const float *mid,
                             const float *w0, const float *w1, const kiln_conv_shape *s);
 
+/* ---- mixture of SwiGLU experts (ZayaExperts), top-k slots per token.
+ * The caller fills N, H, I, E, top, choice [N*top] (E = the skip class) and gate [N*top], and
+ * provides the arrays; forward fills exp_off [E+1], fill [E], slot_tok/slot_k [N*top], nslots and the
+ * saved xe [S,H], gu [S,2I], act [S,I], ye [S,H] (S = N*top at most). ---- */
+typedef struct {
+    int64_t N, H, inter, E, top; /* tokens, hidden, expert width, experts, slots per token */
+    const int32_t *choice;
+    const float *gate;
+    int32_t *exp_off, *fill, *slot_tok, *slot_k;
+    int64_t nslots;
+    float *xe, *gu, *act, *ye;
+} kiln_experts;
+typedef struct {
+    float *dye, *dact, *dgu, *dxe; /* [S,H], [S,I], [S,2I], [S,H] */
+} kiln_experts_scratch;
+/* out [N,H] = sum over each token's slots of gate * SwiGLU expert(in) (overwritten). */
+void kiln_experts_forward(kiln_experts *x, float *out, const float *in, const float *wgu, const float *wdn);
+/* dx [N,H] += ; dgate [N*top] = (0 for skipped slots); dwgu, dwdn += . */
+void kiln_experts_backward(const kiln_experts *x, float *dx, float *dgate, float *dwgu, float *dwdn, const float *dout,
+                           const float *wgu, const float *wdn, kiln_experts_scratch *w);
+
 /* ---- mean cross-entropy of predicting ids[b, t+1] from logits[b, t], t < T-1 (HF's causal LM
  * loss with labels = input_ids). dlogits (nullable) gets the gradient of the mean loss, 0 at the
  * last position. Returns the loss; computes in double for the sum. ---- */

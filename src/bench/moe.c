@@ -73,83 +73,6 @@ static double case_flops(const moe_case *c, int pass) {
     return pass ? kiln_moe_flops_fwd_bwd(c->N, c->top, c->H, c->Iw) : kiln_moe_flops_fwd(c->N, c->top, c->H, c->Iw);
 }
 
-typedef struct {
-    int64_t N, H, Iw, E, top, S, nslots;
-    const int32_t *choice;
-    const float *gate, *x, *dout;
-    const float *wgu, *wdn; /* [E, 2I, H], [E, H, Iw] */
-    float *ggu, *gdn;
-    int64_t *exp_off, *fill;
-    int32_t *slot_tok, *slot_k;
-    float *xe, *gu, *act, *ye, *out;
-    float *dye, *dgate, *dact, *dgu, *dxe, *dx;
-} moe_bufs;
-
-/* ZayaExperts forward as in zaya_forward.c: group the routed slots by expert, gather, SwiGLU MLP per
- * expert, scale by the gate and scatter back to the tokens. */
-static void moe_forward(moe_bufs *b) {
-    const int64_t E = b->E, H = b->H, Iw = b->Iw, top = b->top;
-    memset(b->exp_off, 0, (size_t)(E + 1) * sizeof *b->exp_off);
-    for (int64_t s = 0; s < b->S; s++) b->exp_off[b->choice[s] + 1]++;
-    for (int64_t e = 0; e < E; e++) b->exp_off[e + 1] += b->exp_off[e];
-    b->nslots = b->exp_off[E];
-    memcpy(b->fill, b->exp_off, (size_t)E * sizeof *b->fill);
-    for (int64_t s = 0; s < b->S; s++) {
-        int64_t slot = b->fill[b->choice[s]]++;
-        b->slot_tok[slot] = (int32_t)(s / top);
-        b->slot_k[slot] = (int32_t)(s % top);
-    }
-    for (int64_t s = 0; s < b->nslots; s++)
-        memcpy(b->xe + s * H, b->x + (int64_t)b->slot_tok[s] * H, (size_t)H * sizeof(float));
-    for (int64_t e = 0; e < E; e++) {
-        int64_t s0 = b->exp_off[e], ne = b->exp_off[e + 1] - s0;
-        if (!ne) continue;
-        kiln_linear_forward(b->gu + s0 * 2 * Iw, b->xe + s0 * H, b->wgu + e * 2 * Iw * H, NULL, ne, H, 2 * Iw);
-        kiln_swiglu_forward(b->act + s0 * Iw, b->gu + s0 * 2 * Iw, ne, Iw);
-        kiln_linear_forward(b->ye + s0 * H, b->act + s0 * Iw, b->wdn + e * H * Iw, NULL, ne, Iw, H);
-    }
-    memset(b->out, 0, (size_t)(b->N * H) * sizeof(float));
-    for (int64_t s = 0; s < b->nslots; s++) {
-        float g = b->gate[(int64_t)b->slot_tok[s] * top + b->slot_k[s]];
-        float *dst = b->out + (int64_t)b->slot_tok[s] * H;
-        for (int64_t h = 0; h < H; h++) dst[h] += g * b->ye[s * H + h];
-    }
-}
-
-/* The experts' part of zaya_backward.c: gate gradient and dye, per expert down, SwiGLU and gate_up
- * backward (weight gradients accumulated), the scatter-add of dxe to the tokens. */
-static void moe_backward(moe_bufs *b) {
-    const int64_t E = b->E, H = b->H, Iw = b->Iw, top = b->top;
-    memset(b->dgate, 0, (size_t)b->S * sizeof(float));
-    for (int64_t sl = 0; sl < b->nslots; sl++) {
-        int64_t n = b->slot_tok[sl], gi = n * top + b->slot_k[sl];
-        float g = b->gate[gi];
-        double dg = 0;
-        for (int64_t h = 0; h < H; h++) {
-            b->dye[sl * H + h] = g * b->dout[n * H + h];
-            dg += (double)b->dout[n * H + h] * b->ye[sl * H + h];
-        }
-        b->dgate[gi] = (float)dg;
-    }
-    memset(b->dact, 0, (size_t)(b->nslots * Iw) * sizeof(float));
-    memset(b->dgu, 0, (size_t)(b->nslots * 2 * Iw) * sizeof(float));
-    memset(b->dxe, 0, (size_t)(b->nslots * H) * sizeof(float));
-    for (int64_t e = 0; e < E; e++) {
-        int64_t s0 = b->exp_off[e], ne = b->exp_off[e + 1] - s0;
-        if (!ne) continue;
-        kiln_linear_backward(b->dact + s0 * Iw, b->gdn + e * H * Iw, NULL, b->dye + s0 * H, b->act + s0 * Iw,
-                             b->wdn + e * H * Iw, ne, Iw, H);
-        kiln_swiglu_backward(b->dgu + s0 * 2 * Iw, b->dact + s0 * Iw, b->gu + s0 * 2 * Iw, ne, Iw);
-        kiln_linear_backward(b->dxe + s0 * H, b->ggu + e * 2 * Iw * H, NULL, b->dgu + s0 * 2 * Iw, b->xe + s0 * H,
-                             b->wgu + e * 2 * Iw * H, ne, H, 2 * Iw);
-    }
-    memset(b->dx, 0, (size_t)(b->N * H) * sizeof(float));
-    for (int64_t sl = 0; sl < b->nslots; sl++) {
-        float *dst = b->dx + (int64_t)b->slot_tok[sl] * H;
-        for (int64_t h = 0; h < H; h++) dst[h] += b->dxe[sl * H + h];
-    }
-}
-
 static kiln_error *run_case(moe_case *c, int iters, int warmup) {
     const int64_t N = c->N, H = c->H, Iw = c->Iw, E = c->E, S = N * c->top, nw = E * 2 * Iw * H, nd = E * H * Iw;
     float *wgu = malloc((size_t)nw * sizeof(float)), *wdn = malloc((size_t)nd * sizeof(float));
@@ -163,7 +86,7 @@ static kiln_error *run_case(moe_case *c, int iters, int warmup) {
     float *gate = malloc((size_t)S * sizeof(float)), *dgate = malloc((size_t)S * sizeof(float));
     int32_t *choice = malloc((size_t)S * sizeof(int32_t)), *slot_tok = malloc((size_t)S * sizeof(int32_t));
     int32_t *slot_k = malloc((size_t)S * sizeof(int32_t));
-    int64_t *exp_off = malloc((size_t)(E + 1) * sizeof(int64_t)), *fillv = malloc((size_t)E * sizeof(int64_t));
+    int32_t *exp_off = malloc((size_t)(E + 1) * sizeof(int32_t)), *fillv = malloc((size_t)E * sizeof(int32_t));
     kiln_error *e = NULL;
     if (!wgu || !wdn || !ggu || !gdn || !x || !out || !dout || !dx || !xe || !ye || !dye || !dxe || !gu || !dgu ||
         !act || !dact || !gate || !dgate || !choice || !slot_tok || !slot_k || !exp_off || !fillv) {
@@ -183,12 +106,13 @@ static kiln_error *run_case(moe_case *c, int iters, int warmup) {
     kiln_bench_fill(wdn, nd, 2, 1.0f / sqrtf((float)Iw));
     kiln_bench_fill(x, N * H, 3, 1.0f);
     kiln_bench_fill(dout, N * H, 4, 1.0f);
-    moe_bufs b = {N, H, Iw, E, c->top, S, 0, choice, gate, x, dout, wgu, wdn, ggu, gdn, exp_off, fillv,
-                  slot_tok, slot_k, xe, gu, act, ye, out, dye, dgate, dact, dgu, dxe, dx};
+    /* the trainer's own expert op (src/nn/experts.c), as src/models/zaya_forward.c calls it */
+    kiln_experts b = {N, H, Iw, E, c->top, choice, gate, exp_off, fillv, slot_tok, slot_k, 0, xe, gu, act, ye};
+    kiln_experts_scratch w = {dye, dact, dgu, dxe};
     double tot = 0;
     for (int i = 0; i < warmup + iters; i++) {
         double t0 = kiln_bench_now_s();
-        moe_forward(&b);
+        kiln_experts_forward(&b, out, x, wgu, wdn);
         double t = kiln_bench_now_s() - t0;
         if (i >= warmup) tot += t;
     }
@@ -198,8 +122,9 @@ static kiln_error *run_case(moe_case *c, int iters, int warmup) {
         memset(ggu, 0, (size_t)nw * sizeof(float)); /* the trainer's weight gradients start at zero */
         memset(gdn, 0, (size_t)nd * sizeof(float));
         double t0 = kiln_bench_now_s();
-        moe_forward(&b);
-        moe_backward(&b);
+        kiln_experts_forward(&b, out, x, wgu, wdn);
+        memset(dx, 0, (size_t)(N * H) * sizeof(float)); /* the op accumulates into dx */
+        kiln_experts_backward(&b, dx, dgate, ggu, gdn, dout, wgu, wdn, &w);
         double t = kiln_bench_now_s() - t0;
         if (i >= warmup) tot += t;
     }
@@ -217,10 +142,10 @@ done:
 
 static const char usage[] =
     "usage: kiln bench moe [options]\n\n"
-    "Time and achieved TFLOP/s of the trainer's expert path, forward and forward + backward, fp32: the\n"
-    "routed slots grouped by expert, per expert gate_up [hidden -> 2*inter], SwiGLU, down [inter ->\n"
-    "hidden] through kiln_linear_* (OpenBLAS) and kiln_swiglu_*, the gate-weighted scatter back to the\n"
-    "tokens, as src/models/zaya_forward.c and zaya_backward.c do (weight gradients included). Routing\n"
+    "Time and achieved TFLOP/s of the trainer's expert op (kiln_experts_forward/backward, the one the\n"
+    "model calls), forward and forward + backward, fp32: the routed slots grouped by expert, per expert\n"
+    "gate_up [hidden -> 2*inter], SwiGLU, down [inter -> hidden] through OpenBLAS, the gate-weighted\n"
+    "scatter back to the tokens (weight gradients included). Routing\n"
     "is balanced (every expert gets tokens*top_k/experts slots, +-1) and random from a fixed seed.\n\n"
     "FLOPs: forward = 6*tokens*top_k*hidden*inter (gate_up 4*hidden*inter + down 2*hidden*inter per\n"
     "slot); backward = 2 x forward (dX and dW of both); forward + backward = 18*tokens*top_k*hidden*inter.\n"

@@ -53,7 +53,7 @@ static void layer_backward(kiln_zaya *m, int64_t li, const zaya_layer_acts *L, c
     const kiln_zaya_layer_ptrs *W = &m->W.layers[li], *Gd = &m->G.layers[li];
     const int64_t N = B * T, H = c->hidden_size, D = c->head_dim, NH = c->num_heads, KV = c->num_kv_heads;
     const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV, R = c->router_hidden;
-    const int64_t E = c->num_experts, E1 = E + 1, top = c->top_k, I = c->moe_intermediate;
+    const int64_t E = c->num_experts, E1 = E + 1, top = c->top_k;
     const int type = c->layer_types[li];
 
     /* post_mlp_residual_scale */
@@ -63,34 +63,10 @@ static void layer_backward(kiln_zaya *m, int64_t li, const zaya_layer_acts *L, c
     kiln_scale_shift_backward(s->dres1, Gd->mlp_rb, Gd->mlp_rs, dout, L->res1, W->mlp_rb, W->mlp_rs, N, H);
 
     /* experts: gate * SwiGLU(x) per slot */
-    ZERO(s->dgate, N * top);
-    for (int64_t sl = 0; sl < L->nslots; sl++) {
-        int64_t n = L->slot_tok[sl], gi = n * top + L->slot_k[sl];
-        float g = L->gate[gi];
-        double dg = 0;
-        for (int64_t h = 0; h < H; h++) {
-            s->dye[sl * H + h] = g * s->dmoe[n * H + h];
-            dg += (double)s->dmoe[n * H + h] * L->ye[sl * H + h];
-        }
-        s->dgate[gi] = (float)dg;
-    }
-    ZERO(s->dact, L->nslots * I);
-    ZERO(s->dgu, L->nslots * 2 * I);
-    ZERO(s->dxe, L->nslots * H);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t s0 = L->exp_off[e], ne = L->exp_off[e + 1] - s0;
-        if (!ne) continue;
-        kiln_linear_backward(s->dact + s0 * I, Gd->down + e * H * I, NULL, s->dye + s0 * H, L->act + s0 * I,
-                             W->down + e * H * I, ne, I, H);
-        kiln_swiglu_backward(s->dgu + s0 * 2 * I, s->dact + s0 * I, L->gu + s0 * 2 * I, ne, I);
-        kiln_linear_backward(s->dxe + s0 * H, Gd->gate_up + e * 2 * I * H, NULL, s->dgu + s0 * 2 * I,
-                             L->xe + s0 * H, W->gate_up + e * 2 * I * H, ne, H, 2 * I);
-    }
     ZERO(s->dln, N * H);
-    for (int64_t sl = 0; sl < L->nslots; sl++) {
-        float *dst = s->dln + (int64_t)L->slot_tok[sl] * H;
-        for (int64_t h = 0; h < H; h++) dst[h] += s->dxe[sl * H + h];
-    }
+    kiln_experts ex = experts_of(c, (zaya_layer_acts *)L, N);
+    kiln_experts_scratch xs = {s->dye, s->dact, s->dgu, s->dxe};
+    kiln_experts_backward(&ex, s->dln, s->dgate, Gd->gate_up, Gd->down, s->dmoe, W->gate_up, W->down, &xs);
 
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
     ZERO(s->dprobs, N * E1);

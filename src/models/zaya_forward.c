@@ -139,13 +139,18 @@ static void route_topk(const float *probs, const float *bias, int64_t E1, int64_
     }
 }
 
+kiln_experts experts_of(const kiln_zaya_config *c, zaya_layer_acts *L, int64_t N) {
+    return (kiln_experts){N, c->hidden_size, c->moe_intermediate, c->num_experts, c->top_k, L->choice, L->gate,
+                          L->exp_off, L->fill, L->slot_tok, L->slot_k, L->nslots, L->xe, L->gu, L->act, L->ye};
+}
+
 static void layer_forward(kiln_zaya *m, int64_t li, zaya_layer_acts *L, const float *prev_rdown, float *out,
                           int64_t B, int64_t T, kiln_zaya_cache *cache) {
     const kiln_zaya_config *c = &m->cfg;
     const kiln_zaya_layer_ptrs *W = &m->W.layers[li];
     const int64_t N = B * T, H = c->hidden_size, D = c->head_dim, NH = c->num_heads, KV = c->num_kv_heads;
     const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV, R = c->router_hidden;
-    const int64_t E = c->num_experts, E1 = E + 1, top = c->top_k, I = c->moe_intermediate;
+    const int64_t E = c->num_experts, E1 = E + 1, top = c->top_k;
     const int type = c->layer_types[li];
     const float eps = (float)c->rms_norm_eps;
     const int64_t pos0 = cache ? cache->pos : 0;
@@ -257,35 +262,10 @@ static void layer_forward(kiln_zaya *m, int64_t li, zaya_layer_acts *L, const fl
         }
     }
 
-    /* ZayaExperts: group the routed slots by expert, SwiGLU, scale by the gate, scatter back */
-    memset(L->exp_off, 0, (size_t)(E1 + 1) * sizeof(int32_t));
-    for (int64_t s = 0; s < N * top; s++)
-        if (L->choice[s] < E) L->exp_off[L->choice[s] + 1]++;
-    for (int64_t e = 0; e < E; e++) L->exp_off[e + 1] += L->exp_off[e];
-    L->nslots = L->exp_off[E];
-    memcpy(L->fill, L->exp_off, (size_t)E * sizeof(int32_t));
-    for (int64_t s = 0; s < N * top; s++) {
-        int32_t e = L->choice[s];
-        if (e == E) continue;
-        int32_t slot = L->fill[e]++;
-        L->slot_tok[slot] = (int32_t)(s / top);
-        L->slot_k[slot] = (int32_t)(s % top);
-    }
-    for (int64_t s = 0; s < L->nslots; s++)
-        memcpy(L->xe + s * H, L->ln2 + (int64_t)L->slot_tok[s] * H, (size_t)H * sizeof(float));
-    for (int64_t e = 0; e < E; e++) {
-        int64_t s0 = L->exp_off[e], ne = L->exp_off[e + 1] - s0;
-        if (!ne) continue;
-        kiln_linear_forward(L->gu + s0 * 2 * I, L->xe + s0 * H, W->gate_up + e * 2 * I * H, NULL, ne, H, 2 * I);
-        kiln_swiglu_forward(L->act + s0 * I, L->gu + s0 * 2 * I, ne, I);
-        kiln_linear_forward(L->ye + s0 * H, L->act + s0 * I, W->down + e * H * I, NULL, ne, I, H);
-    }
-    memset(L->moe, 0, (size_t)(N * H) * sizeof(float));
-    for (int64_t s = 0; s < L->nslots; s++) {
-        float g = L->gate[(int64_t)L->slot_tok[s] * top + L->slot_k[s]];
-        float *dst = L->moe + (int64_t)L->slot_tok[s] * H;
-        for (int64_t h = 0; h < H; h++) dst[h] += g * L->ye[s * H + h];
-    }
+    /* ZayaExperts */
+    kiln_experts ex = experts_of(c, L, N);
+    kiln_experts_forward(&ex, L->moe, L->ln2, W->gate_up, W->down);
+    L->nslots = ex.nslots;
 
     /* post_mlp_residual_scale */
     kiln_scale_shift_forward(out, L->moe, W->mlp_hb, W->mlp_hs, N, H, 0);

@@ -59,6 +59,10 @@ struct zaya_layer_cache;
 kiln_error *kiln_zaya_forward_impl(kiln_zaya *m, kiln_zaya_acts *a, const int64_t *ids, float *logits,
                                    kiln_zaya_cache *cache);
 
+/* The experts op's view of a layer's saved routing and activations. */
+#include "kiln/nn.h"
+kiln_experts experts_of(const kiln_zaya_config *c, zaya_layer_acts *L, int64_t N);
+
 struct kiln_zaya_cache {
     int64_t B, cap, pos, P;
     float *hist;  /* [L, B, P, C] last P convolution inputs */
