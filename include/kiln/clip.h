@@ -1,0 +1,37 @@
+/* kiln CLIP: HF CLIPModel (text and vision towers) in C, plus the image
+ * preprocessing of CLIPImageProcessor and the CLIP BPE tokenizer, so that
+ * embeddings match transformers on the same checkpoint directory.
+ */
+#ifndef KILN_CLIP_H
+#define KILN_CLIP_H
+
+#include "kiln/error.h"
+#include "kiln/image.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_clip kiln_clip;
+
+/* HF CLIPModel dir: config.json, model.safetensors, tokenizer files,
+ * preprocessor_config.json. */
+kiln_error *kiln_clip_load(const char *dir, kiln_clip **out);
+void kiln_clip_free(kiln_clip *m);
+int kiln_clip_dim(const kiln_clip *m);           /* projection_dim D */
+int kiln_clip_image_size(const kiln_clip *m);    /* S */
+int kiln_clip_grid(const kiln_clip *m);          /* patches per side G = S / patch_size */
+float kiln_clip_logit_scale(const kiln_clip *m); /* exp(logit_scale) */
+/* -> pixels [3,S,S] exactly as CLIPImageProcessor would produce. */
+kiln_error *kiln_clip_preprocess(const kiln_clip *m, const kiln_image *img, float *pixels);
+/* out [n,D]: projected, L2-normalised text embeddings. */
+kiln_error *kiln_clip_embed_texts(kiln_clip *m, const char *const *texts, int n, float *out);
+/* out [n,D] projected + L2-normalised image embeds; patches NULL or [n, G*G, D]:
+ * each patch token of the last hidden state through post_layernorm +
+ * visual_projection, L2-normalised (for patch-level similarity maps). */
+kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, float *out, float *patches);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
