@@ -18,13 +18,30 @@ fi
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERROR=OFF "${extra[@]}" >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target kiln 2>&1 | grep -E "error|warning" || true
 K=./build-gpu/kiln
+# NCCL for `kiln bench comm --backend nccl`: the library of the PyTorch wheels, opened at run time
+if [ -z "${KILN_NCCL_LIB:-}" ]; then
+  KILN_NCCL_LIB=$(python3 -c 'import glob, site, os
+for d in site.getsitepackages():
+    g = sorted(glob.glob(os.path.join(d, "nvidia/nccl/lib/libnccl.so*")))
+    if g: print(g[0]); break')
+  export KILN_NCCL_LIB
+fi
+export NCCL_NVLS_ENABLE=0
+ngpu=$(nvidia-smi -L | wc -l)
+comm_max=${COMM_MAX:-256M}
+for dt in float bfloat16; do
+  "$K" bench comm --backend nccl -g "$ngpu" -b 8 -e "$comm_max" -d "$dt" --json "$out/comm_nccl_${dt}.json" \
+    > "$out/comm_nccl_${dt}.txt" || { cat "$out/comm_nccl_${dt}.txt"; exit 1; }
+  torchrun --standalone --nproc_per_node "$ngpu" bench/peers/torch_comm.py 8 $(numfmt --from=iec "$comm_max") "$dt" \
+    > "$out/comm_torch_${dt}.json" 2> "$out/comm_torch_${dt}.err" || cat "$out/comm_torch_${dt}.err"
+done
 shapes='[[8192,8192,8192],[4096,4096,4096],[16384,2048,2048],[16384,4096,2048],[16384,2048,4096],[2048,2048,2048]]'
 # Alternate the peer and kiln for ROUNDS rounds and compare medians: single passes on the H200 move
 # by several percent between runs for the same shape (clocks, thermals), more than the 3% we judge.
 rounds=${ROUNDS:-3}
 for r in $(seq 1 "$rounds"); do
   python3 bench/peers/torch_gemm_membw.py "$shapes" > "$out/peer_$r.json"
-  for dt in bf16 fp16 fp32; do
+  for dt in bf16 fp16 fp32 fp8; do
     "$K" bench gemm --device cuda --dtype "$dt" -m 8192,4096,16384,2048 -n 8192,4096,2048 -k 8192,4096,2048 \
       --iters 20 --warmup 5 --json "$out/gemm_${dt}_$r.json" > "$out/gemm_${dt}_$r.txt"
   done
@@ -37,7 +54,7 @@ R = range(1, rounds + 1)
 peers = [json.load(open(f"{out}/peer_{r}.json")) for r in R]
 print(f"# {peers[0]['gpu']}, torch {peers[0]['torch']}; medians over {rounds} alternating rounds")
 print(f"{'dtype':6} {'m':>6} {'n':>6} {'k':>6} {'kiln TFLOP/s':>13} {'torch TFLOP/s':>14} {'ratio':>6}")
-for dt in ["bf16", "fp16", "fp32"]:
+for dt in ["bf16", "fp16", "fp32", "fp8"]:
     kiln = [{(x["m"], x["n"], x["k"]): x["tflops"] for x in json.load(open(f"{out}/gemm_{dt}_{r}.json"))["gemm"]} for r in R]
     for p in [x for x in peers[0]["gemm"] if x["dtype"] == dt]:
         key = (p["m"], p["n"], p["k"])
@@ -51,5 +68,18 @@ for p in peers[0]["copy"]:
                            if x["device"] == "cuda" and x["kernel"] == "copy" and x["bytes_per_array"] == p["bytes"])
     tv = statistics.median(x["gbs_best"] for pr in peers for x in pr["copy"] if x["bytes"] == p["bytes"])
     print(f"{p['bytes']:12} {kv:10.0f} {tv:11.0f} {kv / tv:6.3f}")
+print(f"{'collective':15} {'dtype':9} {'bytes':>11} {'kiln busbw':>11} {'torch busbw':>12} {'ratio':>6}  (NCCL, {peers[0]['gpu']})")
+for dt in ["float", "bfloat16"]:
+    try:
+        kc = json.load(open(f"{out}/comm_nccl_{dt}.json"))["comm"]
+        tc = json.load(open(f"{out}/comm_torch_{dt}.json"))["comm"]
+    except (OSError, ValueError) as e:
+        print(f"# comm {dt}: {e}"); continue
+    for t in tc:
+        if t["bytes"] < (64 << 20): continue
+        k = [x for x in kc if x["collective"] == t["collective"] and x["bytes"] == t["bytes"] and not x["inplace"]]
+        if k: print(f"{t['collective']:15} {dt:9} {t['bytes']:11} {k[0]['busbw_gbs']:11.1f} {t['busbw_gbs']:12.1f} "
+                    f"{k[0]['busbw_gbs'] / t['busbw_gbs'] if t['busbw_gbs'] else float('nan'):6.3f}")
 PY
 cat "$out/membw_gpu_$rounds.txt"
+cat "$out/comm_nccl_float.txt"

@@ -9,6 +9,7 @@
 
 #include "bench/comm_formulas.h"
 #include "kiln/fsutil.h"
+#include "kiln/cuda.h"
 #include "test.h"
 
 TEST(bench_comm_busbw_formulas) {
@@ -180,6 +181,9 @@ TEST(bench_comm_usage_errors) {
         {"-c 2", "expected 1 or 0"},
         {"--frobnicate", "unknown option '--frobnicate'"},
         {"-e", "-e needs a value"},
+        {"--backend gloo", "unknown backend 'gloo'"},
+        {"-g 2", "-g/--ngpus needs --backend nccl"},
+        {"--backend nccl -g 0", "the number of GPUs must be an integer in 1..1024"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[256], out[4096];
@@ -190,4 +194,24 @@ TEST(bench_comm_usage_errors) {
     }
     char out[8192];
     CHECK(test_run_kiln("bench comm --help", out, sizeof out) == 0 && strstr(out, "--stepfactor"));
+}
+
+/* On a machine without a GPU (CI) or without libnccl, the NCCL backend fails with a message that says which,
+ * never a crash; with more GPUs asked of a host than it has, the message names both counts. */
+TEST(bench_comm_nccl_unavailable) {
+    char out[8192];
+    int n = 0;
+    kiln_error *e = kiln_cuda_device_count(&n);
+    int have_gpu = !e && n > 0;
+    kiln_error_free(e);
+    if (have_gpu) {
+        char args[128];
+        snprintf(args, sizeof args, "bench comm --backend nccl -g %d -e 1K", n + 1);
+        CHECK(test_run_kiln(args, out, sizeof out) == 1 && strstr(out, "GPUs; it has"));
+        return;
+    }
+    int rc = test_run_kiln("bench comm --backend nccl -e 1K", out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "kiln bench comm (rank 0): error: ") &&
+                  (strstr(out, "CUDA") || strstr(out, "cuda") || strstr(out, "NCCL")),
+              "rc %d, output '%s'", rc, out);
 }

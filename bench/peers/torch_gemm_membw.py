@@ -19,6 +19,23 @@ def gemm(m, n, k, dtype, iters=20, warmup=5):
     us = e0.elapsed_time(e1) * 1e3 / iters
     return {"m": m, "n": n, "k": k, "time_us": us, "tflops": 2 * m * n * k / (us * 1e-6) / 1e12}
 
+def gemm_fp8(m, n, k, iters=20, warmup=5):
+    """E4M3 x E4M3 -> bf16 with unit scales: y = x @ w.T, w stored [n, k] (cuBLASLt's FP8 layout)."""
+    a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    f = lambda: torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    for _ in range(warmup):
+        f()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(iters):
+        f()
+    e1.record()
+    torch.cuda.synchronize()
+    us = e0.elapsed_time(e1) * 1e3 / iters
+    return {"m": m, "n": n, "k": k, "time_us": us, "tflops": 2 * m * n * k / (us * 1e-6) / 1e12}
+
 def copy(nbytes, iters=20):
     a = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).fill_(1)
     b = torch.empty_like(a)
@@ -39,6 +56,8 @@ if __name__ == "__main__":
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
         for m, n, k in shapes:
             r = gemm(m, n, k, dtype); r["dtype"] = dt; out["gemm"].append(r)
+    for m, n, k in shapes:
+        r = gemm_fp8(m, n, k); r["dtype"] = "fp8"; out["gemm"].append(r)
     for nb in [1 << 26, 1 << 28, 1 << 30, 1 << 32]:
         out["copy"].append(copy(nb))
     print(json.dumps(out))

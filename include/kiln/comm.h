@@ -1,7 +1,14 @@
 /* The communication interface of data-parallel training: the few collectives ZeRO-1 needs,
- * behind one struct of function pointers so that the MPI backend (CPU, now) and the NCCL backend
- * (GPU, later) are interchangeable. A single process without MPI uses the "local" backend, whose
- * collectives are copies. All buffers are f32 unless named otherwise; counts are elements. */
+ * behind one struct of function pointers so that the MPI backend (CPU) and the NCCL backend (GPU)
+ * are interchangeable. A single process without MPI uses the "local" backend, whose collectives
+ * are copies. All buffers are f32 unless named otherwise; counts are elements.
+ *
+ * Two planes. The data collectives (allreduce_sum, reduce_scatter_sum, allgather and every *_dt
+ * call) take buffers where the backend keeps data: host memory for local/MPI, memory of CUDA device
+ * `device` for NCCL (device_buffers = 1), and NCCL runs them asynchronously on its stream: call
+ * kiln_comm_sync before reading the result on the host. The control calls (allreduce_sum_f64,
+ * allreduce_max_f64, broadcast, barrier) always take host memory and return when done: they carry
+ * the trainer's and benchmarks' small bookkeeping (loss sums, seeds, times, checksums). */
 #ifndef KILN_COMM_H
 #define KILN_COMM_H
 
@@ -10,6 +17,10 @@
 
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct kiln_comm kiln_comm;
 struct kiln_comm {
@@ -47,8 +58,14 @@ struct kiln_comm {
     kiln_error *(*alltoall_dt)(kiln_comm *c, const void *send, void *recv, size_t count, kiln_dtype dt);
     /* max over ranks, in place (the slowest rank's time) */
     kiln_error *(*allreduce_max_f64)(kiln_comm *c, double *buf, size_t n);
+    /* wait for the data collectives issued so far (NULL: they are synchronous) */
+    kiln_error *(*sync)(kiln_comm *c);
+    int device_buffers; /* 1: data collectives take device memory of CUDA device `device` */
+    int device;
     void *impl;
 };
+
+static inline kiln_error *kiln_comm_sync(kiln_comm *c) { return c->sync ? c->sync(c) : NULL; }
 
 /* MPI when the process was started by mpirun (and kiln was built with MPI), else local. */
 kiln_error *kiln_comm_init(int *argc, char ***argv, kiln_comm **out);
@@ -58,4 +75,26 @@ int kiln_comm_have_mpi(void);
 /* The MPI library's version line ("Open MPI v4.1.4, ..."), or NULL without MPI. */
 const char *kiln_comm_mpi_version(void);
 
+/* ---- NCCL (src/comm/comm_nccl.cu; libnccl.so.2 is loaded at run time, from $KILN_NCCL_LIB when set,
+ * so kiln builds without NCCL's headers and runs its CPU paths without it). */
+#define KILN_NCCL_ID_BYTES 128
+/* A new unique id: made by one rank and handed to the others (MPI broadcast, or shared by threads). */
+kiln_error *kiln_comm_nccl_unique_id(unsigned char id[KILN_NCCL_ID_BYTES]);
+/* Rank `rank` of `nranks` on CUDA device `device`; blocks until every rank has joined. The calling
+ * thread's current device becomes `device`. `boot`, when not NULL, is finalized by this comm's finalize
+ * (after NCCL's communicator is destroyed: MPI must outlive it). */
+kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID_BYTES], int nranks, int rank, int device,
+                                  kiln_comm *boot, kiln_comm **out);
+/* NCCL over the ranks of `boot` (MPI or local), one GPU per process picked by the process's local rank;
+ * an error when a host has more ranks than GPUs. On success the new comm owns `boot`. */
+kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out);
+/* "2.27.3", or an error when libnccl cannot be loaded. */
+kiln_error *kiln_comm_nccl_version(char *buf, size_t n);
+/* This process's rank among the ranks on its host and their number (OpenMPI's environment; 0 and 1
+ * without a launcher). */
+void kiln_comm_local_rank(int *local_rank, int *local_size);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

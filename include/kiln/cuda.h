@@ -22,8 +22,9 @@ typedef struct {
 } kiln_cuda_info;
 kiln_error *kiln_cuda_device_info(kiln_cuda_info *info);
 
-/* GEMM element types through cuBLASLt (the trainer's GEMM path). */
-typedef enum { KILN_CUDA_F32 = 0, KILN_CUDA_TF32, KILN_CUDA_BF16, KILN_CUDA_F16 } kiln_cuda_gemm_type;
+/* GEMM element types through cuBLASLt (the trainer's GEMM path). FP8 is E4M3 inputs with unit scales,
+ * bf16 output, fp32 accumulation, and only the NT layout (y = x·Wᵀ), the one cuBLASLt's FP8 kernels take. */
+typedef enum { KILN_CUDA_F32 = 0, KILN_CUDA_TF32, KILN_CUDA_BF16, KILN_CUDA_F16, KILN_CUDA_FP8 } kiln_cuda_gemm_type;
 kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out);
 /* C[m,n] = op(A) op(B), row-major, layout "NN"/"NT"/"TN" as the CPU bench; mean microseconds of
  * one GEMM over iters after warmup, timed with CUDA events. */
@@ -35,6 +36,16 @@ kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int64_t n, int
 kiln_error *kiln_cuda_membw(const char *kernel, size_t bytes, int iters, double *best_gbs, double *avg_gbs);
 /* Host<->device copies from/to pinned memory: dir 0 = host to device, 1 = device to host. */
 kiln_error *kiln_cuda_hostbw(int dir, size_t bytes, int iters, double *best_gbs, double *avg_gbs);
+
+/* Device memory for C callers (benchmarks, users of the NCCL backend); the calling thread's device. */
+kiln_error *kiln_cuda_device_count(int *n);
+kiln_error *kiln_cuda_set_device(int device);
+kiln_error *kiln_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+kiln_error *kiln_cuda_alloc(void **p, size_t bytes);
+void kiln_cuda_free(void *p);
+typedef enum { KILN_CUDA_H2D = 0, KILN_CUDA_D2H, KILN_CUDA_D2D } kiln_cuda_copy_kind;
+/* synchronous */
+kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     KILN_DT_INVALID = 0,
     KILN_DT_F64, KILN_DT_F32, KILN_DT_F16, KILN_DT_BF16,
@@ -24,4 +28,7 @@ uint16_t kiln_f32_to_bf16(float f); /* round to nearest even, NaN preserved */
 float kiln_f16_to_f32(uint16_t h);
 uint16_t kiln_f32_to_f16(float f);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

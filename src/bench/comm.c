@@ -1,7 +1,10 @@
 /* kiln bench comm: collectives over a message-size sweep, in nccl-tests' style (flags, table columns, size
- * and bus-bandwidth conventions: see comm_formulas.h). One process per rank under mpirun (MPI backend on
- * CPUs), or one rank without mpirun (the local backend). Every result is checked against rank-dependent
- * fill patterns of small integers, exact in f32 and bf16. Times are the slowest rank's (MAX over ranks). */
+ * and bus-bandwidth conventions: see comm_formulas.h). Backends: on CPUs one process per rank under mpirun
+ * (MPI) or one rank without it (local); on GPUs NCCL with one GPU per process under mpirun, and/or -g N GPUs
+ * driven by one process (a thread per GPU, each a rank). Every result is checked against rank-dependent
+ * fill patterns of small integers, exact in f32 and bf16 (made on the host and copied to the GPU).
+ * Times are the slowest rank's (MAX over ranks); on GPUs each timed call is followed by a stream
+ * synchronization, so a time includes one launch and one sync, as torch's `op(); synchronize()`. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -10,12 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "bench/bench_util.h"
 #include "bench/comm_formulas.h"
 #include "kiln/bench.h"
 #include "kiln/comm.h"
+#include "kiln/cuda.h"
 #include "kiln/dtype.h"
 #include "kiln/fsutil.h"
 
@@ -30,6 +35,9 @@ static const char usage[] =
     "  -d, --datatype T      float | bfloat16 (default float; bf16 sums are f32 per element, rounded)\n"
     "  -o, --op sum          the reduction (sum only)\n"
     "  -c, --check 1|0       check every result (#wrong) (default 1)\n"
+    "  --backend B           cpu (MPI under mpirun, else one local rank) or nccl (GPUs) (default cpu)\n"
+    "  -g, --ngpus N         nccl: GPUs driven by this process, one thread (rank) each (default 1);\n"
+    "                        under mpirun every process takes N GPUs of its host\n"
     "  --collectives LIST    comma-separated: all_reduce,reduce_scatter,all_gather,broadcast,alltoall\n"
     "                        (default all five)\n"
     "  --inplace, --outofplace   only that variant (default both)\n"
@@ -43,6 +51,8 @@ typedef struct {
     int check;
     int want[KILN_COLL_COUNT];
     int oop, ip;
+    int nccl;
+    long ngpus;
     const char *json, *csv;
 } opts;
 
@@ -114,7 +124,8 @@ static int coll_from_name(const char *s, size_t len) {
 
 static int parse_args(int argc, char **argv, opts *o) {
     *o = (opts){.minb = 8, .maxb = (size_t)1 << 30, .factor = 2, .iters = 20, .warmup = 5, .dt = KILN_DT_F32,
-                .check = 1};
+                .check = 1, .ngpus = 1};
+    int gpus_given = 0;
     int any_coll = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -136,7 +147,8 @@ static int parse_args(int argc, char **argv, opts *o) {
 #define IS(s, l) (!strcmp(a, s) || !strcmp(a, l))
         int known = IS("-b", "--minbytes") || IS("-e", "--maxbytes") || IS("-f", "--stepfactor") ||
                     IS("-n", "--iters") || IS("-w", "--warmup_iters") || IS("-d", "--datatype") || IS("-o", "--op") ||
-                    IS("-c", "--check") || !strcmp(a, "--collectives") || !strcmp(a, "--json") || !strcmp(a, "--csv");
+                    IS("-c", "--check") || !strcmp(a, "--collectives") || !strcmp(a, "--json") || !strcmp(a, "--csv") ||
+                    !strcmp(a, "--backend") || IS("-g", "--ngpus");
         if (!known) return usage_error("unknown option '%s'", argv[i]);
         if (!v) return usage_error("%s needs a value", a);
         if (!eq) i++;
@@ -171,6 +183,14 @@ static int parse_args(int argc, char **argv, opts *o) {
                 if (!p[len]) break;
                 p += len + 1;
             }
+        } else if (!strcmp(a, "--backend")) {
+            if (!strcmp(v, "nccl")) o->nccl = 1;
+            else if (!strcmp(v, "cpu") || !strcmp(v, "mpi")) o->nccl = 0;
+            else return usage_error("unknown backend '%s' (cpu or nccl)", v);
+        } else if (IS("-g", "--ngpus")) {
+            if (parse_long(v, &o->ngpus) || o->ngpus < 1 || o->ngpus > 1024)
+                return usage_error("%s '%s': the number of GPUs must be an integer in 1..1024", a, v);
+            gpus_given = 1;
         } else if (!strcmp(a, "--json")) {
             o->json = v;
         } else {
@@ -183,6 +203,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (!any_coll)
         for (int c = 0; c < KILN_COLL_COUNT; c++) o->want[c] = 1;
     if (!o->ip && !o->oop) o->ip = o->oop = 1;
+    if (gpus_given && !o->nccl) return usage_error("-g/--ngpus needs --backend nccl");
     return -1; /* go on */
 }
 
@@ -202,11 +223,11 @@ static double mem_available(void) {
     return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
 }
 
-static int ranks_on_host(const kiln_comm *c) {
+static int ranks_on_host(const kiln_comm *c, long threads) {
     const char *v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (!v) v = getenv("MPI_LOCALNRANKS");
     int n = v ? atoi(v) : 0;
-    return n > 0 ? n : c->size; /* unknown: assume all on this host */
+    return n > 0 ? n * (int)threads : c->size; /* unknown: assume all on this host */
 }
 
 /* ---- fill patterns: small integers, exact in f32 and bf16 (sums too, up to 128 ranks) ---- */
@@ -236,6 +257,9 @@ typedef struct {
     char *a, *b;             /* two buffers of the largest size */
     const void *send;
     void *recv;
+    char *da, *db;           /* device backends: the buffers the collectives use; a, b stage them */
+    const void *dsend;
+    void *drecv;
     float sums[5];           /* sum over ranks of red_val(r, j), by j % 5 */
 } run;
 
@@ -284,14 +308,32 @@ static void prepare(run *u) {
     (void)n;
 }
 
+/* device backends: the host-prepared buffers go to the device, with send/recv at the same offsets (the
+ * result always lies in b, so only b comes back) */
+static kiln_error *upload(run *u) {
+    if (!u->da) return NULL;
+    const size_t bytes = u->count * u->ts;
+    KILN_TRY(kiln_cuda_copy(u->da, u->a, bytes, KILN_CUDA_H2D));
+    KILN_TRY(kiln_cuda_copy(u->db, u->b, bytes, KILN_CUDA_H2D));
+    const char *s = u->send;
+    u->dsend = s >= u->b && s < u->b + bytes ? u->db + (s - u->b) : u->da + (s - u->a);
+    u->drecv = u->db + ((char *)u->recv - u->b);
+    return NULL;
+}
+static kiln_error *download(run *u) {
+    return u->da ? kiln_cuda_copy(u->b, u->db, u->count * u->ts, KILN_CUDA_D2H) : NULL;
+}
+
 static kiln_error *op(run *u) {
     kiln_comm *c = u->c;
+    const void *s = u->da ? u->dsend : u->send;
+    void *r = u->da ? u->drecv : u->recv;
     switch (u->coll) {
-    case KILN_COLL_ALLREDUCE: return c->allreduce_sum_dt(c, u->send, u->recv, u->count, u->dt);
-    case KILN_COLL_REDUCE_SCATTER: return c->reduce_scatter_sum_dt(c, u->send, u->recv, u->block, u->dt);
-    case KILN_COLL_ALLGATHER: return c->allgather_dt(c, u->send, u->recv, u->block, u->dt);
-    case KILN_COLL_BROADCAST: return c->broadcast_dt(c, u->send, u->recv, u->count, u->dt, u->root);
-    case KILN_COLL_ALLTOALL: return c->alltoall_dt(c, u->send, u->recv, u->block, u->dt);
+    case KILN_COLL_ALLREDUCE: return c->allreduce_sum_dt(c, s, r, u->count, u->dt);
+    case KILN_COLL_REDUCE_SCATTER: return c->reduce_scatter_sum_dt(c, s, r, u->block, u->dt);
+    case KILN_COLL_ALLGATHER: return c->allgather_dt(c, s, r, u->block, u->dt);
+    case KILN_COLL_BROADCAST: return c->broadcast_dt(c, s, r, u->count, u->dt, u->root);
+    case KILN_COLL_ALLTOALL: return c->alltoall_dt(c, s, r, u->block, u->dt);
     default: return kiln_errorf(KILN_EINVAL, "collective %d", (int)u->coll);
     }
 }
@@ -340,12 +382,15 @@ typedef struct {
 static kiln_error *measure(run *u, const opts *o, result *res) {
     kiln_comm *c = u->c;
     prepare(u);
+    KILN_TRY(upload(u));
     for (long i = 0; i < o->warmup; i++) KILN_TRY(op(u));
+    KILN_TRY(kiln_comm_sync(c));
     KILN_TRY(c->barrier(c));
     double t[3] = {1e300, 0, 0}; /* min, sum, max */
     for (long i = 0; i < o->iters; i++) {
         double t0 = now_us();
         KILN_TRY(op(u));
+        KILN_TRY(kiln_comm_sync(c));
         double dt = now_us() - t0;
         t[0] = dt < t[0] ? dt : t[0];
         t[1] += dt;
@@ -360,7 +405,10 @@ static kiln_error *measure(run *u, const opts *o, result *res) {
     res->wrong = -1;
     if (o->check) {
         prepare(u);
+        KILN_TRY(upload(u));
         KILN_TRY(op(u));
+        KILN_TRY(kiln_comm_sync(c));
+        KILN_TRY(download(u));
         double w = (double)count_wrong(u);
         KILN_TRY(c->allreduce_sum_f64(c, &w, 1));
         res->wrong = w;
@@ -442,9 +490,16 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     const size_t ts = kiln_dtype_size(o->dt);
     /* the largest size of the sweep, capped by memory: two buffers of it per rank, as nccl-tests */
     size_t maxb = o->maxb;
-    double avail = mem_available(), budget = 0.8 * avail / ranks_on_host(c);
+    const long threads = o->nccl ? o->ngpus : 1;
+    double avail = mem_available(), budget = 0.8 * avail / ranks_on_host(c, threads);
     double capped = (double)maxb;
     if (avail > 0 && 2.0 * (double)maxb > budget) capped = budget / 2;
+    size_t dfree = 0, dtotal = 0;
+    if (c->device_buffers) { /* and two device buffers, leaving NCCL its own memory */
+        KILN_TRY(kiln_cuda_mem_info(&dfree, &dtotal));
+        double dbudget = 0.9 * (double)dfree - 512.0 * 1048576.0;
+        if (2.0 * (double)maxb > dbudget && dbudget / 2 < capped) capped = dbudget > 0 ? dbudget / 2 : 0, budget = dbudget;
+    }
     double neg = -capped;
     KILN_TRY(c->allreduce_max_f64(c, &neg, 1)); /* the smallest cap of all ranks */
     if (-neg < (double)maxb) {
@@ -452,7 +507,7 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         if (me == 0)
             fprintf(stderr, "# warning: --maxbytes %zu needs %.1f MiB per rank for its two buffers; %.1f MiB are "
                     "available to each of %d rank(s) on this host: capped to %zu bytes\n", maxb,
-                    2.0 * (double)maxb / 1048576.0, budget / 1048576.0, ranks_on_host(c), cap);
+                    2.0 * (double)maxb / 1048576.0, budget / 1048576.0, ranks_on_host(c, threads), cap);
         if (cap < o->minb)
             return kiln_errorf(KILN_ENOMEM, "not enough memory for --minbytes %zu (%.1f MiB available per rank)",
                                o->minb, budget / 1048576.0);
@@ -461,26 +516,47 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     size_t last = o->minb; /* largest size of the sweep */
     while (last <= maxb / (size_t)o->factor) last *= (size_t)o->factor;
     size_t alloc = last < 64 ? 64 : last;
-    char *a = malloc(alloc), *b = malloc(alloc);
+    char *a = malloc(alloc), *b = malloc(alloc), *da = NULL, *db = NULL;
     double fail = !a || !b;
+    if (!fail && c->device_buffers) {
+        kiln_error *de = kiln_cuda_alloc((void **)&da, alloc);
+        if (!de) de = kiln_cuda_alloc((void **)&db, alloc);
+        if (de) {
+            fprintf(stderr, "kiln bench comm (rank %d): %s\n", me, kiln_error_msg(de));
+            kiln_error_free(de);
+            fail = 1;
+        }
+    }
     kiln_error *e = c->allreduce_sum_f64(c, &fail, 1);
     if (!e && fail > 0) e = kiln_errorf(KILN_ENOMEM, "two buffers of %zu bytes on %.0f rank(s)", alloc, fail);
     if (e) {
         free(a);
         free(b);
+        kiln_cuda_free(da);
+        kiln_cuda_free(db);
         return e;
     }
 
     struct {
-        int pid;
-        char host[64];
+        int pid, device;
+        char host[64], gpu[64];
     } info;
+    char gpu[64] = "";
+    char ncclv[32] = "";
+    if (c->device_buffers) {
+        kiln_cuda_info gi;
+        kiln_error *ge = kiln_cuda_device_info(&gi);
+        if (!ge) snprintf(gpu, sizeof gpu, "%.63s", gi.name);
+        kiln_error_free(ge);
+        kiln_error_free(kiln_comm_nccl_version(ncclv, sizeof ncclv));
+    }
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
     if (me == 0) {
         const char *mv = kiln_comm_mpi_version();
-        printf("# kiln bench comm: backend %s, %d rank%s, host %s%s%s\n", c->backend, n, n == 1 ? "" : "s", host,
-               strcmp(c->backend, "mpi") || !mv ? "" : ", ", strcmp(c->backend, "mpi") || !mv ? "" : mv);
+        printf("# kiln bench comm: backend %s%s%s, %d rank%s, host %s%s%s\n", c->backend, *ncclv ? " " : "", ncclv, n,
+               n == 1 ? "" : "s", host, strcmp(c->backend, "mpi") || !mv ? "" : ", ",
+               strcmp(c->backend, "mpi") || !mv ? "" : mv);
         printf("# minBytes %zu maxBytes %zu step: %ld(factor) warmup iters: %ld iters: %ld validation: %d "
                "datatype: %s\n#\n# Using ranks\n", o->minb, maxb, o->factor, o->warmup, o->iters, o->check,
                type_name(o->dt));
@@ -488,9 +564,15 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     for (int r = 0; r < n && !e; r++) { /* each rank's pid and host, printed by rank 0 */
         memset(&info, 0, sizeof info);
         info.pid = (int)getpid();
+        info.device = c->device_buffers ? c->device : -1;
         memcpy(info.host, host, sizeof info.host - 1); /* truncated to 63 characters */
+        memcpy(info.gpu, gpu, sizeof info.gpu - 1);
         e = c->broadcast(c, &info, sizeof info, r);
-        if (!e && me == 0) printf("#  Rank %2d Pid %6d on %s\n", r, info.pid, info.host);
+        if (!e && me == 0) {
+            printf("#  Rank %2d Pid %6d on %s", r, info.pid, info.host);
+            if (info.device >= 0) printf(" device %2d %s", info.device, info.gpu);
+            printf("\n");
+        }
     }
 
     cJSON *prof = NULL, *sec = NULL;
@@ -499,15 +581,21 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         prof = kiln_profile_new("comm");
         sec = prof ? kiln_profile_section(prof, "comm") : NULL;
         if (!sec) e = kiln_errorf(KILN_ENOMEM, "profile");
-        else if (!strcmp(c->backend, "mpi") && kiln_comm_mpi_version()) {
+        else {
             cJSON *l = cJSON_GetObjectItemCaseSensitive(prof, "libraries");
-            if (l) cJSON_AddStringToObject(l, "mpi", kiln_comm_mpi_version());
+            if (l && kiln_comm_mpi_version()) cJSON_AddStringToObject(l, "mpi", kiln_comm_mpi_version());
+            if (l && *ncclv) cJSON_AddStringToObject(l, "nccl", ncclv);
+            cJSON *mach = cJSON_GetObjectItemCaseSensitive(prof, "machine");
+            if (mach && *gpu) {
+                cJSON_AddStringToObject(mach, "gpu", gpu);
+                cJSON_AddNumberToObject(mach, "gpu_memory_gib", (double)dtotal / 1073741824.0);
+            }
         }
         sb_printf(&csv, "backend,collective,dtype,ranks,inplace,bytes,count,time_us_min,time_us_avg,time_us_max,"
                   "algbw_gbs,busbw_gbs,wrong\n");
     }
     double all_wrong = 0;
-    run u = {.c = c, .dt = o->dt, .ts = ts, .a = a, .b = b, .root = 0};
+    run u = {.c = c, .dt = o->dt, .ts = ts, .a = a, .b = b, .da = da, .db = db, .root = 0};
     for (int m = 0; m < 5; m++) {
         u.sums[m] = 0;
         for (int r = 0; r < n; r++) u.sums[m] += red_val(r, (size_t)m);
@@ -567,10 +655,89 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     free(csv.s);
     free(a);
     free(b);
+    kiln_cuda_free(da);
+    kiln_cuda_free(db);
     *wrong_total = all_wrong > 0;
     if (!e && all_wrong > 0)
         e = kiln_errorf(KILN_EIO, "%.0f wrong element%s: the collectives' results differ from the expected values",
                         all_wrong, all_wrong == 1 ? "" : "s");
+    return e;
+}
+
+/* one rank of the NCCL backend driven by a thread of this process */
+typedef struct {
+    const opts *o;
+    const unsigned char *id;
+    int nranks, rank, device, wrong;
+    kiln_error *e;
+} gpu_rank;
+
+static void *gpu_rank_main(void *arg) {
+    gpu_rank *g = arg;
+    kiln_comm *c = NULL;
+    g->e = kiln_comm_nccl_create(g->id, g->nranks, g->rank, g->device, NULL, &c);
+    if (!g->e) {
+        g->e = bench(c, g->o, &g->wrong);
+        c->finalize(c);
+    }
+    return NULL;
+}
+
+/* NCCL: -g GPUs per process, each a thread; the process comm (MPI or local) hands out the unique id.
+ * Sets *owned when a new comm took `boot` over (its finalize finalizes boot). */
+static kiln_error *bench_nccl(kiln_comm *boot, const opts *o, int *wrong, int *owned) {
+    const long g = o->ngpus;
+    int lr, ls, ndev = 0;
+    kiln_comm_local_rank(&lr, &ls);
+    kiln_error *de = kiln_cuda_device_count(&ndev);
+    double bad = de != NULL || (long)ls * g > ndev;
+    kiln_error *e = boot->allreduce_sum_f64(boot, &bad, 1);
+    if (e || de) {
+        kiln_error_free(e);
+        return de;
+    }
+    if ((long)ls * g > ndev)
+        return kiln_errorf(KILN_EINVAL, "%d process%s x %ld GPU%s on this host need %ld GPUs; it has %d", ls,
+                           ls == 1 ? "" : "es", g, g == 1 ? "" : "s", (long)ls * g, ndev);
+    if (bad > 0) return kiln_errorf(KILN_EIO, "another process has too few GPUs");
+    if (boot->size == 1 && g == 1) { /* one rank: the plain path, no thread */
+        kiln_comm *c = NULL;
+        KILN_TRY(kiln_comm_nccl_from(boot, &c));
+        *owned = 1;
+        e = bench(c, o, wrong);
+        c->finalize(c); /* finalizes boot too */
+        return e;
+    }
+    unsigned char id[KILN_NCCL_ID_BYTES] = {0};
+    double ok = 1;
+    if (boot->rank == 0) {
+        e = kiln_comm_nccl_unique_id(id);
+        ok = !e;
+    }
+    kiln_error *be = boot->broadcast(boot, &ok, sizeof ok, 0);
+    if (!be && ok) be = boot->broadcast(boot, id, sizeof id, 0);
+    if (e || be || !ok) {
+        kiln_error_free(be);
+        return e ? e : kiln_errorf(KILN_EIO, "rank 0 could not make an NCCL id");
+    }
+    gpu_rank *ranks = calloc((size_t)g, sizeof *ranks);
+    pthread_t *th = calloc((size_t)g, sizeof *th);
+    long started = 0;
+    if (!ranks || !th) e = kiln_errorf(KILN_ENOMEM, "%ld GPU threads", g);
+    for (long t = 0; !e && t < g; t++, started++) {
+        ranks[t] = (gpu_rank){.o = o, .id = id, .nranks = boot->size * (int)g, .rank = boot->rank * (int)g + (int)t,
+                              .device = lr * (int)g + (int)t};
+        if (pthread_create(&th[t], NULL, gpu_rank_main, &ranks[t]))
+            e = kiln_errorf(KILN_EIO, "cannot start the thread of GPU %ld", t);
+    }
+    for (long t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (long t = 0; t < started; t++) {
+        *wrong |= ranks[t].wrong;
+        if (!e) e = ranks[t].e;
+        else kiln_error_free(ranks[t].e);
+    }
+    free(ranks);
+    free(th);
     return e;
 }
 
@@ -584,10 +751,15 @@ int kiln_bench_comm_main(int argc, char **argv) {
         kiln_bench_fail("comm", NULL, e);
         return 1;
     }
-    int wrong = 0;
-    e = bench(c, &o, &wrong);
-    int rank = c->rank;
-    c->finalize(c);
+    int wrong = 0, rank = c->rank;
+    if (o.nccl) {
+        int owned = 0;
+        e = bench_nccl(c, &o, &wrong, &owned);
+        if (!owned) c->finalize(c);
+    } else {
+        e = bench(c, &o, &wrong);
+        c->finalize(c);
+    }
     if (e) {
         if (rank == 0 || !wrong) fprintf(stderr, "kiln bench comm (rank %d): error: %s\n", rank, kiln_error_msg(e));
         kiln_error_free(e);

@@ -251,7 +251,9 @@ static kiln_error *time_gemm(const kiln_gemm_shape *s, int iters, int warmup, do
 static const char usage[] =
     "usage: kiln bench gemm [options]\n\n"
     "Achieved FLOP/s of C = A·B (2·M·N·K FLOPs) through the trainer's GEMM path: OpenBLAS cblas_sgemm on\n"
-    "the CPU (fp32), cuBLASLt on the GPU (--device cuda: fp32, tf32, bf16, fp16; fp32 accumulation).\n\n"
+    "the CPU (fp32), cuBLASLt on the GPU (--device cuda: fp32, tf32, bf16, fp16, fp8; fp32 accumulation).\n"
+    "fp8 is E4M3 in, bf16 out, unit scales (torch._scaled_mm's call), timed as y = x·Wᵀ (layout NT), the\n"
+    "only layout cuBLASLt's FP8 kernels take: every shape, --model's dX/dW included, runs as NT.\n\n"
     "Shapes (lists \"512,1024\", geometric ranges \"256:4096:x2\", arithmetic ranges \"2048:2304:+8\"):\n"
     "  -m LIST, -n LIST, -k LIST   the cartesian product of the lists; -n and -k left out follow -m\n"
     "                              (square shapes). Default: -m 256:4096:x2\n"
@@ -264,7 +266,7 @@ static const char usage[] =
     "                              fwd [M,K]x[K,N], dX [M,N]x[N,K], dW [N,M]x[M,K]; identical shapes collapse\n"
     "  --micro-batch N, --seq-len N  tokens = micro_batch*seq_len (default: the config's, else 8 x 512)\n\n"
     "  --device D        cpu (default) or cuda (GPU 0, cuBLASLt; timed with CUDA events)\n"
-    "  --dtype T         cpu: fp32; cuda: fp32, tf32, bf16 (default on cuda), fp16\n"
+    "  --dtype T         cpu: fp32; cuda: fp32, tf32, bf16 (default on cuda), fp16, fp8 (E4M3)\n"
     "  --iters N         timed runs per shape (default 10); time_us is their mean\n"
     "  --warmup N        untimed runs first (default 2)\n"
     "  --threads N       OpenBLAS/OpenMP threads (default: all cores)\n"
@@ -448,6 +450,8 @@ int kiln_bench_gemm_main(int argc, char **argv) {
         free(shapes);
         return 2;
     }
+    if (gpu && gtype == KILN_CUDA_FP8) /* see the usage: FP8 GEMMs run as y = x·Wᵀ */
+        for (size_t i = 0; i < nshapes; i++) snprintf(shapes[i].layout, sizeof shapes[i].layout, "NT");
 
     double *us = calloc(nshapes, sizeof *us);
     if (!us) {

@@ -23,3 +23,48 @@ extern "C" kiln_error *kiln_cuda_device_info(kiln_cuda_info *info) {
 done:
     return err;
 }
+
+/* ---- device memory for callers in C (benchmarks, the NCCL backend's users) ---- */
+
+extern "C" kiln_error *kiln_cuda_device_count(int *n) {
+    kiln_error *err = NULL;
+    *n = 0;
+    CUDA_TRY(cudaGetDeviceCount(n));
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_cuda_set_device(int device) {
+    kiln_error *err = NULL;
+    CUDA_TRY(cudaSetDevice(device));
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    kiln_error *err = NULL;
+    CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_cuda_alloc(void **p, size_t bytes) {
+    kiln_error *err = NULL;
+    *p = NULL;
+    CUDA_TRY(cudaMalloc(p, bytes ? bytes : 1));
+done:
+    if (err) err = kiln_error_wrap(err, "%zu bytes of device memory", bytes);
+    return err;
+}
+
+extern "C" void kiln_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+extern "C" kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind) {
+    kiln_error *err = NULL;
+    static const cudaMemcpyKind k[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+    if (bytes) CUDA_TRY(cudaMemcpy(dst, src, bytes, k[kind]));
+done:
+    return err;
+}

@@ -1,8 +1,11 @@
 // GEMM through cuBLASLt, the path the CUDA trainer uses: row-major C[m,n] = op(A) op(B) computed as
 // the column-major C^T = op(B)^T op(A)^T, exactly as PyTorch calls cuBLAS for torch.matmul, so the
-// two are timed on the same problem. bf16/fp16 inputs and outputs accumulate in fp32.
+// two are timed on the same problem. bf16/fp16 inputs and outputs accumulate in fp32. FP8 (E4M3, Hopper
+// and later) takes unit scales through device pointers as torch._scaled_mm passes them, writes bf16, and
+// needs the NT layout (column-major TN).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <string.h>
 
 #include "cuda_check.h"
@@ -10,13 +13,14 @@
 
 extern "C" kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out) {
     static const struct { const char *n; kiln_cuda_gemm_type t; } types[] = {
-        {"fp32", KILN_CUDA_F32}, {"tf32", KILN_CUDA_TF32}, {"bf16", KILN_CUDA_BF16}, {"fp16", KILN_CUDA_F16}};
+        {"fp32", KILN_CUDA_F32}, {"tf32", KILN_CUDA_TF32}, {"bf16", KILN_CUDA_BF16}, {"fp16", KILN_CUDA_F16},
+        {"fp8", KILN_CUDA_FP8}, {"fp8_e4m3", KILN_CUDA_FP8}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(name, types[i].n)) {
             *out = types[i].t;
             return NULL;
         }
-    return kiln_errorf(KILN_EINVAL, "--dtype '%s': expected fp32, tf32, bf16 or fp16 on the GPU", name);
+    return kiln_errorf(KILN_EINVAL, "--dtype '%s': expected fp32, tf32, bf16, fp16 or fp8 on the GPU", name);
 }
 
 __global__ void fill_kernel(void *p, size_t n, int elem, unsigned seed) {
@@ -24,6 +28,7 @@ __global__ void fill_kernel(void *p, size_t n, int elem, unsigned seed) {
         unsigned h = (unsigned)i * 2654435761u ^ seed;
         float v = (float)(h % 1000u) * 1e-3f - 0.5f;
         if (elem == 4) ((float *)p)[i] = v;
+        else if (elem == 1) ((__nv_fp8_e4m3 *)p)[i] = __nv_fp8_e4m3(v);
         else if (elem == 2 && seed & 1) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
         else ((__half *)p)[i] = __float2half(v);
     }
@@ -37,10 +42,14 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     void *A = NULL, *B = NULL, *C = NULL, *ws = NULL;
+    float *scales = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     const size_t ws_bytes = 64u << 20;
-    const int elem = (t == KILN_CUDA_F32 || t == KILN_CUDA_TF32) ? 4 : 2;
-    const cudaDataType_t dt = elem == 4 ? CUDA_R_32F : t == KILN_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const int fp8 = t == KILN_CUDA_FP8;
+    const int elem = (t == KILN_CUDA_F32 || t == KILN_CUDA_TF32) ? 4 : fp8 ? 1 : 2, out_elem = fp8 ? 2 : elem;
+    const cudaDataType_t dt = elem == 4 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : t == KILN_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cudaDataType_t dtc = fp8 ? CUDA_R_16BF : dt;
+    const float one[2] = {1.0f, 1.0f};
     const cublasComputeType_t ct = t == KILN_CUDA_F32 ? CUBLAS_COMPUTE_32F
                                    : t == KILN_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const int ta = layout[0] == 'T', tb = layout[1] == 'T';
@@ -55,9 +64,14 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     // column-major views of the stored row-major matrices: B [k,n] (N) or [n,k] (T); A [m,k] (N) or [k,m] (T)
     const uint64_t xb_rows = tb ? k : n, xb_cols = tb ? n : k;
     const uint64_t ya_rows = ta ? m : k, ya_cols = ta ? k : m;
+    if (fp8 && (ta || !tb)) {
+        err = kiln_errorf(KILN_EUNSUPPORTED, "fp8 GEMM %lldx%lldx%lld: layout %s; cuBLASLt's FP8 kernels take only NT "
+                          "(y = x·Wᵀ)", (long long)m, (long long)n, (long long)k, layout);
+        goto done;
+    }
     CUDA_TRY(cudaMalloc(&A, (size_t)m * k * elem));
     CUDA_TRY(cudaMalloc(&B, (size_t)k * n * elem));
-    CUDA_TRY(cudaMalloc(&C, (size_t)m * n * elem));
+    CUDA_TRY(cudaMalloc(&C, (size_t)m * n * out_elem));
     CUDA_TRY(cudaMalloc(&ws, ws_bytes));
     fill_kernel<<<1024, 256>>>(A, (size_t)m * k, elem, t == KILN_CUDA_BF16 ? 1u : 2u);
     fill_kernel<<<1024, 256>>>(B, (size_t)k * n, elem, t == KILN_CUDA_BF16 ? 3u : 4u);
@@ -66,9 +80,16 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     CUBLAS_TRY(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F));
     CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (fp8) {
+        CUDA_TRY(cudaMalloc(&scales, sizeof one));
+        CUDA_TRY(cudaMemcpy(scales, one, sizeof one, cudaMemcpyHostToDevice));
+        const float *sa = scales, *sb = scales + 1;
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    }
     CUBLAS_TRY(cublasLtMatrixLayoutCreate(&la, dt, xb_rows, xb_cols, (int64_t)xb_rows));
     CUBLAS_TRY(cublasLtMatrixLayoutCreate(&lb, dt, ya_rows, ya_cols, (int64_t)ya_rows));
-    CUBLAS_TRY(cublasLtMatrixLayoutCreate(&lc, dt, (uint64_t)n, (uint64_t)m, n));
+    CUBLAS_TRY(cublasLtMatrixLayoutCreate(&lc, dtc, (uint64_t)n, (uint64_t)m, n));
     CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                     sizeof ws_bytes));
@@ -122,5 +143,6 @@ done:
     cudaFree(B);
     cudaFree(C);
     cudaFree(ws);
+    cudaFree(scales);
     return err;
 }

@@ -21,6 +21,30 @@ kiln_error *kiln_cuda_hostbw(int dir, size_t bytes, int iters, double *best_gbs,
     (void)dir, (void)bytes, (void)iters, (void)best_gbs, (void)avg_gbs;
     return no_cuda();
 }
+kiln_error *kiln_cuda_device_count(int *n) { *n = 0; return no_cuda(); }
+kiln_error *kiln_cuda_set_device(int device) { (void)device; return no_cuda(); }
+kiln_error *kiln_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    return no_cuda();
+}
+kiln_error *kiln_cuda_alloc(void **p, size_t bytes) { (void)bytes, *p = NULL; return no_cuda(); }
+void kiln_cuda_free(void *p) { (void)p; }
+kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind) {
+    (void)dst, (void)src, (void)bytes, (void)kind;
+    return no_cuda();
+}
+
+/* the NCCL backend needs CUDA */
+#include "kiln/comm.h"
+kiln_error *kiln_comm_nccl_unique_id(unsigned char id[KILN_NCCL_ID_BYTES]) { (void)id; return no_cuda(); }
+kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID_BYTES], int nranks, int rank, int device,
+                                  kiln_comm *boot, kiln_comm **out) {
+    (void)id, (void)nranks, (void)rank, (void)device, (void)boot;
+    *out = NULL;
+    return no_cuda();
+}
+kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) { (void)boot, *out = NULL; return no_cuda(); }
+kiln_error *kiln_comm_nccl_version(char *buf, size_t n) { (void)buf, (void)n; return no_cuda(); }
 #else
 typedef int kiln_nocuda_unused; /* ISO C forbids an empty translation unit */
 #endif
