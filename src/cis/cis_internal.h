@@ -1,0 +1,36 @@
+/* Helpers shared by the CIS files: JSON Lines reading and a growable text buffer. */
+#ifndef KILN_CIS_INTERNAL_H
+#define KILN_CIS_INTERNAL_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "kiln/error.h"
+
+/* Calls fn(obj, line, ctx_line, user) for every non-blank line of text; ctx_line is
+ * "<ctx>:<line>" for messages. A line that is not a JSON object is an error naming the line.
+ * Stops at the first error fn returns. */
+typedef kiln_error *(*cis_line_fn)(const cJSON *obj, int line, const char *ctx_line, void *user);
+kiln_error *cis_jsonl_each(const char *text, size_t len, const char *ctx, cis_line_fn fn, void *user);
+/* Error naming the first member of obj that is not in the NULL-terminated list. */
+kiln_error *cis_check_fields(const cJSON *obj, const char *const *known, const char *ctx);
+char *cis_strdup(const char *s); /* NULL stays NULL */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} cis_buf;
+void cis_buf_put(cis_buf *b, const char *s, size_t n);
+void cis_buf_printf(cis_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* s as a JSON string literal (quoted, escaped). */
+void cis_buf_json_str(cis_buf *b, const char *s);
+/* A double as JSON: shortest of %.6g style that round-trips is not needed: fixed %.6g, NaN -> null. */
+void cis_buf_num(cis_buf *b, double v);
+/* s with &<>" escaped for HTML. */
+void cis_buf_html(cis_buf *b, const char *s);
+kiln_error *cis_buf_write(cis_buf *b, const char *path); /* atomic; frees nothing */
+void cis_buf_free(cis_buf *b);
+
+#endif

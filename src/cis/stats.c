@@ -1,0 +1,295 @@
+/* The statistics of the CIS audit: bootstrap intervals, permutation tests, OLS, agreement,
+ * threshold calibration, entropy and a 2-D PCA. Everything is seeded and single-threaded so
+ * a run's numbers are the same on every machine. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/cis.h"
+#include "kiln/rng.h"
+
+double kiln_cis_mean(const double *x, int n) {
+    if (n <= 0) return NAN;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    return s / n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Quantile q of sorted v (type 7, as numpy.quantile's default). */
+static double quantile_sorted(const double *v, int n, double q) {
+    double h = (n - 1) * q;
+    int lo = (int)floor(h);
+    if (lo >= n - 1) return v[n - 1];
+    return v[lo] + (h - lo) * (v[lo + 1] - v[lo]);
+}
+
+static uint32_t draw(kiln_rng *r, int n) { return (uint32_t)(kiln_rng_uniform(r) * n); }
+
+static void interval(double *stat, int B, double level, double *lo, double *hi) {
+    qsort(stat, (size_t)B, sizeof *stat, cmp_double);
+    *lo = quantile_sorted(stat, B, (1 - level) / 2);
+    *hi = quantile_sorted(stat, B, (1 + level) / 2);
+}
+
+void kiln_cis_bootstrap_mean(const double *x, int n, int B, double level, uint64_t seed, double *lo, double *hi) {
+    *lo = *hi = NAN;
+    if (n <= 0 || B <= 0) return;
+    double *stat = malloc((size_t)B * sizeof *stat);
+    if (!stat) return;
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (int b = 0; b < B; b++) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += x[draw(&r, n)];
+        stat[b] = s / n;
+    }
+    interval(stat, B, level, lo, hi);
+    free(stat);
+}
+
+int kiln_cis_ols(const double *x, const double *y, int n, double *slope, double *intercept) {
+    *slope = *intercept = NAN;
+    if (n < 2) return -1;
+    double mx = kiln_cis_mean(x, n), my = kiln_cis_mean(y, n), sxx = 0, sxy = 0;
+    for (int i = 0; i < n; i++) {
+        sxx += (x[i] - mx) * (x[i] - mx);
+        sxy += (x[i] - mx) * (y[i] - my);
+    }
+    if (!(sxx > 0)) return -1;
+    *slope = sxy / sxx;
+    *intercept = my - *slope * mx;
+    return 0;
+}
+
+void kiln_cis_bootstrap_slope(const double *x, const double *y, int n, int B, double level, uint64_t seed,
+                              double *lo, double *hi) {
+    *lo = *hi = NAN;
+    double s0, i0;
+    if (B <= 0 || kiln_cis_ols(x, y, n, &s0, &i0)) return;
+    double *stat = malloc((size_t)B * sizeof *stat), *bx = malloc((size_t)n * sizeof *bx),
+           *by = malloc((size_t)n * sizeof *by);
+    if (stat && bx && by) {
+        kiln_rng r;
+        kiln_rng_seed(&r, seed);
+        for (int b = 0, tries = 0; b < B && tries < 100 * B; tries++) {
+            for (int i = 0; i < n; i++) {
+                uint32_t k = draw(&r, n);
+                bx[i] = x[k], by[i] = y[k];
+            }
+            double s, c;
+            if (!kiln_cis_ols(bx, by, n, &s, &c)) stat[b++] = s;
+            if (b == B) interval(stat, B, level, lo, hi);
+        }
+    }
+    free(stat), free(bx), free(by);
+}
+
+/* mean(x[g]) - mean(x[!g]) given the sum over g and the group size. */
+static double diff_of(double sum1, int n1, double total, int n) { return sum1 / n1 - (total - sum1) / (n - n1); }
+
+void kiln_cis_perm_test(const double *x, const int *g, int n, int nperm, uint64_t seed, double *diff, double *p) {
+    *diff = *p = NAN;
+    int n1 = 0;
+    double total = 0, sum1 = 0;
+    for (int i = 0; i < n; i++) {
+        total += x[i];
+        if (g[i]) n1++, sum1 += x[i];
+    }
+    if (n1 == 0 || n1 == n || nperm <= 0) return;
+    double d = diff_of(sum1, n1, total, n);
+    *diff = d;
+    double *v = malloc((size_t)n * sizeof *v);
+    if (!v) return;
+    memcpy(v, x, (size_t)n * sizeof *v);
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    /* a relative tolerance so relabellings equal to the observed split count despite rounding */
+    double tol = 1e-12 * (fabs(d) + 1);
+    long ge = 0;
+    for (int t = 0; t < nperm; t++) {
+        /* partial Fisher-Yates: the first n1 slots are a uniform random subset */
+        double s = 0;
+        for (int i = 0; i < n1; i++) {
+            int j = i + (int)draw(&r, n - i);
+            double tmp = v[i];
+            v[i] = v[j], v[j] = tmp;
+            s += v[i];
+        }
+        if (fabs(diff_of(s, n1, total, n)) >= fabs(d) - tol) ge++;
+    }
+    *p = (1.0 + ge) / (1.0 + nperm);
+    free(v);
+}
+
+void kiln_cis_perm_test_exact(const double *x, const int *g, int n, double *diff, double *p) {
+    *diff = *p = NAN;
+    if (n > 24) return;
+    int n1 = 0;
+    double total = 0, sum1 = 0;
+    for (int i = 0; i < n; i++) {
+        total += x[i];
+        if (g[i]) n1++, sum1 += x[i];
+    }
+    if (n1 == 0 || n1 == n) return;
+    double d = diff_of(sum1, n1, total, n), tol = 1e-12 * (fabs(d) + 1);
+    long ge = 0, all = 0;
+    for (uint32_t mask = 0; mask < (1u << n); mask++) {
+        if (__builtin_popcount(mask) != n1) continue;
+        double s = 0;
+        for (int i = 0; i < n; i++)
+            if (mask >> i & 1) s += x[i];
+        all++;
+        if (fabs(diff_of(s, n1, total, n)) >= fabs(d) - tol) ge++;
+    }
+    *diff = d;
+    *p = (double)ge / all;
+}
+
+void kiln_cis_agree(const int *pred, const int *truth, int n, kiln_cis_agreement *o) {
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < n; i++) {
+        if (pred[i] && truth[i]) o->tp++;
+        else if (pred[i]) o->fp++;
+        else if (truth[i]) o->fn++;
+        else o->tn++;
+    }
+    double N = n;
+    o->accuracy = n ? (o->tp + o->tn) / N : NAN;
+    o->precision = o->tp + o->fp ? (double)o->tp / (o->tp + o->fp) : NAN;
+    o->recall = o->tp + o->fn ? (double)o->tp / (o->tp + o->fn) : NAN;
+    double tnr = o->tn + o->fp ? (double)o->tn / (o->tn + o->fp) : NAN;
+    o->balanced_accuracy = (o->recall + tnr) / 2;
+    double pe = n ? ((double)(o->tp + o->fp) * (o->tp + o->fn) + (double)(o->tn + o->fn) * (o->tn + o->fp)) / (N * N)
+                  : NAN;
+    o->kappa = pe < 1 ? (o->accuracy - pe) / (1 - pe) : NAN;
+}
+
+typedef struct {
+    double s;
+    int y;
+} scored;
+
+static int cmp_scored(const void *a, const void *b) { return cmp_double(&((const scored *)a)->s, &((const scored *)b)->s); }
+
+int kiln_cis_calibrate(const double *score, const int *label, int n, double *threshold, double *youden_j) {
+    int pos = 0;
+    for (int i = 0; i < n; i++) pos += label[i] != 0;
+    int neg = n - pos;
+    if (!pos || !neg) return -1;
+    scored *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    for (int i = 0; i < n; i++) v[i].s = score[i], v[i].y = label[i] != 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_scored);
+    /* threshold below v[i] (i = 0..n): predicted positive = v[i..n-1] */
+    int tp = pos, fp = neg;
+    double best = -2, bt = 0;
+    for (int i = 0; i <= n; i++) {
+        if (i == 0 || i == n || v[i].s != v[i - 1].s) {
+            double t = i == 0 ? v[0].s - 0.5 : i == n ? v[n - 1].s + 0.5 : (v[i - 1].s + v[i].s) / 2;
+            if (i == 0 && v[0].s > 0) t = v[0].s / 2; /* keep thresholds of probabilities in [0, 1] */
+            if (i == n && v[n - 1].s < 1) t = (v[n - 1].s + 1) / 2;
+            double j = (double)tp / pos + (double)(neg - fp) / neg - 1;
+            if (j > best + 1e-12 || (fabs(j - best) <= 1e-12 && fabs(t - 0.5) < fabs(bt - 0.5))) best = j, bt = t;
+        }
+        if (i < n) {
+            if (v[i].y) tp--;
+            else fp--;
+        }
+    }
+    free(v);
+    *threshold = bt;
+    *youden_j = best;
+    return 0;
+}
+
+double kiln_cis_entropy_norm(const double *p, int n) {
+    if (n < 2) return 0;
+    double h = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i] > 0) h -= p[i] * log(p[i]);
+    return h / log(n);
+}
+
+/* Largest eigenvector of C = Xcᵀ Xc (implicitly, as Xcᵀ (Xc v)) minus the deflated component. */
+static double power_iter(const double *Xc, int n, int d, const double *prev, double *v, double *tmp) {
+    for (int j = 0; j < d; j++) v[j] = 1.0 / sqrt(d) * (1 + 0.01 * (j % 7)); /* deterministic, not orthogonal to anything in practice */
+    double lambda = 0;
+    for (int it = 0; it < 1000; it++) {
+        if (prev) { /* stay orthogonal to the first component */
+            double dp = 0;
+            for (int j = 0; j < d; j++) dp += v[j] * prev[j];
+            for (int j = 0; j < d; j++) v[j] -= dp * prev[j];
+        }
+        for (int i = 0; i < n; i++) {
+            double s = 0;
+            for (int j = 0; j < d; j++) s += Xc[(size_t)i * d + j] * v[j];
+            tmp[i] = s;
+        }
+        double nrm = 0;
+        double *w = tmp + n;
+        for (int j = 0; j < d; j++) w[j] = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < d; j++) w[j] += Xc[(size_t)i * d + j] * tmp[i];
+        if (prev) {
+            double dp = 0;
+            for (int j = 0; j < d; j++) dp += w[j] * prev[j];
+            for (int j = 0; j < d; j++) w[j] -= dp * prev[j];
+        }
+        for (int j = 0; j < d; j++) nrm += w[j] * w[j];
+        nrm = sqrt(nrm);
+        if (nrm == 0) return 0;
+        double change = 0;
+        for (int j = 0; j < d; j++) {
+            double nv = w[j] / nrm;
+            change += fabs(nv - v[j]);
+            v[j] = nv;
+        }
+        lambda = nrm;
+        if (change < 1e-12 * d) break;
+    }
+    int big = 0;
+    for (int j = 1; j < d; j++)
+        if (fabs(v[j]) > fabs(v[big])) big = j;
+    if (v[big] < 0)
+        for (int j = 0; j < d; j++) v[j] = -v[j];
+    return lambda;
+}
+
+int kiln_cis_pca2(const float *X, int n, int d, double *coords, double *explained) {
+    if (n < 2 || d < 1) return -1;
+    double *Xc = malloc((size_t)n * d * sizeof *Xc), *v = malloc(2 * (size_t)d * sizeof *v),
+           *tmp = malloc(((size_t)n + d) * sizeof *tmp);
+    if (!Xc || !v || !tmp) {
+        free(Xc), free(v), free(tmp);
+        return -1;
+    }
+    double total = 0;
+    for (int j = 0; j < d; j++) {
+        double m = 0;
+        for (int i = 0; i < n; i++) m += X[(size_t)i * d + j];
+        m /= n;
+        for (int i = 0; i < n; i++) {
+            double c = X[(size_t)i * d + j] - m;
+            Xc[(size_t)i * d + j] = c;
+            total += c * c;
+        }
+    }
+    double l1 = power_iter(Xc, n, d, NULL, v, tmp);
+    double l2 = d > 1 ? power_iter(Xc, n, d, v, v + d, tmp) : 0;
+    if (d == 1) v[d] = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++) {
+            double s = 0;
+            for (int j = 0; j < d; j++) s += Xc[(size_t)i * d + j] * v[(size_t)k * d + j];
+            coords[2 * i + k] = s;
+        }
+    explained[0] = total > 0 ? l1 / total : 0;
+    explained[1] = total > 0 ? l2 / total : 0;
+    free(Xc), free(v), free(tmp);
+    return 0;
+}

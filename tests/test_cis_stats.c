@@ -1,0 +1,161 @@
+/* CIS statistics and the judge's arithmetic against hand-computed values. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kiln/cis.h"
+#include "kiln/rng.h"
+#include "test.h"
+
+TEST(cis_perm_exact_hand) {
+    /* x = 1,2 | 3,4: d = -2; of the 6 relabellings, {1,2} and {3,4} reach |d| = 2 */
+    double x[] = {1, 2, 3, 4}, d, p;
+    int g[] = {1, 1, 0, 0};
+    kiln_cis_perm_test_exact(x, g, 4, &d, &p);
+    CHECK_NEAR(d, -2, 1e-12);
+    CHECK_NEAR(p, 2.0 / 6, 1e-12);
+    int g2[] = {1, 0, 1, 0}; /* 1,3 | 2,4: d = -1; |d*| >= 1 for 4 of 6 */
+    kiln_cis_perm_test_exact(x, g2, 4, &d, &p);
+    CHECK_NEAR(d, -1, 1e-12);
+    CHECK_NEAR(p, 4.0 / 6, 1e-12);
+}
+
+TEST(cis_perm_random_matches_exact) {
+    double x[12] = {0.2, 0.4, 1, 0.6, 0.8, 0.5, 0.1, 0, 0.3, 0.25, 0.7, 0.9}, d, p, de, pe;
+    int g[12] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
+    kiln_cis_perm_test_exact(x, g, 12, &de, &pe);
+    kiln_cis_perm_test(x, g, 12, 40000, 7, &d, &p);
+    CHECK_NEAR(d, de, 1e-12);
+    /* binomial sd of the estimate: sqrt(p(1-p)/40000) < 0.0025 */
+    CHECK_NEAR(p, pe, 0.01);
+    double d2, p2;
+    kiln_cis_perm_test(x, g, 12, 40000, 7, &d2, &p2);
+    CHECK(p2 == p); /* seeded */
+    int none[12] = {0};
+    kiln_cis_perm_test(x, none, 12, 100, 7, &d, &p);
+    CHECK(isnan(p));
+}
+
+TEST(cis_bootstrap_mean_coverage) {
+    kiln_rng r;
+    kiln_rng_seed(&r, 11);
+    double x[60];
+    int covered = 0, trials = 200;
+    for (int t = 0; t < trials; t++) {
+        for (int i = 0; i < 60; i++) x[i] = 5 + kiln_rng_normal(&r);
+        double lo, hi;
+        kiln_cis_bootstrap_mean(x, 60, 1000, 0.95, (uint64_t)t, &lo, &hi);
+        CHECK(lo < kiln_cis_mean(x, 60) && kiln_cis_mean(x, 60) < hi);
+        covered += lo <= 5 && 5 <= hi;
+    }
+    /* nominal 95%; the percentile bootstrap runs a little under at n = 60 */
+    CHECK_MSG(covered >= 175 && covered <= 198, "covered %d of %d", covered, trials);
+    double c[5] = {0.4, 0.4, 0.4, 0.4, 0.4}, lo, hi;
+    kiln_cis_bootstrap_mean(c, 5, 200, 0.95, 1, &lo, &hi);
+    CHECK_NEAR(lo, 0.4, 1e-15);
+    CHECK_NEAR(hi, 0.4, 1e-15);
+    /* large-sample width ~ 2 * 1.96 * sd / sqrt(n) */
+    double big[2000];
+    for (int i = 0; i < 2000; i++) big[i] = kiln_rng_normal(&r);
+    kiln_cis_bootstrap_mean(big, 2000, 2000, 0.95, 3, &lo, &hi);
+    CHECK_NEAR(hi - lo, 2 * 1.96 / sqrt(2000), 0.015);
+}
+
+TEST(cis_ols_exact) {
+    double x[] = {1, 2, 3, 4}, y[] = {2, 4, 5, 4}, s, c;
+    CHECK(kiln_cis_ols(x, y, 4, &s, &c) == 0);
+    CHECK_NEAR(s, 0.7, 1e-12); /* sxy 3.5 / sxx 5 */
+    CHECK_NEAR(c, 2.0, 1e-12);
+    double flat[] = {3, 3, 3};
+    CHECK(kiln_cis_ols(flat, y, 3, &s, &c) == -1);
+    /* noisy line: the bootstrap CI covers the true slope and is seeded */
+    kiln_rng r;
+    kiln_rng_seed(&r, 5);
+    double xs[300], ys[300], lo, hi, lo2, hi2;
+    for (int i = 0; i < 300; i++) xs[i] = 1 + i % 5, ys[i] = 0.9 - 0.1 * xs[i] + 0.05 * kiln_rng_normal(&r);
+    kiln_cis_bootstrap_slope(xs, ys, 300, 1000, 0.95, 9, &lo, &hi);
+    kiln_cis_bootstrap_slope(xs, ys, 300, 1000, 0.95, 9, &lo2, &hi2);
+    CHECK(lo < -0.1 && -0.1 < hi && hi - lo < 0.02);
+    CHECK(lo == lo2 && hi == hi2);
+}
+
+TEST(cis_agreement_kappa) {
+    int pred[] = {1, 1, 0, 0, 1, 0, 1, 0, 0, 0}, truth[] = {1, 0, 0, 0, 1, 0, 1, 1, 0, 0};
+    kiln_cis_agreement a;
+    kiln_cis_agree(pred, truth, 10, &a);
+    CHECK(a.tp == 3 && a.fp == 1 && a.fn == 1 && a.tn == 5);
+    CHECK_NEAR(a.accuracy, 0.8, 1e-12);
+    CHECK_NEAR(a.precision, 0.75, 1e-12);
+    CHECK_NEAR(a.recall, 0.75, 1e-12);
+    CHECK_NEAR(a.balanced_accuracy, (0.75 + 5.0 / 6) / 2, 1e-12);
+    CHECK_NEAR(a.kappa, (0.8 - 0.52) / 0.48, 1e-12); /* pe = (4*4 + 6*6) / 100 */
+}
+
+TEST(cis_calibrate_youden) {
+    double s[] = {0.9, 0.1, 0.6, 0.3, 0.7, 0.2};
+    int y[] = {1, 0, 0, 1, 1, 0};
+    double t, j;
+    CHECK(kiln_cis_calibrate(s, y, 6, &t, &j) == 0);
+    /* J = 2/3 at 0.25 and at 0.65; the tie goes to the one nearer 0.5 */
+    CHECK_NEAR(j, 2.0 / 3, 1e-12);
+    CHECK_NEAR(t, 0.65, 1e-12);
+    int one[] = {1, 1, 1, 1, 1, 1};
+    CHECK(kiln_cis_calibrate(s, one, 6, &t, &j) == -1);
+    double sep[] = {0.1, 0.2, 0.8, 0.95};
+    int ys[] = {0, 0, 1, 1};
+    CHECK(kiln_cis_calibrate(sep, ys, 4, &t, &j) == 0);
+    CHECK_NEAR(j, 1, 1e-12);
+    CHECK_NEAR(t, 0.5, 1e-12);
+}
+
+TEST(cis_entropy_and_judge) {
+    double u[4] = {0.25, 0.25, 0.25, 0.25}, h[4] = {0.5, 0.5, 0, 0}, o[4] = {1, 0, 0, 0};
+    CHECK_NEAR(kiln_cis_entropy_norm(u, 4), 1, 1e-12);
+    CHECK_NEAR(kiln_cis_entropy_norm(h, 4), 0.5, 1e-12);
+    CHECK_NEAR(kiln_cis_entropy_norm(o, 4), 0, 1e-12);
+    float view[2] = {1, 0}, comp[2] = {1, 0}, con[4] = {0, 1, 0.6f, 0.8f};
+    /* softmax of 10 * [1, 0, 0.6] at the first entry */
+    double want = exp(10.0) / (exp(10.0) + 1 + exp(6.0));
+    CHECK_NEAR(kiln_cis_judge_view(view, comp, con, 2, 2, 10), want, 1e-6);
+    CHECK_NEAR(kiln_cis_judge_view(view, comp, con, 0, 2, 10), 1, 1e-12);
+    float patches[8] = {1, 0, 1, 0, 1, 0, 1, 0};
+    CHECK_NEAR(kiln_cis_grounding_entropy(comp, patches, 4, 2, 100), 1, 1e-9);
+    float peaked[8] = {1, 0, 0, 1, 0, 1, 0, 1};
+    CHECK(kiln_cis_grounding_entropy(comp, peaked, 4, 2, 100) < 1e-30 + 1e-6);
+}
+
+TEST(cis_views_and_grids) {
+    int g[8], n;
+    CHECK_OK(kiln_cis_parse_grids("2,3", g, &n, 8));
+    CHECK(n == 3 && g[0] == 1 && g[1] == 2 && g[2] == 3);
+    CHECK_ERR(kiln_cis_parse_grids("1,x", g, &n, 8), "--crops");
+    CHECK_ERR(kiln_cis_parse_grids("9", g, &n, 8), "1..8");
+    CHECK_ERR(kiln_cis_parse_grids("2,2", g, &n, 8), "twice");
+    CHECK_OK(kiln_cis_parse_grids("1,2,3", g, &n, 8));
+    kiln_cis_view v[32];
+    int nv = kiln_cis_views(90, 60, g, 3, v, 32);
+    CHECK(nv == 1 + 4 + 9);
+    CHECK(v[0].w == 90 && v[0].h == 60);
+    CHECK(v[1].w == 60 && v[1].h == 40 && v[2].x == 30 && v[3].y == 20); /* 2x2: side 2/3, stride 1/3 */
+    CHECK(v[5].w == 45 && v[5].h == 30 && v[6].x == 22 && v[7].x == 45 && v[13].y == 30);
+    for (int i = 0; i < nv; i++) CHECK(v[i].x + v[i].w <= 90 && v[i].y + v[i].h <= 60);
+}
+
+TEST(cis_pca_known_axes) {
+    /* rows a_i u + b_i v with orthonormal u, v and centred a, b, var(a) > var(b) */
+    const int n = 6, d = 3;
+    double a[] = {3, -1, 2, -2, 1, -3}, b[] = {0, 1, 0.5, -0.5, -1, 0}; /* a . b = 0 */
+    double u[] = {2 / 7.0, 3 / 7.0, 6 / 7.0}, v[] = {-3 / 7.0, 6 / 7.0, -2 / 7.0};
+    float X[18];
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++) X[i * d + j] = (float)(a[i] * u[j] + b[i] * v[j] + 1.5);
+    double c[12], ex[2], sa = 0, sb = 0;
+    CHECK(kiln_cis_pca2(X, n, d, c, ex) == 0);
+    for (int i = 0; i < n; i++) sa += a[i] * a[i], sb += b[i] * b[i];
+    CHECK_NEAR(ex[0], sa / (sa + sb), 1e-5);
+    CHECK_NEAR(ex[1], sb / (sa + sb), 1e-5);
+    /* the sign rule makes the largest loading positive: u's 6/7 and v's 6/7 already are */
+    for (int i = 0; i < n; i++) {
+        CHECK_NEAR(c[2 * i], a[i], 1e-4);
+        CHECK_NEAR(c[2 * i + 1], b[i], 1e-4);
+    }
+}

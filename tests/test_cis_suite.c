@@ -1,0 +1,110 @@
+/* The CIS prompt suite, run manifests and generation worklists. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/cis.h"
+#include "kiln/fsutil.h"
+#include "test.h"
+
+TEST(cis_shipped_suite) {
+    kiln_cis_suite s;
+    CHECK_OK(kiln_cis_suite_load(test_src_path("data/cis/suite.jsonl"), &s));
+    if (!s.n) return;
+    CHECK(s.n >= 240);
+    const char *cultures[64];
+    int nc = 0, west = 0, cx[6] = {0}, hist = 0;
+    for (int i = 0; i < s.n; i++) {
+        const kiln_cis_prompt *p = &s.p[i];
+        int seen = 0;
+        for (int j = 0; j < nc; j++) seen |= !strcmp(cultures[j], p->culture);
+        if (!seen && nc < 64) cultures[nc++] = p->culture;
+        west += p->western;
+        CHECK(p->ncomp >= 1 && p->ncomp <= 5);
+        cx[p->ncomp]++;
+        hist += !strcmp(p->setting, "historical");
+        CHECK(p->generic_context != NULL);
+        /* every scene has a variant in the other setting with the same components */
+        int twin = 0;
+        for (int j = 0; j < s.n; j++)
+            if (!strcmp(s.p[j].scene, p->scene) && strcmp(s.p[j].setting, p->setting) && s.p[j].ncomp == p->ncomp &&
+                !strcmp(s.p[j].comp[p->ncomp - 1].phrase, p->comp[p->ncomp - 1].phrase))
+                twin = 1;
+        CHECK_MSG(twin, "prompt %s has no variant in the other setting", p->id);
+    }
+    CHECK(nc >= 12);
+    CHECK(west * 2 == s.n);
+    CHECK(hist * 2 == s.n);
+    for (int k = 1; k <= 5; k++) CHECK(cx[k] > 0);
+    CHECK(kiln_cis_suite_find(&s, "eth-meal-h1") >= 0 && kiln_cis_suite_find(&s, "nope") == -1);
+    kiln_cis_suite_free(&s);
+}
+
+static kiln_error *parse(const char *text) {
+    kiln_cis_suite s;
+    kiln_error *e = kiln_cis_suite_parse(text, strlen(text), "s.jsonl", &s);
+    if (!e) kiln_cis_suite_free(&s);
+    return e;
+}
+
+#define P_HEAD "{\"id\":\"a\",\"prompt\":\"p\",\"culture\":\"c\",\"group\":\"western\",\"category\":\"food\",\"setting\":\"modern\","
+TEST(cis_suite_errors) {
+    CHECK_OK(parse(P_HEAD "\"components\":[{\"phrase\":\"x\",\"generic\":\"y\",\"coco\":\"bowl\"}],\"complexity\":1}\n\n"));
+    CHECK_ERR(parse("\n" P_HEAD "\"components\":[],\"complexity\":0}"), "s.jsonl:2: prompt 'a' has zero components");
+    CHECK_ERR(parse(P_HEAD "\"components\":[{\"phrase\":\"x\"}],\"complexity\":2}"),
+              "s.jsonl:1: prompt 'a': complexity 2 does not match its 1 components");
+    CHECK_ERR(parse(P_HEAD "\"components\":[{\"phrase\":\"x\"}],\"complexity\":1,\"colour\":1}"),
+              "s.jsonl:1: unknown field 'colour'");
+    CHECK_ERR(parse(P_HEAD "\"components\":[{\"phrase\":\"x\",\"size\":2}],\"complexity\":1}"),
+              "components[0]: unknown field 'size'");
+    CHECK_ERR(parse(P_HEAD "\"components\":[{\"phrase\":\"x\"}],\"complexity\":1}\n" P_HEAD
+                           "\"components\":[{\"phrase\":\"x\"}],\"complexity\":1}"),
+              "s.jsonl:2: duplicate prompt id 'a' (first on line 1)");
+    CHECK_ERR(parse("{\"id\":\"a\",\"prompt\":\"p\",\"culture\":\"c\",\"group\":\"west\",\"category\":\"f\",\"setting\":"
+                    "\"modern\",\"components\":[{\"phrase\":\"x\"}],\"complexity\":1}"),
+              "group must be");
+    CHECK_ERR(parse(P_HEAD "\"components\":[{\"phrase\":\"x\"}]}"), "complexity");
+    CHECK_ERR(parse("[1]"), "s.jsonl:1: expected a JSON object");
+    CHECK_ERR(parse("{\"id\": "), "s.jsonl:1");
+    CHECK_ERR(parse(""), "no prompts");
+}
+
+TEST(cis_worklist_and_manifest) {
+    kiln_cis_suite s;
+    const char *one = P_HEAD "\"components\":[{\"phrase\":\"x\"}],\"complexity\":1}\n";
+    CHECK_OK(kiln_cis_suite_parse(one, strlen(one), "s", &s));
+    const char *d = test_tmpdir();
+    char wl[512];
+    snprintf(wl, sizeof wl, "%s", test_join(d, "work.jsonl"));
+    const char *models[] = {"sd21", "rv14"};
+    CHECK_OK(kiln_cis_worklist_write(&s, 3, models, 2, wl));
+    CHECK_ERR(kiln_cis_worklist_write(&s, 0, models, 2, wl), "images per prompt");
+    const char *badm[] = {"a/b"};
+    CHECK_ERR(kiln_cis_worklist_write(&s, 1, badm, 1, wl), "a/b");
+    kiln_cis_manifest m;
+    CHECK_OK(kiln_cis_manifest_load(wl, &m)); /* a worklist is a manifest */
+    CHECK(m.n == 6);
+    if (m.n == 6) {
+        CHECK(!strcmp(m.items[4].image, "images/rv14/a_1.png"));
+        CHECK(!strcmp(m.items[4].path, test_join(d, "images/rv14/a_1.png")));
+        CHECK(!strcmp(m.items[4].model, "rv14"));
+        CHECK(m.items[4].seed == kiln_cis_seed("a", 1) && m.items[1].seed == m.items[4].seed);
+        CHECK(m.items[0].seed != m.items[1].seed);
+    }
+    kiln_cis_manifest_free(&m);
+    kiln_cis_suite_free(&s);
+    CHECK(kiln_cis_seed("eth-meal-h1", 0) == kiln_cis_seed("eth-meal-h1", 0));
+    CHECK(kiln_cis_seed("eth-meal-h1", 0) >= 0 && kiln_cis_seed("eth-meal-h1", 0) <= 0x7fffffff);
+
+    char mp[512];
+    snprintf(mp, sizeof mp, "%s", test_join(d, "m.jsonl"));
+    const char *dup = "{\"image\":\"x.png\",\"prompt_id\":\"a\",\"model\":\"m\",\"seed\":1}\n"
+                      "{\"image\":\"x.png\",\"prompt_id\":\"a\",\"model\":\"m\",\"seed\":2}\n";
+    CHECK_OK(kiln_write_file_atomic(mp, dup, strlen(dup)));
+    CHECK_ERR(kiln_cis_manifest_load(mp, &m), "m.jsonl:2: image 'x.png' is listed twice (first on line 1)");
+    const char *bad = "{\"image\":\"x.png\",\"prompt_id\":\"a\",\"model\":\"m\",\"seed\":1,\"steps\":30}\n";
+    CHECK_OK(kiln_write_file_atomic(mp, bad, strlen(bad)));
+    CHECK_ERR(kiln_cis_manifest_load(mp, &m), "m.jsonl:1: unknown field 'steps'");
+    const char *noseed = "{\"image\":\"x.png\",\"prompt_id\":\"a\",\"model\":\"m\"}\n";
+    CHECK_OK(kiln_write_file_atomic(mp, noseed, strlen(noseed)));
+    CHECK_ERR(kiln_cis_manifest_load(mp, &m), "seed");
+}
