@@ -29,6 +29,11 @@ kiln_error *kiln_image_load(const char *path, kiln_image *out);
 void kiln_image_free(kiln_image *img);
 /* Copy the rectangle [x, x+w) x [y, y+h) of src; it must lie inside src. */
 kiln_error *kiln_image_crop(const kiln_image *src, int x, int y, int w, int h, kiln_image *out);
+/* Resize to w x h exactly as PIL's Image.resize((w, h), Image.BICUBIC) does on an RGB image:
+ * separable (horizontal pass, then vertical), the cubic kernel with a = -0.5 widened by the
+ * downscale factor (antialiasing), coefficients in 22-bit fixed point, 8-bit rounding between
+ * the passes. Same size gives a copy. */
+kiln_error *kiln_image_resize_bicubic(const kiln_image *src, int w, int h, kiln_image *out);
 /* Atomic write (temp file, fsync, rename). */
 kiln_error *kiln_image_save_png(const char *path, const kiln_image *img);
 
