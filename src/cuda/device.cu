@@ -65,6 +65,9 @@ extern "C" kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, 
     kiln_error *err = NULL;
     static const cudaMemcpyKind k[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
     if (bytes) CUDA_TRY(cudaMemcpy(dst, src, bytes, k[kind]));
+    // cudaMemcpy from pageable host memory may return before the DMA lands, and work on other
+    // (non-blocking) streams, such as NCCL's, does not wait for the legacy stream: finish it here
+    CUDA_TRY(cudaDeviceSynchronize());
 done:
     return err;
 }
