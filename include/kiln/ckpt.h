@@ -1,5 +1,6 @@
-/* Checking and describing training checkpoints (out_dir/ckpt/step_N/, see src/train/checkpoint.c).
- * The writer and the resume path live in the trainer; these are for people and tools. */
+/* Checking, describing and converting training checkpoints (out_dir/ckpt/step_N/, see
+ * src/train/checkpoint.c and docs/checkpoint-format.md). The writer and the resume path live in
+ * the trainer; these are for people and tools. */
 #ifndef KILN_CKPT_H
 #define KILN_CKPT_H
 
@@ -17,5 +18,19 @@ kiln_error *kiln_ckpt_describe(const char *step_dir, FILE *out);
  * *dirs is malloc'd, each entry too. A step directory given directly is returned alone. */
 kiln_error *kiln_ckpt_list(const char *path, char ***dirs, int *n);
 void kiln_ckpt_list_free(char **dirs, int n);
+
+/* Convert a checkpoint written by N ranks into one for M ranks. from: a step directory, or a run
+ * or ckpt/ directory (its newest valid checkpoint); checksums are verified first. Writes
+ * to/ckpt/step_N/ (never over an existing one) and to/config.json (grad_accum scaled by N/M so the
+ * global batch is unchanged, run.out_dir = to); `kiln train --config to/config.json --resume` on M
+ * ranks continues the run. Errors say why a world size cannot work (the global batch or the data
+ * position does not divide). Progress and notes go to log (nullable). */
+kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int world_size, FILE *log);
+/* A checkpoint's parameters and balancing biases as a HF ZAYA directory (config.json,
+ * model.safetensors, and the data's tokenizer.json when present). */
+kiln_error *kiln_ckpt_export_hf(const char *from, const char *hf_dir, FILE *log);
+/* A HF ZAYA directory as a step-0 checkpoint for world_size ranks in to/ckpt/, with to/config.json:
+ * the training config (file `config`, or the defaults when NULL) with the HF model. */
+kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *config, int world_size, FILE *log);
 
 #endif

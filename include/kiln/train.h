@@ -29,6 +29,7 @@ typedef struct {
     double bal_kp, bal_ki, bal_kd, bal_skip_target;
     /* run */
     int64_t steps, log_every, eval_every, eval_batches, ckpt_every, keep_last;
+    int async_ckpt; /* checkpoint shards written by a background thread while training goes on */
     char out_dir[1024];
     int threads;
 } kiln_train_config;

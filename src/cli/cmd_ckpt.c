@@ -1,5 +1,6 @@
-/* kiln ckpt inspect|verify PATH: PATH is a run directory (its ckpt/), a ckpt/ directory, or one
- * step_N checkpoint. verify exits 1 if any checkpoint is invalid, naming the file and the problem. */
+/* kiln ckpt inspect|verify|reshape|export-hf|import-hf: checkpoints for people and tools.
+ * inspect/verify take PATH: a run directory (its ckpt/), a ckpt/ directory, or one step_N
+ * checkpoint; verify exits 1 if any checkpoint is invalid, naming the file and the problem. */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,14 +9,64 @@
 
 static const char usage[] =
     "usage: kiln ckpt inspect PATH\n"
-    "       kiln ckpt verify PATH\n\n"
-    "PATH: a training run's out_dir, its ckpt/ directory, or one checkpoint directory (step_N).\n"
-    "  inspect   step, world size, tokens seen, tensors and parameters, files with checksums, the\n"
-    "            data-loader position of every rank\n"
-    "  verify    checks every checkpoint: COMMITTED marker, manifest, and each file's size and FNV-1a 64\n"
-    "            checksum against the manifest; exit 1 if any is invalid\n";
+    "       kiln ckpt verify PATH\n"
+    "       kiln ckpt reshape --from PATH --to DIR --world-size M\n"
+    "       kiln ckpt export-hf --from PATH --to HFDIR\n"
+    "       kiln ckpt import-hf --from HFDIR --to DIR [--config FILE] [--world-size M]\n\n"
+    "PATH: a training run's out_dir, its ckpt/ directory, or one checkpoint directory (step_N); for\n"
+    "reshape and export-hf a run or ckpt/ directory means its newest checkpoint that verifies.\n"
+    "  inspect    step, world size, tokens seen, tensors and parameters, files with checksums, the\n"
+    "             data-loader position of every rank\n"
+    "  verify     checks every checkpoint: COMMITTED marker, manifest, and each file's size and FNV-1a 64\n"
+    "             checksum against the manifest; exit 1 if any is invalid\n"
+    "  reshape    converts a checkpoint written by N ranks into one for M ranks: optimizer state regrouped\n"
+    "             by the M-rank ZeRO-1 partition, grad_accum scaled by N/M so the global batch and the data\n"
+    "             order are unchanged. Writes DIR/ckpt/step_S/ and DIR/config.json; continue with\n"
+    "             mpirun -np M kiln train --config DIR/config.json --resume\n"
+    "  export-hf  the parameters and balancing biases as a HF ZAYA directory (config.json,\n"
+    "             model.safetensors, and the data's tokenizer.json when found) for transformers\n"
+    "  import-hf  a HF ZAYA directory as a step-0 checkpoint for M ranks (default 1) in DIR/ckpt/ with\n"
+    "             DIR/config.json (FILE's training settings, or the defaults, with the HF model); start\n"
+    "             training from it with kiln train --config DIR/config.json --resume\n";
+
+static int convert(int argc, char **argv) {
+    const char *from = NULL, *to = NULL, *config = NULL;
+    int64_t world = -1;
+    kiln_error *e = NULL;
+    const int import = !strcmp(argv[1], "import-hf"), export = !strcmp(argv[1], "export-hf");
+    for (int i = 2; i < argc && !e; i++) {
+        const char *a = argv[i];
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kiln ckpt %s: %s needs a value\n%s", argv[1], a, usage);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "--from")) from = v;
+        else if (!strcmp(a, "--to")) to = v;
+        else if (!strcmp(a, "--world-size") && !export) e = cli_int(a, v, &world);
+        else if (!strcmp(a, "--config") && import) config = v;
+        else {
+            fprintf(stderr, "kiln ckpt %s: unknown option '%s'\n%s", argv[1], a, usage);
+            return 2;
+        }
+    }
+    if (e) return cli_fail("ckpt", e);
+    if (!from || !to || (!import && !export && world < 0)) {
+        fprintf(stderr, "kiln ckpt %s: --from, --to%s are required\n%s", argv[1],
+                import || export ? "" : " and --world-size", usage);
+        return 2;
+    }
+    if (world != -1 && (world < 1 || world > 65536))
+        return cli_fail("ckpt", kiln_errorf(KILN_EINVAL, "--world-size must be in 1..65536, got %lld", (long long)world));
+    if (import) e = kiln_ckpt_import_hf(from, to, config, world < 0 ? 1 : (int)world, stdout);
+    else if (export) e = kiln_ckpt_export_hf(from, to, stdout);
+    else e = kiln_ckpt_reshape(from, to, (int)world, stdout);
+    return e ? cli_fail("ckpt", e) : 0;
+}
 
 static int cmd(int argc, char **argv) {
+    if (argc >= 2 && (!strcmp(argv[1], "reshape") || !strcmp(argv[1], "export-hf") || !strcmp(argv[1], "import-hf")))
+        return convert(argc, argv);
     if (argc != 3 || (strcmp(argv[1], "inspect") && strcmp(argv[1], "verify"))) {
         fputs(usage, stderr);
         return 2;
@@ -46,4 +97,4 @@ static int cmd(int argc, char **argv) {
     return bad ? 1 : 0;
 }
 
-const kiln_cmd kiln_cmd_ckpt = {"ckpt", "inspect and verify training checkpoints", cmd, usage};
+const kiln_cmd kiln_cmd_ckpt = {"ckpt", "inspect, verify, reshape and convert training checkpoints", cmd, usage};

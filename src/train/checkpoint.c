@@ -31,6 +31,7 @@
 #include "kiln/json.h"
 #include "kiln/log.h"
 #include "kiln/safetensors.h"
+#include "ckpt/async_writer.h"
 #include "train_internal.h"
 
 #define CKPT_FORMAT 1
@@ -70,7 +71,25 @@ static kiln_error *agree(kiln_comm *comm, kiln_error *e, const char *what) {
     return e;
 }
 
-static kiln_error *write_rank_file(const ckpt_view *v, int rank, const char *path) {
+/* What one rank writes: its owned parameters and optimizer state, on rank 0 also the balance
+ * state, and what the manifest records. The pointers lead either into the live training buffers
+ * (a synchronous save) or into the writer's staging copy (an asynchronous one). */
+typedef struct {
+    int64_t step;
+    double tokens_seen;
+    int have_prev;
+    const kiln_train_config *cfg;
+    const kiln_zaya *model; /* the parameter table and config; its buffers are not read */
+    const zero1_partition *part;
+    const kiln_opt_param *oparams;
+    const float *w_owned; /* part->counts[rank] floats: the flat buffer from part->displs[rank] */
+    const float *opt_state;
+    const float *biases;  /* rank 0: [layers, E+1] */
+    const double *integral, *prev_err;
+    const kiln_loader_state *loaders; /* [world] */
+} ckpt_snap;
+
+static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *path) {
     const kiln_zaya *m = v->model;
     const int first = v->part->first[rank], last = v->part->first[rank + 1];
     const int nt = last - first;
@@ -85,7 +104,7 @@ static kiln_error *write_rank_file(const ckpt_view *v, int rank, const char *pat
     for (int t = first; !e && t < last; t++) {
         const kiln_param_info *p = &m->params[t];
         snprintf(names[n], sizeof names[n], "param.%s", p->name);
-        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, p->ndim, p->shape, m->w + p->offset};
+        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, p->ndim, p->shape, v->w_owned + (p->offset - v->part->displs[rank])};
         n++;
         snprintf(names[n], sizeof names[n], "opt.%s", p->name);
         shapes[n][0] = kiln_optim_state_numel(&v->oparams[t]);
@@ -96,11 +115,11 @@ static kiln_error *write_rank_file(const ckpt_view *v, int rank, const char *pat
     if (!e && rank == 0) {
         shapes[n][0] = L;
         shapes[n][1] = E1;
-        ent[n] = (kiln_st_entry){"balancing_biases", KILN_DT_F32, 2, shapes[n], m->balancing};
+        ent[n] = (kiln_st_entry){"balancing_biases", KILN_DT_F32, 2, shapes[n], v->biases};
         n++;
-        ent[n] = (kiln_st_entry){"balance.integral", KILN_DT_F64, 2, shapes[n - 1], v->bal->integral};
+        ent[n] = (kiln_st_entry){"balance.integral", KILN_DT_F64, 2, shapes[n - 1], v->integral};
         n++;
-        ent[n] = (kiln_st_entry){"balance.prev_err", KILN_DT_F64, 2, shapes[n - 2], v->bal->prev_err};
+        ent[n] = (kiln_st_entry){"balance.prev_err", KILN_DT_F64, 2, shapes[n - 2], v->prev_err};
         n++;
     }
     if (!e) e = kiln_st_write(path, ent, n, NULL);
@@ -110,14 +129,14 @@ static kiln_error *write_rank_file(const ckpt_view *v, int rank, const char *pat
     return e;
 }
 
-static cJSON *manifest_json(const ckpt_view *v, int world, const uint64_t *sums, const uint64_t *sizes) {
+static cJSON *manifest_json(const ckpt_snap *v, int world, const uint64_t *sums, const uint64_t *sizes) {
     const kiln_zaya *m = v->model;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "format", CKPT_FORMAT);
     cJSON_AddNumberToObject(o, "step", (double)v->step);
     cJSON_AddNumberToObject(o, "world_size", world);
     cJSON_AddNumberToObject(o, "tokens_seen", v->tokens_seen);
-    cJSON_AddBoolToObject(o, "balance_have_prev", v->bal->have_prev);
+    cJSON_AddBoolToObject(o, "balance_have_prev", v->have_prev);
     char *cfg = kiln_train_config_to_json(v->cfg);
     cJSON_AddItemToObject(o, "config", cfg ? cJSON_Parse(cfg) : cJSON_CreateNull());
     free(cfg);
@@ -185,59 +204,181 @@ static void prune(const char *out_dir, int64_t keep) {
     }
 }
 
-kiln_error *ckpt_save(kiln_comm *comm, const ckpt_view *v) {
-    const char *out = v->cfg->out_dir;
-    char tmp[1300], fin[1300], path[1400], root[1200];
-    step_dir(tmp, sizeof tmp, out, v->step, 1);
-    step_dir(fin, sizeof fin, out, v->step, 0);
-    snprintf(root, sizeof root, "%s/ckpt", out);
-    kiln_error *e = NULL;
-    if (comm->rank == 0) {
-        e = mkdir_p(out);
-        if (!e) e = mkdir_p(root);
-        rm_tree(tmp); /* a stale attempt from a crash */
-        if (!e) e = mkdir_p(tmp);
+/* ---------- the writer: snapshot, then write (here or on the background thread), then commit ---------- */
+
+struct ckpt_writer {
+    int async, rank, world;
+    int pending; /* a save begun and not yet committed or failed */
+    kiln_bg_job job;
+    ckpt_snap snap;
+    /* the staging copy: owned parameters, optimizer state, balance state, loader positions. Allocated
+     * once on the first async save; the GPU path will allocate it pinned and fill it with
+     * device-to-host copies in the snapshot step, leaving the write step unchanged. */
+    float *stage_f;
+    double *stage_d;
+    kiln_loader_state *stage_l;
+    size_t n_owned, n_state, n_bias;
+    char tmp[1300], fin[1300], root[1200], path[1400];
+    uint64_t mine[2]; /* this rank's shard: checksum, size */
+};
+
+static void *staging_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+
+kiln_error *ckpt_writer_create(int async, ckpt_writer **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return kiln_errorf(KILN_ENOMEM, "checkpoint writer");
+    (*out)->async = async;
+    return NULL;
+}
+
+int ckpt_writer_pending(const ckpt_writer *w) { return w && w->pending; }
+
+void ckpt_writer_free(ckpt_writer *w) {
+    if (!w) return;
+    /* an uncommitted save is abandoned: its step_N.tmp/ is ignored and replaced by the next run */
+    kiln_error_free(kiln_bg_join(&w->job));
+    free(w->stage_f);
+    free(w->stage_d);
+    free(w->stage_l);
+    free(w);
+}
+
+/* The snapshot step: a consistent picture of this rank's state at this step. */
+static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int world) {
+    const zero1_partition *p = v->part;
+    size_t owned = p->counts[rank], state = 0;
+    for (int t = p->first[rank]; t < p->first[rank + 1]; t++) state += (size_t)kiln_optim_state_numel(&v->oparams[t]);
+    const size_t bias = (size_t)(v->model->cfg.num_layers * (v->model->cfg.num_experts + 1));
+    w->snap = (ckpt_snap){v->step, v->tokens_seen, v->bal->have_prev, v->cfg, v->model, p, v->oparams,
+                          v->model->w + p->displs[rank], v->opt_state, v->model->balancing, v->bal->integral,
+                          v->bal->prev_err, v->loaders};
+    if (!w->async) return NULL;
+    if (!w->stage_f || w->n_owned != owned || w->n_state != state || w->n_bias != bias) {
+        free(w->stage_f);
+        free(w->stage_d);
+        free(w->stage_l);
+        w->stage_f = staging_alloc((owned + state + bias) * sizeof(float));
+        w->stage_d = staging_alloc(2 * bias * sizeof(double));
+        w->stage_l = staging_alloc((size_t)world * sizeof(kiln_loader_state));
+        w->n_owned = owned, w->n_state = state, w->n_bias = bias;
+        if (!w->stage_f || !w->stage_d || !w->stage_l) {
+            free(w->stage_f), free(w->stage_d), free(w->stage_l);
+            w->stage_f = NULL, w->stage_d = NULL, w->stage_l = NULL;
+            return kiln_errorf(KILN_ENOMEM, "checkpoint staging buffer (%.1f MB)",
+                               (double)(owned + state + bias) * 4 / 1e6);
+        }
     }
-    KILN_TRY(agree(comm, e, "checkpoint directory"));
-    snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, comm->rank);
-    e = write_rank_file(v, comm->rank, path);
-    uint64_t mine[2] = {0, 0};
-    if (!e) e = kiln_fnv1a64_file(path, &mine[0], &mine[1]);
+    float *f = w->stage_f;
+    memcpy(f, w->snap.w_owned, owned * sizeof(float));
+    memcpy(f + owned, v->opt_state, state * sizeof(float));
+    memcpy(f + owned + state, v->model->balancing, bias * sizeof(float));
+    memcpy(w->stage_d, v->bal->integral, bias * sizeof(double));
+    memcpy(w->stage_d + bias, v->bal->prev_err, bias * sizeof(double));
+    memcpy(w->stage_l, v->loaders, (size_t)world * sizeof(kiln_loader_state));
+    w->snap.w_owned = f;
+    w->snap.opt_state = f + owned;
+    w->snap.biases = f + owned + state;
+    w->snap.integral = w->stage_d;
+    w->snap.prev_err = w->stage_d + bias;
+    w->snap.loaders = w->stage_l;
+    return NULL;
+}
+
+/* The write step: this rank's shard into step_N.tmp/, fsynced, and its checksum. */
+static kiln_error *write_job(void *arg) {
+    ckpt_writer *w = arg;
+    KILN_TRY(write_rank_file(&w->snap, w->rank, w->path));
+    return kiln_fnv1a64_file(w->path, &w->mine[0], &w->mine[1]);
+}
+
+/* The commit step (collective): checksums to rank 0, manifest, COMMITTED, rename, prune. */
+static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
+    const int64_t step = w->snap.step;
+    w->pending = 0;
     e = agree(comm, e, "writing the checkpoint shard");
     if (e) {
-        if (comm->rank == 0) rm_tree(tmp);
-        return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)v->step);
+        if (comm->rank == 0) rm_tree(w->tmp);
+        return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)step);
     }
-    /* everyone learns every file's checksum and size */
     uint64_t *sums = calloc((size_t)comm->size * 2, sizeof *sums);
     if (!sums) return kiln_errorf(KILN_ENOMEM, "checkpoint");
     for (int r = 0; r < comm->size && !e; r++) {
-        uint64_t buf[2] = {mine[0], mine[1]};
+        uint64_t buf[2] = {w->mine[0], w->mine[1]};
         e = comm->broadcast(comm, buf, sizeof buf, r);
         sums[r] = buf[0];
         sums[comm->size + r] = buf[1];
     }
     if (!e && comm->rank == 0) {
-        cJSON *man = manifest_json(v, comm->size, sums, sums + comm->size);
+        char path[1400];
+        cJSON *man = manifest_json(&w->snap, comm->size, sums, sums + comm->size);
         char *text = man ? cJSON_Print(man) : NULL;
         cJSON_Delete(man);
-        snprintf(path, sizeof path, "%s/manifest.json", tmp);
+        snprintf(path, sizeof path, "%s/manifest.json", w->tmp);
         e = text ? kiln_write_file_atomic(path, text, strlen(text)) : kiln_errorf(KILN_ENOMEM, "manifest");
         free(text);
-        snprintf(path, sizeof path, "%s/COMMITTED", tmp);
+        snprintf(path, sizeof path, "%s/COMMITTED", w->tmp);
         if (!e) e = kiln_write_file_atomic(path, "ok\n", 3);
-        if (!e) e = fsync_path(tmp);
-        if (!e && rename(tmp, fin)) {
+        if (!e) e = fsync_path(w->tmp);
+        if (!e && rename(w->tmp, w->fin)) {
             /* the same step committed before (a resumed run saving again): replace it */
-            rm_tree(fin);
-            if (rename(tmp, fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", tmp, fin, strerror(errno));
+            rm_tree(w->fin);
+            if (rename(w->tmp, w->fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", w->tmp, w->fin, strerror(errno));
         }
-        if (!e) e = fsync_path(root);
-        if (e) rm_tree(tmp);
-        else prune(out, v->cfg->keep_last);
+        if (!e) e = fsync_path(w->root);
+        if (e) rm_tree(w->tmp);
+        else prune(w->snap.cfg->out_dir, w->snap.cfg->keep_last);
     }
     free(sums);
-    return kiln_error_wrap(agree(comm, e, "committing the checkpoint"), "checkpoint at step %lld", (long long)v->step);
+    return kiln_error_wrap(agree(comm, e, "committing the checkpoint"), "checkpoint at step %lld", (long long)step);
+}
+
+kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait) {
+    if (!w->pending) return NULL;
+    if (!wait) {
+        double done[1] = {kiln_bg_done(&w->job) ? 1 : 0};
+        KILN_TRY(comm->allreduce_sum_f64(comm, done, 1));
+        if (done[0] < comm->size) return NULL; /* some rank is still writing: keep training */
+    }
+    return commit(w, comm, kiln_bg_join(&w->job));
+}
+
+kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v, int wait) {
+    KILN_TRY(ckpt_writer_poll(w, comm, 1)); /* one save in flight at a time */
+    const char *out = v->cfg->out_dir;
+    w->rank = comm->rank;
+    w->world = comm->size;
+    step_dir(w->tmp, sizeof w->tmp, out, v->step, 1);
+    step_dir(w->fin, sizeof w->fin, out, v->step, 0);
+    snprintf(w->root, sizeof w->root, "%s/ckpt", out);
+    snprintf(w->path, sizeof w->path, "%s/rank_%05d.safetensors", w->tmp, comm->rank);
+    kiln_error *e = NULL;
+    if (comm->rank == 0) {
+        e = mkdir_p(out);
+        if (!e) e = mkdir_p(w->root);
+        rm_tree(w->tmp); /* a stale attempt from a crash */
+        if (!e) e = mkdir_p(w->tmp);
+    }
+    e = kiln_error_wrap(agree(comm, e, "checkpoint directory"), "checkpoint at step %lld (the previous checkpoint is intact)",
+                        (long long)v->step);
+    if (e) return e;
+    e = agree(comm, snapshot(w, v, comm->rank, comm->size), "checkpoint snapshot");
+    if (e) {
+        if (comm->rank == 0) rm_tree(w->tmp);
+        return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)v->step);
+    }
+    w->pending = 1;
+    if (w->async) e = kiln_bg_start(&w->job, write_job, w);
+    else e = write_job(w);
+    if (e) w->job.err = e; /* reported by the commit below, as a finished job's error */
+    return (wait || !w->async) ? ckpt_writer_poll(w, comm, 1) : NULL;
+}
+
+kiln_error *ckpt_save(kiln_comm *comm, const ckpt_view *v) {
+    ckpt_writer *w = NULL;
+    KILN_TRY(ckpt_writer_create(0, &w));
+    kiln_error *e = ckpt_writer_save(w, comm, v, 1);
+    ckpt_writer_free(w);
+    return e;
 }
 
 /* ---------- loading ---------- */

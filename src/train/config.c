@@ -52,6 +52,7 @@ static const field fields[] = {
     {"run", "eval_batches", F_INT, O(eval_batches), "micro-batches per validation loss on each rank"},
     {"run", "ckpt_every", F_INT, O(ckpt_every), "steps between checkpoints (0: only at the end)"},
     {"run", "keep_last", F_INT, O(keep_last), "checkpoints kept (older ones are deleted once a newer one is committed)"},
+    {"run", "async_ckpt", F_BOOL, O(async_ckpt), "write checkpoints on a background thread while training continues"},
     {"run", "out_dir", F_STR, O(out_dir), "where metrics.jsonl, ckpt/ and the final model go"},
     {"run", "init_seed", F_U64, O(init_seed), "seed of the parameter initialisation"},
     {"run", "threads", F_INT, O(threads), "CPU threads per rank (0: all cores / ranks)"},
@@ -96,6 +97,7 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->eval_batches = 4;
     c->ckpt_every = 200;
     c->keep_last = 2;
+    c->async_ckpt = 1;
     snprintf(c->out_dir, sizeof c->out_dir, "runs/default");
     c->threads = 0;
 }

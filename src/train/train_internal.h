@@ -42,7 +42,22 @@ typedef struct {
     kiln_loader_state *loaders; /* [world] (all ranks' states, gathered) */
     double tokens_seen;
 } ckpt_view;
+/* A synchronous save: snapshot, write, commit, all before returning. */
 kiln_error *ckpt_save(kiln_comm *comm, const ckpt_view *v);
+/* The writer behind every save. async: the snapshot is copied into a staging buffer and this
+ * rank's shard is written by a background thread while training continues; the commit
+ * (checksums, manifest, COMMITTED, rename: collective) happens at the first poll that finds every
+ * rank's shard written, or at the next save, or at a wait. Errors of the background write come
+ * back from poll/save as "checkpoint at step N (the previous checkpoint is intact)". */
+typedef struct ckpt_writer ckpt_writer;
+kiln_error *ckpt_writer_create(int async, ckpt_writer **out);
+/* Collective. Waits for the previous save first; wait: also this one (final save, Ctrl-C). */
+kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v, int wait);
+/* Collective, cheap when nothing is pending (no communication); call once per step. */
+kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait);
+int ckpt_writer_pending(const ckpt_writer *w);
+/* Joins the thread; an uncommitted save is abandoned (its .tmp directory is ignored later). */
+void ckpt_writer_free(ckpt_writer *w);
 /* Newest valid checkpoint's step (-1: none); verifies checksums and shapes. */
 kiln_error *ckpt_find_latest(const char *out_dir, int64_t *step);
 kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v);

@@ -72,6 +72,7 @@ typedef struct {
     int64_t *counts;
     double *imbalance;
     kiln_loader_state *loader_states;
+    ckpt_writer *ckw;
     FILE *metrics;
 } trainer;
 
@@ -90,6 +91,7 @@ static void trainer_free(trainer *t) {
     free(t->counts);
     free(t->imbalance);
     free(t->loader_states);
+    ckpt_writer_free(t->ckw);
     if (t->metrics) fclose(t->metrics);
 }
 
@@ -258,6 +260,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
     trainer t;
     memset(&t, 0, sizeof t);
     kiln_error *e = setup(&t, c, comm);
+    if (!e) e = ckpt_writer_create(c->async_ckpt, &t.ckw);
     int64_t start = 0;
     double tokens = 0;
     if (!e && o->resume) {
@@ -318,11 +321,12 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         /* stop requests (Ctrl-C, --stop-after) are agreed by all ranks, then saved */
         double stop[1] = {(o->interrupted && *o->interrupted) || (o->stop_after > 0 && step - start >= o->stop_after)};
         if (!e) e = comm->allreduce_sum_f64(comm, stop, 1);
+        if (!e) e = ckpt_writer_poll(t.ckw, comm, 0); /* commit a background save once every shard is written */
         int save = !e && ((c->ckpt_every > 0 && step % c->ckpt_every == 0) || step == c->steps || stop[0] > 0);
         if (save) {
             e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
-            if (!e) e = ckpt_save(comm, &v);
+            if (!e) e = ckpt_writer_save(t.ckw, comm, &v, step == c->steps || stop[0] > 0);
         }
         if (!e && stop[0] > 0) {
             if (comm->rank == 0 && !o->quiet) printf("\nstopped at step %lld; checkpoint saved, resume with --resume\n", (long long)step);

@@ -1,0 +1,146 @@
+/* Writing checkpoints outside the trainer (see output.h). */
+#define _XOPEN_SOURCE 700
+#include "output.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/hash.h"
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static kiln_error *mkdir_one(const char *path) {
+    if (mkdir(path, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
+    return NULL;
+}
+
+static kiln_error *fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc ? kiln_errorf(KILN_EIO, "%s: fsync: %s", path, strerror(errno)) : NULL;
+}
+
+kiln_error *ckpt_out_begin(ckpt_out *o, const char *to, int64_t step, int world) {
+    memset(o, 0, sizeof *o);
+    o->world = world;
+    snprintf(o->root, sizeof o->root, "%s/ckpt", to);
+    snprintf(o->fin, sizeof o->fin, "%s/step_%08lld", o->root, (long long)step);
+    KILN_TRY(mkdir_one(to));
+    KILN_TRY(mkdir_one(o->root));
+    if (access(o->fin, F_OK) == 0)
+        return kiln_errorf(KILN_EINVAL, "%s already exists: choose another --to (nothing was overwritten)", o->fin);
+    snprintf(o->tmp, sizeof o->tmp, "%s.tmp", o->fin);
+    nftw(o->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* a stale attempt */
+    o->sums = calloc((size_t)world, sizeof *o->sums);
+    o->sizes = calloc((size_t)world, sizeof *o->sizes);
+    if (!o->sums || !o->sizes) return kiln_errorf(KILN_ENOMEM, "%s", o->tmp);
+    return mkdir_one(o->tmp);
+}
+
+kiln_error *ckpt_out_shard(ckpt_out *o, int rank, const kiln_st_entry *ent, size_t n) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/rank_%05d.safetensors", o->tmp, rank);
+    KILN_TRY(kiln_st_write(path, ent, n, NULL));
+    return kiln_fnv1a64_file(path, &o->sums[rank], &o->sizes[rank]);
+}
+
+kiln_error *ckpt_out_commit(ckpt_out *o, cJSON *man) {
+    cJSON_DeleteItemFromObjectCaseSensitive(man, "files");
+    cJSON *fs = cJSON_AddArrayToObject(man, "files");
+    for (int r = 0; r < o->world; r++) {
+        cJSON *f = cJSON_CreateObject();
+        char name[64], hex[32];
+        snprintf(name, sizeof name, "rank_%05d.safetensors", r);
+        cJSON_AddStringToObject(f, "name", name);
+        cJSON_AddNumberToObject(f, "bytes", (double)o->sizes[r]);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)o->sums[r]);
+        cJSON_AddStringToObject(f, "fnv1a64", hex);
+        cJSON_AddItemToArray(fs, f);
+    }
+    char path[1400];
+    char *text = cJSON_Print(man);
+    if (!text) return kiln_errorf(KILN_ENOMEM, "%s: manifest", o->tmp);
+    snprintf(path, sizeof path, "%s/manifest.json", o->tmp);
+    kiln_error *e = kiln_write_file_atomic(path, text, strlen(text));
+    free(text);
+    snprintf(path, sizeof path, "%s/COMMITTED", o->tmp);
+    if (!e) e = kiln_write_file_atomic(path, "ok\n", 3);
+    if (!e) e = fsync_path(o->tmp);
+    if (!e && rename(o->tmp, o->fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", o->tmp, o->fin, strerror(errno));
+    if (!e) e = fsync_path(o->root);
+    if (!e) o->tmp[0] = 0;
+    return e;
+}
+
+void ckpt_out_end(ckpt_out *o) {
+    if (o->tmp[0]) nftw(o->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(o->sums);
+    free(o->sizes);
+    o->sums = o->sizes = NULL;
+}
+
+cJSON *ckpt_manifest_new(const kiln_train_config *cfg, const kiln_zaya *table, const kiln_opt_param *op,
+                         const int *owner, int world, int64_t step, double tokens_seen, int have_prev,
+                         const kiln_loader_state *loaders) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddNumberToObject(o, "format", 1);
+    cJSON_AddNumberToObject(o, "step", (double)step);
+    cJSON_AddNumberToObject(o, "world_size", world);
+    cJSON_AddNumberToObject(o, "tokens_seen", tokens_seen);
+    cJSON_AddBoolToObject(o, "balance_have_prev", have_prev);
+    char *c = kiln_train_config_to_json(cfg);
+    cJSON_AddItemToObject(o, "config", c ? cJSON_Parse(c) : cJSON_CreateNull());
+    free(c);
+    cJSON *ts = cJSON_AddArrayToObject(o, "tensors");
+    for (int t = 0; t < table->nparams; t++) {
+        const kiln_param_info *p = &table->params[t];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "name", p->name);
+        cJSON *sh = cJSON_AddArrayToObject(x, "shape");
+        for (int d = 0; d < p->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)p->shape[d]));
+        cJSON_AddNumberToObject(x, "offset", (double)p->offset);
+        cJSON_AddNumberToObject(x, "owner", owner[t]);
+        cJSON_AddStringToObject(x, "optimizer", op[t].kind == KILN_OPT_MUON ? "muon" : "adamw");
+        cJSON_AddNumberToObject(x, "state_numel", (double)kiln_optim_state_numel(&op[t]));
+        cJSON_AddItemToArray(ts, x);
+    }
+    cJSON *ld = cJSON_AddArrayToObject(o, "loaders");
+    for (int r = 0; r < world; r++) {
+        cJSON *x = cJSON_CreateObject();
+        char hex[32];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)loaders[r].seed);
+        cJSON_AddStringToObject(x, "seed", hex);
+        cJSON_AddNumberToObject(x, "epoch", (double)loaders[r].epoch);
+        cJSON_AddNumberToObject(x, "cursor", (double)loaders[r].cursor);
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)loaders[r].fingerprint);
+        cJSON_AddStringToObject(x, "fingerprint", hex);
+        cJSON_AddItemToArray(ld, x);
+    }
+    return o;
+}
+
+kiln_error *ckpt_out_config(const char *to, const kiln_train_config *cfg) {
+    kiln_train_config c = *cfg;
+    if (strlen(to) >= sizeof c.out_dir) return kiln_errorf(KILN_EINVAL, "%s: path too long", to);
+    snprintf(c.out_dir, sizeof c.out_dir, "%s", to);
+    char *text = kiln_train_config_to_json(&c);
+    if (!text) return kiln_errorf(KILN_ENOMEM, "%s/config.json", to);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", to);
+    kiln_error *e = kiln_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return e;
+}

@@ -1,0 +1,152 @@
+/* Helpers for the checkpoint tests: learnable synthetic shards, a tiny training config, the
+ * losses of a run, and running kiln under mpirun. */
+#ifndef KILN_CKPT_TESTUTIL_H
+#define KILN_CKPT_TESTUTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/data.h"
+#include "kiln/fsutil.h"
+#include "kiln/hash.h"
+#include "kiln/rng.h"
+#include "test.h"
+
+#define CK_VOCAB 64
+
+/* Runs of an arithmetic progression mod V whose step changes every 40-token document. */
+static inline void ck_split(const char *dir, const char *name, uint64_t ntok, uint64_t seed, kiln_data_split_info *si) {
+    uint16_t *tok = malloc(ntok * sizeof *tok);
+    uint64_t docs[4096], nd = 0, stepv = 1;
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (uint64_t i = 0; i < ntok; i++) {
+        if (i % 40 == 0) {
+            if (nd < 4096) docs[nd++] = i;
+            stepv = 1 + kiln_rng_u64(&r) % 5;
+            tok[i] = (uint16_t)(kiln_rng_u64(&r) % CK_VOCAB);
+        } else {
+            tok[i] = (uint16_t)((tok[i - 1] + stepv) % CK_VOCAB);
+        }
+    }
+    char file[64], path[1200];
+    snprintf(file, sizeof file, "%s_000000.bin", name);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    CHECK_OK(kiln_shard_write(path, tok, ntok, docs, nd, CK_VOCAB));
+    si->name = strdup(name);
+    si->tokens = ntok;
+    si->documents = nd;
+    si->nshards = 1;
+    si->shards = calloc(1, sizeof *si->shards);
+    si->shards[0].file = strdup(file);
+    si->shards[0].tokens = ntok;
+    si->shards[0].documents = nd;
+    si->shards[0].checksum = kiln_fnv1a64(KILN_FNV1A64_INIT, tok, ntok * sizeof *tok);
+    free(tok);
+}
+
+/* The returned path lives until the next call. */
+static inline const char *ck_data(void) {
+    static char keep[1024];
+    snprintf(keep, sizeof keep, "%s", test_tmpdir());
+    const char *dir = keep;
+    kiln_data_index ix = {0};
+    ix.version = KILN_DATA_INDEX_VERSION;
+    ix.tokenizer_path = "none";
+    ix.vocab_size = CK_VOCAB;
+    ix.eos_id = -1;
+    ix.token_bytes = 2;
+    ix.nsplits = 1;
+    kiln_data_split_info sp[1];
+    memset(sp, 0, sizeof sp);
+    ck_split(dir, "train", 40000, 1, &sp[0]);
+    ix.splits = sp;
+    CHECK_OK(kiln_data_index_write(dir, &ix));
+    free(sp[0].name);
+    free(sp[0].shards[0].file);
+    free(sp[0].shards);
+    return dir;
+}
+
+/* A config file for a tiny model; hidden: the model width; extra: more fields for "run". */
+static inline const char *ck_config(const char *data, const char *out, int64_t steps, int64_t accum, int hidden,
+                             const char *extra) {
+    char *p = kiln_path_join(test_tmpdir(), "cfg.json");
+    static char keep[16][1200];
+    static int k;
+    char *slot = keep[k++ & 15];
+    snprintf(slot, sizeof keep[0], "%s", p);
+    free(p);
+    char text[4096];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"moe_intermediate_size\": 32,"
+             " \"router_hidden_size\": 16, \"eos_token_id\": null},"
+             " \"data\": {\"dir\": \"%s\", \"seq_len\": 32, \"micro_batch\": 4, \"grad_accum\": %lld},"
+             " \"optim\": {\"lr\": 0.01, \"min_lr\": 0.001, \"warmup\": 5},"
+             " \"run\": {\"steps\": %lld, \"out_dir\": \"%s\", \"log_every\": 1, \"eval_every\": 0, \"threads\": 1%s%s}}",
+             CK_VOCAB, hidden, data, (long long)accum, (long long)steps, out, extra ? ", " : "", extra ? extra : "");
+    CHECK_OK(kiln_write_file_atomic(slot, text, strlen(text)));
+    return slot;
+}
+
+/* Losses by step (1-based) from metrics.jsonl; returns the largest step seen. */
+static inline int ck_losses(const char *out, double *loss, int cap) {
+    char path[1200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    kiln_error *e = kiln_read_file(path, &text, &len);
+    if (e) {
+        kiln_error_free(e);
+        return 0;
+    }
+    int n = 0;
+    for (char *p = text; (p = strstr(p, "\"step\":"));) {
+        int step = atoi(p + 7);
+        char *l = strstr(p, "\"loss\":");
+        if (l && step >= 1 && step <= cap) loss[step - 1] = atof(l + 7), n = step > n ? step : n;
+        p += 7;
+    }
+    free(text);
+    return n;
+}
+
+static inline int ck_kiln(const char *args) {
+    char out[16384];
+    int rc = test_run_kiln(args, out, sizeof out);
+    if (rc) printf("    kiln %s -> %d\n%s\n", args, rc, out);
+    return rc;
+}
+
+static inline int ck_have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+/* kiln ARGS on `np` MPI ranks; 0 on success (output printed otherwise). */
+static inline int ck_mpi(int np, const char *args) {
+    char cmd[8192], out[16384];
+    /* OpenMPI's dlopened components leak by design: no leak check for the MPI ranks */
+    snprintf(cmd, sizeof cmd,
+             "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np %d '%s' "
+             "%s 2>&1", np, KILN_BINARY, args);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    int rc = p ? pclose(p) : -1;
+    if (rc) printf("    mpirun -np %d kiln %s -> %d\n%s\n", np, args, rc, out);
+    return rc;
+}
+
+/* Whole-file comparison. */
+static inline int ck_same_file(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    kiln_error *ea = kiln_read_file(a, &x, &nx), *eb = kiln_read_file(b, &y, &ny);
+    int same = !ea && !eb && nx == ny && !memcmp(x, y, nx);
+    kiln_error_free(ea);
+    kiln_error_free(eb);
+    free(x);
+    free(y);
+    return same;
+}
+
+#endif

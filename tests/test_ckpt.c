@@ -1,0 +1,127 @@
+/* Checkpoints: asynchronous saves give the same bytes as synchronous ones and report a failed
+ * background write; export-hf and import-hf round-trip exactly; kiln ckpt's usage errors. */
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt_testutil.h"
+#include "kiln/zaya.h"
+
+static void dir_copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
+
+/* Every checkpoint shard of an async run is byte-identical to the sync run's, and so is the model. */
+TEST(ckpt_async_matches_sync) {
+    char data[1024], a[1024], b[1024], args[4096];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(a, sizeof a, test_tmpdir());
+    dir_copy(b, sizeof b, test_tmpdir());
+    const char *ca = ck_config(data, a, 8, 2, 32, "\"ckpt_every\": 1, \"keep_last\": 100, \"async_ckpt\": true");
+    snprintf(args, sizeof args, "train --config '%s' --quiet", ca);
+    CHECK(ck_kiln(args) == 0);
+    const char *cb = ck_config(data, b, 8, 2, 32, "\"ckpt_every\": 1, \"keep_last\": 100, \"async_ckpt\": false");
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cb);
+    CHECK(ck_kiln(args) == 0);
+    int same = 0;
+    for (int s = 1; s <= 8; s++) {
+        char pa[1300], pb[1300];
+        snprintf(pa, sizeof pa, "%s/ckpt/step_%08d/rank_00000.safetensors", a, s);
+        snprintf(pb, sizeof pb, "%s/ckpt/step_%08d/rank_00000.safetensors", b, s);
+        same += ck_same_file(pa, pb);
+    }
+    CHECK_MSG(same == 8, "%d of 8 async checkpoint shards are identical to the sync ones", same);
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof pa, "%s/model/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model/model.safetensors", b);
+    CHECK_MSG(ck_same_file(pa, pb), "final weights differ between async and sync checkpointing");
+    snprintf(args, sizeof args, "ckpt verify '%s'", a);
+    char text[16384];
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "8 checkpoints, 0 invalid"), "%s", text);
+}
+
+/* A background write that fails (file-size limit) is reported at the next poll or save, the run
+ * stops with the step named, and the previous checkpoint stays committed and resumable. */
+TEST(ckpt_async_write_error_is_reported) {
+    char data[1024], out[1024], args[4096], cmd[8192], text[16384];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(out, sizeof out, test_tmpdir());
+    const char *cfg = ck_config(data, out, 6, 1, 32, "\"ckpt_every\": 2, \"async_ckpt\": true");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 2", cfg);
+    CHECK(ck_kiln(args) == 0);
+    snprintf(cmd, sizeof cmd, "ulimit -f 64; '%s' train --config '%s' --quiet --resume 2>&1", KILN_BINARY, cfg);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(text, 1, sizeof text - 1, p) : 0;
+    text[n] = 0;
+    int rc = p ? pclose(p) : -1;
+    CHECK_MSG(rc != 0 && strstr(text, "checkpoint at step 4") && strstr(text, "previous checkpoint is intact") &&
+                  strstr(text, "rank_00000.safetensors"), "rc %d: %s", rc, text);
+    char ck[1300];
+    snprintf(ck, sizeof ck, "%s/ckpt/step_00000002/COMMITTED", out);
+    CHECK(access(ck, F_OK) == 0);
+    snprintf(ck, sizeof ck, "%s/ckpt/step_00000004", out);
+    CHECK(access(ck, F_OK) != 0);
+    snprintf(ck, sizeof ck, "%s/ckpt/step_00000004.tmp", out);
+    CHECK(access(ck, F_OK) != 0);
+    snprintf(args, sizeof args, "train --config '%s' --quiet --resume", cfg);
+    CHECK(ck_kiln(args) == 0);
+}
+
+/* import-hf of the initial weights then --resume trains exactly like a fresh run; export-hf of the
+ * final checkpoint writes the same bytes as the trainer's own HF save. */
+TEST(ckpt_export_import_hf_roundtrip) {
+    char data[1024], fresh[1024], init[1024], imp[1024], hf[1024], args[4096], text[16384];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(fresh, sizeof fresh, test_tmpdir());
+    dir_copy(init, sizeof init, test_tmpdir());
+    dir_copy(imp, sizeof imp, test_tmpdir());
+    dir_copy(hf, sizeof hf, test_tmpdir());
+    const char *cf = ck_config(data, fresh, 6, 1, 32, NULL);
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cf);
+    CHECK(ck_kiln(args) == 0);
+    const char *ci = ck_config(data, init, 0, 1, 32, NULL); /* 0 steps: saves the initial model */
+    snprintf(args, sizeof args, "train --config '%s' --quiet", ci);
+    CHECK(ck_kiln(args) == 0);
+    snprintf(args, sizeof args, "ckpt import-hf --from '%s/model' --to '%s' --config '%s'", init, imp, cf);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "kiln train --config"), "%s", text);
+    snprintf(args, sizeof args, "train --config '%s/config.json' --quiet --resume", imp);
+    CHECK(ck_kiln(args) == 0);
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof pa, "%s/model/model.safetensors", fresh);
+    snprintf(pb, sizeof pb, "%s/model/model.safetensors", imp);
+    CHECK_MSG(ck_same_file(pa, pb), "training from import-hf of the initial weights differs from a fresh run");
+    double l1[6] = {0}, l2[6] = {0};
+    CHECK(ck_losses(fresh, l1, 6) == 6 && ck_losses(imp, l2, 6) == 6);
+    for (int i = 0; i < 6; i++) CHECK_MSG(l1[i] == l2[i], "step %d: %.9g vs %.9g", i + 1, l1[i], l2[i]);
+    /* export-hf of the last checkpoint == the trainer's model/ */
+    snprintf(args, sizeof args, "ckpt export-hf --from '%s' --to '%s/hf'", fresh, hf);
+    CHECK(ck_kiln(args) == 0);
+    snprintf(pb, sizeof pb, "%s/hf/model.safetensors", hf);
+    CHECK_MSG(ck_same_file(pa, pb), "export-hf differs from the trainer's HF save");
+    snprintf(pa, sizeof pa, "%s/model/config.json", fresh);
+    snprintf(pb, sizeof pb, "%s/hf/config.json", hf);
+    CHECK(ck_same_file(pa, pb));
+    kiln_zaya *m = NULL;
+    snprintf(pb, sizeof pb, "%s/hf", hf);
+    CHECK_OK(kiln_zaya_load_dir(pb, &m));
+    kiln_zaya_free(m);
+    /* never over an existing export */
+    snprintf(args, sizeof args, "ckpt export-hf --from '%s' --to '%s/hf'", fresh, hf);
+    CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "already exists"));
+    /* import for 2 ranks: shards split by the ZeRO-1 partition, verified */
+    snprintf(args, sizeof args, "ckpt import-hf --from '%s/hf' --to '%s/two' --world-size 2", hf, hf);
+    CHECK(ck_kiln(args) == 0);
+    snprintf(args, sizeof args, "ckpt inspect '%s/two'", hf);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "step 0, world size 2") &&
+                  strstr(text, "rank_00001.safetensors"), "%s", text);
+    snprintf(args, sizeof args, "ckpt import-hf --from '%s/nothing' --to '%s/x'", hf, hf);
+    CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "nothing"));
+}
+
+TEST(ckpt_cli_usage) {
+    char text[8192];
+    CHECK(test_run_kiln("ckpt reshape --from x --to y", text, sizeof text) == 2 && strstr(text, "--world-size"));
+    CHECK(test_run_kiln("ckpt reshape --from x --to y --world-size 0", text, sizeof text) == 1);
+    CHECK(test_run_kiln("ckpt export-hf --from x", text, sizeof text) == 2);
+    CHECK(test_run_kiln("ckpt export-hf --from x --to y --world-size 2", text, sizeof text) == 2);
+    CHECK(test_run_kiln("ckpt import-hf --from x --to y --bogus 1", text, sizeof text) == 2 && strstr(text, "--bogus"));
+    CHECK(test_run_kiln("ckpt reshape --from /nonexistent-ckpt --to y --world-size 1", text, sizeof text) == 1 &&
+          strstr(text, "/nonexistent-ckpt"));
+}
