@@ -55,7 +55,7 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     const int ta = layout[0] == 'T', tb = layout[1] == 'T';
     float alpha = 1.0f, beta = 0.0f;
     float ms = 0;
-    int found = 0, best = -1;
+    int found = 0, best = -1, first_status = 0;
     float best_ms = 0;
     enum { CANDIDATES = 8 };
     cublasLtMatmulHeuristicResult_t heur[CANDIDATES];
@@ -102,11 +102,17 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));
     // autotune: the heuristic's first choice is not always the fastest; time each candidate briefly
-    // (as the trainer will once per shape) and keep the best
+    // (as the trainer will once per shape) and keep the best; a candidate that refuses to run (cuBLASLt
+    // offers some it then reports NOT_SUPPORTED for) is skipped
     for (int c = 0; c < found; c++) {
         if (heur[c].state != CUBLAS_STATUS_SUCCESS) continue;
-        for (int i = 0; i < 2; i++)
-            CUBLAS_TRY(cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur[c].algo, ws, ws_bytes, 0));
+        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+        for (int i = 0; i < 2 && st == CUBLAS_STATUS_SUCCESS; i++)
+            st = cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur[c].algo, ws, ws_bytes, 0);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            first_status = first_status ? first_status : (int)st;
+            continue;
+        }
         CUDA_TRY(cudaEventRecord(e0, 0));
         for (int i = 0; i < 3; i++)
             CUBLAS_TRY(cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur[c].algo, ws, ws_bytes, 0));
@@ -116,8 +122,9 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
         if (best < 0 || ms < best_ms) best = c, best_ms = ms;
     }
     if (best < 0) {
-        err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt: no usable algorithm for %lldx%lldx%lld %s", (long long)m,
-                          (long long)n, (long long)k, layout);
+        err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt: no usable algorithm for %lldx%lldx%lld %s (of %d offered, "
+                          "the first failure: cuBLAS status %d)", (long long)m, (long long)n, (long long)k, layout, found,
+                          first_status);
         goto done;
     }
     for (int i = 0; i < warmup; i++)
