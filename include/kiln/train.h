@@ -32,6 +32,7 @@ typedef struct {
     int async_ckpt; /* checkpoint shards written by a background thread while training goes on */
     char out_dir[1024];
     int threads;
+    char skip_steps[1024]; /* steps whose data is consumed without training: "9-12,40" */
 } kiln_train_config;
 
 void kiln_train_config_default(kiln_train_config *c);

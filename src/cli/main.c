@@ -6,7 +6,7 @@
 
 #include "cli.h"
 
-static const kiln_cmd *const commands[] = {&kiln_cmd_train, &kiln_cmd_generate, &kiln_cmd_logits, &kiln_cmd_data, &kiln_cmd_tokenizer, &kiln_cmd_bench, &kiln_cmd_ckpt, &kiln_cmd_diff};
+static const kiln_cmd *const commands[] = {&kiln_cmd_train, &kiln_cmd_run, &kiln_cmd_generate, &kiln_cmd_logits, &kiln_cmd_data, &kiln_cmd_tokenizer, &kiln_cmd_bench, &kiln_cmd_ckpt, &kiln_cmd_diff};
 #define NCMD (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f) {
@@ -24,7 +24,7 @@ int cli_fail(const char *cmd, kiln_error *e) {
 }
 
 int cli_wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) /* after "--": another command's arguments */
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
     return 0;
 }

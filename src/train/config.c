@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "kiln/fsutil.h"
+#include "kiln/ft.h"
 #include "kiln/json.h"
 #include "kiln/train.h"
 
@@ -56,6 +57,8 @@ static const field fields[] = {
     {"run", "out_dir", F_STR, O(out_dir), "where metrics.jsonl, ckpt/ and the final model go"},
     {"run", "init_seed", F_U64, O(init_seed), "seed of the parameter initialisation"},
     {"run", "threads", F_INT, O(threads), "CPU threads per rank (0: all cores / ranks)"},
+    {"run", "skip_steps", F_STR, O(skip_steps), "steps whose data is consumed without training, e.g. \"9-12,40\" "
+                                                "(what kiln run does after a NaN or a loss spike)"},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 static const char *const sections[] = {"model", "data", "optim", "balance", "run", NULL};
@@ -218,6 +221,10 @@ kiln_error *kiln_train_config_validate(const kiln_train_config *c) {
         return kiln_errorf(KILN_EINVAL, "config: balance.skip_target must be in [0,1)");
     if (!c->data_dir[0]) return kiln_errorf(KILN_EINVAL, "config: data.dir is empty");
     if (!c->out_dir[0]) return kiln_errorf(KILN_EINVAL, "config: run.out_dir is empty");
+    kiln_step_ranges skip = {0};
+    kiln_error *e = kiln_step_ranges_parse(c->skip_steps, &skip);
+    kiln_step_ranges_free(&skip);
+    if (e) return kiln_error_wrap(e, "config: field 'run.skip_steps'");
     return NULL;
 }
 

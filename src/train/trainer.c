@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kiln/data.h"
+#include "kiln/ft.h"
 #include "kiln/log.h"
 #include "train_internal.h"
 
@@ -74,6 +75,9 @@ typedef struct {
     kiln_loader_state *loader_states;
     ckpt_writer *ckw;
     FILE *metrics;
+    kiln_ft_env ft;                /* kiln run's protocol: heartbeats, resume, data windows to skip, faults */
+    double compute_s, local_gnorm; /* this rank's forward/backward time and own gradient norm, for heartbeats */
+    kiln_heartbeat hb;
 } trainer;
 
 static void trainer_free(trainer *t) {
@@ -93,6 +97,7 @@ static void trainer_free(trainer *t) {
     free(t->loader_states);
     ckpt_writer_free(t->ckw);
     if (t->metrics) fclose(t->metrics);
+    kiln_ft_env_free(&t->ft);
 }
 
 static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
@@ -172,9 +177,16 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
                             double *gnorm_out, double *lr_out, int64_t *ntok) {
     kiln_zaya *m = t->m;
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
+    if (kiln_step_ranges_contains(&t->ft.skip, step + 1)) { /* a skipped window: consumed, not trained on */
+        for (int64_t a = 0; a < accum; a++) KILN_TRY(kiln_loader_next(t->train, c->micro_batch, t->ids));
+        *loss_out = *gnorm_out = NAN;
+        *lr_out = 0;
+        *ntok = 0;
+        return NULL;
+    }
     kiln_zaya_grads_zero(m);
     memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
-    double loss_sum = 0;
+    double loss_sum = 0, tc = now();
     for (int64_t a = 0; a < accum; a++) {
         double loss;
         KILN_TRY(kiln_loader_next(t->train, c->micro_batch, t->ids));
@@ -182,6 +194,16 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
         KILN_TRY(kiln_zaya_backward(m, t->acts, t->ids));
         kiln_zaya_route_counts(m, t->acts, t->counts);
         loss_sum += loss;
+    }
+    t->compute_s = now() - tc;
+    if (t->ft.faults.n) { /* KILN_FAULT, a testing hook */
+        if (kiln_faults_find(&t->ft.faults, KILN_FAULT_NAN, comm->rank, step + 1, t->ft.attempt)) m->g[0] = NAN;
+        if (kiln_faults_find(&t->ft.faults, KILN_FAULT_SPIKE, comm->rank, step + 1, t->ft.attempt)) loss_sum *= 1000;
+    }
+    if (t->ft.heartbeat_dir[0]) { /* tells the supervisor which rank produced a NaN */
+        double sq = 0;
+        for (size_t i = 0; i < m->numel; i++) sq += (double)m->g[i] * m->g[i];
+        t->local_gnorm = sqrt(sq);
     }
     /* mean over every micro-batch of every rank */
     const float inv = 1.0f / (float)(accum * comm->size);
@@ -193,6 +215,13 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
     for (size_t i = 0; i < t->part.counts[me]; i++) stats[0] += (double)t->gshard[i] * t->gshard[i];
     KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
     double gnorm = sqrt(stats[0]);
+    if (!isfinite(gnorm) || !isfinite(stats[1])) { /* nothing is updated from a non-finite step: the caller stops */
+        *loss_out = stats[1] / comm->size;
+        *gnorm_out = gnorm;
+        *lr_out = 0;
+        *ntok = 0;
+        return NULL;
+    }
     float scale = (c->clip > 0 && gnorm > c->clip) ? (float)(c->clip / (gnorm + 1e-6)) : 1.0f;
     kiln_schedule sched = c->sched;
     sched.total = c->steps;
@@ -248,6 +277,35 @@ static void log_metrics(trainer *t, const kiln_train_config *c, int64_t step, do
     fflush(t->metrics);
 }
 
+/* kiln run's heartbeat; nothing outside it. */
+static kiln_error *beat(trainer *t, const kiln_train_config *c, kiln_comm *comm, int64_t step, const char *phase,
+                        double loss, double gnorm, double step_s) {
+    if (!t->ft.heartbeat_dir[0]) return NULL;
+    struct timespec w;
+    clock_gettime(CLOCK_REALTIME, &w);
+    kiln_heartbeat *h = &t->hb; /* keeps the recent steps */
+    h->rank = comm->rank, h->world = comm->size, h->attempt = t->ft.attempt, h->pid = (long)getpid();
+    h->step = step, h->steps = c->steps, h->loss = loss, h->grad_norm = gnorm, h->local_grad_norm = t->local_gnorm;
+    h->step_s = step_s, h->compute_s = t->compute_s, h->time = w.tv_sec + w.tv_nsec * 1e-9;
+    snprintf(h->phase, sizeof h->phase, "%s", phase);
+    if (!strcmp(phase, "train")) kiln_heartbeat_record(h, step, loss, gnorm);
+    return kiln_heartbeat_write(t->ft.heartbeat_dir, h);
+}
+
+/* kiln run's environment and the config's skipped windows; checkpoints trained on a bad window
+ * are set aside before resuming. */
+static kiln_error *ft_start(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
+    KILN_TRY(kiln_ft_env_read(&t->ft));
+    KILN_TRY(kiln_step_ranges_parse(c->skip_steps, &t->ft.skip));
+    int n = 0;
+    if (comm->rank == 0 && t->ft.reject_from > 0) {
+        KILN_TRY(kiln_ft_reject_checkpoints(c->out_dir, t->ft.reject_from, &n));
+        if (n) kiln_log(KILN_LOG_WARN, "set aside %d checkpoint%s of step >= %lld (trained on a bad data window)", n,
+                        n > 1 ? "s" : "", (long long)t->ft.reject_from);
+    }
+    return comm->barrier(comm);
+}
+
 kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kiln_comm *comm, double *final_loss) {
     KILN_TRY(kiln_train_config_validate(c));
     int threads = c->threads;
@@ -261,9 +319,10 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
     memset(&t, 0, sizeof t);
     kiln_error *e = setup(&t, c, comm);
     if (!e) e = ckpt_writer_create(c->async_ckpt, &t.ckw);
+    if (!e) e = ft_start(&t, c, comm);
     int64_t start = 0;
     double tokens = 0;
-    if (!e && o->resume) {
+    if (!e && (o->resume || t.ft.resume)) {
         int64_t step = -1;
         if (comm->rank == 0) e = ckpt_find_latest(c->out_dir, &step);
         if (!e) e = comm->broadcast(comm, &step, sizeof step, 0);
@@ -288,6 +347,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
     const int tty = isatty(1);
     double t0 = now(), last = 0, run_tokens = 0;
     int64_t step = start;
+    if (!e) e = beat(&t, c, comm, start, "start", NAN, NAN, 0);
     if (!e && comm->rank == 0 && !o->quiet)
         printf("training %.2fM parameters on %d rank%s x %d threads: %lld steps of %lld tokens\n", t.m->numel / 1e6,
                comm->size, comm->size > 1 ? "s" : "", threads, (long long)c->steps,
@@ -295,19 +355,23 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
     while (!e && step < c->steps) {
         double loss = 0, gnorm = 0, lr = 0, val = NAN;
         int64_t ntok = 0;
+        const int skipped = kiln_step_ranges_contains(&t.ft.skip, step + 1);
+        kiln_ft_fault_step_begin(&t.ft, comm->rank, step + 1);
+        double ts = now();
         e = one_step(&t, c, comm, step, &loss, &gnorm, &lr, &ntok);
         if (e) break;
         step++;
         tokens += (double)ntok;
         run_tokens += (double)ntok;
-        last = loss;
-        if (!isfinite(loss)) {
-            e = kiln_errorf(KILN_EINVAL, "loss is %g at step %lld: stopping (lower optim.lr?)", loss, (long long)step);
-            break;
-        }
+        if (!skipped) last = loss;
+        e = beat(&t, c, comm, step, skipped ? "skip" : "train", loss, gnorm, now() - ts);
+        if (!e && !skipped && (!isfinite(loss) || !isfinite(gnorm)))
+            e = kiln_errorf(KILN_EINVAL, "loss %g, gradient norm %g at step %lld: stopping (lower optim.lr?)", loss, gnorm,
+                            (long long)step);
+        if (e) break;
         if (t.val && c->eval_every > 0 && (step % c->eval_every == 0 || step == c->steps)) e = eval_loss(&t, c, comm, &val);
         double el = now() - t0, tps = run_tokens / el, mfu = tps * fpt / peak;
-        if (!e && comm->rank == 0 && (step % c->log_every == 0 || step == c->steps || !isnan(val))) {
+        if (!e && !skipped && comm->rank == 0 && (step % c->log_every == 0 || step == c->steps || !isnan(val))) {
             log_metrics(&t, c, step, loss, val, lr, gnorm, tokens, tps, mfu);
             if (!o->quiet) {
                 double eta = (c->steps - step) * el / (double)(step - start);
@@ -326,6 +390,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         if (save) {
             e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
+            if (!e) e = kiln_ft_fault_before_save(&t.ft, comm->rank, step);
             if (!e) e = ckpt_writer_save(t.ckw, comm, &v, step == c->steps || stop[0] > 0);
         }
         if (!e && stop[0] > 0) {
@@ -339,6 +404,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         e = kiln_zaya_save_dir(t.m, dir);
         if (!e && !o->quiet) printf("saved %s (HF ZAYA format)\n", dir);
     }
+    if (!e && step >= c->steps) e = beat(&t, c, comm, step, "done", last, NAN, 0);
     if (final_loss) *final_loss = last;
     trainer_free(&t);
     return e;

@@ -1,0 +1,130 @@
+/* Per-rank heartbeat files: dir/rank_NNNNN.json, one small JSON object replaced after every step.
+ * Replaced by rename, so a reader sees the previous or the new beat, never half of one; not
+ * fsynced, since a heartbeat says "alive now" and is worthless after a crash. NaN and Inf are
+ * what the supervisor looks for, and JSON has no numbers for them: they are written as strings. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/ft.h"
+#include "kiln/json.h"
+
+char *kiln_heartbeat_path(const char *dir, int rank) {
+    char name[32];
+    snprintf(name, sizeof name, "rank_%05d.json", rank);
+    return kiln_path_join(dir, name);
+}
+
+static void num(char *buf, size_t cap, double v) {
+    if (isnan(v)) snprintf(buf, cap, "\"nan\"");
+    else if (isinf(v)) snprintf(buf, cap, v > 0 ? "\"inf\"" : "\"-inf\"");
+    else snprintf(buf, cap, "%.17g", v);
+}
+
+void kiln_heartbeat_record(kiln_heartbeat *h, int64_t step, double loss, double grad_norm) {
+    if (h->nrecent == KILN_HB_RECENT) {
+        memmove(h->recent, h->recent + 1, (KILN_HB_RECENT - 1) * sizeof h->recent[0]);
+        h->nrecent--;
+    }
+    h->recent[h->nrecent].step = step;
+    h->recent[h->nrecent].loss = loss;
+    h->recent[h->nrecent].grad_norm = grad_norm;
+    h->nrecent++;
+}
+
+kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
+    char loss[40], gn[40], lgn[40], text[1024 + KILN_HB_RECENT * 128];
+    num(loss, sizeof loss, h->loss);
+    num(gn, sizeof gn, h->grad_norm);
+    num(lgn, sizeof lgn, h->local_grad_norm);
+    int n = snprintf(text, sizeof text,
+                     "{\"rank\":%d,\"world\":%d,\"attempt\":%d,\"pid\":%ld,\"step\":%lld,\"steps\":%lld,\"phase\":\"%s\","
+                     "\"loss\":%s,\"grad_norm\":%s,\"local_grad_norm\":%s,\"step_s\":%.6f,\"compute_s\":%.6f,"
+                     "\"time\":%.3f,\"recent\":[",
+                     h->rank, h->world, h->attempt, h->pid, (long long)h->step, (long long)h->steps, h->phase, loss, gn,
+                     lgn, h->step_s, h->compute_s, h->time);
+    for (int i = 0; i < h->nrecent && i < KILN_HB_RECENT; i++) {
+        num(loss, sizeof loss, h->recent[i].loss);
+        num(gn, sizeof gn, h->recent[i].grad_norm);
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s[%lld,%s,%s]", i ? "," : "", (long long)h->recent[i].step,
+                      loss, gn);
+    }
+    n += snprintf(text + n, sizeof text - (size_t)n, "]}\n");
+    char *path = kiln_heartbeat_path(dir, h->rank), tmp[1300];
+    if (!path) return kiln_errorf(KILN_ENOMEM, "heartbeat");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    kiln_error *e = NULL;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) e = kiln_errorf(KILN_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    else {
+        ssize_t w = write(fd, text, (size_t)n);
+        if (w != n) e = kiln_errorf(KILN_EIO, "%s: write: %s", tmp, w < 0 ? strerror(errno) : "short write");
+        close(fd);
+        if (!e && rename(tmp, path)) e = kiln_errorf(KILN_EIO, "%s: rename: %s", path, strerror(errno));
+        if (e) unlink(tmp);
+    }
+    free(path);
+    return e;
+}
+
+static int num_of(const cJSON *x, double *out) {
+    if (cJSON_IsNumber(x)) *out = x->valuedouble;
+    else if (cJSON_IsString(x) && !strcmp(x->valuestring, "nan")) *out = NAN;
+    else if (cJSON_IsString(x) && !strcmp(x->valuestring, "inf")) *out = INFINITY;
+    else if (cJSON_IsString(x) && !strcmp(x->valuestring, "-inf")) *out = -INFINITY;
+    else return 0;
+    return 1;
+}
+
+static kiln_error *get_num(const cJSON *o, const char *key, double *out, const char *ctx) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (num_of(x, out)) return NULL;
+    return kiln_errorf(KILN_EFORMAT, "%s: field '%s' must be a number, \"nan\" or \"inf\"", ctx, key);
+}
+
+kiln_error *kiln_heartbeat_read(const char *dir, int rank, kiln_heartbeat *h) {
+    char *path = kiln_heartbeat_path(dir, rank);
+    if (!path) return kiln_errorf(KILN_ENOMEM, "heartbeat");
+    cJSON *o = NULL;
+    kiln_error *e = kiln_json_parse_file(path, &o);
+    memset(h, 0, sizeof *h);
+    int64_t v = 0;
+    const char *phase = NULL;
+    if (!e) e = kiln_json_get_int(o, "rank", &v, 0, 1, path), h->rank = (int)v;
+    if (!e) e = kiln_json_get_int(o, "world", &v, 0, 1, path), h->world = (int)v;
+    if (!e) e = kiln_json_get_int(o, "attempt", &v, 0, 1, path), h->attempt = (int)v;
+    if (!e) e = kiln_json_get_int(o, "pid", &v, 0, 1, path), h->pid = (long)v;
+    if (!e) e = kiln_json_get_int(o, "step", &h->step, 0, 1, path);
+    if (!e) e = kiln_json_get_int(o, "steps", &h->steps, 0, 1, path);
+    if (!e) e = kiln_json_get_string(o, "phase", &phase, NULL, 1, path);
+    if (!e) snprintf(h->phase, sizeof h->phase, "%s", phase);
+    if (!e) e = get_num(o, "loss", &h->loss, path);
+    if (!e) e = get_num(o, "grad_norm", &h->grad_norm, path);
+    if (!e) e = get_num(o, "local_grad_norm", &h->local_grad_norm, path);
+    if (!e) e = get_num(o, "step_s", &h->step_s, path);
+    if (!e) e = get_num(o, "compute_s", &h->compute_s, path);
+    if (!e) e = get_num(o, "time", &h->time, path);
+    const cJSON *rec = e ? NULL : cJSON_GetObjectItemCaseSensitive(o, "recent"), *it;
+    if (!e && !cJSON_IsArray(rec)) e = kiln_errorf(KILN_EFORMAT, "%s: 'recent' must be a list", path);
+    if (e) rec = NULL;
+    cJSON_ArrayForEach(it, rec) {
+        if (h->nrecent == KILN_HB_RECENT || cJSON_GetArraySize(it) != 3 || !cJSON_IsNumber(cJSON_GetArrayItem(it, 0)) ||
+            !num_of(cJSON_GetArrayItem(it, 1), &h->recent[h->nrecent].loss) ||
+            !num_of(cJSON_GetArrayItem(it, 2), &h->recent[h->nrecent].grad_norm)) {
+            e = kiln_errorf(KILN_EFORMAT, "%s: 'recent' entry %d is not [step, loss, grad_norm]", path, h->nrecent);
+            break;
+        }
+        h->recent[h->nrecent++].step = (int64_t)cJSON_GetArrayItem(it, 0)->valuedouble;
+    }
+    if (!e && h->rank != rank) e = kiln_errorf(KILN_EFORMAT, "%s: rank %d in the file of rank %d", path, h->rank, rank);
+    cJSON_Delete(o);
+    free(path);
+    return e;
+}

@@ -1,0 +1,682 @@
+/* kiln run's supervisor: launch the ranks, watch them, stop, roll back, restart.
+ *
+ * One attempt = one launch of the training command (directly for one rank, through mpirun for
+ * several). While it runs the supervisor forwards the ranks' output, reads their heartbeats and
+ * reaps children; the first failure it sees ends the attempt: the job is stopped (SIGTERM to every
+ * process under the supervisor, SIGKILL after the grace period), the incident is logged, and after
+ * an exponential back-off the next attempt resumes from the newest valid checkpoint. A NaN or a
+ * loss spike also adds the offending steps to the windows the trainer skips, and sets aside any
+ * checkpoint trained on them. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ft_internal.h"
+#include "kiln/ft.h"
+
+void kiln_supervisor_opts_default(kiln_supervisor_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->np = 1;
+    o->launcher = KILN_LAUNCH_AUTO;
+    o->mpirun = "mpirun";
+    o->run_dir = "runs/default";
+    o->max_restarts = 5;
+    o->backoff_s = 1;
+    o->backoff_max_s = 60;
+    o->hang_timeout_s = 300;
+    o->start_timeout_s = 600;
+    o->grace_s = 10;
+    o->spike_z = 6;
+    o->spike_window = 50;
+    o->spike_min = 10;
+    o->straggler_factor = 3;
+    o->straggler_steps = 5;
+    o->skip_window = 1;
+}
+
+static double mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double wall(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- one attempt ---- */
+
+typedef enum { OUT_RUNNING, OUT_DONE, OUT_INCIDENT, OUT_INTERRUPTED } outcome;
+
+typedef struct {
+    const kiln_supervisor_opts *o;
+    int attempt;
+    char hb_dir[1100], incidents[1100];
+    pid_t child;
+    int out_fd[2];              /* the child's stdout, stderr pipes (-1 once closed) */
+    char err_tail[2048];        /* the last line(s) of the ranks' stderr, for incident details */
+    int mpi_rank, mpi_signal;   /* what mpirun said about the first failed rank (-1: nothing) */
+    int child_status, child_exited;
+    double launched;
+    kiln_heartbeat *hb;         /* [np] the latest beat of each rank */
+    int *have_hb, *slow_count, *straggler_told;
+    double *last_change;        /* monotonic time of each rank's last new beat */
+    int64_t spike_step;         /* last step fed to the spike detector */
+    int64_t straggler_step;
+    kiln_spike_detector spike;
+    int first_dead;             /* a rank seen dead (zombie or gone) while the job ran */
+    /* the incident that ends the attempt */
+    char kind[32], detail[1024];
+    int rank;
+    int64_t step, bad_step;     /* bad_step: a NaN/spike step whose window is skipped (-1: none) */
+} attempt_state;
+
+/* Read what a pipe has (non-blocking); returns the bytes read. */
+static ssize_t forward(attempt_state *a, int which) {
+    char buf[4096];
+    ssize_t n = read(a->out_fd[which], buf, sizeof buf - 1);
+    if (n <= 0) {
+        if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+            close(a->out_fd[which]);
+            a->out_fd[which] = -1;
+        }
+        return 0;
+    }
+    if (!a->o->quiet) {
+        FILE *f = which ? stderr : stdout;
+        fwrite(buf, 1, (size_t)n, f);
+        fflush(f);
+    }
+    if (which == 0) return n;
+    buf[n] = 0;
+    /* keep the tail of stderr; learn from mpirun's report which rank failed first */
+    size_t have = strlen(a->err_tail), add = (size_t)n;
+    if (add >= sizeof a->err_tail) {
+        memcpy(a->err_tail, buf + add - (sizeof a->err_tail - 1), sizeof a->err_tail);
+    } else {
+        if (have + add >= sizeof a->err_tail) {
+            size_t drop = have + add - (sizeof a->err_tail - 1);
+            memmove(a->err_tail, a->err_tail + drop, have - drop + 1);
+            have -= drop;
+        }
+        memcpy(a->err_tail + have, buf, add + 1);
+    }
+    const char *p;
+    if (a->mpi_rank < 0 && (p = strstr(a->err_tail, "process rank "))) {
+        a->mpi_rank = atoi(p + 13);
+        const char *s = strstr(p, "exited on signal ");
+        if (s) a->mpi_signal = atoi(s + 17);
+    }
+    if (a->mpi_rank < 0 && (p = strstr(a->err_tail, "Process name: [["))) {
+        const char *c = strstr(p, "],");
+        if (c) a->mpi_rank = atoi(c + 2);
+    }
+    return n;
+}
+
+/* The last non-empty line of the ranks' stderr that is not mpirun's banner. */
+static void last_error_line(const attempt_state *a, char *buf, size_t cap) {
+    buf[0] = 0;
+    const char *s = a->err_tail;
+    const char *best = NULL;
+    size_t bl = 0;
+    while (*s) {
+        const char *e = strchr(s, '\n');
+        size_t l = e ? (size_t)(e - s) : strlen(s);
+        if (l > 0 && s[0] != '-' && (strstr(s, "error") || strstr(s, "Error")) && !strstr(s, "mpirun")) best = s, bl = l;
+        s += l + (e ? 1 : 0);
+    }
+    if (best) snprintf(buf, cap, "%.*s", (int)(bl < 400 ? bl : 400), best);
+}
+
+static void set_incident(attempt_state *a, const char *kind, int rank, int64_t step, int64_t bad_step, const char *fmt,
+                         ...) KILN_PRINTF(6, 7);
+static void set_incident(attempt_state *a, const char *kind, int rank, int64_t step, int64_t bad_step, const char *fmt,
+                         ...) {
+    snprintf(a->kind, sizeof a->kind, "%s", kind);
+    a->rank = rank;
+    a->step = step;
+    a->bad_step = bad_step;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->detail, sizeof a->detail, fmt, ap);
+    va_end(ap);
+}
+
+static void log_incident(attempt_state *a, const char *kind, int rank, int64_t step, const char *detail,
+                         const char *action) {
+    kiln_incident in = {wall(), a->attempt, kind, rank, step, detail, action};
+    kiln_error *e = kiln_incident_append(a->incidents, &in);
+    if (e) {
+        fprintf(stderr, "kiln run: warning: %s\n", kiln_error_msg(e));
+        kiln_error_free(e);
+    }
+    char line[1600];
+    kiln_incident_summary(&in, line, sizeof line);
+    fprintf(a->o->out, "%s\n", line);
+    fflush(a->o->out);
+}
+
+/* A non-finite loss or gradient norm in a beat: the NaN incident, blaming the rank whose own
+ * gradient was not finite. */
+static int check_nan(attempt_state *a) {
+    const int np = a->o->np;
+    for (int r = 0; r < np; r++) {
+        const kiln_heartbeat *h = &a->hb[r];
+        if (!a->have_hb[r] || strcmp(h->phase, "train") || (isfinite(h->loss) && isfinite(h->grad_norm))) continue;
+        int who = -1;
+        for (int q = 0; q < np && who < 0; q++)
+            if (a->have_hb[q] && a->hb[q].step == h->step && !isfinite(a->hb[q].local_grad_norm)) who = q;
+        set_incident(a, "nan", who, h->step, h->step, "loss %g, gradient norm %g%s", h->loss, h->grad_norm,
+                     who >= 0 ? " (this rank's own gradient was not finite)" : "");
+        return 1;
+    }
+    return 0;
+}
+
+/* Read every rank's heartbeat; returns 1 when it ends the attempt (NaN, spike, straggler restart). */
+static int poll_heartbeats(attempt_state *a) {
+    const kiln_supervisor_opts *o = a->o;
+    const int np = o->np;
+    double t = mono();
+    for (int r = 0; r < np; r++) {
+        kiln_heartbeat h;
+        kiln_error *e = kiln_heartbeat_read(a->hb_dir, r, &h);
+        if (e) { /* not written yet */
+            kiln_error_free(e);
+            continue;
+        }
+        if (h.attempt != a->attempt) continue; /* a stale beat from a process of the last attempt */
+        if (!a->have_hb[r] || h.step != a->hb[r].step || strcmp(h.phase, a->hb[r].phase)) a->last_change[r] = t;
+        a->hb[r] = h;
+        a->have_hb[r] = 1;
+    }
+    if (check_nan(a)) return 1;
+    /* every step trained since the last poll, from the beat's recent list: the loss and norm are
+     * global, the same on every rank, so the lowest rank reporting is followed */
+    int r0 = -1;
+    for (int r = 0; r < np && r0 < 0; r++)
+        if (a->have_hb[r]) r0 = r;
+    for (int i = 0; r0 >= 0 && i < a->hb[r0].nrecent; i++) {
+        const int64_t s = a->hb[r0].recent[i].step;
+        const double loss = a->hb[r0].recent[i].loss, gn = a->hb[r0].recent[i].grad_norm;
+        if (s <= a->spike_step) continue;
+        a->spike_step = s;
+        if (!isfinite(loss) || !isfinite(gn)) {
+            set_incident(a, "nan", -1, s, s, "loss %g, gradient norm %g", loss, gn);
+            return 1;
+        }
+        double z = o->spike_z > 0 ? kiln_spike_push(&a->spike, loss, o->spike_z) : 0;
+        if (o->spike_z > 0 && z > o->spike_z) {
+            set_incident(a, "loss-spike", -1, s, s, "loss %.6g is %.1f standard deviations above the mean of the "
+                         "last %d steps", loss, z, a->spike.n);
+            return 1;
+        }
+    }
+    /* stragglers: compare the ranks' compute times once all have reported the same new step */
+    if (o->straggler_factor > 0 && np > 1) {
+        int same = 1;
+        for (int r = 0; r < np && same; r++)
+            same = a->have_hb[r] && !strcmp(a->hb[r].phase, "train") && a->hb[r].step == a->hb[0].step;
+        if (same && a->hb[0].step > a->straggler_step) {
+            a->straggler_step = a->hb[0].step;
+            double *cs = malloc((size_t)np * sizeof *cs), ratio = 0;
+            if (cs) {
+                for (int r = 0; r < np; r++) cs[r] = a->hb[r].compute_s;
+                int s = kiln_straggler(cs, np, o->straggler_factor, &ratio);
+                free(cs);
+                for (int r = 0; r < np; r++) a->slow_count[r] = r == s ? a->slow_count[r] + 1 : 0;
+                if (s >= 0 && a->slow_count[s] >= o->straggler_steps && !a->straggler_told[s]) {
+                    char d[256];
+                    snprintf(d, sizeof d, "compute time %.3gx the median of the other ranks for %d steps", ratio,
+                             a->slow_count[s]);
+                    if (o->straggler_restart) {
+                        set_incident(a, "straggler", s, a->hb[s].step, -1, "%s", d);
+                        return 1;
+                    }
+                    a->straggler_told[s] = 1;
+                    log_incident(a, "straggler", s, a->hb[s].step, d, "warn");
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* No progress past the timeouts: blame a stopped rank, else the one furthest behind. */
+static int check_hang(attempt_state *a) {
+    const kiln_supervisor_opts *o = a->o;
+    double t = mono();
+    for (int r = 0; r < o->np; r++) {
+        int late = a->have_hb[r] ? strcmp(a->hb[r].phase, "done") && t - a->last_change[r] > o->hang_timeout_s
+                                 : t - a->launched > o->start_timeout_s;
+        if (!late) continue;
+        /* blame a stopped rank; else one that never beat; else the only one behind the others */
+        int who = -1, stopped = 0;
+        for (int q = 0; q < o->np && who < 0; q++)
+            if (a->have_hb[q] && ft_proc_state((pid_t)a->hb[q].pid) == 'T') who = q, stopped = 1;
+        for (int q = 0; q < o->np && who < 0; q++)
+            if (!a->have_hb[q]) who = q;
+        if (who < 0) {
+            int64_t lo = INT64_MAX, hi = INT64_MIN;
+            int nlo = 0;
+            for (int q = 0; q < o->np; q++) {
+                if (a->hb[q].step < lo) lo = a->hb[q].step, nlo = 0;
+                if (a->hb[q].step == lo) nlo++;
+                if (a->hb[q].step > hi) hi = a->hb[q].step;
+            }
+            for (int q = 0; q < o->np && who < 0 && nlo == 1 && lo < hi; q++)
+                if (a->hb[q].step == lo) who = q;
+        }
+        if (a->have_hb[r])
+            set_incident(a, "hang", who, a->hb[who >= 0 && a->have_hb[who] ? who : r].step, -1,
+                         "no heartbeat progress for %.0f s%s", t - a->last_change[r],
+                         stopped ? " (the rank is stopped: SIGSTOP or a debugger)" : "");
+        else
+            set_incident(a, "hang", r, -1, -1, "no heartbeat within %.0f s of the launch", o->start_timeout_s);
+        return 1;
+    }
+    return 0;
+}
+
+/* Reap every child that has exited; note the launched one's status. */
+static void reap(attempt_state *a) {
+    int st;
+    pid_t p;
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0)
+        if (p == a->child) {
+            a->child_exited = 1;
+            a->child_status = st;
+        }
+}
+
+static int count_descendants(void) {
+    pid_t d[4096];
+    return ft_proc_descendants(getpid(), d, 4096);
+}
+
+static void signal_all(attempt_state *a, int sig) {
+    pid_t d[4096];
+    int n = ft_proc_descendants(getpid(), d, 4096);
+    if (!a->child_exited) kill(-a->child, sig); /* the launched process's group */
+    for (int i = 0; i < n; i++) kill(d[i], sig);
+}
+
+/* SIGTERM everything under the supervisor, SIGKILL what is left after the grace period, reap all. */
+static void stop_job(attempt_state *a, double grace) {
+    if (count_descendants() == 0) {
+        reap(a);
+        return;
+    }
+    signal_all(a, SIGTERM);
+    double t0 = mono();
+    while (mono() - t0 < grace) {
+        reap(a);
+        for (int i = 0; i < 2; i++)
+            if (a->out_fd[i] >= 0) {
+                struct pollfd p = {a->out_fd[i], POLLIN, 0};
+                if (poll(&p, 1, 0) > 0) forward(a, i);
+            }
+        if (count_descendants() == 0) return;
+        sleep_s(0.02);
+    }
+    for (int round = 0; round < 50 && count_descendants() > 0; round++) {
+        signal_all(a, SIGKILL);
+        sleep_s(0.02);
+        reap(a);
+    }
+    reap(a);
+}
+
+static const char *signame(int s) {
+    const char *n = strsignal(s);
+    return n ? n : "signal";
+}
+
+/* The launched command exited: finished, or an incident. */
+static outcome classify_exit(attempt_state *a) {
+    int st = a->child_status;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OUT_DONE;
+    poll_heartbeats(a);
+    if (check_nan(a)) return OUT_INCIDENT;
+    char line[512];
+    last_error_line(a, line, sizeof line);
+    const int direct = a->o->np == 1 && a->o->launcher != KILN_LAUNCH_MPIRUN;
+    int rank = direct ? 0 : a->mpi_rank >= 0 ? a->mpi_rank : a->first_dead;
+    int64_t step = rank >= 0 && a->have_hb[rank] ? a->hb[rank].step : -1;
+    int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    if (!direct && a->mpi_signal > 0) sig = a->mpi_signal;
+    if (!direct && !sig && WIFEXITED(st) && WEXITSTATUS(st) > 128) sig = WEXITSTATUS(st) - 128; /* mpirun: 128+sig */
+    if (sig)
+        set_incident(a, "killed", rank, step, -1, "killed by signal %d (%s)%s%s", sig, signame(sig), line[0] ? ": " : "",
+                     line);
+    else
+        set_incident(a, "exit", rank, step, -1, "exited with status %d%s%s", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+                     line[0] ? ": " : "", line);
+    return OUT_INCIDENT;
+}
+
+static kiln_error *self_exe(char *buf, size_t cap) {
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n <= 0) return kiln_errorf(KILN_EIO, "/proc/self/exe: %s", strerror(errno));
+    buf[n] = 0;
+    return NULL;
+}
+
+/* argv of this attempt: [mpirun args... -np N -x VAR...] command... */
+static kiln_error *build_argv(const kiln_supervisor_opts *o, int use_mpirun, char ***out, char **words) {
+    static const char *vars[] = {"KILN_HEARTBEAT_DIR", "KILN_RUN_ATTEMPT", "KILN_RESUME", "KILN_REJECT_FROM",
+                                 "KILN_SKIP_STEPS", "KILN_FAULT", "KILN_LOG"};
+    int ncmd = 0;
+    while (o->cmd[ncmd]) ncmd++;
+    *words = o->mpirun_args ? strdup(o->mpirun_args) : NULL;
+    int nw = 0;
+    for (char *p = *words; p && *p; p++)
+        if (*p != ' ' && (p == *words || p[-1] == ' ')) nw++;
+    char **v = calloc((size_t)(ncmd + nw + 24), sizeof *v);
+    if (!v || (o->mpirun_args && !*words)) {
+        free(v);
+        return kiln_errorf(KILN_ENOMEM, "command line");
+    }
+    int k = 0;
+    if (use_mpirun) {
+        static char np[16];
+        snprintf(np, sizeof np, "%d", o->np);
+        v[k++] = (char *)o->mpirun;
+        char *save = NULL;
+        for (char *w = *words ? strtok_r(*words, " ", &save) : NULL; w; w = strtok_r(NULL, " ", &save)) v[k++] = w;
+        v[k++] = "-np";
+        v[k++] = np;
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) /* OpenMPI: pass the protocol to remote nodes too */
+            if (getenv(vars[i])) v[k++] = "-x", v[k++] = (char *)vars[i];
+    }
+    static char exe[4096];
+    for (int i = 0; i < ncmd; i++) {
+        v[k] = o->cmd[i];
+        if (i == 0 && !strcmp(o->cmd[0], "kiln") && !self_exe(exe, sizeof exe)) v[k] = exe;
+        k++;
+    }
+    *out = v;
+    return NULL;
+}
+
+static kiln_error *launch(attempt_state *a, int use_mpirun, const char *skip, int64_t reject_from) {
+    const kiln_supervisor_opts *o = a->o;
+    /* the protocol's variables: set in this process so that the -x list and the child see them */
+    char attempt[16], reject[32];
+    snprintf(attempt, sizeof attempt, "%d", a->attempt);
+    setenv("KILN_HEARTBEAT_DIR", a->hb_dir, 1);
+    setenv("KILN_RUN_ATTEMPT", attempt, 1);
+    if (a->attempt > 1) setenv("KILN_RESUME", "1", 1);
+    else unsetenv("KILN_RESUME");
+    if (skip && *skip) setenv("KILN_SKIP_STEPS", skip, 1);
+    else unsetenv("KILN_SKIP_STEPS");
+    if (reject_from > 0) {
+        snprintf(reject, sizeof reject, "%lld", (long long)reject_from);
+        setenv("KILN_REJECT_FROM", reject, 1);
+    } else {
+        unsetenv("KILN_REJECT_FROM");
+    }
+    char **argv = NULL, *words = NULL;
+    KILN_TRY(build_argv(o, use_mpirun, &argv, &words));
+    int po[2], pe[2];
+    if (pipe(po)) {
+        free(argv);
+        free(words);
+        return kiln_errorf(KILN_EIO, "pipe: %s", strerror(errno));
+    }
+    if (pipe(pe)) {
+        close(po[0]), close(po[1]);
+        free(argv);
+        free(words);
+        return kiln_errorf(KILN_EIO, "pipe: %s", strerror(errno));
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0); /* Ctrl-C at the terminal reaches the supervisor only; it stops the ranks itself */
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
+        signal(SIGPIPE, SIG_DFL);
+        execvp(argv[0], argv);
+        fprintf(stderr, "kiln run: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(po[1]);
+    close(pe[1]);
+    if (pid < 0) {
+        close(po[0]), close(pe[0]);
+        free(argv);
+        free(words);
+        return kiln_errorf(KILN_EIO, "fork: %s", strerror(errno));
+    }
+    setpgid(pid, pid);
+    a->child = pid;
+    a->out_fd[0] = po[0];
+    a->out_fd[1] = pe[0];
+    /* non-blocking: a rank orphaned with the pipe open must not stall the supervisor */
+    fcntl(po[0], F_SETFL, O_NONBLOCK);
+    fcntl(pe[0], F_SETFL, O_NONBLOCK);
+    a->launched = mono();
+    if (!o->quiet) {
+        fprintf(o->out, "kiln run: attempt %d:", a->attempt);
+        for (int i = 0; argv[i]; i++) fprintf(o->out, " %s", argv[i]);
+        fprintf(o->out, "%s%s\n", skip && *skip ? "  (skipping steps " : "", skip && *skip ? skip : "");
+        if (skip && *skip) fprintf(o->out, ")\n");
+        fflush(o->out);
+    }
+    free(argv);
+    free(words);
+    return NULL;
+}
+
+/* Run one attempt until it finishes, fails or is interrupted. */
+static outcome watch(attempt_state *a) {
+    const kiln_supervisor_opts *o = a->o;
+    double last_hb = 0;
+    int sent_int = 0;
+    double int_at = 0;
+    for (;;) {
+        struct pollfd p[2];
+        int n = 0, idx[2];
+        for (int i = 0; i < 2; i++)
+            if (a->out_fd[i] >= 0) p[n] = (struct pollfd){a->out_fd[i], POLLIN, 0}, idx[n++] = i;
+        int rc = n ? poll(p, (nfds_t)n, 50) : (sleep_s(0.05), 0);
+        for (int i = 0; rc > 0 && i < n; i++)
+            if (p[i].revents & (POLLIN | POLLHUP | POLLERR)) forward(a, idx[i]);
+        reap(a);
+        if (o->interrupted && *o->interrupted) {
+            if (!sent_int) { /* Ctrl-C: the ranks save a checkpoint and exit (the trainer's own SIGINT path) */
+                sent_int = 1;
+                int_at = mono();
+                int any = 0;
+                for (int r = 0; r < o->np; r++)
+                    if (a->have_hb[r] && ft_proc_state((pid_t)a->hb[r].pid)) kill((pid_t)a->hb[r].pid, SIGINT), any = 1;
+                if (!any && !a->child_exited) kill(-a->child, SIGINT);
+            }
+            if (a->child_exited || *o->interrupted > 1 || mono() - int_at > o->grace_s) return OUT_INTERRUPTED;
+            continue;
+        }
+        if (a->child_exited) {
+            /* drain what is left of the output (the error lines tell what happened) */
+            for (int i = 0; i < 2; i++)
+                while (a->out_fd[i] >= 0 && forward(a, i) > 0) {}
+            return classify_exit(a);
+        }
+        /* a rank that died while mpirun still runs: remember who went first */
+        if (a->first_dead < 0)
+            for (int r = 0; r < o->np; r++) {
+                char s = a->have_hb[r] ? ft_proc_state((pid_t)a->hb[r].pid) : 'R';
+                if (s == 0 || s == 'Z') {
+                    a->first_dead = r;
+                    break;
+                }
+            }
+        if (mono() - last_hb >= 0.1) {
+            last_hb = mono();
+            if (poll_heartbeats(a) || check_hang(a)) return OUT_INCIDENT;
+        }
+    }
+}
+
+static void clear_heartbeats(const char *dir) {
+    char pat[1200];
+    snprintf(pat, sizeof pat, "%s/rank_*.json*", dir);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
+    globfree(&g);
+}
+
+static kiln_error *mkdir_one(const char *d) {
+    if (mkdir(d, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", d, strerror(errno));
+    return NULL;
+}
+
+static kiln_error *check_opts(const kiln_supervisor_opts *o, int *use_mpirun) {
+    if (!o->cmd || !o->cmd[0]) return kiln_errorf(KILN_EINVAL, "no training command (kiln run [options] -- kiln train ...)");
+    if (o->np < 1) return kiln_errorf(KILN_EINVAL, "--np %d: need at least one rank", o->np);
+    if (o->max_restarts < 0) return kiln_errorf(KILN_EINVAL, "--max-restarts must be >= 0");
+    if (!(o->hang_timeout_s > 0) || !(o->start_timeout_s > 0) || o->grace_s < 0 || o->backoff_s < 0)
+        return kiln_errorf(KILN_EINVAL, "timeouts must be > 0, --grace and --backoff >= 0");
+    if (o->spike_z < 0 || o->straggler_factor < 0 || o->skip_window < 0)
+        return kiln_errorf(KILN_EINVAL, "--spike-z, --straggler-factor and --skip-window must be >= 0");
+    if (o->spike_z > 0 && (o->spike_window < 2 || o->spike_min < 2 || o->spike_min > o->spike_window))
+        return kiln_errorf(KILN_EINVAL, "--spike-window %d, --spike-min %d: need 2 <= min <= window", o->spike_window,
+                           o->spike_min);
+    if (o->launcher == KILN_LAUNCH_DIRECT && o->np > 1)
+        return kiln_errorf(KILN_EUNSUPPORTED, "--launcher direct starts one rank: kiln's communication layer is MPI, whose "
+                           "ranks are started by mpirun (use --launcher mpirun, the default for --np > 1)");
+    *use_mpirun = o->launcher == KILN_LAUNCH_MPIRUN || (o->launcher == KILN_LAUNCH_AUTO && o->np > 1);
+    return NULL;
+}
+
+kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
+    *exit_status = 1;
+    int use_mpirun = 0;
+    KILN_TRY(check_opts(o, &use_mpirun));
+    attempt_state a;
+    memset(&a, 0, sizeof a);
+    a.o = o;
+    snprintf(a.hb_dir, sizeof a.hb_dir, "%s/heartbeat", o->run_dir);
+    snprintf(a.incidents, sizeof a.incidents, "%s/incidents.jsonl", o->run_dir);
+    KILN_TRY(mkdir_one(o->run_dir));
+    KILN_TRY(mkdir_one(a.hb_dir));
+    const int np = o->np;
+    a.hb = calloc((size_t)np, sizeof *a.hb);
+    a.have_hb = calloc((size_t)np, sizeof *a.have_hb);
+    a.slow_count = calloc((size_t)np, sizeof *a.slow_count);
+    a.straggler_told = calloc((size_t)np, sizeof *a.straggler_told);
+    a.last_change = calloc((size_t)np, sizeof *a.last_change);
+    kiln_error *e = NULL;
+    if (!a.hb || !a.have_hb || !a.slow_count || !a.straggler_told || !a.last_change)
+        e = kiln_errorf(KILN_ENOMEM, "supervisor");
+    if (!e && o->spike_z > 0) e = kiln_spike_init(&a.spike, o->spike_window, o->spike_min);
+    /* ranks orphaned by a dying mpirun become our children, so they can still be stopped */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    kiln_step_ranges skip = {0};
+    int64_t reject_from = 0;
+    for (int attempt = 1, restarts = 0; !e; attempt++) {
+        a.attempt = attempt;
+        a.child_exited = 0;
+        a.err_tail[0] = 0;
+        a.mpi_rank = a.mpi_signal = a.first_dead = -1;
+        a.spike_step = a.straggler_step = 0;
+        a.kind[0] = a.detail[0] = 0;
+        memset(a.have_hb, 0, (size_t)np * sizeof *a.have_hb);
+        memset(a.slow_count, 0, (size_t)np * sizeof *a.slow_count);
+        memset(a.straggler_told, 0, (size_t)np * sizeof *a.straggler_told);
+        if (a.spike.x) kiln_spike_reset(&a.spike);
+        clear_heartbeats(a.hb_dir);
+        char skips[1024];
+        kiln_step_ranges_format(&skip, skips, sizeof skips);
+        e = launch(&a, use_mpirun, skips, reject_from);
+        if (e) break;
+        reject_from = 0;
+        outcome out = watch(&a);
+        if (out == OUT_INTERRUPTED) {
+            stop_job(&a, o->grace_s);
+            log_incident(&a, "interrupted", -1, a.have_hb[0] ? a.hb[0].step : -1, "Ctrl-C (SIGINT or SIGTERM) to kiln run",
+                         "stop: the ranks were asked to save a checkpoint; resume with the same command");
+            *exit_status = 130;
+            break;
+        }
+        stop_job(&a, o->grace_s);
+        for (int i = 0; i < 2; i++)
+            if (a.out_fd[i] >= 0) close(a.out_fd[i]), a.out_fd[i] = -1;
+        if (out == OUT_DONE) {
+            fprintf(o->out, "kiln run: finished after %d attempt%s (%d restart%s); incidents in %s\n", attempt,
+                    attempt > 1 ? "s" : "", restarts, restarts == 1 ? "" : "s", a.incidents);
+            *exit_status = 0;
+            break;
+        }
+        /* an incident: roll back, perhaps skip the bad window, restart, or give up */
+        int st = a.child_status;
+        int fatal = a.child_exited && WIFEXITED(st) && (WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 127);
+        char action[1200];
+        int64_t lo = -1;
+        if (a.bad_step > 0 && o->skip_window > 0) {
+            lo = a.bad_step - o->skip_window + 1 > 1 ? a.bad_step - o->skip_window + 1 : 1;
+            e = kiln_step_ranges_add(&skip, lo, a.bad_step);
+            if (e) break;
+        }
+        if (fatal || restarts >= o->max_restarts) {
+            snprintf(action, sizeof action, fatal ? "give up: the command itself is wrong (usage error or not found)"
+                                                  : "give up: %d restarts used (--max-restarts)", restarts);
+            log_incident(&a, a.kind, a.rank, a.step, a.detail, action);
+            *exit_status = 1;
+            break;
+        }
+        double wait = o->backoff_s * pow(2.0, restarts);
+        if (wait > o->backoff_max_s) wait = o->backoff_max_s;
+        if (lo > 0) {
+            snprintf(action, sizeof action, "restart from the newest valid checkpoint before step %lld in %.3g s, "
+                     "skipping steps %lld-%lld", (long long)lo, wait, (long long)lo, (long long)a.bad_step);
+            reject_from = lo;
+        } else if (a.bad_step > 0) {
+            snprintf(action, sizeof action, "restart from the newest valid checkpoint before step %lld in %.3g s",
+                     (long long)a.bad_step, wait);
+            reject_from = a.bad_step;
+        } else {
+            snprintf(action, sizeof action, "restart from the newest valid checkpoint in %.3g s", wait);
+        }
+        log_incident(&a, a.kind, a.rank, a.step, a.detail, action);
+        for (double t0 = mono(); mono() - t0 < wait && !(o->interrupted && *o->interrupted);) sleep_s(0.02);
+        if (o->interrupted && *o->interrupted) {
+            log_incident(&a, "interrupted", -1, -1, "Ctrl-C during the back-off", "stop");
+            *exit_status = 130;
+            break;
+        }
+        restarts++;
+    }
+    for (int i = 0; i < 2; i++)
+        if (a.out_fd[i] > 0) close(a.out_fd[i]);
+    kiln_step_ranges_free(&skip);
+    kiln_spike_free(&a.spike);
+    free(a.hb);
+    free(a.have_hb);
+    free(a.slow_count);
+    free(a.straggler_told);
+    free(a.last_change);
+    return e;
+}

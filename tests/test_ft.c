@@ -1,0 +1,261 @@
+/* The fault-tolerance pieces on their own: step ranges, the KILN_FAULT spec, heartbeats, the
+ * spike and straggler detectors, the incident log, the trainer's environment, and kiln run's
+ * command line. The supervisor against real faults is in test_ft_faults.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/ft.h"
+#include "kiln/json.h"
+#include "test.h"
+
+TEST(ft_step_ranges) {
+    kiln_step_ranges r = {0};
+    CHECK_OK(kiln_step_ranges_parse("20-22,9,10-11,3", &r));
+    char buf[128];
+    CHECK_MSG(!strcmp(kiln_step_ranges_format(&r, buf, sizeof buf), "3,9-11,20-22"), "got %s", buf);
+    CHECK(kiln_step_ranges_contains(&r, 3) && kiln_step_ranges_contains(&r, 10) && kiln_step_ranges_contains(&r, 22));
+    CHECK(!kiln_step_ranges_contains(&r, 4) && !kiln_step_ranges_contains(&r, 12) && !kiln_step_ranges_contains(&r, 23));
+    CHECK_OK(kiln_step_ranges_add(&r, 12, 19)); /* joins 9-11 and 20-22 */
+    CHECK_MSG(!strcmp(kiln_step_ranges_format(&r, buf, sizeof buf), "3,9-22"), "got %s", buf);
+    CHECK_OK(kiln_step_ranges_parse("", &r));
+    CHECK_OK(kiln_step_ranges_parse(NULL, &r));
+    CHECK(r.n == 2);
+    CHECK_ERR(kiln_step_ranges_parse("4,x", &r), "'x'");
+    CHECK_ERR(kiln_step_ranges_parse("9-3", &r), "9-3");
+    CHECK_ERR(kiln_step_ranges_parse("0", &r), "need 1 <=");
+    CHECK_ERR(kiln_step_ranges_parse("1-", &r), "'1-'");
+    CHECK_ERR(kiln_step_ranges_parse("5,,6", &r), "''");
+    kiln_step_ranges_free(&r);
+}
+
+TEST(ft_fault_spec) {
+    kiln_faults f;
+    CHECK_OK(kiln_faults_parse("kill:rank=1:step=7,stop:step=5:attempt=2,crash-in-save:step=10:bytes=100,slow:rank=1:step=3:ms=5",
+                               &f));
+    CHECK(f.n == 4);
+    CHECK(kiln_faults_find(&f, KILN_FAULT_KILL, 1, 7, 1) != NULL);
+    CHECK(kiln_faults_find(&f, KILN_FAULT_KILL, 0, 7, 1) == NULL);  /* another rank */
+    CHECK(kiln_faults_find(&f, KILN_FAULT_KILL, 1, 7, 2) == NULL);  /* the restarted run gets past it */
+    CHECK(kiln_faults_find(&f, KILN_FAULT_STOP, 0, 5, 1) == NULL);
+    CHECK(kiln_faults_find(&f, KILN_FAULT_STOP, 0, 5, 2) != NULL);
+    const kiln_fault *c = kiln_faults_find(&f, KILN_FAULT_CRASH_IN_SAVE, 0, 10, 1);
+    CHECK(c && c->bytes == 100);
+    CHECK(kiln_faults_find(&f, KILN_FAULT_SLOW, 1, 2, 1) == NULL);
+    CHECK(kiln_faults_find(&f, KILN_FAULT_SLOW, 1, 9, 1) != NULL); /* every step from 3 on */
+    CHECK_ERR(kiln_faults_parse("explode:step=1", &f), "unknown kind 'explode'");
+    CHECK_ERR(kiln_faults_parse("kill:rank=1", &f), "needs step=N");
+    CHECK_ERR(kiln_faults_parse("kill:step=x", &f), "step='x'");
+    CHECK_ERR(kiln_faults_parse("kill:step=3:when=4", &f), "unknown key 'when'");
+    CHECK_ERR(kiln_faults_parse("kill:step", &f), "not key=value");
+    CHECK_OK(kiln_faults_parse("", &f));
+    CHECK(f.n == 0);
+}
+
+TEST(ft_heartbeat_roundtrip) {
+    const char *dir = test_tmpdir();
+    kiln_heartbeat h = {0};
+    h.rank = 3, h.world = 4, h.attempt = 2, h.pid = 12345, h.step = 41, h.steps = 100;
+    snprintf(h.phase, sizeof h.phase, "train");
+    h.loss = NAN, h.grad_norm = INFINITY, h.local_grad_norm = 0.25, h.step_s = 0.5, h.compute_s = 0.375, h.time = 1.7e9;
+    for (int s = 1; s <= 41; s++) kiln_heartbeat_record(&h, s, s == 40 ? -INFINITY : 1.0 / s, 2.0 * s);
+    CHECK(h.nrecent == KILN_HB_RECENT && h.recent[0].step == 41 - KILN_HB_RECENT + 1 && h.recent[KILN_HB_RECENT - 1].step == 41);
+    CHECK_OK(kiln_heartbeat_write(dir, &h));
+    kiln_heartbeat g;
+    CHECK_OK(kiln_heartbeat_read(dir, 3, &g));
+    CHECK(g.rank == 3 && g.world == 4 && g.attempt == 2 && g.pid == 12345 && g.step == 41 && g.steps == 100);
+    CHECK(!strcmp(g.phase, "train") && isnan(g.loss) && isinf(g.grad_norm) && g.grad_norm > 0);
+    CHECK(g.local_grad_norm == 0.25 && g.step_s == 0.5 && g.compute_s == 0.375 && g.time == 1.7e9);
+    CHECK(g.nrecent == KILN_HB_RECENT);
+    for (int i = 0; i < g.nrecent; i++) {
+        int64_t s = 41 - KILN_HB_RECENT + 1 + i;
+        CHECK(g.recent[i].step == s && g.recent[i].grad_norm == 2.0 * (double)s);
+        if (s == 40) CHECK(isinf(g.recent[i].loss) && g.recent[i].loss < 0);
+        else CHECK(g.recent[i].loss == 1.0 / (double)s);
+    }
+    /* no temp file is left beside it */
+    CHECK(access(test_join(dir, "rank_00003.json.tmp"), F_OK) != 0);
+    /* malformed beats are errors naming the file */
+    CHECK_ERR(kiln_heartbeat_read(dir, 2, &g), "rank_00002.json");
+    const char *bad = "{\"rank\":1,\"world\":2,\"attempt\":1,\"pid\":1,\"step\":1,\"steps\":2,\"phase\":\"train\","
+                      "\"loss\":\"lots\",\"grad_norm\":1,\"local_grad_norm\":1,\"step_s\":1,\"compute_s\":1,\"time\":1,\"recent\":[]}";
+    CHECK_OK(kiln_write_file_atomic(test_join(dir, "rank_00001.json"), bad, strlen(bad)));
+    CHECK_ERR(kiln_heartbeat_read(dir, 1, &g), "'loss'");
+}
+
+/* z-scores against a direct computation: mean and sample standard deviation of the window */
+TEST(ft_spike_detector) {
+    kiln_spike_detector d;
+    CHECK_OK(kiln_spike_init(&d, 5, 3));
+    const double xs[] = {2.0, 2.1, 1.9, 2.05, 1.95, 2.0, 1.98};
+    for (int i = 0; i < 7; i++) {
+        double z = kiln_spike_push(&d, xs[i], 6);
+        if (i < 3) {
+            CHECK(z == 0);
+            continue;
+        }
+        int lo = i - 5 < 0 ? 0 : i - 5, n = i - lo;
+        double mean = 0, var = 0;
+        for (int j = lo; j < i; j++) mean += xs[j];
+        mean /= n;
+        for (int j = lo; j < i; j++) var += (xs[j] - mean) * (xs[j] - mean);
+        CHECK_NEAR(z, (xs[i] - mean) / sqrt(var / (n - 1)), 1e-12);
+    }
+    /* a spike is reported and kept out of the window: the same value is a spike again */
+    double z1 = kiln_spike_push(&d, 5.0, 6), z2 = kiln_spike_push(&d, 5.0, 6);
+    CHECK_MSG(z1 > 6 && z2 > 6 && fabs(z1 - z2) < 1e-9, "z %g then %g", z1, z2);
+    CHECK(isinf(kiln_spike_push(&d, NAN, 6)));
+    kiln_spike_reset(&d);
+    CHECK(kiln_spike_push(&d, 100, 6) == 0);
+    kiln_spike_free(&d);
+    /* a constant window: anything else is infinitely far */
+    CHECK_OK(kiln_spike_init(&d, 4, 2));
+    kiln_spike_push(&d, 1, 6);
+    kiln_spike_push(&d, 1, 6);
+    CHECK(kiln_spike_push(&d, 1, 6) == 0);
+    CHECK(isinf(kiln_spike_push(&d, 1.5, 6)));
+    kiln_spike_free(&d);
+    CHECK_ERR(kiln_spike_init(&d, 4, 5), "minimum");
+}
+
+TEST(ft_straggler_detector) {
+    const double a[] = {3, 1, 2};
+    CHECK(kiln_median(a, 3) == 2);
+    const double b[] = {4, 1, 2, 3};
+    CHECK(kiln_median(b, 4) == 2.5);
+    double ratio;
+    const double even[] = {1.0, 1.1, 0.9, 1.05};
+    CHECK(kiln_straggler(even, 4, 2, &ratio) == -1);
+    const double slow[] = {1.0, 1.1, 3.5, 1.05};
+    CHECK(kiln_straggler(slow, 4, 2, &ratio) == 2);
+    CHECK_NEAR(ratio, 3.5 / 1.05, 1e-12);
+    const double two[] = {0.1, 0.45};
+    CHECK(kiln_straggler(two, 2, 3, &ratio) == 1 && fabs(ratio - 4.5) < 1e-12);
+    CHECK(kiln_straggler(two, 2, 5, &ratio) == -1);
+    CHECK(kiln_straggler(two, 1, 3, &ratio) == -1);
+}
+
+TEST(ft_incident_log) {
+    const char *path = test_join(test_tmpdir(), "incidents.jsonl");
+    kiln_incident a = {1.7e9, 1, "killed", 1, 7, "killed by signal 9 (Killed)", "restart from the newest valid checkpoint"};
+    kiln_incident b = {1.7e9 + 5, 2, "hang", -1, -1, "no heartbeat \"progress\"", "give up"};
+    CHECK_OK(kiln_incident_append(path, &a));
+    CHECK_OK(kiln_incident_append(path, &b));
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(path, &text, &len));
+    char *nl = text ? strchr(text, '\n') : NULL;
+    CHECK(nl && nl[1] && text[len - 1] == '\n');
+    if (nl) {
+        cJSON *x = cJSON_ParseWithLength(text, (size_t)(nl - text)), *y = cJSON_Parse(nl + 1);
+        CHECK(x && y);
+        if (x && y) {
+            CHECK(!strcmp(cJSON_GetObjectItem(x, "kind")->valuestring, "killed"));
+            CHECK(cJSON_GetObjectItem(x, "rank")->valuedouble == 1 && cJSON_GetObjectItem(x, "step")->valuedouble == 7);
+            CHECK(!strcmp(cJSON_GetObjectItem(x, "time")->valuestring, "2023-11-14T22:13:20Z"));
+            CHECK(!strcmp(cJSON_GetObjectItem(x, "action")->valuestring, "restart from the newest valid checkpoint"));
+            CHECK(cJSON_IsNull(cJSON_GetObjectItem(y, "rank")) && cJSON_IsNull(cJSON_GetObjectItem(y, "step")));
+            CHECK(!strcmp(cJSON_GetObjectItem(y, "detail")->valuestring, "no heartbeat \"progress\""));
+        }
+        cJSON_Delete(x);
+        cJSON_Delete(y);
+    }
+    free(text);
+    char line[512];
+    kiln_incident_summary(&a, line, sizeof line);
+    CHECK_MSG(!strcmp(line, "kiln run: attempt 1: killed rank 1 at step 7: killed by signal 9 (Killed) -> restart from "
+                            "the newest valid checkpoint"), "%s", line);
+    CHECK_ERR(kiln_incident_append("/nonexistent/dir/incidents.jsonl", &a), "/nonexistent/dir/incidents.jsonl");
+}
+
+TEST(ft_trainer_env) {
+    setenv("KILN_HEARTBEAT_DIR", "/tmp/hb", 1);
+    setenv("KILN_RUN_ATTEMPT", "3", 1);
+    setenv("KILN_RESUME", "1", 1);
+    setenv("KILN_REJECT_FROM", "9", 1);
+    setenv("KILN_SKIP_STEPS", "9,20-21", 1);
+    setenv("KILN_FAULT", "nan:rank=1:step=9", 1);
+    kiln_ft_env env;
+    CHECK_OK(kiln_ft_env_read(&env));
+    CHECK(!strcmp(env.heartbeat_dir, "/tmp/hb") && env.attempt == 3 && env.resume && env.reject_from == 9);
+    CHECK(kiln_step_ranges_contains(&env.skip, 21) && !kiln_step_ranges_contains(&env.skip, 10) && env.faults.n == 1);
+    kiln_ft_env_free(&env);
+    setenv("KILN_RUN_ATTEMPT", "0", 1);
+    CHECK_ERR(kiln_ft_env_read(&env), "KILN_RUN_ATTEMPT='0'");
+    kiln_ft_env_free(&env);
+    setenv("KILN_RUN_ATTEMPT", "1", 1);
+    setenv("KILN_SKIP_STEPS", "x", 1);
+    CHECK_ERR(kiln_ft_env_read(&env), "KILN_SKIP_STEPS");
+    kiln_ft_env_free(&env);
+    setenv("KILN_SKIP_STEPS", "", 1);
+    setenv("KILN_FAULT", "kill", 1);
+    CHECK_ERR(kiln_ft_env_read(&env), "KILN_FAULT");
+    kiln_ft_env_free(&env);
+    const char *vars[] = {"KILN_HEARTBEAT_DIR", "KILN_RUN_ATTEMPT", "KILN_RESUME", "KILN_REJECT_FROM", "KILN_SKIP_STEPS",
+                          "KILN_FAULT"};
+    for (int i = 0; i < 6; i++) unsetenv(vars[i]);
+    CHECK_OK(kiln_ft_env_read(&env));
+    CHECK(!env.heartbeat_dir[0] && env.attempt == 1 && !env.resume && !env.reject_from && !env.skip.n && !env.faults.n);
+    kiln_ft_env_free(&env);
+}
+
+TEST(ft_reject_checkpoints) {
+    const char *out = test_tmpdir();
+    char p[1200];
+    snprintf(p, sizeof p, "%s/ckpt", out);
+    mkdir(p, 0755);
+    const int steps[] = {4, 8, 12, 16};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/ckpt/step_%08d", out, steps[i]);
+        mkdir(p, 0755);
+    }
+    snprintf(p, sizeof p, "%s/ckpt/step_00000012.rejected", out); /* set aside before: kept */
+    mkdir(p, 0755);
+    int n = -1;
+    CHECK_OK(kiln_ft_reject_checkpoints(out, 9, &n));
+    CHECK(n == 2);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000008", out);
+    CHECK(access(p, F_OK) == 0);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000012", out);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000012.rejected.2", out);
+    CHECK(access(p, F_OK) == 0);
+    snprintf(p, sizeof p, "%s/ckpt/step_00000016.rejected", out);
+    CHECK(access(p, F_OK) == 0);
+    CHECK_OK(kiln_ft_reject_checkpoints(test_join(out, "none"), 1, &n)); /* no checkpoints: nothing to do */
+    CHECK(n == 0);
+}
+
+TEST(ft_run_cli_errors) {
+    char text[4096];
+    CHECK(test_run_kiln("run", text, sizeof text) == 2 && strstr(text, "no training command"));
+    CHECK(test_run_kiln("run --np 0 -- kiln train", text, sizeof text) == 2 && strstr(text, "--np"));
+    CHECK(test_run_kiln("run --frob 1 -- kiln train", text, sizeof text) == 2 && strstr(text, "unknown option '--frob'"));
+    CHECK(test_run_kiln("run --straggler-action nap -- kiln train", text, sizeof text) == 2 && strstr(text, "warn or restart"));
+    CHECK(test_run_kiln("run --help", text, sizeof text) == 0 && strstr(text, "usage: kiln run"));
+    /* --help after "--" belongs to the training command */
+    char args[2048];
+    const char *dir = test_tmpdir();
+    snprintf(args, sizeof args, "run --run-dir '%s' --launcher direct --np 2 -- kiln train --help", dir);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "--launcher direct starts one rank"), "%s", text);
+    snprintf(args, sizeof args, "run --run-dir '%s' --quiet -- kiln train --help", dir);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "finished after 1 attempt"), "%s", text);
+    /* a command that cannot run is not retried */
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 -- /nonexistent/trainer", dir);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "give up: the command itself is wrong"), "%s", text);
+    /* a failing command is retried up to the budget, then given up */
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --max-restarts 2 -- sh -c 'echo boom: error >&2; exit 3'", dir);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "give up: 2 restarts used") &&
+                  strstr(text, "exited with status 3: boom: error"), "%s", text);
+    char *log = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(test_join(dir, "incidents.jsonl"), &log, &len));
+    int lines = 0;
+    for (size_t i = 0; log && i < len; i++) lines += log[i] == '\n';
+    CHECK_MSG(lines == 4, "%d incidents:\n%s", lines, log ? log : ""); /* not found; exit, exit, exit + give up */
+    free(log);
+}
