@@ -93,7 +93,7 @@ static inline const char *ck_config(const char *data, const char *out, int64_t s
 
 /* Losses by step (1-based) from metrics.jsonl; returns the largest step seen. */
 static inline int ck_losses(const char *out, double *loss, int cap) {
-    char path[1200], *text = NULL;
+    char path[1400], *text = NULL;
     size_t len = 0;
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
     kiln_error *e = kiln_read_file(path, &text, &len);
