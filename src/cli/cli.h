@@ -15,7 +15,7 @@ typedef struct {
 } kiln_cmd;
 
 extern const kiln_cmd kiln_cmd_logits, kiln_cmd_generate, kiln_cmd_diff, kiln_cmd_train, kiln_cmd_data,
-    kiln_cmd_tokenizer, kiln_cmd_bench, kiln_cmd_ckpt, kiln_cmd_run;
+    kiln_cmd_tokenizer, kiln_cmd_bench, kiln_cmd_ckpt, kiln_cmd_run, kiln_cmd_size;
 
 /* Print "kiln <cmd>: <message>" for an error, free it, return the exit status 1. */
 int cli_fail(const char *cmd, kiln_error *e);

@@ -1,0 +1,380 @@
+/* Hardware profiles and the time of one kernel on them.
+ *
+ * A GEMM's time is its FLOPs over peak x efficiency x quantization: the output is cut into tiles of
+ * tile_m x tile_n (a partial tile costs a whole one) which run in waves of sm_count (a partial wave
+ * costs a whole one). The efficiency left after quantization is interpolated, over log2(M·N·K),
+ * between the measured shapes (each measured rate divided by its own quantization), or is the
+ * profile's gemm_efficiency when nothing is measured; memory traffic bounds it from below. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/json.h"
+#include "kiln/sizing.h"
+#include "kiln_hw_builtin.h"
+
+const char *const *kiln_hw_builtin_names(void) {
+    static const char *names[sizeof kiln_hw_builtin / sizeof kiln_hw_builtin[0]];
+    for (size_t i = 0; kiln_hw_builtin[i].name; i++) names[i] = kiln_hw_builtin[i].name;
+    return names;
+}
+
+static kiln_error *get_pos(const cJSON *o, const char *f, double *out, int required, const char *ctx) {
+    double v = 0;
+    KILN_TRY(kiln_json_get_double(o, f, &v, -1, required, ctx));
+    if (v == -1 && !required) return NULL;
+    if (!(v > 0)) return kiln_errorf(KILN_EINVAL, "%s: field '%s' = %g must be positive", ctx, f, v);
+    *out = v;
+    return NULL;
+}
+
+static kiln_error *get_posi(const cJSON *o, const char *f, int64_t *out, const char *ctx) {
+    KILN_TRY(kiln_json_get_int(o, f, out, 0, 1, ctx));
+    if (*out <= 0) return kiln_errorf(KILN_EINVAL, "%s: field '%s' = %lld must be positive", ctx, f, (long long)*out);
+    return NULL;
+}
+
+static kiln_error *section(const cJSON *root, const char *name, const cJSON **out, char *src, size_t cap,
+                           const char *ctx, char *sctx, size_t scap) {
+    snprintf(sctx, scap, "%s: %s", ctx, name);
+    KILN_TRY(kiln_json_get_object(root, name, out, 1, ctx));
+    const char *s;
+    KILN_TRY(kiln_json_get_string(*out, "source", &s, NULL, 1, sctx));
+    snprintf(src, cap, "%s", s);
+    return NULL;
+}
+
+static kiln_error *parse(const cJSON *root, const char *ctx, kiln_hw_profile *p) {
+    char sctx[600];
+    const cJSON *o;
+    const char *s;
+    int64_t version = 0;
+    memset(p, 0, sizeof *p);
+    if (!cJSON_IsObject(root)) return kiln_errorf(KILN_EFORMAT, "%s: top level must be a JSON object", ctx);
+    if (cJSON_GetObjectItemCaseSensitive(root, "kiln_profile") && !cJSON_GetObjectItemCaseSensitive(root, "kiln_hw_profile"))
+        return kiln_errorf(KILN_EFORMAT, "%s is a `kiln bench` profile (measurements, no hardware description): "
+                           "merge it into a hardware profile with --profile NAME --bench %s", ctx, ctx);
+    KILN_TRY(kiln_json_get_int(root, "kiln_hw_profile", &version, 0, 1, ctx));
+    if (version != 1) return kiln_errorf(KILN_EUNSUPPORTED, "%s: kiln_hw_profile %lld is not supported (expected 1)",
+                                         ctx, (long long)version);
+    KILN_TRY(kiln_json_get_string(root, "name", &s, NULL, 1, ctx));
+    snprintf(p->name, sizeof p->name, "%s", s);
+    KILN_TRY(kiln_json_get_string(root, "device", &s, NULL, 1, ctx));
+    snprintf(p->device, sizeof p->device, "%s", s);
+    KILN_TRY(kiln_json_get_string(root, "source", &s, NULL, 1, ctx));
+    snprintf(p->source, sizeof p->source, "%s", s);
+    KILN_TRY(kiln_json_get_string(root, "notes", &s, "", 0, ctx));
+    snprintf(p->notes, sizeof p->notes, "%s", s);
+
+    KILN_TRY(section(root, "compute", &o, p->compute_source, sizeof p->compute_source, ctx, sctx, sizeof sctx));
+    KILN_TRY(get_posi(o, "sm_count", &p->sm_count, sctx));
+    KILN_TRY(get_posi(o, "tile_m", &p->tile_m, sctx));
+    KILN_TRY(get_posi(o, "tile_n", &p->tile_n, sctx));
+    const cJSON *pk;
+    KILN_TRY(kiln_json_get_object(o, "peak_tflops", &pk, 1, sctx));
+    char pctx[640];
+    snprintf(pctx, sizeof pctx, "%s.peak_tflops", sctx);
+    KILN_TRY(get_pos(pk, "bf16", &p->peak_bf16, 1, pctx));
+    KILN_TRY(get_pos(pk, "fp8", &p->peak_fp8, 0, pctx));
+    KILN_TRY(get_pos(pk, "fp32", &p->peak_fp32, 0, pctx));
+    KILN_TRY(get_pos(o, "gemm_efficiency", &p->gemm_efficiency, 0, sctx));
+    if (p->gemm_efficiency > 1) return kiln_errorf(KILN_EINVAL, "%s: field 'gemm_efficiency' = %g is above 1", sctx,
+                                                   p->gemm_efficiency);
+
+    KILN_TRY(section(root, "memory", &o, p->memory_source, sizeof p->memory_source, ctx, sctx, sizeof sctx));
+    KILN_TRY(get_pos(o, "gib", &p->mem_gib, 1, sctx));
+    KILN_TRY(get_pos(o, "peak_gbs", &p->mem_peak_gbs, 1, sctx));
+    p->mem_gbs = p->mem_peak_gbs;
+    KILN_TRY(get_pos(o, "achieved_gbs", &p->mem_gbs, 0, sctx));
+
+    KILN_TRY(section(root, "interconnect", &o, p->interconnect_source, sizeof p->interconnect_source, ctx, sctx,
+                     sizeof sctx));
+    KILN_TRY(get_posi(o, "gpus_per_node", &p->gpus_per_node, sctx));
+    KILN_TRY(get_pos(o, "intra_busbw_gbs", &p->intra_busbw_gbs, 1, sctx));
+    KILN_TRY(get_pos(o, "inter_busbw_gbs", &p->inter_busbw_gbs, 1, sctx));
+    KILN_TRY(kiln_json_get_double(o, "latency_us", &p->comm_latency_us, 0, 0, sctx));
+
+    KILN_TRY(section(root, "attention", &o, p->attention_source, sizeof p->attention_source, ctx, sctx, sizeof sctx));
+    KILN_TRY(get_posi(o, "head_dim_tile", &p->head_dim_tile, sctx));
+    const cJSON *recs, *r;
+    KILN_TRY(kiln_json_get_array(o, "records", &recs, 1, sctx));
+    cJSON_ArrayForEach(r, recs) {
+        char rctx[700];
+        snprintf(rctx, sizeof rctx, "%s.records[%d]", sctx, p->nattn);
+        if (p->nattn >= (int)(sizeof p->attn / sizeof p->attn[0]))
+            return kiln_errorf(KILN_EINVAL, "%s: more than %d records", sctx, (int)(sizeof p->attn / sizeof p->attn[0]));
+        kiln_hw_attn_point *a = &p->attn[p->nattn];
+        KILN_TRY(get_posi(r, "head_dim", &a->head_dim, rctx));
+        KILN_TRY(get_pos(r, "fwd_eff", &a->fwd_eff, 1, rctx));
+        KILN_TRY(get_pos(r, "bwd_eff", &a->bwd_eff, 1, rctx));
+        if (a->fwd_eff > 1 || a->bwd_eff > 1) return kiln_errorf(KILN_EINVAL, "%s: efficiencies must be at most 1", rctx);
+        p->nattn++;
+    }
+    if (!p->nattn) return kiln_errorf(KILN_EINVAL, "%s: no records (one per head dim: head_dim, fwd_eff, bwd_eff)", sctx);
+
+    KILN_TRY(section(root, "gemm", &o, p->gemm_source, sizeof p->gemm_source, ctx, sctx, sizeof sctx));
+    KILN_TRY(kiln_json_get_array(o, "records", &recs, 1, sctx));
+    cJSON_ArrayForEach(r, recs) {
+        char rctx[700];
+        snprintf(rctx, sizeof rctx, "%s.records[%d]", sctx, p->ngemm);
+        const char *dt;
+        KILN_TRY(kiln_json_get_string(r, "dtype", &dt, NULL, 1, rctx));
+        if (strcmp(dt, "bf16")) continue;
+        if (p->ngemm >= KILN_HW_MAX_POINTS) break;
+        kiln_hw_gemm_point *g = &p->gemm[p->ngemm];
+        KILN_TRY(get_posi(r, "m", &g->m, rctx));
+        KILN_TRY(get_posi(r, "n", &g->n, rctx));
+        KILN_TRY(get_posi(r, "k", &g->k, rctx));
+        KILN_TRY(get_pos(r, "tflops", &g->tflops, 1, rctx));
+        p->ngemm++;
+    }
+    if (!p->ngemm && p->gemm_efficiency <= 0)
+        return kiln_errorf(KILN_EINVAL, "%s: no bf16 GEMM records and no compute.gemm_efficiency: nothing to predict "
+                           "GEMM time from", ctx);
+    const cJSON *comm = NULL;
+    KILN_TRY(kiln_json_get_object(root, "comm", &comm, 0, ctx));
+    if (comm) {
+        snprintf(sctx, sizeof sctx, "%s: comm", ctx);
+        KILN_TRY(kiln_json_get_array(comm, "records", &recs, 0, sctx));
+        int i = 0;
+        cJSON_ArrayForEach(r, recs) {
+            char rctx[700];
+            snprintf(rctx, sizeof rctx, "%s.records[%d]", sctx, i++);
+            const char *col;
+            kiln_hw_comm_point c;
+            KILN_TRY(kiln_json_get_string(r, "collective", &col, NULL, 1, rctx));
+            KILN_TRY(get_posi(r, "bytes", &c.bytes, rctx));
+            KILN_TRY(get_posi(r, "ranks", &c.ranks, rctx));
+            KILN_TRY(get_pos(r, "busbw_gbs", &c.busbw_gbs, 1, rctx));
+            if (!strcmp(col, "reduce_scatter") && p->nrs < KILN_HW_MAX_POINTS) p->rs[p->nrs++] = c;
+            else if (!strcmp(col, "all_gather") && p->nag < KILN_HW_MAX_POINTS) p->ag[p->nag++] = c;
+        }
+    }
+    return NULL;
+}
+
+kiln_error *kiln_hw_profile_parse(const char *text, const char *ctx, kiln_hw_profile *p) {
+    cJSON *root = NULL;
+    KILN_TRY(kiln_json_parse(text, strlen(text), ctx, &root));
+    kiln_error *e = parse(root, ctx, p);
+    cJSON_Delete(root);
+    return e;
+}
+
+kiln_error *kiln_hw_profile_load(const char *name_or_path, kiln_hw_profile *p) {
+    for (size_t i = 0; kiln_hw_builtin[i].name; i++)
+        if (!strcmp(kiln_hw_builtin[i].name, name_or_path)) {
+            char ctx[128];
+            snprintf(ctx, sizeof ctx, "built-in profile %s", name_or_path);
+            return kiln_hw_profile_parse(kiln_hw_builtin[i].json, ctx, p);
+        }
+    if (!strchr(name_or_path, '/') && !strstr(name_or_path, ".json")) {
+        char list[256] = "";
+        for (size_t i = 0; kiln_hw_builtin[i].name; i++) {
+            strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+            strncat(list, kiln_hw_builtin[i].name, sizeof list - strlen(list) - 1);
+        }
+        return kiln_errorf(KILN_ENOTFOUND, "unknown profile '%s' (built-in: %s; or a path to a profile JSON)",
+                           name_or_path, list);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    KILN_TRY(kiln_read_file(name_or_path, &text, &len));
+    kiln_error *e = kiln_hw_profile_parse(text, name_or_path, p);
+    free(text);
+    return e;
+}
+
+static int str_is(const cJSON *r, const char *f, const char *v) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(r, f);
+    return cJSON_IsString(it) && !strcmp(it->valuestring, v);
+}
+
+static double num(const cJSON *r, const char *f) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(r, f);
+    return cJSON_IsNumber(it) ? it->valuedouble : -1;
+}
+
+kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
+    cJSON *root = NULL;
+    KILN_TRY(kiln_json_parse_file(path, &root));
+    kiln_error *e = NULL;
+    int64_t version = 0;
+    if ((e = kiln_json_get_int(root, "kiln_profile", &version, 0, 1, path))) goto out;
+    if (version != 1) {
+        e = kiln_errorf(KILN_EUNSUPPORTED, "%s: kiln_profile %lld is not supported (expected 1)", path, (long long)version);
+        goto out;
+    }
+    int got = 0, ng = 0, nrs = 0, nag = 0, na = 0;
+    kiln_hw_profile *q = malloc(sizeof *q);
+    if (!q) { e = kiln_errorf(KILN_ENOMEM, "%s", path); goto out; }
+    const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, "gemm"), *r;
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        if (!str_is(r, "dtype", "bf16") || ng >= KILN_HW_MAX_POINTS) continue;
+        kiln_hw_gemm_point g = {(int64_t)num(r, "m"), (int64_t)num(r, "n"), (int64_t)num(r, "k"), num(r, "tflops")};
+        if (g.m > 0 && g.n > 0 && g.k > 0 && g.tflops > 0) q->gemm[ng++] = g;
+    }
+    sec = cJSON_GetObjectItemCaseSensitive(root, "comm");
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        if (str_is(r, "backend", "local")) continue;
+        kiln_hw_comm_point c = {(int64_t)num(r, "bytes"), num(r, "busbw_gbs"), (int64_t)num(r, "ranks")};
+        if (c.bytes <= 0 || c.busbw_gbs <= 0 || c.ranks < 2) continue;
+        if (str_is(r, "collective", "reduce_scatter") && nrs < KILN_HW_MAX_POINTS) q->rs[nrs++] = c;
+        if (str_is(r, "collective", "all_gather") && nag < KILN_HW_MAX_POINTS) q->ag[nag++] = c;
+    }
+    double copy = 0;
+    sec = cJSON_GetObjectItemCaseSensitive(root, "membw");
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec)
+        if (!str_is(r, "device", "cpu") && str_is(r, "kernel", "copy") && num(r, "gbs_best") > copy)
+            copy = num(r, "gbs_best");
+    sec = cJSON_GetObjectItemCaseSensitive(root, "attention");
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        if (str_is(r, "backend", "cpu") || !str_is(r, "dtype", "bf16") || !str_is(r, "pass", "fwd")) continue;
+        /* the matching fwd_bwd record of the same shape gives the backward */
+        double fwd_t = num(r, "time_us"), flops = num(r, "flops"), bwd_t = -1;
+        const cJSON *r2;
+        cJSON_ArrayForEach(r2, sec)
+            if (str_is(r2, "pass", "fwd_bwd") && num(r2, "seq") == num(r, "seq") && num(r2, "batch") == num(r, "batch") &&
+                num(r2, "heads") == num(r, "heads") && num(r2, "head_dim") == num(r, "head_dim") &&
+                num(r2, "window") == num(r, "window"))
+                bwd_t = num(r2, "time_us") - fwd_t;
+        int64_t D = (int64_t)num(r, "head_dim");
+        if (D <= 0 || fwd_t <= 0 || flops <= 0 || bwd_t <= 0 || na >= 64) continue;
+        kiln_hw_attn_point a = {D, flops / (fwd_t * 1e-6) / 1e12 / p->peak_bf16,
+                                2.5 * flops / (bwd_t * 1e-6) / 1e12 / p->peak_bf16};
+        int j = 0;
+        while (j < na && q->attn[j].head_dim != D) j++;
+        if (j == na) q->attn[na++] = a; /* longest sequence last wins below */
+        else q->attn[j] = a;
+    }
+    if (ng) { memcpy(p->gemm, q->gemm, sizeof q->gemm[0] * (size_t)ng); p->ngemm = ng; got++;
+              snprintf(p->gemm_source, sizeof p->gemm_source, "measured: %s", path); }
+    if (nrs) { memcpy(p->rs, q->rs, sizeof q->rs[0] * (size_t)nrs); p->nrs = nrs; got++; }
+    if (nag) { memcpy(p->ag, q->ag, sizeof q->ag[0] * (size_t)nag); p->nag = nag; got++; }
+    if (copy > 0) { p->mem_gbs = copy; got++;
+                    snprintf(p->memory_source, sizeof p->memory_source, "measured copy: %s", path); }
+    if (na) { memcpy(p->attn, q->attn, sizeof q->attn[0] * (size_t)na); p->nattn = na; got++;
+              snprintf(p->attention_source, sizeof p->attention_source, "measured: %s", path); }
+    free(q);
+    if (!got)
+        e = kiln_errorf(KILN_EINVAL, "%s: no GPU measurements to merge (bf16 gemm, comm over 2+ ranks, membw or "
+                        "bf16 attention off the CPU)", path);
+out:
+    cJSON_Delete(root);
+    return e;
+}
+
+/* Libraries carry smaller tiles for skinny GEMMs (decode, few rows per expert): the tile along a
+ * dimension is the smallest power of two >= the dimension, between 16 and the profile's tile. */
+static int64_t tile_for(int64_t dim, int64_t tile) {
+    int64_t t = 16;
+    while (t < dim && t < tile) t *= 2;
+    return t < tile ? t : tile;
+}
+
+static double quant(const kiln_hw_profile *p, double groups, int64_t m, int64_t n, kiln_hw_gemm_why *w) {
+    int64_t tm = tile_for(m, p->tile_m), tn = tile_for(n, p->tile_n);
+    double nm = (double)((m + tm - 1) / tm), nn = (double)((n + tn - 1) / tn);
+    double tiles = groups * nm * nn, waves = ceil(tiles / (double)p->sm_count);
+    w->tiles = tiles;
+    w->waves = waves;
+    w->tile_util = (double)m * (double)n / (nm * nn * (double)tm * (double)tn);
+    w->wave_util = tiles / (waves * (double)p->sm_count);
+    return w->tile_util * w->wave_util;
+}
+
+/* Efficiency before quantization: piecewise linear over log2(MNK) between measured shapes. */
+static double base_eff(const kiln_hw_profile *p, int64_t m, int64_t n, int64_t k) {
+    if (!p->ngemm) return p->gemm_efficiency;
+    double x = log2((double)m * (double)n * (double)k);
+    double lo_x = -1e300, hi_x = 1e300, lo_e = 0, hi_e = 0, sum_lo = 0, sum_hi = 0;
+    int cnt_lo = 0, cnt_hi = 0;
+    /* nearest measured volume on each side (shapes of equal volume are averaged) */
+    for (int i = 0; i < p->ngemm; i++) {
+        const kiln_hw_gemm_point *g = &p->gemm[i];
+        kiln_hw_gemm_why w;
+        double e = g->tflops / (p->peak_bf16 * quant(p, 1, g->m, g->n, &w));
+        double gx = log2((double)g->m * (double)g->n * (double)g->k);
+        if (gx <= x) {
+            if (gx > lo_x + 1e-9) { lo_x = gx; sum_lo = e; cnt_lo = 1; }
+            else if (fabs(gx - lo_x) <= 1e-9) { sum_lo += e; cnt_lo++; }
+        }
+        if (gx >= x) {
+            if (gx < hi_x - 1e-9) { hi_x = gx; sum_hi = e; cnt_hi = 1; }
+            else if (fabs(gx - hi_x) <= 1e-9) { sum_hi += e; cnt_hi++; }
+        }
+    }
+    if (cnt_lo) lo_e = sum_lo / cnt_lo;
+    if (cnt_hi) hi_e = sum_hi / cnt_hi;
+    double e;
+    if (!cnt_lo) e = hi_e;
+    else if (!cnt_hi) e = lo_e;
+    else if (hi_x - lo_x < 1e-9) e = (lo_e + hi_e) / 2;
+    else e = lo_e + (hi_e - lo_e) * (x - lo_x) / (hi_x - lo_x);
+    return e > 1 ? 1 : e;
+}
+
+double kiln_hw_gemm_time_grouped(const kiln_hw_profile *p, double groups, int64_t m, int64_t n, int64_t k,
+                                 kiln_hw_gemm_why *why) {
+    kiln_hw_gemm_why w;
+    memset(&w, 0, sizeof w);
+    if (m <= 0 || n <= 0 || k <= 0 || groups <= 0) { if (why) *why = w; return 0; }
+    double q = quant(p, groups, m, n, &w);
+    w.base_eff = base_eff(p, (int64_t)ceil(groups * (double)m), n, k);
+    double flops = 2.0 * groups * (double)m * (double)n * (double)k;
+    double t_c = flops / (p->peak_bf16 * 1e12 * w.base_eff * q);
+    double t_m = 2.0 * groups * ((double)m * (double)k + (double)k * (double)n + (double)m * (double)n) / (p->mem_gbs * 1e9);
+    double t = t_c > t_m ? t_c : t_m;
+    w.memory_bound = t_m > t_c;
+    w.tflops = flops / t / 1e12;
+    if (why) *why = w;
+    return t;
+}
+
+double kiln_hw_gemm_time(const kiln_hw_profile *p, int64_t m, int64_t n, int64_t k, kiln_hw_gemm_why *why) {
+    return kiln_hw_gemm_time_grouped(p, 1, m, n, k, why);
+}
+
+double kiln_hw_attn_eff(const kiln_hw_profile *p, int64_t D, int backward) {
+    /* a head dim between tiles runs the padded kernel: padded rate times the useful fraction */
+    int64_t padded = (D + p->head_dim_tile - 1) / p->head_dim_tile * p->head_dim_tile;
+    double x = (double)padded, lo_x = -1, hi_x = 1e300, lo_e = 0, hi_e = 0;
+    for (int i = 0; i < p->nattn; i++) {
+        double d = (double)p->attn[i].head_dim, e = backward ? p->attn[i].bwd_eff : p->attn[i].fwd_eff;
+        if (d <= x && d > lo_x) { lo_x = d; lo_e = e; }
+        if (d >= x && d < hi_x) { hi_x = d; hi_e = e; }
+    }
+    double e;
+    if (lo_x < 0) e = hi_e;
+    else if (hi_x > 1e299) e = lo_e;
+    else if (hi_x == lo_x) e = lo_e;
+    else e = lo_e + (hi_e - lo_e) * (log2(x) - log2(lo_x)) / (log2(hi_x) - log2(lo_x));
+    return e * (double)D / (double)padded;
+}
+
+/* Bus bandwidth at `bytes` over g ranks: measured records of the nearest rank count, linear in
+ * log2(bytes) between sizes; else the intra- or inter-node figure. */
+static double busbw(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, double bytes, int64_t g) {
+    int64_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (best < 0 || llabs(pts[i].ranks - g) < llabs(best - g)) best = pts[i].ranks;
+    if (best < 0) return g <= p->gpus_per_node ? p->intra_busbw_gbs : p->inter_busbw_gbs;
+    double x = log2(bytes), lo_x = -1e300, hi_x = 1e300, lo = 0, hi = 0;
+    for (int i = 0; i < n; i++) {
+        if (pts[i].ranks != best) continue;
+        double px = log2((double)pts[i].bytes);
+        if (px <= x && px > lo_x) { lo_x = px; lo = pts[i].busbw_gbs; }
+        if (px >= x && px < hi_x) { hi_x = px; hi = pts[i].busbw_gbs; }
+    }
+    if (lo_x < -1e299) return hi;
+    if (hi_x > 1e299) return lo;
+    if (hi_x - lo_x < 1e-12) return lo;
+    return lo + (hi - lo) * (x - lo_x) / (hi_x - lo_x);
+}
+
+double kiln_hw_comm_time(const kiln_hw_profile *p, int all_gather, double bytes, int64_t g) {
+    if (g <= 1 || bytes <= 0) return 0;
+    double bw = all_gather ? busbw(p, p->ag, p->nag, bytes, g) : busbw(p, p->rs, p->nrs, bytes, g);
+    return bytes * (double)(g - 1) / (double)g / (bw * 1e9) + p->comm_latency_us * 1e-6;
+}

@@ -1,0 +1,361 @@
+/* kiln size: parameter counts against kiln's own parameter table, FLOP and memory conventions,
+ * the GEMM quantization model, hardware profiles, the CLI and its errors. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/fsutil.h"
+#include "kiln/optim.h"
+#include "kiln/sizing.h"
+#include "models/zaya_internal.h"
+#include "test.h"
+
+static const char *fixtures[] = {"bf16_sharded", "gqa_untied", "many_experts", "sliding_tied"};
+
+/* Compare the cost model's counts with a model's parameter table, tensor class by tensor class. */
+static void check_counts(const kiln_zaya *m, const char *what) {
+    kiln_size_shape s;
+    kiln_size_params p;
+    kiln_size_shape_from_zaya(&m->cfg, &s);
+    kiln_size_count(&s, &p);
+    int64_t experts = 0, embed = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const kiln_param_info *t = &m->params[i];
+        if (strstr(t->name, "mlp.experts.")) experts += t->numel;
+        if (strstr(t->name, "embed_tokens") || strstr(t->name, "lm_head")) embed += t->numel;
+    }
+    int64_t active = (int64_t)m->numel - experts + experts / m->cfg.num_experts * m->cfg.top_k;
+    CHECK_MSG(p.total == (int64_t)m->numel, "%s: total %lld vs allocated %zu", what, (long long)p.total, m->numel);
+    CHECK_MSG(p.experts_total == experts, "%s: experts %lld vs %lld", what, (long long)p.experts_total, (long long)experts);
+    CHECK_MSG(p.active == active, "%s: active %lld vs %lld", what, (long long)p.active, (long long)active);
+    CHECK_MSG(p.embedding == embed, "%s: embedding %lld vs %lld", what, (long long)p.embedding, (long long)embed);
+    CHECK(p.total_nonembed == p.total - p.embedding && p.active_nonembed == p.active - p.embedding);
+    /* the optimizer split of src/train/optim.c */
+    kiln_optim_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.use_muon = 1;
+    kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
+    kiln_optim_classify(m, &hp, op);
+    int64_t muon = 0, adamw = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        if (op[i].kind == KILN_OPT_MUON) muon += op[i].numel;
+        else adamw += op[i].numel;
+    }
+    free(op);
+    CHECK_MSG(p.muon == muon && p.adamw == adamw, "%s: muon %lld/%lld adamw %lld/%lld", what, (long long)p.muon,
+              (long long)muon, (long long)p.adamw, (long long)adamw);
+}
+
+TEST(size_params_equal_fixture_models) {
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/zaya/%s/config.json", fixtures[i]);
+        kiln_zaya_config c;
+        CHECK_OK(kiln_zaya_config_load(test_src_path(rel), &c));
+        kiln_zaya *m = NULL;
+        CHECK_OK(kiln_zaya_create(&c, &m));
+        if (m) check_counts(m, fixtures[i]);
+        kiln_zaya_free(m);
+    }
+}
+
+TEST(size_params_equal_other_models) {
+    /* biases everywhere, untied head, top-2, odd widths, a window; built and allocated by kiln */
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 1000; c.hidden_size = 96; c.num_layers = 5; c.num_heads = 6; c.num_kv_heads = 3;
+    c.head_dim = 16; c.num_experts = 5; c.top_k = 2; c.moe_intermediate = 40; c.router_hidden = 24;
+    c.cca_time0 = 3; c.cca_time1 = 4; c.attention_bias = 1; c.tie_word_embeddings = 0; c.lm_head_bias = 1;
+    c.sliding_window = 7; c.layer_types[1] = c.layer_types[3] = KILN_LAYER_HYBRID_SLIDING;
+    for (int variant = 0; variant < 3; variant++) {
+        if (variant == 1) { c.attention_bias = 0; c.tie_word_embeddings = 1; c.lm_head_bias = 0; c.num_layers = 1; }
+        if (variant == 2) { c.num_layers = 3; c.num_kv_heads = 1; c.num_experts = 1; c.top_k = 1; }
+        CHECK_OK(kiln_zaya_config_validate(&c, "test"));
+        kiln_zaya *m = NULL;
+        CHECK_OK(kiln_zaya_create(&c, &m));
+        if (m) check_counts(m, variant == 0 ? "biases" : variant == 1 ? "one layer" : "one expert");
+        kiln_zaya_free(m);
+    }
+    /* ZAYA1-8B: the parameter table alone (allocating 8.8B floats is not a test) */
+    kiln_zaya m0;
+    memset(&m0, 0, sizeof m0);
+    kiln_zaya_config_default(&m0.cfg);
+    CHECK_OK(kiln_zaya_build_params(&m0));
+    check_counts(&m0, "zaya1-8b");
+    kiln_size_shape s;
+    kiln_size_params p;
+    kiln_size_shape_from_zaya(&m0.cfg, &s);
+    kiln_size_count(&s, &p);
+    /* the paper's budget: 8.3B total, 760M active non-embedding (within 1%) */
+    CHECK_NEAR((double)p.total_nonembed / 8.3e9, 1.0, 0.01);
+    CHECK_NEAR((double)p.active_nonembed / 760e6, 1.0, 0.01);
+    free(m0.params);
+}
+
+TEST(size_params_dense_llama2_7b) {
+    /* Llama-2-7B has 6,738,415,616 parameters (HF's num_parameters) */
+    kiln_size_shape s;
+    memset(&s, 0, sizeof s);
+    s.arch = KILN_ARCH_DENSE; s.vocab = 32000; s.hidden = 4096; s.layers = 32; s.heads = 32; s.kv_heads = 32;
+    s.head_dim = 128; s.ffn = 11008; s.tied = 0;
+    kiln_size_params p;
+    kiln_size_count(&s, &p);
+    CHECK(p.total == 6738415616LL);
+    CHECK(p.active == p.total);
+    CHECK(p.embedding == 2LL * 32000 * 4096);
+}
+
+TEST(size_flops_conventions) {
+    /* visible keys: brute force over (query, key) pairs */
+    for (int64_t T = 1; T <= 9; T++)
+        for (int64_t W = 0; W <= 10; W++) {
+            int64_t pairs = 0;
+            for (int64_t q = 0; q < T; q++)
+                for (int64_t k = 0; k <= q; k++) pairs += W == 0 || q - W < k;
+            CHECK_NEAR(kiln_size_visible_keys(T, W), (double)pairs / (double)T, 1e-12);
+        }
+    kiln_size_shape s;
+    memset(&s, 0, sizeof s);
+    s.arch = KILN_ARCH_DENSE; s.vocab = 1000; s.hidden = 64; s.layers = 2; s.heads = 4; s.kv_heads = 2;
+    s.head_dim = 16; s.ffn = 128; s.tied = 1;
+    kiln_size_flops f, fr;
+    kiln_size_flops_per_token(&s, 8, 0, &f);
+    kiln_size_flops_per_token(&s, 8, 1, &fr);
+    kiln_size_params p;
+    kiln_size_count(&s, &p);
+    /* forward GEMMs: 2 FLOPs per weight of every matrix a token multiplies (norms are not GEMMs), lm_head included */
+    double matrices = (double)(p.total - p.embedding) - (double)(2 * s.layers + 1) * 64;
+    CHECK_NEAR(f.gemm, 2 * (matrices + 1000.0 * 64), 1e-6);
+    CHECK_NEAR(f.attn, 4.0 * 64 * 4.5 * 2, 1e-9); /* 4 x query channels x mean visible keys (T=8: 4.5) x layers */
+    CHECK_NEAR(f.bwd, 2 * f.gemm + 2.5 * f.attn, 1e-6);
+    CHECK(f.recompute == 0 && fr.recompute == f.fwd && fr.train == f.train + f.fwd);
+    /* a sliding window lowers attention only */
+    s.sliding_layers = 1; s.sliding_window = 2;
+    kiln_size_flops fw;
+    kiln_size_flops_per_token(&s, 8, 0, &fw);
+    CHECK_NEAR(fw.attn, 4.0 * 64 * (4.5 + (3.0 + 6 * 2) / 8), 1e-9);
+    CHECK(fw.gemm == f.gemm);
+}
+
+TEST(size_memory_zero1_and_kv) {
+    kiln_size_shape s;
+    kiln_size_shape_zaya_default(&s);
+    kiln_size_params p;
+    kiln_size_count(&s, &p);
+    kiln_size_train t;
+    kiln_size_train_default(&t);
+    kiln_size_memory m1, m8, ma, mr;
+    t.gpus = 1; kiln_size_memory_train(&s, &t, &m1);
+    t.gpus = 8; kiln_size_memory_train(&s, &t, &m8);
+    CHECK_NEAR(m1.weights, 2.0 * (double)p.total, 1);
+    CHECK_NEAR(m1.grads, 4.0 * (double)p.total, 1);
+    CHECK(m8.weights == m1.weights && m8.grads == m1.grads);
+    CHECK_NEAR(m8.master * 8, m1.master, 1);
+    CHECK_NEAR(m8.optim * 8, m1.optim, 1);
+    CHECK_NEAR(m1.optim, 4.0 * (double)p.muon + 8.0 * (double)p.adamw, 1);
+    t.muon = 0; t.gpus = 1; kiln_size_memory_train(&s, &t, &ma);
+    CHECK_NEAR(ma.optim, 8.0 * (double)p.total, 1);
+    t.muon = 1; t.recompute = 1; kiln_size_memory_train(&s, &t, &mr);
+    CHECK(mr.activations < m1.activations / 4);
+    /* KV cache: what zaya_decode.c allocates, in floats (4 bytes) */
+    kiln_zaya_config c;
+    CHECK_OK(kiln_zaya_config_load(test_src_path("tests/fixtures/zaya/many_experts/config.json"), &c));
+    kiln_size_shape_from_zaya(&c, &s);
+    kiln_size_kv kv;
+    kiln_size_kv_cache(&s, 3, 50, 4, &kv);
+    const double L = 4, B = 3, K = 2 * 8, C = 6 * 8 + K, P = (3 - 1) + (3 - 1);
+    CHECK_NEAR(kv.kv, 4 * 2 * L * B * 50 * K, 1e-9);
+    CHECK_NEAR(kv.conv_state, 4 * L * B * P * C, 1e-9);
+    CHECK_NEAR(kv.vprev, 4 * L * B * K / 2, 1e-9);
+}
+
+TEST(size_gemm_quantization_and_interpolation) {
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    /* at a measured shape the prediction is the measurement (its volume is measured once) */
+    kiln_hw_gemm_why w;
+    kiln_hw_gemm_time(p, 8192, 8192, 8192, &w);
+    CHECK_NEAR(w.tflops, 793.4, 1e-6);
+    kiln_hw_gemm_time(p, 2048, 2048, 2048, &w);
+    CHECK_NEAR(w.tflops, 689.1, 1e-6);
+    /* wave quantization: 132 tiles of 128x256 fill one wave over 132 SMs, one tile more needs two */
+    double t1 = kiln_hw_gemm_time(p, 128 * 12, 256 * 11, 8192, &w);
+    CHECK(w.tiles == 132 && w.waves == 1 && w.wave_util == 1 && w.tile_util == 1);
+    double t2 = kiln_hw_gemm_time(p, 128 * 12 + 1, 256 * 11, 8192, &w);
+    CHECK(w.tiles == 143 && w.waves == 2);
+    CHECK_NEAR(w.wave_util, 143.0 / 264, 1e-12);
+    CHECK(t2 > 1.7 * t1);
+    /* tile quantization: N = 257 costs two tiles of 256 */
+    kiln_hw_gemm_time(p, 4096, 257, 4096, &w);
+    CHECK_NEAR(w.tile_util, 257.0 / 512, 1e-12);
+    /* grouped: 16 experts' tiles share waves */
+    kiln_hw_gemm_why g;
+    kiln_hw_gemm_time_grouped(p, 16, 256, 4096, 2048, &g);
+    kiln_hw_gemm_time(p, 256, 4096, 2048, &w);
+    CHECK(g.tiles == 16 * w.tiles && g.tflops > 3 * w.tflops);
+    /* head dim 96 runs the padded 128 kernel: 0.75 of its rate */
+    CHECK_NEAR(kiln_hw_attn_eff(p, 96, 0), 0.75 * kiln_hw_attn_eff(p, 128, 0), 1e-12);
+    /* comm: one GPU costs nothing; 8 GPUs at the intra-node bus bandwidth */
+    CHECK(kiln_hw_comm_time(p, 0, 1e9, 1) == 0);
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, 1e9, 8), 1e9 * 7 / 8 / 360e9 + 20e-6, 1e-12);
+    free(p);
+}
+
+static kiln_error *parse_file(const char *path, kiln_hw_profile *p) { return kiln_hw_profile_load(path, p); }
+
+TEST(size_profiles_builtin_and_errors) {
+    kiln_hw_profile *p = malloc(sizeof *p), *q = malloc(sizeof *q);
+    const char *const *names = kiln_hw_builtin_names();
+    int n = 0;
+    for (int i = 0; names[i]; i++, n++) {
+        CHECK_OK(kiln_hw_profile_load(names[i], p));
+        /* compiled in == the file under data/profiles */
+        char rel[96];
+        snprintf(rel, sizeof rel, "data/profiles/%s.json", names[i]);
+        CHECK_OK(parse_file(test_src_path(rel), q));
+        CHECK(p->peak_bf16 == q->peak_bf16 && p->sm_count == q->sm_count && p->ngemm == q->ngemm &&
+              !strcmp(p->device, q->device));
+    }
+    CHECK(n == 3);
+    CHECK_OK(kiln_hw_profile_load("mi300x", p));
+    CHECK(strstr(p->source, "datasheet") && p->sm_count == 304 && p->mem_gib == 192);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    CHECK(p->ngemm == 6 && strstr(p->gemm_source, "measured"));
+    CHECK_ERR(kiln_hw_profile_load("a100", p), "unknown profile 'a100'");
+    /* missing fields name themselves */
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(test_src_path("data/profiles/h200.json"), &text, &len));
+    char *cut = strstr(text, "\"sm_count\": 132, ");
+    CHECK(cut != NULL);
+    if (cut) memmove(cut, cut + strlen("\"sm_count\": 132, "), strlen(cut + strlen("\"sm_count\": 132, ")) + 1);
+    CHECK_ERR(kiln_hw_profile_parse(text, "x.json", p), "sm_count");
+    free(text);
+    CHECK_ERR(kiln_hw_profile_parse("{\"kiln_hw_profile\": 1, \"name\": \"x\", \"device\": \"d\", \"source\": \"s\"}",
+                                    "y.json", p), "compute");
+    CHECK_ERR(kiln_hw_profile_parse("{\"kiln_profile\": 1, \"bench\": \"gemm\"}", "bench.json", p),
+              "is a `kiln bench` profile");
+    /* merging kiln bench measurements replaces the GEMM table */
+    const char *dir = test_tmpdir();
+    const char *bench = test_join(dir, "gemm.json");
+    FILE *f = fopen(bench, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"gemm\", \"gemm\": [{\"backend\": \"cublaslt\", \"dtype\": \"bf16\", "
+          "\"m\": 4096, \"n\": 4096, \"k\": 4096, \"layout\": \"NN\", \"tflops\": 500.0}]}", f);
+    fclose(f);
+    CHECK_OK(kiln_hw_profile_load("mi300x", p));
+    CHECK_OK(kiln_hw_profile_merge_bench(p, bench));
+    kiln_hw_gemm_why w;
+    kiln_hw_gemm_time(p, 4096, 4096, 4096, &w);
+    CHECK(p->ngemm == 1);
+    CHECK_NEAR(w.tflops, 500.0, 1e-6);
+    const char *cpu = test_join(dir, "cpu.json");
+    f = fopen(cpu, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"gemm\", \"gemm\": [{\"backend\": \"openblas\", \"dtype\": \"fp32\", "
+          "\"m\": 64, \"n\": 64, \"k\": 64, \"tflops\": 0.1}]}", f);
+    fclose(f);
+    CHECK_ERR(kiln_hw_profile_merge_bench(p, cpu), "no GPU measurements");
+    free(p);
+    free(q);
+}
+
+TEST(size_search_budget_errors) {
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    kiln_size_budget b;
+    kiln_size_result r;
+    kiln_size_budget_default(&b, KILN_ARCH_ZAYA);
+    b.total = 1e9; b.active = 2e9;
+    CHECK_ERR(kiln_size_search(&b, p, &r), "exceed the total");
+    b.total = 2e6; b.active = 1e6;
+    CHECK_ERR(kiln_size_search(&b, p, &r), "too small for one layer");
+    double v;
+    CHECK_ERR(kiln_size_parse_count("--total-params", "10X", &v), "unknown suffix");
+    CHECK_ERR(kiln_size_parse_count("--total-params", "-5B", &v), "positive");
+    CHECK_OK(kiln_size_parse_count("--total-params", "8.3B", &v));
+    CHECK_NEAR(v, 8.3e9, 1);
+    CHECK_OK(kiln_size_parse_count("--active-params", "760M", &v));
+    CHECK_NEAR(v, 760e6, 1e-3);
+    /* a dense budget: every candidate within the tolerance, ranked best first */
+    kiln_size_budget_default(&b, KILN_ARCH_DENSE);
+    b.total = b.active = 7e9;
+    b.vocab = 32000;
+    CHECK_OK(kiln_size_search(&b, p, &r));
+    CHECK(r.n > 0 && r.vocab == 32000);
+    for (int64_t i = 0; i < r.n; i++) {
+        CHECK(fabs((double)r.c[i].pred.params.total_nonembed / 7e9 - 1) <= 0.05);
+        if (i) CHECK(r.c[i].score >= r.c[i - 1].score);
+    }
+    kiln_size_result_free(&r);
+    free(p);
+}
+
+/* ZAYA1 (arXiv 2511.17127) on the MI300X profile with its budget: the shape is among the candidates,
+ * and the output either ranks it in the top 10 or explains why not. */
+TEST(size_zaya1_mi300x) {
+    const char *dir = test_tmpdir();
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    const char *cfg = test_join(dir, "config.json");
+    CHECK_OK(kiln_zaya_config_save(&c, cfg));
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("mi300x", p));
+    kiln_size_budget b;
+    kiln_size_budget_default(&b, KILN_ARCH_ZAYA);
+    b.total = 8.3e9; b.active = 760e6; b.vocab = c.vocab_size;
+    kiln_size_result r;
+    CHECK_OK(kiln_size_search(&b, p, &r));
+    kiln_size_shape z;
+    kiln_size_shape_from_zaya(&c, &z);
+    int64_t rank = kiln_size_find(&r, &z);
+    CHECK_MSG(rank >= 0, "ZAYA1's shape is not a candidate for its own budget");
+    kiln_size_result_free(&r);
+    free(p);
+    static char out[1 << 17];
+    char args[1200];
+    snprintf(args, sizeof args, "size --profile mi300x --total-params 8.3B --active-params 760M --reference '%s'", cfg);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK(strstr(out, "zaya h2048 L40 q8x128 kv2 E16 k1 I2048 V262272") != NULL);
+    CHECK(strstr(out, "head dim 128: attention") != NULL);
+    int top = strstr(out, "among the top 10\n") != NULL;
+    int why = strstr(out, "not among the top 10, because") && strstr(out, "slower than #1");
+    CHECK_MSG(top || why, "neither ranked in the top 10 nor explained:\n%s", out);
+}
+
+TEST(size_cli) {
+    static char out[1 << 17];
+    const char *cfg = test_src_path("tests/fixtures/zaya/many_experts/config.json");
+    char args[1200];
+    /* predict: one command for the validation on the GPU machine */
+    snprintf(args, sizeof args, "size predict '%s' --profile h200 --micro-batch 2 --seq 64 --gpus 1", cfg);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK(strstr(out, "tokens/s per GPU") && strstr(out, "peak (total)") && strstr(out, "decode ms/step, batch 64"));
+    snprintf(args, sizeof args, "size predict '%s' --profile h200 --json", cfg);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j && cJSON_GetObjectItem(j, "prediction"));
+    cJSON_Delete(j);
+    /* check: the config's own rank and suggestions */
+    snprintf(args, sizeof args, "size check '%s' --profile h200 --seq 64 --hidden 32,48,64,96 --head-dims 8,16 "
+             "--widths 8,16,32 --experts 4,8,16 --top-k 1,2 --tolerance 0.2", cfg);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK(strstr(out, "config ") && strstr(out, "zaya h48 L4 q6x8 kv2 E8 k1 I16 V128"));
+    CHECK(strstr(out, "nearest faster shapes") || strstr(out, "no faster shape"));
+    /* search JSON */
+    CHECK(test_run_kiln("size --profile h100 --total-params 2B --active-params 400M --json --top 3", out, sizeof out) == 0);
+    j = cJSON_Parse(out);
+    CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "ranked")) == 3);
+    cJSON_Delete(j);
+    CHECK(test_run_kiln("size --profile h200 --total-params 8.3B --active-params 760M --explain --top 1", out,
+                        sizeof out) == 0);
+    CHECK(strstr(out, "Rules") && strstr(out, "wave"));
+    /* errors */
+    CHECK(test_run_kiln("size --profile b200 --total-params 1B --active-params 100M", out, sizeof out) == 1);
+    CHECK(strstr(out, "unknown profile 'b200'"));
+    CHECK(test_run_kiln("size --profile h200 --total-params 1B --active-params 2B", out, sizeof out) == 1);
+    CHECK(strstr(out, "exceed the total"));
+    CHECK(test_run_kiln("size --profile h200 --total-params 1B --active-params 1Q", out, sizeof out) == 2);
+    CHECK(strstr(out, "--active-params"));
+    CHECK(test_run_kiln("size --total-params 1B --active-params 1M", out, sizeof out) == 2);
+    CHECK(strstr(out, "--profile is required"));
+    CHECK(test_run_kiln("size check /nonexistent/config.json --profile h200", out, sizeof out) == 1);
+    CHECK(strstr(out, "/nonexistent/config.json"));
+}
