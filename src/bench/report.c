@@ -82,6 +82,12 @@ typedef struct {
 } membw_rec;
 
 typedef struct {
+    int file;
+    const char *test;
+    double bytes, threads, seconds, gbs, vs_seq_write;
+} io_rec;
+
+typedef struct {
     const char *path;
     cJSON *root;
 } profile;
@@ -95,6 +101,8 @@ typedef struct {
     size_t ng;
     membw_rec *m;
     size_t nm;
+    io_rec *io;
+    size_t nio;
 } report;
 
 static void *grow(void *v, size_t n, size_t sz) {
@@ -197,6 +205,28 @@ static kiln_error *load_membw(report *r, int fi, const cJSON *sec, const char *p
     return NULL;
 }
 
+static kiln_error *load_io(report *r, int fi, const cJSON *sec, const char *path) {
+    const cJSON *it;
+    int idx = 0;
+    cJSON_ArrayForEach(it, sec) {
+        char ctx[1200];
+        snprintf(ctx, sizeof ctx, "%s: io[%d]", path, idx++);
+        if (!cJSON_IsObject(it)) return kiln_errorf(KILN_EFORMAT, "%s: must be an object", ctx);
+        io_rec x = {.file = fi};
+        KILN_TRY(get_str(it, "test", &x.test, NULL, 1, ctx));
+        KILN_TRY(get_num(it, "bytes", &x.bytes, 0, 1, ctx));
+        KILN_TRY(get_num(it, "threads", &x.threads, 1, 0, ctx));
+        KILN_TRY(get_num(it, "seconds", &x.seconds, 0, 1, ctx));
+        KILN_TRY(get_num(it, "gbs", &x.gbs, 0, 1, ctx));
+        KILN_TRY(get_num(it, "vs_seq_write", &x.vs_seq_write, NAN, 0, ctx));
+        io_rec *nv = grow(r->io, r->nio, sizeof *nv);
+        if (!nv) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
+        r->io = nv;
+        r->io[r->nio++] = x;
+    }
+    return NULL;
+}
+
 static kiln_error *load_profile(report *r, int fi) {
     const char *path = r->p[fi].path;
     KILN_TRY(kiln_json_parse_file(path, &r->p[fi].root));
@@ -224,7 +254,9 @@ static kiln_error *load_profile(report *r, int fi) {
     if (sec) { any = 1; KILN_TRY(load_gemm(r, fi, sec, path)); }
     KILN_TRY(kiln_json_get_array(root, "membw", &sec, 0, path));
     if (sec) { any = 1; KILN_TRY(load_membw(r, fi, sec, path)); }
-    if (!any) fprintf(stderr, "kiln bench report: warning: %s has no comm, gemm or membw section\n", path);
+    KILN_TRY(kiln_json_get_array(root, "io", &sec, 0, path));
+    if (sec) { any = 1; KILN_TRY(load_io(r, fi, sec, path)); }
+    if (!any) fprintf(stderr, "kiln bench report: warning: %s has no comm, gemm, membw or io section\n", path);
     return NULL;
 }
 
@@ -644,6 +676,44 @@ static void render_membw(sbuf *b, const report *r) {
     sb_printf(b, "</table></section>\n");
 }
 
+/* Storage throughput (kiln bench io): one bar per test, the checkpoint writer beside the disk. */
+static void render_io(sbuf *b, const report *r) {
+    if (!r->nio) return;
+    int multi_file = distinct_files(&r->io[0].file, r->nio, sizeof(io_rec));
+    sb_printf(b, "<section id=\"io\"><h2>Storage (io)</h2>\n");
+    const char **labels = calloc(r->nio, sizeof *labels);
+    char(*names)[120] = calloc(r->nio, sizeof *names);
+    double *vals = calloc(r->nio, sizeof *vals);
+    if (!labels || !names || !vals) b->oom = 1;
+    for (size_t i = 0; labels && names && vals && i < r->nio; i++) {
+        const io_rec *x = &r->io[i];
+        if (multi_file) snprintf(names[i], sizeof names[i], "[%d] %s, %g threads", x->file + 1, x->test, x->threads);
+        else snprintf(names[i], sizeof names[i], "%s, %g threads", x->test, x->threads);
+        labels[i] = names[i];
+        vals[i] = x->gbs;
+    }
+    if (!b->oom) bar_plot(b, "Storage throughput (best of iterations)", "GB/s", labels, vals, r->nio);
+    free(labels);
+    free(names);
+    free(vals);
+    sb_printf(b, "<table><tr><th>file</th><th>test</th><th>bytes</th><th>threads</th><th>seconds</th><th>GB/s</th>"
+                 "<th>vs sequential write</th></tr>\n");
+    for (size_t i = 0; i < r->nio; i++) {
+        const io_rec *x = &r->io[i];
+        sb_printf(b, "<tr><td>%d</td><td class=\"l\">", x->file + 1);
+        sb_esc(b, x->test);
+        sb_printf(b, "</td>");
+        num_cell(b, x->bytes);
+        num_cell(b, x->threads);
+        num_cell(b, x->seconds);
+        num_cell(b, x->gbs);
+        if (isfinite(x->vs_seq_write)) sb_printf(b, "<td>%.0f%%</td>", 100 * x->vs_seq_write);
+        else sb_printf(b, "<td>–</td>");
+        sb_printf(b, "</tr>\n");
+    }
+    sb_printf(b, "</table></section>\n");
+}
+
 /* Flat key/value rows of an object (machine, libraries). */
 static void kv_rows(sbuf *b, const cJSON *o) {
     const cJSON *it;
@@ -697,6 +767,7 @@ static void render_page(sbuf *b, const report *r) {
     render_comm(b, r);
     render_gemm(b, r);
     render_membw(b, r);
+    render_io(b, r);
     sb_printf(b, "</body></html>\n");
 }
 
@@ -739,7 +810,8 @@ int kiln_bench_report_main(int argc, char **argv) {
     }
     kiln_error *e = NULL;
     for (int f = 0; f < r.np && !e; f++) e = load_profile(&r, f);
-    if (!e && !r.nc && !r.ng && !r.nm) e = kiln_errorf(KILN_EINVAL, "no comm, gemm or membw records in the profiles");
+    if (!e && !r.nc && !r.ng && !r.nm && !r.nio)
+        e = kiln_errorf(KILN_EINVAL, "no comm, gemm, membw or io records in the profiles");
     sbuf b = {0};
     if (!e) {
         render_page(&b, &r);
@@ -752,10 +824,11 @@ int kiln_bench_report_main(int argc, char **argv) {
     free(r.c);
     free(r.g);
     free(r.m);
+    free(r.io);
     if (e) {
         kiln_bench_fail("report", NULL, e);
         return 1;
     }
-    printf("kiln bench report: wrote %s (%zu comm, %zu gemm, %zu membw records)\n", out, r.nc, r.ng, r.nm);
+    printf("kiln bench report: wrote %s (%zu comm, %zu gemm, %zu membw, %zu io records)\n", out, r.nc, r.ng, r.nm, r.nio);
     return 0;
 }
