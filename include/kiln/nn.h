@@ -32,6 +32,17 @@ void kiln_scale_shift_forward(float *y, const float *x, const float *b, const fl
 void kiln_scale_shift_backward(float *dx, float *db, float *ds, const float *dy, const float *x,
                                const float *b, const float *s, int64_t n, int64_t d);
 
+/* ---- layernorm forward (inference): y = (x - mean) / sqrt(var + eps) * w + b; w, b may be NULL ---- */
+void kiln_layernorm_forward(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d,
+                            float eps);
+
+/* ---- multi-head attention forward (inference): for each of B sequences of T tokens and each head h,
+ * out[:, h*hd:(h+1)*hd] = softmax(q_h k_hᵀ * scale, causal or not) v_h. q, k, v rows are `stride`
+ * floats apart (e.g. 3*H*hd for a fused qkv buffer), out rows `out_stride`. Returns -1 when out of
+ * memory (out is then incomplete), else 0. ---- */
+int kiln_mha_forward(float *out, const float *q, const float *k, const float *v, int64_t B, int64_t T,
+                     int64_t heads, int64_t hd, int64_t stride, int64_t out_stride, float scale, int causal);
+
 /* ---- pointwise activations (y may alias x in forward) ---- */
 void kiln_gelu_forward(float *y, const float *x, int64_t n);           /* exact erf GELU */
 void kiln_gelu_backward(float *dx, const float *dy, const float *x, int64_t n);

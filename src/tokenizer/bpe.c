@@ -167,8 +167,11 @@ kiln_error *kiln_bpe_load(kiln_bpe *m, const cJSON *model, const char *path) {
     if (prefix && *prefix)
         return kiln_errorf(KILN_EUNSUPPORTED, "%s: model.continuing_subword_prefix \"%s\" is not supported", path,
                            prefix);
-    if (suffix && *suffix)
-        return kiln_errorf(KILN_EUNSUPPORTED, "%s: model.end_of_word_suffix \"%s\" is not supported", path, suffix);
+    if (suffix && *suffix) {
+        /* CLIP: the last character of each word is looked up as char + suffix ("e</w>") */
+        if (!(m->suffix = strdup(suffix))) return nomem(path);
+        m->suffix_len = strlen(suffix);
+    }
 
     /* vocab */
     int nv = cJSON_GetArraySize(vocab);
@@ -270,6 +273,7 @@ void kiln_bpe_free(kiln_bpe *m) {
     free(m->tok_len);
     kiln_u64map_free(&m->merges);
     free(m->unk_token);
+    free(m->suffix);
     cache_free(m->cache);
     memset(m, 0, sizeof *m);
 }
@@ -384,7 +388,20 @@ kiln_error *kiln_bpe_tokenize(const kiln_bpe *m, const char *s, size_t len, kiln
     for (size_t i = 0; i < len && !rc;) {
         size_t cl = kiln_utf8_len((unsigned char)s[i]);
         if (i + cl > len) cl = len - i;
-        int64_t *id = kiln_strmap_get(&m->vocab, s + i, cl);
+        int64_t *id;
+        if (m->suffix && i + cl >= len) {
+            /* HF merge_word: the word's last character carries end_of_word_suffix */
+            kiln_buf t = {0};
+            if (kiln_buf_put(&t, s + i, cl) || kiln_buf_put(&t, m->suffix, m->suffix_len)) {
+                kiln_buf_free(&t);
+                rc = -1;
+                break;
+            }
+            id = kiln_strmap_get(&m->vocab, t.p, t.n);
+            kiln_buf_free(&t);
+        } else {
+            id = kiln_strmap_get(&m->vocab, s + i, cl);
+        }
         if (id) {
             if (unk >= 0) {
                 rc = word_add(&w, unk, unk_len);

@@ -1,4 +1,5 @@
-/* Normalizers: Replace (literal pattern), Prepend and NFC, applied in sequence to one piece of
+/* Normalizers: Replace (literal pattern, or the regex \s+), Prepend, NFC and Lowercase, applied in
+ * sequence to one piece of
  * text, as HF's normalizers::Sequence does. Each also carries the piece's `z` (how many leading
  * bytes sit at original offset 0; see kiln_piece), which Metaspace's prepend_scheme "first" reads. */
 #include <string.h>
@@ -27,6 +28,36 @@ static int replace(const kiln_norm *n, const char *s, size_t len, kiln_buf *out,
     return 0;
 }
 
+/* Each maximal run of White_Space characters becomes b (HF Replace with Regex("\s+"), CLIP's). */
+static int replace_ws(const kiln_norm *n, const char *s, size_t len, kiln_buf *out) {
+    size_t i = 0;
+    while (i < len) {
+        size_t w;
+        uint32_t c = kiln_utf8_next(s + i, &w);
+        if (!(kiln_uni_flags(c) & KILN_UNI_WS)) {
+            if (kiln_buf_put(out, s + i, w)) return -1;
+            i += w;
+            continue;
+        }
+        while (i < len && (kiln_uni_flags(kiln_utf8_next(s + i, &w)) & KILN_UNI_WS)) i += w;
+        if (kiln_buf_put(out, n->b, n->blen)) return -1;
+    }
+    return 0;
+}
+
+/* Rust's char::to_lowercase on every character (HF NormalizedString::lowercase). */
+static int lowercase(const char *s, size_t len, kiln_buf *out) {
+    for (size_t i = 0; i < len;) {
+        size_t w;
+        uint32_t c = kiln_utf8_next(s + i, &w), lo[3];
+        int n = kiln_uni_to_lower(c, lo);
+        for (int k = 0; k < n; k++)
+            if (kiln_buf_put_cp(out, lo[k])) return -1;
+        i += w;
+    }
+    return 0;
+}
+
 int kiln_normalize(const kiln_norm *steps, size_t nsteps, const char *s, size_t len, kiln_buf *out, size_t *z) {
     kiln_buf a = {0}, b = {0};
     int rc = 0;
@@ -47,6 +78,14 @@ int kiln_normalize(const kiln_norm *steps, size_t nsteps, const char *s, size_t 
             } else {
                 rc = kiln_buf_put(&b, "", 0);
             }
+            break;
+        case KILN_NORM_REPLACE_WS:
+            rc = replace_ws(n, a.p, a.n, &b);
+            if (*z) *z = *z < b.n ? *z : b.n; /* only Metaspace reads z; CLIP has none */
+            break;
+        case KILN_NORM_LOWERCASE:
+            rc = lowercase(a.p, a.n, &b);
+            if (*z) *z = *z < b.n ? *z : b.n;
             break;
         case KILN_NORM_NFC:
             rc = kiln_uni_nfc(a.p, a.n, &b, NULL);

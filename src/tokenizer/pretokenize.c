@@ -24,9 +24,14 @@ const char kiln_regex_gpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^
 const char kiln_regex_llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
                                  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+/* CLIP (openai/clip-*, applied after its Lowercase normalizer, so without the original's IGNORECASE) */
+const char kiln_regex_clip[] = "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|"
+                               "[^\\s\\p{L}\\p{N}]+";
+
 int kiln_regex_kind(const char *pattern) {
     if (!strcmp(pattern, kiln_regex_gpt2)) return KILN_RE_GPT2;
     if (!strcmp(pattern, kiln_regex_llama3)) return KILN_RE_LLAMA3;
+    if (!strcmp(pattern, kiln_regex_clip)) return KILN_RE_CLIP;
     return 0;
 }
 
@@ -166,6 +171,22 @@ size_t kiln_find_next(const char *s, size_t len, size_t from, const char *pat, s
     return len;
 }
 
+/* CLIP: the special-token literals, the contractions, a run of letters, ONE digit, a run of other
+ * non-space characters; white space matches nothing (returns pos). */
+size_t kiln_scan_clip(const char *s, size_t len, size_t pos) {
+    static const char *const lit[] = {"<|startoftext|>", "<|endoftext|>", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d"};
+    for (size_t i = 0; i < sizeof lit / sizeof lit[0]; i++) {
+        size_t l = strlen(lit[i]);
+        if (len - pos >= l && !memcmp(s + pos, lit[i], l)) return pos + l;
+    }
+    size_t w;
+    unsigned f = char_at(s, pos, &w, NULL);
+    if (f & CL) return run(s, len, pos, RUN_L);
+    if (f & CN) return pos + w;
+    if (is_other(f)) return run(s, len, pos, RUN_OTHER);
+    return pos;
+}
+
 /* z of the slice [a, b) of a piece whose first z bytes are at original offset 0. */
 static size_t slice_z(size_t z, size_t a, size_t b) { return a < z ? (z < b ? z : b) - a : 0; }
 
@@ -194,12 +215,20 @@ static int segs_push(segs *s, size_t a, size_t b, int match) {
 static int find_matches(const kiln_pretok *pt, const char *s, size_t len, segs *out) {
     out->n = 0;
     if (pt->regex) {
-        size_t pos = 0;
+        size_t pos = 0, gap = 0;
         while (pos < len) {
-            size_t e = pt->regex == KILN_RE_GPT2 ? kiln_scan_gpt2(s, len, pos) : kiln_scan_llama3(s, len, pos);
+            size_t e = pt->regex == KILN_RE_GPT2     ? kiln_scan_gpt2(s, len, pos)
+                       : pt->regex == KILN_RE_LLAMA3 ? kiln_scan_llama3(s, len, pos)
+                                                     : kiln_scan_clip(s, len, pos);
+            if (e == pos) { /* no match here: the character joins the unmatched gap */
+                pos += kiln_utf8_len((unsigned char)s[pos]);
+                continue;
+            }
+            if (pos > gap && segs_push(out, gap, pos, 0)) return -1;
             if (segs_push(out, pos, e, 1)) return -1;
-            pos = e;
+            pos = gap = e;
         }
+        if (gap < len && segs_push(out, gap, len, 0)) return -1;
         return 0;
     }
     if (pt->str_len == 0) return segs_push(out, 0, len, 0);

@@ -137,8 +137,20 @@ static kiln_error *load_normalizer(kiln_tokenizer *t, const cJSON *o, const char
     if (!strcmp(type, "Sequence")) return load_sequence(t, o, "normalizers", field, path, ctx, load_normalizer);
     kiln_norm n = {0};
     if (!strcmp(type, "Replace")) {
-        n.kind = KILN_NORM_REPLACE;
-        KILN_TRY(replace_of(o, field, path, ctx, &n.a, &n.alen, &n.b, &n.blen));
+        const char *s, *re, *content;
+        KILN_TRY(pattern_of(o, field, path, &s, &re));
+        if (re && !strcmp(re, "\\s+")) {
+            /* CLIP's whitespace collapsing: the one regex Replace we know */
+            KILN_TRY(kiln_json_get_string(o, "content", &content, NULL, 1, ctx));
+            n.kind = KILN_NORM_REPLACE_WS;
+            if (!(n.b = strdup(content))) return nomem(path);
+            n.blen = strlen(content);
+        } else {
+            n.kind = KILN_NORM_REPLACE;
+            KILN_TRY(replace_of(o, field, path, ctx, &n.a, &n.alen, &n.b, &n.blen));
+        }
+    } else if (!strcmp(type, "Lowercase")) {
+        n.kind = KILN_NORM_LOWERCASE;
     } else if (!strcmp(type, "Prepend")) {
         const char *p;
         KILN_TRY(kiln_json_get_string(o, "prepend", &p, NULL, 1, ctx));
@@ -148,7 +160,8 @@ static kiln_error *load_normalizer(kiln_tokenizer *t, const cJSON *o, const char
         n.kind = KILN_NORM_NFC;
     } else {
         return kiln_errorf(KILN_EUNSUPPORTED,
-                           "%s: field '%s': normalizer type \"%s\" is not supported (Sequence, Replace, Prepend, NFC)",
+                           "%s: field '%s': normalizer type \"%s\" is not supported (Sequence, Replace, Prepend, NFC, "
+                           "Lowercase)",
                            path, field, type);
     }
     kiln_norm *v = realloc(t->norm, (t->nnorm + 1) * sizeof *v);
@@ -168,8 +181,8 @@ static kiln_error *split_regex(const char *re, const char *field, const char *pa
     *kind = kiln_regex_kind(re);
     if (!*kind)
         return kiln_errorf(KILN_EUNSUPPORTED,
-                           "%s: field '%s.pattern': regex \"%s\" is not supported (only the GPT-2 and Llama-3 "
-                           "split patterns are)",
+                           "%s: field '%s.pattern': regex \"%s\" is not supported (only the GPT-2, Llama-3 and "
+                           "CLIP split patterns are)",
                            path, field, re);
     return NULL;
 }

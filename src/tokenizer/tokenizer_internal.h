@@ -1,6 +1,7 @@
 /* Internals of the tokenizer area (src/tokenizer): shared by its files and the tests, not public.
  *
  *   unicode.c / unicode_tables.c  UTF-8, \p{L} \p{N} \s flags, ASCII case folding, NFC
+ *   unicode_lower.c               per-character lowercase mappings (the Lowercase normalizer)
  *   strmap.c                      hash maps: byte strings -> int64, uint64 -> uint64
  *   heap.h                        a binary heap of fixed-size elements (the merge queues)
  *   bytelevel.c                   GPT-2's byte <-> unicode map
@@ -91,6 +92,10 @@ unsigned kiln_uni_ccc_of(uint32_t cp);
 /* Append NFC(s) to out (s valid UTF-8). *first_len (may be NULL) gets the byte length of the first
  * output character (0 for empty output). */
 int kiln_uni_nfc(const char *s, size_t len, kiln_buf *out, size_t *first_len);
+/* Rust's char::to_lowercase of cp into out (1 to 3 code points); returns the count. */
+extern const uint32_t kiln_uni_lower[][5];
+extern const size_t kiln_uni_lower_n;
+int kiln_uni_to_lower(uint32_t cp, uint32_t out[3]);
 
 /* ---------------------------------------------------------------- hash maps */
 
@@ -159,15 +164,18 @@ void kiln_pieces_clear(kiln_pieces *p);
 
 /* ---------------------------------------------------------------- pre-tokenizers */
 
-enum { KILN_RE_GPT2 = 1, KILN_RE_LLAMA3 = 2 };
+enum { KILN_RE_GPT2 = 1, KILN_RE_LLAMA3 = 2, KILN_RE_CLIP = 3 };
 /* The regex alternation as a scanner: end of the match that starts at s[pos] (pos < len, valid
- * UTF-8). Both patterns match at every position, so this is also find_iter's next match. */
+ * UTF-8). GPT-2's and Llama-3's patterns match at every position, so this is also find_iter's next
+ * match; CLIP's does not match white space, where its scanner returns pos. */
 size_t kiln_scan_gpt2(const char *s, size_t len, size_t pos);
 size_t kiln_scan_llama3(const char *s, size_t len, size_t pos);
+size_t kiln_scan_clip(const char *s, size_t len, size_t pos);
 /* KILN_RE_* for a pattern string, or 0. */
 int kiln_regex_kind(const char *pattern);
 extern const char kiln_regex_gpt2[];
 extern const char kiln_regex_llama3[];
+extern const char kiln_regex_clip[];
 
 enum { KILN_SPLIT_REMOVED, KILN_SPLIT_ISOLATED, KILN_SPLIT_PREV, KILN_SPLIT_NEXT, KILN_SPLIT_CONTIGUOUS };
 enum { KILN_PREPEND_ALWAYS, KILN_PREPEND_FIRST, KILN_PREPEND_NEVER };
@@ -187,10 +195,10 @@ int kiln_pretok_apply(const kiln_pretok *pt, const kiln_pieces *in, kiln_pieces 
 
 /* ---------------------------------------------------------------- normalizers */
 
-enum { KILN_NORM_REPLACE = 1, KILN_NORM_PREPEND, KILN_NORM_NFC };
+enum { KILN_NORM_REPLACE = 1, KILN_NORM_PREPEND, KILN_NORM_NFC, KILN_NORM_LOWERCASE, KILN_NORM_REPLACE_WS };
 typedef struct {
     int kind;
-    char *a, *b; /* Replace: pattern a -> content b; Prepend: a */
+    char *a, *b; /* Replace: pattern a -> content b; Prepend: a; Replace_WS: each run of \s -> b */
     size_t alen, blen;
 } kiln_norm;
 /* Normalize s through all steps into out (cleared first); *z is updated (see kiln_piece). */
@@ -238,6 +246,8 @@ typedef struct {
     int64_t nvocab;          /* entries */
     kiln_u64map merges;      /* (a << 32 | b) -> (rank << 32 | new id) */
     int byte_fallback, fuse_unk, ignore_merges;
+    char *suffix;            /* end_of_word_suffix (CLIP's "</w>"), NULL: none */
+    size_t suffix_len;
     char *unk_token;         /* NULL: none */
     int64_t unk_id;          /* -1: unk_token not in the vocab */
     int64_t byte_ids[256];   /* <0xNN> ids, -1 where absent */

@@ -227,3 +227,19 @@ int kiln_uni_nfc(const char *s, size_t len, kiln_buf *out, size_t *first_len) {
     free(cc);
     return rc;
 }
+
+int kiln_uni_to_lower(uint32_t cp, uint32_t out[3]) {
+    size_t lo = 0, hi = kiln_uni_lower_n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (kiln_uni_lower[mid][0] < cp) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < kiln_uni_lower_n && kiln_uni_lower[lo][0] == cp) {
+        int n = (int)kiln_uni_lower[lo][1];
+        for (int i = 0; i < n; i++) out[i] = kiln_uni_lower[lo][2 + i];
+        return n;
+    }
+    out[0] = cp;
+    return 1;
+}

@@ -1,0 +1,486 @@
+/* CLIP: the new ops (layernorm, multi-head attention) against naive float64 loops; CLIP's tokenizer
+ * pipeline on a hand-made vocabulary; the whole model (both towers, patch embeddings, f32 and bf16
+ * weights, quick_gelu and gelu, legacy and new end-token pooling) against a float64 reference
+ * written here from the HF definitions; preprocessing; bad directories. The fixture tests compare
+ * with transformers itself (tests/fixtures/clip, made by make_clip_fixtures.py on the GPU machine). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clip_testutil.h"
+#include "kiln/clip.h"
+#include "kiln/fsutil.h"
+#include "kiln/json.h"
+#include "kiln/nn.h"
+#include "kiln/rng.h"
+#include "kiln/safetensors.h"
+#include "kiln/tokenizer.h"
+#include "test.h"
+
+static double rel_err(const float *a, const double *b, size_t n) {
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > md || d != d) md = d != d ? INFINITY : d;
+        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+    }
+    return mx > 0 ? md / mx : md;
+}
+
+static void randn(float *x, size_t n, uint64_t seed, double scale) {
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * kiln_rng_normal(&r));
+}
+
+/* ---------------------------------------------------------------- ops */
+
+TEST(clip_op_layernorm_matches_float64) {
+    int64_t n = 7, d = 301;
+    float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d), *b = malloc(sizeof(float) * d),
+          *y = malloc(sizeof(float) * n * d);
+    double *ref = malloc(sizeof(double) * n * d);
+    randn(x, (size_t)(n * d), 1, 3.0);
+    for (int64_t i = 0; i < n * d; i++) x[i] += 5.0f; /* an offset the mean must remove */
+    randn(w, (size_t)d, 2, 1.0);
+    randn(b, (size_t)d, 3, 1.0);
+    kiln_layernorm_forward(y, x, w, b, n, d, 1e-5f);
+    for (int64_t i = 0; i < n; i++) {
+        double m = 0, v = 0;
+        for (int64_t j = 0; j < d; j++) m += x[i * d + j];
+        m /= d;
+        for (int64_t j = 0; j < d; j++) v += (x[i * d + j] - m) * (x[i * d + j] - m);
+        v /= d;
+        for (int64_t j = 0; j < d; j++) ref[i * d + j] = (x[i * d + j] - m) / sqrt(v + 1e-5) * w[j] + b[j];
+    }
+    CHECK(rel_err(y, ref, (size_t)(n * d)) < 1e-6);
+    kiln_layernorm_forward(x, x, w, b, n, d, 1e-5f); /* in place */
+    CHECK(memcmp(x, y, sizeof(float) * n * d) == 0);
+    free(x), free(w), free(b), free(y), free(ref);
+}
+
+static void check_mha(int causal) {
+    int64_t B = 3, T = 11, heads = 4, hd = 8, H = heads * hd, stride = 3 * H;
+    float *qkv = malloc(sizeof(float) * B * T * stride), *out = malloc(sizeof(float) * B * T * H);
+    double *ref = malloc(sizeof(double) * B * T * H), *p = malloc(sizeof(double) * T);
+    randn(qkv, (size_t)(B * T * stride), 10 + causal, 1.0);
+    float scale = 1.0f / sqrtf((float)hd);
+    CHECK(kiln_mha_forward(out, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, scale, causal) == 0);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -1e300, s = 0;
+                int64_t n = causal ? i + 1 : T;
+                for (int64_t j = 0; j < n; j++) {
+                    double d = 0;
+                    for (int64_t k = 0; k < hd; k++)
+                        d += (double)qkv[(b * T + i) * stride + h * hd + k] * qkv[(b * T + j) * stride + H + h * hd + k];
+                    p[j] = d * scale;
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int64_t j = 0; j < n; j++) s += (p[j] = exp(p[j] - mx));
+                for (int64_t k = 0; k < hd; k++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < n; j++) o += p[j] / s * qkv[(b * T + j) * stride + 2 * H + h * hd + k];
+                    ref[(b * T + i) * H + h * hd + k] = o;
+                }
+            }
+    double e = rel_err(out, ref, (size_t)(B * T * H));
+    CHECK_MSG(e < 1e-5, "causal=%d: relative error %g", causal, e);
+    free(qkv), free(out), free(ref), free(p);
+}
+
+TEST(clip_op_attention_matches_float64) {
+    check_mha(0);
+    check_mha(1);
+}
+
+/* ---------------------------------------------------------------- tokenizer */
+
+static void expect_ids(kiln_tokenizer *t, const char *text, const int64_t *want, size_t nwant) {
+    int64_t *ids = NULL;
+    size_t n = 0;
+    kiln_error *e = kiln_tokenizer_encode(t, text, strlen(text), &ids, &n);
+    if (e) {
+        test_fail(__FILE__, __LINE__, "encode '%s': %s", text, kiln_error_msg(e));
+        kiln_error_free(e);
+        return;
+    }
+    int same = n == nwant;
+    for (size_t i = 0; i < n && same; i++) same = ids[i] == want[i];
+    if (!same) {
+        char got[512] = "";
+        for (size_t i = 0; i < n && strlen(got) < 480; i++) snprintf(got + strlen(got), 512 - strlen(got), "%lld ", (long long)ids[i]);
+        test_fail(__FILE__, __LINE__, "encode '%s': got [%s], %zu ids expected", text, got, nwant);
+    }
+    free(ids);
+}
+
+#define IDS(t, text, ...)                                            \
+    do {                                                             \
+        const int64_t w_[] = {__VA_ARGS__};                          \
+        expect_ids(t, text, w_, sizeof w_ / sizeof w_[0]);           \
+    } while (0)
+
+TEST(clip_tokenizer_pipeline_by_hand) {
+    const char *dir = test_tmpdir();
+    const char *p = test_join(dir, "tokenizer.json");
+    CHECK(clip_test_write_tokenizer(p) == 0);
+    kiln_tokenizer *t = NULL;
+    CHECK_OK(kiln_tokenizer_load(p, &t));
+    if (!t) return;
+    int64_t the = 513, cat = 522, photo = 520, of = 516, W = 256; /* W + byte: the byte ending a word */
+    /* Lowercase + whitespace runs + the split regex; "the</w>" from t h -> th, th e</w> -> the</w> */
+    IDS(t, "The  THE\tthe\n", the, the, the);
+    IDS(t, "a photo of a cat", W + 'a', photo, of, W + 'a', cat);
+    /* contractions split off, one digit per word, punctuation runs kept together */
+    IDS(t, "it's 42!!", 'i', W + 't', '\'', W + 's', W + '4', W + '2', '!', W + '!');
+    IDS(t, "cat.", cat, W + '.');
+    /* special tokens are cut out first */
+    IDS(t, "cat<|endoftext|>", cat, CLIP_TEST_EOS);
+    /* é (C3 A9) as byte-level characters: Ã then ©</w>; É lowercases to é first */
+    IDS(t, "\xC3\x89", 0xC3, W + 0xA9);
+    int64_t *ids = NULL;
+    size_t n = 9;
+    CHECK_OK(kiln_tokenizer_encode(t, "  \t ", 4, &ids, &n));
+    CHECK(n == 0);
+    free(ids);
+    kiln_tokenizer_free(t);
+}
+
+/* ---------------------------------------------------------------- float64 reference model */
+
+typedef struct {
+    kiln_st *st;
+} ref_model;
+
+static double *W(ref_model *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static double *W(ref_model *r, const char *fmt, ...) {
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const kiln_st_tensor *t = kiln_st_find(r->st, name);
+    if (!t) {
+        test_fail(__FILE__, __LINE__, "reference: tensor %s missing", name);
+        return calloc(1, sizeof(double));
+    }
+    float *f = malloc(sizeof(float) * (size_t)t->numel);
+    double *d = malloc(sizeof(double) * (size_t)t->numel);
+    kiln_error *e = kiln_st_read_f32(t, f, (size_t)t->numel);
+    if (e) kiln_error_free(e);
+    for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
+    free(f);
+    return d;
+}
+
+static void ref_ln(double *y, const double *x, const double *w, const double *b, int n, int d) {
+    for (int i = 0; i < n; i++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < d; j++) m += x[i * d + j];
+        m /= d;
+        for (int j = 0; j < d; j++) v += (x[i * d + j] - m) * (x[i * d + j] - m);
+        v /= d;
+        for (int j = 0; j < d; j++) y[i * d + j] = (x[i * d + j] - m) / sqrt(v + 1e-5) * w[j] + b[j];
+    }
+}
+
+/* y[n,o] = x[n,i] w[o,i]^T + b */
+static void ref_lin(double *y, const double *x, const double *w, const double *b, int n, int in, int out) {
+    for (int r = 0; r < n; r++)
+        for (int o = 0; o < out; o++) {
+            double s = b ? b[o] : 0;
+            for (int k = 0; k < in; k++) s += x[r * in + k] * w[o * in + k];
+            y[r * out + o] = s;
+        }
+}
+
+/* one HF CLIPEncoderLayer over x[T,H] in place */
+static void ref_layer(ref_model *r, const char *tower, int l, double *x, int T, int H, int heads, int I, int gelu,
+                      int causal) {
+    double *ln1w = W(r, "%s.encoder.layers.%d.layer_norm1.weight", tower, l), *ln1b = W(r, "%s.encoder.layers.%d.layer_norm1.bias", tower, l);
+    double *qw = W(r, "%s.encoder.layers.%d.self_attn.q_proj.weight", tower, l), *qb = W(r, "%s.encoder.layers.%d.self_attn.q_proj.bias", tower, l);
+    double *kw = W(r, "%s.encoder.layers.%d.self_attn.k_proj.weight", tower, l), *kb = W(r, "%s.encoder.layers.%d.self_attn.k_proj.bias", tower, l);
+    double *vw = W(r, "%s.encoder.layers.%d.self_attn.v_proj.weight", tower, l), *vb = W(r, "%s.encoder.layers.%d.self_attn.v_proj.bias", tower, l);
+    double *ow = W(r, "%s.encoder.layers.%d.self_attn.out_proj.weight", tower, l), *ob = W(r, "%s.encoder.layers.%d.self_attn.out_proj.bias", tower, l);
+    double *ln2w = W(r, "%s.encoder.layers.%d.layer_norm2.weight", tower, l), *ln2b = W(r, "%s.encoder.layers.%d.layer_norm2.bias", tower, l);
+    double *f1w = W(r, "%s.encoder.layers.%d.mlp.fc1.weight", tower, l), *f1b = W(r, "%s.encoder.layers.%d.mlp.fc1.bias", tower, l);
+    double *f2w = W(r, "%s.encoder.layers.%d.mlp.fc2.weight", tower, l), *f2b = W(r, "%s.encoder.layers.%d.mlp.fc2.bias", tower, l);
+    double *h = malloc(sizeof(double) * T * H), *q = malloc(sizeof(double) * T * H), *k = malloc(sizeof(double) * T * H),
+           *v = malloc(sizeof(double) * T * H), *a = malloc(sizeof(double) * T * H), *m = malloc(sizeof(double) * T * I),
+           *p = malloc(sizeof(double) * T);
+    int hd = H / heads;
+    ref_ln(h, x, ln1w, ln1b, T, H);
+    ref_lin(q, h, qw, qb, T, H, H);
+    ref_lin(k, h, kw, kb, T, H, H);
+    ref_lin(v, h, vw, vb, T, H, H);
+    for (int hh = 0; hh < heads; hh++)
+        for (int i = 0; i < T; i++) {
+            double mx = -1e300, s = 0;
+            for (int j = 0; j < T; j++) {
+                double d = 0;
+                for (int c = 0; c < hd; c++) d += q[i * H + hh * hd + c] * k[j * H + hh * hd + c];
+                p[j] = (causal && j > i) ? -INFINITY : d / sqrt((double)hd);
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int j = 0; j < T; j++) s += (p[j] = exp(p[j] - mx));
+            for (int c = 0; c < hd; c++) {
+                double o = 0;
+                for (int j = 0; j < T; j++) o += p[j] / s * v[j * H + hh * hd + c];
+                a[i * H + hh * hd + c] = o;
+            }
+        }
+    ref_lin(h, a, ow, ob, T, H, H);
+    for (int i = 0; i < T * H; i++) x[i] += h[i];
+    ref_ln(h, x, ln2w, ln2b, T, H);
+    ref_lin(m, h, f1w, f1b, T, H, I);
+    for (int i = 0; i < T * I; i++) m[i] = gelu ? 0.5 * m[i] * (1 + erf(m[i] / sqrt(2.0))) : m[i] / (1 + exp(-1.702 * m[i]));
+    ref_lin(h, m, f2w, f2b, T, I, H);
+    for (int i = 0; i < T * H; i++) x[i] += h[i];
+    double *all[] = {ln1w, ln1b, qw, qb, kw, kb, vw, vb, ow, ob, ln2w, ln2b, f1w, f1b, f2w, f2b, h, q, k, v, a, m, p};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+static void ref_normalize(double *v, int d) {
+    double s = 0;
+    for (int i = 0; i < d; i++) s += v[i] * v[i];
+    for (int i = 0; i < d; i++) v[i] /= sqrt(s);
+}
+
+/* text embedding of ids[T] (pooled at position `at`) */
+static void ref_text(ref_model *r, const clip_test_cfg *c, const int64_t *ids, int T, int at, double *out) {
+    int H = c->text_hidden;
+    double *tok = W(r, "text_model.embeddings.token_embedding.weight"), *pos = W(r, "text_model.embeddings.position_embedding.weight");
+    double *x = malloc(sizeof(double) * T * H), *y = malloc(sizeof(double) * H);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < H; j++) x[t * H + j] = tok[ids[t] * H + j] + pos[t * H + j];
+    for (int l = 0; l < c->text_layers; l++)
+        ref_layer(r, "text_model", l, x, T, H, c->text_heads, c->text_inter, !strcmp(c->act, "gelu"), 1);
+    double *fw = W(r, "text_model.final_layer_norm.weight"), *fb = W(r, "text_model.final_layer_norm.bias"),
+           *pw = W(r, "text_projection.weight");
+    ref_ln(y, x + at * H, fw, fb, 1, H);
+    ref_lin(out, y, pw, NULL, 1, H, c->proj_dim);
+    ref_normalize(out, c->proj_dim);
+    free(tok), free(pos), free(x), free(y), free(fw), free(fb), free(pw);
+}
+
+/* image embedding and patch embeddings of pixels[3,S,S] */
+static void ref_image(ref_model *r, const clip_test_cfg *c, const float *px, double *out, double *patches) {
+    int H = c->vis_hidden, S = c->image_size, p = c->patch_size, G = S / p, T = G * G + 1, D = c->proj_dim;
+    double *cls = W(r, "vision_model.embeddings.class_embedding"), *pw = W(r, "vision_model.embeddings.patch_embedding.weight"),
+           *pos = W(r, "vision_model.embeddings.position_embedding.weight"), *prew = W(r, "vision_model.pre_layrnorm.weight"),
+           *preb = W(r, "vision_model.pre_layrnorm.bias"), *postw = W(r, "vision_model.post_layernorm.weight"),
+           *postb = W(r, "vision_model.post_layernorm.bias"), *proj = W(r, "visual_projection.weight");
+    double *x = malloc(sizeof(double) * T * H), *y = malloc(sizeof(double) * T * H);
+    for (int j = 0; j < H; j++) x[j] = cls[j];
+    for (int gy = 0; gy < G; gy++)
+        for (int gx = 0; gx < G; gx++)
+            for (int o = 0; o < H; o++) {
+                double s = 0; /* Conv2d(3, H, p, stride p, no bias) */
+                for (int ch = 0; ch < 3; ch++)
+                    for (int ky = 0; ky < p; ky++)
+                        for (int kx = 0; kx < p; kx++)
+                            s += pw[((o * 3 + ch) * p + ky) * p + kx] * px[(ch * S + gy * p + ky) * S + gx * p + kx];
+                x[(1 + gy * G + gx) * H + o] = s;
+            }
+    for (int i = 0; i < T * H; i++) x[i] += pos[i];
+    ref_ln(y, x, prew, preb, T, H);
+    memcpy(x, y, sizeof(double) * T * H);
+    for (int l = 0; l < c->vis_layers; l++)
+        ref_layer(r, "vision_model", l, x, T, H, c->vis_heads, c->vis_inter, !strcmp(c->act, "gelu"), 0);
+    ref_ln(y, x, postw, postb, T, H);
+    ref_lin(out, y, proj, NULL, 1, H, D);
+    ref_normalize(out, D);
+    for (int t = 1; t < T; t++) {
+        ref_lin(patches + (t - 1) * D, y + t * H, proj, NULL, 1, H, D);
+        ref_normalize(patches + (t - 1) * D, D);
+    }
+    double *all[] = {cls, pw, pos, prew, preb, postw, postb, proj, x, y};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+static void check_model(const clip_test_cfg *c, uint64_t seed) {
+    const char *dir = test_tmpdir();
+    CHECK(clip_test_make_dir(dir, c, seed) == 0);
+    kiln_clip *m = NULL;
+    CHECK_OK(kiln_clip_load(dir, &m));
+    if (!m) return;
+    int D = c->proj_dim, S = c->image_size, G = S / c->patch_size, n = 3;
+    CHECK(kiln_clip_dim(m) == D && kiln_clip_image_size(m) == S && kiln_clip_grid(m) == G);
+    CHECK_NEAR(kiln_clip_logit_scale(m), exp(2.0), 1e-4);
+    ref_model r;
+    CHECK_OK(kiln_st_open(test_join(dir, "model.safetensors"), &r.st));
+
+    float *px = malloc(sizeof(float) * n * 3 * S * S), *emb = malloc(sizeof(float) * n * D),
+          *pat = malloc(sizeof(float) * n * G * G * D);
+    double *rp = malloc(sizeof(double) * n * G * G * D), *re = malloc(sizeof(double) * n * D);
+    randn(px, (size_t)(n * 3 * S * S), seed + 1, 1.0);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, emb, pat));
+    for (int i = 0; i < n; i++) ref_image(&r, c, px + i * 3 * S * S, re + i * D, rp + i * G * G * D);
+    double ei = rel_err(emb, re, (size_t)(n * D)), ep = rel_err(pat, rp, (size_t)(n * G * G * D));
+    CHECK_MSG(ei < 1e-4 && ep < 1e-4, "image embeds rel err %g, patch embeds %g", ei, ep);
+    float *emb2 = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, emb2, NULL)); /* patches are optional; same result */
+    CHECK(memcmp(emb, emb2, sizeof(float) * n * D) == 0);
+
+    /* texts: pooled at <|endoftext|> (also a literal one mid-text: HF picks the first) */
+    const char *texts[] = {"a photo of a cat", "The THE and", "x<|endoftext|> then more words", ""};
+    int nt = 4;
+    float *te = malloc(sizeof(float) * nt * D);
+    double *rt = malloc(sizeof(double) * nt * D);
+    CHECK_OK(kiln_clip_embed_texts(m, texts, nt, te));
+    kiln_tokenizer *tok = NULL;
+    CHECK_OK(kiln_tokenizer_load(test_join(dir, "tokenizer.json"), &tok));
+    for (int i = 0; i < nt && tok; i++) {
+        int64_t *ids = NULL, full[80];
+        size_t k = 0;
+        CHECK_OK(kiln_tokenizer_encode(tok, texts[i], strlen(texts[i]), &ids, &k));
+        full[0] = CLIP_TEST_BOS;
+        for (size_t j = 0; j < k; j++) full[j + 1] = ids[j];
+        full[k + 1] = CLIP_TEST_EOS;
+        int T = (int)k + 2, at = T - 1;
+        if (c->eos_token_id == 2) { /* legacy: argmax of the ids, first maximum */
+            at = 0;
+            for (int j = 1; j < T; j++)
+                if (full[j] > full[at]) at = j;
+        } else {
+            for (int j = T - 1; j >= 0; j--)
+                if (full[j] == CLIP_TEST_EOS) at = j;
+        }
+        if (i == 2) CHECK(at == 2); /* x, <|endoftext|> */
+        ref_text(&r, c, full, T, at, rt + i * D);
+        free(ids);
+    }
+    double et = rel_err(te, rt, (size_t)(nt * D));
+    CHECK_MSG(et < 1e-4, "text embeds rel err %g", et);
+    /* a text longer than 77 tokens is truncated, as HF's truncation=True does */
+    char longtext[2000] = "";
+    for (int i = 0; i < 120; i++) strcat(longtext, "cat ");
+    const char *lt[] = {longtext};
+    CHECK_OK(kiln_clip_embed_texts(m, lt, 1, te));
+    kiln_tokenizer_free(tok);
+    kiln_st_close(r.st);
+    kiln_clip_free(m);
+    free(px), free(emb), free(emb2), free(pat), free(rp), free(re), free(te), free(rt);
+}
+
+TEST(clip_model_matches_float64_reference) {
+    check_model(&clip_test_default, 100);
+}
+
+TEST(clip_model_gelu_bf16_legacy_eos_matches_reference) {
+    clip_test_cfg c = clip_test_default;
+    c.act = "gelu";
+    c.bf16 = 1;
+    c.eos_token_id = 2;
+    c.text_hidden = 24, c.text_heads = 2, c.text_layers = 3;
+    c.vis_hidden = 40, c.vis_heads = 5, c.image_size = 28, c.patch_size = 7, c.proj_dim = 12, c.shortest_edge = 28;
+    check_model(&c, 200);
+}
+
+/* ---------------------------------------------------------------- preprocessing */
+
+TEST(clip_preprocess_layout_crop_and_padding) {
+    clip_test_cfg c = clip_test_default; /* S = 32, shortest_edge 36 */
+    const char *dir = test_tmpdir();
+    CHECK(clip_test_make_dir(dir, &c, 7) == 0);
+    kiln_clip *m = NULL;
+    CHECK_OK(kiln_clip_load(dir, &m));
+    if (!m) return;
+    int S = 32;
+    static const double mean[3] = {0.48145466, 0.4578275, 0.40821073}, sd[3] = {0.26862954, 0.26130258, 0.27577711};
+    float *px = malloc(sizeof(float) * 3 * S * S);
+    /* a constant image of any shape gives the constant, normalized */
+    kiln_image img = {.width = 50, .height = 90, .rgb = malloc(50 * 90 * 3)};
+    for (int i = 0; i < 50 * 90; i++) img.rgb[3 * i] = 10, img.rgb[3 * i + 1] = 200, img.rgb[3 * i + 2] = 255;
+    CHECK_OK(kiln_clip_preprocess(m, &img, px));
+    int v[3] = {10, 200, 255}, bad = 0;
+    for (int ch = 0; ch < 3; ch++)
+        for (int i = 0; i < S * S; i++) bad += fabs(px[ch * S * S + i] - (v[ch] / 255.0 - mean[ch]) / sd[ch]) > 1e-5;
+    CHECK_MSG(bad == 0, "%d values differ", bad);
+    /* a 36x36 image is not resized (shortest edge 36): the crop takes rows/cols 2..33 as they are */
+    kiln_image sq = {.width = 36, .height = 36, .rgb = malloc(36 * 36 * 3)};
+    for (int i = 0; i < 36 * 36 * 3; i++) sq.rgb[i] = (uint8_t)(i * 7919 % 251);
+    CHECK_OK(kiln_clip_preprocess(m, &sq, px));
+    bad = 0;
+    for (int ch = 0; ch < 3; ch++)
+        for (int y = 0; y < S; y++)
+            for (int x = 0; x < S; x++) {
+                double want = (sq.rgb[((y + 2) * 36 + x + 2) * 3 + ch] / 255.0 - mean[ch]) / sd[ch];
+                bad += fabs(px[(ch * S + y) * S + x] - want) > 1e-5;
+            }
+    CHECK_MSG(bad == 0, "crop/layout: %d values differ", bad);
+    kiln_clip_free(m);
+    /* crop larger than the resize: HF pads with zeros (before normalisation) */
+    c.shortest_edge = 30;
+    const char *dir2 = test_join(dir, "pad");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir2);
+    CHECK(system(cmd) == 0);
+    CHECK(clip_test_make_dir(dir2, &c, 7) == 0);
+    CHECK_OK(kiln_clip_load(dir2, &m));
+    if (!m) return;
+    CHECK_OK(kiln_clip_preprocess(m, &img, px)); /* 50x90 -> 30x54, crop 32x32: 1 zero column each side */
+    for (int ch = 0; ch < 3; ch++) {
+        CHECK_NEAR(px[(ch * S + 5) * S + 0], (0 - mean[ch]) / sd[ch], 1e-5);
+        CHECK_NEAR(px[(ch * S + 5) * S + 31], (0 - mean[ch]) / sd[ch], 1e-5);
+        CHECK_NEAR(px[(ch * S + 5) * S + 1], (v[ch] / 255.0 - mean[ch]) / sd[ch], 1e-5);
+    }
+    kiln_clip_free(m);
+    free(px), free(img.rgb), free(sq.rgb);
+}
+
+/* ---------------------------------------------------------------- bad directories */
+
+static void rewrite(const char *path, const char *from, const char *to) {
+    char *d = NULL;
+    size_t n;
+    CHECK_OK(kiln_read_file(path, &d, &n));
+    if (!d) return;
+    char *at = strstr(d, from);
+    CHECK(at != NULL);
+    if (at) {
+        FILE *f = fopen(path, "wb");
+        fwrite(d, 1, (size_t)(at - d), f);
+        fputs(to, f);
+        fputs(at + strlen(from), f);
+        fclose(f);
+    }
+    free(d);
+}
+
+TEST(clip_load_errors_name_the_problem) {
+    const char *dir = test_tmpdir();
+    kiln_clip *m = NULL;
+    CHECK_ERR(kiln_clip_load(dir, &m), "config.json");
+    CHECK(clip_test_make_dir(dir, &clip_test_default, 3) == 0);
+    const char *cfg = test_join(dir, "config.json");
+    rewrite(cfg, "\"model_type\":\"clip\"", "\"model_type\":\"siglip\"");
+    CHECK_ERR(kiln_clip_load(dir, &m), "model_type is \"siglip\", not \"clip\"");
+    rewrite(cfg, "\"model_type\":\"siglip\"", "\"model_type\":\"clip\"");
+    rewrite(cfg, "\"num_hidden_layers\":2", "\"num_hidden_layers\":3"); /* text tower: one layer too many */
+    CHECK_ERR(kiln_clip_load(dir, &m), "tensor 'text_model.encoder.layers.2.layer_norm1.weight' is missing");
+    rewrite(cfg, "\"num_hidden_layers\":3", "\"num_hidden_layers\":1");
+    CHECK_ERR(kiln_clip_load(dir, &m), "unexpected tensor 'text_model.encoder.layers.1.");
+    rewrite(cfg, "\"num_hidden_layers\":1", "\"num_hidden_layers\":2");
+    rewrite(cfg, "\"projection_dim\":16", "\"projection_dim\":17");
+    CHECK_ERR(kiln_clip_load(dir, &m), "tensor 'text_projection.weight' has shape [16,32], config.json says [17,32]");
+    rewrite(cfg, "\"projection_dim\":17", "\"projection_dim\":16");
+    const char *pre = test_join(dir, "preprocessor_config.json");
+    rewrite(pre, "\"height\":32,\"width\":32", "\"height\":30,\"width\":32");
+    CHECK_ERR(kiln_clip_load(dir, &m), "the processor makes 32x30 images, vision_config.image_size is 32");
+    rewrite(pre, "\"height\":30,\"width\":32", "\"height\":32,\"width\":32");
+    rewrite(pre, "\"resample\":3", "\"resample\":2");
+    CHECK_ERR(kiln_clip_load(dir, &m), "resample 2 is not supported");
+    rewrite(pre, "\"resample\":2", "\"resample\":3");
+    CHECK_OK(kiln_clip_load(dir, &m));
+    kiln_clip_free(m);
+    m = NULL;
+    CHECK(remove(test_join(dir, "tokenizer.json")) == 0);
+    CHECK_ERR(kiln_clip_load(dir, &m), "tokenizer.json");
+    CHECK(m == NULL);
+}
