@@ -153,6 +153,7 @@ typedef struct {
     uint64_t seed;        /* statistics seed (default 0) */
     double threshold;     /* used when no labels calibrate one (default 0.5) */
     FILE *progress;       /* NULL: stderr */
+    const volatile int *stop; /* set (e.g. by a SIGINT handler) to stop after the current image */
 } kiln_cis_score_opts;
 
 void kiln_cis_score_opts_default(kiln_cis_score_opts *o);

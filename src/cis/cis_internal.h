@@ -23,6 +23,7 @@ typedef struct {
     int oom;
 } cis_buf;
 void cis_buf_put(cis_buf *b, const char *s, size_t n);
+#define CIS_PUT(b, lit) cis_buf_put((b), (lit), sizeof(lit) - 1)
 void cis_buf_printf(cis_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* s as a JSON string literal (quoted, escaped). */
 void cis_buf_json_str(cis_buf *b, const char *s);

@@ -97,35 +97,35 @@ void cis_buf_printf(cis_buf *b, const char *fmt, ...) {
 }
 
 void cis_buf_json_str(cis_buf *b, const char *s) {
-    cis_buf_put(b, "\"", 1);
+    CIS_PUT(b, "\"");
     for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
         if (*p == '"' || *p == '\\') {
             char e[2] = {'\\', (char)*p};
             cis_buf_put(b, e, 2);
         } else if (*p == '\n') {
-            cis_buf_put(b, "\\n", 2);
+            CIS_PUT(b, "\\n");
         } else if (*p < 0x20) {
             cis_buf_printf(b, "\\u%04x", *p);
         } else {
             cis_buf_put(b, (const char *)p, 1);
         }
     }
-    cis_buf_put(b, "\"", 1);
+    CIS_PUT(b, "\"");
 }
 
 void cis_buf_num(cis_buf *b, double v) {
-    if (!isfinite(v)) cis_buf_put(b, "null", 4);
-    else if (v == 0) cis_buf_put(b, "0", 1); /* no "-0" */
+    if (!isfinite(v)) CIS_PUT(b, "null");
+    else if (v == 0) CIS_PUT(b, "0"); /* no "-0" */
     else cis_buf_printf(b, "%.6g", v);
 }
 
 void cis_buf_html(cis_buf *b, const char *s) {
     for (const char *p = s ? s : ""; *p; p++) {
         switch (*p) {
-        case '&': cis_buf_put(b, "&amp;", 5); break;
-        case '<': cis_buf_put(b, "&lt;", 4); break;
-        case '>': cis_buf_put(b, "&gt;", 4); break;
-        case '"': cis_buf_put(b, "&quot;", 6); break;
+        case '&': CIS_PUT(b, "&amp;"); break;
+        case '<': CIS_PUT(b, "&lt;"); break;
+        case '>': CIS_PUT(b, "&gt;"); break;
+        case '"': CIS_PUT(b, "&quot;"); break;
         default: cis_buf_put(b, p, 1);
         }
     }

@@ -104,13 +104,13 @@ kiln_error *kiln_cis_worklist_write(const kiln_cis_suite *s, int images_per_prom
                 const kiln_cis_prompt *p = &s->p[i];
                 char img[1024];
                 snprintf(img, sizeof img, "images/%s/%s_%d.png", models[j], p->id, k);
-                cis_buf_put(&b, "{\"image\": ", 10);
+                CIS_PUT(&b, "{\"image\": ");
                 cis_buf_json_str(&b, img);
-                cis_buf_put(&b, ", \"prompt_id\": ", 15);
+                CIS_PUT(&b, ", \"prompt_id\": ");
                 cis_buf_json_str(&b, p->id);
-                cis_buf_put(&b, ", \"prompt\": ", 12);
+                CIS_PUT(&b, ", \"prompt\": ");
                 cis_buf_json_str(&b, p->prompt);
-                cis_buf_put(&b, ", \"model\": ", 11);
+                CIS_PUT(&b, ", \"model\": ");
                 cis_buf_json_str(&b, models[j]);
                 cis_buf_printf(&b, ", \"seed\": %lld}\n", (long long)kiln_cis_seed(p->id, k));
             }

@@ -1,0 +1,573 @@
+/* The aggregates of a scored run: verdicts (threshold or labels), CIS per image, bootstrap CIs
+ * by model, culture, group, category, setting and complexity, the Western / non-Western gap with
+ * permutation p-values, compositional fragility, contextual misalignment, grounding entropy,
+ * judge-vs-labels agreement. Writes scores.json and the CSV files (docs/cis.md). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cis_internal.h"
+#include "kiln/cis.h"
+#include "kiln/fsutil.h"
+#include "kiln/hash.h"
+#include "kiln/json.h"
+#include "score_internal.h"
+
+typedef struct {
+    const cJSON *rec;
+    const kiln_cis_prompt *p; /* NULL for an error record */
+    int ncomp;
+    double *prob, *entropy;
+    int *label;   /* -1 unlabelled */
+    int *verdict;
+    double cis, mis; /* mis NaN when the suite has no generic context */
+    char cx[16];
+} row;
+
+typedef struct {
+    int boot, perm;
+    uint64_t seed;
+    double threshold;
+} params;
+
+static const char *rstr(const cJSON *o, const char *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+static double rnum(const cJSON *o, const char *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static uint64_t key_seed(const params *pr, const char *a, const char *b, const char *c) {
+    uint64_t h = kiln_fnv1a64(KILN_FNV1A64_INIT, a, strlen(a));
+    h = kiln_fnv1a64(h, "\x1f", 1);
+    h = kiln_fnv1a64(h, b, strlen(b));
+    h = kiln_fnv1a64(h, "\x1f", 1);
+    h = kiln_fnv1a64(h, c, strlen(c));
+    return h ^ pr->seed;
+}
+
+/* ---- levels of a dimension ---- */
+
+typedef const char *(*dim_fn)(const row *r);
+static const char *d_model(const row *r) { return rstr(r->rec, "model"); }
+static const char *d_culture(const row *r) { return r->p->culture; }
+static const char *d_group(const row *r) { return r->p->group; }
+static const char *d_category(const row *r) { return r->p->category; }
+static const char *d_setting(const row *r) { return r->p->setting; }
+static const char *d_complexity(const row *r) { return r->cx; }
+static const char *d_all(const row *r) { (void)r; return "all"; }
+
+static int cmp_level(const void *a, const void *b) {
+    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+    char *ex, *ey;
+    long ix = strtol(x, &ex, 10), iy = strtol(y, &ey, 10);
+    if (*x && *y && !*ex && !*ey) return (ix > iy) - (ix < iy);
+    return strcmp(x, y);
+}
+
+/* Sorted distinct levels of dim over the scored rows; returns the count (levels point into rows). */
+static int levels(row *rows, int n, dim_fn dim, const char **out) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].p) continue;
+        const char *l = dim(&rows[i]);
+        int seen = 0;
+        for (int j = 0; j < k && !seen; j++) seen = !strcmp(out[j], l);
+        if (!seen) out[k++] = l;
+    }
+    qsort(out, (size_t)k, sizeof *out, cmp_level);
+    return k;
+}
+
+typedef struct {
+    const char *name;
+    dim_fn fn;
+} dim;
+static const dim dims[] = {{"all", d_all},         {"model", d_model},       {"culture", d_culture},
+                           {"group", d_group},     {"category", d_category}, {"setting", d_setting},
+                           {"complexity", d_complexity}};
+#define NDIMS ((int)(sizeof dims / sizeof *dims))
+
+/* A mean with its bootstrap CI, as a JSON object and a summary.csv line. */
+static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *by, const char *level,
+                     const double *v, int n, const params *pr) {
+    double lo, hi, m = kiln_cis_mean(v, n);
+    kiln_cis_bootstrap_mean(v, n, pr->boot, 0.95, key_seed(pr, section, by, level), &lo, &hi);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "by", by);
+    cJSON_AddStringToObject(o, "level", level);
+    cJSON_AddNumberToObject(o, "n", n);
+    cJSON_AddNumberToObject(o, "mean", m);
+    cJSON_AddNumberToObject(o, "lo", lo);
+    cJSON_AddNumberToObject(o, "hi", hi);
+    cJSON_AddItemToArray(arr, o);
+    cis_buf_printf(csv, "%s,%s,", section, by);
+    cis_buf_json_str(csv, level);
+    cis_buf_printf(csv, ",%d,", n);
+    cis_buf_num(csv, m), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
+    cis_buf_num(csv, hi), CIS_PUT(csv, ",\n");
+}
+
+typedef double (*val_fn)(const row *r);
+static double v_cis(const row *r) { return r->cis; }
+static double v_mis(const row *r) { return r->mis; }
+
+/* Means of val over every level of every dimension (rows where val is NaN are skipped). */
+static void by_dims(cJSON *arr, cis_buf *csv, const char *section, row *rows, int n, val_fn val, const params *pr,
+                    int ndims) {
+    const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
+    double *v = malloc((size_t)(n + 1) * sizeof *v);
+    if (!lv || !v) goto out;
+    for (int d = 0; d < ndims; d++) {
+        int nl = levels(rows, n, dims[d].fn, lv);
+        for (int l = 0; l < nl; l++) {
+            int k = 0;
+            for (int i = 0; i < n; i++)
+                if (rows[i].p && !strcmp(dims[d].fn(&rows[i]), lv[l]) && !isnan(val(&rows[i]))) v[k++] = val(&rows[i]);
+            if (k) add_mean(arr, csv, section, dims[d].name, lv[l], v, k, pr);
+        }
+    }
+out:
+    free(lv), free(v);
+}
+
+/* Western minus non-Western mean CIS within each level of dim, with a permutation p-value. */
+static void gaps(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, const params *pr) {
+    const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
+    double *v = malloc((size_t)(n + 1) * sizeof *v);
+    int *g = malloc((size_t)(n + 1) * sizeof *g);
+    if (!lv || !v || !g) goto out;
+    int nl = levels(rows, n, dm->fn, lv);
+    for (int l = 0; l < nl; l++) {
+        int k = 0, nw = 0;
+        for (int i = 0; i < n; i++)
+            if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l])) v[k] = rows[i].cis, nw += g[k] = rows[i].p->western, k++;
+        double diff, p;
+        kiln_cis_perm_test(v, g, k, pr->perm, key_seed(pr, "gap", dm->name, lv[l]), &diff, &p);
+        double sw = 0, sn = 0;
+        for (int i = 0; i < k; i++) *(g[i] ? &sw : &sn) += v[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "by", dm->name);
+        cJSON_AddStringToObject(o, "level", lv[l]);
+        cJSON_AddNumberToObject(o, "n_western", nw);
+        cJSON_AddNumberToObject(o, "n_non_western", k - nw);
+        cJSON_AddNumberToObject(o, "western", nw ? sw / nw : NAN);
+        cJSON_AddNumberToObject(o, "non_western", k - nw ? sn / (k - nw) : NAN);
+        cJSON_AddNumberToObject(o, "gap", diff);
+        cJSON_AddNumberToObject(o, "p", p);
+        cJSON_AddNumberToObject(o, "permutations", pr->perm);
+        cJSON_AddItemToArray(arr, o);
+        cis_buf_printf(csv, "gap,%s,", dm->name);
+        cis_buf_json_str(csv, lv[l]);
+        cis_buf_printf(csv, ",%d,", k);
+        cis_buf_num(csv, diff), CIS_PUT(csv, ",,,"), cis_buf_num(csv, p), CIS_PUT(csv, "\n");
+    }
+out:
+    free(lv), free(v), free(g);
+}
+
+/* OLS slope of CIS on complexity within each level of dim, with a bootstrap CI. */
+static void fragility(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, const params *pr) {
+    const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
+    double *x = malloc((size_t)(n + 1) * sizeof *x), *y = malloc((size_t)(n + 1) * sizeof *y);
+    if (!lv || !x || !y) goto out;
+    int nl = levels(rows, n, dm->fn, lv);
+    for (int l = 0; l < nl; l++) {
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l])) x[k] = rows[i].ncomp, y[k] = rows[i].cis, k++;
+        double s, c, lo, hi;
+        kiln_cis_ols(x, y, k, &s, &c);
+        kiln_cis_bootstrap_slope(x, y, k, pr->boot, 0.95, key_seed(pr, "fragility", dm->name, lv[l]), &lo, &hi);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "by", dm->name);
+        cJSON_AddStringToObject(o, "level", lv[l]);
+        cJSON_AddNumberToObject(o, "n", k);
+        cJSON_AddNumberToObject(o, "slope", s);
+        cJSON_AddNumberToObject(o, "intercept", c);
+        cJSON_AddNumberToObject(o, "lo", lo);
+        cJSON_AddNumberToObject(o, "hi", hi);
+        cJSON_AddItemToArray(arr, o);
+        cis_buf_printf(csv, "fragility,%s,", dm->name);
+        cis_buf_json_str(csv, lv[l]);
+        cis_buf_printf(csv, ",%d,", k);
+        cis_buf_num(csv, s), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
+        cis_buf_num(csv, hi), CIS_PUT(csv, ",\n");
+    }
+out:
+    free(lv), free(x), free(y);
+}
+
+/* ---- labels ---- */
+
+typedef struct {
+    row *rows;
+    int n, matched, unmatched;
+} label_ctx;
+
+static const char *const label_fields[] = {"image", "component", "present", NULL};
+
+static kiln_error *apply_label(const cJSON *o, int line, const char *cl, void *user) {
+    (void)line;
+    label_ctx *lc = user;
+    KILN_TRY(cis_check_fields(o, label_fields, cl));
+    const char *img, *comp;
+    int present;
+    KILN_TRY(kiln_json_get_string(o, "image", &img, NULL, 1, cl));
+    KILN_TRY(kiln_json_get_string(o, "component", &comp, NULL, 1, cl));
+    KILN_TRY(kiln_json_get_bool(o, "present", &present, 0, 1, cl));
+    for (int i = 0; i < lc->n; i++) {
+        row *r = &lc->rows[i];
+        if (!r->p || strcmp(rstr(r->rec, "image"), img)) continue;
+        for (int c = 0; c < r->ncomp; c++)
+            if (!strcmp(r->p->comp[c].phrase, comp)) {
+                if (r->label[c] < 0) lc->matched++;
+                r->label[c] = present;
+                return NULL;
+            }
+    }
+    lc->unmatched++;
+    return NULL;
+}
+
+static cJSON *agreement_json(const kiln_cis_agreement *a) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tp", a->tp);
+    cJSON_AddNumberToObject(o, "fp", a->fp);
+    cJSON_AddNumberToObject(o, "tn", a->tn);
+    cJSON_AddNumberToObject(o, "fn", a->fn);
+    cJSON_AddNumberToObject(o, "accuracy", a->accuracy);
+    cJSON_AddNumberToObject(o, "precision", a->precision);
+    cJSON_AddNumberToObject(o, "recall", a->recall);
+    cJSON_AddNumberToObject(o, "balanced_accuracy", a->balanced_accuracy);
+    cJSON_AddNumberToObject(o, "kappa", a->kappa);
+    return o;
+}
+
+/* Judge vs labels at threshold t over the labelled pairs. */
+static void agree_at(row *rows, int n, double t, kiln_cis_agreement *a) {
+    int cap = 0, k = 0;
+    for (int i = 0; i < n; i++) cap += rows[i].p ? rows[i].ncomp : 0;
+    int *pred = malloc((size_t)(cap + 1) * sizeof *pred), *truth = malloc((size_t)(cap + 1) * sizeof *truth);
+    if (pred && truth)
+        for (int i = 0; i < n; i++)
+            for (int c = 0; rows[i].p && c < rows[i].ncomp; c++)
+                if (rows[i].label[c] >= 0) pred[k] = rows[i].prob[c] >= t, truth[k] = rows[i].label[c], k++;
+    kiln_cis_agree(pred, truth, k, a);
+    free(pred), free(truth);
+}
+
+static kiln_error *csv_write(cis_buf *b, const char *dir, const char *name) {
+    char *path = kiln_path_join(dir, name);
+    kiln_error *e = path ? cis_buf_write(b, path) : kiln_errorf(KILN_ENOMEM, "out of memory");
+    free(path);
+    return e;
+}
+
+static void csv_field(cis_buf *b, const char *s) {
+    if (strpbrk(s, ",\"\n")) {
+        CIS_PUT(b, "\"");
+        for (const char *p = s; *p; p++) {
+            if (*p == '"') CIS_PUT(b, "\""); /* a quote is doubled */
+            cis_buf_put(b, p, 1);
+        }
+        CIS_PUT(b, "\"");
+    } else {
+        cis_buf_put(b, s, strlen(s));
+    }
+}
+
+kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
+    const char *dir = o->out_dir;
+    char *rj = kiln_path_join(dir, "run.json"), *sj = kiln_path_join(dir, "suite.jsonl"),
+         *ej = kiln_path_join(dir, "embeddings.json"), *out = kiln_path_join(dir, "scores.json");
+    cJSON *run = NULL, *emb = NULL, *root = NULL;
+    kiln_cis_suite suite = {0, NULL};
+    cis_results res = {0};
+    row *rows = NULL;
+    cis_buf summary = {0}, images = {0}, comps = {0}, sup = {0};
+    kiln_error *e = NULL;
+    if (!rj || !sj || !ej || !out) {
+        e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    if ((e = kiln_json_parse_file(rj, &run)) || (e = kiln_cis_suite_load(sj, &suite)) ||
+        (e = kiln_json_parse_file(ej, &emb)) || (e = cis_read_results(dir, &res)))
+        goto done;
+    params pr;
+    int64_t boot, perm, seed;
+    if ((e = kiln_json_get_int(run, "bootstrap", &boot, 2000, 0, rj)) ||
+        (e = kiln_json_get_int(run, "permutations", &perm, 10000, 0, rj)) ||
+        (e = kiln_json_get_int(run, "seed", &seed, 0, 0, rj)) ||
+        (e = kiln_json_get_double(run, "threshold", &pr.threshold, 0.5, 0, rj)))
+        goto done;
+    pr.boot = (int)boot, pr.perm = (int)perm, pr.seed = (uint64_t)seed;
+
+    int n = res.n, nerr = 0;
+    rows = calloc((size_t)(n ? n : 1), sizeof *rows);
+    if (!rows) {
+        e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        row *r = &rows[i];
+        r->rec = res.rec[i];
+        r->mis = NAN;
+        if (!cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(r->rec, "error"))) {
+            nerr++;
+            continue;
+        }
+        int pi = kiln_cis_suite_find(&suite, rstr(r->rec, "prompt_id"));
+        const cJSON *cs = cJSON_GetObjectItemCaseSensitive(r->rec, "components");
+        if (pi < 0 || !cJSON_IsArray(cs) || cJSON_GetArraySize(cs) != suite.p[pi].ncomp) {
+            e = kiln_errorf(KILN_EFORMAT, "%s/results: the record of image '%s' does not match the run's suite", dir,
+                            rstr(r->rec, "image"));
+            goto done;
+        }
+        r->p = &suite.p[pi];
+        r->ncomp = r->p->ncomp;
+        snprintf(r->cx, sizeof r->cx, "%d", r->ncomp);
+        r->prob = calloc((size_t)r->ncomp, sizeof *r->prob);
+        r->entropy = calloc((size_t)r->ncomp, sizeof *r->entropy);
+        r->label = malloc((size_t)r->ncomp * sizeof *r->label);
+        r->verdict = calloc((size_t)r->ncomp, sizeof *r->verdict);
+        if (!r->prob || !r->entropy || !r->label || !r->verdict) {
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+            goto done;
+        }
+        int c = 0;
+        for (const cJSON *x = cs->child; x; x = x->next, c++) {
+            r->prob[c] = rnum(x, "p");
+            r->entropy[c] = rnum(x, "entropy");
+            r->label[c] = -1;
+        }
+        r->mis = rnum(r->rec, "generic_sim") - rnum(r->rec, "context_sim");
+    }
+
+    root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "run", cJSON_Duplicate(run, 1));
+    cJSON *counts = cJSON_AddObjectToObject(root, "counts");
+    cJSON_AddNumberToObject(counts, "images", n);
+    cJSON_AddNumberToObject(counts, "scored", n - nerr);
+    cJSON_AddNumberToObject(counts, "errors", nerr);
+
+    /* labels: calibrate the threshold, measure the judge, or replace it */
+    double thr = pr.threshold;
+    const char *thr_source = "default";
+    if (o->labels) {
+        char *text;
+        size_t len;
+        label_ctx lc = {rows, n, 0, 0};
+        if ((e = kiln_read_file(o->labels, &text, &len))) goto done;
+        e = cis_jsonl_each(text, len, o->labels, apply_label, &lc);
+        free(text);
+        if (e) goto done;
+        int cap = 0, k = 0;
+        for (int i = 0; i < n; i++) cap += rows[i].ncomp;
+        double *sc = malloc((size_t)(cap + 1) * sizeof *sc);
+        int *lb = malloc((size_t)(cap + 1) * sizeof *lb);
+        if (!sc || !lb) {
+            free(sc), free(lb);
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < rows[i].ncomp; c++)
+                if (rows[i].label[c] >= 0) sc[k] = rows[i].prob[c], lb[k] = rows[i].label[c], k++;
+        cJSON *cal = cJSON_AddObjectToObject(root, "calibration");
+        cJSON_AddStringToObject(cal, "labels", o->labels);
+        cJSON_AddNumberToObject(cal, "pairs", k);
+        cJSON_AddNumberToObject(cal, "unmatched_labels", lc.unmatched);
+        cJSON_AddBoolToObject(cal, "labels_as_judge", o->labels_as_judge != 0);
+        double t, j;
+        if (!kiln_cis_calibrate(sc, lb, k, &t, &j)) {
+            thr = t;
+            thr_source = "calibrated";
+            cJSON_AddNumberToObject(cal, "threshold", t);
+            cJSON_AddNumberToObject(cal, "youden_j", j);
+        } else {
+            cJSON_AddNullToObject(cal, "threshold");
+            cJSON_AddStringToObject(cal, "note", "labels of one class only: the default threshold is kept");
+        }
+        kiln_cis_agreement a;
+        agree_at(rows, n, thr, &a);
+        cJSON_AddItemToObject(cal, "agreement", agreement_json(&a));
+        agree_at(rows, n, pr.threshold, &a);
+        cJSON_AddItemToObject(cal, "agreement_at_default", agreement_json(&a));
+        free(sc), free(lb);
+    }
+    cJSON_AddNumberToObject(root, "threshold", thr);
+    cJSON_AddStringToObject(root, "threshold_source", thr_source);
+
+    for (int i = 0; i < n; i++) {
+        row *r = &rows[i];
+        if (!r->p) continue;
+        int present = 0;
+        for (int c = 0; c < r->ncomp; c++) {
+            r->verdict[c] = o->labels_as_judge && r->label[c] >= 0 ? r->label[c] : r->prob[c] >= thr;
+            present += r->verdict[c];
+        }
+        r->cis = (double)present / r->ncomp;
+    }
+
+    CIS_PUT(&summary, "section,by,level,n,estimate,ci_lo,ci_hi,p_value\n");
+    by_dims(cJSON_AddArrayToObject(root, "cis"), &summary, "cis", rows, n, v_cis, &pr, NDIMS);
+    cJSON *ga = cJSON_AddArrayToObject(root, "gap");
+    gaps(ga, &summary, rows, n, &dims[0], &pr);
+    gaps(ga, &summary, rows, n, &dims[5], &pr); /* setting */
+    gaps(ga, &summary, rows, n, &dims[1], &pr); /* model */
+    gaps(ga, &summary, rows, n, &dims[4], &pr); /* category */
+    cJSON *fr = cJSON_AddArrayToObject(root, "fragility");
+    fragility(fr, &summary, rows, n, &dims[0], &pr);
+    fragility(fr, &summary, rows, n, &dims[3], &pr); /* group */
+    fragility(fr, &summary, rows, n, &dims[1], &pr); /* model */
+    /* fragility curves: mean CIS per (group, complexity) */
+    cJSON *cu = cJSON_AddArrayToObject(root, "curves");
+    {
+        const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
+        double *v = malloc((size_t)(n + 1) * sizeof *v);
+        if (lv && v) {
+            int nl = levels(rows, n, d_complexity, lv);
+            const char *grp[2] = {"non_western", "western"};
+            for (int gi = 0; gi < 2; gi++)
+                for (int l = 0; l < nl; l++) {
+                    int k = 0;
+                    for (int i = 0; i < n; i++)
+                        if (rows[i].p && !strcmp(rows[i].p->group, grp[gi]) && !strcmp(rows[i].cx, lv[l]))
+                            v[k++] = rows[i].cis;
+                    if (k) add_mean(cu, &summary, "curve", grp[gi], lv[l], v, k, &pr);
+                }
+        }
+        free(lv), free(v);
+    }
+    by_dims(cJSON_AddArrayToObject(root, "misalignment"), &summary, "misalignment", rows, n, v_mis, &pr, 4);
+    /* grounding entropy over components: by group, culture and verdict */
+    cJSON *gr = cJSON_AddArrayToObject(root, "grounding");
+    {
+        int cap = 0;
+        for (int i = 0; i < n; i++) cap += rows[i].ncomp;
+        double *v = malloc((size_t)(cap + 1) * sizeof *v);
+        const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
+        if (v && lv) {
+            for (int d = 0; d < 4; d++) {
+                if (d == 1) continue; /* model: not needed here */
+                int nl = levels(rows, n, dims[d].fn, lv);
+                for (int l = 0; l < nl; l++) {
+                    int k = 0;
+                    for (int i = 0; i < n; i++)
+                        for (int c = 0; rows[i].p && c < rows[i].ncomp; c++)
+                            if (!strcmp(dims[d].fn(&rows[i]), lv[l]) && !isnan(rows[i].entropy[c]))
+                                v[k++] = rows[i].entropy[c];
+                    if (k) add_mean(gr, &summary, "grounding", dims[d].name, lv[l], v, k, &pr);
+                }
+            }
+            for (int want = 0; want < 2; want++) {
+                int k = 0;
+                for (int i = 0; i < n; i++)
+                    for (int c = 0; rows[i].p && c < rows[i].ncomp; c++)
+                        if (rows[i].verdict[c] == want && !isnan(rows[i].entropy[c])) v[k++] = rows[i].entropy[c];
+                if (k) add_mean(gr, &summary, "grounding", "verdict", want ? "present" : "absent", v, k, &pr);
+            }
+        }
+        free(v), free(lv);
+    }
+    cJSON_AddItemToObject(root, "superposition", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(emb, "superposition"), 1));
+    cJSON_AddItemToObject(root, "pca", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(emb, "pca"), 1));
+
+    /* per image */
+    cJSON *ia = cJSON_AddArrayToObject(root, "images"), *ea = cJSON_AddArrayToObject(root, "errors");
+    CIS_PUT(&images, "image,prompt_id,model,seed,culture,group,category,setting,complexity,present,cis,context_sim,generic_sim,misalignment,error\n");
+    CIS_PUT(&comps, "image,prompt_id,model,component,p,p_whole,view,present,label,entropy\n");
+    for (int i = 0; i < n; i++) {
+        row *r = &rows[i];
+        const char *img = rstr(r->rec, "image"), *pid = rstr(r->rec, "prompt_id"), *model = rstr(r->rec, "model");
+        double seedv = rnum(r->rec, "seed");
+        csv_field(&images, img), CIS_PUT(&images, ","), csv_field(&images, pid), CIS_PUT(&images, ",");
+        csv_field(&images, model);
+        cis_buf_printf(&images, ",%.0f,", seedv);
+        if (!r->p) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "image", img);
+            cJSON_AddStringToObject(x, "prompt_id", pid);
+            cJSON_AddStringToObject(x, "model", model);
+            cJSON_AddStringToObject(x, "error", rstr(r->rec, "error"));
+            cJSON_AddItemToArray(ea, x);
+            CIS_PUT(&images, ",,,,,,,,,,");
+            csv_field(&images, rstr(r->rec, "error"));
+            CIS_PUT(&images, "\n");
+            continue;
+        }
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "image", img);
+        cJSON_AddStringToObject(x, "path", rstr(r->rec, "path"));
+        cJSON_AddStringToObject(x, "prompt_id", pid);
+        cJSON_AddStringToObject(x, "model", model);
+        cJSON_AddNumberToObject(x, "seed", seedv);
+        cJSON_AddStringToObject(x, "culture", r->p->culture);
+        cJSON_AddStringToObject(x, "group", r->p->group);
+        cJSON_AddStringToObject(x, "category", r->p->category);
+        cJSON_AddStringToObject(x, "setting", r->p->setting);
+        cJSON_AddNumberToObject(x, "complexity", r->ncomp);
+        cJSON_AddNumberToObject(x, "cis", r->cis);
+        cJSON_AddNumberToObject(x, "misalignment", r->mis);
+        cJSON *xc = cJSON_AddArrayToObject(x, "components");
+        int present = 0;
+        const cJSON *cs = cJSON_GetObjectItemCaseSensitive(r->rec, "components")->child;
+        for (int c = 0; c < r->ncomp; c++, cs = cs->next) {
+            present += r->verdict[c];
+            cJSON *y = cJSON_CreateObject();
+            cJSON_AddStringToObject(y, "phrase", r->p->comp[c].phrase);
+            cJSON_AddNumberToObject(y, "p", r->prob[c]);
+            cJSON_AddBoolToObject(y, "present", r->verdict[c]);
+            if (r->label[c] >= 0) cJSON_AddBoolToObject(y, "label", r->label[c]);
+            else cJSON_AddNullToObject(y, "label");
+            cJSON_AddNumberToObject(y, "entropy", r->entropy[c]);
+            cJSON_AddItemToArray(xc, y);
+            csv_field(&comps, img), CIS_PUT(&comps, ","), csv_field(&comps, pid), CIS_PUT(&comps, ",");
+            csv_field(&comps, model), CIS_PUT(&comps, ","), csv_field(&comps, r->p->comp[c].phrase);
+            CIS_PUT(&comps, ","), cis_buf_num(&comps, r->prob[c]), CIS_PUT(&comps, ",");
+            cis_buf_num(&comps, rnum(cs, "p_whole"));
+            cis_buf_printf(&comps, ",%.0f,%d,%s,", rnum(cs, "view"), r->verdict[c],
+                           r->label[c] < 0 ? "" : r->label[c] ? "1" : "0");
+            cis_buf_num(&comps, r->entropy[c]), CIS_PUT(&comps, "\n");
+        }
+        cJSON_AddItemToArray(ia, x);
+        csv_field(&images, r->p->culture), CIS_PUT(&images, ","), csv_field(&images, r->p->group);
+        CIS_PUT(&images, ","), csv_field(&images, r->p->category), CIS_PUT(&images, ",");
+        csv_field(&images, r->p->setting);
+        cis_buf_printf(&images, ",%d,%d,", r->ncomp, present);
+        cis_buf_num(&images, r->cis), CIS_PUT(&images, ",");
+        cis_buf_num(&images, rnum(r->rec, "context_sim")), CIS_PUT(&images, ",");
+        cis_buf_num(&images, rnum(r->rec, "generic_sim")), CIS_PUT(&images, ",");
+        cis_buf_num(&images, r->mis), CIS_PUT(&images, ",\n");
+    }
+    CIS_PUT(&sup, "phrase,culture,group,category,cos_generic,cos_western_mean,cos_western_max\n");
+    for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(emb, "superposition")->child; s; s = s->next) {
+        csv_field(&sup, rstr(s, "phrase")), CIS_PUT(&sup, ","), csv_field(&sup, rstr(s, "culture"));
+        CIS_PUT(&sup, ","), csv_field(&sup, rstr(s, "group")), CIS_PUT(&sup, ",");
+        csv_field(&sup, rstr(s, "category")), CIS_PUT(&sup, ",");
+        cis_buf_num(&sup, rnum(s, "cos_generic")), CIS_PUT(&sup, ",");
+        cis_buf_num(&sup, rnum(s, "cos_western_mean")), CIS_PUT(&sup, ",");
+        cis_buf_num(&sup, rnum(s, "cos_western_max")), CIS_PUT(&sup, "\n");
+    }
+    char *txt = cJSON_Print(root);
+    if (!txt) e = kiln_errorf(KILN_ENOMEM, "out of memory");
+    else e = kiln_write_file_atomic(out, txt, strlen(txt));
+    free(txt);
+    if (!e) e = csv_write(&summary, dir, "summary.csv");
+    if (!e) e = csv_write(&images, dir, "images.csv");
+    if (!e) e = csv_write(&comps, dir, "components.csv");
+    if (!e) e = csv_write(&sup, dir, "superposition.csv");
+done:
+    for (int i = 0; rows && i < res.n; i++) free(rows[i].prob), free(rows[i].entropy), free(rows[i].label), free(rows[i].verdict);
+    free(rows);
+    cis_buf_free(&summary), cis_buf_free(&images), cis_buf_free(&comps), cis_buf_free(&sup);
+    cis_results_free(&res);
+    kiln_cis_suite_free(&suite);
+    cJSON_Delete(run), cJSON_Delete(emb), cJSON_Delete(root);
+    free(rj), free(sj), free(ej), free(out);
+    return e;
+}

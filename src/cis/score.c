@@ -1,0 +1,443 @@
+/* kiln cis score: judge every component of every manifest image with CLIP and record the
+ * results part by part, so that a crash or Ctrl-C keeps what was finished and --resume
+ * continues. Layout of the run directory: docs/cis.md. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cis_internal.h"
+#include "kiln/cis.h"
+#include "kiln/clip.h"
+#include "kiln/fsutil.h"
+#include "kiln/image.h"
+#include "kiln/json.h"
+#include "kiln/progress.h"
+#include "score_internal.h"
+#include "textset.h"
+
+void kiln_cis_score_opts_default(kiln_cis_score_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->grids = "1,2,3";
+    o->chunk = 16;
+    o->boot = 2000;
+    o->perm = 10000;
+    o->seed = 0;
+    o->threshold = 0.5;
+}
+
+kiln_error *cis_mkdir(const char *dir) {
+    if (mkdir(dir, 0755) && errno != EEXIST)
+        return kiln_errorf(KILN_EIO, "%s: cannot create directory: %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode)) return kiln_errorf(KILN_EINVAL, "%s: not a directory", dir);
+    return NULL;
+}
+
+/* Highest part number in RUN/results, or -1. */
+static int last_part(const char *results) {
+    DIR *d = opendir(results);
+    if (!d) return -1;
+    int best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int k;
+        char tail[8];
+        if (sscanf(e->d_name, "part-%d.%7s", &k, tail) == 2 && !strcmp(tail, "jsonl") && k > best) best = k;
+    }
+    closedir(d);
+    return best;
+}
+
+kiln_error *cis_read_results(const char *run_dir, cis_results *r) {
+    memset(r, 0, sizeof *r);
+    char *results = kiln_path_join(run_dir, "results");
+    if (!results) return kiln_errorf(KILN_ENOMEM, "out of memory");
+    int last = last_part(results);
+    kiln_error *e = NULL;
+    for (int k = 0; k <= last && !e; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "part-%06d.jsonl", k);
+        char *path = kiln_path_join(results, name), *text = NULL;
+        size_t len;
+        if (!path) e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        else if ((e = kiln_read_file(path, &text, &len)) && kiln_error_code(e) == KILN_ENOTFOUND) {
+            kiln_error_free(e); /* numbering gaps are harmless */
+            e = NULL;
+        } else if (!e) {
+            cJSON *arr = NULL;
+            /* each line one record; later records of an image replace earlier ones (a retried error) */
+            size_t pos = 0;
+            int line = 0;
+            while (pos < len && !e) {
+                size_t end = pos;
+                while (end < len && text[end] != '\n') end++;
+                line++;
+                if (end > pos) {
+                    char ctx[600];
+                    snprintf(ctx, sizeof ctx, "%s:%d", path, line);
+                    cJSON *o = NULL;
+                    const char *img;
+                    if (!(e = kiln_json_parse(text + pos, end - pos, ctx, &o)) &&
+                        !(e = kiln_json_get_string(o, "image", &img, NULL, 1, ctx))) {
+                        int at = -1;
+                        for (int i = 0; i < r->n; i++)
+                            if (!strcmp(cJSON_GetObjectItemCaseSensitive(r->rec[i], "image")->valuestring, img)) at = i;
+                        if (at >= 0) {
+                            cJSON_Delete(r->rec[at]);
+                            r->rec[at] = o;
+                            o = NULL;
+                        } else {
+                            cJSON **nr = realloc(r->rec, (size_t)(r->n + 1) * sizeof *nr);
+                            if (!nr) e = kiln_errorf(KILN_ENOMEM, "out of memory");
+                            else r->rec = nr, r->rec[r->n++] = o, o = NULL;
+                        }
+                    }
+                    cJSON_Delete(o);
+                }
+                pos = end + 1;
+            }
+            (void)arr;
+        }
+        free(text);
+        free(path);
+    }
+    r->next_part = last + 1;
+    free(results);
+    if (e) cis_results_free(r);
+    return e;
+}
+
+void cis_results_free(cis_results *r) {
+    for (int i = 0; i < r->n; i++) cJSON_Delete(r->rec[i]);
+    free(r->rec);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- the run's fixed inputs ---- */
+
+static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "suite", o->suite);
+    cJSON_AddStringToObject(j, "manifest", o->manifest);
+    cJSON_AddStringToObject(j, "clip", o->clip_dir);
+    cJSON_AddStringToObject(j, "crops", o->grids);
+    cJSON_AddNumberToObject(j, "bootstrap", o->boot);
+    cJSON_AddNumberToObject(j, "permutations", o->perm);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "threshold", o->threshold);
+    cJSON_AddStringToObject(j, "absence_text", CIS_ABSENCE_TEXT);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!s) return kiln_errorf(KILN_ENOMEM, "out of memory");
+    char *path = kiln_path_join(run_dir, "run.json");
+    kiln_error *e = path ? kiln_write_file_atomic(path, s, strlen(s)) : kiln_errorf(KILN_ENOMEM, "out of memory");
+    free(path);
+    free(s);
+    return e;
+}
+
+/* Embedding superposition and the PCA of component text embeddings (docs/cis.md). */
+static kiln_error *write_embeddings(const kiln_cis_suite *s, const cis_textset *ts, const float *T, int D,
+                                    const char *run_dir) {
+    cJSON *root = cJSON_CreateObject(), *sup = cJSON_AddArrayToObject(root, "superposition");
+    /* one row per distinct (culture, phrase) */
+    int cap = 0;
+    for (int i = 0; i < s->n; i++) cap += s->p[i].ncomp;
+    int *pi = malloc((size_t)cap * sizeof *pi), *ci = malloc((size_t)cap * sizeof *ci), n = 0;
+    if (!pi || !ci) {
+        free(pi), free(ci), cJSON_Delete(root);
+        return kiln_errorf(KILN_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < s->n; i++)
+        for (int c = 0; c < s->p[i].ncomp; c++) {
+            int dup = 0;
+            for (int k = 0; k < n && !dup; k++)
+                dup = ts->pc[pi[k]][ci[k]].text == ts->pc[i][c].text && !strcmp(s->p[pi[k]].culture, s->p[i].culture);
+            if (!dup) pi[n] = i, ci[n] = c, n++;
+        }
+    float *X = malloc((size_t)(n ? n : 1) * D * sizeof *X);
+    double *xy = malloc((size_t)(n ? n : 1) * 2 * sizeof *xy), ex[2] = {0, 0};
+    if (!X || !xy) {
+        free(pi), free(ci), free(X), free(xy), cJSON_Delete(root);
+        return kiln_errorf(KILN_ENOMEM, "out of memory");
+    }
+    for (int k = 0; k < n; k++) {
+        const kiln_cis_prompt *p = &s->p[pi[k]];
+        const cis_comp_texts *ct = &ts->pc[pi[k]][ci[k]];
+        const float *e = T + (size_t)ct->text * D;
+        memcpy(X + (size_t)k * D, e, (size_t)D * sizeof *X);
+        cJSON *row = cJSON_CreateObject();
+        cJSON_AddStringToObject(row, "phrase", p->comp[ci[k]].phrase);
+        cJSON_AddStringToObject(row, "culture", p->culture);
+        cJSON_AddStringToObject(row, "group", p->group);
+        cJSON_AddStringToObject(row, "category", p->category);
+        if (ct->generic >= 0) cJSON_AddNumberToObject(row, "cos_generic", kiln_cis_dot(e, T + (size_t)ct->generic * D, D));
+        else cJSON_AddNullToObject(row, "cos_generic");
+        /* Western counterparts: the same position in the same category's Western scenes */
+        double sum = 0, mx = -2;
+        int cnt = 0;
+        for (int k2 = 0; k2 < n; k2++) {
+            const kiln_cis_prompt *q = &s->p[pi[k2]];
+            if (!q->western || !strcmp(q->culture, p->culture) || strcmp(q->category, p->category) || ci[k2] != ci[k])
+                continue;
+            double c = kiln_cis_dot(e, T + (size_t)ts->pc[pi[k2]][ci[k2]].text * D, D);
+            sum += c, cnt++;
+            if (c > mx) mx = c;
+        }
+        if (cnt) {
+            cJSON_AddNumberToObject(row, "cos_western_mean", sum / cnt);
+            cJSON_AddNumberToObject(row, "cos_western_max", mx);
+        } else {
+            cJSON_AddNullToObject(row, "cos_western_mean");
+            cJSON_AddNullToObject(row, "cos_western_max");
+        }
+        cJSON_AddItemToArray(sup, row);
+    }
+    cJSON *pca = cJSON_AddObjectToObject(root, "pca");
+    if (n >= 2 && !kiln_cis_pca2(X, n, D, xy, ex)) {
+        cJSON *pts = cJSON_AddArrayToObject(pca, "points");
+        for (int k = 0; k < n; k++) {
+            cJSON *pt = cJSON_CreateObject();
+            cJSON_AddStringToObject(pt, "phrase", s->p[pi[k]].comp[ci[k]].phrase);
+            cJSON_AddStringToObject(pt, "culture", s->p[pi[k]].culture);
+            cJSON_AddStringToObject(pt, "group", s->p[pi[k]].group);
+            cJSON_AddNumberToObject(pt, "x", xy[2 * k]);
+            cJSON_AddNumberToObject(pt, "y", xy[2 * k + 1]);
+            cJSON_AddItemToArray(pts, pt);
+        }
+        cJSON_AddNumberToObject(pca, "explained_1", ex[0]);
+        cJSON_AddNumberToObject(pca, "explained_2", ex[1]);
+    }
+    free(pi), free(ci), free(X), free(xy);
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    char *path = kiln_path_join(run_dir, "embeddings.json");
+    kiln_error *err = txt && path ? kiln_write_file_atomic(path, txt, strlen(txt)) : kiln_errorf(KILN_ENOMEM, "out of memory");
+    free(txt), free(path);
+    return err;
+}
+
+/* ---- one image ---- */
+
+typedef struct {
+    kiln_clip *clip;
+    const kiln_cis_suite *suite;
+    const cis_textset *ts;
+    const float *T;
+    int D, S, G;
+    float scale;
+    const int *grids;
+    int ngrids;
+} scorer;
+
+static void put_common(cis_buf *b, const kiln_cis_item *it) {
+    CIS_PUT(b, "{\"image\": ");
+    cis_buf_json_str(b, it->image);
+    CIS_PUT(b, ", \"prompt_id\": ");
+    cis_buf_json_str(b, it->prompt_id);
+    CIS_PUT(b, ", \"model\": ");
+    cis_buf_json_str(b, it->model);
+    cis_buf_printf(b, ", \"seed\": %lld", (long long)it->seed);
+    /* the resolved path, for the report's thumbnails */
+    char abs[PATH_MAX];
+    CIS_PUT(b, ", \"path\": ");
+    cis_buf_json_str(b, realpath(it->path, abs) ? abs : it->path);
+}
+
+static kiln_error *score_item(scorer *sc, const kiln_cis_item *it, cis_buf *b) {
+    int pidx = kiln_cis_suite_find(sc->suite, it->prompt_id);
+    if (pidx < 0) return kiln_errorf(KILN_ENOTFOUND, "prompt id '%s' is not in the suite", it->prompt_id);
+    const kiln_cis_prompt *p = &sc->suite->p[pidx];
+    kiln_image img = {0};
+    KILN_TRY(kiln_image_load(it->path, &img));
+    kiln_cis_view views[1 + 4 + 9 + 16 + 25 + 36 + 49 + 64];
+    int nv = kiln_cis_views(img.width, img.height, sc->grids, sc->ngrids, views, (int)(sizeof views / sizeof *views));
+    size_t px = (size_t)3 * sc->S * sc->S;
+    int np = sc->G * sc->G;
+    float *pixels = malloc((size_t)nv * px * sizeof *pixels), *emb = malloc((size_t)nv * sc->D * sizeof *emb),
+          *patches = malloc((size_t)np * sc->D * sizeof *patches), *con = NULL;
+    kiln_error *e = NULL;
+    if (!pixels || !emb || !patches) e = kiln_errorf(KILN_ENOMEM, "out of memory");
+    for (int v = 0; v < nv && !e; v++) {
+        kiln_image crop = {0};
+        if (v == 0) e = kiln_clip_preprocess(sc->clip, &img, pixels);
+        else if (!(e = kiln_image_crop(&img, views[v].x, views[v].y, views[v].w, views[v].h, &crop)))
+            e = kiln_clip_preprocess(sc->clip, &crop, pixels + v * px);
+        kiln_image_free(&crop);
+    }
+    if (!e) e = kiln_clip_embed_images(sc->clip, pixels, 1, emb, patches);
+    if (!e && nv > 1) e = kiln_clip_embed_images(sc->clip, pixels + px, nv - 1, emb + sc->D, NULL);
+    if (!e) {
+        put_common(b, it);
+        CIS_PUT(b, ", \"error\": null, \"components\": [");
+        for (int c = 0; c < p->ncomp && !e; c++) {
+            const cis_comp_texts *ct = &sc->ts->pc[pidx][c];
+            float *nc = realloc(con, (size_t)(ct->ncontrast ? ct->ncontrast : 1) * sc->D * sizeof *nc);
+            if (!nc) {
+                e = kiln_errorf(KILN_ENOMEM, "out of memory");
+                break;
+            }
+            con = nc;
+            for (int j = 0; j < ct->ncontrast; j++)
+                memcpy(con + (size_t)j * sc->D, sc->T + (size_t)ct->contrast[j] * sc->D, (size_t)sc->D * sizeof *con);
+            const float *te = sc->T + (size_t)ct->text * sc->D;
+            double best = -1, whole = 0;
+            int bv = 0;
+            for (int v = 0; v < nv; v++) {
+                double pr = kiln_cis_judge_view(emb + (size_t)v * sc->D, te, con, ct->ncontrast, sc->D, sc->scale);
+                if (v == 0) whole = pr;
+                if (pr > best) best = pr, bv = v;
+            }
+            double h = kiln_cis_grounding_entropy(te, patches, np, sc->D, sc->scale);
+            cis_buf_put(b, c ? ", {\"phrase\": " : "{\"phrase\": ", c ? 13 : 11);
+            cis_buf_json_str(b, p->comp[c].phrase);
+            CIS_PUT(b, ", \"p\": ");
+            cis_buf_num(b, best);
+            CIS_PUT(b, ", \"p_whole\": ");
+            cis_buf_num(b, whole);
+            cis_buf_printf(b, ", \"view\": %d, \"entropy\": ", bv);
+            cis_buf_num(b, h);
+            CIS_PUT(b, "}");
+        }
+        CIS_PUT(b, "], \"context_sim\": ");
+        cis_buf_num(b, kiln_cis_dot(emb, sc->T + (size_t)sc->ts->context[pidx] * sc->D, sc->D));
+        CIS_PUT(b, ", \"generic_sim\": ");
+        if (sc->ts->generic_context[pidx] >= 0)
+            cis_buf_num(b, kiln_cis_dot(emb, sc->T + (size_t)sc->ts->generic_context[pidx] * sc->D, sc->D));
+        else CIS_PUT(b, "null");
+        cis_buf_printf(b, ", \"width\": %d, \"height\": %d}\n", img.width, img.height);
+    }
+    free(pixels), free(emb), free(patches), free(con);
+    kiln_image_free(&img);
+    return e;
+}
+
+static kiln_error *flush_part(const char *results, int *part, cis_buf *b) {
+    if (!b->n) return NULL;
+    char name[64];
+    snprintf(name, sizeof name, "part-%06d.jsonl", *part);
+    char *path = kiln_path_join(results, name);
+    kiln_error *e = path ? cis_buf_write(b, path) : kiln_errorf(KILN_ENOMEM, "out of memory");
+    free(path);
+    if (!e) (*part)++;
+    b->n = 0;
+    return e;
+}
+
+kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerrors) {
+    *nscored = *nerrors = 0;
+    if (!o->suite || !o->manifest || !o->clip_dir || !o->out_dir)
+        return kiln_errorf(KILN_EINVAL, "score needs a suite, a manifest, a CLIP directory and an output directory");
+    if (o->chunk < 1) return kiln_errorf(KILN_EINVAL, "chunk must be >= 1");
+    int grids[8], ngrids;
+    KILN_TRY(kiln_cis_parse_grids(o->grids, grids, &ngrids, 8));
+    kiln_cis_suite suite = {0, NULL};
+    kiln_cis_manifest man = {0, NULL};
+    cis_textset ts = {0};
+    kiln_clip *clip = NULL;
+    float *T = NULL;
+    cis_results prev = {0};
+    cis_buf b = {0};
+    char *runjson = kiln_path_join(o->out_dir, "run.json"), *results = kiln_path_join(o->out_dir, "results"),
+         *suite_copy = kiln_path_join(o->out_dir, "suite.jsonl"), *suite_text = NULL;
+    size_t suite_len;
+    kiln_error *e = NULL;
+    if (!runjson || !results || !suite_copy) {
+        e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    if ((e = kiln_read_file(o->suite, &suite_text, &suite_len)) ||
+        (e = kiln_cis_suite_parse(suite_text, suite_len, o->suite, &suite)))
+        goto done;
+    if ((e = kiln_cis_manifest_load(o->manifest, &man))) goto done;
+    if ((e = cis_mkdir(o->out_dir))) goto done;
+    struct stat st;
+    if (!o->resume && !stat(runjson, &st)) {
+        e = kiln_errorf(KILN_EINVAL, "%s already holds a run: pass --resume to continue it, or choose another --out",
+                        o->out_dir);
+        goto done;
+    }
+    if ((e = cis_mkdir(results))) goto done;
+    if (o->resume && (e = cis_read_results(o->out_dir, &prev))) goto done;
+    if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir))) goto done;
+    if ((e = kiln_clip_load(o->clip_dir, &clip))) {
+        e = kiln_error_wrap(e, "--clip %s", o->clip_dir);
+        goto done;
+    }
+    if ((e = cis_textset_build(&suite, &ts))) goto done;
+    int D = kiln_clip_dim(clip);
+    if (!(T = malloc((size_t)ts.ntext * D * sizeof *T))) {
+        e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < ts.ntext && !e; i += 64) {
+        int n = ts.ntext - i < 64 ? ts.ntext - i : 64;
+        e = kiln_clip_embed_texts(clip, (const char *const *)ts.text + i, n, T + (size_t)i * D);
+    }
+    if (e || (e = write_embeddings(&suite, &ts, T, D, o->out_dir))) goto done;
+
+    scorer sc = {clip, &suite, &ts, T, D, kiln_clip_image_size(clip), kiln_clip_grid(clip), kiln_clip_logit_scale(clip),
+                 grids, ngrids};
+    int part = prev.next_part;
+    kiln_progress pg;
+    if (o->progress) kiln_progress_start_to(&pg, "cis score", (uint64_t)man.n, "img", o->progress, 0);
+    else kiln_progress_start(&pg, "cis score", (uint64_t)man.n, "img");
+    int inchunk = 0;
+    for (int i = 0; i < man.n && !e; i++) {
+        const kiln_cis_item *it = &man.items[i];
+        int done_before = 0;
+        for (int k = 0; k < prev.n && !done_before; k++) {
+            const cJSON *im = cJSON_GetObjectItemCaseSensitive(prev.rec[k], "image");
+            done_before = !strcmp(im->valuestring, it->image) &&
+                          cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(prev.rec[k], "error"));
+        }
+        if (done_before) {
+            (*nscored)++;
+            kiln_progress_update(&pg, (uint64_t)i + 1);
+            continue;
+        }
+        if (o->stop && *o->stop) {
+            e = kiln_errorf(KILN_EINVAL, "interrupted after %d of %d images; finished results are kept, --resume continues",
+                            i, man.n);
+            break;
+        }
+        size_t mark = b.n;
+        kiln_error *ie = score_item(&sc, it, &b);
+        if (ie) {
+            b.n = mark; /* drop a half-written record */
+            put_common(&b, it);
+            CIS_PUT(&b, ", \"error\": ");
+            cis_buf_json_str(&b, kiln_error_msg(ie));
+            CIS_PUT(&b, "}\n");
+            kiln_error_free(ie);
+            (*nerrors)++;
+        } else {
+            (*nscored)++;
+        }
+        if (++inchunk == o->chunk) {
+            e = flush_part(results, &part, &b);
+            inchunk = 0;
+        }
+        kiln_progress_update(&pg, (uint64_t)i + 1);
+    }
+    kiln_error *fe = flush_part(results, &part, &b);
+    if (!e) e = fe;
+    else kiln_error_free(fe);
+    kiln_progress_finish(&pg);
+    if (!e) e = kiln_cis_aggregate(o);
+done:
+    cis_buf_free(&b);
+    cis_results_free(&prev);
+    free(T);
+    cis_textset_free(&ts, &suite);
+    kiln_clip_free(clip);
+    kiln_cis_manifest_free(&man);
+    kiln_cis_suite_free(&suite);
+    free(runjson), free(results), free(suite_copy), free(suite_text);
+    return e;
+}
