@@ -132,6 +132,8 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path);
 
 /* How a GEMM time was predicted, for --explain and evidence. */
 typedef struct {
+    int64_t tile_m, tile_n;                    /* the tile chosen for this shape */
+    double tile_eff;                           /* its efficiency relative to the profile's tile */
     double tiles, waves, tile_util, wave_util; /* tile and wave quantization */
     double base_eff;                           /* measured (interpolated) efficiency before quantization */
     double tflops;                             /* predicted achieved rate */
@@ -208,7 +210,7 @@ typedef struct {
     kiln_size_shape shape;
     kiln_size_pred pred;
     double score; /* lower is better; 1 = the best of every criterion */
-    char why[6][200]; /* the rule and evidence behind each choice */
+    char why[6][400]; /* the rule and evidence behind each choice */
     int nwhy;
 } kiln_size_candidate;
 

@@ -219,6 +219,14 @@ static void print_setup(FILE *f, const opts *o, const kiln_hw_profile *p) {
 /* Why a reference shape is not among the first `top`: its gaps to the leader, term by term. */
 static void explain_rank(FILE *f, const kiln_size_result *r, int64_t rank, int top) {
     const kiln_size_candidate *c = &r->c[rank], *b = &r->c[0];
+    int64_t by_train = 1, by_d1 = 1, by_d64 = 1;
+    for (int64_t i = 0; i < r->n; i++) {
+        by_train += r->c[i].pred.tokens_per_s > c->pred.tokens_per_s;
+        by_d1 += r->c[i].pred.decode_ms_b1 < c->pred.decode_ms_b1;
+        by_d64 += r->c[i].pred.decode_ms_b64 < c->pred.decode_ms_b64;
+    }
+    fprintf(f, "reference by criterion: training #%lld, decode batch 1 #%lld, decode batch 64 #%lld of %lld\n",
+            (long long)by_train, (long long)by_d1, (long long)by_d64, (long long)r->n);
     if (rank < top) {
         fprintf(f, "reference: rank %lld of %lld, among the top %d\n", (long long)rank + 1, (long long)r->n, top);
         return;

@@ -273,15 +273,36 @@ static int64_t tile_for(int64_t dim, int64_t tile) {
     return t < tile ? t : tile;
 }
 
-static double quant(const kiln_hw_profile *p, double groups, int64_t m, int64_t n, kiln_hw_gemm_why *w) {
-    int64_t tm = tile_for(m, p->tile_m), tn = tile_for(n, p->tile_n);
+static double quant_with(const kiln_hw_profile *p, double groups, int64_t m, int64_t n, int64_t tm, int64_t tn,
+                         kiln_hw_gemm_why *w) {
     double nm = (double)((m + tm - 1) / tm), nn = (double)((n + tn - 1) / tn);
     double tiles = groups * nm * nn, waves = ceil(tiles / (double)p->sm_count);
+    w->tile_m = tm;
+    w->tile_n = tn;
     w->tiles = tiles;
     w->waves = waves;
     w->tile_util = (double)m * (double)n / (nm * nn * (double)tm * (double)tn);
     w->wave_util = tiles / (waves * (double)p->sm_count);
     return w->tile_util * w->wave_util;
+}
+
+/* The library picks, per shape, the profile's tile or one halved along M and/or N, whichever
+ * quantizes best once the smaller tile's lower per-tile efficiency (KILN_HALF_TILE_EFF per halving)
+ * is paid. */
+#define KILN_HALF_TILE_EFF 0.9
+static double quant(const kiln_hw_profile *p, double groups, int64_t m, int64_t n, kiln_hw_gemm_why *w) {
+    const int64_t tm = tile_for(m, p->tile_m), tn = tile_for(n, p->tile_n);
+    double best = -1;
+    for (int hm = 0; hm < 2; hm++)
+        for (int hn = 0; hn < 2; hn++) {
+            if ((hm && tm < 32) || (hn && tn < 32)) continue;
+            kiln_hw_gemm_why c = *w;
+            double q = quant_with(p, groups, m, n, tm >> hm, tn >> hn, &c);
+            c.tile_eff = (hm ? KILN_HALF_TILE_EFF : 1) * (hn ? KILN_HALF_TILE_EFF : 1);
+            q *= c.tile_eff;
+            if (q > best + 1e-12) { best = q; *w = c; }
+        }
+    return best;
 }
 
 /* Efficiency before quantization: piecewise linear over log2(MNK) between measured shapes. */
@@ -294,6 +315,7 @@ static double base_eff(const kiln_hw_profile *p, int64_t m, int64_t n, int64_t k
     for (int i = 0; i < p->ngemm; i++) {
         const kiln_hw_gemm_point *g = &p->gemm[i];
         kiln_hw_gemm_why w;
+        memset(&w, 0, sizeof w);
         double e = g->tflops / (p->peak_bf16 * quant(p, 1, g->m, g->n, &w));
         double gx = log2((double)g->m * (double)g->n * (double)g->k);
         if (gx <= x) {

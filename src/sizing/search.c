@@ -280,10 +280,10 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
     c->nwhy = 0;
     double r = gemm_rate(p, n, s->hidden, Q, &w);
     why(c, "hidden %lld (%lld layers, hidden/layers %.0f in %g..%g): o_proj [%lld x %lld x %lld] %.0f TFLOP/s, "
-        "tiles %.0f%% full, %.0f wave(s) %.0f%% full over %lld SMs",
+        "%lldx%lld tiles %.0f%% full, %.0f wave(s) %.0f%% full over %lld SMs",
         (long long)s->hidden, (long long)s->layers, (double)s->hidden / (double)s->layers, b->min_aspect,
-        b->max_aspect, (long long)n, (long long)s->hidden, (long long)Q, r, 100 * w.tile_util, w.waves,
-        100 * w.wave_util, (long long)p->sm_count);
+        b->max_aspect, (long long)n, (long long)s->hidden, (long long)Q, r, (long long)w.tile_m, (long long)w.tile_n,
+        100 * w.tile_util, w.waves, 100 * w.wave_util, (long long)p->sm_count);
     /* head dim against the other enumerated ones */
     char alt[160] = "";
     for (int i = 0; i < b->head_dims.n; i++) {
@@ -304,10 +304,10 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
         int64_t rows2 = (int64_t)ceil((double)n * (double)s->top_k / (double)(2 * s->experts));
         kiln_hw_gemm_time_grouped(p, 2.0 * (double)s->experts, rows2 < 1 ? 1 : rows2, s->expert_inter, s->hidden, &w2);
         why(c, "%lld experts x width %lld, top-%lld: %lld rows per expert per micro-batch, grouped gate_up at %.0f "
-            "TFLOP/s (tiles %.0f%%, %.0f wave(s) %.0f%% full); the same parameters as %lld x %lld: %.0f TFLOP/s; "
-            "decode reads %.2f GB of expert weights per step at batch 1",
+            "TFLOP/s (%lldx%lld tiles %.0f%% full, %.0f wave(s) %.0f%% full); the same parameters as %lld x %lld: %.0f "
+            "TFLOP/s; decode reads %.2f GB of expert weights per step at batch 1",
             (long long)s->experts, (long long)s->expert_inter, (long long)s->top_k, (long long)rows, w.tflops,
-            100 * w.tile_util, w.waves, 100 * w.wave_util, (long long)(2 * s->experts), (long long)(s->expert_inter / 2),
+            (long long)w.tile_m, (long long)w.tile_n, 100 * w.tile_util, w.waves, 100 * w.wave_util, (long long)(2 * s->experts), (long long)(s->expert_inter / 2),
             w2.tflops, 2.0 * 3 * (double)s->top_k * (double)s->expert_inter * (double)s->hidden * (double)s->layers / 1e9);
     } else {
         double rf = gemm_rate(p, n, 2 * s->ffn, s->hidden, &w);
@@ -315,9 +315,11 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
             (long long)s->ffn, (double)s->ffn / (double)s->hidden, rf, 100 * w.tile_util, 100 * w.wave_util);
     }
     double rv = gemm_rate(p, n, s->vocab, s->hidden, &w);
-    why(c, "vocab %lld = %lld x 128 (padded from %lld): lm_head at %.0f TFLOP/s, last N tile %.0f%% full",
-        (long long)s->vocab, (long long)(s->vocab / 128), (long long)b->vocab, rv,
-        100.0 * (double)(s->vocab % p->tile_n ? s->vocab % p->tile_n : p->tile_n) / (double)p->tile_n);
+    char pad[64] = "no padding needed";
+    if (s->vocab != b->vocab) snprintf(pad, sizeof pad, "padded from %lld", (long long)b->vocab);
+    why(c, "vocab %lld = %lld x 128 (%s): lm_head at %.0f TFLOP/s, %lldx%lld tiles %.0f%% full",
+        (long long)s->vocab, (long long)(s->vocab / 128), pad, rv, (long long)w.tile_m, (long long)w.tile_n,
+        100 * w.tile_util);
     why(c, "%lld layers fill the budget: %.3gB total, %.3gB active (non-embedding; target %.3gB / %.3gB +-%g%%)",
         (long long)s->layers, (double)c->pred.params.total_nonembed / 1e9, (double)c->pred.params.active_nonembed / 1e9,
         b->total / 1e9, b->active / 1e9, 100 * b->tolerance);
