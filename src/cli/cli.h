@@ -17,6 +17,10 @@ typedef struct {
 extern const kiln_cmd kiln_cmd_logits, kiln_cmd_generate, kiln_cmd_diff, kiln_cmd_train, kiln_cmd_data,
     kiln_cmd_tokenizer, kiln_cmd_bench, kiln_cmd_ckpt, kiln_cmd_run, kiln_cmd_size;
 
+/* kiln cis (cmd_cis.c) and its embed subcommand (cmd_cis_embed.c) */
+extern const kiln_cmd kiln_cmd_cis;
+int cis_embed_main(int argc, char **argv);
+
 /* Print "kiln <cmd>: <message>" for an error, free it, return the exit status 1. */
 int cli_fail(const char *cmd, kiln_error *e);
 /* True if argv has -h or --help. */

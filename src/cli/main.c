@@ -6,7 +6,7 @@
 
 #include "cli.h"
 
-static const kiln_cmd *const commands[] = {&kiln_cmd_train, &kiln_cmd_run, &kiln_cmd_generate, &kiln_cmd_logits, &kiln_cmd_data, &kiln_cmd_tokenizer, &kiln_cmd_bench, &kiln_cmd_ckpt, &kiln_cmd_size, &kiln_cmd_diff};
+static const kiln_cmd *const commands[] = {&kiln_cmd_train, &kiln_cmd_run, &kiln_cmd_generate, &kiln_cmd_logits, &kiln_cmd_data, &kiln_cmd_tokenizer, &kiln_cmd_bench, &kiln_cmd_ckpt, &kiln_cmd_size, &kiln_cmd_cis, &kiln_cmd_diff};
 #define NCMD (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *f) {

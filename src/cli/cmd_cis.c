@@ -1,0 +1,252 @@
+/* kiln cis <prompts|score|report|calibrate|embed>: the Component Inclusion Score audit of
+ * text-to-image models (docs/cis.md). */
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kiln/cis.h"
+#include "kiln/json.h"
+
+static const char usage[] =
+    "usage: kiln cis <command> [options]\n\n"
+    "  prompts    --suite S --images-per-prompt K [--models a,b] [--out worklist.jsonl]\n"
+    "             the generation worklist: one line per image (prompt id, prompt, model, seed, suggested\n"
+    "             path); generate the images at those paths and the worklist is the run manifest\n"
+    "  score      --suite S --manifest M --clip DIR --out RUN/ [--resume] [--labels L [--labels-as-judge]]\n"
+    "             [--crops 1,2,3] [--threads N] [--bootstrap 2000] [--permutations 10000] [--seed 0]\n"
+    "             [--threshold 0.5] [--chunk 16]\n"
+    "             judge every component of every image with CLIP (whole image and overlapping crop grids),\n"
+    "             then CIS per image and aggregates with bootstrap CIs, the Western/non-Western gap with a\n"
+    "             permutation test, fragility, misalignment, grounding entropy, embedding superposition.\n"
+    "             Results are written every --chunk images: Ctrl-C keeps them and --resume continues.\n"
+    "             Exit 1 when some items could not be scored (each error is recorded in RUN/scores.json)\n"
+    "  calibrate  RUN/ --labels L [--labels-as-judge]\n"
+    "             choose the threshold maximising Youden's J on human labels (JSONL: image, component,\n"
+    "             present), report the judge's accuracy, precision, recall and Cohen's kappa, re-aggregate\n"
+    "  report     RUN/ --out report.html\n"
+    "             HTML report with SVG charts and example images per culture\n"
+    "  embed      --clip DIR (--images FILE_LIST | --texts FILE) --out OUT.safetensors\n"
+    "             CLIP embeddings (image_embeds / text_embeds [N,D], projected, L2-normalised, F32)\n\n"
+    "Formats: docs/cis-format.md; the method and every output file: docs/cis.md.\n";
+
+/* cisclip's `kiln cis embed` (src/cli/cmd_cis_embed.c); weak so this file links without it. */
+int cis_embed_main(int argc, char **argv) __attribute__((weak));
+
+static volatile int stop_flag;
+static void on_sigint(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static int need_arg(int i, int argc, const char *flag) {
+    if (i + 1 >= argc) {
+        fprintf(stderr, "kiln cis: %s needs a value\n", flag);
+        return 0;
+    }
+    return 1;
+}
+
+static int cmd_prompts(int argc, char **argv) {
+    const char *suite = NULL, *out = "worklist.jsonl", *models = NULL;
+    int64_t k = 0;
+    for (int i = 1; i < argc; i++) {
+        kiln_error *e = NULL;
+        if (!strcmp(argv[i], "--suite") && need_arg(i, argc, argv[i])) suite = argv[++i];
+        else if (!strcmp(argv[i], "--out") && need_arg(i, argc, argv[i])) out = argv[++i];
+        else if (!strcmp(argv[i], "--models") && need_arg(i, argc, argv[i])) models = argv[++i];
+        else if (!strcmp(argv[i], "--images-per-prompt") && need_arg(i, argc, argv[i])) e = cli_int(argv[i], argv[i + 1], &k), i++;
+        else {
+            fprintf(stderr, "kiln cis prompts: unknown or incomplete option '%s'\n\n%s", argv[i], usage);
+            return 2;
+        }
+        if (e) return cli_fail("cis prompts", e);
+    }
+    if (!suite || k < 1 || k > 100000) {
+        fprintf(stderr, "kiln cis prompts: --suite and --images-per-prompt K (1..100000) are required\n");
+        return 2;
+    }
+    char *mcopy = models ? strdup(models) : NULL;
+    const char *names[256];
+    int nm = 0;
+    for (char *t = mcopy ? strtok(mcopy, ",") : NULL; t; t = strtok(NULL, ","))
+        if (nm < 256) names[nm++] = t;
+    kiln_cis_suite s;
+    kiln_error *e = kiln_cis_suite_load(suite, &s);
+    if (!e) {
+        e = kiln_cis_worklist_write(&s, (int)k, nm ? names : NULL, nm, out);
+        if (!e)
+            printf("wrote %s: %d prompts x %lld images x %d models = %lld images to generate\n", out, s.n, (long long)k,
+                   nm ? nm : 1, (long long)s.n * k * (nm ? nm : 1));
+        kiln_cis_suite_free(&s);
+    }
+    free(mcopy);
+    return e ? cli_fail("cis prompts", e) : 0;
+}
+
+/* A readable summary of RUN/scores.json. */
+static void print_summary(const char *run_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/scores.json", run_dir);
+    cJSON *s = NULL;
+    kiln_error *e = kiln_json_parse_file(path, &s);
+    if (e) {
+        kiln_error_free(e);
+        return;
+    }
+    const cJSON *x;
+    printf("%-22s %6s %7s  %s\n", "culture", "n", "CIS", "95% CI");
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "cis")) {
+        const char *by = cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring;
+        if (strcmp(by, "culture") && strcmp(by, "group") && strcmp(by, "all")) continue;
+        printf("%-22s %6d %7.3f  [%.3f, %.3f]\n", cJSON_GetObjectItemCaseSensitive(x, "level")->valuestring,
+               (int)cJSON_GetObjectItemCaseSensitive(x, "n")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(x, "mean")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(x, "lo")->valuedouble, cJSON_GetObjectItemCaseSensitive(x, "hi")->valuedouble);
+    }
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "gap")) {
+        printf("gap western - non_western (%s=%s): %.3f, permutation p = %.4g\n",
+               cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring,
+               cJSON_GetObjectItemCaseSensitive(x, "level")->valuestring,
+               cJSON_GetObjectItemCaseSensitive(x, "gap")->valuedouble, cJSON_GetObjectItemCaseSensitive(x, "p")->valuedouble);
+    }
+    const cJSON *cal = cJSON_GetObjectItemCaseSensitive(s, "calibration");
+    if (cal) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(cal, "agreement");
+        printf("labels: %d pairs; threshold %.4f; judge accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
+               (int)cJSON_GetObjectItemCaseSensitive(cal, "pairs")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(s, "threshold")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(a, "accuracy")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(a, "precision")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(a, "recall")->valuedouble,
+               cJSON_GetObjectItemCaseSensitive(a, "kappa")->valuedouble);
+    }
+    printf("all numbers: %s/scores.json, summary.csv, images.csv, components.csv, superposition.csv\n", run_dir);
+    cJSON_Delete(s);
+}
+
+static int cmd_score(int argc, char **argv) {
+    kiln_cis_score_opts o;
+    kiln_cis_score_opts_default(&o);
+    int64_t v;
+    double d;
+    for (int i = 1; i < argc; i++) {
+        kiln_error *e = NULL;
+        const char *a = argv[i];
+        if (!strcmp(a, "--resume")) o.resume = 1;
+        else if (!strcmp(a, "--labels-as-judge")) o.labels_as_judge = 1;
+        else if (!need_arg(i, argc, a)) return 2;
+        else if (!strcmp(a, "--suite")) o.suite = argv[++i];
+        else if (!strcmp(a, "--manifest")) o.manifest = argv[++i];
+        else if (!strcmp(a, "--clip")) o.clip_dir = argv[++i];
+        else if (!strcmp(a, "--out")) o.out_dir = argv[++i];
+        else if (!strcmp(a, "--labels")) o.labels = argv[++i];
+        else if (!strcmp(a, "--crops")) o.grids = argv[++i];
+        else if (!strcmp(a, "--threads")) {
+            if (!(e = cli_int(a, argv[++i], &v)) && v >= 1) omp_set_num_threads((int)v);
+        } else if (!strcmp(a, "--bootstrap")) {
+            if (!(e = cli_int(a, argv[++i], &v))) o.boot = (int)v;
+        } else if (!strcmp(a, "--permutations")) {
+            if (!(e = cli_int(a, argv[++i], &v))) o.perm = (int)v;
+        } else if (!strcmp(a, "--chunk")) {
+            if (!(e = cli_int(a, argv[++i], &v))) o.chunk = (int)v;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(e = cli_int(a, argv[++i], &v))) o.seed = (uint64_t)v;
+        } else if (!strcmp(a, "--threshold")) {
+            if (!(e = cli_double(a, argv[++i], &d))) o.threshold = d;
+        } else {
+            fprintf(stderr, "kiln cis score: unknown option '%s'\n\n%s", a, usage);
+            return 2;
+        }
+        if (e) return cli_fail("cis score", e);
+    }
+    if (!o.suite || !o.manifest || !o.clip_dir || !o.out_dir) {
+        fprintf(stderr, "kiln cis score: --suite, --manifest, --clip and --out are required\n");
+        return 2;
+    }
+    if (o.boot < 1 || o.perm < 1 || o.chunk < 1 || !(o.threshold >= 0 && o.threshold <= 1)) {
+        fprintf(stderr, "kiln cis score: --bootstrap, --permutations, --chunk must be >= 1, --threshold in [0, 1]\n");
+        return 2;
+    }
+    if (o.labels_as_judge && !o.labels) {
+        fprintf(stderr, "kiln cis score: --labels-as-judge needs --labels\n");
+        return 2;
+    }
+    o.stop = &stop_flag;
+    signal(SIGINT, on_sigint);
+    int nscored, nerr;
+    kiln_error *e = kiln_cis_score(&o, &nscored, &nerr);
+    signal(SIGINT, SIG_DFL);
+    if (e) return cli_fail("cis score", e);
+    print_summary(o.out_dir);
+    printf("%d images scored, %d could not be scored%s\n", nscored, nerr,
+           nerr ? " (errors per item in scores.json \"errors\" and images.csv; fix them and run again with --resume)" : "");
+    return nerr ? 1 : 0;
+}
+
+static int cmd_calibrate(int argc, char **argv) {
+    kiln_cis_score_opts o;
+    kiln_cis_score_opts_default(&o);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--labels") && need_arg(i, argc, argv[i])) o.labels = argv[++i];
+        else if (!strcmp(argv[i], "--labels-as-judge")) o.labels_as_judge = 1;
+        else if (argv[i][0] != '-' && !o.out_dir) o.out_dir = argv[i];
+        else {
+            fprintf(stderr, "kiln cis calibrate: unexpected '%s'\n\n%s", argv[i], usage);
+            return 2;
+        }
+    }
+    if (!o.out_dir || !o.labels) {
+        fprintf(stderr, "kiln cis calibrate: RUN/ and --labels are required\n");
+        return 2;
+    }
+    kiln_error *e = kiln_cis_aggregate(&o);
+    if (e) return cli_fail("cis calibrate", e);
+    print_summary(o.out_dir);
+    return 0;
+}
+
+static int cmd_report(int argc, char **argv) {
+    const char *run = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && need_arg(i, argc, argv[i])) out = argv[++i];
+        else if (argv[i][0] != '-' && !run) run = argv[i];
+        else {
+            fprintf(stderr, "kiln cis report: unexpected '%s'\n\n%s", argv[i], usage);
+            return 2;
+        }
+    }
+    if (!run || !out) {
+        fprintf(stderr, "kiln cis report: RUN/ and --out report.html are required\n");
+        return 2;
+    }
+    kiln_error *e = kiln_cis_report(run, out);
+    if (e) return cli_fail("cis report", e);
+    printf("wrote %s\n", out);
+    return 0;
+}
+
+static int cmd(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "prompts")) return cmd_prompts(argc - 1, argv + 1);
+    if (!strcmp(sub, "score")) return cmd_score(argc - 1, argv + 1);
+    if (!strcmp(sub, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
+    if (!strcmp(sub, "report")) return cmd_report(argc - 1, argv + 1);
+    if (!strcmp(sub, "embed")) {
+        if (!cis_embed_main) {
+            fprintf(stderr, "kiln cis embed: this build has no CLIP embedder\n");
+            return 1;
+        }
+        return cis_embed_main(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "kiln cis: unknown command '%s'\n\n%s", sub, usage);
+    return 2;
+}
+
+const kiln_cmd kiln_cmd_cis = {"cis", "Component Inclusion Score audit of text-to-image models", cmd, usage};

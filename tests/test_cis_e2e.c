@@ -1,0 +1,292 @@
+/* kiln cis end to end on CPU: a tiny random CLIP written by the test (tests/clip_testutil.h: HF
+ * CLIPModel layout, CLIP's tokenizer pipeline), generated PNGs,
+ * a subset of the shipped suite; prompts -> score (with bad items) -> resume -> calibrate ->
+ * report, outputs byte-identical across runs, the report checked in headless Chromium. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kiln/cis.h"
+#include "kiln/fsutil.h"
+#include "kiln/image.h"
+#include "kiln/rng.h"
+#include "test.h"
+#include "clip_testutil.h"
+
+/* A smooth random picture, different per seed. */
+static void write_png(const char *path, uint64_t seed, int w, int h) {
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    double c[3][3];
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 3; j++) c[k][j] = kiln_rng_uniform(&r);
+    kiln_image img = {w, h, malloc((size_t)w * h * 3)};
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int k = 0; k < 3; k++) {
+                double v = c[k][0] + 0.5 * c[k][1] * sin(x * 0.3 * (1 + c[k][2])) * cos(y * 0.2 + c[k][2] * 6);
+                v = v < 0 ? 0 : v > 1 ? 1 : v;
+                img.rgb[((size_t)y * w + x) * 3 + k] = (uint8_t)(v * 255);
+            }
+    CHECK_OK(kiln_image_save_png(path, &img));
+    free(img.rgb);
+}
+
+static char *slurp(const char *path) {
+    char *t = NULL;
+    size_t n;
+    kiln_error *e = kiln_read_file(path, &t, &n);
+    if (e) {
+        kiln_error_free(e);
+        return NULL;
+    }
+    return t;
+}
+
+static int same_file(const char *a, const char *b) {
+    char *x = slurp(a), *y = slurp(b);
+    int same = x && y && !strcmp(x, y);
+    free(x), free(y);
+    return same;
+}
+
+static size_t count_sub(const char *s, const char *sub) {
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub)) n++;
+    return n;
+}
+
+TEST(cis_end_to_end) {
+    const char *d = test_tmpdir();
+    char suite[512], clip[512], work[512], labels[512], out[16384], cmd[4096];
+    /* the shipped suite, every 8th prompt (both groups, all complexities) */
+    snprintf(suite, sizeof suite, "%s", test_join(d, "suite.jsonl"));
+    char *full = slurp(test_src_path("data/cis/suite.jsonl"));
+    CHECK(full != NULL);
+    if (!full) return;
+    FILE *f = fopen(suite, "w");
+    int line = 0;
+    for (char *p = full, *nl; *p; p = nl + 1) {
+        nl = strchr(p, '\n');
+        if (!nl) break;
+        if (line++ % 8 == 0) fwrite(p, 1, (size_t)(nl - p + 1), f);
+    }
+    fclose(f);
+    free(full);
+    snprintf(clip, sizeof clip, "%s", test_join(d, "clip"));
+    mkdir(clip, 0755);
+    if (clip_test_make_dir(clip, &clip_test_default, 2026)) {
+        CHECK_MSG(0, "could not write the tiny CLIP");
+        return;
+    }
+
+    /* the worklist, then the images a generator would have made */
+    snprintf(work, sizeof work, "%s", test_join(d, "work.jsonl"));
+    snprintf(cmd, sizeof cmd, "cis prompts --suite '%s' --images-per-prompt 1 --models alpha,beta --out '%s'", suite, work);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0, "%s", out);
+    kiln_cis_manifest m;
+    CHECK_OK(kiln_cis_manifest_load(work, &m));
+    if (m.n != 72) {
+        CHECK_MSG(m.n == 72, "worklist has %d lines", m.n);
+        kiln_cis_manifest_free(&m);
+        return;
+    }
+    mkdir(test_join(d, "images"), 0755);
+    mkdir(test_join(d, "images/alpha"), 0755);
+    mkdir(test_join(d, "images/beta"), 0755);
+    for (int i = 0; i < m.n; i++)
+        if (i != 5) write_png(m.items[i].path, (uint64_t)m.items[i].seed + (uint64_t)i, 40 + i % 9, 36 + i % 5);
+    /* bad items: image 5 is missing, image 6 is corrupt, and one line names an unknown prompt */
+    CHECK_OK(kiln_write_file_atomic(m.items[6].path, "\x89PNG not really", 15));
+    kiln_cis_manifest_free(&m);
+    f = fopen(work, "a");
+    fputs("{\"image\": \"images/alpha/0.png\", \"prompt_id\": \"xx-none-h1\", \"model\": \"alpha\", \"seed\": 1}\n", f);
+    fclose(f);
+    write_png(test_join(d, "images/alpha/0.png"), 99, 32, 32);
+
+    /* human labels for some components (deliberately both classes) */
+    snprintf(labels, sizeof labels, "%s", test_join(d, "labels.jsonl"));
+    f = fopen(labels, "w");
+    fputs("{\"image\": \"images/alpha/eth-meal-h1_0.png\", \"component\": \"injera\", \"present\": true}\n", f);
+    fputs("{\"image\": \"images/beta/eth-meal-h1_0.png\", \"component\": \"injera\", \"present\": false}\n", f);
+    fputs("{\"image\": \"images/alpha/nope.png\", \"component\": \"injera\", \"present\": false}\n", f);
+    fclose(f);
+
+    char run1[512], run2[512], run3[512];
+    snprintf(run1, sizeof run1, "%s", test_join(d, "run1"));
+    snprintf(run2, sizeof run2, "%s", test_join(d, "run2"));
+    snprintf(run3, sizeof run3, "%s", test_join(d, "run3"));
+    const char *common = "--crops 1,2 --bootstrap 200 --permutations 500 --chunk 7 --threads 1";
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s", suite, work, clip, run1,
+             common);
+    int rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 1, "score exit %d (want 1: three bad items):\n%s", rc, out);
+    CHECK_MSG(strstr(out, "70 images scored, 3 could not be scored"), "%s", out);
+    char *sj = slurp(test_join(run1, "scores.json"));
+    CHECK(sj != NULL);
+    if (sj) {
+        CHECK(strstr(sj, "prompt id 'xx-none-h1' is not in the suite"));
+        CHECK(strstr(sj, "eth-meal-h1_0.png") != NULL);
+        CHECK(strstr(sj, "\"superposition\"") && strstr(sj, "\"pca\"") && strstr(sj, "\"fragility\""));
+        CHECK(count_sub(sj, "\"error\":") == 3);
+    }
+    free(sj);
+    /* an existing run is not overwritten without --resume */
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "already holds a run"));
+
+    /* the same inputs give the same bytes */
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s", suite, work, clip, run2,
+             common);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+    const char *files[] = {"scores.json", "summary.csv", "images.csv", "components.csv", "superposition.csv",
+                           "embeddings.json", "results/part-000000.jsonl", "results/part-000010.jsonl"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char a[600];
+        snprintf(a, sizeof a, "%s", test_join(run1, files[i]));
+        CHECK_MSG(same_file(a, test_join(run2, files[i])), "%s differs between two runs", files[i]);
+    }
+
+    /* a crash after two parts: --resume scores only the rest and ends with the same numbers */
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s", suite, work, clip, run3,
+             common);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+    for (int k = 2; k <= 10; k++) {
+        char part[64];
+        snprintf(part, sizeof part, "results/part-%06d.jsonl", k);
+        remove(test_join(run3, part));
+    }
+    remove(test_join(run3, "scores.json"));
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s --resume", suite, work,
+             clip, run3, common);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+    CHECK_MSG(same_file(test_join(run1, "scores.json"), test_join(run3, "scores.json")),
+              "resumed run differs from the uninterrupted one");
+    CHECK_MSG(same_file(test_join(run1, "results/part-000001.jsonl"), test_join(run3, "results/part-000001.jsonl")),
+              "resume rewrote a finished part");
+    /* numbering continues after the last part left; the two failed images of part 0 were retried first */
+    char *p2 = slurp(test_join(run3, "results/part-000002.jsonl"));
+    CHECK(p2 && count_sub(p2, "\"error\": \"") >= 2);
+    free(p2);
+
+    /* labels: calibrate the threshold and measure the judge */
+    snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run1, labels);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "%s", out);
+    CHECK(strstr(out, "labels: 2 pairs") != NULL);
+    sj = slurp(test_join(run1, "scores.json"));
+    if (sj) {
+        CHECK(strstr(sj, "\"threshold_source\":\t\"calibrated\"") != NULL);
+        CHECK(strstr(sj, "\"unmatched_labels\":\t1") != NULL);
+        CHECK(strstr(sj, "\"kappa\"") != NULL);
+    }
+    free(sj);
+
+    /* the report */
+    char html[600];
+    snprintf(html, sizeof html, "%s", test_join(d, "report.html"));
+    snprintf(cmd, sizeof cmd, "cis report '%s' --out '%s'", run1, html);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0, "%s", out);
+    char *page = slurp(html);
+    CHECK(page != NULL);
+    if (page) {
+        CHECK_MSG(count_sub(page, "<svg") == 4, "%zu svg", count_sub(page, "<svg"));
+        CHECK(strstr(page, "src=\"images/alpha/") != NULL); /* thumbnails relative to the page */
+        CHECK(strstr(page, "Could not") == NULL && strstr(page, "could not be scored") != NULL);
+        CHECK(strstr(page, "Cohen") != NULL);
+    }
+    free(page);
+
+    /* bad input that stops the run: another architecture, a broken suite */
+    const char *bad = "{\"model_type\": \"siglip\"}";
+    char clip2[512];
+    snprintf(clip2, sizeof clip2, "%s", test_join(d, "clip2"));
+    mkdir(clip2, 0755);
+    CHECK_OK(kiln_write_file_atomic(test_join(clip2, "config.json"), bad, strlen(bad)));
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s'", suite, work, clip2,
+             test_join(d, "run4"));
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "siglip"), "%s", out);
+}
+
+TEST(cis_report_chromium) {
+    if (system("command -v chromium >/dev/null 2>&1") != 0) {
+        test_fail(__FILE__, __LINE__, "chromium is not installed (apt-get install -y chromium); this test needs it");
+        return;
+    }
+    /* a small scored run straight from the library: a hand-written results part */
+    const char *d = test_tmpdir();
+    char run[512], html[600], dom[600], log[600], prof[600], cmd[4096];
+    snprintf(run, sizeof run, "%s", test_join(d, "run"));
+    mkdir(run, 0755);
+    mkdir(test_join(run, "results"), 0755);
+    const char *suite =
+        "{\"id\":\"w1\",\"prompt\":\"p\",\"culture\":\"Scottish\",\"group\":\"western\",\"category\":\"attire\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"a kilt\",\"generic\":\"a skirt\"},{\"phrase\":\"a sporran\"}],"
+        "\"complexity\":2}\n"
+        "{\"id\":\"n1\",\"prompt\":\"p\",\"culture\":\"Japanese\",\"group\":\"non_western\",\"category\":\"attire\","
+        "\"setting\":\"historical\",\"components\":[{\"phrase\":\"a kimono\",\"generic\":\"a robe\"}],\"complexity\":1}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(run, "suite.jsonl"), suite, strlen(suite)));
+    const char *runj = "{\"suite\":\"s\",\"manifest\":\"m\",\"clip\":\"c\",\"crops\":\"1\",\"bootstrap\":100,"
+                       "\"permutations\":100,\"seed\":3,\"threshold\":0.5}";
+    CHECK_OK(kiln_write_file_atomic(test_join(run, "run.json"), runj, strlen(runj)));
+    const char *emb = "{\"superposition\":[{\"phrase\":\"a kimono\",\"culture\":\"Japanese\",\"group\":\"non_western\","
+                      "\"category\":\"attire\",\"cos_generic\":0.8,\"cos_western_mean\":0.7,\"cos_western_max\":0.7}],"
+                      "\"pca\":{\"points\":[{\"phrase\":\"a kimono\",\"culture\":\"Japanese\",\"group\":\"non_western\","
+                      "\"x\":1,\"y\":0},{\"phrase\":\"a kilt\",\"culture\":\"Scottish\",\"group\":\"western\",\"x\":-1,"
+                      "\"y\":0.5}],\"explained_1\":0.6,\"explained_2\":0.3}}";
+    CHECK_OK(kiln_write_file_atomic(test_join(run, "embeddings.json"), emb, strlen(emb)));
+    write_png(test_join(d, "a.png"), 1, 40, 30);
+    char part[2048];
+    snprintf(part, sizeof part,
+             "{\"image\":\"a.png\",\"prompt_id\":\"w1\",\"model\":\"m\",\"seed\":1,\"path\":\"%s\",\"error\":null,"
+             "\"components\":[{\"phrase\":\"a kilt\",\"p\":0.9,\"p_whole\":0.9,\"view\":0,\"entropy\":0.5},"
+             "{\"phrase\":\"a sporran\",\"p\":0.2,\"p_whole\":0.2,\"view\":0,\"entropy\":0.9}],\"context_sim\":0.3,"
+             "\"generic_sim\":0.35}\n"
+             "{\"image\":\"b.png\",\"prompt_id\":\"n1\",\"model\":\"m\",\"seed\":1,\"path\":\"%s\",\"error\":null,"
+             "\"components\":[{\"phrase\":\"a kimono\",\"p\":0.4,\"p_whole\":0.4,\"view\":0,\"entropy\":0.7}],"
+             "\"context_sim\":0.2,\"generic_sim\":0.3}\n"
+             "{\"image\":\"c.png\",\"prompt_id\":\"n1\",\"model\":\"m\",\"seed\":2,\"error\":\"c.png: <missing>\"}\n",
+             test_join(d, "a.png"), test_join(d, "a.png"));
+    CHECK_OK(kiln_write_file_atomic(test_join(run, "results/part-000000.jsonl"), part, strlen(part)));
+    kiln_cis_score_opts o;
+    kiln_cis_score_opts_default(&o);
+    o.out_dir = run;
+    CHECK_OK(kiln_cis_aggregate(&o));
+    char *sj = slurp(test_join(run, "scores.json"));
+    if (sj) {
+        /* CIS: w1 = 1/2 (0.9 >= 0.5, 0.2 < 0.5), n1 = 0/1; gap = 0.5 */
+        CHECK(strstr(sj, "\"gap\":\t0.5") != NULL);
+        CHECK(strstr(sj, "\"misalignment\":\t0.05") != NULL || strstr(sj, "\"misalignment\":\t0.04999") != NULL);
+    }
+    free(sj);
+    snprintf(html, sizeof html, "%s", test_join(d, "report.html"));
+    CHECK_OK(kiln_cis_report(run, html));
+    snprintf(dom, sizeof dom, "%s", test_join(d, "dom.html"));
+    snprintf(log, sizeof log, "%s", test_join(d, "chromium.log"));
+    snprintf(prof, sizeof prof, "%s", test_join(d, "chrome-profile"));
+    const char *flags = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+                        "--disable-background-networking --disable-component-update --disable-sync "
+                        "--enable-logging=stderr --v=0";
+    snprintf(cmd, sizeof cmd, "timeout 120 chromium %s --user-data-dir='%s' --dump-dom 'file://%s' >'%s' 2>'%s'", flags,
+             prof, html, dom, log);
+    int rc = system(cmd);
+    CHECK_MSG(rc == 0, "chromium --dump-dom exited with %d", rc);
+    char *t = slurp(dom), *l = slurp(log);
+    if (t) {
+        CHECK_MSG(count_sub(t, "<svg") == 4, "DOM has %zu <svg> elements, want 4", count_sub(t, "<svg"));
+        CHECK(count_sub(t, "class=\"bar\"") >= 2 + 6); /* 2 cultures, 3 x 2 gap bars */
+        CHECK(count_sub(t, "<polyline") == 2);        /* fragility: one curve per group */
+        CHECK(count_sub(t, "class=\"pt\"") == 2);     /* PCA points */
+        CHECK(count_sub(t, "<figure") == 2);          /* examples: one per culture here */
+        CHECK(strstr(t, "&lt;missing&gt;") != NULL);  /* the error, escaped */
+        CHECK(strstr(t, "a sporran") != NULL);
+    }
+    if (l) {
+        CHECK_MSG(!strstr(l, "Uncaught") && !strstr(l, ":CONSOLE("), "console errors in the page:\n%s", l);
+        CHECK_MSG(!strstr(l, "net::ERR_"), "the page tried to load something missing:\n%s", l);
+    }
+    free(t), free(l);
+}
