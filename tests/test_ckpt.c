@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/crc32c.h"
 #include "ckpt_testutil.h"
 #include "kiln/zaya.h"
 
@@ -124,4 +125,70 @@ TEST(ckpt_cli_usage) {
     CHECK(test_run_kiln("ckpt import-hf --from x --to y --bogus 1", text, sizeof text) == 2 && strstr(text, "--bogus"));
     CHECK(test_run_kiln("ckpt reshape --from /nonexistent-ckpt --to y --world-size 1", text, sizeof text) == 1 &&
           strstr(text, "/nonexistent-ckpt"));
+}
+
+/* CRC-32C: the standard check value, the SSE4.2 path against the table on unaligned pieces, and
+ * continuation (the CRC of a||b from the CRC of a). */
+TEST(ckpt_crc32c) {
+    CHECK(kiln_crc32c(0, "123456789", 9) == 0xE3069283u);
+    CHECK(kiln_crc32c_sw(0, "123456789", 9) == 0xE3069283u);
+    CHECK(kiln_crc32c(0, "", 0) == 0);
+    unsigned char buf[4099];
+    kiln_rng r;
+    kiln_rng_seed(&r, 5);
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)kiln_rng_u64(&r);
+    for (size_t off = 0; off < 9; off++)
+        for (size_t n = 0; n + off <= sizeof buf; n += 1 + n / 3)
+            CHECK_MSG(kiln_crc32c(0, buf + off, n) == kiln_crc32c_sw(0, buf + off, n), "offset %zu length %zu", off, n);
+    CHECK(kiln_crc32c(kiln_crc32c(0, buf, 1000), buf + 1000, 3099) == kiln_crc32c(0, buf, sizeof buf));
+    uint32_t before = kiln_crc32c(0, buf, sizeof buf);
+    buf[77] ^= 4; /* one flipped bit changes it */
+    CHECK(kiln_crc32c(0, buf, sizeof buf) != before);
+}
+
+/* Manifests carry crc32c; one that carries fnv1a64 (checkpoints from before) still verifies, and a
+ * wrong one of either kind is caught. */
+TEST(ckpt_manifest_checksums_old_and_new) {
+    char data[1024], out[1024], args[4096], text[16384];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(out, sizeof out, test_tmpdir());
+    const char *cfg = ck_config(data, out, 2, 1, 32, NULL);
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
+    CHECK(ck_kiln(args) == 0);
+    char man[1300], shard[1300], *t = NULL;
+    size_t n = 0;
+    snprintf(man, sizeof man, "%s/ckpt/step_00000002/manifest.json", out);
+    snprintf(shard, sizeof shard, "%s/ckpt/step_00000002/rank_00000.safetensors", out);
+    CHECK_OK(kiln_read_file(man, &t, &n));
+    char *p = t ? strstr(t, "\"crc32c\":\t\"") : NULL;
+    CHECK(p != NULL);
+    uint32_t crc = 0;
+    uint64_t size = 0, fnv = 0, fsize = 0;
+    CHECK_OK(kiln_crc32c_file(shard, &crc, &size));
+    CHECK_OK(kiln_fnv1a64_file(shard, &fnv, &fsize));
+    char want[64];
+    snprintf(want, sizeof want, "\"crc32c\":\t\"%08x\"", (unsigned)crc);
+    CHECK_MSG(p && !strncmp(p, want, strlen(want)), "manifest lacks %s", want);
+    if (p) {
+        /* the same manifest as an older kiln wrote it */
+        size_t cap = n + 64;
+        char *old = malloc(cap);
+        snprintf(old, cap, "%.*s\"fnv1a64\":\t\"%016llx\"%s", (int)(p - t), t, (unsigned long long)fnv,
+                 p + strlen(want));
+        CHECK_OK(kiln_write_file_atomic(man, old, strlen(old)));
+        snprintf(args, sizeof args, "ckpt verify '%s'", out);
+        CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
+        snprintf(args, sizeof args, "ckpt inspect '%s'", out);
+        CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "fnv1a64"), "%s", text);
+        snprintf(old, cap, "%.*s\"fnv1a64\":\t\"%016llx\"%s", (int)(p - t), t, (unsigned long long)(fnv ^ 1),
+                 p + strlen(want));
+        CHECK_OK(kiln_write_file_atomic(man, old, strlen(old)));
+        snprintf(args, sizeof args, "ckpt verify '%s'", out);
+        CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "checksum"), "%s", text);
+        snprintf(old, cap, "%.*s\"crc32c\":\t\"%08x\"%s", (int)(p - t), t, (unsigned)(crc ^ 1), p + strlen(want));
+        CHECK_OK(kiln_write_file_atomic(man, old, strlen(old)));
+        CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "checksum"), "%s", text);
+        free(old);
+    }
+    free(t);
 }

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "kiln/fsutil.h"
-#include "kiln/hash.h"
+#include "crc32c.h"
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
@@ -53,7 +53,10 @@ kiln_error *ckpt_out_shard(ckpt_out *o, int rank, const kiln_st_entry *ent, size
     char path[1400];
     snprintf(path, sizeof path, "%s/rank_%05d.safetensors", o->tmp, rank);
     KILN_TRY(kiln_st_write(path, ent, n, NULL));
-    return kiln_fnv1a64_file(path, &o->sums[rank], &o->sizes[rank]);
+    uint32_t crc = 0;
+    KILN_TRY(kiln_crc32c_file(path, &crc, &o->sizes[rank]));
+    o->sums[rank] = crc;
+    return NULL;
 }
 
 kiln_error *ckpt_out_commit(ckpt_out *o, cJSON *man) {
@@ -65,8 +68,8 @@ kiln_error *ckpt_out_commit(ckpt_out *o, cJSON *man) {
         snprintf(name, sizeof name, "rank_%05d.safetensors", r);
         cJSON_AddStringToObject(f, "name", name);
         cJSON_AddNumberToObject(f, "bytes", (double)o->sizes[r]);
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)o->sums[r]);
-        cJSON_AddStringToObject(f, "fnv1a64", hex);
+        snprintf(hex, sizeof hex, "%08x", (unsigned)o->sums[r]);
+        cJSON_AddStringToObject(f, "crc32c", hex);
         cJSON_AddItemToArray(fs, f);
     }
     char path[1400];

@@ -32,6 +32,7 @@
 #include "kiln/log.h"
 #include "kiln/safetensors.h"
 #include "ckpt/async_writer.h"
+#include "ckpt/crc32c.h"
 #include "train_internal.h"
 
 #define CKPT_FORMAT 1
@@ -89,7 +90,41 @@ typedef struct {
     const kiln_loader_state *loaders; /* [world] */
 } ckpt_snap;
 
-static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *path) {
+/* The CRC of the file kiln_st_write just wrote, without reading the data back: its header from the
+ * file, then the tensors from memory, which kiln_st_write lays out in order without gaps (checked
+ * against the file's size; anything else falls back to reading the file). */
+static kiln_error *crc_written(const char *path, const kiln_st_entry *ent, size_t n, uint32_t *crc, uint64_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    unsigned char len[8];
+    uint64_t hlen = 0, total = 0;
+    char *head = NULL;
+    int ok = fread(len, 1, 8, f) == 8;
+    for (int i = 0; ok && i < 8; i++) hlen |= (uint64_t)len[i] << (8 * i);
+    ok = ok && hlen < KILN_ST_MAX_HEADER && (head = malloc(hlen + 1)) && fread(head, 1, hlen, f) == hlen;
+    struct stat sb;
+    ok = ok && fstat(fileno(f), &sb) == 0;
+    fclose(f);
+    uint32_t c = 0;
+    if (ok) {
+        c = kiln_crc32c(kiln_crc32c(0, len, 8), head, hlen);
+        total = 8 + hlen;
+        for (size_t i = 0; i < n; i++) {
+            size_t bytes = kiln_dtype_size(ent[i].dtype);
+            for (int d = 0; d < ent[i].ndim; d++) bytes *= (size_t)ent[i].shape[d];
+            c = kiln_crc32c(c, ent[i].data, bytes);
+            total += bytes;
+        }
+        ok = (uint64_t)sb.st_size == total;
+    }
+    free(head);
+    if (!ok) return kiln_crc32c_file(path, crc, size);
+    *crc = c;
+    *size = total;
+    return NULL;
+}
+
+static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *path, uint32_t *crc, uint64_t *size) {
     const kiln_zaya *m = v->model;
     const int first = v->part->first[rank], last = v->part->first[rank + 1];
     const int nt = last - first;
@@ -123,6 +158,7 @@ static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *pat
         n++;
     }
     if (!e) e = kiln_st_write(path, ent, n, NULL);
+    if (!e) e = crc_written(path, ent, n, crc, size);
     free(ent);
     free(names);
     free(shapes);
@@ -171,8 +207,8 @@ static cJSON *manifest_json(const ckpt_snap *v, int world, const uint64_t *sums,
         snprintf(name, sizeof name, "rank_%05d.safetensors", r);
         cJSON_AddStringToObject(f, "name", name);
         cJSON_AddNumberToObject(f, "bytes", (double)sizes[r]);
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sums[r]);
-        cJSON_AddStringToObject(f, "fnv1a64", hex);
+        snprintf(hex, sizeof hex, "%08x", (unsigned)sums[r]);
+        cJSON_AddStringToObject(f, "crc32c", hex);
         cJSON_AddItemToArray(fs, f);
     }
     return o;
@@ -287,8 +323,10 @@ static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int wo
 /* The write step: this rank's shard into step_N.tmp/, fsynced, and its checksum. */
 static kiln_error *write_job(void *arg) {
     ckpt_writer *w = arg;
-    KILN_TRY(write_rank_file(&w->snap, w->rank, w->path));
-    return kiln_fnv1a64_file(w->path, &w->mine[0], &w->mine[1]);
+    uint32_t crc = 0;
+    KILN_TRY(write_rank_file(&w->snap, w->rank, w->path, &crc, &w->mine[1]));
+    w->mine[0] = crc;
+    return NULL;
 }
 
 /* The commit step (collective): checksums to rank 0, manifest, COMMITTED, rename, prune. */
@@ -400,7 +438,9 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
         double bytes = -1;
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
         if (cJSON_IsString(x)) name = x->valuestring;
-        x = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
+        /* crc32c since the asynchronous writer; fnv1a64 in older checkpoints */
+        int crc = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(f, "crc32c"));
+        x = cJSON_GetObjectItemCaseSensitive(f, crc ? "crc32c" : "fnv1a64");
         if (cJSON_IsString(x)) hex = x->valuestring;
         x = cJSON_GetObjectItemCaseSensitive(f, "bytes");
         if (cJSON_IsNumber(x)) bytes = x->valuedouble;
@@ -408,10 +448,12 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
             return kiln_errorf(KILN_EFORMAT, "%s/manifest.json: malformed 'files' entry", dir);
         char path[1500];
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        uint64_t h, n;
-        KILN_TRY(kiln_fnv1a64_file(path, &h, &n));
+        uint64_t h = 0, n = 0;
+        uint32_t h32 = 0;
+        KILN_TRY(crc ? kiln_crc32c_file(path, &h32, &n) : kiln_fnv1a64_file(path, &h, &n));
         char got[32];
-        snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
+        if (crc) snprintf(got, sizeof got, "%08x", (unsigned)h32);
+        else snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
         if ((double)n != bytes) return kiln_errorf(KILN_EFORMAT, "%s: %llu bytes, manifest says %.0f", path, (unsigned long long)n, bytes);
         if (strcmp(got, hex)) return kiln_errorf(KILN_EFORMAT, "%s: checksum %s, manifest says %s", path, got, hex);
     }
@@ -602,9 +644,11 @@ kiln_error *kiln_ckpt_describe(const char *step_dir, FILE *out) {
         const cJSON *fs = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
         cJSON_ArrayForEach(f, fs) {
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *by = cJSON_GetObjectItemCaseSensitive(f, "bytes"),
-                        *h = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64");
-            fprintf(out, "  file %-26s %12.0f bytes  fnv1a64 %s\n", cJSON_IsString(nm) ? nm->valuestring : "?",
-                    cJSON_IsNumber(by) ? by->valuedouble : -1, cJSON_IsString(h) ? h->valuestring : "?");
+                        *h = cJSON_GetObjectItemCaseSensitive(f, "crc32c");
+            const char *kind = "crc32c";
+            if (!cJSON_IsString(h)) h = cJSON_GetObjectItemCaseSensitive(f, "fnv1a64"), kind = "fnv1a64";
+            fprintf(out, "  file %-26s %12.0f bytes  %s %s\n", cJSON_IsString(nm) ? nm->valuestring : "?",
+                    cJSON_IsNumber(by) ? by->valuedouble : -1, kind, cJSON_IsString(h) ? h->valuestring : "?");
         }
         const cJSON *ld = cJSON_GetObjectItemCaseSensitive(man, "loaders"), *l;
         int r = 0;
