@@ -153,7 +153,8 @@ void kiln_ft_env_free(kiln_ft_env *env);
  * .rejected.K). *n gets how many. */
 kiln_error *kiln_ft_reject_checkpoints(const char *out_dir, int64_t from, int *n);
 /* The faults that act inside one process at a point of the step loop. */
-void kiln_ft_fault_step_begin(const kiln_ft_env *env, int rank, int64_t step); /* kill, stop, slow */
+void kiln_ft_fault_step_begin(const kiln_ft_env *env, int rank, int64_t step); /* kill, stop */
+void kiln_ft_fault_slow(const kiln_ft_env *env, int rank, int64_t step);       /* inside the timed compute */
 /* disk-full / crash-in-save before the checkpoint of `step` */
 kiln_error *kiln_ft_fault_before_save(const kiln_ft_env *env, int rank, int64_t step);
 

@@ -133,19 +133,30 @@ static ssize_t forward(attempt_state *a, int which) {
     return n;
 }
 
-/* The last non-empty line of the ranks' stderr that is not mpirun's banner. */
-static void last_error_line(const attempt_state *a, char *buf, size_t cap) {
+/* The error line of the ranks' stderr that explains a failure, and the rank that printed it. A
+ * trainer prints "kiln train (rank R): error: ..."; a rank that only failed because another did
+ * says "... on another rank", so the first line without that is the cause (mpirun names whichever
+ * rank exited first). mpirun's banner does not count. *rank is kept when no line names one. */
+static void error_line(const attempt_state *a, int *rank, char *buf, size_t cap) {
     buf[0] = 0;
-    const char *s = a->err_tail;
-    const char *best = NULL;
+    const char *s = a->err_tail, *best = NULL;
     size_t bl = 0;
+    int best_cause = 0;
     while (*s) {
         const char *e = strchr(s, '\n');
         size_t l = e ? (size_t)(e - s) : strlen(s);
-        if (l > 0 && s[0] != '-' && (strstr(s, "error") || strstr(s, "Error")) && !strstr(s, "mpirun")) best = s, bl = l;
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(l < 511 ? l : 511), s);
+        if (strstr(line, "error") && !strstr(line, "mpirun") && line[0] != '-') {
+            int cause = !strstr(line, "another rank");
+            if (!best || (cause && !best_cause)) best = s, bl = l, best_cause = cause;
+        }
         s += l + (e ? 1 : 0);
     }
-    if (best) snprintf(buf, cap, "%.*s", (int)(bl < 400 ? bl : 400), best);
+    if (!best) return;
+    snprintf(buf, cap, "%.*s", (int)(bl < 400 ? bl : 400), best);
+    const char *r = strstr(buf, "(rank ");
+    if (r) *rank = atoi(r + 6);
 }
 
 static void set_incident(attempt_state *a, const char *kind, int rank, int64_t step, int64_t bad_step, const char *fmt,
@@ -358,14 +369,16 @@ static outcome classify_exit(attempt_state *a) {
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OUT_DONE;
     poll_heartbeats(a);
     if (check_nan(a)) return OUT_INCIDENT;
-    char line[512];
-    last_error_line(a, line, sizeof line);
     const int direct = a->o->np == 1 && a->o->launcher != KILN_LAUNCH_MPIRUN;
     int rank = direct ? 0 : a->mpi_rank >= 0 ? a->mpi_rank : a->first_dead;
-    int64_t step = rank >= 0 && a->have_hb[rank] ? a->hb[rank].step : -1;
     int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
     if (!direct && a->mpi_signal > 0) sig = a->mpi_signal;
     if (!direct && !sig && WIFEXITED(st) && WEXITSTATUS(st) > 128) sig = WEXITSTATUS(st) - 128; /* mpirun: 128+sig */
+    char line[512];
+    int named = rank;
+    error_line(a, &named, line, sizeof line);
+    if (!sig && named >= 0 && named < a->o->np) rank = named; /* a killed rank prints nothing: mpirun's word stands */
+    int64_t step = rank >= 0 && a->have_hb[rank] ? a->hb[rank].step : -1;
     if (sig)
         set_incident(a, "killed", rank, step, -1, "killed by signal %d (%s)%s%s", sig, signame(sig), line[0] ? ": " : "",
                      line);

@@ -71,13 +71,16 @@ kiln_error *kiln_ft_reject_checkpoints(const char *out_dir, int64_t from, int *n
     return NULL;
 }
 
-void kiln_ft_fault_step_begin(const kiln_ft_env *env, int rank, int64_t step) {
-    if (!env->faults.n) return;
+void kiln_ft_fault_slow(const kiln_ft_env *env, int rank, int64_t step) {
     const kiln_fault *f = kiln_faults_find(&env->faults, KILN_FAULT_SLOW, rank, step, env->attempt);
     if (f) {
         struct timespec ts = {(time_t)(f->ms / 1000), (long)(f->ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) && errno == EINTR) {}
     }
+}
+
+void kiln_ft_fault_step_begin(const kiln_ft_env *env, int rank, int64_t step) {
+    if (!env->faults.n) return;
     if (kiln_faults_find(&env->faults, KILN_FAULT_STOP, rank, step, env->attempt)) raise(SIGSTOP);
     if (kiln_faults_find(&env->faults, KILN_FAULT_KILL, rank, step, env->attempt)) raise(SIGKILL);
 }

@@ -195,6 +195,7 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
         kiln_zaya_route_counts(m, t->acts, t->counts);
         loss_sum += loss;
     }
+    if (t->ft.faults.n) kiln_ft_fault_slow(&t->ft, comm->rank, step + 1);
     t->compute_s = now() - tc;
     if (t->ft.faults.n) { /* KILN_FAULT, a testing hook */
         if (kiln_faults_find(&t->ft.faults, KILN_FAULT_NAN, comm->rank, step + 1, t->ft.attempt)) m->g[0] = NAN;
