@@ -1,0 +1,93 @@
+/* CPU throughput of kiln's CLIP image embedder (kiln_clip_embed_images: patch embedding, vision
+ * tower, projection, L2 normalisation) on pixels from a safetensors file, and its agreement with a
+ * reference (the torch peer's embeddings of the same pixels). Prints one JSON line.
+ * usage: kiln_bench_clip --clip DIR --pixels FILE [--batch B] [--iters N] [--ref FILE] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kiln/clip.h"
+#include "kiln/safetensors.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int fail(kiln_error *e) {
+    fprintf(stderr, "kiln_bench_clip: %s\n", kiln_error_msg(e));
+    kiln_error_free(e);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *dir = NULL, *pixels = NULL, *ref = NULL;
+    int batch = 16, iters = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--clip")) dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--pixels")) pixels = argv[i + 1];
+        else if (!strcmp(argv[i], "--ref")) ref = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+    }
+    if (!dir || !pixels || batch < 1 || iters < 1) {
+        fprintf(stderr, "usage: kiln_bench_clip --clip DIR --pixels FILE [--batch B] [--iters N] [--ref FILE]\n");
+        return 2;
+    }
+    kiln_clip *m = NULL;
+    kiln_error *e = kiln_clip_load(dir, &m);
+    if (e) return fail(e);
+    int S = kiln_clip_image_size(m), D = kiln_clip_dim(m);
+    kiln_st *st = NULL;
+    if ((e = kiln_st_open(pixels, &st))) return fail(e);
+    const kiln_st_tensor *pv = kiln_st_find(st, "pixel_values");
+    if (!pv || pv->ndim != 4 || pv->shape[1] != 3 || pv->shape[2] != S || pv->shape[3] != S || pv->shape[0] < batch) {
+        fprintf(stderr, "kiln_bench_clip: %s: pixel_values must be [>=%d,3,%d,%d]\n", pixels, batch, S, S);
+        return 1;
+    }
+    float *all = malloc(sizeof(float) * (size_t)pv->numel), *emb = malloc(sizeof(float) * (size_t)batch * D);
+    if ((e = kiln_st_read_f32(pv, all, (size_t)pv->numel))) return fail(e);
+    if ((e = kiln_clip_embed_images(m, all, batch, emb, NULL))) return fail(e); /* warm-up */
+    double *t = malloc(sizeof(double) * iters);
+    for (int i = 0; i < iters; i++) {
+        double t0 = now();
+        if ((e = kiln_clip_embed_images(m, all, batch, emb, NULL))) return fail(e);
+        t[i] = now() - t0;
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp);
+    double relerr = -1;
+    if (ref) {
+        kiln_st *rs = NULL;
+        if ((e = kiln_st_open(ref, &rs))) return fail(e);
+        const kiln_st_tensor *re = kiln_st_find(rs, "image_embeds");
+        if (re && re->ndim == 2 && re->shape[1] == D && re->shape[0] >= batch) {
+            float *r = malloc(sizeof(float) * (size_t)re->numel);
+            if ((e = kiln_st_read_f32(re, r, (size_t)re->numel))) return fail(e);
+            double md = 0, mx = 0;
+            for (int i = 0; i < batch * D; i++) {
+                md = fmax(md, fabs(emb[i] - r[i]));
+                mx = fmax(mx, fabs(r[i]));
+            }
+            relerr = md / mx;
+            free(r);
+        }
+        kiln_st_close(rs);
+    }
+    printf("{\"side\": \"kiln\", \"batch\": %d, \"iters\": %d, \"images_per_s_median\": %.3f, \"images_per_s_best\": %.3f, "
+           "\"rel_err_vs_ref\": %.3g, \"image_size\": %d, \"grid\": %d, \"dim\": %d}\n",
+           batch, iters, batch / t[iters / 2], batch / t[0], relerr, S, kiln_clip_grid(m), D);
+    free(t);
+    free(all);
+    free(emb);
+    kiln_st_close(st);
+    kiln_clip_free(m);
+    return 0;
+}

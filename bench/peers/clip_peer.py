@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""The peer of kiln's CLIP image embedder (bench/clip_bench.sh): transformers CLIPModel on the CPU in
+fp32, same machine, same thread count, same random weights and pixels.
+
+  clip_peer.py make NAME DIR            a random-weight CLIPModel (ViT-B/32 or ViT-L/14 config) saved
+                                        with save_pretrained, plus the tokenizer and processor files
+                                        kiln's loader wants, and DIR/pixels.safetensors (pixel_values
+                                        [BATCH,3,S,S], seeded) for both sides
+  clip_peer.py time DIR BATCH ITERS THREADS
+                                        torch images/s of get_image_features (+ L2 normalisation) on
+                                        those pixels; writes DIR/torch_embeds.safetensors so kiln's
+                                        numbers can be checked against it; prints one JSON object
+"""
+import json
+import os
+import shutil
+import sys
+import time
+
+import torch
+from safetensors.torch import save_file
+
+CONFIGS = {
+    # openai/clip-vit-base-patch32 and clip-vit-large-patch14 shapes (text towers as in those checkpoints)
+    "vit-b-32": dict(projection_dim=512,
+                     text=dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8),
+                     vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                                 image_size=224, patch_size=32)),
+    "vit-l-14": dict(projection_dim=768,
+                     text=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
+                     vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                                 image_size=224, patch_size=14)),
+}
+PIXEL_BATCH = 64
+
+
+def make(name, d):
+    from transformers import CLIPConfig, CLIPModel
+
+    spec = CONFIGS[name]
+    os.makedirs(d, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = CLIPConfig(text_config=dict(spec["text"], hidden_act="quick_gelu", max_position_embeddings=77),
+                     vision_config=dict(spec["vision"], hidden_act="quick_gelu"), projection_dim=spec["projection_dim"])
+    CLIPModel(cfg).eval().save_pretrained(d)
+    here = os.path.dirname(os.path.abspath(__file__))
+    # a small CLIP tokenizer (the fixture's): the benchmark embeds images, the loader wants one
+    shutil.copy(os.path.join(here, "..", "..", "tests", "fixtures", "clip", "tiny_quickgelu", "tokenizer.json"),
+                os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
+        json.dump({"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_normalize": True,
+                   "do_rescale": True, "do_resize": True, "resample": 3, "rescale_factor": 1 / 255,
+                   "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                   "image_std": [0.26862954, 0.26130258, 0.27577711], "size": {"shortest_edge": 224}}, f)
+    g = torch.Generator().manual_seed(1)
+    px = torch.randn(PIXEL_BATCH, 3, 224, 224, generator=g, dtype=torch.float32)
+    save_file({"pixel_values": px}, os.path.join(d, "pixels.safetensors"))
+
+
+def timed(d, batch, iters, threads):
+    from safetensors.torch import load_file
+    from transformers import CLIPModel
+
+    torch.set_num_threads(threads)
+    model = CLIPModel.from_pretrained(d, dtype=torch.float32).eval()
+    px = load_file(os.path.join(d, "pixels.safetensors"))["pixel_values"][:batch].contiguous()
+
+    def run():  # what get_image_features computes, spelled out (its return type changed across versions)
+        feats = model.visual_projection(model.vision_model(pixel_values=px).pooler_output)
+        return feats / feats.norm(dim=-1, keepdim=True)
+
+    with torch.inference_mode():
+        emb = run()  # warm-up
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    save_file({"image_embeds": emb.contiguous()}, os.path.join(d, "torch_embeds.safetensors"))
+    best, med = min(times), sorted(times)[len(times) // 2]
+    print(json.dumps({"side": "torch", "batch": batch, "threads": threads, "iters": iters,
+                      "images_per_s_median": batch / med, "images_per_s_best": batch / best,
+                      "torch": torch.__version__, "sdpa": getattr(model.config, "_attn_implementation", None)}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "time":
+        timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        sys.exit(__doc__)
