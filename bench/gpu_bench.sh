@@ -81,7 +81,9 @@ for dt in ["float", "bfloat16"]:
         print(f"# comm {dt}: {e}"); continue
     for t in tc:
         if t["bytes"] < (64 << 20): continue
-        k = [x for x in kc if x["collective"] == t["collective"] and x["bytes"] == t["bytes"] and not x["inplace"]]
+        # torch's all_reduce and broadcast work in place, its other three out of place: compare like with like
+        ip = t["collective"] in ("all_reduce", "broadcast")
+        k = [x for x in kc if x["collective"] == t["collective"] and x["bytes"] == t["bytes"] and x["inplace"] == ip]
         if k: print(f"{t['collective']:15} {dt:9} {t['bytes']:11} {k[0]['busbw_gbs']:11.1f} {t['busbw_gbs']:12.1f} "
                     f"{k[0]['busbw_gbs'] / t['busbw_gbs'] if t['busbw_gbs'] else float('nan'):6.3f}")
 PY

@@ -49,7 +49,7 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     const int elem = (t == KILN_CUDA_F32 || t == KILN_CUDA_TF32) ? 4 : fp8 ? 1 : 2, out_elem = fp8 ? 2 : elem;
     const cudaDataType_t dt = elem == 4 ? CUDA_R_32F : fp8 ? CUDA_R_8F_E4M3 : t == KILN_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     const cudaDataType_t dtc = fp8 ? CUDA_R_16BF : dt;
-    const float one[2] = {1.0f, 1.0f};
+    const float one[8] = {1.0f, 0, 0, 0, 1.0f, 0, 0, 0}; // two scales, 16 bytes apart (separate tensors in torch)
     const cublasComputeType_t ct = t == KILN_CUDA_F32 ? CUBLAS_COMPUTE_32F
                                    : t == KILN_CUDA_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const int ta = layout[0] == 'T', tb = layout[1] == 'T';
@@ -57,7 +57,7 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     float ms = 0;
     int found = 0, best = -1, first_status = 0;
     float best_ms = 0;
-    enum { CANDIDATES = 8 };
+    enum { CANDIDATES = 16 };
     cublasLtMatmulHeuristicResult_t heur[CANDIDATES];
     // column-major view: C^T[n,m] = op(B)^T [n,k] op(A)^T [k,m]; row-major X[r,c] is column-major X^T[c,r]
     const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -83,7 +83,7 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     if (fp8) {
         CUDA_TRY(cudaMalloc(&scales, sizeof one));
         CUDA_TRY(cudaMemcpy(scales, one, sizeof one, cudaMemcpyHostToDevice));
-        const float *sa = scales, *sb = scales + 1;
+        const float *sa = scales, *sb = scales + 4;
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     }
@@ -114,7 +114,7 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
             continue;
         }
         CUDA_TRY(cudaEventRecord(e0, 0));
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 5; i++)
             CUBLAS_TRY(cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur[c].algo, ws, ws_bytes, 0));
         CUDA_TRY(cudaEventRecord(e1, 0));
         CUDA_TRY(cudaEventSynchronize(e1));
