@@ -113,8 +113,8 @@ typedef struct {
     double gemm_efficiency;                 /* large-GEMM fraction of peak when no GEMM is measured */
     double mem_gib, mem_peak_gbs, mem_gbs;  /* capacity; datasheet and achieved bandwidth (GB/s) */
     double intra_busbw_gbs, inter_busbw_gbs, comm_latency_us;
-    char compute_source[128], memory_source[128], interconnect_source[128], gemm_source[128],
-        attention_source[128];
+    char compute_source[256], memory_source[256], interconnect_source[256], gemm_source[256],
+        attention_source[256];
     int ngemm, nattn, nrs, nag;
     kiln_hw_gemm_point gemm[KILN_HW_MAX_POINTS];
     kiln_hw_attn_point attn[64];

@@ -449,8 +449,8 @@ static int run_check(opts *o) {
                 const kiln_size_candidate *x = &r.c[idx[i]];
                 snprintf(rk, sizeof rk, "%lld", (long long)idx[i] + 1);
                 print_row(stdout, rk, x);
-                printf("        = %d field(s) changed; training %+.1f%%, decode batch 1 %+.1f%%, batch 64 %+.1f%% "
-                       "(time)\n", distance(&x->shape, &s), 100 * (x->pred.tokens_per_s / own.tokens_per_s - 1),
+                printf("        = %d field(s) changed; training %+.1f%% tokens/s; decode time %+.1f%% at batch 1, "
+                       "%+.1f%% at batch 64\n", distance(&x->shape, &s), 100 * (x->pred.tokens_per_s / own.tokens_per_s - 1),
                        100 * (x->pred.decode_ms_b1 / own.decode_ms_b1 - 1),
                        100 * (x->pred.decode_ms_b64 / own.decode_ms_b64 - 1));
                 print_why(stdout, x);
