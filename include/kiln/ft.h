@@ -80,7 +80,7 @@ typedef struct {
     int rank, world, attempt;
     long pid;
     int64_t step, steps;  /* steps completed; the run's total */
-    char phase[16];       /* "start", "train", "skip", "save", "done" */
+    char phase[16];       /* "start", "train", "skip", "done" */
     double loss;          /* the global mean loss of the step (NaN allowed) */
     double grad_norm;     /* the global gradient norm */
     double local_grad_norm; /* this rank's own gradient before the reduction: who produced a NaN */
