@@ -342,6 +342,7 @@ TEST(image_resize_constant_stays_constant) {
     int bad = 0;
     for (int i = 0; i < 11 * 50 && dst.rgb; i++) bad += dst.rgb[3 * i] != 0 || dst.rgb[3 * i + 1] != 128 || dst.rgb[3 * i + 2] != 255;
     CHECK_MSG(bad == 0, "%d pixels changed", bad);
+    kiln_image_free(&dst);
     kiln_image same;
     CHECK_OK(kiln_image_resize_bicubic(&src, 37, 23, &same));
     CHECK(same.rgb && memcmp(same.rgb, src.rgb, 37 * 23 * 3) == 0);

@@ -605,8 +605,8 @@ TEST(tok_malformed_files) {
     CHECK_LOAD_ERR("{\"model\": {\"type\": \"BPE\", \"continuing_subword_prefix\": \"##\", \"vocab\": {}, \"merges\": []}}",
                    "continuing_subword_prefix");
     CHECK_LOAD_ERR("{\"version\": \"2.0\", " MODEL "}", "version \"2.0\"");
-    CHECK_LOAD_ERR("{\"normalizer\": {\"type\": \"Lowercase\"}, " MODEL "}",
-                   "field 'normalizer': normalizer type \"Lowercase\" is not supported");
+    CHECK_LOAD_ERR("{\"normalizer\": {\"type\": \"NFKD\"}, " MODEL "}",
+                   "field 'normalizer': normalizer type \"NFKD\" is not supported");
     CHECK_LOAD_ERR("{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFKC\"}]}, " MODEL "}",
                    "field 'normalizer.normalizers[0]': normalizer type \"NFKC\"");
     CHECK_LOAD_ERR("{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \" \"}, " MODEL "}",
