@@ -341,6 +341,18 @@ TEST(size_cli) {
     cJSON *j = cJSON_Parse(out);
     CHECK(j && cJSON_GetObjectItem(j, "prediction"));
     cJSON_Delete(j);
+    /* a kiln train config: its sequence, micro-batch, accumulation and optimizer are the defaults */
+    const char *tc = test_join(test_tmpdir(), "train.json");
+    FILE *f = fopen(tc, "w");
+    fputs("{\"model\": {\"vocab_size\": 128, \"hidden_size\": 48, \"num_hidden_layers\": 4, \"num_attention_heads\": 6, "
+          "\"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 8, \"moe_intermediate_size\": 16, "
+          "\"router_hidden_size\": 32}, \"data\": {\"seq_len\": 64, \"micro_batch\": 2, \"grad_accum\": 3}, "
+          "\"optim\": {\"muon\": false}}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "size predict '%s' --profile h200 --gpus 1", tc);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK(strstr(out, "sequence 64; micro-batch 2; 384 tokens per step; AdamW;") != NULL);
+    CHECK(strstr(out, "zaya h48 L4 q6x8 kv2 E8 k1 I16 V128") != NULL);
     /* check: the config's own rank and suggestions */
     snprintf(args, sizeof args, "size check '%s' --profile h200 --seq 64 --hidden 32,48,64,96 --head-dims 8,16 "
              "--widths 8,16,32 --experts 4,8,16 --top-k 1,2 --tolerance 0.2", cfg);
@@ -366,4 +378,38 @@ TEST(size_cli) {
     CHECK(strstr(out, "--profile is required"));
     CHECK(test_run_kiln("size check /nonexistent/config.json --profile h200", out, sizeof out) == 1);
     CHECK(strstr(out, "/nonexistent/config.json"));
+}
+
+TEST(size_predict_consistency) {
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    kiln_size_shape s;
+    kiln_size_shape_zaya_default(&s);
+    kiln_size_setup u;
+    kiln_size_setup_default(&u);
+    kiln_size_pred a, b, r1, rr;
+    CHECK_OK(kiln_size_predict(&s, p, &u, &a));
+    /* the step is its parts; tokens/s and MFU follow from it */
+    CHECK_NEAR(a.t_micro, a.t_gemm + a.t_attn + a.t_mem, 1e-12);
+    CHECK_NEAR(a.t_step, (double)a.grad_accum * a.t_micro + a.t_optim + a.t_comm, 1e-9);
+    CHECK(a.grad_accum == (4 << 20) / (8 * 4096));
+    CHECK_NEAR(a.tokens_per_s, (double)a.grad_accum * 4096 / a.t_step, 1e-6);
+    CHECK_NEAR(a.mfu, (a.flops.fwd + a.flops.bwd) * a.tokens_per_s / 989.4e12, 1e-12);
+    CHECK(a.mfu > 0.05 && a.mfu < 1);
+    /* one GPU: no collectives; recomputation: slower micro-batches, fewer activations */
+    u.train.gpus = 1;
+    CHECK_OK(kiln_size_predict(&s, p, &u, &r1));
+    CHECK(r1.t_comm == 0 && a.t_comm > 0);
+    u.train.gpus = 8;
+    u.train.recompute = 1;
+    CHECK_OK(kiln_size_predict(&s, p, &u, &rr));
+    CHECK(rr.t_micro > a.t_micro && rr.mem.activations < a.mem.activations);
+    /* decode: batch 64 reads every expert, so it costs more than batch 1 but far less than 64 steps */
+    CHECK(a.decode_ms_b64 > a.decode_ms_b1 && a.decode_ms_b64 < 64 * a.decode_ms_b1);
+    /* a longer context costs more attention per token */
+    u.train.recompute = 0;
+    u.seq = 16384;
+    CHECK_OK(kiln_size_predict(&s, p, &u, &b));
+    CHECK(b.flops.attn > 3.9 * a.flops.attn && b.kv_gib_b64 > 3.9 * a.kv_gib_b64);
+    free(p);
 }
