@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Fold `kiln bench` measurements into a `kiln size` hardware profile (data/profiles/NAME.json), in place.
+
+The same selection as `kiln size --bench` (src/sizing/hw.c): bf16 gemm records replace gemm.records;
+the best GPU membw copy replaces memory.achieved_gbs; reduce_scatter/all_gather records over 2+ ranks
+(not the local backend) replace comm.records. Each replaced section's `source` names the files.
+
+usage: merge_bench.py PROFILE.json BENCH.json [BENCH.json ...]
+"""
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    path, benches = argv[1], argv[2:]
+    with open(path) as f:
+        prof = json.load(f)
+    if prof.get("kiln_hw_profile") != 1:
+        sys.exit(f"{path}: not a kiln_hw_profile 1 file")
+    gemm, comm, copy = [], [], 0.0
+    for b in benches:
+        with open(b) as f:
+            p = json.load(f)
+        if p.get("kiln_profile") != 1:
+            sys.exit(f"{b}: not a kiln bench profile (kiln_profile 1)")
+        for r in p.get("gemm", []):
+            if r.get("dtype") == "bf16" and r.get("tflops", 0) > 0:
+                gemm.append({k: r[k] for k in ("dtype", "m", "n", "k", "tflops")})
+        for r in p.get("membw", []):
+            if r.get("device") != "cpu" and r.get("kernel") == "copy":
+                copy = max(copy, r.get("gbs_best", 0))
+        for r in p.get("comm", []):
+            if (r.get("collective") in ("reduce_scatter", "all_gather") and r.get("backend") != "local"
+                    and r.get("ranks", 0) >= 2 and r.get("busbw_gbs", 0) > 0 and r.get("bytes", 0) > 0):
+                comm.append({k: r[k] for k in ("collective", "bytes", "ranks", "busbw_gbs")})
+    if not (gemm or comm or copy):
+        sys.exit("no GPU measurements in " + " ".join(benches))
+    day = datetime.date.today().isoformat()
+    names = ", ".join(os.path.basename(b) for b in benches)
+    if gemm:
+        prof["gemm"] = {"source": f"measured {day}: kiln bench gemm --device cuda --dtype bf16 ({names})",
+                        "records": gemm}
+    if copy:
+        prof["memory"]["achieved_gbs"] = round(copy, 1)
+        prof["memory"]["source"] = f"{prof['memory']['source'].split(';')[0]}; achieved: measured {day}, kiln bench membw --device cuda copy"
+    if comm:
+        prof["comm"] = {"source": f"measured {day}: kiln bench comm --backend nccl ({names})", "records": comm}
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(prof, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
