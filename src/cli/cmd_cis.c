@@ -32,9 +32,6 @@ static const char usage[] =
     "             CLIP embeddings (image_embeds / text_embeds [N,D], projected, L2-normalised, F32)\n\n"
     "Formats: docs/cis-format.md; the method and every output file: docs/cis.md.\n";
 
-/* cisclip's `kiln cis embed` (src/cli/cmd_cis_embed.c); weak so this file links without it. */
-int cis_embed_main(int argc, char **argv) __attribute__((weak));
-
 static volatile int stop_flag;
 static void on_sigint(int sig) {
     (void)sig;
@@ -238,13 +235,7 @@ static int cmd(int argc, char **argv) {
     if (!strcmp(sub, "score")) return cmd_score(argc - 1, argv + 1);
     if (!strcmp(sub, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(sub, "report")) return cmd_report(argc - 1, argv + 1);
-    if (!strcmp(sub, "embed")) {
-        if (!cis_embed_main) {
-            fprintf(stderr, "kiln cis embed: this build has no CLIP embedder\n");
-            return 1;
-        }
-        return cis_embed_main(argc - 1, argv + 1);
-    }
+    if (!strcmp(sub, "embed")) return cis_embed_main(argc - 1, argv + 1); /* src/cli/cmd_cis_embed.c */
     fprintf(stderr, "kiln cis: unknown command '%s'\n\n%s", sub, usage);
     return 2;
 }
