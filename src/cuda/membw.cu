@@ -60,7 +60,7 @@ extern "C" kiln_error *kiln_cuda_membw(const char *kernel, size_t bytes, int ite
     CUDA_TRY(cudaMemset(b, 0, n * sizeof *b));
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));
-    for (int it = -2; it < iters; it++) { // two warm-ups
+    for (int it = -5; it < iters; it++) { // five warm-ups: small arrays need them to reach steady clocks
         CUDA_TRY(cudaEventRecord(e0, 0));
         if (which == 0) CUDA_TRY(cudaMemcpyAsync(c, a, n * sizeof *a, cudaMemcpyDeviceToDevice, 0));
         else if (which == 4) k_copy<<<blocks, 256>>>(a, c, n);
