@@ -9,7 +9,7 @@
  * Supervisor -> trainer protocol (environment variables, read by kiln_train):
  *   KILN_HEARTBEAT_DIR  write DIR/rank_NNNNN.json (atomically) at start and after every step
  *   KILN_RUN_ATTEMPT    1 for the first launch, 2 for the first restart, ...
- *   KILN_RESUME=1       resume from the newest valid checkpoint (as --resume)
+ *   KILN_RESUME=1       resume from the newest valid checkpoint (as --resume; every attempt)
  *   KILN_REJECT_FROM=S  before resuming, set committed checkpoints of step >= S aside (renamed
  *                       step_N.rejected: nothing is deleted) because they hold weights trained
  *                       on a bad window
@@ -184,7 +184,9 @@ typedef struct {
 } kiln_supervisor_opts;
 
 void kiln_supervisor_opts_default(kiln_supervisor_opts *o);
-/* Run to completion or until the retry budget is spent. *exit_status: 0 finished, 1 gave up,
+/* Run to completion or until the retry budget is spent. The calling process becomes a child
+ * subreaper and stops the job by signalling every one of its descendants: call it from a process
+ * whose only children are the job's (the kiln run CLI). *exit_status: 0 finished, 1 gave up,
  * 130 interrupted. Errors are for the supervisor's own failures (cannot launch, bad options). */
 kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status);
 

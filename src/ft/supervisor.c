@@ -439,8 +439,9 @@ static kiln_error *launch(attempt_state *a, int use_mpirun, const char *skip, in
     snprintf(attempt, sizeof attempt, "%d", a->attempt);
     setenv("KILN_HEARTBEAT_DIR", a->hb_dir, 1);
     setenv("KILN_RUN_ATTEMPT", attempt, 1);
-    if (a->attempt > 1) setenv("KILN_RESUME", "1", 1);
-    else unsetenv("KILN_RESUME");
+    /* every attempt resumes, the first too: the same kiln run command continues a run stopped by
+     * Ctrl-C or a lost supervisor (a new out_dir starts from step 0) */
+    setenv("KILN_RESUME", "1", 1);
     if (skip && *skip) setenv("KILN_SKIP_STEPS", skip, 1);
     else unsetenv("KILN_SKIP_STEPS");
     if (reject_from > 0) {
@@ -629,7 +630,11 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         outcome out = watch(&a);
         if (out == OUT_INTERRUPTED) {
             stop_job(&a, o->grace_s);
-            log_incident(&a, "interrupted", -1, a.have_hb[0] ? a.hb[0].step : -1, "Ctrl-C (SIGINT or SIGTERM) to kiln run",
+            kiln_heartbeat h; /* the step the ranks stopped at */
+            kiln_error *he = kiln_heartbeat_read(a.hb_dir, 0, &h);
+            int64_t at = !he && h.attempt == attempt ? h.step : -1;
+            kiln_error_free(he);
+            log_incident(&a, "interrupted", -1, at, "Ctrl-C (SIGINT or SIGTERM) to kiln run",
                          "stop: the ranks were asked to save a checkpoint; resume with the same command");
             *exit_status = 130;
             break;
