@@ -413,3 +413,65 @@ TEST(size_predict_consistency) {
     CHECK(b.flops.attn > 3.9 * a.flops.attn && b.kv_gib_b64 > 3.9 * a.kv_gib_b64);
     free(p);
 }
+
+static size_t count_sub(const char *s, const char *sub) {
+    size_t n = 0;
+    for (const char *p = strstr(s, sub); p; p = strstr(p + 1, sub)) n++;
+    return n;
+}
+
+/* The HTML page: one circle per candidate, the reference marked, two plots; and headless Chromium
+ * (a CI test dependency, as for kiln bench report) parses it into the same DOM without console errors. */
+TEST(size_html_page) {
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("mi300x", p));
+    kiln_size_budget b;
+    kiln_size_budget_default(&b, KILN_ARCH_ZAYA);
+    b.total = 8.3e9; b.active = 760e6; b.vocab = 262272;
+    kiln_size_result r;
+    CHECK_OK(kiln_size_search(&b, p, &r));
+    kiln_size_shape z;
+    kiln_size_shape_zaya_default(&z);
+    int64_t ref = kiln_size_find(&r, &z);
+    CHECK(ref >= 0);
+    for (int i = 0; i < 3; i++) kiln_size_explain_candidate(p, &b, &r.c[i]);
+    const char *d = test_tmpdir();
+    char html[512];
+    snprintf(html, sizeof html, "%s", test_join(d, "size.html"));
+    CHECK_OK(kiln_size_write_html(html, p, &b, &r, 3, ref));
+    char *t = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(html, &t, &len));
+    if (t) {
+        CHECK(count_sub(t, "<svg") == 2 && count_sub(t, "</svg>") == 2);
+        CHECK_MSG(count_sub(t, "class=\"cand\"") == (size_t)r.n, "%zu circles for %lld candidates",
+                  count_sub(t, "class=\"cand\""), (long long)r.n);
+        CHECK(count_sub(t, "class=\"bar\"") == 3 * (ref >= 3 ? 4 : 3));
+        CHECK(strstr(t, "head dim 128: attention") || strstr(t, "head dim 64: attention") ||
+              strstr(t, "head dim 256: attention"));
+        CHECK(count_sub(t, "<script") == 0 && count_sub(t, "http://") == count_sub(t, "xmlns=\"http://www.w3.org/2000/svg\""));
+    }
+    free(t);
+    kiln_size_result_free(&r);
+    free(p);
+    if (system("command -v chromium >/dev/null 2>&1") != 0) {
+        test_fail(__FILE__, __LINE__, "chromium is not installed (apt-get install -y chromium); this test needs it");
+        return;
+    }
+    char dom[512], log[512], cmd[4096];
+    snprintf(dom, sizeof dom, "%s", test_join(d, "dom.html"));
+    snprintf(log, sizeof log, "%s", test_join(d, "chromium.log"));
+    snprintf(cmd, sizeof cmd,
+             "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+             "--disable-background-networking --disable-component-update --disable-sync --enable-logging=stderr --v=0 "
+             "--user-data-dir='%s' --dump-dom 'file://%s' >'%s' 2>'%s'", test_join(d, "chrome-profile"), html, dom, log);
+    CHECK(system(cmd) == 0);
+    char *l = NULL;
+    CHECK_OK(kiln_read_file(dom, &t, &len));
+    CHECK_OK(kiln_read_file(log, &l, &len));
+    if (t) CHECK_MSG(count_sub(t, "<svg") == 2 && count_sub(t, "<circle") >= 19, "DOM: %zu svg, %zu circles",
+                     count_sub(t, "<svg"), count_sub(t, "<circle"));
+    if (l) CHECK_MSG(!strstr(l, "Uncaught") && !strstr(l, ":CONSOLE(") && !strstr(l, "net::ERR_"), "%s", l);
+    free(t);
+    free(l);
+}

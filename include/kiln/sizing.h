@@ -230,6 +230,11 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
 /* The rules (--explain). */
 void kiln_size_print_rules(FILE *f, const kiln_hw_profile *p, const kiln_size_budget *b);
 
+/* A self-contained HTML page (html.c): a scatter of every candidate, the leaders' micro-batch time by
+ * kind of work, the ranked table with the evidence; ref is the reference's rank or -1. Atomic. */
+kiln_error *kiln_size_write_html(const char *path, const kiln_hw_profile *p, const kiln_size_budget *b,
+                                 const kiln_size_result *r, int top, int64_t ref);
+
 /* JSON for tools (cost.c/predict.c numbers of one candidate). */
 cJSON *kiln_size_candidate_json(const kiln_size_candidate *c);
 cJSON *kiln_size_profile_json(const kiln_hw_profile *p);

@@ -42,10 +42,11 @@ static const char usage[] =
     "  --top N              rows to print (default 10)\n"
     "  --reference CONFIG   also report where this config's shape ranks, and why\n"
     "  --explain            print the rules first\n"
-    "  --json               JSON on stdout instead of the table\n";
+    "  --json               JSON on stdout instead of the table\n"
+    "  --html FILE          also write an HTML page: candidates plotted, time breakdown, the table\n";
 
 typedef struct {
-    const char *profile, *reference, *config;
+    const char *profile, *reference, *config, *html;
     const char *bench[8];
     int nbench, explain, json, top, have_total, have_active, have_setup_seq, have_tps, have_mb, have_vocab;
     kiln_size_budget b;
@@ -99,6 +100,7 @@ static kiln_error *parse(int argc, char **argv, int first, int want_config, opts
             if (o->nbench == 8) return kiln_errorf(KILN_EINVAL, "--bench: at most 8 files");
             o->bench[o->nbench++] = v;
         } else if (!strcmp(a, "--reference")) o->reference = v;
+        else if (!strcmp(a, "--html")) o->html = v;
         else if (!strcmp(a, "--arch")) continue;
         else if (!strcmp(a, "--total-params")) { KILN_TRY(kiln_size_parse_count(a, v, &o->b.total)); o->have_total = 1; }
         else if (!strcmp(a, "--active-params")) { KILN_TRY(kiln_size_parse_count(a, v, &o->b.active)); o->have_active = 1; }
@@ -287,6 +289,11 @@ static int run_search(opts *o) {
     for (int i = 0; i < top; i++) kiln_size_explain_candidate(p, &o->b, &r.c[i]);
     int64_t rank = o->reference ? kiln_size_find(&r, &ref) : -1;
     if (rank >= 0) kiln_size_explain_candidate(p, &o->b, &r.c[rank]);
+    if (o->html && (e = kiln_size_write_html(o->html, p, &o->b, &r, top, rank))) {
+        kiln_size_result_free(&r);
+        free(p);
+        return cli_fail("size", e);
+    }
     if (o->json) {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddItemToObject(root, "profile", kiln_size_profile_json(p));
