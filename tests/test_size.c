@@ -261,6 +261,28 @@ TEST(size_profiles_builtin_and_errors) {
           "\"m\": 64, \"n\": 64, \"k\": 64, \"tflops\": 0.1}]}", f);
     fclose(f);
     CHECK_ERR(kiln_hw_profile_merge_bench(p, cpu), "no GPU measurements");
+    /* comm, membw and attention records: the collective time and the attention efficiency follow them */
+    const char *more = test_join(dir, "more.json");
+    f = fopen(more, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"mixed\", "
+          "\"comm\": [{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, \"bytes\": 1048576, "
+          "\"busbw_gbs\": 100.0}, {\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, "
+          "\"bytes\": 4194304, \"busbw_gbs\": 200.0}, {\"backend\": \"local\", \"collective\": \"all_gather\", "
+          "\"ranks\": 1, \"bytes\": 4194304, \"busbw_gbs\": 9.0}], "
+          "\"membw\": [{\"device\": \"cpu\", \"kernel\": \"copy\", \"gbs_best\": 99999.0}, "
+          "{\"device\": \"cuda\", \"kernel\": \"copy\", \"gbs_best\": 4000.0}], "
+          "\"attention\": [{\"backend\": \"cuda\", \"dtype\": \"bf16\", \"pass\": \"fwd\", \"batch\": 1, \"seq\": 4096, "
+          "\"heads\": 8, \"head_dim\": 128, \"window\": 0, \"flops\": 1e12, \"time_us\": 2000}, "
+          "{\"backend\": \"cuda\", \"dtype\": \"bf16\", \"pass\": \"fwd_bwd\", \"batch\": 1, \"seq\": 4096, \"heads\": 8, "
+          "\"head_dim\": 128, \"window\": 0, \"flops\": 3.5e12, \"time_us\": 7000}]}", f);
+    fclose(f);
+    CHECK_OK(kiln_hw_profile_merge_bench(p, more));
+    CHECK(p->nrs == 2 && p->nag == 0 && p->mem_gbs == 4000.0 && p->nattn == 1);
+    /* 1e12 FLOPs in 2 ms = 500 TFLOP/s forward; backward 2.5e12 in 5 ms = 500 TFLOP/s */
+    CHECK_NEAR(kiln_hw_attn_eff(p, 128, 0), 500.0 / p->peak_bf16, 1e-9);
+    CHECK_NEAR(kiln_hw_attn_eff(p, 128, 1), 500.0 / p->peak_bf16, 1e-9);
+    /* 2 MiB: halfway in log2 between 1 and 4 MiB -> 150 GB/s */
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, 2097152, 8), 2097152.0 * 7 / 8 / 150e9 + p->comm_latency_us * 1e-6, 1e-12);
     free(p);
     free(q);
 }
