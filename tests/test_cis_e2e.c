@@ -209,6 +209,8 @@ TEST(cis_end_to_end) {
              test_join(d, "run4"));
     rc = test_run_kiln(cmd, out, sizeof out);
     CHECK_MSG(rc == 1 && strstr(out, "siglip"), "%s", out);
+    struct stat st;
+    CHECK_MSG(stat(test_join(d, "run4"), &st) != 0, "a failed start left a run directory behind");
 }
 
 TEST(cis_report_chromium) {

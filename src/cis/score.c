@@ -355,6 +355,11 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         (e = kiln_cis_suite_parse(suite_text, suite_len, o->suite, &suite)))
         goto done;
     if ((e = kiln_cis_manifest_load(o->manifest, &man))) goto done;
+    /* every input is checked before the run directory is touched */
+    if ((e = kiln_clip_load(o->clip_dir, &clip))) {
+        e = kiln_error_wrap(e, "--clip %s", o->clip_dir);
+        goto done;
+    }
     if ((e = cis_mkdir(o->out_dir))) goto done;
     struct stat st;
     if (!o->resume && !stat(runjson, &st)) {
@@ -365,10 +370,6 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if ((e = cis_mkdir(results))) goto done;
     if (o->resume && (e = cis_read_results(o->out_dir, &prev))) goto done;
     if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir))) goto done;
-    if ((e = kiln_clip_load(o->clip_dir, &clip))) {
-        e = kiln_error_wrap(e, "--clip %s", o->clip_dir);
-        goto done;
-    }
     if ((e = cis_textset_build(&suite, &ts))) goto done;
     int D = kiln_clip_dim(clip);
     if (!(T = malloc((size_t)ts.ntext * D * sizeof *T))) {
