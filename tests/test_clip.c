@@ -478,6 +478,10 @@ TEST(clip_load_errors_name_the_problem) {
     CHECK_ERR(kiln_clip_load(dir, &m), "resample 2 is not supported");
     rewrite(pre, "\"resample\":2", "\"resample\":3");
     CHECK_OK(kiln_clip_load(dir, &m));
+    /* a bad text is named by its index, the first in input order */
+    const char *texts[] = {"fine", "bad \xff utf-8", "fine", "also bad \xfe"};
+    float emb[4 * 16];
+    CHECK_ERR(kiln_clip_embed_texts(m, texts, 4, emb), "text 1:");
     kiln_clip_free(m);
     m = NULL;
     CHECK(remove(test_join(dir, "tokenizer.json")) == 0);

@@ -78,43 +78,66 @@ static void l2_normalize(float *v, int64_t rows, int64_t d) {
     }
 }
 
+/* One text through the tower into out[D]; x and s are the caller's scratch for max_pos tokens. */
+static kiln_error *embed_one_text(kiln_clip *m, const char *text, float *out, float *x, float *pooled, scratch *s) {
+    const clip_tower_cfg *c = &m->text;
+    int64_t H = c->hidden, D = m->proj_dim;
+    int64_t *ids = NULL;
+    int T = 0;
+    KILN_TRY(kiln_clip_text_ids(m, text, &ids, &T));
+    for (int t = 0; t < T; t++) {
+        const float *te = m->tok_emb + ids[t] * H, *pe = m->tpos_emb + (int64_t)t * H;
+        for (int64_t j = 0; j < H; j++) x[t * H + j] = te[j] + pe[j];
+    }
+    for (int l = 0; l < c->layers; l++)
+        if (layer_forward(x, 1, T, c, &m->tl[l], s, 1)) {
+            free(ids);
+            return kiln_errorf(KILN_ENOMEM, "CLIP text: out of memory");
+        }
+    int at = kiln_clip_eos_index(m, ids, T);
+    kiln_layernorm_forward(pooled, x + (int64_t)at * H, m->final_ln_w, m->final_ln_b, 1, H, (float)c->eps);
+    kiln_linear_forward(out, pooled, m->text_proj, NULL, 1, H, D);
+    l2_normalize(out, 1, D);
+    free(ids);
+    return NULL;
+}
+
+/* Texts run one per thread (each at most max_pos tokens: too small to split across threads, and the
+ * causal mask makes padding them into a batch pointless); OpenBLAS runs single-threaded inside. */
 kiln_error *kiln_clip_embed_texts(kiln_clip *m, const char *const *texts, int n, float *out) {
     const clip_tower_cfg *c = &m->text;
     int64_t H = c->hidden, D = m->proj_dim;
-    kiln_error *e = NULL;
-    scratch s = {0};
-    float *x = NULL, *pooled = malloc(sizeof(float) * (size_t)H);
-    if (!pooled || scratch_alloc(&s, c->max_pos, c) || !(x = malloc(sizeof(float) * (size_t)(c->max_pos * H)))) {
-        e = kiln_errorf(KILN_ENOMEM, "CLIP text: out of memory");
-        goto out;
+    kiln_error *first = NULL;
+    int first_at = n;
+#pragma omp parallel if (n > 1)
+    {
+        scratch s = {0};
+        float *x = malloc(sizeof(float) * (size_t)(c->max_pos * H)), *pooled = malloc(sizeof(float) * (size_t)H);
+        int ok = x && pooled && !scratch_alloc(&s, c->max_pos, c);
+#pragma omp for schedule(dynamic)
+        for (int i = 0; i < n; i++) {
+            kiln_error *e = ok ? embed_one_text(m, texts[i], out + (int64_t)i * D, x, pooled, &s)
+                               : kiln_errorf(KILN_ENOMEM, "CLIP text: out of memory");
+            if (e) {
+                e = kiln_error_wrap(e, "text %d", i);
+#pragma omp critical(kiln_clip_text_error)
+                {
+                    /* report the first failing text in input order, whatever thread saw it */
+                    if (i < first_at) {
+                        kiln_error_free(first);
+                        first = e;
+                        first_at = i;
+                        e = NULL;
+                    }
+                }
+                kiln_error_free(e);
+            }
+        }
+        scratch_free(&s);
+        free(x);
+        free(pooled);
     }
-    /* one text at a time: sequences differ in length and the causal mask makes padding useless */
-    for (int i = 0; i < n && !e; i++) {
-        int64_t *ids = NULL;
-        int T = 0;
-        if ((e = kiln_clip_text_ids(m, texts[i], &ids, &T))) {
-            e = kiln_error_wrap(e, "text %d", i);
-            break;
-        }
-        for (int t = 0; t < T; t++) {
-            const float *te = m->tok_emb + ids[t] * H, *pe = m->tpos_emb + (int64_t)t * H;
-            for (int64_t j = 0; j < H; j++) x[t * H + j] = te[j] + pe[j];
-        }
-        for (int l = 0; l < c->layers && !e; l++)
-            if (layer_forward(x, 1, T, c, &m->tl[l], &s, 1)) e = kiln_errorf(KILN_ENOMEM, "CLIP text: out of memory");
-        if (!e) {
-            int at = kiln_clip_eos_index(m, ids, T);
-            kiln_layernorm_forward(pooled, x + (int64_t)at * H, m->final_ln_w, m->final_ln_b, 1, H, (float)c->eps);
-            kiln_linear_forward(out + (int64_t)i * D, pooled, m->text_proj, NULL, 1, H, D);
-            l2_normalize(out + (int64_t)i * D, 1, D);
-        }
-        free(ids);
-    }
-out:
-    scratch_free(&s);
-    free(x);
-    free(pooled);
-    return e;
+    return first;
 }
 
 /* x [B, 1 + G*G, H]: class token then the patches (conv with stride = kernel = p, no bias, as
