@@ -72,18 +72,23 @@ static kiln_error *embed_images(kiln_clip *m, const char *list, int batch, float
     if (!e) kiln_progress_start(&prog, "embed images", (uint64_t)N, "img");
     for (int b0 = 0; !e && b0 < N; b0 += batch) {
         int B = N - b0 < batch ? N - b0 : batch, ok = 1;
+        kiln_error *errs[4096] = {0};
+        /* decoding and resizing are per image and single-threaded: spread the batch over threads */
+#pragma omp parallel for schedule(dynamic)
         for (int i = 0; i < B; i++) {
             kiln_image img;
             kiln_error *le = kiln_image_load(paths[b0 + i], &img);
             if (!le) le = kiln_clip_preprocess(m, &img, px + per * (size_t)i);
             kiln_image_free(&img);
-            if (le) {
-                /* report every bad item, keep going so the user sees them all at once */
-                fprintf(stderr, "kiln cis embed: %s line %d: %s\n", list, b0 + i + 1, kiln_error_msg(le));
-                kiln_error_free(le);
-                bad++;
-                ok = 0;
-            }
+            errs[i] = le;
+        }
+        for (int i = 0; i < B; i++) {
+            if (!errs[i]) continue;
+            /* report every bad item, keep going so the user sees them all at once */
+            fprintf(stderr, "kiln cis embed: %s line %d: %s\n", list, b0 + i + 1, kiln_error_msg(errs[i]));
+            kiln_error_free(errs[i]);
+            bad++;
+            ok = 0;
         }
         if (ok && !bad) e = kiln_clip_embed_images(m, px, B, emb + (size_t)b0 * D, NULL);
         kiln_progress_update(&prog, (uint64_t)(b0 + B));
