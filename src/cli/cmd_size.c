@@ -394,6 +394,11 @@ static int run_check(opts *o) {
     int64_t rank = kiln_size_find(&r, &padded);
     /* suggestions: candidates better than the config, nearest first (fewest changed fields) */
     int64_t *idx = malloc(sizeof *idx * (size_t)(r.n + 1));
+    if (!idx) {
+        kiln_size_result_free(&r);
+        free(p);
+        return cli_fail("size check", kiln_errorf(KILN_ENOMEM, "%lld candidates", (long long)r.n));
+    }
     int nsug = 0;
     const double own_score = rank >= 0 ? r.c[rank].score : 1e300;
     for (int d = 1; d <= 10 && nsug < o->top; d++)
