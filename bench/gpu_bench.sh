@@ -2,31 +2,14 @@
 # GPU benchmarks of issue [bench], one script, one run, on the GPU machine: kiln's cuBLASLt GEMM vs
 # torch.matmul on the same shapes and dtypes, and kiln's GPU copy bandwidth vs torch's tensor copy;
 # prints both sides and the ratio, and leaves the JSON profiles in $OUT (or ./bench-out).
-# Needs nvcc, CMake and PyTorch there; cJSON/OpenBLAS come from .debs/ (apt-get download here) when
-# the machine has no package manager.
+# Needs nvcc, CMake and PyTorch there (scripts/gpu_machine_build.sh builds kiln).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"
-extra=()
-if [ -d .debs ] && ! [ -e /usr/include/cjson/cJSON.h ]; then
-  for f in .debs/*.deb; do dpkg -x "$f" /opt/kdeps; done
-  export LD_LIBRARY_PATH=/opt/kdeps/usr/lib/x86_64-linux-gnu:/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp:${LD_LIBRARY_PATH:-}
-  extra=(-DCMAKE_PREFIX_PATH=/opt/kdeps/usr
-         -DOPENBLAS_LIB=/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
-         -DOPENBLAS_INCLUDE=/opt/kdeps/usr/include/x86_64-linux-gnu/openblas-openmp)
-fi
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERROR=OFF "${extra[@]}" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target kiln 2>&1 | grep -E "error|warning" || true
+. scripts/gpu_machine_build.sh
+kiln_gpu_build build-gpu ON kiln
 K=./build-gpu/kiln
-# NCCL for `kiln bench comm --backend nccl`: the library of the PyTorch wheels, opened at run time
-if [ -z "${KILN_NCCL_LIB:-}" ]; then
-  KILN_NCCL_LIB=$(python3 -c 'import glob, site, os
-for d in site.getsitepackages():
-    g = sorted(glob.glob(os.path.join(d, "nvidia/nccl/lib/libnccl.so*")))
-    if g: print(g[0]); break')
-  export KILN_NCCL_LIB
-fi
-export NCCL_NVLS_ENABLE=0
+kiln_find_nccl
 ngpu=$(nvidia-smi -L | wc -l)
 comm_max=${COMM_MAX:-256M}
 for dt in float bfloat16; do
