@@ -55,6 +55,7 @@ for cfg in ["vit-b-32", "vit-l-14"]:
     kv = statistics.median(r["images_per_s_median"] for r in k)
     tv = statistics.median(r["images_per_s_median"] for r in t)
     print(f"{cfg:9} {kv:11.2f} {tv:12.2f} {kv / tv:6.3f} {max(r['rel_err_vs_ref'] for r in k):22.3g}")
-print(f"torch {t[0].get('torch')}")
+tv = [r.get("torch") for r in recs if r["side"] == "torch"]
+print(f"torch {tv[0] if tv else '?'}")
 PY
 rm -f "$out/clip_bench.json.tmp"
