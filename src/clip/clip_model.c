@@ -48,6 +48,7 @@ static int add(wantlist *l, const char *name, int ndim, int64_t a, int64_t b, in
 /* the offsets of one encoder layer's tensors, in the order listed by add_layer */
 typedef struct {
     size_t ln1_w, ln1_b, qkv_w, qkv_b, o_w, o_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    size_t k_w, v_w, k_b, v_b; /* right after q's: the packed [3H, H] matrix and [3H] bias */
 } layer_off;
 
 static int add_layer(wantlist *l, const char *prefix, int i, const clip_tower_cfg *c, layer_off *o) {
@@ -63,11 +64,11 @@ static int add_layer(wantlist *l, const char *prefix, int i, const clip_tower_cf
     ADD(ln1_w, "layer_norm1.weight", 1, H, 0);
     ADD(ln1_b, "layer_norm1.bias", 1, H, 0);
     ADD(qkv_w, "self_attn.q_proj.weight", 2, H, H);
-    ADD(o_w, "self_attn.k_proj.weight", 2, H, H); /* placeholders: q, k, v must be adjacent */
-    ADD(o_w, "self_attn.v_proj.weight", 2, H, H);
+    ADD(k_w, "self_attn.k_proj.weight", 2, H, H);
+    ADD(v_w, "self_attn.v_proj.weight", 2, H, H);
     ADD(qkv_b, "self_attn.q_proj.bias", 1, H, 0);
-    ADD(o_b, "self_attn.k_proj.bias", 1, H, 0);
-    ADD(o_b, "self_attn.v_proj.bias", 1, H, 0);
+    ADD(k_b, "self_attn.k_proj.bias", 1, H, 0);
+    ADD(v_b, "self_attn.v_proj.bias", 1, H, 0);
     ADD(o_w, "self_attn.out_proj.weight", 2, H, H);
     ADD(o_b, "self_attn.out_proj.bias", 1, H, 0);
     ADD(ln2_w, "layer_norm2.weight", 1, H, 0);
