@@ -363,6 +363,15 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
             if (rename(w->tmp, w->fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", w->tmp, w->fin, strerror(errno));
         }
         if (!e) e = fsync_path(w->root);
+        /* the committed shards are all there, at their sizes, before anything older goes (their
+         * checksums were taken from the bytes written; resume verifies them again) */
+        for (int r = 0; !e && r < comm->size; r++) {
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/rank_%05d.safetensors", w->fin, r);
+            if (stat(path, &sb) || (uint64_t)sb.st_size != sums[comm->size + r])
+                e = kiln_errorf(KILN_EIO, "%s: missing or not %llu bytes after the commit", path,
+                                (unsigned long long)sums[comm->size + r]);
+        }
         if (e) rm_tree(w->tmp);
         else prune(w->snap.cfg->out_dir, w->snap.cfg->keep_last);
     }
