@@ -317,6 +317,23 @@ TEST(ft_fault_straggler_warns) {
     free(log);
 }
 
+/* One rank, launched directly: a SIGKILL is seen in the child's status. */
+TEST(ft_fault_kill_direct_launch) {
+    const char *ref = test_tmpdir(), *out = test_tmpdir();
+    char args[4096], text[16384];
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 -- kiln train --config '%s' --quiet", ref, config(ref, NULL));
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 -- kiln train --config '%s' --quiet", out, config(out, NULL));
+    setenv("KILN_FAULT", "kill:step=7", 1);
+    int rc = test_run_kiln(args, text, sizeof text);
+    unsetenv("KILN_FAULT");
+    char *log = incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
+    CHECK_MSG(strstr(log, "\"kind\":\"killed\",\"rank\":0,\"step\":6") && strstr(log, "signal 9"), "%s", log);
+    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    free(log);
+}
+
 /* Ctrl-C to kiln run: the ranks save a checkpoint and stop; exit status 130. */
 TEST(ft_run_ctrl_c_stops_cleanly) {
     const char *out = test_tmpdir();
@@ -324,12 +341,14 @@ TEST(ft_run_ctrl_c_stops_cleanly) {
     char *t = NULL;
     size_t len = 0;
     CHECK_OK(kiln_read_file(cfg, &t, &len));
-    if (t) { /* a long run */
-        char *s = strstr(t, "\"steps\": 16");
-        if (s) memcpy(s, "\"steps\": 99", 11);
-        CHECK_OK(kiln_write_file_atomic(cfg, t, len));
-        free(t);
+    char *s = t ? strstr(t, "\"steps\": 16") : NULL;
+    CHECK(s != NULL);
+    if (s) { /* a run far too long to finish */
+        char longer[8192];
+        snprintf(longer, sizeof longer, "%.*s\"steps\": 1000000000%s", (int)(s - t), t, s + 11);
+        CHECK_OK(kiln_write_file_atomic(cfg, longer, strlen(longer)));
     }
+    free(t);
     pid_t pid = fork();
     if (pid == 0) {
         int devnull = open("/dev/null", O_WRONLY);
