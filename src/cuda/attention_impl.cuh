@@ -1,0 +1,52 @@
+// Shared by the attention kernels (attention.cu: generic path and host entry points; attention_mma.cu:
+// the tensor-core path): the shape in ints, the visibility rule and the tile ranges it implies.
+#ifndef KILN_ATTENTION_IMPL_CUH
+#define KILN_ATTENTION_IMPL_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kiln/error.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define ATT_DMAX 128
+#define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
+
+struct AttnDims {
+    int B, Tq, tk, tk_cap, NH, KV, D, G, q_pos0, window;
+    float scale, scale_log2; // scale_log2 = scale * log2(e): the kernels use exp2
+};
+
+// key j is visible to the query at position p (the rule of src/nn/attention.c)
+static __device__ __forceinline__ bool att_visible(const AttnDims &a, int p, int j) {
+    return j <= p && (a.window == 0 || j > p - a.window);
+}
+// keys [*jlo, *jhi] that some query at positions p0..p1 can see
+static __device__ __forceinline__ void att_key_range(const AttnDims &a, int p0, int p1, int *jlo, int *jhi) {
+    *jlo = a.window ? max(0, p0 - a.window + 1) : 0;
+    *jhi = p1;
+}
+// query rows [*ilo, *ihi] (indices into Tq) that see some key of j0..j1; empty when *ilo > *ihi
+static __device__ __forceinline__ void att_query_range(const AttnDims &a, int j0, int j1, int *ilo, int *ihi) {
+    int plo = max(j0, a.q_pos0), phi = a.window ? min(j1 + a.window - 1, a.tk - 1) : a.tk - 1;
+    *ilo = plo - a.q_pos0, *ihi = phi - a.q_pos0;
+}
+static __device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+static __device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// the tensor-core path (attention_mma.cu): head dims 64 and 128
+bool att_mma_supported(const AttnDims &a);
+kiln_error *att_mma_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
+                            cudaStream_t st);
+kiln_error *att_mma_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+                             const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a, cudaStream_t st);
+
+#endif

@@ -1,0 +1,161 @@
+/* kiln_attention_forward_cuda / kiln_attention_backward_cuda against the CPU reference (src/nn/attention.c)
+ * on random bf16-rounded inputs: causal, sliding window, GQA ratios 1/2/4, head dims 10/33/64/128, T = 1,
+ * T not a multiple of any tile, and the KV-cache layout (Tq < tk <= tk_cap). Each case runs both device
+ * paths: the default one (tensor cores for D = 64 and 128) and the generic one (KILN_ATTN_GENERIC=1).
+ *
+ * Tolerances, as max |gpu - cpu| / max |cpu| per tensor:
+ *   out, dq, dk, dv: 2e-2 (bf16 outputs carry a relative rounding of 2^-9 = 2e-3 each; the tensor-core path
+ *     also rounds the probabilities to bf16 before P.V and dS before dS.K / dS^T.Q, as flash attention does);
+ *   lse: 1e-4 (f32 throughout; the reference is computed here in double from the same bf16 q and k).
+ * The backward is also run twice and must be bit-identical (no atomics). */
+#include <math.h>
+#include <string.h>
+
+#include "gpu_testutil.h"
+#include "kiln/nn.h"
+
+#define TOL_BF16 2e-2
+#define TOL_LSE 1e-4
+
+typedef struct {
+    int64_t B, Tq, tk, tk_cap, NH, KV, D, window;
+    int backward;
+} att_case;
+
+static void set_generic(int on) {
+    if (on)
+        setenv("KILN_ATTN_GENERIC", "1", 1);
+    else
+        unsetenv("KILN_ATTN_GENERIC");
+}
+
+/* log-sum-exp of each query's scaled visible scores, in double: [B, NH, Tq] */
+static float *ref_lse(const float *q, const float *k, const kiln_attn_shape *s) {
+    float *lse = malloc((size_t)(s->B * s->NH * s->Tq) * sizeof *lse);
+    const int64_t G = s->NH / s->KV, q0 = s->tk - s->Tq;
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t h = 0; h < s->NH; h++)
+            for (int64_t i = 0; i < s->Tq; i++) {
+                const int64_t p = q0 + i, lo = s->window > 0 && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
+                const float *qi = q + ((b * s->Tq + i) * s->NH + h) * s->D;
+                double m = -INFINITY, sum = 0;
+                double *sc = malloc((size_t)(p - lo + 1) * sizeof *sc);
+                for (int64_t j = lo; j <= p; j++) {
+                    const float *kj = k + ((b * s->tk_cap + j) * s->KV + h / G) * s->D;
+                    double dot = 0;
+                    for (int64_t d = 0; d < s->D; d++) dot += (double)qi[d] * kj[d];
+                    sc[j - lo] = dot * s->scale;
+                    m = sc[j - lo] > m ? sc[j - lo] : m;
+                }
+                for (int64_t j = lo; j <= p; j++) sum += exp(sc[j - lo] - m);
+                lse[(b * s->NH + h) * s->Tq + i] = (float)(m + log(sum));
+                free(sc);
+            }
+    return lse;
+}
+
+static void run_case(const att_case *c, uint64_t seed) {
+    printf("  B=%lld Tq=%lld tk=%lld cap=%lld NH=%lld KV=%lld D=%lld window=%lld\n", (long long)c->B,
+           (long long)c->Tq, (long long)c->tk, (long long)c->tk_cap, (long long)c->NH, (long long)c->KV,
+           (long long)c->D, (long long)c->window);
+    kiln_attn_shape s = {c->B, c->Tq, c->tk, c->tk_cap, c->NH, c->KV, c->D, c->window, 1.0f / sqrtf((float)c->D)};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed);
+    const int64_t nq = c->B * c->Tq * c->NH * c->D, nk = c->B * c->tk_cap * c->KV * c->D;
+    const int64_t nl = c->B * c->NH * c->Tq;
+    /* amplitude 2: scores spread over several units, so the softmax is neither flat nor one-hot */
+    float *q = gt_rand(&rng, nq, 2.0f), *k = gt_rand(&rng, nk, 2.0f), *v = gt_rand(&rng, nk, 1.0f);
+    float *dout = gt_rand(&rng, nq, 1.0f);
+    gt_round_bf16(q, nq), gt_round_bf16(k, nk), gt_round_bf16(v, nk), gt_round_bf16(dout, nq);
+
+    float *out = calloc((size_t)nq, sizeof *out);
+    float *probs = calloc((size_t)(nl * c->tk), sizeof *probs);
+    kiln_attention_forward(out, probs, q, k, v, &s);
+    float *lse = ref_lse(q, k, &s);
+    float *dq = NULL, *dk = NULL, *dv = NULL;
+    if (c->backward) {
+        dq = calloc((size_t)nq, sizeof *dq), dk = calloc((size_t)nk, sizeof *dk), dv = calloc((size_t)nk, sizeof *dv);
+        kiln_attention_backward(dq, dk, dv, dout, probs, q, k, v, &s);
+    }
+
+    kiln_bf16 *d_q = gt_up_bf16(q, nq), *d_k = gt_up_bf16(k, nk), *d_v = gt_up_bf16(v, nk);
+    kiln_bf16 *d_do = gt_up_bf16(dout, nq);
+    kiln_bf16 *d_out = gt_dev((size_t)nq * 2), *d_dq = gt_dev((size_t)nq * 2);
+    kiln_bf16 *d_dk = gt_dev((size_t)nk * 2), *d_dv = gt_dev((size_t)nk * 2);
+    float *d_lse = gt_dev((size_t)nl * sizeof(float));
+    void *work = gt_dev(kiln_attention_backward_cuda_work(&s) + 16);
+
+    for (int generic = 0; generic < 2; generic++) {
+        set_generic(generic);
+        printf("   %s path\n", generic ? "generic" : "default");
+        CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL));
+        float *g_out = gt_down_bf16(d_out, nq), *g_lse = gt_down_f32(d_lse, nl);
+        GT_CLOSE("out", g_out, out, nq, TOL_BF16);
+        GT_CLOSE("lse", g_lse, lse, nl, TOL_LSE);
+        free(g_out), free(g_lse);
+        if (!c->backward) continue;
+        CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+        float *g_dq = gt_down_bf16(d_dq, nq), *g_dk = gt_down_bf16(d_dk, nk), *g_dv = gt_down_bf16(d_dv, nk);
+        GT_CLOSE("dq", g_dq, dq, nq, TOL_BF16);
+        GT_CLOSE("dk", g_dk, dk, nk, TOL_BF16);
+        GT_CLOSE("dv", g_dv, dv, nk, TOL_BF16);
+        /* a second run gives the same bits */
+        CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+        float *h_dq = gt_down_bf16(d_dq, nq), *h_dk = gt_down_bf16(d_dk, nk), *h_dv = gt_down_bf16(d_dv, nk);
+        CHECK_MSG(!memcmp(g_dq, h_dq, (size_t)nq * sizeof(float)) && !memcmp(g_dk, h_dk, (size_t)nk * sizeof(float)) &&
+                      !memcmp(g_dv, h_dv, (size_t)nk * sizeof(float)),
+                  "two backward runs differ");
+        free(g_dq), free(g_dk), free(g_dv), free(h_dq), free(h_dk), free(h_dv);
+    }
+    set_generic(0);
+    kiln_cuda_free(d_q), kiln_cuda_free(d_k), kiln_cuda_free(d_v), kiln_cuda_free(d_do), kiln_cuda_free(d_out);
+    kiln_cuda_free(d_dq), kiln_cuda_free(d_dk), kiln_cuda_free(d_dv), kiln_cuda_free(d_lse), kiln_cuda_free(work);
+    free(q), free(k), free(v), free(dout), free(out), free(probs), free(lse), free(dq), free(dk), free(dv);
+}
+
+TEST(gpu_attention_small_odd_dims) {
+    const att_case cs[] = {
+        {2, 1, 1, 1, 2, 1, 10, 0, 1},      /* T = 1 */
+        {2, 77, 77, 77, 4, 2, 10, 0, 1},   /* odd head dim, GQA 2, T not a tile multiple */
+        {1, 65, 65, 65, 4, 4, 33, 5, 1},   /* odd dim, tiny window */
+        {3, 40, 40, 40, 2, 2, 128, 0, 1},  /* one partial tile */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], 100 + i);
+}
+
+TEST(gpu_attention_gqa_window) {
+    const att_case cs[] = {
+        {1, 130, 130, 130, 4, 1, 64, 0, 1},   /* GQA 4 */
+        {2, 200, 200, 200, 2, 2, 128, 48, 1}, /* window < T, GQA 1 */
+        {1, 100, 100, 100, 4, 2, 64, 17, 1},  /* odd window, GQA 2 */
+        {1, 300, 300, 300, 8, 2, 128, 0, 1},  /* the benchmark's heads, GQA 4 */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], 200 + i);
+}
+
+TEST(gpu_attention_long) {
+    const att_case cs[] = {
+        {1, 1024, 1024, 1024, 8, 2, 128, 0, 1},
+        {1, 777, 777, 777, 4, 2, 64, 256, 1},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], 300 + i);
+}
+
+TEST(gpu_attention_kv_cache_forward) {
+    const att_case cs[] = {
+        {2, 5, 70, 96, 4, 2, 64, 0, 0},   /* decode-style: 5 new queries over a 70-key cache of capacity 96 */
+        {2, 1, 133, 140, 8, 2, 128, 32, 0},
+        {1, 20, 50, 50, 2, 1, 10, 0, 1},  /* chunked prefill, with backward */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], 400 + i);
+}
+
+TEST(gpu_attention_bad_shapes) {
+    kiln_attn_shape s = {1, 4, 4, 4, 3, 2, 64, 0, 0.125f};
+    CHECK_ERR(kiln_attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, &s, NULL), "multiple of KV");
+    s.KV = 1, s.D = 129;
+    CHECK_ERR(kiln_attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, &s, NULL), "head dim 129");
+    s.D = 64, s.tk = 2;
+    CHECK_ERR(kiln_attention_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &s, NULL, NULL),
+              "bad shape");
+}
