@@ -184,6 +184,26 @@ TEST(cis_end_to_end) {
     }
     free(sj);
 
+    /* labels as the judge: the labelled verdicts are the labels, whatever CLIP said */
+    snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s' --labels-as-judge", run3, labels);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 0);
+    char *cj = slurp(test_join(run3, "components.csv"));
+    if (cj) {
+        CHECK(strstr(cj, "images/alpha/eth-meal-h1_0.png,eth-meal-h1,alpha,injera,") != NULL);
+        for (char *l = strstr(cj, "images/beta/eth-meal-h1_0.png,eth-meal-h1,beta,injera,"); l; l = NULL) {
+            char *nl = strchr(l, '\n');
+            if (nl) *nl = 0;
+            CHECK_MSG(strstr(l, ",0,0,") != NULL, "labelled absent but judged present: %s", l); /* present 0, label 0 */
+        }
+        char *l = strstr(cj, "images/alpha/eth-meal-h1_0.png,eth-meal-h1,alpha,injera,");
+        if (l) {
+            char *nl = strchr(l, '\n');
+            if (nl) *nl = 0;
+            CHECK_MSG(strstr(l, ",1,1,") != NULL, "labelled present but judged absent: %s", l);
+        }
+    }
+    free(cj);
+
     /* the report */
     char html[600];
     snprintf(html, sizeof html, "%s", test_join(d, "report.html"));

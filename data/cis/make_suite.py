@@ -89,7 +89,7 @@ CULTURES = [
             ("a bindi", None, None),
             ("mehndi on the hands", None, None)]),
         ("haveli", "architecture", "a Rajasthani haveli", "a mansion", "Shekhawati", [
-            ("a sandstone haveli facade", "a stone mansion", None),
+            ("an ornate haveli facade", "a mansion facade", None),
             ("jharokha balconies", "balconies", None),
             ("jali lattice screens", "window grilles", None),
             ("an inner courtyard", "a courtyard", None),
@@ -114,7 +114,7 @@ CULTURES = [
             ("a wide-brimmed charro sombrero", "a hat", None),
             ("a striped serape", "a blanket", None),
             ("huarache sandals", "sandals", None)]),
-        ("plaza", "architecture", "a Mexican town square", "a town square", [
+        ("plaza", "architecture", "a Mexican town square", "a town square", "central Mexico", [
             ("a baroque colonial church", "a church", None),
             ("papel picado banners", "paper bunting", None),
             ("talavera tiles", "ceramic tiles", None),
@@ -209,7 +209,7 @@ CULTURES = [
         ("meal", "food", "an Italian family meal", "a family meal", "Naples", [
             ("a Neapolitan pizza", "flatbread", "pizza"),
             ("spaghetti with tomato sauce", "noodles", None),
-            ("a straw-covered fiasco wine bottle", "a wine bottle", "bottle"),
+            ("a carafe of red wine", None, None),
             ("fresh mozzarella", "cheese", None),
             ("basil leaves", "herbs", None)]),
         ("gondolier", "attire", "a Venetian gondolier", "a boatman", "Venice", [
@@ -288,7 +288,7 @@ CULTURES = [
             ("a soft pretzel", "bread", None),
             ("Weisswurst sausages", "sausages", None),
             ("sweet mustard", "mustard", None),
-            ("a one-litre beer stein", "a beer mug", "cup"),
+            ("a tall glass of wheat beer", "a glass of beer", None),
             ("a pot of hot water for the sausages", "a pot", None)]),
         ("tracht", "attire", "a Bavarian couple in Tracht", "a couple in clothes", [
             ("leather lederhosen", "leather shorts", "person"),

@@ -142,7 +142,9 @@ static int cmd_score(int argc, char **argv) {
         else if (!strcmp(a, "--labels")) o.labels = argv[++i];
         else if (!strcmp(a, "--crops")) o.grids = argv[++i];
         else if (!strcmp(a, "--threads")) {
-            if (!(e = cli_int(a, argv[++i], &v)) && v >= 1) omp_set_num_threads((int)v);
+            if (!(e = cli_int(a, argv[++i], &v)) && (v < 1 || v > 4096))
+                e = kiln_errorf(KILN_EINVAL, "--threads must be 1..4096, got %lld", (long long)v);
+            if (!e) omp_set_num_threads((int)v);
         } else if (!strcmp(a, "--bootstrap")) {
             if (!(e = cli_int(a, argv[++i], &v))) o.boot = (int)v;
         } else if (!strcmp(a, "--permutations")) {
