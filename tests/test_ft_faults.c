@@ -308,7 +308,7 @@ TEST(ft_fault_straggler_warns) {
     if (!have_mpirun()) return;
     const char *ref = reference(NULL), *out = test_tmpdir();
     char text[32768];
-    int rc = supervised(out, config(out, NULL), "slow:rank=1:step=2:ms=150", "--straggler-factor 3 --straggler-steps 2",
+    int rc = supervised(out, config(out, NULL), "slow:rank=1:step=2:ms=250", "--straggler-factor 3 --straggler-steps 2",
                         NULL, text, sizeof text);
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt"), "rc %d\n%s", rc, text);

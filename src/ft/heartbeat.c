@@ -57,6 +57,7 @@ kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
                       loss, gn);
     }
     n += snprintf(text + n, sizeof text - (size_t)n, "]}\n");
+    if (n >= (int)sizeof text) return kiln_errorf(KILN_EINVAL, "heartbeat of rank %d: longer than %zu bytes", h->rank, sizeof text);
     char *path = kiln_heartbeat_path(dir, h->rank), tmp[1300];
     if (!path) return kiln_errorf(KILN_ENOMEM, "heartbeat");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
