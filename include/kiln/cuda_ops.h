@@ -31,6 +31,75 @@ kiln_error *kiln_bf16_to_f32_cuda(float *y, const kiln_bf16 *x, int64_t n, void 
 
 /* ---- the ops: each helper's section below (keep one section per source file) ---- */
 
+/* ==== cudamoe: GEMMs (src/cuda/linear.cu), router dispatch (src/cuda/router.cu), experts
+ * (src/cuda/experts.cu) ==== */
+
+/* y[n,out] = x[n,in] wᵀ + b through cuBLASLt (bf16 in and out, f32 accumulation, the bias as the GEMM's
+ * epilogue; b may be NULL). One plan (descriptors + the heuristic's algorithm) is cached per shape. */
+kiln_error *kiln_linear_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, const kiln_bf16 *w, const kiln_bf16 *b,
+                                     int64_t n, int64_t in, int64_t out, void *stream);
+/* As kiln_linear_backward, each output accumulated and nullable: dx[n,in] += dy w (bf16, f32 math);
+ * dw[out,in] += dyᵀ x written straight into the f32 master gradient (cuBLASLt, bf16 inputs, f32 C with
+ * beta = 1); db[out] += column sums of dy, deterministic (per-chunk partials, then a fixed-order sum). */
+kiln_error *kiln_linear_backward_cuda(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy, const kiln_bf16 *x,
+                                      const kiln_bf16 *w, int64_t n, int64_t in, int64_t out, void *stream);
+/* Row-major C[m,n] = op(A) op(B) (+ C when accumulate) with bf16 A and B, layout "NN", "NT" or "TN" as
+ * kiln bench gemm; C is bf16 (c_f32 = 0) or f32 (c_f32 = 1). The building block of the two above, for
+ * other ops' GEMMs. */
+kiln_error *kiln_gemm_bf16_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, int64_t m, int64_t n,
+                                int64_t k, const char *layout, int accumulate, void *stream);
+
+/* The experts on the device: kiln_experts (include/kiln/nn.h) with device arrays. The caller fills N, H,
+ * inter, E, top, choice [N*top] (E = the skip class) and gate [N*top] (f32, the unbiased probabilities),
+ * and provides every array; dispatch/forward fill the rest.
+ *   exp_off [E+2] (device): slot offsets per expert in expert order, exp_off[E] = routed slots;
+ *                 exp_off[E+1] = choices outside [0, E] (forward fails naming the count if any)
+ *   exp_off_host [E+2] (host): the same, copied back once per forward (the grouped GEMMs take per-expert
+ *                 row counts on the host: one small device-to-host copy per layer, a stream sync)
+ *   slot_tok, slot_k [N*top]: token and k of each slot in expert order, stable by token index (the CPU's order)
+ *   tok_slot [N*top]: the slot of each (token, k), -1 for skip-routed ones (the deterministic scatter's map)
+ *   xe [S,H], gu [S,2I], act [S,I], ye [S,H] bf16 saved activations (S = N*top at most) */
+typedef struct {
+    int64_t N, H, inter, E, top;
+    const int32_t *choice;
+    const float *gate;
+    int32_t *exp_off, *exp_off_host, *slot_tok, *slot_k, *tok_slot;
+    int64_t nslots;
+    kiln_bf16 *xe, *gu, *act, *ye;
+} kiln_experts_cuda;
+typedef struct {
+    kiln_bf16 *dye, *dact, *dgu, *dxe; /* [S,H], [S,I], [S,2I], [S,H] */
+} kiln_experts_cuda_scratch;
+/* Router dispatch: the permutation of slots grouped by expert (counting sort: per-block histograms, one
+ * exclusive scan, a stable scatter), exp_off, slot_tok, slot_k, tok_slot. Skip-routed slots are left out.
+ * Asynchronous; does not fill exp_off_host or nslots. */
+kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *stream);
+/* out [N,H] (f32, overwritten) = sum over each token's slots, in k order, of gate * SwiGLU expert(in):
+ * dispatch, gather (bf16), one grouped GEMM for every expert's gate_up, SwiGLU, one grouped GEMM for down,
+ * the gated sum per token (no atomics). in [N,H], wgu [E,2I,H], wdn [E,H,I] bf16. Synchronizes the stream
+ * once (the counts). */
+kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const kiln_bf16 *in, const kiln_bf16 *wgu,
+                                      const kiln_bf16 *wdn, void *stream);
+/* As kiln_experts_backward after kiln_experts_forward_cuda on the same x: dx [N,H] += (f32); dgate [N*top]
+ * = (f32, 0 for skipped slots); dwgu [E,2I,H], dwdn [E,H,I] += (f32 master gradients, grouped GEMMs with
+ * f32 output). dout [N,H] f32. */
+kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu, float *dwdn,
+                                       const float *dout, const kiln_bf16 *wgu, const kiln_bf16 *wdn,
+                                       kiln_experts_cuda_scratch *w, void *stream);
+/* One grouped GEMM over experts, row-major, as the experts call it. offs (host, E+1 entries) are the
+ * experts' row offsets in expert order; expert e owns rows offs[e] .. offs[e+1]-1 (m_e rows).
+ *   "NT": C[rows of e, n] = A[rows of e, k] B_eᵀ, B_e = b + e*n*k stored [n,k]  (forward)
+ *   "NN": C[rows of e, n] = A[rows of e, k] B_e,  B_e = b + e*k*n stored [k,n]  (input gradient)
+ *   "TN": C_e[m,n] (+)= A[rows of e, m]ᵀ B[rows of e, n], C_e = c + e*m*n; k is unused (the weight
+ *         gradients: the reduction runs over the expert's m_e rows)
+ * C is bf16 or f32 (c_f32); accumulate adds to C. Experts without rows cost nothing (TN leaves C_e).
+ * Through cublasGemmGroupedBatchedEx, one call for all experts; where cuBLAS refuses the type combination
+ * it falls back to one cublasGemmEx per expert and *looped (nullable) says so. */
+kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
+                                   int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
+                                   int *looped, void *stream);
+/* ==== end cudamoe ==== */
+
 /* ==== cudaattn: attention (src/cuda/attention.cu, src/cuda/attention_mma.cu) ==== */
 #include "kiln/nn.h" /* kiln_attn_shape */
 /* Flash-style causal GQA attention with an optional sliding window, the twin of kiln_attention_forward/

@@ -1,0 +1,292 @@
+// ZAYA's experts on the device, the steps of src/nn/experts.c: dispatch (src/cuda/router.cu), gather the
+// routed rows in expert order, one grouped GEMM for every expert's gate_up, SwiGLU, one grouped GEMM for
+// down, then the gated sum back to the tokens. Each token reads its own top_k slots through tok_slot and
+// adds them in k order, so the scatter needs no atomics and gives the same bits every run; the backward
+// sums dx the same way. Skip-routed slots never enter the permutation, so they cost nothing.
+//
+// The grouped GEMMs take each expert's row count on the host (cuBLAS's grouped API wants host arrays of
+// m, n, k), hence one small device-to-host copy of the offsets per forward; the backward reuses it.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "kiln/cuda_ops.h"
+
+namespace {
+
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+cublasHandle_t g_blas;
+
+__device__ __forceinline__ float bf(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// xe[s,:] = in[slot_tok[s],:], 8 bf16 (16 bytes) per load where rows allow it
+__global__ void gather_kernel(__nv_bfloat16 *xe, const __nv_bfloat16 *in, const int32_t *slot_tok, int64_t H) {
+    const int64_t s = blockIdx.x;
+    const __nv_bfloat16 *src = in + (int64_t)slot_tok[s] * H;
+    __nv_bfloat16 *dst = xe + s * H;
+    if (!(H & 7)) {
+        for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x) ((int4 *)dst)[i] = ((const int4 *)src)[i];
+    } else {
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+__device__ __forceinline__ float sigmoidf_(float g) { return 1.0f / (1.0f + __expf(-g)); }
+
+// act[s,j] = silu(gu[s,j]) * gu[s,I+j]
+__global__ void swiglu_fwd_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *gu, int64_t rows, int64_t I) {
+    const int64_t n = rows * I;
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = t / I, j = t - r * I;
+        const float g = bf(gu[r * 2 * I + j]), u = bf(gu[r * 2 * I + I + j]);
+        act[t] = __float2bfloat16_rn(g * sigmoidf_(g) * u);
+    }
+}
+
+// dgu = d/d(gu) of act given dact (overwritten: the buffer is this op's own)
+__global__ void swiglu_bwd_kernel(__nv_bfloat16 *dgu, const __nv_bfloat16 *dact, const __nv_bfloat16 *gu, int64_t rows,
+                                  int64_t I) {
+    const int64_t n = rows * I;
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = t / I, j = t - r * I;
+        const float g = bf(gu[r * 2 * I + j]), u = bf(gu[r * 2 * I + I + j]), d = bf(dact[t]);
+        const float sg = sigmoidf_(g);
+        dgu[r * 2 * I + j] = __float2bfloat16_rn(d * u * sg * (1.0f + g * (1.0f - sg)));
+        dgu[r * 2 * I + I + j] = __float2bfloat16_rn(d * g * sg);
+    }
+}
+
+// out[n,h] = sum over k (in order) of gate[n,k] * ye[tok_slot[n,k], h]; skipped slots add nothing
+__global__ void combine_kernel(float *out, const __nv_bfloat16 *ye, const float *gate, const int32_t *tok_slot,
+                               int64_t H, int64_t top) {
+    const int64_t n = blockIdx.x;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0;
+        for (int64_t k = 0; k < top; k++) {
+            const int32_t s = tok_slot[n * top + k];
+            if (s >= 0) acc += gate[n * top + k] * bf(ye[(int64_t)s * H + h]);
+        }
+        out[n * H + h] = acc;
+    }
+}
+
+// dx[n,h] += sum over k (in order) of dxe[tok_slot[n,k], h]
+__global__ void combine_dx_kernel(float *dx, const __nv_bfloat16 *dxe, const int32_t *tok_slot, int64_t H, int64_t top) {
+    const int64_t n = blockIdx.x;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0;
+        for (int64_t k = 0; k < top; k++) {
+            const int32_t s = tok_slot[n * top + k];
+            if (s >= 0) acc += bf(dxe[(int64_t)s * H + h]);
+        }
+        dx[n * H + h] += acc;
+    }
+}
+
+// per slot: dye = gate * dout[token], dgate = dout[token] . ye (block reduction in a fixed tree)
+enum { DG_THREADS = 256 };
+__global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *dout, const __nv_bfloat16 *ye,
+                                 const float *gate, const int32_t *slot_tok, const int32_t *slot_k, int64_t H,
+                                 int64_t top) {
+    __shared__ float red[DG_THREADS / 32];
+    const int64_t s = blockIdx.x, n = slot_tok[s], gi = n * top + slot_k[s];
+    const float g = gate[gi];
+    float acc = 0;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        const float d = dout[n * H + h];
+        dye[s * H + h] = __float2bfloat16_rn(g * d);
+        acc += d * bf(ye[s * H + h]);
+    }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0;
+        for (int w = 0; w < DG_THREADS / 32; w++) t += red[w];
+        dgate[gi] = t;
+    }
+}
+
+int grid_for(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+kiln_error *blas_handle(cudaStream_t st) {
+    kiln_error *err = NULL;
+    if (!g_blas) CUBLAS_TRY(cublasCreate(&g_blas));
+    CUBLAS_TRY(cublasSetStream(g_blas, st));
+done:
+    return err;
+}
+
+} // namespace
+
+extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
+                                              const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
+                                              const char *layout, int accumulate, int *looped, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int tn = layout && !strcmp(layout, "TN"), nt = layout && !strcmp(layout, "NT"),
+              nn = layout && !strcmp(layout, "NN");
+    const size_t ce = c_f32 ? 4 : 2;
+    int G = 0, locked = 0;
+    cublasOperation_t *ta = NULL, *tb = NULL;
+    int *mm = NULL, *nv = NULL, *kv = NULL, *lda = NULL, *ldb = NULL, *ldc = NULL, *gs = NULL;
+    float *alpha = NULL, *beta = NULL;
+    const void **ptrs = NULL;
+    void **dptrs = NULL;
+    if (looped) *looped = 0;
+    if (!(tn || nt || nn))
+        return kiln_errorf(KILN_EINVAL, "grouped GEMM: layout '%s', expected NT, NN or TN", layout ? layout : "(null)");
+    if (E < 1 || m < 0 || n < 1 || (!tn && k < 1) || (tn && m < 1) || n > INT32_MAX || k > INT32_MAX || m > INT32_MAX)
+        return kiln_errorf(KILN_EINVAL, "grouped GEMM %s: E=%lld m=%lld n=%lld k=%lld", layout, (long long)E,
+                           (long long)m, (long long)n, (long long)k);
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] < offs[e] || offs[e] < 0)
+            return kiln_errorf(KILN_EINVAL, "grouped GEMM %s: expert %lld's offsets %d..%d decrease", layout,
+                               (long long)e, offs[e], offs[e + 1]);
+    ta = (cublasOperation_t *)malloc((size_t)E * sizeof *ta);
+    tb = (cublasOperation_t *)malloc((size_t)E * sizeof *tb);
+    mm = (int *)malloc((size_t)E * 7 * sizeof(int));
+    alpha = (float *)malloc((size_t)E * 2 * sizeof(float));
+    ptrs = (const void **)malloc((size_t)E * 3 * sizeof *ptrs);
+    if (!ta || !tb || !mm || !alpha || !ptrs) {
+        err = kiln_errorf(KILN_ENOMEM, "grouped GEMM: %lld experts", (long long)E);
+        goto done;
+    }
+    nv = mm + E, kv = mm + 2 * E, lda = mm + 3 * E, ldb = mm + 4 * E, ldc = mm + 5 * E, gs = mm + 6 * E;
+    beta = alpha + E;
+    // row-major C[M,N] = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+        if (!me) continue;
+        const int64_t M = tn ? m : me, K = tn ? me : k; // the row-major problem C[M,n] = op(A)[M,K] op(B)[K,n]
+        const int tra = tn, trb = nt;
+        const void *A = tn ? (const void *)(a + o * m) : (const void *)(a + o * k);
+        const void *B = tn ? (const void *)(b + o * n) : (const void *)(b + e * n * k);
+        void *C = tn ? (char *)c + (size_t)(e * m * n) * ce : (char *)c + (size_t)(o * n) * ce;
+        ta[G] = trb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        tb[G] = tra ? CUBLAS_OP_T : CUBLAS_OP_N;
+        mm[G] = (int)n, nv[G] = (int)M, kv[G] = (int)K;
+        lda[G] = (int)(trb ? K : n);
+        ldb[G] = (int)(tra ? M : K);
+        ldc[G] = (int)n;
+        gs[G] = 1;
+        alpha[G] = 1.0f, beta[G] = accumulate ? 1.0f : 0.0f;
+        ptrs[G] = B, ptrs[E + G] = A, ptrs[2 * E + G] = C;
+        G++;
+    }
+    if (!G) goto done;
+    pthread_mutex_lock(&g_lock);
+    locked = 1;
+    if ((err = blas_handle(st))) goto done;
+    {
+        const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        // the pointer arrays live on the device; pageable-to-device copies return once the host side is read
+        const void **pa = ptrs, **pb = ptrs + E;
+        void **pc = (void **)(ptrs + 2 * E);
+        CUDA_TRY(cudaMallocAsync((void **)&dptrs, (size_t)E * 3 * sizeof *dptrs, st));
+        CUDA_TRY(cudaMemcpyAsync(dptrs, pa, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+        CUDA_TRY(cudaMemcpyAsync(dptrs + E, pb, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+        CUDA_TRY(cudaMemcpyAsync(dptrs + 2 * E, pc, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+        cublasStatus_t s = cublasGemmGroupedBatchedEx(
+            g_blas, ta, tb, mm, nv, kv, alpha, (const void *const *)dptrs, CUDA_R_16BF, lda,
+            (const void *const *)(dptrs + E), CUDA_R_16BF, ldb, beta, dptrs + 2 * E, ct, ldc, G, gs, CUBLAS_COMPUTE_32F);
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+            // this cuBLAS has no grouped kernel for the combination (bf16 in, f32 out): one GEMM per expert
+            if (looped) *looped = 1;
+            for (int g = 0; g < G; g++)
+                CUBLAS_TRY(cublasGemmEx(g_blas, ta[g], tb[g], mm[g], nv[g], kv[g], &alpha[g], pa[g], CUDA_R_16BF, lda[g],
+                                        pb[g], CUDA_R_16BF, ldb[g], &beta[g], pc[g], ct, ldc[g], CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+        } else {
+            CUBLAS_TRY(s);
+        }
+    }
+done:
+    if (locked) pthread_mutex_unlock(&g_lock);
+    if (dptrs) cudaFreeAsync(dptrs, st);
+    free(ta), free(tb), free(mm), free(alpha), free(ptrs);
+    if (err)
+        err = kiln_error_wrap(err, "grouped GEMM %s (%lld experts, m=%lld n=%lld k=%lld, C %s)", layout, (long long)E,
+                              (long long)m, (long long)n, (long long)k, c_f32 ? "f32" : "bf16");
+    return err;
+}
+
+extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const kiln_bf16 *in,
+                                                 const kiln_bf16 *wgu, const kiln_bf16 *wdn, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t E = x->E, H = x->H, I = x->inter, N = x->N, top = x->top;
+    int64_t S;
+    if (H < 1 || I < 1)
+        return kiln_errorf(KILN_EINVAL, "experts forward: hidden=%lld inter=%lld", (long long)H, (long long)I);
+    if ((err = kiln_experts_dispatch_cuda(x, stream))) goto done;
+    CUDA_TRY(cudaMemcpyAsync(x->exp_off_host, x->exp_off, (size_t)(E + 2) * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+    CUDA_TRY(cudaStreamSynchronize(st));
+    if (x->exp_off_host[E + 1]) {
+        err = kiln_errorf(KILN_EINVAL, "%d of %lld expert choices are outside 0..%lld (%lld experts + the skip class)",
+                          x->exp_off_host[E + 1], (long long)(N * top), (long long)E, (long long)E);
+        goto done;
+    }
+    S = x->nslots = x->exp_off_host[E];
+    if (N && !S) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * H) * sizeof(float), st));
+    if (!S) goto done;
+    gather_kernel<<<(unsigned)S, 128, 0, st>>>((__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in, x->slot_tok, H);
+    CUDA_TRY(cudaGetLastError());
+    if ((err = kiln_grouped_gemm_cuda(x->gu, 0, x->xe, wgu, x->exp_off_host, E, 0, 2 * I, H, "NT", 0, NULL, stream)))
+        goto done;
+    swiglu_fwd_kernel<<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
+    CUDA_TRY(cudaGetLastError());
+    if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
+        goto done;
+    combine_kernel<<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+    CUDA_TRY(cudaGetLastError());
+done:
+    if (err) err = kiln_error_wrap(err, "experts forward (tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld)",
+                                   (long long)N, (long long)H, (long long)I, (long long)E, (long long)top);
+    return err;
+}
+
+extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu,
+                                                  float *dwdn, const float *dout, const kiln_bf16 *wgu,
+                                                  const kiln_bf16 *wdn, kiln_experts_cuda_scratch *w, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t E = x->E, H = x->H, I = x->inter, N = x->N, top = x->top, S = x->nslots;
+    if (S != x->exp_off_host[E])
+        return kiln_errorf(KILN_EINVAL, "experts backward: %lld slots but the forward's offsets say %d (run "
+                           "kiln_experts_forward_cuda on this struct first)", (long long)S, x->exp_off_host[E]);
+    if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
+    if (!S) goto done;
+    dye_dgate_kernel<<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
+                                                          (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok, x->slot_k,
+                                                          H, top);
+    CUDA_TRY(cudaGetLastError());
+    // down: dact = dye wdn_e, dwdn_e += dyeᵀ act
+    if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
+        goto done;
+    if (dwdn && (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", 1, NULL, stream)))
+        goto done;
+    swiglu_bwd_kernel<<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
+                                                         (const __nv_bfloat16 *)x->gu, S, I);
+    CUDA_TRY(cudaGetLastError());
+    // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
+    if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
+        goto done;
+    if (dwgu &&
+        (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", 1, NULL, stream)))
+        goto done;
+    if (dx) {
+        combine_dx_kernel<<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top);
+        CUDA_TRY(cudaGetLastError());
+    }
+done:
+    if (err) err = kiln_error_wrap(err, "experts backward (tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld)",
+                                   (long long)N, (long long)H, (long long)I, (long long)E, (long long)top);
+    return err;
+}

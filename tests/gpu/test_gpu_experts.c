@@ -1,0 +1,251 @@
+/* The experts on the device against kiln_experts_forward / _backward (src/nn/experts.c) on the same
+ * bf16-rounded inputs, and the router dispatch against the CPU's grouping exactly. Shapes: odd sizes,
+ * top_k 1..3, skip-routed slots, an expert with no tokens, several dispatch chunks.
+ * Tolerances (max |gpu - ref| / max |ref|): the GPU keeps xe, gu, act, ye and the backward's dye, dact,
+ * dgu, dxe in bf16 where the CPU keeps f32, so each output has passed 2 to 4 roundings of at most 2^-9
+ * relative each (products and sums in f32 on both sides):
+ *   out, dx, dwgu, dwdn: 2e-2 (the chain gate_up -> SwiGLU -> down, and back);
+ *   dgate: 2e-2 (dout . ye over H, ye rounded to bf16 once on the GPU, the sum in f32). */
+#include <math.h>
+#include <string.h>
+
+#include "gpu_testutil.h"
+#include "kiln/nn.h"
+
+typedef struct {
+    int64_t N, E, top, H, I;
+    double skip;   /* probability a slot goes to the skip class */
+    int64_t empty; /* an expert that gets no slot (-1: none) */
+} ex_case;
+
+static int32_t *up_i32(const int32_t *x, int64_t n) {
+    int32_t *d = gt_dev((size_t)(n ? n : 1) * 4);
+    if (n) CHECK_OK(kiln_cuda_copy(d, x, (size_t)n * 4, KILN_CUDA_H2D));
+    return d;
+}
+static int32_t *down_i32(const int32_t *d, int64_t n) {
+    int32_t *h = malloc((size_t)(n ? n : 1) * 4);
+    CHECK_OK(kiln_cuda_sync());
+    if (n) CHECK_OK(kiln_cuda_copy(h, d, (size_t)n * 4, KILN_CUDA_D2H));
+    return h;
+}
+
+static void route(int32_t *choice, const ex_case *c, kiln_rng *rng) {
+    for (int64_t s = 0; s < c->N * c->top; s++) {
+        int32_t e;
+        if (kiln_rng_uniform(rng) < c->skip) e = (int32_t)c->E;
+        else
+            do e = (int32_t)(kiln_rng_u64(rng) % (uint64_t)c->E);
+            while (e == c->empty);
+        choice[s] = e;
+    }
+}
+
+/* Device arrays of one kiln_experts_cuda (choice and gate uploaded). */
+static kiln_experts_cuda dev_experts(const ex_case *c, const int32_t *choice, const float *gate) {
+    const int64_t S = c->N * c->top;
+    kiln_experts_cuda x = {c->N, c->H, c->I, c->E, c->top, up_i32(choice, S), gate ? gt_up_f32(gate, S) : NULL,
+                           gt_dev((size_t)(c->E + 2) * 4), malloc((size_t)(c->E + 2) * 4),
+                           gt_dev((size_t)(S ? S : 1) * 4), gt_dev((size_t)(S ? S : 1) * 4),
+                           gt_dev((size_t)(S ? S : 1) * 4), 0, NULL, NULL, NULL, NULL};
+    return x;
+}
+static void free_dev_experts(kiln_experts_cuda *x) {
+    kiln_cuda_free((void *)x->choice), kiln_cuda_free((void *)x->gate), kiln_cuda_free(x->exp_off);
+    free(x->exp_off_host);
+    kiln_cuda_free(x->slot_tok), kiln_cuda_free(x->slot_k), kiln_cuda_free(x->tok_slot);
+    kiln_cuda_free(x->xe), kiln_cuda_free(x->gu), kiln_cuda_free(x->act), kiln_cuda_free(x->ye);
+}
+
+/* dispatch vs the CPU grouping of kiln_experts_forward: offsets, slot order, and tok_slot its inverse */
+static void dispatch_case(const ex_case *c, uint64_t seed) {
+    printf("  dispatch N=%lld E=%lld top_k=%lld skip=%.2f\n", (long long)c->N, (long long)c->E, (long long)c->top,
+           c->skip);
+    const int64_t N = c->N, E = c->E, top = c->top, S = N * top;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed);
+    int32_t *choice = malloc((size_t)S * 4);
+    route(choice, c, &rng);
+    /* the CPU grouping, as kiln_experts_forward does it (H = inter = 1: the MLP is irrelevant here) */
+    int32_t *off = malloc((size_t)(E + 1) * 4), *fill = malloc((size_t)E * 4), *st = malloc((size_t)S * 4);
+    int32_t *sk = malloc((size_t)S * 4);
+    float *in = calloc((size_t)N, sizeof(float)), *gate = calloc((size_t)S, sizeof(float));
+    float *xe = calloc((size_t)S, sizeof(float)), *gu = calloc(2 * (size_t)S, sizeof(float));
+    float *act = calloc((size_t)S, sizeof(float)), *ye = calloc((size_t)S, sizeof(float));
+    float *wgu = calloc(2 * (size_t)E, sizeof(float)), *wdn = calloc((size_t)E, sizeof(float));
+    float *out = malloc((size_t)N * sizeof(float));
+    kiln_experts cx = {N, 1, 1, E, top, choice, gate, off, fill, st, sk, 0, xe, gu, act, ye};
+    kiln_experts_forward(&cx, out, in, wgu, wdn);
+
+    kiln_experts_cuda x = dev_experts(c, choice, NULL);
+    CHECK_OK(kiln_experts_dispatch_cuda(&x, NULL));
+    int32_t *goff = down_i32(x.exp_off, E + 2), *gst = down_i32(x.slot_tok, S), *gsk = down_i32(x.slot_k, S);
+    int32_t *gts = down_i32(x.tok_slot, S);
+    CHECK_MSG(!memcmp(goff, off, (size_t)(E + 1) * 4), "expert offsets differ from the CPU's");
+    CHECK_MSG(goff[E + 1] == 0, "%d bad choices reported", goff[E + 1]);
+    int64_t bad = 0, badinv = 0;
+    for (int64_t s = 0; s < cx.nslots; s++) bad += gst[s] != st[s] || gsk[s] != sk[s];
+    for (int64_t s = 0; s < S; s++) {
+        int32_t p = gts[s];
+        if (choice[s] == E) badinv += p != -1;
+        else badinv += p < 0 || p >= cx.nslots || gst[p] != s / top || gsk[p] != s % top;
+    }
+    CHECK_MSG(bad == 0, "%lld of %lld slots differ from the CPU's order", (long long)bad, (long long)cx.nslots);
+    CHECK_MSG(badinv == 0, "tok_slot is not the inverse permutation at %lld slots", (long long)badinv);
+    free_dev_experts(&x);
+    free(choice), free(off), free(fill), free(st), free(sk), free(in), free(gate), free(xe), free(gu), free(act);
+    free(ye), free(wgu), free(wdn), free(out);
+    free(goff), free(gst), free(gsk), free(gts);
+}
+
+TEST(gpu_experts_dispatch) {
+    const ex_case cs[] = {
+        {1, 1, 1, 1, 1, 0.0, -1},       {5, 3, 2, 1, 1, 0.3, 1},       {1000, 16, 1, 1, 1, 0.1, 7},
+        {3001, 7, 3, 1, 1, 0.2, -1},    {20000, 16, 2, 1, 1, 0.05, 0}, /* 40 chunks of 1024 slots */
+        {700, 64, 4, 1, 1, 0.0, 63},    {100, 4, 1, 1, 1, 1.0, -1},   /* everything skipped */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) dispatch_case(&cs[i], 100 + i);
+}
+
+/* forward and backward against the CPU op; returns nothing, checks inside */
+static void experts_case(const ex_case *c, uint64_t seed) {
+    printf("  experts N=%lld E=%lld top_k=%lld H=%lld I=%lld skip=%.2f empty=%lld\n", (long long)c->N,
+           (long long)c->E, (long long)c->top, (long long)c->H, (long long)c->I, c->skip, (long long)c->empty);
+    const int64_t N = c->N, E = c->E, top = c->top, H = c->H, I = c->I, S = N * top;
+    const int64_t nw = E * 2 * I * H, nd = E * H * I;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed);
+    int32_t *choice = malloc((size_t)S * 4);
+    route(choice, c, &rng);
+    float *gate = malloc((size_t)S * sizeof(float));
+    for (int64_t s = 0; s < S; s++) gate[s] = (float)(0.1 + 0.9 * kiln_rng_uniform(&rng));
+    float *in = gt_rand(&rng, N * H, 1.0f), *wgu = gt_rand(&rng, nw, 1.0f / sqrtf((float)H));
+    float *wdn = gt_rand(&rng, nd, 1.0f / sqrtf((float)I)), *dout = gt_rand(&rng, N * H, 1.0f);
+    float *dx = gt_rand(&rng, N * H, 0.1f), *dwgu = gt_rand(&rng, nw, 0.01f), *dwdn = gt_rand(&rng, nd, 0.01f);
+    gt_round_bf16(in, N * H), gt_round_bf16(wgu, nw), gt_round_bf16(wdn, nd);
+
+    /* device side first (the CPU call below overwrites dx, dwgu, dwdn in place) */
+    kiln_experts_cuda x = dev_experts(c, choice, gate);
+    x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
+    x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
+    kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
+                                   gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2)};
+    kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
+    float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
+    float *d_dgate = gt_dev((size_t)S * 4), *d_dwgu = gt_up_f32(dwgu, nw), *d_dwdn = gt_up_f32(dwdn, nd);
+    CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
+    CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
+    float *g_out = gt_down_f32(d_out, N * H), *g_dx = gt_down_f32(d_dx, N * H), *g_dgate = gt_down_f32(d_dgate, S);
+    float *g_dwgu = gt_down_f32(d_dwgu, nw), *g_dwdn = gt_down_f32(d_dwdn, nd);
+
+    /* the CPU reference */
+    int32_t *off = malloc((size_t)(E + 1) * 4), *fill = malloc((size_t)E * 4), *st = malloc((size_t)S * 4);
+    int32_t *sk = malloc((size_t)S * 4);
+    float *xe = malloc((size_t)(S * H) * 4), *gu = malloc((size_t)(S * 2 * I) * 4), *act = malloc((size_t)(S * I) * 4);
+    float *ye = malloc((size_t)(S * H) * 4), *dye = malloc((size_t)(S * H) * 4), *dact = malloc((size_t)(S * I) * 4);
+    float *dgu = malloc((size_t)(S * 2 * I) * 4), *dxe = malloc((size_t)(S * H) * 4);
+    float *out = malloc((size_t)(N * H) * 4), *dgate = malloc((size_t)S * 4);
+    kiln_experts cx = {N, H, I, E, top, choice, gate, off, fill, st, sk, 0, xe, gu, act, ye};
+    kiln_experts_scratch cw = {dye, dact, dgu, dxe};
+    kiln_experts_forward(&cx, out, in, wgu, wdn);
+    kiln_experts_backward(&cx, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &cw);
+
+    CHECK_MSG(x.nslots == cx.nslots, "nslots %lld, CPU %lld", (long long)x.nslots, (long long)cx.nslots);
+    GT_CLOSE("experts out", g_out, out, N * H, 2e-2);
+    GT_CLOSE("experts dx (+=)", g_dx, dx, N * H, 2e-2);
+    GT_CLOSE("experts dgate", g_dgate, dgate, S, 2e-2);
+    GT_CLOSE("experts dwgu (+=, f32)", g_dwgu, dwgu, nw, 2e-2);
+    GT_CLOSE("experts dwdn (+=, f32)", g_dwdn, dwdn, nd, 2e-2);
+    int64_t nonzero = 0;
+    for (int64_t s = 0; s < S; s++) nonzero += choice[s] == E && g_dgate[s] != 0.0f;
+    CHECK_MSG(nonzero == 0, "%lld skipped slots got a gate gradient", (long long)nonzero);
+    if (c->empty >= 0) { /* an expert without tokens keeps its gradient exactly */
+        int64_t moved = 0;
+        for (int64_t i = 0; i < 2 * I * H; i++) moved += g_dwgu[c->empty * 2 * I * H + i] != dwgu[c->empty * 2 * I * H + i];
+        for (int64_t i = 0; i < H * I; i++) moved += g_dwdn[c->empty * H * I + i] != dwdn[c->empty * H * I + i];
+        CHECK_MSG(moved == 0, "expert %lld has no tokens but %lld of its gradient entries changed", (long long)c->empty,
+                  (long long)moved);
+    }
+
+    free_dev_experts(&x);
+    kiln_cuda_free(w.dye), kiln_cuda_free(w.dact), kiln_cuda_free(w.dgu), kiln_cuda_free(w.dxe);
+    kiln_cuda_free(d_in), kiln_cuda_free(d_wgu), kiln_cuda_free(d_wdn), kiln_cuda_free(d_out), kiln_cuda_free(d_dout);
+    kiln_cuda_free(d_dx), kiln_cuda_free(d_dgate), kiln_cuda_free(d_dwgu), kiln_cuda_free(d_dwdn);
+    free(g_out), free(g_dx), free(g_dgate), free(g_dwgu), free(g_dwdn);
+    free(choice), free(gate), free(in), free(wgu), free(wdn), free(dout), free(dx), free(dwgu), free(dwdn);
+    free(off), free(fill), free(st), free(sk), free(xe), free(gu), free(act), free(ye), free(dye), free(dact);
+    free(dgu), free(dxe), free(out), free(dgate);
+}
+
+TEST(gpu_experts_fwd_bwd) {
+    const ex_case cs[] = {
+        {64, 4, 1, 32, 48, 0.25, 2},    /* an expert with no tokens, a quarter skipped */
+        {257, 8, 2, 96, 80, 0.1, 7},    /* top-2, the last expert empty */
+        {33, 3, 3, 40, 24, 0.2, -1},    /* top_k = experts */
+        {50, 5, 2, 36, 20, 0.0, 0},     /* hidden not a multiple of 8 (scalar gather), first expert empty */
+        {1000, 16, 1, 128, 256, 0.05, -1},
+        {2048, 16, 1, 512, 384, 0.0, -1}, /* long reductions: K = 2*inter = 768 for dx */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 200 + i);
+}
+
+/* everything skipped: out is zero, dx unchanged, dgate zero, weight gradients unchanged */
+TEST(gpu_experts_all_skipped) {
+    const ex_case c = {40, 4, 2, 16, 8, 1.0, -1};
+    experts_case(&c, 300);
+}
+
+/* two identical runs give identical bits (the deterministic mode's requirement) */
+TEST(gpu_experts_deterministic) {
+    const int64_t N = 3000, E = 8, top = 2, H = 256, I = 192, S = N * top, nw = E * 2 * I * H, nd = E * H * I;
+    const ex_case c = {N, E, top, H, I, 0.1, -1};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 400);
+    int32_t *choice = malloc((size_t)S * 4);
+    route(choice, &c, &rng);
+    float *gate = gt_rand(&rng, S, 1.0f), *in = gt_rand(&rng, N * H, 1.0f), *wgu = gt_rand(&rng, nw, 0.06f);
+    float *wdn = gt_rand(&rng, nd, 0.07f), *dout = gt_rand(&rng, N * H, 1.0f);
+    float *zero = calloc((size_t)nw, sizeof(float));
+    kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
+    float *d_dout = gt_up_f32(dout, N * H);
+    float *res[2][5];
+    for (int r = 0; r < 2; r++) {
+        kiln_experts_cuda x = dev_experts(&c, choice, gate);
+        x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
+        x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
+        kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2)};
+        float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
+        float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
+        CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
+        CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
+        res[r][0] = gt_down_f32(d_out, N * H), res[r][1] = gt_down_f32(d_dx, N * H);
+        res[r][2] = gt_down_f32(d_dgate, S), res[r][3] = gt_down_f32(d_dwgu, nw), res[r][4] = gt_down_f32(d_dwdn, nd);
+        free_dev_experts(&x);
+        kiln_cuda_free(w.dye), kiln_cuda_free(w.dact), kiln_cuda_free(w.dgu), kiln_cuda_free(w.dxe);
+        kiln_cuda_free(d_out), kiln_cuda_free(d_dx), kiln_cuda_free(d_dgate), kiln_cuda_free(d_dwgu);
+        kiln_cuda_free(d_dwdn);
+    }
+    const int64_t len[5] = {N * H, N * H, S, nw, nd};
+    static const char *const names[5] = {"out", "dx", "dgate", "dwgu", "dwdn"};
+    for (int i = 0; i < 5; i++) {
+        CHECK_MSG(!memcmp(res[0][i], res[1][i], (size_t)len[i] * 4), "%s differs between two identical runs", names[i]);
+        free(res[0][i]), free(res[1][i]);
+    }
+    kiln_cuda_free(d_in), kiln_cuda_free(d_wgu), kiln_cuda_free(d_wdn), kiln_cuda_free(d_dout);
+    free(choice), free(gate), free(in), free(wgu), free(wdn), free(dout), free(zero);
+}
+
+/* a choice outside 0..E is an error naming the count, not a wild write */
+TEST(gpu_experts_bad_choice) {
+    const ex_case c = {10, 4, 1, 8, 8, 0.0, -1};
+    int32_t choice[10] = {0, 1, 2, 3, 7, 0, 1, -1, 2, 3};
+    float gate[10] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    kiln_experts_cuda x = dev_experts(&c, choice, gate);
+    x.xe = gt_dev(10 * 8 * 2), x.gu = gt_dev(10 * 16 * 2), x.act = gt_dev(10 * 8 * 2), x.ye = gt_dev(10 * 8 * 2);
+    float *d_out = gt_dev(10 * 8 * 4);
+    kiln_bf16 *d_w = gt_dev(4 * 16 * 8 * 2), *d_in = gt_dev(10 * 8 * 2);
+    CHECK_ERR(kiln_experts_forward_cuda(&x, d_out, d_in, d_w, d_w, NULL), "2 of 10 expert choices are outside 0..4");
+    free_dev_experts(&x);
+    kiln_cuda_free(d_out), kiln_cuda_free(d_w), kiln_cuda_free(d_in);
+}

@@ -1,0 +1,108 @@
+/* kiln_linear_forward_cuda / kiln_linear_backward_cuda against kiln_linear_forward / _backward on the same
+ * bf16-rounded inputs, over shapes that are not multiples of any tile (and K up to 4096 for dW).
+ * Tolerances (max |gpu - ref| / max |ref|):
+ *   y, dx (bf16 outputs): 1e-2. Both sides sum the same exact bf16 products in f32; the GPU then rounds
+ *       to bf16 (half an ulp = 2^-9 = 2e-3 of the value), and dx also reads its starting value as bf16.
+ *   dw (f32 master gradient): 2e-3. Only the summation order differs (f32 over K <= 4096 exact bf16
+ *       products: ~1e-6); the margin covers the tensor cores' f32 accumulation, no bf16 rounding exists.
+ *   db (f32): 1e-4. Column sums of the same bf16 values in f32, in another order. */
+#include <math.h>
+#include <string.h>
+
+#include "gpu_testutil.h"
+#include "kiln/nn.h"
+
+static void linear_case(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed) {
+    printf("  n=%lld in=%lld out=%lld bias=%d\n", (long long)n, (long long)in, (long long)out, bias);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed);
+    float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 1.0f / sqrtf((float)in));
+    float *b = gt_rand(&rng, out, 0.5f), *dy = gt_rand(&rng, n * out, 1.0f);
+    float *dx0 = gt_rand(&rng, n * in, 0.1f), *dw0 = gt_rand(&rng, out * in, 0.1f), *db0 = gt_rand(&rng, out, 0.1f);
+    gt_round_bf16(x, n * in), gt_round_bf16(w, out * in), gt_round_bf16(b, out), gt_round_bf16(dy, n * out);
+    gt_round_bf16(dx0, n * in);
+    kiln_bf16 *d_x = gt_up_bf16(x, n * in), *d_w = gt_up_bf16(w, out * in), *d_b = gt_up_bf16(b, out);
+    kiln_bf16 *d_dy = gt_up_bf16(dy, n * out), *d_dx = gt_up_bf16(dx0, n * in), *d_y = gt_dev((size_t)(n * out) * 2);
+    float *d_dw = gt_up_f32(dw0, out * in), *d_db = gt_up_f32(db0, out);
+
+    float *y = malloc((size_t)(n * out) * sizeof *y);
+    kiln_linear_forward(y, x, w, bias ? b : NULL, n, in, out);
+    CHECK_OK(kiln_linear_forward_cuda(d_y, d_x, d_w, bias ? d_b : NULL, n, in, out, NULL));
+    float *gy = gt_down_bf16(d_y, n * out);
+    GT_CLOSE("linear y", gy, y, n * out, 1e-2);
+
+    kiln_linear_backward(dx0, dw0, bias ? db0 : NULL, dy, x, w, n, in, out);
+    CHECK_OK(kiln_linear_backward_cuda(d_dx, d_dw, bias ? d_db : NULL, d_dy, d_x, d_w, n, in, out, NULL));
+    float *gdx = gt_down_bf16(d_dx, n * in), *gdw = gt_down_f32(d_dw, out * in), *gdb = gt_down_f32(d_db, out);
+    GT_CLOSE("linear dx (+=)", gdx, dx0, n * in, 1e-2);
+    GT_CLOSE("linear dw (+=, f32)", gdw, dw0, out * in, 2e-3);
+    if (bias) GT_CLOSE("linear db (+=, f32)", gdb, db0, out, 1e-4);
+
+    kiln_cuda_free(d_x), kiln_cuda_free(d_w), kiln_cuda_free(d_b), kiln_cuda_free(d_dy), kiln_cuda_free(d_dx);
+    kiln_cuda_free(d_y), kiln_cuda_free(d_dw), kiln_cuda_free(d_db);
+    free(x), free(w), free(b), free(dy), free(dx0), free(dw0), free(db0), free(y), free(gy), free(gdx), free(gdw);
+    free(gdb);
+}
+
+TEST(gpu_linear_fwd_bwd) {
+    linear_case(1, 8, 8, 1, 1);
+    linear_case(37, 19, 23, 1, 2);
+    linear_case(300, 129, 65, 0, 3);
+    linear_case(1000, 512, 768, 1, 4);
+    linear_case(4096, 256, 130, 1, 5); /* dW reduces over K = 4096 tokens */
+    linear_case(333, 2048, 96, 1, 6);  /* y and dx reduce over 2048 */
+}
+
+/* the same call twice: every output bit-identical (deterministic db, cached plans) */
+TEST(gpu_linear_deterministic) {
+    const int64_t n = 2000, in = 320, out = 192;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 9);
+    float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 0.05f), *dy = gt_rand(&rng, n * out, 1.0f);
+    kiln_bf16 *d_x = gt_up_bf16(x, n * in), *d_w = gt_up_bf16(w, out * in), *d_dy = gt_up_bf16(dy, n * out);
+    float *res[2][2];
+    for (int r = 0; r < 2; r++) {
+        float *d_dw = gt_dev((size_t)(out * in) * 4), *d_db = gt_dev((size_t)out * 4);
+        float *zero = calloc((size_t)(out * in), sizeof *zero);
+        CHECK_OK(kiln_cuda_copy(d_dw, zero, (size_t)(out * in) * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(d_db, zero, (size_t)out * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_linear_backward_cuda(NULL, d_dw, d_db, d_dy, d_x, d_w, n, in, out, NULL));
+        res[r][0] = gt_down_f32(d_dw, out * in);
+        res[r][1] = gt_down_f32(d_db, out);
+        kiln_cuda_free(d_dw), kiln_cuda_free(d_db);
+        free(zero);
+    }
+    CHECK(!memcmp(res[0][0], res[1][0], (size_t)(out * in) * 4));
+    CHECK(!memcmp(res[0][1], res[1][1], (size_t)out * 4));
+    for (int r = 0; r < 2; r++) free(res[r][0]), free(res[r][1]);
+    kiln_cuda_free(d_x), kiln_cuda_free(d_w), kiln_cuda_free(d_dy);
+    free(x), free(w), free(dy);
+}
+
+/* kiln_gemm_bf16_cuda's TN with f32 output equals the CPU sgemm on the same numbers */
+TEST(gpu_gemm_bf16_layouts) {
+    const int64_t m = 77, n = 45, k = 131;
+    static const char *const lays[] = {"NN", "NT", "TN"};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 11);
+    for (int l = 0; l < 3; l++) {
+        const int ta = lays[l][0] == 'T', tb = lays[l][1] == 'T';
+        float *a = gt_rand(&rng, m * k, 1.0f), *b = gt_rand(&rng, k * n, 1.0f);
+        gt_round_bf16(a, m * k), gt_round_bf16(b, k * n);
+        float *ref = calloc((size_t)(m * n), sizeof *ref);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0;
+                for (int64_t p = 0; p < k; p++) s += (double)a[ta ? p * m + i : i * k + p] * b[tb ? j * k + p : p * n + j];
+                ref[i * n + j] = (float)s;
+            }
+        kiln_bf16 *d_a = gt_up_bf16(a, m * k), *d_b = gt_up_bf16(b, k * n);
+        float *d_c = gt_dev((size_t)(m * n) * 4);
+        CHECK_OK(kiln_gemm_bf16_cuda(d_c, 1, d_a, d_b, m, n, k, lays[l], 0, NULL));
+        float *c = gt_down_f32(d_c, m * n);
+        GT_CLOSE(lays[l], c, ref, m * n, 1e-4);
+        kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
+        free(a), free(b), free(ref), free(c);
+    }
+    CHECK_ERR(kiln_gemm_bf16_cuda(NULL, 1, NULL, NULL, 4, 4, 4, "XY", 0, NULL), "layout 'XY'");
+}
