@@ -121,6 +121,143 @@ kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16
 size_t kiln_attention_backward_cuda_work(const kiln_attn_shape *s);
 /* ==== end cudaattn ==== */
 
+/* ==== row-wise and pointwise ops, the loss and the optimizers (src/cuda/{embedding,rmsnorm,scale_shift,
+ * activations,softmax,qk_norm_rope,cross_entropy,optim,cca_conv}.cu; tests in tests/gpu/test_gpu_ops*.c) ====
+ * Dtypes follow the training recipe: the residual stream, saved statistics, norms' and convolutions'
+ * weights, biases, scales and every weight gradient are f32; activations are bf16. Gradient outputs in
+ * f32 ACCUMULATE (+=) as on the CPU; gradient outputs in bf16 are WRITTEN (an activation gradient in
+ * bf16 has one consumer, and a read-add-round would add a second rounding). Weight gradients are summed
+ * deterministically (per-chunk partials, then a fixed-order sum; no float atomics); scratch for the
+ * partials comes from the stream-ordered allocator (cudaMallocAsync on `stream`). */
+#include "kiln/nn.h"
+#include "kiln/optim.h"
+
+/* embedding: y f32 [n,d] = table f32 [V,d] rows ids [n] (int64, device). Backward: dtable[id] += dy rows,
+ * the positions of each id summed in position order (a stable device radix sort by id, then one block per
+ * distinct id), so the result equals the CPU's bit for bit; rows equal to pad (pad < 0: none) are skipped. */
+kiln_error *kiln_embedding_forward_cuda(float *y, const float *table, const int64_t *ids, int64_t n, int64_t d,
+                                        void *stream);
+kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *dy, const int64_t *ids, int64_t n, int64_t d,
+                                         int64_t pad, void *stream);
+
+/* rmsnorm: x f32 (the residual stream) -> y bf16, rstd f32 [n]. Backward: dy bf16; dx f32 += (the
+ * residual gradient), dw f32 +=; either may be NULL. The _bf16 forms read x bf16 (the router's norm
+ * of a projection's output) and write dx bf16. */
+kiln_error *kiln_rmsnorm_forward_cuda(kiln_bf16 *y, float *rstd, const float *x, const float *w, int64_t n,
+                                      int64_t d, float eps, void *stream);
+kiln_error *kiln_rmsnorm_backward_cuda(float *dx, float *dw, const kiln_bf16 *dy, const float *x, const float *w,
+                                       const float *rstd, int64_t n, int64_t d, void *stream);
+kiln_error *kiln_rmsnorm_forward_bf16_cuda(kiln_bf16 *y, float *rstd, const kiln_bf16 *x, const float *w,
+                                           int64_t n, int64_t d, float eps, void *stream);
+kiln_error *kiln_rmsnorm_backward_bf16_cuda(kiln_bf16 *dx, float *dw, const kiln_bf16 *dy, const kiln_bf16 *x,
+                                            const float *w, const float *rstd, int64_t n, int64_t d, void *stream);
+
+/* scale_shift: y = (x + b) * s per channel, all f32 (the residual scaling); accumulate: y +=.
+ * Backward: dx += dy*s, db += sum dy*s, ds += sum dy*(x+b); any may be NULL. */
+kiln_error *kiln_scale_shift_forward_cuda(float *y, const float *x, const float *b, const float *s, int64_t n,
+                                          int64_t d, int accumulate, void *stream);
+kiln_error *kiln_scale_shift_backward_cuda(float *dx, float *db, float *ds, const float *dy, const float *x,
+                                           const float *b, const float *s, int64_t n, int64_t d, void *stream);
+
+/* exact (erf) GELU and SwiGLU over bf16 (y may alias x in forward; dx/dgu are written). */
+kiln_error *kiln_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream);
+kiln_error *kiln_gelu_backward_cuda(kiln_bf16 *dx, const kiln_bf16 *dy, const kiln_bf16 *x, int64_t n, void *stream);
+kiln_error *kiln_swiglu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *gu, int64_t n, int64_t inter, void *stream);
+kiln_error *kiln_swiglu_backward_cuda(kiln_bf16 *dgu, const kiln_bf16 *dy, const kiln_bf16 *gu, int64_t n,
+                                      int64_t inter, void *stream);
+
+/* softmax over rows of d <= 1024, f32 (router probabilities: routing decisions are taken on them, and
+ * the tensors are small). Backward: dx +=. */
+kiln_error *kiln_softmax_forward_cuda(float *y, const float *x, int64_t n, int64_t d, void *stream);
+kiln_error *kiln_softmax_backward_cuda(float *dx, const float *dy, const float *y, int64_t n, int64_t d,
+                                       void *stream);
+
+/* QK norm and partial RoPE over bf16 head vectors [rows, heads, dim] (rows = b*t tokens), dim <= 1024.
+ * l2norm_scale: y = x * scale / max(|x|, eps) * t[h] (t NULL: 1), inv f32 [rows*heads] saved; backward:
+ * dx written, dt f32 += (NULL: not wanted). rope: in place, positions pos0 + token index within its
+ * sequence, inv_freq f32 on the device [rot_dim/2]; backward rotates back. qk_norm_rope: both in one
+ * pass (y = rope(l2norm_scale(x)), one bf16 rounding), backward likewise. */
+kiln_error *kiln_l2norm_scale_forward_cuda(kiln_bf16 *y, float *inv, const kiln_bf16 *x, const float *t, int64_t rows,
+                                           int64_t heads, int64_t dim, float scale, float eps, void *stream);
+kiln_error *kiln_l2norm_scale_backward_cuda(kiln_bf16 *dx, float *dt, const kiln_bf16 *dy, const kiln_bf16 *x,
+                                            const float *t, const float *inv, int64_t rows, int64_t heads,
+                                            int64_t dim, float scale, float eps, void *stream);
+kiln_error *kiln_rope_forward_cuda(kiln_bf16 *x, const float *inv_freq, int64_t b, int64_t t, int64_t heads,
+                                   int64_t dim, int64_t rot_dim, int64_t pos0, void *stream);
+kiln_error *kiln_rope_backward_cuda(kiln_bf16 *dx, const float *inv_freq, int64_t b, int64_t t, int64_t heads,
+                                    int64_t dim, int64_t rot_dim, int64_t pos0, void *stream);
+kiln_error *kiln_qk_norm_rope_forward_cuda(kiln_bf16 *y, float *inv, const kiln_bf16 *x, const float *temp,
+                                           const float *inv_freq, int64_t b, int64_t t, int64_t heads, int64_t dim,
+                                           int64_t rot_dim, int64_t pos0, float scale, float eps, void *stream);
+kiln_error *kiln_qk_norm_rope_backward_cuda(kiln_bf16 *dx, float *dtemp, const kiln_bf16 *dy, const kiln_bf16 *x,
+                                            const float *temp, const float *inv, const float *inv_freq, int64_t b,
+                                            int64_t t, int64_t heads, int64_t dim, int64_t rot_dim, int64_t pos0,
+                                            float scale, float eps, void *stream);
+
+/* Cross-entropy fused with the LM head's softmax: logits bf16 [B*T, V], ids int64 [B*T] (device).
+ * Predicts ids[b, t+1] from row (b, t), t < T-1 (HF's shift with labels = input_ids); row T-1 of each
+ * sequence is ignored (loss 0, gradient 0). loss_tok f32 [B*T] (nullable) the per-row loss; loss f32 [1]
+ * (nullable) the mean over B*(T-1) rows, summed in a fixed order. dlogits (nullable; may equal logits:
+ * written in place) gets the gradient of the mean loss in bf16. Two passes over each row: an online
+ * max/sum, then the gradient. */
+kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_tok, float *loss, const kiln_bf16 *logits,
+                                    const int64_t *ids, int64_t B, int64_t T, int64_t V, void *stream);
+
+/* AdamW, as kiln_adamw_step (same f64 arithmetic per element): w, g, state (m then v, 2n) f32 on the
+ * device; hp on the host; w_bf16 (nullable) receives the updated weights rounded to bf16 in the same pass. */
+kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *state, int64_t n, const kiln_optim_hparams *hp,
+                                 double lr, int64_t t, int decay, kiln_bf16 *w_bf16, void *stream);
+/* Muon's pieces around the Newton-Schulz GEMMs, as kiln_muon_step does them in f32 for p->mats matrices:
+ * momentum (state = mu*state + g; u = g + mu*state, Nesterov), the normalisation u /= |u|_F + 1e-7 per
+ * matrix (sum of squares in f64, fixed order), and the update w = w - wd*w - lr*0.2*sqrt(max(rows,cols))*u
+ * (w_bf16 as for AdamW). */
+kiln_error *kiln_muon_momentum_cuda(float *state, float *u, const float *g, int64_t n, const kiln_optim_hparams *hp,
+                                    void *stream);
+kiln_error *kiln_muon_normalize_cuda(float *u, const kiln_opt_param *p, void *stream);
+kiln_error *kiln_muon_update_cuda(float *w, const float *u, const kiln_opt_param *p, const kiln_optim_hparams *hp,
+                                  double lr, kiln_bf16 *w_bf16, void *stream);
+
+/* CCA's causal convolutions (kiln_cca_conv_forward): x bf16 [B,T,C], hist bf16 [B,P,C] (NULL: zeros),
+ * w0 [C,k0], b0 [C], w1 [C,C/groups,k1], b1 [C] f32; mid f32 [B,T+k1-1,C] saved; y bf16. Backward: dy
+ * bf16; dx bf16 written; dw0, db0, dw1, db1 f32 += (nullable); dmid: f32 workspace of B*(T+k1-1)*C. */
+kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, const kiln_bf16 *x, const kiln_bf16 *hist,
+                                       const float *w0, const float *b0, const float *w1, const float *b1,
+                                       const kiln_conv_shape *s, void *stream);
+kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, float *dw1, float *db1, float *dmid,
+                                        const kiln_bf16 *dy, const kiln_bf16 *x, const kiln_bf16 *hist,
+                                        const float *mid, const float *w0, const float *w1, const kiln_conv_shape *s,
+                                        void *stream);
+/* ==== end of the row-wise and pointwise ops ==== */
+
+/* ==== cisclip: CLIP inference (src/cuda/clip_ops.cu; used by src/clip/clip_cuda.c) ==== */
+/* layernorm forward: y bf16 [n,d] = (x - mean) / sqrt(var + eps) * w + b, x f32 (the residual stream);
+ * w, b f32, nullable. The twin of kiln_layernorm_forward. */
+kiln_error *kiln_layernorm_forward_cuda(kiln_bf16 *y, const float *x, const float *w, const float *b, int64_t n,
+                                        int64_t d, float eps, void *stream);
+/* the same with an f32 output (y may alias x), and with rows of x x_stride floats apart (y contiguous) */
+kiln_error *kiln_layernorm_forward_f32_cuda(float *y, const float *x, const float *w, const float *b, int64_t n,
+                                            int64_t d, float eps, void *stream);
+kiln_error *kiln_layernorm_forward_strided_cuda(kiln_bf16 *y, const float *x, int64_t x_stride, const float *w,
+                                                const float *b, int64_t n, int64_t d, float eps, void *stream);
+/* multi-head attention forward, the twin of kiln_mha_forward (bf16 q/k/v/out with row strides, causal or
+ * not); T <= 1024 tokens and hd <= 128 (CLIP's sequences), else an error. */
+kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
+                                  int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride, int64_t out_stride,
+                                  float scale, int causal, void *stream);
+/* quick_gelu x * sigmoid(1.702 x) over bf16 (y may alias x) */
+kiln_error *kiln_quick_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream);
+/* x f32 += y bf16 (a residual add) */
+kiln_error *kiln_add_bf16_cuda(float *x, const kiln_bf16 *y, int64_t n, void *stream);
+/* CLIP's patch embedding input: cols bf16 [B*G*G, 3*p*p] from pixels f32 [B,3,S,S], G = S/p */
+kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S, int64_t p,
+                                    void *stream);
+/* x f32 [B, 1+G2, H] = [cls; patches bf16 [B*G2, H]] + pos [1+G2, H] */
+kiln_error *kiln_clip_assemble_cuda(float *x, const kiln_bf16 *patches, const float *cls, const float *pos,
+                                    int64_t B, int64_t G2, int64_t H, void *stream);
+/* y f32 [rows, d] = x / |x| per row (x bf16) */
+kiln_error *kiln_l2_normalize_rows_cuda(float *y, const kiln_bf16 *x, int64_t rows, int64_t d, void *stream);
+/* ==== end cisclip ==== */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,169 @@
+// ZAYA's QK norm (head vectors to L2 norm `scale`, times the per-KV-head temperature) and partial RoPE
+// (HF rotate-half), forward and backward, separately (the CPU ops' twins) and fused in one pass. One warp
+// per head vector, staged in shared memory so that RoPE's pairs (i, i + rot_dim/2) meet. The
+// temperature's gradient is one value per vector, then a fixed-order sum per head: deterministic.
+#include "ops_common.cuh"
+
+#define WARPS 4
+
+// y (may equal x) = rope?(norm?(x)); inv saved when norm
+template <bool NORM, bool ROPE>
+static __global__ void qk_fwd_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
+                                     int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
+                                     int64_t pos0, float scale, float eps) {
+    extern __shared__ float shm[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *sh = shm + w * dim;
+    const int64_t nvec = rows * heads, half = rot_dim / 2;
+    for (int64_t v = blockIdx.x * (int64_t)WARPS + w; v < nvec; v += (int64_t)gridDim.x * WARPS) {
+        const bf16 *xv = x + v * dim;
+        float f = 1.0f;
+        __syncwarp();
+        for (int64_t j = lane; j < dim; j += 32) sh[j] = __bfloat162float(xv[j]);
+        if (NORM) {
+            float ss = 0;
+            for (int64_t j = lane; j < dim; j += 32) ss += sh[j] * sh[j];
+            ss = warp_sum(ss);
+            const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
+            if (lane == 0 && inv) inv[v] = (float)iv;
+            f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
+        }
+        __syncwarp();
+        bf16 *yv = y + v * dim;
+        if (ROPE) {
+            const float pos = (float)(pos0 + (v / heads) % t);
+            for (int64_t i = lane; i < half; i += 32) {
+                const float ang = pos * inv_freq[i], c = cosf(ang), s = sinf(ang);
+                const float x1 = sh[i] * f, x2 = sh[i + half] * f;
+                yv[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+                yv[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+            }
+            for (int64_t j = 2 * half + lane; j < dim; j += 32) yv[j] = __float2bfloat16_rn(sh[j] * f);
+        } else {
+            for (int64_t j = lane; j < dim; j += 32) yv[j] = __float2bfloat16_rn(sh[j] * f);
+        }
+    }
+}
+
+// dx = norm'(rope⁻¹(dy)); dtp[v] = this vector's term of dtemp (NULL: not wanted)
+template <bool NORM, bool ROPE>
+static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp,
+                                     const float *inv, const float *inv_freq, int64_t rows, int64_t t, int64_t heads,
+                                     int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
+    extern __shared__ float shm[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *sh = shm + w * dim;
+    const int64_t nvec = rows * heads, half = rot_dim / 2;
+    for (int64_t v = blockIdx.x * (int64_t)WARPS + w; v < nvec; v += (int64_t)gridDim.x * WARPS) {
+        const bf16 *gv = dy + v * dim;
+        __syncwarp();
+        for (int64_t j = lane; j < dim; j += 32) sh[j] = __bfloat162float(gv[j]);
+        __syncwarp();
+        if (ROPE) { // the rotation's adjoint: rotate by the opposite angle
+            const float pos = (float)(pos0 + (v / heads) % t);
+            for (int64_t i = lane; i < half; i += 32) {
+                const float ang = pos * inv_freq[i], c = cosf(ang), s = -sinf(ang);
+                const float g1 = sh[i], g2 = sh[i + half];
+                sh[i] = g1 * c - g2 * s;
+                sh[i + half] = g2 * c + g1 * s;
+            }
+            __syncwarp();
+        }
+        bf16 *dxv = dx + v * dim;
+        if (NORM) {
+            const bf16 *xv = x + v * dim;
+            float dot = 0;
+            for (int64_t j = lane; j < dim; j += 32) dot += sh[j] * __bfloat162float(xv[j]);
+            dot = warp_sum(dot);
+            const double iv = inv[v], tt = temp ? temp[v % heads] : 1.0;
+            if (dtp && lane == 0) dtp[v] = (float)(scale * iv * dot);
+            const float f = (float)(scale * iv * tt);
+            const int clamped = (1.0 / iv) <= eps;
+            const float c = clamped ? 0.0f : (float)(dot * iv * iv);
+            for (int64_t j = lane; j < dim; j += 32) dxv[j] = __float2bfloat16_rn(f * (sh[j] - c * __bfloat162float(xv[j])));
+        } else {
+            for (int64_t j = lane; j < dim; j += 32) dxv[j] = __float2bfloat16_rn(sh[j]);
+        }
+    }
+}
+
+static kiln_error *check_shape(const char *op, int64_t heads, int64_t dim, int64_t rot_dim) {
+    if (dim > 2048 || rot_dim > dim || rot_dim < 0 || heads <= 0)
+        return kiln_errorf(KILN_EINVAL, "%s: unsupported head shape (heads %lld, dim %lld, rot_dim %lld)", op,
+                           (long long)heads, (long long)dim, (long long)rot_dim);
+    return NULL;
+}
+
+template <bool NORM, bool ROPE>
+static kiln_error *qk_fwd(const char *op, bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
+                          int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim, int64_t pos0,
+                          float scale, float eps, void *stream) {
+    kiln_error *err = NULL;
+    if (rows <= 0 || dim <= 0) return NULL;
+    KILN_TRY(check_shape(op, heads, dim, rot_dim));
+    qk_fwd_kernel<NORM, ROPE><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
+                                (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim,
+                                                        rot_dim, pos0, scale, eps);
+    LAUNCH_CHECK(op);
+done:
+    return err;
+}
+
+template <bool NORM, bool ROPE>
+static kiln_error *qk_bwd(const char *op, bf16 *dx, float *dt, const bf16 *dy, const bf16 *x, const float *temp,
+                          const float *inv, const float *inv_freq, int64_t rows, int64_t t, int64_t heads, int64_t dim,
+                          int64_t rot_dim, int64_t pos0, float scale, float eps, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *dtp = NULL;
+    if (rows <= 0 || dim <= 0) return NULL;
+    KILN_TRY(check_shape(op, heads, dim, rot_dim));
+    if (NORM && dt) CUDA_TRY(cudaMallocAsync((void **)&dtp, (size_t)(rows * heads) * sizeof(float), st));
+    qk_bwd_kernel<NORM, ROPE><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
+        dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    LAUNCH_CHECK(op);
+    if (dtp) CUDA_TRY(colsum_add(dt, dtp, rows, heads, st));
+done:
+    if (dtp) cudaFreeAsync(dtp, st);
+    return err;
+}
+
+extern "C" kiln_error *kiln_l2norm_scale_forward_cuda(kiln_bf16 *y, float *inv, const kiln_bf16 *x, const float *t,
+                                                      int64_t rows, int64_t heads, int64_t dim, float scale, float eps,
+                                                      void *stream) {
+    return qk_fwd<true, false>("l2norm_scale forward", (bf16 *)y, inv, (const bf16 *)x, t, NULL, rows, 1, heads, dim,
+                               0, 0, scale, eps, stream);
+}
+extern "C" kiln_error *kiln_l2norm_scale_backward_cuda(kiln_bf16 *dx, float *dt, const kiln_bf16 *dy,
+                                                       const kiln_bf16 *x, const float *t, const float *inv,
+                                                       int64_t rows, int64_t heads, int64_t dim, float scale,
+                                                       float eps, void *stream) {
+    return qk_bwd<true, false>("l2norm_scale backward", (bf16 *)dx, dt, (const bf16 *)dy, (const bf16 *)x, t, inv,
+                               NULL, rows, 1, heads, dim, 0, 0, scale, eps, stream);
+}
+extern "C" kiln_error *kiln_rope_forward_cuda(kiln_bf16 *x, const float *inv_freq, int64_t b, int64_t t, int64_t heads,
+                                              int64_t dim, int64_t rot_dim, int64_t pos0, void *stream) {
+    return qk_fwd<false, true>("rope forward", (bf16 *)x, NULL, (const bf16 *)x, NULL, inv_freq, b * t, t, heads, dim,
+                               rot_dim, pos0, 1.0f, 0.0f, stream);
+}
+extern "C" kiln_error *kiln_rope_backward_cuda(kiln_bf16 *dx, const float *inv_freq, int64_t b, int64_t t,
+                                               int64_t heads, int64_t dim, int64_t rot_dim, int64_t pos0,
+                                               void *stream) {
+    return qk_bwd<false, true>("rope backward", (bf16 *)dx, NULL, (const bf16 *)dx, NULL, NULL, NULL, inv_freq, b * t,
+                               t, heads, dim, rot_dim, pos0, 1.0f, 0.0f, stream);
+}
+extern "C" kiln_error *kiln_qk_norm_rope_forward_cuda(kiln_bf16 *y, float *inv, const kiln_bf16 *x, const float *temp,
+                                                      const float *inv_freq, int64_t b, int64_t t, int64_t heads,
+                                                      int64_t dim, int64_t rot_dim, int64_t pos0, float scale,
+                                                      float eps, void *stream) {
+    return qk_fwd<true, true>("qk_norm_rope forward", (bf16 *)y, inv, (const bf16 *)x, temp, inv_freq, b * t, t,
+                              heads, dim, rot_dim, pos0, scale, eps, stream);
+}
+extern "C" kiln_error *kiln_qk_norm_rope_backward_cuda(kiln_bf16 *dx, float *dtemp, const kiln_bf16 *dy,
+                                                       const kiln_bf16 *x, const float *temp, const float *inv,
+                                                       const float *inv_freq, int64_t b, int64_t t, int64_t heads,
+                                                       int64_t dim, int64_t rot_dim, int64_t pos0, float scale,
+                                                       float eps, void *stream) {
+    return qk_bwd<true, true>("qk_norm_rope backward", (bf16 *)dx, dtemp, (const bf16 *)dy, (const bf16 *)x, temp, inv,
+                              inv_freq, b * t, t, heads, dim, rot_dim, pos0, scale, eps, stream);
+}
