@@ -309,6 +309,14 @@ static kiln_error *att_dims(const kiln_attn_shape *s, AttnDims *a, const char *o
     return NULL;
 }
 
+// KILN_ATTN_GENERIC=1 forces the generic kernels (the GPU tests compare both paths with the CPU)
+static bool att_force_generic(void) {
+    const char *e = getenv("KILN_ATTN_GENERIC");
+    return e && *e && strcmp(e, "0") != 0;
+}
+// the tensor-core kernels read and write rows with 16-byte accesses
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 extern "C" size_t kiln_attention_backward_cuda_work(const kiln_attn_shape *s) {
     return s ? (size_t)(s->B > 0 ? s->B : 0) * (size_t)(s->NH > 0 ? s->NH : 0) * (size_t)(s->Tq > 0 ? s->Tq : 0) *
                    sizeof(float)
@@ -325,7 +333,11 @@ extern "C" kiln_error *kiln_attention_forward_cuda(kiln_bf16 *out, float *lse, c
     if (!out || !q || !k || !v)
         return kiln_errorf(KILN_EINVAL, "kiln_attention_forward_cuda: out, q, k and v are required");
     cudaStream_t st = (cudaStream_t)stream;
-    {
+    if (!att_force_generic() && att_mma_supported(a) && aligned16(out) && aligned16(q) && aligned16(k) &&
+        aligned16(v)) {
+        err = att_mma_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a, st);
+        if (err) return err;
+    } else {
         dim3 grid((a.Tq + GQ - 1) / GQ, a.NH, a.B);
         attn_fwd_generic<<<grid, GTHREADS, 0, st>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
                                                     (const bf16 *)v, a);
@@ -354,7 +366,12 @@ extern "C" kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk
         attn_bwd_delta<<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(delta, (const bf16 *)dout, (const bf16 *)out, a);
         CUDA_TRY(cudaGetLastError());
     }
-    {
+    if (!att_force_generic() && att_mma_supported(a) && aligned16(dq) && aligned16(dk) && aligned16(dv) &&
+        aligned16(dout) && aligned16(q) && aligned16(k) && aligned16(v)) {
+        err = att_mma_backward((bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, lse, delta, (const bf16 *)q,
+                               (const bf16 *)k, (const bf16 *)v, a, st);
+        if (err) return err;
+    } else {
         if (dk || dv) {
             dim3 grid((a.tk + GK - 1) / GK, a.KV, a.B);
             attn_bwd_dkdv_generic<<<grid, GTHREADS, 0, st>>>((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, lse, delta,

@@ -1,0 +1,383 @@
+// The tensor-core path of the attention kernels (head dims 64 and 128), FA2's structure:
+//   forward: a block owns 64 query rows (4 warps x 16) and streams 64-key tiles; S = Q Kᵀ and O += P V
+//            run on mma.sync m16n8k16 (bf16 in, f32 accumulate) with the online softmax in registers;
+//   dK/dV:   a block owns 64 keys of one KV head (4 warps x 16 keys) and streams 32-row query tiles of
+//            each of the G query heads in turn: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q, all in
+//            registers, summed in a fixed order (deterministic without atomics);
+//   dQ:      a block owns 64 query rows and streams key tiles: S, dP = dO Vᵀ, dQ += dS K.
+// P and dS are rounded to bf16 as mma operands (as flash attention does); every sum is f32. Tiles are
+// staged in shared memory with rows padded by 8 bf16 so that ldmatrix reads are conflict-free; tiles
+// hidden by the causal mask or the window are never visited.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "attention_impl.cuh"
+#include "cuda_check.h"
+
+#define MMA_THREADS 128
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+// acc[16 x N] += A[16 x K] Bᵀ, A the warp's 16 rows at As, B [N x K] at Bs (both row-major in smem).
+template <int N, int K>
+static __device__ __forceinline__ void warp_mm_abt(float (&acc)[N / 8][4], const bf16 *As, int lda, const bf16 *Bs,
+                                                   int ldb) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t af[4];
+        ldsm_x4(af, As + (lane & 15) * lda + k0 + (lane >> 4) * 8);
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];
+            ldsm_x4(bf, Bs + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8);
+            mma16816(acc[n0 / 8], af, bf[0], bf[1]);
+            mma16816(acc[n0 / 8 + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+// acc[16 x N] += P[16 x K] B, P as A fragments in registers, B [K x N] row-major at Bs.
+template <int K, int N>
+static __device__ __forceinline__ void warp_mm_pb(float (&acc)[N / 8][4], const uint32_t (&pa)[K / 16][4],
+                                                  const bf16 *Bs, int ldb) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];
+            ldsm_x4_t(bf, Bs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8);
+            mma16816(acc[n0 / 8], pa[k0 / 16], bf[0], bf[1]);
+            mma16816(acc[n0 / 8 + 1], pa[k0 / 16], bf[2], bf[3]);
+        }
+    }
+}
+// accumulator tiles [16 x K] (f32) -> A fragments [16 x K] (bf16): the C layout of m16n8 tiles 2kk and
+// 2kk+1 is the A layout of k-step kk
+template <int K>
+static __device__ __forceinline__ void pack_a(uint32_t (&pa)[K / 16][4], const float (&s)[K / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+template <int N>
+static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+// ROWS rows of D bf16 from global (row stride `stride` elements) into smem (row stride ld); rows at or
+// past nvalid become zeros. 16-byte loads: D is 64 or 128 and the pointers are 16-byte aligned.
+template <int D, int ROWS>
+static __device__ __forceinline__ void load_tile(bf16 *dst, int ld, const bf16 *src, int64_t stride, int nvalid) {
+    constexpr int CH = D / 8;
+    for (int e = threadIdx.x; e < ROWS * CH; e += MMA_THREADS) {
+        const int r = e / CH, c = (e % CH) * 8;
+        int4 val = make_int4(0, 0, 0, 0);
+        if (r < nvalid) val = *(const int4 *)(src + r * stride + c);
+        *(int4 *)(dst + r * ld + c) = val;
+    }
+}
+static __device__ __forceinline__ void store_bf16x2(bf16 *p, float lo, float hi) {
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(lo, hi);
+}
+
+// ---- forward: grid (query tiles, NH, B), the last query tiles (the most keys) first ----
+template <int D>
+static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                                   const bf16 *v, AttnDims a) {
+    constexpr int BM = 64, BN = 64, LD = D + 8;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *Qs = (bf16 *)att_smem, *Ks = Qs + BM * LD, *Vs = Ks + BN * LD;
+    const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
+    load_tile<D, BM>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0);
+
+    const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
+    int jlo, jhi;
+    att_key_range(a, pmin, pmax, &jlo, &jhi);
+    const int r0 = i0 + warp * 16 + g; // this thread's rows: r0 and r0 + 8
+    const int p0 = a.q_pos0 + r0, p1 = p0 + 8;
+
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    zero_acc<D / 8>(o);
+    const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
+    for (int j0 = jlo / BN * BN; j0 <= jhi; j0 += BN) {
+        __syncthreads();
+        load_tile<D, BN>(Ks, LD, kb + j0 * kstride, kstride, a.tk - j0);
+        load_tile<D, BN>(Vs, LD, vb + j0 * kstride, kstride, a.tk - j0);
+        __syncthreads();
+        float s[BN / 8][4];
+        zero_acc<BN / 8>(s);
+        warp_mm_abt<BN, D>(s, Qs + warp * 16 * LD, LD, Ks, LD);
+        // masking is needed only on tiles that reach past the block's first row or into the window edge
+        const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + nt * 8 + 2 * t + (e & 1), p = e < 2 ? p0 : p1;
+                float x = s[nt][e] * a.scale_log2;
+                if (need_mask && !att_visible(a, p, j)) x = -INFINITY;
+                s[nt][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float alpha[2], mu[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r]);
+            mu[r] = mn == -INFINITY ? 0.f : mn; // a row with nothing visible yet keeps p = 0
+            alpha[r] = exp2f(m[r] - mu[r]);
+            m[r] = mn;
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[nt][e] - mu[e >> 1]);
+                s[nt][e] = p;
+                rs[e >> 1] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+            o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+        }
+        uint32_t pa[BN / 16][4];
+        pack_a<BN>(pa, s);
+        warp_mm_pb<BN, D>(o, pa, Vs, LD);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = r0 + 8 * r;
+        if (i >= a.Tq) continue;
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        bf16 *orow = out + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) store_bf16x2(orow + dt * 8 + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        if (t == 0 && lse) lse[((int64_t)b * a.NH + h) * a.Tq + i] = (m[r] + log2f(l[r])) * ATT_LN2;
+    }
+}
+
+// ---- dQ: grid (query tiles, NH, B) ----
+template <int D>
+static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, const bf16 *dout, const float *lse,
+                                                                      const float *delta, const bf16 *q, const bf16 *k,
+                                                                      const bf16 *v, AttnDims a) {
+    constexpr int BM = 64, BN = 64, LD = D + 8;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *Qs = (bf16 *)att_smem, *dOs = Qs + BM * LD, *Ks = dOs + BM * LD, *Vs = Ks + BN * LD;
+    const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
+    const int64_t qoff = (((int64_t)b * a.Tq + i0) * a.NH + h) * D;
+    load_tile<D, BM>(Qs, LD, q + qoff, qstride, a.Tq - i0);
+    load_tile<D, BM>(dOs, LD, dout + qoff, qstride, a.Tq - i0);
+
+    const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
+    int jlo, jhi;
+    att_key_range(a, pmin, pmax, &jlo, &jhi);
+    const int r0 = i0 + warp * 16 + g;
+    const int p0 = a.q_pos0 + r0, p1 = p0 + 8;
+    float lse2[2], dl[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = r0 + 8 * r;
+        const int64_t ri = ((int64_t)b * a.NH + h) * a.Tq + i;
+        lse2[r] = i < a.Tq ? lse[ri] * ATT_LOG2E : 0.f;
+        dl[r] = i < a.Tq ? delta[ri] : 0.f;
+    }
+    float acc[D / 8][4];
+    zero_acc<D / 8>(acc);
+    const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
+    for (int j0 = jlo / BN * BN; j0 <= jhi; j0 += BN) {
+        __syncthreads();
+        load_tile<D, BN>(Ks, LD, kb + j0 * kstride, kstride, a.tk - j0);
+        load_tile<D, BN>(Vs, LD, vb + j0 * kstride, kstride, a.tk - j0);
+        __syncthreads();
+        float s[BN / 8][4], dp[BN / 8][4];
+        zero_acc<BN / 8>(s);
+        zero_acc<BN / 8>(dp);
+        warp_mm_abt<BN, D>(s, Qs + warp * 16 * LD, LD, Ks, LD);
+        warp_mm_abt<BN, D>(dp, dOs + warp * 16 * LD, LD, Vs, LD);
+        const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = j0 + nt * 8 + 2 * t + (e & 1), p = e < 2 ? p0 : p1;
+                float pr = exp2f(s[nt][e] * a.scale_log2 - lse2[e >> 1]);
+                if (need_mask && !att_visible(a, p, j)) pr = 0.f;
+                s[nt][e] = pr * (dp[nt][e] - dl[e >> 1]); // dS (without the scale, applied at the end)
+            }
+        uint32_t da[BN / 16][4];
+        pack_a<BN>(da, s);
+        warp_mm_pb<BN, D>(acc, da, Ks, LD);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = r0 + 8 * r;
+        if (i >= a.Tq) continue;
+        bf16 *row = dq + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            store_bf16x2(row + dt * 8 + 2 * t, acc[dt][2 * r] * a.scale, acc[dt][2 * r + 1] * a.scale);
+    }
+}
+
+// ---- dK/dV: grid (key tiles, KV, B) ----
+template <int D>
+static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const bf16 *dout,
+                                                                        const float *lse, const float *delta,
+                                                                        const bf16 *q, const bf16 *k, const bf16 *v,
+                                                                        AttnDims a) {
+    constexpr int BN = 64, BQ = 32, LD = D + 8;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *Ks = (bf16 *)att_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *dOs = Qs + BQ * LD;
+    float *lse2s = (float *)(dOs + BQ * LD), *dls = lse2s + BQ;
+    const int b = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * BN;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
+    const int64_t koff = (((int64_t)b * a.tk_cap + j0) * a.KV + kh) * D;
+    load_tile<D, BN>(Ks, LD, k + koff, kstride, a.tk - j0);
+    load_tile<D, BN>(Vs, LD, v + koff, kstride, a.tk - j0);
+
+    const int jlast = min(j0 + BN, a.tk) - 1;
+    int ilo, ihi;
+    att_query_range(a, j0, jlast, &ilo, &ihi);
+    const int jr0 = j0 + warp * 16 + g; // this thread's keys: jr0 and jr0 + 8
+    float dka[D / 8][4], dva[D / 8][4];
+    zero_acc<D / 8>(dka);
+    zero_acc<D / 8>(dva);
+    for (int h = kh * a.G; h < (kh + 1) * a.G; h++) {
+        for (int c0 = ilo; c0 <= ihi; c0 += BQ) {
+            __syncthreads();
+            const int64_t qoff = (((int64_t)b * a.Tq + c0) * a.NH + h) * D;
+            load_tile<D, BQ>(Qs, LD, q + qoff, qstride, ihi + 1 - c0);
+            load_tile<D, BQ>(dOs, LD, dout + qoff, qstride, ihi + 1 - c0);
+            if (threadIdx.x < BQ) {
+                const int i = c0 + threadIdx.x;
+                const int64_t ri = ((int64_t)b * a.NH + h) * a.Tq + i;
+                lse2s[threadIdx.x] = i <= ihi ? lse[ri] * ATT_LOG2E : 0.f;
+                dls[threadIdx.x] = i <= ihi ? delta[ri] : 0.f;
+            }
+            __syncthreads();
+            float st[BQ / 8][4], dpt[BQ / 8][4];
+            zero_acc<BQ / 8>(st);
+            zero_acc<BQ / 8>(dpt);
+            warp_mm_abt<BQ, D>(st, Ks + warp * 16 * LD, LD, Qs, LD);
+            warp_mm_abt<BQ, D>(dpt, Vs + warp * 16 * LD, LD, dOs, LD);
+#pragma unroll
+            for (int nt = 0; nt < BQ / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = nt * 8 + 2 * t + (e & 1), i = c0 + c, j = jr0 + (e >> 1) * 8;
+                    float pr = exp2f(st[nt][e] * a.scale_log2 - lse2s[c]);
+                    if (i > ihi || !att_visible(a, a.q_pos0 + i, j)) pr = 0.f;
+                    st[nt][e] = pr;
+                    dpt[nt][e] = pr * (dpt[nt][e] - dls[c]);
+                }
+            uint32_t pa[BQ / 16][4];
+            pack_a<BQ>(pa, st);
+            warp_mm_pb<BQ, D>(dva, pa, dOs, LD);
+            pack_a<BQ>(pa, dpt);
+            warp_mm_pb<BQ, D>(dka, pa, Qs, LD);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int j = jr0 + 8 * r;
+        if (j >= a.tk) continue;
+        const int64_t off = (((int64_t)b * a.tk_cap + j) * a.KV + kh) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            if (dk) store_bf16x2(dk + off + dt * 8 + 2 * t, dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);
+            if (dv) store_bf16x2(dv + off + dt * 8 + 2 * t, dva[dt][2 * r], dva[dt][2 * r + 1]);
+        }
+    }
+}
+
+// ---- host side ----
+bool att_mma_supported(const AttnDims &a) { return a.D == 64 || a.D == 128; }
+
+template <int D>
+static kiln_error *fwd_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
+                              cudaStream_t st) {
+    kiln_error *err = NULL;
+    const int smem = 3 * 64 * (D + 8) * (int)sizeof(bf16);
+    CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_fwd_mma<D><<<dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
+    CUDA_TRY(cudaGetLastError());
+done:
+    return err;
+}
+
+template <int D>
+static kiln_error *bwd_launch(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+                              const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a, cudaStream_t st) {
+    kiln_error *err = NULL;
+    if (dk || dv) {
+        const int smem = (2 * 64 + 2 * 32) * (D + 8) * (int)sizeof(bf16) + 2 * 32 * (int)sizeof(float);
+        CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dkdv_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attn_bwd_dkdv_mma<D><<<dim3((a.tk + 63) / 64, a.KV, a.B), MMA_THREADS, smem, st>>>(dk, dv, dout, lse, delta, q,
+                                                                                             k, v, a);
+        CUDA_TRY(cudaGetLastError());
+    }
+    if (dq) {
+        const int smem = 4 * 64 * (D + 8) * (int)sizeof(bf16);
+        CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dq_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attn_bwd_dq_mma<D><<<dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st>>>(dq, dout, lse, delta, q, k, v,
+                                                                                           a);
+        CUDA_TRY(cudaGetLastError());
+    }
+done:
+    return err;
+}
+
+kiln_error *att_mma_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
+                            cudaStream_t st) {
+    return a.D == 128 ? fwd_launch<128>(out, lse, q, k, v, a, st) : fwd_launch<64>(out, lse, q, k, v, a, st);
+}
+
+kiln_error *att_mma_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+                             const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a, cudaStream_t st) {
+    return a.D == 128 ? bwd_launch<128>(dq, dk, dv, dout, lse, delta, q, k, v, a, st)
+                      : bwd_launch<64>(dq, dk, dv, dout, lse, delta, q, k, v, a, st);
+}
