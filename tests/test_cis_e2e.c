@@ -171,6 +171,27 @@ TEST(cis_end_to_end) {
     CHECK(p2 && count_sub(p2, "\"error\": \"") >= 2);
     free(p2);
 
+    /* Ctrl-C (the stop flag a SIGINT sets) ends the run with finished results kept; --resume finishes it */
+    {
+        kiln_cis_score_opts o;
+        kiln_cis_score_opts_default(&o);
+        o.suite = suite, o.manifest = work, o.clip_dir = clip, o.grids = "1", o.boot = 20, o.perm = 20;
+        char run5[512];
+        snprintf(run5, sizeof run5, "%s", test_join(d, "run5"));
+        o.out_dir = run5;
+        FILE *nul = fopen("/dev/null", "w");
+        o.progress = nul;
+        static volatile int one = 1;
+        o.stop = &one;
+        int ns, ne;
+        CHECK_ERR(kiln_cis_score(&o, &ns, &ne), "interrupted after 0 of 73 images");
+        o.stop = NULL;
+        o.resume = 1;
+        CHECK_OK(kiln_cis_score(&o, &ns, &ne));
+        CHECK(ns == 70 && ne == 3);
+        fclose(nul);
+    }
+
     /* labels: calibrate the threshold and measure the judge */
     snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run1, labels);
     rc = test_run_kiln(cmd, out, sizeof out);

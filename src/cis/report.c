@@ -239,39 +239,55 @@ static void relpath(const char *dir, const char *path, char *out, size_t cap) {
     snprintf(out + (o < cap ? o : cap - 1), o < cap ? cap - o : 1, "%s", path + common);
 }
 
+/* Two example images per culture, from different models where the run has several. */
 static void examples(cis_buf *b, const cJSON *s, const char *html_dir) {
     const cJSON *imgs = jget(s, "images");
-    CIS_PUT(b, "<div class=\"examples\">\n");
-    const char *done[256];
-    int nd = 0;
-    for (const cJSON *x = imgs ? imgs->child : NULL; x && nd < 256; x = x->next) {
-        const char *cul = jstr(x, "culture");
-        int count = 0;
-        for (int i = 0; i < nd; i++) count += !strcmp(done[i], cul);
-        if (count >= 2) continue; /* two examples per culture */
-        done[nd++] = cul;
-        char rel[PATH_MAX + 64];
-        const char *path = jstr(x, "path");
-        if (path[0] == '/' && html_dir) relpath(html_dir, path, rel, sizeof rel);
-        else snprintf(rel, sizeof rel, "%s", path);
-        CIS_PUT(b, "<figure class=\"ex\"><img src=\"");
-        cis_buf_html(b, rel);
-        CIS_PUT(b, "\" alt=\"");
-        cis_buf_html(b, jstr(x, "image"));
-        CIS_PUT(b, "\" width=\"160\"><figcaption><b>");
-        cis_buf_html(b, cul);
-        CIS_PUT(b, "</b> ");
-        cis_buf_html(b, jstr(x, "prompt_id"));
-        CIS_PUT(b, " (");
-        cis_buf_html(b, jstr(x, "model"));
-        cis_buf_printf(b, "), CIS %.2f<ul>", jnum(x, "cis"));
-        for (const cJSON *c = jget(x, "components") ? jget(x, "components")->child : NULL; c; c = c->next) {
-            int pres = cJSON_IsTrue(jget(c, "present"));
-            cis_buf_printf(b, "<li class=\"%s\">%s ", pres ? "yes" : "no", pres ? "&#10003;" : "&#10007;");
-            cis_buf_html(b, jstr(c, "phrase"));
-            cis_buf_printf(b, " <small>p=%.2f</small></li>", jnum(c, "p"));
+    enum { CAP = 512 };
+    const cJSON *pick[CAP];
+    int np = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (const cJSON *x = imgs ? imgs->child : NULL; x && np < CAP; x = x->next) {
+            int count = 0, same_model = 0, dup = 0;
+            for (int i = 0; i < np; i++) {
+                if (strcmp(jstr(pick[i], "culture"), jstr(x, "culture"))) continue;
+                count++;
+                same_model |= !strcmp(jstr(pick[i], "model"), jstr(x, "model"));
+                dup |= pick[i] == x;
+            }
+            if (count < 2 && !dup && (pass == 1 || !same_model)) pick[np++] = x;
         }
-        CIS_PUT(b, "</ul></figcaption></figure>\n");
+    CIS_PUT(b, "<div class=\"examples\">\n");
+    /* grouped by culture, cultures in order of first appearance */
+    for (int i = 0; i < np; i++) {
+        int first = 1;
+        for (int j = 0; j < i; j++) first &= strcmp(jstr(pick[j], "culture"), jstr(pick[i], "culture")) != 0;
+        if (!first) continue;
+        for (int j = i; j < np; j++) {
+            const cJSON *x = pick[j];
+            if (strcmp(jstr(x, "culture"), jstr(pick[i], "culture"))) continue;
+            char rel[PATH_MAX + 64];
+            const char *path = jstr(x, "path");
+            if (path[0] == '/' && html_dir) relpath(html_dir, path, rel, sizeof rel);
+            else snprintf(rel, sizeof rel, "%s", path);
+            CIS_PUT(b, "<figure class=\"ex\"><img src=\"");
+            cis_buf_html(b, rel);
+            CIS_PUT(b, "\" alt=\"");
+            cis_buf_html(b, jstr(x, "image"));
+            CIS_PUT(b, "\" width=\"160\"><figcaption><b>");
+            cis_buf_html(b, jstr(x, "culture"));
+            CIS_PUT(b, "</b> ");
+            cis_buf_html(b, jstr(x, "prompt_id"));
+            CIS_PUT(b, " (");
+            cis_buf_html(b, jstr(x, "model"));
+            cis_buf_printf(b, "), CIS %.2f<ul>", jnum(x, "cis"));
+            for (const cJSON *c = jget(x, "components") ? jget(x, "components")->child : NULL; c; c = c->next) {
+                int pres = cJSON_IsTrue(jget(c, "present"));
+                cis_buf_printf(b, "<li class=\"%s\">%s ", pres ? "yes" : "no", pres ? "&#10003;" : "&#10007;");
+                cis_buf_html(b, jstr(c, "phrase"));
+                cis_buf_printf(b, " <small>p=%.2f</small></li>", jnum(c, "p"));
+            }
+            CIS_PUT(b, "</ul></figcaption></figure>\n");
+        }
     }
     CIS_PUT(b, "</div>\n");
 }
