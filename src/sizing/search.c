@@ -294,9 +294,12 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
         snprintf(alt + len, sizeof alt - len, "%s%.2fx %s than %lld", len ? ", " : "", ratio >= 1 ? ratio : 1 / ratio,
                  ratio >= 1 ? "faster" : "slower", (long long)d);
     }
+    kiln_size_kv kv;
+    kiln_size_kv_cache(s, 1, 1024, 2, &kv);
     why(c, "head dim %lld: attention %s on this profile (%lld query heads, %lld KV heads; forward efficiency %.2f, "
-        "head dims padded to %lld)", (long long)s->head_dim, alt[0] ? alt : "is the only head dim enumerated",
-        (long long)s->heads, (long long)s->kv_heads, kiln_hw_attn_eff(p, s->head_dim, 0), (long long)p->head_dim_tile);
+        "head dims padded to %lld); KV cache %.1f MiB per 1k tokens of a sequence", (long long)s->head_dim,
+        alt[0] ? alt : "is the only head dim enumerated", (long long)s->heads, (long long)s->kv_heads,
+        kiln_hw_attn_eff(p, s->head_dim, 0), (long long)p->head_dim_tile, kv.total / 1048576.0);
     if (s->arch == KILN_ARCH_ZAYA) {
         int64_t rows = (int64_t)ceil((double)n * (double)s->top_k / (double)s->experts);
         kiln_hw_gemm_time_grouped(p, (double)s->experts, rows, 2 * s->expert_inter, s->hidden, &w);
