@@ -1,0 +1,237 @@
+// CCA's causal convolution pair on the device (the semantics of src/nn/cca_conv.c): a depthwise Conv1d
+// (kernel k0) into mid, then a grouped Conv1d (kernel k1) over mid, on the input left-padded by
+// P = (k0-1)+(k1-1) steps from hist. The grouped stage stages a tile of time steps of one group in shared
+// memory and gives each thread one output channel and TT accumulators. Weight gradients are per-chunk
+// partials (chunks of time steps within one sequence) summed in a fixed order: deterministic.
+#include "ops_common.cuh"
+
+#define TT 16        // time steps per block in the grouped stage
+#define CHUNK_T 512  // time steps per partial sum of the weight gradients
+#define SHM_MAX 49152
+
+// row u' (0 .. T+P-1) of the padded input, channel c
+static __device__ __forceinline__ float xp_at(const bf16 *x, const bf16 *hist, int64_t b, int64_t u, int64_t c,
+                                              int64_t T, int64_t C, int64_t P) {
+    if (u >= P) return __bfloat162float(x[(b * T + (u - P)) * C + c]);
+    return hist ? __bfloat162float(hist[(b * P + u) * C + c]) : 0.0f;
+}
+
+// mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c], u < M = T+k1-1
+static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist, const float *w0, const float *b0,
+                                     kiln_conv_shape s) {
+    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1, total = s.B * M * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t c = i % C, bu = i / C, u = bu % M, b = bu / M;
+        float acc = b0[c];
+        for (int64_t j = 0; j < k0; j++) acc += w0[c * k0 + j] * xp_at(x, hist, b, u + j, c, T, C, P);
+        mid[i] = acc;
+    }
+}
+
+// grid (time tiles, groups, B): y[b, t0+tt, co] for the TT steps of the tile, co in group g
+static __global__ void grp_fwd_kernel(bf16 *y, const float *mid, const float *w1, const float *b1, kiln_conv_shape s) {
+    extern __shared__ float sm[];
+    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups;
+    const int64_t t0 = blockIdx.x * (int64_t)TT, g0 = blockIdx.y * cg, b = blockIdx.z;
+    const int64_t rows = TT + k1 - 1;
+    for (int64_t e = threadIdx.x; e < rows * cg; e += blockDim.x) {
+        const int64_t r = e / cg, i = e % cg, u = t0 + r;
+        sm[e] = u < M ? mid[(b * M + u) * C + g0 + i] : 0.0f;
+    }
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < cg; col += blockDim.x) {
+        const int64_t co = g0 + col;
+        float acc[TT];
+#pragma unroll
+        for (int k = 0; k < TT; k++) acc[k] = b1[co];
+        const float *w = w1 + co * cg * k1;
+        for (int64_t j = 0; j < k1; j++)
+            for (int64_t i = 0; i < cg; i++) {
+                const float wv = w[i * k1 + j];
+#pragma unroll
+                for (int k = 0; k < TT; k++) acc[k] += wv * sm[(k + j) * cg + i];
+            }
+#pragma unroll
+        for (int k = 0; k < TT; k++)
+            if (t0 + k < T) y[(b * T + t0 + k) * C + co] = __float2bfloat16_rn(acc[k]);
+    }
+}
+
+// grid (time tiles of u, groups, B): dmid[b,u,ci] = sum_j sum_{co in group} dy[b,u-j,co] w1[co,ci-g0,j]
+static __global__ void grp_bwd_data_kernel(float *dmid, const bf16 *dy, const float *w1, kiln_conv_shape s) {
+    extern __shared__ float sm[];
+    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups;
+    const int64_t u0 = blockIdx.x * (int64_t)TT, g0 = blockIdx.y * cg, b = blockIdx.z;
+    const int64_t rows = TT + k1 - 1; // dy rows t = u0-(k1-1) .. u0+TT-1
+    for (int64_t e = threadIdx.x; e < rows * cg; e += blockDim.x) {
+        const int64_t r = e / cg, i = e % cg, t = u0 - (k1 - 1) + r;
+        sm[e] = t >= 0 && t < T ? __bfloat162float(dy[(b * T + t) * C + g0 + i]) : 0.0f;
+    }
+    __syncthreads();
+    for (int64_t ci = threadIdx.x; ci < cg; ci += blockDim.x) {
+        float acc[TT];
+#pragma unroll
+        for (int k = 0; k < TT; k++) acc[k] = 0.0f;
+        for (int64_t j = 0; j < k1; j++)
+            for (int64_t co = 0; co < cg; co++) {
+                const float wv = w1[((g0 + co) * cg + ci) * k1 + j];
+                // output u0+k takes dy at t = u0+k-j, shared row (k - j) + (k1 - 1)
+#pragma unroll
+                for (int k = 0; k < TT; k++) acc[k] += wv * sm[(k - j + k1 - 1) * cg + co];
+            }
+#pragma unroll
+        for (int k = 0; k < TT; k++)
+            if (u0 + k < M) dmid[(b * M + u0 + k) * C + g0 + ci] = acc[k];
+    }
+}
+
+// grid (entry blocks, chunks): part[chunk, e] for e = (co, i, j) of dw1 (C*cg*k1 entries):
+// sum over t in the chunk of dy[b,t,co] mid[b,t+j,g0+i]; chunk = (b, CHUNK_T steps)
+static __global__ void grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s,
+                                        int64_t chunks_per_seq) {
+    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups, ne = C * cg * k1;
+    const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (e >= ne) return;
+    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq, t0 = (chunk % chunks_per_seq) * CHUNK_T;
+    const int64_t t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T;
+    const int64_t j = e % k1, i = (e / k1) % cg, co = e / (k1 * cg), ci = (co / cg) * cg + i;
+    float acc = 0;
+    for (int64_t t = t0; t < t1; t++)
+        acc += __bfloat162float(dy[(b * T + t) * C + co]) * mid[(b * M + t + j) * C + ci];
+    part[chunk * ne + e] = acc;
+}
+
+// grid (column blocks, chunks): part[chunk, c] = sum over the chunk's rows of a[row, c]; rows of
+// sequence b are b*rows_per_seq .. +rows_per_seq-1, chunked by CHUNK_T
+template <typename TA>
+static __global__ void chunk_colsum_kernel(float *part, const TA *a, int64_t rows_per_seq, int64_t C,
+                                           int64_t chunks_per_seq) {
+    const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq, r0 = (chunk % chunks_per_seq) * CHUNK_T;
+    const int64_t r1 = r0 + CHUNK_T < rows_per_seq ? r0 + CHUNK_T : rows_per_seq;
+    float acc = 0;
+    for (int64_t r = r0; r < r1; r++) acc += ld(a, (b * rows_per_seq + r) * C + c);
+    part[chunk * C + c] = acc;
+}
+
+// grid (entry blocks, chunks): part[chunk, c*k0+j] = sum over u in the chunk of dmid[b,u,c] xp[b,u+j,c]
+static __global__ void dw_bwd_w_kernel(float *part, const float *dmid, const bf16 *x, const bf16 *hist,
+                                       kiln_conv_shape s, int64_t chunks_per_seq) {
+    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1, ne = C * k0;
+    const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (e >= ne) return;
+    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq, u0 = (chunk % chunks_per_seq) * CHUNK_T;
+    const int64_t u1 = u0 + CHUNK_T < M ? u0 + CHUNK_T : M;
+    const int64_t c = e / k0, j = e % k0;
+    float acc = 0;
+    for (int64_t u = u0; u < u1; u++) acc += dmid[(b * M + u) * C + c] * xp_at(x, hist, b, u + j, c, T, C, P);
+    part[chunk * ne + e] = acc;
+}
+
+// dx[b,t,c] = sum_j dmid[b, t+P-j, c] w0[c,j] over 0 <= t+P-j < M
+static __global__ void dw_bwd_data_kernel(bf16 *dx, const float *dmid, const float *w0, kiln_conv_shape s) {
+    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1, total = s.B * T * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t c = i % C, bt = i / C, t = bt % T, b = bt / T;
+        float acc = 0;
+        for (int64_t j = 0; j < k0; j++) {
+            const int64_t u = t + P - j;
+            if (u >= 0 && u < M) acc += dmid[(b * M + u) * C + c] * w0[c * k0 + j];
+        }
+        dx[i] = __float2bfloat16_rn(acc);
+    }
+}
+
+static kiln_error *check_conv(const char *op, const kiln_conv_shape *s) {
+    if (s->B <= 0 || s->T <= 0 || s->C <= 0 || s->groups <= 0 || s->k0 <= 0 || s->k1 <= 0 || s->C % s->groups)
+        return kiln_errorf(KILN_EINVAL, "%s: bad shape B=%lld T=%lld C=%lld groups=%lld k0=%lld k1=%lld", op,
+                           (long long)s->B, (long long)s->T, (long long)s->C, (long long)s->groups, (long long)s->k0,
+                           (long long)s->k1);
+    const int64_t cg = s->C / s->groups;
+    if ((TT + s->k1 - 1) * cg * (int64_t)sizeof(float) > SHM_MAX || s->groups > 65535 || s->B > 65535)
+        return kiln_errorf(KILN_EINVAL, "%s: %lld channels per group with kernel %lld exceed the shared-memory tile",
+                           op, (long long)cg, (long long)s->k1);
+    return NULL;
+}
+
+static int threads_for_group(int64_t cg) { return cg >= 128 ? 128 : cg > 32 ? (int)((cg + 31) / 32 * 32) : 32; }
+
+extern "C" kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, const kiln_bf16 *x, const kiln_bf16 *hist,
+                                                  const float *w0, const float *b0, const float *w1, const float *b1,
+                                                  const kiln_conv_shape *s, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    KILN_TRY(check_conv("cca_conv forward", s));
+    {
+        const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups;
+        dw_fwd_kernel<<<grid_for(s->B * M * s->C, 256), 256, 0, st>>>(mid, (const bf16 *)x, (const bf16 *)hist, w0, b0,
+                                                                      *s);
+        LAUNCH_CHECK("cca_conv forward (depthwise)");
+        grp_fwd_kernel<<<dim3((unsigned)((s->T + TT - 1) / TT), (unsigned)s->groups, (unsigned)s->B),
+                         threads_for_group(cg), (size_t)((TT + s->k1 - 1) * cg) * sizeof(float), st>>>(
+            (bf16 *)y, mid, w1, b1, *s);
+        LAUNCH_CHECK("cca_conv forward (grouped)");
+    }
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, float *dw1, float *db1,
+                                                   float *dmid, const kiln_bf16 *dy, const kiln_bf16 *x,
+                                                   const kiln_bf16 *hist, const float *mid, const float *w0,
+                                                   const float *w1, const kiln_conv_shape *s, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *part = NULL;
+    KILN_TRY(check_conv("cca_conv backward", s));
+    {
+        const int64_t B = s->B, T = s->T, C = s->C, k0 = s->k0, k1 = s->k1, M = T + k1 - 1, cg = C / s->groups;
+        const int64_t cps_t = (T + CHUNK_T - 1) / CHUNK_T, cps_m = (M + CHUNK_T - 1) / CHUNK_T;
+        const int64_t ne1 = C * cg * k1, ne0 = C * k0;
+        int64_t need = 0;
+        if (dw1) need = B * cps_t * ne1;
+        if (db1 && B * cps_t * C > need) need = B * cps_t * C;
+        if (dw0 && B * cps_m * ne0 > need) need = B * cps_m * ne0;
+        if (db0 && B * cps_m * C > need) need = B * cps_m * C;
+        if (B * cps_m > 65535) return kiln_errorf(KILN_EINVAL, "cca_conv backward: %lld chunks", (long long)(B * cps_m));
+        if (need) CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)need * sizeof(float), st));
+        // grouped stage
+        if (dw1) {
+            grp_bwd_w_kernel<<<dim3((unsigned)((ne1 + 255) / 256), (unsigned)(B * cps_t)), 256, 0, st>>>(
+                part, (const bf16 *)dy, mid, *s, cps_t);
+            LAUNCH_CHECK("cca_conv backward (grouped weights)");
+            CUDA_TRY(colsum_add(dw1, part, B * cps_t, ne1, st));
+        }
+        if (db1) {
+            chunk_colsum_kernel<bf16><<<dim3((unsigned)((C + 255) / 256), (unsigned)(B * cps_t)), 256, 0, st>>>(
+                part, (const bf16 *)dy, T, C, cps_t);
+            LAUNCH_CHECK("cca_conv backward (grouped bias)");
+            CUDA_TRY(colsum_add(db1, part, B * cps_t, C, st));
+        }
+        grp_bwd_data_kernel<<<dim3((unsigned)((M + TT - 1) / TT), (unsigned)s->groups, (unsigned)B),
+                              threads_for_group(cg), (size_t)((TT + k1 - 1) * cg) * sizeof(float), st>>>(
+            dmid, (const bf16 *)dy, w1, *s);
+        LAUNCH_CHECK("cca_conv backward (grouped input)");
+        // depthwise stage
+        if (dw0) {
+            dw_bwd_w_kernel<<<dim3((unsigned)((ne0 + 255) / 256), (unsigned)(B * cps_m)), 256, 0, st>>>(
+                part, dmid, (const bf16 *)x, (const bf16 *)hist, *s, cps_m);
+            LAUNCH_CHECK("cca_conv backward (depthwise weights)");
+            CUDA_TRY(colsum_add(dw0, part, B * cps_m, ne0, st));
+        }
+        if (db0) {
+            chunk_colsum_kernel<float><<<dim3((unsigned)((C + 255) / 256), (unsigned)(B * cps_m)), 256, 0, st>>>(
+                part, dmid, M, C, cps_m);
+            LAUNCH_CHECK("cca_conv backward (depthwise bias)");
+            CUDA_TRY(colsum_add(db0, part, B * cps_m, C, st));
+        }
+        if (dx) {
+            dw_bwd_data_kernel<<<grid_for(B * T * C, 256), 256, 0, st>>>((bf16 *)dx, dmid, w0, *s);
+            LAUNCH_CHECK("cca_conv backward (input)");
+        }
+    }
+done:
+    if (part) cudaFreeAsync(part, st);
+    return err;
+}
