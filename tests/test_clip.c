@@ -478,6 +478,15 @@ TEST(clip_load_errors_name_the_problem) {
     CHECK_ERR(kiln_clip_load(dir, &m), "resample 2 is not supported");
     rewrite(pre, "\"resample\":2", "\"resample\":3");
     CHECK_OK(kiln_clip_load(dir, &m));
+    /* devices: "cpu" always works; "cuda" works or says why (no CUDA build, no device) */
+    CHECK_OK(kiln_clip_set_device(m, "cpu"));
+    CHECK_ERR(kiln_clip_set_device(m, "tpu"), "CLIP device \"tpu\": expected \"cpu\" or \"cuda\"");
+    kiln_error *de = kiln_clip_set_device(m, "cuda");
+    if (de) {
+        CHECK(strstr(kiln_error_msg(de), "CUDA") != NULL || strstr(kiln_error_msg(de), "cuda") != NULL);
+        kiln_error_free(de);
+    }
+    CHECK_OK(kiln_clip_set_device(m, "cpu"));
     /* a bad text is named by its index, the first in input order */
     const char *texts[] = {"fine", "bad \xff utf-8", "fine", "also bad \xfe"};
     float emb[4 * 16];

@@ -6,10 +6,12 @@ fp32, same machine, same thread count, same random weights and pixels.
                                         with save_pretrained, plus the tokenizer and processor files
                                         kiln's loader wants, and DIR/pixels.safetensors (pixel_values
                                         [BATCH,3,S,S], seeded) for both sides
-  clip_peer.py time DIR BATCH ITERS THREADS
+  clip_peer.py time DIR BATCH ITERS THREADS [cpu|cuda]
                                         torch images/s of get_image_features (+ L2 normalisation) on
-                                        those pixels; writes DIR/torch_embeds.safetensors so kiln's
-                                        numbers can be checked against it; prints one JSON object
+                                        those pixels; on the CPU in fp32 (writes DIR/torch_embeds.safetensors
+                                        so kiln's numbers can be checked against it), on CUDA in bf16, timed
+                                        both with the pixels already on the GPU and from host pixels to host
+                                        embeddings (what kiln's API does); prints one JSON object
 """
 import json
 import os
@@ -31,7 +33,7 @@ CONFIGS = {
                      vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                                  image_size=224, patch_size=14)),
 }
-PIXEL_BATCH = 64
+PIXEL_BATCH = 256
 
 
 def make(name, d):
@@ -57,6 +59,39 @@ def make(name, d):
     save_file({"pixel_values": px}, os.path.join(d, "pixels.safetensors"))
 
 
+def timed_cuda(d, batch, iters):
+    from safetensors.torch import load_file
+    from transformers import CLIPModel
+
+    model = CLIPModel.from_pretrained(d, dtype=torch.bfloat16).to("cuda").eval()
+    host = load_file(os.path.join(d, "pixels.safetensors"))["pixel_values"][:batch].contiguous().pin_memory()
+    dev = host.to("cuda", torch.bfloat16)
+
+    def run(px):
+        feats = model.visual_projection(model.vision_model(pixel_values=px).pooler_output)
+        return feats / feats.norm(dim=-1, keepdim=True)
+
+    def clock(f):
+        with torch.inference_mode():
+            for _ in range(3):
+                f()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                f()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+    resident = clock(lambda: run(dev))
+    roundtrip = clock(lambda: run(host.to("cuda", non_blocking=True).to(torch.bfloat16)).float().cpu())
+    print(json.dumps({"side": "torch", "device": "cuda", "dtype": "bf16", "batch": batch, "iters": iters,
+                      "images_per_s_median": batch / roundtrip, "images_per_s_resident": batch / resident,
+                      "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
+                      "attn": getattr(model.config, "_attn_implementation", None)}))
+
+
 def timed(d, batch, iters, threads):
     from safetensors.torch import load_file
     from transformers import CLIPModel
@@ -78,7 +113,7 @@ def timed(d, batch, iters, threads):
             times.append(time.perf_counter() - t0)
     save_file({"image_embeds": emb.contiguous()}, os.path.join(d, "torch_embeds.safetensors"))
     best, med = min(times), sorted(times)[len(times) // 2]
-    print(json.dumps({"side": "torch", "batch": batch, "threads": threads, "iters": iters,
+    print(json.dumps({"side": "torch", "device": "cpu", "batch": batch, "threads": threads, "iters": iters,
                       "images_per_s_median": batch / med, "images_per_s_best": batch / best,
                       "torch": torch.__version__, "sdpa": getattr(model.config, "_attn_implementation", None)}))
 
@@ -86,6 +121,8 @@ def timed(d, batch, iters, threads):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "time" and len(sys.argv) > 6 and sys.argv[6] == "cuda":
+        timed_cuda(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "time":
         timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:

@@ -22,6 +22,10 @@ int kiln_clip_dim(const kiln_clip *m);           /* projection_dim D */
 int kiln_clip_image_size(const kiln_clip *m);    /* S */
 int kiln_clip_grid(const kiln_clip *m);          /* patches per side G = S / patch_size */
 float kiln_clip_logit_scale(const kiln_clip *m); /* exp(logit_scale) */
+/* Where kiln_clip_embed_images runs: "cpu" (the default; f32, OpenBLAS) or "cuda" (device 0: the
+ * vision tower's weights are uploaded once as bf16, activations bf16, the residual stream and every
+ * reduction f32; freed with the model or by setting "cpu" again). Texts always run on the CPU. */
+kiln_error *kiln_clip_set_device(kiln_clip *m, const char *device);
 /* -> pixels [3,S,S] exactly as CLIPImageProcessor would produce. */
 kiln_error *kiln_clip_preprocess(const kiln_clip *m, const kiln_image *img, float *pixels);
 /* out [n,D]: projected, L2-normalised text embeddings. */

@@ -175,6 +175,7 @@ kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, flo
     int64_t S = c->image_size, p = c->patch_size, G = S / p, H = c->hidden, D = m->proj_dim, T = G * G + 1;
     int64_t Bmax = n < CLIP_IMAGE_CHUNK ? n : CLIP_IMAGE_CHUNK;
     if (n <= 0) return NULL;
+    if (m->gpu) return kiln_clip_embed_images_cuda(m, pixels, n, out, patches);
     kiln_error *e = NULL;
     scratch s = {0};
     float *x = malloc(sizeof(float) * (size_t)(Bmax * T * H)), *cols = malloc(sizeof(float) * (size_t)(Bmax * G * G * 3 * p * p));

@@ -4,6 +4,7 @@
  *   clip_model.c       loading a HF CLIPModel directory: weights (F32/F16/BF16) with shape checks
  *   clip_forward.c     the encoder layer and both towers; embed_texts / embed_images
  *   clip_preprocess.c  CLIPImageProcessor: shortest-side bicubic resize, center crop, rescale, normalize
+ *   clip_cuda.c        the vision tower on the GPU (kiln_clip_set_device "cuda")
  *   clip_text.c        CLIP's text ids: tokenizer.json encode, truncation, <|startoftext|> ... <|endoftext|>
  */
 #ifndef KILN_CLIP_INTERNAL_H
@@ -51,6 +52,7 @@ struct kiln_clip {
     size_t nw;
     kiln_tokenizer *tok;
     int64_t bos_id, eos_id;
+    struct clip_gpu *gpu; /* the vision tower on the device (clip_cuda.c), or NULL: CPU */
 };
 
 kiln_error *kiln_clip_read_config(const char *path, clip_tower_cfg *text, clip_tower_cfg *vision, int *proj_dim);
@@ -61,5 +63,8 @@ kiln_error *kiln_clip_load_text(kiln_clip *m);
 kiln_error *kiln_clip_text_ids(const kiln_clip *m, const char *text, int64_t **ids, int *n);
 /* Index of the token pooled for the text embedding, as HF 5.x picks it. */
 int kiln_clip_eos_index(const kiln_clip *m, const int64_t *ids, int n);
+/* clip_cuda.c: the GPU vision tower and its release (no-op without a device copy) */
+kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n, float *out, float *patches);
+void kiln_clip_gpu_free(kiln_clip *m);
 
 #endif

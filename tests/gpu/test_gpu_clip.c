@@ -1,0 +1,112 @@
+/* CLIP on the GPU against the CPU (f32) path: the layernorm and attention ops on random inputs, then
+ * whole vision towers (the transformers fixtures, and random ViT-B/32- and L/14-shaped towers with more
+ * images than one chunk) with and without patch embeddings. bf16 activations and weights: embeddings are
+ * compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on unit vectors). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "clip_testutil.h"
+#include "gpu_testutil.h"
+#include "kiln/clip.h"
+#include "kiln/nn.h"
+
+TEST(gpu_clip_layernorm_and_attention_ops) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 21);
+    const int64_t n = 300, d = 768;
+    float *x = gt_rand(&rng, n * d, 3.0f), *w = gt_rand(&rng, d, 1.0f), *b = gt_rand(&rng, d, 1.0f);
+    float *ref = malloc(sizeof(float) * n * d);
+    kiln_layernorm_forward(ref, x, w, b, n, d, 1e-5f);
+    float *dx = gt_up_f32(x, n * d), *dw = gt_up_f32(w, d), *db = gt_up_f32(b, d);
+    kiln_bf16 *dy = gt_dev((size_t)n * d * 2);
+    CHECK_OK(kiln_layernorm_forward_cuda(dy, dx, dw, db, n, d, 1e-5f, NULL));
+    float *y = gt_down_bf16(dy, n * d);
+    GT_CLOSE("layernorm", y, ref, n * d, 1e-2);
+    CHECK_OK(kiln_layernorm_forward_f32_cuda(dx, dx, dw, db, n, d, 1e-5f, NULL)); /* in place, f32 */
+    float *y32 = gt_down_f32(dx, n * d);
+    GT_CLOSE("layernorm f32 in place", y32, ref, n * d, 1e-5);
+    for (int causal = 0; causal < 2; causal++) {
+        const int64_t B = 3, T = 257, heads = 4, hd = 64, H = heads * hd, stride = 3 * H;
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f), *out = malloc(sizeof(float) * B * T * H);
+        gt_round_bf16(qkv, B * T * stride);
+        CHECK(kiln_mha_forward(out, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, 0.125f, causal) == 0);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
+        CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, causal, NULL));
+        float *got = gt_down_bf16(dout, B * T * H);
+        GT_CLOSE(causal ? "attention causal" : "attention", got, out, B * T * H, 1e-2);
+        kiln_cuda_free(dq), kiln_cuda_free(dout);
+        free(qkv), free(out), free(got);
+    }
+    kiln_cuda_free(dx), kiln_cuda_free(dw), kiln_cuda_free(db), kiln_cuda_free(dy);
+    free(x), free(w), free(b), free(ref), free(y), free(y32);
+}
+
+/* cosine per row and max |a-b| over rows of d */
+static void compare_rows(const char *what, const float *a, const float *b, int64_t rows, int64_t d) {
+    double worst_cos = 1, maxd = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double dot = 0, na = 0, nb = 0;
+        for (int64_t j = 0; j < d; j++) {
+            dot += (double)a[r * d + j] * b[r * d + j];
+            na += (double)a[r * d + j] * a[r * d + j];
+            nb += (double)b[r * d + j] * b[r * d + j];
+            maxd = fmax(maxd, fabs(a[r * d + j] - b[r * d + j]));
+        }
+        double cs = dot / sqrt(na * nb + 1e-30);
+        if (!(cs >= worst_cos)) worst_cos = cs;
+    }
+    printf("    %-36s worst cosine %.6f, max |diff| %.3g\n", what, worst_cos, maxd);
+    CHECK_MSG(worst_cos >= 0.998 && maxd <= 4e-2, "%s: worst cosine %.6f, max |diff| %.3g", what, worst_cos, maxd);
+}
+
+static void check_dir(const char *dir, int n, uint64_t seed) {
+    kiln_clip *m = NULL;
+    CHECK_OK(kiln_clip_load(dir, &m));
+    if (!m) return;
+    int64_t S = kiln_clip_image_size(m), D = kiln_clip_dim(m), G2 = (int64_t)kiln_clip_grid(m) * kiln_clip_grid(m);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, seed);
+    float *px = gt_rand(&rng, n * 3 * S * S, 2.0f);
+    float *ce = malloc(sizeof(float) * n * D), *cp = malloc(sizeof(float) * n * G2 * D);
+    float *ge = malloc(sizeof(float) * n * D), *gp = malloc(sizeof(float) * n * G2 * D), *ge2 = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, ce, cp));
+    CHECK_OK(kiln_clip_set_device(m, "cuda"));
+    CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
+    CHECK_OK(kiln_clip_embed_images(m, px, n, ge2, NULL)); /* the class-token-only path */
+    compare_rows("image embeds", ge, ce, n, D);
+    compare_rows("image embeds (no patches)", ge2, ce, n, D);
+    compare_rows("patch embeds", gp, cp, n * G2, D);
+    CHECK_OK(kiln_clip_set_device(m, "cpu"));
+    CHECK_ERR(kiln_clip_set_device(m, "tpu"), "expected \"cpu\" or \"cuda\"");
+    kiln_clip_free(m);
+    free(px), free(ce), free(cp), free(ge), free(gp), free(ge2);
+}
+
+TEST(gpu_clip_fixtures_match_cpu) {
+    const char *names[] = {"tiny_quickgelu", "tiny_gelu", "tiny_bf16"};
+    for (int i = 0; i < 3; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/clip/%s", names[i]);
+        printf("    %s\n", names[i]);
+        check_dir(test_src_path(rel), 5, 30 + i);
+    }
+}
+
+TEST(gpu_clip_b32_and_l14_shapes_match_cpu) {
+    clip_test_cfg c = clip_test_default;
+    c.vis_hidden = 256, c.vis_heads = 4, c.vis_inter = 1024, c.vis_layers = 3, c.image_size = 224, c.patch_size = 32;
+    c.proj_dim = 128, c.shortest_edge = 224;
+    const char *dir = test_tmpdir();
+    CHECK(clip_test_make_dir(dir, &c, 40) == 0);
+    printf("    B/32-shaped, 70 images (two chunks)\n");
+    check_dir(dir, 70, 41);
+    c.patch_size = 14, c.vis_layers = 2, c.vis_heads = 2, c.vis_hidden = 128, c.vis_inter = 512;
+    const char *dir2 = test_join(dir, "l14");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir2);
+    CHECK(system(cmd) == 0);
+    CHECK(clip_test_make_dir(dir2, &c, 42) == 0);
+    printf("    L/14-shaped (257 tokens)\n");
+    check_dir(dir2, 6, 43);
+}
