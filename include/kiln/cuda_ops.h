@@ -258,35 +258,6 @@ kiln_error *kiln_clip_assemble_cuda(float *x, const kiln_bf16 *patches, const fl
 kiln_error *kiln_l2_normalize_rows_cuda(float *y, const kiln_bf16 *x, int64_t rows, int64_t d, void *stream);
 /* ==== end cisclip ==== */
 
-/* ==== cisclip: CLIP inference (src/cuda/clip_ops.cu; used by src/clip/clip_cuda.c) ==== */
-/* layernorm forward: y bf16 [n,d] = (x - mean) / sqrt(var + eps) * w + b, x f32 (the residual stream);
- * w, b f32, nullable. The twin of kiln_layernorm_forward. */
-kiln_error *kiln_layernorm_forward_cuda(kiln_bf16 *y, const float *x, const float *w, const float *b, int64_t n,
-                                        int64_t d, float eps, void *stream);
-/* the same with an f32 output (y may alias x), and with rows of x x_stride floats apart (y contiguous) */
-kiln_error *kiln_layernorm_forward_f32_cuda(float *y, const float *x, const float *w, const float *b, int64_t n,
-                                            int64_t d, float eps, void *stream);
-kiln_error *kiln_layernorm_forward_strided_cuda(kiln_bf16 *y, const float *x, int64_t x_stride, const float *w,
-                                                const float *b, int64_t n, int64_t d, float eps, void *stream);
-/* multi-head attention forward, the twin of kiln_mha_forward (bf16 q/k/v/out with row strides, causal or
- * not); T <= 1024 tokens and hd <= 128 (CLIP's sequences), else an error. */
-kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
-                                  int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride, int64_t out_stride,
-                                  float scale, int causal, void *stream);
-/* quick_gelu x * sigmoid(1.702 x) over bf16 (y may alias x) */
-kiln_error *kiln_quick_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream);
-/* x f32 += y bf16 (a residual add) */
-kiln_error *kiln_add_bf16_cuda(float *x, const kiln_bf16 *y, int64_t n, void *stream);
-/* CLIP's patch embedding input: cols bf16 [B*G*G, 3*p*p] from pixels f32 [B,3,S,S], G = S/p */
-kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S, int64_t p,
-                                    void *stream);
-/* x f32 [B, 1+G2, H] = [cls; patches bf16 [B*G2, H]] + pos [1+G2, H] */
-kiln_error *kiln_clip_assemble_cuda(float *x, const kiln_bf16 *patches, const float *cls, const float *pos,
-                                    int64_t B, int64_t G2, int64_t H, void *stream);
-/* y f32 [rows, d] = x / |x| per row (x bf16) */
-kiln_error *kiln_l2_normalize_rows_cuda(float *y, const kiln_bf16 *x, int64_t rows, int64_t d, void *stream);
-/* ==== end cisclip ==== */
-
 #ifdef __cplusplus
 }
 #endif
