@@ -154,6 +154,13 @@ TEST(size_memory_zero1_and_kv) {
     CHECK_NEAR(m1.optim, 4.0 * (double)p.muon + 8.0 * (double)p.adamw, 1);
     t.muon = 0; t.gpus = 1; kiln_size_memory_train(&s, &t, &ma);
     CHECK_NEAR(ma.optim, 8.0 * (double)p.total, 1);
+    /* fp32 weights carry no separate master copy; bf16 gradients halve the buffer */
+    kiln_size_memory mf;
+    t.muon = 1; t.weight_bytes = 4; t.grad_bytes = 2; kiln_size_memory_train(&s, &t, &mf);
+    CHECK_NEAR(mf.weights, 4.0 * (double)p.total, 1);
+    CHECK(mf.master == 0);
+    CHECK_NEAR(mf.grads, 2.0 * (double)p.total, 1);
+    t.weight_bytes = 2; t.grad_bytes = 4;
     t.muon = 1; t.recompute = 1; kiln_size_memory_train(&s, &t, &mr);
     CHECK(mr.activations < m1.activations / 4);
     /* KV cache: what zaya_decode.c allocates, in floats (4 bytes) */

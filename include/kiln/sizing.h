@@ -79,6 +79,8 @@ typedef struct {
     int64_t seq;
     int muon;            /* Muon for hidden matrices (1 momentum) else AdamW everywhere (2 states) */
     int recompute;       /* full activation recomputation: keep only each layer's input */
+    int weight_bytes;    /* 2: bf16 weights with an fp32 master copy sharded by ZeRO-1; 4: fp32 weights, no master */
+    int grad_bytes;      /* 4: fp32 gradients (kiln's flat buffer), 2: bf16 */
 } kiln_size_train;
 
 typedef struct {

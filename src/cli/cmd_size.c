@@ -33,6 +33,8 @@ static const char usage[] =
     "  --micro-batch B      sequences per GPU per micro-batch (default 1)\n"
     "  --recompute          full activation recomputation\n"
     "  --adamw              AdamW everywhere (default: Muon for hidden and expert matrices)\n"
+    "  --weights bf16|fp32  working weights (default bf16 + an fp32 master sharded by ZeRO-1; fp32: no master)\n"
+    "  --grads fp32|bf16    gradient buffer (default fp32, kiln's flat buffer)\n"
     "  --vocab V            vocabulary before padding to 128 (default 262144)\n"
     "  --tolerance F        relative budget tolerance (default 0.05)\n"
     "  --aspect MIN:MAX     hidden/layers band (default 32:128)\n"
@@ -127,6 +129,11 @@ static kiln_error *parse(int argc, char **argv, int first, int want_config, opts
             if (sscanf(v, "%lf:%lf", &o->b.min_aspect, &o->b.max_aspect) != 2 || !(o->b.min_aspect > 0) ||
                 o->b.max_aspect < o->b.min_aspect)
                 return kiln_errorf(KILN_EINVAL, "--aspect: '%s' is not MIN:MAX with 0 < MIN <= MAX", v);
+        } else if (!strcmp(a, "--weights") || !strcmp(a, "--grads")) {
+            int bytes = !strcmp(v, "bf16") ? 2 : !strcmp(v, "fp32") ? 4 : 0;
+            if (!bytes) return kiln_errorf(KILN_EINVAL, "%s: '%s' is not bf16 or fp32", a, v);
+            if (!strcmp(a, "--weights")) o->b.setup.train.weight_bytes = bytes;
+            else o->b.setup.train.grad_bytes = bytes;
         } else if (!strcmp(a, "--rank-by")) {
             if (!strcmp(v, "balanced")) o->b.rank_by = KILN_RANK_BALANCED;
             else if (!strcmp(v, "train")) o->b.rank_by = KILN_RANK_TRAIN;
@@ -525,8 +532,9 @@ static int run_predict(opts *o) {
         printf("%-34s %12.1f\n", "expert GEMMs TFLOP/s", q->expert_tflops);
         printf("%-34s %12.1f\n", "attention TFLOP/s", q->attn_tflops);
         printf("\n%-34s %12s\n", "memory per GPU", "GiB");
-        printf("%-34s %12.2f\n", "bf16 weights", q->mem.weights / GIB);
-        printf("%-34s %12.2f\n", "fp32 gradients", q->mem.grads / GIB);
+        const kiln_size_train *tt = &o->b.setup.train;
+        printf("%-34s %12.2f\n", tt->weight_bytes == 2 ? "bf16 weights" : "fp32 weights", q->mem.weights / GIB);
+        printf("%-34s %12.2f\n", tt->grad_bytes == 4 ? "fp32 gradients" : "bf16 gradients", q->mem.grads / GIB);
         printf("%-34s %12.2f\n", "fp32 master (ZeRO-1 shard)", q->mem.master / GIB);
         printf("%-34s %12.2f\n", "optimizer states (ZeRO-1 shard)", q->mem.optim / GIB);
         printf("%-34s %12.2f\n", "activations", q->mem.activations / GIB);

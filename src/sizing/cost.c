@@ -51,6 +51,8 @@ void kiln_size_train_default(kiln_size_train *t) {
     t->seq = 4096;
     t->muon = 1;
     t->recompute = 0;
+    t->weight_bytes = 2;
+    t->grad_bytes = 4;
 }
 
 /* bf16 elements a layer saves per token for its backward (flash attention: no scores). */
@@ -75,9 +77,9 @@ void kiln_size_memory_train(const kiln_size_shape *s, const kiln_size_train *t, 
     kiln_size_params p;
     kiln_size_count(s, &p);
     const double P = (double)p.total, G = (double)(t->gpus > 0 ? t->gpus : 1);
-    m->weights = 2 * P;
-    m->grads = 4 * P;
-    m->master = 4 * P / G;
+    m->weights = (double)t->weight_bytes * P;
+    m->grads = (double)t->grad_bytes * P;
+    m->master = t->weight_bytes < 4 ? 4 * P / G : 0;
     m->optim = (t->muon ? 4 * (double)p.muon + 8 * (double)p.adamw : 8 * P) / G;
     const double tokens = (double)t->micro_batch * (double)t->seq, per = 2 * saved_per_token(s);
     const double L = (double)s->layers, H = (double)s->hidden;

@@ -95,6 +95,9 @@ kiln_error *kiln_size_predict(const kiln_size_shape *s, const kiln_hw_profile *p
     memset(r, 0, sizeof *r);
     KILN_TRY(kiln_size_shape_validate(s));
     const kiln_size_train *tr = &u->train;
+    if ((tr->weight_bytes != 2 && tr->weight_bytes != 4) || (tr->grad_bytes != 2 && tr->grad_bytes != 4))
+        return kiln_errorf(KILN_EINVAL, "predict: weights of %d and gradients of %d bytes (2 or 4)", tr->weight_bytes,
+                           tr->grad_bytes);
     if (tr->gpus < 1 || tr->micro_batch < 1 || u->seq < 1 || u->tokens_per_step < 1)
         return kiln_errorf(KILN_EINVAL, "predict: gpus %lld, micro-batch %lld, sequence %lld and tokens per step %lld "
                            "must be positive", (long long)tr->gpus, (long long)tr->micro_batch, (long long)u->seq,
@@ -136,9 +139,12 @@ kiln_error *kiln_size_predict(const kiln_size_shape *s, const kiln_hw_profile *p
     /* optimizer step */
     int64_t per_micro = t.gpus * n;
     r->grad_accum = (u->tokens_per_step + per_micro - 1) / per_micro;
-    double opt_bytes = P / G * (4 /* grad */ + 8 /* master r+w */ + 2 /* bf16 weights */) + 2 * r->mem.optim;
+    /* read the gradient shard, read and write the master (or fp32 weights), write the working weights */
+    double opt_bytes = P / G * ((double)t.grad_bytes + 8 + (t.weight_bytes < 4 ? (double)t.weight_bytes : 0)) +
+                       2 * r->mem.optim;
     r->t_optim = opt_bytes / (p->mem_gbs * 1e9) + (t.muon ? muon_time(s, p) / G : 0);
-    r->t_comm = kiln_hw_comm_time(p, 0, 4 * P, t.gpus) + kiln_hw_comm_time(p, 1, 2 * P, t.gpus);
+    r->t_comm = kiln_hw_comm_time(p, 0, (double)t.grad_bytes * P, t.gpus) +
+                kiln_hw_comm_time(p, 1, (double)t.weight_bytes * P, t.gpus);
     r->t_step = (double)r->grad_accum * r->t_micro + r->t_optim + r->t_comm;
     r->tokens_per_s = (double)(r->grad_accum * n) / r->t_step;
     r->mfu = (r->flops.fwd + r->flops.bwd) * r->tokens_per_s / (p->peak_bf16 * 1e12);
