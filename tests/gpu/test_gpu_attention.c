@@ -10,6 +10,7 @@
  * The backward is also run twice and must be bit-identical (no atomics). */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu_testutil.h"
 #include "kiln/nn.h"
@@ -158,4 +159,68 @@ TEST(gpu_attention_bad_shapes) {
     s.D = 64, s.tk = 2;
     CHECK_ERR(kiln_attention_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &s, NULL, NULL),
               "bad shape");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The [cuda] benchmark's attention (B=4, T=4096, 8/2 heads of 128, causal; then a 1024 window) is too
+ * large for the CPU reference: there the two device paths, written independently, must agree (same
+ * tolerances), and the backward must repeat bit for bit. Times are printed for information only. */
+TEST(gpu_attention_bench_shape) {
+    for (int wi = 0; wi < 2; wi++) {
+        const int64_t B = 4, T = 4096, NH = 8, KV = 2, D = 128, W = wi ? 1024 : 0;
+        kiln_attn_shape s = {B, T, T, T, NH, KV, D, W, 1.0f / sqrtf((float)D)};
+        const int64_t nq = B * T * NH * D, nk = B * T * KV * D, nl = B * NH * T;
+        kiln_rng rng;
+        kiln_rng_seed(&rng, 500 + (uint64_t)wi);
+        float *q = gt_rand(&rng, nq, 2.0f), *k = gt_rand(&rng, nk, 2.0f), *v = gt_rand(&rng, nk, 1.0f);
+        float *dout = gt_rand(&rng, nq, 1.0f);
+        kiln_bf16 *d_q = gt_up_bf16(q, nq), *d_k = gt_up_bf16(k, nk), *d_v = gt_up_bf16(v, nk);
+        kiln_bf16 *d_do = gt_up_bf16(dout, nq);
+        kiln_bf16 *d_out = gt_dev((size_t)nq * 2), *d_dq = gt_dev((size_t)nq * 2);
+        kiln_bf16 *d_dk = gt_dev((size_t)nk * 2), *d_dv = gt_dev((size_t)nk * 2);
+        float *d_lse = gt_dev((size_t)nl * sizeof(float));
+        void *work = gt_dev(kiln_attention_backward_cuda_work(&s));
+        const double pairs = W ? (double)W * (W + 1) / 2 + (double)(T - W) * W : (double)T * (T + 1) / 2;
+        const double fl = 4.0 * B * NH * D * pairs;
+        float *res[2][6];
+        printf("  B=%lld T=%lld NH=%lld KV=%lld D=%lld window=%lld\n", (long long)B, (long long)T, (long long)NH,
+               (long long)KV, (long long)D, (long long)W);
+        for (int generic = 0; generic < 2; generic++) {
+            set_generic(generic);
+            CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL)); /* warm-up */
+            CHECK_OK(kiln_cuda_sync());
+            double t0 = now_s();
+            CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            double t1 = now_s();
+            CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            double t2 = now_s();
+            printf("   %-8s forward %8.3f ms (%6.1f TFLOP/s)  backward %8.3f ms (%6.1f TFLOP/s)  [info]\n",
+                   generic ? "generic" : "default", (t1 - t0) * 1e3, fl / (t1 - t0) / 1e12, (t2 - t1) * 1e3,
+                   2.5 * fl / (t2 - t1) / 1e12);
+            res[generic][0] = gt_down_bf16(d_out, nq), res[generic][1] = gt_down_f32(d_lse, nl);
+            res[generic][2] = gt_down_bf16(d_dq, nq), res[generic][3] = gt_down_bf16(d_dk, nk);
+            res[generic][4] = gt_down_bf16(d_dv, nk);
+            CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+            res[generic][5] = gt_down_bf16(d_dk, nk);
+            CHECK_MSG(!memcmp(res[generic][5], res[generic][3], (size_t)nk * sizeof(float)), "two backward runs differ");
+        }
+        set_generic(0);
+        GT_CLOSE("out (default vs generic)", res[0][0], res[1][0], nq, TOL_BF16);
+        GT_CLOSE("lse (default vs generic)", res[0][1], res[1][1], nl, TOL_LSE);
+        GT_CLOSE("dq (default vs generic)", res[0][2], res[1][2], nq, TOL_BF16);
+        GT_CLOSE("dk (default vs generic)", res[0][3], res[1][3], nk, TOL_BF16);
+        GT_CLOSE("dv (default vs generic)", res[0][4], res[1][4], nk, TOL_BF16);
+        for (int g = 0; g < 2; g++)
+            for (int j = 0; j < 6; j++) free(res[g][j]);
+        kiln_cuda_free(d_q), kiln_cuda_free(d_k), kiln_cuda_free(d_v), kiln_cuda_free(d_do), kiln_cuda_free(d_out);
+        kiln_cuda_free(d_dq), kiln_cuda_free(d_dk), kiln_cuda_free(d_dv), kiln_cuda_free(d_lse), kiln_cuda_free(work);
+        free(q), free(k), free(v), free(dout);
+    }
 }
