@@ -161,7 +161,9 @@ static const char usage[] =
     "  --warmup N        untimed runs first (default 1)\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
     "  --json FILE       write the JSON profile (section \"moe\")\n"
-    "  --csv FILE        write the numbers as CSV\n";
+    "  --csv FILE        write the numbers as CSV\n"
+    "  --device D        cpu (default) or cuda: the CUDA trainer's expert op (bf16, grouped GEMMs) and its\n"
+    "                    grouped GEMMs against dense ones; `kiln bench moe --device cuda --help` for its flags\n";
 
 /* Records and CSV rows: one per shape and pass. */
 typedef struct {
@@ -201,15 +203,24 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
             (double)c->N / (c->us[pass] * 1e-6));
 }
 
+int kiln_bench_moe_gpu(int argc, char **argv); /* moe_gpu.c */
+
 int kiln_bench_moe_main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device")) {
+            if (!strcmp(argv[i + 1], "cuda")) return kiln_bench_moe_gpu(argc, argv);
+            if (strcmp(argv[i + 1], "cpu"))
+                return kiln_bench_usage_err("moe", "--device '%s': expected cpu or cuda", argv[i + 1]);
+        }
     const char *is = "2048", *es = "16", *ks = "1", *ns = "4096", *json_path = NULL, *csv_path = NULL;
     long long hidden = 2048, iters = 5, warmup = 1, threads = 0;
-    static const char *const valued[] = {"--hidden", "--inter", "--experts", "--top-k",  "--tokens",
-                                         "--iters",  "--warmup", "--threads", "--json", "--csv", NULL};
+    static const char *const valued[] = {"--hidden", "--inter",   "--experts", "--top-k", "--tokens", "--iters",
+                                         "--warmup", "--threads", "--json",    "--csv",   "--device", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a, *v;
         int r = kiln_bench_flag(argc, argv, &i, "moe", usage, valued, &a, &v);
         if (r >= 0) return r;
+        if (!strcmp(a, "--device")) continue; /* cpu */
         if (!strcmp(a, "--inter")) is = v;
         else if (!strcmp(a, "--experts")) es = v;
         else if (!strcmp(a, "--top-k")) ks = v;

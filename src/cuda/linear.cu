@@ -16,6 +16,7 @@ namespace {
 struct plan {
     int64_t m, n, k;
     int ta, tb, c_f32, bias;
+    uint32_t align[3]; // of the pointers the plan was chosen for: cuBLASLt's A (our B), B (our A), C
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -41,7 +42,16 @@ void plan_destroy(plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32, int bias, plan **out) {
+// The heuristic assumes 256-byte aligned buffers unless told otherwise; a sub-tensor of a flat buffer
+// may not be, so each plan is chosen for its pointers' alignment.
+uint32_t align_of(const void *p) {
+    uint32_t a = 256;
+    while (a > 2 && (uintptr_t)p % a) a >>= 1;
+    return a;
+}
+
+kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32, int bias, const uint32_t align[3],
+                     plan **out) {
     kiln_error *err = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
@@ -50,7 +60,8 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32,
     memset(&p, 0, sizeof p);
     for (int i = 0; i < g_nplans; i++) {
         plan *q = &g_plans[i];
-        if (q->m == m && q->n == n && q->k == k && q->ta == ta && q->tb == tb && q->c_f32 == c_f32 && q->bias == bias) {
+        if (q->m == m && q->n == n && q->k == k && q->ta == ta && q->tb == tb && q->c_f32 == c_f32 && q->bias == bias &&
+            !memcmp(q->align, align, sizeof q->align)) {
             *out = q;
             return NULL;
         }
@@ -62,6 +73,7 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32,
         const uint64_t xb_rows = tb ? k : n, xb_cols = tb ? n : k, ya_rows = ta ? m : k, ya_cols = ta ? k : m;
         const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
         p.m = m, p.n = n, p.k = k, p.ta = ta, p.tb = tb, p.c_f32 = c_f32, p.bias = bias;
+        memcpy(p.align, align, sizeof p.align);
         CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
@@ -78,6 +90,14 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32,
         CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS_BYTES,
                                                         sizeof WS_BYTES));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0],
+                                                        sizeof align[0]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1],
+                                                        sizeof align[1]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
+                                                        sizeof align[2]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
+                                                        sizeof align[2]));
         CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found));
         if (!found || heur.state != CUBLAS_STATUS_SUCCESS) {
             err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld", (long long)m,
@@ -104,10 +124,11 @@ kiln_error *gemm(void *c, int c_f32, const void *a, const void *b, const void *b
     kiln_error *err = NULL;
     plan *p = NULL;
     const float alpha = 1.0f;
+    const uint32_t al[3] = {align_of(b), align_of(a), align_of(c)};
     if (m <= 0 || n <= 0) return NULL;
     if (k <= 0) return NULL; // C (+)= nothing; beta is 0 or 1 here and a zero-k GEMM is not ours to clear
     pthread_mutex_lock(&g_lock);
-    if ((err = plan_get(m, n, k, ta, tb, c_f32, bias != NULL, &p))) goto done;
+    if ((err = plan_get(m, n, k, ta, tb, c_f32, bias != NULL, al, &p))) goto done;
     if (bias) CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     CUBLAS_TRY(cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws, WS_BYTES,
                               stream));

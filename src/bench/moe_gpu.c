@@ -1,0 +1,374 @@
+/* kiln bench moe --device cuda: the CUDA trainer's expert op (kiln_experts_forward_cuda / _backward_cuda:
+ * dispatch, gather, grouped GEMMs, SwiGLU, gated sum), forward and forward + backward, bf16 with f32
+ * accumulation, for balanced and skewed routing; then each of its six grouped GEMMs alone against ONE
+ * dense cuBLASLt GEMM of the same total size (all routed rows as one matrix): what grouping by expert
+ * costs. Time is wall-clock around `iters` calls after a device sync: it includes the host work the op
+ * needs (the offsets' device-to-host copy, the grouped GEMM's pointer arrays), as the trainer pays it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "kernel_formulas.h"
+#include "kiln/bench.h"
+#include "kiln/cuda.h"
+#include "kiln/rng.h"
+
+#ifdef KILN_HAVE_CUDA
+#include "kiln/cuda_ops.h"
+#endif
+
+#ifndef KILN_HAVE_CUDA
+int kiln_bench_moe_gpu(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "kiln bench moe: error: --device cuda: this kiln was built without CUDA\n");
+    return 2;
+}
+#else
+
+static const char usage[] =
+    "usage: kiln bench moe --device cuda [options]\n\n"
+    "The CUDA trainer's expert op (kiln_experts_forward_cuda/_backward_cuda), forward and forward +\n"
+    "backward, bf16 activations and weights, f32 accumulation and f32 weight gradients, for each routing;\n"
+    "then each grouped GEMM of the op alone against one dense cuBLASLt GEMM of the same total size.\n"
+    "Defaults: the [cuda] benchmark layer (16384 tokens = micro-batch 4 x 4096, hidden 2048, 16 experts\n"
+    "top-1, moe_intermediate 2048). FLOPs as the CPU benchmark: forward 6*tokens*top_k*hidden*inter,\n"
+    "fwd+bwd 3 x forward. Time: wall clock over --iters calls between device syncs.\n\n"
+    "  --hidden N        hidden size (default 2048)\n"
+    "  --inter N         expert intermediate width (default 2048)\n"
+    "  --experts N       number of experts (default 16)\n"
+    "  --top-k N         experts per token (default 1)\n"
+    "  --tokens N        tokens per call (default 16384)\n"
+    "  --routing LIST    balanced (every expert tokens*top_k/experts slots) and/or skewed (Zipf: expert\n"
+    "                    ranks weighted 1/rank) (default balanced,skewed)\n"
+    "  --iters N         timed calls (default 20)\n"
+    "  --warmup N        untimed calls first (default 3)\n"
+    "  --json FILE       the JSON profile (section \"moe\")\n"
+    "  --csv FILE        the numbers as CSV\n";
+
+#define ROUTE_SEED 0x6b696c6eu /* "kiln", as the CPU benchmark */
+
+/* Zipf routing: expert e (in a random order) is picked with probability proportional to 1/(rank+1), a
+ * token's top_k experts distinct: with 16 experts the busiest gets 30% of the slots, the idlest 1.8%. */
+static int route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed) {
+    if (tokens < 1 || experts < 1 || top_k < 1 || top_k > experts) return -1;
+    double *cdf = malloc((size_t)experts * sizeof *cdf);
+    int32_t *perm = malloc((size_t)experts * sizeof *perm);
+    if (!cdf || !perm) {
+        free(cdf), free(perm);
+        return -1;
+    }
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (int64_t e = 0; e < experts; e++) perm[e] = (int32_t)e;
+    for (int64_t e = experts - 1; e > 0; e--) {
+        int64_t j = (int64_t)(kiln_rng_u64(&r) % (uint64_t)(e + 1));
+        int32_t t = perm[e];
+        perm[e] = perm[j], perm[j] = t;
+    }
+    double tot = 0;
+    for (int64_t e = 0; e < experts; e++) cdf[e] = (tot += 1.0 / (double)(e + 1));
+    for (int64_t n = 0; n < tokens; n++)
+        for (int64_t j = 0; j < top_k; j++) {
+            int32_t pick;
+            int dup;
+            do {
+                double u = kiln_rng_uniform(&r) * tot;
+                int64_t e = 0;
+                while (e + 1 < experts && cdf[e] <= u) e++;
+                pick = perm[e];
+                dup = 0;
+                for (int64_t i = 0; i < j; i++) dup |= choice[n * top_k + i] == pick;
+            } while (dup);
+            choice[n * top_k + j] = pick;
+        }
+    free(cdf), free(perm);
+    return 0;
+}
+
+
+enum { NPART = 8 }; /* op fwd, op fwd_bwd, then the six GEMMs */
+static const char *const part_names[NPART] = {"op",         "op",          "gate_up_fwd", "down_fwd",
+                                              "down_dx",    "down_dw",     "gate_up_dx",  "gate_up_dw"};
+typedef struct {
+    const char *routing;
+    int64_t N, H, I, E, top, slots, max_rows;
+    double us[NPART], dense_us[NPART], flops[NPART];
+    int looped[NPART];
+} moe_gpu_case;
+
+typedef struct { /* one GEMM of the op: grouped over experts, or the dense equivalent */
+    void *c;
+    int c_f32;
+    const kiln_bf16 *a, *b;
+    int64_t m, n, k; /* as kiln_grouped_gemm_cuda takes them */
+    const char *layout;
+    int acc;
+} gemm_job;
+
+static kiln_error *job_run(const gemm_job *j, const int32_t *offs, int64_t E, int64_t S, int dense, int *looped) {
+    if (!dense) return kiln_grouped_gemm_cuda(j->c, j->c_f32, j->a, j->b, offs, E, j->m, j->n, j->k, j->layout, j->acc,
+                                              looped, NULL);
+    /* the same rows as one matrix against expert 0's weights */
+    if (!strcmp(j->layout, "TN")) return kiln_gemm_bf16_cuda(j->c, j->c_f32, j->a, j->b, j->m, j->n, S, "TN", j->acc, NULL);
+    return kiln_gemm_bf16_cuda(j->c, j->c_f32, j->a, j->b, S, j->n, j->k, j->layout, j->acc, NULL);
+}
+
+static double now_synced(kiln_error **e) {
+    if (!*e) *e = kiln_cuda_sync();
+    return kiln_bench_now_s();
+}
+
+static kiln_error *dev_fill_bf16(kiln_bf16 *d, int64_t n, uint32_t salt, float scale) {
+    float *h = malloc((size_t)n * sizeof *h), *tmp = NULL;
+    if (!h) return kiln_errorf(KILN_ENOMEM, "%lld values", (long long)n);
+    kiln_bench_fill(h, n, salt, scale);
+    kiln_error *e = kiln_cuda_alloc((void **)&tmp, (size_t)n * sizeof *tmp);
+    if (!e) e = kiln_cuda_copy(tmp, h, (size_t)n * sizeof *h, KILN_CUDA_H2D);
+    if (!e) e = kiln_f32_to_bf16_cuda(d, tmp, n, NULL);
+    if (!e) e = kiln_cuda_sync();
+    kiln_cuda_free(tmp);
+    free(h);
+    return e;
+}
+
+static kiln_error *run_case(moe_gpu_case *c, int iters, int warmup) {
+    const int64_t N = c->N, H = c->H, I = c->I, E = c->E, top = c->top, S = N * top, nw = E * 2 * I * H, nd = E * H * I;
+    kiln_error *e = NULL;
+    int32_t *choice = malloc((size_t)S * sizeof *choice), *off_h = malloc((size_t)(E + 2) * sizeof *off_h);
+    float *gate = malloc((size_t)S * sizeof *gate), *chk = malloc((size_t)(N * H) * sizeof *chk);
+    enum { NBUF = 20 };
+    void *d[NBUF] = {0};
+    const size_t sz[NBUF] = {(size_t)S * 4, (size_t)S * 4, (size_t)(E + 2) * 4, (size_t)S * 4, (size_t)S * 4,
+                             (size_t)S * 4, (size_t)(S * H) * 2, (size_t)(S * 2 * I) * 2, (size_t)(S * I) * 2,
+                             (size_t)(S * H) * 2, (size_t)(S * H) * 2, (size_t)(S * I) * 2, (size_t)(S * 2 * I) * 2,
+                             (size_t)(S * H) * 2, (size_t)(N * H) * 2, (size_t)nw * 2, (size_t)nd * 2,
+                             (size_t)(N * H) * 4 * 3 + (size_t)S * 4, (size_t)nw * 4, (size_t)nd * 4};
+    if (!choice || !off_h || !gate || !chk) {
+        e = kiln_errorf(KILN_ENOMEM, "moe: host arrays for %lld tokens", (long long)N);
+        goto done;
+    }
+    if ((!strcmp(c->routing, "skewed") ? route_skewed : kiln_moe_route)(choice, N, E, top, ROUTE_SEED)) {
+        e = kiln_errorf(KILN_ENOMEM, "moe: routing %lld tokens", (long long)N);
+        goto done;
+    }
+    kiln_rng r;
+    kiln_rng_seed(&r, ROUTE_SEED + 1);
+    for (int64_t s = 0; s < S; s++) gate[s] = (float)(0.1 + 0.9 * kiln_rng_uniform(&r));
+    for (int i = 0; i < NBUF && !e; i++) e = kiln_cuda_alloc(&d[i], sz[i]);
+    if (e) goto done;
+    float *out = d[17], *dout = out + N * H, *dx = dout + N * H, *dgate = dx + N * H;
+    kiln_experts_cuda x = {N, H, I, E, top, d[0], d[1], d[2], off_h, d[3], d[4], d[5], 0, d[6], d[7], d[8], d[9]};
+    kiln_experts_cuda_scratch w = {d[10], d[11], d[12], d[13]};
+    kiln_bf16 *in = d[14], *wgu = d[15], *wdn = d[16];
+    float *dwgu = d[18], *dwdn = d[19];
+    if ((e = kiln_cuda_copy(d[0], choice, (size_t)S * 4, KILN_CUDA_H2D)) ||
+        (e = kiln_cuda_copy(d[1], gate, (size_t)S * 4, KILN_CUDA_H2D)) || (e = dev_fill_bf16(in, N * H, 3, 1.0f)) ||
+        (e = dev_fill_bf16(wgu, nw, 1, 1.0f / sqrtf((float)H))) || (e = dev_fill_bf16(wdn, nd, 2, 1.0f / sqrtf((float)I))))
+        goto done;
+    kiln_bench_fill(chk, N * H, 4, 1.0f);
+    if ((e = kiln_cuda_copy(dout, chk, (size_t)(N * H) * 4, KILN_CUDA_H2D))) goto done;
+
+    /* the op, forward */
+    double t0 = 0;
+    for (int i = 0; i < warmup + iters && !e; i++) {
+        if (i == warmup) t0 = now_synced(&e);
+        if (!e) e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL);
+    }
+    c->us[0] = (now_synced(&e) - t0) / iters * 1e6;
+    /* forward + backward (gradients accumulate across calls: the values do not matter for timing) */
+    for (int i = 0; i < warmup + iters && !e; i++) {
+        if (i == warmup) t0 = now_synced(&e);
+        if (!e) e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL);
+        if (!e) e = kiln_experts_backward_cuda(&x, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &w, NULL);
+    }
+    c->us[1] = (now_synced(&e) - t0) / iters * 1e6;
+    if (e) goto done;
+    c->slots = x.nslots;
+    c->max_rows = 0;
+    for (int64_t k = 0; k < E; k++)
+        if (off_h[k + 1] - off_h[k] > c->max_rows) c->max_rows = off_h[k + 1] - off_h[k];
+    c->flops[0] = kiln_moe_flops_fwd(N, top, H, I);
+    c->flops[1] = kiln_moe_flops_fwd_bwd(N, top, H, I);
+    if ((e = kiln_cuda_copy(chk, out, (size_t)(N * H) * 4, KILN_CUDA_D2H))) goto done;
+    if (!kiln_bench_all_finite(chk, N * H)) {
+        e = kiln_errorf(KILN_EINVAL, "the experts' output is not finite");
+        goto done;
+    }
+    if ((e = kiln_cuda_copy(chk, dx, (size_t)(N * H) * 4, KILN_CUDA_D2H))) goto done;
+    if (!kiln_bench_all_finite(chk, N * H)) {
+        e = kiln_errorf(KILN_EINVAL, "the experts' input gradient is not finite");
+        goto done;
+    }
+
+    /* the six GEMMs alone, on the op's own buffers */
+    const gemm_job jobs[6] = {
+        {x.gu, 0, x.xe, wgu, 0, 2 * I, H, "NT", 0},   {x.ye, 0, x.act, wdn, 0, H, I, "NT", 0},
+        {w.dact, 0, w.dye, wdn, 0, I, H, "NN", 0},    {dwdn, 1, w.dye, x.act, H, I, 0, "TN", 1},
+        {w.dxe, 0, w.dgu, wgu, 0, H, 2 * I, "NN", 0}, {dwgu, 1, w.dgu, x.xe, 2 * I, H, 0, "TN", 1},
+    };
+    const double fl[6] = {4.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I,
+                          2.0 * S * H * I, 4.0 * S * H * I, 4.0 * S * H * I};
+    for (int j = 0; j < 6 && !e; j++) {
+        c->flops[2 + j] = fl[j] * (double)x.nslots / (double)S;
+        for (int dense = 0; dense < 2 && !e; dense++) {
+            for (int i = 0; i < warmup + iters && !e; i++) {
+                if (i == warmup) t0 = now_synced(&e);
+                if (!e) e = job_run(&jobs[j], off_h, E, x.nslots, dense, &c->looped[2 + j]);
+            }
+            (dense ? c->dense_us : c->us)[2 + j] = (now_synced(&e) - t0) / iters * 1e6;
+        }
+    }
+done:
+    for (int i = 0; i < NBUF; i++) kiln_cuda_free(d[i]);
+    free(choice), free(off_h), free(gate), free(chk);
+    if (e) e = kiln_error_wrap(e, "moe --device cuda tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld "
+                               "routing %s", (long long)N, (long long)H, (long long)I, (long long)E, (long long)top,
+                               c->routing);
+    return e;
+}
+
+typedef struct {
+    const moe_gpu_case *cs;
+} moe_gpu_out;
+
+static void json_record(cJSON *r, size_t i, const void *ctx) {
+    const moe_gpu_case *c = &((const moe_gpu_out *)ctx)->cs[i / NPART];
+    const int p = (int)(i % NPART);
+    cJSON_AddStringToObject(r, "backend", "cuda");
+    cJSON_AddStringToObject(r, "dtype", "bf16");
+    cJSON_AddStringToObject(r, "routing", c->routing);
+    cJSON_AddStringToObject(r, "part", part_names[p]);
+    cJSON_AddStringToObject(r, "pass", p == 0 ? "fwd" : p == 1 ? "fwd_bwd" : p < 4 ? "fwd" : "bwd");
+    cJSON_AddNumberToObject(r, "tokens", (double)c->N);
+    cJSON_AddNumberToObject(r, "hidden", (double)c->H);
+    cJSON_AddNumberToObject(r, "inter", (double)c->I);
+    cJSON_AddNumberToObject(r, "experts", (double)c->E);
+    cJSON_AddNumberToObject(r, "top_k", (double)c->top);
+    cJSON_AddNumberToObject(r, "slots", (double)c->slots);
+    cJSON_AddNumberToObject(r, "max_expert_slots", (double)c->max_rows);
+    cJSON_AddNumberToObject(r, "flops", c->flops[p]);
+    cJSON_AddNumberToObject(r, "time_us", c->us[p]);
+    cJSON_AddNumberToObject(r, "tflops", c->flops[p] / (c->us[p] * 1e-6) / 1e12);
+    cJSON_AddNumberToObject(r, "tokens_per_s", (double)c->N / (c->us[p] * 1e-6));
+    if (p >= 2) {
+        cJSON_AddNumberToObject(r, "dense_time_us", c->dense_us[p]);
+        cJSON_AddNumberToObject(r, "dense_tflops", c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12);
+        cJSON_AddBoolToObject(r, "looped", c->looped[p]);
+    }
+}
+
+static void csv_row(FILE *f, size_t i, const void *ctx) {
+    const moe_gpu_case *c = &((const moe_gpu_out *)ctx)->cs[i / NPART];
+    const int p = (int)(i % NPART);
+    fprintf(f, "cuda,bf16,%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.17g,%.3f,%.6g,%.6g,", c->routing, part_names[p],
+            p == 0 ? "fwd" : p == 1 ? "fwd_bwd" : p < 4 ? "fwd" : "bwd", (long long)c->N, (long long)c->H,
+            (long long)c->I, (long long)c->E, (long long)c->top, (long long)c->slots, (long long)c->max_rows,
+            c->flops[p], c->us[p], c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
+    if (p >= 2) fprintf(f, "%.3f,%.6g,%d\n", c->dense_us[p], c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12, c->looped[p]);
+    else fprintf(f, ",,\n");
+}
+
+int kiln_bench_moe_gpu(int argc, char **argv) {
+    long long hidden = 2048, inter = 2048, experts = 16, top = 1, tokens = 16384, iters = 20, warmup = 3;
+    const char *routing = "balanced,skewed", *json_path = NULL, *csv_path = NULL;
+    static const char *const valued[] = {"--device", "--hidden", "--inter",  "--experts", "--top-k", "--tokens",
+                                         "--routing", "--iters", "--warmup", "--json",    "--csv",   NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a, *v;
+        int r = kiln_bench_flag(argc, argv, &i, "moe", usage, valued, &a, &v);
+        if (r >= 0) return r;
+        if (!strcmp(a, "--device")) continue; /* cuda: the caller checked */
+        if (!strcmp(a, "--routing")) routing = v;
+        else if (!strcmp(a, "--json")) json_path = v;
+        else if (!strcmp(a, "--csv")) csv_path = v;
+        else {
+            long long x;
+            if ((r = kiln_bench_parse_int("moe", a, v, !strcmp(a, "--warmup") ? 0 : 1,
+                                          !strcmp(a, "--iters") || !strcmp(a, "--warmup") ? 10000 : (1LL << 24), &x)) >= 0)
+                return r;
+            if (!strcmp(a, "--hidden")) hidden = x;
+            else if (!strcmp(a, "--inter")) inter = x;
+            else if (!strcmp(a, "--experts")) experts = x;
+            else if (!strcmp(a, "--top-k")) top = x;
+            else if (!strcmp(a, "--tokens")) tokens = x;
+            else if (!strcmp(a, "--iters")) iters = x;
+            else warmup = x;
+        }
+    }
+    if (top > experts) return kiln_bench_usage_err("moe", "--top-k %lld exceeds --experts %lld", top, experts);
+    if (experts > 8192) return kiln_bench_usage_err("moe", "--experts %lld: at most 8192 on the GPU", experts);
+    if ((double)tokens * (double)top > (double)INT32_MAX)
+        return kiln_bench_usage_err("moe", "--tokens %lld x --top-k %lld: more than 2^31-1 routed slots", tokens, top);
+    moe_gpu_case cs[2];
+    int ncase = 0;
+    {
+        char buf[64];
+        if (strlen(routing) >= sizeof buf) return kiln_bench_usage_err("moe", "--routing '%s': too long", routing);
+        strcpy(buf, routing);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (strcmp(t, "balanced") && strcmp(t, "skewed"))
+                return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
+            if (ncase == 2) return kiln_bench_usage_err("moe", "--routing '%s': each at most once", routing);
+            memset(&cs[ncase], 0, sizeof cs[ncase]);
+            cs[ncase].routing = !strcmp(t, "balanced") ? "balanced" : "skewed";
+            cs[ncase].N = tokens, cs[ncase].H = hidden, cs[ncase].I = inter, cs[ncase].E = experts;
+            cs[ncase].top = top;
+            ncase++;
+        }
+        if (!ncase) return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
+    }
+    kiln_cuda_info gi;
+    kiln_error *e = kiln_cuda_device_info(&gi);
+    if (e) {
+        kiln_bench_fail("moe", "--device cuda", e);
+        return 1;
+    }
+    printf("kiln bench moe --device cuda: %s; bf16, f32 accumulation; %lld iterations after %lld warm-up\n", gi.name,
+           iters, warmup);
+    printf("tokens %lld, hidden %lld, inter %lld, experts %lld, top_k %lld; TFLOP/s: forward "
+           "6*tokens*top_k*hidden*inter, fwd+bwd 3 x forward\n",
+           tokens, hidden, inter, experts, top);
+    int rc = 0;
+    for (int i = 0; i < ncase; i++) {
+        moe_gpu_case *c = &cs[i];
+        if ((e = run_case(c, (int)iters, (int)warmup))) {
+            kiln_bench_fail("moe", NULL, e);
+            rc = 1;
+            ncase = i;
+            break;
+        }
+        printf("\n%s routing: %lld slots, busiest expert %lld (mean %.0f)\n", c->routing, (long long)c->slots,
+               (long long)c->max_rows, (double)c->slots / (double)c->E);
+        printf("  %-13s %10s %9s %11s\n", "expert op", "ms", "TFLOP/s", "tok/s");
+        for (int p = 0; p < 2; p++)
+            printf("  %-13s %10.3f %9.1f %11.4g\n", p ? "fwd+bwd" : "fwd", c->us[p] / 1e3,
+                   c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
+        printf("  %-13s %10s %9s | %10s %9s | %6s\n", "GEMM", "grouped ms", "TFLOP/s", "dense ms", "TFLOP/s",
+               "ratio");
+        double g[2] = {0, 0}, dn[2] = {0, 0}, f[2] = {0, 0};
+        for (int p = 2; p < NPART; p++) {
+            const double gt = c->flops[p] / (c->us[p] * 1e-6) / 1e12, dt = c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12;
+            printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f%s\n", part_names[p], c->us[p] / 1e3, gt,
+                   c->dense_us[p] / 1e3, dt, gt / dt, c->looped[p] ? "  (cuBLAS looped per expert)" : "");
+            const int b = p >= 4;
+            g[b] += c->us[p], dn[b] += c->dense_us[p], f[b] += c->flops[p];
+        }
+        for (int b = 0; b < 2; b++) {
+            const double gt = f[b] / (g[b] * 1e-6) / 1e12, dt = f[b] / (dn[b] * 1e-6) / 1e12;
+            printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f\n", b ? "all bwd" : "all fwd", g[b] / 1e3, gt,
+                   dn[b] / 1e3, dt, gt / dt);
+        }
+        fflush(stdout);
+    }
+    moe_gpu_out o = {cs};
+    const kiln_bench_output out = {"moe", (size_t)ncase * NPART, &o, json_record, NULL,
+                                   "backend,dtype,routing,part,pass,tokens,hidden,inter,experts,top_k,slots,"
+                                   "max_expert_slots,flops,time_us,tflops,tokens_per_s,dense_time_us,dense_tflops,"
+                                   "looped\n",
+                                   csv_row};
+    if (!rc) rc = kiln_bench_write_outputs(&out, json_path, csv_path);
+    return rc;
+}
+#endif
