@@ -203,7 +203,7 @@ TEST(ft_fault_sigstop_hang) {
     if (!have_mpirun()) return;
     const char *ref = reference(NULL), *out = test_tmpdir();
     char text[32768];
-    int rc = supervised(out, config(out, NULL), "stop:rank=0:step=6", "--hang-timeout 3", NULL, text, sizeof text);
+    int rc = supervised(out, config(out, NULL), "stop:rank=0:step=6", "--hang-timeout 3 --grace 1", NULL, text, sizeof text);
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"hang\"") == 1 && strstr(log, "\"kind\":\"hang\",\"rank\":0,\"step\":5") &&

@@ -56,7 +56,7 @@ kiln_error *kiln_ft_reject_checkpoints(const char *out_dir, int64_t from, int *n
     while ((de = readdir(d)) && k < 4096) {
         long long s;
         char tail[8];
-        /* committed or not: a step_N.tmp is replaced by its next save anyway */
+        /* step_N only: a step_N.tmp was never committed and is replaced by its next save anyway */
         if (sscanf(de->d_name, "step_%lld%7s", &s, tail) == 1 && s >= from) steps[k++] = s;
     }
     closedir(d);
