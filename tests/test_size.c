@@ -288,6 +288,20 @@ TEST(size_profiles_builtin_and_errors) {
     /* 1e12 FLOPs in 2 ms = 500 TFLOP/s forward; backward 2.5e12 in 5 ms = 500 TFLOP/s */
     CHECK_NEAR(kiln_hw_attn_eff(p, 128, 0), 500.0 / p->peak_bf16, 1e-9);
     CHECK_NEAR(kiln_hw_attn_eff(p, 128, 1), 500.0 / p->peak_bf16, 1e-9);
+    /* bench/attn_gpu's JSON: per head dim the causal record with the most work */
+    const char *ag = test_join(dir, "attn_kiln.json");
+    f = fopen(ag, "w");
+    fputs("{\"path\": \"default\", \"iters\": 20, \"attention\": [\n"
+          "{\"B\": 4, \"T\": 4096, \"H\": 8, \"KV\": 2, \"D\": 128, \"window\": 0, \"fwd_tflops\": 400.0, \"bwd_tflops\": 300.0},\n"
+          "{\"B\": 1, \"T\": 1024, \"H\": 8, \"KV\": 2, \"D\": 128, \"window\": 0, \"fwd_tflops\": 100.0, \"bwd_tflops\": 90.0},\n"
+          "{\"B\": 4, \"T\": 4096, \"H\": 8, \"KV\": 2, \"D\": 64, \"window\": 1024, \"fwd_tflops\": 50.0, \"bwd_tflops\": 40.0},\n"
+          "{\"B\": 4, \"T\": 4096, \"H\": 16, \"KV\": 2, \"D\": 64, \"window\": 0, \"fwd_tflops\": 320.0, \"bwd_tflops\": 200.0}]}", f);
+    fclose(f);
+    CHECK_OK(kiln_hw_profile_merge_bench(p, ag));
+    CHECK(p->nattn == 2 && strstr(p->attention_source, "attn_gpu"));
+    CHECK_NEAR(kiln_hw_attn_eff(p, 128, 0), 400.0 / p->peak_bf16, 1e-12);
+    CHECK_NEAR(kiln_hw_attn_eff(p, 64, 1), 200.0 / p->peak_bf16, 1e-12);
+    CHECK_NEAR(kiln_hw_attn_eff(p, 96, 0), 0.75 * 400.0 / p->peak_bf16, 1e-12);
     /* 2 MiB: halfway in log2 between 1 and 4 MiB -> 150 GB/s */
     CHECK_NEAR(kiln_hw_comm_time(p, 0, 2097152, 8), 2097152.0 * 7 / 8 / 150e9 + p->comm_latency_us * 1e-6, 1e-12);
     free(p);

@@ -3,7 +3,8 @@
 
 The same selection as `kiln size --bench` (src/sizing/hw.c): bf16 gemm records replace gemm.records;
 the best GPU membw copy replaces memory.achieved_gbs; reduce_scatter/all_gather records over 2+ ranks
-(not the local backend) replace comm.records. Each replaced section's `source` names the files.
+(not the local backend) replace comm.records; bench/attn_gpu's JSON (no kiln_profile, attention records
+with D and fwd/bwd TFLOP/s) replaces attention.records. Each replaced section's `source` names the files.
 
 usage: merge_bench.py PROFILE.json BENCH.json [BENCH.json ...]
 """
@@ -22,10 +23,18 @@ def main(argv):
         prof = json.load(f)
     if prof.get("kiln_hw_profile") != 1:
         sys.exit(f"{path}: not a kiln_hw_profile 1 file")
-    gemm, comm, copy = [], [], 0.0
+    gemm, comm, copy, attn = [], [], 0.0, {}
     for b in benches:
         with open(b) as f:
             p = json.load(f)
+        if "kiln_profile" not in p and isinstance(p.get("attention"), list):
+            # bench/attn_gpu's JSON: per head dim the full-causal record with the most work
+            for r in p["attention"]:
+                if r.get("window", 0) == 0 and r.get("fwd_tflops", 0) > 0 and r.get("bwd_tflops", 0) > 0:
+                    work = r["B"] * r["T"] * r["T"]
+                    if r["D"] not in attn or work > attn[r["D"]][0]:
+                        attn[r["D"]] = (work, r["fwd_tflops"], r["bwd_tflops"])
+            continue
         if p.get("kiln_profile") != 1:
             sys.exit(f"{b}: not a kiln bench profile (kiln_profile 1)")
         for r in p.get("gemm", []):
@@ -38,7 +47,7 @@ def main(argv):
             if (r.get("collective") in ("reduce_scatter", "all_gather") and r.get("backend") != "local"
                     and r.get("ranks", 0) >= 2 and r.get("busbw_gbs", 0) > 0 and r.get("bytes", 0) > 0):
                 comm.append({k: r[k] for k in ("collective", "bytes", "ranks", "busbw_gbs")})
-    if not (gemm or comm or copy):
+    if not (gemm or comm or copy or attn):
         sys.exit("no GPU measurements in " + " ".join(benches))
     day = datetime.date.today().isoformat()
     names = ", ".join(os.path.basename(b) for b in benches)
@@ -50,6 +59,11 @@ def main(argv):
         prof["memory"]["source"] = f"{prof['memory']['source'].split(';')[0]}; achieved: measured {day}, kiln bench membw --device cuda copy"
     if comm:
         prof["comm"] = {"source": f"measured {day}: kiln bench comm --backend nccl ({names})", "records": comm}
+    if attn:
+        peak = prof["compute"]["peak_tflops"]["bf16"]
+        prof["attention"]["records"] = [{"head_dim": d, "fwd_eff": round(f / peak, 4), "bwd_eff": round(bw / peak, 4)}
+                                        for d, (_, f, bw) in sorted(attn.items())]
+        prof["attention"]["source"] = f"measured {day}: bench/attn_gpu.sh, kiln's CUDA attention ({names})"
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(prof, f, indent=2)

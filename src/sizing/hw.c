@@ -196,11 +196,43 @@ static double num(const cJSON *r, const char *f) {
     return cJSON_IsNumber(it) ? it->valuedouble : -1;
 }
 
+/* bench/attn_gpu.c's JSON ({"path", "iters", "attention": [{B, T, H, KV, D, window, fwd_tflops,
+ * bwd_tflops, ...}]}): per head dim the full-causal record with the most work. */
+static kiln_error *merge_attn_gpu(kiln_hw_profile *p, const cJSON *root, const char *path) {
+    const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, "attention"), *r;
+    kiln_hw_attn_point pts[64];
+    double work[64];
+    int n = 0;
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        int64_t D = (int64_t)num(r, "D");
+        double f = num(r, "fwd_tflops"), b = num(r, "bwd_tflops"), w = num(r, "B") * num(r, "T") * num(r, "T");
+        if (D <= 0 || f <= 0 || b <= 0 || num(r, "window") > 0) continue;
+        int j = 0;
+        while (j < n && pts[j].head_dim != D) j++;
+        if (j == n) { if (n == 64) continue; n++; work[j] = -1; }
+        if (w > work[j]) {
+            work[j] = w;
+            pts[j] = (kiln_hw_attn_point){D, f / p->peak_bf16, b / p->peak_bf16};
+        }
+    }
+    if (!n)
+        return kiln_errorf(KILN_EINVAL, "%s: neither a kiln bench profile (kiln_profile) nor attention records of "
+                           "bench/attn_gpu (D, fwd_tflops, bwd_tflops) without a window", path);
+    memcpy(p->attn, pts, sizeof pts[0] * (size_t)n);
+    p->nattn = n;
+    snprintf(p->attention_source, sizeof p->attention_source, "measured: %s (bench/attn_gpu)", path);
+    return NULL;
+}
+
 kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
     cJSON *root = NULL;
     KILN_TRY(kiln_json_parse_file(path, &root));
     kiln_error *e = NULL;
     int64_t version = 0;
+    if (!cJSON_GetObjectItemCaseSensitive(root, "kiln_profile")) {
+        e = merge_attn_gpu(p, root, path);
+        goto out;
+    }
     if ((e = kiln_json_get_int(root, "kiln_profile", &version, 0, 1, path))) goto out;
     if (version != 1) {
         e = kiln_errorf(KILN_EUNSUPPORTED, "%s: kiln_profile %lld is not supported (expected 1)", path, (long long)version);
