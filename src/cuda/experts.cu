@@ -23,11 +23,11 @@ cublasHandle_t g_blas;
 __device__ __forceinline__ float bf(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // xe[s,:] = in[slot_tok[s],:], 8 bf16 (16 bytes) per load where rows allow it
-__global__ void gather_kernel(__nv_bfloat16 *xe, const __nv_bfloat16 *in, const int32_t *slot_tok, int64_t H) {
+__global__ void gather_kernel(__nv_bfloat16 *xe, const __nv_bfloat16 *in, const int32_t *slot_tok, int64_t H, int vec) {
     const int64_t s = blockIdx.x;
     const __nv_bfloat16 *src = in + (int64_t)slot_tok[s] * H;
     __nv_bfloat16 *dst = xe + s * H;
-    if (!(H & 7)) {
+    if (vec) {
         for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x) ((int4 *)dst)[i] = ((const int4 *)src)[i];
     } else {
         for (int64_t i = threadIdx.x; i < H; i += blockDim.x) dst[i] = src[i];
@@ -236,7 +236,8 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     S = x->nslots = x->exp_off_host[E];
     if (N && !S) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * H) * sizeof(float), st));
     if (!S) goto done;
-    gather_kernel<<<(unsigned)S, 128, 0, st>>>((__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in, x->slot_tok, H);
+    gather_kernel<<<(unsigned)S, 128, 0, st>>>((__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in, x->slot_tok, H,
+                                               !(H & 7) && !(((uintptr_t)in | (uintptr_t)x->xe) & 15));
     CUDA_TRY(cudaGetLastError());
     if ((err = kiln_grouped_gemm_cuda(x->gu, 0, x->xe, wgu, x->exp_off_host, E, 0, 2 * I, H, "NT", 0, NULL, stream)))
         goto done;

@@ -143,12 +143,12 @@ done:
 // db[o] += sum_r dy[r,o]: each block sums ROWS rows of 2*blockDim columns into a partial row, then one
 // thread per column adds the partials in chunk order: the same bits every run, no atomics.
 enum { DB_ROWS = 256, DB_THREADS = 128 };
-__global__ void colsum_partial(float *part, const __nv_bfloat16 *dy, int64_t n, int64_t out) {
+__global__ void colsum_partial(float *part, const __nv_bfloat16 *dy, int64_t n, int64_t out, int vec) {
     const int64_t o = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 2, r0 = (int64_t)blockIdx.y * DB_ROWS;
     if (o >= out) return;
     const int64_t r1 = r0 + DB_ROWS < n ? r0 + DB_ROWS : n;
     float s0 = 0, s1 = 0;
-    if (o + 1 < out && !(out & 1)) { // bf16x2 loads when rows keep the pairs aligned
+    if (vec) { // bf16x2 loads: out even and dy 4-byte aligned keep every pair aligned
         for (int64_t r = r0; r < r1; r++) {
             float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)(dy + r * out + o));
             s0 += v.x, s1 += v.y;
@@ -210,7 +210,8 @@ extern "C" kiln_error *kiln_linear_backward_cuda(kiln_bf16 *dx, float *dw, float
         const int64_t chunks = (n + DB_ROWS - 1) / DB_ROWS;
         CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)(chunks * out) * sizeof(float), st));
         dim3 grid((unsigned)((out + 2 * DB_THREADS - 1) / (2 * DB_THREADS)), (unsigned)chunks);
-        colsum_partial<<<grid, DB_THREADS, 0, st>>>(part, (const __nv_bfloat16 *)dy, n, out);
+        colsum_partial<<<grid, DB_THREADS, 0, st>>>(part, (const __nv_bfloat16 *)dy, n, out,
+                                                     !(out & 1) && !((uintptr_t)dy & 3));
         CUDA_TRY(cudaGetLastError());
         colsum_final<<<(unsigned)((out + 255) / 256), 256, 0, st>>>(db, part, chunks, out);
         CUDA_TRY(cudaGetLastError());
