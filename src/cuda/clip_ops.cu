@@ -83,48 +83,42 @@ done:
     return err;
 }
 
-// Attention for sequences of at most 1024 tokens and head dims of at most 128 (CLIP: 50..577 tokens,
-// 64 dims): one warp per query row, its scores in shared memory, softmax by warp reductions, then each
-// lane owns head dims lane, lane+32, ... K and V rows stay in global memory (they are re-read by every
-// query of the block and live in L1/L2).
-#define MHA_WARPS 4
-#define MHA_TMAX 1024
-#define MHA_DMAX 128
-static __global__ void mha_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t T, int heads,
-                                      int hd, int64_t stride, int64_t out_stride, float scale, int causal) {
-    __shared__ float scores[MHA_WARPS][MHA_TMAX];
-    __shared__ float qs[MHA_WARPS][MHA_DMAX];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t bh = blockIdx.x, b = bh / heads, h = bh % heads;
-    const int64_t i = (int64_t)blockIdx.y * MHA_WARPS + warp;
-    if (i >= T) return;
-    const bf16 *qr = q + (b * T + i) * stride + h * hd;
-    for (int d = lane; d < hd; d += 32) qs[warp][d] = __bfloat162float(qr[d]) * scale;
-    __syncwarp();
-    const int64_t n = causal ? i + 1 : T;
+// Attention as two batched tensor-core GEMMs around a row softmax: S = scale * Q Kᵀ (f32, one T x T
+// matrix per sequence and head), P = softmax(S) (bf16, causal mask applied here), O = P V written in
+// place into the [B*T, out_stride] output. CLIP's sequences are short (50..577 tokens), so S fits; the
+// per-(sequence, head) pointers go through cublasGemmBatchedEx. Rows of at most 1024 keys.
+#include <cublas_v2.h>
+
+static cublasHandle_t g_clip_blas;
+
+#define SOFTMAX_TMAX 1024
+// one warp per row of S; each lane holds up to 32 scores in registers
+static __global__ void softmax_rows_kernel(bf16 *p, const float *s, int64_t rows, int64_t T, int causal) {
+    const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const int64_t i = r % T, n = causal ? i + 1 : T;
+    const float *sr = s + r * T;
+    float v[SOFTMAX_TMAX / 32];
     float mx = -INFINITY;
-    for (int64_t j = lane; j < n; j += 32) {
-        const bf16 *kr = k + (b * T + j) * stride + h * hd;
-        float s = 0;
-        for (int d = 0; d < hd; d++) s += qs[warp][d] * __bfloat162float(kr[d]);
-        scores[warp][j] = s;
-        mx = fmaxf(mx, s);
+#pragma unroll
+    for (int c = 0; c < SOFTMAX_TMAX / 32; c++) {
+        const int64_t j = lane + 32 * c;
+        v[c] = j < n ? sr[j] : -INFINITY;
+        mx = fmaxf(mx, v[c]);
     }
     mx = warp_max(mx);
     float sum = 0;
-    for (int64_t j = lane; j < n; j += 32) {
-        const float e = expf(scores[warp][j] - mx);
-        scores[warp][j] = e;
-        sum += e;
+#pragma unroll
+    for (int c = 0; c < SOFTMAX_TMAX / 32; c++) {
+        v[c] = lane + 32 * c < n ? expf(v[c] - mx) : 0.0f;
+        sum += v[c];
     }
     const float inv = 1.0f / warp_sum(sum);
-    __syncwarp();
-    bf16 *orow = out + (b * T + i) * out_stride + h * hd;
-    for (int d = lane; d < hd; d += 32) {
-        float o = 0;
-        const bf16 *vc = v + b * T * stride + h * hd + d;
-        for (int64_t j = 0; j < n; j++) o += scores[warp][j] * __bfloat162float(vc[j * stride]);
-        orow[d] = __float2bfloat16_rn(o * inv);
+#pragma unroll
+    for (int c = 0; c < SOFTMAX_TMAX / 32; c++) {
+        const int64_t j = lane + 32 * c;
+        if (j < T) p[r * T + j] = __float2bfloat16_rn(v[c] * inv);
     }
 }
 
@@ -133,18 +127,56 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
                                              int64_t stride, int64_t out_stride, float scale, int causal,
                                              void *stream) {
     kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t nb = B * heads;
+    float *S = NULL;
+    bf16 *P = NULL;
+    void **ptr = NULL, **hptr = NULL;
+    const float one = 1.0f, zero = 0.0f;
     if (B <= 0 || T <= 0) return NULL;
-    if (T > MHA_TMAX || hd > MHA_DMAX || B * heads > 2147483647)
-        return kiln_errorf(KILN_EUNSUPPORTED, "attention forward (CUDA): %lld tokens x head dim %lld is beyond this "
-                                              "kernel (at most %d tokens, %d dims)",
-                           (long long)T, (long long)hd, MHA_TMAX, MHA_DMAX);
-    dim3 grid((unsigned)(B * heads), (unsigned)((T + MHA_WARPS - 1) / MHA_WARPS));
-    mha_fwd_kernel<<<grid, 32 * MHA_WARPS, 0, (cudaStream_t)stream>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, T, (int)heads, (int)hd, stride, out_stride,
-        scale, causal);
-    LAUNCH_CHECK("attention forward");
+    if (T > SOFTMAX_TMAX || nb > 2147483647)
+        return kiln_errorf(KILN_EUNSUPPORTED, "attention forward (CUDA): %lld tokens is beyond this kernel (at most %d)",
+                           (long long)T, SOFTMAX_TMAX);
+    if (!g_clip_blas) CUBLAS_TRY(cublasCreate(&g_clip_blas));
+    CUBLAS_TRY(cublasSetStream(g_clip_blas, st));
+    CUDA_TRY(cudaMallocAsync((void **)&S, sizeof(float) * (size_t)(nb * T * T), st));
+    CUDA_TRY(cudaMallocAsync((void **)&P, 2 * (size_t)(nb * T * T), st));
+    CUDA_TRY(cudaMallocAsync((void **)&ptr, sizeof(void *) * (size_t)(6 * nb), st));
+    hptr = (void **)malloc(sizeof(void *) * (size_t)(6 * nb));
+    if (!hptr) {
+        err = kiln_errorf(KILN_ENOMEM, "attention forward (CUDA): out of host memory");
+        goto done;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t j = b * heads + h;
+            hptr[0 * nb + j] = (void *)(q + b * T * stride + h * hd);
+            hptr[1 * nb + j] = (void *)(k + b * T * stride + h * hd);
+            hptr[2 * nb + j] = (void *)(v + b * T * stride + h * hd);
+            hptr[3 * nb + j] = (void *)(S + j * T * T);
+            hptr[4 * nb + j] = (void *)(P + j * T * T);
+            hptr[5 * nb + j] = (void *)(out + b * T * out_stride + h * hd);
+        }
+    CUDA_TRY(cudaMemcpyAsync(ptr, hptr, sizeof(void *) * (size_t)(6 * nb), cudaMemcpyHostToDevice, st));
+    CUDA_TRY(cudaStreamSynchronize(st)); // hptr is pageable and freed below
+    // row-major S = scale * Q Kᵀ is column-major Sᵀ = K Qᵀ: A = K (as [hd x T], transposed), B = Q
+    CUBLAS_TRY(cublasGemmBatchedEx(g_clip_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)T, (int)T, (int)hd, &scale,
+                                   (const void *const *)(ptr + nb), CUDA_R_16BF, (int)stride,
+                                   (const void *const *)ptr, CUDA_R_16BF, (int)stride, &zero, ptr + 3 * nb,
+                                   CUDA_R_32F, (int)T, (int)nb, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    softmax_rows_kernel<<<grid_for(nb * T * 32, 256), 256, 0, st>>>(P, S, nb * T, T, causal);
+    LAUNCH_CHECK("attention softmax");
+    // row-major O = P V is column-major Oᵀ = Vᵀ Pᵀ: A = V (as [hd x T]), B = P (as [T x T])
+    CUBLAS_TRY(cublasGemmBatchedEx(g_clip_blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)hd, (int)T, (int)T, &one,
+                                   (const void *const *)(ptr + 2 * nb), CUDA_R_16BF, (int)stride,
+                                   (const void *const *)(ptr + 4 * nb), CUDA_R_16BF, (int)T, &zero, ptr + 5 * nb,
+                                   CUDA_R_16BF, (int)out_stride, (int)nb, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 done:
-    return err;
+    if (S) cudaFreeAsync(S, st);
+    if (P) cudaFreeAsync(P, st);
+    if (ptr) cudaFreeAsync(ptr, st);
+    free(hptr);
+    return err ? kiln_error_wrap(err, "attention forward (CUDA)") : NULL;
 }
 
 // cols [B*G*G, 3*p*p] (bf16) from pixels [B,3,S,S] (f32): the conv's im2col in the weight's [c][ky][kx] order
