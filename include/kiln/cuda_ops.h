@@ -240,7 +240,9 @@ kiln_error *kiln_layernorm_forward_f32_cuda(float *y, const float *x, const floa
 kiln_error *kiln_layernorm_forward_strided_cuda(kiln_bf16 *y, const float *x, int64_t x_stride, const float *w,
                                                 const float *b, int64_t n, int64_t d, float eps, void *stream);
 /* multi-head attention forward, the twin of kiln_mha_forward (bf16 q/k/v/out with row strides, causal or
- * not); T <= 1024 tokens and hd <= 128 (CLIP's sequences), else an error. */
+ * not): two batched tensor-core GEMMs around a row softmax, the T x T scores in f32 scratch from the
+ * stream-ordered allocator; T <= 1024 tokens (CLIP's sequences), else an error. Synchronizes the stream
+ * once (the per-head pointer table). */
 kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
                                   int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride, int64_t out_stride,
                                   float scale, int causal, void *stream);
