@@ -332,7 +332,7 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
                    jnum(run, "seed"));
     if (jnum(counts, "errors") > 0) {
         CIS_PUT(&b, "<div class=\"warn\"><b>Items that could not be scored:</b><ul>");
-        for (const cJSON *x = jget(s, "errors")->child; x; x = x->next) {
+        for (const cJSON *x = jget(s, "errors") ? jget(s, "errors")->child : NULL; x; x = x->next) {
             CIS_PUT(&b, "<li><code>");
             cis_buf_html(&b, jstr(x, "image"));
             CIS_PUT(&b, "</code>: ");

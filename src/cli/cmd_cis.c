@@ -1,5 +1,6 @@
 /* kiln cis <prompts|score|report|calibrate|embed>: the Component Inclusion Score audit of
  * text-to-image models (docs/cis.md). */
+#include <math.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -83,6 +84,15 @@ static int cmd_prompts(int argc, char **argv) {
     return e ? cli_fail("cis prompts", e) : 0;
 }
 
+static const char *str_of(const cJSON *o, const char *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
+    return cJSON_IsString(v) ? v->valuestring : "?";
+}
+static double num_of(const cJSON *o, const char *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, f);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
 /* A readable summary of RUN/scores.json. */
 static void print_summary(const char *run_dir) {
     char path[4096];
@@ -96,29 +106,21 @@ static void print_summary(const char *run_dir) {
     const cJSON *x;
     printf("%-22s %6s %7s  %s\n", "culture", "n", "CIS", "95% CI");
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "cis")) {
-        const char *by = cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring;
+        const char *by = str_of(x, "by");
         if (strcmp(by, "culture") && strcmp(by, "group") && strcmp(by, "all")) continue;
-        printf("%-22s %6d %7.3f  [%.3f, %.3f]\n", cJSON_GetObjectItemCaseSensitive(x, "level")->valuestring,
-               (int)cJSON_GetObjectItemCaseSensitive(x, "n")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(x, "mean")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(x, "lo")->valuedouble, cJSON_GetObjectItemCaseSensitive(x, "hi")->valuedouble);
+        printf("%-22s %6.0f %7.3f  [%.3f, %.3f]\n", str_of(x, "level"), num_of(x, "n"), num_of(x, "mean"), num_of(x, "lo"),
+               num_of(x, "hi"));
     }
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "gap")) {
-        printf("gap western - non_western (%s=%s): %.3f, permutation p = %.4g\n",
-               cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring,
-               cJSON_GetObjectItemCaseSensitive(x, "level")->valuestring,
-               cJSON_GetObjectItemCaseSensitive(x, "gap")->valuedouble, cJSON_GetObjectItemCaseSensitive(x, "p")->valuedouble);
+        printf("gap western - non_western (%s=%s): %.3f, permutation p = %.4g\n", str_of(x, "by"), str_of(x, "level"),
+               num_of(x, "gap"), num_of(x, "p"));
     }
     const cJSON *cal = cJSON_GetObjectItemCaseSensitive(s, "calibration");
     if (cal) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(cal, "agreement");
-        printf("labels: %d pairs; threshold %.4f; judge accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
-               (int)cJSON_GetObjectItemCaseSensitive(cal, "pairs")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(s, "threshold")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(a, "accuracy")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(a, "precision")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(a, "recall")->valuedouble,
-               cJSON_GetObjectItemCaseSensitive(a, "kappa")->valuedouble);
+        printf("labels: %.0f pairs; threshold %.4f; judge accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
+               num_of(cal, "pairs"), num_of(s, "threshold"), num_of(a, "accuracy"), num_of(a, "precision"),
+               num_of(a, "recall"), num_of(a, "kappa"));
     }
     printf("all numbers: %s/scores.json, summary.csv, images.csv, components.csv, superposition.csv\n", run_dir);
     cJSON_Delete(s);
