@@ -17,7 +17,8 @@
 #include "kiln/safetensors.h"
 
 static const char usage[] =
-    "usage: kiln cis embed --clip DIR (--images FILE_LIST | --texts FILE) --out OUT.safetensors [--batch N]\n\n"
+    "usage: kiln cis embed --clip DIR (--images FILE_LIST | --texts FILE) --out OUT.safetensors [--batch N]\n"
+    "                      [--device cpu|cuda]\n\n"
     "CLIP embeddings with a HF CLIPModel directory (config.json, model.safetensors, tokenizer.json,\n"
     "preprocessor_config.json), computed as transformers does (CLIPImageProcessor, CLIPTokenizer with\n"
     "truncation to 77 tokens, get_image_features / get_text_features, then L2 normalisation).\n\n"
@@ -26,7 +27,9 @@ static const char usage[] =
     "  --texts FILE       texts, one per line (UTF-8; a final newline does not start another text)\n"
     "  --out FILE         safetensors with image_embeds [N,D] and/or text_embeds [N,D] (F32), rows in input\n"
     "                     order; written atomically, only when every item succeeded\n"
-    "  --batch N          images per forward pass (default 16)\n";
+    "  --batch N          images per forward pass (default 16)\n"
+    "  --device D         where the image tower runs: cpu (default, f32) or cuda (bf16 on GPU 0; texts stay on\n"
+    "                     the CPU)\n";
 
 /* lines of a file (without \n or \r\n); a final newline ends the last line, it does not add one */
 static kiln_error *read_lines(const char *path, char **buf, char ***lines, int *n) {
@@ -137,7 +140,7 @@ static kiln_error *embed_texts(kiln_clip *m, const char *file, float **out, int 
 }
 
 int cis_embed_main(int argc, char **argv) {
-    const char *clip = NULL, *images = NULL, *texts = NULL, *out = NULL;
+    const char *clip = NULL, *images = NULL, *texts = NULL, *out = NULL, *device = "cpu";
     int64_t batch = 16;
     if (cli_wants_help(argc, argv)) {
         fputs(usage, stdout);
@@ -146,7 +149,7 @@ int cis_embed_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **dst = !strcmp(a, "--clip") ? &clip : !strcmp(a, "--images") ? &images : !strcmp(a, "--texts") ? &texts
-                         : !strcmp(a, "--out")  ? &out : NULL;
+                         : !strcmp(a, "--out")  ? &out : !strcmp(a, "--device") ? &device : NULL;
         if (!dst && strcmp(a, "--batch")) {
             fprintf(stderr, "kiln cis embed: unknown option '%s'\n\n%s", a, usage);
             return 2;
@@ -169,6 +172,7 @@ int cis_embed_main(int argc, char **argv) {
     }
     kiln_clip *m = NULL;
     kiln_error *e = kiln_clip_load(clip, &m);
+    if (!e && images) e = kiln_clip_set_device(m, device);
     float *ie = NULL, *te = NULL;
     int ni = 0, nt = 0;
     if (!e && images) e = embed_images(m, images, (int)batch, &ie, &ni);
