@@ -37,6 +37,10 @@ double kiln_moe_flops_fwd_bwd(int64_t tokens, int64_t top_k, int64_t hidden, int
  * top_k experts are distinct (needs 1 <= top_k <= experts). choice is [tokens*top_k]. Returns -1 on
  * bad arguments or out of memory. */
 int kiln_moe_route(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed);
+/* Skewed random routing from `seed` (src/bench/moe_gpu.c): each slot picks expert perm_e[r] with
+ * probability proportional to 1/(r+1) (Zipf over a random ranking of the experts), a token's top_k
+ * experts distinct. Returns -1 on bad arguments or out of memory. */
+int kiln_moe_route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed);
 /* Bytes the benchmark allocates for one shape: weights and their gradients
  * (experts * 3 * hidden * inter, twice), token activations x, out, dout, dx [tokens, hidden], slot
  * activations xe, ye, dye, dxe [S, hidden], gu, dgu [S, 2*inter], act, dact [S, inter] with

@@ -19,39 +19,8 @@
 #include "kiln/cuda_ops.h"
 #endif
 
-#ifndef KILN_HAVE_CUDA
-int kiln_bench_moe_gpu(int argc, char **argv) {
-    (void)argc, (void)argv;
-    fprintf(stderr, "kiln bench moe: error: --device cuda: this kiln was built without CUDA\n");
-    return 2;
-}
-#else
-
-static const char usage[] =
-    "usage: kiln bench moe --device cuda [options]\n\n"
-    "The CUDA trainer's expert op (kiln_experts_forward_cuda/_backward_cuda), forward and forward +\n"
-    "backward, bf16 activations and weights, f32 accumulation and f32 weight gradients, for each routing;\n"
-    "then each grouped GEMM of the op alone against one dense cuBLASLt GEMM of the same total size.\n"
-    "Defaults: the [cuda] benchmark layer (16384 tokens = micro-batch 4 x 4096, hidden 2048, 16 experts\n"
-    "top-1, moe_intermediate 2048). FLOPs as the CPU benchmark: forward 6*tokens*top_k*hidden*inter,\n"
-    "fwd+bwd 3 x forward. Time: wall clock over --iters calls between device syncs.\n\n"
-    "  --hidden N        hidden size (default 2048)\n"
-    "  --inter N         expert intermediate width (default 2048)\n"
-    "  --experts N       number of experts (default 16)\n"
-    "  --top-k N         experts per token (default 1)\n"
-    "  --tokens N        tokens per call (default 16384)\n"
-    "  --routing LIST    balanced (every expert tokens*top_k/experts slots) and/or skewed (Zipf: expert\n"
-    "                    ranks weighted 1/rank) (default balanced,skewed)\n"
-    "  --iters N         timed calls (default 20)\n"
-    "  --warmup N        untimed calls first (default 3)\n"
-    "  --json FILE       the JSON profile (section \"moe\")\n"
-    "  --csv FILE        the numbers as CSV\n";
-
-#define ROUTE_SEED 0x6b696c6eu /* "kiln", as the CPU benchmark */
-
-/* Zipf routing: expert e (in a random order) is picked with probability proportional to 1/(rank+1), a
- * token's top_k experts distinct: with 16 experts the busiest gets 30% of the slots, the idlest 1.8%. */
-static int route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed) {
+/* Zipf: with 16 experts the busiest gets 30% of the slots, the idlest 1.8%. */
+int kiln_moe_route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed) {
     if (tokens < 1 || experts < 1 || top_k < 1 || top_k > experts) return -1;
     double *cdf = malloc((size_t)experts * sizeof *cdf);
     int32_t *perm = malloc((size_t)experts * sizeof *perm);
@@ -86,6 +55,37 @@ static int route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int64_
     free(cdf), free(perm);
     return 0;
 }
+
+#ifndef KILN_HAVE_CUDA
+int kiln_bench_moe_gpu(int argc, char **argv) {
+    (void)argc, (void)argv;
+    fprintf(stderr, "kiln bench moe: error: --device cuda: this kiln was built without CUDA\n");
+    return 2;
+}
+#else
+
+static const char usage[] =
+    "usage: kiln bench moe --device cuda [options]\n\n"
+    "The CUDA trainer's expert op (kiln_experts_forward_cuda/_backward_cuda), forward and forward +\n"
+    "backward, bf16 activations and weights, f32 accumulation and f32 weight gradients, for each routing;\n"
+    "then each grouped GEMM of the op alone against one dense cuBLASLt GEMM of the same total size.\n"
+    "Defaults: the [cuda] benchmark layer (16384 tokens = micro-batch 4 x 4096, hidden 2048, 16 experts\n"
+    "top-1, moe_intermediate 2048). FLOPs as the CPU benchmark: forward 6*tokens*top_k*hidden*inter,\n"
+    "fwd+bwd 3 x forward. Time: wall clock over --iters calls between device syncs.\n\n"
+    "  --hidden N        hidden size (default 2048)\n"
+    "  --inter N         expert intermediate width (default 2048)\n"
+    "  --experts N       number of experts (default 16)\n"
+    "  --top-k N         experts per token (default 1)\n"
+    "  --tokens N        tokens per call (default 16384)\n"
+    "  --routing LIST    balanced (every expert tokens*top_k/experts slots) and/or skewed (Zipf: expert\n"
+    "                    ranks weighted 1/rank) (default balanced,skewed)\n"
+    "  --iters N         timed calls (default 20)\n"
+    "  --warmup N        untimed calls first (default 3)\n"
+    "  --json FILE       the JSON profile (section \"moe\")\n"
+    "  --csv FILE        the numbers as CSV\n";
+
+#define ROUTE_SEED 0x6b696c6eu /* "kiln", as the CPU benchmark */
+
 
 
 enum { NPART = 8 }; /* op fwd, op fwd_bwd, then the six GEMMs */
@@ -149,7 +149,7 @@ static kiln_error *run_case(moe_gpu_case *c, int iters, int warmup) {
         e = kiln_errorf(KILN_ENOMEM, "moe: host arrays for %lld tokens", (long long)N);
         goto done;
     }
-    if ((!strcmp(c->routing, "skewed") ? route_skewed : kiln_moe_route)(choice, N, E, top, ROUTE_SEED)) {
+    if ((!strcmp(c->routing, "skewed") ? kiln_moe_route_skewed : kiln_moe_route)(choice, N, E, top, ROUTE_SEED)) {
         e = kiln_errorf(KILN_ENOMEM, "moe: routing %lld tokens", (long long)N);
         goto done;
     }
