@@ -166,13 +166,13 @@ kiln_error *kiln_swiglu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *gu, int64_t 
 kiln_error *kiln_swiglu_backward_cuda(kiln_bf16 *dgu, const kiln_bf16 *dy, const kiln_bf16 *gu, int64_t n,
                                       int64_t inter, void *stream);
 
-/* softmax over rows of d <= 1024, f32 (router probabilities: routing decisions are taken on them, and
- * the tensors are small). Backward: dx +=. */
+/* softmax over rows of d, f32 (router probabilities: routing decisions are taken on them, and the
+ * tensors are small), one warp per row. Backward: dx +=. */
 kiln_error *kiln_softmax_forward_cuda(float *y, const float *x, int64_t n, int64_t d, void *stream);
 kiln_error *kiln_softmax_backward_cuda(float *dx, const float *dy, const float *y, int64_t n, int64_t d,
                                        void *stream);
 
-/* QK norm and partial RoPE over bf16 head vectors [rows, heads, dim] (rows = b*t tokens), dim <= 1024.
+/* QK norm and partial RoPE over bf16 head vectors [rows, heads, dim] (rows = b*t tokens), dim <= 2048.
  * l2norm_scale: y = x * scale / max(|x|, eps) * t[h] (t NULL: 1), inv f32 [rows*heads] saved; backward:
  * dx written, dt f32 += (NULL: not wanted). rope: in place, positions pos0 + token index within its
  * sequence, inv_freq f32 on the device [rot_dim/2]; backward rotates back. qk_norm_rope: both in one
@@ -241,8 +241,7 @@ kiln_error *kiln_layernorm_forward_strided_cuda(kiln_bf16 *y, const float *x, in
                                                 const float *b, int64_t n, int64_t d, float eps, void *stream);
 /* multi-head attention forward, the twin of kiln_mha_forward (bf16 q/k/v/out with row strides, causal or
  * not): two batched tensor-core GEMMs around a row softmax, the T x T scores in f32 scratch from the
- * stream-ordered allocator; T <= 1024 tokens (CLIP's sequences), else an error. Synchronizes the stream
- * once (the per-head pointer table). */
+ * stream-ordered allocator; T <= 1024 tokens (CLIP's sequences), else an error. Asynchronous. */
 kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
                                   int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride, int64_t out_stride,
                                   float scale, int causal, void *stream);

@@ -5,11 +5,12 @@
 
 #include "ops_common.cuh"
 
-static __global__ void embedding_fwd_kernel(float *y, const float *table, const int64_t *ids, int64_t n, int64_t d) {
+static __global__ void embedding_fwd_kernel(float *y, const float *table, const int64_t *ids, int64_t n, int64_t d,
+                                            int vec) {
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const float *src = table + ids[r] * d;
         float *dst = y + r * d;
-        if ((d & 3) == 0) {
+        if (vec) {
             const float4 *s4 = (const float4 *)src;
             float4 *d4 = (float4 *)dst;
             for (int64_t j = threadIdx.x; j < d / 4; j += blockDim.x) d4[j] = s4[j];
@@ -49,7 +50,8 @@ extern "C" kiln_error *kiln_embedding_forward_cuda(float *y, const float *table,
                                                    int64_t d, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    embedding_fwd_kernel<<<(int)(n < 65535 ? n : 65535), 256, 0, (cudaStream_t)stream>>>(y, table, ids, n, d);
+    const int vec = (d & 3) == 0 && ((uintptr_t)y & 15) == 0 && ((uintptr_t)table & 15) == 0; // 16-byte rows
+    embedding_fwd_kernel<<<(int)(n < 65535 ? n : 65535), 256, 0, (cudaStream_t)stream>>>(y, table, ids, n, d, vec);
     LAUNCH_CHECK("embedding forward");
 done:
     return err;
