@@ -36,26 +36,45 @@ __global__ void gather_kernel(__nv_bfloat16 *xe, const __nv_bfloat16 *in, const 
 
 __device__ __forceinline__ float sigmoidf_(float g) { return 1.0f / (1.0f + __expf(-g)); }
 
-// act[s,j] = silu(gu[s,j]) * gu[s,I+j]
+// act[s,j] = silu(gu[s,j]) * gu[s,I+j]; P (1 or 2) neighbouring columns per thread, bf16x2 loads when 2
+template <int P>
 __global__ void swiglu_fwd_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *gu, int64_t rows, int64_t I) {
-    const int64_t n = rows * I;
+    const int64_t IP = I / P, n = rows * IP;
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = t / I, j = t - r * I;
-        const float g = bf(gu[r * 2 * I + j]), u = bf(gu[r * 2 * I + I + j]);
-        act[t] = __float2bfloat16_rn(g * sigmoidf_(g) * u);
+        const int64_t r = t / IP, j = (t - r * IP) * P;
+        const __nv_bfloat16 *g = gu + r * 2 * I + j, *u = g + I;
+        if (P == 2) {
+            const float2 gv = __bfloat1622float2(*(const __nv_bfloat162 *)g), uv = __bfloat1622float2(*(const __nv_bfloat162 *)u);
+            *(__nv_bfloat162 *)(act + r * I + j) =
+                __floats2bfloat162_rn(gv.x * sigmoidf_(gv.x) * uv.x, gv.y * sigmoidf_(gv.y) * uv.y);
+        } else {
+            const float gv = bf(*g), uv = bf(*u);
+            act[r * I + j] = __float2bfloat16_rn(gv * sigmoidf_(gv) * uv);
+        }
     }
 }
 
 // dgu = d/d(gu) of act given dact (overwritten: the buffer is this op's own)
+template <int P>
 __global__ void swiglu_bwd_kernel(__nv_bfloat16 *dgu, const __nv_bfloat16 *dact, const __nv_bfloat16 *gu, int64_t rows,
                                   int64_t I) {
-    const int64_t n = rows * I;
+    const int64_t IP = I / P, n = rows * IP;
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = t / I, j = t - r * I;
-        const float g = bf(gu[r * 2 * I + j]), u = bf(gu[r * 2 * I + I + j]), d = bf(dact[t]);
-        const float sg = sigmoidf_(g);
-        dgu[r * 2 * I + j] = __float2bfloat16_rn(d * u * sg * (1.0f + g * (1.0f - sg)));
-        dgu[r * 2 * I + I + j] = __float2bfloat16_rn(d * g * sg);
+        const int64_t r = t / IP, j = (t - r * IP) * P;
+        float g[2], u[2], d[2], dg[2], du[2];
+        for (int q = 0; q < P; q++) {
+            g[q] = bf(gu[r * 2 * I + j + q]), u[q] = bf(gu[r * 2 * I + I + j + q]), d[q] = bf(dact[r * I + j + q]);
+            const float sg = sigmoidf_(g[q]);
+            dg[q] = d[q] * u[q] * sg * (1.0f + g[q] * (1.0f - sg));
+            du[q] = d[q] * g[q] * sg;
+        }
+        if (P == 2) {
+            *(__nv_bfloat162 *)(dgu + r * 2 * I + j) = __floats2bfloat162_rn(dg[0], dg[1]);
+            *(__nv_bfloat162 *)(dgu + r * 2 * I + I + j) = __floats2bfloat162_rn(du[0], du[1]);
+        } else {
+            dgu[r * 2 * I + j] = __float2bfloat16_rn(dg[0]);
+            dgu[r * 2 * I + I + j] = __float2bfloat16_rn(du[0]);
+        }
     }
 }
 
@@ -113,6 +132,11 @@ __global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *
 int grid_for(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+// bf16x2 access is safe when I is even and the buffers are 4-byte aligned
+bool pairs(int64_t I, const void *a, const void *b, const void *c) {
+    return !(I & 1) && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 3);
 }
 
 kiln_error *blas_handle(cudaStream_t st) {
@@ -241,7 +265,10 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     CUDA_TRY(cudaGetLastError());
     if ((err = kiln_grouped_gemm_cuda(x->gu, 0, x->xe, wgu, x->exp_off_host, E, 0, 2 * I, H, "NT", 0, NULL, stream)))
         goto done;
-    swiglu_fwd_kernel<<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
+    if (pairs(I, x->act, x->gu, x->gu))
+        swiglu_fwd_kernel<2><<<grid_for(S * I / 2), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
+    else
+        swiglu_fwd_kernel<1><<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
     CUDA_TRY(cudaGetLastError());
     if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
         goto done;
@@ -273,8 +300,12 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         goto done;
     if (dwdn && (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", 1, NULL, stream)))
         goto done;
-    swiglu_bwd_kernel<<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
-                                                         (const __nv_bfloat16 *)x->gu, S, I);
+    if (pairs(I, w->dgu, w->dact, x->gu))
+        swiglu_bwd_kernel<2><<<grid_for(S * I / 2), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
+                                                                  (const __nv_bfloat16 *)x->gu, S, I);
+    else
+        swiglu_bwd_kernel<1><<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
+                                                              (const __nv_bfloat16 *)x->gu, S, I);
     CUDA_TRY(cudaGetLastError());
     // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
     if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
