@@ -129,7 +129,8 @@ kiln_error *kiln_clip_set_device(kiln_clip *m, const char *device) {
     return NULL;
 }
 
-#define CLIP_GPU_CHUNK 64
+/* images per forward: big GEMMs (B/32: 12800 rows), and at most ~2 GB of attention scratch for L/14 */
+#define CLIP_GPU_CHUNK 256
 
 kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n, float *out, float *patches) {
     const clip_tower_cfg *c = &m->vision;

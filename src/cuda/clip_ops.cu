@@ -122,6 +122,22 @@ static __global__ void softmax_rows_kernel(bf16 *p, const float *s, int64_t rows
     }
 }
 
+// the per-(sequence, head) pointers of the two batched GEMMs, written on the device (no host round trip)
+static __global__ void mha_ptrs_kernel(void **ptr, const bf16 *q, const bf16 *k, const bf16 *v, float *S, bf16 *P,
+                                       bf16 *out, int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride,
+                                       int64_t out_stride) {
+    const int64_t nb = B * heads;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < nb; j += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = j / heads, h = j % heads;
+        ptr[0 * nb + j] = (void *)(q + b * T * stride + h * hd);
+        ptr[1 * nb + j] = (void *)(k + b * T * stride + h * hd);
+        ptr[2 * nb + j] = (void *)(v + b * T * stride + h * hd);
+        ptr[3 * nb + j] = (void *)(S + j * T * T);
+        ptr[4 * nb + j] = (void *)(P + j * T * T);
+        ptr[5 * nb + j] = (void *)(out + b * T * out_stride + h * hd);
+    }
+}
+
 extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k,
                                              const kiln_bf16 *v, int64_t B, int64_t T, int64_t heads, int64_t hd,
                                              int64_t stride, int64_t out_stride, float scale, int causal,
@@ -131,7 +147,7 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     const int64_t nb = B * heads;
     float *S = NULL;
     bf16 *P = NULL;
-    void **ptr = NULL, **hptr = NULL;
+    void **ptr = NULL;
     const float one = 1.0f, zero = 0.0f;
     if (B <= 0 || T <= 0) return NULL;
     if (T > SOFTMAX_TMAX || nb > 2147483647)
@@ -142,23 +158,9 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     CUDA_TRY(cudaMallocAsync((void **)&S, sizeof(float) * (size_t)(nb * T * T), st));
     CUDA_TRY(cudaMallocAsync((void **)&P, 2 * (size_t)(nb * T * T), st));
     CUDA_TRY(cudaMallocAsync((void **)&ptr, sizeof(void *) * (size_t)(6 * nb), st));
-    hptr = (void **)malloc(sizeof(void *) * (size_t)(6 * nb));
-    if (!hptr) {
-        err = kiln_errorf(KILN_ENOMEM, "attention forward (CUDA): out of host memory");
-        goto done;
-    }
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < heads; h++) {
-            const int64_t j = b * heads + h;
-            hptr[0 * nb + j] = (void *)(q + b * T * stride + h * hd);
-            hptr[1 * nb + j] = (void *)(k + b * T * stride + h * hd);
-            hptr[2 * nb + j] = (void *)(v + b * T * stride + h * hd);
-            hptr[3 * nb + j] = (void *)(S + j * T * T);
-            hptr[4 * nb + j] = (void *)(P + j * T * T);
-            hptr[5 * nb + j] = (void *)(out + b * T * out_stride + h * hd);
-        }
-    CUDA_TRY(cudaMemcpyAsync(ptr, hptr, sizeof(void *) * (size_t)(6 * nb), cudaMemcpyHostToDevice, st));
-    CUDA_TRY(cudaStreamSynchronize(st)); // hptr is pageable and freed below
+    mha_ptrs_kernel<<<grid_for(nb, 256), 256, 0, st>>>(ptr, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, S, P,
+                                                       (bf16 *)out, B, T, heads, hd, stride, out_stride);
+    LAUNCH_CHECK("attention pointer table");
     // row-major S = scale * Q Kᵀ is column-major Sᵀ = K Qᵀ: A = K (as [hd x T], transposed), B = Q
     CUBLAS_TRY(cublasGemmBatchedEx(g_clip_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)T, (int)T, (int)hd, &scale,
                                    (const void *const *)(ptr + nb), CUDA_R_16BF, (int)stride,
@@ -175,7 +177,6 @@ done:
     if (S) cudaFreeAsync(S, st);
     if (P) cudaFreeAsync(P, st);
     if (ptr) cudaFreeAsync(ptr, st);
-    free(hptr);
     return err ? kiln_error_wrap(err, "attention forward (CUDA)") : NULL;
 }
 
