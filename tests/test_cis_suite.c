@@ -108,3 +108,47 @@ TEST(cis_worklist_and_manifest) {
     CHECK_OK(kiln_write_file_atomic(mp, noseed, strlen(noseed)));
     CHECK_ERR(kiln_cis_manifest_load(mp, &m), "seed");
 }
+
+#include "cis/textset.h"
+
+/* The judge's texts: component, generic counterpart, absence phrase, and the component in the same
+ * position of other cultures' scenes of the same category (not the same culture's, not other
+ * categories'). */
+TEST(cis_contrast_sets) {
+    const char *text =
+        "{\"id\":\"e1\",\"prompt\":\"p\",\"culture\":\"Ethiopian\",\"group\":\"non_western\",\"category\":\"food\","
+        "\"setting\":\"modern\",\"context\":\"a photo of an Ethiopian meal\",\"generic_context\":\"a photo of a meal\","
+        "\"components\":[{\"phrase\":\"injera\",\"generic\":\"flatbread\"},{\"phrase\":\"doro wat\"}],\"complexity\":2}\n"
+        "{\"id\":\"e2\",\"prompt\":\"p\",\"culture\":\"Ethiopian\",\"group\":\"non_western\",\"category\":\"food\","
+        "\"setting\":\"historical\",\"components\":[{\"phrase\":\"shiro\"}],\"complexity\":1}\n"
+        "{\"id\":\"s1\",\"prompt\":\"p\",\"culture\":\"Scottish\",\"group\":\"western\",\"category\":\"food\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"haggis\",\"generic\":\"flatbread\"}],\"complexity\":1}\n"
+        "{\"id\":\"s2\",\"prompt\":\"p\",\"culture\":\"Scottish\",\"group\":\"western\",\"category\":\"attire\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"a kilt\"},{\"phrase\":\"a sporran\"}],\"complexity\":2}\n";
+    kiln_cis_suite s;
+    CHECK_OK(kiln_cis_suite_parse(text, strlen(text), "s", &s));
+    if (s.n != 4) return;
+    cis_textset ts;
+    CHECK_OK(cis_textset_build(&s, &ts));
+    const cis_comp_texts *inj = &ts.pc[0][0];
+    CHECK(!strcmp(ts.text[inj->text], "a photo of injera"));
+    CHECK(inj->generic >= 0 && !strcmp(ts.text[inj->generic], "a photo of flatbread"));
+    CHECK(inj->ncontrast == 3); /* flatbread, "a photo", haggis (not shiro: same culture; not a kilt: attire) */
+    if (inj->ncontrast == 3) {
+        CHECK(!strcmp(ts.text[inj->contrast[0]], "a photo of flatbread"));
+        CHECK(!strcmp(ts.text[inj->contrast[1]], CIS_ABSENCE_TEXT));
+        CHECK(!strcmp(ts.text[inj->contrast[2]], "a photo of haggis"));
+    }
+    const cis_comp_texts *wat = &ts.pc[0][1]; /* position 1: no other culture has one in food */
+    CHECK(wat->generic == -1 && wat->ncontrast == 1 && !strcmp(ts.text[wat->contrast[0]], CIS_ABSENCE_TEXT));
+    const cis_comp_texts *hag = &ts.pc[2][0]; /* haggis: both Ethiopian first components */
+    CHECK(hag->ncontrast == 4); /* flatbread, "a photo", injera, shiro */
+    CHECK(!strcmp(ts.text[ts.context[0]], "a photo of an Ethiopian meal"));
+    CHECK(!strcmp(ts.text[ts.generic_context[0]], "a photo of a meal"));
+    CHECK(!strcmp(ts.text[ts.context[1]], "a photo of p") && ts.generic_context[1] == -1);
+    /* every text once */
+    for (int i = 0; i < ts.ntext; i++)
+        for (int j = 0; j < i; j++) CHECK(strcmp(ts.text[i], ts.text[j]));
+    cis_textset_free(&ts, &s);
+    kiln_cis_suite_free(&s);
+}
