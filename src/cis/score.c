@@ -249,6 +249,9 @@ static void put_common(cis_buf *b, const kiln_cis_item *it) {
     cis_buf_json_str(b, realpath(it->path, abs) ? abs : it->path);
 }
 
+/* One image's views go through CLIP in their own calls, never batched with other images: GEMM
+ * results can depend on the batch's shape, and an image's numbers must not depend on which other
+ * images were scored with it (a resumed run ends with the same bytes as an uninterrupted one). */
 static kiln_error *score_item(scorer *sc, const kiln_cis_item *it, cis_buf *b) {
     int pidx = kiln_cis_suite_find(sc->suite, it->prompt_id);
     if (pidx < 0) return kiln_errorf(KILN_ENOTFOUND, "prompt id '%s' is not in the suite", it->prompt_id);
