@@ -91,16 +91,42 @@ static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
 #pragma unroll
     for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 }
-// ROWS rows of D bf16 from global (row stride `stride` elements) into smem (row stride ld); rows at or
-// past nvalid become zeros. 16-byte loads: D is 64 or 128 and the pointers are 16-byte aligned.
+// ROWS rows of D bf16 from global (row stride `stride` elements) into smem (row stride ld) with cp.async
+// (16 bytes; D is 64 or 128 and the pointers are 16-byte aligned), rows at or past nvalid zero-filled:
+// the next tile streams in while the current one is computed. `any` is a valid address given to the
+// copies that read nothing.
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 template <int D, int ROWS>
-static __device__ __forceinline__ void load_tile(bf16 *dst, int ld, const bf16 *src, int64_t stride, int nvalid) {
+static __device__ __forceinline__ void load_tile_async(bf16 *dst, int ld, const bf16 *src, int64_t stride, int nvalid,
+                                                       const bf16 *any) {
     constexpr int CH = D / 8;
     for (int e = threadIdx.x; e < ROWS * CH; e += MMA_THREADS) {
         const int r = e / CH, c = (e % CH) * 8;
-        int4 val = make_int4(0, 0, 0, 0);
-        if (r < nvalid) val = *(const int4 *)(src + r * stride + c);
-        *(int4 *)(dst + r * ld + c) = val;
+        const bool ok = r < nvalid;
+        cp_async16(dst + r * ld + c, ok ? src + r * stride + c : any, ok);
+    }
+}
+// acc[16 x N] += A Bᵀ with A's fragments already in registers (K/16 k-steps)
+template <int N, int K>
+static __device__ __forceinline__ void warp_mm_rbt(float (&acc)[N / 8][4], const uint32_t (&af)[K / 16][4],
+                                                   const bf16 *Bs, int ldb) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];
+            ldsm_x4(bf, Bs + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8);
+            mma16816(acc[n0 / 8], af[k0 / 16], bf[0], bf[1]);
+            mma16816(acc[n0 / 8 + 1], af[k0 / 16], bf[2], bf[3]);
+        }
     }
 }
 static __device__ __forceinline__ void store_bf16x2(bf16 *p, float lo, float hi) {
@@ -113,11 +139,11 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
                                                                    const bf16 *v, AttnDims a) {
     constexpr int BM = 64, BN = 64, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
-    bf16 *Qs = (bf16 *)att_smem, *Ks = Qs + BM * LD, *Vs = Ks + BN * LD;
+    bf16 *Qs = (bf16 *)att_smem, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; // K, V: two buffers each
     const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
-    load_tile<D, BM>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0);
+    load_tile_async<D, BM>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
 
     const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
     int jlo, jhi;
@@ -128,14 +154,29 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     zero_acc<D / 8>(o);
     const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
-    for (int j0 = jlo / BN * BN; j0 <= jhi; j0 += BN) {
+    const int jstart = jlo / BN * BN;
+    load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
+    load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    cp_async_commit();
+    uint32_t qf[D / 16][4];
+    for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
+        const int cur = it & 1, nj = j0 + BN;
+        if (nj <= jhi) {
+            load_tile_async<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
+            load_tile_async<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
-        load_tile<D, BN>(Ks, LD, kb + j0 * kstride, kstride, a.tk - j0);
-        load_tile<D, BN>(Vs, LD, vb + j0 * kstride, kstride, a.tk - j0);
-        __syncthreads();
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+        }
+        const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
         float s[BN / 8][4];
         zero_acc<BN / 8>(s);
-        warp_mm_abt<BN, D>(s, Qs + warp * 16 * LD, LD, Ks, LD);
+        warp_mm_rbt<BN, D>(s, qf, Kc, LD);
         // masking is needed only on tiles that reach past the block's first row or into the window edge
         const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
         float mx[2] = {-INFINITY, -INFINITY};
@@ -177,7 +218,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
         }
         uint32_t pa[BN / 16][4];
         pack_a<BN>(pa, s);
-        warp_mm_pb<BN, D>(o, pa, Vs, LD);
+        warp_mm_pb<BN, D>(o, pa, Vc, LD);
+        __syncthreads(); // everyone is done with buffer cur before the next iteration refills it
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -203,13 +245,13 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
                                                                       const bf16 *v, AttnDims a) {
     constexpr int BM = 64, BN = 64, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
-    bf16 *Qs = (bf16 *)att_smem, *dOs = Qs + BM * LD, *Ks = dOs + BM * LD, *Vs = Ks + BN * LD;
+    bf16 *Qs = (bf16 *)att_smem, *dOs = Qs + BM * LD, *Ks = dOs + BM * LD, *Vs = Ks + 2 * BN * LD;
     const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
     const int64_t qoff = (((int64_t)b * a.Tq + i0) * a.NH + h) * D;
-    load_tile<D, BM>(Qs, LD, q + qoff, qstride, a.Tq - i0);
-    load_tile<D, BM>(dOs, LD, dout + qoff, qstride, a.Tq - i0);
+    load_tile_async<D, BM>(Qs, LD, q + qoff, qstride, a.Tq - i0, q);
+    load_tile_async<D, BM>(dOs, LD, dout + qoff, qstride, a.Tq - i0, dout);
 
     const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
     int jlo, jhi;
@@ -227,16 +269,25 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     float acc[D / 8][4];
     zero_acc<D / 8>(acc);
     const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
-    for (int j0 = jlo / BN * BN; j0 <= jhi; j0 += BN) {
+    const int jstart = jlo / BN * BN;
+    load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
+    load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    cp_async_commit();
+    for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
+        const int cur = it & 1, nj = j0 + BN;
+        if (nj <= jhi) {
+            load_tile_async<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
+            load_tile_async<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
-        load_tile<D, BN>(Ks, LD, kb + j0 * kstride, kstride, a.tk - j0);
-        load_tile<D, BN>(Vs, LD, vb + j0 * kstride, kstride, a.tk - j0);
-        __syncthreads();
+        const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
         float s[BN / 8][4], dp[BN / 8][4];
         zero_acc<BN / 8>(s);
         zero_acc<BN / 8>(dp);
-        warp_mm_abt<BN, D>(s, Qs + warp * 16 * LD, LD, Ks, LD);
-        warp_mm_abt<BN, D>(dp, dOs + warp * 16 * LD, LD, Vs, LD);
+        warp_mm_abt<BN, D>(s, Qs + warp * 16 * LD, LD, Kc, LD);
+        warp_mm_abt<BN, D>(dp, dOs + warp * 16 * LD, LD, Vc, LD);
         const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
 #pragma unroll
         for (int nt = 0; nt < BN / 8; nt++)
@@ -249,7 +300,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
             }
         uint32_t da[BN / 16][4];
         pack_a<BN>(da, s);
-        warp_mm_pb<BN, D>(acc, da, Ks, LD);
+        warp_mm_pb<BN, D>(acc, da, Kc, LD);
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -270,14 +322,13 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
                                                                         AttnDims a) {
     constexpr int BN = 64, BQ = 32, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
-    bf16 *Ks = (bf16 *)att_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *dOs = Qs + BQ * LD;
-    float *lse2s = (float *)(dOs + BQ * LD), *dls = lse2s + BQ;
+    bf16 *Ks = (bf16 *)att_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *dOs = Qs + 2 * BQ * LD; // Q, dO: 2 buffers
     const int b = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * BN;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
     const int64_t koff = (((int64_t)b * a.tk_cap + j0) * a.KV + kh) * D;
-    load_tile<D, BN>(Ks, LD, k + koff, kstride, a.tk - j0);
-    load_tile<D, BN>(Vs, LD, v + koff, kstride, a.tk - j0);
+    load_tile_async<D, BN>(Ks, LD, k + koff, kstride, a.tk - j0, k);
+    load_tile_async<D, BN>(Vs, LD, v + koff, kstride, a.tk - j0, v);
 
     const int jlast = min(j0 + BN, a.tk) - 1;
     int ilo, ihi;
@@ -286,41 +337,60 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
     float dka[D / 8][4], dva[D / 8][4];
     zero_acc<D / 8>(dka);
     zero_acc<D / 8>(dva);
-    for (int h = kh * a.G; h < (kh + 1) * a.G; h++) {
-        for (int c0 = ilo; c0 <= ihi; c0 += BQ) {
-            __syncthreads();
-            const int64_t qoff = (((int64_t)b * a.Tq + c0) * a.NH + h) * D;
-            load_tile<D, BQ>(Qs, LD, q + qoff, qstride, ihi + 1 - c0);
-            load_tile<D, BQ>(dOs, LD, dout + qoff, qstride, ihi + 1 - c0);
-            if (threadIdx.x < BQ) {
-                const int i = c0 + threadIdx.x;
-                const int64_t ri = ((int64_t)b * a.NH + h) * a.Tq + i;
-                lse2s[threadIdx.x] = i <= ihi ? lse[ri] * ATT_LOG2E : 0.f;
-                dls[threadIdx.x] = i <= ihi ? delta[ri] : 0.f;
-            }
-            __syncthreads();
-            float st[BQ / 8][4], dpt[BQ / 8][4];
-            zero_acc<BQ / 8>(st);
-            zero_acc<BQ / 8>(dpt);
-            warp_mm_abt<BQ, D>(st, Ks + warp * 16 * LD, LD, Qs, LD);
-            warp_mm_abt<BQ, D>(dpt, Vs + warp * 16 * LD, LD, dOs, LD);
-#pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int c = nt * 8 + 2 * t + (e & 1), i = c0 + c, j = jr0 + (e >> 1) * 8;
-                    float pr = exp2f(st[nt][e] * a.scale_log2 - lse2s[c]);
-                    if (i > ihi || !att_visible(a, a.q_pos0 + i, j)) pr = 0.f;
-                    st[nt][e] = pr;
-                    dpt[nt][e] = pr * (dpt[nt][e] - dls[c]);
-                }
-            uint32_t pa[BQ / 16][4];
-            pack_a<BQ>(pa, st);
-            warp_mm_pb<BQ, D>(dva, pa, dOs, LD);
-            pack_a<BQ>(pa, dpt);
-            warp_mm_pb<BQ, D>(dka, pa, Qs, LD);
-        }
+    // the (head, query tile) steps of this block in order, each prefetched one step ahead
+    const int ntile = ilo <= ihi ? (ihi - ilo) / BQ + 1 : 0, nstep = ntile * a.G;
+    if (nstep > 0) {
+        const int64_t qoff = (((int64_t)b * a.Tq + ilo) * a.NH + kh * a.G) * D;
+        load_tile_async<D, BQ>(Qs, LD, q + qoff, qstride, ihi + 1 - ilo, q);
+        load_tile_async<D, BQ>(dOs, LD, dout + qoff, qstride, ihi + 1 - ilo, dout);
     }
+    cp_async_commit();
+    for (int step = 0; step < nstep; step++) {
+        const int cur = step & 1, h = kh * a.G + step / ntile, c0 = ilo + (step % ntile) * BQ;
+        if (step + 1 < nstep) {
+            const int nh = kh * a.G + (step + 1) / ntile, nc0 = ilo + ((step + 1) % ntile) * BQ;
+            const int64_t qoff = (((int64_t)b * a.Tq + nc0) * a.NH + nh) * D;
+            load_tile_async<D, BQ>(Qs + (cur ^ 1) * BQ * LD, LD, q + qoff, qstride, ihi + 1 - nc0, q);
+            load_tile_async<D, BQ>(dOs + (cur ^ 1) * BQ * LD, LD, dout + qoff, qstride, ihi + 1 - nc0, dout);
+        }
+        cp_async_commit();
+        // this thread's 8 query columns: their log2-domain lse and delta, straight from global memory
+        float lse2c[BQ / 8][2], dlc[BQ / 8][2];
+#pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = c0 + nt * 8 + 2 * t + e;
+                const int64_t ri = ((int64_t)b * a.NH + h) * a.Tq + i;
+                lse2c[nt][e] = i <= ihi ? __ldg(lse + ri) * ATT_LOG2E : 0.f;
+                dlc[nt][e] = i <= ihi ? __ldg(delta + ri) : 0.f;
+            }
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16 *Qc = Qs + cur * BQ * LD, *dOc = dOs + cur * BQ * LD;
+        float st[BQ / 8][4], dpt[BQ / 8][4];
+        zero_acc<BQ / 8>(st);
+        zero_acc<BQ / 8>(dpt);
+        warp_mm_abt<BQ, D>(st, Ks + warp * 16 * LD, LD, Qc, LD);
+        warp_mm_abt<BQ, D>(dpt, Vs + warp * 16 * LD, LD, dOc, LD);
+#pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = c0 + nt * 8 + 2 * t + (e & 1), j = jr0 + (e >> 1) * 8;
+                float pr = exp2f(st[nt][e] * a.scale_log2 - lse2c[nt][e & 1]);
+                if (i > ihi || !att_visible(a, a.q_pos0 + i, j)) pr = 0.f;
+                st[nt][e] = pr;
+                dpt[nt][e] = pr * (dpt[nt][e] - dlc[nt][e & 1]);
+            }
+        uint32_t pa[BQ / 16][4];
+        pack_a<BQ>(pa, st);
+        warp_mm_pb<BQ, D>(dva, pa, dOc, LD);
+        pack_a<BQ>(pa, dpt);
+        warp_mm_pb<BQ, D>(dka, pa, Qc, LD);
+        __syncthreads();
+    }
+    cp_async_wait<0>(); // nothing in flight at exit (K and V when no query sees the tile)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int j = jr0 + 8 * r;
@@ -341,7 +411,7 @@ template <int D>
 static kiln_error *fwd_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
                               cudaStream_t st) {
     kiln_error *err = NULL;
-    const int smem = 3 * 64 * (D + 8) * (int)sizeof(bf16);
+    const int smem = (64 + 2 * 2 * 64) * (D + 8) * (int)sizeof(bf16); // Q, then K and V double-buffered
     CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attn_fwd_mma<D><<<dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
     CUDA_TRY(cudaGetLastError());
@@ -354,14 +424,14 @@ static kiln_error *bwd_launch(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, co
                               const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a, cudaStream_t st) {
     kiln_error *err = NULL;
     if (dk || dv) {
-        const int smem = (2 * 64 + 2 * 32) * (D + 8) * (int)sizeof(bf16) + 2 * 32 * (int)sizeof(float);
+        const int smem = (2 * 64 + 2 * 2 * 32) * (D + 8) * (int)sizeof(bf16); // K, V, then Q and dO double-buffered
         CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dkdv_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attn_bwd_dkdv_mma<D><<<dim3((a.tk + 63) / 64, a.KV, a.B), MMA_THREADS, smem, st>>>(dk, dv, dout, lse, delta, q,
                                                                                              k, v, a);
         CUDA_TRY(cudaGetLastError());
     }
     if (dq) {
-        const int smem = 4 * 64 * (D + 8) * (int)sizeof(bf16);
+        const int smem = (2 * 64 + 2 * 2 * 64) * (D + 8) * (int)sizeof(bf16); // Q, dO, then K and V double-buffered
         CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dq_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attn_bwd_dq_mma<D><<<dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st>>>(dq, dout, lse, delta, q, k, v,
                                                                                            a);
