@@ -70,6 +70,13 @@ typedef struct {
 typedef struct {
     kiln_bf16 *dye, *dact, *dgu, *dxe; /* [S,H], [S,I], [S,2I], [S,H] */
 } kiln_experts_cuda_scratch;
+/* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
+ * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
+ * token, e1 <= 1024. And its backward: dprobs [n,e1] += dgate at the chosen non-skip classes. */
+kiln_error *kiln_route_topk_cuda(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t n,
+                                 int64_t e1, int64_t top, void *stream);
+kiln_error *kiln_route_gate_backward_cuda(float *dprobs, const float *dgate, const int32_t *choice, int64_t n,
+                                          int64_t e1, int64_t top, void *stream);
 /* Router dispatch: the permutation of slots grouped by expert (counting sort: per-block histograms, one
  * exclusive scan, a stable scatter), exp_off, slot_tok, slot_k, tok_slot. Skip-routed slots are left out.
  * Asynchronous; does not fill exp_off_host or nslots. */

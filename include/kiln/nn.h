@@ -102,6 +102,14 @@ void kiln_cca_conv_backward(float *dx, float *dw0, float *db0, float *dw1, float
                             const float *dy, const float *x, const float *hist, const float *mid,
                             const float *w0, const float *w1, const kiln_conv_shape *s);
 
+/* ---- routing (ZayaRouter's decision): per token, top slots over e1 classes (the last, e1-1, is the
+ * skip class) by probs + bias, distinct, ties to the lower index; gate = probs of the chosen class, 0 for
+ * the skip class. choice, gate [n*top]. Backward: dprobs [n,e1] += dgate at the chosen non-skip classes. */
+void kiln_route_topk(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t n, int64_t e1,
+                     int64_t top);
+void kiln_route_gate_backward(float *dprobs, const float *dgate, const int32_t *choice, int64_t n, int64_t e1,
+                              int64_t top);
+
 /* ---- mixture of SwiGLU experts (ZayaExperts), top-k slots per token.
  * The caller fills N, H, I, E, top, choice [N*top] (E = the skip class) and gate [N*top], and
  * provides the arrays; forward fills exp_off [E+1], fill [E], slot_tok/slot_k [N*top], nslots and the

@@ -1,7 +1,10 @@
-// Router dispatch on the device: the routed slots grouped by expert, in the CPU's order (stable by slot
+// The router's decision (biased top-k, unbiased gate) and dispatch on the device. Dispatch: the routed slots grouped by expert, in the CPU's order (stable by slot
 // index s = token*top + k), by a counting sort in three small kernels: per-chunk histograms, one scan that
 // turns them into each (expert, chunk)'s first slot, and a scatter in which one warp walks its chunk in
 // order and ranks equal experts with __match_any_sync, so the result never depends on scheduling.
+#include <climits>
+#include <math.h>
+
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
 
@@ -83,7 +86,75 @@ __global__ void scatter_kernel(int32_t *slot_tok, int32_t *slot_k, int32_t *tok_
     }
 }
 
+// One warp per token: lane l owns classes l, l+32, ...; each of the top passes takes the lane-best
+// untaken class (strict >, so the lower index wins a tie within a lane), then a shuffle reduction that
+// prefers the higher value and, on equal values, the lower index: kiln_route_topk's rule exactly.
+enum { TOPK_WARPS = 8, TOPK_MAX_PER_LANE = 32 };
+__global__ void topk_kernel(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t n, int e1,
+                            int top) {
+    const int lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
+    if (t >= n) return; // whole warps leave together: t is the same for every lane of a warp
+    const float *p = probs + t * e1;
+    uint32_t taken = 0; // bit i: class lane + 32*i already chosen
+    for (int s = 0; s < top; s++) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (int i = 0, c = lane; c < e1; i++, c += 32) {
+            const float v = p[c] + bias[c];
+            if (!(taken >> i & 1u) && (bi == INT_MAX || v > bv)) bv = v, bi = c;
+        }
+        for (int o = 16; o; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            choice[t * top + s] = bi;
+            gate[t * top + s] = bi == e1 - 1 ? 0.0f : p[bi];
+        }
+    }
+}
+
+// dprobs[t, choice] += dgate: a token's choices are distinct, so no two threads touch one element
+__global__ void gate_bwd_kernel(float *dprobs, const float *dgate, const int32_t *choice, int64_t n, int64_t e1,
+                                int64_t top) {
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= n * top) return;
+    const int32_t e = choice[i];
+    if (e >= 0 && e < e1 - 1) dprobs[(i / top) * e1 + e] += dgate[i];
+}
+
 } // namespace
+
+extern "C" kiln_error *kiln_route_topk_cuda(int32_t *choice, float *gate, const float *probs, const float *bias,
+                                            int64_t n, int64_t e1, int64_t top, void *stream) {
+    kiln_error *err = NULL;
+    if (n < 0 || e1 < 2 || e1 > 32 * TOPK_MAX_PER_LANE || top < 1 || top > e1)
+        return kiln_errorf(KILN_EINVAL, "route top-k: n=%lld classes=%lld top_k=%lld (need 2..%d classes, top_k in "
+                           "1..classes)", (long long)n, (long long)e1, (long long)top, 32 * TOPK_MAX_PER_LANE);
+    if (!n) return NULL;
+    topk_kernel<<<(unsigned)((n + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, 0, (cudaStream_t)stream>>>(
+        choice, gate, probs, bias, n, (int)e1, (int)top);
+    CUDA_TRY(cudaGetLastError());
+done:
+    return err ? kiln_error_wrap(err, "route top-k") : NULL;
+}
+
+extern "C" kiln_error *kiln_route_gate_backward_cuda(float *dprobs, const float *dgate, const int32_t *choice,
+                                                     int64_t n, int64_t e1, int64_t top, void *stream) {
+    kiln_error *err = NULL;
+    if (n < 0 || e1 < 2 || top < 1)
+        return kiln_errorf(KILN_EINVAL, "route gate backward: n=%lld classes=%lld top_k=%lld", (long long)n,
+                           (long long)e1, (long long)top);
+    if (!n) return NULL;
+    gate_bwd_kernel<<<(unsigned)((n * top + 255) / 256), 256, 0, (cudaStream_t)stream>>>(dprobs, dgate, choice, n, e1,
+                                                                                         top);
+    CUDA_TRY(cudaGetLastError());
+done:
+    return err ? kiln_error_wrap(err, "route gate backward") : NULL;
+}
 
 extern "C" kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *stream) {
     kiln_error *err = NULL;

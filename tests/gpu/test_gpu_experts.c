@@ -249,3 +249,41 @@ TEST(gpu_experts_bad_choice) {
     free_dev_experts(&x);
     kiln_cuda_free(d_out), kiln_cuda_free(d_w), kiln_cuda_free(d_in);
 }
+
+/* the routing decision: choices and gates equal to kiln_route_topk bit for bit (ties included), and the
+ * gate gradient's scatter equal to kiln_route_gate_backward */
+TEST(gpu_route_topk) {
+    const int64_t cases[][4] = {{1000, 17, 1, 0}, {777, 17, 2, 1}, {300, 65, 4, 0}, {50, 3, 3, 1}, {64, 100, 8, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n = cases[c][0], e1 = cases[c][1], top = cases[c][2], ties = cases[c][3];
+        printf("  route top-k n=%lld classes=%lld top_k=%lld ties=%lld\n", (long long)n, (long long)e1, (long long)top,
+               (long long)ties);
+        kiln_rng rng;
+        kiln_rng_seed(&rng, 500 + c);
+        float *logit = gt_rand(&rng, n * e1, 3.0f), *probs = malloc((size_t)(n * e1) * 4);
+        float *bias = gt_rand(&rng, e1, ties ? 0.0f : 0.05f);
+        kiln_softmax_forward(probs, logit, n, e1);
+        if (ties) /* coarse probabilities: many exact ties, the lower index must win */
+            for (int64_t i = 0; i < n * e1; i++) probs[i] = floorf(probs[i] * 8.0f) / 8.0f;
+        int32_t *ch = malloc((size_t)(n * top) * 4);
+        float *gate = malloc((size_t)(n * top) * 4), *dgate = gt_rand(&rng, n * top, 1.0f);
+        float *dp = gt_rand(&rng, n * e1, 1.0f);
+        float *d_probs = gt_up_f32(probs, n * e1), *d_bias = gt_up_f32(bias, e1), *d_gate = gt_dev((size_t)(n * top) * 4);
+        float *d_dgate = gt_up_f32(dgate, n * top), *d_dp = gt_up_f32(dp, n * e1);
+        int32_t *d_ch = gt_dev((size_t)(n * top) * 4);
+        kiln_route_topk(ch, gate, probs, bias, n, e1, top);
+        CHECK_OK(kiln_route_topk_cuda(d_ch, d_gate, d_probs, d_bias, n, e1, top, NULL));
+        int32_t *gch = down_i32(d_ch, n * top);
+        float *ggate = gt_down_f32(d_gate, n * top);
+        CHECK_MSG(!memcmp(gch, ch, (size_t)(n * top) * 4), "choices differ from kiln_route_topk");
+        CHECK_MSG(!memcmp(ggate, gate, (size_t)(n * top) * 4), "gates differ from kiln_route_topk");
+        kiln_route_gate_backward(dp, dgate, ch, n, e1, top);
+        CHECK_OK(kiln_route_gate_backward_cuda(d_dp, d_dgate, d_ch, n, e1, top, NULL));
+        float *gdp = gt_down_f32(d_dp, n * e1);
+        CHECK_MSG(!memcmp(gdp, dp, (size_t)(n * e1) * 4), "dprobs differ from kiln_route_gate_backward");
+        kiln_cuda_free(d_probs), kiln_cuda_free(d_bias), kiln_cuda_free(d_gate), kiln_cuda_free(d_dgate);
+        kiln_cuda_free(d_dp), kiln_cuda_free(d_ch);
+        free(logit), free(probs), free(bias), free(ch), free(gate), free(dgate), free(dp), free(gch), free(ggate), free(gdp);
+    }
+    CHECK_ERR(kiln_route_topk_cuda(NULL, NULL, NULL, NULL, 4, 3, 4, NULL), "top_k=4");
+}
