@@ -129,6 +129,17 @@ __global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *
     }
 }
 
+// The grouped GEMM's pointer arrays (A, B, C of each group), carried to the device as a kernel argument
+// (3 * 128 pointers: 3 KB, under the 4 KB argument limit) and written at dptrs, dptrs + E, dptrs + 2E.
+enum { PTR_PACK = 384 };
+struct ptr_pack {
+    const void *v[PTR_PACK];
+    int n;
+};
+__global__ void put_ptrs_kernel(void **dptrs, const ptr_pack pk, int G, int E) {
+    for (int i = threadIdx.x; i < pk.n; i += blockDim.x) dptrs[(i / G) * E + i % G] = (void *)pk.v[i];
+}
+
 int grid_for(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
@@ -210,13 +221,22 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     if ((err = blas_handle(st))) goto done;
     {
         const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
-        // the pointer arrays live on the device; pageable-to-device copies return once the host side is read
+        // the pointer arrays live on the device
         const void **pa = ptrs, **pb = ptrs + E;
         void **pc = (void **)(ptrs + 2 * E);
         CUDA_TRY(cudaMallocAsync((void **)&dptrs, (size_t)E * 3 * sizeof *dptrs, st));
-        CUDA_TRY(cudaMemcpyAsync(dptrs, pa, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
-        CUDA_TRY(cudaMemcpyAsync(dptrs + E, pb, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
-        CUDA_TRY(cudaMemcpyAsync(dptrs + 2 * E, pc, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+        if (G <= PTR_PACK / 3) {
+            // through a kernel argument: stream-ordered, no pageable copy that may wait for the device
+            ptr_pack pk;
+            for (int g = 0; g < G; g++) pk.v[g] = pa[g], pk.v[G + g] = pb[g], pk.v[2 * G + g] = pc[g];
+            pk.n = 3 * G;
+            put_ptrs_kernel<<<1, 128, 0, st>>>(dptrs, pk, G, (int)E);
+            CUDA_TRY(cudaGetLastError());
+        } else {
+            CUDA_TRY(cudaMemcpyAsync(dptrs, pa, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+            CUDA_TRY(cudaMemcpyAsync(dptrs + E, pb, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+            CUDA_TRY(cudaMemcpyAsync(dptrs + 2 * E, pc, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+        }
         cublasStatus_t s = cublasGemmGroupedBatchedEx(
             g_blas, ta, tb, mm, nv, kv, alpha, (const void *const *)dptrs, CUDA_R_16BF, lda,
             (const void *const *)(dptrs + E), CUDA_R_16BF, ldb, beta, dptrs + 2 * E, ct, ldc, G, gs, CUBLAS_COMPUTE_32F);
