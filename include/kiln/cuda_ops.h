@@ -99,7 +99,8 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
  *   "NN": C[rows of e, n] = A[rows of e, k] B_e,  B_e = b + e*k*n stored [k,n]  (input gradient)
  *   "TN": C_e[m,n] (+)= A[rows of e, m]ᵀ B[rows of e, n], C_e = c + e*m*n; k is unused (the weight
  *         gradients: the reduction runs over the expert's m_e rows)
- * C is bf16 or f32 (c_f32); accumulate adds to C. Experts without rows cost nothing (TN leaves C_e).
+ * C is bf16 or f32 (c_f32); accumulate adds to C. Experts without rows cost nothing (TN: C_e is zeroed,
+ * or left as it is when accumulating).
  * Through cublasGemmGroupedBatchedEx, one call for all experts; where cuBLAS refuses the type combination
  * it falls back to one cublasGemmEx per expert and *looped (nullable) says so. */
 kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,

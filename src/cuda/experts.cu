@@ -198,7 +198,10 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     // row-major C[M,N] = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B
     for (int64_t e = 0; e < E; e++) {
         const int64_t me = offs[e + 1] - offs[e], o = offs[e];
-        if (!me) continue;
+        if (!me) { // an expert without rows: its weight gradient is an empty sum
+            if (tn && !accumulate) CUDA_TRY(cudaMemsetAsync((char *)c + (size_t)(e * m * n) * ce, 0, (size_t)(m * n) * ce, st));
+            continue;
+        }
         const int64_t M = tn ? m : me, K = tn ? me : k; // the row-major problem C[M,n] = op(A)[M,K] op(B)[K,n]
         const int tra = tn, trb = nt;
         const void *A = tn ? (const void *)(a + o * m) : (const void *)(a + o * k);

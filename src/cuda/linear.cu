@@ -126,7 +126,11 @@ kiln_error *gemm(void *c, int c_f32, const void *a, const void *b, const void *b
     const float alpha = 1.0f;
     const uint32_t al[3] = {align_of(b), align_of(a), align_of(c)};
     if (m <= 0 || n <= 0) return NULL;
-    if (k <= 0) return NULL; // C (+)= nothing; beta is 0 or 1 here and a zero-k GEMM is not ours to clear
+    if (k <= 0) { // an empty sum: C = 0, or C unchanged when accumulating (cuBLASLt refuses k = 0)
+        cudaError_t st = beta == 0.0f ? cudaMemsetAsync(c, 0, (size_t)(m * n) * (c_f32 ? 4 : 2), stream) : cudaSuccess;
+        return st == cudaSuccess ? NULL : kiln_errorf(KILN_EIO, "GEMM %lldx%lldx0: clearing C: %s", (long long)m,
+                                                      (long long)n, cudaGetErrorString(st));
+    }
     pthread_mutex_lock(&g_lock);
     if ((err = plan_get(m, n, k, ta, tb, c_f32, bias != NULL, al, &p))) goto done;
     if (bias) CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
