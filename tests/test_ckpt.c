@@ -1,6 +1,9 @@
 /* Checkpoints: asynchronous saves give the same bytes as synchronous ones and report a failed
  * background write; export-hf and import-hf round-trip exactly; kiln ckpt's usage errors. */
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckpt/crc32c.h"
@@ -191,4 +194,40 @@ TEST(ckpt_manifest_checksums_old_and_new) {
         free(old);
     }
     free(t);
+}
+
+/* Ctrl-C while background saves come every step: the run waits for the save in flight, saves the
+ * step it stopped at, and leaves only committed, valid checkpoints (no .tmp directory). */
+TEST(ckpt_async_sigint_waits_for_the_save) {
+    char data[1024], out[1024], args[4096], text[16384];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(out, sizeof out, test_tmpdir());
+    const char *cfg = ck_config(data, out, 100000, 1, 32, "\"ckpt_every\": 1, \"keep_last\": 3, \"async_ckpt\": true");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(KILN_BINARY, KILN_BINARY, "train", "--config", cfg, "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    struct stat sb;
+    for (int i = 0; i < 600 && (stat(metrics, &sb) || sb.st_size < 1500); i++) usleep(50000);
+    kill(pid, SIGINT);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    double loss[4096];
+    int steps = ck_losses(out, loss, 4096);
+    char p[1300];
+    snprintf(p, sizeof p, "%s/ckpt/step_%08d/COMMITTED", out, steps);
+    CHECK_MSG(steps > 1 && access(p, F_OK) == 0, "no checkpoint at the last step %d", steps);
+    snprintf(p, sizeof p, "%s/ckpt/step_%08d.tmp", out, steps);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(args, sizeof args, "ckpt verify '%s'", out);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, " 0 invalid"), "%s", text);
+    snprintf(args, sizeof args, "train --config '%s' --quiet --resume --stop-after 1", cfg);
+    CHECK(ck_kiln(args) == 0);
 }
