@@ -237,6 +237,44 @@ kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, f
                                         void *stream);
 /* ==== end of the row-wise and pointwise ops ==== */
 
+/* ==== cudamodel: the ZAYA model's own glue (src/cuda/zaya_glue.cu; used by src/models/zaya_cuda.c) ====
+ * The loops of src/models/zaya_forward.c / zaya_backward.c between the library ops; bf16 activations,
+ * f32 math, weight gradients in fixed order. N = B*T tokens. */
+/* qk [N,Q+K] = q [N,Q] | k [N,K] */
+kiln_error *kiln_zaya_pack_qk_cuda(kiln_bf16 *qk, const kiln_bf16 *q, const kiln_bf16 *k, int64_t N, int64_t Q,
+                                   int64_t K, void *stream);
+/* qpre = conv_q + (q + k_of_head)/2, kpre = conv_k + group mean of (q + k)/2; conv [N, (NH+KV)*D].
+ * Backward: dq [N,Q], dk [N,K] written = dqk's halves + the coupling's gradients. */
+kiln_error *kiln_zaya_qk_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *q, const kiln_bf16 *k,
+                                             const kiln_bf16 *conv, int64_t N, int64_t NH, int64_t KV, int64_t D,
+                                             void *stream);
+kiln_error *kiln_zaya_qk_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, const kiln_bf16 *dqpre,
+                                              const kiln_bf16 *dkpre, const kiln_bf16 *dqk, int64_t N, int64_t NH,
+                                              int64_t KV, int64_t D, void *stream);
+/* v [N,K] = vc | the previous token's vd (first token: bvd f32, nullable: zeros). Backward: dvc, dvd
+ * [N,K/2] written; dbvd [K/2] += (nullable). */
+kiln_error *kiln_zaya_value_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd, const float *bvd,
+                                         int64_t B, int64_t T, int64_t K, void *stream);
+kiln_error *kiln_zaya_value_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv, int64_t B,
+                                          int64_t T, int64_t K, void *stream);
+/* Router depth averaging rdown += prev * scale [R]. Backward: g = dxn + carry (carry f32 nullable);
+ * drs = bf16(g); dprev = g * scale (f32, written); dscale += sum over tokens of g * prev; prod: f32
+ * scratch [N,R]. Without prev/scale only drs is written. */
+kiln_error *kiln_zaya_router_state_forward_cuda(kiln_bf16 *rdown, const kiln_bf16 *prev, const float *scale,
+                                                int64_t N, int64_t R, void *stream);
+kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, float *dprev, float *dscale, float *prod,
+                                                 const kiln_bf16 *dxn, const float *carry, const kiln_bf16 *prev,
+                                                 const float *scale, int64_t N, int64_t R, void *stream);
+/* Biased top-k of probs [N,E1] + bias [E1] (ties to the lower index); gate = unbiased prob, 0 for skip
+ * (class E1-1). Backward: dprobs [N,E1] (f32, written) from dgate [N*top]. */
+kiln_error *kiln_zaya_route_topk_cuda(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t N,
+                                      int64_t E1, int64_t top, void *stream);
+kiln_error *kiln_zaya_gate_backward_cuda(float *dprobs, const float *dgate, const int32_t *choice, int64_t N,
+                                         int64_t E1, int64_t top, void *stream);
+/* counts [E1] (int64, device) += occurrences of each class among choice [S] */
+kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1, void *stream);
+/* ==== end cudamodel ==== */
+
 /* ==== cisclip: CLIP inference (src/cuda/clip_ops.cu; used by src/clip/clip_cuda.c) ==== */
 /* layernorm forward: y bf16 [n,d] = (x - mean) / sqrt(var + eps) * w + b, x f32 (the residual stream);
  * w, b f32, nullable. The twin of kiln_layernorm_forward. */

@@ -1,4 +1,4 @@
-/* kiln logits --model DIR --input IN.safetensors --out OUT.safetensors [--grads]
+/* kiln logits --model DIR --input IN.safetensors --out OUT.safetensors [--grads] [--device cpu|cuda]
  *
  * The contract outside checks rely on: IN holds `input_ids` (I64 or I32, [B,T]); OUT holds
  * `logits` (F32 [B,T,V]), `loss` (F32 scalar: mean cross-entropy of predicting token t+1 from
@@ -10,16 +10,20 @@
 #include "cli.h"
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
+#include "kiln/zaya_cuda.h"
 
 static const char usage[] =
-    "usage: kiln logits --model DIR --input IN.safetensors --out OUT.safetensors [--grads]\n\n"
+    "usage: kiln logits --model DIR --input IN.safetensors --out OUT.safetensors [--grads]\n"
+    "                   [--device cpu|cuda]\n\n"
     "Runs a ZAYA model (a HF directory: config.json + safetensors) on the token ids in IN and\n"
     "writes its logits and loss, and with --grads the gradient of the loss for every parameter.\n\n"
     "  --model DIR    HF ZAYA model directory (single or sharded safetensors; F32/BF16/F16)\n"
     "  --input FILE   safetensors with `input_ids`, I64 or I32, shape [B,T]\n"
     "  --out FILE     output safetensors: `logits` F32 [B,T,V], `loss` F32 [] (mean next-token\n"
     "                 cross-entropy over positions 0..T-2), `grad.<name>` F32 with --grads\n"
-    "  --grads        also compute and write parameter gradients\n";
+    "  --grads        also compute and write parameter gradients\n"
+    "  --device D     cpu (default: f32 throughout) or cuda (one GPU: bf16 activations and GEMM\n"
+    "                 weights, f32 residual stream, master weights and gradients)\n";
 
 /* Read input_ids [B,T] as int64, naming the file in errors. */
 kiln_error *cli_read_input_ids(const char *path, int64_t **ids, int64_t *B, int64_t *T) {
@@ -54,17 +58,35 @@ kiln_error *cli_check_ids(const kiln_zaya *m, const char *what, const int64_t *i
     return NULL;
 }
 
-static kiln_error *run(const char *model_dir, const char *in, const char *out, int grads) {
+/* The GPU path: the same numbers into host buffers (logits [B,T,V], m->g). */
+static kiln_error *run_cuda(kiln_zaya *m, const int64_t *ids, int64_t B, int64_t T, int grads, float **logits,
+                            double *loss) {
+    kiln_zaya_cuda *g = NULL;
+    KILN_TRY(kiln_zaya_cuda_create(m, B, T, 0, &g));
+    kiln_error *e = kiln_zaya_cuda_forward(g, ids, loss);
+    if (!e && !(*logits = malloc((size_t)(B * T * m->cfg.vocab_size) * sizeof(float))))
+        e = kiln_errorf(KILN_ENOMEM, "logits");
+    if (!e) e = kiln_zaya_cuda_logits(g, *logits);
+    if (!e && grads) e = kiln_zaya_cuda_backward(g);
+    if (!e && grads) e = kiln_zaya_grads_enable(m);
+    if (!e && grads) e = kiln_zaya_cuda_download_grads(g, m->g);
+    kiln_zaya_cuda_free(g);
+    return e;
+}
+
+static kiln_error *run(const char *model_dir, const char *in, const char *out, int grads, int cuda) {
     kiln_zaya *m = NULL;
     kiln_zaya_acts *a = NULL;
     int64_t *ids = NULL, B = 0, T = 0;
     double loss = 0;
+    float *cuda_logits = NULL;
     kiln_error *e = kiln_zaya_load_dir(model_dir, &m);
     if (!e) e = cli_read_input_ids(in, &ids, &B, &T);
     if (!e) e = cli_check_ids(m, in, ids, B, T);
-    if (!e) e = kiln_zaya_acts_create_ex(m, B, T, grads, &a);
-    if (!e) e = kiln_zaya_forward(m, a, ids, NULL, &loss);
-    if (!e && grads) e = kiln_zaya_backward(m, a, ids);
+    if (!e && cuda) e = run_cuda(m, ids, B, T, grads, &cuda_logits, &loss);
+    if (!e && !cuda) e = kiln_zaya_acts_create_ex(m, B, T, grads, &a);
+    if (!e && !cuda) e = kiln_zaya_forward(m, a, ids, NULL, &loss);
+    if (!e && !cuda && grads) e = kiln_zaya_backward(m, a, ids);
     if (!e) {
         const int64_t V = m->cfg.vocab_size;
         int n = 2 + (grads ? m->nparams : 0);
@@ -74,7 +96,7 @@ static kiln_error *run(const char *model_dir, const char *in, const char *out, i
         float lossf = (float)loss;
         if (!ent || !names) e = kiln_errorf(KILN_ENOMEM, "%s", out);
         else {
-            ent[0] = (kiln_st_entry){"logits", KILN_DT_F32, 3, lshape, kiln_zaya_acts_logits(a)};
+            ent[0] = (kiln_st_entry){"logits", KILN_DT_F32, 3, lshape, cuda ? cuda_logits : kiln_zaya_acts_logits(a)};
             ent[1] = (kiln_st_entry){"loss", KILN_DT_F32, 0, lshape, &lossf};
             for (int i = 0; grads && i < m->nparams; i++) {
                 const kiln_param_info *p = &m->params[i];
@@ -88,17 +110,22 @@ static kiln_error *run(const char *model_dir, const char *in, const char *out, i
     }
     if (!e) printf("loss %.6f  (batch %lld x %lld tokens) -> %s\n", loss, (long long)B, (long long)T, out);
     free(ids);
+    free(cuda_logits);
     kiln_zaya_acts_free(a);
     kiln_zaya_free(m);
     return e;
 }
 
 static int cmd(int argc, char **argv) {
-    const char *model = NULL, *in = NULL, *out = NULL;
+    const char *model = NULL, *in = NULL, *out = NULL, *device = "cpu";
     int grads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--input") ? &in : !strcmp(a, "--out") ? &out : NULL;
+        const char **dst = !strcmp(a, "--model")    ? &model
+                           : !strcmp(a, "--input")  ? &in
+                           : !strcmp(a, "--out")    ? &out
+                           : !strcmp(a, "--device") ? &device
+                                                    : NULL;
         if (dst) {
             if (i + 1 >= argc) return cli_fail("logits", kiln_errorf(KILN_EINVAL, "%s needs a value", a));
             *dst = argv[++i];
@@ -110,7 +137,9 @@ static int cmd(int argc, char **argv) {
     }
     if (!model || !in || !out)
         return cli_fail("logits", kiln_errorf(KILN_EINVAL, "--model, --input and --out are required (see --help)"));
-    kiln_error *e = run(model, in, out, grads);
+    if (strcmp(device, "cpu") && strcmp(device, "cuda"))
+        return cli_fail("logits", kiln_errorf(KILN_EINVAL, "--device: '%s' is not cpu or cuda", device));
+    kiln_error *e = run(model, in, out, grads, !strcmp(device, "cuda"));
     return e ? cli_fail("logits", e) : 0;
 }
 

@@ -1,0 +1,72 @@
+/* The ZAYA model on one GPU: the CPU model's forward and backward (src/models/zaya_forward.c,
+ * zaya_backward.c), step for step, through the CUDA ops of include/kiln/cuda_ops.h.
+ *
+ * Precision (issue [cuda]): f32 master parameters in the CPU model's flat layout (so kiln_zaya_bind's
+ * per-layer pointers work on the device base), a bf16 copy of them for the GEMMs, f32 gradients in the
+ * same layout, the residual stream in f32, activations between ops in bf16, math in f32. Weight
+ * gradients are deterministic (fixed-order reductions): two runs on the same data give the same bits.
+ *
+ * The activation arena is sized once for (B, T). With recompute on, only each layer's input (and its
+ * router state, which the next layer reads) is kept; backward re-runs each layer's forward first.
+ * Built only with CUDA; without it kiln_zaya_cuda_create says so. */
+#ifndef KILN_ZAYA_CUDA_H
+#define KILN_ZAYA_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/error.h"
+#include "kiln/zaya.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_zaya_cuda kiln_zaya_cuda;
+
+/* The GPU twin of m for batches of B sequences of T tokens: allocates everything and uploads m's
+ * parameters and balancing biases. m must outlive it (its config and parameter table are used). */
+kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out);
+void kiln_zaya_cuda_free(kiln_zaya_cuda *g);
+
+/* Host -> device: the master parameters (m->w, all numel floats) and their bf16 copy. */
+kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w);
+/* Host -> device: the balancing biases [layers, E+1]. */
+kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias);
+/* Device -> host: master parameters / gradients (numel floats each). */
+kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w);
+kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad);
+/* Re-derive the bf16 copy from the f32 master parameters (after an optimizer step that did not). */
+kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g);
+kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g);
+
+/* Device buffers (numel entries, the CPU layout): f32 master parameters, their bf16 copy, f32 grads. */
+float *kiln_zaya_cuda_params(kiln_zaya_cuda *g);
+uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g);
+float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g);
+void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g);
+
+/* Forward over host ids [B,T] (checked against the vocabulary). loss (nullable): the mean next-token
+ * loss, as kiln_zaya_forward's. The logits stay on the device until backward overwrites them. */
+kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss);
+/* Logits [B,T,V] of the last forward, to the host as f32 (before backward). */
+kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *logits);
+/* Backward of the mean next-token loss of the last forward; accumulates into the device gradients. */
+kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g);
+/* Add the last forward's routing decisions to counts [layers, E+1] (host), as kiln_zaya_route_counts. */
+kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *counts);
+
+/* Memory: bytes this object allocated (parameters, gradients, arena), and the device's peak use seen so
+ * far (this object's bytes + the stream-ordered pool's high-water mark + what cudaMemGetInfo showed
+ * beyond them when sampled after each pass). */
+typedef struct {
+    size_t param_bytes, grad_bytes, arena_bytes, scratch_bytes;
+    size_t pool_high_bytes;   /* cudaMallocAsync pool high-water mark (ops' temporaries) */
+    size_t device_used_high;  /* max over samples of total - free (cudaMemGetInfo) */
+} kiln_zaya_cuda_mem;
+kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *mem);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,261 @@
+// The ZAYA model's own glue on the GPU (src/models/zaya_cuda.c): the small steps between the library
+// ops that only this model has: q|k packing for the CCA convolution, the q/k residual coupling, the
+// delayed value shift, the router's depth averaging, biased top-k routing and the gate's gradient.
+// Each is the twin of a loop in src/models/zaya_forward.c / zaya_backward.c, computed in f32 from bf16
+// activations, one rounding per output. Column sums over tokens (weight gradients) go through the fixed
+// order colsum_add of ops_common.cuh, never float atomics.
+#include "ops_common.cuh"
+
+// ---- q|k packing: qk [N, Q+K] = q [N,Q] | k [N,K] (also the convolution's dy from dqpre|dkpre) ----
+static __global__ void pack2_kernel(bf16 *qk, const bf16 *q, const bf16 *k, int64_t N, int64_t Q, int64_t K) {
+    const int64_t C = Q + K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / C, c = i % C;
+        qk[i] = c < Q ? q[n * Q + c] : k[n * K + c - Q];
+    }
+}
+extern "C" kiln_error *kiln_zaya_pack_qk_cuda(kiln_bf16 *qk, const kiln_bf16 *q, const kiln_bf16 *k, int64_t N,
+                                              int64_t Q, int64_t K, void *stream) {
+    kiln_error *err = NULL;
+    if (N * (Q + K) > 0)
+        pack2_kernel<<<grid_for(N * (Q + K), 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)qk, (const bf16 *)q,
+                                                                                    (const bf16 *)k, N, Q, K);
+    LAUNCH_CHECK("zaya pack q|k");
+done:
+    return err;
+}
+
+// ---- q/k residual coupling: qpre = conv_q + (q + k_of_head)/2; kpre = conv_k + mean over the group of
+// (q + k)/2, the group's terms summed in order g = 0..G-1 as the CPU does ----
+static __global__ void couple_fwd_kernel(bf16 *qpre, bf16 *kpre, const bf16 *q, const bf16 *k, const bf16 *conv,
+                                         int64_t N, int64_t NH, int64_t KV, int64_t D) {
+    const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / C, c = i % C;
+        if (c < Q) {
+            int64_t h = c / D, d = c % D;
+            float qres = (ld(q, n * Q + c) + ld(k, n * K + (h / G) * D + d)) * 0.5f;
+            st(qpre, n * Q + c, ld(conv, n * C + c) + qres);
+        } else {
+            int64_t j = (c - Q) / D, d = (c - Q) % D;
+            float s = 0, kv = ld(k, n * K + j * D + d);
+            for (int64_t g = 0; g < G; g++) s += (ld(q, n * Q + (j * G + g) * D + d) + kv) * 0.5f;
+            st(kpre, n * K + j * D + d, ld(conv, n * C + c) + s / (float)G);
+        }
+    }
+}
+extern "C" kiln_error *kiln_zaya_qk_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *q,
+                                                        const kiln_bf16 *k, const kiln_bf16 *conv, int64_t N,
+                                                        int64_t NH, int64_t KV, int64_t D, void *stream) {
+    kiln_error *err = NULL;
+    const int64_t tot = N * (NH + KV) * D;
+    if (tot > 0)
+        couple_fwd_kernel<<<grid_for(tot, 256), 256, 0, (cudaStream_t)stream>>>(
+            (bf16 *)qpre, (bf16 *)kpre, (const bf16 *)q, (const bf16 *)k, (const bf16 *)conv, N, NH, KV, D);
+    LAUNCH_CHECK("zaya q/k coupling forward");
+done:
+    return err;
+}
+
+// Backward of the coupling and of the packing, in one pass: given dqpre, dkpre (the QK norm's input
+// gradients) and dqk (the convolution's input gradient), dq = dqk_q + (dqpre + dkpre_of_head / G) / 2 and
+// dk = dqk_k + sum over the group of (dqpre + dkpre / G) / 2, the group summed in order.
+static __global__ void couple_bwd_kernel(bf16 *dq, bf16 *dk, const bf16 *dqpre, const bf16 *dkpre, const bf16 *dqk,
+                                         int64_t N, int64_t NH, int64_t KV, int64_t D) {
+    const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / C, c = i % C;
+        if (c < Q) {
+            int64_t h = c / D, d = c % D;
+            float dqres = ld(dqpre, n * Q + c) + ld(dkpre, n * K + (h / G) * D + d) / (float)G;
+            st(dq, n * Q + c, ld(dqk, n * C + c) + 0.5f * dqres);
+        } else {
+            int64_t j = (c - Q) / D, d = (c - Q) % D;
+            float dkj = ld(dkpre, n * K + j * D + d) / (float)G, s = 0;
+            for (int64_t g = 0; g < G; g++) s += 0.5f * (ld(dqpre, n * Q + (j * G + g) * D + d) + dkj);
+            st(dk, n * K + j * D + d, ld(dqk, n * C + c) + s);
+        }
+    }
+}
+extern "C" kiln_error *kiln_zaya_qk_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, const kiln_bf16 *dqpre,
+                                                         const kiln_bf16 *dkpre, const kiln_bf16 *dqk, int64_t N,
+                                                         int64_t NH, int64_t KV, int64_t D, void *stream) {
+    kiln_error *err = NULL;
+    const int64_t tot = N * (NH + KV) * D;
+    if (tot > 0)
+        couple_bwd_kernel<<<grid_for(tot, 256), 256, 0, (cudaStream_t)stream>>>(
+            (bf16 *)dq, (bf16 *)dk, (const bf16 *)dqpre, (const bf16 *)dkpre, (const bf16 *)dqk, N, NH, KV, D);
+    LAUNCH_CHECK("zaya q/k coupling backward");
+done:
+    return err;
+}
+
+// ---- value: v [N,K] = current half vc | the previous token's delayed half vd (the first token of a
+// sequence gets v_proj_delayed(0) = its bias, or zeros) ----
+static __global__ void value_fwd_kernel(bf16 *v, const bf16 *vc, const bf16 *vd, const float *bvd, int64_t B,
+                                        int64_t T, int64_t K) {
+    const int64_t N = B * T, h = K / 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * K; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / K, c = i % K, t = n % T;
+        if (c < h) v[i] = vc[n * h + c];
+        else if (t > 0) v[i] = vd[(n - 1) * h + c - h];
+        else v[i] = __float2bfloat16_rn(bvd ? bvd[c - h] : 0.0f);
+    }
+}
+extern "C" kiln_error *kiln_zaya_value_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd,
+                                                    const float *bvd, int64_t B, int64_t T, int64_t K, void *stream) {
+    kiln_error *err = NULL;
+    if (B * T * K > 0)
+        value_fwd_kernel<<<grid_for(B * T * K, 256), 256, 0, (cudaStream_t)stream>>>(
+            (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, K);
+    LAUNCH_CHECK("zaya value forward");
+done:
+    return err;
+}
+
+// Backward: dvc [N,K/2] = dv's current half; dvd [N,K/2] = the next token's delayed half (zero for the last
+// token of a sequence); dbvd [K/2] += the first tokens' delayed halves, summed over b in order.
+static __global__ void value_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t K) {
+    const int64_t N = B * T, h = K / 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * h; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / h, c = i % h, t = n % T;
+        dvc[i] = dv[n * K + c];
+        dvd[i] = t + 1 < T ? dv[(n + 1) * K + h + c] : __float2bfloat16_rn(0.0f);
+    }
+}
+static __global__ void value_dbias_kernel(float *dbvd, const bf16 *dv, int64_t B, int64_t T, int64_t K) {
+    const int64_t h = K / 2;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < h; c += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0;
+        for (int64_t b = 0; b < B; b++) s += ld(dv, b * T * K + h + c);
+        dbvd[c] += s;
+    }
+}
+extern "C" kiln_error *kiln_zaya_value_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv,
+                                                     int64_t B, int64_t T, int64_t K, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (B * T * K > 0)
+        value_bwd_kernel<<<grid_for(B * T * K / 2, 256), 256, 0, s>>>((bf16 *)dvc, (bf16 *)dvd, (const bf16 *)dv, B,
+                                                                     T, K);
+    LAUNCH_CHECK("zaya value backward");
+    if (dbvd && K / 2 > 0) value_dbias_kernel<<<grid_for(K / 2, 128), 128, 0, s>>>(dbvd, (const bf16 *)dv, B, T, K);
+    LAUNCH_CHECK("zaya value bias backward");
+done:
+    return err;
+}
+
+// ---- the router's depth averaging: rdown [N,R] += prev [N,R] * scale [R] (bf16 in place, f32 math) ----
+static __global__ void rstate_fwd_kernel(bf16 *rdown, const bf16 *prev, const float *scale, int64_t N, int64_t R) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * R; i += (int64_t)gridDim.x * blockDim.x)
+        st(rdown, i, ld(rdown, i) + ld(prev, i) * scale[i % R]);
+}
+extern "C" kiln_error *kiln_zaya_router_state_forward_cuda(kiln_bf16 *rdown, const kiln_bf16 *prev, const float *scale,
+                                                           int64_t N, int64_t R, void *stream) {
+    kiln_error *err = NULL;
+    if (N * R > 0)
+        rstate_fwd_kernel<<<grid_for(N * R, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)rdown, (const bf16 *)prev,
+                                                                                 scale, N, R);
+    LAUNCH_CHECK("zaya router state forward");
+done:
+    return err;
+}
+
+// Backward, given g = the gradient of this layer's (averaged) router state as its norm's bf16 input
+// gradient dxn plus what the next layer sent back (carry, f32; nullable):
+//   drs_bf16 = g (the r_down projection's output gradient);
+//   dprev (f32, written; nullable) = g * scale; dscale [R] += sum over tokens of g * prev (fixed order).
+// prod: f32 scratch of N*R (nullable when there is no prev).
+static __global__ void rstate_bwd_kernel(bf16 *drs, float *dprev, float *prod, const bf16 *dxn, const float *carry,
+                                         const bf16 *prev, const float *scale, int64_t N, int64_t R) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * R; i += (int64_t)gridDim.x * blockDim.x) {
+        float g = ld(dxn, i) + (carry ? carry[i] : 0.0f);
+        drs[i] = __float2bfloat16_rn(g);
+        if (dprev) dprev[i] = g * scale[i % R];
+        if (prod) prod[i] = g * ld(prev, i);
+    }
+}
+extern "C" kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, float *dprev, float *dscale, float *prod,
+                                                            const kiln_bf16 *dxn, const float *carry,
+                                                            const kiln_bf16 *prev, const float *scale, int64_t N,
+                                                            int64_t R, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t s = (cudaStream_t)stream;
+    const int with_prev = prev && scale;
+    if (N * R > 0)
+        rstate_bwd_kernel<<<grid_for(N * R, 256), 256, 0, s>>>((bf16 *)drs, with_prev ? dprev : NULL,
+                                                               with_prev && dscale ? prod : NULL, (const bf16 *)dxn,
+                                                               carry, (const bf16 *)prev, scale, N, R);
+    LAUNCH_CHECK("zaya router state backward");
+    if (with_prev && dscale) CUDA_TRY(colsum_add(dscale, prod, N, R, s));
+done:
+    return err;
+}
+
+// ---- biased top-k over the router classes (ties to the lower index) and the gates: the unbiased
+// probability of each choice, 0 for the skip class E ----
+static __global__ void topk_kernel(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t N,
+                                   int64_t E1, int64_t top) {
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
+        const float *p = probs + n * E1;
+        int32_t *ch = choice + n * top;
+        for (int64_t s = 0; s < top; s++) {
+            int32_t best = -1;
+            float bv = -INFINITY;
+            for (int64_t e = 0; e < E1; e++) {
+                int taken = 0;
+                for (int64_t q = 0; q < s; q++) taken |= ch[q] == e;
+                float v = p[e] + bias[e];
+                if (!taken && (best < 0 || v > bv)) best = (int32_t)e, bv = v;
+            }
+            ch[s] = best;
+            gate[n * top + s] = best == E1 - 1 ? 0.0f : p[best];
+        }
+    }
+}
+extern "C" kiln_error *kiln_zaya_route_topk_cuda(int32_t *choice, float *gate, const float *probs, const float *bias,
+                                                 int64_t N, int64_t E1, int64_t top, void *stream) {
+    kiln_error *err = NULL;
+    if (N > 0)
+        topk_kernel<<<grid_for(N, 128), 128, 0, (cudaStream_t)stream>>>(choice, gate, probs, bias, N, E1, top);
+    LAUNCH_CHECK("zaya router top-k");
+done:
+    return err;
+}
+
+// dprobs [N,E1] (f32, written) = the gates' gradients at their chosen classes (skip: none).
+static __global__ void gate_bwd_kernel(float *dprobs, const float *dgate, const int32_t *choice, int64_t N, int64_t E1,
+                                       int64_t top) {
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
+        for (int64_t e = 0; e < E1; e++) dprobs[n * E1 + e] = 0.0f;
+        for (int64_t k = 0; k < top; k++) {
+            int32_t e = choice[n * top + k];
+            if (e >= 0 && e < E1 - 1) dprobs[n * E1 + e] += dgate[n * top + k];
+        }
+    }
+}
+extern "C" kiln_error *kiln_zaya_gate_backward_cuda(float *dprobs, const float *dgate, const int32_t *choice, int64_t N,
+                                                    int64_t E1, int64_t top, void *stream) {
+    kiln_error *err = NULL;
+    if (N > 0)
+        gate_bwd_kernel<<<grid_for(N, 128), 128, 0, (cudaStream_t)stream>>>(dprobs, dgate, choice, N, E1, top);
+    LAUNCH_CHECK("zaya gate backward");
+done:
+    return err;
+}
+
+// Route counts [E1] += how many of the N*top choices went to each class (integer atomics: exact).
+static __global__ void count_kernel(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < S; i += (int64_t)gridDim.x * blockDim.x) {
+        int32_t e = choice[i];
+        if (e >= 0 && e < E1) atomicAdd((unsigned long long *)&counts[e], 1ull);
+    }
+}
+extern "C" kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1,
+                                                  void *stream) {
+    kiln_error *err = NULL;
+    if (S > 0) count_kernel<<<grid_for(S, 256), 256, 0, (cudaStream_t)stream>>>(counts, choice, S, E1);
+    LAUNCH_CHECK("zaya route counts");
+done:
+    return err;
+}

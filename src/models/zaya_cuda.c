@@ -1,0 +1,677 @@
+/* The ZAYA model on the GPU (include/kiln/zaya_cuda.h): the steps of zaya_forward.c and zaya_backward.c
+ * in the same order, each through its CUDA twin (include/kiln/cuda_ops.h). Where the CPU keeps an f32
+ * activation the GPU keeps bf16, except the residual stream (x, res1, the layer outputs), the MoE output
+ * and the o_proj output that the residual scaling multiplies (all f32), the router's logits and
+ * probabilities (f32: routing decisions are taken on them) and the saved norm statistics.
+ * Everything runs on one stream; the experts synchronize it once per layer (their row counts). */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/cuda.h"
+#include "kiln/zaya_cuda.h"
+#include "zaya_internal.h"
+
+#ifndef KILN_HAVE_CUDA
+
+kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out) {
+    (void)m, (void)B, (void)T, (void)recompute;
+    *out = NULL;
+    return kiln_errorf(KILN_EINVAL, "the ZAYA model on CUDA: kiln was built without CUDA");
+}
+void kiln_zaya_cuda_free(kiln_zaya_cuda *g) { (void)g; }
+#define NOCUDA return kiln_errorf(KILN_EINVAL, "kiln was built without CUDA")
+kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) { (void)g, (void)w; NOCUDA; }
+kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *b) { (void)g, (void)b; NOCUDA; }
+kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) { (void)g, (void)w; NOCUDA; }
+kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *d) { (void)g, (void)d; NOCUDA; }
+kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
+uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { (void)g; return NULL; }
+float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { (void)g; return NULL; }
+void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { (void)g; return NULL; }
+kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss) { (void)g, (void)ids, (void)loss; NOCUDA; }
+kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *l) { (void)g, (void)l; NOCUDA; }
+kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *c) { (void)g, (void)c; NOCUDA; }
+kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *m) { (void)g, (void)m; NOCUDA; }
+
+#else
+
+#include <cuda_runtime.h>
+
+#include "kiln/cuda_ops.h"
+#include "kiln/dtype.h"
+
+typedef kiln_bf16 bf;
+
+/* One layer's saved activations on the device (the GPU form of zaya_layer_acts). */
+typedef struct {
+    float *x;            /* [N,H] layer input (residual stream) */
+    bf *ln1;             /* [N,H] */
+    float *ln1_r;        /* [N] */
+    bf *q, *k, *qk;      /* [N,Q], [N,K], [N,C] */
+    float *mid;          /* [B,T+k1-1,C] */
+    bf *conv, *qpre, *kpre; /* [N,C], [N,Q], [N,K] */
+    float *qinv, *kinv;  /* [N,NH], [N,KV] */
+    bf *qr, *kr, *v, *vd;/* [N,Q], [N,K], [N,K], [N,K/2] */
+    bf *att;             /* [N,Q] */
+    float *lse;          /* [B,NH,T] */
+    float *o;            /* [N,H] o_proj output (f32: the residual scaling's input) */
+    float *res1;         /* [N,H] */
+    bf *ln2;             /* [N,H] */
+    float *ln2_r;
+    bf *rdown, *rn;      /* [N,R] */
+    float *rn_r;
+    bf *f1, *a1, *f2, *a2; /* [N,R] */
+    float *rlogits, *rprobs; /* [N,E1] */
+    int32_t *choice;     /* [S] */
+    float *gate;         /* [S] */
+    int32_t *exp_off, *exp_off_host, *slot_tok, *slot_k, *tok_slot;
+    int64_t nslots;
+    bf *xe, *gu, *act, *ye; /* [S,H], [S,2I], [S,I], [S,H] */
+    float *moe;          /* [N,H] */
+} glayer;
+
+/* One backward's scratch, reused by every layer. */
+typedef struct {
+    float *dres, *dnext, *dres1, *dmoe, *dln2f, *do32; /* [N,H] f32 */
+    bf *dln2, *dob, *dln1, *dhn;                       /* [N,H] bf16 */
+    bf *dye, *dact, *dgu, *dxe;                        /* experts */
+    float *dgate;                                      /* [S] */
+    float *dprobs, *dlogit;                            /* [N,E1] */
+    bf *dlogitb;                                       /* [N,E1] */
+    bf *da2, *df2, *da1, *df1, *drn, *dxn, *drs;       /* [N,R] */
+    float *carry_a, *carry_b, *prod;                   /* [N,R] f32 */
+    bf *datt, *dqr, *dqpre, *dq;                       /* [N,Q] */
+    bf *dkr, *dv, *dkpre, *dk;                         /* [N,K] */
+    bf *dvc, *dvdd;                                    /* [N,K/2] */
+    bf *dconv, *dqk;                                   /* [N,C] */
+    float *dmid;                                       /* [B,T+k1-1,C] */
+    float *dx0;                                        /* [N,H] */
+    void *attn_work;
+} gscratch;
+
+struct kiln_zaya_cuda {
+    const kiln_zaya *m;
+    int64_t B, T;
+    int recompute;
+    cudaStream_t stream;
+    float *w, *g;          /* f32 master parameters and gradients, numel each */
+    bf *wb;                /* bf16 copy */
+    float *bal;            /* [layers, E1] */
+    float *inv_freq[2];
+    kiln_zaya_ptrs W, G;   /* device pointers into w and g */
+    glayer *L;
+    float *x0, *xf, *hn_r;
+    bf *hn, *logits;
+    int64_t *ids;          /* [N] device */
+    float *loss;           /* [1] device */
+    int64_t *counts;       /* [layers, E1] device: the last forward's routing decisions */
+    int logits_valid, layers_fresh;
+    gscratch s;
+    void *arena, *sarena;
+    size_t arena_bytes, sarena_bytes;
+    size_t used_high;
+};
+
+#define BF(g, p) ((p) ? (const bf *)((g)->wb + ((p) - (g)->w)) : (const bf *)NULL)
+
+/* ---------- arena layout: one allocation, 256-byte aligned pieces ---------- */
+
+typedef struct {
+    char *base;
+    size_t off;
+} dbump;
+
+static void *take(dbump *b, int64_t n, size_t elem) {
+    size_t bytes = ((size_t)(n > 0 ? n : 1) * elem + 255) & ~(size_t)255;
+    void *p = b->base ? b->base + b->off : NULL;
+    b->off += bytes;
+    return p;
+}
+#define TF(b, n) ((float *)take((b), (n), sizeof(float)))
+#define TB(b, n) ((bf *)take((b), (n), sizeof(bf)))
+#define TI(b, n) ((int32_t *)take((b), (n), sizeof(int32_t)))
+
+static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer *L, dbump *b) {
+    const int64_t N = B * T, H = c->hidden_size, NH = c->num_heads, KV = c->num_kv_heads, D = c->head_dim;
+    const int64_t Q = NH * D, K = KV * D, C = Q + K, R = c->router_hidden, E1 = c->num_experts + 1;
+    const int64_t S = N * c->top_k, I = c->moe_intermediate;
+    L->ln1 = TB(b, N * H);
+    L->ln1_r = TF(b, N);
+    L->q = TB(b, N * Q);
+    L->k = TB(b, N * K);
+    L->qk = TB(b, N * C);
+    L->mid = TF(b, B * (T + c->cca_time1 - 1) * C);
+    L->conv = TB(b, N * C);
+    L->qpre = TB(b, N * Q);
+    L->kpre = TB(b, N * K);
+    L->qinv = TF(b, N * NH);
+    L->kinv = TF(b, N * KV);
+    L->qr = TB(b, N * Q);
+    L->kr = TB(b, N * K);
+    L->v = TB(b, N * K);
+    L->vd = TB(b, N * K / 2);
+    L->att = TB(b, N * Q);
+    L->lse = TF(b, B * NH * T);
+    L->o = TF(b, N * H);
+    L->res1 = TF(b, N * H);
+    L->ln2 = TB(b, N * H);
+    L->ln2_r = TF(b, N);
+    L->rn = TB(b, N * R);
+    L->rn_r = TF(b, N);
+    L->f1 = TB(b, N * R);
+    L->a1 = TB(b, N * R);
+    L->f2 = TB(b, N * R);
+    L->a2 = TB(b, N * R);
+    L->rlogits = TF(b, N * E1);
+    L->rprobs = TF(b, N * E1);
+    L->choice = TI(b, S);
+    L->gate = TF(b, S);
+    L->exp_off = TI(b, E1 + 1);
+    L->slot_tok = TI(b, S);
+    L->slot_k = TI(b, S);
+    L->tok_slot = TI(b, S);
+    L->xe = TB(b, S * H);
+    L->gu = TB(b, S * 2 * I);
+    L->act = TB(b, S * I);
+    L->ye = TB(b, S * H);
+    L->moe = TF(b, N * H);
+}
+
+/* Per-layer inputs always; the rest per layer, or one shared set when recomputing. */
+static void arena_layout(struct kiln_zaya_cuda *g, dbump *b) {
+    const kiln_zaya_config *c = &g->m->cfg;
+    const int64_t N = g->B * g->T, H = c->hidden_size;
+    g->x0 = TF(b, N * H);
+    g->xf = TF(b, N * H);
+    g->hn = TB(b, N * H);
+    g->hn_r = TF(b, N);
+    g->logits = TB(b, N * c->vocab_size);
+    g->ids = (int64_t *)take(b, N, sizeof(int64_t));
+    g->loss = TF(b, 1);
+    g->counts = (int64_t *)take(b, c->num_layers * (c->num_experts + 1), sizeof(int64_t));
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        glayer *L = &g->L[l];
+        int32_t *host_off = L->exp_off_host;
+        if (l == 0 || !g->recompute) layer_layout(c, g->B, g->T, L, b);
+        else *L = g->L[0];
+        L->exp_off_host = host_off;
+        L->x = TF(b, N * H);
+        L->rdown = TB(b, N * c->router_hidden);
+    }
+}
+
+static void scratch_layout(struct kiln_zaya_cuda *g, dbump *b, size_t attn_work) {
+    const kiln_zaya_config *c = &g->m->cfg;
+    const int64_t B = g->B, T = g->T, N = B * T, H = c->hidden_size, Q = c->num_heads * c->head_dim;
+    const int64_t K = c->num_kv_heads * c->head_dim, C = Q + K, R = c->router_hidden, E1 = c->num_experts + 1;
+    const int64_t S = N * c->top_k, I = c->moe_intermediate;
+    gscratch *s = &g->s;
+    s->dres = TF(b, N * H), s->dnext = TF(b, N * H), s->dres1 = TF(b, N * H), s->dmoe = TF(b, N * H);
+    s->dln2f = TF(b, N * H), s->do32 = TF(b, N * H), s->dx0 = TF(b, N * H);
+    s->dln2 = TB(b, N * H), s->dob = TB(b, N * H), s->dln1 = TB(b, N * H), s->dhn = TB(b, N * H);
+    s->dye = TB(b, S * H), s->dact = TB(b, S * I), s->dgu = TB(b, S * 2 * I), s->dxe = TB(b, S * H);
+    s->dgate = TF(b, S);
+    s->dprobs = TF(b, N * E1), s->dlogit = TF(b, N * E1), s->dlogitb = TB(b, N * E1);
+    s->da2 = TB(b, N * R), s->df2 = TB(b, N * R), s->da1 = TB(b, N * R), s->df1 = TB(b, N * R);
+    s->drn = TB(b, N * R), s->dxn = TB(b, N * R), s->drs = TB(b, N * R);
+    s->carry_a = TF(b, N * R), s->carry_b = TF(b, N * R), s->prod = TF(b, N * R);
+    s->datt = TB(b, N * Q), s->dqr = TB(b, N * Q), s->dqpre = TB(b, N * Q), s->dq = TB(b, N * Q);
+    s->dkr = TB(b, N * K), s->dv = TB(b, N * K), s->dkpre = TB(b, N * K), s->dk = TB(b, N * K);
+    s->dvc = TB(b, N * K / 2), s->dvdd = TB(b, N * K / 2);
+    s->dconv = TB(b, N * C), s->dqk = TB(b, N * C);
+    s->dmid = TF(b, B * (T + c->cca_time1 - 1) * C);
+    s->attn_work = take(b, (int64_t)attn_work, 1);
+}
+
+static kiln_attn_shape attn_shape(const kiln_zaya_config *c, int64_t B, int64_t T, int type) {
+    return (kiln_attn_shape){B, T, T, T, c->num_heads, c->num_kv_heads, c->head_dim,
+                             type == KILN_LAYER_HYBRID_SLIDING ? c->sliding_window : 0,
+                             1.0f / sqrtf((float)c->head_dim)};
+}
+
+#define CU(call)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t st_ = (call);                                                                         \
+        if (st_ != cudaSuccess)                                                                           \
+            return kiln_errorf(KILN_EIO, "ZAYA on CUDA: %s: %s", #call, cudaGetErrorString(st_));         \
+    } while (0)
+
+static void sample_memory(struct kiln_zaya_cuda *g) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > g->used_high) g->used_high = tot - fr;
+}
+
+void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
+    if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    kiln_cuda_free(g->w);
+    kiln_cuda_free(g->g);
+    kiln_cuda_free(g->wb);
+    kiln_cuda_free(g->bal);
+    kiln_cuda_free(g->inv_freq[0]);
+    kiln_cuda_free(g->inv_freq[1]);
+    kiln_cuda_free(g->arena);
+    kiln_cuda_free(g->sarena);
+    if (g->L)
+        for (int64_t l = 0; l < g->m->cfg.num_layers; l++) free(g->L[l].exp_off_host);
+    free(g->L);
+    free(g->W.layers);
+    free(g->G.layers);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    free(g);
+}
+
+kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out) {
+    *out = NULL;
+    const kiln_zaya_config *c = &m->cfg;
+    if (B <= 0 || T <= 0)
+        return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: batch %lld x seq %lld must be positive", (long long)B,
+                           (long long)T);
+    if (c->num_heads % c->num_kv_heads || (c->num_kv_heads * c->head_dim) % 2)
+        return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: heads %lld / kv heads %lld / head dim %lld unsupported",
+                           (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim);
+    struct kiln_zaya_cuda *g = calloc(1, sizeof *g);
+    if (!g) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA");
+    g->m = m;
+    g->B = B;
+    g->T = T;
+    g->recompute = recompute;
+    kiln_error *e = NULL;
+    const int64_t Lc = c->num_layers, E1 = c->num_experts + 1;
+    g->L = calloc((size_t)(Lc ? Lc : 1), sizeof *g->L);
+    g->W.layers = calloc((size_t)(Lc ? Lc : 1), sizeof *g->W.layers);
+    g->G.layers = calloc((size_t)(Lc ? Lc : 1), sizeof *g->G.layers);
+    if (!g->L || !g->W.layers || !g->G.layers) e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: layer tables");
+    for (int64_t l = 0; !e && l < Lc; l++)
+        if (!(g->L[l].exp_off_host = malloc((size_t)(E1 + 1) * sizeof(int32_t))))
+            e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: layer tables");
+    if (!e && cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess)
+        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: cannot create a stream (is there a GPU?)");
+    const size_t nw = m->numel;
+    if (!e) e = kiln_cuda_alloc((void **)&g->w, nw * sizeof(float));
+    if (!e) e = kiln_cuda_alloc((void **)&g->g, nw * sizeof(float));
+    if (!e) e = kiln_cuda_alloc((void **)&g->wb, nw * sizeof(bf));
+    if (!e) e = kiln_cuda_alloc((void **)&g->bal, (size_t)(Lc * E1 + 1) * sizeof(float));
+    for (int t = 0; t < 2 && !e; t++) {
+        int64_t nf = m->rot_dim[t] / 2;
+        e = kiln_cuda_alloc((void **)&g->inv_freq[t], (size_t)(nf + 1) * sizeof(float));
+        if (!e && nf > 0) e = kiln_cuda_copy(g->inv_freq[t], m->inv_freq[t], (size_t)nf * sizeof(float), KILN_CUDA_H2D);
+    }
+    if (!e) {
+        kiln_zaya_bind(m, g->w, &g->W);
+        kiln_zaya_bind(m, g->g, &g->G);
+        dbump cnt = {NULL, 0};
+        arena_layout(g, &cnt);
+        g->arena_bytes = cnt.off;
+        e = kiln_cuda_alloc(&g->arena, cnt.off);
+        if (e) e = kiln_error_wrap(e, "ZAYA activations for batch %lld x seq %lld", (long long)B, (long long)T);
+    }
+    if (!e) {
+        dbump b = {g->arena, 0};
+        arena_layout(g, &b);
+        size_t aw = 0;
+        for (int t = 0; t < 2; t++) {
+            kiln_attn_shape as = attn_shape(c, B, T, t);
+            size_t w = kiln_attention_backward_cuda_work(&as);
+            aw = w > aw ? w : aw;
+        }
+        dbump cnt = {NULL, 0};
+        scratch_layout(g, &cnt, aw);
+        g->sarena_bytes = cnt.off;
+        e = kiln_cuda_alloc(&g->sarena, cnt.off);
+        if (e) e = kiln_error_wrap(e, "ZAYA backward scratch for batch %lld x seq %lld", (long long)B, (long long)T);
+        if (!e) {
+            dbump sb = {g->sarena, 0};
+            scratch_layout(g, &sb, aw);
+        }
+    }
+    if (!e) e = kiln_zaya_cuda_upload_params(g, m->w);
+    if (!e) e = kiln_zaya_cuda_upload_balancing(g, m->balancing);
+    if (!e) e = kiln_zaya_cuda_grads_zero(g);
+    if (e) {
+        kiln_zaya_cuda_free(g);
+        return e;
+    }
+    sample_memory(g);
+    *out = g;
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) {
+    return kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->m->numel, g->stream);
+}
+
+kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {
+    CU(cudaMemcpyAsync(g->w, w, g->m->numel * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
+    CU(cudaStreamSynchronize(g->stream));
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias) {
+    const kiln_zaya_config *c = &g->m->cfg;
+    CU(cudaMemcpyAsync(g->bal, bias, (size_t)(c->num_layers * (c->num_experts + 1)) * sizeof(float),
+                       cudaMemcpyHostToDevice, g->stream));
+    CU(cudaStreamSynchronize(g->stream));
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
+    CU(cudaStreamSynchronize(g->stream));
+    CU(cudaMemcpy(w, g->w, g->m->numel * sizeof(float), cudaMemcpyDeviceToHost));
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
+    CU(cudaStreamSynchronize(g->stream));
+    CU(cudaMemcpy(grad, g->g, g->m->numel * sizeof(float), cudaMemcpyDeviceToHost));
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
+    CU(cudaMemsetAsync(g->g, 0, g->m->numel * sizeof(float), g->stream));
+    return NULL;
+}
+
+float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { return g->w; }
+uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { return g->wb; }
+float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { return g->g; }
+void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { return g->stream; }
+
+/* ---------- forward ---------- */
+
+#define Z(p, bytes) CU(cudaMemsetAsync((p), 0, (size_t)(bytes), st))
+
+static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const bf *prev_rdown, float *out) {
+    const kiln_zaya *m = g->m;
+    const kiln_zaya_config *c = &m->cfg;
+    const kiln_zaya_layer_ptrs *W = &g->W.layers[li];
+    const int64_t B = g->B, T = g->T, N = B * T, H = c->hidden_size, D = c->head_dim, NH = c->num_heads;
+    const int64_t KV = c->num_kv_heads, Q = NH * D, K = KV * D, C = Q + K, R = c->router_hidden;
+    const int64_t E = c->num_experts, E1 = E + 1, top = c->top_k;
+    const int type = c->layer_types[li];
+    const float eps = (float)c->rms_norm_eps;
+    void *st = g->stream;
+
+    /* input_layernorm */
+    KILN_TRY(kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
+    /* ZayaCCAProjection */
+    KILN_TRY(kiln_linear_forward_cuda(L->q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
+    KILN_TRY(kiln_linear_forward_cuda(L->k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
+    KILN_TRY(kiln_zaya_pack_qk_cuda(L->qk, L->q, L->k, N, Q, K, st));
+    kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
+    KILN_TRY(kiln_cca_conv_forward_cuda(L->conv, L->mid, L->qk, NULL, W->conv0_w, W->conv0_b, W->conv1_w, W->conv1_b,
+                                        &cs, st));
+    KILN_TRY(kiln_zaya_qk_couple_forward_cuda(L->qpre, L->kpre, L->q, L->k, L->conv, N, NH, KV, D, st));
+    /* value: current half and the previous token's delayed projection (att is scratch here) */
+    KILN_TRY(kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
+    KILN_TRY(kiln_linear_forward_cuda(L->att, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
+    KILN_TRY(kiln_zaya_value_forward_cuda(L->v, L->att, L->vd, W->bvd, B, T, K, st));
+    /* ZayaQKNorm, then partial RoPE (one fused pass each) */
+    KILN_TRY(kiln_qk_norm_rope_forward_cuda(L->qr, L->qinv, L->qpre, NULL, g->inv_freq[type], B, T, NH, D,
+                                            m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
+    KILN_TRY(kiln_qk_norm_rope_forward_cuda(L->kr, L->kinv, L->kpre, W->temp, g->inv_freq[type], B, T, KV, D,
+                                            m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
+    /* causal GQA attention */
+    kiln_attn_shape as = attn_shape(c, B, T, type);
+    KILN_TRY(kiln_attention_forward_cuda(L->att, L->lse, L->qr, L->kr, L->v, &as, st));
+    /* o_proj, kept in f32 for the residual scaling (ln2 is scratch until the norm writes it) */
+    KILN_TRY(kiln_linear_forward_cuda(L->ln2, L->att, BF(g, W->wo), BF(g, W->bo), N, Q, H, st));
+    KILN_TRY(kiln_bf16_to_f32_cuda(L->o, L->ln2, N * H, st));
+    /* post_attention_residual_scale, post_attention_layernorm */
+    KILN_TRY(kiln_scale_shift_forward_cuda(L->res1, L->o, W->attn_hb, W->attn_hs, N, H, 0, st));
+    KILN_TRY(kiln_scale_shift_forward_cuda(L->res1, L->x, W->attn_rb, W->attn_rs, N, H, 1, st));
+    KILN_TRY(kiln_rmsnorm_forward_cuda(L->ln2, L->ln2_r, L->res1, W->ln2, N, H, eps, st));
+    /* ZayaRouter */
+    KILN_TRY(kiln_linear_forward_cuda(L->rdown, L->ln2, BF(g, W->r_down_w), BF(g, W->r_down_b), N, H, R, st));
+    if (W->r_state_scale && prev_rdown)
+        KILN_TRY(kiln_zaya_router_state_forward_cuda(L->rdown, prev_rdown, W->r_state_scale, N, R, st));
+    KILN_TRY(kiln_rmsnorm_forward_bf16_cuda(L->rn, L->rn_r, L->rdown, W->r_norm, N, R, eps, st));
+    KILN_TRY(kiln_linear_forward_cuda(L->f1, L->rn, BF(g, W->r_fc1_w), BF(g, W->r_fc1_b), N, R, R, st));
+    KILN_TRY(kiln_gelu_forward_cuda(L->a1, L->f1, N * R, st));
+    KILN_TRY(kiln_linear_forward_cuda(L->f2, L->a1, BF(g, W->r_fc2_w), BF(g, W->r_fc2_b), N, R, R, st));
+    KILN_TRY(kiln_gelu_forward_cuda(L->a2, L->f2, N * R, st));
+    KILN_TRY(kiln_gemm_bf16_cuda(L->rlogits, 1, L->a2, BF(g, W->r_out_w), N, E1, R, "NT", 0, st));
+    KILN_TRY(kiln_softmax_forward_cuda(L->rprobs, L->rlogits, N, E1, st));
+    KILN_TRY(kiln_zaya_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
+    /* ZayaExperts */
+    kiln_experts_cuda ex = {N, H, c->moe_intermediate, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
+                            L->slot_tok, L->slot_k, L->tok_slot, 0, L->xe, L->gu, L->act, L->ye};
+    KILN_TRY(kiln_experts_forward_cuda(&ex, L->moe, L->ln2, BF(g, W->gate_up), BF(g, W->down), st));
+    L->nslots = ex.nslots;
+    /* post_mlp_residual_scale */
+    KILN_TRY(kiln_scale_shift_forward_cuda(out, L->moe, W->mlp_hb, W->mlp_hs, N, H, 0, st));
+    KILN_TRY(kiln_scale_shift_forward_cuda(out, L->res1, W->mlp_rb, W->mlp_rs, N, H, 1, st));
+    return NULL;
+}
+
+static kiln_error *forward_impl(kiln_zaya_cuda *g, const int64_t *ids) {
+    const kiln_zaya *m = g->m;
+    const kiln_zaya_config *c = &m->cfg;
+    const int64_t N = g->B * g->T, H = c->hidden_size;
+    cudaStream_t st = g->stream;
+    KILN_TRY(kiln_zaya_check_ids(m, ids, N));
+    CU(cudaMemcpyAsync(g->ids, ids, (size_t)N * sizeof(int64_t), cudaMemcpyHostToDevice, st));
+    KILN_TRY(kiln_embedding_forward_cuda(g->x0, g->W.embed, g->ids, N, H, st));
+    const int64_t E1 = c->num_experts + 1;
+    CU(cudaMemsetAsync(g->counts, 0, (size_t)(c->num_layers * E1) * sizeof(int64_t), st));
+    float *x = c->num_layers ? g->L[0].x : g->xf;
+    KILN_TRY(kiln_scale_shift_forward_cuda(x, g->x0, g->W.in_bias, g->W.in_scale, N, H, 0, st));
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        float *out = l + 1 < c->num_layers ? g->L[l + 1].x : g->xf;
+        kiln_error *e = layer_forward(g, l, &g->L[l], l > 0 ? g->L[l - 1].rdown : NULL, out);
+        if (!e) e = kiln_zaya_route_count_cuda(g->counts + l * E1, g->L[l].choice, N * c->top_k, E1, st);
+        if (e) return kiln_error_wrap(e, "layer %lld forward", (long long)l);
+    }
+    KILN_TRY(kiln_rmsnorm_forward_cuda(g->hn, g->hn_r, g->xf, g->W.norm, N, H, (float)c->rms_norm_eps, st));
+    KILN_TRY(kiln_linear_forward_cuda(g->logits, g->hn, BF(g, g->W.lm_head_w), BF(g, g->W.lm_head_b), N, H,
+                                      c->vocab_size, st));
+    g->logits_valid = 1;
+    g->layers_fresh = 1;
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss) {
+    KILN_TRY(forward_impl(g, ids));
+    if (loss) {
+        float lf = 0;
+        KILN_TRY(kiln_cross_entropy_cuda(NULL, NULL, g->loss, g->logits, g->ids, g->B, g->T, g->m->cfg.vocab_size,
+                                         g->stream));
+        CU(cudaMemcpyAsync(&lf, g->loss, sizeof lf, cudaMemcpyDeviceToHost, g->stream));
+        CU(cudaStreamSynchronize(g->stream));
+        *loss = lf;
+    }
+    sample_memory(g);
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *logits) {
+    if (!g->logits_valid)
+        return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: no logits (no forward since the last backward)");
+    const size_t n = (size_t)(g->B * g->T * g->m->cfg.vocab_size);
+    uint16_t *h = malloc(n * sizeof *h);
+    if (!h) return kiln_errorf(KILN_ENOMEM, "logits");
+    kiln_error *e = NULL;
+    if (cudaStreamSynchronize(g->stream) != cudaSuccess ||
+        cudaMemcpy(h, g->logits, n * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: copying the logits to the host failed");
+    for (size_t i = 0; !e && i < n; i++) logits[i] = kiln_bf16_to_f32(h[i]);
+    free(h);
+    return e;
+}
+
+kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *counts) {
+    const kiln_zaya_config *c = &g->m->cfg;
+    const size_t n = (size_t)(c->num_layers * (c->num_experts + 1));
+    int64_t *h = malloc((n ? n : 1) * sizeof *h);
+    if (!h) return kiln_errorf(KILN_ENOMEM, "route counts");
+    kiln_error *e = NULL;
+    if (cudaStreamSynchronize(g->stream) != cudaSuccess ||
+        cudaMemcpy(h, g->counts, n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess)
+        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: copying the routing counts failed");
+    for (size_t i = 0; !e && i < n; i++) counts[i] += h[i];
+    free(h);
+    return e;
+}
+
+/* ---------- backward ---------- */
+
+/* dout: grad of the layer's output (s->dres); leaves the grad of its input in s->dnext. carry_in: what
+ * the next layer's depth averaging sent to this layer's router state (NULL for the last layer);
+ * carry_out receives what goes to the previous layer's. */
+static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, const bf *prev_rdown,
+                                  const float *carry_in, float *carry_out) {
+    const kiln_zaya *m = g->m;
+    const kiln_zaya_config *c = &m->cfg;
+    const kiln_zaya_layer_ptrs *W = &g->W.layers[li], *Gd = &g->G.layers[li];
+    const int64_t B = g->B, T = g->T, N = B * T, H = c->hidden_size, D = c->head_dim, NH = c->num_heads;
+    const int64_t KV = c->num_kv_heads, Q = NH * D, K = KV * D, C = Q + K, R = c->router_hidden;
+    const int64_t E = c->num_experts, E1 = E + 1, top = c->top_k, I = c->moe_intermediate;
+    const int type = c->layer_types[li];
+    gscratch *s = &g->s;
+    cudaStream_t st = g->stream;
+    const float *dout = s->dres;
+
+    /* post_mlp_residual_scale */
+    Z(s->dmoe, N * H * 4);
+    Z(s->dres1, N * H * 4);
+    KILN_TRY(kiln_scale_shift_backward_cuda(s->dmoe, Gd->mlp_hb, Gd->mlp_hs, dout, L->moe, W->mlp_hb, W->mlp_hs, N, H,
+                                            st));
+    KILN_TRY(kiln_scale_shift_backward_cuda(s->dres1, Gd->mlp_rb, Gd->mlp_rs, dout, L->res1, W->mlp_rb, W->mlp_rs, N,
+                                            H, st));
+    /* experts */
+    Z(s->dln2f, N * H * 4);
+    kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
+                            L->slot_tok, L->slot_k, L->tok_slot, L->nslots, L->xe, L->gu, L->act, L->ye};
+    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe};
+    KILN_TRY(kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
+                                        BF(g, W->down), &xs, st));
+    /* router: the gate is the unbiased probability of the chosen (non-skip) class */
+    KILN_TRY(kiln_zaya_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
+    Z(s->dlogit, N * E1 * 4);
+    KILN_TRY(kiln_softmax_backward_cuda(s->dlogit, s->dprobs, L->rprobs, N, E1, st));
+    KILN_TRY(kiln_f32_to_bf16_cuda(s->dlogitb, s->dlogit, N * E1, st));
+    Z(s->da2, N * R * 2);
+    KILN_TRY(kiln_linear_backward_cuda(s->da2, Gd->r_out_w, NULL, s->dlogitb, L->a2, BF(g, W->r_out_w), N, R, E1, st));
+    KILN_TRY(kiln_gelu_backward_cuda(s->df2, s->da2, L->f2, N * R, st));
+    Z(s->da1, N * R * 2);
+    KILN_TRY(kiln_linear_backward_cuda(s->da1, Gd->r_fc2_w, Gd->r_fc2_b, s->df2, L->a1, BF(g, W->r_fc2_w), N, R, R,
+                                       st));
+    KILN_TRY(kiln_gelu_backward_cuda(s->df1, s->da1, L->f1, N * R, st));
+    Z(s->drn, N * R * 2);
+    KILN_TRY(kiln_linear_backward_cuda(s->drn, Gd->r_fc1_w, Gd->r_fc1_b, s->df1, L->rn, BF(g, W->r_fc1_w), N, R, R,
+                                       st));
+    KILN_TRY(kiln_rmsnorm_backward_bf16_cuda(s->dxn, Gd->r_norm, s->drn, L->rdown, W->r_norm, L->rn_r, N, R, st));
+    const int has_prev = W->r_state_scale && prev_rdown;
+    KILN_TRY(kiln_zaya_router_state_backward_cuda(s->drs, has_prev ? carry_out : NULL, Gd->r_state_scale, s->prod,
+                                                  s->dxn, carry_in, has_prev ? prev_rdown : NULL,
+                                                  has_prev ? W->r_state_scale : NULL, N, R, st));
+    if (!has_prev && carry_out) Z(carry_out, N * R * 4);
+    KILN_TRY(kiln_f32_to_bf16_cuda(s->dln2, s->dln2f, N * H, st));
+    KILN_TRY(kiln_linear_backward_cuda(s->dln2, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
+                                       R, st));
+    /* post_attention_layernorm, post_attention_residual_scale */
+    KILN_TRY(kiln_rmsnorm_backward_cuda(s->dres1, Gd->ln2, s->dln2, L->res1, W->ln2, L->ln2_r, N, H, st));
+    Z(s->do32, N * H * 4);
+    Z(s->dnext, N * H * 4);
+    KILN_TRY(kiln_scale_shift_backward_cuda(s->do32, Gd->attn_hb, Gd->attn_hs, s->dres1, L->o, W->attn_hb, W->attn_hs,
+                                            N, H, st));
+    KILN_TRY(kiln_scale_shift_backward_cuda(s->dnext, Gd->attn_rb, Gd->attn_rs, s->dres1, L->x, W->attn_rb,
+                                            W->attn_rs, N, H, st));
+    /* o_proj and attention */
+    KILN_TRY(kiln_f32_to_bf16_cuda(s->dob, s->do32, N * H, st));
+    Z(s->datt, N * Q * 2);
+    KILN_TRY(kiln_linear_backward_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H, st));
+    kiln_attn_shape as = attn_shape(c, B, T, type);
+    KILN_TRY(kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
+                                          s->attn_work, st));
+    /* value */
+    KILN_TRY(kiln_zaya_value_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K, st));
+    Z(s->dln1, N * H * 2);
+    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2, st));
+    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, s->dvdd, L->ln1, BF(g, W->wvd), N, H, K / 2, st));
+    /* RoPE and the QK norm */
+    KILN_TRY(kiln_qk_norm_rope_backward_cuda(s->dqpre, NULL, s->dqr, L->qpre, NULL, L->qinv, g->inv_freq[type], B, T,
+                                             NH, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
+    KILN_TRY(kiln_qk_norm_rope_backward_cuda(s->dkpre, Gd->temp, s->dkr, L->kpre, W->temp, L->kinv, g->inv_freq[type],
+                                             B, T, KV, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
+    /* the convolutions, then the residual coupling (with the convolution's input gradient) */
+    KILN_TRY(kiln_zaya_pack_qk_cuda(s->dconv, s->dqpre, s->dkpre, N, Q, K, st));
+    kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
+    KILN_TRY(kiln_cca_conv_backward_cuda(s->dqk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b, s->dmid, s->dconv,
+                                         L->qk, NULL, L->mid, W->conv0_w, W->conv1_w, &cs, st));
+    KILN_TRY(kiln_zaya_qk_couple_backward_cuda(s->dq, s->dk, s->dqpre, s->dkpre, s->dqk, N, NH, KV, D, st));
+    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
+    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
+    /* input_layernorm */
+    KILN_TRY(kiln_rmsnorm_backward_cuda(s->dnext, Gd->ln1, s->dln1, L->x, W->ln1, L->ln1_r, N, H, st));
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
+    const kiln_zaya *m = g->m;
+    const kiln_zaya_config *c = &m->cfg;
+    const int64_t B = g->B, T = g->T, N = B * T, H = c->hidden_size, V = c->vocab_size;
+    gscratch *s = &g->s;
+    cudaStream_t st = g->stream;
+    if (!g->logits_valid) return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: backward without a forward");
+    /* loss -> logits (the gradient overwrites them) -> lm_head -> final norm */
+    KILN_TRY(kiln_cross_entropy_cuda(g->logits, NULL, NULL, g->logits, g->ids, B, T, V, st));
+    g->logits_valid = 0;
+    Z(s->dhn, N * H * 2);
+    KILN_TRY(kiln_linear_backward_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
+                                       BF(g, g->W.lm_head_w), N, H, V, st));
+    Z(s->dres, N * H * 4);
+    KILN_TRY(kiln_rmsnorm_backward_cuda(s->dres, g->G.norm, s->dhn, g->xf, g->W.norm, g->hn_r, N, H, st));
+    float *carry_in = NULL, *carry_out = s->carry_a;
+    for (int64_t l = c->num_layers - 1; l >= 0; l--) {
+        glayer *L = &g->L[l];
+        const bf *prev = l > 0 ? g->L[l - 1].rdown : NULL;
+        kiln_error *e = NULL;
+        /* with recomputation the shared set holds the last layer after forward; re-run the others */
+        if (g->recompute && !(l == c->num_layers - 1 && g->layers_fresh))
+            e = layer_forward(g, l, L, prev, s->dnext);
+        if (!e) e = layer_backward(g, l, L, prev, carry_in, carry_out);
+        if (e) return kiln_error_wrap(e, "layer %lld backward", (long long)l);
+        float *t = s->dres;
+        s->dres = s->dnext;
+        s->dnext = t;
+        carry_in = carry_out;
+        carry_out = carry_out == s->carry_a ? s->carry_b : s->carry_a;
+    }
+    g->layers_fresh = 0;
+    /* input hidden-state scale/bias, then the embedding (the pad row gets nothing) */
+    Z(s->dx0, N * H * 4);
+    KILN_TRY(kiln_scale_shift_backward_cuda(s->dx0, g->G.in_bias, g->G.in_scale, s->dres, g->x0, g->W.in_bias,
+                                            g->W.in_scale, N, H, st));
+    KILN_TRY(kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
+    CU(cudaStreamSynchronize(st));
+    sample_memory(g);
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *mem) {
+    memset(mem, 0, sizeof *mem);
+    const kiln_zaya_config *c = &g->m->cfg;
+    mem->param_bytes = g->m->numel * (sizeof(float) + sizeof(bf)) +
+                       (size_t)(c->num_layers * (c->num_experts + 1)) * sizeof(float);
+    mem->grad_bytes = g->m->numel * sizeof(float);
+    mem->arena_bytes = g->arena_bytes;
+    mem->scratch_bytes = g->sarena_bytes;
+    sample_memory(g);
+    mem->device_used_high = g->used_high;
+    int dev = 0;
+    cudaMemPool_t pool;
+    uint64_t high = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) == cudaSuccess)
+        mem->pool_high_bytes = (size_t)high;
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,233 @@
+/* The ZAYA model on the GPU (src/models/zaya_cuda.c) against the float64 HF fixtures under
+ * tests/fixtures/zaya/ and against the CPU model on the same weights: logits, loss, every gradient.
+ *
+ * Tolerances, as max |gpu - ref| / max |ref| per tensor (gt_relerr): the GPU path keeps activations and
+ * the GEMM weights in bf16 (8 significant bits, rounding error <= 2^-9 relative per rounding) where the CPU
+ * keeps f32, and every layer adds a few roundings on the way forward and back:
+ *   logits 2e-2  (a handful of bf16 roundings through 2..4 layers and the LM head, output in bf16);
+ *   loss   1e-2 relative (the mean of the same logits; errors average out);
+ *   every gradient 6e-2 (the backward chain adds the gradient's own roundings to the forward's; the
+ *          worst tensors are small ones summed over few tokens, e.g. the router's).
+ * Routing is decided on f32 probabilities from bf16 activations: a near-tie may go the other way on the
+ * GPU; the fixtures' routers are not near ties (the test prints the decisions that differ from the CPU's).
+ * Also: two runs give bit-identical gradients (deterministic reductions), and activation recomputation
+ * gives the same bits as keeping everything. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_testutil.h"
+#include "kiln/safetensors.h"
+#include "kiln/zaya.h"
+#include "kiln/zaya_cuda.h"
+
+#define TOL_LOGITS 2e-2
+#define TOL_LOSS 1e-2
+#define TOL_GRAD 6e-2
+
+static kiln_error *read_ids(const char *dir, int64_t **ids, int64_t *B, int64_t *T) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/input.safetensors", dir);
+    kiln_st *st = NULL;
+    KILN_TRY(kiln_st_open(path, &st));
+    const kiln_st_tensor *t = kiln_st_find(st, "input_ids");
+    kiln_error *e = NULL;
+    if (!t || t->ndim != 2) e = kiln_errorf(KILN_EFORMAT, "%s: bad input_ids", path);
+    if (!e) {
+        *B = t->shape[0];
+        *T = t->shape[1];
+        *ids = malloc((size_t)t->numel * sizeof(int64_t));
+        e = kiln_st_read_i64(t, *ids, (size_t)t->numel);
+    }
+    kiln_st_close(st);
+    return e;
+}
+
+/* GPU forward + backward of m on ids; logits [B*T*V] and grads [numel] to the host. */
+static void gpu_run(kiln_zaya *m, const int64_t *ids, int64_t B, int64_t T, int recompute, float *logits, float *grads,
+                    double *loss, int64_t *counts) {
+    kiln_zaya_cuda *g = NULL;
+    CHECK_OK(kiln_zaya_cuda_create(m, B, T, recompute, &g));
+    if (!g) return;
+    CHECK_OK(kiln_zaya_cuda_forward(g, ids, loss));
+    if (logits) CHECK_OK(kiln_zaya_cuda_logits(g, logits));
+    if (counts) CHECK_OK(kiln_zaya_cuda_route_counts(g, counts));
+    CHECK_OK(kiln_zaya_cuda_backward(g));
+    CHECK_OK(kiln_zaya_cuda_download_grads(g, grads));
+    kiln_zaya_cuda_mem mem;
+    CHECK_OK(kiln_zaya_cuda_memory(g, &mem));
+    CHECK(mem.arena_bytes > 0 && mem.device_used_high > 0);
+    kiln_zaya_cuda_free(g);
+}
+
+/* Compare the GPU with a reference gradient set; returns the worst relative error. */
+static double grads_close(const kiln_zaya *m, const float *got, const float *ref, const char *what, double tol) {
+    double worst = 0;
+    const char *wn = "";
+    for (int i = 0; i < m->nparams; i++) {
+        const kiln_param_info *p = &m->params[i];
+        double r = gt_relerr(got + p->offset, ref + p->offset, p->numel);
+        CHECK_MSG(r <= tol, "%s: grad.%s rel err %.3g > %.3g", what, p->name, r, tol);
+        if (r > worst || r != r) worst = r, wn = p->name;
+    }
+    printf("    %-28s worst grad rel err %.3g (%s; tol %.3g)\n", what, worst, wn, tol);
+    return worst;
+}
+
+static void fixture(const char *name) {
+    char dir[1024], ep[1100];
+    snprintf(dir, sizeof dir, "%s/%s", test_src_path("tests/fixtures/zaya"), name);
+    snprintf(ep, sizeof ep, "%s/expected.safetensors", dir);
+    kiln_zaya *m = NULL;
+    kiln_zaya_acts *a = NULL;
+    kiln_st *ex = NULL;
+    int64_t *ids = NULL, B = 0, T = 0;
+    CHECK_OK(kiln_zaya_load_dir(dir, &m));
+    CHECK_OK(read_ids(dir, &ids, &B, &T));
+    CHECK_OK(kiln_st_open(ep, &ex));
+    if (!m || !ids || !ex) goto done;
+    const int64_t V = m->cfg.vocab_size, NL = B * T * V, E1 = m->cfg.num_experts + 1;
+    float *lg = malloc((size_t)NL * sizeof *lg), *gg = malloc(m->numel * sizeof *gg);
+    float *ref = malloc((m->numel > (size_t)NL ? m->numel : (size_t)NL) * sizeof *ref);
+    int64_t *gcount = calloc((size_t)(m->cfg.num_layers * E1), sizeof *gcount);
+    int64_t *ccount = calloc((size_t)(m->cfg.num_layers * E1), sizeof *ccount);
+    double gloss = 0, closs = 0;
+    gpu_run(m, ids, B, T, 0, lg, gg, &gloss, gcount);
+
+    /* vs the fixture's float64 truth */
+    const kiln_st_tensor *t = kiln_st_find(ex, "logits");
+    CHECK(t && t->numel == NL && !kiln_st_read_f32(t, ref, (size_t)NL));
+    if (t) GT_CLOSE("logits vs HF", lg, ref, NL, TOL_LOGITS);
+    float rl = 0;
+    t = kiln_st_find(ex, "loss");
+    CHECK(t && !kiln_st_read_f32(t, &rl, 1));
+    CHECK_MSG(fabs(gloss - rl) <= TOL_LOSS * fabs(rl), "%s: loss %.6f vs HF %.6f", name, gloss, rl);
+    printf("    loss: gpu %.6f, HF %.6f\n", gloss, rl);
+    float *hf = malloc(m->numel * sizeof *hf);
+    for (int i = 0; i < m->nparams; i++) {
+        char gname[128];
+        snprintf(gname, sizeof gname, "grad.%s", m->params[i].name);
+        t = kiln_st_find(ex, gname);
+        CHECK_MSG(t && t->numel == m->params[i].numel, "%s: reference lacks %s", name, gname);
+        if (t && t->numel == m->params[i].numel) CHECK_OK(kiln_st_read_f32(t, hf + m->params[i].offset, (size_t)t->numel));
+    }
+    grads_close(m, gg, hf, "grads vs HF", TOL_GRAD);
+
+    /* vs the CPU path on the same f32 weights */
+    CHECK_OK(kiln_zaya_acts_create(m, B, T, &a));
+    CHECK_OK(kiln_zaya_grads_enable(m));
+    if (a && m->g) {
+        CHECK_OK(kiln_zaya_forward(m, a, ids, NULL, &closs));
+        kiln_zaya_route_counts(m, a, ccount);
+        CHECK_OK(kiln_zaya_backward(m, a, ids));
+        GT_CLOSE("logits vs CPU", lg, kiln_zaya_acts_logits(a), NL, TOL_LOGITS);
+        CHECK_MSG(fabs(gloss - closs) <= TOL_LOSS * fabs(closs), "%s: loss %.6f vs CPU %.6f", name, gloss, closs);
+        grads_close(m, gg, m->g, "grads vs CPU", TOL_GRAD);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < m->cfg.num_layers * E1; i++) diff += llabs(gcount[i] - ccount[i]);
+        printf("    routing: %lld of %lld decisions counted differently from the CPU\n", (long long)diff / 2,
+               (long long)(m->cfg.num_layers * B * T * m->cfg.top_k));
+    }
+
+    /* deterministic, and recomputation changes nothing */
+    float *g2 = malloc(m->numel * sizeof *g2);
+    double l2 = 0;
+    gpu_run(m, ids, B, T, 0, NULL, g2, &l2, NULL);
+    CHECK_MSG(!memcmp(gg, g2, m->numel * sizeof *gg) && l2 == gloss, "%s: two runs differ", name);
+    gpu_run(m, ids, B, T, 1, NULL, g2, &l2, NULL);
+    CHECK_MSG(!memcmp(gg, g2, m->numel * sizeof *gg) && l2 == gloss, "%s: recomputation changes the gradients", name);
+    free(g2);
+    free(hf);
+    free(lg), free(gg), free(ref), free(gcount), free(ccount);
+done:
+    free(ids);
+    kiln_st_close(ex);
+    kiln_zaya_acts_free(a);
+    kiln_zaya_free(m);
+}
+
+TEST(gpu_zaya_fixture_gqa_untied) { fixture("gqa_untied"); }
+TEST(gpu_zaya_fixture_sliding_tied) { fixture("sliding_tied"); }
+TEST(gpu_zaya_fixture_bf16_sharded) { fixture("bf16_sharded"); }
+TEST(gpu_zaya_fixture_many_experts) { fixture("many_experts"); }
+
+/* A random model at head dims the tensor-core attention takes (64, 128), longer sequences, odd sizes, top-2
+ * routing, against the CPU model on the same weights. */
+static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 301, c.hidden_size = 96, c.num_layers = 3, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = D;
+    c.num_experts = 5, c.top_k = top, c.moe_intermediate = 40, c.router_hidden = 24, c.sliding_window = 17;
+    c.tie_word_embeddings = tie, c.attention_bias = bias;
+    c.layer_types[0] = KILN_LAYER_HYBRID, c.layer_types[1] = KILN_LAYER_HYBRID_SLIDING, c.layer_types[2] = KILN_LAYER_HYBRID;
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    if (!m) return;
+    kiln_zaya_init_random(m, 7 + (uint64_t)D);
+    /* make the non-trivial scales and biases non-trivial, and round the weights to bf16 so the two paths
+     * see the same GEMM weights */
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 11);
+    for (size_t i = 0; i < m->numel; i++) m->w[i] += (float)(kiln_rng_uniform(&rng) - 0.5) * 0.02f;
+    gt_round_bf16(m->w, (int64_t)m->numel);
+    const int64_t B = 2, N = B * T, V = c.vocab_size;
+    int64_t *ids = malloc((size_t)N * sizeof *ids);
+    for (int64_t i = 0; i < N; i++) ids[i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
+    float *lg = malloc((size_t)(N * V) * sizeof *lg), *gg = malloc(m->numel * sizeof *gg);
+    double gloss = 0, closs = 0;
+    gpu_run(m, ids, B, T, 0, lg, gg, &gloss, NULL);
+    kiln_zaya_acts *a = NULL;
+    CHECK_OK(kiln_zaya_acts_create(m, B, T, &a));
+    CHECK_OK(kiln_zaya_grads_enable(m));
+    if (a && m->g) {
+        CHECK_OK(kiln_zaya_forward(m, a, ids, NULL, &closs));
+        CHECK_OK(kiln_zaya_backward(m, a, ids));
+        GT_CLOSE("logits vs CPU", lg, kiln_zaya_acts_logits(a), N * V, TOL_LOGITS);
+        CHECK_MSG(fabs(gloss - closs) <= TOL_LOSS * fabs(closs), "loss %.6f vs CPU %.6f", gloss, closs);
+        printf("    loss: gpu %.6f, cpu %.6f\n", gloss, closs);
+        grads_close(m, gg, m->g, "grads vs CPU", TOL_GRAD);
+    }
+    kiln_zaya_acts_free(a);
+    free(ids), free(lg), free(gg);
+    kiln_zaya_free(m);
+}
+
+TEST(gpu_zaya_random_d64) { random_model(64, 150, 1, 0, 1); }
+TEST(gpu_zaya_random_d128_top2) { random_model(128, 97, 2, 1, 0); }
+
+/* kiln logits --device cuda --grads: the contract's file, within the GPU tolerances of the HF truth. */
+TEST(gpu_zaya_cli_logits_cuda) {
+    char dir[1024], args[4096], out[8192], outp[600], ep[1100];
+    snprintf(dir, sizeof dir, "%s/sliding_tied", test_src_path("tests/fixtures/zaya"));
+    snprintf(outp, sizeof outp, "%s/out.safetensors", test_tmpdir());
+    snprintf(args, sizeof args, "logits --model '%s' --input '%s/input.safetensors' --out '%s' --grads --device cuda",
+             dir, dir, outp);
+    int rc = test_run_kiln(args, out, sizeof out);
+    CHECK_MSG(rc == 0, "kiln %s -> %d: %s", args, rc, out);
+    kiln_st *got = NULL, *ex = NULL;
+    snprintf(ep, sizeof ep, "%s/expected.safetensors", dir);
+    CHECK_OK(kiln_st_open(outp, &got));
+    CHECK_OK(kiln_st_open(ep, &ex));
+    if (got && ex) {
+        CHECK_MSG(kiln_st_count(got) == kiln_st_count(ex), "%zu tensors written, reference has %zu", kiln_st_count(got),
+                  kiln_st_count(ex));
+        for (size_t i = 0; i < kiln_st_count(ex); i++) {
+            const kiln_st_tensor *r = kiln_st_at(ex, i), *g = kiln_st_find(got, r->name);
+            CHECK_MSG(g != NULL && g->numel == r->numel, "output lacks %s", r->name);
+            if (!g || g->numel != r->numel) continue;
+            float *gv = malloc((size_t)g->numel * sizeof(float)), *rv = malloc((size_t)r->numel * sizeof(float));
+            CHECK_OK(kiln_st_read_f32(g, gv, (size_t)g->numel));
+            CHECK_OK(kiln_st_read_f32(r, rv, (size_t)r->numel));
+            double tol = !strcmp(r->name, "logits") ? TOL_LOGITS : !strcmp(r->name, "loss") ? TOL_LOSS : TOL_GRAD;
+            double e = gt_relerr(gv, rv, g->numel);
+            CHECK_MSG(e <= tol, "%s rel err %.3g > %.3g", r->name, e, tol);
+            free(gv), free(rv);
+        }
+    }
+    kiln_st_close(got);
+    kiln_st_close(ex);
+    snprintf(args, sizeof args, "logits --model '%s' --input '%s/input.safetensors' --out '%s' --device tpu", dir, dir,
+             outp);
+    rc = test_run_kiln(args, out, sizeof out);
+    CHECK_MSG(rc != 0 && strstr(out, "--device"), "a bad --device: rc %d, %s", rc, out);
+}
