@@ -85,20 +85,47 @@ static __global__ void grp_bwd_data_kernel(float *dmid, const bf16 *dy, const fl
     }
 }
 
-// grid (entry blocks, chunks): part[chunk, e] for e = (co, i, j) of dw1 (C*cg*k1 entries):
-// sum over t in the chunk of dy[b,t,co] mid[b,t+j,g0+i]; chunk = (b, CHUNK_T steps)
-static __global__ void grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s,
-                                        int64_t chunks_per_seq) {
-    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups, ne = C * cg * k1;
-    const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (e >= ne) return;
+// dw1 of one group over one chunk is a small GEMM: [cg outputs] x [cg*k1 (i, j) columns] summed over
+// the chunk's steps t of dy[b,t,co] mid[b,t+j,g0+i]. grid (output tiles, chunks, groups): a 64 x 64 tile
+// per block, 4 x 4 per thread, steps staged 32 at a time in shared memory. part[chunk, e], e = (co, i, j).
+#define WT 64
+#define KT 32
+static __global__ void __launch_bounds__(256)
+    grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s, int64_t chunks_per_seq) {
+    __shared__ __align__(16) float sdy[KT][WT];
+    __shared__ __align__(16) float smid[KT][WT];
+    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups, nc = cg * k1, ne = C * nc;
+    const int64_t col_tiles = (nc + WT - 1) / WT, co0 = (blockIdx.x / col_tiles) * WT, col0 = (blockIdx.x % col_tiles) * WT;
     const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq, t0 = (chunk % chunks_per_seq) * CHUNK_T;
-    const int64_t t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T;
-    const int64_t j = e % k1, i = (e / k1) % cg, co = e / (k1 * cg), ci = (co / cg) * cg + i;
-    float acc = 0;
-    for (int64_t t = t0; t < t1; t++)
-        acc += __bfloat162float(dy[(b * T + t) * C + co]) * mid[(b * M + t + j) * C + ci];
-    part[chunk * ne + e] = acc;
+    const int64_t t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T, g0 = blockIdx.z * cg;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int64_t ts = t0; ts < t1; ts += KT) {
+        for (int e = threadIdx.x; e < KT * WT; e += 256) {
+            const int kt = e / WT, c = e % WT;
+            const int64_t t = ts + kt, co = co0 + c, col = col0 + c;
+            sdy[kt][c] = t < t1 && co < cg ? __bfloat162float(dy[(b * T + t) * C + g0 + co]) : 0.0f;
+            smid[kt][c] = t < t1 && col < nc ? mid[(b * M + t + col % k1) * C + g0 + col / k1] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kt = 0; kt < KT; kt++) {
+            const float4 a = *(const float4 *)&sdy[kt][ty * 4], m = *(const float4 *)&smid[kt][tx * 4];
+            const float av[4] = {a.x, a.y, a.z, a.w}, mv[4] = {m.x, m.y, m.z, m.w};
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[p][q] += av[p] * mv[q];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int64_t co = co0 + ty * 4 + p, col = col0 + tx * 4 + q;
+            if (co < cg && col < nc) part[chunk * ne + (g0 + co) * nc + col] = acc[p][q];
+        }
 }
 
 // grid (column blocks, chunks): part[chunk, c] = sum over the chunk's rows of a[row, c]; rows of
@@ -198,7 +225,8 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
         if (need) CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)need * sizeof(float), st));
         // grouped stage
         if (dw1) {
-            grp_bwd_w_kernel<<<dim3((unsigned)((ne1 + 255) / 256), (unsigned)(B * cps_t)), 256, 0, st>>>(
+            const int64_t tiles = ((cg + WT - 1) / WT) * ((cg * k1 + WT - 1) / WT);
+            grp_bwd_w_kernel<<<dim3((unsigned)tiles, (unsigned)(B * cps_t), (unsigned)s->groups), 256, 0, st>>>(
                 part, (const bf16 *)dy, mid, *s, cps_t);
             LAUNCH_CHECK("cca_conv backward (grouped weights)");
             CUDA_TRY(colsum_add(dw1, part, B * cps_t, ne1, st));
