@@ -154,6 +154,13 @@ TEST(ckpt_reshape_bad_input) {
     patch_file(man, "\"world_size\":\t1", "\"world_size\":\t2");
     snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 1", bad, to);
     CHECK(contains(args, "one position per rank", text, sizeof text));
+    /* positions saved for other data than the config's data directory holds */
+    snprintf(bad, sizeof bad, "%s/m5", to);
+    copy_tree(src, bad);
+    snprintf(man, sizeof man, "%s/manifest.json", bad);
+    patch_file(man, "\"fingerprint\":\t\"", "\"fingerprint\":\t\"1");
+    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 3", bad, to);
+    CHECK(contains(args, "not the data this checkpoint was trained on", text, sizeof text));
     /* a missing shard */
     snprintf(bad, sizeof bad, "%s/m4", to);
     copy_tree(src, bad);
