@@ -1,0 +1,133 @@
+/* Timings of the row-wise/pointwise ops at the benchmark model's shapes (hidden 2048, 16384 tokens per
+ * micro-batch, vocabulary 50304, 8 query / 2 KV heads of 128, experts' width 2048): microseconds per call
+ * and the bandwidth of the bytes each op must move, printed for docs/perf.md. Nothing here asserts on
+ * time (the correctness tests are the other test_gpu_ops files); it checks only that every call succeeds. */
+#include <string.h>
+#include <time.h>
+
+#include "gpu_testutil.h"
+#include "kiln/nn.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* a device buffer of n floats (or bf16) holding a repeated block of random values in [-scale, scale) */
+#define BLOCK 65536
+static void *fill_dev(kiln_rng *rng, int64_t n, int bf16, float scale) {
+    float *h = gt_rand(rng, BLOCK, scale);
+    uint16_t hb[BLOCK];
+    for (int i = 0; i < BLOCK; i++) hb[i] = kiln_f32_to_bf16(h[i]);
+    const size_t es = bf16 ? 2 : 4;
+    char *d = gt_dev((size_t)n * es);
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int64_t k = n - i < BLOCK ? n - i : BLOCK;
+        CHECK_OK(kiln_cuda_copy(d + (size_t)i * es, bf16 ? (void *)hb : (void *)h, (size_t)k * es, KILN_CUDA_H2D));
+    }
+    free(h);
+    return d;
+}
+
+#define TIME(name, bytes, call)                                                                            \
+    do {                                                                                                   \
+        CHECK_OK(call);                                                                                    \
+        CHECK_OK(kiln_cuda_sync());                                                                        \
+        const int it_ = 5;                                                                                 \
+        double t0_ = now_s();                                                                              \
+        for (int i_ = 0; i_ < it_; i_++) CHECK_OK(call);                                                   \
+        CHECK_OK(kiln_cuda_sync());                                                                        \
+        double us_ = (now_s() - t0_) / it_ * 1e6;                                                          \
+        printf("    %-34s %9.1f us  %7.0f GB/s\n", (name), us_, (double)(bytes) / (us_ * 1e3));             \
+    } while (0)
+
+TEST(gpu_ops_timing_model_shapes) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 61);
+    const int64_t N = 16384, H = 2048, V = 50304, NH = 8, KV = 2, D = 128, I = 2048, B = 4, T = 4096;
+    const int64_t C = (NH + KV) * D;
+    /* residual-stream ops */
+    float *x = fill_dev(&rng, N * H, 0, 1.0f), *dxf = fill_dev(&rng, N * H, 0, 0.1f), *w = fill_dev(&rng, H, 0, 1.0f);
+    float *bb = fill_dev(&rng, H, 0, 0.1f), *dwv = fill_dev(&rng, H, 0, 0.1f), *dbv = fill_dev(&rng, H, 0, 0.1f);
+    float *yf = fill_dev(&rng, N * H, 0, 1.0f), *rstd = gt_dev((size_t)N * 4);
+    kiln_bf16 *yb = fill_dev(&rng, N * H, 1, 1.0f), *dyb = fill_dev(&rng, N * H, 1, 1.0f);
+    int64_t *ids_h = malloc((size_t)N * sizeof *ids_h);
+    for (int64_t i = 0; i < N; i++) ids_h[i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
+    int64_t *ids = gt_dev((size_t)N * sizeof *ids);
+    CHECK_OK(kiln_cuda_copy(ids, ids_h, (size_t)N * sizeof *ids, KILN_CUDA_H2D));
+    float *table = fill_dev(&rng, V * H, 0, 1.0f), *dtable = fill_dev(&rng, V * H, 0, 0.0f);
+    TIME("embedding forward", N * H * 8.0, kiln_embedding_forward_cuda(yf, table, ids, N, H, NULL));
+    TIME("embedding backward", N * H * 12.0, kiln_embedding_backward_cuda(dtable, yf, ids, N, H, 0, NULL));
+    TIME("rmsnorm forward", N * H * 6.0, kiln_rmsnorm_forward_cuda(yb, rstd, x, w, N, H, 1e-5f, NULL));
+    TIME("rmsnorm backward (dx, dw)", N * H * 14.0,
+         kiln_rmsnorm_backward_cuda(dxf, dwv, dyb, x, w, rstd, N, H, NULL));
+    TIME("scale_shift forward (+=)", N * H * 12.0, kiln_scale_shift_forward_cuda(yf, x, bb, w, N, H, 1, NULL));
+    TIME("scale_shift backward (dx, db, ds)", N * H * 16.0,
+         kiln_scale_shift_backward_cuda(dxf, dbv, dwv, yf, x, bb, w, N, H, NULL));
+    kiln_cuda_free(table), kiln_cuda_free(dtable);
+    /* experts' activation: N slots (top-1), gu [N, 2I] */
+    kiln_bf16 *gu = fill_dev(&rng, N * 2 * I, 1, 2.0f), *dgu = gt_dev((size_t)(N * 2 * I) * 2);
+    TIME("swiglu forward", N * I * 6.0, kiln_swiglu_forward_cuda(yb, gu, N, I, NULL));
+    TIME("swiglu backward", N * I * 10.0, kiln_swiglu_backward_cuda(dgu, dyb, gu, N, I, NULL));
+    kiln_cuda_free(gu), kiln_cuda_free(dgu);
+    /* router: GELU over [N, 256], softmax over [N, 17] */
+    TIME("gelu forward [N,256]", N * 256 * 4.0, kiln_gelu_forward_cuda(yb, dyb, N * 256, NULL));
+    TIME("softmax forward [N,17]", N * 17 * 8.0, kiln_softmax_forward_cuda(yf, x, N, 17, NULL));
+    /* QK norm + RoPE on the query heads */
+    {
+        float invf[64];
+        int64_t rot = kiln_rope_inv_freq(invf, D, 0.5, 10000.0);
+        float *dinvf = gt_up_f32(invf, rot / 2), *inv = gt_dev((size_t)(N * NH) * 4), *temp = fill_dev(&rng, NH, 0, 1.0f);
+        float *dtemp = fill_dev(&rng, NH, 0, 0.0f);
+        TIME("qk_norm_rope forward (q)", N * NH * D * 4.0,
+             kiln_qk_norm_rope_forward_cuda(yb, inv, dyb, temp, dinvf, B, T, NH, D, rot, 0, sqrtf((float)D),
+                                            1.1920929e-07f, NULL));
+        TIME("qk_norm_rope backward (q)", N * NH * D * 6.0,
+             kiln_qk_norm_rope_backward_cuda(yb, dtemp, dyb, dyb, temp, inv, dinvf, B, T, NH, D, rot, 0,
+                                             sqrtf((float)D), 1.1920929e-07f, NULL));
+        kiln_cuda_free(dinvf), kiln_cuda_free(inv), kiln_cuda_free(temp), kiln_cuda_free(dtemp);
+    }
+    /* CCA convolutions over the packed q/k channels */
+    {
+        kiln_conv_shape cs = {B, T, C, NH + KV, 2, 2};
+        const int64_t M = T + 1;
+        kiln_bf16 *qk = yb, *conv = dyb, *dqk = gt_dev((size_t)(N * C) * 2);
+        float *mid = gt_dev((size_t)(B * M * C) * 4), *dmid = gt_dev((size_t)(B * M * C) * 4);
+        float *w0 = fill_dev(&rng, C * 2, 0, 0.5f), *b0 = fill_dev(&rng, C, 0, 0.1f), *w1 = fill_dev(&rng, C * D * 2, 0, 0.1f);
+        float *b1 = fill_dev(&rng, C, 0, 0.1f), *g0 = fill_dev(&rng, C * 2, 0, 0.0f), *gb0 = fill_dev(&rng, C, 0, 0.0f);
+        float *g1 = fill_dev(&rng, C * D * 2, 0, 0.0f), *gb1 = fill_dev(&rng, C, 0, 0.0f);
+        TIME("cca_conv forward", N * C * 12.0, kiln_cca_conv_forward_cuda(conv, mid, qk, NULL, w0, b0, w1, b1, &cs, NULL));
+        TIME("cca_conv backward", N * C * 20.0,
+             kiln_cca_conv_backward_cuda(dqk, g0, gb0, g1, gb1, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
+        kiln_cuda_free(dqk), kiln_cuda_free(mid), kiln_cuda_free(dmid), kiln_cuda_free(w0), kiln_cuda_free(b0);
+        kiln_cuda_free(w1), kiln_cuda_free(b1), kiln_cuda_free(g0), kiln_cuda_free(gb0), kiln_cuda_free(g1);
+        kiln_cuda_free(gb1);
+    }
+    kiln_cuda_free(x), kiln_cuda_free(dxf), kiln_cuda_free(w), kiln_cuda_free(bb), kiln_cuda_free(dwv);
+    kiln_cuda_free(dbv), kiln_cuda_free(yf), kiln_cuda_free(rstd), kiln_cuda_free(yb), kiln_cuda_free(dyb);
+    /* the loss over [B*T, V] logits, in place */
+    {
+        kiln_bf16 *logits = fill_dev(&rng, N * V, 1, 4.0f);
+        float *ltok = gt_dev((size_t)N * 4), *loss = gt_dev(4);
+        TIME("cross_entropy loss only", N * V * 2.0, kiln_cross_entropy_cuda(NULL, ltok, loss, logits, ids, B, T, V, NULL));
+        TIME("cross_entropy + dlogits in place", N * V * 6.0,
+             kiln_cross_entropy_cuda(logits, ltok, loss, logits, ids, B, T, V, NULL));
+        kiln_cuda_free(logits), kiln_cuda_free(ltok), kiln_cuda_free(loss);
+    }
+    /* the optimizers over 128M parameters */
+    {
+        const int64_t n = 16 * 2048 * 4096;
+        kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .muon_momentum = 0.95};
+        float *pw = fill_dev(&rng, n, 0, 0.1f), *pg = fill_dev(&rng, n, 0, 0.1f), *st = fill_dev(&rng, 2 * n, 0, 0.0f);
+        kiln_bf16 *pwb = gt_dev((size_t)n * 2);
+        kiln_opt_param p = {.numel = n, .kind = KILN_OPT_MUON, .mats = 16, .rows = 4096, .cols = 2048, .decay = 1};
+        TIME("adamw step (+bf16 copy)", n * 30.0, kiln_adamw_step_cuda(pw, pg, st, n, &hp, 1e-3, 3, 1, pwb, NULL));
+        TIME("muon momentum", n * 16.0, kiln_muon_momentum_cuda(st, st + n, pg, n, &hp, NULL));
+        TIME("muon normalize (16 x 4096x2048)", n * 12.0, kiln_muon_normalize_cuda(st + n, &p, NULL));
+        TIME("muon update (+bf16 copy)", n * 14.0, kiln_muon_update_cuda(pw, st + n, &p, &hp, 0.02, pwb, NULL));
+        kiln_cuda_free(pw), kiln_cuda_free(pg), kiln_cuda_free(st), kiln_cuda_free(pwb);
+    }
+    kiln_cuda_free(ids);
+    free(ids_h);
+}
