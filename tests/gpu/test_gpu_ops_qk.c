@@ -1,6 +1,6 @@
 /* QK norm and partial RoPE on the device against src/nn's l2norm_scale and rope: the separate twins
  * and the fused qk_norm_rope, forward and backward. Tolerances (max |gpu - ref| / max |ref|):
- *   bf16 outputs (y, dx): 5e-3, one rounding to bf16 (at most 2^-9 relative) plus f32 arithmetic (the
+ *   bf16 outputs (y, dx): 5e-3, one rounding to bf16 (at most 2^-8 relative) plus f32 arithmetic (the
  *     fused op rounds once where the reference's two steps stay in f32);
  *   inv (f32): 1e-5; dt, a sum over all tokens of one head: 3e-5 (f32 terms, another order).
  * Shapes include odd head dims, a partial rotary dim, long positions (4096 steps: f32 angles as the
