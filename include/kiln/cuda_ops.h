@@ -273,6 +273,15 @@ kiln_error *kiln_zaya_gate_backward_cuda(float *dprobs, const float *dgate, cons
                                          int64_t E1, int64_t top, void *stream);
 /* counts [E1] (int64, device) += occurrences of each class among choice [S] */
 kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1, void *stream);
+/* x *= s (n floats); out (device, one double) = sum of x^2 in f64, a fixed-order reduction */
+kiln_error *kiln_zaya_scale_cuda(float *x, int64_t n, float s, void *stream);
+kiln_error *kiln_zaya_sumsq_cuda(double *out, const float *x, int64_t n, void *stream);
+/* Muon's Newton-Schulz iteration on `mats` f32 matrices x [mats, rows, cols] in place, as
+ * kiln_newton_schulz (normalisation included), through strided-batched f32 cuBLAS GEMMs (the Gram matrix
+ * on the short side, no transposes). ws: kiln_zaya_newton_schulz_cuda_ws floats of device scratch. */
+kiln_error *kiln_zaya_newton_schulz_cuda(float *x, int64_t mats, int64_t rows, int64_t cols, int steps, float *ws,
+                                         void *stream);
+size_t kiln_zaya_newton_schulz_cuda_ws(int64_t mats, int64_t rows, int64_t cols);
 /* ==== end cudamodel ==== */
 
 /* ==== cisclip: CLIP inference (src/cuda/clip_ops.cu; used by src/clip/clip_cuda.c) ==== */

@@ -66,6 +66,29 @@ typedef struct {
 } kiln_zaya_cuda_mem;
 kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *mem);
 
+/* ---- the trainer's GPU pieces (src/models/zaya_cuda_train.c) ---- */
+#include "kiln/optim.h"
+/* x *= s over n floats of device memory, on g's stream. */
+kiln_error *kiln_zaya_cuda_scale(kiln_zaya_cuda *g, float *x, size_t n, float s);
+/* sum of x^2 (device, n floats) in a fixed order, to the host. */
+kiln_error *kiln_zaya_cuda_sumsq(kiln_zaya_cuda *g, const float *x, size_t n, double *out);
+
+/* AdamW/Muon for the tensors op[first..last) (this rank's ZeRO-1 shard) on the device: the state of each
+ * tensor in order, laid out as the CPU trainer's (AdamW: m then v; Muon: the momentum), so checkpoints
+ * are the same files. */
+typedef struct kiln_zaya_cuda_opt kiln_zaya_cuda_opt;
+kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *op, int first, int last,
+                                      kiln_zaya_cuda_opt **out);
+void kiln_zaya_cuda_opt_free(kiln_zaya_cuda_opt *o);
+size_t kiln_zaya_cuda_opt_state_numel(const kiln_zaya_cuda_opt *o);
+kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *state);
+kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *state);
+/* One step (t 1-based) on the owned tensors of g's master parameters. gshard (device): the summed
+ * gradient of the owned elements, element 0 being flat element shard_off; multiplied by scale first (the
+ * clip). The bf16 copy is not refreshed (the caller does, after the all-gather). */
+kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
+                                    const kiln_optim_hparams *hp, double lr, int64_t t);
+
 #ifdef __cplusplus
 }
 #endif

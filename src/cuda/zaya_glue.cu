@@ -259,3 +259,49 @@ extern "C" kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t
 done:
     return err;
 }
+
+// ---- the trainer's whole-buffer pieces ----
+// x *= s over n floats.
+static __global__ void scale_kernel(float *x, int64_t n, float s) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+extern "C" kiln_error *kiln_zaya_scale_cuda(float *x, int64_t n, float s, void *stream) {
+    kiln_error *err = NULL;
+    if (n > 0) scale_kernel<<<grid_for(n, 256) < 4096 ? grid_for(n, 256) : 4096, 256, 0, (cudaStream_t)stream>>>(x, n, s);
+    LAUNCH_CHECK("scale");
+done:
+    return err;
+}
+
+// Sum of squares in f64: SUMSQ_BLOCKS fixed blocks each sum a fixed strided subset in a fixed tree, then
+// one block sums the partials in order; the same bits every run for the same n.
+enum { SUMSQ_BLOCKS = 1024 };
+static __global__ void sumsq_partial_kernel(double *part, const float *x, int64_t n) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        s += (double)x[i] * x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+static __global__ void sumsq_final_kernel(double *out, const double *part, int nb) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) s += part[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) *out = s;
+}
+extern "C" kiln_error *kiln_zaya_sumsq_cuda(double *out, const float *x, int64_t n, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t s = (cudaStream_t)stream;
+    double *part = NULL;
+    CUDA_TRY(cudaMallocAsync((void **)&part, SUMSQ_BLOCKS * sizeof(double), s));
+    sumsq_partial_kernel<<<SUMSQ_BLOCKS, 256, 0, s>>>(part, x, n);
+    LAUNCH_CHECK("sum of squares");
+    sumsq_final_kernel<<<1, 1024, 0, s>>>(out, part, SUMSQ_BLOCKS);
+    LAUNCH_CHECK("sum of squares");
+done:
+    if (part) cudaFreeAsync(part, s);
+    return err;
+}

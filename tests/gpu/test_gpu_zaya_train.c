@@ -1,0 +1,106 @@
+/* The CUDA trainer's optimizer pieces (src/models/zaya_cuda_train.c, src/cuda/zaya_muon.cu) against the
+ * CPU optimizer (src/train/optim.c) on the same f32 numbers.
+ * Tolerances (max |gpu - ref| / max |ref|): both sides compute in f32 and differ only in summation order
+ * (cuBLAS vs OpenBLAS GEMMs, block sums vs a serial loop), ~1e-6 per operation; five Newton-Schulz
+ * iterations amplify that by the quintic's slope (< 10 per step on normalised inputs): 1e-3 for the
+ * orthogonalised matrices, 1e-5 for the updated weights (lr-sized changes on O(1) weights) and 1e-6 for
+ * AdamW's state (the same per-element f64 formula). The sum of squares is compared to 1e-12 relative. */
+#include <math.h>
+#include <string.h>
+
+#include "gpu_testutil.h"
+#include "kiln/optim.h"
+#include "kiln/zaya.h"
+#include "kiln/zaya_cuda.h"
+
+static void ns_case(int64_t mats, int64_t rows, int64_t cols) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, (uint64_t)(rows * 131 + cols));
+    const int64_t mn = rows * cols;
+    float *x = gt_rand(&rng, mats * mn, 1.0f);
+    float *d = gt_up_f32(x, mats * mn);
+    float *ws = gt_dev(kiln_zaya_newton_schulz_cuda_ws(mats, rows, cols) * sizeof(float));
+    CHECK_OK(kiln_zaya_newton_schulz_cuda(d, mats, rows, cols, 5, ws, NULL));
+    float *got = gt_down_f32(d, mats * mn);
+    kiln_opt_param p = {0, mn, KILN_OPT_MUON, 1, rows, cols, 0};
+    float *cws = malloc(kiln_muon_workspace(&p) * sizeof(float));
+    for (int64_t k = 0; k < mats; k++) kiln_newton_schulz(x + k * mn, rows, cols, 5, cws);
+    char name[64];
+    snprintf(name, sizeof name, "NS %lldx%lldx%lld", (long long)mats, (long long)rows, (long long)cols);
+    GT_CLOSE(name, got, x, mats * mn, 1e-3);
+    free(x), free(got), free(cws);
+    kiln_cuda_free(d), kiln_cuda_free(ws);
+}
+
+TEST(gpu_zaya_newton_schulz) {
+    ns_case(1, 17, 45);  /* wide */
+    ns_case(3, 40, 13);  /* tall, batched */
+    ns_case(2, 32, 32);  /* square */
+}
+
+/* The whole optimizer step of a small model's parameters: AdamW and Muon tensors, a clip scale, two steps,
+ * against kiln_adamw_step / kiln_muon_step; and the gradient's sum of squares. */
+TEST(gpu_zaya_opt_step) {
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 50, c.hidden_size = 24, c.num_layers = 2, c.num_heads = 2, c.num_kv_heads = 1, c.head_dim = 8;
+    c.num_experts = 3, c.top_k = 1, c.moe_intermediate = 12, c.router_hidden = 8;
+    c.layer_types[0] = c.layer_types[1] = KILN_LAYER_HYBRID;
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    if (!m) return;
+    kiln_zaya_init_random(m, 3);
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1};
+    kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
+    kiln_optim_classify(m, &hp, op);
+    kiln_zaya_cuda *g = NULL;
+    CHECK_OK(kiln_zaya_cuda_create(m, 1, 4, 0, &g));
+    kiln_zaya_cuda_opt *o = NULL;
+    /* own tensors 1..nparams-1 (tensor 0, the embedding, belongs to "another rank") */
+    const int first = 1, last = m->nparams;
+    if (g) CHECK_OK(kiln_zaya_cuda_opt_create(g, op, first, last, &o));
+    if (!g || !o) goto done;
+    const size_t off = op[first].offset, owned = m->numel - off;
+    size_t nstate = kiln_zaya_cuda_opt_state_numel(o);
+    float *state = calloc(nstate + 1, sizeof *state), *w = malloc(m->numel * sizeof *w);
+    size_t wsn = 1;
+    for (int i = first; i < last; i++)
+        if (op[i].kind == KILN_OPT_MUON && kiln_muon_workspace(&op[i]) > wsn) wsn = kiln_muon_workspace(&op[i]);
+    float *cws = malloc(wsn * sizeof *cws);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 5);
+    for (int64_t t = 1; t <= 2; t++) {
+        float *gr = gt_rand(&rng, (int64_t)owned, 0.1f);
+        float *dg = gt_up_f32(gr, (int64_t)owned);
+        double ss = 0, want = 0;
+        CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, owned, &ss));
+        for (size_t i = 0; i < owned; i++) want += (double)gr[i] * gr[i];
+        CHECK_MSG(fabs(ss - want) <= 1e-12 * want, "sum of squares %.17g vs %.17g", ss, want);
+        const float scale = 0.5f;
+        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, off, scale, &hp, 1e-2, t));
+        /* the CPU: the same on m->w */
+        float *st = state;
+        for (size_t i = 0; i < owned; i++) gr[i] *= scale;
+        for (int i = first; i < last; i++) {
+            const kiln_opt_param *p = &op[i];
+            float *gp = gr + (p->offset - off);
+            if (p->kind == KILN_OPT_MUON) kiln_muon_step(m->w + p->offset, gp, st, p, &hp, 1e-2, cws);
+            else kiln_adamw_step(m->w + p->offset, gp, st, p->numel, &hp, 1e-2, t, p->decay);
+            st += kiln_optim_state_numel(p);
+        }
+        free(gr);
+        kiln_cuda_free(dg);
+    }
+    CHECK_OK(kiln_zaya_cuda_download_params(g, w));
+    GT_CLOSE("weights after 2 steps", w + off, m->w + off, (int64_t)owned, 1e-5);
+    float *gs = calloc(nstate + 1, sizeof *gs);
+    CHECK_OK(kiln_zaya_cuda_opt_state_download(o, gs));
+    GT_CLOSE("optimizer state", gs, state, (int64_t)nstate, 1e-5);
+    CHECK_MSG(!memcmp(w, m->w, off * sizeof *w), "a tensor this rank does not own changed");
+    free(gs), free(state), free(w), free(cws);
+done:
+    kiln_zaya_cuda_opt_free(o);
+    kiln_zaya_cuda_free(g);
+    free(op);
+    kiln_zaya_free(m);
+}
