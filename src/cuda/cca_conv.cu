@@ -1,13 +1,12 @@
 // CCA's causal convolution pair on the device (the semantics of src/nn/cca_conv.c): a depthwise Conv1d
 // (kernel k0) into mid, then a grouped Conv1d (kernel k1) over mid, on the input left-padded by
-// P = (k0-1)+(k1-1) steps from hist. The grouped stage stages a tile of time steps of one group in shared
-// memory and gives each thread one output channel and TT accumulators. Weight gradients are per-chunk
-// partials (chunks of time steps within one sequence) summed in a fixed order: deterministic.
+// P = (k0-1)+(k1-1) steps from hist. The grouped stage and its gradients are small GEMMs per group on
+// shared-memory tiles (f32 FMA; the channels per group are few for tensor cores to pay off at this size).
+// Weight gradients are per-chunk partials (chunks of time steps within one sequence) summed in a fixed
+// order: deterministic.
 #include "ops_common.cuh"
 
-#define TT 16        // time steps per block in the grouped stage
 #define CHUNK_T 512  // time steps per partial sum of the weight gradients
-#define SHM_MAX 49152
 
 // row u' (0 .. T+P-1) of the padded input, channel c
 static __device__ __forceinline__ float xp_at(const bf16 *x, const bf16 *hist, int64_t b, int64_t u, int64_t c,
@@ -28,61 +27,73 @@ static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist
     }
 }
 
-// grid (time tiles, groups, B): y[b, t0+tt, co] for the TT steps of the tile, co in group g
-static __global__ void grp_fwd_kernel(bf16 *y, const float *mid, const float *w1, const float *b1, kiln_conv_shape s) {
-    extern __shared__ float sm[];
-    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups;
-    const int64_t t0 = blockIdx.x * (int64_t)TT, g0 = blockIdx.y * cg, b = blockIdx.z;
-    const int64_t rows = TT + k1 - 1;
-    for (int64_t e = threadIdx.x; e < rows * cg; e += blockDim.x) {
-        const int64_t r = e / cg, i = e % cg, u = t0 + r;
-        sm[e] = u < M ? mid[(b * M + u) * C + g0 + i] : 0.0f;
-    }
-    __syncthreads();
-    for (int64_t col = threadIdx.x; col < cg; col += blockDim.x) {
-        const int64_t co = g0 + col;
-        float acc[TT];
+// The grouped stage as one small GEMM per (sequence, group), K = (j, i) in the CPU's order (j outer):
+//   forward (MODE 0):  y[t, co]    = b1[co] + sum_{j,i} mid[t+j, g0+i] w1[g0+co, i, j]        rows t < T
+//   input   (MODE 1):  dmid[u, ci] = sum_{j,co} dy[u-j, g0+co] w1[g0+co, ci, j] (0 <= u-j < T)  rows u < M
+// grid (row tiles of 64, column tiles of 64, B*groups); 256 threads, 4 x 4 outputs each (rows ty + 16p,
+// columns tx + 16q: conflict-free shared reads), K staged 32 at a time.
+#define GT 64
+#define GK 32
+template <int MODE>
+static __global__ void __launch_bounds__(256)
+    grp_gemm_kernel(void *out, const float *mid, const bf16 *dy, const float *w1, const float *b1, kiln_conv_shape s) {
+    __shared__ float sa[GT][GK + 1];
+    __shared__ float sw[GK][GT + 1];
+    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups, K = cg * k1;
+    const int64_t R = MODE == 0 ? T : M, r0 = blockIdx.x * (int64_t)GT, n0 = blockIdx.y * (int64_t)GT;
+    const int64_t b = blockIdx.z / s.groups, g0 = (blockIdx.z % s.groups) * cg;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4];
 #pragma unroll
-        for (int k = 0; k < TT; k++) acc[k] = b1[co];
-        const float *w = w1 + co * cg * k1;
-        for (int64_t j = 0; j < k1; j++)
-            for (int64_t i = 0; i < cg; i++) {
-                const float wv = w[i * k1 + j];
+    for (int p = 0; p < 4; p++)
 #pragma unroll
-                for (int k = 0; k < TT; k++) acc[k] += wv * sm[(k + j) * cg + i];
+        for (int q = 0; q < 4; q++) {
+            const int64_t n = n0 + tx + 16 * q;
+            acc[p][q] = MODE == 0 && n < cg ? b1[g0 + n] : 0.0f;
+        }
+    for (int64_t k0 = 0; k0 < K; k0 += GK) {
+        for (int e = threadIdx.x; e < GT * GK; e += 256) { // A: K fastest (contiguous channels)
+            const int rr = e / GK, kl = e % GK;
+            const int64_t r = r0 + rr, kk = k0 + kl, j = kk / cg, c = kk % cg;
+            float v = 0.0f;
+            if (r < R && kk < K) {
+                if (MODE == 0) v = mid[(b * M + r + j) * C + g0 + c];
+                else if (r - j >= 0 && r - j < T) v = __bfloat162float(dy[(b * T + r - j) * C + g0 + c]);
             }
+            sa[rr][kl] = v;
+        }
+        for (int e = threadIdx.x; e < GT * GK; e += 256) {
+            // forward: K fastest (w1[co, i, j] is contiguous in i); input: columns fastest (contiguous in ci)
+            const int kl = MODE == 0 ? e % GK : e / GT, nl = MODE == 0 ? e / GK : e % GT;
+            const int64_t kk = k0 + kl, n = n0 + nl, j = kk / cg, c = kk % cg;
+            float v = 0.0f;
+            if (kk < K && n < cg) v = MODE == 0 ? w1[((g0 + n) * cg + c) * k1 + j] : w1[((g0 + c) * cg + n) * k1 + j];
+            sw[kl][nl] = v;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kl = 0; kl < GK; kl++) {
+            float av[4], wv[4];
 #pragma unroll
-        for (int k = 0; k < TT; k++)
-            if (t0 + k < T) y[(b * T + t0 + k) * C + co] = __float2bfloat16_rn(acc[k]);
+            for (int p = 0; p < 4; p++) av[p] = sa[ty + 16 * p][kl];
+#pragma unroll
+            for (int q = 0; q < 4; q++) wv[q] = sw[kl][tx + 16 * q];
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[p][q] += av[p] * wv[q];
+        }
+        __syncthreads();
     }
-}
-
-// grid (time tiles of u, groups, B): dmid[b,u,ci] = sum_j sum_{co in group} dy[b,u-j,co] w1[co,ci-g0,j]
-static __global__ void grp_bwd_data_kernel(float *dmid, const bf16 *dy, const float *w1, kiln_conv_shape s) {
-    extern __shared__ float sm[];
-    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups;
-    const int64_t u0 = blockIdx.x * (int64_t)TT, g0 = blockIdx.y * cg, b = blockIdx.z;
-    const int64_t rows = TT + k1 - 1; // dy rows t = u0-(k1-1) .. u0+TT-1
-    for (int64_t e = threadIdx.x; e < rows * cg; e += blockDim.x) {
-        const int64_t r = e / cg, i = e % cg, t = u0 - (k1 - 1) + r;
-        sm[e] = t >= 0 && t < T ? __bfloat162float(dy[(b * T + t) * C + g0 + i]) : 0.0f;
-    }
-    __syncthreads();
-    for (int64_t ci = threadIdx.x; ci < cg; ci += blockDim.x) {
-        float acc[TT];
 #pragma unroll
-        for (int k = 0; k < TT; k++) acc[k] = 0.0f;
-        for (int64_t j = 0; j < k1; j++)
-            for (int64_t co = 0; co < cg; co++) {
-                const float wv = w1[((g0 + co) * cg + ci) * k1 + j];
-                // output u0+k takes dy at t = u0+k-j, shared row (k - j) + (k1 - 1)
+    for (int p = 0; p < 4; p++)
 #pragma unroll
-                for (int k = 0; k < TT; k++) acc[k] += wv * sm[(k - j + k1 - 1) * cg + co];
-            }
-#pragma unroll
-        for (int k = 0; k < TT; k++)
-            if (u0 + k < M) dmid[(b * M + u0 + k) * C + g0 + ci] = acc[k];
-    }
+        for (int q = 0; q < 4; q++) {
+            const int64_t r = r0 + ty + 16 * p, n = n0 + tx + 16 * q;
+            if (r >= R || n >= cg) continue;
+            if (MODE == 0) ((bf16 *)out)[(b * T + r) * C + g0 + n] = __float2bfloat16_rn(acc[p][q]);
+            else ((float *)out)[(b * M + r) * C + g0 + n] = acc[p][q];
+        }
 }
 
 // dw1 of one group over one chunk is a small GEMM: [cg outputs] x [cg*k1 (i, j) columns] summed over
@@ -175,14 +186,11 @@ static kiln_error *check_conv(const char *op, const kiln_conv_shape *s) {
         return kiln_errorf(KILN_EINVAL, "%s: bad shape B=%lld T=%lld C=%lld groups=%lld k0=%lld k1=%lld", op,
                            (long long)s->B, (long long)s->T, (long long)s->C, (long long)s->groups, (long long)s->k0,
                            (long long)s->k1);
-    const int64_t cg = s->C / s->groups;
-    if ((TT + s->k1 - 1) * cg * (int64_t)sizeof(float) > SHM_MAX || s->groups > 65535 || s->B > 65535)
-        return kiln_errorf(KILN_EINVAL, "%s: %lld channels per group with kernel %lld exceed the shared-memory tile",
-                           op, (long long)cg, (long long)s->k1);
+    if (s->B * s->groups > 65535 || s->groups > 65535)
+        return kiln_errorf(KILN_EINVAL, "%s: %lld sequences x %lld groups exceed the launch grid", op, (long long)s->B,
+                           (long long)s->groups);
     return NULL;
 }
-
-static int threads_for_group(int64_t cg) { return cg >= 128 ? 128 : cg > 32 ? (int)((cg + 31) / 32 * 32) : 32; }
 
 extern "C" kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, const kiln_bf16 *x, const kiln_bf16 *hist,
                                                   const float *w0, const float *b0, const float *w1, const float *b1,
@@ -195,9 +203,8 @@ extern "C" kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, cons
         dw_fwd_kernel<<<grid_for(s->B * M * s->C, 256), 256, 0, st>>>(mid, (const bf16 *)x, (const bf16 *)hist, w0, b0,
                                                                       *s);
         LAUNCH_CHECK("cca_conv forward (depthwise)");
-        grp_fwd_kernel<<<dim3((unsigned)((s->T + TT - 1) / TT), (unsigned)s->groups, (unsigned)s->B),
-                         threads_for_group(cg), (size_t)((TT + s->k1 - 1) * cg) * sizeof(float), st>>>(
-            (bf16 *)y, mid, w1, b1, *s);
+        grp_gemm_kernel<0><<<dim3((unsigned)((s->T + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT),
+                                  (unsigned)(s->B * s->groups)), 256, 0, st>>>(y, mid, NULL, w1, b1, *s);
         LAUNCH_CHECK("cca_conv forward (grouped)");
     }
 done:
@@ -237,9 +244,8 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
             LAUNCH_CHECK("cca_conv backward (grouped bias)");
             CUDA_TRY(colsum_add(db1, part, B * cps_t, C, st));
         }
-        grp_bwd_data_kernel<<<dim3((unsigned)((M + TT - 1) / TT), (unsigned)s->groups, (unsigned)B),
-                              threads_for_group(cg), (size_t)((TT + k1 - 1) * cg) * sizeof(float), st>>>(
-            dmid, (const bf16 *)dy, w1, *s);
+        grp_gemm_kernel<1><<<dim3((unsigned)((M + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT),
+                                  (unsigned)(B * s->groups)), 256, 0, st>>>(dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
         LAUNCH_CHECK("cca_conv backward (grouped input)");
         // depthwise stage
         if (dw0) {
