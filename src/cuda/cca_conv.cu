@@ -229,7 +229,7 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
         if (dw0 && B * cps_m * ne0 > need) need = B * cps_m * ne0;
         if (db0 && B * cps_m * C > need) need = B * cps_m * C;
         if (B * cps_m > 65535) return kiln_errorf(KILN_EINVAL, "cca_conv backward: %lld chunks", (long long)(B * cps_m));
-        if (need) CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)need * sizeof(float), st));
+        if (need) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)need * sizeof(float), st));
         // grouped stage
         if (dw1) {
             const int64_t tiles = ((cg + WT - 1) / WT) * ((cg * k1 + WT - 1) / WT);

@@ -138,7 +138,7 @@ extern "C" kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_t
         if (dlogits) CUDA_TRY(cudaMemsetAsync(dlogits, 0, (size_t)(rows * V) * 2, st));
         return NULL;
     }
-    if (loss && !tok) CUDA_TRY(cudaMallocAsync((void **)&tok, (size_t)rows * sizeof(float), st));
+    if (loss && !tok) CUDA_TRY(kiln_ops_scratch((void **)&tok, (size_t)rows * sizeof(float), st));
     ce_kernel<<<(int)(rows < 1048576 ? rows : 1048576), CE_THREADS, 0, st>>>(
         (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count), vec);
     LAUNCH_CHECK("cross_entropy");

@@ -68,11 +68,11 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     if (n <= 0 || d <= 0) return NULL;
     if (n > INT32_MAX) return kiln_errorf(KILN_EINVAL, "embedding backward: %lld tokens exceed 2^31", (long long)n);
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));
-    CUDA_TRY(cudaMallocAsync((void **)&keys, (size_t)n * 4, st));
-    CUDA_TRY(cudaMallocAsync((void **)&skeys, (size_t)n * 4, st));
-    CUDA_TRY(cudaMallocAsync((void **)&pos, (size_t)n * 4, st));
-    CUDA_TRY(cudaMallocAsync((void **)&spos, (size_t)n * 4, st));
-    CUDA_TRY(cudaMallocAsync(&tmp, tmp_bytes ? tmp_bytes : 1, st));
+    CUDA_TRY(kiln_ops_scratch((void **)&keys, (size_t)n * 4, st));
+    CUDA_TRY(kiln_ops_scratch((void **)&skeys, (size_t)n * 4, st));
+    CUDA_TRY(kiln_ops_scratch((void **)&pos, (size_t)n * 4, st));
+    CUDA_TRY(kiln_ops_scratch((void **)&spos, (size_t)n * 4, st));
+    CUDA_TRY(kiln_ops_scratch(&tmp, tmp_bytes ? tmp_bytes : 1, st));
     embedding_keys_kernel<<<grid_for(n, 256), 256, 0, st>>>(keys, pos, ids, n);
     LAUNCH_CHECK("embedding backward (keys)");
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));

@@ -75,6 +75,9 @@ static inline cudaError_t colsum_add(float *out, const float *in, int64_t m, int
     return cudaGetLastError();
 }
 
+// Scratch from the stream-ordered allocator (src/cuda/scratch.cu); free with cudaFreeAsync on the same stream.
+cudaError_t kiln_ops_scratch(void **p, size_t bytes, cudaStream_t st);
+
 // Rows of work per chunk for a deterministic reduction over n rows: about `target` chunks, at least one row.
 static inline int64_t chunk_rows(int64_t n, int64_t target) {
     int64_t r = (n + target - 1) / target;

@@ -104,8 +104,8 @@ extern "C" kiln_error *kiln_muon_normalize_cuda(float *u, const kiln_opt_param *
     if (mats > 65535 || chunks > 65535)
         return kiln_errorf(KILN_EINVAL, "muon normalize: %lld matrices of %lld elements", (long long)mats, (long long)mn);
     if (bx > 4096) bx = 4096;
-    CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)(mats * chunks) * sizeof(double), st));
-    CUDA_TRY(cudaMallocAsync((void **)&inv, (size_t)mats * sizeof(float), st));
+    CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(mats * chunks) * sizeof(double), st));
+    CUDA_TRY(kiln_ops_scratch((void **)&inv, (size_t)mats * sizeof(float), st));
     muon_sumsq_kernel<<<dim3((unsigned)chunks, (unsigned)mats), 256, 0, st>>>(part, u, mn, chunks);
     LAUNCH_CHECK("muon normalize (sums)");
     muon_inv_kernel<<<(int)((mats + 127) / 128), 128, 0, st>>>(inv, part, mats, chunks);

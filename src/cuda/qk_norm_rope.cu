@@ -118,7 +118,7 @@ static kiln_error *qk_bwd(const char *op, bf16 *dx, float *dt, const bf16 *dy, c
     float *dtp = NULL;
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
-    if (NORM && dt) CUDA_TRY(cudaMallocAsync((void **)&dtp, (size_t)(rows * heads) * sizeof(float), st));
+    if (NORM && dt) CUDA_TRY(kiln_ops_scratch((void **)&dtp, (size_t)(rows * heads) * sizeof(float), st));
     qk_bwd_kernel<NORM, ROPE><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
         dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     LAUNCH_CHECK(op);

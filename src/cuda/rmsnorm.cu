@@ -71,7 +71,7 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     float *part = NULL;
     const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
     if (n <= 0 || d <= 0 || (!dx && !dw)) return NULL;
-    if (dw) CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)(chunks * d) * sizeof(float), st));
+    if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * d) * sizeof(float), st));
     rmsnorm_bwd_kernel<TX, TDX><<<(int)chunks, threads_for_row(d), 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n,
                                                                              d, rows_per);
     LAUNCH_CHECK("rmsnorm backward");

@@ -52,8 +52,8 @@ extern "C" kiln_error *kiln_scale_shift_backward_cuda(float *dx, float *db, floa
     const int64_t chunks = n > 0 ? (n + rows_per - 1) / rows_per : 0;
     if (n <= 0 || d <= 0 || (!dx && !db && !ds)) return NULL;
     if (chunks > 65535) return kiln_errorf(KILN_EINVAL, "scale_shift backward: %lld row chunks", (long long)chunks);
-    if (db) CUDA_TRY(cudaMallocAsync((void **)&dbp, (size_t)(chunks * d) * sizeof(float), st));
-    if (ds) CUDA_TRY(cudaMallocAsync((void **)&dsp, (size_t)(chunks * d) * sizeof(float), st));
+    if (db) CUDA_TRY(kiln_ops_scratch((void **)&dbp, (size_t)(chunks * d) * sizeof(float), st));
+    if (ds) CUDA_TRY(kiln_ops_scratch((void **)&dsp, (size_t)(chunks * d) * sizeof(float), st));
     scale_shift_bwd_kernel<<<dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st>>>(dx, dbp, dsp, dy, x, b, s, n, d,
                                                                                         rows_per);
     LAUNCH_CHECK("scale_shift backward");
