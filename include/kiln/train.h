@@ -33,6 +33,8 @@ typedef struct {
     char out_dir[1024];
     int threads;
     char skip_steps[1024]; /* steps whose data is consumed without training: "9-12,40" */
+    char device[1024];     /* "cpu" or "cuda" (one GPU per rank) */
+    int recompute;         /* cuda: keep only each layer's input, recompute the rest in backward */
 } kiln_train_config;
 
 void kiln_train_config_default(kiln_train_config *c);

@@ -45,6 +45,8 @@ float *kiln_zaya_cuda_params(kiln_zaya_cuda *g);
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g);
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g);
 void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g);
+/* Wait for everything queued on the model's stream. */
+kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g);
 
 /* Forward over host ids [B,T] (checked against the vocabulary). loss (nullable): the mean next-token
  * loss, as kiln_zaya_forward's. The logits stay on the device until backward overwrites them. */

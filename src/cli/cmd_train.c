@@ -30,7 +30,9 @@ static const char usage[] =
     "  --out DIR         override run.out_dir\n"
     "  --steps N         override run.steps\n"
     "  --stop-after N    stop after N steps of this run, with a checkpoint (resume later)\n"
-    "  --device cpu      where to train (cpu; cuda comes with the GPU backend)\n"
+    "  --device D        cpu or cuda: overrides run.device (cuda: one GPU per rank, NCCL between ranks,\n"
+    "                    bf16 activations and GEMMs, f32 master weights, gradients and optimizer state)\n"
+    "  --recompute       cuda: activation recomputation (sets run.recompute)\n"
     "  --quiet           no progress lines (metrics.jsonl is still written)\n"
     "  --help-config     every config field with its default and meaning\n\n"
     "Ctrl-C saves a checkpoint at the end of the current step and exits; --resume continues exactly.\n";
@@ -98,14 +100,16 @@ static kiln_error *copy_tokenizer(const kiln_train_config *c) {
 }
 
 static int cmd(int argc, char **argv) {
-    const char *config = NULL, *data = NULL, *out = NULL, *device = "cpu";
+    const char *config = NULL, *data = NULL, *out = NULL, *device = NULL;
     int64_t steps = -1;
+    int recompute = 0;
     kiln_train_opts o = {0, 0, &interrupted, 0};
     kiln_error *e = NULL;
     for (int i = 1; i < argc && !e; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--resume")) { o.resume = 1; continue; }
         if (!strcmp(a, "--quiet")) { o.quiet = 1; continue; }
+        if (!strcmp(a, "--recompute")) { recompute = 1; continue; }
         if (!strcmp(a, "--help-config")) { kiln_train_config_print_help(stdout); return 0; }
         if (i + 1 >= argc) { e = kiln_errorf(KILN_EINVAL, "%s needs a value (see kiln train --help)", a); break; }
         const char *v = argv[++i];
@@ -117,19 +121,34 @@ static int cmd(int argc, char **argv) {
         else if (!strcmp(a, "--stop-after")) e = cli_int(a, v, &o.stop_after);
         else e = kiln_errorf(KILN_EINVAL, "unknown option '%s' (see kiln train --help)", a);
     }
-    if (!e && strcmp(device, "cpu"))
-        e = kiln_errorf(KILN_EUNSUPPORTED, "--device %s: this build trains on the CPU only", device);
+    if (!e && device && strcmp(device, "cpu") && strcmp(device, "cuda"))
+        e = kiln_errorf(KILN_EINVAL, "--device '%s': expected cpu or cuda", device);
     kiln_train_config c;
     kiln_train_config_default(&c);
     if (!e && config) e = kiln_train_config_load(config, &c);
     if (!e && data) snprintf(c.data_dir, sizeof c.data_dir, "%s", data);
     if (!e && out) snprintf(c.out_dir, sizeof c.out_dir, "%s", out);
     if (!e && steps >= 0) c.steps = steps;
+    if (!e && device) snprintf(c.device, sizeof c.device, "%s", device);
+    if (!e && recompute) c.recompute = 1;
     if (e) return cli_fail("train", e);
 
     kiln_comm *comm = NULL;
     e = kiln_comm_init(&argc, &argv, &comm);
     if (e) return cli_fail("train", e);
+    if (!strcmp(c.device, "cuda")) { /* NCCL over the ranks, one GPU each; one rank can do without it */
+        kiln_comm *nccl = NULL;
+        e = kiln_comm_nccl_from(comm, &nccl);
+        if (!e) comm = nccl;
+        else if (comm->size == 1) {
+            fprintf(stderr, "kiln train: NCCL unavailable (%s); one GPU needs no collectives\n", kiln_error_msg(e));
+            kiln_error_free(e);
+            e = NULL;
+        } else {
+            comm->finalize(comm);
+            return cli_fail("train", e);
+        }
+    }
     if (!config && !data) { /* the built-in default run */
         kiln_error *pe = comm->rank == 0 ? prepare_default(&c) : NULL;
         double bad = pe ? 1 : 0;

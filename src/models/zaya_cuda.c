@@ -32,6 +32,7 @@ float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { (void)g; return NULL; }
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { (void)g; return NULL; }
 void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { (void)g; return NULL; }
+kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss) { (void)g, (void)ids, (void)loss; NOCUDA; }
 kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *l) { (void)g, (void)l; NOCUDA; }
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
@@ -382,6 +383,10 @@ float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { return g->w; }
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { return g->wb; }
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { return g->g; }
 void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { return g->stream; }
+kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) {
+    CU(cudaStreamSynchronize(g->stream));
+    return NULL;
+}
 
 /* ---------- forward ---------- */
 

@@ -59,6 +59,9 @@ static const field fields[] = {
     {"run", "threads", F_INT, O(threads), "CPU threads per rank (0: all cores / ranks)"},
     {"run", "skip_steps", F_STR, O(skip_steps), "steps whose data is consumed without training, e.g. \"9-12,40\" "
                                                 "(what kiln run does after a NaN or a loss spike)"},
+    {"run", "device", F_STR, O(device), "\"cpu\" or \"cuda\" (one GPU per rank; NCCL between ranks)"},
+    {"run", "recompute", F_BOOL, O(recompute), "cuda: activation recomputation (keep each layer's input, "
+                                               "re-run its forward in backward)"},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 static const char *const sections[] = {"model", "data", "optim", "balance", "run", NULL};
@@ -103,6 +106,8 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->async_ckpt = 1;
     snprintf(c->out_dir, sizeof c->out_dir, "runs/default");
     c->threads = 0;
+    snprintf(c->device, sizeof c->device, "cpu");
+    c->recompute = 0;
 }
 
 static const field *find_field(const char *section, const char *key) {
@@ -221,6 +226,8 @@ kiln_error *kiln_train_config_validate(const kiln_train_config *c) {
         return kiln_errorf(KILN_EINVAL, "config: balance.skip_target must be in [0,1)");
     if (!c->data_dir[0]) return kiln_errorf(KILN_EINVAL, "config: data.dir is empty");
     if (!c->out_dir[0]) return kiln_errorf(KILN_EINVAL, "config: run.out_dir is empty");
+    if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
+        return kiln_errorf(KILN_EINVAL, "config: run.device '%s' is not \"cpu\" or \"cuda\"", c->device);
     kiln_step_ranges skip = {0};
     kiln_error *e = kiln_step_ranges_parse(c->skip_steps, &skip);
     kiln_step_ranges_free(&skip);

@@ -15,9 +15,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kiln/cuda.h"
 #include "kiln/data.h"
 #include "kiln/ft.h"
 #include "kiln/log.h"
+#include "kiln/zaya_cuda.h"
 #include "train_internal.h"
 
 static double now(void) {
@@ -78,9 +80,18 @@ typedef struct {
     kiln_ft_env ft;                /* kiln run's protocol: heartbeats, resume, data windows to skip, faults */
     double compute_s, local_gnorm; /* this rank's forward/backward time and own gradient norm, for heartbeats */
     kiln_heartbeat hb;
+    /* run.device = "cuda": the model, its gradients and this rank's optimizer state on the GPU; m->w and
+     * t->state are host mirrors refreshed for checkpoints and the final save */
+    kiln_zaya_cuda *gpu;
+    kiln_zaya_cuda_opt *gopt;
+    float *gshard_dev; /* this rank's summed gradient (device); aliases the gradients without a device comm */
+    int gshard_owned;
 } trainer;
 
 static void trainer_free(trainer *t) {
+    kiln_zaya_cuda_opt_free(t->gopt);
+    if (t->gshard_owned) kiln_cuda_free(t->gshard_dev);
+    kiln_zaya_cuda_free(t->gpu);
     kiln_zaya_acts_free(t->acts);
     kiln_zaya_free(t->m);
     kiln_loader_close(t->train);
@@ -100,11 +111,42 @@ static void trainer_free(trainer *t) {
     kiln_ft_env_free(&t->ft);
 }
 
+static int on_gpu(const kiln_train_config *c) { return !strcmp(c->device, "cuda"); }
+
+/* The GPU side: model, optimizer for this rank's tensors, and where the reduce-scatter lands. */
+static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
+    if (!comm->device_buffers && comm->size > 1)
+        return kiln_errorf(KILN_EINVAL, "run.device cuda with %d ranks needs the NCCL backend (the %s backend moves host "
+                           "memory)", comm->size, comm->backend);
+    KILN_TRY(kiln_zaya_cuda_create(t->m, c->micro_batch, c->seq_len, c->recompute, &t->gpu));
+    KILN_TRY(kiln_zaya_cuda_opt_create(t->gpu, t->op, t->part.first[comm->rank], t->part.first[comm->rank + 1], &t->gopt));
+    if (comm->device_buffers) {
+        KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->part.counts[comm->rank] + 1) * sizeof(float)));
+        t->gshard_owned = 1;
+    } else { /* one rank: the summed gradient is the gradient */
+        t->gshard_dev = kiln_zaya_cuda_grads(t->gpu) + t->part.displs[comm->rank];
+    }
+    return NULL;
+}
+
+/* Host mirrors <- device (before a checkpoint or the final save), and the reverse after a resume. */
+static kiln_error *cuda_to_host(trainer *t) {
+    if (!t->gpu) return NULL;
+    KILN_TRY(kiln_zaya_cuda_download_params(t->gpu, t->m->w));
+    return kiln_zaya_cuda_opt_state_download(t->gopt, t->state);
+}
+static kiln_error *host_to_cuda(trainer *t) {
+    if (!t->gpu) return NULL;
+    KILN_TRY(kiln_zaya_cuda_upload_params(t->gpu, t->m->w));
+    KILN_TRY(kiln_zaya_cuda_upload_balancing(t->gpu, t->m->balancing));
+    return kiln_zaya_cuda_opt_state_upload(t->gopt, t->state);
+}
+
 static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
     KILN_TRY(kiln_zaya_create(&c->model, &t->m));
     kiln_zaya_init_random(t->m, c->init_seed);
-    KILN_TRY(kiln_zaya_grads_enable(t->m));
-    KILN_TRY(kiln_zaya_acts_create(t->m, c->micro_batch, c->seq_len, &t->acts));
+    if (!on_gpu(c)) KILN_TRY(kiln_zaya_grads_enable(t->m));
+    if (!on_gpu(c)) KILN_TRY(kiln_zaya_acts_create(t->m, c->micro_batch, c->seq_len, &t->acts));
     KILN_TRY(kiln_loader_open(c->data_dir, "train", c->seq_len, c->data_seed, comm->rank, comm->size, &t->train));
     KILN_TRY(kiln_loader_set_block(t->train, c->micro_batch));
     if (kiln_loader_vocab_size(t->train) > c->model.vocab_size)
@@ -140,6 +182,7 @@ static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm
     t->loader_states = calloc((size_t)comm->size, sizeof *t->loader_states);
     if (!t->state || !t->gshard || !t->ws || !t->counts || !t->imbalance || !t->loader_states)
         return kiln_errorf(KILN_ENOMEM, "optimizer state");
+    if (on_gpu(c)) KILN_TRY(setup_cuda(t, c, comm));
     return balance_init(&t->bal, L, E1);
 }
 
@@ -163,13 +206,98 @@ static kiln_error *eval_loss(trainer *t, const kiln_train_config *c, kiln_comm *
     for (int64_t i = 0; i < c->eval_batches; i++) {
         double loss;
         KILN_TRY(kiln_loader_next(t->val, c->micro_batch, t->ids));
-        KILN_TRY(kiln_zaya_forward(t->m, t->acts, t->ids, NULL, &loss));
+        if (t->gpu) KILN_TRY(kiln_zaya_cuda_forward(t->gpu, t->ids, &loss));
+        else KILN_TRY(kiln_zaya_forward(t->m, t->acts, t->ids, NULL, &loss));
         acc[0] += loss;
         acc[1] += 1;
     }
     KILN_TRY(kiln_loader_set_state(t->val, &keep));
     KILN_TRY(comm->allreduce_sum_f64(comm, acc, 2));
     *out = acc[0] / acc[1];
+    return NULL;
+}
+
+/* Expert load over all ranks -> balancing biases, the same on every rank. */
+static kiln_error *balance_step(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
+    const int64_t L = c->model.num_layers, E1 = c->model.num_experts + 1;
+    double *cnt = malloc((size_t)(L * E1) * sizeof(double));
+    if (!cnt) return kiln_errorf(KILN_ENOMEM, "route counts");
+    for (int64_t i = 0; i < L * E1; i++) cnt[i] = (double)t->counts[i];
+    kiln_error *e = comm->allreduce_sum_f64(comm, cnt, (size_t)(L * E1));
+    for (int64_t i = 0; i < L * E1; i++) t->counts[i] = (int64_t)llround(cnt[i]);
+    free(cnt);
+    KILN_TRY(e);
+    balance_update(&t->bal, c, t->counts, t->m->balancing, t->imbalance);
+    return NULL;
+}
+
+/* The step on the GPU: the CPU step's sequence, with the gradients, the reduce-scatter (NCCL), the norm,
+ * the optimizer and the all-gather on the device; the balance controller stays on the host. */
+static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_comm *comm, int64_t step,
+                                 double *loss_out, double *gnorm_out, double *lr_out, int64_t *ntok) {
+    kiln_zaya *m = t->m;
+    kiln_zaya_cuda *g = t->gpu;
+    const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
+    const int me = comm->rank;
+    KILN_TRY(kiln_zaya_cuda_grads_zero(g));
+    memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
+    double loss_sum = 0, tc = now();
+    for (int64_t a = 0; a < accum; a++) {
+        double loss;
+        KILN_TRY(kiln_loader_next(t->train, c->micro_batch, t->ids));
+        KILN_TRY(kiln_zaya_cuda_forward(g, t->ids, &loss));
+        KILN_TRY(kiln_zaya_cuda_backward(g));
+        KILN_TRY(kiln_zaya_cuda_route_counts(g, t->counts));
+        loss_sum += loss;
+    }
+    if (t->ft.faults.n) kiln_ft_fault_slow(&t->ft, comm->rank, step + 1);
+    t->compute_s = now() - tc;
+    if (t->ft.faults.n) { /* KILN_FAULT, a testing hook */
+        if (kiln_faults_find(&t->ft.faults, KILN_FAULT_NAN, comm->rank, step + 1, t->ft.attempt)) {
+            const float nan = NAN;
+            KILN_TRY(kiln_cuda_copy(kiln_zaya_cuda_grads(g), &nan, sizeof nan, KILN_CUDA_H2D));
+        }
+        if (kiln_faults_find(&t->ft.faults, KILN_FAULT_SPIKE, comm->rank, step + 1, t->ft.attempt)) loss_sum *= 1000;
+    }
+    if (t->ft.heartbeat_dir[0]) {
+        double sq = 0;
+        KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), m->numel, &sq));
+        t->local_gnorm = sqrt(sq);
+    }
+    KILN_TRY(kiln_zaya_cuda_scale(g, kiln_zaya_cuda_grads(g), m->numel, 1.0f / (float)(accum * comm->size)));
+    if (comm->device_buffers) {
+        KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
+        KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->part.counts, t->part.displs));
+        KILN_TRY(kiln_comm_sync(comm));
+    }
+    double stats[3] = {0, loss_sum / (double)accum, 0};
+    KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->part.counts[me], &stats[0]));
+    KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
+    double gnorm = sqrt(stats[0]);
+    if (!isfinite(gnorm) || !isfinite(stats[1])) {
+        *loss_out = stats[1] / comm->size;
+        *gnorm_out = gnorm;
+        *lr_out = 0;
+        *ntok = 0;
+        return NULL;
+    }
+    float scale = (c->clip > 0 && gnorm > c->clip) ? (float)(c->clip / (gnorm + 1e-6)) : 1.0f;
+    kiln_schedule sched = c->sched;
+    sched.total = c->steps;
+    double lr = kiln_schedule_lr(&sched, step);
+    KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->part.displs[me], scale, &c->optim, lr, step + 1));
+    if (comm->device_buffers) {
+        KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
+        KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->part.counts, t->part.displs));
+        KILN_TRY(kiln_comm_sync(comm));
+    }
+    KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
+    KILN_TRY(balance_step(t, c, comm));
+    KILN_TRY(kiln_zaya_cuda_upload_balancing(g, m->balancing));
+    *loss_out = stats[1] / comm->size;
+    *gnorm_out = gnorm;
+    *lr_out = lr;
+    *ntok = accum * c->micro_batch * c->seq_len * comm->size;
     return NULL;
 }
 
@@ -184,6 +312,7 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
         *ntok = 0;
         return NULL;
     }
+    if (t->gpu) return one_step_cuda(t, c, comm, step, loss_out, gnorm_out, lr_out, ntok);
     kiln_zaya_grads_zero(m);
     memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
     double loss_sum = 0, tc = now();
@@ -239,15 +368,7 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
         state += kiln_optim_state_numel(p);
     }
     KILN_TRY(comm->allgather(comm, m->w, t->part.counts, t->part.displs));
-    /* expert load over all ranks -> balancing biases, the same on every rank */
-    double *cnt = malloc((size_t)(L * E1) * sizeof(double));
-    if (!cnt) return kiln_errorf(KILN_ENOMEM, "route counts");
-    for (int64_t i = 0; i < L * E1; i++) cnt[i] = (double)t->counts[i];
-    kiln_error *e = comm->allreduce_sum_f64(comm, cnt, (size_t)(L * E1));
-    for (int64_t i = 0; i < L * E1; i++) t->counts[i] = (int64_t)llround(cnt[i]);
-    free(cnt);
-    KILN_TRY(e);
-    balance_update(&t->bal, c, t->counts, m->balancing, t->imbalance);
+    KILN_TRY(balance_step(t, c, comm));
     *loss_out = stats[1] / comm->size;
     *gnorm_out = gnorm;
     *lr_out = lr;
@@ -331,6 +452,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             ckpt_view v = view_of(&t, c, 0, 0);
             e = ckpt_load(comm, step, &v);
             if (!e) e = kiln_loader_set_state(t.train, &t.loader_states[comm->rank]);
+            if (!e) e = host_to_cuda(&t);
             start = v.step;
             tokens = v.tokens_seen;
             if (!e && comm->rank == 0 && !o->quiet) printf("resumed from step %lld\n", (long long)start);
@@ -344,7 +466,8 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         if (mkdir_p_simple(c->out_dir) || !(t.metrics = fopen(path, start > 0 ? "a" : "w")))
             e = kiln_errorf(KILN_EIO, "%s: cannot write", path);
     }
-    const double fpt = t.m ? 3.0 * flops_per_token(t.m, c->seq_len) : 0, peak = cpu_peak_flops(threads) * comm->size;
+    const double fpt = t.m ? 3.0 * flops_per_token(t.m, c->seq_len) : 0;
+    const double peak = (t.gpu ? 989e12 /* H200 dense bf16 */ : cpu_peak_flops(threads)) * comm->size;
     const int tty = isatty(1);
     double t0 = now(), last = 0, run_tokens = 0;
     int64_t step = start;
@@ -391,6 +514,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         if (save) {
             e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
+            if (!e) e = cuda_to_host(&t);
             if (!e) e = kiln_ft_fault_before_save(&t.ft, comm->rank, step);
             if (!e) e = ckpt_writer_save(t.ckw, comm, &v, step == c->steps || stop[0] > 0);
         }
@@ -398,6 +522,18 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             if (comm->rank == 0 && !o->quiet) printf("\nstopped at step %lld; checkpoint saved, resume with --resume\n", (long long)step);
             break;
         }
+    }
+    if (!e && t.gpu && step >= c->steps) e = cuda_to_host(&t);
+    if (!e && t.gpu && comm->rank == 0 && !o->quiet) {
+        kiln_zaya_cuda_mem mem;
+        e = kiln_zaya_cuda_memory(t.gpu, &mem);
+        if (!e)
+            printf("GPU memory: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations %.2f GiB "
+                   "(+ backward scratch %.2f GiB), ops' pool peak %.2f GiB; device peak in use %.2f GiB\n",
+                   mem.param_bytes / 1073741824.0, mem.grad_bytes / 1073741824.0,
+                   kiln_zaya_cuda_opt_state_numel(t.gopt) * 4 / 1073741824.0, mem.arena_bytes / 1073741824.0,
+                   mem.scratch_bytes / 1073741824.0, mem.pool_high_bytes / 1073741824.0,
+                   mem.device_used_high / 1073741824.0);
     }
     if (!e && comm->rank == 0 && step >= c->steps) {
         char dir[1200];
