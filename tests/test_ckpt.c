@@ -144,6 +144,9 @@ TEST(ckpt_crc32c) {
         for (size_t n = 0; n + off <= sizeof buf; n += 1 + n / 3)
             CHECK_MSG(kiln_crc32c(0, buf + off, n) == kiln_crc32c_sw(0, buf + off, n), "offset %zu length %zu", off, n);
     CHECK(kiln_crc32c(kiln_crc32c(0, buf, 1000), buf + 1000, 3099) == kiln_crc32c(0, buf, sizeof buf));
+    for (size_t cut = 0; cut <= sizeof buf; cut += 1 + cut / 2)
+        CHECK_MSG(kiln_crc32c_combine(kiln_crc32c(0, buf, cut), kiln_crc32c(0, buf + cut, sizeof buf - cut),
+                                      sizeof buf - cut) == kiln_crc32c(0, buf, sizeof buf), "cut at %zu", cut);
     uint32_t before = kiln_crc32c(0, buf, sizeof buf);
     buf[77] ^= 4; /* one flipped bit changes it */
     CHECK(kiln_crc32c(0, buf, sizeof buf) != before);

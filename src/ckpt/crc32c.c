@@ -49,6 +49,39 @@ uint32_t kiln_crc32c(uint32_t crc, const void *data, size_t n) {
 uint32_t kiln_crc32c(uint32_t crc, const void *data, size_t n) { return ~sw(~crc, data, n); }
 #endif
 
+/* Combining two CRCs (zlib's crc32_combine, for the Castagnoli polynomial): appending len2 zero
+ * bytes to the first message is a linear map on its CRC, applied by repeated squaring of the
+ * one-zero-bit operator. */
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+    uint32_t sum = 0;
+    for (; vec; vec >>= 1, mat++)
+        if (vec & 1) sum ^= *mat;
+    return sum;
+}
+
+static void gf2_square(uint32_t *sq, const uint32_t *mat) {
+    for (int n = 0; n < 32; n++) sq[n] = gf2_times(mat, mat[n]);
+}
+
+uint32_t kiln_crc32c_combine(uint32_t crc1, uint32_t crc2, uint64_t len2) {
+    if (!len2) return crc1;
+    uint32_t even[32], odd[32];
+    odd[0] = 0x82F63B78u; /* the operator for one zero bit */
+    for (int n = 1; n < 32; n++) odd[n] = 1u << (n - 1);
+    gf2_square(even, odd); /* two zero bits */
+    gf2_square(odd, even); /* four */
+    do { /* the first square gives one zero byte */
+        gf2_square(even, odd);
+        if (len2 & 1) crc1 = gf2_times(even, crc1);
+        len2 >>= 1;
+        if (!len2) break;
+        gf2_square(odd, even);
+        if (len2 & 1) crc1 = gf2_times(odd, crc1);
+        len2 >>= 1;
+    } while (len2);
+    return crc1 ^ crc2;
+}
+
 kiln_error *kiln_crc32c_file(const char *path, uint32_t *crc, uint64_t *size) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));

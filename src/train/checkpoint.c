@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,38 +91,53 @@ typedef struct {
     const kiln_loader_state *loaders; /* [world] */
 } ckpt_snap;
 
-/* The CRC of the file kiln_st_write just wrote, without reading the data back: its header from the
- * file, then the tensors from memory, which kiln_st_write lays out in order without gaps (checked
- * against the file's size; anything else falls back to reading the file). */
-static kiln_error *crc_written(const char *path, const kiln_st_entry *ent, size_t n, uint32_t *crc, uint64_t *size) {
+/* The tensors' CRC, in file order, on a helper thread while kiln_st_write puts them on disk. */
+typedef struct {
+    const kiln_st_entry *ent;
+    size_t n;
+    uint32_t crc;
+    uint64_t bytes;
+} data_crc;
+
+static void *data_crc_run(void *p) {
+    data_crc *d = p;
+    for (size_t i = 0; i < d->n; i++) {
+        size_t bytes = kiln_dtype_size(d->ent[i].dtype);
+        for (int k = 0; k < d->ent[i].ndim; k++) bytes *= (size_t)d->ent[i].shape[k];
+        d->crc = kiln_crc32c(d->crc, d->ent[i].data, bytes);
+        d->bytes += bytes;
+    }
+    return NULL;
+}
+
+/* Write the shard and its CRC without reading the data back: the header's CRC from the file,
+ * combined with the tensors' CRC from memory (kiln_st_write lays them out in order without gaps:
+ * checked against the file's size; anything else falls back to reading the file). */
+static kiln_error *write_with_crc(const char *path, const kiln_st_entry *ent, size_t n, uint32_t *crc, uint64_t *size) {
+    data_crc d = {ent, n, 0, 0};
+    pthread_t tid;
+    const int threaded = pthread_create(&tid, NULL, data_crc_run, &d) == 0;
+    kiln_error *e = kiln_st_write(path, ent, n, NULL);
+    if (threaded) pthread_join(tid, NULL);
+    else data_crc_run(&d);
+    if (e) return e;
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char len[8];
-    uint64_t hlen = 0, total = 0;
+    uint64_t hlen = 0;
     char *head = NULL;
     int ok = fread(len, 1, 8, f) == 8;
     for (int i = 0; ok && i < 8; i++) hlen |= (uint64_t)len[i] << (8 * i);
     ok = ok && hlen < KILN_ST_MAX_HEADER && (head = malloc(hlen + 1)) && fread(head, 1, hlen, f) == hlen;
     struct stat sb;
-    ok = ok && fstat(fileno(f), &sb) == 0;
+    ok = ok && fstat(fileno(f), &sb) == 0 && (uint64_t)sb.st_size == 8 + hlen + d.bytes;
     fclose(f);
-    uint32_t c = 0;
     if (ok) {
-        c = kiln_crc32c(kiln_crc32c(0, len, 8), head, hlen);
-        total = 8 + hlen;
-        for (size_t i = 0; i < n; i++) {
-            size_t bytes = kiln_dtype_size(ent[i].dtype);
-            for (int d = 0; d < ent[i].ndim; d++) bytes *= (size_t)ent[i].shape[d];
-            c = kiln_crc32c(c, ent[i].data, bytes);
-            total += bytes;
-        }
-        ok = (uint64_t)sb.st_size == total;
+        *crc = kiln_crc32c_combine(kiln_crc32c(kiln_crc32c(0, len, 8), head, hlen), d.crc, d.bytes);
+        *size = 8 + hlen + d.bytes;
     }
     free(head);
-    if (!ok) return kiln_crc32c_file(path, crc, size);
-    *crc = c;
-    *size = total;
-    return NULL;
+    return ok ? NULL : kiln_crc32c_file(path, crc, size);
 }
 
 static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *path, uint32_t *crc, uint64_t *size) {
@@ -157,8 +173,7 @@ static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *pat
         ent[n] = (kiln_st_entry){"balance.prev_err", KILN_DT_F64, 2, shapes[n - 2], v->prev_err};
         n++;
     }
-    if (!e) e = kiln_st_write(path, ent, n, NULL);
-    if (!e) e = crc_written(path, ent, n, crc, size);
+    if (!e) e = write_with_crc(path, ent, n, crc, size);
     free(ent);
     free(names);
     free(shapes);
