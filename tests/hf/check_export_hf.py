@@ -2,8 +2,8 @@
 """kiln ckpt export-hf, checked against HF transformers' ZayaForCausalLM (run on the GPU machine,
 where torch and transformers exist):
 
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=OFF && cmake --build build-gpu -j --target kiln
-    python3 tests/hf/check_export_hf.py --kiln build-gpu/kiln --work /tmp/export_hf_check
+    bash -c 'source scripts/gpu_machine_build.sh && kiln_gpu_build build-gpu OFF kiln &&
+             python3 tests/hf/check_export_hf.py --kiln build-gpu/kiln --work /tmp/export_hf_check'
 
 Without --from it trains a small run first (the built-in corpus and tokenizer, prepared once under
 runs/default/, then --steps steps of the built-in model into WORK/run), so the checkpoint holds trained
