@@ -68,6 +68,21 @@ typedef struct {
 } kiln_zaya_cuda_mem;
 kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *mem);
 
+/* Per-op timing of the next passes (forward, backward, and what the caller brackets with push/pop on
+ * the model's stream): CUDA events around every op, summed by op class ("linear (cuBLASLt) fwd",
+ * "attention (flash) bwd", ...). report: the classes by time (largest first), and the span from the first
+ * event to the last; stops timing. */
+typedef struct {
+    const char *cls;
+    double ms;
+    int calls;
+} kiln_zaya_cuda_prof_row;
+void kiln_zaya_cuda_profile_start(kiln_zaya_cuda *g);
+void kiln_zaya_cuda_profile_push(kiln_zaya_cuda *g, const char *cls);
+void kiln_zaya_cuda_profile_pop(kiln_zaya_cuda *g);
+kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof_row *rows, int max_rows, int *nrows,
+                                          double *span_ms);
+
 /* ---- the trainer's GPU pieces (src/models/zaya_cuda_train.c) ---- */
 #include "kiln/optim.h"
 /* x *= s over n floats of device memory, on g's stream. */

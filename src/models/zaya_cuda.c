@@ -38,6 +38,15 @@ kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *l) { (void)g, (void)
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *c) { (void)g, (void)c; NOCUDA; }
 kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *m) { (void)g, (void)m; NOCUDA; }
+void kiln_zaya_cuda_profile_start(kiln_zaya_cuda *g) { (void)g; }
+void kiln_zaya_cuda_profile_push(kiln_zaya_cuda *g, const char *cls) { (void)g, (void)cls; }
+void kiln_zaya_cuda_profile_pop(kiln_zaya_cuda *g) { (void)g; }
+kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof_row *rows, int max_rows, int *nrows,
+                                          double *span_ms) {
+    (void)g, (void)rows, (void)max_rows, (void)span_ms;
+    *nrows = 0;
+    NOCUDA;
+}
 
 #else
 
@@ -116,6 +125,10 @@ struct kiln_zaya_cuda {
     void *arena, *sarena;
     size_t arena_bytes, sarena_bytes;
     size_t used_high;
+    /* per-op timing (kiln_zaya_cuda_profile_*): CUDA event pairs around each op, by class */
+    int prof;
+    struct prof_ev { const char *cls; cudaEvent_t a, b; } *ev;
+    int nev, cap_ev, ev_created;
 };
 
 #define BF(g, p) ((p) ? (const bf *)((g)->wb + ((p) - (g)->w)) : (const bf *)NULL)
@@ -263,6 +276,8 @@ void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     free(g->L);
     free(g->W.layers);
     free(g->G.layers);
+    for (int i = 0; i < g->ev_created; i++) cudaEventDestroy(g->ev[i].a), cudaEventDestroy(g->ev[i].b);
+    free(g->ev);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g);
 }
@@ -388,6 +403,88 @@ kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) {
     return NULL;
 }
 
+/* ---------- per-op timing ---------- */
+
+#define PROF_MAX 16384
+
+static void prof_begin(kiln_zaya_cuda *g, const char *cls) {
+    if (!g->prof || g->nev >= PROF_MAX) return;
+    if (g->nev == g->cap_ev) {
+        int cap = g->cap_ev ? 2 * g->cap_ev : 256;
+        struct prof_ev *v = realloc(g->ev, (size_t)cap * sizeof *v);
+        if (!v) return;
+        g->ev = v;
+        g->cap_ev = cap;
+    }
+    struct prof_ev *e = &g->ev[g->nev];
+    if (g->nev >= g->ev_created) {
+        if (cudaEventCreate(&e->a) != cudaSuccess) return;
+        if (cudaEventCreate(&e->b) != cudaSuccess) {
+            cudaEventDestroy(e->a);
+            return;
+        }
+        g->ev_created++;
+    }
+    e->cls = cls;
+    cudaEventRecord(e->a, g->stream);
+}
+static void prof_end(kiln_zaya_cuda *g) {
+    if (!g->prof || g->nev >= g->ev_created) return;
+    cudaEventRecord(g->ev[g->nev].b, g->stream);
+    g->nev++;
+}
+/* An op wrapped in the profiler's events (a branch when profiling is off). */
+#define OP(g, cls, call)                                                                                  \
+    do {                                                                                                  \
+        prof_begin((g), (cls));                                                                           \
+        kiln_error *op_e_ = (call);                                                                       \
+        prof_end(g);                                                                                      \
+        if (op_e_) return op_e_;                                                                          \
+    } while (0)
+
+void kiln_zaya_cuda_profile_start(kiln_zaya_cuda *g) {
+    g->prof = 1;
+    g->nev = 0;
+}
+void kiln_zaya_cuda_profile_push(kiln_zaya_cuda *g, const char *cls) { prof_begin(g, cls); }
+void kiln_zaya_cuda_profile_pop(kiln_zaya_cuda *g) { prof_end(g); }
+
+kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof_row *rows, int max_rows, int *nrows,
+                                          double *span_ms) {
+    g->prof = 0;
+    *nrows = 0;
+    *span_ms = 0;
+    CU(cudaStreamSynchronize(g->stream));
+    for (int i = 0; i < g->nev; i++) {
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, g->ev[i].a, g->ev[i].b));
+        int r = 0;
+        while (r < *nrows && strcmp(rows[r].cls, g->ev[i].cls)) r++;
+        if (r == *nrows) {
+            if (*nrows == max_rows) continue;
+            rows[r].cls = g->ev[i].cls;
+            rows[r].ms = 0;
+            rows[r].calls = 0;
+            (*nrows)++;
+        }
+        rows[r].ms += ms;
+        rows[r].calls++;
+    }
+    if (g->nev > 0) {
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, g->ev[0].a, g->ev[g->nev - 1].b));
+        *span_ms = ms;
+    }
+    for (int i = 1; i < *nrows; i++) /* by time, largest first */
+        for (int j = i; j > 0 && rows[j].ms > rows[j - 1].ms; j--) {
+            kiln_zaya_cuda_prof_row t = rows[j];
+            rows[j] = rows[j - 1];
+            rows[j - 1] = t;
+        }
+    g->nev = 0;
+    return NULL;
+}
+
 /* ---------- forward ---------- */
 
 #define Z(p, bytes) CU(cudaMemsetAsync((p), 0, (size_t)(bytes), st))
@@ -404,54 +501,54 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     void *st = g->stream;
 
     /* input_layernorm */
-    KILN_TRY(kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
+    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
     /* ZayaCCAProjection */
-    KILN_TRY(kiln_linear_forward_cuda(L->q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
-    KILN_TRY(kiln_linear_forward_cuda(L->k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
-    KILN_TRY(kiln_zaya_pack_qk_cuda(L->qk, L->q, L->k, N, Q, K, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
+    OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(L->qk, L->q, L->k, N, Q, K, st));
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
-    KILN_TRY(kiln_cca_conv_forward_cuda(L->conv, L->mid, L->qk, NULL, W->conv0_w, W->conv0_b, W->conv1_w, W->conv1_b,
+    OP(g, "CCA convolutions fwd", kiln_cca_conv_forward_cuda(L->conv, L->mid, L->qk, NULL, W->conv0_w, W->conv0_b, W->conv1_w, W->conv1_b,
                                         &cs, st));
-    KILN_TRY(kiln_zaya_qk_couple_forward_cuda(L->qpre, L->kpre, L->q, L->k, L->conv, N, NH, KV, D, st));
+    OP(g, "pointwise + glue fwd", kiln_zaya_qk_couple_forward_cuda(L->qpre, L->kpre, L->q, L->k, L->conv, N, NH, KV, D, st));
     /* value: current half and the previous token's delayed projection (att is scratch here) */
-    KILN_TRY(kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
-    KILN_TRY(kiln_linear_forward_cuda(L->att, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
-    KILN_TRY(kiln_zaya_value_forward_cuda(L->v, L->att, L->vd, W->bvd, B, T, K, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->att, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
+    OP(g, "pointwise + glue fwd", kiln_zaya_value_forward_cuda(L->v, L->att, L->vd, W->bvd, B, T, K, st));
     /* ZayaQKNorm, then partial RoPE (one fused pass each) */
-    KILN_TRY(kiln_qk_norm_rope_forward_cuda(L->qr, L->qinv, L->qpre, NULL, g->inv_freq[type], B, T, NH, D,
+    OP(g, "QK norm + RoPE fwd", kiln_qk_norm_rope_forward_cuda(L->qr, L->qinv, L->qpre, NULL, g->inv_freq[type], B, T, NH, D,
                                             m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
-    KILN_TRY(kiln_qk_norm_rope_forward_cuda(L->kr, L->kinv, L->kpre, W->temp, g->inv_freq[type], B, T, KV, D,
+    OP(g, "QK norm + RoPE fwd", kiln_qk_norm_rope_forward_cuda(L->kr, L->kinv, L->kpre, W->temp, g->inv_freq[type], B, T, KV, D,
                                             m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
     /* causal GQA attention */
     kiln_attn_shape as = attn_shape(c, B, T, type);
-    KILN_TRY(kiln_attention_forward_cuda(L->att, L->lse, L->qr, L->kr, L->v, &as, st));
+    OP(g, "attention (flash) fwd", kiln_attention_forward_cuda(L->att, L->lse, L->qr, L->kr, L->v, &as, st));
     /* o_proj, kept in f32 for the residual scaling (ln2 is scratch until the norm writes it) */
-    KILN_TRY(kiln_linear_forward_cuda(L->ln2, L->att, BF(g, W->wo), BF(g, W->bo), N, Q, H, st));
-    KILN_TRY(kiln_bf16_to_f32_cuda(L->o, L->ln2, N * H, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->ln2, L->att, BF(g, W->wo), BF(g, W->bo), N, Q, H, st));
+    OP(g, "pointwise + glue fwd", kiln_bf16_to_f32_cuda(L->o, L->ln2, N * H, st));
     /* post_attention_residual_scale, post_attention_layernorm */
-    KILN_TRY(kiln_scale_shift_forward_cuda(L->res1, L->o, W->attn_hb, W->attn_hs, N, H, 0, st));
-    KILN_TRY(kiln_scale_shift_forward_cuda(L->res1, L->x, W->attn_rb, W->attn_rs, N, H, 1, st));
-    KILN_TRY(kiln_rmsnorm_forward_cuda(L->ln2, L->ln2_r, L->res1, W->ln2, N, H, eps, st));
+    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(L->res1, L->o, W->attn_hb, W->attn_hs, N, H, 0, st));
+    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(L->res1, L->x, W->attn_rb, W->attn_rs, N, H, 1, st));
+    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln2, L->ln2_r, L->res1, W->ln2, N, H, eps, st));
     /* ZayaRouter */
-    KILN_TRY(kiln_linear_forward_cuda(L->rdown, L->ln2, BF(g, W->r_down_w), BF(g, W->r_down_b), N, H, R, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->rdown, L->ln2, BF(g, W->r_down_w), BF(g, W->r_down_b), N, H, R, st));
     if (W->r_state_scale && prev_rdown)
-        KILN_TRY(kiln_zaya_router_state_forward_cuda(L->rdown, prev_rdown, W->r_state_scale, N, R, st));
-    KILN_TRY(kiln_rmsnorm_forward_bf16_cuda(L->rn, L->rn_r, L->rdown, W->r_norm, N, R, eps, st));
-    KILN_TRY(kiln_linear_forward_cuda(L->f1, L->rn, BF(g, W->r_fc1_w), BF(g, W->r_fc1_b), N, R, R, st));
-    KILN_TRY(kiln_gelu_forward_cuda(L->a1, L->f1, N * R, st));
-    KILN_TRY(kiln_linear_forward_cuda(L->f2, L->a1, BF(g, W->r_fc2_w), BF(g, W->r_fc2_b), N, R, R, st));
-    KILN_TRY(kiln_gelu_forward_cuda(L->a2, L->f2, N * R, st));
-    KILN_TRY(kiln_gemm_bf16_cuda(L->rlogits, 1, L->a2, BF(g, W->r_out_w), N, E1, R, "NT", 0, st));
-    KILN_TRY(kiln_softmax_forward_cuda(L->rprobs, L->rlogits, N, E1, st));
-    KILN_TRY(kiln_zaya_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
+        OP(g, "pointwise + glue fwd", kiln_zaya_router_state_forward_cuda(L->rdown, prev_rdown, W->r_state_scale, N, R, st));
+    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_bf16_cuda(L->rn, L->rn_r, L->rdown, W->r_norm, N, R, eps, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->f1, L->rn, BF(g, W->r_fc1_w), BF(g, W->r_fc1_b), N, R, R, st));
+    OP(g, "pointwise + glue fwd", kiln_gelu_forward_cuda(L->a1, L->f1, N * R, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->f2, L->a1, BF(g, W->r_fc2_w), BF(g, W->r_fc2_b), N, R, R, st));
+    OP(g, "pointwise + glue fwd", kiln_gelu_forward_cuda(L->a2, L->f2, N * R, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_gemm_bf16_cuda(L->rlogits, 1, L->a2, BF(g, W->r_out_w), N, E1, R, "NT", 0, st));
+    OP(g, "pointwise + glue fwd", kiln_softmax_forward_cuda(L->rprobs, L->rlogits, N, E1, st));
+    OP(g, "pointwise + glue fwd", kiln_zaya_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
     /* ZayaExperts */
     kiln_experts_cuda ex = {N, H, c->moe_intermediate, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, 0, L->xe, L->gu, L->act, L->ye};
-    KILN_TRY(kiln_experts_forward_cuda(&ex, L->moe, L->ln2, BF(g, W->gate_up), BF(g, W->down), st));
+    OP(g, "experts (dispatch + grouped GEMMs) fwd", kiln_experts_forward_cuda(&ex, L->moe, L->ln2, BF(g, W->gate_up), BF(g, W->down), st));
     L->nslots = ex.nslots;
     /* post_mlp_residual_scale */
-    KILN_TRY(kiln_scale_shift_forward_cuda(out, L->moe, W->mlp_hb, W->mlp_hs, N, H, 0, st));
-    KILN_TRY(kiln_scale_shift_forward_cuda(out, L->res1, W->mlp_rb, W->mlp_rs, N, H, 1, st));
+    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(out, L->moe, W->mlp_hb, W->mlp_hs, N, H, 0, st));
+    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(out, L->res1, W->mlp_rb, W->mlp_rs, N, H, 1, st));
     return NULL;
 }
 
@@ -462,19 +559,19 @@ static kiln_error *forward_impl(kiln_zaya_cuda *g, const int64_t *ids) {
     cudaStream_t st = g->stream;
     KILN_TRY(kiln_zaya_check_ids(m, ids, N));
     CU(cudaMemcpyAsync(g->ids, ids, (size_t)N * sizeof(int64_t), cudaMemcpyHostToDevice, st));
-    KILN_TRY(kiln_embedding_forward_cuda(g->x0, g->W.embed, g->ids, N, H, st));
+    OP(g, "embedding fwd", kiln_embedding_forward_cuda(g->x0, g->W.embed, g->ids, N, H, st));
     const int64_t E1 = c->num_experts + 1;
     CU(cudaMemsetAsync(g->counts, 0, (size_t)(c->num_layers * E1) * sizeof(int64_t), st));
     float *x = c->num_layers ? g->L[0].x : g->xf;
-    KILN_TRY(kiln_scale_shift_forward_cuda(x, g->x0, g->W.in_bias, g->W.in_scale, N, H, 0, st));
+    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(x, g->x0, g->W.in_bias, g->W.in_scale, N, H, 0, st));
     for (int64_t l = 0; l < c->num_layers; l++) {
         float *out = l + 1 < c->num_layers ? g->L[l + 1].x : g->xf;
         kiln_error *e = layer_forward(g, l, &g->L[l], l > 0 ? g->L[l - 1].rdown : NULL, out);
         if (!e) e = kiln_zaya_route_count_cuda(g->counts + l * E1, g->L[l].choice, N * c->top_k, E1, st);
         if (e) return kiln_error_wrap(e, "layer %lld forward", (long long)l);
     }
-    KILN_TRY(kiln_rmsnorm_forward_cuda(g->hn, g->hn_r, g->xf, g->W.norm, N, H, (float)c->rms_norm_eps, st));
-    KILN_TRY(kiln_linear_forward_cuda(g->logits, g->hn, BF(g, g->W.lm_head_w), BF(g, g->W.lm_head_b), N, H,
+    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(g->hn, g->hn_r, g->xf, g->W.norm, N, H, (float)c->rms_norm_eps, st));
+    OP(g, "LM head (cuBLASLt) fwd", kiln_linear_forward_cuda(g->logits, g->hn, BF(g, g->W.lm_head_w), BF(g, g->W.lm_head_b), N, H,
                                       c->vocab_size, st));
     g->logits_valid = 1;
     g->layers_fresh = 1;
@@ -485,7 +582,7 @@ kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double
     KILN_TRY(forward_impl(g, ids));
     if (loss) {
         float lf = 0;
-        KILN_TRY(kiln_cross_entropy_cuda(NULL, NULL, g->loss, g->logits, g->ids, g->B, g->T, g->m->cfg.vocab_size,
+        OP(g, "cross-entropy fwd", kiln_cross_entropy_cuda(NULL, NULL, g->loss, g->logits, g->ids, g->B, g->T, g->m->cfg.vocab_size,
                                          g->stream));
         CU(cudaMemcpyAsync(&lf, g->loss, sizeof lf, cudaMemcpyDeviceToHost, g->stream));
         CU(cudaStreamSynchronize(g->stream));
@@ -545,76 +642,76 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     /* post_mlp_residual_scale */
     Z(s->dmoe, N * H * 4);
     Z(s->dres1, N * H * 4);
-    KILN_TRY(kiln_scale_shift_backward_cuda(s->dmoe, Gd->mlp_hb, Gd->mlp_hs, dout, L->moe, W->mlp_hb, W->mlp_hs, N, H,
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dmoe, Gd->mlp_hb, Gd->mlp_hs, dout, L->moe, W->mlp_hb, W->mlp_hs, N, H,
                                             st));
-    KILN_TRY(kiln_scale_shift_backward_cuda(s->dres1, Gd->mlp_rb, Gd->mlp_rs, dout, L->res1, W->mlp_rb, W->mlp_rs, N,
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dres1, Gd->mlp_rb, Gd->mlp_rs, dout, L->res1, W->mlp_rb, W->mlp_rs, N,
                                             H, st));
     /* experts */
     Z(s->dln2f, N * H * 4);
     kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, L->nslots, L->xe, L->gu, L->act, L->ye};
     kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe};
-    KILN_TRY(kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
+    OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
-    KILN_TRY(kiln_zaya_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
+    OP(g, "pointwise + glue bwd", kiln_zaya_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
     Z(s->dlogit, N * E1 * 4);
-    KILN_TRY(kiln_softmax_backward_cuda(s->dlogit, s->dprobs, L->rprobs, N, E1, st));
-    KILN_TRY(kiln_f32_to_bf16_cuda(s->dlogitb, s->dlogit, N * E1, st));
+    OP(g, "pointwise + glue bwd", kiln_softmax_backward_cuda(s->dlogit, s->dprobs, L->rprobs, N, E1, st));
+    OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dlogitb, s->dlogit, N * E1, st));
     Z(s->da2, N * R * 2);
-    KILN_TRY(kiln_linear_backward_cuda(s->da2, Gd->r_out_w, NULL, s->dlogitb, L->a2, BF(g, W->r_out_w), N, R, E1, st));
-    KILN_TRY(kiln_gelu_backward_cuda(s->df2, s->da2, L->f2, N * R, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->da2, Gd->r_out_w, NULL, s->dlogitb, L->a2, BF(g, W->r_out_w), N, R, E1, st));
+    OP(g, "pointwise + glue bwd", kiln_gelu_backward_cuda(s->df2, s->da2, L->f2, N * R, st));
     Z(s->da1, N * R * 2);
-    KILN_TRY(kiln_linear_backward_cuda(s->da1, Gd->r_fc2_w, Gd->r_fc2_b, s->df2, L->a1, BF(g, W->r_fc2_w), N, R, R,
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->da1, Gd->r_fc2_w, Gd->r_fc2_b, s->df2, L->a1, BF(g, W->r_fc2_w), N, R, R,
                                        st));
-    KILN_TRY(kiln_gelu_backward_cuda(s->df1, s->da1, L->f1, N * R, st));
+    OP(g, "pointwise + glue bwd", kiln_gelu_backward_cuda(s->df1, s->da1, L->f1, N * R, st));
     Z(s->drn, N * R * 2);
-    KILN_TRY(kiln_linear_backward_cuda(s->drn, Gd->r_fc1_w, Gd->r_fc1_b, s->df1, L->rn, BF(g, W->r_fc1_w), N, R, R,
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->drn, Gd->r_fc1_w, Gd->r_fc1_b, s->df1, L->rn, BF(g, W->r_fc1_w), N, R, R,
                                        st));
-    KILN_TRY(kiln_rmsnorm_backward_bf16_cuda(s->dxn, Gd->r_norm, s->drn, L->rdown, W->r_norm, L->rn_r, N, R, st));
+    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_bf16_cuda(s->dxn, Gd->r_norm, s->drn, L->rdown, W->r_norm, L->rn_r, N, R, st));
     const int has_prev = W->r_state_scale && prev_rdown;
-    KILN_TRY(kiln_zaya_router_state_backward_cuda(s->drs, has_prev ? carry_out : NULL, Gd->r_state_scale, s->prod,
+    OP(g, "pointwise + glue bwd", kiln_zaya_router_state_backward_cuda(s->drs, has_prev ? carry_out : NULL, Gd->r_state_scale, s->prod,
                                                   s->dxn, carry_in, has_prev ? prev_rdown : NULL,
                                                   has_prev ? W->r_state_scale : NULL, N, R, st));
     if (!has_prev && carry_out) Z(carry_out, N * R * 4);
-    KILN_TRY(kiln_f32_to_bf16_cuda(s->dln2, s->dln2f, N * H, st));
-    KILN_TRY(kiln_linear_backward_cuda(s->dln2, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
+    OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dln2, s->dln2f, N * H, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln2, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
                                        R, st));
     /* post_attention_layernorm, post_attention_residual_scale */
-    KILN_TRY(kiln_rmsnorm_backward_cuda(s->dres1, Gd->ln2, s->dln2, L->res1, W->ln2, L->ln2_r, N, H, st));
+    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_cuda(s->dres1, Gd->ln2, s->dln2, L->res1, W->ln2, L->ln2_r, N, H, st));
     Z(s->do32, N * H * 4);
     Z(s->dnext, N * H * 4);
-    KILN_TRY(kiln_scale_shift_backward_cuda(s->do32, Gd->attn_hb, Gd->attn_hs, s->dres1, L->o, W->attn_hb, W->attn_hs,
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->do32, Gd->attn_hb, Gd->attn_hs, s->dres1, L->o, W->attn_hb, W->attn_hs,
                                             N, H, st));
-    KILN_TRY(kiln_scale_shift_backward_cuda(s->dnext, Gd->attn_rb, Gd->attn_rs, s->dres1, L->x, W->attn_rb,
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dnext, Gd->attn_rb, Gd->attn_rs, s->dres1, L->x, W->attn_rb,
                                             W->attn_rs, N, H, st));
     /* o_proj and attention */
-    KILN_TRY(kiln_f32_to_bf16_cuda(s->dob, s->do32, N * H, st));
+    OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dob, s->do32, N * H, st));
     Z(s->datt, N * Q * 2);
-    KILN_TRY(kiln_linear_backward_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H, st));
     kiln_attn_shape as = attn_shape(c, B, T, type);
-    KILN_TRY(kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
+    OP(g, "attention (flash) bwd", kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
                                           s->attn_work, st));
     /* value */
-    KILN_TRY(kiln_zaya_value_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K, st));
+    OP(g, "pointwise + glue bwd", kiln_zaya_value_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K, st));
     Z(s->dln1, N * H * 2);
-    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2, st));
-    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, s->dvdd, L->ln1, BF(g, W->wvd), N, H, K / 2, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, s->dvdd, L->ln1, BF(g, W->wvd), N, H, K / 2, st));
     /* RoPE and the QK norm */
-    KILN_TRY(kiln_qk_norm_rope_backward_cuda(s->dqpre, NULL, s->dqr, L->qpre, NULL, L->qinv, g->inv_freq[type], B, T,
+    OP(g, "QK norm + RoPE bwd", kiln_qk_norm_rope_backward_cuda(s->dqpre, NULL, s->dqr, L->qpre, NULL, L->qinv, g->inv_freq[type], B, T,
                                              NH, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
-    KILN_TRY(kiln_qk_norm_rope_backward_cuda(s->dkpre, Gd->temp, s->dkr, L->kpre, W->temp, L->kinv, g->inv_freq[type],
+    OP(g, "QK norm + RoPE bwd", kiln_qk_norm_rope_backward_cuda(s->dkpre, Gd->temp, s->dkr, L->kpre, W->temp, L->kinv, g->inv_freq[type],
                                              B, T, KV, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
     /* the convolutions, then the residual coupling (with the convolution's input gradient) */
-    KILN_TRY(kiln_zaya_pack_qk_cuda(s->dconv, s->dqpre, s->dkpre, N, Q, K, st));
+    OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(s->dconv, s->dqpre, s->dkpre, N, Q, K, st));
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
-    KILN_TRY(kiln_cca_conv_backward_cuda(s->dqk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b, s->dmid, s->dconv,
+    OP(g, "CCA convolutions bwd", kiln_cca_conv_backward_cuda(s->dqk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b, s->dmid, s->dconv,
                                          L->qk, NULL, L->mid, W->conv0_w, W->conv1_w, &cs, st));
-    KILN_TRY(kiln_zaya_qk_couple_backward_cuda(s->dq, s->dk, s->dqpre, s->dkpre, s->dqk, N, NH, KV, D, st));
-    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
-    KILN_TRY(kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
+    OP(g, "pointwise + glue bwd", kiln_zaya_qk_couple_backward_cuda(s->dq, s->dk, s->dqpre, s->dkpre, s->dqk, N, NH, KV, D, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
     /* input_layernorm */
-    KILN_TRY(kiln_rmsnorm_backward_cuda(s->dnext, Gd->ln1, s->dln1, L->x, W->ln1, L->ln1_r, N, H, st));
+    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_cuda(s->dnext, Gd->ln1, s->dln1, L->x, W->ln1, L->ln1_r, N, H, st));
     return NULL;
 }
 
@@ -626,13 +723,13 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     cudaStream_t st = g->stream;
     if (!g->logits_valid) return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: backward without a forward");
     /* loss -> logits (the gradient overwrites them) -> lm_head -> final norm */
-    KILN_TRY(kiln_cross_entropy_cuda(g->logits, NULL, NULL, g->logits, g->ids, B, T, V, st));
+    OP(g, "cross-entropy bwd", kiln_cross_entropy_cuda(g->logits, NULL, NULL, g->logits, g->ids, B, T, V, st));
     g->logits_valid = 0;
     Z(s->dhn, N * H * 2);
-    KILN_TRY(kiln_linear_backward_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
+    OP(g, "LM head (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
                                        BF(g, g->W.lm_head_w), N, H, V, st));
     Z(s->dres, N * H * 4);
-    KILN_TRY(kiln_rmsnorm_backward_cuda(s->dres, g->G.norm, s->dhn, g->xf, g->W.norm, g->hn_r, N, H, st));
+    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_cuda(s->dres, g->G.norm, s->dhn, g->xf, g->W.norm, g->hn_r, N, H, st));
     float *carry_in = NULL, *carry_out = s->carry_a;
     for (int64_t l = c->num_layers - 1; l >= 0; l--) {
         glayer *L = &g->L[l];
@@ -652,9 +749,9 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     g->layers_fresh = 0;
     /* input hidden-state scale/bias, then the embedding (the pad row gets nothing) */
     Z(s->dx0, N * H * 4);
-    KILN_TRY(kiln_scale_shift_backward_cuda(s->dx0, g->G.in_bias, g->G.in_scale, s->dres, g->x0, g->W.in_bias,
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dx0, g->G.in_bias, g->G.in_scale, s->dres, g->x0, g->W.in_bias,
                                             g->W.in_scale, N, H, st));
-    KILN_TRY(kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
+    OP(g, "embedding bwd", kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
     CU(cudaStreamSynchronize(st));
     sample_memory(g);
     return NULL;

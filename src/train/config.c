@@ -62,6 +62,7 @@ static const field fields[] = {
     {"run", "device", F_STR, O(device), "\"cpu\" or \"cuda\" (one GPU per rank; NCCL between ranks)"},
     {"run", "recompute", F_BOOL, O(recompute), "cuda: activation recomputation (keep each layer's input, "
                                                "re-run its forward in backward)"},
+    {"run", "save_final", F_BOOL, O(save_final), "write the final checkpoint and model/ (false: a benchmark run)"},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 static const char *const sections[] = {"model", "data", "optim", "balance", "run", NULL};
@@ -108,6 +109,7 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->threads = 0;
     snprintf(c->device, sizeof c->device, "cpu");
     c->recompute = 0;
+    c->save_final = 1;
 }
 
 static const field *find_field(const char *section, const char *key) {

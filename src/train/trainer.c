@@ -264,14 +264,18 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), m->numel, &sq));
         t->local_gnorm = sqrt(sq);
     }
+    kiln_zaya_cuda_profile_push(g, "gradient scale + reduce-scatter");
     KILN_TRY(kiln_zaya_cuda_scale(g, kiln_zaya_cuda_grads(g), m->numel, 1.0f / (float)(accum * comm->size)));
+    kiln_zaya_cuda_profile_pop(g);
     if (comm->device_buffers) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
         KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->part.counts, t->part.displs));
         KILN_TRY(kiln_comm_sync(comm));
     }
     double stats[3] = {0, loss_sum / (double)accum, 0};
+    kiln_zaya_cuda_profile_push(g, "gradient norm");
     KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->part.counts[me], &stats[0]));
+    kiln_zaya_cuda_profile_pop(g);
     KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
     double gnorm = sqrt(stats[0]);
     if (!isfinite(gnorm) || !isfinite(stats[1])) {
@@ -285,13 +289,17 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_schedule sched = c->sched;
     sched.total = c->steps;
     double lr = kiln_schedule_lr(&sched, step);
+    kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
     KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->part.displs[me], scale, &c->optim, lr, step + 1));
+    kiln_zaya_cuda_profile_pop(g);
     if (comm->device_buffers) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
         KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->part.counts, t->part.displs));
         KILN_TRY(kiln_comm_sync(comm));
     }
+    kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
     KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
+    kiln_zaya_cuda_profile_pop(g);
     KILN_TRY(balance_step(t, c, comm));
     KILN_TRY(kiln_zaya_cuda_upload_balancing(g, m->balancing));
     *loss_out = stats[1] / comm->size;
@@ -399,6 +407,23 @@ static void log_metrics(trainer *t, const kiln_train_config *c, int64_t step, do
     fflush(t->metrics);
 }
 
+/* KILN_CUDA_PROFILE: the last step's time by op class (CUDA events on the model's stream), rank 0. */
+static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
+    kiln_zaya_cuda_prof_row rows[64];
+    int n = 0;
+    double span = 0, sum = 0;
+    KILN_TRY(kiln_zaya_cuda_profile_report(t->gpu, rows, 64, &n, &span));
+    if (comm->rank) return NULL;
+    printf("\nper-op time of the last step (CUDA events; step wall time %.1f ms, first to last event %.1f ms):\n",
+           step_s * 1e3, span);
+    printf("  %-40s %10s %7s %6s\n", "op class", "ms", "share", "calls");
+    for (int i = 0; i < n; i++) sum += rows[i].ms;
+    for (int i = 0; i < n; i++)
+        printf("  %-40s %10.2f %6.1f%% %6d\n", rows[i].cls, rows[i].ms, 100 * rows[i].ms / (step_s * 1e3), rows[i].calls);
+    printf("  %-40s %10.2f %6.1f%%\n", "sum of the ops", sum, 100 * sum / (step_s * 1e3));
+    return NULL;
+}
+
 /* kiln run's heartbeat; nothing outside it. */
 static kiln_error *beat(trainer *t, const kiln_train_config *c, kiln_comm *comm, int64_t step, const char *phase,
                         double loss, double gnorm, double step_s) {
@@ -482,7 +507,10 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         const int skipped = kiln_step_ranges_contains(&t.ft.skip, step + 1);
         kiln_ft_fault_step_begin(&t.ft, comm->rank, step + 1);
         double ts = now();
+        const int prof = t.gpu && step + 1 == c->steps && getenv("KILN_CUDA_PROFILE") && !skipped;
+        if (prof) kiln_zaya_cuda_profile_start(t.gpu);
         e = one_step(&t, c, comm, step, &loss, &gnorm, &lr, &ntok);
+        if (!e && prof) e = print_profile(&t, comm, now() - ts);
         if (e) break;
         step++;
         tokens += (double)ntok;
@@ -510,7 +538,8 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         double stop[1] = {(o->interrupted && *o->interrupted) || (o->stop_after > 0 && step - start >= o->stop_after)};
         if (!e) e = comm->allreduce_sum_f64(comm, stop, 1);
         if (!e) e = ckpt_writer_poll(t.ckw, comm, 0); /* commit a background save once every shard is written */
-        int save = !e && ((c->ckpt_every > 0 && step % c->ckpt_every == 0) || step == c->steps || stop[0] > 0);
+        int save = !e && ((c->ckpt_every > 0 && step % c->ckpt_every == 0) || (step == c->steps && c->save_final) ||
+                          stop[0] > 0);
         if (save) {
             e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
@@ -523,7 +552,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             break;
         }
     }
-    if (!e && t.gpu && step >= c->steps) e = cuda_to_host(&t);
+    if (!e && t.gpu && step >= c->steps && c->save_final) e = cuda_to_host(&t);
     if (!e && t.gpu && comm->rank == 0 && !o->quiet) {
         kiln_zaya_cuda_mem mem;
         e = kiln_zaya_cuda_memory(t.gpu, &mem);
@@ -535,7 +564,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
                    mem.scratch_bytes / 1073741824.0, mem.pool_high_bytes / 1073741824.0,
                    mem.device_used_high / 1073741824.0);
     }
-    if (!e && comm->rank == 0 && step >= c->steps) {
+    if (!e && comm->rank == 0 && step >= c->steps && c->save_final) {
         char dir[1200];
         snprintf(dir, sizeof dir, "%s/model", c->out_dir);
         e = kiln_zaya_save_dir(t.m, dir);
