@@ -130,7 +130,8 @@ size_t kiln_attention_backward_cuda_work(const kiln_attn_shape *s);
 /* ==== end cudaattn ==== */
 
 /* ==== row-wise and pointwise ops, the loss and the optimizers (src/cuda/{embedding,rmsnorm,scale_shift,
- * activations,softmax,qk_norm_rope,cross_entropy,optim,cca_conv}.cu; tests in tests/gpu/test_gpu_ops*.c) ====
+ * activations,softmax,qk_norm_rope,cross_entropy,optim,cca_conv,cca_couple,value_shift}.cu; tests in
+ * tests/gpu/test_gpu_ops*.c) ====
  * Dtypes follow the training recipe: the residual stream, saved statistics, norms' and convolutions'
  * weights, biases, scales and every weight gradient are f32; activations are bf16. Gradient outputs in
  * f32 ACCUMULATE (+=) as on the CPU; gradient outputs in bf16 are WRITTEN (an activation gradient in
@@ -235,6 +236,23 @@ kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, f
                                         const kiln_bf16 *dy, const kiln_bf16 *x, const kiln_bf16 *hist,
                                         const float *mid, const float *w0, const float *w1, const kiln_conv_shape *s,
                                         void *stream);
+/* CCA's q/k residual coupling (zaya_forward.c): qk bf16 [N,C] is the packed [q | k] the convolution reads
+ * (C = NH*D + KV*D), conv bf16 [N,C] its output; qpre [N,NH*D] = conv_q + (q + k of the head's KV head)/2 and
+ * kpre [N,KV*D] = conv_k + the mean over the group of those, bf16. Backward, bf16 and written: dconv (nullable)
+ * = [dq | dk], the convolution's dy; dqp [N,NH*D] / dkp [N,KV*D] (nullable) = the coupling's adjoint of (dq, dk)
+ * plus dqk (the convolution's dx, nullable: not added), the q/k projections' output gradients. */
+kiln_error *kiln_cca_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *conv, const kiln_bf16 *qk,
+                                         int64_t N, int64_t NH, int64_t KV, int64_t D, void *stream);
+kiln_error *kiln_cca_couple_backward_cuda(kiln_bf16 *dqp, kiln_bf16 *dkp, kiln_bf16 *dconv, const kiln_bf16 *dq,
+                                          const kiln_bf16 *dk, const kiln_bf16 *dqk, int64_t N, int64_t NH, int64_t KV,
+                                          int64_t D, void *stream);
+/* CCA's value shift (training, no decode cache): v bf16 [B*T, 2*Kh] = [vc[b,t] | vd[b,t-1]], vd at t = -1 being
+ * bvd (f32 [Kh], NULL: zeros). Backward: dvc, dvd bf16 [B*T, Kh] written (nullable), dbvd f32 += the first
+ * tokens' delayed halves (nullable). */
+kiln_error *kiln_value_shift_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd, const float *bvd,
+                                          int64_t B, int64_t T, int64_t Kh, void *stream);
+kiln_error *kiln_value_shift_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv, int64_t B,
+                                           int64_t T, int64_t Kh, void *stream);
 /* ==== end of the row-wise and pointwise ops ==== */
 
 /* ==== cudamodel: the ZAYA model's own glue (src/cuda/zaya_glue.cu; used by src/models/zaya_cuda.c) ====

@@ -1,0 +1,61 @@
+// CCA's value shift (src/models/zaya_forward.c): v[b,t] = [v_current(x_t) | v_delayed(x_{t-1})], the first
+// token's delayed half being v_proj_delayed(0) = its bias (or zeros without one). Training path: no decode
+// cache. Backward: the delayed half's gradient moves one step back; token 0's goes to the bias, summed over
+// the sequences in order (one thread per channel: deterministic, the CPU's order).
+#include "ops_common.cuh"
+
+static __global__ void vshift_fwd_kernel(bf16 *v, const bf16 *vc, const bf16 *vd, const float *bvd, int64_t B, int64_t T,
+                                         int64_t Kh) {
+    const int64_t total = B * T * Kh;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t bt = e / Kh, j = e % Kh, t = bt % T;
+        v[bt * 2 * Kh + j] = vc[e];
+        v[bt * 2 * Kh + Kh + j] = t > 0 ? vd[e - Kh] : __float2bfloat16_rn(bvd ? bvd[j] : 0.0f);
+    }
+}
+
+static __global__ void vshift_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh) {
+    const int64_t total = B * T * Kh;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t bt = e / Kh, j = e % Kh, t = bt % T;
+        if (dvc) dvc[e] = dv[bt * 2 * Kh + j];
+        if (dvd) dvd[e] = t < T - 1 ? dv[(bt + 1) * 2 * Kh + Kh + j] : __float2bfloat16_rn(0.0f);
+    }
+}
+
+static __global__ void vshift_bias_kernel(float *dbvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh) {
+    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (j >= Kh) return;
+    float acc = dbvd[j];
+    for (int64_t b = 0; b < B; b++) acc += __bfloat162float(dv[(b * T) * 2 * Kh + Kh + j]);
+    dbvd[j] = acc;
+}
+
+extern "C" kiln_error *kiln_value_shift_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd,
+                                                     const float *bvd, int64_t B, int64_t T, int64_t Kh, void *stream) {
+    kiln_error *err = NULL;
+    if (B <= 0 || T <= 0 || Kh <= 0) return NULL;
+    vshift_fwd_kernel<<<grid_for(B * T * Kh, 256), 256, 0, (cudaStream_t)stream>>>(
+        (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh);
+    LAUNCH_CHECK("value_shift forward");
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_value_shift_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv,
+                                                      int64_t B, int64_t T, int64_t Kh, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (B <= 0 || T <= 0 || Kh <= 0) return NULL;
+    if (dvc || dvd) {
+        vshift_bwd_kernel<<<grid_for(B * T * Kh, 256), 256, 0, st>>>((bf16 *)dvc, (bf16 *)dvd, (const bf16 *)dv, B, T,
+                                                                     Kh);
+        LAUNCH_CHECK("value_shift backward");
+    }
+    if (dbvd) {
+        vshift_bias_kernel<<<(int)((Kh + 127) / 128), 128, 0, st>>>(dbvd, (const bf16 *)dv, B, T, Kh);
+        LAUNCH_CHECK("value_shift backward (bias)");
+    }
+done:
+    return err;
+}
