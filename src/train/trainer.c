@@ -120,10 +120,10 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
                            "memory)", comm->size, comm->backend);
     KILN_TRY(kiln_zaya_cuda_create(t->m, c->micro_batch, c->seq_len, c->recompute, &t->gpu));
     KILN_TRY(kiln_zaya_cuda_opt_create(t->gpu, t->op, t->part.first[comm->rank], t->part.first[comm->rank + 1], &t->gopt));
-    if (comm->device_buffers) {
+    if (comm->size > 1) {
         KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->part.counts[comm->rank] + 1) * sizeof(float)));
         t->gshard_owned = 1;
-    } else { /* one rank: the summed gradient is the gradient */
+    } else { /* one rank: the summed gradient is the gradient, and the collectives are identities */
         t->gshard_dev = kiln_zaya_cuda_grads(t->gpu) + t->part.displs[comm->rank];
     }
     return NULL;
@@ -267,7 +267,7 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda_profile_push(g, "gradient scale + reduce-scatter");
     KILN_TRY(kiln_zaya_cuda_scale(g, kiln_zaya_cuda_grads(g), m->numel, 1.0f / (float)(accum * comm->size)));
     kiln_zaya_cuda_profile_pop(g);
-    if (comm->device_buffers) {
+    if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
         KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->part.counts, t->part.displs));
         KILN_TRY(kiln_comm_sync(comm));
@@ -292,7 +292,7 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
     KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->part.displs[me], scale, &c->optim, lr, step + 1));
     kiln_zaya_cuda_profile_pop(g);
-    if (comm->device_buffers) {
+    if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
         KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->part.counts, t->part.displs));
         KILN_TRY(kiln_comm_sync(comm));

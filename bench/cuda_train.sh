@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Issue [cuda]'s benchmark on the H200, one script, one run: `kiln train --device cuda` on the benchmark
+# config (hidden 2048, 8 'hybrid' layers, 16 experts top-1, moe_intermediate 2048, 8 query / 2 KV heads of
+# 128, vocab 50304, sequence 4096, micro-batch 4 = 16384 tokens a step, AdamW like the peer) and the peer,
+# HF transformers' ZayaForCausalLM with bf16 autocast and fused torch AdamW (bench/peers/hf_zaya_train.py,
+# the issue's own script), in the same run. Prints both sides' tokens/s, MFU (989 TFLOP/s dense bf16; FLOPs
+# counted the peer's way AND exactly), peak memory, the ratio, and kiln's per-op time of one step.
+# Data: the built-in corpus tokenized by kiln (token ids < 2048 of the model's 50304; the step's work does
+# not depend on the ids). Env: STEPS (default 12; the first 3 are warm-up and not timed), OUT (default
+# bench-out), RECOMPUTE=1 (activation recomputation), SKIP_PEER=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-bench-out}; mkdir -p "$out"
+. scripts/gpu_machine_build.sh
+kiln_gpu_build build-gpu ON kiln
+kiln_find_nccl
+steps=${STEPS:-12}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+# data: runs/default/data (built-in corpus, BPE tokenizer, shards), made once
+./build-gpu/kiln train --steps 0 --quiet >/dev/null 2>&1 || true
+test -f runs/default/data/index.json
+
+cfg="$out/cuda_train_config.json"
+python3 - "$cfg" "$steps" "$out/kiln_run" <<'PY'
+import json, sys
+path, steps, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+L = 8
+cfg = {
+    "model": {"vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": L, "layer_types": ["hybrid"] * L,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16,
+              "num_experts_per_tok": 1, "moe_intermediate_size": 2048, "router_hidden_size": 256,
+              "tie_word_embeddings": True},
+    "data": {"dir": "runs/default/data", "seq_len": 4096, "micro_batch": 4, "grad_accum": 1},
+    "optim": {"muon": False, "lr": 1e-4, "min_lr": 1e-5, "warmup": 2},
+    "run": {"steps": steps, "log_every": 1, "eval_every": 0, "ckpt_every": 0, "save_final": False,
+            "device": "cuda", "out_dir": run},
+}
+json.dump(cfg, open(path, "w"), indent=1)
+PY
+rm -rf "$out/kiln_run"
+extra=()
+[ "${RECOMPUTE:-0}" = 1 ] && extra+=(--recompute)
+echo "== kiln train --device cuda ($steps steps)"
+KILN_CUDA_PROFILE=1 ./build-gpu/kiln train --config "$cfg" "${extra[@]}" 2>&1 | tee "$out/kiln_train.log"
+
+if [ "${SKIP_PEER:-0}" != 1 ]; then
+  echo "== peer: HF transformers ZayaForCausalLM (bench/peers/hf_zaya_train.py 8)"
+  python3 bench/peers/hf_zaya_train.py 8 2>&1 | tee "$out/peer.log"
+fi
+
+python3 - "$out" "$cfg" <<'PY'
+import json, re, sys
+out, cfgp = sys.argv[1], sys.argv[2]
+cfg = json.load(open(cfgp)); m = cfg["model"]
+H, L, V = m["hidden_size"], m["num_hidden_layers"], m["vocab_size"]
+NH, KV, D = m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
+E, top, I, R = m["num_experts"], m["num_experts_per_tok"], m["moe_intermediate_size"], m["router_hidden_size"]
+T, B = cfg["data"]["seq_len"], cfg["data"]["micro_batch"]
+Q, K = NH * D, KV * D
+C = Q + K
+log = open(f"{out}/kiln_train.log").read()
+total = float(re.search(r"training ([0-9.]+)M parameters", log).group(1)) * 1e6  # as kiln counts them
+expert = L * E * 3 * H * I
+active = total - expert + expert * top // E
+# FLOPs per token, exactly: every matmul of the forward (x2 per multiply-add), backward = 2 x forward
+fwd_layer = (2 * H * (Q + 2 * K)          # q, k, v_current, v_delayed projections
+             + 2 * C * 2 + 2 * C * D * 2    # CCA depthwise (k0=2) and grouped (k1=2) convolutions
+             + 2 * NH * D * (T + 1)         # causal QK^T and PV, averaged over positions
+             + 2 * Q * H                    # o_proj
+             + 2 * (H * R + 2 * R * R + R * (E + 1))  # router
+             + top * 6 * H * I)             # experts: gate_up (2I) and down, every token routed (top-1)
+exact = 3 * (L * fwd_layer + 2 * H * V)
+peer_way = 6 * active + 6 * L * 1024 * T
+rows = [json.loads(l) for l in open(f"{out}/kiln_run/metrics.jsonl")]
+# tokens_per_s in metrics is cumulative (tokens / elapsed): recover the elapsed time of each step
+el = [(r["step"], r["tokens"], r["tokens"] / r["tokens_per_s"]) for r in rows if r["tokens_per_s"] > 0]
+warm = min(3, len(el) - 2)
+s0, t0, e0 = el[warm]; s1, t1, e1 = el[-1]
+tps = (t1 - t0) / (e1 - e0)
+# the last step ran with per-op events: time the steady state on the steps before it when there are enough
+if len(el) - warm > 3:
+    s1, t1, e1 = el[-2]
+    tps = (t1 - t0) / (e1 - e0)
+mem = re.search(r"device peak in use ([0-9.]+) GiB", log)
+kiln_mem = float(mem.group(1)) if mem else float("nan")
+kiln = {"tokens_per_s": tps, "ms_per_step": 1000 * B * T / tps, "mfu_exact": tps * exact / 989e12,
+        "mfu_peer_count": tps * peer_way / 989e12, "peak_mem_gib": kiln_mem, "steps_timed": f"{s0 + 1}..{s1}",
+        "flops_per_token_exact": exact, "flops_per_token_peer_count": peer_way, "params_total": total,
+        "params_active": active, "loss_last": rows[-1]["loss"]}
+peer = None
+try:
+    peer = json.loads(open(f"{out}/peer.log").read().strip().splitlines()[-1])
+except Exception as ex:
+    print(f"(no peer result: {ex})")
+print("\n# [cuda] benchmark: hidden 2048, 8 hybrid layers, 16 experts top-1, moe_intermediate 2048, 8q/2kv x 128,")
+print(f"# vocab 50304, seq {T}, micro-batch {B}; MFU of 989 TFLOP/s dense bf16")
+print(f"{'':28}{'tokens/s':>12}{'ms/step':>10}{'MFU exact':>11}{'MFU peer-count':>16}{'peak GiB':>10}")
+print(f"{'kiln (CUDA)':28}{tps:12.0f}{kiln['ms_per_step']:10.1f}{100*kiln['mfu_exact']:10.1f}%{100*kiln['mfu_peer_count']:15.1f}%{kiln_mem:10.1f}")
+if peer:
+    pe = peer["tokens_per_s"] * exact / 989e12
+    print(f"{'HF transformers (peer)':28}{peer['tokens_per_s']:12.0f}{peer['ms_per_step']:10.1f}{100*pe:10.1f}%{100*peer['mfu_peer']:15.1f}%{peer['peak_mem_gib']:10.1f}")
+    print(f"ratio kiln / peer: {tps / peer['tokens_per_s']:.2f}x tokens/s (target >= 6x); peak memory "
+          f"{kiln_mem / peer['peak_mem_gib']:.2f}x the peer's (target < 1)")
+    print(f"params: kiln total {total/1e6:.0f}M active {active/1e6:.0f}M; peer total {peer['total_params']/1e6:.0f}M "
+          f"active {peer['active_params']/1e6:.0f}M")
+print(f"FLOPs/token: exact {exact/1e9:.2f} G (matmuls, fwd x3), the peer's count {peer_way/1e9:.2f} G")
+json.dump({"kiln": kiln, "peer": peer}, open(f"{out}/cuda_train.json", "w"), indent=1)
+print(f"-> {out}/cuda_train.json")
+PY
