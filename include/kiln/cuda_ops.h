@@ -261,20 +261,6 @@ kiln_error *kiln_value_shift_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float
 /* qk [N,Q+K] = q [N,Q] | k [N,K] */
 kiln_error *kiln_zaya_pack_qk_cuda(kiln_bf16 *qk, const kiln_bf16 *q, const kiln_bf16 *k, int64_t N, int64_t Q,
                                    int64_t K, void *stream);
-/* qpre = conv_q + (q + k_of_head)/2, kpre = conv_k + group mean of (q + k)/2; conv [N, (NH+KV)*D].
- * Backward: dq [N,Q], dk [N,K] written = dqk's halves + the coupling's gradients. */
-kiln_error *kiln_zaya_qk_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *q, const kiln_bf16 *k,
-                                             const kiln_bf16 *conv, int64_t N, int64_t NH, int64_t KV, int64_t D,
-                                             void *stream);
-kiln_error *kiln_zaya_qk_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, const kiln_bf16 *dqpre,
-                                              const kiln_bf16 *dkpre, const kiln_bf16 *dqk, int64_t N, int64_t NH,
-                                              int64_t KV, int64_t D, void *stream);
-/* v [N,K] = vc | the previous token's vd (first token: bvd f32, nullable: zeros). Backward: dvc, dvd
- * [N,K/2] written; dbvd [K/2] += (nullable). */
-kiln_error *kiln_zaya_value_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd, const float *bvd,
-                                         int64_t B, int64_t T, int64_t K, void *stream);
-kiln_error *kiln_zaya_value_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv, int64_t B,
-                                          int64_t T, int64_t K, void *stream);
 /* Router depth averaging rdown += prev * scale [R]. Backward: g = dxn + carry (carry f32 nullable);
  * drs = bf16(g); dprev = g * scale (f32, written); dscale += sum over tokens of g * prev; prod: f32
  * scratch [N,R]. Without prev/scale only drs is written. */

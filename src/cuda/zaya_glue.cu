@@ -1,6 +1,7 @@
 // The ZAYA model's own glue on the GPU (src/models/zaya_cuda.c): the small steps between the library
-// ops that only this model has: q|k packing for the CCA convolution, the q/k residual coupling, the
-// delayed value shift, the router's depth averaging, biased top-k routing and the gate's gradient.
+// ops that only this model has: q|k packing for the CCA convolution, the router's depth averaging, biased
+// top-k routing and the gate's gradient (the coupling and the value shift are src/cuda/cca_couple.cu and
+// value_shift.cu).
 // Each is the twin of a loop in src/models/zaya_forward.c / zaya_backward.c, computed in f32 from bf16
 // activations, one rounding per output. Column sums over tokens (weight gradients) go through the fixed
 // order colsum_add of ops_common.cuh, never float atomics.
@@ -21,126 +22,6 @@ extern "C" kiln_error *kiln_zaya_pack_qk_cuda(kiln_bf16 *qk, const kiln_bf16 *q,
         pack2_kernel<<<grid_for(N * (Q + K), 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)qk, (const bf16 *)q,
                                                                                     (const bf16 *)k, N, Q, K);
     LAUNCH_CHECK("zaya pack q|k");
-done:
-    return err;
-}
-
-// ---- q/k residual coupling: qpre = conv_q + (q + k_of_head)/2; kpre = conv_k + mean over the group of
-// (q + k)/2, the group's terms summed in order g = 0..G-1 as the CPU does ----
-static __global__ void couple_fwd_kernel(bf16 *qpre, bf16 *kpre, const bf16 *q, const bf16 *k, const bf16 *conv,
-                                         int64_t N, int64_t NH, int64_t KV, int64_t D) {
-    const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n = i / C, c = i % C;
-        if (c < Q) {
-            int64_t h = c / D, d = c % D;
-            float qres = (ld(q, n * Q + c) + ld(k, n * K + (h / G) * D + d)) * 0.5f;
-            st(qpre, n * Q + c, ld(conv, n * C + c) + qres);
-        } else {
-            int64_t j = (c - Q) / D, d = (c - Q) % D;
-            float s = 0, kv = ld(k, n * K + j * D + d);
-            for (int64_t g = 0; g < G; g++) s += (ld(q, n * Q + (j * G + g) * D + d) + kv) * 0.5f;
-            st(kpre, n * K + j * D + d, ld(conv, n * C + c) + s / (float)G);
-        }
-    }
-}
-extern "C" kiln_error *kiln_zaya_qk_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *q,
-                                                        const kiln_bf16 *k, const kiln_bf16 *conv, int64_t N,
-                                                        int64_t NH, int64_t KV, int64_t D, void *stream) {
-    kiln_error *err = NULL;
-    const int64_t tot = N * (NH + KV) * D;
-    if (tot > 0)
-        couple_fwd_kernel<<<grid_for(tot, 256), 256, 0, (cudaStream_t)stream>>>(
-            (bf16 *)qpre, (bf16 *)kpre, (const bf16 *)q, (const bf16 *)k, (const bf16 *)conv, N, NH, KV, D);
-    LAUNCH_CHECK("zaya q/k coupling forward");
-done:
-    return err;
-}
-
-// Backward of the coupling and of the packing, in one pass: given dqpre, dkpre (the QK norm's input
-// gradients) and dqk (the convolution's input gradient), dq = dqk_q + (dqpre + dkpre_of_head / G) / 2 and
-// dk = dqk_k + sum over the group of (dqpre + dkpre / G) / 2, the group summed in order.
-static __global__ void couple_bwd_kernel(bf16 *dq, bf16 *dk, const bf16 *dqpre, const bf16 *dkpre, const bf16 *dqk,
-                                         int64_t N, int64_t NH, int64_t KV, int64_t D) {
-    const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n = i / C, c = i % C;
-        if (c < Q) {
-            int64_t h = c / D, d = c % D;
-            float dqres = ld(dqpre, n * Q + c) + ld(dkpre, n * K + (h / G) * D + d) / (float)G;
-            st(dq, n * Q + c, ld(dqk, n * C + c) + 0.5f * dqres);
-        } else {
-            int64_t j = (c - Q) / D, d = (c - Q) % D;
-            float dkj = ld(dkpre, n * K + j * D + d) / (float)G, s = 0;
-            for (int64_t g = 0; g < G; g++) s += 0.5f * (ld(dqpre, n * Q + (j * G + g) * D + d) + dkj);
-            st(dk, n * K + j * D + d, ld(dqk, n * C + c) + s);
-        }
-    }
-}
-extern "C" kiln_error *kiln_zaya_qk_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, const kiln_bf16 *dqpre,
-                                                         const kiln_bf16 *dkpre, const kiln_bf16 *dqk, int64_t N,
-                                                         int64_t NH, int64_t KV, int64_t D, void *stream) {
-    kiln_error *err = NULL;
-    const int64_t tot = N * (NH + KV) * D;
-    if (tot > 0)
-        couple_bwd_kernel<<<grid_for(tot, 256), 256, 0, (cudaStream_t)stream>>>(
-            (bf16 *)dq, (bf16 *)dk, (const bf16 *)dqpre, (const bf16 *)dkpre, (const bf16 *)dqk, N, NH, KV, D);
-    LAUNCH_CHECK("zaya q/k coupling backward");
-done:
-    return err;
-}
-
-// ---- value: v [N,K] = current half vc | the previous token's delayed half vd (the first token of a
-// sequence gets v_proj_delayed(0) = its bias, or zeros) ----
-static __global__ void value_fwd_kernel(bf16 *v, const bf16 *vc, const bf16 *vd, const float *bvd, int64_t B,
-                                        int64_t T, int64_t K) {
-    const int64_t N = B * T, h = K / 2;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * K; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n = i / K, c = i % K, t = n % T;
-        if (c < h) v[i] = vc[n * h + c];
-        else if (t > 0) v[i] = vd[(n - 1) * h + c - h];
-        else v[i] = __float2bfloat16_rn(bvd ? bvd[c - h] : 0.0f);
-    }
-}
-extern "C" kiln_error *kiln_zaya_value_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd,
-                                                    const float *bvd, int64_t B, int64_t T, int64_t K, void *stream) {
-    kiln_error *err = NULL;
-    if (B * T * K > 0)
-        value_fwd_kernel<<<grid_for(B * T * K, 256), 256, 0, (cudaStream_t)stream>>>(
-            (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, K);
-    LAUNCH_CHECK("zaya value forward");
-done:
-    return err;
-}
-
-// Backward: dvc [N,K/2] = dv's current half; dvd [N,K/2] = the next token's delayed half (zero for the last
-// token of a sequence); dbvd [K/2] += the first tokens' delayed halves, summed over b in order.
-static __global__ void value_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t K) {
-    const int64_t N = B * T, h = K / 2;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * h; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n = i / h, c = i % h, t = n % T;
-        dvc[i] = dv[n * K + c];
-        dvd[i] = t + 1 < T ? dv[(n + 1) * K + h + c] : __float2bfloat16_rn(0.0f);
-    }
-}
-static __global__ void value_dbias_kernel(float *dbvd, const bf16 *dv, int64_t B, int64_t T, int64_t K) {
-    const int64_t h = K / 2;
-    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < h; c += (int64_t)gridDim.x * blockDim.x) {
-        float s = 0;
-        for (int64_t b = 0; b < B; b++) s += ld(dv, b * T * K + h + c);
-        dbvd[c] += s;
-    }
-}
-extern "C" kiln_error *kiln_zaya_value_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv,
-                                                     int64_t B, int64_t T, int64_t K, void *stream) {
-    kiln_error *err = NULL;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (B * T * K > 0)
-        value_bwd_kernel<<<grid_for(B * T * K / 2, 256), 256, 0, s>>>((bf16 *)dvc, (bf16 *)dvd, (const bf16 *)dv, B,
-                                                                     T, K);
-    LAUNCH_CHECK("zaya value backward");
-    if (dbvd && K / 2 > 0) value_dbias_kernel<<<grid_for(K / 2, 128), 128, 0, s>>>(dbvd, (const bf16 *)dv, B, T, K);
-    LAUNCH_CHECK("zaya value bias backward");
 done:
     return err;
 }

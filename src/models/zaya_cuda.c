@@ -62,7 +62,7 @@ typedef struct {
     float *x;            /* [N,H] layer input (residual stream) */
     bf *ln1;             /* [N,H] */
     float *ln1_r;        /* [N] */
-    bf *q, *k, *qk;      /* [N,Q], [N,K], [N,C] */
+    bf *qk;              /* [N,C] q|k packed: the convolution input */
     float *mid;          /* [B,T+k1-1,C] */
     bf *conv, *qpre, *kpre; /* [N,C], [N,Q], [N,K] */
     float *qinv, *kinv;  /* [N,NH], [N,KV] */
@@ -156,8 +156,6 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     const int64_t S = N * c->top_k, I = c->moe_intermediate;
     L->ln1 = TB(b, N * H);
     L->ln1_r = TF(b, N);
-    L->q = TB(b, N * Q);
-    L->k = TB(b, N * K);
     L->qk = TB(b, N * C);
     L->mid = TF(b, B * (T + c->cca_time1 - 1) * C);
     L->conv = TB(b, N * C);
@@ -502,18 +500,19 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
 
     /* input_layernorm */
     OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
-    /* ZayaCCAProjection */
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
-    OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(L->qk, L->q, L->k, N, Q, K, st));
+    /* ZayaCCAProjection; q and k live only until packed (the backward scratch holds them) */
+    bf *q = g->s.dq, *k = g->s.dk;
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
+    OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(L->qk, q, k, N, Q, K, st));
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
     OP(g, "CCA convolutions fwd", kiln_cca_conv_forward_cuda(L->conv, L->mid, L->qk, NULL, W->conv0_w, W->conv0_b, W->conv1_w, W->conv1_b,
                                         &cs, st));
-    OP(g, "pointwise + glue fwd", kiln_zaya_qk_couple_forward_cuda(L->qpre, L->kpre, L->q, L->k, L->conv, N, NH, KV, D, st));
+    OP(g, "pointwise + glue fwd", kiln_cca_couple_forward_cuda(L->qpre, L->kpre, L->conv, L->qk, N, NH, KV, D, st));
     /* value: current half and the previous token's delayed projection (att is scratch here) */
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->att, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
-    OP(g, "pointwise + glue fwd", kiln_zaya_value_forward_cuda(L->v, L->att, L->vd, W->bvd, B, T, K, st));
+    OP(g, "pointwise + glue fwd", kiln_value_shift_forward_cuda(L->v, L->att, L->vd, W->bvd, B, T, K / 2, st));
     /* ZayaQKNorm, then partial RoPE (one fused pass each) */
     OP(g, "QK norm + RoPE fwd", kiln_qk_norm_rope_forward_cuda(L->qr, L->qinv, L->qpre, NULL, g->inv_freq[type], B, T, NH, D,
                                             m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
@@ -693,7 +692,7 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     OP(g, "attention (flash) bwd", kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
                                           s->attn_work, st));
     /* value */
-    OP(g, "pointwise + glue bwd", kiln_zaya_value_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K, st));
+    OP(g, "pointwise + glue bwd", kiln_value_shift_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K / 2, st));
     Z(s->dln1, N * H * 2);
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, s->dvdd, L->ln1, BF(g, W->wvd), N, H, K / 2, st));
@@ -703,11 +702,11 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     OP(g, "QK norm + RoPE bwd", kiln_qk_norm_rope_backward_cuda(s->dkpre, Gd->temp, s->dkr, L->kpre, W->temp, L->kinv, g->inv_freq[type],
                                              B, T, KV, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
     /* the convolutions, then the residual coupling (with the convolution's input gradient) */
-    OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(s->dconv, s->dqpre, s->dkpre, N, Q, K, st));
+    OP(g, "pointwise + glue bwd", kiln_cca_couple_backward_cuda(NULL, NULL, s->dconv, s->dqpre, s->dkpre, NULL, N, NH, KV, D, st));
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
     OP(g, "CCA convolutions bwd", kiln_cca_conv_backward_cuda(s->dqk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b, s->dmid, s->dconv,
                                          L->qk, NULL, L->mid, W->conv0_w, W->conv1_w, &cs, st));
-    OP(g, "pointwise + glue bwd", kiln_zaya_qk_couple_backward_cuda(s->dq, s->dk, s->dqpre, s->dkpre, s->dqk, N, NH, KV, D, st));
+    OP(g, "pointwise + glue bwd", kiln_cca_couple_backward_cuda(s->dq, s->dk, NULL, s->dqpre, s->dkpre, s->dqk, N, NH, KV, D, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
     /* input_layernorm */
