@@ -269,12 +269,6 @@ kiln_error *kiln_zaya_router_state_forward_cuda(kiln_bf16 *rdown, const kiln_bf1
 kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, float *dprev, float *dscale, float *prod,
                                                  const kiln_bf16 *dxn, const float *carry, const kiln_bf16 *prev,
                                                  const float *scale, int64_t N, int64_t R, void *stream);
-/* Biased top-k of probs [N,E1] + bias [E1] (ties to the lower index); gate = unbiased prob, 0 for skip
- * (class E1-1). Backward: dprobs [N,E1] (f32, written) from dgate [N*top]. */
-kiln_error *kiln_zaya_route_topk_cuda(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t N,
-                                      int64_t E1, int64_t top, void *stream);
-kiln_error *kiln_zaya_gate_backward_cuda(float *dprobs, const float *dgate, const int32_t *choice, int64_t N,
-                                         int64_t E1, int64_t top, void *stream);
 /* counts [E1] (int64, device) += occurrences of each class among choice [S] */
 kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1, void *stream);
 /* x *= s (n floats); out (device, one double) = sum of x^2 in f64, a fixed-order reduction */

@@ -1,7 +1,7 @@
 // The ZAYA model's own glue on the GPU (src/models/zaya_cuda.c): the small steps between the library
-// ops that only this model has: q|k packing for the CCA convolution, the router's depth averaging, biased
-// top-k routing and the gate's gradient (the coupling and the value shift are src/cuda/cca_couple.cu and
-// value_shift.cu).
+// ops that only this model has: q|k packing for the CCA convolution, the router's depth averaging and the
+// route counts (the coupling, the value shift and the routing decision are src/cuda/cca_couple.cu,
+// value_shift.cu and router.cu).
 // Each is the twin of a loop in src/models/zaya_forward.c / zaya_backward.c, computed in f32 from bf16
 // activations, one rounding per output. Column sums over tokens (weight gradients) go through the fixed
 // order colsum_add of ops_common.cuh, never float atomics.
@@ -69,58 +69,6 @@ extern "C" kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, floa
                                                                carry, (const bf16 *)prev, scale, N, R);
     LAUNCH_CHECK("zaya router state backward");
     if (with_prev && dscale) CUDA_TRY(colsum_add(dscale, prod, N, R, s));
-done:
-    return err;
-}
-
-// ---- biased top-k over the router classes (ties to the lower index) and the gates: the unbiased
-// probability of each choice, 0 for the skip class E ----
-static __global__ void topk_kernel(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t N,
-                                   int64_t E1, int64_t top) {
-    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
-        const float *p = probs + n * E1;
-        int32_t *ch = choice + n * top;
-        for (int64_t s = 0; s < top; s++) {
-            int32_t best = -1;
-            float bv = -INFINITY;
-            for (int64_t e = 0; e < E1; e++) {
-                int taken = 0;
-                for (int64_t q = 0; q < s; q++) taken |= ch[q] == e;
-                float v = p[e] + bias[e];
-                if (!taken && (best < 0 || v > bv)) best = (int32_t)e, bv = v;
-            }
-            ch[s] = best;
-            gate[n * top + s] = best == E1 - 1 ? 0.0f : p[best];
-        }
-    }
-}
-extern "C" kiln_error *kiln_zaya_route_topk_cuda(int32_t *choice, float *gate, const float *probs, const float *bias,
-                                                 int64_t N, int64_t E1, int64_t top, void *stream) {
-    kiln_error *err = NULL;
-    if (N > 0)
-        topk_kernel<<<grid_for(N, 128), 128, 0, (cudaStream_t)stream>>>(choice, gate, probs, bias, N, E1, top);
-    LAUNCH_CHECK("zaya router top-k");
-done:
-    return err;
-}
-
-// dprobs [N,E1] (f32, written) = the gates' gradients at their chosen classes (skip: none).
-static __global__ void gate_bwd_kernel(float *dprobs, const float *dgate, const int32_t *choice, int64_t N, int64_t E1,
-                                       int64_t top) {
-    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
-        for (int64_t e = 0; e < E1; e++) dprobs[n * E1 + e] = 0.0f;
-        for (int64_t k = 0; k < top; k++) {
-            int32_t e = choice[n * top + k];
-            if (e >= 0 && e < E1 - 1) dprobs[n * E1 + e] += dgate[n * top + k];
-        }
-    }
-}
-extern "C" kiln_error *kiln_zaya_gate_backward_cuda(float *dprobs, const float *dgate, const int32_t *choice, int64_t N,
-                                                    int64_t E1, int64_t top, void *stream) {
-    kiln_error *err = NULL;
-    if (N > 0)
-        gate_bwd_kernel<<<grid_for(N, 128), 128, 0, (cudaStream_t)stream>>>(dprobs, dgate, choice, N, E1, top);
-    LAUNCH_CHECK("zaya gate backward");
 done:
     return err;
 }

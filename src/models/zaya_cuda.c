@@ -539,7 +539,7 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     OP(g, "pointwise + glue fwd", kiln_gelu_forward_cuda(L->a2, L->f2, N * R, st));
     OP(g, "linear (cuBLASLt) fwd", kiln_gemm_bf16_cuda(L->rlogits, 1, L->a2, BF(g, W->r_out_w), N, E1, R, "NT", 0, st));
     OP(g, "pointwise + glue fwd", kiln_softmax_forward_cuda(L->rprobs, L->rlogits, N, E1, st));
-    OP(g, "pointwise + glue fwd", kiln_zaya_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
+    OP(g, "pointwise + glue fwd", kiln_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
     /* ZayaExperts */
     kiln_experts_cuda ex = {N, H, c->moe_intermediate, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, 0, L->xe, L->gu, L->act, L->ye};
@@ -653,7 +653,8 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
-    OP(g, "pointwise + glue bwd", kiln_zaya_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
+    Z(s->dprobs, N * E1 * 4);
+    OP(g, "pointwise + glue bwd", kiln_route_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
     Z(s->dlogit, N * E1 * 4);
     OP(g, "pointwise + glue bwd", kiln_softmax_backward_cuda(s->dlogit, s->dprobs, L->rprobs, N, E1, st));
     OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dlogitb, s->dlogit, N * E1, st));
