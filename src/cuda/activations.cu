@@ -20,25 +20,30 @@ static __global__ void gelu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, 
 
 static __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// one thread per output element of [n, inter]; gu rows are [gate | up]
+// a row of [n, inter] per block iteration (gu rows are [gate | up]), channels across the threads
 static __global__ void swiglu_fwd_kernel(bf16 *y, const bf16 *gu, int64_t n, int64_t inter) {
-    const int64_t total = n * inter;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / inter, j = i - r * inter;
-        const float g = __bfloat162float(gu[r * 2 * inter + j]), u = __bfloat162float(gu[r * 2 * inter + inter + j]);
-        y[i] = __float2bfloat16_rn(g * sigmoidf_(g) * u);
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        const bf16 *g = gu + r * 2 * inter, *u = g + inter;
+        for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
+            const float gv = __bfloat162float(g[j]), uv = __bfloat162float(u[j]);
+            y[r * inter + j] = __float2bfloat16_rn(gv * sigmoidf_(gv) * uv);
+        }
     }
 }
 static __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dy, const bf16 *gu, int64_t n, int64_t inter) {
-    const int64_t total = n * inter;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / inter, j = i - r * inter;
-        const float g = __bfloat162float(gu[r * 2 * inter + j]), u = __bfloat162float(gu[r * 2 * inter + inter + j]);
-        const float sg = sigmoidf_(g), d = __bfloat162float(dy[i]);
-        dgu[r * 2 * inter + inter + j] = __float2bfloat16_rn(d * g * sg);
-        dgu[r * 2 * inter + j] = __float2bfloat16_rn(d * u * sg * (1.0f + g * (1.0f - sg)));
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        const bf16 *g = gu + r * 2 * inter, *u = g + inter;
+        bf16 *dg = dgu + r * 2 * inter, *du = dg + inter;
+        for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
+            const float gv = __bfloat162float(g[j]), uv = __bfloat162float(u[j]);
+            const float sg = sigmoidf_(gv), d = __bfloat162float(dy[r * inter + j]);
+            du[j] = __float2bfloat16_rn(d * gv * sg);
+            dg[j] = __float2bfloat16_rn(d * uv * sg * (1.0f + gv * (1.0f - sg)));
+        }
     }
 }
+
+static int row_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
 extern "C" kiln_error *kiln_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream) {
     kiln_error *err = NULL;
@@ -62,8 +67,8 @@ extern "C" kiln_error *kiln_swiglu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *g
                                                 void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || inter <= 0) return NULL;
-    swiglu_fwd_kernel<<<grid_for(n * inter, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)gu, n,
-                                                                                  inter);
+    swiglu_fwd_kernel<<<(int)(n < 65535 ? n : 65535), row_threads(inter), 0, (cudaStream_t)stream>>>(
+        (bf16 *)y, (const bf16 *)gu, n, inter);
     LAUNCH_CHECK("swiglu forward");
 done:
     return err;
@@ -72,8 +77,8 @@ extern "C" kiln_error *kiln_swiglu_backward_cuda(kiln_bf16 *dgu, const kiln_bf16
                                                  int64_t inter, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || inter <= 0) return NULL;
-    swiglu_bwd_kernel<<<grid_for(n * inter, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)dgu, (const bf16 *)dy,
-                                                                                  (const bf16 *)gu, n, inter);
+    swiglu_bwd_kernel<<<(int)(n < 65535 ? n : 65535), row_threads(inter), 0, (cudaStream_t)stream>>>(
+        (bf16 *)dgu, (const bf16 *)dy, (const bf16 *)gu, n, inter);
     LAUNCH_CHECK("swiglu backward");
 done:
     return err;

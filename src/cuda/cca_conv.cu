@@ -15,15 +15,17 @@ static __device__ __forceinline__ float xp_at(const bf16 *x, const bf16 *hist, i
     return hist ? __bfloat162float(hist[(b * P + u) * C + c]) : 0.0f;
 }
 
-// mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c], u < M = T+k1-1
+// mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c], u < M = T+k1-1: a row (b, u) per block iteration
 static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist, const float *w0, const float *b0,
                                      kiln_conv_shape s) {
-    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1, total = s.B * M * C;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t c = i % C, bu = i / C, u = bu % M, b = bu / M;
-        float acc = b0[c];
-        for (int64_t j = 0; j < k0; j++) acc += w0[c * k0 + j] * xp_at(x, hist, b, u + j, c, T, C, P);
-        mid[i] = acc;
+    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1;
+    for (int64_t row = blockIdx.x; row < s.B * M; row += gridDim.x) {
+        const int64_t b = row / M, u = row - b * M;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = b0[c];
+            for (int64_t j = 0; j < k0; j++) acc += w0[c * k0 + j] * xp_at(x, hist, b, u + j, c, T, C, P);
+            mid[row * C + c] = acc;
+        }
     }
 }
 
@@ -31,7 +33,9 @@ static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist
 //   forward (MODE 0):  y[t, co]    = b1[co] + sum_{j,i} mid[t+j, g0+i] w1[g0+co, i, j]        rows t < T
 //   input   (MODE 1):  dmid[u, ci] = sum_{j,co} dy[u-j, g0+co] w1[g0+co, ci, j] (0 <= u-j < T)  rows u < M
 // grid (row tiles of 64, column tiles of 64, B*groups); 256 threads, 4 x 4 outputs each (rows ty + 16p,
-// columns tx + 16q: conflict-free shared reads), K staged 32 at a time.
+// columns tx + 16q: conflict-free shared reads), K staged 32 at a time. Indices within one (sequence,
+// group) are 32-bit and K's (j, i) split comes from a table per step: integer division by a runtime value
+// would cost more than the FMAs.
 #define GT 64
 #define GK 32
 template <int MODE>
@@ -39,35 +43,44 @@ static __global__ void __launch_bounds__(256)
     grp_gemm_kernel(void *out, const float *mid, const bf16 *dy, const float *w1, const float *b1, kiln_conv_shape s) {
     __shared__ float sa[GT][GK + 1];
     __shared__ float sw[GK][GT + 1];
-    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups, K = cg * k1;
-    const int64_t R = MODE == 0 ? T : M, r0 = blockIdx.x * (int64_t)GT, n0 = blockIdx.y * (int64_t)GT;
-    const int64_t b = blockIdx.z / s.groups, g0 = (blockIdx.z % s.groups) * cg;
+    __shared__ int tj[GK], tc[GK];
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), K = cg * k1;
+    const int R = MODE == 0 ? T : M, r0 = blockIdx.x * GT, n0 = blockIdx.y * GT;
+    const int64_t b = blockIdx.z / s.groups, g0 = (blockIdx.z % s.groups) * (int64_t)cg;
+    const float *midb = MODE == 0 ? mid + b * M * C + g0 : NULL;
+    const bf16 *dyb = MODE == 1 ? dy + b * T * C + g0 : NULL;
+    const float *wg = w1 + g0 * cg * k1;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4];
 #pragma unroll
     for (int p = 0; p < 4; p++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const int64_t n = n0 + tx + 16 * q;
+            const int n = n0 + tx + 16 * q;
             acc[p][q] = MODE == 0 && n < cg ? b1[g0 + n] : 0.0f;
         }
-    for (int64_t k0 = 0; k0 < K; k0 += GK) {
+    for (int k0 = 0; k0 < K; k0 += GK) {
+        if (threadIdx.x < GK) {
+            const int kk = k0 + threadIdx.x;
+            tj[threadIdx.x] = kk < K ? kk / cg : -1;
+            tc[threadIdx.x] = kk < K ? kk % cg : 0;
+        }
+        __syncthreads();
         for (int e = threadIdx.x; e < GT * GK; e += 256) { // A: K fastest (contiguous channels)
-            const int rr = e / GK, kl = e % GK;
-            const int64_t r = r0 + rr, kk = k0 + kl, j = kk / cg, c = kk % cg;
+            const int rr = e / GK, kl = e % GK, r = r0 + rr, j = tj[kl], c = tc[kl];
             float v = 0.0f;
-            if (r < R && kk < K) {
-                if (MODE == 0) v = mid[(b * M + r + j) * C + g0 + c];
-                else if (r - j >= 0 && r - j < T) v = __bfloat162float(dy[(b * T + r - j) * C + g0 + c]);
+            if (r < R && j >= 0) {
+                if (MODE == 0) v = midb[(r + j) * C + c];
+                else if (r - j >= 0 && r - j < T) v = __bfloat162float(dyb[(r - j) * C + c]);
             }
             sa[rr][kl] = v;
         }
         for (int e = threadIdx.x; e < GT * GK; e += 256) {
             // forward: K fastest (w1[co, i, j] is contiguous in i); input: columns fastest (contiguous in ci)
             const int kl = MODE == 0 ? e % GK : e / GT, nl = MODE == 0 ? e / GK : e % GT;
-            const int64_t kk = k0 + kl, n = n0 + nl, j = kk / cg, c = kk % cg;
+            const int n = n0 + nl, j = tj[kl], c = tc[kl];
             float v = 0.0f;
-            if (kk < K && n < cg) v = MODE == 0 ? w1[((g0 + n) * cg + c) * k1 + j] : w1[((g0 + c) * cg + n) * k1 + j];
+            if (j >= 0 && n < cg) v = MODE == 0 ? wg[(n * cg + c) * k1 + j] : wg[(c * cg + n) * k1 + j];
             sw[kl][nl] = v;
         }
         __syncthreads();
@@ -85,15 +98,25 @@ static __global__ void __launch_bounds__(256)
         }
         __syncthreads();
     }
+    if (MODE == 0) {
+        bf16 *yb = (bf16 *)out + b * T * C + g0;
 #pragma unroll
-    for (int p = 0; p < 4; p++)
+        for (int p = 0; p < 4; p++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int64_t r = r0 + ty + 16 * p, n = n0 + tx + 16 * q;
-            if (r >= R || n >= cg) continue;
-            if (MODE == 0) ((bf16 *)out)[(b * T + r) * C + g0 + n] = __float2bfloat16_rn(acc[p][q]);
-            else ((float *)out)[(b * M + r) * C + g0 + n] = acc[p][q];
-        }
+            for (int q = 0; q < 4; q++) {
+                const int r = r0 + ty + 16 * p, n = n0 + tx + 16 * q;
+                if (r < R && n < cg) yb[r * C + n] = __float2bfloat16_rn(acc[p][q]);
+            }
+    } else {
+        float *db = (float *)out + b * M * C + g0;
+#pragma unroll
+        for (int p = 0; p < 4; p++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int r = r0 + ty + 16 * p, n = n0 + tx + 16 * q;
+                if (r < R && n < cg) db[r * C + n] = acc[p][q];
+            }
+    }
 }
 
 // dw1 of one group over one chunk is a small GEMM: [cg outputs] x [cg*k1 (i, j) columns] summed over
@@ -105,18 +128,27 @@ static __global__ void __launch_bounds__(256)
     grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s, int64_t chunks_per_seq) {
     __shared__ __align__(16) float sdy[KT][WT];
     __shared__ __align__(16) float smid[KT][WT];
-    const int64_t C = s.C, T = s.T, k1 = s.k1, M = T + k1 - 1, cg = C / s.groups, nc = cg * k1, ne = C * nc;
-    const int64_t col_tiles = (nc + WT - 1) / WT, co0 = (blockIdx.x / col_tiles) * WT, col0 = (blockIdx.x % col_tiles) * WT;
-    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq, t0 = (chunk % chunks_per_seq) * CHUNK_T;
-    const int64_t t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T, g0 = blockIdx.z * cg;
+    __shared__ int moff[WT];
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), nc = cg * k1;
+    const int64_t ne = s.C * nc;
+    const int col_tiles = (nc + WT - 1) / WT, co0 = (blockIdx.x / col_tiles) * WT, col0 = (blockIdx.x % col_tiles) * WT;
+    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq;
+    const int t0 = (int)(chunk % chunks_per_seq) * CHUNK_T, t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T;
+    const int64_t g0 = (int64_t)blockIdx.z * cg;
+    const bf16 *dyb = dy + b * T * C + g0;
+    const float *midb = mid + b * M * C + g0;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    if (threadIdx.x < WT) { // column (i, j) of the tile -> offset of mid[t + j, g0 + i] from mid[t, g0]
+        const int col = col0 + threadIdx.x;
+        moff[threadIdx.x] = col < nc ? (col % k1) * C + col / k1 : -1;
+    }
+    __syncthreads();
     float acc[4][4] = {};
-    for (int64_t ts = t0; ts < t1; ts += KT) {
+    for (int ts = t0; ts < t1; ts += KT) {
         for (int e = threadIdx.x; e < KT * WT; e += 256) {
-            const int kt = e / WT, c = e % WT;
-            const int64_t t = ts + kt, co = co0 + c, col = col0 + c;
-            sdy[kt][c] = t < t1 && co < cg ? __bfloat162float(dy[(b * T + t) * C + g0 + co]) : 0.0f;
-            smid[kt][c] = t < t1 && col < nc ? mid[(b * M + t + col % k1) * C + g0 + col / k1] : 0.0f;
+            const int kt = e / WT, c = e % WT, t = ts + kt, co = co0 + c, off = moff[c];
+            sdy[kt][c] = t < t1 && co < cg ? __bfloat162float(dyb[t * C + co]) : 0.0f;
+            smid[kt][c] = t < t1 && off >= 0 ? midb[t * C + off] : 0.0f;
         }
         __syncthreads();
 #pragma unroll 8
@@ -134,7 +166,7 @@ static __global__ void __launch_bounds__(256)
     for (int p = 0; p < 4; p++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const int64_t co = co0 + ty * 4 + p, col = col0 + tx * 4 + q;
+            const int co = co0 + ty * 4 + p, col = col0 + tx * 4 + q;
             if (co < cg && col < nc) part[chunk * ne + (g0 + co) * nc + col] = acc[p][q];
         }
 }
@@ -167,17 +199,19 @@ static __global__ void dw_bwd_w_kernel(float *part, const float *dmid, const bf1
     part[chunk * ne + e] = acc;
 }
 
-// dx[b,t,c] = sum_j dmid[b, t+P-j, c] w0[c,j] over 0 <= t+P-j < M
+// dx[b,t,c] = sum_j dmid[b, t+P-j, c] w0[c,j] over 0 <= t+P-j < M: a row (b, t) per block iteration
 static __global__ void dw_bwd_data_kernel(bf16 *dx, const float *dmid, const float *w0, kiln_conv_shape s) {
-    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1, total = s.B * T * C;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t c = i % C, bt = i / C, t = bt % T, b = bt / T;
-        float acc = 0;
-        for (int64_t j = 0; j < k0; j++) {
-            const int64_t u = t + P - j;
-            if (u >= 0 && u < M) acc += dmid[(b * M + u) * C + c] * w0[c * k0 + j];
+    const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1;
+    for (int64_t row = blockIdx.x; row < s.B * T; row += gridDim.x) {
+        const int64_t b = row / T, t = row - b * T;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = 0;
+            for (int64_t j = 0; j < k0; j++) {
+                const int64_t u = t + P - j;
+                if (u >= 0 && u < M) acc += dmid[(b * M + u) * C + c] * w0[c * k0 + j];
+            }
+            dx[row * C + c] = __float2bfloat16_rn(acc);
         }
-        dx[i] = __float2bfloat16_rn(acc);
     }
 }
 
@@ -186,6 +220,9 @@ static kiln_error *check_conv(const char *op, const kiln_conv_shape *s) {
         return kiln_errorf(KILN_EINVAL, "%s: bad shape B=%lld T=%lld C=%lld groups=%lld k0=%lld k1=%lld", op,
                            (long long)s->B, (long long)s->T, (long long)s->C, (long long)s->groups, (long long)s->k0,
                            (long long)s->k1);
+    if ((s->T + s->k1) * s->C >= INT32_MAX || (s->C / s->groups) * s->C * s->k1 >= INT32_MAX)
+        return kiln_errorf(KILN_EINVAL, "%s: one sequence (T=%lld, C=%lld, k1=%lld) exceeds 32-bit indexing", op,
+                           (long long)s->T, (long long)s->C, (long long)s->k1);
     if (s->B * s->groups > 65535 || s->groups > 65535)
         return kiln_errorf(KILN_EINVAL, "%s: %lld sequences x %lld groups exceed the launch grid", op, (long long)s->B,
                            (long long)s->groups);
@@ -200,8 +237,8 @@ extern "C" kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, cons
     KILN_TRY(check_conv("cca_conv forward", s));
     {
         const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups;
-        dw_fwd_kernel<<<grid_for(s->B * M * s->C, 256), 256, 0, st>>>(mid, (const bf16 *)x, (const bf16 *)hist, w0, b0,
-                                                                      *s);
+        dw_fwd_kernel<<<(int)(s->B * M < 65535 ? s->B * M : 65535), 256, 0, st>>>(mid, (const bf16 *)x,
+                                                                                   (const bf16 *)hist, w0, b0, *s);
         LAUNCH_CHECK("cca_conv forward (depthwise)");
         grp_gemm_kernel<0><<<dim3((unsigned)((s->T + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT),
                                   (unsigned)(s->B * s->groups)), 256, 0, st>>>(y, mid, NULL, w1, b1, *s);
@@ -261,7 +298,7 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
             CUDA_TRY(colsum_add(db0, part, B * cps_m, C, st));
         }
         if (dx) {
-            dw_bwd_data_kernel<<<grid_for(B * T * C, 256), 256, 0, st>>>((bf16 *)dx, dmid, w0, *s);
+            dw_bwd_data_kernel<<<(int)(B * T < 65535 ? B * T : 65535), 256, 0, st>>>((bf16 *)dx, dmid, w0, *s);
             LAUNCH_CHECK("cca_conv backward (input)");
         }
     }

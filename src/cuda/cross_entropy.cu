@@ -73,7 +73,16 @@ static __global__ void __launch_bounds__(CE_THREADS)
         float v8[8];
         if (vec) {
             const uint4 *row4 = (const uint4 *)row;
-            for (int64_t k = threadIdx.x; k < V / 8; k += blockDim.x) {
+            const int64_t nv = V / 8;
+            int64_t k = threadIdx.x;
+            for (; k + blockDim.x < nv; k += 2 * blockDim.x) { // two 16-byte loads in flight per thread
+                const uint4 a = row4[k], c = row4[k + blockDim.x];
+                unpack8(a, v8);
+                ms_add8(p, v8);
+                unpack8(c, v8);
+                ms_add8(p, v8);
+            }
+            if (k < nv) {
                 unpack8(row4[k], v8);
                 ms_add8(p, v8);
             }

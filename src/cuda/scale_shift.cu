@@ -2,13 +2,16 @@
 // columns and a chunk of rows: dx directly, db/ds as per-chunk partials summed in a fixed order.
 #include "ops_common.cuh"
 
+// a row per block iteration, channels across the threads (no division per element)
 static __global__ void scale_shift_fwd_kernel(float *y, const float *x, const float *b, const float *s, int64_t n,
                                               int64_t d, int accumulate) {
-    const int64_t total = n * d;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t j = i % d;
-        const float v = (x[i] + b[j]) * s[j];
-        y[i] = accumulate ? y[i] + v : v;
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+            const float v = (xr[j] + b[j]) * s[j];
+            yr[j] = accumulate ? yr[j] + v : v;
+        }
     }
 }
 
@@ -34,7 +37,8 @@ extern "C" kiln_error *kiln_scale_shift_forward_cuda(float *y, const float *x, c
                                                      int64_t d, int accumulate, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    scale_shift_fwd_kernel<<<grid_for(n * d, 256), 256, 0, (cudaStream_t)stream>>>(y, x, b, s, n, d, accumulate);
+    scale_shift_fwd_kernel<<<(int)(n < 65535 ? n : 65535), d >= 1024 ? 256 : d >= 256 ? 128 : 64, 0,
+                             (cudaStream_t)stream>>>(y, x, b, s, n, d, accumulate);
     LAUNCH_CHECK("scale_shift forward");
 done:
     return err;

@@ -100,6 +100,13 @@ TEST(gpu_ops_timing_model_shapes) {
         TIME("cca_conv forward", N * C * 12.0, kiln_cca_conv_forward_cuda(conv, mid, qk, NULL, w0, b0, w1, b1, &cs, NULL));
         TIME("cca_conv backward", N * C * 20.0,
              kiln_cca_conv_backward_cuda(dqk, g0, gb0, g1, gb1, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
+        /* its parts: every call computes dmid (the grouped stage's input gradient) */
+        TIME("  cca_conv backward: dmid + dx", N * C * 14.0,
+             kiln_cca_conv_backward_cuda(dqk, NULL, NULL, NULL, NULL, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
+        TIME("  cca_conv backward: dmid + dw1, db1", N * C * 14.0,
+             kiln_cca_conv_backward_cuda(NULL, NULL, NULL, g1, gb1, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
+        TIME("  cca_conv backward: dmid + dw0, db0", N * C * 14.0,
+             kiln_cca_conv_backward_cuda(NULL, g0, gb0, NULL, NULL, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
         kiln_cuda_free(dqk), kiln_cuda_free(mid), kiln_cuda_free(dmid), kiln_cuda_free(w0), kiln_cuda_free(b0);
         kiln_cuda_free(w1), kiln_cuda_free(b1), kiln_cuda_free(g0), kiln_cuda_free(gb0), kiln_cuda_free(g1);
         kiln_cuda_free(gb1);
