@@ -22,11 +22,17 @@ fi
 threads=${THREADS:-$(nproc)}
 rounds=${ROUNDS:-2}
 export OMP_NUM_THREADS=$threads
+# OpenBLAS picks its kernels from the CPU model; in a VM that reports a generic model it can fall back to
+# old SSE kernels. The CPU's flags tell what it can run (the JSON records the core OpenBLAS used).
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
+fi
 res="$out/clip_bench_$device"
 : > "$res.json.tmp"
 : > "$res.txt"
 log() { echo "$@" | tee -a "$res.txt"; }
-log "# $(date -u +%F) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $threads threads, device $device"
+log "# $(date -u +%F) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $threads threads, device $device, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}"
 tag() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(config='$1', round=$2, threads=$threads); print(json.dumps(d))"; }
 for cfg in vit-b-32 vit-l-14; do
   d="$work/$cfg"

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <cblas.h>
+
 #include "kiln/clip.h"
 #include "kiln/safetensors.h"
 
@@ -98,8 +100,9 @@ int main(int argc, char **argv) {
     }
     printf("{\"side\": \"kiln\", \"device\": \"%s\", \"batch\": %d, \"iters\": %d, \"images_per_s_median\": %.3f, "
            "\"images_per_s_best\": %.3f, \"rel_err_vs_ref\": %.3g, \"worst_cosine_vs_ref\": %.6f, \"image_size\": %d, "
-           "\"grid\": %d, \"dim\": %d}\n",
-           device, batch, iters, batch / t[iters / 2], batch / t[0], relerr, worst_cos, S, kiln_clip_grid(m), D);
+           "\"grid\": %d, \"dim\": %d, \"openblas_core\": \"%s\", \"openblas_threads\": %d}\n",
+           device, batch, iters, batch / t[iters / 2], batch / t[0], relerr, worst_cos, S, kiln_clip_grid(m), D,
+           openblas_get_corename(), openblas_get_num_threads());
     free(t);
     free(all);
     free(emb);
