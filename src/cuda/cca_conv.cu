@@ -4,6 +4,9 @@
 // shared-memory tiles (f32 FMA; the channels per group are few for tensor cores to pay off at this size).
 // Weight gradients are per-chunk partials (chunks of time steps within one sequence) summed in a fixed
 // order: deterministic.
+#include <stdlib.h>
+#include <string.h>
+
 #include "ops_common.cuh"
 
 #define CHUNK_T 512  // time steps per partial sum of the weight gradients
@@ -215,6 +218,15 @@ static __global__ void dw_bwd_data_kernel(bf16 *dx, const float *dmid, const flo
     }
 }
 
+#include "cca_conv_tc.cuh"
+
+// KILN_CCA_CONV=tensor runs the grouped stage's GEMMs on tensor cores (3xTF32, cca_conv_tc.cuh), anything
+// else on the SIMT f32 tiles above
+static int use_tensor_cores(void) {
+    const char *e = getenv("KILN_CCA_CONV");
+    return e && !strcmp(e, "tensor");
+}
+
 static kiln_error *check_conv(const char *op, const kiln_conv_shape *s) {
     if (s->B <= 0 || s->T <= 0 || s->C <= 0 || s->groups <= 0 || s->k0 <= 0 || s->k1 <= 0 || s->C % s->groups)
         return kiln_errorf(KILN_EINVAL, "%s: bad shape B=%lld T=%lld C=%lld groups=%lld k0=%lld k1=%lld", op,
@@ -240,8 +252,9 @@ extern "C" kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, cons
         dw_fwd_kernel<<<(int)(s->B * M < 65535 ? s->B * M : 65535), 256, 0, st>>>(mid, (const bf16 *)x,
                                                                                    (const bf16 *)hist, w0, b0, *s);
         LAUNCH_CHECK("cca_conv forward (depthwise)");
-        grp_gemm_kernel<0><<<dim3((unsigned)((s->T + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT),
-                                  (unsigned)(s->B * s->groups)), 256, 0, st>>>(y, mid, NULL, w1, b1, *s);
+        const dim3 grid((unsigned)((s->T + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT), (unsigned)(s->B * s->groups));
+        if (use_tensor_cores()) tc::gemm_kernel<0><<<grid, 128, 0, st>>>(y, mid, NULL, w1, b1, *s);
+        else grp_gemm_kernel<0><<<grid, 256, 0, st>>>(y, mid, NULL, w1, b1, *s);
         LAUNCH_CHECK("cca_conv forward (grouped)");
     }
 done:
@@ -260,6 +273,7 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
         const int64_t B = s->B, T = s->T, C = s->C, k0 = s->k0, k1 = s->k1, M = T + k1 - 1, cg = C / s->groups;
         const int64_t cps_t = (T + CHUNK_T - 1) / CHUNK_T, cps_m = (M + CHUNK_T - 1) / CHUNK_T;
         const int64_t ne1 = C * cg * k1, ne0 = C * k0;
+        const int tcore = use_tensor_cores();
         int64_t need = 0;
         if (dw1) need = B * cps_t * ne1;
         if (db1 && B * cps_t * C > need) need = B * cps_t * C;
@@ -270,8 +284,9 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
         // grouped stage
         if (dw1) {
             const int64_t tiles = ((cg + WT - 1) / WT) * ((cg * k1 + WT - 1) / WT);
-            grp_bwd_w_kernel<<<dim3((unsigned)tiles, (unsigned)(B * cps_t), (unsigned)s->groups), 256, 0, st>>>(
-                part, (const bf16 *)dy, mid, *s, cps_t);
+            const dim3 grid((unsigned)tiles, (unsigned)(B * cps_t), (unsigned)s->groups);
+            if (tcore) tc::dw1_kernel<<<grid, 128, 0, st>>>(part, (const bf16 *)dy, mid, *s, cps_t);
+            else grp_bwd_w_kernel<<<grid, 256, 0, st>>>(part, (const bf16 *)dy, mid, *s, cps_t);
             LAUNCH_CHECK("cca_conv backward (grouped weights)");
             CUDA_TRY(colsum_add(dw1, part, B * cps_t, ne1, st));
         }
@@ -281,8 +296,9 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
             LAUNCH_CHECK("cca_conv backward (grouped bias)");
             CUDA_TRY(colsum_add(db1, part, B * cps_t, C, st));
         }
-        grp_gemm_kernel<1><<<dim3((unsigned)((M + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT),
-                                  (unsigned)(B * s->groups)), 256, 0, st>>>(dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
+        const dim3 grid((unsigned)((M + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT), (unsigned)(B * s->groups));
+        if (tcore) tc::gemm_kernel<1><<<grid, 128, 0, st>>>(dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
+        else grp_gemm_kernel<1><<<grid, 256, 0, st>>>(dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
         LAUNCH_CHECK("cca_conv backward (grouped input)");
         // depthwise stage
         if (dw0) {

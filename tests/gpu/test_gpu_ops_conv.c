@@ -4,7 +4,9 @@
  *   dw0, db0, dw1, db1 (f32 sums over all B*T steps, accumulated onto random values): 3e-5.
  * Shapes: the model's (C/groups = head dim 128, k0 = k1 = 2) over more than one 512-step chunk, with and
  * without a history, one channel per group, kernels of 1 and 3, odd sizes. The weight gradients are
- * also checked bitwise repeatable. */
+ * also checked bitwise repeatable. Both implementations of the grouped stage's GEMMs run: the SIMT f32
+ * tiles and the tensor cores' 3xTF32 (KILN_CCA_CONV=tensor), under the same f32 tolerances. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -14,7 +16,7 @@
 #define TOL_F32 1e-5
 #define TOL_SUM 3e-5
 
-TEST(gpu_ops_cca_conv) {
+static void conv_cases(void) {
     static const struct {
         kiln_conv_shape s;
         int hist;
@@ -85,4 +87,16 @@ TEST(gpu_ops_cca_conv) {
     /* a bad shape is an error naming the op */
     kiln_conv_shape bad = {1, 4, 10, 3, 2, 2};
     CHECK_ERR(kiln_cca_conv_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, NULL), "cca_conv forward");
+}
+
+TEST(gpu_ops_cca_conv) {
+    setenv("KILN_CCA_CONV", "simt", 1);
+    conv_cases();
+    unsetenv("KILN_CCA_CONV");
+}
+
+TEST(gpu_ops_cca_conv_tensor_cores) {
+    setenv("KILN_CCA_CONV", "tensor", 1);
+    conv_cases();
+    unsetenv("KILN_CCA_CONV");
 }

@@ -2,6 +2,7 @@
  * micro-batch, vocabulary 50304, 8 query / 2 KV heads of 128, experts' width 2048): microseconds per call
  * and the bandwidth of the bytes each op must move, printed for docs/perf.md. Nothing here asserts on
  * time (the correctness tests are the other test_gpu_ops files); it checks only that every call succeeds. */
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -97,6 +98,12 @@ TEST(gpu_ops_timing_model_shapes) {
         float *w0 = fill_dev(&rng, C * 2, 0, 0.5f), *b0 = fill_dev(&rng, C, 0, 0.1f), *w1 = fill_dev(&rng, C * D * 2, 0, 0.1f);
         float *b1 = fill_dev(&rng, C, 0, 0.1f), *g0 = fill_dev(&rng, C * 2, 0, 0.0f), *gb0 = fill_dev(&rng, C, 0, 0.0f);
         float *g1 = fill_dev(&rng, C * D * 2, 0, 0.0f), *gb1 = fill_dev(&rng, C, 0, 0.0f);
+        setenv("KILN_CCA_CONV", "tensor", 1);
+        TIME("cca_conv forward (tensor cores)", N * C * 12.0,
+             kiln_cca_conv_forward_cuda(conv, mid, qk, NULL, w0, b0, w1, b1, &cs, NULL));
+        TIME("cca_conv backward (tensor cores)", N * C * 20.0,
+             kiln_cca_conv_backward_cuda(dqk, g0, gb0, g1, gb1, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
+        setenv("KILN_CCA_CONV", "simt", 1);
         TIME("cca_conv forward", N * C * 12.0, kiln_cca_conv_forward_cuda(conv, mid, qk, NULL, w0, b0, w1, b1, &cs, NULL));
         TIME("cca_conv backward", N * C * 20.0,
              kiln_cca_conv_backward_cuda(dqk, g0, gb0, g1, gb1, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
@@ -107,6 +114,7 @@ TEST(gpu_ops_timing_model_shapes) {
              kiln_cca_conv_backward_cuda(NULL, NULL, NULL, g1, gb1, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
         TIME("  cca_conv backward: dmid + dw0, db0", N * C * 14.0,
              kiln_cca_conv_backward_cuda(NULL, g0, gb0, NULL, NULL, dmid, conv, qk, NULL, mid, w0, w1, &cs, NULL));
+        unsetenv("KILN_CCA_CONV");
         kiln_cuda_free(dqk), kiln_cuda_free(mid), kiln_cuda_free(dmid), kiln_cuda_free(w0), kiln_cuda_free(b0);
         kiln_cuda_free(w1), kiln_cuda_free(b1), kiln_cuda_free(g0), kiln_cuda_free(gb0), kiln_cuda_free(g1);
         kiln_cuda_free(gb1);
