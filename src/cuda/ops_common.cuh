@@ -17,6 +17,41 @@ static __device__ __forceinline__ float ld(const bf16 *p, int64_t i) { return __
 static __device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
 static __device__ __forceinline__ void st(bf16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
+// V consecutive elements (V = 1 or 4) at p[i] as f32: one 16-byte (f32) or 8-byte (bf16) access when V = 4;
+// the caller guarantees the alignment
+template <int V> static __device__ __forceinline__ void ldv(const float *p, int64_t i, float *o) {
+    if constexpr (V == 4) {
+        const float4 q = *(const float4 *)(p + i);
+        o[0] = q.x, o[1] = q.y, o[2] = q.z, o[3] = q.w;
+    } else {
+        o[0] = p[i];
+    }
+}
+template <int V> static __device__ __forceinline__ void ldv(const bf16 *p, int64_t i, float *o) {
+    if constexpr (V == 4) {
+        const uint2 q = *(const uint2 *)(p + i);
+        const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&q.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&q.y);
+        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+    } else {
+        o[0] = __bfloat162float(p[i]);
+    }
+}
+template <int V> static __device__ __forceinline__ void stv(float *p, int64_t i, const float *o) {
+    if constexpr (V == 4) *(float4 *)(p + i) = make_float4(o[0], o[1], o[2], o[3]);
+    else p[i] = o[0];
+}
+template <int V> static __device__ __forceinline__ void stv(bf16 *p, int64_t i, const float *o) {
+    if constexpr (V == 4) {
+        uint2 q;
+        *(__nv_bfloat162 *)&q.x = __floats2bfloat162_rn(o[0], o[1]);
+        *(__nv_bfloat162 *)&q.y = __floats2bfloat162_rn(o[2], o[3]);
+        *(uint2 *)(p + i) = q;
+    } else {
+        p[i] = __float2bfloat16_rn(o[0]);
+    }
+}
+static inline int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -3,61 +3,89 @@
 // dw = a fixed-order sum of the chunks' partials: deterministic.
 #include "ops_common.cuh"
 
-template <typename TX>
+// V = 4: rows walked in 16-byte (f32) / 8-byte (bf16) accesses (d % 4 == 0, aligned rows)
+template <typename TX, int V>
 static __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const TX *x, const float *w, int64_t n, int64_t d,
                                           float eps) {
     __shared__ float sh[32];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const TX *xr = x + r * d;
-        float ss = 0;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            float v = ld(xr, j);
-            ss += v * v;
+        float ss = 0, xv[V], wv[V], yv[V];
+        for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+            ldv<V>(xr, j, xv);
+#pragma unroll
+            for (int k = 0; k < V; k++) ss += xv[k] * xv[k];
         }
         ss = block_sum(ss, sh);
         const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
         if (rstd && threadIdx.x == 0) rstd[r] = rs;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) st(y, r * d + j, w[j] * (ld(xr, j) * rs));
+        for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+            ldv<V>(xr, j, xv), ldv<V>(w, j, wv);
+#pragma unroll
+            for (int k = 0; k < V; k++) yv[k] = wv[k] * (xv[k] * rs);
+            stv<V>(y, r * d + j, yv);
+        }
     }
 }
 
 // block c: rows [c*rows_per, (c+1)*rows_per); dwp: [chunks, d] partials (NULL: no dw)
-template <typename TX, typename TDX>
+template <typename TX, typename TDX, int V>
 static __global__ void rmsnorm_bwd_kernel(TDX *dx, float *dwp, const bf16 *dy, const TX *x, const float *w,
                                           const float *rstd, int64_t n, int64_t d, int64_t rows_per) {
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     float *part = dwp ? dwp + blockIdx.x * d : NULL;
-    if (part)
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) part[j] = 0;
+    float xv[V], gv[V], wv[V], pv[V], dv[V];
+    if (part) // zeroed with the same ownership of columns as the updates below
+        for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+#pragma unroll
+            for (int k = 0; k < V; k++) pv[k] = 0.0f;
+            stv<V>(part, j, pv);
+        }
     for (int64_t r = r0; r < r1; r++) {
         const TX *xr = x + r * d;
         const bf16 *gr = dy + r * d;
         const float rs = rstd[r];
-        if (part)
-            for (int64_t j = threadIdx.x; j < d; j += blockDim.x) part[j] += ld(gr, j) * (ld(xr, j) * rs);
-        if (!dx) continue;
         float dot = 0;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += ld(gr, j) * w[j] * ld(xr, j);
+        for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+            ldv<V>(xr, j, xv), ldv<V>(gr, j, gv), ldv<V>(w, j, wv);
+            if (part) { // each thread owns its columns of the partial: no race
+                ldv<V>(part, j, pv);
+#pragma unroll
+                for (int k = 0; k < V; k++) pv[k] += gv[k] * (xv[k] * rs);
+                stv<V>(part, j, pv);
+            }
+#pragma unroll
+            for (int k = 0; k < V; k++) dot += gv[k] * wv[k] * xv[k];
+        }
+        if (!dx) continue;
         dot = block_sum(dot, sh);
         const float c = dot * rs * rs * rs / (float)d;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            float v = rs * ld(gr, j) * w[j] - c * ld(xr, j);
-            if (sizeof(TDX) == 4) v += ld(dx, r * d + j); // f32 gradients accumulate, bf16 ones are written
-            st(dx, r * d + j, v);
+        for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+            ldv<V>(xr, j, xv), ldv<V>(gr, j, gv), ldv<V>(w, j, wv);
+            if constexpr (sizeof(TDX) == 4) ldv<V>(dx + r * d, j, dv); // f32 gradients accumulate
+            else
+#pragma unroll
+                for (int k = 0; k < V; k++) dv[k] = 0.0f; // bf16 ones are written
+#pragma unroll
+            for (int k = 0; k < V; k++) dv[k] += rs * gv[k] * wv[k] - c * xv[k];
+            stv<V>(dx + r * d, j, dv);
         }
     }
 }
 
-static int threads_for_row(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
+static int threads_for_row(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : d >= 128 ? 64 : 32; }
 
 template <typename TX>
 static kiln_error *rmsnorm_fwd(bf16 *y, float *rstd, const TX *x, const float *w, int64_t n, int64_t d, float eps,
                                void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    rmsnorm_fwd_kernel<TX><<<(int)(n < 1048576 ? n : 1048576), threads_for_row(d), 0, (cudaStream_t)stream>>>(
-        y, rstd, x, w, n, d, eps);
+    const int grid = (int)(n < 1048576 ? n : 1048576);
+    if (d % 4 == 0 && aligned16(y) && aligned16(x) && aligned16(w))
+        rmsnorm_fwd_kernel<TX, 4><<<grid, threads_for_row(d / 4), 0, (cudaStream_t)stream>>>(y, rstd, x, w, n, d, eps);
+    else
+        rmsnorm_fwd_kernel<TX, 1><<<grid, threads_for_row(d), 0, (cudaStream_t)stream>>>(y, rstd, x, w, n, d, eps);
     LAUNCH_CHECK("rmsnorm forward");
 done:
     return err;
@@ -72,8 +100,12 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
     if (n <= 0 || d <= 0 || (!dx && !dw)) return NULL;
     if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * d) * sizeof(float), st));
-    rmsnorm_bwd_kernel<TX, TDX><<<(int)chunks, threads_for_row(d), 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n,
-                                                                             d, rows_per);
+    if (d % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w))
+        rmsnorm_bwd_kernel<TX, TDX, 4><<<(int)chunks, threads_for_row(d / 4), 0, st>>>(dx, part, (const bf16 *)dy, x, w,
+                                                                                     rstd, n, d, rows_per);
+    else
+        rmsnorm_bwd_kernel<TX, TDX, 1><<<(int)chunks, threads_for_row(d), 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd,
+                                                                                 n, d, rows_per);
     LAUNCH_CHECK("rmsnorm backward");
     if (dw) CUDA_TRY(colsum_add(dw, part, chunks, d, st));
 done:
