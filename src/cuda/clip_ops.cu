@@ -92,17 +92,18 @@ done:
 static cublasHandle_t g_clip_blas;
 
 #define SOFTMAX_TMAX 1024
-// one warp per row of S; each lane holds up to 32 scores in registers
+// one warp per row of S; each lane holds NC scores in registers (NC * 32 >= T)
+template <int NC>
 static __global__ void softmax_rows_kernel(bf16 *p, const float *s, int64_t rows, int64_t T, int causal) {
     const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
     const int64_t i = r % T, n = causal ? i + 1 : T;
     const float *sr = s + r * T;
-    float v[SOFTMAX_TMAX / 32];
+    float v[NC];
     float mx = -INFINITY;
 #pragma unroll
-    for (int c = 0; c < SOFTMAX_TMAX / 32; c++) {
+    for (int c = 0; c < NC; c++) {
         const int64_t j = lane + 32 * c;
         v[c] = j < n ? sr[j] : -INFINITY;
         mx = fmaxf(mx, v[c]);
@@ -110,16 +111,26 @@ static __global__ void softmax_rows_kernel(bf16 *p, const float *s, int64_t rows
     mx = warp_max(mx);
     float sum = 0;
 #pragma unroll
-    for (int c = 0; c < SOFTMAX_TMAX / 32; c++) {
+    for (int c = 0; c < NC; c++) {
         v[c] = lane + 32 * c < n ? expf(v[c] - mx) : 0.0f;
         sum += v[c];
     }
     const float inv = 1.0f / warp_sum(sum);
 #pragma unroll
-    for (int c = 0; c < SOFTMAX_TMAX / 32; c++) {
+    for (int c = 0; c < NC; c++) {
         const int64_t j = lane + 32 * c;
         if (j < T) p[r * T + j] = __float2bfloat16_rn(v[c] * inv);
     }
+}
+
+static void softmax_rows(bf16 *p, const float *s, int64_t rows, int64_t T, int causal, cudaStream_t st) {
+    const int g = grid_for(rows * 32, 256);
+    if (T <= 64) softmax_rows_kernel<2><<<g, 256, 0, st>>>(p, s, rows, T, causal);
+    else if (T <= 128) softmax_rows_kernel<4><<<g, 256, 0, st>>>(p, s, rows, T, causal);
+    else if (T <= 256) softmax_rows_kernel<8><<<g, 256, 0, st>>>(p, s, rows, T, causal);
+    else if (T <= 384) softmax_rows_kernel<12><<<g, 256, 0, st>>>(p, s, rows, T, causal);
+    else if (T <= 608) softmax_rows_kernel<19><<<g, 256, 0, st>>>(p, s, rows, T, causal);
+    else softmax_rows_kernel<SOFTMAX_TMAX / 32><<<g, 256, 0, st>>>(p, s, rows, T, causal);
 }
 
 // the per-(sequence, head) pointers of the two batched GEMMs, written on the device (no host round trip)
@@ -166,7 +177,7 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
                                    (const void *const *)(ptr + nb), CUDA_R_16BF, (int)stride,
                                    (const void *const *)ptr, CUDA_R_16BF, (int)stride, &zero, ptr + 3 * nb,
                                    CUDA_R_32F, (int)T, (int)nb, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    softmax_rows_kernel<<<grid_for(nb * T * 32, 256), 256, 0, st>>>(P, S, nb * T, T, causal);
+    softmax_rows(P, S, nb * T, T, causal, st);
     LAUNCH_CHECK("attention softmax");
     // row-major O = P V is column-major Oᵀ = Vᵀ Pᵀ: A = V (as [hd x T]), B = P (as [T x T])
     CUBLAS_TRY(cublasGemmBatchedEx(g_clip_blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)hd, (int)T, (int)T, &one,
@@ -180,8 +191,8 @@ done:
     return err ? kiln_error_wrap(err, "attention forward (CUDA)") : NULL;
 }
 
-// cols [B*G*G, 3*p*p] (bf16) from pixels [B,3,S,S] (f32): the conv's im2col in the weight's [c][ky][kx] order
-static __global__ void patchify_kernel(bf16 *cols, const float *px, int64_t B, int S, int p) {
+// cols [B*G*G, 3*p*p] from pixels [B,3,S,S] (both bf16): the conv's im2col in the weight's [c][ky][kx] order
+static __global__ void patchify_kernel(bf16 *cols, const bf16 *px, int64_t B, int S, int p) {
     const int G = S / p, K = 3 * p * p;
     const int64_t total = B * G * G * K;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -189,16 +200,17 @@ static __global__ void patchify_kernel(bf16 *cols, const float *px, int64_t B, i
         const int kk = (int)(i - row * K), c = kk / (p * p), ky = (kk / p) % p, kx = kk % p;
         const int64_t b = row / (G * G);
         const int g = (int)(row - b * G * G), gy = g / G, gx = g % G;
-        cols[i] = __float2bfloat16_rn(px[((b * 3 + c) * S + gy * p + ky) * (int64_t)S + gx * p + kx]);
+        cols[i] = px[((b * 3 + c) * S + gy * p + ky) * (int64_t)S + gx * p + kx];
     }
 }
 
-extern "C" kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S, int64_t p,
-                                               void *stream) {
+extern "C" kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const kiln_bf16 *pixels, int64_t B, int64_t S,
+                                               int64_t p, void *stream) {
     kiln_error *err = NULL;
     const int64_t n = B * (S / p) * (S / p) * 3 * p * p;
     if (n <= 0) return NULL;
-    patchify_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)cols, pixels, B, (int)S, (int)p);
+    patchify_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)cols, (const bf16 *)pixels, B, (int)S,
+                                                                         (int)p);
     LAUNCH_CHECK("patchify");
 done:
     return err;
@@ -249,4 +261,16 @@ extern "C" kiln_error *kiln_l2_normalize_rows_cuda(float *y, const kiln_bf16 *x,
     LAUNCH_CHECK("l2 normalize rows");
 done:
     return err;
+}
+
+// page-locked host memory: the pixel staging buffer, so uploads run at the link's speed
+extern "C" kiln_error *kiln_clip_pinned_alloc(void **p, size_t bytes) {
+    kiln_error *err = NULL;
+    *p = NULL;
+    CUDA_TRY(cudaMallocHost(p, bytes));
+done:
+    return err;
+}
+extern "C" void kiln_clip_pinned_free(void *p) {
+    if (p) cudaFreeHost(p);
 }
