@@ -7,7 +7,8 @@
 # Alternates the two sides for ROUNDS rounds and compares medians; checks kiln's embeddings against
 # torch's fp32 CPU embeddings of the same pixels. Needs CMake, a C compiler (nvcc for cuda) and PyTorch +
 # transformers; cJSON/OpenBLAS come from .debs/ when the machine has no package manager.
-# Leaves two files in $OUT (or ./bench-out): clip_bench_$DEVICE.json (every measurement) and .txt.
+# CONFIGS picks the configs (default "vit-b-32 vit-l-14"). Leaves two files in $OUT (or ./bench-out):
+# clip_bench_$DEVICE.json (every measurement) and .txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"
@@ -34,7 +35,7 @@ res="$out/clip_bench_$device"
 log() { echo "$@" | tee -a "$res.txt"; }
 log "# $(date -u +%F) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $threads threads, device $device, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}"
 tag() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(config='$1', round=$2, threads=$threads); print(json.dumps(d))"; }
-for cfg in vit-b-32 vit-l-14; do
+for cfg in ${CONFIGS:-vit-b-32 vit-l-14}; do
   d="$work/$cfg"
   [ -e "$d/pixels.safetensors" ] || python3 bench/peers/clip_peer.py make "$cfg" "$d"
   if [ "$device" = cuda ]; then
