@@ -19,6 +19,7 @@ namespace {
 
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 cublasHandle_t g_blas;
+int g_grouped_f32_refused; // this cuBLAS has no grouped kernel with f32 C for bf16 inputs
 
 __device__ __forceinline__ float bf(__nv_bfloat16 v) { return __bfloat162float(v); }
 
@@ -168,7 +169,7 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     const int tn = layout && !strcmp(layout, "TN"), nt = layout && !strcmp(layout, "NT"),
               nn = layout && !strcmp(layout, "NN");
     const size_t ce = c_f32 ? 4 : 2;
-    int G = 0, locked = 0;
+    int G = 0, locked = 0, odd = 0;
     cublasOperation_t *ta = NULL, *tb = NULL;
     int *mm = NULL, *nv = NULL, *kv = NULL, *lda = NULL, *ldb = NULL, *ldc = NULL, *gs = NULL;
     float *alpha = NULL, *beta = NULL;
@@ -216,6 +217,8 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
         gs[G] = 1;
         alpha[G] = 1.0f, beta[G] = accumulate ? 1.0f : 0.0f;
         ptrs[G] = B, ptrs[E + G] = A, ptrs[2 * E + G] = C;
+        odd |= (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) || ((size_t)lda[G] * 2 & 15) ||
+               ((size_t)ldb[G] * 2 & 15) || ((size_t)ldc[G] * ce & 15);
         G++;
     }
     if (!G) goto done;
@@ -227,24 +230,32 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
         // the pointer arrays live on the device
         const void **pa = ptrs, **pb = ptrs + E;
         void **pc = (void **)(ptrs + 2 * E);
-        CUDA_TRY(cudaMallocAsync((void **)&dptrs, (size_t)E * 3 * sizeof *dptrs, st));
-        if (G <= PTR_PACK / 3) {
-            // through a kernel argument: stream-ordered, no pageable copy that may wait for the device
-            ptr_pack pk;
-            for (int g = 0; g < G; g++) pk.v[g] = pa[g], pk.v[G + g] = pb[g], pk.v[2 * G + g] = pc[g];
-            pk.n = 3 * G;
-            put_ptrs_kernel<<<1, 128, 0, st>>>(dptrs, pk, G, (int)E);
-            CUDA_TRY(cudaGetLastError());
-        } else {
-            CUDA_TRY(cudaMemcpyAsync(dptrs, pa, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
-            CUDA_TRY(cudaMemcpyAsync(dptrs + E, pb, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
-            CUDA_TRY(cudaMemcpyAsync(dptrs + 2 * E, pc, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+        cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+        // cuBLAS cannot look at pointers that live on the device: it assumes them aligned as far as the leading
+        // dimensions allow (weights 2 bytes into a flat buffer faulted with "misaligned address"). Such groups
+        // take the per-expert path below, whose cublasGemmEx sees each pointer.
+        if (!odd && !(c_f32 && g_grouped_f32_refused)) {
+            CUDA_TRY(cudaMallocAsync((void **)&dptrs, (size_t)E * 3 * sizeof *dptrs, st));
+            if (G <= PTR_PACK / 3) {
+                // through a kernel argument: stream-ordered, no pageable copy that may wait for the device
+                ptr_pack pk;
+                for (int g = 0; g < G; g++) pk.v[g] = pa[g], pk.v[G + g] = pb[g], pk.v[2 * G + g] = pc[g];
+                pk.n = 3 * G;
+                put_ptrs_kernel<<<1, 128, 0, st>>>(dptrs, pk, G, (int)E);
+                CUDA_TRY(cudaGetLastError());
+            } else {
+                CUDA_TRY(cudaMemcpyAsync(dptrs, pa, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+                CUDA_TRY(cudaMemcpyAsync(dptrs + E, pb, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+                CUDA_TRY(cudaMemcpyAsync(dptrs + 2 * E, pc, (size_t)G * sizeof *dptrs, cudaMemcpyHostToDevice, st));
+            }
+            s = cublasGemmGroupedBatchedEx(g_blas, ta, tb, mm, nv, kv, alpha, (const void *const *)dptrs, CUDA_R_16BF, lda,
+                                           (const void *const *)(dptrs + E), CUDA_R_16BF, ldb, beta, dptrs + 2 * E, ct, ldc,
+                                           G, gs, CUBLAS_COMPUTE_32F);
         }
-        cublasStatus_t s = cublasGemmGroupedBatchedEx(
-            g_blas, ta, tb, mm, nv, kv, alpha, (const void *const *)dptrs, CUDA_R_16BF, lda,
-            (const void *const *)(dptrs + E), CUDA_R_16BF, ldb, beta, dptrs + 2 * E, ct, ldc, G, gs, CUBLAS_COMPUTE_32F);
         if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
-            // this cuBLAS has no grouped kernel for the combination (bf16 in, f32 out): one GEMM per expert
+            // unaligned, or no grouped kernel for the combination (cuBLAS 13.1 has none for bf16 in, f32 out):
+            // one GEMM per expert
+            if (!odd && c_f32) g_grouped_f32_refused = 1; // asked once per process
             if (looped) *looped = 1;
             for (int g = 0; g < G; g++)
                 CUBLAS_TRY(cublasGemmEx(g_blas, ta[g], tb[g], mm[g], nv[g], kv[g], &alpha[g], pa[g], CUDA_R_16BF, lda[g],

@@ -291,16 +291,21 @@ TEST(gpu_route_topk) {
 /* kiln_grouped_gemm_cuda alone, every layout, bf16 and f32 C, with and without accumulation, an expert
  * without rows (TN without accumulation must zero its C_e). Reference in double on the same bf16 numbers;
  * 1e-4 for f32 C (f32 sums of exact products over k <= 30), 1e-2 for bf16 C (one rounding, 2^-9). */
+/* Second shape: the weights (B) 2 bytes into their buffer with 16-byte leading dimensions, as views of a
+ * flat bf16 weight buffer are: cuBLAS's grouped call would fault on them, the per-expert path must run. */
 TEST(gpu_grouped_gemm) {
     const int32_t offs[5] = {0, 5, 5, 17, 30};
-    const int64_t E = 4, R = 30, m = 12, n = 9, k = 7;
+    const int64_t shapes[2][4] = {{12, 9, 7, 0}, {16, 24, 32, 1}}; /* m (TN), n, k, element offset of B */
+    const int64_t E = 4, R = 30;
     static const char *const lays[3] = {"NT", "NN", "TN"};
     kiln_rng rng;
     kiln_rng_seed(&rng, 600);
+    for (int sh = 0; sh < 2; sh++)
     for (int l = 0; l < 3; l++)
         for (int f32 = 0; f32 < 2; f32++)
             for (int acc = 0; acc < 2; acc++) {
                 const int tn = l == 2;
+                const int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], boff = shapes[sh][3];
                 /* A: rows R x (tn ? m : k); B: tn ? rows R x n : E stacked [n,k] (NT) or [k,n] (NN); C: tn ? E x [m,n] : R x n */
                 const int64_t na = R * (tn ? m : k), nb = tn ? R * n : E * n * k, nc = tn ? E * m * n : R * n;
                 float *a = gt_rand(&rng, na, 1.0f), *b = gt_rand(&rng, nb, 1.0f), *c0 = gt_rand(&rng, nc, 1.0f);
@@ -321,23 +326,25 @@ TEST(gpu_grouped_gemm) {
                             }
                         }
                     }
-                kiln_bf16 *d_a = gt_up_bf16(a, na), *d_b = gt_up_bf16(b, nb);
+                float *bpad = calloc((size_t)(nb + boff), sizeof *bpad);
+                memcpy(bpad + boff, b, (size_t)nb * sizeof *b);
+                kiln_bf16 *d_a = gt_up_bf16(a, na), *d_bbase = gt_up_bf16(bpad, nb + boff), *d_b = d_bbase + boff;
                 void *d_c = f32 ? (void *)gt_up_f32(c0, nc) : (void *)gt_up_bf16(c0, nc);
                 int looped = -1;
                 CHECK_OK(kiln_grouped_gemm_cuda(d_c, f32, d_a, d_b, offs, E, tn ? m : 0, n, tn ? 0 : k, lays[l], acc,
                                                 &looped, NULL));
                 float *got = f32 ? gt_down_f32(d_c, nc) : gt_down_bf16(d_c, nc);
                 char name[64];
-                snprintf(name, sizeof name, "grouped %s C %s%s%s", lays[l], f32 ? "f32" : "bf16", acc ? " +=" : "",
-                         looped ? " (looped)" : "");
+                snprintf(name, sizeof name, "grouped %s C %s%s%s%s", lays[l], f32 ? "f32" : "bf16", acc ? " +=" : "",
+                         boff ? " B+2 bytes" : "", looped ? " (looped)" : "");
                 GT_CLOSE(name, got, ref, nc, f32 ? 1e-4 : 1e-2);
                 if (tn && !acc) {
                     int64_t nz = 0;
                     for (int64_t i = 0; i < m * n; i++) nz += got[1 * m * n + i] != 0.0f;
                     CHECK_MSG(nz == 0, "the empty expert's C_e has %lld nonzeros", (long long)nz);
                 }
-                kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
-                free(a), free(b), free(c0), free(ref), free(got);
+                kiln_cuda_free(d_a), kiln_cuda_free(d_bbase), kiln_cuda_free(d_c);
+                free(a), free(b), free(bpad), free(c0), free(ref), free(got);
             }
     const int32_t bad[3] = {0, 4, 2};
     CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 1, NULL, NULL, bad, 2, 0, 4, 4, "NT", 0, NULL, NULL), "decrease");

@@ -12,8 +12,26 @@
 #include "gpu_testutil.h"
 #include "kiln/nn.h"
 
-static void linear_case(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed) {
-    printf("  n=%lld in=%lld out=%lld bias=%d\n", (long long)n, (long long)in, (long long)out, bias);
+/* Every device tensor starts `off` elements into its allocation: the trainer's weights and biases are views
+ * of one flat bf16 buffer, so they may be only 2-byte aligned. *base gets the allocation to free. */
+static kiln_bf16 *up_b(const float *x, int64_t n, int off, void **base) {
+    uint16_t *h = malloc((size_t)(n ? n : 1) * 2);
+    for (int64_t i = 0; i < n; i++) h[i] = kiln_f32_to_bf16(x[i]);
+    *base = gt_dev((size_t)(n + off) * 2);
+    kiln_bf16 *d = (kiln_bf16 *)*base + off;
+    CHECK_OK(kiln_cuda_copy(d, h, (size_t)n * 2, KILN_CUDA_H2D));
+    free(h);
+    return d;
+}
+static float *up_f(const float *x, int64_t n, int off, void **base) {
+    *base = gt_dev((size_t)(n + off) * 4);
+    float *d = (float *)*base + off;
+    CHECK_OK(kiln_cuda_copy(d, x, (size_t)n * 4, KILN_CUDA_H2D));
+    return d;
+}
+
+static void linear_case_off(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed, int off) {
+    printf("  n=%lld in=%lld out=%lld bias=%d offset=%d\n", (long long)n, (long long)in, (long long)out, bias, off);
     kiln_rng rng;
     kiln_rng_seed(&rng, seed);
     float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 1.0f / sqrtf((float)in));
@@ -21,9 +39,12 @@ static void linear_case(int64_t n, int64_t in, int64_t out, int bias, uint64_t s
     float *dx0 = gt_rand(&rng, n * in, 0.1f), *dw0 = gt_rand(&rng, out * in, 0.1f), *db0 = gt_rand(&rng, out, 0.1f);
     gt_round_bf16(x, n * in), gt_round_bf16(w, out * in), gt_round_bf16(b, out), gt_round_bf16(dy, n * out);
     gt_round_bf16(dx0, n * in);
-    kiln_bf16 *d_x = gt_up_bf16(x, n * in), *d_w = gt_up_bf16(w, out * in), *d_b = gt_up_bf16(b, out);
-    kiln_bf16 *d_dy = gt_up_bf16(dy, n * out), *d_dx = gt_up_bf16(dx0, n * in), *d_y = gt_dev((size_t)(n * out) * 2);
-    float *d_dw = gt_up_f32(dw0, out * in), *d_db = gt_up_f32(db0, out);
+    void *bs[9];
+    float *zero = calloc((size_t)(n * out), sizeof *zero);
+    kiln_bf16 *d_x = up_b(x, n * in, off, &bs[0]), *d_w = up_b(w, out * in, off, &bs[1]), *d_b = up_b(b, out, off, &bs[2]);
+    kiln_bf16 *d_dy = up_b(dy, n * out, off, &bs[3]), *d_dx = up_b(dx0, n * in, off, &bs[4]);
+    kiln_bf16 *d_y = up_b(zero, n * out, off, &bs[5]);
+    float *d_dw = up_f(dw0, out * in, off, &bs[6]), *d_db = up_f(db0, out, off, &bs[7]);
 
     float *y = malloc((size_t)(n * out) * sizeof *y);
     kiln_linear_forward(y, x, w, bias ? b : NULL, n, in, out);
@@ -38,10 +59,12 @@ static void linear_case(int64_t n, int64_t in, int64_t out, int bias, uint64_t s
     GT_CLOSE("linear dw (+=, f32)", gdw, dw0, out * in, 2e-3);
     if (bias) GT_CLOSE("linear db (+=, f32)", gdb, db0, out, 1e-4);
 
-    kiln_cuda_free(d_x), kiln_cuda_free(d_w), kiln_cuda_free(d_b), kiln_cuda_free(d_dy), kiln_cuda_free(d_dx);
-    kiln_cuda_free(d_y), kiln_cuda_free(d_dw), kiln_cuda_free(d_db);
+    for (int i = 0; i < 8; i++) kiln_cuda_free(bs[i]);
     free(x), free(w), free(b), free(dy), free(dx0), free(dw0), free(db0), free(y), free(gy), free(gdx), free(gdw);
-    free(gdb);
+    free(gdb), free(zero);
+}
+static void linear_case(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed) {
+    linear_case_off(n, in, out, bias, seed, 0);
 }
 
 TEST(gpu_linear_fwd_bwd) {
@@ -51,6 +74,14 @@ TEST(gpu_linear_fwd_bwd) {
     linear_case(1000, 512, 768, 1, 4);
     linear_case(4096, 256, 130, 1, 5); /* dW reduces over K = 4096 tokens */
     linear_case(333, 2048, 96, 1, 6);  /* y and dx reduce over 2048 */
+}
+
+/* tensors at odd element offsets (2-byte aligned bf16, 4-byte aligned f32), as views of a flat buffer are */
+TEST(gpu_linear_unaligned) {
+    linear_case_off(32, 32, 24, 1, 7, 1); /* the shape that failed inside the model (GEMM 32x24x32 NT + bias) */
+    linear_case_off(37, 19, 23, 1, 8, 3);
+    linear_case_off(1000, 512, 768, 1, 9, 1);
+    linear_case_off(256, 64, 64, 1, 10, 8); /* 16-byte aligned bf16: the epilogue path */
 }
 
 /* the same call twice: every output bit-identical (deterministic db, cached plans) */
