@@ -6,58 +6,71 @@
 
 #define WARPS 4
 
-// y (may equal x) = rope?(norm?(x)); inv saved when norm
-template <bool NORM, bool ROPE>
+// y (may equal x) = rope?(norm?(x)); inv saved when norm. Lane-owned elements j = lane*V + 32*V*k (V = 4:
+// 8-byte accesses), staged in shared memory; RoPE's pairs are rotated in place there, then stored.
+template <bool NORM, bool ROPE, int V>
 static __global__ void qk_fwd_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
                                      int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
                                      int64_t pos0, float scale, float eps) {
-    extern __shared__ float shm[];
+    extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *sh = shm + w * dim;
+    float *sh = shm + w * dim, e[V];
     const int64_t nvec = rows * heads, half = rot_dim / 2;
     for (int64_t v = blockIdx.x * (int64_t)WARPS + w; v < nvec; v += (int64_t)gridDim.x * WARPS) {
         const bf16 *xv = x + v * dim;
-        float f = 1.0f;
         __syncwarp();
-        for (int64_t j = lane; j < dim; j += 32) sh[j] = __bfloat162float(xv[j]);
+        float ss = 0;
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+            ldv<V>(xv, j, e);
+#pragma unroll
+            for (int k = 0; k < V; k++) sh[j + k] = e[k], ss += e[k] * e[k];
+        }
         if (NORM) {
-            float ss = 0;
-            for (int64_t j = lane; j < dim; j += 32) ss += sh[j] * sh[j];
             ss = warp_sum(ss);
             const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
             if (lane == 0 && inv) inv[v] = (float)iv;
-            f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
+            const float f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
+            for (int64_t j = lane * V; j < dim; j += 32 * V)
+#pragma unroll
+                for (int k = 0; k < V; k++) sh[j + k] *= f;
         }
         __syncwarp();
-        bf16 *yv = y + v * dim;
         if (ROPE) {
             const float pos = (float)(pos0 + (v / heads) % t);
             for (int64_t i = lane; i < half; i += 32) {
                 const float ang = pos * inv_freq[i], c = cosf(ang), s = sinf(ang);
-                const float x1 = sh[i] * f, x2 = sh[i + half] * f;
-                yv[i] = __float2bfloat16_rn(x1 * c - x2 * s);
-                yv[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
+                const float x1 = sh[i], x2 = sh[i + half];
+                sh[i] = x1 * c - x2 * s;
+                sh[i + half] = x2 * c + x1 * s;
             }
-            for (int64_t j = 2 * half + lane; j < dim; j += 32) yv[j] = __float2bfloat16_rn(sh[j] * f);
-        } else {
-            for (int64_t j = lane; j < dim; j += 32) yv[j] = __float2bfloat16_rn(sh[j] * f);
+            __syncwarp();
+        }
+        bf16 *yv = y + v * dim;
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+            for (int k = 0; k < V; k++) e[k] = sh[j + k];
+            stv<V>(yv, j, e);
         }
     }
 }
 
 // dx = norm'(rope⁻¹(dy)); dtp[v] = this vector's term of dtemp (NULL: not wanted)
-template <bool NORM, bool ROPE>
+template <bool NORM, bool ROPE, int V>
 static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp,
                                      const float *inv, const float *inv_freq, int64_t rows, int64_t t, int64_t heads,
                                      int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
-    extern __shared__ float shm[];
+    extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *sh = shm + w * dim;
+    float *sh = shm + w * dim, e[V], xe[V];
     const int64_t nvec = rows * heads, half = rot_dim / 2;
     for (int64_t v = blockIdx.x * (int64_t)WARPS + w; v < nvec; v += (int64_t)gridDim.x * WARPS) {
         const bf16 *gv = dy + v * dim;
         __syncwarp();
-        for (int64_t j = lane; j < dim; j += 32) sh[j] = __bfloat162float(gv[j]);
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+            ldv<V>(gv, j, e);
+#pragma unroll
+            for (int k = 0; k < V; k++) sh[j + k] = e[k];
+        }
         __syncwarp();
         if (ROPE) { // the rotation's adjoint: rotate by the opposite angle
             const float pos = (float)(pos0 + (v / heads) % t);
@@ -73,19 +86,34 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
         if (NORM) {
             const bf16 *xv = x + v * dim;
             float dot = 0;
-            for (int64_t j = lane; j < dim; j += 32) dot += sh[j] * __bfloat162float(xv[j]);
+            for (int64_t j = lane * V; j < dim; j += 32 * V) {
+                ldv<V>(xv, j, xe);
+#pragma unroll
+                for (int k = 0; k < V; k++) dot += sh[j + k] * xe[k];
+            }
             dot = warp_sum(dot);
             const double iv = inv[v], tt = temp ? temp[v % heads] : 1.0;
             if (dtp && lane == 0) dtp[v] = (float)(scale * iv * dot);
             const float f = (float)(scale * iv * tt);
             const int clamped = (1.0 / iv) <= eps;
             const float c = clamped ? 0.0f : (float)(dot * iv * iv);
-            for (int64_t j = lane; j < dim; j += 32) dxv[j] = __float2bfloat16_rn(f * (sh[j] - c * __bfloat162float(xv[j])));
+            for (int64_t j = lane * V; j < dim; j += 32 * V) {
+                ldv<V>(xv, j, xe);
+#pragma unroll
+                for (int k = 0; k < V; k++) e[k] = f * (sh[j + k] - c * xe[k]);
+                stv<V>(dxv, j, e);
+            }
         } else {
-            for (int64_t j = lane; j < dim; j += 32) dxv[j] = __float2bfloat16_rn(sh[j]);
+            for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+                for (int k = 0; k < V; k++) e[k] = sh[j + k];
+                stv<V>(dxv, j, e);
+            }
         }
     }
 }
+
+static int aligned8(const void *p) { return ((uintptr_t)p & 7) == 0; }
 
 static kiln_error *check_shape(const char *op, int64_t heads, int64_t dim, int64_t rot_dim) {
     if (dim > 2048 || rot_dim > dim || rot_dim < 0 || heads <= 0)
@@ -101,9 +129,14 @@ static kiln_error *qk_fwd(const char *op, bf16 *y, float *inv, const bf16 *x, co
     kiln_error *err = NULL;
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
-    qk_fwd_kernel<NORM, ROPE><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
-                                (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim,
-                                                        rot_dim, pos0, scale, eps);
+    if (dim % 4 == 0 && aligned8(y) && aligned8(x))
+        qk_fwd_kernel<NORM, ROPE, 4><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
+                                       (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads,
+                                                               dim, rot_dim, pos0, scale, eps);
+    else
+        qk_fwd_kernel<NORM, ROPE, 1><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
+                                       (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads,
+                                                               dim, rot_dim, pos0, scale, eps);
     LAUNCH_CHECK(op);
 done:
     return err;
@@ -119,8 +152,12 @@ static kiln_error *qk_bwd(const char *op, bf16 *dx, float *dt, const bf16 *dy, c
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
     if (NORM && dt) CUDA_TRY(kiln_ops_scratch((void **)&dtp, (size_t)(rows * heads) * sizeof(float), st));
-    qk_bwd_kernel<NORM, ROPE><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
-        dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    if (dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
+        qk_bwd_kernel<NORM, ROPE, 4><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
+            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    else
+        qk_bwd_kernel<NORM, ROPE, 1><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
+            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     LAUNCH_CHECK(op);
     if (dtp) CUDA_TRY(colsum_add(dt, dtp, rows, heads, st));
 done:
