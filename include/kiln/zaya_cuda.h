@@ -40,7 +40,11 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad);
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g);
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g);
 
-/* Device buffers (numel entries, the CPU layout): f32 master parameters, their bf16 copy, f32 grads. */
+/* Device buffers: f32 master parameters, their bf16 copy, f32 grads, kiln_zaya_cuda_numel elements each,
+ * the CPU's tensor order with every tensor starting at a 64-element boundary (zero padding between):
+ * tensor i of m->params lives at kiln_zaya_cuda_param_offset(g, i); i = nparams gives the total. */
+size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g);
+size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i);
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g);
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g);
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g);
@@ -101,8 +105,9 @@ size_t kiln_zaya_cuda_opt_state_numel(const kiln_zaya_cuda_opt *o);
 kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *state);
 kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *state);
 /* One step (t 1-based) on the owned tensors of g's master parameters. gshard (device): the summed
- * gradient of the owned elements, element 0 being flat element shard_off; multiplied by scale first (the
- * clip). The bf16 copy is not refreshed (the caller does, after the all-gather). */
+ * gradient of the owned tensors in the device layout, element 0 being device element shard_off
+ * (kiln_zaya_cuda_param_offset of the first owned tensor); multiplied by scale first (the clip). The
+ * bf16 copy is not refreshed (the caller does, after the all-gather). */
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
                                     const kiln_optim_hparams *hp, double lr, int64_t t);
 

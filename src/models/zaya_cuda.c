@@ -29,6 +29,8 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *d) { (void)g
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
+size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { (void)g; return 0; }
+size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { (void)g; return NULL; }
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { (void)g; return NULL; }
 void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { (void)g; return NULL; }
@@ -109,8 +111,11 @@ struct kiln_zaya_cuda {
     int64_t B, T;
     int recompute;
     cudaStream_t stream;
-    float *w, *g;          /* f32 master parameters and gradients, numel each */
-    bf *wb;                /* bf16 copy */
+    float *w, *g;          /* f32 master parameters and gradients, numel_dev each */
+    bf *wb;                /* bf16 copy, the same element offsets */
+    size_t *poff, numel_dev; /* each tensor's device offset (64-element aligned: every tensor starts on a
+                              * 256-byte boundary in f32 and 128 in bf16, as the GEMMs and vector loads want;
+                              * the padding stays zero) and the padded total */
     float *bal;            /* [layers, E1] */
     float *inv_freq[2];
     kiln_zaya_ptrs W, G;   /* device pointers into w and g */
@@ -132,6 +137,37 @@ struct kiln_zaya_cuda {
 };
 
 #define BF(g, p) ((p) ? (const bf *)((g)->wb + ((p) - (g)->w)) : (const bf *)NULL)
+
+/* kiln_zaya_bind for the padded device layout: bind to the host buffer, then move every pointer to its
+ * tensor's device offset (tensors are found by their host offset; a tied LM head maps to the embedding). */
+static size_t dev_off(const kiln_zaya_cuda *g, size_t host_off) {
+    int lo = 0, hi = g->m->nparams - 1;
+    while (lo < hi) { /* params are in offset order */
+        int mid = (lo + hi + 1) / 2;
+        if (g->m->params[mid].offset <= host_off) lo = mid;
+        else hi = mid - 1;
+    }
+    return g->poff[lo] + (host_off - g->m->params[lo].offset);
+}
+static float *to_dev(const kiln_zaya_cuda *g, float *base, const float *host_p) {
+    return host_p ? base + dev_off(g, (size_t)(host_p - g->m->w)) : NULL;
+}
+static kiln_error *bind_padded(kiln_zaya_cuda *g, float *base, kiln_zaya_ptrs *P) {
+    const kiln_zaya *m = g->m;
+    kiln_zaya_ptrs H = {0};
+    H.layers = calloc((size_t)(m->cfg.num_layers ? m->cfg.num_layers : 1), sizeof *H.layers);
+    if (!H.layers) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: parameter pointers");
+    kiln_zaya_bind(m, m->w, &H);
+    P->embed = to_dev(g, base, H.embed), P->in_scale = to_dev(g, base, H.in_scale);
+    P->in_bias = to_dev(g, base, H.in_bias), P->norm = to_dev(g, base, H.norm);
+    P->lm_head_w = to_dev(g, base, H.lm_head_w), P->lm_head_b = to_dev(g, base, H.lm_head_b);
+    for (int64_t l = 0; l < m->cfg.num_layers; l++) {
+        float **src = (float **)&H.layers[l], **dst = (float **)&P->layers[l];
+        for (size_t f = 0; f < sizeof(kiln_zaya_layer_ptrs) / sizeof(float *); f++) dst[f] = to_dev(g, base, src[f]);
+    }
+    free(H.layers);
+    return NULL;
+}
 
 /* ---------- arena layout: one allocation, 256-byte aligned pieces ---------- */
 
@@ -264,6 +300,7 @@ void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     kiln_cuda_free(g->w);
     kiln_cuda_free(g->g);
     kiln_cuda_free(g->wb);
+    free(g->poff);
     kiln_cuda_free(g->bal);
     kiln_cuda_free(g->inv_freq[0]);
     kiln_cuda_free(g->inv_freq[1]);
@@ -306,7 +343,14 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
             e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: layer tables");
     if (!e && cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: cannot create a stream (is there a GPU?)");
-    const size_t nw = m->numel;
+    if (!e && !(g->poff = malloc((size_t)(m->nparams + 1) * sizeof *g->poff)))
+        e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: parameter table");
+    for (int i = 0; !e && i < m->nparams; i++) {
+        g->poff[i] = g->numel_dev;
+        g->numel_dev += ((size_t)m->params[i].numel + 63) & ~(size_t)63;
+    }
+    if (!e) g->poff[m->nparams] = g->numel_dev;
+    const size_t nw = g->numel_dev + 1;
     if (!e) e = kiln_cuda_alloc((void **)&g->w, nw * sizeof(float));
     if (!e) e = kiln_cuda_alloc((void **)&g->g, nw * sizeof(float));
     if (!e) e = kiln_cuda_alloc((void **)&g->wb, nw * sizeof(bf));
@@ -317,8 +361,10 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
         if (!e && nf > 0) e = kiln_cuda_copy(g->inv_freq[t], m->inv_freq[t], (size_t)nf * sizeof(float), KILN_CUDA_H2D);
     }
     if (!e) {
-        kiln_zaya_bind(m, g->w, &g->W);
-        kiln_zaya_bind(m, g->g, &g->G);
+        e = bind_padded(g, g->w, &g->W);
+        if (!e) e = bind_padded(g, g->g, &g->G);
+    }
+    if (!e) {
         dbump cnt = {NULL, 0};
         arena_layout(g, &cnt);
         g->arena_bytes = cnt.off;
@@ -344,6 +390,9 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
             scratch_layout(g, &sb, aw);
         }
     }
+    if (!e && (cudaMemset(g->w, 0, nw * sizeof(float)) != cudaSuccess ||
+               cudaMemset(g->wb, 0, nw * sizeof(bf)) != cudaSuccess))
+        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: clearing the parameters");
     if (!e) e = kiln_zaya_cuda_upload_params(g, m->w);
     if (!e) e = kiln_zaya_cuda_upload_balancing(g, m->balancing);
     if (!e) e = kiln_zaya_cuda_grads_zero(g);
@@ -357,11 +406,13 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
 }
 
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) {
-    return kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->m->numel, g->stream);
+    return kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->numel_dev, g->stream);
 }
 
 kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {
-    CU(cudaMemcpyAsync(g->w, w, g->m->numel * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    for (int i = 0; i < g->m->nparams; i++)
+        CU(cudaMemcpyAsync(g->w + g->poff[i], w + g->m->params[i].offset, (size_t)g->m->params[i].numel * sizeof(float),
+                           cudaMemcpyHostToDevice, g->stream));
     KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
     CU(cudaStreamSynchronize(g->stream));
     return NULL;
@@ -377,22 +428,28 @@ kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias
 
 kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
     CU(cudaStreamSynchronize(g->stream));
-    CU(cudaMemcpy(w, g->w, g->m->numel * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < g->m->nparams; i++)
+        CU(cudaMemcpy(w + g->m->params[i].offset, g->w + g->poff[i], (size_t)g->m->params[i].numel * sizeof(float),
+                      cudaMemcpyDeviceToHost));
     return NULL;
 }
 
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
     CU(cudaStreamSynchronize(g->stream));
-    CU(cudaMemcpy(grad, g->g, g->m->numel * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < g->m->nparams; i++)
+        CU(cudaMemcpy(grad + g->m->params[i].offset, g->g + g->poff[i], (size_t)g->m->params[i].numel * sizeof(float),
+                      cudaMemcpyDeviceToHost));
     return NULL;
 }
 
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
-    CU(cudaMemsetAsync(g->g, 0, g->m->numel * sizeof(float), g->stream));
+    CU(cudaMemsetAsync(g->g, 0, g->numel_dev * sizeof(float), g->stream));
     return NULL;
 }
 
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { return g->w; }
+size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { return g->numel_dev; }
+size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i) { return g->poff[i]; }
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { return g->wb; }
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { return g->g; }
 void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { return g->stream; }
@@ -760,9 +817,9 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
 kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *mem) {
     memset(mem, 0, sizeof *mem);
     const kiln_zaya_config *c = &g->m->cfg;
-    mem->param_bytes = g->m->numel * (sizeof(float) + sizeof(bf)) +
+    mem->param_bytes = g->numel_dev * (sizeof(float) + sizeof(bf)) +
                        (size_t)(c->num_layers * (c->num_experts + 1)) * sizeof(float);
-    mem->grad_bytes = g->m->numel * sizeof(float);
+    mem->grad_bytes = g->numel_dev * sizeof(float);
     mem->arena_bytes = g->arena_bytes;
     mem->scratch_bytes = g->sarena_bytes;
     sample_memory(g);

@@ -121,17 +121,18 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
     void *st = kiln_zaya_cuda_stream(o->g);
     float *w = kiln_zaya_cuda_params(o->g), *state = o->state;
     if (o->first >= o->last) return NULL;
-    const size_t owned = o->op[o->last - 1].offset + (size_t)o->op[o->last - 1].numel - shard_off;
+    const size_t owned = kiln_zaya_cuda_param_offset(o->g, o->last) - shard_off;
     if (scale != 1.0f) KILN_TRY(kiln_zaya_scale_cuda(gshard, (int64_t)owned, scale, st));
     for (int i = o->first; i < o->last; i++) {
         const kiln_opt_param *p = &o->op[i];
-        float *g = gshard + (p->offset - shard_off);
+        const size_t off = kiln_zaya_cuda_param_offset(o->g, i);
+        float *g = gshard + (off - shard_off);
         if (p->kind == KILN_OPT_MUON) {
             KILN_TRY(kiln_muon_momentum_cuda(state, o->u, g, p->numel, hp, st));
             KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, p->mats, p->rows, p->cols, hp->muon_ns_steps, o->ws, st));
-            KILN_TRY(kiln_muon_update_cuda(w + p->offset, o->u, p, hp, lr, NULL, st));
+            KILN_TRY(kiln_muon_update_cuda(w + off, o->u, p, hp, lr, NULL, st));
         } else {
-            KILN_TRY(kiln_adamw_step_cuda(w + p->offset, g, state, p->numel, hp, lr, t, p->decay, NULL, st));
+            KILN_TRY(kiln_adamw_step_cuda(w + off, g, state, p->numel, hp, lr, t, p->decay, NULL, st));
         }
         state += kiln_optim_state_numel(p);
     }

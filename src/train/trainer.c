@@ -84,12 +84,15 @@ typedef struct {
      * t->state are host mirrors refreshed for checkpoints and the final save */
     kiln_zaya_cuda *gpu;
     kiln_zaya_cuda_opt *gopt;
-    float *gshard_dev; /* this rank's summed gradient (device); aliases the gradients without a device comm */
+    float *gshard_dev; /* this rank's summed gradient (device); aliases the gradients on one rank */
     int gshard_owned;
+    size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
 } trainer;
 
 static void trainer_free(trainer *t) {
     kiln_zaya_cuda_opt_free(t->gopt);
+    free(t->dcounts);
+    free(t->ddispls);
     if (t->gshard_owned) kiln_cuda_free(t->gshard_dev);
     kiln_zaya_cuda_free(t->gpu);
     kiln_zaya_acts_free(t->acts);
@@ -120,11 +123,18 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
                            "memory)", comm->size, comm->backend);
     KILN_TRY(kiln_zaya_cuda_create(t->m, c->micro_batch, c->seq_len, c->recompute, &t->gpu));
     KILN_TRY(kiln_zaya_cuda_opt_create(t->gpu, t->op, t->part.first[comm->rank], t->part.first[comm->rank + 1], &t->gopt));
+    t->dcounts = calloc((size_t)comm->size, sizeof *t->dcounts);
+    t->ddispls = calloc((size_t)comm->size, sizeof *t->ddispls);
+    if (!t->dcounts || !t->ddispls) return kiln_errorf(KILN_ENOMEM, "trainer");
+    for (int r = 0; r < comm->size; r++) {
+        t->ddispls[r] = kiln_zaya_cuda_param_offset(t->gpu, t->part.first[r]);
+        t->dcounts[r] = kiln_zaya_cuda_param_offset(t->gpu, t->part.first[r + 1]) - t->ddispls[r];
+    }
     if (comm->size > 1) {
-        KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->part.counts[comm->rank] + 1) * sizeof(float)));
+        KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->dcounts[comm->rank] + 1) * sizeof(float)));
         t->gshard_owned = 1;
     } else { /* one rank: the summed gradient is the gradient, and the collectives are identities */
-        t->gshard_dev = kiln_zaya_cuda_grads(t->gpu) + t->part.displs[comm->rank];
+        t->gshard_dev = kiln_zaya_cuda_grads(t->gpu);
     }
     return NULL;
 }
@@ -261,20 +271,20 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     }
     if (t->ft.heartbeat_dir[0]) {
         double sq = 0;
-        KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), m->numel, &sq));
+        KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g), &sq));
         t->local_gnorm = sqrt(sq);
     }
     kiln_zaya_cuda_profile_push(g, "gradient scale + reduce-scatter");
-    KILN_TRY(kiln_zaya_cuda_scale(g, kiln_zaya_cuda_grads(g), m->numel, 1.0f / (float)(accum * comm->size)));
+    KILN_TRY(kiln_zaya_cuda_scale(g, kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g), 1.0f / (float)(accum * comm->size)));
     kiln_zaya_cuda_profile_pop(g);
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
-        KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->part.counts, t->part.displs));
+        KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
     }
     double stats[3] = {0, loss_sum / (double)accum, 0};
     kiln_zaya_cuda_profile_push(g, "gradient norm");
-    KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->part.counts[me], &stats[0]));
+    KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->dcounts[me], &stats[0]));
     kiln_zaya_cuda_profile_pop(g);
     KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
     double gnorm = sqrt(stats[0]);
@@ -290,11 +300,11 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     sched.total = c->steps;
     double lr = kiln_schedule_lr(&sched, step);
     kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
-    KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->part.displs[me], scale, &c->optim, lr, step + 1));
+    KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->ddispls[me], scale, &c->optim, lr, step + 1));
     kiln_zaya_cuda_profile_pop(g);
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
-        KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->part.counts, t->part.displs));
+        KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
     }
     kiln_zaya_cuda_profile_push(g, "bf16 weight copy");

@@ -60,7 +60,8 @@ TEST(gpu_zaya_opt_step) {
     const int first = 1, last = m->nparams;
     if (g) CHECK_OK(kiln_zaya_cuda_opt_create(g, op, first, last, &o));
     if (!g || !o) goto done;
-    const size_t off = op[first].offset, owned = m->numel - off;
+    const size_t off = op[first].offset, owned = m->numel - off; /* host layout */
+    const size_t doff = kiln_zaya_cuda_param_offset(g, first), downed = kiln_zaya_cuda_param_offset(g, last) - doff;
     size_t nstate = kiln_zaya_cuda_opt_state_numel(o);
     float *state = calloc(nstate + 1, sizeof *state), *w = malloc(m->numel * sizeof *w);
     size_t wsn = 1;
@@ -71,13 +72,19 @@ TEST(gpu_zaya_opt_step) {
     kiln_rng_seed(&rng, 5);
     for (int64_t t = 1; t <= 2; t++) {
         float *gr = gt_rand(&rng, (int64_t)owned, 0.1f);
-        float *dg = gt_up_f32(gr, (int64_t)owned);
+        /* the device layout: each tensor at its aligned offset, zeros between */
+        float *hd = calloc(downed + 1, sizeof *hd);
+        for (int i = first; i < last; i++)
+            memcpy(hd + kiln_zaya_cuda_param_offset(g, i) - doff, gr + (op[i].offset - off),
+                   (size_t)op[i].numel * sizeof *hd);
+        float *dg = gt_up_f32(hd, (int64_t)downed);
+        free(hd);
         double ss = 0, want = 0;
-        CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, owned, &ss));
+        CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, downed, &ss));
         for (size_t i = 0; i < owned; i++) want += (double)gr[i] * gr[i];
         CHECK_MSG(fabs(ss - want) <= 1e-12 * want, "sum of squares %.17g vs %.17g", ss, want);
         const float scale = 0.5f;
-        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, off, scale, &hp, 1e-2, t));
+        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, doff, scale, &hp, 1e-2, t));
         /* the CPU: the same on m->w */
         float *st = state;
         for (size_t i = 0; i < owned; i++) gr[i] *= scale;
