@@ -10,6 +10,7 @@
 // hidden by the causal mask or the window are never visited.
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "attention_impl.cuh"
 #include "cuda_check.h"
@@ -238,6 +239,157 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     }
 }
 
+// ---- forward with 128-row blocks: each warp owns 32 rows (two m16 tiles), so every K/V fragment read
+// from shared memory feeds two mma instead of one. ldmatrix bandwidth, not the tensor cores, bounds the
+// 16-row version (64 ldmatrix.x4 per 128 mma); here it is 80 per 256. ----
+template <int MT, int N, int K>
+static __device__ __forceinline__ void warp_mm_abt_m(float (&acc)[MT][N / 8][4], const bf16 *As, int lda,
+                                                     const bf16 *Bs, int ldb) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) ldsm_x4(af[mt], As + (mt * 16 + (lane & 15)) * lda + k0 + (lane >> 4) * 8);
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];
+            ldsm_x4(bf, Bs + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816(acc[mt][n0 / 8], af[mt], bf[0], bf[1]);
+                mma16816(acc[mt][n0 / 8 + 1], af[mt], bf[2], bf[3]);
+            }
+        }
+    }
+}
+template <int MT, int K, int N>
+static __device__ __forceinline__ void warp_mm_pb_m(float (&acc)[MT][N / 8][4], const uint32_t (&pa)[MT][K / 16][4],
+                                                    const bf16 *Bs, int ldb) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];
+            ldsm_x4_t(bf, Bs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816(acc[mt][n0 / 8], pa[mt][k0 / 16], bf[0], bf[1]);
+                mma16816(acc[mt][n0 / 8 + 1], pa[mt][k0 / 16], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+template <int D>
+static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                                    const bf16 *v, AttnDims a) {
+    // 32-key tiles at D = 128 keep S, P and O of two m-tiles in 255 registers without spilling
+    constexpr int MT = 2, BM = 64 * MT, BN = D == 128 ? 32 : 64, LD = D + 8;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *Qs = (bf16 *)att_smem, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; // K, V: two buffers each
+    const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
+    load_tile_async<D, BM>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
+
+    const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
+    int jlo, jhi;
+    att_key_range(a, pmin, pmax, &jlo, &jhi);
+    const int r0 = i0 + warp * 16 * MT + g; // this thread's rows: r0 + 16 mt + 8 r
+    const int p0 = a.q_pos0 + r0;
+
+    float o[MT][D / 8][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        zero_acc<D / 8>(o[mt]);
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+    const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
+    const int jstart = jlo / BN * BN;
+    load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
+    load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    cp_async_commit();
+    for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
+        const int cur = it & 1, nj = j0 + BN;
+        if (nj <= jhi) {
+            load_tile_async<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
+            load_tile_async<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
+        float s[MT][BN / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) zero_acc<BN / 8>(s[mt]);
+        warp_mm_abt_m<MT, BN, D>(s, Qs + warp * 16 * MT * LD, LD, Kc, LD);
+        const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
+        uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = j0 + nt * 8 + 2 * t + (e & 1), p = p0 + 16 * mt + 8 * (e >> 1);
+                    float x = s[mt][nt][e] * a.scale_log2;
+                    if (need_mask && !att_visible(a, p, j)) x = -INFINITY;
+                    s[mt][nt][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+            float alpha[2], mu[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float mn = fmaxf(m[mt][r], mx[r]);
+                mu[r] = mn == -INFINITY ? 0.f : mn; // a row with nothing visible yet keeps p = 0
+                alpha[r] = exp2f(m[mt][r] - mu[r]);
+                m[mt][r] = mn;
+            }
+            float rs[2] = {0.f, 0.f};
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[mt][nt][e] - mu[e >> 1]);
+                    s[mt][nt][e] = p;
+                    rs[e >> 1] += p;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++) l[mt][r] = l[mt][r] * alpha[r] + rs[r];
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[mt][dt][0] *= alpha[0], o[mt][dt][1] *= alpha[0];
+                o[mt][dt][2] *= alpha[1], o[mt][dt][3] *= alpha[1];
+            }
+            pack_a<BN>(pa[mt], s[mt]);
+        }
+        warp_mm_pb_m<MT, BN, D>(o, pa, Vc, LD);
+        __syncthreads(); // everyone is done with buffer cur before the next iteration refills it
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            const int i = r0 + 16 * mt + 8 * r;
+            if (i >= a.Tq) continue;
+            const float inv = lr > 0.f ? 1.f / lr : 0.f;
+            bf16 *orow = out + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++)
+                store_bf16x2(orow + dt * 8 + 2 * t, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+            if (t == 0 && lse) lse[((int64_t)b * a.NH + h) * a.Tq + i] = (m[mt][r] + log2f(lr)) * ATT_LN2;
+        }
+}
+
 // ---- dQ: grid (query tiles, NH, B) ----
 template <int D>
 static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, const bf16 *dout, const float *lse,
@@ -407,13 +559,29 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
 // ---- host side ----
 bool att_mma_supported(const AttnDims &a) { return a.D == 64 || a.D == 128; }
 
+// Forward block rows: 128 (attn_fwd_mma2) unless KILN_ATTN_FWD_ROWS=64 picks the 16-rows-per-warp kernel
+// (kept for short sequences and for comparison in the GPU tests).
+static int fwd_rows(const AttnDims &a) {
+    const char *e = getenv("KILN_ATTN_FWD_ROWS");
+    if (e && atoi(e) == 64) return 64;
+    return a.Tq <= 64 ? 64 : 128;
+}
+
 template <int D>
 static kiln_error *fwd_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
                               cudaStream_t st) {
     kiln_error *err = NULL;
-    const int smem = (64 + 2 * 2 * 64) * (D + 8) * (int)sizeof(bf16); // Q, then K and V double-buffered
-    CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attn_fwd_mma<D><<<dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
+    const int bm = fwd_rows(a);
+    const int bn = bm == 128 && D == 128 ? 32 : 64; // key tile (as in the kernels)
+    const int smem = (bm + 2 * 2 * bn) * (D + 8) * (int)sizeof(bf16); // Q, then K and V double-buffered
+    const dim3 grid((a.Tq + bm - 1) / bm, a.NH, a.B);
+    if (bm == 128) {
+        CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma2<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attn_fwd_mma2<D><<<grid, MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
+    } else {
+        CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attn_fwd_mma<D><<<grid, MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
+    }
     CUDA_TRY(cudaGetLastError());
 done:
     return err;

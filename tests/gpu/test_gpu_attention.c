@@ -205,11 +205,18 @@ TEST(gpu_attention_bench_shape) {
         void *work = gt_dev(kiln_attention_backward_cuda_work(&s));
         const double pairs = W ? (double)W * (W + 1) / 2 + (double)(T - W) * W : (double)T * (T + 1) / 2;
         const double fl = 4.0 * B * NH * D * pairs;
-        float *res[2][6];
+        /* 0: default (128-row forward blocks), 1: 64-row forward blocks, 2: generic kernels */
+        static const char *const names[3] = {"default", "fwd64", "generic"};
+        float *res[3][6];
         printf("  B=%lld T=%lld NH=%lld KV=%lld D=%lld window=%lld\n", (long long)B, (long long)T, (long long)NH,
                (long long)KV, (long long)D, (long long)W);
-        for (int generic = 0; generic < 2; generic++) {
+        for (int var = 0; var < 3; var++) {
+            const int generic = var == 2;
             set_generic(generic);
+            if (var == 1)
+                setenv("KILN_ATTN_FWD_ROWS", "64", 1);
+            else
+                unsetenv("KILN_ATTN_FWD_ROWS");
             CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL)); /* warm-up */
             CHECK_OK(kiln_cuda_sync());
             double t0 = now_s();
@@ -217,25 +224,31 @@ TEST(gpu_attention_bench_shape) {
             CHECK_OK(kiln_cuda_sync());
             double t1 = now_s();
             CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
-            CHECK_OK(kiln_cuda_sync());
-            double t2 = now_s();
-            printf("   %-8s forward %8.3f ms (%6.1f TFLOP/s)  backward %8.3f ms (%6.1f TFLOP/s)  [info]\n",
-                   generic ? "generic" : "default", (t1 - t0) * 1e3, fl / (t1 - t0) / 1e12, (t2 - t1) * 1e3,
-                   2.5 * fl / (t2 - t1) / 1e12);
-            res[generic][0] = gt_down_bf16(d_out, nq), res[generic][1] = gt_down_f32(d_lse, nl);
-            res[generic][2] = gt_down_bf16(d_dq, nq), res[generic][3] = gt_down_bf16(d_dk, nk);
-            res[generic][4] = gt_down_bf16(d_dv, nk);
+            res[var][0] = gt_down_bf16(d_out, nq), res[var][1] = gt_down_f32(d_lse, nl);
+            res[var][2] = gt_down_bf16(d_dq, nq), res[var][3] = gt_down_bf16(d_dk, nk);
+            res[var][4] = gt_down_bf16(d_dv, nk);
+            double t2 = now_s(); /* the second backward call: warm */
             CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
-            res[generic][5] = gt_down_bf16(d_dk, nk);
-            CHECK_MSG(!memcmp(res[generic][5], res[generic][3], (size_t)nk * sizeof(float)), "two backward runs differ");
+            CHECK_OK(kiln_cuda_sync());
+            double t3 = now_s();
+            printf("   %-8s forward %8.3f ms (%6.1f TFLOP/s)  backward %8.3f ms (%6.1f TFLOP/s)  [info]\n",
+                   names[var], (t1 - t0) * 1e3, fl / (t1 - t0) / 1e12, (t3 - t2) * 1e3,
+                   2.5 * fl / (t3 - t2) / 1e12);
+            res[var][5] = gt_down_bf16(d_dk, nk);
+            CHECK_MSG(!memcmp(res[var][5], res[var][3], (size_t)nk * sizeof(float)), "two backward runs differ");
         }
         set_generic(0);
-        att_close("out (default vs generic)", res[0][0], res[1][0], nq, TOL_BF16);
-        att_close("lse (default vs generic)", res[0][1], res[1][1], nl, TOL_LSE);
-        att_close("dq (default vs generic)", res[0][2], res[1][2], nq, TOL_BF16);
-        att_close("dk (default vs generic)", res[0][3], res[1][3], nk, TOL_BF16);
-        att_close("dv (default vs generic)", res[0][4], res[1][4], nk, TOL_BF16);
-        for (int g = 0; g < 2; g++)
+        unsetenv("KILN_ATTN_FWD_ROWS");
+        for (int var = 0; var < 2; var++) {
+            char nm[64];
+            static const char *const what[5] = {"out", "lse", "dq", "dk", "dv"};
+            for (int j = 0; j < 5; j++) {
+                snprintf(nm, sizeof nm, "%s (%s vs generic)", what[j], names[var]);
+                att_close(nm, res[var][j], res[2][j], j == 0 || j == 2 ? nq : j == 1 ? nl : nk,
+                          j == 1 ? TOL_LSE : TOL_BF16);
+            }
+        }
+        for (int g = 0; g < 3; g++)
             for (int j = 0; j < 6; j++) free(res[g][j]);
         kiln_cuda_free(d_q), kiln_cuda_free(d_k), kiln_cuda_free(d_v), kiln_cuda_free(d_do), kiln_cuda_free(d_out);
         kiln_cuda_free(d_dq), kiln_cuda_free(d_dk), kiln_cuda_free(d_dv), kiln_cuda_free(d_lse), kiln_cuda_free(work);
