@@ -235,6 +235,20 @@ TEST(gpu_attention_bench_shape) {
                    names[var], (t1 - t0) * 1e3, fl / (t1 - t0) / 1e12, (t3 - t2) * 1e3,
                    2.5 * fl / (t3 - t2) / 1e12);
             res[var][5] = gt_down_bf16(d_dk, nk);
+            if (var == 0) { /* where the backward's time goes: dK/dV only, then dQ only (each with delta) */
+                CHECK_OK(kiln_cuda_sync());
+                double u0 = now_s();
+                CHECK_OK(kiln_attention_backward_cuda(NULL, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+                CHECK_OK(kiln_cuda_sync());
+                double u1 = now_s();
+                CHECK_OK(kiln_attention_backward_cuda(d_dq, NULL, NULL, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+                CHECK_OK(kiln_cuda_sync());
+                double u2 = now_s();
+                printf("   %-8s backward split: dK/dV %8.3f ms (4 GEMMs, %6.1f TFLOP/s)  dQ %8.3f ms (3 GEMMs, %6.1f "
+                       "TFLOP/s)  [info]\n",
+                       names[var], (u1 - u0) * 1e3, 2.0 * fl / (u1 - u0) / 1e12, (u2 - u1) * 1e3,
+                       1.5 * fl / (u2 - u1) / 1e12);
+            }
             CHECK_MSG(!memcmp(res[var][5], res[var][3], (size_t)nk * sizeof(float)), "two backward runs differ");
         }
         set_generic(0);
