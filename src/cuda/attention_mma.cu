@@ -425,6 +425,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
     load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
     cp_async_commit();
+    uint32_t qf[D / 16][4], dof[D / 16][4];
     for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
         if (nj <= jhi) {
@@ -434,12 +435,19 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
+        if (it == 0) { // the warp's Q and dO rows stay in registers for every key tile
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+                ldsm_x4(dof[kk], dOs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+            }
+        }
         const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
         float s[BN / 8][4], dp[BN / 8][4];
         zero_acc<BN / 8>(s);
         zero_acc<BN / 8>(dp);
-        warp_mm_abt<BN, D>(s, Qs + warp * 16 * LD, LD, Kc, LD);
-        warp_mm_abt<BN, D>(dp, dOs + warp * 16 * LD, LD, Vc, LD);
+        warp_mm_rbt<BN, D>(s, qf, Kc, LD);
+        warp_mm_rbt<BN, D>(dp, dof, Vc, LD);
         const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
 #pragma unroll
         for (int nt = 0; nt < BN / 8; nt++)
