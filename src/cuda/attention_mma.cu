@@ -99,6 +99,9 @@ static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
 }
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0));
+}
 static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 static __device__ __forceinline__ void cp_async_wait(void) {
@@ -113,6 +116,14 @@ static __device__ __forceinline__ void load_tile_async(bf16 *dst, int ld, const 
         const bool ok = r < nvalid;
         cp_async16(dst + r * ld + c, ok ? src + r * stride + c : any, ok);
     }
+}
+// ROWS consecutive floats of x and of y (from element off) into smem, zeros past nvalid
+template <int ROWS>
+static __device__ __forceinline__ void load_rows_async(float *xs, float *ys, const float *x, const float *y, int64_t off,
+                                                       int nvalid) {
+    const int r = threadIdx.x;
+    if (r < ROWS) cp_async4(xs + r, r < nvalid ? x + off + r : x, r < nvalid);
+    else if (r < 2 * ROWS) cp_async4(ys + r - ROWS, r - ROWS < nvalid ? y + off + r - ROWS : y, r - ROWS < nvalid);
 }
 // acc[16 x N] += A Bᵀ with A's fragments already in registers (K/16 k-steps)
 template <int N, int K>
@@ -483,6 +494,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
     constexpr int BN = 64, BQ = 32, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
     bf16 *Ks = (bf16 *)att_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *dOs = Qs + 2 * BQ * LD; // Q, dO: 2 buffers
+    float *lses = (float *)(dOs + 2 * BQ * LD), *dls = lses + 2 * BQ; // lse and delta of the rows: 2 buffers
     const int b = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * BN;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
@@ -503,31 +515,24 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
         const int64_t qoff = (((int64_t)b * a.Tq + ilo) * a.NH + kh * a.G) * D;
         load_tile_async<D, BQ>(Qs, LD, q + qoff, qstride, ihi + 1 - ilo, q);
         load_tile_async<D, BQ>(dOs, LD, dout + qoff, qstride, ihi + 1 - ilo, dout);
+        load_rows_async<BQ>(lses, dls, lse, delta, ((int64_t)b * a.NH + kh * a.G) * a.Tq + ilo, ihi + 1 - ilo);
     }
     cp_async_commit();
     for (int step = 0; step < nstep; step++) {
-        const int cur = step & 1, h = kh * a.G + step / ntile, c0 = ilo + (step % ntile) * BQ;
+        const int cur = step & 1, c0 = ilo + (step % ntile) * BQ;
         if (step + 1 < nstep) {
             const int nh = kh * a.G + (step + 1) / ntile, nc0 = ilo + ((step + 1) % ntile) * BQ;
             const int64_t qoff = (((int64_t)b * a.Tq + nc0) * a.NH + nh) * D;
             load_tile_async<D, BQ>(Qs + (cur ^ 1) * BQ * LD, LD, q + qoff, qstride, ihi + 1 - nc0, q);
             load_tile_async<D, BQ>(dOs + (cur ^ 1) * BQ * LD, LD, dout + qoff, qstride, ihi + 1 - nc0, dout);
+            load_rows_async<BQ>(lses + (cur ^ 1) * BQ, dls + (cur ^ 1) * BQ, lse, delta,
+                                ((int64_t)b * a.NH + nh) * a.Tq + nc0, ihi + 1 - nc0);
         }
         cp_async_commit();
-        // this thread's 8 query columns: their log2-domain lse and delta, straight from global memory
-        float lse2c[BQ / 8][2], dlc[BQ / 8][2];
-#pragma unroll
-        for (int nt = 0; nt < BQ / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int i = c0 + nt * 8 + 2 * t + e;
-                const int64_t ri = ((int64_t)b * a.NH + h) * a.Tq + i;
-                lse2c[nt][e] = i <= ihi ? __ldg(lse + ri) * ATT_LOG2E : 0.f;
-                dlc[nt][e] = i <= ihi ? __ldg(delta + ri) : 0.f;
-            }
         cp_async_wait<1>();
         __syncthreads();
         const bf16 *Qc = Qs + cur * BQ * LD, *dOc = dOs + cur * BQ * LD;
+        const float *lsec = lses + cur * BQ, *dlcur = dls + cur * BQ;
         float st[BQ / 8][4], dpt[BQ / 8][4];
         zero_acc<BQ / 8>(st);
         zero_acc<BQ / 8>(dpt);
@@ -537,11 +542,11 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
         for (int nt = 0; nt < BQ / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int i = c0 + nt * 8 + 2 * t + (e & 1), j = jr0 + (e >> 1) * 8;
-                float pr = exp2f(st[nt][e] * a.scale_log2 - lse2c[nt][e & 1]);
+                const int c = nt * 8 + 2 * t + (e & 1), i = c0 + c, j = jr0 + (e >> 1) * 8;
+                float pr = exp2f(st[nt][e] * a.scale_log2 - lsec[c] * ATT_LOG2E);
                 if (i > ihi || !att_visible(a, a.q_pos0 + i, j)) pr = 0.f;
                 st[nt][e] = pr;
-                dpt[nt][e] = pr * (dpt[nt][e] - dlc[nt][e & 1]);
+                dpt[nt][e] = pr * (dpt[nt][e] - dlcur[c]);
             }
         uint32_t pa[BQ / 16][4];
         pack_a<BQ>(pa, st);
@@ -600,7 +605,8 @@ static kiln_error *bwd_launch(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, co
                               const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a, cudaStream_t st) {
     kiln_error *err = NULL;
     if (dk || dv) {
-        const int smem = (2 * 64 + 2 * 2 * 32) * (D + 8) * (int)sizeof(bf16); // K, V, then Q and dO double-buffered
+        // K, V, then Q and dO double-buffered, then lse and delta double-buffered
+        const int smem = (2 * 64 + 2 * 2 * 32) * (D + 8) * (int)sizeof(bf16) + 2 * 2 * 32 * (int)sizeof(float);
         CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dkdv_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attn_bwd_dkdv_mma<D><<<dim3((a.tk + 63) / 64, a.KV, a.B), MMA_THREADS, smem, st>>>(dk, dv, dout, lse, delta, q,
                                                                                              k, v, a);
