@@ -1,10 +1,13 @@
 // The tensor-core path of the attention kernels (head dims 64 and 128), FA2's structure:
-//   forward: a block owns 64 query rows (4 warps x 16) and streams 64-key tiles; S = Q Kᵀ and O += P V
-//            run on mma.sync m16n8k16 (bf16 in, f32 accumulate) with the online softmax in registers;
+//   forward: a block owns 128 query rows (4 warps x 32; 64 rows = 4 x 16 for short sequences) and
+//            streams key tiles; S = Q Kᵀ and O += P V run on mma.sync m16n8k16 (bf16 in, f32
+//            accumulate) with the online softmax in registers;
 //   dK/dV:   a block owns 64 keys of one KV head (4 warps x 16 keys) and streams 32-row query tiles of
 //            each of the G query heads in turn: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q, all in
 //            registers, summed in a fixed order (deterministic without atomics);
-//   dQ:      a block owns 64 query rows and streams key tiles: S, dP = dO Vᵀ, dQ += dS K.
+//   dQ:      a block owns 64 query rows (their Q and dO fragments held in registers) and streams key
+//            tiles: S, dP = dO Vᵀ, dQ += dS K.
+// Streamed tiles are double-buffered with cp.async (the next one loads while the current one computes).
 // P and dS are rounded to bf16 as mma operands (as flash attention does); every sum is f32. Tiles are
 // staged in shared memory with rows padded by 8 bf16 so that ldmatrix reads are conflict-free; tiles
 // hidden by the causal mask or the window are never visited.
