@@ -112,7 +112,7 @@ kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const
 #include "kiln/nn.h" /* kiln_attn_shape */
 /* Flash-style causal GQA attention with an optional sliding window, the twin of kiln_attention_forward/
  * backward: the same kiln_attn_shape, layouts and visibility rule (key j visible to the query at position
- * p iff j <= p and (window == 0 or j > p - window)); head dim D <= 128 (tensor cores for D = 64 and 128).
+ * p iff j <= p and (window == 0 or j > p - window)); head dim D <= 128 (tensor cores for D = 32, 64, 128).
  *   q, out, dout, dq [B, Tq, NH, D] bf16; k, v, dk, dv [B, tk_cap, KV, D] bf16 (keys 0..tk-1 used);
  *   lse [B, NH, Tq] f32: per query row, the natural-log logsumexp of its scaled visible scores. It replaces
  *   the CPU's probabilities: the backward recomputes them from q, k and lse, so no T x T matrix exists.

@@ -6,7 +6,7 @@
 // atomics), and a second kernel per query tile computes dQ.
 //
 // Two paths: a generic one (any head dim <= 128, scalar f32 math on bf16 tiles in shared memory) and
-// a tensor-core one for head dims 64 and 128 (attention_mma.cu). Tiles that the causal mask or the
+// a tensor-core one for head dims 32, 64 and 128 (attention_mma.cu). Tiles that the causal mask or the
 // window hide entirely are never visited.
 #include <cuda_bf16.h>
 #include <math.h>

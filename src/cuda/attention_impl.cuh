@@ -42,7 +42,7 @@ static __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// the tensor-core path (attention_mma.cu): head dims 64 and 128
+// the tensor-core path (attention_mma.cu): head dims 32, 64 and 128
 bool att_mma_supported(const AttnDims &a);
 kiln_error *att_mma_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
                             cudaStream_t st);

@@ -1,4 +1,4 @@
-// The tensor-core path of the attention kernels (head dims 64 and 128), FA2's structure:
+// The tensor-core path of the attention kernels (head dims 32, 64 and 128), FA2's structure:
 //   forward: a block owns 128 query rows (4 warps x 32; 64 rows = 4 x 16 for short sequences) and
 //            streams key tiles; S = Q Kᵀ and O += P V run on mma.sync m16n8k16 (bf16 in, f32
 //            accumulate) with the online softmax in registers;
@@ -573,7 +573,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
 }
 
 // ---- host side ----
-bool att_mma_supported(const AttnDims &a) { return a.D == 64 || a.D == 128; }
+// 32: the default training config's head dim; 64 and 128: the usual ones
+bool att_mma_supported(const AttnDims &a) { return a.D == 32 || a.D == 64 || a.D == 128; }
 
 // Forward block rows: 128 (attn_fwd_mma2) unless KILN_ATTN_FWD_ROWS=64 picks the 16-rows-per-warp kernel
 // (kept for short sequences and for comparison in the GPU tests).
@@ -628,11 +629,14 @@ done:
 
 kiln_error *att_mma_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a,
                             cudaStream_t st) {
-    return a.D == 128 ? fwd_launch<128>(out, lse, q, k, v, a, st) : fwd_launch<64>(out, lse, q, k, v, a, st);
+    return a.D == 128  ? fwd_launch<128>(out, lse, q, k, v, a, st)
+           : a.D == 64 ? fwd_launch<64>(out, lse, q, k, v, a, st)
+                       : fwd_launch<32>(out, lse, q, k, v, a, st);
 }
 
 kiln_error *att_mma_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
                              const bf16 *q, const bf16 *k, const bf16 *v, const AttnDims &a, cudaStream_t st) {
-    return a.D == 128 ? bwd_launch<128>(dq, dk, dv, dout, lse, delta, q, k, v, a, st)
-                      : bwd_launch<64>(dq, dk, dv, dout, lse, delta, q, k, v, a, st);
+    return a.D == 128  ? bwd_launch<128>(dq, dk, dv, dout, lse, delta, q, k, v, a, st)
+           : a.D == 64 ? bwd_launch<64>(dq, dk, dv, dout, lse, delta, q, k, v, a, st)
+                       : bwd_launch<32>(dq, dk, dv, dout, lse, delta, q, k, v, a, st);
 }

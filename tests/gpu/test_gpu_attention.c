@@ -1,7 +1,7 @@
 /* kiln_attention_forward_cuda / kiln_attention_backward_cuda against the CPU reference (src/nn/attention.c)
  * on random bf16-rounded inputs: causal, sliding window, GQA ratios 1/2/4, head dims 10/33/64/128, T = 1,
  * T not a multiple of any tile, and the KV-cache layout (Tq < tk <= tk_cap). Each case runs both device
- * paths: the default one (tensor cores for D = 64 and 128) and the generic one (KILN_ATTN_GENERIC=1).
+ * paths: the default one (tensor cores for D = 32, 64 and 128) and the generic one (KILN_ATTN_GENERIC=1).
  *
  * Tolerances, as max |gpu - cpu| / max |cpu| per tensor:
  *   out, dq, dk, dv: 2e-2 (bf16 outputs carry a relative rounding of 2^-9 = 2e-3 each; the tensor-core path
@@ -148,6 +148,9 @@ TEST(gpu_attention_gqa_window) {
         {2, 200, 200, 200, 2, 2, 128, 48, 1}, /* window < T, GQA 1 */
         {1, 100, 100, 100, 4, 2, 64, 17, 1},  /* odd window, GQA 2 */
         {1, 300, 300, 300, 8, 2, 128, 0, 1},  /* the benchmark's heads, GQA 4 */
+        {2, 150, 150, 150, 4, 2, 32, 0, 1},   /* D = 32 (the default training config's head dim) */
+        {1, 97, 97, 97, 4, 4, 32, 40, 1},     /* D = 32, window */
+        {2, 48, 48, 48, 2, 1, 32, 0, 1},      /* D = 32, one 64-row forward block */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], 200 + i);
 }
