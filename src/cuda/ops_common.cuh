@@ -103,10 +103,23 @@ static __global__ void colsum_add_kernel(float *out, const float *in, int64_t m,
         if (threadIdx.x == 0) out[j] += (float)s;
     }
 }
+// many columns, few rows: one thread per column summing its rows in order (coalesced across the threads)
+static __global__ void colsum_add_wide_kernel(float *out, const float *in, int64_t m, int64_t d) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < d; j += (int64_t)gridDim.x * blockDim.x) {
+        double s = 0;
+        for (int64_t i = 0; i < m; i++) s += in[i * d + j];
+        out[j] += (float)s;
+    }
+}
 static inline cudaError_t colsum_add(float *out, const float *in, int64_t m, int64_t d, cudaStream_t st) {
     if (d <= 0) return cudaSuccess;
-    int threads = m >= 256 ? 256 : m > 32 ? 128 : 32;
-    colsum_add_kernel<<<(int)(d < 65535 ? d : 65535), threads, 0, st>>>(out, in, m, d);
+    if (d >= 8192 && m <= 128) {
+        const int64_t blocks = (d + 255) / 256;
+        colsum_add_wide_kernel<<<(int)(blocks < 65535 ? blocks : 65535), 256, 0, st>>>(out, in, m, d);
+    } else {
+        const int threads = m >= 256 ? 256 : m > 32 ? 128 : 32;
+        colsum_add_kernel<<<(int)(d < 65535 ? d : 65535), threads, 0, st>>>(out, in, m, d);
+    }
     return cudaGetLastError();
 }
 
