@@ -106,10 +106,11 @@ kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *
 kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *state);
 /* One step (t 1-based) on the owned tensors of g's master parameters. gshard (device): the summed
  * gradient of the owned tensors in the device layout, element 0 being device element shard_off
- * (kiln_zaya_cuda_param_offset of the first owned tensor); multiplied by scale first (the clip). The
- * bf16 copy is not refreshed (the caller does, after the all-gather). */
+ * (kiln_zaya_cuda_param_offset of the first owned tensor); multiplied by scale first (the mean over
+ * micro-batches and ranks, and the clip). write_bf16: the update also writes the owned tensors' bf16
+ * copy (one rank); else the caller refreshes it after the all-gather. */
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
-                                    const kiln_optim_hparams *hp, double lr, int64_t t);
+                                    const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16);
 
 #ifdef __cplusplus
 }

@@ -24,8 +24,8 @@ size_t kiln_zaya_cuda_opt_state_numel(const kiln_zaya_cuda_opt *o) { (void)o; re
 kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *s) { (void)o, (void)s; NOCUDA; }
 kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *s) { (void)o, (void)s; NOCUDA; }
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
-                                    const kiln_optim_hparams *hp, double lr, int64_t t) {
-    (void)o, (void)gshard, (void)shard_off, (void)scale, (void)hp, (void)lr, (void)t;
+                                    const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16) {
+    (void)o, (void)gshard, (void)shard_off, (void)scale, (void)hp, (void)lr, (void)t, (void)write_bf16;
     NOCUDA;
 }
 
@@ -117,9 +117,10 @@ kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *stat
 }
 
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
-                                    const kiln_optim_hparams *hp, double lr, int64_t t) {
+                                    const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16) {
     void *st = kiln_zaya_cuda_stream(o->g);
     float *w = kiln_zaya_cuda_params(o->g), *state = o->state;
+    kiln_bf16 *wb = kiln_zaya_cuda_params_bf16(o->g);
     if (o->first >= o->last) return NULL;
     const size_t owned = kiln_zaya_cuda_param_offset(o->g, o->last) - shard_off;
     if (scale != 1.0f) KILN_TRY(kiln_zaya_scale_cuda(gshard, (int64_t)owned, scale, st));
@@ -130,9 +131,10 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
         if (p->kind == KILN_OPT_MUON) {
             KILN_TRY(kiln_muon_momentum_cuda(state, o->u, g, p->numel, hp, st));
             KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, p->mats, p->rows, p->cols, hp->muon_ns_steps, o->ws, st));
-            KILN_TRY(kiln_muon_update_cuda(w + off, o->u, p, hp, lr, NULL, st));
+            KILN_TRY(kiln_muon_update_cuda(w + off, o->u, p, hp, lr, write_bf16 ? wb + off : NULL, st));
         } else {
-            KILN_TRY(kiln_adamw_step_cuda(w + off, g, state, p->numel, hp, lr, t, p->decay, NULL, st));
+            KILN_TRY(kiln_adamw_step_cuda(w + off, g, state, p->numel, hp, lr, t, p->decay, write_bf16 ? wb + off : NULL,
+                                          st));
         }
         state += kiln_optim_state_numel(p);
     }

@@ -274,9 +274,8 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g), &sq));
         t->local_gnorm = sqrt(sq);
     }
-    kiln_zaya_cuda_profile_push(g, "gradient scale + reduce-scatter");
-    KILN_TRY(kiln_zaya_cuda_scale(g, kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g), 1.0f / (float)(accum * comm->size)));
-    kiln_zaya_cuda_profile_pop(g);
+    /* the mean over micro-batches and ranks is applied by the optimizer's scale, with the clip: one pass */
+    const float inv = 1.0f / (float)(accum * comm->size);
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
         KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->dcounts, t->ddispls));
@@ -287,7 +286,7 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->dcounts[me], &stats[0]));
     kiln_zaya_cuda_profile_pop(g);
     KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
-    double gnorm = sqrt(stats[0]);
+    double gnorm = sqrt(stats[0]) * inv;
     if (!isfinite(gnorm) || !isfinite(stats[1])) {
         *loss_out = stats[1] / comm->size;
         *gnorm_out = gnorm;
@@ -296,20 +295,24 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         return NULL;
     }
     float scale = (c->clip > 0 && gnorm > c->clip) ? (float)(c->clip / (gnorm + 1e-6)) : 1.0f;
+    scale *= inv;
     kiln_schedule sched = c->sched;
     sched.total = c->steps;
     double lr = kiln_schedule_lr(&sched, step);
     kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
-    KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->ddispls[me], scale, &c->optim, lr, step + 1));
+    KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->ddispls[me], scale, &c->optim, lr, step + 1,
+                                     comm->size == 1));
     kiln_zaya_cuda_profile_pop(g);
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
         KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
     }
-    kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
-    KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
-    kiln_zaya_cuda_profile_pop(g);
+    if (comm->size > 1) { /* one rank's optimizer wrote the bf16 copy itself */
+        kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
+        KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
+        kiln_zaya_cuda_profile_pop(g);
+    }
     KILN_TRY(balance_step(t, c, comm));
     KILN_TRY(kiln_zaya_cuda_upload_balancing(g, m->balancing));
     *loss_out = stats[1] / comm->size;

@@ -84,7 +84,7 @@ TEST(gpu_zaya_opt_step) {
         for (size_t i = 0; i < owned; i++) want += (double)gr[i] * gr[i];
         CHECK_MSG(fabs(ss - want) <= 1e-12 * want, "sum of squares %.17g vs %.17g", ss, want);
         const float scale = 0.5f;
-        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, doff, scale, &hp, 1e-2, t));
+        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, doff, scale, &hp, 1e-2, t, t == 2));
         /* the CPU: the same on m->w */
         float *st = state;
         for (size_t i = 0; i < owned; i++) gr[i] *= scale;
@@ -104,6 +104,12 @@ TEST(gpu_zaya_opt_step) {
     CHECK_OK(kiln_zaya_cuda_opt_state_download(o, gs));
     GT_CLOSE("optimizer state", gs, state, (int64_t)nstate, 1e-5);
     CHECK_MSG(!memcmp(w, m->w, off * sizeof *w), "a tensor this rank does not own changed");
+    /* the last step also wrote the bf16 copy of the owned tensors: the f32 weights rounded */
+    float *wf = gt_down_f32(kiln_zaya_cuda_params(g) + doff, (int64_t)downed);
+    float *wbf = gt_down_bf16(kiln_zaya_cuda_params_bf16(g) + doff, (int64_t)downed);
+    gt_round_bf16(wf, (int64_t)downed);
+    CHECK_MSG(!memcmp(wf, wbf, downed * sizeof *wf), "the bf16 copy is not the updated weights rounded");
+    free(wf), free(wbf);
     free(gs), free(state), free(w), free(cws);
 done:
     kiln_zaya_cuda_opt_free(o);
