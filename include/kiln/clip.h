@@ -24,7 +24,8 @@ int kiln_clip_grid(const kiln_clip *m);          /* patches per side G = S / pat
 float kiln_clip_logit_scale(const kiln_clip *m); /* exp(logit_scale) */
 /* Where kiln_clip_embed_images runs: "cpu" (the default; f32, OpenBLAS) or "cuda" (device 0: the
  * vision tower's weights are uploaded once as bf16, activations bf16, the residual stream and every
- * reduction f32; freed with the model or by setting "cpu" again). Texts always run on the CPU. */
+ * reduction f32; freed with the model or by setting "cpu" again). Texts always run on the CPU.
+ * On "cpu" the embed functions may be called from several threads at once; on "cuda" one at a time. */
 kiln_error *kiln_clip_set_device(kiln_clip *m, const char *device);
 /* -> pixels [3,S,S] exactly as CLIPImageProcessor would produce. */
 kiln_error *kiln_clip_preprocess(const kiln_clip *m, const kiln_image *img, float *pixels);
