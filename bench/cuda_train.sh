@@ -108,3 +108,9 @@ print(f"FLOPs/token: exact {exact/1e9:.2f} G (matmuls, fwd x3), the peer's count
 json.dump({"kiln": kiln, "peer": peer}, open(f"{out}/cuda_train.json", "w"), indent=1)
 print(f"-> {out}/cuda_train.json")
 PY
+
+# the grouped expert GEMMs of this layer shape against one dense cuBLASLt GEMM of the same total size
+# (cudamoe's `kiln bench moe --device cuda`; bench/moe_gpu.sh has the torch side)
+echo "== grouped expert GEMMs vs dense (16384 tokens, hidden 2048, inter 2048, 16 experts top-1)"
+./build-gpu/kiln bench moe --device cuda --tokens 16384 --hidden 2048 --inter 2048 --experts 16 --top-k 1 \
+  --routing balanced --iters 10 --json "$out/moe_gpu.json" || echo "(kiln bench moe failed)"
