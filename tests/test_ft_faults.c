@@ -17,41 +17,12 @@
 #include "kiln/ft.h"
 #include "kiln/rng.h"
 #include "kiln/zaya.h"
+#include "ckpt_testutil.h"
 #include "test.h"
 
 #define VOCAB 64
+_Static_assert(VOCAB == CK_VOCAB, "the synthetic shards (ckpt_testutil.h) have CK_VOCAB tokens");
 #define STEPS 16
-
-/* A token stream a tiny model learns: arithmetic progressions mod V, a new step every document. */
-static void synth_split(const char *dir, const char *name, uint64_t ntok, uint64_t seed, kiln_data_split_info *si) {
-    uint16_t *tok = malloc(ntok * sizeof *tok);
-    uint64_t docs[4096], nd = 0, stepv = 1;
-    kiln_rng r;
-    kiln_rng_seed(&r, seed);
-    for (uint64_t i = 0; i < ntok; i++) {
-        if (i % 40 == 0) {
-            if (nd < 4096) docs[nd++] = i;
-            stepv = 1 + kiln_rng_u64(&r) % 5;
-            tok[i] = (uint16_t)(kiln_rng_u64(&r) % VOCAB);
-        } else {
-            tok[i] = (uint16_t)((tok[i - 1] + stepv) % VOCAB);
-        }
-    }
-    char file[64], path[1200];
-    snprintf(file, sizeof file, "%s_000000.bin", name);
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    CHECK_OK(kiln_shard_write(path, tok, ntok, docs, nd, VOCAB));
-    si->name = strdup(name);
-    si->tokens = ntok;
-    si->documents = nd;
-    si->nshards = 1;
-    si->shards = calloc(1, sizeof *si->shards);
-    si->shards[0].file = strdup(file);
-    si->shards[0].tokens = ntok;
-    si->shards[0].documents = nd;
-    si->shards[0].checksum = kiln_fnv1a64(KILN_FNV1A64_INIT, tok, ntok * sizeof *tok);
-    free(tok);
-}
 
 /* One data directory for every test of this file. */
 static const char *data_dir(void) {
@@ -67,7 +38,7 @@ static const char *data_dir(void) {
     ix.nsplits = 1;
     kiln_data_split_info sp;
     memset(&sp, 0, sizeof sp);
-    synth_split(dir, "train", 40000, 1, &sp);
+    ck_split(dir, "train", 40000, 1, &sp);
     ix.splits = &sp;
     CHECK_OK(kiln_data_index_write(dir, &ix));
     free(sp.name);

@@ -13,42 +13,11 @@
 #include "kiln/rng.h"
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
+#include "ckpt_testutil.h"
 #include "test.h"
 
 #define VOCAB 64
-
-/* Token stream with structure a tiny model can learn: runs of an arithmetic progression
- * t[i+1] = t[i] + step (mod V) whose step changes every document. */
-static void synth_split(const char *dir, const char *name, uint64_t ntok, uint64_t seed, kiln_data_split_info *si) {
-    uint16_t *tok = malloc(ntok * sizeof *tok);
-    uint64_t docs[4096], nd = 0;
-    kiln_rng r;
-    kiln_rng_seed(&r, seed);
-    uint64_t stepv = 1;
-    for (uint64_t i = 0; i < ntok; i++) {
-        if (i % 40 == 0) {
-            if (nd < 4096) docs[nd++] = i;
-            stepv = 1 + kiln_rng_u64(&r) % 5;
-            tok[i] = (uint16_t)(kiln_rng_u64(&r) % VOCAB);
-        } else {
-            tok[i] = (uint16_t)((tok[i - 1] + stepv) % VOCAB);
-        }
-    }
-    char file[64], path[1200];
-    snprintf(file, sizeof file, "%s_000000.bin", name);
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    CHECK_OK(kiln_shard_write(path, tok, ntok, docs, nd, VOCAB));
-    si->name = strdup(name);
-    si->tokens = ntok;
-    si->documents = nd;
-    si->nshards = 1;
-    si->shards = calloc(1, sizeof *si->shards);
-    si->shards[0].file = strdup(file);
-    si->shards[0].tokens = ntok;
-    si->shards[0].documents = nd;
-    si->shards[0].checksum = kiln_fnv1a64(KILN_FNV1A64_INIT, tok, ntok * sizeof *tok);
-    free(tok);
-}
+_Static_assert(VOCAB == CK_VOCAB, "the synthetic shards (ckpt_testutil.h) have CK_VOCAB tokens");
 
 static const char *synth_data(void) {
     const char *dir = test_tmpdir();
@@ -61,8 +30,8 @@ static const char *synth_data(void) {
     ix.nsplits = 2;
     kiln_data_split_info sp[2];
     memset(sp, 0, sizeof sp);
-    synth_split(dir, "train", 40000, 1, &sp[0]);
-    synth_split(dir, "val", 4000, 2, &sp[1]);
+    ck_split(dir, "train", 40000, 1, &sp[0]);
+    ck_split(dir, "val", 4000, 2, &sp[1]);
     ix.splits = sp;
     CHECK_OK(kiln_data_index_write(dir, &ix));
     for (int i = 0; i < 2; i++) {

@@ -9,16 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=${1:?usage: data/profiles/measure.sh PROFILE_NAME}
 out=${OUT:-size-bench-out}; mkdir -p "$out"
-extra=()  # as bench/gpu_bench.sh: cJSON/OpenBLAS from .debs/ when the machine has no package manager
-if [ -d .debs ] && ! [ -e /usr/include/cjson/cJSON.h ]; then
-  for f in .debs/*.deb; do dpkg -x "$f" /opt/kdeps; done
-  export LD_LIBRARY_PATH=/opt/kdeps/usr/lib/x86_64-linux-gnu:/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp:${LD_LIBRARY_PATH:-}
-  extra=(-DCMAKE_PREFIX_PATH=/opt/kdeps/usr
-         -DOPENBLAS_LIB=/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
-         -DOPENBLAS_INCLUDE=/opt/kdeps/usr/include/x86_64-linux-gnu/openblas-openmp)
-fi
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_WERROR=OFF "${extra[@]}" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target kiln 2>&1 | grep -E "error" || true
+. scripts/gpu_machine_build.sh
+kiln_gpu_build build-gpu ON kiln
 K=./build-gpu/kiln
 "$K" bench gemm --device cuda --dtype bf16 -m 256,512,1024,2048,4096,8192,16384 -n 1024,2048,2560,3072,4096,5120,8192 \
   -k 1024,2048,4096 --iters 20 --warmup 5 --json "$out/gemm.json" > "$out/gemm.txt"
@@ -26,14 +18,7 @@ K=./build-gpu/kiln
 files=("$out/gemm.json" "$out/membw.json")
 ngpu=$(nvidia-smi -L | wc -l)
 if [ "$ngpu" -ge 2 ]; then
-  if [ -z "${KILN_NCCL_LIB:-}" ]; then
-    KILN_NCCL_LIB=$(python3 -c 'import glob, site, os
-for d in site.getsitepackages():
-    g = sorted(glob.glob(os.path.join(d, "nvidia/nccl/lib/libnccl.so*")))
-    if g: print(g[0]); break')
-    export KILN_NCCL_LIB
-  fi
-  export NCCL_NVLS_ENABLE=0
+  kiln_find_nccl
   "$K" bench comm --backend nccl -g "$ngpu" -b 1M -e 1G -f 2 -d bfloat16 --collectives reduce_scatter,all_gather \
     --outofplace --json "$out/comm.json" > "$out/comm.txt"
   files+=("$out/comm.json")

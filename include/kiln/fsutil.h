@@ -42,6 +42,13 @@ kiln_error *kiln_mmap_close(int fd, const char *path, size_t size, void **map);
  * names are not interpreted. Returns NULL only when out of memory. */
 char *kiln_path_join(const char *dir, const char *name);
 
+/* Create one directory level (an existing one is fine). */
+kiln_error *kiln_mkdir(const char *path);
+/* fsync a file or a directory by name (a directory: so that renames inside it are durable). */
+kiln_error *kiln_fsync_path(const char *path);
+/* Remove a file or a directory tree, best effort (temporary and rejected checkpoint directories). */
+void kiln_rm_tree(const char *path);
+
 /* Write len bytes to path atomically (see the protocol above). */
 kiln_error *kiln_write_file_atomic(const char *path, const void *data, size_t len);
 

@@ -1,8 +1,10 @@
 /* File-system helpers. See include/kiln/fsutil.h for the atomic write protocol. */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "kiln/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,3 +238,25 @@ kiln_error *kiln_write_file_atomic(const char *path, const void *data, size_t le
     }
     return kiln_atomic_commit(&f);
 }
+
+/* ---- directories ---- */
+
+kiln_error *kiln_mkdir(const char *path) {
+    if (mkdir(path, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
+    return NULL;
+}
+
+kiln_error *kiln_fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc ? kiln_errorf(KILN_EIO, "%s: fsync: %s", path, strerror(errno)) : NULL;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void kiln_rm_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }

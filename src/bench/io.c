@@ -10,7 +10,6 @@
 #define _XOPEN_SOURCE 700
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,6 +21,7 @@
 
 #include "bench_util.h"
 #include "kiln/bench.h"
+#include "kiln/fsutil.h"
 #include "kiln/comm.h"
 #include "ckpt/crc32c.h"
 #include "kiln/progress.h"
@@ -173,11 +173,6 @@ static void remove_files(const char *dir, int nfiles) {
     }
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 /* ---- the checkpoint writer on a synthetic model ---- */
 
 /* A ZAYA config whose checkpoint (parameters + optimizer state) is about `target` bytes. */
@@ -284,7 +279,7 @@ static kiln_error *ckpt_bench(const char *dir, double target, int iters, ckpt_ti
     }
     kiln_progress_finish(&pr);
     ckpt_writer_free(w);
-    nftw(c.out_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    kiln_rm_tree(c.out_dir);
     balance_free(&bal);
     free(state);
     free(op);

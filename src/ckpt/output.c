@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,39 +13,21 @@
 #include "kiln/fsutil.h"
 #include "crc32c.h"
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static kiln_error *mkdir_one(const char *path) {
-    if (mkdir(path, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
-    return NULL;
-}
-
-static kiln_error *fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    close(fd);
-    return rc ? kiln_errorf(KILN_EIO, "%s: fsync: %s", path, strerror(errno)) : NULL;
-}
-
 kiln_error *ckpt_out_begin(ckpt_out *o, const char *to, int64_t step, int world) {
     memset(o, 0, sizeof *o);
     o->world = world;
     snprintf(o->root, sizeof o->root, "%s/ckpt", to);
     snprintf(o->fin, sizeof o->fin, "%s/step_%08lld", o->root, (long long)step);
-    KILN_TRY(mkdir_one(to));
-    KILN_TRY(mkdir_one(o->root));
+    KILN_TRY(kiln_mkdir(to));
+    KILN_TRY(kiln_mkdir(o->root));
     if (access(o->fin, F_OK) == 0)
         return kiln_errorf(KILN_EINVAL, "%s already exists: choose another --to (nothing was overwritten)", o->fin);
     snprintf(o->tmp, sizeof o->tmp, "%s.tmp", o->fin);
-    nftw(o->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* a stale attempt */
+    kiln_rm_tree(o->tmp); /* a stale attempt */
     o->sums = calloc((size_t)world, sizeof *o->sums);
     o->sizes = calloc((size_t)world, sizeof *o->sizes);
     if (!o->sums || !o->sizes) return kiln_errorf(KILN_ENOMEM, "%s", o->tmp);
-    return mkdir_one(o->tmp);
+    return kiln_mkdir(o->tmp);
 }
 
 kiln_error *ckpt_out_shard(ckpt_out *o, int rank, const kiln_st_entry *ent, size_t n) {
@@ -80,15 +61,15 @@ kiln_error *ckpt_out_commit(ckpt_out *o, cJSON *man) {
     free(text);
     snprintf(path, sizeof path, "%s/COMMITTED", o->tmp);
     if (!e) e = kiln_write_file_atomic(path, "ok\n", 3);
-    if (!e) e = fsync_path(o->tmp);
+    if (!e) e = kiln_fsync_path(o->tmp);
     if (!e && rename(o->tmp, o->fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", o->tmp, o->fin, strerror(errno));
-    if (!e) e = fsync_path(o->root);
+    if (!e) e = kiln_fsync_path(o->root);
     if (!e) o->tmp[0] = 0;
     return e;
 }
 
 void ckpt_out_end(ckpt_out *o) {
-    if (o->tmp[0]) nftw(o->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (o->tmp[0]) kiln_rm_tree(o->tmp);
     free(o->sums);
     free(o->sizes);
     o->sums = o->sizes = NULL;

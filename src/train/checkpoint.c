@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,25 +39,6 @@
 
 static void step_dir(char *buf, size_t n, const char *out_dir, int64_t step, int tmp) {
     snprintf(buf, n, "%s/ckpt/step_%08lld%s", out_dir, (long long)step, tmp ? ".tmp" : "");
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-static void rm_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static kiln_error *mkdir_p(const char *path) {
-    if (mkdir(path, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
-    return NULL;
-}
-
-static kiln_error *fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    close(fd);
-    return rc ? kiln_errorf(KILN_EIO, "%s: fsync: %s", path, strerror(errno)) : NULL;
 }
 
 /* Every rank learns whether any rank failed; the first local error is kept. */
@@ -250,7 +230,7 @@ static void prune(const char *out_dir, int64_t keep) {
         if (newer >= keep) {
             char p[1300];
             step_dir(p, sizeof p, out_dir, steps[i], 0);
-            rm_tree(p);
+            kiln_rm_tree(p);
         }
     }
 }
@@ -361,7 +341,7 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
     w->pending = 0;
     e = agree(comm, e, "writing the checkpoint shard");
     if (e) {
-        if (comm->rank == 0) rm_tree(w->tmp);
+        if (comm->rank == 0) kiln_rm_tree(w->tmp);
         return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)step);
     }
     uint64_t *sums = calloc((size_t)comm->size * 2, sizeof *sums);
@@ -382,13 +362,13 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
         free(text);
         snprintf(path, sizeof path, "%s/COMMITTED", w->tmp);
         if (!e) e = kiln_write_file_atomic(path, "ok\n", 3);
-        if (!e) e = fsync_path(w->tmp);
+        if (!e) e = kiln_fsync_path(w->tmp);
         if (!e && rename(w->tmp, w->fin)) {
             /* the same step committed before (a resumed run saving again): replace it */
-            rm_tree(w->fin);
+            kiln_rm_tree(w->fin);
             if (rename(w->tmp, w->fin)) e = kiln_errorf(KILN_EIO, "%s: rename to %s: %s", w->tmp, w->fin, strerror(errno));
         }
-        if (!e) e = fsync_path(w->root);
+        if (!e) e = kiln_fsync_path(w->root);
         /* the committed shards are all there, at their sizes, before anything older goes (their
          * checksums were taken from the bytes written; resume verifies them again) */
         for (int r = 0; !e && r < comm->size; r++) {
@@ -398,7 +378,7 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
                 e = kiln_errorf(KILN_EIO, "%s: missing or not %llu bytes after the commit", path,
                                 (unsigned long long)sums[comm->size + r]);
         }
-        if (e) rm_tree(w->tmp);
+        if (e) kiln_rm_tree(w->tmp);
         else prune(w->snap.cfg->out_dir, w->snap.cfg->keep_last);
     }
     free(sums);
@@ -426,17 +406,17 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
     snprintf(w->path, sizeof w->path, "%s/rank_%05d.safetensors", w->tmp, comm->rank);
     kiln_error *e = NULL;
     if (comm->rank == 0) {
-        e = mkdir_p(out);
-        if (!e) e = mkdir_p(w->root);
-        rm_tree(w->tmp); /* a stale attempt from a crash */
-        if (!e) e = mkdir_p(w->tmp);
+        e = kiln_mkdir(out);
+        if (!e) e = kiln_mkdir(w->root);
+        kiln_rm_tree(w->tmp); /* a stale attempt from a crash */
+        if (!e) e = kiln_mkdir(w->tmp);
     }
     e = kiln_error_wrap(agree(comm, e, "checkpoint directory"), "checkpoint at step %lld (the previous checkpoint is intact)",
                         (long long)v->step);
     if (e) return e;
     e = agree(comm, snapshot(w, v, comm->rank, comm->size), "checkpoint snapshot");
     if (e) {
-        if (comm->rank == 0) rm_tree(w->tmp);
+        if (comm->rank == 0) kiln_rm_tree(w->tmp);
         return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)v->step);
     }
     w->pending = 1;
