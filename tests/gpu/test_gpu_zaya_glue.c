@@ -1,0 +1,114 @@
+/* The ZAYA model's own glue kernels (src/cuda/zaya_glue.cu) against the loops of src/models/zaya_forward.c /
+ * zaya_backward.c on the same bf16-rounded inputs, at odd sizes.
+ * Tolerances (max |gpu - ref| / max |ref|): packing and route counts are exact; the router state's forward
+ * and drs are one bf16 rounding of an f32 result (2^-9 = 1.95e-3 relative, tol 4e-3); dprev is f32 from the
+ * same f32 inputs (tol 1e-6); dscale is a sum over tokens in a different order (tol 1e-5); the sum of
+ * squares is f64 (tol 1e-12). */
+#include <math.h>
+#include <string.h>
+
+#include "gpu_testutil.h"
+
+static float *dn_bf16_f(const kiln_bf16 *d, int64_t n) { return gt_down_bf16(d, n); }
+
+TEST(gpu_zaya_glue_pack_qk) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 1);
+    const int64_t N = 37, Q = 24, K = 8, C = Q + K;
+    float *q = gt_rand(&rng, N * Q, 1), *k = gt_rand(&rng, N * K, 1);
+    gt_round_bf16(q, N * Q), gt_round_bf16(k, N * K);
+    kiln_bf16 *dq = gt_up_bf16(q, N * Q), *dk = gt_up_bf16(k, N * K), *dqk = gt_dev((size_t)(N * C) * 2);
+    CHECK_OK(kiln_zaya_pack_qk_cuda(dqk, dq, dk, N, Q, K, NULL));
+    float *got = dn_bf16_f(dqk, N * C), *ref = malloc((size_t)(N * C) * sizeof *ref);
+    for (int64_t n = 0; n < N; n++) {
+        memcpy(ref + n * C, q + n * Q, (size_t)Q * sizeof *ref);
+        memcpy(ref + n * C + Q, k + n * K, (size_t)K * sizeof *ref);
+    }
+    CHECK_MSG(!memcmp(got, ref, (size_t)(N * C) * sizeof *ref), "packing differs");
+    free(q), free(k), free(got), free(ref);
+    kiln_cuda_free(dq), kiln_cuda_free(dk), kiln_cuda_free(dqk);
+}
+
+TEST(gpu_zaya_glue_router_state) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 2);
+    const int64_t N = 1000, R = 33; /* more tokens than one column-sum block */
+    float *rd = gt_rand(&rng, N * R, 1), *prev = gt_rand(&rng, N * R, 1), *scale = gt_rand(&rng, R, 1);
+    float *dxn = gt_rand(&rng, N * R, 1), *carry = gt_rand(&rng, N * R, 0.5f);
+    gt_round_bf16(rd, N * R), gt_round_bf16(prev, N * R), gt_round_bf16(dxn, N * R);
+    kiln_bf16 *d_rd = gt_up_bf16(rd, N * R), *d_prev = gt_up_bf16(prev, N * R), *d_dxn = gt_up_bf16(dxn, N * R);
+    float *d_scale = gt_up_f32(scale, R), *d_carry = gt_up_f32(carry, N * R);
+    /* forward: rdown += prev * scale */
+    CHECK_OK(kiln_zaya_router_state_forward_cuda(d_rd, d_prev, d_scale, N, R, NULL));
+    float *got = dn_bf16_f(d_rd, N * R), *ref = malloc((size_t)(N * R) * sizeof *ref);
+    for (int64_t i = 0; i < N * R; i++) ref[i] = rd[i] + prev[i] * scale[i % R];
+    GT_CLOSE("router state fwd", got, ref, N * R, 4e-3);
+    free(got);
+    /* backward: g = dxn + carry; drs = g; dprev = g * scale; dscale += sum g * prev */
+    kiln_bf16 *d_drs = gt_dev((size_t)(N * R) * 2);
+    float *d_dprev = gt_dev((size_t)(N * R) * 4), *d_prod = gt_dev((size_t)(N * R) * 4);
+    float *ds0 = gt_rand(&rng, R, 1), *d_dscale = gt_up_f32(ds0, R);
+    CHECK_OK(kiln_zaya_router_state_backward_cuda(d_drs, d_dprev, d_dscale, d_prod, d_dxn, d_carry, d_prev, d_scale, N, R,
+                                                  NULL));
+    float *g_drs = dn_bf16_f(d_drs, N * R), *g_dprev = gt_down_f32(d_dprev, N * R), *g_ds = gt_down_f32(d_dscale, R);
+    float *r_drs = malloc((size_t)(N * R) * sizeof *r_drs), *r_dprev = malloc((size_t)(N * R) * sizeof *r_dprev);
+    float *r_ds = malloc((size_t)R * sizeof *r_ds);
+    double acc[33] = {0};
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t r = 0; r < R; r++) {
+            float g = dxn[n * R + r] + carry[n * R + r];
+            r_drs[n * R + r] = g;
+            r_dprev[n * R + r] = g * scale[r];
+            acc[r] += (double)(g * prev[n * R + r]);
+        }
+    for (int64_t r = 0; r < R; r++) r_ds[r] = (float)(ds0[r] + acc[r]);
+    GT_CLOSE("router state drs", g_drs, r_drs, N * R, 4e-3);
+    GT_CLOSE("router state dprev", g_dprev, r_dprev, N * R, 1e-6);
+    GT_CLOSE("router state dscale", g_ds, r_ds, R, 1e-5);
+    /* without a previous state (layer 0): only drs, and no carry */
+    CHECK_OK(kiln_zaya_router_state_backward_cuda(d_drs, NULL, NULL, NULL, d_dxn, NULL, NULL, NULL, N, R, NULL));
+    free(g_drs);
+    g_drs = dn_bf16_f(d_drs, N * R);
+    GT_CLOSE("router state drs, layer 0", g_drs, dxn, N * R, 0);
+    free(rd), free(prev), free(scale), free(dxn), free(carry), free(ref), free(ds0);
+    free(g_drs), free(g_dprev), free(g_ds), free(r_drs), free(r_dprev), free(r_ds);
+    kiln_cuda_free(d_rd), kiln_cuda_free(d_prev), kiln_cuda_free(d_dxn), kiln_cuda_free(d_scale);
+    kiln_cuda_free(d_carry), kiln_cuda_free(d_drs), kiln_cuda_free(d_dprev), kiln_cuda_free(d_prod);
+    kiln_cuda_free(d_dscale);
+}
+
+TEST(gpu_zaya_glue_counts_scale_sumsq) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 3);
+    const int64_t S = 5003, E1 = 9;
+    int32_t *ch = malloc((size_t)S * sizeof *ch);
+    int64_t ref[9] = {0}, got[9] = {0};
+    for (int64_t i = 0; i < S; i++) ch[i] = (int32_t)(kiln_rng_u64(&rng) % (uint64_t)E1), ref[ch[i]]++;
+    int32_t *d_ch = gt_dev((size_t)S * 4);
+    int64_t *d_cnt = gt_dev(sizeof got);
+    CHECK_OK(kiln_cuda_copy(d_ch, ch, (size_t)S * 4, KILN_CUDA_H2D));
+    CHECK_OK(kiln_cuda_copy(d_cnt, got, sizeof got, KILN_CUDA_H2D));
+    CHECK_OK(kiln_zaya_route_count_cuda(d_cnt, d_ch, S, E1, NULL));
+    CHECK_OK(kiln_cuda_sync());
+    CHECK_OK(kiln_cuda_copy(got, d_cnt, sizeof got, KILN_CUDA_D2H));
+    CHECK_MSG(!memcmp(got, ref, sizeof ref), "route counts differ");
+    const int64_t n = 1000003;
+    float *x = gt_rand(&rng, n, 2), *d_x = gt_up_f32(x, n);
+    CHECK_OK(kiln_zaya_scale_cuda(d_x, n, 0.25f, NULL));
+    float *sx = gt_down_f32(d_x, n);
+    int same = 1;
+    double want = 0, ss = 0, ss2 = 0;
+    for (int64_t i = 0; i < n; i++) same &= sx[i] == x[i] * 0.25f, want += (double)sx[i] * sx[i];
+    CHECK_MSG(same, "scale differs");
+    double *d_ss = gt_dev(sizeof(double));
+    CHECK_OK(kiln_zaya_sumsq_cuda(d_ss, d_x, n, NULL));
+    CHECK_OK(kiln_cuda_sync());
+    CHECK_OK(kiln_cuda_copy(&ss, d_ss, sizeof ss, KILN_CUDA_D2H));
+    CHECK_OK(kiln_zaya_sumsq_cuda(d_ss, d_x, n, NULL));
+    CHECK_OK(kiln_cuda_sync());
+    CHECK_OK(kiln_cuda_copy(&ss2, d_ss, sizeof ss2, KILN_CUDA_D2H));
+    CHECK_MSG(fabs(ss - want) <= 1e-12 * want, "sum of squares %.17g vs %.17g", ss, want);
+    CHECK_MSG(ss == ss2, "sum of squares not repeatable");
+    free(ch), free(x), free(sx);
+    kiln_cuda_free(d_ch), kiln_cuda_free(d_cnt), kiln_cuda_free(d_x), kiln_cuda_free(d_ss);
+}
