@@ -70,11 +70,7 @@ static void layer_backward(kiln_zaya *m, int64_t li, const zaya_layer_acts *L, c
 
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
     ZERO(s->dprobs, N * E1);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < top; k++) {
-            int32_t e = L->choice[n * top + k];
-            if (e < E) s->dprobs[n * E1 + e] += s->dgate[n * top + k];
-        }
+    kiln_route_gate_backward(s->dprobs, s->dgate, L->choice, N, E1, top);
     ZERO(s->dlogit, N * E1);
     kiln_softmax_backward(s->dlogit, s->dprobs, L->rprobs, N, E1);
     ZERO(s->da2, N * R);

@@ -124,21 +124,6 @@ void kiln_zaya_acts_free(kiln_zaya_acts *a) {
 
 /* ---------- forward ---------- */
 
-/* Biased top-k over the router classes; ties go to the lower index (as torch.topk on CPU). */
-static void route_topk(const float *probs, const float *bias, int64_t E1, int64_t k, int32_t *choice) {
-    for (int64_t s = 0; s < k; s++) {
-        int32_t best = -1;
-        float bv = -INFINITY;
-        for (int64_t e = 0; e < E1; e++) {
-            int taken = 0;
-            for (int64_t p = 0; p < s; p++) taken |= choice[p] == e;
-            float v = probs[e] + bias[e];
-            if (!taken && (best < 0 || v > bv)) best = (int32_t)e, bv = v;
-        }
-        choice[s] = best;
-    }
-}
-
 kiln_experts experts_of(const kiln_zaya_config *c, zaya_layer_acts *L, int64_t N) {
     return (kiln_experts){N, c->hidden_size, c->moe_intermediate, c->num_experts, c->top_k, L->choice, L->gate,
                           L->exp_off, L->fill, L->slot_tok, L->slot_k, L->nslots, L->xe, L->gu, L->act, L->ye};
@@ -254,13 +239,7 @@ static void layer_forward(kiln_zaya *m, int64_t li, zaya_layer_acts *L, const fl
     kiln_linear_forward(L->rlogits, L->a2, W->r_out_w, NULL, N, R, E1);
     kiln_softmax_forward(L->rprobs, L->rlogits, N, E1);
     const float *bias = m->balancing + li * E1;
-    for (int64_t n = 0; n < N; n++) {
-        route_topk(L->rprobs + n * E1, bias, E1, top, L->choice + n * top);
-        for (int64_t s = 0; s < top; s++) {
-            int32_t e = L->choice[n * top + s];
-            L->gate[n * top + s] = e == E ? 0.0f : L->rprobs[n * E1 + e]; /* skip: output zero */
-        }
-    }
+    kiln_route_topk(L->choice, L->gate, L->rprobs, bias, N, E1, top); /* skip class: gate 0, output zero */
 
     /* ZayaExperts */
     kiln_experts ex = experts_of(c, L, N);

@@ -1,7 +1,7 @@
 /* ZAYA's routing decision, the CPU reference of the CUDA router (src/cuda/router.cu): top-k over the
  * router's E+1 classes (the last is the skip class) on probabilities plus balancing biases, ties to the
- * lower index as torch.topk on CPU; the gate is the unbiased probability, 0 for the skip class. The same
- * rule as src/models/zaya_forward.c. */
+ * lower index as torch.topk on CPU; the gate is the unbiased probability, 0 for the skip class. The CPU
+ * model (src/models/zaya_forward.c, zaya_backward.c) routes through these. */
 #include <math.h>
 
 #include "kiln/nn.h"
