@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The peer of kiln_bench_attn_gpu (bench/attn_gpu.sh): torch.nn.functional.scaled_dot_product_attention,
+"""The peer of `kiln bench attention --device cuda` (bench/attn_gpu.sh): torch.nn.functional.scaled_dot_product_attention,
 causal, enable_gqa, bf16, on tensors laid out [B, T, heads, D] as the model holds them (transposed views,
 as HF does), forward, backward and both, timed with CUDA events over `iters` calls after `warmup`.
 FLOPs counted as kiln counts them (src/bench/kernel_formulas.h): forward 4*B*H*D*(visible pairs),

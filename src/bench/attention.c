@@ -1,7 +1,7 @@
 /* kiln bench attention: time and achieved GFLOP/s of the trainer's attention kernel, forward and
  * forward + backward, over head dim, heads, KV heads and sequence length (causal GQA, optional
- * sliding window). Today that kernel is the CPU reference kiln_attention_forward/backward
- * (src/nn/attention.c); the CUDA kernels replace it later behind the same entry point. */
+ * sliding window): the CPU reference kiln_attention_forward/backward (src/nn/attention.c), or with
+ * --device cuda the CUDA kernels (src/cuda/attention*.cu, timed by src/bench/attention_gpu.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +9,12 @@
 
 #include <omp.h>
 
+#include "attention_gpu.h"
 #include "bench_util.h"
 #include "gemm_shapes.h"
 #include "kernel_formulas.h"
 #include "kiln/bench.h"
+#include "kiln/cuda.h"
 #include "kiln/nn.h"
 
 #define MAX_CASES 4096
@@ -99,9 +101,9 @@ done:
 static const char usage[] =
     "usage: kiln bench attention [options]\n\n"
     "Time and achieved GFLOP/s of the trainer's attention kernel (causal grouped-query attention with an\n"
-    "optional sliding window), forward and forward + backward, fp32. Today that kernel is the CPU\n"
-    "reference kiln_attention_forward/backward (src/nn/attention.c, OpenMP); the CUDA kernels replace it\n"
-    "later through the same entry point, and this benchmark then times them.\n\n"
+    "optional sliding window), forward and forward + backward: on the CPU the fp32 reference\n"
+    "kiln_attention_forward/backward (src/nn/attention.c, OpenMP); with --device cuda the flash-style CUDA\n"
+    "kernels on GPU 0 in bf16 (the forward saves the logsumexp, the backward recomputes probabilities).\n\n"
     "FLOPs: forward = 4*B*H*D*pairs (QK^T and PV), pairs = T(T+1)/2 causal, or W(W+1)/2 + (T-W)*W with a\n"
     "window W < T; forward + backward = 3.5 x forward (FlashAttention's convention: backward 2.5 x,\n"
     "counting the recomputed QK^T). tokens/s = B*T / time.\n\n"
@@ -113,6 +115,7 @@ static const char usage[] =
     "  --seq LIST        sequence length T (default 512,1024,2048)\n"
     "  --batch N         sequences per call B (default 1)\n"
     "  --window N        sliding window in tokens, 0 = full causal (default 0)\n"
+    "  --device DEV      cpu or cuda (default cpu)\n"
     "  --iters N         timed runs per shape and pass (default 5); time is their mean\n"
     "  --warmup N        untimed runs first (default 1)\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
@@ -123,6 +126,7 @@ static const char usage[] =
 typedef struct {
     const attn_case *cs;
     int threads;
+    int cuda;
 } attn_out;
 
 static void json_record(cJSON *r, size_t i, const void *ctx) {
@@ -130,8 +134,9 @@ static void json_record(cJSON *r, size_t i, const void *ctx) {
     const attn_case *c = &o->cs[i / 2];
     int pass = (int)(i % 2);
     double fl = case_flops(c, pass);
-    cJSON_AddStringToObject(r, "backend", "cpu");
-    cJSON_AddStringToObject(r, "dtype", "fp32");
+    cJSON_AddStringToObject(r, "device", o->cuda ? "cuda" : "cpu");
+    cJSON_AddStringToObject(r, "backend", o->cuda ? "cuda" : "cpu");
+    cJSON_AddStringToObject(r, "dtype", o->cuda ? "bf16" : "fp32");
     cJSON_AddStringToObject(r, "pass", kiln_bench_pass_names[pass]);
     cJSON_AddNumberToObject(r, "batch", (double)c->B);
     cJSON_AddNumberToObject(r, "seq", (double)c->T);
@@ -151,7 +156,8 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
     const attn_case *c = &o->cs[i / 2];
     int pass = (int)(i % 2);
     double fl = case_flops(c, pass);
-    fprintf(f, "cpu,fp32,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", kiln_bench_pass_names[pass],
+    fprintf(f, "%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", o->cuda ? "cuda" : "cpu",
+            o->cuda ? "bf16" : "fp32", kiln_bench_pass_names[pass],
             (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->KV, (long long)c->D,
             (long long)c->window, o->threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e9,
             (double)(c->B * c->T) / (c->us[pass] * 1e-6));
@@ -159,9 +165,10 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
 
 int kiln_bench_attention_main(int argc, char **argv) {
     const char *ds = "128", *hs = "8", *kvs = "2", *ts = "512,1024,2048", *json_path = NULL, *csv_path = NULL;
+    int cuda = 0;
     long long batch = 1, window = 0, iters = 5, warmup = 1, threads = 0;
     static const char *const valued[] = {"--head-dim", "--heads", "--kv-heads", "--seq", "--batch", "--window",
-                                         "--iters", "--warmup", "--threads", "--json", "--csv", NULL};
+                                         "--iters", "--warmup", "--threads", "--json", "--csv", "--device", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a, *v;
         int r = kiln_bench_flag(argc, argv, &i, "attention", usage, valued, &a, &v);
@@ -172,7 +179,11 @@ int kiln_bench_attention_main(int argc, char **argv) {
         else if (!strcmp(a, "--seq")) ts = v;
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
-        else {
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda"))
+                return kiln_bench_usage_err("attention", "--device '%s': expected cpu or cuda", v);
+            cuda = !strcmp(v, "cuda");
+        } else {
             long long x;
             int zero_ok = !strcmp(a, "--window") || !strcmp(a, "--warmup");
             long long hi = !strcmp(a, "--window") ? (1LL << 40) : !strcmp(a, "--batch") ? (1LL << 20) : 100000000LL;
@@ -216,7 +227,7 @@ int kiln_bench_attention_main(int argc, char **argv) {
                     x->T = tv[d];
                     x->window = window;
                     double need = kiln_attn_bytes(x->B, x->T, x->H, x->KV, x->D);
-                    if (avail > 0 && need > 0.8 * avail)
+                    if (!cuda && avail > 0 && need > 0.8 * avail) /* the device path keeps no T x T matrix */
                         e = kiln_errorf(KILN_EINVAL,
                                         "B=%lld T=%lld H=%lld KV=%lld D=%lld needs %.3g GiB (the saved "
                                         "probabilities B*H*T^2 floats dominate) but only %.3g GiB is available "
@@ -233,16 +244,29 @@ int kiln_bench_attention_main(int argc, char **argv) {
     }
     kiln_bench_set_threads(threads);
     int nthreads = omp_get_max_threads();
-    printf("kiln bench attention: cpu reference (kiln_attention_forward/backward), fp32, %d threads, %lld "
-           "iterations after %lld warm-up\n",
-           nthreads, iters, warmup);
+    if (cuda) {
+        kiln_cuda_info gi;
+        if ((e = kiln_cuda_device_info(&gi))) {
+            kiln_bench_fail("attention", "--device cuda", e);
+            free(cs);
+            return 1;
+        }
+        printf("kiln bench attention: cuda (kiln_attention_forward/backward_cuda) on %s, bf16, %lld iterations "
+               "after %lld warm-up\n",
+               gi.name, iters, warmup);
+    } else {
+        printf("kiln bench attention: cpu reference (kiln_attention_forward/backward), fp32, %d threads, %lld "
+               "iterations after %lld warm-up\n",
+               nthreads, iters, warmup);
+    }
     printf("GFLOP/s: forward 4*B*H*D*pairs (causal pairs T(T+1)/2), fwd+bwd 3.5 x forward; tok/s = B*T / time\n");
     printf("%5s %7s %4s %4s %5s %7s", "B", "T", "H", "KV", "D", "window");
     kiln_bench_pass_header("GFLOP/s");
     int rc = 0;
     for (size_t i = 0; i < ncase; i++) {
         attn_case *c = &cs[i];
-        e = run_case(c, (int)iters, (int)warmup);
+        e = cuda ? kiln_bench_attention_cuda(c->B, c->T, c->H, c->KV, c->D, c->window, (int)iters, (int)warmup, c->us)
+                 : run_case(c, (int)iters, (int)warmup);
         if (e) {
             kiln_bench_fail("attention", NULL, e);
             rc = 1;
@@ -258,7 +282,7 @@ int kiln_bench_attention_main(int argc, char **argv) {
         kiln_bench_pass_row(c->us, fl, (double)(c->B * c->T), 1e9, 2);
         fflush(stdout);
     }
-    attn_out out = {cs, nthreads};
+    attn_out out = {cs, nthreads, cuda};
     const kiln_bench_output o = {"attention", 2 * ncase, &out, json_record, NULL,
                                  "backend,dtype,pass,batch,seq,heads,kv_heads,head_dim,window,threads,flops,time_us,"
                                  "gflops,tokens_per_s\n",
