@@ -49,15 +49,19 @@ def copy(nbytes, iters=20):
     return {"bytes": nbytes, "gbs_best": best}
 
 if __name__ == "__main__":
+    # argv: SHAPES_JSON [DTYPES comma list, "copy" for the copies]; default: bf16,fp16,fp32,fp8,copy
     shapes = json.loads(sys.argv[1])
+    want = (sys.argv[2] if len(sys.argv) > 2 else "bf16,fp16,fp32,fp8,copy").split(",")
     torch.backends.cuda.matmul.allow_tf32 = False
     out = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "gemm": [], "copy": []}
-    for dt in ["bf16", "fp16", "fp32"]:
+    for dt in [d for d in ["bf16", "fp16", "fp32"] if d in want]:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
         for m, n, k in shapes:
             r = gemm(m, n, k, dtype); r["dtype"] = dt; out["gemm"].append(r)
-    for m, n, k in shapes:
-        r = gemm_fp8(m, n, k); r["dtype"] = "fp8"; out["gemm"].append(r)
-    for nb in [1 << 26, 1 << 28, 1 << 30, 1 << 32]:
-        out["copy"].append(copy(nb))
+    if "fp8" in want:
+        for m, n, k in shapes:
+            r = gemm_fp8(m, n, k); r["dtype"] = "fp8"; out["gemm"].append(r)
+    if "copy" in want:
+        for nb in [1 << 26, 1 << 28, 1 << 30, 1 << 32]:
+            out["copy"].append(copy(nb))
     print(json.dumps(out))
