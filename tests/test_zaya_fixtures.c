@@ -10,6 +10,7 @@
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 #include "test.h"
+#include "zaya_testutil.h"
 
 static const char *fixtures[] = {"gqa_untied", "sliding_tied", "bf16_sharded", "many_experts"};
 #define NFIX (sizeof fixtures / sizeof fixtures[0])
@@ -25,24 +26,6 @@ static double rel_err(const float *got, const kiln_st_tensor *ref, float *buf) {
     return mr > 0 ? md / mr : md;
 }
 
-static kiln_error *read_ids(const char *dir, int64_t **ids, int64_t *B, int64_t *T) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/input.safetensors", dir);
-    kiln_st *st = NULL;
-    KILN_TRY(kiln_st_open(path, &st));
-    const kiln_st_tensor *t = kiln_st_find(st, "input_ids");
-    kiln_error *e = NULL;
-    if (!t || t->ndim != 2) e = kiln_errorf(KILN_EFORMAT, "%s: bad input_ids", path);
-    if (!e) {
-        *B = t->shape[0];
-        *T = t->shape[1];
-        *ids = malloc((size_t)t->numel * sizeof(int64_t));
-        e = kiln_st_read_i64(t, *ids, (size_t)t->numel);
-    }
-    kiln_st_close(st);
-    return e;
-}
-
 /* Compare logits, loss and grads held in `got` (name -> pointer) with expected.safetensors. */
 static void compare_fixture(const char *name) {
     char dir[1024], exp_path[1100];
@@ -55,7 +38,7 @@ static void compare_fixture(const char *name) {
     int64_t *ids = NULL, B = 0, T = 0;
     double loss = 0;
     CHECK_OK(kiln_zaya_load_dir(dir, &m));
-    CHECK_OK(read_ids(dir, &ids, &B, &T));
+    CHECK_OK(zaya_fixture_read_ids(dir, &ids, &B, &T));
     CHECK_OK(kiln_st_open(exp_path, &ex));
     if (!m || !ids || !ex) goto done;
     CHECK_OK(kiln_zaya_acts_create(m, B, T, &a));

@@ -2,10 +2,32 @@
 #ifndef KILN_ZAYA_TESTUTIL_H
 #define KILN_ZAYA_TESTUTIL_H
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kiln/rng.h"
+#include "kiln/safetensors.h"
 #include "kiln/zaya.h"
+
+/* A fixture's token ids: DIR/input.safetensors, tensor input_ids [B,T] (ids malloc'd). */
+static inline kiln_error *zaya_fixture_read_ids(const char *dir, int64_t **ids, int64_t *B, int64_t *T) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/input.safetensors", dir);
+    kiln_st *st = NULL;
+    KILN_TRY(kiln_st_open(path, &st));
+    const kiln_st_tensor *t = kiln_st_find(st, "input_ids");
+    kiln_error *e = NULL;
+    if (!t || t->ndim != 2) e = kiln_errorf(KILN_EFORMAT, "%s: bad input_ids", path);
+    if (!e) {
+        *B = t->shape[0];
+        *T = t->shape[1];
+        *ids = malloc((size_t)t->numel * sizeof(int64_t));
+        e = *ids ? kiln_st_read_i64(t, *ids, (size_t)t->numel) : kiln_errorf(KILN_ENOMEM, "%s", path);
+    }
+    kiln_st_close(st);
+    return e;
+}
 
 static inline void tiny_config(kiln_zaya_config *c, int sliding) {
     kiln_zaya_config_default(c);

@@ -20,28 +20,11 @@
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
+#include "zaya_testutil.h"
 
 #define TOL_LOGITS 2e-2
 #define TOL_LOSS 1e-2
 #define TOL_GRAD 6e-2
-
-static kiln_error *read_ids(const char *dir, int64_t **ids, int64_t *B, int64_t *T) {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/input.safetensors", dir);
-    kiln_st *st = NULL;
-    KILN_TRY(kiln_st_open(path, &st));
-    const kiln_st_tensor *t = kiln_st_find(st, "input_ids");
-    kiln_error *e = NULL;
-    if (!t || t->ndim != 2) e = kiln_errorf(KILN_EFORMAT, "%s: bad input_ids", path);
-    if (!e) {
-        *B = t->shape[0];
-        *T = t->shape[1];
-        *ids = malloc((size_t)t->numel * sizeof(int64_t));
-        e = kiln_st_read_i64(t, *ids, (size_t)t->numel);
-    }
-    kiln_st_close(st);
-    return e;
-}
 
 /* GPU forward + backward of m on ids; logits [B*T*V] and grads [numel] to the host. */
 static void gpu_run(kiln_zaya *m, const int64_t *ids, int64_t B, int64_t T, int recompute, float *logits, float *grads,
@@ -83,7 +66,7 @@ static void fixture(const char *name) {
     kiln_st *ex = NULL;
     int64_t *ids = NULL, B = 0, T = 0;
     CHECK_OK(kiln_zaya_load_dir(dir, &m));
-    CHECK_OK(read_ids(dir, &ids, &B, &T));
+    CHECK_OK(zaya_fixture_read_ids(dir, &ids, &B, &T));
     CHECK_OK(kiln_st_open(ep, &ex));
     if (!m || !ids || !ex) goto done;
     const int64_t V = m->cfg.vocab_size, NL = B * T * V, E1 = m->cfg.num_experts + 1;
