@@ -102,7 +102,9 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
  * C is bf16 or f32 (c_f32); accumulate adds to C. Experts without rows cost nothing (TN: C_e is zeroed,
  * or left as it is when accumulating).
  * Through cublasGemmGroupedBatchedEx, one call for all experts; where cuBLAS refuses the type combination
- * it falls back to one cublasGemmEx per expert and *looped (nullable) says so. */
+ * it falls back to one cublasGemmEx per expert and *looped (nullable) says so; so do groups whose pointers or
+ * leading dimensions are not 16-byte aligned (cuBLAS cannot inspect device-side pointers). The environment
+ * variable KILN_GROUPED_GEMM=lt_loop selects one cuBLASLt GEMM per expert instead (bench/moe_gpu.sh). */
 kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
                                    int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
                                    int *looped, void *stream);

@@ -141,6 +141,13 @@ __global__ void put_ptrs_kernel(void **dptrs, const ptr_pack pk, int G, int E) {
     for (int i = threadIdx.x; i < pk.n; i += blockDim.x) dptrs[(i / G) * E + i % G] = (void *)pk.v[i];
 }
 
+// The per-expert cuBLASLt loop instead of cuBLAS's grouped call, for measuring the two against each other
+// (bench/moe_gpu.sh); read on every call so a test can switch it.
+bool lt_loop() {
+    const char *v = getenv("KILN_GROUPED_GEMM");
+    return v && !strcmp(v, "lt_loop");
+}
+
 int grid_for(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
@@ -185,6 +192,17 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
         if (offs[e + 1] < offs[e] || offs[e] < 0)
             return kiln_errorf(KILN_EINVAL, "grouped GEMM %s: expert %lld's offsets %d..%d decrease", layout,
                                (long long)e, offs[e], offs[e + 1]);
+    if (lt_loop()) { // KILN_GROUPED_GEMM=lt_loop: one cuBLASLt GEMM per expert through linear.cu's cached plans
+        if (looped) *looped = 1;
+        for (int64_t e = 0; e < E && !err; e++) {
+            const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+            if (tn) err = kiln_gemm_bf16_cuda((char *)c + (size_t)(e * m * n) * ce, c_f32, a + o * m, b + o * n, m, n, me,
+                                              "TN", accumulate, stream);
+            else if (me) err = kiln_gemm_bf16_cuda((char *)c + (size_t)(o * n) * ce, c_f32, a + o * k,
+                                                   b + e * n * k, me, n, k, layout, accumulate, stream);
+        }
+        goto done;
+    }
     ta = (cublasOperation_t *)malloc((size_t)E * sizeof *ta);
     tb = (cublasOperation_t *)malloc((size_t)E * sizeof *tb);
     mm = (int *)malloc((size_t)E * 7 * sizeof(int));
