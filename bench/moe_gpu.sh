@@ -5,7 +5,8 @@
 #   - kiln's whole expert op (dispatch, gather, grouped GEMMs, SwiGLU, gated sum), fwd and fwd+bwd;
 #   - each of its six grouped expert GEMMs (fwd: gate_up, down; bwd: dX and dW of both) against ONE dense
 #     cuBLASLt GEMM of the same total size, TFLOP/s and the ratio grouped / dense, and the fwd / bwd sums;
-#   - all of it again with KILN_GROUPED_GEMM=lt_loop (a cuBLASLt GEMM per expert instead of the grouped call);
+#   - all of it again with KILN_GROUPED_GEMM=lt_loop (a cuBLASLt GEMM per expert instead of the grouped call)
+#     and KILN_GROUPED_GEMM=lt_chunks (forward and dX as one pointer-array batched cuBLASLt GEMM over chunks);
 #   - torch's side for the forward (bench/peers/torch_moe.py): one dense matmul of all rows, a loop over
 #     experts (the HF way), torch._grouped_mm.
 # JSON and CSV in $OUT (or ./bench-out). ITERS (default 20) timed calls per row.
@@ -22,6 +23,10 @@ echo
 echo "# the same with KILN_GROUPED_GEMM=lt_loop: one cuBLASLt GEMM per expert (cached plans) instead of cuBLAS's grouped call"
 KILN_GROUPED_GEMM=lt_loop ./build-gpu/kiln bench moe --device cuda --tokens $N --hidden $H --inter $I --experts $E \
   --top-k $K --routing balanced,skewed --iters "$iters" --json "$out/moe_gpu_lt_loop.json" --csv "$out/moe_gpu_lt_loop.csv"
+echo
+echo "# the same with KILN_GROUPED_GEMM=lt_chunks: forward and dX as one cuBLASLt pointer-array batched GEMM over 256-row chunks"
+KILN_GROUPED_GEMM=lt_chunks ./build-gpu/kiln bench moe --device cuda --tokens $N --hidden $H --inter $I --experts $E \
+  --top-k $K --routing balanced,skewed --iters "$iters" --json "$out/moe_gpu_lt_chunks.json" --csv "$out/moe_gpu_lt_chunks.csv"
 echo
 python3 bench/peers/torch_moe.py $N $H $I $E $K "$iters" > "$out/moe_torch.json"
 python3 - "$out" <<'PY'

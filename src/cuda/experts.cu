@@ -141,11 +141,75 @@ __global__ void put_ptrs_kernel(void **dptrs, const ptr_pack pk, int G, int E) {
     for (int i = threadIdx.x; i < pk.n; i += blockDim.x) dptrs[(i / G) * E + i % G] = (void *)pk.v[i];
 }
 
-// The per-expert cuBLASLt loop instead of cuBLAS's grouped call, for measuring the two against each other
-// (bench/moe_gpu.sh); read on every call so a test can switch it.
-bool lt_loop() {
+// KILN_GROUPED_GEMM: unset, cuBLAS's grouped call (0); "lt_loop", one cuBLASLt GEMM per expert (1);
+// "lt_chunks", the forward and input-gradient GEMMs as one cuBLASLt pointer-array batched GEMM over
+// chunks of CHUNK_ROWS rows (2). For measuring them against each other (bench/moe_gpu.sh); read on every
+// call so a test can switch it.
+int grouped_mode() {
     const char *v = getenv("KILN_GROUPED_GEMM");
-    return v && !strcmp(v, "lt_loop");
+    return !v ? 0 : !strcmp(v, "lt_loop") ? 1 : !strcmp(v, "lt_chunks") ? 2 : 0;
+}
+
+} // namespace
+
+extern "C" kiln_error *kiln_gemm_bf16_ptr_batched_cuda(void *const *dc, int c_f32, const void *const *da,
+                                                       const void *const *db, int64_t batch, int64_t m, int64_t n,
+                                                       int64_t k, const char *layout, int accumulate, uint32_t align,
+                                                       void *stream); // linear.cu
+
+namespace {
+
+// NT/NN over experts as ONE batched GEMM of equal shapes: each expert's rows cut into chunks of CHUNK_ROWS,
+// its last chunk ending at its last row (overlapping the previous one: the overlap is computed twice with
+// the same inputs, weights and kernel, so both writes carry the same bits). Experts with fewer rows than a
+// chunk get a GEMM of their own.
+enum { CHUNK_ROWS = 256 };
+kiln_error *chunked(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E,
+                    int64_t n, int64_t k, const char *layout, int accumulate, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const size_t ce = c_f32 ? 4 : 2;
+    int64_t nch = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t me = offs[e + 1] - offs[e];
+        if (me >= CHUNK_ROWS) nch += (me + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    }
+    const void **h = (const void **)malloc((size_t)(3 * nch + 1) * sizeof *h);
+    void **d = NULL;
+    uintptr_t bits = 0;
+    int64_t i = 0;
+    if (!h) return kiln_errorf(KILN_ENOMEM, "chunked GEMM: %lld chunks", (long long)nch);
+    for (int64_t e = 0; e < E && !err; e++) {
+        const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+        if (!me) continue;
+        if (me < CHUNK_ROWS) {
+            err = kiln_gemm_bf16_cuda((char *)c + (size_t)(o * n) * ce, c_f32, a + o * k, b + e * n * k, me, n, k, layout,
+                                      accumulate, stream);
+            continue;
+        }
+        for (int64_t r = 0; r < me; r += CHUNK_ROWS, i++) {
+            const int64_t s0 = o + (r + CHUNK_ROWS <= me ? r : me - CHUNK_ROWS);
+            h[i] = a + s0 * k, h[nch + i] = b + e * n * k, h[2 * nch + i] = (char *)c + (size_t)(s0 * n) * ce;
+            bits |= (uintptr_t)h[i] | (uintptr_t)h[nch + i] | (uintptr_t)h[2 * nch + i];
+        }
+    }
+    if (!err && nch) {
+        if (accumulate) // overlapping chunks would add their shared rows twice
+            err = kiln_errorf(KILN_EUNSUPPORTED, "chunked GEMM: accumulation");
+        if (!err && cudaMallocAsync((void **)&d, (size_t)(3 * nch) * sizeof *d, st) != cudaSuccess)
+            err = kiln_errorf(KILN_ENOMEM, "chunked GEMM: %lld pointers on the device", (long long)(3 * nch));
+        if (!err && cudaMemcpyAsync(d, h, (size_t)(3 * nch) * sizeof *d, cudaMemcpyHostToDevice, st) != cudaSuccess)
+            err = kiln_errorf(KILN_EIO, "chunked GEMM: copying the pointers");
+        uint32_t align = 256;
+        while (align > 2 && (bits % align)) align >>= 1;
+        if (!err)
+            err = kiln_gemm_bf16_ptr_batched_cuda(d + 2 * nch, c_f32, (const void *const *)d,
+                                                  (const void *const *)(d + nch), nch, CHUNK_ROWS, n, k, layout, 0,
+                                                  align, stream);
+        if (d) cudaFreeAsync(d, st);
+    }
+    free(h);
+    return err;
 }
 
 int grid_for(int64_t n) {
@@ -192,7 +256,12 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
         if (offs[e + 1] < offs[e] || offs[e] < 0)
             return kiln_errorf(KILN_EINVAL, "grouped GEMM %s: expert %lld's offsets %d..%d decrease", layout,
                                (long long)e, offs[e], offs[e + 1]);
-    if (lt_loop()) { // KILN_GROUPED_GEMM=lt_loop: one cuBLASLt GEMM per expert through linear.cu's cached plans
+    if (!tn && grouped_mode() == 2) { // KILN_GROUPED_GEMM=lt_chunks
+        err = chunked(c, c_f32, a, b, offs, E, n, k, layout, accumulate, stream);
+        if (looped) *looped = 0;
+        goto done;
+    }
+    if (grouped_mode()) { // KILN_GROUPED_GEMM=lt_loop (and lt_chunks' weight gradients): one cuBLASLt GEMM per expert through linear.cu's cached plans
         if (looped) *looped = 1;
         for (int64_t e = 0; e < E && !err; e++) {
             const int64_t me = offs[e + 1] - offs[e], o = offs[e];

@@ -15,7 +15,7 @@ namespace {
 
 struct plan {
     int64_t m, n, k;
-    int ta, tb, c_f32, bias;
+    int ta, tb, c_f32, bias, batch; // batch > 0: pointer-array batched (the A, B, C arguments are device arrays)
     uint32_t align[3]; // of the pointers the plan was chosen for: cuBLASLt's A (our B), B (our A), C
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -51,7 +51,7 @@ uint32_t align_of(const void *p) {
 }
 
 kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32, int bias, const uint32_t align[3],
-                     plan **out) {
+                     plan **out, int batch = 0) {
     kiln_error *err = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
@@ -61,7 +61,7 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32,
     for (int i = 0; i < g_nplans; i++) {
         plan *q = &g_plans[i];
         if (q->m == m && q->n == n && q->k == k && q->ta == ta && q->tb == tb && q->c_f32 == c_f32 && q->bias == bias &&
-            !memcmp(q->align, align, sizeof q->align)) {
+            q->batch == batch && !memcmp(q->align, align, sizeof q->align)) {
             *out = q;
             return NULL;
         }
@@ -72,7 +72,7 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32,
         const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
         const uint64_t xb_rows = tb ? k : n, xb_cols = tb ? n : k, ya_rows = ta ? m : k, ya_cols = ta ? k : m;
         const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
-        p.m = m, p.n = n, p.k = k, p.ta = ta, p.tb = tb, p.c_f32 = c_f32, p.bias = bias;
+        p.m = m, p.n = n, p.k = k, p.ta = ta, p.tb = tb, p.c_f32 = c_f32, p.bias = bias, p.batch = batch;
         memcpy(p.align, align, sizeof p.align);
         CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
@@ -87,6 +87,15 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32,
         CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, xb_rows, xb_cols, (int64_t)xb_rows));
         CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, ya_rows, ya_cols, (int64_t)ya_rows));
         CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lc, ct, (uint64_t)n, (uint64_t)m, n));
+        if (batch > 0) {
+            const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+            const int32_t cnt = batch;
+            cublasLtMatrixLayout_t ls[3] = {p.la, p.lb, p.lc};
+            for (int i = 0; i < 3; i++) {
+                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
+                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
+            }
+        }
         CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS_BYTES,
                                                         sizeof WS_BYTES));
@@ -181,6 +190,31 @@ __global__ void fill_rows(__nv_bfloat16 *y, const __nv_bfloat16 *b, int64_t n, i
 }
 
 } // namespace
+
+// Pointer-array batched GEMM (internal, src/cuda/experts.cu's chunked experts): for i < batch, row-major
+// C_i[m,n] = op(A_i) op(B_i) (+ C_i), with da, db, dc device arrays of the batch's pointers, every pointer
+// aligned to at least `align` bytes.
+extern "C" kiln_error *kiln_gemm_bf16_ptr_batched_cuda(void *const *dc, int c_f32, const void *const *da,
+                                                       const void *const *db, int64_t batch, int64_t m, int64_t n,
+                                                       int64_t k, const char *layout, int accumulate, uint32_t align,
+                                                       void *stream) {
+    kiln_error *err = NULL;
+    plan *p = NULL;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const uint32_t al[3] = {align, align, align};
+    const int ta = layout[0] == 'T', tb = layout[1] == 'T';
+    if (batch <= 0 || m <= 0 || n <= 0 || k <= 0 || batch > INT32_MAX) return NULL;
+    pthread_mutex_lock(&g_lock);
+    if ((err = plan_get(m, n, k, ta, tb, c_f32, 0, al, &p, (int)batch))) goto done;
+    CUBLAS_TRY(cublasLtMatmul(g_lt, p->op, &alpha, (const void *)db, p->la, (const void *)da, p->lb, &beta,
+                              (const void *)dc, p->lc, (void *)dc, p->lc, &p->algo, g_ws, WS_BYTES, (cudaStream_t)stream));
+done:
+    pthread_mutex_unlock(&g_lock);
+    if (err)
+        err = kiln_error_wrap(err, "batched GEMM %lld x %lldx%lldx%lld (%s, C %s)", (long long)batch, (long long)m,
+                              (long long)n, (long long)k, layout, c_f32 ? "f32" : "bf16");
+    return err;
+}
 
 extern "C" kiln_error *kiln_gemm_bf16_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, int64_t m,
                                            int64_t n, int64_t k, const char *layout, int accumulate, void *stream) {

@@ -354,8 +354,18 @@ TEST(gpu_grouped_gemm) {
 /* KILN_GROUPED_GEMM=lt_loop (one cuBLASLt GEMM per expert, measured against the grouped call by
  * bench/moe_gpu.sh) gives the same results within the same tolerances */
 TEST(gpu_experts_lt_loop) {
-    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {1000, 16, 1, 128, 256, 0.05, 3}};
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {1000, 16, 1, 128, 256, 0.05, 3}, {3000, 4, 1, 64, 96, 0.05, 1}};
     CHECK(setenv("KILN_GROUPED_GEMM", "lt_loop", 1) == 0);
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 700 + i);
+    unsetenv("KILN_GROUPED_GEMM");
+}
+
+/* KILN_GROUPED_GEMM=lt_chunks (forward and input gradients as one pointer-array batched cuBLASLt GEMM over
+ * 256-row chunks, the last chunk of an expert overlapping; small experts alone): the same results. The
+ * last case has ~950 rows per expert (3 full chunks and an overlapping one) and an empty expert. */
+TEST(gpu_experts_lt_chunks) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {5000, 3, 2, 128, 64, 0.1, -1}};
+    CHECK(setenv("KILN_GROUPED_GEMM", "lt_chunks", 1) == 0);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 800 + i);
     unsetenv("KILN_GROUPED_GEMM");
 }
