@@ -83,4 +83,4 @@ for dt in ["float", "bfloat16"]:
                     f"{k[0]['busbw_gbs'] / t['busbw_gbs'] if t['busbw_gbs'] else float('nan'):6.3f}")
 PY
 cat "$out/membw_gpu_$rounds.txt"
-cat "$out/comm_nccl_float.txt"
+[ -e "$out/comm_nccl_float.txt" ] && cat "$out/comm_nccl_float.txt"; true
