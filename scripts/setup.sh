@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up kiln on a fresh Debian machine: install the build's Debian packages, build, and run
-# the default job (ZAYA on a bundled model: logits, loss and gradients, then a short generation).
+# Set up kiln on a fresh Debian machine: install the Debian packages the build and the tests use, build,
+# and run the default job (scripts/default_job.sh: `kiln train`'s built-in run, a generation from the
+# trained model, and a bundled model's numbers checked against HF transformers').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
