@@ -288,20 +288,39 @@ TEST(size_profiles_builtin_and_errors) {
     /* 1e12 FLOPs in 2 ms = 500 TFLOP/s forward; backward 2.5e12 in 5 ms = 500 TFLOP/s */
     CHECK_NEAR(kiln_hw_attn_eff(p, 128, 0), 500.0 / p->peak_bf16, 1e-9);
     CHECK_NEAR(kiln_hw_attn_eff(p, 128, 1), 500.0 / p->peak_bf16, 1e-9);
-    /* bench/attn_gpu's JSON: per head dim the causal record with the most work */
-    const char *ag = test_join(dir, "attn_kiln.json");
+    /* `kiln bench attention --device cuda` profiles (bench/attn_gpu.sh writes one per shape): per head dim the
+     * full-causal record with the most work; windowed records are left out; a second file adds head dims */
+    const char *ag = test_join(dir, "attn_kiln_h128.json"), *ag2 = test_join(dir, "attn_kiln_h64.json");
+#define ATT(pass, b, t, d, w, fl, us)                                                                     \
+    "{\"backend\": \"cuda\", \"device\": \"cuda\", \"dtype\": \"bf16\", \"pass\": \"" pass "\", \"batch\": " #b \
+    ", \"seq\": " #t ", \"heads\": 8, \"head_dim\": " #d ", \"window\": " #w ", \"flops\": " #fl ", \"time_us\": " #us "}"
     f = fopen(ag, "w");
-    fputs("{\"path\": \"default\", \"iters\": 20, \"attention\": [\n"
-          "{\"B\": 4, \"T\": 4096, \"H\": 8, \"KV\": 2, \"D\": 128, \"window\": 0, \"fwd_tflops\": 400.0, \"bwd_tflops\": 300.0},\n"
-          "{\"B\": 1, \"T\": 1024, \"H\": 8, \"KV\": 2, \"D\": 128, \"window\": 0, \"fwd_tflops\": 100.0, \"bwd_tflops\": 90.0},\n"
-          "{\"B\": 4, \"T\": 4096, \"H\": 8, \"KV\": 2, \"D\": 64, \"window\": 1024, \"fwd_tflops\": 50.0, \"bwd_tflops\": 40.0},\n"
-          "{\"B\": 4, \"T\": 4096, \"H\": 16, \"KV\": 2, \"D\": 64, \"window\": 0, \"fwd_tflops\": 320.0, \"bwd_tflops\": 200.0}]}", f);
+    fputs("{\"kiln_profile\": 1, \"attention\": [" ATT("fwd", 4, 4096, 128, 0, 4e12, 10000) ","
+          ATT("fwd_bwd", 4, 4096, 128, 0, 14e12, 45000) "," ATT("fwd", 1, 1024, 128, 0, 1e11, 1000) ","
+          ATT("fwd_bwd", 1, 1024, 128, 0, 3.5e11, 3500) "," ATT("fwd", 4, 4096, 128, 1024, 1e12, 20000) ","
+          ATT("fwd_bwd", 4, 4096, 128, 1024, 3.5e12, 70000) "]}", f);
     fclose(f);
-    CHECK_OK(kiln_hw_profile_merge_bench(p, ag));
-    CHECK(p->nattn == 2 && strstr(p->attention_source, "attn_gpu"));
-    CHECK_NEAR(kiln_hw_attn_eff(p, 128, 0), 400.0 / p->peak_bf16, 1e-12);
-    CHECK_NEAR(kiln_hw_attn_eff(p, 64, 1), 200.0 / p->peak_bf16, 1e-12);
-    CHECK_NEAR(kiln_hw_attn_eff(p, 96, 0), 0.75 * 400.0 / p->peak_bf16, 1e-12);
+    f = fopen(ag2, "w");
+    fputs("{\"kiln_profile\": 1, \"attention\": [" ATT("fwd", 4, 4096, 64, 0, 2e12, 6250) ","
+          ATT("fwd_bwd", 4, 4096, 64, 0, 7e12, 31250) "]}", f);
+    fclose(f);
+#undef ATT
+    kiln_hw_profile *fresh = malloc(sizeof *fresh);
+    CHECK_OK(kiln_hw_profile_load("h200", fresh));
+    CHECK_OK(kiln_hw_profile_merge_bench(fresh, ag));
+    CHECK_OK(kiln_hw_profile_merge_bench(fresh, ag2));
+    CHECK(fresh->nattn == 2 && strstr(fresh->attention_source, "attn_kiln_h128"));
+    /* 4e12 FLOPs in 10 ms = 400 TFLOP/s forward; backward 1e13 in 35 ms = 285.7 TFLOP/s */
+    CHECK_NEAR(kiln_hw_attn_eff(fresh, 128, 0), 400.0 / fresh->peak_bf16, 1e-9);
+    CHECK_NEAR(kiln_hw_attn_eff(fresh, 128, 1), 1e13 / 35e-3 / 1e12 / fresh->peak_bf16, 1e-9);
+    CHECK_NEAR(kiln_hw_attn_eff(fresh, 64, 0), 320.0 / fresh->peak_bf16, 1e-9);
+    CHECK_NEAR(kiln_hw_attn_eff(fresh, 96, 0), 0.75 * 400.0 / fresh->peak_bf16, 1e-9);
+    const char *bad = test_join(dir, "not_a_profile.json");
+    f = fopen(bad, "w");
+    fputs("{\"attention\": []}", f);
+    fclose(f);
+    CHECK_ERR(kiln_hw_profile_merge_bench(fresh, bad), "not a kiln bench profile");
+    free(fresh);
     /* 2 MiB: halfway in log2 between 1 and 4 MiB -> 150 GB/s */
     CHECK_NEAR(kiln_hw_comm_time(p, 0, 2097152, 8), 2097152.0 * 7 / 8 / 150e9 + p->comm_latency_us * 1e-6, 1e-12);
     free(p);

@@ -3,8 +3,9 @@
 
 The same selection as `kiln size --bench` (src/sizing/hw.c): bf16 gemm records replace gemm.records;
 the best GPU membw copy replaces memory.achieved_gbs; reduce_scatter/all_gather records over 2+ ranks
-(not the local backend) replace comm.records; bench/attn_gpu's JSON (no kiln_profile, attention records
-with D and fwd/bwd TFLOP/s) replaces attention.records. Each replaced section's `source` names the files.
+(not the local backend) replace comm.records; full-causal bf16 attention records off the CPU (`kiln bench
+attention --device cuda`, a fwd and the matching fwd_bwd per shape; per head dim the one with the most
+work) replace attention.records. Each replaced section's `source` names the files.
 
 usage: merge_bench.py PROFILE.json BENCH.json [BENCH.json ...]
 """
@@ -27,14 +28,6 @@ def main(argv):
     for b in benches:
         with open(b) as f:
             p = json.load(f)
-        if "kiln_profile" not in p and isinstance(p.get("attention"), list):
-            # bench/attn_gpu's JSON: per head dim the full-causal record with the most work
-            for r in p["attention"]:
-                if r.get("window", 0) == 0 and r.get("fwd_tflops", 0) > 0 and r.get("bwd_tflops", 0) > 0:
-                    work = r["B"] * r["T"] * r["T"]
-                    if r["D"] not in attn or work > attn[r["D"]][0]:
-                        attn[r["D"]] = (work, r["fwd_tflops"], r["bwd_tflops"])
-            continue
         if p.get("kiln_profile") != 1:
             sys.exit(f"{b}: not a kiln bench profile (kiln_profile 1)")
         for r in p.get("gemm", []):
@@ -43,6 +36,21 @@ def main(argv):
         for r in p.get("membw", []):
             if r.get("device") != "cpu" and r.get("kernel") == "copy":
                 copy = max(copy, r.get("gbs_best", 0))
+        recs = p.get("attention", [])
+        for r in recs:
+            # `kiln bench attention --device cuda`: full-causal bf16 records off the CPU, a fwd and the matching
+            # fwd_bwd per shape; per head dim the one with the most work (as kiln size --bench reads them)
+            if r.get("backend") == "cpu" or r.get("dtype") != "bf16" or r.get("pass") != "fwd" or r.get("window", 0):
+                continue
+            key = ("batch", "seq", "heads", "head_dim", "window")
+            both = [x for x in recs if x.get("pass") == "fwd_bwd" and all(x.get(k) == r.get(k) for k in key)]
+            if not both or r.get("time_us", 0) <= 0 or both[0]["time_us"] <= r["time_us"]:
+                continue
+            fwd = r["flops"] / (r["time_us"] * 1e-6) / 1e12
+            bwd = 2.5 * r["flops"] / ((both[0]["time_us"] - r["time_us"]) * 1e-6) / 1e12
+            work = r["batch"] * r["seq"] * r["seq"]
+            if r["head_dim"] not in attn or work > attn[r["head_dim"]][0]:
+                attn[r["head_dim"]] = (work, fwd, bwd)
         for r in p.get("comm", []):
             if (r.get("collective") in ("reduce_scatter", "all_gather") and r.get("backend") != "local"
                     and r.get("ranks", 0) >= 2 and r.get("busbw_gbs", 0) > 0 and r.get("bytes", 0) > 0):
@@ -63,7 +71,7 @@ def main(argv):
         peak = prof["compute"]["peak_tflops"]["bf16"]
         prof["attention"]["records"] = [{"head_dim": d, "fwd_eff": round(f / peak, 4), "bwd_eff": round(bw / peak, 4)}
                                         for d, (_, f, bw) in sorted(attn.items())]
-        prof["attention"]["source"] = f"measured {day}: bench/attn_gpu.sh, kiln's CUDA attention ({names})"
+        prof["attention"]["source"] = f"measured {day}: kiln bench attention --device cuda ({names})"
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(prof, f, indent=2)

@@ -196,41 +196,13 @@ static double num(const cJSON *r, const char *f) {
     return cJSON_IsNumber(it) ? it->valuedouble : -1;
 }
 
-/* bench/attn_gpu.c's JSON ({"path", "iters", "attention": [{B, T, H, KV, D, window, fwd_tflops,
- * bwd_tflops, ...}]}): per head dim the full-causal record with the most work. */
-static kiln_error *merge_attn_gpu(kiln_hw_profile *p, const cJSON *root, const char *path) {
-    const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, "attention"), *r;
-    kiln_hw_attn_point pts[64];
-    double work[64];
-    int n = 0;
-    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
-        int64_t D = (int64_t)num(r, "D");
-        double f = num(r, "fwd_tflops"), b = num(r, "bwd_tflops"), w = num(r, "B") * num(r, "T") * num(r, "T");
-        if (D <= 0 || f <= 0 || b <= 0 || num(r, "window") > 0) continue;
-        int j = 0;
-        while (j < n && pts[j].head_dim != D) j++;
-        if (j == n) { if (n == 64) continue; n++; work[j] = -1; }
-        if (w > work[j]) {
-            work[j] = w;
-            pts[j] = (kiln_hw_attn_point){D, f / p->peak_bf16, b / p->peak_bf16};
-        }
-    }
-    if (!n)
-        return kiln_errorf(KILN_EINVAL, "%s: neither a kiln bench profile (kiln_profile) nor attention records of "
-                           "bench/attn_gpu (D, fwd_tflops, bwd_tflops) without a window", path);
-    memcpy(p->attn, pts, sizeof pts[0] * (size_t)n);
-    p->nattn = n;
-    snprintf(p->attention_source, sizeof p->attention_source, "measured: %s (bench/attn_gpu)", path);
-    return NULL;
-}
-
 kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
     cJSON *root = NULL;
     KILN_TRY(kiln_json_parse_file(path, &root));
     kiln_error *e = NULL;
     int64_t version = 0;
     if (!cJSON_GetObjectItemCaseSensitive(root, "kiln_profile")) {
-        e = merge_attn_gpu(p, root, path);
+        e = kiln_errorf(KILN_EINVAL, "%s: not a kiln bench profile (no \"kiln_profile\" field)", path);
         goto out;
     }
     if ((e = kiln_json_get_int(root, "kiln_profile", &version, 0, 1, path))) goto out;
@@ -239,6 +211,7 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
         goto out;
     }
     int got = 0, ng = 0, nrs = 0, nag = 0, na = 0;
+    double attn_work[64];
     kiln_hw_profile *q = malloc(sizeof *q);
     if (!q) { e = kiln_errorf(KILN_ENOMEM, "%s", path); goto out; }
     const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, "gemm"), *r;
@@ -272,13 +245,16 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
                 num(r2, "window") == num(r, "window"))
                 bwd_t = num(r2, "time_us") - fwd_t;
         int64_t D = (int64_t)num(r, "head_dim");
-        if (D <= 0 || fwd_t <= 0 || flops <= 0 || bwd_t <= 0 || na >= 64) continue;
+        /* full causal only (a window's saving is in the FLOP count, not the efficiency); per head dim the
+         * record with the most work */
+        double work = num(r, "batch") * num(r, "seq") * num(r, "seq");
+        if (D <= 0 || fwd_t <= 0 || flops <= 0 || bwd_t <= 0 || num(r, "window") > 0) continue;
         kiln_hw_attn_point a = {D, flops / (fwd_t * 1e-6) / 1e12 / p->peak_bf16,
                                 2.5 * flops / (bwd_t * 1e-6) / 1e12 / p->peak_bf16};
         int j = 0;
         while (j < na && q->attn[j].head_dim != D) j++;
-        if (j == na) q->attn[na++] = a; /* longest sequence last wins below */
-        else q->attn[j] = a;
+        if (j == na && na < 64) q->attn[na] = a, attn_work[na++] = work;
+        else if (j < na && work > attn_work[j]) q->attn[j] = a, attn_work[j] = work;
     }
     if (ng) { memcpy(p->gemm, q->gemm, sizeof q->gemm[0] * (size_t)ng); p->ngemm = ng; got++;
               snprintf(p->gemm_source, sizeof p->gemm_source, "measured: %s", path); }
@@ -286,8 +262,17 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
     if (nag) { memcpy(p->ag, q->ag, sizeof q->ag[0] * (size_t)nag); p->nag = nag; got++; }
     if (copy > 0) { p->mem_gbs = copy; got++;
                     snprintf(p->memory_source, sizeof p->memory_source, "measured copy: %s", path); }
-    if (na) { memcpy(p->attn, q->attn, sizeof q->attn[0] * (size_t)na); p->nattn = na; got++;
-              snprintf(p->attention_source, sizeof p->attention_source, "measured: %s", path); }
+    if (na) { /* the first measured file replaces the built-in estimates; later ones add or replace head dims */
+        if (strncmp(p->attention_source, "measured", 8)) p->nattn = 0;
+        for (int i = 0; i < na; i++) {
+            int j = 0;
+            while (j < p->nattn && p->attn[j].head_dim != q->attn[i].head_dim) j++;
+            if (j < 64) p->attn[j] = q->attn[i], p->nattn += j == p->nattn;
+        }
+        got++;
+        if (strncmp(p->attention_source, "measured", 8))
+            snprintf(p->attention_source, sizeof p->attention_source, "measured: %s", path);
+    }
     free(q);
     if (!got)
         e = kiln_errorf(KILN_EINVAL, "%s: no GPU measurements to merge (bf16 gemm, comm over 2+ ranks, membw or "
