@@ -20,6 +20,7 @@
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
+#include "models/zaya_internal.h"
 #include "zaya_testutil.h"
 
 #define TOL_LOGITS 2e-2
@@ -134,8 +135,8 @@ TEST(gpu_zaya_fixture_sliding_tied) { fixture("sliding_tied"); }
 TEST(gpu_zaya_fixture_bf16_sharded) { fixture("bf16_sharded"); }
 TEST(gpu_zaya_fixture_many_experts) { fixture("many_experts"); }
 
-/* A random model at head dims the tensor-core attention takes (64, 128), longer sequences, odd sizes, top-2
- * routing, against the CPU model on the same weights. */
+/* A random model at head dims the tensor-core attention takes (64, 128), odd sizes (T = 48, 33), a sliding
+ * layer, attention biases or tied embeddings, top-2 routing, against the CPU model on the same weights. */
 static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
     kiln_zaya_config c;
     kiln_zaya_config_default(&c);
@@ -146,21 +147,40 @@ static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
     kiln_zaya *m = NULL;
     CHECK_OK(kiln_zaya_create(&c, &m));
     if (!m) return;
-    kiln_zaya_init_random(m, 7 + (uint64_t)D);
-    /* make the non-trivial scales and biases non-trivial, and round the weights to bf16 so the two paths
-     * see the same GEMM weights */
+    /* weights away from init (zaya_testutil.h), rounded to bf16 so both paths see the same GEMM weights; the
+     * seed is the first whose routing decisions all have a margin bf16 cannot flip (relative gap of the biased
+     * probabilities at the top-k boundary >= 2e-3 on the CPU): a near-tie decided differently is a different
+     * branch of the function, not an error (HF-init routers are near-uniform: every token within 1e-6 of a tie) */
     kiln_rng rng;
     kiln_rng_seed(&rng, 11);
-    for (size_t i = 0; i < m->numel; i++) m->w[i] += (float)(kiln_rng_uniform(&rng) - 0.5) * 0.02f;
-    gt_round_bf16(m->w, (int64_t)m->numel);
-    const int64_t B = 2, N = B * T, V = c.vocab_size;
+    const int64_t B = 2, N = B * T, V = c.vocab_size, E1 = c.num_experts + 1;
     int64_t *ids = malloc((size_t)N * sizeof *ids);
     for (int64_t i = 0; i < N; i++) ids[i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
-    float *lg = malloc((size_t)(N * V) * sizeof *lg), *gg = malloc(m->numel * sizeof *gg);
-    double gloss = 0, closs = 0;
-    gpu_run(m, ids, B, T, 0, lg, gg, &gloss, NULL);
     kiln_zaya_acts *a = NULL;
     CHECK_OK(kiln_zaya_acts_create(m, B, T, &a));
+    double margin = 0, closs = 0;
+    uint64_t seed = 0;
+    for (; a && seed < 256 && margin < 2e-3; seed++) {
+        perturb_params(m, 1000 * (uint64_t)D + seed, 0.0f);
+        gt_round_bf16(m->w, (int64_t)m->numel);
+        CHECK_OK(kiln_zaya_forward(m, a, ids, NULL, &closs));
+        margin = INFINITY;
+        for (int64_t l = 0; l < c.num_layers; l++)
+            for (int64_t n = 0; n < N; n++) {
+                double p[64];
+                for (int64_t e = 0; e < E1; e++) p[e] = a->L[l].rprobs[n * E1 + e] + m->balancing[l * E1 + e];
+                for (int64_t i = 0; i <= top; i++) /* the top+1 largest, in order */
+                    for (int64_t j = i + 1; j < E1; j++)
+                        if (p[j] > p[i]) { double t = p[i]; p[i] = p[j]; p[j] = t; }
+                double gap = (p[top - 1] - p[top]) / p[top - 1];
+                if (gap < margin) margin = gap;
+            }
+    }
+    printf("    weights seed %llu: smallest routing margin %.3g\n", (long long)seed - 1, margin);
+    CHECK_MSG(margin >= 2e-3, "no seed with decisive routing");
+    float *lg = malloc((size_t)(N * V) * sizeof *lg), *gg = malloc(m->numel * sizeof *gg);
+    double gloss = 0;
+    gpu_run(m, ids, B, T, 0, lg, gg, &gloss, NULL);
     CHECK_OK(kiln_zaya_grads_enable(m));
     if (a && m->g) {
         CHECK_OK(kiln_zaya_forward(m, a, ids, NULL, &closs));
@@ -175,8 +195,8 @@ static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
     kiln_zaya_free(m);
 }
 
-TEST(gpu_zaya_random_d64) { random_model(64, 150, 1, 0, 1); }
-TEST(gpu_zaya_random_d128_top2) { random_model(128, 97, 2, 1, 0); }
+TEST(gpu_zaya_random_d64) { random_model(64, 48, 1, 0, 1); }
+TEST(gpu_zaya_random_d128_top2) { random_model(128, 33, 2, 1, 0); }
 
 /* kiln logits --device cuda --grads: the contract's file, within the GPU tolerances of the HF truth. */
 TEST(gpu_zaya_cli_logits_cuda) {
