@@ -49,10 +49,11 @@ static __global__ void rmsnorm_bwd_kernel(TDX *dx, float *dwp, const bf16 *dy, c
         float dot = 0;
         for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
             ldv<V>(xr, j, xv), ldv<V>(gr, j, gv), ldv<V>(w, j, wv);
-            if (part) { // each thread owns its columns of the partial: no race
+            if (part) { // each thread owns its columns of the partial: no race; explicit roundings so that dw does
+                        // not depend on whether dx is asked for (contraction differs between loop versions)
                 ldv<V>(part, j, pv);
 #pragma unroll
-                for (int k = 0; k < V; k++) pv[k] += gv[k] * (xv[k] * rs);
+                for (int k = 0; k < V; k++) pv[k] = __fadd_rn(pv[k], __fmul_rn(gv[k], __fmul_rn(xv[k], rs)));
                 stv<V>(part, j, pv);
             }
 #pragma unroll

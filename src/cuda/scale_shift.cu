@@ -33,19 +33,24 @@ static __global__ void scale_shift_bwd_kernel(float *dx, float *dbp, float *dsp,
 #pragma unroll
     for (int k = 0; k < V; k++) bv[k] = 0.0f, pb[k] = 0.0f, ps[k] = 0.0f;
     if (b) ldv<V>(b, j, bv);
+    // explicit roundings (no fused multiply-add): the sums must not depend on which outputs are asked for,
+    // and the compiler contracts differently in the loop versions it makes for them
     for (int64_t r = r0; r < r1; r++) {
+        float gs[V];
         ldv<V>(dy + r * d, j, g);
+#pragma unroll
+        for (int k = 0; k < V; k++) gs[k] = __fmul_rn(g[k], sv[k]);
         if (dx) {
             ldv<V>(dx + r * d, j, dv);
 #pragma unroll
-            for (int k = 0; k < V; k++) dv[k] += g[k] * sv[k];
+            for (int k = 0; k < V; k++) dv[k] = __fadd_rn(dv[k], gs[k]);
             stv<V>(dx + r * d, j, dv);
         }
         if (dsp) ldv<V>(x + r * d, j, xv);
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            pb[k] += g[k] * sv[k];
-            if (dsp) ps[k] += g[k] * (xv[k] + bv[k]);
+            pb[k] = __fadd_rn(pb[k], gs[k]);
+            if (dsp) ps[k] = __fadd_rn(ps[k], __fmul_rn(g[k], __fadd_rn(xv[k], bv[k])));
         }
     }
     if (dbp) stv<V>(dbp + blockIdx.y * d, j, pb);
