@@ -168,3 +168,25 @@ int kiln_bench_write_outputs(const kiln_bench_output *o, const char *json_path, 
     }
     return 0;
 }
+
+int kiln_bench_parse_bytes(const char *s, double lo, double hi, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0)) return -1;
+    double mul = 1;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024.0; break;
+        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; break;
+        default: return -1;
+        }
+        end++;
+        if (*end && strcmp(end, "B") && strcmp(end, "iB")) return -1;
+    }
+    v *= mul;
+    if (v < lo || v > hi) return -1;
+    *out = (size_t)v;
+    return 0;
+}

@@ -29,6 +29,8 @@ void kiln_bench_fail(const char *bench, const char *what, kiln_error *e);
  * Returns -1 on success. */
 int kiln_bench_parse_int(const char *bench, const char *flag, const char *v, long long lo, long long hi,
                          long long *out);
+/* "4K", "64M", "1.5G", "4096", "64MiB" (binary suffixes) -> bytes in lo..hi; 0 on success, -1 otherwise. */
+int kiln_bench_parse_bytes(const char *s, double lo, double hi, size_t *out);
 /* OpenBLAS and OpenMP threads, when n > 0. */
 void kiln_bench_set_threads(long long n);
 

@@ -50,26 +50,6 @@ typedef struct {
     double bytes, file_bytes, files, threads, seconds, vs_seq_write;
 } io_rec;
 
-static int parse_size(const char *s, size_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v > 0)) return -1;
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024.0; break;
-        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; break;
-        default: return -1;
-        }
-        if (end[1] && strcmp(end + 1, "B") && strcmp(end + 1, "iB")) return -1;
-    }
-    v *= mul;
-    if (v < 4096 || v > 1e14) return -1;
-    *out = (size_t)v;
-    return 0;
-}
 
 typedef struct {
     const char *dir;
@@ -330,7 +310,7 @@ int kiln_bench_io_main(int argc, char **argv) {
         if (r >= 0) return r;
         if (!strcmp(a, "--dir")) dir = v;
         else if (!strcmp(a, "--size")) {
-            if (parse_size(v, &size)) return kiln_bench_usage_err("io", "--size '%s': expected a size >= 4K like 64M, 1G", v);
+            if (kiln_bench_parse_bytes(v, 4096, 1e14, &size)) return kiln_bench_usage_err("io", "--size '%s': expected a size >= 4K like 64M, 1G", v);
         } else if (!strcmp(a, "--files")) {
             if ((r = kiln_bench_parse_int("io", a, v, 1, 999, &files)) >= 0) return r;
         } else if (!strcmp(a, "--threads")) {

@@ -34,28 +34,6 @@ static const char usage[] =
 
 static const char *const kernel_names[4] = {"copy", "scale", "add", "triad"};
 
-/* "4K", "64M", "2G", "4096" (binary suffixes) -> bytes. */
-static int parse_size(const char *s, size_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v > 0)) return -1;
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024.0; break;
-        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; break;
-        default: return -1;
-        }
-        end++;
-        if (*end && strcmp(end, "B") && strcmp(end, "iB")) return -1;
-    }
-    v *= mul;
-    if (v < 64 || v > 1e15) return -1;
-    *out = (size_t)v;
-    return 0;
-}
 
 static void fmt_bytes(char *buf, size_t cap, double b) {
     if (b >= 1024.0 * 1024 * 1024) snprintf(buf, cap, "%.4g GiB", b / (1024.0 * 1024 * 1024));
@@ -147,7 +125,7 @@ int kiln_bench_membw_main(int argc, char **argv) {
         if (!strcmp(a, "--device")) {
             continue; /* cpu */
         } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
-            if (parse_size(v, !strcmp(a, "--min") ? &min_b : &max_b))
+            if (kiln_bench_parse_bytes(v, 64, 1e15, !strcmp(a, "--min") ? &min_b : &max_b))
                 return kiln_bench_usage_err("membw", "%s '%s': expected a size >= 64 bytes like 4K, 64M, 2G", a, v);
         } else if (!strcmp(a, "--factor")) {
             factor = strtod(v, &end);

@@ -5,18 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "kiln/bench.h"
 #include "kiln/cuda.h"
-
-static int parse_bytes(const char *s, size_t *out) {
-    char *end;
-    double v = strtod(s, &end);
-    double mul = *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 1.0;
-    if (mul > 1) end++;
-    if (*end || end == s || v * mul < 64) return -1;
-    *out = (size_t)(v * mul);
-    return 0;
-}
 
 int kiln_bench_membw_gpu(int argc, char **argv) {
     size_t min_b = 1 << 20, max_b = (size_t)4 << 30;
@@ -32,8 +23,8 @@ int kiln_bench_membw_gpu(int argc, char **argv) {
         i++;
         int bad = 0;
         if (!strcmp(a, "--device")) continue;
-        else if (!strcmp(a, "--min")) bad = parse_bytes(v, &min_b);
-        else if (!strcmp(a, "--max")) bad = parse_bytes(v, &max_b);
+        else if (!strcmp(a, "--min")) bad = kiln_bench_parse_bytes(v, 64, 1e15, &min_b);
+        else if (!strcmp(a, "--max")) bad = kiln_bench_parse_bytes(v, 64, 1e15, &max_b);
         else if (!strcmp(a, "--factor")) bad = !((factor = atof(v)) > 1);
         else if (!strcmp(a, "--iters")) bad = (iters = atol(v)) < 1;
         else if (!strcmp(a, "--json")) json_path = v;
