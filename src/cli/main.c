@@ -60,8 +60,10 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < NCMD; i++)
         if (!strcmp(argv[1], commands[i]->name)) {
-            /* `kiln bench <name> --help` is the benchmark's own help; elsewhere --help anywhere wins */
-            int sub_help = !strcmp(argv[1], "bench") && argc > 2 && argv[2][0] != '-';
+            /* `kiln bench <name> --help` and `kiln cis embed --help` are the subcommand's own help; elsewhere
+             * --help anywhere wins */
+            int sub_help = (!strcmp(argv[1], "bench") && argc > 2 && argv[2][0] != '-') ||
+                           (!strcmp(argv[1], "cis") && argc > 2 && !strcmp(argv[2], "embed"));
             if (!sub_help && cli_wants_help(argc - 1, argv + 1)) {
                 fputs(commands[i]->usage, stdout);
                 return 0;
