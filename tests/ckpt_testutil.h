@@ -11,6 +11,7 @@
 #include "kiln/fsutil.h"
 #include "kiln/hash.h"
 #include "kiln/rng.h"
+#include "kiln/zaya.h"
 #include "test.h"
 
 #define CK_VOCAB 64
@@ -147,6 +148,27 @@ static inline int ck_same_file(const char *a, const char *b) {
     free(x);
     free(y);
     return same;
+}
+
+/* Parameters and balancing biases of a run's saved model (out/model), for bit-identity checks; NULL (and a
+ * test failure) when it does not load. */
+static inline float *ck_model_weights(const char *out, size_t *n) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/model", out);
+    kiln_zaya *m = NULL;
+    kiln_error *e = kiln_zaya_load_dir(dir, &m);
+    if (e) {
+        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
+        kiln_error_free(e);
+        return NULL;
+    }
+    const int64_t nb = m->cfg.num_layers * (m->cfg.num_experts + 1);
+    float *w = malloc((m->numel + (size_t)nb) * sizeof(float));
+    memcpy(w, m->w, m->numel * sizeof(float));
+    memcpy(w + m->numel, m->balancing, (size_t)nb * sizeof(float));
+    *n = m->numel + (size_t)nb;
+    kiln_zaya_free(m);
+    return w;
 }
 
 #endif

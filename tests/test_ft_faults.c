@@ -86,29 +86,9 @@ static int supervised(const char *out, const char *cfg, const char *fault, const
     return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Parameters and balancing biases of out/model. */
-static float *final_weights(const char *out, size_t *n) {
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/model", out);
-    kiln_zaya *m = NULL;
-    kiln_error *e = kiln_zaya_load_dir(dir, &m);
-    if (e) {
-        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
-        kiln_error_free(e);
-        return NULL;
-    }
-    const int64_t nb = m->cfg.num_layers * (m->cfg.num_experts + 1);
-    float *w = malloc((m->numel + (size_t)nb) * sizeof(float));
-    memcpy(w, m->w, m->numel * sizeof(float));
-    memcpy(w + m->numel, m->balancing, (size_t)nb * sizeof(float));
-    *n = m->numel + (size_t)nb;
-    kiln_zaya_free(m);
-    return w;
-}
-
 static int same_weights(const char *a, const char *b) {
     size_t na = 0, nb = 0;
-    float *wa = final_weights(a, &na), *wb = final_weights(b, &nb);
+    float *wa = ck_model_weights(a, &na), *wb = ck_model_weights(b, &nb);
     int same = wa && wb && na == nb && !memcmp(wa, wb, na * sizeof(float));
     free(wa);
     free(wb);

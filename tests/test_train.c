@@ -103,25 +103,6 @@ TEST(train_loss_falls) {
     kiln_zaya_free(m);
 }
 
-/* Parameters of a saved model, for bit-identity checks. */
-static float *model_params(const char *out, size_t *n) {
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/model", out);
-    kiln_zaya *m = NULL;
-    kiln_error *e = kiln_zaya_load_dir(dir, &m);
-    if (e) {
-        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
-        kiln_error_free(e);
-        return NULL;
-    }
-    const int64_t nb = m->cfg.num_layers * (m->cfg.num_experts + 1);
-    float *w = malloc((m->numel + (size_t)nb) * sizeof(float));
-    memcpy(w, m->w, m->numel * sizeof(float));
-    memcpy(w + m->numel, m->balancing, (size_t)nb * sizeof(float));
-    *n = m->numel + (size_t)nb;
-    kiln_zaya_free(m);
-    return w;
-}
 
 TEST(train_resume_is_bit_identical) {
     const char *data = synth_data(), *a = test_tmpdir(), *b = test_tmpdir();
@@ -137,7 +118,7 @@ TEST(train_resume_is_bit_identical) {
     snprintf(args, sizeof args, "train --config '%s' --quiet --resume", cb); /* 7 -> 12 */
     CHECK(run_kiln(args) == 0);
     size_t na = 0, nb = 0;
-    float *wa = model_params(a, &na), *wb = model_params(b, &nb);
+    float *wa = ck_model_weights(a, &na), *wb = ck_model_weights(b, &nb);
     CHECK(wa && wb && na == nb);
     if (wa && wb && na == nb) CHECK_MSG(!memcmp(wa, wb, na * sizeof(float)), "resumed weights differ from uninterrupted");
     double la[12] = {0}, lb[12] = {0};
