@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kiln/fsutil.h"
 #include "test.h"
 
 #define MAX_TESTS 1024
@@ -64,6 +65,47 @@ int test_run_kiln(const char *args, char *out, size_t outcap) {
     while (fread(sink, 1, sizeof sink, p) > 0) {}
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* Chromium as the tests run it: headless, no network, console messages on stderr. */
+static const char chromium_flags[] = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+                                     "--disable-background-networking --disable-component-update --disable-sync "
+                                     "--enable-logging=stderr --v=0";
+
+static int have_chromium(void) {
+    if (system("command -v chromium >/dev/null 2>&1") == 0) return 1;
+    test_fail(__FILE__, __LINE__, "chromium is not installed (apt-get install -y chromium); this test needs it");
+    return 0;
+}
+
+int test_chromium_dom(const char *html, char **dom, char **log) {
+    *dom = *log = NULL;
+    if (!have_chromium()) return -1;
+    const char *d = test_tmpdir();
+    char domf[600], logf[600], cmd[4096];
+    snprintf(domf, sizeof domf, "%s/dom.html", d);
+    snprintf(logf, sizeof logf, "%s/chromium.log", d);
+    snprintf(cmd, sizeof cmd, "timeout 120 chromium %s --user-data-dir='%s/profile' --dump-dom 'file://%s' >'%s' 2>'%s'",
+             chromium_flags, d, html, domf, logf);
+    int rc = system(cmd);
+    size_t len;
+    kiln_error *e = kiln_read_file(domf, dom, &len);
+    if (!e) e = kiln_read_file(logf, log, &len);
+    if (e) {
+        test_fail(__FILE__, __LINE__, "%s", kiln_error_msg(e));
+        kiln_error_free(e);
+    }
+    return rc;
+}
+
+int test_chromium_screenshot(const char *html, const char *png, int width, int height) {
+    if (!have_chromium()) return -1;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "timeout 120 chromium %s --user-data-dir='%s/profile' --hide-scrollbars --window-size=%d,%d "
+             "--screenshot='%s' 'file://%s' >/dev/null 2>&1",
+             chromium_flags, test_tmpdir(), width, height, png, html);
+    return system(cmd);
 }
 
 static int cmp_tests(const void *a, const void *b) {

@@ -21,6 +21,12 @@ const char *test_join(const char *dir, const char *name);
 const char *test_tmpdir(void);
 /* Run the kiln binary with args (shell-quoted by the caller); returns exit status, captures stderr+stdout. */
 int test_run_kiln(const char *args, char *out, size_t outcap);
+/* Load a local HTML file in headless Chromium (a test dependency: .ci/run and scripts/setup.sh install
+ * it; missing, the test fails). *dom: the DOM after scripts ran; *log: Chromium's stderr, where console
+ * messages and failed loads appear; both malloc'd (NULL on failure). Returns Chromium's exit status. */
+int test_chromium_dom(const char *html, char **dom, char **log);
+/* A PNG screenshot of the page at width x height; returns Chromium's exit status. */
+int test_chromium_screenshot(const char *html, const char *png, int width, int height);
 
 #define TEST(name)                                                        \
     static void name(void);                                               \

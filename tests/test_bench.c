@@ -465,29 +465,15 @@ TEST(bench_report_errors) {
  * console errors and take a screenshot. Chromium is a test dependency (.ci/run installs it):
  * missing, the test fails. KILN_BENCH_SCREENSHOT=FILE keeps the screenshot. */
 TEST(bench_report_chromium) {
-    if (system("command -v chromium >/dev/null 2>&1") != 0) {
-        test_fail(__FILE__, __LINE__, "chromium is not installed (apt-get install -y chromium); this test needs it");
-        return;
-    }
     const char *d = test_tmpdir();
     const char *html = render_synthetic(d);
     if (!html) return;
-    char dom[512], log[512], png[512], prof[512], cmd[4096];
-    snprintf(dom, sizeof dom, "%s", test_join(d, "dom.html"));
-    snprintf(log, sizeof log, "%s", test_join(d, "chromium.log"));
+    char png[512];
     snprintf(png, sizeof png, "%s", test_join(d, "shot.png"));
-    snprintf(prof, sizeof prof, "%s", test_join(d, "chrome-profile"));
-    const char *flags = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-                        "--disable-background-networking --disable-component-update --disable-sync "
-                        "--enable-logging=stderr --v=0";
-    snprintf(cmd, sizeof cmd, "timeout 120 chromium %s --user-data-dir='%s' --dump-dom 'file://%s' >'%s' 2>'%s'", flags,
-             prof, html, dom, log);
-    int rc = system(cmd);
-    CHECK_MSG(rc == 0, "chromium --dump-dom exited with %d", rc);
     char *t = NULL, *l = NULL;
     size_t len = 0;
-    CHECK_OK(kiln_read_file(dom, &t, &len));
-    CHECK_OK(kiln_read_file(log, &l, &len));
+    int rc = test_chromium_dom(html, &t, &l);
+    CHECK_MSG(rc == 0, "chromium --dump-dom exited with %d", rc);
     if (t) {
         CHECK_MSG(count_sub(t, "<svg") == 3, "DOM has %zu <svg> elements, want 3", count_sub(t, "<svg"));
         CHECK(count_sub(t, "<polyline") >= 2 + 4); /* comm: 2 series, membw: 4 kernels */
@@ -501,11 +487,7 @@ TEST(bench_report_chromium) {
     free(t);
     free(l);
     const char *keep = getenv("KILN_BENCH_SCREENSHOT");
-    snprintf(cmd, sizeof cmd,
-             "timeout 120 chromium %s --user-data-dir='%s' --hide-scrollbars --window-size=1000,2600 "
-             "--screenshot='%s' 'file://%s' >/dev/null 2>&1",
-             flags, prof, png, html);
-    rc = system(cmd);
+    rc = test_chromium_screenshot(html, png, 1000, 2600);
     CHECK_MSG(rc == 0, "chromium --screenshot exited with %d", rc);
     char *img = NULL;
     CHECK_OK(kiln_read_file(png, &img, &len));

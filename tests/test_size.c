@@ -516,21 +516,8 @@ TEST(size_html_page) {
     free(t);
     kiln_size_result_free(&r);
     free(p);
-    if (system("command -v chromium >/dev/null 2>&1") != 0) {
-        test_fail(__FILE__, __LINE__, "chromium is not installed (apt-get install -y chromium); this test needs it");
-        return;
-    }
-    char dom[512], log[512], cmd[4096];
-    snprintf(dom, sizeof dom, "%s", test_join(d, "dom.html"));
-    snprintf(log, sizeof log, "%s", test_join(d, "chromium.log"));
-    snprintf(cmd, sizeof cmd,
-             "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-             "--disable-background-networking --disable-component-update --disable-sync --enable-logging=stderr --v=0 "
-             "--user-data-dir='%s' --dump-dom 'file://%s' >'%s' 2>'%s'", test_join(d, "chrome-profile"), html, dom, log);
-    CHECK(system(cmd) == 0);
     char *l = NULL;
-    CHECK_OK(kiln_read_file(dom, &t, &len));
-    CHECK_OK(kiln_read_file(log, &l, &len));
+    CHECK(test_chromium_dom(html, &t, &l) == 0);
     if (t) CHECK_MSG(count_sub(t, "<svg") == 2 && count_sub(t, "<circle") >= 19, "DOM: %zu svg, %zu circles",
                      count_sub(t, "<svg"), count_sub(t, "<circle"));
     if (l) CHECK_MSG(!strstr(l, "Uncaught") && !strstr(l, ":CONSOLE(") && !strstr(l, "net::ERR_"), "%s", l);
