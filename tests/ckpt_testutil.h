@@ -6,6 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kiln/data.h"
 #include "kiln/fsutil.h"
@@ -169,6 +174,27 @@ static inline float *ck_model_weights(const char *out, size_t *n) {
     *n = m->numel + (size_t)nb;
     kiln_zaya_free(m);
     return w;
+}
+
+/* `kiln train --config cfg` in the background, stopped with SIGINT (Ctrl-C) once out/metrics.jsonl holds
+ * min_bytes (some steps done; 30 s at most); returns its exit status (130 after a clean Ctrl-C). */
+static inline int ck_train_until_sigint(const char *cfg, const char *out, long min_bytes) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(KILN_BINARY, KILN_BINARY, "train", "--config", cfg, "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    char metrics[1200];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    struct stat sb;
+    for (int i = 0; i < 600 && (stat(metrics, &sb) || sb.st_size < min_bytes); i++) usleep(50000);
+    kill(pid, SIGINT);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 #endif

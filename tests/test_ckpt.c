@@ -206,22 +206,8 @@ TEST(ckpt_async_sigint_waits_for_the_save) {
     dir_copy(data, sizeof data, ck_data());
     dir_copy(out, sizeof out, test_tmpdir());
     const char *cfg = ck_config(data, out, 100000, 1, 32, "\"ckpt_every\": 1, \"keep_last\": 3, \"async_ckpt\": true");
-    pid_t pid = fork();
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        execl(KILN_BINARY, KILN_BINARY, "train", "--config", cfg, "--quiet", (char *)NULL);
-        _exit(127);
-    }
-    char metrics[1200];
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
-    struct stat sb;
-    for (int i = 0; i < 600 && (stat(metrics, &sb) || sb.st_size < 1500); i++) usleep(50000);
-    kill(pid, SIGINT);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    int st = ck_train_until_sigint(cfg, out, 1500);
+    CHECK_MSG(st == 130, "exit status %d", st);
     double loss[4096];
     int steps = ck_losses(out, loss, 4096);
     char p[1300];

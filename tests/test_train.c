@@ -199,22 +199,8 @@ TEST(train_full_disk_keeps_previous_checkpoint) {
 TEST(train_sigint_saves_and_resumes) {
     const char *data = synth_data(), *out = test_tmpdir();
     const char *cfg = write_config(data, out, 100000, 1, "\"ckpt_every\": 0");
-    pid_t pid = fork();
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        execl(KILN_BINARY, KILN_BINARY, "train", "--config", cfg, "--quiet", (char *)NULL);
-        _exit(127);
-    }
-    char metrics[1200];
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
-    struct stat sb;
-    for (int i = 0; i < 600 && (stat(metrics, &sb) || sb.st_size < 200); i++) usleep(50000);
-    kill(pid, SIGINT);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    int st = ck_train_until_sigint(cfg, out, 200);
+    CHECK_MSG(st == 130, "exit status %d", st);
     char latest[1300];
     double loss[4096];
     int steps = read_losses(out, loss, 4096);
