@@ -104,6 +104,8 @@ void kiln_zaya_cuda_opt_free(kiln_zaya_cuda_opt *o);
 size_t kiln_zaya_cuda_opt_state_numel(const kiln_zaya_cuda_opt *o);
 kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *state);
 kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *state);
+/* The state itself (device, kiln_zaya_cuda_opt_state_numel floats): for the checkpoint's snapshot. */
+float *kiln_zaya_cuda_opt_state(kiln_zaya_cuda_opt *o);
 /* One step (t 1-based) on the owned tensors of g's master parameters. gshard (device): the summed
  * gradient of the owned tensors in the device layout, element 0 being device element shard_off
  * (kiln_zaya_cuda_param_offset of the first owned tensor); multiplied by scale first (the mean over

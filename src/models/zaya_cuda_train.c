@@ -23,6 +23,7 @@ void kiln_zaya_cuda_opt_free(kiln_zaya_cuda_opt *o) { (void)o; }
 size_t kiln_zaya_cuda_opt_state_numel(const kiln_zaya_cuda_opt *o) { (void)o; return 0; }
 kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *s) { (void)o, (void)s; NOCUDA; }
 kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *s) { (void)o, (void)s; NOCUDA; }
+float *kiln_zaya_cuda_opt_state(kiln_zaya_cuda_opt *o) { (void)o; return NULL; }
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
                                     const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16) {
     (void)o, (void)gshard, (void)shard_off, (void)scale, (void)hp, (void)lr, (void)t, (void)write_bf16;
@@ -99,6 +100,7 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
 }
 
 size_t kiln_zaya_cuda_opt_state_numel(const kiln_zaya_cuda_opt *o) { return o->nstate; }
+float *kiln_zaya_cuda_opt_state(kiln_zaya_cuda_opt *o) { return o->state; }
 
 kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *state) {
     cudaStream_t st = (cudaStream_t)kiln_zaya_cuda_stream(o->g);
