@@ -65,8 +65,8 @@ typedef struct {
     bf *ln1;             /* [N,H] */
     float *ln1_r;        /* [N] */
     bf *qk;              /* [N,C] q|k packed: the convolution input */
-    float *mid;          /* [B,T+k1-1,C] */
-    bf *conv, *qpre, *kpre; /* [N,C], [N,Q], [N,K] */
+    bf *mid;             /* [B,T+k1-1,C] the depthwise convolution's output */
+    bf *qpre, *kpre;     /* [N,Q], [N,K] the convolutions plus the q/k coupling */
     float *qinv, *kinv;  /* [N,NH], [N,KV] */
     bf *qr, *kr, *v, *vd;/* [N,Q], [N,K], [N,K], [N,K/2] */
     bf *att;             /* [N,Q] */
@@ -100,7 +100,6 @@ typedef struct {
     bf *datt, *dqr, *dqpre, *dq;                       /* [N,Q] */
     bf *dkr, *dv, *dkpre, *dk;                         /* [N,K] */
     bf *dvc, *dvdd;                                    /* [N,K/2] */
-    bf *dconv, *dqk;                                   /* [N,C] */
     float *dmid;                                       /* [B,T+k1-1,C] */
     float *dx0;                                        /* [N,H] */
     void *attn_work;
@@ -193,8 +192,7 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     L->ln1 = TB(b, N * H);
     L->ln1_r = TF(b, N);
     L->qk = TB(b, N * C);
-    L->mid = TF(b, B * (T + c->cca_time1 - 1) * C);
-    L->conv = TB(b, N * C);
+    L->mid = TB(b, B * (T + c->cca_time1 - 1) * C);
     L->qpre = TB(b, N * Q);
     L->kpre = TB(b, N * K);
     L->qinv = TF(b, N * NH);
@@ -271,7 +269,6 @@ static void scratch_layout(struct kiln_zaya_cuda *g, dbump *b, size_t attn_work)
     s->datt = TB(b, N * Q), s->dqr = TB(b, N * Q), s->dqpre = TB(b, N * Q), s->dq = TB(b, N * Q);
     s->dkr = TB(b, N * K), s->dv = TB(b, N * K), s->dkpre = TB(b, N * K), s->dk = TB(b, N * K);
     s->dvc = TB(b, N * K / 2), s->dvdd = TB(b, N * K / 2);
-    s->dconv = TB(b, N * C), s->dqk = TB(b, N * C);
     s->dmid = TF(b, B * (T + c->cca_time1 - 1) * C);
     s->attn_work = take(b, (int64_t)attn_work, 1);
 }
@@ -563,9 +560,9 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
     OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(L->qk, q, k, N, Q, K, st));
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
-    OP(g, "CCA convolutions fwd", kiln_cca_conv_forward_cuda(L->conv, L->mid, L->qk, NULL, W->conv0_w, W->conv0_b, W->conv1_w, W->conv1_b,
-                                        &cs, st));
-    OP(g, "pointwise + glue fwd", kiln_cca_couple_forward_cuda(L->qpre, L->kpre, L->conv, L->qk, N, NH, KV, D, st));
+    /* the convolutions and the q/k residual coupling, one fused op (bf16 tensor cores) */
+    OP(g, "CCA convolutions fwd", kiln_cca_conv_couple_forward_cuda(L->qpre, L->kpre, L->mid, L->qk, W->conv0_w, W->conv0_b,
+                                                                    W->conv1_w, W->conv1_b, &cs, NH, KV, st));
     /* value: current half and the previous token's delayed projection (att is scratch here) */
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->att, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
@@ -759,12 +756,11 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                              NH, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
     OP(g, "QK norm + RoPE bwd", kiln_qk_norm_rope_backward_cuda(s->dkpre, Gd->temp, s->dkr, L->kpre, W->temp, L->kinv, g->inv_freq[type],
                                              B, T, KV, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
-    /* the convolutions, then the residual coupling (with the convolution's input gradient) */
-    OP(g, "pointwise + glue bwd", kiln_cca_couple_backward_cuda(NULL, NULL, s->dconv, s->dqpre, s->dkpre, NULL, N, NH, KV, D, st));
+    /* the convolutions and the residual coupling, one fused op: dq/dk = the coupling's adjoint + the conv's dx */
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
-    OP(g, "CCA convolutions bwd", kiln_cca_conv_backward_cuda(s->dqk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b, s->dmid, s->dconv,
-                                         L->qk, NULL, L->mid, W->conv0_w, W->conv1_w, &cs, st));
-    OP(g, "pointwise + glue bwd", kiln_cca_couple_backward_cuda(s->dq, s->dk, NULL, s->dqpre, s->dkpre, s->dqk, N, NH, KV, D, st));
+    OP(g, "CCA convolutions bwd", kiln_cca_conv_couple_backward_cuda(s->dq, s->dk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b,
+                                                                     s->dmid, s->dqpre, s->dkpre, L->qk, L->mid, W->conv0_w,
+                                                                     W->conv1_w, &cs, NH, KV, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
     /* input_layernorm */

@@ -5,7 +5,19 @@
  * Shapes: the model's (C/groups = head dim 128, k0 = k1 = 2) over more than one 512-step chunk, with and
  * without a history, one channel per group, kernels of 1 and 3, odd sizes. The weight gradients are
  * also checked bitwise repeatable. Both implementations of the grouped stage's GEMMs run: the SIMT f32
- * tiles and the tensor cores' 3xTF32 (KILN_CCA_CONV=tensor), under the same f32 tolerances. */
+ * tiles and the tensor cores' 3xTF32 (KILN_CCA_CONV=tensor), under the same f32 tolerances.
+ *
+ * The training path's fused form (kiln_cca_conv_couple_*_cuda: bf16 mid, bf16 tensor cores, the coupling in
+ * the epilogues) against the CPU convolution followed by the coupling's loops (zaya_forward.c /
+ * zaya_backward.c, repeated below). Tolerances:
+ *   mid 5e-3 (one bf16 rounding); dq, dk 5e-3 (one rounding of an f32 result: dy is exact bf16 and w1 enters
+ *   as hi + lo bf16, ~16 significant bits); dmid 1e-4 (f32 from those operands);
+ *   qpre, kpre and dw1 1e-2: they multiply the bf16-rounded mid (2^-8 relative per term, random over the
+ *   cg*k1 terms of an output or the steps of a weight gradient, ~u/sqrt(3) of the result's spread) and
+ *   qpre/kpre add their own rounding; db1, dw0, db0 1e-4 (f32 sums of exact or f32 terms).
+ * Shapes: the model's heads (8 query / 2 KV of 128, kernels 2 and 2) over two dw1 chunks of 1024 steps and
+ * with two sequences (the 16-byte vector path), head dim 64 with kernels 1 and 3 (vector path, K across
+ * taps), and odd shapes (element path): G = 1, G = 6 with k1 = 1. Bitwise repeatable weight gradients. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +99,130 @@ static void conv_cases(void) {
     /* a bad shape is an error naming the op */
     kiln_conv_shape bad = {1, 4, 10, 3, 2, 2};
     CHECK_ERR(kiln_cca_conv_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, NULL), "cca_conv forward");
+}
+
+/* zaya_forward.c's coupling: qpre/kpre from the convolution output and the packed q|k */
+static void ref_couple_fwd(float *qpre, float *kpre, const float *conv, const float *qk, int64_t N, int64_t NH,
+                           int64_t KV, int64_t D) {
+    const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t h = 0; h < NH; h++)
+            for (int64_t d = 0; d < D; d++)
+                qpre[n * Q + h * D + d] =
+                    conv[n * C + h * D + d] + (qk[n * C + h * D + d] + qk[n * C + Q + (h / G) * D + d]) * 0.5f;
+        for (int64_t j = 0; j < KV; j++)
+            for (int64_t d = 0; d < D; d++) {
+                float s = 0;
+                for (int64_t g = 0; g < G; g++) s += (qk[n * C + (j * G + g) * D + d] + qk[n * C + Q + j * D + d]) * 0.5f;
+                kpre[n * K + j * D + d] = conv[n * C + Q + j * D + d] + s / (float)G;
+            }
+    }
+}
+/* zaya_backward.c: the convolution's dy = [dqpre | dkpre]; dq/dk = the coupling's adjoint + the conv's dx */
+static void ref_couple_bwd(float *dq, float *dk, const float *dqp, const float *dkp, const float *dx, int64_t N,
+                           int64_t NH, int64_t KV, int64_t D) {
+    const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV;
+    memset(dq, 0, (size_t)(N * Q) * sizeof *dq);
+    memset(dk, 0, (size_t)(N * K) * sizeof *dk);
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t h = 0; h < NH; h++)
+            for (int64_t d = 0; d < D; d++) {
+                float dqres = dqp[n * Q + h * D + d] + dkp[n * K + (h / G) * D + d] / (float)G;
+                dq[n * Q + h * D + d] += 0.5f * dqres;
+                dk[n * K + (h / G) * D + d] += 0.5f * dqres;
+            }
+        for (int64_t j = 0; j < Q; j++) dq[n * Q + j] += dx[n * C + j];
+        for (int64_t j = 0; j < K; j++) dk[n * K + j] += dx[n * C + Q + j];
+    }
+}
+
+TEST(gpu_ops_cca_conv_couple_fused) {
+    static const struct {
+        int64_t B, T, NH, KV, D, k0, k1;
+    } cases[] = {{1, 1100, 8, 2, 128, 2, 2}, {2, 200, 8, 2, 128, 2, 2}, {2, 50, 2, 1, 64, 1, 3},
+                 {2, 37, 3, 3, 5, 2, 2},     {3, 70, 6, 1, 33, 3, 1}};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 52);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int64_t B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, KV = cases[ci].KV, D = cases[ci].D;
+        const int64_t Q = NH * D, K = KV * D, C = Q + K, N = B * T, k0 = cases[ci].k0, k1 = cases[ci].k1;
+        const kiln_conv_shape s = {B, T, C, NH + KV, k0, k1};
+        const int64_t M = T + k1 - 1, nx = N * C, nm = B * M * C, n1 = C * D * k1;
+        printf("  B=%lld T=%lld heads=%lld kv=%lld dim=%lld k0=%lld k1=%lld\n", (long long)B, (long long)T,
+               (long long)NH, (long long)KV, (long long)D, (long long)k0, (long long)k1);
+        float *x = gt_rand(&rng, nx, 1.0f), *w0 = gt_rand(&rng, C * k0, 0.7f), *b0 = gt_rand(&rng, C, 0.3f);
+        float *w1 = gt_rand(&rng, n1, 1.0f / sqrtf((float)(D * k1))), *b1 = gt_rand(&rng, C, 0.3f);
+        float *dqp = gt_rand(&rng, N * Q, 1.0f), *dkp = gt_rand(&rng, N * K, 1.0f);
+        float *dw00 = gt_rand(&rng, C * k0, 0.5f), *db00 = gt_rand(&rng, C, 0.5f);
+        float *dw10 = gt_rand(&rng, n1, 0.5f), *db10 = gt_rand(&rng, C, 0.5f);
+        gt_round_bf16(x, nx), gt_round_bf16(dqp, N * Q), gt_round_bf16(dkp, N * K);
+        /* reference: convolution, coupling; backward through both */
+        float *y = malloc((size_t)nx * 4), *mid = malloc((size_t)nm * 4), *qpre = malloc((size_t)(N * Q) * 4);
+        float *kpre = malloc((size_t)(N * K) * 4), *dy = malloc((size_t)nx * 4), *dx = calloc((size_t)nx, 4);
+        float *dmid = malloc((size_t)nm * 4), *dq = malloc((size_t)(N * Q) * 4), *dk = malloc((size_t)(N * K) * 4);
+        float *dw0 = malloc((size_t)(C * k0) * 4), *db0 = malloc((size_t)C * 4), *dw1 = malloc((size_t)n1 * 4);
+        float *db1 = malloc((size_t)C * 4);
+        memcpy(dw0, dw00, (size_t)(C * k0) * 4), memcpy(db0, db00, (size_t)C * 4);
+        memcpy(dw1, dw10, (size_t)n1 * 4), memcpy(db1, db10, (size_t)C * 4);
+        kiln_cca_conv_forward(y, mid, x, NULL, w0, b0, w1, b1, &s);
+        ref_couple_fwd(qpre, kpre, y, x, N, NH, KV, D);
+        for (int64_t n = 0; n < N; n++) {
+            memcpy(dy + n * C, dqp + n * Q, (size_t)Q * 4);
+            memcpy(dy + n * C + Q, dkp + n * K, (size_t)K * 4);
+        }
+        kiln_cca_conv_backward(dx, dw0, db0, dw1, db1, dmid, dy, x, NULL, mid, w0, w1, &s);
+        ref_couple_bwd(dq, dk, dqp, dkp, dx, N, NH, KV, D);
+        /* device */
+        kiln_bf16 *gx = gt_up_bf16(x, nx), *gdqp = gt_up_bf16(dqp, N * Q), *gdkp = gt_up_bf16(dkp, N * K);
+        kiln_bf16 *gmid = gt_dev((size_t)nm * 2), *gqpre = gt_dev((size_t)(N * Q) * 2), *gkpre = gt_dev((size_t)(N * K) * 2);
+        kiln_bf16 *gdq = gt_dev((size_t)(N * Q) * 2), *gdk = gt_dev((size_t)(N * K) * 2);
+        float *gw0 = gt_up_f32(w0, C * k0), *gb0 = gt_up_f32(b0, C), *gw1 = gt_up_f32(w1, n1), *gb1 = gt_up_f32(b1, C);
+        float *gdmid = gt_dev((size_t)nm * 4), *gdw0 = gt_up_f32(dw00, C * k0), *gdb0 = gt_up_f32(db00, C);
+        float *gdw1 = gt_up_f32(dw10, n1), *gdb1 = gt_up_f32(db10, C);
+        CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gx, gw0, gb0, gw1, gb1, &s, NH, KV, NULL));
+        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gx, gmid, gw0,
+                                                    gw1, &s, NH, KV, NULL));
+        float *hmid = gt_down_bf16(gmid, nm), *hqpre = gt_down_bf16(gqpre, N * Q), *hkpre = gt_down_bf16(gkpre, N * K);
+        float *hdq = gt_down_bf16(gdq, N * Q), *hdk = gt_down_bf16(gdk, N * K), *hdmid = gt_down_f32(gdmid, nm);
+        float *hdw0 = gt_down_f32(gdw0, C * k0), *hdb0 = gt_down_f32(gdb0, C), *hdw1 = gt_down_f32(gdw1, n1);
+        float *hdb1 = gt_down_f32(gdb1, C);
+        GT_CLOSE("fused mid (bf16)", hmid, mid, nm, 5e-3);
+        GT_CLOSE("fused qpre", hqpre, qpre, N * Q, 1e-2);
+        GT_CLOSE("fused kpre", hkpre, kpre, N * K, 1e-2);
+        GT_CLOSE("fused dmid", hdmid, dmid, nm, 1e-4);
+        GT_CLOSE("fused dq", hdq, dq, N * Q, 5e-3);
+        GT_CLOSE("fused dk", hdk, dk, N * K, 5e-3);
+        GT_CLOSE("fused dw0 (+=)", hdw0, dw0, C * k0, 1e-4);
+        GT_CLOSE("fused db0 (+=)", hdb0, db0, C, 1e-4);
+        GT_CLOSE("fused dw1 (+=)", hdw1, dw1, n1, 1e-2);
+        GT_CLOSE("fused db1 (+=)", hdb1, db1, C, 1e-4);
+        /* again from the same starting gradients: the same bits everywhere */
+        CHECK_OK(kiln_cuda_copy(gdw0, dw00, (size_t)(C * k0) * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gdb0, db00, (size_t)C * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gdw1, dw10, (size_t)n1 * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gx, gmid, gw0,
+                                                    gw1, &s, NH, KV, NULL));
+        float *r_dq = gt_down_bf16(gdq, N * Q), *r_dk = gt_down_bf16(gdk, N * K), *r_dw0 = gt_down_f32(gdw0, C * k0);
+        float *r_db0 = gt_down_f32(gdb0, C), *r_dw1 = gt_down_f32(gdw1, n1), *r_db1 = gt_down_f32(gdb1, C);
+        CHECK_MSG(!memcmp(r_dq, hdq, (size_t)(N * Q) * 4) && !memcmp(r_dk, hdk, (size_t)(N * K) * 4) &&
+                      !memcmp(r_dw0, hdw0, (size_t)(C * k0) * 4) && !memcmp(r_db0, hdb0, (size_t)C * 4) &&
+                      !memcmp(r_dw1, hdw1, (size_t)n1 * 4) && !memcmp(r_db1, hdb1, (size_t)C * 4),
+                  "fused cca_conv backward differs between two runs");
+        kiln_cuda_free(gx), kiln_cuda_free(gdqp), kiln_cuda_free(gdkp), kiln_cuda_free(gmid), kiln_cuda_free(gqpre);
+        kiln_cuda_free(gkpre), kiln_cuda_free(gdq), kiln_cuda_free(gdk), kiln_cuda_free(gw0), kiln_cuda_free(gb0);
+        kiln_cuda_free(gw1), kiln_cuda_free(gb1), kiln_cuda_free(gdmid), kiln_cuda_free(gdw0), kiln_cuda_free(gdb0);
+        kiln_cuda_free(gdw1), kiln_cuda_free(gdb1);
+        free(x), free(w0), free(b0), free(w1), free(b1), free(dqp), free(dkp), free(dw00), free(db00), free(dw10);
+        free(db10), free(y), free(mid), free(qpre), free(kpre), free(dy), free(dx), free(dmid), free(dq), free(dk);
+        free(dw0), free(db0), free(dw1), free(db1), free(hmid), free(hqpre), free(hkpre), free(hdq), free(hdk);
+        free(hdmid), free(hdw0), free(hdb0), free(hdw1), free(hdb1), free(r_dq), free(r_dk), free(r_dw0), free(r_db0);
+        free(r_dw1), free(r_db1);
+    }
+    /* groups that are not heads + kv heads: an error naming the op */
+    kiln_conv_shape bad = {1, 4, 12, 3, 2, 2};
+    CHECK_ERR(kiln_cca_conv_couple_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, 1, 1, NULL),
+              "cca_conv_couple forward");
 }
 
 TEST(gpu_ops_cca_conv) {

@@ -98,6 +98,20 @@ TEST(gpu_ops_timing_model_shapes) {
         float *w0 = fill_dev(&rng, C * 2, 0, 0.5f), *b0 = fill_dev(&rng, C, 0, 0.1f), *w1 = fill_dev(&rng, C * D * 2, 0, 0.1f);
         float *b1 = fill_dev(&rng, C, 0, 0.1f), *g0 = fill_dev(&rng, C * 2, 0, 0.0f), *gb0 = fill_dev(&rng, C, 0, 0.0f);
         float *g1 = fill_dev(&rng, C * D * 2, 0, 0.0f), *gb1 = fill_dev(&rng, C, 0, 0.0f);
+        /* the training path: convolutions + q/k coupling fused, bf16 tensor cores, bf16 mid */
+        {
+            kiln_bf16 *midb = gt_dev((size_t)(B * M * C) * 2), *qkp = gt_dev((size_t)(N * C) * 2);
+            const int64_t nq = N * NH * D;
+            TIME("cca_conv + couple fwd (fused)", N * C * 10.0,
+                 kiln_cca_conv_couple_forward_cuda(qkp, qkp + nq, midb, qk, w0, b0, w1, b1, &cs, NH, KV, NULL));
+            TIME("cca_conv + couple bwd (fused)", N * C * 20.0,
+                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, g0, gb0, g1, gb1, dmid, conv, conv + nq, qk, midb, w0,
+                                                    w1, &cs, NH, KV, NULL));
+            TIME("  fused bwd without weight grads", N * C * 14.0,
+                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, NULL, NULL, NULL, NULL, dmid, conv, conv + nq, qk, midb,
+                                                    w0, w1, &cs, NH, KV, NULL));
+            kiln_cuda_free(midb), kiln_cuda_free(qkp);
+        }
         setenv("KILN_CCA_CONV", "tensor", 1);
         TIME("cca_conv forward (tensor cores)", N * C * 12.0,
              kiln_cca_conv_forward_cuda(conv, mid, qk, NULL, w0, b0, w1, b1, &cs, NULL));

@@ -1,0 +1,525 @@
+// CCA's convolutions fused with the q/k residual coupling, on bf16 tensor cores: the training path of
+// src/models/zaya_cuda.c (no decode history). The same semantics as kiln_cca_conv_forward/backward followed
+// by the coupling of zaya_forward.c / zaya_backward.c, for the model's channel layout: groups = NH + KV
+// heads of D = C/groups channels, q heads first.
+//   forward:  mid (bf16, saved) = the depthwise stage; the grouped stage is one GEMM per (sequence, head)
+//             whose epilogue adds the conv bias and the coupling and writes qpre / kpre directly.
+//   backward: dmid = the grouped stage's input gradient read straight from dqpre / dkpre (no packed dy);
+//             dw1 (+ db1) per-chunk partials; one pass over dmid gives dw0 / db0 partials, dx and the
+//             coupling's adjoint, written as the q / k projections' output gradients dq / dk.
+// Precision: mid is rounded to bf16 like every other activation; the GEMMs take bf16 operands with f32
+// accumulation. The convolution weight w1 (f32 master) is split as hi + lo (both bf16) and both halves
+// are multiplied, so the weight keeps ~16 significant bits; dy and mid are bf16 already (exact operands).
+// Weight gradients: per-block partials, then the fixed-order colsum_add: bit-identical runs.
+#include <mma.h>
+
+#include "ops_common.cuh"
+
+namespace ccaf {
+using namespace nvcuda;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa_row;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> fa_col;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb_row;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> facc;
+
+#define FT 64          // output tile (rows x columns)
+#define FK 32          // K per stage
+#define LDA (FK + 8)   // bf16 row pitches: multiples of 8 elements, fragment pointers 32-byte aligned
+#define LDB (FT + 8)
+#define LDC (FT + 4)   // f32 pitch of the epilogue tile
+#define W1_CHUNK 1024  // time steps per dw1 / db1 partial
+#define DW_ROWS 32     // rows per block of the depthwise backward
+
+static __device__ __forceinline__ float f(bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ bf16 b(float v) { return __float2bfloat16_rn(v); }
+
+// V consecutive bf16 at p (V = 8: one 16-byte access) as f32, and back
+template <int V> static __device__ __forceinline__ void ld_bf(const bf16 *p, float *o) {
+    if constexpr (V == 8) {
+        const uint4 q = *(const uint4 *)p;
+        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&q;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 t = __bfloat1622float2(h[k]);
+            o[2 * k] = t.x, o[2 * k + 1] = t.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++) o[k] = f(p[k]);
+    }
+}
+template <int V> static __device__ __forceinline__ void st_bf(bf16 *p, const float *o) {
+    if constexpr (V == 8) {
+        uint4 q;
+        __nv_bfloat162 *h = (__nv_bfloat162 *)&q;
+#pragma unroll
+        for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
+        *(uint4 *)p = q;
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++) p[k] = b(o[k]);
+    }
+}
+
+// mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c] (xp: x after P zero rows), u < M; V channels per thread
+template <int V>
+static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *x, const float *w0, const float *b0, kiln_conv_shape s) {
+    const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, P = (int)(s.k0 - 1 + s.k1 - 1), M = T + (int)s.k1 - 1;
+    const int cv = C / V;
+    const int64_t total = s.B * (int64_t)M * cv;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / cv, bb = row / M;
+        const int c = (int)(e - row * cv) * V, u = (int)(row - bb * M);
+        float acc[V], xv[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) acc[k] = b0[c + k];
+        for (int j = 0; j < k0; j++) {
+            const int up = u + j;
+            if (up < P) continue;
+            ld_bf<V>(x + (bb * T + up - P) * C + c, xv);
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[k] += w0[(c + k) * k0 + j] * xv[k];
+        }
+        st_bf<V>(mid + row * C + c, acc);
+    }
+}
+
+// w1 [C, cg, k1] split as hi + lo bf16 in the layout the grouped GEMMs' B tiles read row by row:
+//   MODE 0 (forward):        wt[g][j*cg + i][n]  = w1[g0+n, i, j]
+//   MODE 1 (input gradient): wt[g][j*cg + co][n] = w1[g0+co, n, j]
+template <int MODE>
+static __global__ void w1_split_kernel(bf16 *wh, bf16 *wl, const float *w1, int groups, int cg, int k1) {
+    const int K = cg * k1;
+    const int64_t total = (int64_t)groups * K * cg;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int n = (int)(e % cg), kk = (int)(e / cg % K), g = (int)(e / ((int64_t)cg * K));
+        const int j = kk / cg, c = kk % cg;
+        const float v = w1[((int64_t)g * cg + (MODE == 0 ? n : c)) * cg * k1 + (MODE == 0 ? c : n) * k1 + j];
+        const bf16 hi = b(v);
+        wh[e] = hi;
+        wl[e] = b(v - f(hi));
+    }
+}
+
+// The grouped stage's two row GEMMs per (sequence, head g), K = (j, i) with j outer as the CPU:
+//   MODE 0 (forward): out[t, n] = b1 + sum_{j,i} mid[t+j, g0+i] w1[g0+n, i, j], t < T; the epilogue adds the
+//                     coupling and writes qpre (g < NH) or kpre;
+//   MODE 1 (input gradient): dmid[u, n] = sum_{j,co} dy[u-j, co] w1[g0+co, n, j] over 0 <= u-j < T, u < M,
+//                     dy of head g read from dqp (g < NH, row pitch Q) or dkp (pitch K).
+// grid (row tiles, column tiles, B * groups), 128 threads = 4 warps of 32 x 32. FAST (cg a multiple of 64,
+// 16-byte aligned rows): every stage lies in one tap j, tiles are loaded in 16-byte vectors and w1 comes
+// pre-split (w1_split_kernel); otherwise element by element, w1 split in the loader.
+template <int MODE, bool FAST>
+static __global__ void __launch_bounds__(128)
+    grp_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *qk, const bf16 *dqp, const bf16 *dkp,
+               const float *w1, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s, int NH, int KV) {
+    constexpr int AB = FT * LDA * 2 + 2 * FK * LDB * 2, CB = FT * LDC * 4;
+    __shared__ __align__(128) unsigned char smem[AB > CB ? AB : CB];
+    __shared__ int tj[FK], tc[FK];
+    bf16 *sa = (bf16 *)smem, *sbh = sa + FT * LDA, *sbl = sbh + FK * LDB;
+    float *sc = (float *)smem;
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, K = cg * k1;
+    const int Q = NH * cg, Kc = KV * cg;
+    const int R = MODE == 0 ? T : M, r0 = blockIdx.x * FT, n0 = blockIdx.y * FT;
+    const int bb = blockIdx.z / (int)s.groups, g = blockIdx.z % (int)s.groups, g0 = g * cg;
+    const bf16 *midb = MODE == 0 ? mid + (int64_t)bb * M * C + g0 : NULL;
+    const int ld = g < NH ? Q : Kc;
+    const bf16 *dyb = MODE == 1 ? (g < NH ? dqp + g0 : dkp + (g - NH) * cg) + (int64_t)bb * T * ld : NULL;
+    const float *wg = w1 + (int64_t)g0 * cg * k1;
+    const int warp = threadIdx.x / 32, wy = warp / 2, wx = warp % 2;
+    facc acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const bf16 zero = b(0.0f);
+    for (int kb = 0; kb < K; kb += FK) {
+        if (FAST) {
+            const int j = kb / cg, c0 = kb % cg;
+            for (int e = threadIdx.x; e < FT * (FK / 8); e += 128) { // A: 4 vectors of 8 channels per row
+                const int rr = e / (FK / 8), q = e % (FK / 8), r = r0 + rr;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (MODE == 0) {
+                    if (r < R) v = *(const uint4 *)(midb + (r + j) * C + c0 + q * 8);
+                } else if (r < R && r - j >= 0 && r - j < T) {
+                    v = *(const uint4 *)(dyb + (int64_t)(r - j) * ld + c0 + q * 8);
+                }
+                *(uint4 *)(sa + rr * LDA + q * 8) = v;
+            }
+            const bf16 *wrh = wh + ((int64_t)g * K + kb) * cg + n0, *wrl = wl + ((int64_t)g * K + kb) * cg + n0;
+            for (int e = threadIdx.x; e < FK * (FT / 8); e += 128) { // B: 8 vectors per row, hi and lo
+                const int kl = e / (FT / 8), q = e % (FT / 8);
+                *(uint4 *)(sbh + kl * LDB + q * 8) = *(const uint4 *)(wrh + (int64_t)kl * cg + q * 8);
+                *(uint4 *)(sbl + kl * LDB + q * 8) = *(const uint4 *)(wrl + (int64_t)kl * cg + q * 8);
+            }
+        } else {
+            if (threadIdx.x < FK) {
+                const int kk = kb + threadIdx.x;
+                tj[threadIdx.x] = kk < K ? kk / cg : -1;
+                tc[threadIdx.x] = kk < K ? kk % cg : 0;
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < FT * FK; e += 128) { // A: K fastest (contiguous channels)
+                const int rr = e / FK, kl = e % FK, r = r0 + rr, j = tj[kl], c = tc[kl];
+                bf16 v = zero;
+                if (r < R && j >= 0) {
+                    if (MODE == 0) v = midb[(r + j) * C + c];
+                    else if (r - j >= 0 && r - j < T) v = dyb[(int64_t)(r - j) * ld + c];
+                }
+                sa[rr * LDA + kl] = v;
+            }
+            for (int e = threadIdx.x; e < FT * FK; e += 128) {
+                // forward: K fastest (w1[n, i, j] contiguous in i); input gradient: columns fastest (contiguous in n)
+                const int kl = MODE == 0 ? e % FK : e / FT, nl = MODE == 0 ? e / FK : e % FT;
+                const int n = n0 + nl, j = tj[kl], c = tc[kl];
+                float v = 0.0f;
+                if (j >= 0 && n < cg) v = MODE == 0 ? wg[(n * cg + c) * k1 + j] : wg[(c * cg + n) * k1 + j];
+                const bf16 hi = b(v);
+                sbh[kl * LDB + nl] = hi;
+                sbl[kl * LDB + nl] = b(v - f(hi));
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < FK; kk += 16) {
+            fa_row a[2];
+            fb_row bh[2], bl[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(a[i], sa + (wy * 32 + i * 16) * LDA + kk, LDA);
+                wmma::load_matrix_sync(bh[i], sbh + kk * LDB + wx * 32 + i * 16, LDB);
+                wmma::load_matrix_sync(bl[i], sbl + kk * LDB + wx * 32 + i * 16, LDB);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    wmma::mma_sync(acc[i][j], a[i], bl[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], a[i], bh[j], acc[i][j]);
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wy * 32 + i * 16) * LDC + wx * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
+    __syncthreads();
+    const int G = NH / KV;
+    for (int e = threadIdx.x; e < FT * FT; e += 128) {
+        const int rr = e / FT, nl = e % FT, r = r0 + rr, n = n0 + nl;
+        if (r >= R || n >= cg) continue;
+        if (MODE == 1) {
+            dmid[((int64_t)bb * M + r) * C + g0 + n] = sc[rr * LDC + nl];
+            continue;
+        }
+        // the coupling (zaya_forward.c): qpre = conv + (q + k of the KV head)/2, kpre = conv + their group mean
+        const float v = sc[rr * LDC + nl] + b1[g0 + n];
+        const int64_t row = (int64_t)bb * T + r;
+        const bf16 *q = qk + row * C;
+        if (g < NH) {
+            const float qres = (f(q[g0 + n]) + f(q[Q + (g / G) * cg + n])) * 0.5f;
+            qpre[row * Q + g0 + n] = b(v + qres);
+        } else {
+            const int j = g - NH;
+            const float kv = f(q[Q + j * cg + n]);
+            float sum = 0.0f;
+            for (int m = 0; m < G; m++) sum += (f(q[(j * G + m) * cg + n]) + kv) * 0.5f;
+            kpre[row * Kc + j * cg + n] = b(v + sum / (float)G);
+        }
+    }
+}
+
+// dw1 (and db1) partials over one chunk of a sequence's steps: out[co, col] = sum over t of dy[t, g0+co]
+// mid[t+j, g0+i], a [cg x W1_CHUNK] x [W1_CHUNK x cg*k1] GEMM of exact bf16 operands. Columns in w1's (i, j)
+// order, or with FAST (as grp_kernel) in (j, i) order so that a tile is 64 consecutive channels of one tap
+// (dw1_sum_kernel puts them back). grid (output tiles, B * chunks per sequence, groups). db1: the blocks of
+// column tile 0 also sum dy.
+template <bool FAST>
+static __global__ void __launch_bounds__(128)
+    dw1_kernel(float *part, float *partb, const bf16 *dqp, const bf16 *dkp, const bf16 *mid, kiln_conv_shape s, int NH,
+               int KV, int cps) {
+    constexpr int AB = 2 * FK * LDB * 2, CB = FT * LDC * 4;
+    __shared__ __align__(128) unsigned char smem[AB > CB ? AB : CB];
+    __shared__ int moff[FT];
+    bf16 *sdy = (bf16 *)smem, *smid = sdy + FK * LDB;
+    float *sc = (float *)smem;
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, nc = cg * k1;
+    const int Q = NH * cg, Kc = KV * cg;
+    const int64_t ne = (int64_t)C * nc;
+    const int col_tiles = (nc + FT - 1) / FT, co0 = (blockIdx.x / col_tiles) * FT, col0 = (blockIdx.x % col_tiles) * FT;
+    const int chunk = blockIdx.y, bb = chunk / cps;
+    const int t0 = (chunk % cps) * W1_CHUNK, t1 = t0 + W1_CHUNK < T ? t0 + W1_CHUNK : T;
+    const int g = blockIdx.z, g0 = g * cg, ld = g < NH ? Q : Kc;
+    const bf16 *dyb = (g < NH ? dqp + g0 : dkp + (g - NH) * cg) + (int64_t)bb * T * ld;
+    const bf16 *midb = mid + (int64_t)bb * M * C + g0;
+    const int warp = threadIdx.x / 32, wy = warp / 2, wx = warp % 2;
+    const bool do_b = partb && blockIdx.x % col_tiles == 0;
+    if (threadIdx.x < FT) {
+        const int col = col0 + threadIdx.x;
+        moff[threadIdx.x] = col >= nc ? -1 : FAST ? (col / cg) * C + col % cg : (col % k1) * C + col / k1;
+    }
+    facc acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    float bacc = 0.0f;
+    const bf16 zero = b(0.0f);
+    __syncthreads();
+    for (int ts = t0; ts < t1; ts += FK) {
+        if (FAST) {
+            const int off0 = moff[0];
+            for (int e = threadIdx.x; e < FK * (FT / 8); e += 128) {
+                const int kt = e / (FT / 8), q = e % (FT / 8), t = ts + kt;
+                uint4 vd = make_uint4(0, 0, 0, 0), vm = make_uint4(0, 0, 0, 0);
+                if (t < t1) {
+                    vd = *(const uint4 *)(dyb + (int64_t)t * ld + co0 + q * 8);
+                    vm = *(const uint4 *)(midb + t * C + off0 + q * 8);
+                }
+                *(uint4 *)(sdy + kt * LDB + q * 8) = vd;
+                *(uint4 *)(smid + kt * LDB + q * 8) = vm;
+            }
+        } else {
+            for (int e = threadIdx.x; e < FK * FT; e += 128) {
+                const int kt = e / FT, c = e % FT, t = ts + kt, co = co0 + c, off = moff[c];
+                sdy[kt * LDB + c] = t < t1 && co < cg ? dyb[(int64_t)t * ld + co] : zero;
+                smid[kt * LDB + c] = t < t1 && off >= 0 ? midb[t * C + off] : zero;
+            }
+        }
+        __syncthreads();
+        if (do_b && threadIdx.x < FT)
+            for (int kt = 0; kt < FK; kt++) bacc += f(sdy[kt * LDB + threadIdx.x]);
+#pragma unroll
+        for (int kk = 0; kk < FK; kk += 16) {
+            fa_col a[2];
+            fb_row bm[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(a[i], sdy + kk * LDB + wy * 32 + i * 16, LDB);
+                wmma::load_matrix_sync(bm[i], smid + kk * LDB + wx * 32 + i * 16, LDB);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], bm[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wy * 32 + i * 16) * LDC + wx * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = threadIdx.x; e < FT * FT; e += 128) {
+        const int rr = e / FT, cl = e % FT, co = co0 + rr, col = col0 + cl;
+        if (co < cg && col < nc) part[(int64_t)chunk * ne + (int64_t)(g0 + co) * nc + col] = sc[rr * LDC + cl];
+    }
+    if (do_b && threadIdx.x < FT && co0 + (int)threadIdx.x < cg)
+        partb[(int64_t)chunk * C + g0 + co0 + threadIdx.x] = bacc;
+}
+
+// dw1[co, i, j] += the chunks' partials at (co, j, i) (dw1_kernel<true>'s order), summed in chunk order in
+// f64: the fixed order of colsum_add, one thread per weight
+static __global__ void dw1_sum_kernel(float *dw1, const float *part, int64_t chunks, int64_t C, int cg, int k1) {
+    const int64_t nc = (int64_t)cg * k1, ne = C * nc;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < ne; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t co = e / nc;
+        const int r = (int)(e % nc), i = r / k1, j = r % k1;
+        const int64_t src = co * nc + (int64_t)j * cg + i;
+        double sum = 0;
+        for (int64_t ch = 0; ch < chunks; ch++) sum += part[ch * ne + src];
+        dw1[e] += (float)sum;
+    }
+}
+
+// One pass over dmid per block of DW_ROWS rows of one sequence: dw0 / db0 partials (rows u of [0, M)), then
+// dx (rows t of [0, T)) = sum_j dmid[t+P-j] w0[., j] and the coupling's adjoint (zaya_backward.c):
+//   dq[h] = (dqp[h] + dkp[kv(h)]/G)/2 + dx_q[h],   dk[j] = sum over the group of those halves + dx_k[j].
+// A thread owns a (KV head j, dim d): the G query channels of that group and the key channel, as
+// cca_couple.cu's kernel (no atomics). grid B * chunks per sequence.
+static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float *pb0, const float *dmid,
+                                            const bf16 *x, const float *w0, const bf16 *dqp, const bf16 *dkp,
+                                            kiln_conv_shape s, int NH, int KV, int cps) {
+    const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
+    const int D = C / (int)s.groups, Q = NH * D, Kc = KV * D, G = NH / KV;
+    const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
+    const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M, t1 = u0 + DW_ROWS < T ? u0 + DW_ROWS : T;
+    const float *dmb = dmid + (int64_t)bb * M * C;
+    const bf16 *xb = x + (int64_t)bb * T * C;
+    for (int e = threadIdx.x; e < Kc; e += blockDim.x) {
+        const int j = e / D, d = e % D;
+        if (p0 || pb0)
+            for (int m = 0; m <= G; m++) {
+                const int c = m < G ? (j * G + m) * D + d : Q + j * D + d;
+                for (int jj = 0; jj < k0; jj++) {
+                    float acc = 0.0f, accb = 0.0f;
+                    for (int u = u0; u < u1; u++) {
+                        const float gv = dmb[u * C + c];
+                        accb += gv;
+                        if (u + jj >= P) acc += gv * f(xb[(u + jj - P) * C + c]);
+                    }
+                    if (p0) p0[(int64_t)blockIdx.x * C * k0 + c * k0 + jj] = acc;
+                    if (jj == 0 && pb0) pb0[(int64_t)blockIdx.x * C + c] = accb;
+                }
+            }
+        for (int t = u0; t < t1; t++) {
+            const int64_t row = (int64_t)bb * T + t;
+            const float dkg = f(dkp[row * Kc + j * D + d]) / (float)G;
+            float sk = 0.0f;
+            for (int m = 0; m <= G; m++) {
+                const int c = m < G ? (j * G + m) * D + d : Q + j * D + d;
+                float dx = 0.0f;
+                for (int jj = 0; jj < k0; jj++) {
+                    const int u = t + P - jj;
+                    if (u >= 0 && u < M) dx += dmb[u * C + c] * w0[c * k0 + jj];
+                }
+                if (m < G) {
+                    const float half = 0.5f * (f(dqp[row * Q + c]) + dkg);
+                    dq[row * Q + c] = b(half + dx);
+                    sk += half;
+                } else {
+                    dk[row * Kc + j * D + d] = b(sk + dx);
+                }
+            }
+        }
+    }
+}
+} // namespace ccaf
+
+using namespace ccaf;
+
+static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t NH, int64_t KV) {
+    if (s->B <= 0 || s->T <= 0 || s->C <= 0 || s->groups <= 0 || s->k0 <= 0 || s->k1 <= 0 || s->C % s->groups ||
+        NH <= 0 || KV <= 0 || NH % KV || NH + KV != s->groups)
+        return kiln_errorf(KILN_EINVAL,
+                           "%s: bad shape B=%lld T=%lld C=%lld groups=%lld k0=%lld k1=%lld heads=%lld kv_heads=%lld "
+                           "(groups must be heads + kv_heads)",
+                           op, (long long)s->B, (long long)s->T, (long long)s->C, (long long)s->groups,
+                           (long long)s->k0, (long long)s->k1, (long long)NH, (long long)KV);
+    if ((s->T + s->k1) * s->C >= INT32_MAX || (s->C / s->groups) * s->C * s->k1 >= INT32_MAX)
+        return kiln_errorf(KILN_EINVAL, "%s: one sequence (T=%lld, C=%lld, k1=%lld) exceeds 32-bit indexing", op,
+                           (long long)s->T, (long long)s->C, (long long)s->k1);
+    if (s->B * s->groups > 65535)
+        return kiln_errorf(KILN_EINVAL, "%s: %lld sequences x %lld groups exceed the launch grid", op, (long long)s->B,
+                           (long long)s->groups);
+    return NULL;
+}
+
+// w1 split for the FAST grouped GEMMs: scratch of 2 x C*cg*k1 bf16 (hi, then lo)
+template <int MODE>
+static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s, cudaStream_t st) {
+    const int64_t cg = s->C / s->groups, ne = s->C * cg * s->k1;
+    cudaError_t e = kiln_ops_scratch((void **)wh, (size_t)(2 * ne) * sizeof(bf16), st);
+    if (e != cudaSuccess) return e;
+    w1_split_kernel<MODE><<<grid_for(ne, 256), 256, 0, st>>>(*wh, *wh + ne, w1, (int)s->groups, (int)cg, (int)s->k1);
+    return cudaGetLastError();
+}
+
+extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid,
+                                                         const kiln_bf16 *qk, const float *w0, const float *b0,
+                                                         const float *w1, const float *b1, const kiln_conv_shape *s,
+                                                         int64_t NH, int64_t KV, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    bf16 *wh = NULL;
+    KILN_TRY(check_fused("cca_conv_couple forward", s, NH, KV));
+    {
+        const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups, ne = s->C * cg * s->k1;
+        const int vec = s->C % 8 == 0 && aligned16(mid) && aligned16(qk);
+        const int64_t items = s->B * M * (vec ? s->C / 8 : s->C);
+        if (vec) dw_fwd_kernel<8><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)qk, w0, b0, *s);
+        else dw_fwd_kernel<1><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)qk, w0, b0, *s);
+        LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
+        const dim3 grid((unsigned)((s->T + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(s->B * s->groups));
+        if (vec && cg % FT == 0) {
+            CUDA_TRY(split_w1<0>(&wh, w1, s, st));
+            grp_kernel<0, true><<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
+                                                      (const bf16 *)qk, NULL, NULL, w1, wh, wh + ne, b1, *s, (int)NH,
+                                                      (int)KV);
+        } else {
+            grp_kernel<0, false><<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
+                                                       (const bf16 *)qk, NULL, NULL, w1, NULL, NULL, b1, *s, (int)NH,
+                                                       (int)KV);
+        }
+        LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling)");
+    }
+done:
+    if (wh) cudaFreeAsync(wh, st);
+    return err;
+}
+
+extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, float *dw0, float *db0,
+                                                          float *dw1, float *db1, float *dmid, const kiln_bf16 *dqpre,
+                                                          const kiln_bf16 *dkpre, const kiln_bf16 *qk,
+                                                          const kiln_bf16 *mid, const float *w0, const float *w1,
+                                                          const kiln_conv_shape *s, int64_t NH, int64_t KV,
+                                                          void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *p1 = NULL, *pb1 = NULL, *p0 = NULL, *pb0 = NULL;
+    bf16 *wh = NULL;
+    KILN_TRY(check_fused("cca_conv_couple backward", s, NH, KV));
+    if (!dq || !dk || !dmid) return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: dq, dk and dmid are required");
+    {
+        const int64_t B = s->B, T = s->T, C = s->C, k0 = s->k0, k1 = s->k1, M = T + k1 - 1, cg = C / s->groups;
+        const int64_t cps1 = (T + W1_CHUNK - 1) / W1_CHUNK, cps0 = (M + DW_ROWS - 1) / DW_ROWS;
+        const int64_t ne1 = C * cg * k1;
+        const int fast = C % 8 == 0 && cg % FT == 0 && aligned16(dqpre) && aligned16(dkpre) && aligned16(mid);
+        if (B * cps1 > 65535 || B * cps0 > INT32_MAX)
+            return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: %lld sequences of %lld steps", (long long)B,
+                               (long long)T);
+        if (dw1 || db1) CUDA_TRY(kiln_ops_scratch((void **)&p1, (size_t)(B * cps1 * ne1) * sizeof(float), st));
+        if (db1) CUDA_TRY(kiln_ops_scratch((void **)&pb1, (size_t)(B * cps1 * C) * sizeof(float), st));
+        if (dw0) CUDA_TRY(kiln_ops_scratch((void **)&p0, (size_t)(B * cps0 * C * k0) * sizeof(float), st));
+        if (db0) CUDA_TRY(kiln_ops_scratch((void **)&pb0, (size_t)(B * cps0 * C) * sizeof(float), st));
+        // the grouped stage: weights (+ bias), then its input gradient
+        if (dw1 || db1) {
+            const int64_t tiles = ((cg + FT - 1) / FT) * ((cg * k1 + FT - 1) / FT);
+            const dim3 grid((unsigned)tiles, (unsigned)(B * cps1), (unsigned)s->groups);
+            if (fast)
+                dw1_kernel<true><<<grid, 128, 0, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                       (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
+            else
+                dw1_kernel<false><<<grid, 128, 0, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                        (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
+            LAUNCH_CHECK("cca_conv_couple backward (grouped weights)");
+            if (dw1 && fast) {
+                dw1_sum_kernel<<<grid_for(ne1, 256), 256, 0, st>>>(dw1, p1, B * cps1, C, (int)cg, (int)k1);
+                LAUNCH_CHECK("cca_conv_couple backward (grouped weights, sum)");
+            } else if (dw1) {
+                CUDA_TRY(colsum_add(dw1, p1, B * cps1, ne1, st));
+            }
+            if (db1) CUDA_TRY(colsum_add(db1, pb1, B * cps1, C, st));
+        }
+        const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
+        if (fast) {
+            CUDA_TRY(split_w1<1>(&wh, w1, s, st));
+            grp_kernel<1, true><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, (const bf16 *)dqpre,
+                                                      (const bf16 *)dkpre, w1, wh, wh + ne1, NULL, *s, (int)NH, (int)KV);
+        } else {
+            grp_kernel<1, false><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, (const bf16 *)dqpre,
+                                                       (const bf16 *)dkpre, w1, NULL, NULL, NULL, *s, (int)NH, (int)KV);
+        }
+        LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
+        // the depthwise stage and the coupling
+        const int64_t kvd = KV * cg;
+        const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
+        dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>((bf16 *)dq, (bf16 *)dk, p0, pb0, dmid,
+                                                                      (const bf16 *)qk, w0, (const bf16 *)dqpre,
+                                                                      (const bf16 *)dkpre, *s, (int)NH, (int)KV,
+                                                                      (int)cps0);
+        LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");
+        if (dw0) CUDA_TRY(colsum_add(dw0, p0, B * cps0, C * k0, st));
+        if (db0) CUDA_TRY(colsum_add(db0, pb0, B * cps0, C, st));
+    }
+done:
+    if (wh) cudaFreeAsync(wh, st);
+    if (p1) cudaFreeAsync(p1, st);
+    if (pb1) cudaFreeAsync(pb1, st);
+    if (p0) cudaFreeAsync(p0, st);
+    if (pb0) cudaFreeAsync(pb0, st);
+    return err;
+}
