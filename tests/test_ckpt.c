@@ -8,6 +8,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt_testutil.h"
+#include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 
 static void dir_copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
@@ -219,4 +220,63 @@ TEST(ckpt_async_sigint_waits_for_the_save) {
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, " 0 invalid"), "%s", text);
     snprintf(args, sizeof args, "train --config '%s' --quiet --resume --stop-after 1", cfg);
     CHECK(ck_kiln(args) == 0);
+}
+
+/* ---- kiln_st_write_stream: the data section from a source, piece by piece (the GPU checkpoint's path) ---- */
+
+typedef struct {
+    const unsigned char *data;
+    size_t len, at, step, stop_at; /* stop_at: end early there; step: piece size (grows by 3 each call) */
+    int overshoot, fail;
+} piece_src;
+
+static kiln_error *piece_next(void *ctx, const void **data, size_t *len) {
+    piece_src *s = ctx;
+    if (s->fail && s->at > 0) return kiln_errorf(KILN_EIO, "source failed at byte %zu", s->at);
+    const size_t end = s->stop_at < s->len ? s->stop_at : s->len;
+    size_t n = end - s->at < s->step ? end - s->at : s->step;
+    if (s->overshoot && s->at + n == s->len) n += 4;
+    *data = s->data + s->at, *len = n;
+    s->at += n;
+    s->step += 3;
+    return NULL;
+}
+
+TEST(ckpt_st_write_stream_same_bytes) {
+    float a[37];
+    double b[5];
+    uint16_t c[11];
+    for (int i = 0; i < 37; i++) a[i] = (float)i * 0.25f - 3;
+    for (int i = 0; i < 5; i++) b[i] = 1.0 / (i + 1);
+    for (int i = 0; i < 11; i++) c[i] = (uint16_t)(0x3f80 + i);
+    const int64_t sa[2] = {37, 1}, sb[1] = {5}, sc[2] = {11, 1}, s0[1] = {0};
+    const kiln_st_entry ent[4] = {{"a", KILN_DT_F32, 2, sa, a}, {"empty", KILN_DT_F32, 1, s0, NULL},
+                                  {"b", KILN_DT_F64, 1, sb, b}, {"c", KILN_DT_BF16, 2, sc, c}};
+    unsigned char all[37 * 4 + 5 * 8 + 11 * 2];
+    memcpy(all, a, sizeof a), memcpy(all + sizeof a, b, sizeof b), memcpy(all + sizeof a + sizeof b, c, sizeof c);
+    char dir[1024], ref[1200], got[1200];
+    dir_copy(dir, sizeof dir, test_tmpdir());
+    snprintf(ref, sizeof ref, "%s/ref.safetensors", dir);
+    snprintf(got, sizeof got, "%s/got.safetensors", dir);
+    CHECK_OK(kiln_st_write(ref, ent, 4, NULL));
+    kiln_st_entry nodata[4];
+    memcpy(nodata, ent, sizeof ent);
+    for (int i = 0; i < 4; i++) nodata[i].data = NULL; /* the stream's entries carry no data */
+    for (size_t step = 1; step <= sizeof all; step += 13) {
+        piece_src s = {all, sizeof all, 0, step, (size_t)-1, 0, 0};
+        CHECK_OK(kiln_st_write_stream(got, nodata, 4, NULL, piece_next, &s));
+        CHECK_MSG(ck_same_file(ref, got), "pieces from %zu bytes: the file differs from kiln_st_write's", step);
+    }
+    /* errors: short, long, failing source; the destination keeps its old contents */
+    static const char *const want[3] = {"ended at byte 100", "past the end", "source failed"};
+    for (int k = 0; k < 3; k++) {
+        piece_src s = {all, sizeof all, 0, 10, k == 0 ? 100 : (size_t)-1, k == 1, k == 2};
+        kiln_error *e = kiln_st_write_stream(got, nodata, 4, NULL, piece_next, &s);
+        CHECK_MSG(e && strstr(kiln_error_msg(e), want[k]) && (k == 2 || strstr(kiln_error_msg(e), got)), "case %d: %s", k,
+                  e ? kiln_error_msg(e) : "no error");
+        kiln_error_free(e);
+        CHECK_MSG(ck_same_file(ref, got), "case %d: a failed write changed the file", k);
+    }
+    CHECK_ERR(kiln_st_write_stream(got, nodata, 4, NULL, NULL, NULL), "no data source");
+    CHECK_ERR(kiln_st_write(got, nodata, 4, NULL), "data is NULL"); /* without a source the data is required */
 }

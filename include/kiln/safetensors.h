@@ -74,6 +74,16 @@ typedef struct {
 kiln_error *kiln_st_write(const char *path, const kiln_st_entry *entries, size_t n,
                           const char *const *metadata);
 
+/* The data section of kiln_st_write_stream, piece by piece: *data and *len the next bytes (the
+ * tensors' data in entry order, concatenated: pieces need not align with tensors); *data stays valid
+ * until the next call. *len 0 before the end is an error, as is a piece past the end. */
+typedef kiln_error *(*kiln_st_source)(void *ctx, const void **data, size_t *len);
+/* kiln_st_write with the data from src instead of the entries' data pointers (ignored, may be NULL):
+ * the same bytes as kiln_st_write of the same tensors. For data that is not in host memory as a
+ * whole (a checkpoint streamed from the GPU through small pinned buffers). */
+kiln_error *kiln_st_write_stream(const char *path, const kiln_st_entry *entries, size_t n,
+                                 const char *const *metadata, kiln_st_source src, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

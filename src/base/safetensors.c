@@ -847,7 +847,8 @@ static kiln_error *check_utf8(const char *path, const char *what, const char *s)
 }
 
 /* Check every entry before writing a byte and compute each one's size. */
-static kiln_error *check_entries(const char *path, const kiln_st_entry *entries, size_t n, uint64_t *sizes) {
+static kiln_error *check_entries(const char *path, const kiln_st_entry *entries, size_t n, uint64_t *sizes,
+                                  int need_data) {
     for (size_t i = 0; i < n; i++) {
         const kiln_st_entry *en = &entries[i];
         if (!en->name) return kiln_errorf(KILN_EINVAL, "%s: tensor #%zu has no name", path, i);
@@ -876,7 +877,7 @@ static kiln_error *check_entries(const char *path, const kiln_st_entry *entries,
         if (overflow || (double)bytes > MAX_EXACT_INT)
             return kiln_errorf(KILN_EINVAL, "%s: tensor '%s': shape %s is too large", path, name,
                                fmt_shape(en->shape, en->ndim, sb));
-        if (!en->data && bytes > 0)
+        if (need_data && !en->data && bytes > 0)
             return kiln_errorf(KILN_EINVAL, "%s: tensor '%s': data is NULL but %s shape %s needs %" PRIu64 " bytes",
                                path, name, kiln_dtype_name(en->dtype), fmt_shape(en->shape, en->ndim, sb), bytes);
         sizes[i] = bytes;
@@ -957,12 +958,31 @@ static kiln_error *build_header(const char *path, const kiln_st_entry *entries, 
     return e;
 }
 
-kiln_error *kiln_st_write(const char *path, const kiln_st_entry *entries, size_t n, const char *const *metadata) {
+/* The data section from a source: exactly `total` bytes, in pieces of any size. */
+static kiln_error *write_from_source(kiln_atomic_file *f, const char *path, uint64_t total, kiln_st_source src,
+                                     void *ctx) {
+    for (uint64_t done = 0; done < total;) {
+        const void *p = NULL;
+        size_t len = 0;
+        KILN_TRY(src(ctx, &p, &len));
+        if (len == 0 || !p)
+            return kiln_errorf(KILN_EIO, "%s: the data ended at byte %" PRIu64 " of %" PRIu64, path, done, total);
+        if (len > total - done)
+            return kiln_errorf(KILN_EINVAL, "%s: %zu bytes of data at byte %" PRIu64 " go past the end (%" PRIu64 ")",
+                               path, len, done, total);
+        KILN_TRY(kiln_atomic_write(f, p, len));
+        done += len;
+    }
+    return NULL;
+}
+
+static kiln_error *st_write(const char *path, const kiln_st_entry *entries, size_t n, const char *const *metadata,
+                            kiln_st_source src, void *ctx) {
     uint64_t *sizes = malloc((n + 1) * sizeof *sizes);
     if (!sizes) return oom(path);
     char *json = NULL;
     unsigned char *head = NULL;
-    kiln_error *e = check_entries(path, entries, n, sizes);
+    kiln_error *e = check_entries(path, entries, n, sizes, src == NULL);
     uint64_t total = 0;
     for (size_t i = 0; !e && i < n; i++)
         if (add_u64(total, sizes[i], &total) || (double)total > MAX_EXACT_INT)
@@ -991,7 +1011,8 @@ kiln_error *kiln_st_write(const char *path, const kiln_st_entry *entries, size_t
     kiln_atomic_file f;
     if ((e = kiln_atomic_begin(&f, path))) goto done;
     e = kiln_atomic_write(&f, head, 8 + hlen);
-    for (size_t i = 0; !e && i < n; i++)
+    if (!e && src) e = write_from_source(&f, path, total, src, ctx);
+    for (size_t i = 0; !e && !src && i < n; i++)
         if (sizes[i]) e = kiln_atomic_write(&f, entries[i].data, (size_t)sizes[i]);
     if (e)
         kiln_atomic_abort(&f);
@@ -1002,4 +1023,14 @@ done:
     if (json) cJSON_free(json);
     free(sizes);
     return e;
+}
+
+kiln_error *kiln_st_write(const char *path, const kiln_st_entry *entries, size_t n, const char *const *metadata) {
+    return st_write(path, entries, n, metadata, NULL, NULL);
+}
+
+kiln_error *kiln_st_write_stream(const char *path, const kiln_st_entry *entries, size_t n,
+                                 const char *const *metadata, kiln_st_source src, void *ctx) {
+    if (!src) return kiln_errorf(KILN_EINVAL, "%s: no data source", path);
+    return st_write(path, entries, n, metadata, src, ctx);
 }

@@ -31,6 +31,7 @@
 #include "kiln/json.h"
 #include "kiln/log.h"
 #include "kiln/safetensors.h"
+#include "kiln/zaya_cuda_snapshot.h"
 #include "ckpt/async_writer.h"
 #include "ckpt/crc32c.h"
 #include "train_internal.h"
@@ -90,17 +91,11 @@ static void *data_crc_run(void *p) {
     return NULL;
 }
 
-/* Write the shard and its CRC without reading the data back: the header's CRC from the file,
- * combined with the tensors' CRC from memory (kiln_st_write lays them out in order without gaps:
- * checked against the file's size; anything else falls back to reading the file). */
-static kiln_error *write_with_crc(const char *path, const kiln_st_entry *ent, size_t n, uint32_t *crc, uint64_t *size) {
-    data_crc d = {ent, n, 0, 0};
-    pthread_t tid;
-    const int threaded = pthread_create(&tid, NULL, data_crc_run, &d) == 0;
-    kiln_error *e = kiln_st_write(path, ent, n, NULL);
-    if (threaded) pthread_join(tid, NULL);
-    else data_crc_run(&d);
-    if (e) return e;
+/* The file's CRC without reading its data back: the header's CRC from the file, combined with the
+ * data section's CRC taken from memory while it was written (kiln_st_write lays the tensors out in
+ * order without gaps: checked against the file's size; anything else falls back to reading the file). */
+static kiln_error *file_crc(const char *path, uint32_t data_crc_v, uint64_t data_bytes, uint32_t *crc, uint64_t *size) {
+    const data_crc d = {NULL, 0, data_crc_v, data_bytes};
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char len[8];
@@ -120,7 +115,89 @@ static kiln_error *write_with_crc(const char *path, const kiln_st_entry *ent, si
     return ok ? NULL : kiln_crc32c_file(path, crc, size);
 }
 
-static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *path, uint32_t *crc, uint64_t *size) {
+/* Write the shard and its CRC, the tensors' CRC on a helper thread while kiln_st_write writes them. */
+static kiln_error *write_with_crc(const char *path, const kiln_st_entry *ent, size_t n, uint32_t *crc, uint64_t *size) {
+    data_crc d = {ent, n, 0, 0};
+    pthread_t tid;
+    const int threaded = pthread_create(&tid, NULL, data_crc_run, &d) == 0;
+    kiln_error *e = kiln_st_write(path, ent, n, NULL);
+    if (threaded) pthread_join(tid, NULL);
+    else data_crc_run(&d);
+    return e ? e : file_crc(path, d.crc, d.bytes, crc, size);
+}
+
+/* ---- the GPU trainer's shard: the device snapshot's stream, then the host tensors after it ---- */
+
+typedef struct {
+    kiln_zaya_cuda_snap *dev;
+    uint64_t dev_left;         /* bytes still to come from the device stream */
+    const kiln_st_entry *tail; /* host tensors after it (rank 0's balance state) */
+    size_t ntail, ti;
+    uint32_t crc; /* of the data handed out and checksummed so far */
+    uint64_t bytes;
+    /* the last piece's CRC, on a helper thread while the piece is written */
+    const void *piece;
+    size_t piece_len;
+    uint32_t piece_crc;
+    pthread_t tid;
+    int threaded;
+} stream_src;
+
+static void *piece_crc_run(void *p) {
+    stream_src *s = p;
+    s->piece_crc = kiln_crc32c(0, s->piece, s->piece_len);
+    return NULL;
+}
+
+static void piece_crc_finish(stream_src *s) {
+    if (!s->piece_len) return;
+    if (s->threaded) pthread_join(s->tid, NULL);
+    s->threaded = 0;
+    s->crc = kiln_crc32c_combine(s->crc, s->piece_crc, s->piece_len);
+    s->bytes += s->piece_len;
+    s->piece_len = 0;
+}
+
+/* A kiln_st_source. The previous piece has been written when this is called: its CRC is folded in
+ * and its buffer may be reused (the device stream's double buffering relies on that). */
+static kiln_error *stream_next(void *ctx, const void **data, size_t *len) {
+    stream_src *s = ctx;
+    piece_crc_finish(s);
+    *data = NULL, *len = 0;
+    if (s->dev_left) {
+        KILN_TRY(kiln_zaya_cuda_snap_read(s->dev, data, len));
+        if (*len > s->dev_left || !*len)
+            return kiln_errorf(KILN_EIO, "checkpoint snapshot: the device stream gave %zu bytes with %llu to come", *len,
+                               (unsigned long long)s->dev_left);
+        s->dev_left -= *len;
+    } else {
+        for (; s->ti < s->ntail && !*len; s->ti++) {
+            size_t b = kiln_dtype_size(s->tail[s->ti].dtype);
+            for (int k = 0; k < s->tail[s->ti].ndim; k++) b *= (size_t)s->tail[s->ti].shape[k];
+            *data = s->tail[s->ti].data, *len = b;
+        }
+    }
+    s->piece = *data, s->piece_len = *len;
+    /* big pieces are checksummed beside the write, small ones right here */
+    s->threaded = *len >= ((size_t)1 << 20) && pthread_create(&s->tid, NULL, piece_crc_run, s) == 0;
+    if (!s->threaded && *len) piece_crc_run(s);
+    return NULL;
+}
+
+/* The shard of the GPU trainer: entries' first ndev tensors (param/opt pairs) come from the device
+ * snapshot, the rest from host memory. */
+static kiln_error *write_stream_with_crc(const char *path, const kiln_st_entry *ent, size_t n, size_t ndev,
+                                         kiln_zaya_cuda_snap *dev, uint32_t *crc, uint64_t *size) {
+    stream_src s = {.dev = dev, .dev_left = kiln_zaya_cuda_snap_bytes(dev), .tail = ent + ndev, .ntail = n - ndev};
+    kiln_error *e = kiln_zaya_cuda_snap_read_begin(dev);
+    if (!e) e = kiln_st_write_stream(path, ent, n, NULL, stream_next, &s);
+    piece_crc_finish(&s);
+    kiln_zaya_cuda_snap_read_end(dev);
+    return e ? e : file_crc(path, s.crc, s.bytes, crc, size);
+}
+
+static kiln_error *write_rank_file(const ckpt_snap *v, int rank, kiln_zaya_cuda_snap *dev, const char *path,
+                                   uint32_t *crc, uint64_t *size) {
     const kiln_zaya *m = v->model;
     const int first = v->part->first[rank], last = v->part->first[rank + 1];
     const int nt = last - first;
@@ -135,12 +212,14 @@ static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *pat
     for (int t = first; !e && t < last; t++) {
         const kiln_param_info *p = &m->params[t];
         snprintf(names[n], sizeof names[n], "param.%s", p->name);
-        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, p->ndim, p->shape, v->w_owned + (p->offset - v->part->displs[rank])};
+        /* from the device snapshot's stream (dev): no host pointers */
+        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, p->ndim, p->shape,
+                                 dev ? NULL : v->w_owned + (p->offset - v->part->displs[rank])};
         n++;
         snprintf(names[n], sizeof names[n], "opt.%s", p->name);
         shapes[n][0] = kiln_optim_state_numel(&v->oparams[t]);
-        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, 1, shapes[n], state};
-        state += shapes[n][0];
+        ent[n] = (kiln_st_entry){names[n], KILN_DT_F32, 1, shapes[n], dev ? NULL : state};
+        if (!dev) state += shapes[n][0];
         n++;
     }
     if (!e && rank == 0) {
@@ -153,7 +232,8 @@ static kiln_error *write_rank_file(const ckpt_snap *v, int rank, const char *pat
         ent[n] = (kiln_st_entry){"balance.prev_err", KILN_DT_F64, 2, shapes[n - 2], v->prev_err};
         n++;
     }
-    if (!e) e = write_with_crc(path, ent, n, crc, size);
+    if (!e) e = dev ? write_stream_with_crc(path, ent, n, (size_t)(2 * nt), dev, crc, size)
+                    : write_with_crc(path, ent, n, crc, size);
     free(ent);
     free(names);
     free(shapes);
@@ -243,12 +323,16 @@ struct ckpt_writer {
     kiln_bg_job job;
     ckpt_snap snap;
     /* the staging copy: owned parameters, optimizer state, balance state, loader positions. Allocated
-     * once on the first async save; the GPU path will allocate it pinned and fill it with
-     * device-to-host copies in the snapshot step, leaving the write step unchanged. */
+     * once on the first async save. */
     float *stage_f;
     double *stage_d;
     kiln_loader_state *stage_l;
     size_t n_owned, n_state, n_bias;
+    /* the GPU trainer: parameters and optimizer state come from the device (snapshot on the device,
+     * streamed to the file by the background thread); stage_f then holds the balancing biases only */
+    kiln_zaya_cuda_snap *dev;
+    kiln_snap_place place;
+    char logged_at[16];
     char tmp[1300], fin[1300], root[1200], path[1400];
     uint64_t mine[2]; /* this rank's shard: checksum, size */
 };
@@ -264,10 +348,33 @@ kiln_error *ckpt_writer_create(int async, ckpt_writer **out) {
 
 int ckpt_writer_pending(const ckpt_writer *w) { return w && w->pending; }
 
+kiln_error *ckpt_writer_use_cuda(ckpt_writer *w, kiln_zaya_cuda_snap *dev) {
+    const char *env = getenv("KILN_CKPT_SNAPSHOT");
+    kiln_snap_place place = KILN_SNAP_AUTO;
+    if (env && *env && strcmp(env, "auto")) {
+        if (!strcmp(env, "device")) place = KILN_SNAP_DEVICE;
+        else if (!strcmp(env, "pinned")) place = KILN_SNAP_PINNED;
+        else if (!strcmp(env, "pageable")) place = KILN_SNAP_PAGEABLE;
+        else {
+            kiln_zaya_cuda_snap_free(dev);
+            return kiln_errorf(KILN_EINVAL, "KILN_CKPT_SNAPSHOT='%s': expected auto, device, pinned or pageable", env);
+        }
+    }
+    kiln_zaya_cuda_snap_free(w->dev);
+    w->dev = dev;
+    w->place = place;
+    return NULL;
+}
+
+const char *ckpt_writer_snapshot_where(const ckpt_writer *w) {
+    return w->dev ? kiln_zaya_cuda_snap_where(w->dev) : w->async ? "host" : "live";
+}
+
 void ckpt_writer_free(ckpt_writer *w) {
     if (!w) return;
     /* an uncommitted save is abandoned: its step_N.tmp/ is ignored and replaced by the next run */
     kiln_error_free(kiln_bg_join(&w->job));
+    kiln_zaya_cuda_snap_free(w->dev);
     free(w->stage_f);
     free(w->stage_d);
     free(w->stage_l);
@@ -294,6 +401,18 @@ static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int wo
     w->snap = (ckpt_snap){v->step, v->tokens_seen, v->bal->have_prev, v->cfg, v->model, p, v->oparams,
                           v->model->w + p->displs[rank], v->opt_state, v->model->balancing, v->bal->integral,
                           v->bal->prev_err, v->loaders};
+    if (w->dev) { /* the GPU's tensors: a device copy (async) or the live buffers (sync: training waits) */
+        w->snap.w_owned = NULL, w->snap.opt_state = NULL;
+        owned = 0, state = 0;
+        KILN_TRY(kiln_zaya_cuda_snap_take(w->dev, w->async, w->place));
+        const char *at = kiln_zaya_cuda_snap_where(w->dev);
+        if (strcmp(at, w->logged_at)) { /* once, and again if it changes: a fallback is worth knowing of */
+            kiln_log(!strcmp(at, "device") || !strcmp(at, "live") ? KILN_LOG_DEBUG : KILN_LOG_INFO,
+                     "rank %d: checkpoint snapshot of %.2f GB of GPU state in %s memory", rank,
+                     (double)kiln_zaya_cuda_snap_bytes(w->dev) / 1e9, at);
+            snprintf(w->logged_at, sizeof w->logged_at, "%s", at);
+        }
+    }
     if (!w->async) return NULL;
     if (!w->stage_f || w->n_owned != owned || w->n_state != state || w->n_bias != bias) {
         free(w->stage_f);
@@ -330,7 +449,7 @@ static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int wo
 static kiln_error *write_job(void *arg) {
     ckpt_writer *w = arg;
     uint32_t crc = 0;
-    KILN_TRY(write_rank_file(&w->snap, w->rank, w->path, &crc, &w->mine[1]));
+    KILN_TRY(write_rank_file(&w->snap, w->rank, w->dev, w->path, &crc, &w->mine[1]));
     w->mine[0] = crc;
     return NULL;
 }

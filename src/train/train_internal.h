@@ -56,6 +56,13 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
 /* Collective, cheap when nothing is pending (no communication); call once per step. */
 kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait);
 int ckpt_writer_pending(const ckpt_writer *w);
+/* The GPU trainer: this rank's parameters and optimizer state are read from the device through dev
+ * (include/kiln/zaya_cuda_snapshot.h; the writer owns it from now on), not from the view's host
+ * buffers. Where the snapshot goes: KILN_CKPT_SNAPSHOT = auto (default), device, pinned or pageable. */
+struct kiln_zaya_cuda_snap;
+kiln_error *ckpt_writer_use_cuda(ckpt_writer *w, struct kiln_zaya_cuda_snap *dev);
+/* Where the last save's snapshot went: "device", "pinned host", "pageable host", "live", "host". */
+const char *ckpt_writer_snapshot_where(const ckpt_writer *w);
 /* Joins the thread; an uncommitted save is abandoned (its .tmp directory is ignored later). */
 void ckpt_writer_free(ckpt_writer *w);
 /* Newest valid checkpoint's step (-1: none); verifies checksums and shapes. */

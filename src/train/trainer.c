@@ -20,6 +20,7 @@
 #include "kiln/ft.h"
 #include "kiln/log.h"
 #include "kiln/zaya_cuda.h"
+#include "kiln/zaya_cuda_snapshot.h"
 #include "train_internal.h"
 
 static double now(void) {
@@ -90,6 +91,7 @@ typedef struct {
 } trainer;
 
 static void trainer_free(trainer *t) {
+    ckpt_writer_free(t->ckw); /* first: its thread may still be reading the device snapshot */
     kiln_zaya_cuda_opt_free(t->gopt);
     free(t->dcounts);
     free(t->ddispls);
@@ -109,7 +111,6 @@ static void trainer_free(trainer *t) {
     free(t->counts);
     free(t->imbalance);
     free(t->loader_states);
-    ckpt_writer_free(t->ckw);
     if (t->metrics) fclose(t->metrics);
     kiln_ft_env_free(&t->ft);
 }
@@ -139,7 +140,8 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
     return NULL;
 }
 
-/* Host mirrors <- device (before a checkpoint or the final save), and the reverse after a resume. */
+/* Host mirrors <- device (before the final save), and the reverse after a resume; checkpoints read the
+ * device through the writer's snapshot (src/models/zaya_cuda_snapshot.c). */
 static kiln_error *cuda_to_host(trainer *t) {
     if (!t->gpu) return NULL;
     KILN_TRY(kiln_zaya_cuda_download_params(t->gpu, t->m->w));
@@ -479,6 +481,12 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
     memset(&t, 0, sizeof t);
     kiln_error *e = setup(&t, c, comm);
     if (!e) e = ckpt_writer_create(c->async_ckpt, &t.ckw);
+    if (!e && t.gpu) { /* checkpoints read the GPU's state through a device snapshot, not the host mirrors */
+        kiln_zaya_cuda_snap *snap = NULL;
+        e = kiln_zaya_cuda_snap_create(t.gpu, t.gopt, t.m, t.op, t.part.first[comm->rank], t.part.first[comm->rank + 1],
+                                       0, &snap);
+        if (!e) e = ckpt_writer_use_cuda(t.ckw, snap);
+    }
     if (!e) e = ft_start(&t, c, comm);
     int64_t start = 0;
     double tokens = 0;
@@ -556,7 +564,6 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         if (save) {
             e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
-            if (!e) e = cuda_to_host(&t);
             if (!e) e = kiln_ft_fault_before_save(&t.ft, comm->rank, step);
             if (!e) e = ckpt_writer_save(t.ckw, comm, &v, step == c->steps || stop[0] > 0);
         }
