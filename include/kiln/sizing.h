@@ -108,6 +108,15 @@ typedef struct { int64_t m, n, k; double tflops; } kiln_hw_gemm_point;
 typedef struct { int64_t head_dim; double fwd_eff, bwd_eff; } kiln_hw_attn_point;
 typedef struct { int64_t bytes; double busbw_gbs; int64_t ranks; } kiln_hw_comm_point;
 
+/* Timed kernels of kiln's own (kiln bench attention / moe --device cuda, the membw copy sweep) and, for op
+ * classes no kiln bench times, how their measured time in a calibration run of `kiln train --device cuda`
+ * compares with the model's (bench/size_validate.sh). */
+typedef struct { int64_t batch, seq, heads, kv_heads, head_dim, window; double fwd_us, bwd_us; } kiln_hw_attn_timed;
+typedef struct { int64_t tokens, hidden, inter, experts, top_k; double fwd_us, bwd_us; } kiln_hw_moe_timed;
+typedef struct { double bytes, gbs; } kiln_hw_bw_point;     /* bytes moved by one kernel (read + written) */
+/* measured time / the model's time of one op class on a calibration shape (kernel_rates) */
+typedef struct { char cls[48]; double scale; } kiln_hw_rate;
+
 typedef struct {
     char name[64], device[128], source[256], notes[512];
     int64_t sm_count, tile_m, tile_n, head_dim_tile, gpus_per_node;
@@ -121,6 +130,14 @@ typedef struct {
     kiln_hw_gemm_point gemm[KILN_HW_MAX_POINTS];
     kiln_hw_attn_point attn[64];
     kiln_hw_comm_point rs[KILN_HW_MAX_POINTS], ag[KILN_HW_MAX_POINTS]; /* reduce-scatter, all-gather */
+    /* optional measured tables (sections attention_timed, moe_timed, membw_sweep, kernel_rates) */
+    double runtime_gib; /* memory.runtime_gib: what the CUDA runtime itself holds (context, cuBLAS workspaces) */
+    char timed_source[256];
+    int nattn_t, nmoe_t, nbw, nrate;
+    kiln_hw_attn_timed attn_t[64];
+    kiln_hw_moe_timed moe_t[64];
+    kiln_hw_bw_point bw[64];
+    kiln_hw_rate rate[32];
 } kiln_hw_profile;
 
 /* Names of the built-in profiles (NULL-terminated): data/profiles/<name>.json compiled in. */
@@ -182,6 +199,60 @@ typedef struct {
 
 kiln_error *kiln_size_predict(const kiln_size_shape *s, const kiln_hw_profile *p, const kiln_size_setup *u,
                               kiln_size_pred *r);
+
+/* ---------------- kiln's CUDA trainer (trainer_mem.c, step_cuda.c) ---------------- */
+
+/* What `kiln train --device cuda` allocates on one GPU, in the categories of its memory report, from the
+ * shape alone: the parameter table's tensors padded to 64 elements (src/models/zaya_cuda.c), the
+ * activation arena and backward scratch laid out as zaya_cuda.c lays them out (256-byte pieces). */
+typedef struct {
+    int64_t numel_padded;  /* the device parameter layout */
+    double params;         /* f32 master + bf16 copy + balancing biases */
+    double grads;          /* f32, the padded layout */
+    double optim;          /* this rank's optimizer state (AdamW m, v; Muon momentum), f32 */
+    double muon_work;      /* Muon's update buffer (the largest Muon tensor), not in the report */
+    double activations;    /* the arena for (micro-batch, seq) */
+    double scratch;        /* the backward scratch */
+    double runtime;        /* the profile's memory.runtime_gib: CUDA context, cuBLAS workspaces, ops' pool */
+    double total;          /* the device's peak in use */
+} kiln_size_cuda_memory;
+
+/* ZAYA shapes only (the CUDA trainer trains ZAYA). runtime_bytes: the profile's runtime figure. */
+kiln_error *kiln_size_cuda_memory_train(const kiln_size_shape *s, const kiln_size_train *t, double runtime_bytes,
+                                        kiln_size_cuda_memory *m);
+/* The arena and scratch bytes alone (exposed for tests). */
+void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, int recompute, double *arena,
+                          double *scratch);
+
+/* One op class of the trainer's per-op profile (KILN_CUDA_PROFILE=1), with the same name. */
+#define KILN_SIZE_MAX_CLASSES 24
+typedef struct {
+    char cls[48];
+    double ms;      /* predicted per optimizer step (all micro-batches) */
+    double work;    /* FLOPs or bytes per step, as the model counts them */
+    int bytes;      /* work is bytes (memory-bound) rather than FLOPs */
+    char how[96];   /* which table it came from */
+} kiln_size_op_class;
+
+typedef struct {
+    int n;
+    kiln_size_op_class c[KILN_SIZE_MAX_CLASSES];
+    double ms_ops;   /* sum of the classes */
+    double ms_step;  /* + ZeRO-1 collectives */
+    double tokens_per_s;
+    int64_t grad_accum;
+} kiln_size_cuda_step;
+
+/* The step of `kiln train --device cuda` by op class: GEMMs from the profile's GEMM table (exact shapes
+ * first), attention and experts from its timed kernels (else the efficiency model), memory-bound ops as
+ * bytes over the membw sweep's bandwidth at that size; a class with a calibration scale (kernel_rates)
+ * is the model's time times that scale. */
+kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_profile *p, const kiln_size_setup *u,
+                                        kiln_size_cuda_step *r);
+
+/* The prediction as `kiln size predict` prints it (the trainer's report's wording) and as JSON. */
+void kiln_size_cuda_print(FILE *f, const kiln_size_cuda_step *st, const kiln_size_cuda_memory *m);
+cJSON *kiln_size_cuda_json(const kiln_size_cuda_step *st, const kiln_size_cuda_memory *m);
 
 /* ---------------- search (search.c) ---------------- */
 

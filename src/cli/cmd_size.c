@@ -496,6 +496,20 @@ static int run_predict(opts *o) {
     o->b.active = (double)c.pred.params.active_nonembed;
     kiln_size_explain_candidate(p, &o->b, &c);
     const kiln_size_pred *q = &c.pred;
+    /* ZAYA: kiln's own CUDA trainer, op class by op class, and its memory report's categories */
+    kiln_size_cuda_step cs;
+    kiln_size_cuda_memory cm;
+    int have_cuda = 0;
+    if (s.arch == KILN_ARCH_ZAYA) {
+        kiln_size_train tt = o->b.setup.train;
+        tt.seq = o->b.setup.seq;
+        if ((e = kiln_size_cuda_step_predict(&s, p, &o->b.setup, &cs)) ||
+            (e = kiln_size_cuda_memory_train(&s, &tt, p->runtime_gib * GIB, &cm))) {
+            free(p);
+            return cli_fail("size predict", e);
+        }
+        have_cuda = 1;
+    }
     if (o->json) {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "config", o->config);
@@ -503,6 +517,7 @@ static int run_predict(opts *o) {
         cJSON *j = kiln_size_candidate_json(&c);
         cJSON_DeleteItemFromObject(j, "score");
         cJSON_AddItemToObject(root, "prediction", j);
+        if (have_cuda) cJSON_AddItemToObject(root, "kiln_cuda", kiln_size_cuda_json(&cs, &cm));
         char *txt = cJSON_Print(root);
         if (txt) puts(txt);
         free(txt);
@@ -545,6 +560,7 @@ static int run_predict(opts *o) {
         printf("%-34s %12.3f\n", "decode ms/step, batch 1", q->decode_ms_b1);
         printf("%-34s %12.3f\n", "decode ms/step, batch 64", q->decode_ms_b64);
         printf("%-34s %12.2f\n", "KV cache GiB, batch 64", q->kv_gib_b64);
+        if (have_cuda) kiln_size_cuda_print(stdout, &cs, &cm);
         printf("\n");
         print_why(stdout, &c);
     }

@@ -45,6 +45,75 @@ static kiln_error *section(const cJSON *root, const char *name, const cJSON **ou
     return NULL;
 }
 
+/* A record's positive number field (an integer where `integer`). */
+static kiln_error *rec_num(const cJSON *r, const char *f, double *out, int integer, const char *rctx) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(r, f);
+    if (!cJSON_IsNumber(it)) return kiln_errorf(KILN_EFORMAT, "%s: field '%s' is missing or not a number", rctx, f);
+    if (!(it->valuedouble > 0) || (integer && it->valuedouble != floor(it->valuedouble)))
+        return kiln_errorf(KILN_EINVAL, "%s: field '%s' = %g must be a positive %s", rctx, f, it->valuedouble,
+                           integer ? "integer" : "number");
+    *out = it->valuedouble;
+    return NULL;
+}
+
+/* The optional section "kiln_kernels": timed attention and expert kernels of kiln's own, the copy sweep,
+ * per-class scales of a calibration run (docs/sizing.md). */
+static kiln_error *parse_kernels(const cJSON *root, const char *ctx, kiln_hw_profile *p) {
+    const cJSON *o = NULL, *a, *r;
+    char sctx[600], rctx[700];
+    KILN_TRY(kiln_json_get_object(root, "kiln_kernels", &o, 0, ctx));
+    if (!o) return NULL;
+    snprintf(sctx, sizeof sctx, "%s: kiln_kernels", ctx);
+    const char *src;
+    KILN_TRY(kiln_json_get_string(o, "source", &src, NULL, 1, sctx));
+    snprintf(p->timed_source, sizeof p->timed_source, "%s", src);
+    double v[8];
+    KILN_TRY(kiln_json_get_array(o, "attention", &a, 0, sctx));
+    int i = 0;
+    if (a) cJSON_ArrayForEach(r, a) {
+        snprintf(rctx, sizeof rctx, "%s.attention[%d]", sctx, i++);
+        if (p->nattn_t == 64) return kiln_errorf(KILN_EINVAL, "%s: more than 64 records", rctx);
+        static const char *f[] = {"batch", "seq", "heads", "kv_heads", "head_dim", "fwd_us", "bwd_us"};
+        for (int j = 0; j < 7; j++) KILN_TRY(rec_num(r, f[j], &v[j], j < 5, rctx));
+        double w = 0;
+        KILN_TRY(kiln_json_get_double(r, "window", &w, 0, 0, rctx));
+        p->attn_t[p->nattn_t++] = (kiln_hw_attn_timed){(int64_t)v[0], (int64_t)v[1], (int64_t)v[2], (int64_t)v[3],
+                                                       (int64_t)v[4], (int64_t)w, v[5], v[6]};
+    }
+    KILN_TRY(kiln_json_get_array(o, "moe", &a, 0, sctx));
+    i = 0;
+    if (a) cJSON_ArrayForEach(r, a) {
+        snprintf(rctx, sizeof rctx, "%s.moe[%d]", sctx, i++);
+        if (p->nmoe_t == 64) return kiln_errorf(KILN_EINVAL, "%s: more than 64 records", rctx);
+        static const char *f[] = {"tokens", "hidden", "inter", "experts", "top_k", "fwd_us", "bwd_us"};
+        for (int j = 0; j < 7; j++) KILN_TRY(rec_num(r, f[j], &v[j], j < 5, rctx));
+        p->moe_t[p->nmoe_t++] = (kiln_hw_moe_timed){(int64_t)v[0], (int64_t)v[1], (int64_t)v[2], (int64_t)v[3],
+                                                    (int64_t)v[4], v[5], v[6]};
+    }
+    KILN_TRY(kiln_json_get_array(o, "copy_sweep", &a, 0, sctx));
+    i = 0;
+    if (a) cJSON_ArrayForEach(r, a) {
+        snprintf(rctx, sizeof rctx, "%s.copy_sweep[%d]", sctx, i++);
+        if (p->nbw == 64) return kiln_errorf(KILN_EINVAL, "%s: more than 64 records", rctx);
+        KILN_TRY(rec_num(r, "bytes", &v[0], 0, rctx));
+        KILN_TRY(rec_num(r, "gbs", &v[1], 0, rctx));
+        p->bw[p->nbw++] = (kiln_hw_bw_point){v[0], v[1]};
+    }
+    KILN_TRY(kiln_json_get_array(o, "rates", &a, 0, sctx));
+    i = 0;
+    if (a) cJSON_ArrayForEach(r, a) {
+        snprintf(rctx, sizeof rctx, "%s.rates[%d]", sctx, i++);
+        if (p->nrate == 32) return kiln_errorf(KILN_EINVAL, "%s: more than 32 records", rctx);
+        const char *c;
+        KILN_TRY(kiln_json_get_string(r, "class", &c, NULL, 1, rctx));
+        KILN_TRY(rec_num(r, "scale", &v[0], 0, rctx));
+        kiln_hw_rate *k = &p->rate[p->nrate++];
+        snprintf(k->cls, sizeof k->cls, "%s", c);
+        k->scale = v[0];
+    }
+    return NULL;
+}
+
 static kiln_error *parse(const cJSON *root, const char *ctx, kiln_hw_profile *p) {
     char sctx[600];
     const cJSON *o;
@@ -87,6 +156,8 @@ static kiln_error *parse(const cJSON *root, const char *ctx, kiln_hw_profile *p)
     KILN_TRY(get_pos(o, "peak_gbs", &p->mem_peak_gbs, 1, sctx));
     p->mem_gbs = p->mem_peak_gbs;
     KILN_TRY(get_pos(o, "achieved_gbs", &p->mem_gbs, 0, sctx));
+    KILN_TRY(kiln_json_get_double(o, "runtime_gib", &p->runtime_gib, 0, 0, sctx));
+    if (p->runtime_gib < 0) return kiln_errorf(KILN_EINVAL, "%s: field 'runtime_gib' = %g is negative", sctx, p->runtime_gib);
 
     KILN_TRY(section(root, "interconnect", &o, p->interconnect_source, sizeof p->interconnect_source, ctx, sctx,
                      sizeof sctx));
@@ -132,6 +203,7 @@ static kiln_error *parse(const cJSON *root, const char *ctx, kiln_hw_profile *p)
     if (!p->ngemm && p->gemm_efficiency <= 0)
         return kiln_errorf(KILN_EINVAL, "%s: no bf16 GEMM records and no compute.gemm_efficiency: nothing to predict "
                            "GEMM time from", ctx);
+    KILN_TRY(parse_kernels(root, ctx, p));
     const cJSON *comm = NULL;
     KILN_TRY(kiln_json_get_object(root, "comm", &comm, 0, ctx));
     if (comm) {
@@ -196,6 +268,73 @@ static double num(const cJSON *r, const char *f) {
     return cJSON_IsNumber(it) ? it->valuedouble : -1;
 }
 
+/* kiln's own timed kernels from a kiln bench profile, added to the profile's tables (a shape measured
+ * again replaces the earlier record): attention fwd and fwd_bwd pairs off the CPU, the expert op with
+ * balanced routing (fwd and fwd_bwd), the GPU copy sweep (bytes moved = read + written). Returns 1 when
+ * it found any. */
+static int merge_kernels(kiln_hw_profile *p, const cJSON *root, const char *path) {
+    int found = 0;
+    const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, "attention"), *r, *r2;
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        if (str_is(r, "backend", "cpu") || !str_is(r, "dtype", "bf16") || !str_is(r, "pass", "fwd")) continue;
+        cJSON_ArrayForEach(r2, sec) {
+            if (!str_is(r2, "pass", "fwd_bwd") || str_is(r2, "backend", "cpu")) continue;
+            static const char *key[] = {"batch", "seq", "heads", "kv_heads", "head_dim", "window"};
+            int same = 1;
+            for (int j = 0; j < 6; j++) same &= num(r2, key[j]) == num(r, key[j]);
+            if (!same || num(r, "time_us") <= 0 || num(r2, "time_us") <= num(r, "time_us")) continue;
+            kiln_hw_attn_timed a = {(int64_t)num(r, "batch"), (int64_t)num(r, "seq"), (int64_t)num(r, "heads"),
+                                    (int64_t)num(r, "kv_heads"), (int64_t)num(r, "head_dim"),
+                                    (int64_t)(num(r, "window") > 0 ? num(r, "window") : 0), num(r, "time_us"),
+                                    num(r2, "time_us") - num(r, "time_us")};
+            if (a.batch < 1 || a.seq < 1 || a.heads < 1 || a.kv_heads < 1 || a.head_dim < 1) continue;
+            int j = 0;
+            while (j < p->nattn_t && !(p->attn_t[j].batch == a.batch && p->attn_t[j].seq == a.seq &&
+                                       p->attn_t[j].heads == a.heads && p->attn_t[j].kv_heads == a.kv_heads &&
+                                       p->attn_t[j].head_dim == a.head_dim && p->attn_t[j].window == a.window))
+                j++;
+            if (j < 64) p->attn_t[j] = a, p->nattn_t += j == p->nattn_t, found++;
+        }
+    }
+    sec = cJSON_GetObjectItemCaseSensitive(root, "moe");
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        if (!str_is(r, "backend", "cuda") || !str_is(r, "part", "op") || !str_is(r, "pass", "fwd") ||
+            !str_is(r, "routing", "balanced"))
+            continue;
+        cJSON_ArrayForEach(r2, sec) {
+            if (!str_is(r2, "backend", "cuda") || !str_is(r2, "part", "op") || !str_is(r2, "pass", "fwd_bwd") ||
+                !str_is(r2, "routing", "balanced"))
+                continue;
+            static const char *key[] = {"tokens", "hidden", "inter", "experts", "top_k"};
+            int same = 1;
+            for (int j = 0; j < 5; j++) same &= num(r2, key[j]) == num(r, key[j]);
+            if (!same || num(r, "time_us") <= 0 || num(r2, "time_us") <= num(r, "time_us")) continue;
+            kiln_hw_moe_timed m = {(int64_t)num(r, "tokens"), (int64_t)num(r, "hidden"), (int64_t)num(r, "inter"),
+                                   (int64_t)num(r, "experts"), (int64_t)num(r, "top_k"), num(r, "time_us"),
+                                   num(r2, "time_us") - num(r, "time_us")};
+            if (m.tokens < 1 || m.hidden < 1 || m.inter < 1 || m.experts < 1 || m.top_k < 1) continue;
+            int j = 0;
+            while (j < p->nmoe_t && !(p->moe_t[j].tokens == m.tokens && p->moe_t[j].hidden == m.hidden &&
+                                      p->moe_t[j].inter == m.inter && p->moe_t[j].experts == m.experts &&
+                                      p->moe_t[j].top_k == m.top_k))
+                j++;
+            if (j < 64) p->moe_t[j] = m, p->nmoe_t += j == p->nmoe_t, found++;
+        }
+    }
+    sec = cJSON_GetObjectItemCaseSensitive(root, "membw");
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
+        if (str_is(r, "device", "cpu") || !str_is(r, "kernel", "copy") || num(r, "gbs_best") <= 0 ||
+            num(r, "bytes_per_array") <= 0)
+            continue;
+        kiln_hw_bw_point b = {2 * num(r, "bytes_per_array"), num(r, "gbs_best")};
+        int j = 0;
+        while (j < p->nbw && p->bw[j].bytes != b.bytes) j++;
+        if (j < 64) p->bw[j] = b, p->nbw += j == p->nbw, found++;
+    }
+    if (found && !p->timed_source[0]) snprintf(p->timed_source, sizeof p->timed_source, "measured: %s", path);
+    return found > 0;
+}
+
 kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
     cJSON *root = NULL;
     KILN_TRY(kiln_json_parse_file(path, &root));
@@ -256,6 +395,7 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
         if (j == na && na < 64) q->attn[na] = a, attn_work[na++] = work;
         else if (j < na && work > attn_work[j]) q->attn[j] = a, attn_work[j] = work;
     }
+    got += merge_kernels(p, root, path);
     if (ng) { memcpy(p->gemm, q->gemm, sizeof q->gemm[0] * (size_t)ng); p->ngemm = ng; got++;
               snprintf(p->gemm_source, sizeof p->gemm_source, "measured: %s", path); }
     if (nrs) { memcpy(p->rs, q->rs, sizeof q->rs[0] * (size_t)nrs); p->nrs = nrs; got++; }
@@ -360,6 +500,18 @@ double kiln_hw_gemm_time_grouped(const kiln_hw_profile *p, double groups, int64_
     memset(&w, 0, sizeof w);
     if (m <= 0 || n <= 0 || k <= 0 || groups <= 0) { if (why) *why = w; return 0; }
     double q = quant(p, groups, m, n, &w);
+    if (groups == 1) { /* a measured shape is its measurement (the mean of repeated ones) */
+        double sum = 0;
+        int cnt = 0;
+        for (int i = 0; i < p->ngemm; i++)
+            if (p->gemm[i].m == m && p->gemm[i].n == n && p->gemm[i].k == k) sum += p->gemm[i].tflops, cnt++;
+        if (cnt) {
+            w.tflops = sum / cnt;
+            w.base_eff = w.tflops / (p->peak_bf16 * q);
+            if (why) *why = w;
+            return 2.0 * (double)m * (double)n * (double)k / (w.tflops * 1e12);
+        }
+    }
     w.base_eff = base_eff(p, (int64_t)ceil(groups * (double)m), n, k);
     double flops = 2.0 * groups * (double)m * (double)n * (double)k;
     double t_c = flops / (p->peak_bf16 * 1e12 * w.base_eff * q);

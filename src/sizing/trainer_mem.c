@@ -1,0 +1,162 @@
+/* What `kiln train --device cuda` allocates on one GPU, byte for byte, from the shape: the categories of
+ * the trainer's memory report (src/train/trainer.c) and the layouts of src/models/zaya_cuda.c.
+ *  - parameters: f32 master + bf16 copy of every tensor, each padded to 64 elements (so every tensor
+ *    starts on a 256-byte boundary), plus one more element, plus the balancing biases [layers, E+1];
+ *  - gradients: f32 in the same layout;
+ *  - optimizer state: AdamW 2 floats per (unpadded) element, Muon 1, this rank's whole tensors;
+ *  - activations: one arena of 256-byte-aligned pieces for (micro-batch B, sequence T): per layer the
+ *    tensors layer_layout() takes (one shared set with recomputation) and each layer's input and router
+ *    state, plus the embedding output, final norm, logits, ids and counts;
+ *  - backward scratch: one set of gradient buffers reused by every layer, and the attention backward's
+ *    per-row workspace (B·heads·T floats).
+ * What the CUDA runtime holds besides (context, cuBLAS workspaces, the ops' stream-ordered pool) is a
+ * property of the machine and driver, not of the shape: the profile's measured memory.runtime_gib. */
+#include <string.h>
+
+#include "kiln/sizing.h"
+#include "sizing_internal.h"
+
+static double piece(double n, double elem) {
+    double bytes = (n > 0 ? n : 1) * elem;
+    return (double)(((int64_t)bytes + 255) & ~(int64_t)255);
+}
+
+typedef struct {
+    int64_t padded, muon, adamw, largest_muon; /* elements */
+    int64_t largest_state[2];                  /* one tensor's optimizer state: with Muon on, AdamW only */
+} tensors;
+
+/* One tensor of the parameter table (src/models/zaya_params.c's order): padded to 64 elements on the
+ * device; Muon takes 2-D and expert matrices except the embedding and the LM head (src/train/optim.c). */
+static void tensor(tensors *t, int64_t numel, int muon) {
+    t->padded += (numel + 63) & ~(int64_t)63;
+    int64_t st = muon ? numel : 2 * numel;
+    if (st > t->largest_state[1]) t->largest_state[1] = st;
+    if (2 * numel > t->largest_state[0]) t->largest_state[0] = 2 * numel;
+    if (muon) {
+        t->muon += numel;
+        if (numel > t->largest_muon) t->largest_muon = numel;
+    } else {
+        t->adamw += numel;
+    }
+}
+
+static void walk_fn(const kiln_size_shape *s, void (*fn)(void *, int64_t, int), void *ctx);
+
+static void add_tensor(void *ctx, int64_t numel, int muon) { tensor(ctx, numel, muon); }
+
+static void walk(const kiln_size_shape *s, tensors *t) {
+    memset(t, 0, sizeof *t);
+    walk_fn(s, add_tensor, t);
+}
+
+void kiln_size_tensor_walk(const kiln_size_shape *s, void (*fn)(void *, int64_t numel, int muon), void *ctx) {
+    walk_fn(s, fn, ctx);
+}
+
+static void walk_fn(const kiln_size_shape *s, void (*fn)(void *, int64_t, int), void *t) {
+    const int64_t H = s->hidden, Q = s->heads * s->head_dim, K = s->kv_heads * s->head_dim, C = Q + K;
+    const int64_t R = s->router_hidden, E = s->experts, I = s->expert_inter;
+    const int ab = s->attention_bias;
+    fn(t, s->vocab * H, 0);
+    fn(t, H, 0), fn(t, H, 0);
+    for (int64_t l = 0; l < s->layers; l++) {
+        fn(t, H, 0);
+        fn(t, Q * H, 1);
+        if (ab) fn(t, Q, 0);
+        fn(t, K * H, 1);
+        if (ab) fn(t, K, 0);
+        fn(t, K / 2 * H, 1);
+        if (ab) fn(t, K / 2, 0);
+        fn(t, K / 2 * H, 1);
+        if (ab) fn(t, K / 2, 0);
+        fn(t, C * s->cca_time0, 0), fn(t, C, 0);
+        fn(t, C * s->head_dim * s->cca_time1, 0), fn(t, C, 0);
+        fn(t, s->kv_heads, 0);
+        fn(t, H * Q, 1);
+        if (ab) fn(t, H, 0);
+        for (int i = 0; i < 5; i++) fn(t, H, 0); /* post-attention norm, residual scaling */
+        fn(t, R * H, 1), fn(t, R, 0);
+        if (l > 0) fn(t, R, 0);
+        fn(t, R, 0);
+        fn(t, R * R, 1), fn(t, R, 0), fn(t, R * R, 1), fn(t, R, 0);
+        fn(t, (E + 1) * R, 1);
+        fn(t, E * 2 * I * H, 1), fn(t, E * H * I, 1);
+        for (int i = 0; i < 4; i++) fn(t, H, 0);
+    }
+    fn(t, H, 0);
+    if (!s->tied) fn(t, s->vocab * H, 0);
+    if (s->lm_head_bias) fn(t, s->vocab, 0);
+}
+
+/* zaya_cuda.c's layer_layout(): one layer's saved activations. */
+static double layer_bytes(const kiln_size_shape *s, double B, double T) {
+    const double N = B * T, H = (double)s->hidden, NH = (double)s->heads, KV = (double)s->kv_heads;
+    const double Q = NH * (double)s->head_dim, K = KV * (double)s->head_dim, C = Q + K, R = (double)s->router_hidden;
+    const double E1 = (double)s->experts + 1, S = N * (double)s->top_k, I = (double)s->expert_inter;
+    double b = 0;
+    b += piece(N * H, 2) + piece(N, 4);                                       /* ln1, its rstd */
+    b += piece(N * C, 2) + piece(B * (T + (double)s->cca_time1 - 1) * C, 4);  /* qk, mid */
+    b += piece(N * C, 2) + piece(N * Q, 2) + piece(N * K, 2);                 /* conv, qpre, kpre */
+    b += piece(N * NH, 4) + piece(N * KV, 4);                                 /* qinv, kinv */
+    b += piece(N * Q, 2) + piece(N * K, 2) + piece(N * K, 2) + piece(N * K / 2, 2); /* qr, kr, v, vd */
+    b += piece(N * Q, 2) + piece(B * NH * T, 4);                              /* att, lse */
+    b += piece(N * H, 4) + piece(N * H, 4) + piece(N * H, 2) + piece(N, 4);   /* o, res1, ln2, its rstd */
+    b += piece(N * R, 2) + piece(N, 4) + 4 * piece(N * R, 2);                 /* rn, its rstd, f1 a1 f2 a2 */
+    b += 2 * piece(N * E1, 4);                                                /* router logits, probs */
+    b += piece(S, 4) + piece(S, 4) + piece(E1 + 1, 4) + 3 * piece(S, 4);      /* choice gate offsets slots */
+    b += piece(S * H, 2) + piece(S * 2 * I, 2) + piece(S * I, 2) + piece(S * H, 2); /* xe gu act ye */
+    b += piece(N * H, 4);                                                     /* moe */
+    return b;
+}
+
+void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, int recompute, double *arena,
+                          double *scratch) {
+    const double B = (double)batch, T = (double)seq, N = B * T, H = (double)s->hidden, L = (double)s->layers;
+    const double Q = (double)(s->heads * s->head_dim), K = (double)(s->kv_heads * s->head_dim), C = Q + K;
+    const double R = (double)s->router_hidden, E1 = (double)s->experts + 1, S = N * (double)s->top_k;
+    const double I = (double)s->expert_inter;
+    /* arena_layout(): x0, xf, hn, its rstd, logits, ids, loss, counts; then the layers */
+    double a = piece(N * H, 4) + piece(N * H, 4) + piece(N * H, 2) + piece(N, 4) + piece(N * (double)s->vocab, 2) +
+               piece(N, 8) + piece(1, 4) + piece(L * E1, 8);
+    a += (recompute ? 1 : L) * layer_bytes(s, B, T);
+    a += L * (piece(N * H, 4) + piece(N * R, 2)); /* every layer's input and router state */
+    *arena = a;
+    /* scratch_layout() */
+    double w = 7 * piece(N * H, 4) + 4 * piece(N * H, 2);
+    w += piece(S * H, 2) + piece(S * I, 2) + piece(S * 2 * I, 2) + piece(S * H, 2) + piece(S, 4);
+    w += 2 * piece(N * E1, 4) + piece(N * E1, 2);
+    w += 7 * piece(N * R, 2) + 3 * piece(N * R, 4);
+    w += 4 * piece(N * Q, 2) + 4 * piece(N * K, 2) + 2 * piece(N * K / 2, 2) + 2 * piece(N * C, 2);
+    w += piece(B * (T + (double)s->cca_time1 - 1) * C, 4);
+    w += piece(B * (double)s->heads * T * 4, 1); /* kiln_attention_backward_cuda_work */
+    *scratch = w;
+}
+
+kiln_error *kiln_size_cuda_memory_train(const kiln_size_shape *s, const kiln_size_train *t, double runtime_bytes,
+                                        kiln_size_cuda_memory *m) {
+    memset(m, 0, sizeof *m);
+    KILN_TRY(kiln_size_shape_validate(s));
+    if (s->arch != KILN_ARCH_ZAYA)
+        return kiln_errorf(KILN_EINVAL, "kiln's CUDA trainer trains ZAYA shapes (this one is dense)");
+    if (t->micro_batch < 1 || t->seq < 1 || t->gpus < 1)
+        return kiln_errorf(KILN_EINVAL, "micro-batch %lld, sequence %lld and gpus %lld must be positive",
+                           (long long)t->micro_batch, (long long)t->seq, (long long)t->gpus);
+    tensors tt;
+    walk(s, &tt);
+    const double G = (double)t->gpus, nw = (double)(tt.padded + 1);
+    m->numel_padded = tt.padded;
+    m->params = nw * (4 + 2) + (double)(s->layers * (s->experts + 1)) * 4;
+    m->grads = nw * 4;
+    /* ZeRO-1 gives whole tensors: a rank holds at least its share and at least the largest tensor's state */
+    double state = t->muon ? 2 * (double)tt.adamw + (double)tt.muon : 2 * (double)(tt.adamw + tt.muon);
+    double largest = (double)tt.largest_state[t->muon ? 1 : 0];
+    double mine = state / G;
+    if (G > 1 && mine < largest) mine = largest;
+    m->optim = 4 * mine;
+    m->muon_work = t->muon && tt.muon ? 4 * (double)tt.largest_muon : 0;
+    kiln_size_cuda_arena(s, t->micro_batch, t->seq, t->recompute, &m->activations, &m->scratch);
+    m->runtime = runtime_bytes;
+    m->total = m->params + m->grads + m->optim + m->muon_work + m->activations + m->scratch + m->runtime;
+    return NULL;
+}
