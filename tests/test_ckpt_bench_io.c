@@ -66,6 +66,8 @@ TEST(ckpt_bench_io_bad_flags) {
     CHECK(test_run_kiln("bench io --dir /tmp --files 0", text, sizeof text) == 2);
     CHECK(test_run_kiln("bench io --dir /tmp --frobnicate 1", text, sizeof text) == 2);
     CHECK(test_run_kiln("bench io --dir /nonexistent-io-dir", text, sizeof text) == 1 && strstr(text, "/nonexistent-io-dir"));
+    CHECK(test_run_kiln("bench io --dir /tmp --device cuda", text, sizeof text) == 2 && strstr(text, "--ckpt"));
+    CHECK(test_run_kiln("bench io --dir /tmp --ckpt --device tpu", text, sizeof text) == 2 && strstr(text, "tpu"));
     /* a full disk: the write error names the file, and nothing is left behind */
     char d[1024];
     snprintf(d, sizeof d, "%s", test_tmpdir());

@@ -6,7 +6,11 @@
  * fsync: the pages are clean, so the kernel lets them go). With --ckpt a synthetic ZAYA checkpoint of
  * about N*SIZE bytes goes through the trainer's own writer (src/train/checkpoint.c): the synchronous
  * save (snapshot, write, fsync, checksum, manifest, commit), the time an asynchronous save blocks the
- * training thread, and the FNV-1a checksum alone. Best of --iters; scratch files are removed. */
+ * training thread, and the CRC-32C checksum alone. With --device cuda the same checkpoint also lives on the
+ * GPU and goes through the CUDA trainer's path (src/models/zaya_cuda_snapshot.c): the synchronous save
+ * streamed from the live device buffers through pinned chunks, and the asynchronous one (device snapshot,
+ * then the writer thread's stream), its blocking time and its total. Best of --iters; scratch files are
+ * removed. */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +29,8 @@
 #include "kiln/comm.h"
 #include "ckpt/crc32c.h"
 #include "kiln/progress.h"
+#include "kiln/zaya_cuda.h"
+#include "kiln/zaya_cuda_snapshot.h"
 #include "models/zaya_internal.h"
 #include "train/train_internal.h"
 
@@ -40,6 +46,8 @@ static const char usage[] =
     "  --iters N        repetitions; the best is reported (default 3)\n"
     "  --ckpt           also save a synthetic ZAYA checkpoint of about files x size bytes through the\n"
     "                   trainer's checkpoint writer (sync save, async blocking time, checksum alone)\n"
+    "  --device cpu|cuda with --ckpt: cuda also saves the checkpoint from the GPU through the CUDA trainer's\n"
+    "                   path (device snapshot, pinned chunks) (default cpu)\n"
     "  --json FILE      write the JSON profile (section \"io\")\n"
     "  --csv FILE       write the numbers as CSV\n";
 
@@ -192,9 +200,40 @@ static kiln_error *ckpt_config(double target, kiln_train_config *c, double *byte
 
 typedef struct {
     double save_s, block_s, async_s, sum_s, bytes;
+    double gsave_s, gblock_s, gasync_s; /* --device cuda */
+    const char *gwhere;
 } ckpt_times;
 
-static kiln_error *ckpt_bench(const char *dir, double target, int iters, ckpt_times *out) {
+/* The GPU side of --ckpt: the model and optimizer state on the device, two writers as the CUDA trainer
+ * has them (sync: the live buffers streamed; async: a device snapshot streamed in the background). */
+typedef struct {
+    kiln_zaya_cuda *g;
+    kiln_zaya_cuda_opt *o;
+    ckpt_writer *sync, *async;
+} ckpt_gpu;
+
+static kiln_error *ckpt_gpu_setup(ckpt_gpu *x, const kiln_zaya *m, const kiln_opt_param *op, const float *state) {
+    KILN_TRY(kiln_zaya_cuda_create(m, 1, 8, 0, &x->g));
+    KILN_TRY(kiln_zaya_cuda_opt_create(x->g, op, 0, m->nparams, &x->o));
+    KILN_TRY(kiln_zaya_cuda_opt_state_upload(x->o, state));
+    for (int k = 0; k < 2; k++) {
+        ckpt_writer **w = k ? &x->async : &x->sync;
+        kiln_zaya_cuda_snap *s = NULL;
+        KILN_TRY(ckpt_writer_create(k, w));
+        KILN_TRY(kiln_zaya_cuda_snap_create(x->g, x->o, m, op, 0, m->nparams, 0, &s));
+        KILN_TRY(ckpt_writer_use_cuda(*w, s));
+    }
+    return NULL;
+}
+
+static void ckpt_gpu_free(ckpt_gpu *x) {
+    ckpt_writer_free(x->sync);
+    ckpt_writer_free(x->async);
+    kiln_zaya_cuda_opt_free(x->o);
+    kiln_zaya_cuda_free(x->g);
+}
+
+static kiln_error *ckpt_bench(const char *dir, double target, int iters, int cuda, ckpt_times *out) {
     kiln_train_config c;
     double bytes = 0;
     KILN_TRY(ckpt_config(target, &c, &bytes));
@@ -226,12 +265,14 @@ static kiln_error *ckpt_bench(const char *dir, double target, int iters, ckpt_ti
     if (!e) e = balance_init(&bal, c.model.num_layers, c.model.num_experts + 1);
     printf("checkpoint: a ZAYA of %zu parameters (hidden %lld, %lld layers), %.1f MB with its optimizer state\n",
            m ? m->numel : 0, (long long)c.model.hidden_size, (long long)c.model.num_layers, bytes / 1e6);
-    *out = (ckpt_times){INFINITY, INFINITY, INFINITY, INFINITY, bytes};
+    *out = (ckpt_times){INFINITY, INFINITY, INFINITY, INFINITY, bytes, INFINITY, INFINITY, INFINITY, "none"};
     if (!e) e = ckpt_writer_create(1, &w); /* one writer, as in training: its staging buffer is reused */
+    ckpt_gpu gx = {0};
+    if (!e && cuda) e = kiln_error_wrap(ckpt_gpu_setup(&gx, m, op, state), "bench io --ckpt --device cuda");
     kiln_progress pr;
     kiln_progress_start(&pr, "bench io ckpt", (uint64_t)iters, "save");
     for (int it = 0; !e && it < iters; it++) {
-        ckpt_view v = {2 * it + 1, &c, m, &part, op, state, &bal, &ls, 0};
+        ckpt_view v = {4 * it + 1, &c, m, &part, op, state, &bal, &ls, 0};
         double t0 = kiln_bench_now_s();
         e = ckpt_save(comm, &v);
         double t1 = kiln_bench_now_s();
@@ -242,22 +283,42 @@ static kiln_error *ckpt_bench(const char *dir, double target, int iters, ckpt_ti
         if (!e) e = ckpt_writer_poll(w, comm, 1);
         double t4 = kiln_bench_now_s();
         char shard[1400];
-        snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", c.out_dir, 2 * it + 2);
+        snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", c.out_dir, 4 * it + 2);
         uint64_t n = 0;
         uint32_t h = 0;
         double t5 = kiln_bench_now_s();
         if (!e) e = kiln_crc32c_file(shard, &h, &n); /* what verify and resume run over every shard */
         double t6 = kiln_bench_now_s();
+        double g0 = 0, g1 = 0, g2 = 0, g3 = 0, g4 = 0;
+        if (!e && cuda) { /* the same checkpoint from the GPU: steps 4it+3 (sync) and 4it+4 (async); keep_last 1 keeps the newest */
+            v.step = 4 * it + 3;
+            g0 = kiln_bench_now_s();
+            e = ckpt_writer_save(gx.sync, comm, &v, 1);
+            g1 = kiln_bench_now_s();
+            v.step++;
+            g2 = kiln_bench_now_s();
+            if (!e) e = ckpt_writer_save(gx.async, comm, &v, 0);
+            g3 = kiln_bench_now_s();
+            if (!e) e = ckpt_writer_poll(gx.async, comm, 1);
+            g4 = kiln_bench_now_s();
+            if (!e) out->gwhere = ckpt_writer_snapshot_where(gx.async);
+        }
         if (!e) {
             out->bytes = (double)n;
             out->save_s = fmin(out->save_s, t1 - t0);
             out->block_s = fmin(out->block_s, t3 - t2);
             out->async_s = fmin(out->async_s, t4 - t2);
             out->sum_s = fmin(out->sum_s, t6 - t5);
+            if (cuda) {
+                out->gsave_s = fmin(out->gsave_s, g1 - g0);
+                out->gblock_s = fmin(out->gblock_s, g3 - g2);
+                out->gasync_s = fmin(out->gasync_s, g4 - g2);
+            }
         }
         kiln_progress_update(&pr, (uint64_t)it + 1);
     }
     kiln_progress_finish(&pr);
+    ckpt_gpu_free(&gx);
     ckpt_writer_free(w);
     kiln_rm_tree(c.out_dir);
     balance_free(&bal);
@@ -298,8 +359,9 @@ int kiln_bench_io_main(int argc, char **argv) {
     const char *dir = NULL, *json_path = NULL, *csv_path = NULL;
     size_t size = (size_t)256 << 20;
     long long files = 4, threads = 0, iters = 3;
-    int ckpt = 0;
-    static const char *const valued[] = {"--dir", "--size", "--files", "--threads", "--iters", "--json", "--csv", NULL};
+    int ckpt = 0, cuda = 0;
+    static const char *const valued[] = {"--dir", "--size", "--files", "--threads", "--iters", "--json", "--csv",
+                                         "--device", NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ckpt")) {
             ckpt = 1;
@@ -317,10 +379,14 @@ int kiln_bench_io_main(int argc, char **argv) {
             if ((r = kiln_bench_parse_int("io", a, v, 1, 1024, &threads)) >= 0) return r;
         } else if (!strcmp(a, "--iters")) {
             if ((r = kiln_bench_parse_int("io", a, v, 1, 100, &iters)) >= 0) return r;
+        } else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) return kiln_bench_usage_err("io", "--device '%s': expected cpu or cuda", v);
+            cuda = !strcmp(v, "cuda");
         } else if (!strcmp(a, "--json")) json_path = v;
         else csv_path = v;
     }
     if (!dir) return kiln_bench_usage_err("io", "--dir D is required (the file system to measure)");
+    if (cuda && !ckpt) return kiln_bench_usage_err("io", "--device cuda measures the checkpoint writer: it needs --ckpt");
     struct stat sb;
     if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) {
         kiln_bench_fail("io", NULL, kiln_errorf(KILN_ENOTFOUND, "%s: not a directory", dir));
@@ -337,7 +403,7 @@ int kiln_bench_io_main(int argc, char **argv) {
     printf("kiln bench io: %s, %lld files x %.4g MiB, %lld threads in the parallel tests, best of %lld\n", dir, files,
            (double)size / 1048576.0, threads, iters);
     static const char *const names[4] = {"seq_write", "par_write", "seq_read", "par_read"};
-    io_rec rec[8];
+    io_rec rec[12];
     size_t nrec = 0;
     for (int k = 0; k < 4; k++)
         rec[nrec++] = (io_rec){names[k], (double)size * (double)files, (double)size, (double)files,
@@ -359,7 +425,7 @@ int kiln_bench_io_main(int argc, char **argv) {
     remove_files(dir, (int)files);
     free(buf);
     ckpt_times ct = {0};
-    if (!e && ckpt) e = ckpt_bench(dir, (double)size * (double)files, (int)iters, &ct);
+    if (!e && ckpt) e = ckpt_bench(dir, (double)size * (double)files, (int)iters, cuda, &ct);
     if (e) {
         kiln_bench_fail("io", NULL, e);
         return 1;
@@ -370,6 +436,10 @@ int kiln_bench_io_main(int argc, char **argv) {
         double cs[4] = {ct.save_s, ct.async_s, ct.block_s, ct.sum_s};
         for (int k = 0; k < 4; k++) /* the ratio only where the whole save is timed */
             rec[nrec++] = (io_rec){cn[k], ct.bytes, ct.bytes, 1, 1, cs[k], k < 2 ? ct.bytes / cs[k] / seq : 0};
+        const char *gn[3] = {"ckpt_save_cuda", "ckpt_async_total_cuda", "ckpt_async_block_cuda"};
+        double gs[3] = {ct.gsave_s, ct.gasync_s, ct.gblock_s};
+        for (int k = 0; cuda && k < 3; k++)
+            rec[nrec++] = (io_rec){gn[k], ct.bytes, ct.bytes, 1, 1, gs[k], k < 2 ? ct.bytes / gs[k] / seq : 0};
     }
     printf("%-18s %14s %8s %10s %10s %12s\n", "test", "bytes", "threads", "seconds", "GB/s", "vs seq write");
     for (size_t i = 0; i < nrec; i++) {
@@ -382,6 +452,10 @@ int kiln_bench_io_main(int argc, char **argv) {
         printf("checkpoint save: %.0f%% of the sequential write speed (target >= 80%%); an async save blocks training "
                "for %.4f s (the snapshot): at one save per 100 steps that is %.4f s per step on average\n",
                100 * rec[4].vs_seq_write, ct.block_s, ct.block_s / 100);
+    if (ckpt && cuda)
+        printf("from the GPU: a save %.0f%% of the sequential write speed (sync, streamed from the live buffers), "
+               "async %.0f%%; an async save blocks training for %.4f s (snapshot in %s memory)\n",
+               100 * rec[8].vs_seq_write, 100 * rec[9].vs_seq_write, ct.gblock_s, ct.gwhere);
     io_out o = {rec, nrec};
     const kiln_bench_output out = {"io", nrec, &o, json_record, NULL,
                                    "test,bytes,file_bytes,files,threads,seconds,gbs,vs_seq_write\n", csv_row};

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -37,6 +38,12 @@
 #include "train_internal.h"
 
 #define CKPT_FORMAT 1
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static void step_dir(char *buf, size_t n, const char *out_dir, int64_t step, int tmp) {
     snprintf(buf, n, "%s/ckpt/step_%08lld%s", out_dir, (long long)step, tmp ? ".tmp" : "");
@@ -333,6 +340,7 @@ struct ckpt_writer {
     kiln_zaya_cuda_snap *dev;
     kiln_snap_place place;
     char logged_at[16];
+    double t_begin, t_blocked, t_written; /* this save: began, training blocked for, shard written after */
     char tmp[1300], fin[1300], root[1200], path[1400];
     uint64_t mine[2]; /* this rank's shard: checksum, size */
 };
@@ -451,6 +459,7 @@ static kiln_error *write_job(void *arg) {
     uint32_t crc = 0;
     KILN_TRY(write_rank_file(&w->snap, w->rank, w->dev, w->path, &crc, &w->mine[1]));
     w->mine[0] = crc;
+    w->t_written = now_s() - w->t_begin;
     return NULL;
 }
 
@@ -499,6 +508,13 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
         }
         if (e) kiln_rm_tree(w->tmp);
         else prune(w->snap.cfg->out_dir, w->snap.cfg->keep_last);
+        /* KILN_LOG=debug: what bench/ckpt_gpu.sh reads */
+        if (!e)
+            kiln_log(KILN_LOG_DEBUG, "checkpoint step %lld committed: rank 0's shard %.3f GB written in %.3f s "
+                     "(%.2f GB/s), training blocked %.4f s, committed %.3f s after the save began",
+                     (long long)step, (double)sums[comm->size] / 1e9, w->t_written,
+                     (double)sums[comm->size] / 1e9 / (w->t_written > 0 ? w->t_written : 1e-9), w->t_blocked,
+                     now_s() - w->t_begin);
     }
     free(sums);
     return kiln_error_wrap(agree(comm, e, "committing the checkpoint"), "checkpoint at step %lld", (long long)step);
@@ -516,6 +532,7 @@ kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait) {
 
 kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v, int wait) {
     KILN_TRY(ckpt_writer_poll(w, comm, 1)); /* one save in flight at a time */
+    w->t_begin = now_s();
     const char *out = v->cfg->out_dir;
     w->rank = comm->rank;
     w->world = comm->size;
@@ -542,6 +559,7 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
     if (w->async) e = kiln_bg_start(&w->job, write_job, w);
     else e = write_job(w);
     if (e) w->job.err = e; /* reported by the commit below, as a finished job's error */
+    w->t_blocked = now_s() - w->t_begin;
     return (wait || !w->async) ? ckpt_writer_poll(w, comm, 1) : NULL;
 }
 
