@@ -6,8 +6,13 @@
 
 #include "kiln/sizing.h"
 
-/* Every parameter tensor of a ZAYA shape in src/models/zaya_params.c's order: its element count and
- * whether src/train/optim.c gives it Muon (trainer_mem.c). */
-void kiln_size_tensor_walk(const kiln_size_shape *s, void (*fn)(void *ctx, int64_t numel, int muon), void *ctx);
+/* One parameter tensor: its elements and, when src/train/optim.c gives it Muon, its matrices. */
+typedef struct {
+    int64_t numel, mats, rows, cols;
+    int muon;
+} kiln_size_tensor;
+
+/* Every parameter tensor of a ZAYA shape in src/models/zaya_params.c's order (trainer_mem.c). */
+void kiln_size_tensor_walk(const kiln_size_shape *s, void (*fn)(void *ctx, const kiln_size_tensor *t), void *ctx);
 
 #endif

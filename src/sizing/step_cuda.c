@@ -155,16 +155,29 @@ typedef struct {
     const kiln_hw_profile *p;
     kiln_size_cuda_step *r;
     const char *name;
-    double per_elem, scale_pass; /* bytes per element of the update, and of the clip-scale pass */
-    int muon;                    /* Muon on: its tensors take Muon's passes */
-    double adamw_ms, muon_bytes, work;
+    int muon;    /* Muon on: its tensors take Muon's passes */
+    int ns_steps;
 } opt_walk;
 
-/* The optimizer runs one kernel per tensor (zaya_cuda_train.c): small tensors pay the small-kernel rate. */
-static void opt_tensor(void *ctx, int64_t numel, int muon) {
+/* The optimizer runs one kernel per tensor (zaya_cuda_train.c): small tensors pay the small-kernel rate.
+ * AdamW moves 30 bytes an element (w, g, m, v read; w, m, v and the bf16 w written); Muon's momentum 16
+ * (g, state read; state, u written) and update 14 (w, u read; w, bf16 w written), and between them the
+ * Newton-Schulz iteration: per step on each r x c matrix (r <= c) X·Xᵀ, the polynomial's B = bA + cA² and
+ * B·X, f32 GEMMs (3 x 2r²c + 2r³ FLOPs) at the fp32 peak and the GEMM efficiency. */
+static void opt_tensor(void *ctx, const kiln_size_tensor *x) {
     opt_walk *o = ctx;
-    double b = (muon && o->muon ? 16 + 14 : o->per_elem) * (double)numel;
-    mem(o->p, o->r, o->name, 1, b);
+    if (!(x->muon && o->muon)) {
+        mem(o->p, o->r, o->name, 1, 30 * (double)x->numel);
+        return;
+    }
+    mem(o->p, o->r, o->name, 1, 16 * (double)x->numel);
+    mem(o->p, o->r, o->name, 1, 14 * (double)x->numel);
+    double r = (double)(x->rows < x->cols ? x->rows : x->cols), c = (double)(x->rows < x->cols ? x->cols : x->rows);
+    double f = (double)o->ns_steps * (double)x->mats * (4 * r * r * c + 2 * r * r * r);
+    double rate = (o->p->peak_fp32 > 0 ? o->p->peak_fp32 : o->p->peak_bf16 / 16) *
+                  (o->p->gemm_efficiency > 0 ? o->p->gemm_efficiency : 0.5);
+    kiln_size_op_class *k = cls(o->r, o->name, 1);
+    k->ms += f / (rate * 1e12) * 1e3;
 }
 
 static const kiln_hw_rate *rate_of(const kiln_hw_profile *p, const char *name) {
@@ -293,12 +306,15 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     mem(p, r, zs, 1, 4 * padded);
     mem(p, r, "gradient norm", 1, 4 * padded / G);
     const char *oname = t->muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)";
-    /* the clip scale (x *= s over the shard: read + write) and per tensor: w, g, m, v read; w, m, v, bf16 w
-     * written (AdamW); Muon: momentum (g, state read; state, u written) and update (w, u read; w, bf16 w) */
+    /* the clip scale (x *= s over the shard: read + write), then tensor by tensor */
     mem(p, r, oname, 1, 8 * padded / G);
-    opt_walk ow = {p, r, oname, 30, 8, t->muon, 0, 0, 0};
-    if (G == 1) kiln_size_tensor_walk(s, opt_tensor, &ow);
-    else mem(p, r, oname, 1, 30 * padded / G);
+    kiln_size_cuda_step ro;
+    memset(&ro, 0, sizeof ro);
+    opt_walk ow = {p, &ro, oname, t->muon, 5};
+    kiln_size_tensor_walk(s, opt_tensor, &ow);
+    kiln_size_op_class *oc = cls(r, oname, 1); /* ZeRO-1: a rank updates its share of the tensors */
+    oc->ms += ro.c[0].ms / G, oc->work += ro.c[0].work / G;
+    if (t->muon) snprintf(oc->how, sizeof oc->how, "bytes / membw copy sweep; Newton-Schulz at fp32 peak x GEMM eff.");
     if (t->gpus > 1) mem(p, r, "bf16 weight copy", 1, 6 * padded);
 
     /* measured class scales */

@@ -41,53 +41,58 @@ static void tensor(tensors *t, int64_t numel, int muon) {
     }
 }
 
-static void walk_fn(const kiln_size_shape *s, void (*fn)(void *, int64_t, int), void *ctx);
+static void walk_fn(const kiln_size_shape *s, void (*fn)(void *, const kiln_size_tensor *), void *ctx);
 
-static void add_tensor(void *ctx, int64_t numel, int muon) { tensor(ctx, numel, muon); }
+static void add_tensor(void *ctx, const kiln_size_tensor *x) { tensor(ctx, x->numel, x->muon); }
 
 static void walk(const kiln_size_shape *s, tensors *t) {
     memset(t, 0, sizeof *t);
     walk_fn(s, add_tensor, t);
 }
 
-void kiln_size_tensor_walk(const kiln_size_shape *s, void (*fn)(void *, int64_t numel, int muon), void *ctx) {
+void kiln_size_tensor_walk(const kiln_size_shape *s, void (*fn)(void *ctx, const kiln_size_tensor *t), void *ctx) {
     walk_fn(s, fn, ctx);
 }
 
-static void walk_fn(const kiln_size_shape *s, void (*fn)(void *, int64_t, int), void *t) {
+/* An AdamW tensor of n elements; a Muon matrix set (mats x rows x cols) */
+#define A(n) fn(t, &(kiln_size_tensor){(n), 0, 0, 0, 0})
+#define M(m, r, c) fn(t, &(kiln_size_tensor){(m) * (r) * (c), (m), (r), (c), 1})
+static void walk_fn(const kiln_size_shape *s, void (*fn)(void *, const kiln_size_tensor *), void *t) {
     const int64_t H = s->hidden, Q = s->heads * s->head_dim, K = s->kv_heads * s->head_dim, C = Q + K;
     const int64_t R = s->router_hidden, E = s->experts, I = s->expert_inter;
     const int ab = s->attention_bias;
-    fn(t, s->vocab * H, 0);
-    fn(t, H, 0), fn(t, H, 0);
+    A(s->vocab * H);
+    A(H), A(H);
     for (int64_t l = 0; l < s->layers; l++) {
-        fn(t, H, 0);
-        fn(t, Q * H, 1);
-        if (ab) fn(t, Q, 0);
-        fn(t, K * H, 1);
-        if (ab) fn(t, K, 0);
-        fn(t, K / 2 * H, 1);
-        if (ab) fn(t, K / 2, 0);
-        fn(t, K / 2 * H, 1);
-        if (ab) fn(t, K / 2, 0);
-        fn(t, C * s->cca_time0, 0), fn(t, C, 0);
-        fn(t, C * s->head_dim * s->cca_time1, 0), fn(t, C, 0);
-        fn(t, s->kv_heads, 0);
-        fn(t, H * Q, 1);
-        if (ab) fn(t, H, 0);
-        for (int i = 0; i < 5; i++) fn(t, H, 0); /* post-attention norm, residual scaling */
-        fn(t, R * H, 1), fn(t, R, 0);
-        if (l > 0) fn(t, R, 0);
-        fn(t, R, 0);
-        fn(t, R * R, 1), fn(t, R, 0), fn(t, R * R, 1), fn(t, R, 0);
-        fn(t, (E + 1) * R, 1);
-        fn(t, E * 2 * I * H, 1), fn(t, E * H * I, 1);
-        for (int i = 0; i < 4; i++) fn(t, H, 0);
+        A(H);
+        M(1, Q, H);
+        if (ab) A(Q);
+        M(1, K, H);
+        if (ab) A(K);
+        M(1, K / 2, H);
+        if (ab) A(K / 2);
+        M(1, K / 2, H);
+        if (ab) A(K / 2);
+        A(C * s->cca_time0), A(C);
+        A(C * s->head_dim * s->cca_time1), A(C);
+        A(s->kv_heads);
+        M(1, H, Q);
+        if (ab) A(H);
+        for (int i = 0; i < 5; i++) A(H); /* post-attention norm, residual scaling */
+        M(1, R, H), A(R);
+        if (l > 0) A(R);
+        A(R);
+        M(1, R, R), A(R), M(1, R, R), A(R);
+        M(1, E + 1, R);
+        M(E, 2 * I, H), M(E, H, I);
+        for (int i = 0; i < 4; i++) A(H);
     }
-    fn(t, H, 0);
-    if (!s->tied) fn(t, s->vocab * H, 0);
-    if (s->lm_head_bias) fn(t, s->vocab, 0);
+    A(H);
+    if (!s->tied) A(s->vocab * H);
+    if (s->lm_head_bias) A(s->vocab);
 }
+#undef A
+#undef M
 
 /* zaya_cuda.c's layer_layout(): one layer's saved activations. */
 static double layer_bytes(const kiln_size_shape *s, double B, double T) {
