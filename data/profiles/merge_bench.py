@@ -59,12 +59,13 @@ def main(argv):
             # fwd_bwd per shape; per head dim the one with the most work (as kiln size --bench reads them)
             if r.get("backend") == "cpu" or r.get("dtype") != "bf16" or r.get("pass") != "fwd" or r.get("window", 0):
                 continue
-            key = ("batch", "seq", "heads", "head_dim", "window")
+            key = ("batch", "seq", "heads", "kv_heads", "head_dim", "window", "backend")
             both = [x for x in recs if x.get("pass") == "fwd_bwd" and all(x.get(k) == r.get(k) for k in key)]
             if not both or r.get("time_us", 0) <= 0 or both[0]["time_us"] <= r["time_us"]:
                 continue
-            k_attn[tuple(r[k] for k in ("batch", "seq", "heads", "kv_heads", "head_dim"))] = (
-                r["time_us"], both[0]["time_us"] - r["time_us"])
+            if "kv_heads" in r:
+                k_attn[tuple(r[k] for k in ("batch", "seq", "heads", "kv_heads", "head_dim"))] = (
+                    r["time_us"], both[0]["time_us"] - r["time_us"])
             fwd = r["flops"] / (r["time_us"] * 1e-6) / 1e12
             bwd = 2.5 * r["flops"] / ((both[0]["time_us"] - r["time_us"]) * 1e-6) / 1e12
             work = r["batch"] * r["seq"] * r["seq"]

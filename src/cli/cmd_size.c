@@ -494,6 +494,7 @@ static int run_predict(opts *o) {
     if ((e = kiln_size_predict(&s, p, &o->b.setup, &c.pred))) { free(p); return cli_fail("size predict", e); }
     o->b.total = (double)c.pred.params.total_nonembed;
     o->b.active = (double)c.pred.params.active_nonembed;
+    if (!o->have_vocab) o->b.vocab = s.vocab; /* the config's own vocabulary, not the search's default */
     kiln_size_explain_candidate(p, &o->b, &c);
     const kiln_size_pred *q = &c.pred;
     /* ZAYA: kiln's own CUDA trainer, op class by op class, and its memory report's categories */

@@ -278,7 +278,10 @@ static int merge_kernels(kiln_hw_profile *p, const cJSON *root, const char *path
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
         if (str_is(r, "backend", "cpu") || !str_is(r, "dtype", "bf16") || !str_is(r, "pass", "fwd")) continue;
         cJSON_ArrayForEach(r2, sec) {
+            const cJSON *b1 = cJSON_GetObjectItemCaseSensitive(r, "backend"), *b2 = cJSON_GetObjectItemCaseSensitive(r2, "backend");
             if (!str_is(r2, "pass", "fwd_bwd") || str_is(r2, "backend", "cpu")) continue;
+            if (cJSON_IsString(b1) != cJSON_IsString(b2) || (cJSON_IsString(b1) && strcmp(b1->valuestring, b2->valuestring)))
+                continue; /* the same implementation (kiln's kernels or cuDNN's) */
             static const char *key[] = {"batch", "seq", "heads", "kv_heads", "head_dim", "window"};
             int same = 1;
             for (int j = 0; j < 6; j++) same &= num(r2, key[j]) == num(r, key[j]);
