@@ -169,6 +169,38 @@ kiln_error *kiln_scale_shift_forward_cuda(float *y, const float *x, const float 
                                           int64_t d, int accumulate, void *stream);
 kiln_error *kiln_scale_shift_backward_cuda(float *dx, float *db, float *ds, const float *dy, const float *x,
                                            const float *b, const float *s, int64_t n, int64_t d, void *stream);
+/* the same with dx WRITTEN (= dy*s), so that a fresh gradient needs no zeroing pass */
+kiln_error *kiln_scale_shift_backward_write_cuda(float *dx, float *db, float *ds, const float *dy, const float *x,
+                                                 const float *b, const float *s, int64_t n, int64_t d, void *stream);
+
+/* A residual join and the RMSNorm that reads it, one pass (src/cuda/residual_norm.cu): y f32 [n,d] =
+ * (a + ab)*as + (x + xb)*xs, a f32 or bf16 (exactly one of a / a_bf16), x nullable (no second term), shifts
+ * nullable; then, when ln is given, ln bf16 = rmsnorm(y) with weight w and rstd f32 [n] (nullable) saved.
+ * Rows up to 16384 columns (4096 when d % 4 or an alignment rules out 16-byte accesses). */
+kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd, const float *a,
+                                            const kiln_bf16 *a_bf16, const float *ab, const float *as, const float *x,
+                                            const float *xb, const float *xs, const float *w, int64_t n, int64_t d,
+                                            float eps, void *stream);
+/* Its backward, given y's other consumer z = ... + (y + upb)*ups (the next join) and z's gradient dup:
+ *   g = dup*ups + rmsnorm_bwd(dln); da = bf16(g*as), dx = g*xs WRITTEN;
+ *   += (each nullable): dupb = sum dup*ups, dups = sum dup*(y + upb), dw = sum dln*y*rstd, dab = sum g*as,
+ *   das = sum g*(a + ab), dxb = sum g*xs, dxs = sum g*(x + xb) (per-chunk partials, fixed-order sums). */
+typedef struct {
+    const float *y;                /* [n,d] the join's output */
+    const kiln_bf16 *dln;          /* [n,d] gradient of ln = rmsnorm(y) */
+    const float *w, *rstd;         /* the norm's weight [d], saved 1/rms [n] */
+    float *dw;
+    const float *dup, *upb, *ups;  /* gradient of z [n,d]; the next join's shift (nullable) and scale for y */
+    float *dupb, *dups;
+    const kiln_bf16 *a;            /* [n,d] the join's first input (bf16) */
+    const float *ab, *as;
+    float *dab, *das;
+    kiln_bf16 *da;                 /* [n,d] */
+    const float *x, *xb, *xs;      /* [n,d] the second input (f32) */
+    float *dxb, *dxs;
+    float *dx;                     /* [n,d] */
+} kiln_residual_norm_bwd;
+kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm_bwd *p, int64_t n, int64_t d, void *stream);
 
 /* exact (erf) GELU and SwiGLU over bf16 (y may alias x in forward; dx/dgu are written). */
 kiln_error *kiln_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream);

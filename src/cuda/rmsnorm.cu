@@ -1,6 +1,8 @@
 // RMSNorm on the device: one block per row for the statistics; the backward walks a chunk of rows per
 // block, writing dx row by row and keeping that chunk's dw partial sums (each thread owns its columns), so
-// dw = a fixed-order sum of the chunks' partials: deterministic.
+// dw = a fixed-order sum of the chunks' partials: deterministic. Rows of up to 8192 columns (16-byte
+// accesses) keep the row and the partials in registers (rmsnorm_bwd_reg_kernel); wider or unaligned ones
+// go through memory.
 #include "ops_common.cuh"
 
 // V = 4: rows walked in 16-byte (f32) / 8-byte (bf16) accesses (d % 4 == 0, aligned rows)
@@ -75,6 +77,61 @@ static __global__ void rmsnorm_bwd_kernel(TDX *dx, float *dwp, const bf16 *dy, c
     }
 }
 
+// The same backward with the row kept in registers between its dot product and dx (each input read once)
+// and the dw partial in registers over the chunk: NV units of V columns per thread, unit k at column
+// (threadIdx.x + k*blockDim.x)*V. Same arithmetic as above, so the same dw bits.
+template <typename TX, typename TDX, int V, int NV>
+static __global__ void __launch_bounds__(512)
+    rmsnorm_bwd_reg_kernel(TDX *dx, float *dwp, const bf16 *dy, const TX *x, const float *w, const float *rstd,
+                           int64_t n, int d, int64_t rows_per) {
+    __shared__ float sh[32];
+    const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    float pw[NV][V];
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+        for (int q = 0; q < V; q++) pw[k][q] = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+        const float rs = rstd[r];
+        float xv[NV][V], gv[NV][V], dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float wv[V];
+            ldv<V>(x + r * d, j, xv[k]), ldv<V>(dy + r * d, j, gv[k]), ldv<V>(w, j, wv);
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                pw[k][q] = __fadd_rn(pw[k][q], __fmul_rn(gv[k][q], __fmul_rn(xv[k][q], rs)));
+                dot += gv[k][q] * wv[q] * xv[k][q];
+            }
+        }
+        if (!dx) continue;
+        dot = block_sum(dot, sh);
+        const float c = dot * rs * rs * rs / (float)d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float wv[V], dv[V];
+            ldv<V>(w, j, wv);
+            if constexpr (sizeof(TDX) == 4) ldv<V>(dx + r * d, j, dv); // f32 gradients accumulate
+            else
+#pragma unroll
+                for (int q = 0; q < V; q++) dv[q] = 0.0f; // bf16 ones are written
+#pragma unroll
+            for (int q = 0; q < V; q++) dv[q] += rs * gv[k][q] * wv[q] - c * xv[k][q];
+            stv<V>(dx + r * d, j, dv);
+        }
+    }
+    if (dwp)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j < d) stv<V>(dwp + blockIdx.x * (int64_t)d, j, pw[k]);
+        }
+}
+
 static int threads_for_row(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : d >= 128 ? 64 : 32; }
 
 template <typename TX>
@@ -99,9 +156,23 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     cudaStream_t st = (cudaStream_t)stream;
     float *part = NULL;
     const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
+    int vec, threads;
+    int64_t units, nv;
     if (n <= 0 || d <= 0 || (!dx && !dw)) return NULL;
     if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * d) * sizeof(float), st));
-    if (d % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w))
+    vec = d % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
+    units = vec ? d / 4 : d;
+    threads = units >= 512 ? 512 : (int)((units + 31) / 32 * 32);
+    nv = (units + threads - 1) / threads;
+    if (vec && nv <= 4) { // registers hold the row: the common widths
+        const int di = (int)d;
+        if (nv == 1)
+            rmsnorm_bwd_reg_kernel<TX, TDX, 4, 1><<<(int)chunks, threads, 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n, di, rows_per);
+        else if (nv == 2)
+            rmsnorm_bwd_reg_kernel<TX, TDX, 4, 2><<<(int)chunks, threads, 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n, di, rows_per);
+        else
+            rmsnorm_bwd_reg_kernel<TX, TDX, 4, 4><<<(int)chunks, threads, 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n, di, rows_per);
+    } else if (vec)
         rmsnorm_bwd_kernel<TX, TDX, 4><<<(int)chunks, threads_for_row(d / 4), 0, st>>>(dx, part, (const bf16 *)dy, x, w,
                                                                                      rstd, n, d, rows_per);
     else

@@ -21,10 +21,12 @@ static __global__ void scale_shift_fwd_kernel(float *y, const float *x, const fl
     }
 }
 
-// grid (column tiles, row chunks), V columns per thread; dbp/dsp: [chunks, d] partials (NULL: not wanted)
+// grid (column tiles, row chunks), V columns per thread; dbp/dsp: [chunks, d] partials (NULL: not wanted);
+// dx accumulates, or with write is written (the caller then needs no zeroing pass)
 template <int V>
 static __global__ void scale_shift_bwd_kernel(float *dx, float *dbp, float *dsp, const float *dy, const float *x,
-                                              const float *b, const float *s, int64_t n, int64_t d, int64_t rows_per) {
+                                              const float *b, const float *s, int64_t n, int64_t d, int64_t rows_per,
+                                              int write) {
     const int64_t j = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V;
     if (j >= d) return;
     const int64_t r0 = blockIdx.y * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
@@ -40,7 +42,9 @@ static __global__ void scale_shift_bwd_kernel(float *dx, float *dbp, float *dsp,
         ldv<V>(dy + r * d, j, g);
 #pragma unroll
         for (int k = 0; k < V; k++) gs[k] = __fmul_rn(g[k], sv[k]);
-        if (dx) {
+        if (dx && write) {
+            stv<V>(dx + r * d, j, gs);
+        } else if (dx) {
             ldv<V>(dx + r * d, j, dv);
 #pragma unroll
             for (int k = 0; k < V; k++) dv[k] = __fadd_rn(dv[k], gs[k]);
@@ -73,9 +77,8 @@ done:
     return err;
 }
 
-extern "C" kiln_error *kiln_scale_shift_backward_cuda(float *dx, float *db, float *ds, const float *dy, const float *x,
-                                                      const float *b, const float *s, int64_t n, int64_t d,
-                                                      void *stream) {
+static kiln_error *scale_shift_bwd(float *dx, float *db, float *ds, const float *dy, const float *x, const float *b,
+                                   const float *s, int64_t n, int64_t d, int write, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     float *dbp = NULL, *dsp = NULL;
@@ -91,10 +94,10 @@ extern "C" kiln_error *kiln_scale_shift_backward_cuda(float *dx, float *db, floa
     if (ds) CUDA_TRY(kiln_ops_scratch((void **)&dsp, (size_t)(chunks * d) * sizeof(float), st));
     if (vec)
         scale_shift_bwd_kernel<4><<<dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st>>>(dx, dbp, dsp, dy, x, b, s,
-                                                                                               n, d, rows_per);
+                                                                                               n, d, rows_per, write);
     else
         scale_shift_bwd_kernel<1><<<dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st>>>(dx, dbp, dsp, dy, x, b, s,
-                                                                                               n, d, rows_per);
+                                                                                               n, d, rows_per, write);
     LAUNCH_CHECK("scale_shift backward");
     if (db) CUDA_TRY(colsum_add(db, dbp, chunks, d, st));
     if (ds) CUDA_TRY(colsum_add(ds, dsp, chunks, d, st));
@@ -102,4 +105,15 @@ done:
     if (dbp) cudaFreeAsync(dbp, st);
     if (dsp) cudaFreeAsync(dsp, st);
     return err;
+}
+
+extern "C" kiln_error *kiln_scale_shift_backward_cuda(float *dx, float *db, float *ds, const float *dy, const float *x,
+                                                      const float *b, const float *s, int64_t n, int64_t d,
+                                                      void *stream) {
+    return scale_shift_bwd(dx, db, ds, dy, x, b, s, n, d, 0, stream);
+}
+extern "C" kiln_error *kiln_scale_shift_backward_write_cuda(float *dx, float *db, float *ds, const float *dy,
+                                                            const float *x, const float *b, const float *s, int64_t n,
+                                                            int64_t d, void *stream) {
+    return scale_shift_bwd(dx, db, ds, dy, x, b, s, n, d, 1, stream);
 }

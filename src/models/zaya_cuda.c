@@ -1,8 +1,9 @@
 /* The ZAYA model on the GPU (include/kiln/zaya_cuda.h): the steps of zaya_forward.c and zaya_backward.c
  * in the same order, each through its CUDA twin (include/kiln/cuda_ops.h). Where the CPU keeps an f32
- * activation the GPU keeps bf16, except the residual stream (x, res1, the layer outputs), the MoE output
- * and the o_proj output that the residual scaling multiplies (all f32), the router's logits and
- * probabilities (f32: routing decisions are taken on them) and the saved norm statistics.
+ * activation the GPU keeps bf16, except the residual stream (x, res1, the layer outputs) and the MoE output
+ * (f32), the router's logits and probabilities (f32: routing decisions are taken on them) and the saved
+ * norm statistics. Each residual join runs fused with the RMSNorm that reads it (residual_norm.cu), the
+ * CCA convolutions with the q/k coupling (cca_conv_fused.cu).
  * Everything runs on one stream; the experts synchronize it once per layer (their row counts). */
 #include <float.h>
 #include <math.h>
@@ -71,7 +72,7 @@ typedef struct {
     bf *qr, *kr, *v, *vd;/* [N,Q], [N,K], [N,K], [N,K/2] */
     bf *att;             /* [N,Q] */
     float *lse;          /* [B,NH,T] */
-    float *o;            /* [N,H] o_proj output (f32: the residual scaling's input) */
+    bf *o;               /* [N,H] o_proj output (the residual join's first input) */
     float *res1;         /* [N,H] */
     bf *ln2;             /* [N,H] */
     float *ln2_r;
@@ -89,7 +90,7 @@ typedef struct {
 
 /* One backward's scratch, reused by every layer. */
 typedef struct {
-    float *dres, *dnext, *dres1, *dmoe, *dln2f, *do32; /* [N,H] f32 */
+    float *dres, *dnext, *dmoe, *dln2f;                /* [N,H] f32 */
     bf *dln2, *dob, *dln1, *dhn;                       /* [N,H] bf16 */
     bf *dye, *dact, *dgu, *dxe;                        /* experts */
     float *dgate;                                      /* [S] */
@@ -203,7 +204,7 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     L->vd = TB(b, N * K / 2);
     L->att = TB(b, N * Q);
     L->lse = TF(b, B * NH * T);
-    L->o = TF(b, N * H);
+    L->o = TB(b, N * H);
     L->res1 = TF(b, N * H);
     L->ln2 = TB(b, N * H);
     L->ln2_r = TF(b, N);
@@ -257,8 +258,8 @@ static void scratch_layout(struct kiln_zaya_cuda *g, dbump *b, size_t attn_work)
     const int64_t K = c->num_kv_heads * c->head_dim, C = Q + K, R = c->router_hidden, E1 = c->num_experts + 1;
     const int64_t S = N * c->top_k, I = c->moe_intermediate;
     gscratch *s = &g->s;
-    s->dres = TF(b, N * H), s->dnext = TF(b, N * H), s->dres1 = TF(b, N * H), s->dmoe = TF(b, N * H);
-    s->dln2f = TF(b, N * H), s->do32 = TF(b, N * H), s->dx0 = TF(b, N * H);
+    s->dres = TF(b, N * H), s->dnext = TF(b, N * H), s->dmoe = TF(b, N * H);
+    s->dln2f = TF(b, N * H), s->dx0 = TF(b, N * H);
     s->dln2 = TB(b, N * H), s->dob = TB(b, N * H), s->dln1 = TB(b, N * H), s->dhn = TB(b, N * H);
     s->dye = TB(b, S * H), s->dact = TB(b, S * I), s->dgu = TB(b, S * 2 * I), s->dxe = TB(b, S * H);
     s->dgate = TF(b, S);
@@ -541,7 +542,17 @@ kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof
 
 #define Z(p, bytes) CU(cudaMemsetAsync((p), 0, (size_t)(bytes), st))
 
-static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const bf *prev_rdown, float *out) {
+/* The RMSNorm fused into a layer's last residual join: the next layer's input_layernorm or the final norm. */
+typedef struct {
+    bf *y;
+    float *rstd;
+    const float *w;
+} next_norm;
+
+/* out: the layer's output; next (nullable): the norm that reads it, done in the same pass; ln1_done: L->ln1
+ * was written by the previous join already. */
+static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const bf *prev_rdown, float *out,
+                                 const next_norm *next, int ln1_done) {
     const kiln_zaya *m = g->m;
     const kiln_zaya_config *c = &m->cfg;
     const kiln_zaya_layer_ptrs *W = &g->W.layers[li];
@@ -552,8 +563,8 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     const float eps = (float)c->rms_norm_eps;
     void *st = g->stream;
 
-    /* input_layernorm */
-    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
+    /* input_layernorm (unless the previous residual join did it) */
+    if (!ln1_done) OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
     /* ZayaCCAProjection; q and k live only until packed (the backward scratch holds them) */
     bf *q = g->s.dq, *k = g->s.dk;
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
@@ -575,13 +586,11 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     /* causal GQA attention */
     kiln_attn_shape as = attn_shape(c, B, T, type);
     OP(g, "attention (flash) fwd", kiln_attention_forward_cuda(L->att, L->lse, L->qr, L->kr, L->v, &as, st));
-    /* o_proj, kept in f32 for the residual scaling (ln2 is scratch until the norm writes it) */
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->ln2, L->att, BF(g, W->wo), BF(g, W->bo), N, Q, H, st));
-    OP(g, "pointwise + glue fwd", kiln_bf16_to_f32_cuda(L->o, L->ln2, N * H, st));
-    /* post_attention_residual_scale, post_attention_layernorm */
-    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(L->res1, L->o, W->attn_hb, W->attn_hs, N, H, 0, st));
-    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(L->res1, L->x, W->attn_rb, W->attn_rs, N, H, 1, st));
-    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln2, L->ln2_r, L->res1, W->ln2, N, H, eps, st));
+    /* o_proj */
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->o, L->att, BF(g, W->wo), BF(g, W->bo), N, Q, H, st));
+    /* post_attention_residual_scale and post_attention_layernorm, one pass */
+    OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(L->res1, L->ln2, L->ln2_r, NULL, L->o, W->attn_hb, W->attn_hs,
+                                                                    L->x, W->attn_rb, W->attn_rs, W->ln2, N, H, eps, st));
     /* ZayaRouter */
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->rdown, L->ln2, BF(g, W->r_down_w), BF(g, W->r_down_b), N, H, R, st));
     if (W->r_state_scale && prev_rdown)
@@ -599,9 +608,10 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
                             L->slot_tok, L->slot_k, L->tok_slot, 0, L->xe, L->gu, L->act, L->ye};
     OP(g, "experts (dispatch + grouped GEMMs) fwd", kiln_experts_forward_cuda(&ex, L->moe, L->ln2, BF(g, W->gate_up), BF(g, W->down), st));
     L->nslots = ex.nslots;
-    /* post_mlp_residual_scale */
-    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(out, L->moe, W->mlp_hb, W->mlp_hs, N, H, 0, st));
-    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(out, L->res1, W->mlp_rb, W->mlp_rs, N, H, 1, st));
+    /* post_mlp_residual_scale, and the norm that reads the output where given */
+    OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(out, next ? next->y : NULL, next ? next->rstd : NULL, L->moe,
+                                                                    NULL, W->mlp_hb, W->mlp_hs, L->res1, W->mlp_rb, W->mlp_rs,
+                                                                    next ? next->w : NULL, N, H, eps, st));
     return NULL;
 }
 
@@ -615,15 +625,29 @@ static kiln_error *forward_impl(kiln_zaya_cuda *g, const int64_t *ids) {
     OP(g, "embedding fwd", kiln_embedding_forward_cuda(g->x0, g->W.embed, g->ids, N, H, st));
     const int64_t E1 = c->num_experts + 1;
     CU(cudaMemsetAsync(g->counts, 0, (size_t)(c->num_layers * E1) * sizeof(int64_t), st));
-    float *x = c->num_layers ? g->L[0].x : g->xf;
-    OP(g, "pointwise + glue fwd", kiln_scale_shift_forward_cuda(x, g->x0, g->W.in_bias, g->W.in_scale, N, H, 0, st));
-    for (int64_t l = 0; l < c->num_layers; l++) {
-        float *out = l + 1 < c->num_layers ? g->L[l + 1].x : g->xf;
-        kiln_error *e = layer_forward(g, l, &g->L[l], l > 0 ? g->L[l - 1].rdown : NULL, out);
+    /* input scale/bias, each residual join and the final one with the norm that reads it in the same pass;
+     * with recomputation the layers share one activation set, so a join cannot write the next layer's ln1
+     * (the shared set's ln1 is the current layer's, needed by its backward) */
+    const float eps = (float)c->rms_norm_eps;
+    const int64_t nl = c->num_layers;
+    const next_norm fin = {g->hn, g->hn_r, g->W.norm};
+    if (nl)
+        OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(g->L[0].x, g->L[0].ln1, g->L[0].ln1_r, g->x0, NULL,
+                                                                        g->W.in_bias, g->W.in_scale, NULL, NULL, NULL,
+                                                                        g->W.layers[0].ln1, N, H, eps, st));
+    else
+        OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(g->xf, g->hn, g->hn_r, g->x0, NULL, g->W.in_bias,
+                                                                        g->W.in_scale, NULL, NULL, NULL, g->W.norm, N, H,
+                                                                        eps, st));
+    for (int64_t l = 0; l < nl; l++) {
+        float *out = l + 1 < nl ? g->L[l + 1].x : g->xf;
+        next_norm nx = {NULL, NULL, NULL};
+        if (l + 1 < nl && !g->recompute) nx = (next_norm){g->L[l + 1].ln1, g->L[l + 1].ln1_r, g->W.layers[l + 1].ln1};
+        const next_norm *np = l + 1 == nl ? &fin : nx.y ? &nx : NULL;
+        kiln_error *e = layer_forward(g, l, &g->L[l], l > 0 ? g->L[l - 1].rdown : NULL, out, np, l == 0 || !g->recompute);
         if (!e) e = kiln_zaya_route_count_cuda(g->counts + l * E1, g->L[l].choice, N * c->top_k, E1, st);
         if (e) return kiln_error_wrap(e, "layer %lld forward", (long long)l);
     }
-    OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(g->hn, g->hn_r, g->xf, g->W.norm, N, H, (float)c->rms_norm_eps, st));
     OP(g, "LM head (cuBLASLt) fwd", kiln_linear_forward_cuda(g->logits, g->hn, BF(g, g->W.lm_head_w), BF(g, g->W.lm_head_b), N, H,
                                       c->vocab_size, st));
     g->logits_valid = 1;
@@ -692,13 +716,9 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     cudaStream_t st = g->stream;
     const float *dout = s->dres;
 
-    /* post_mlp_residual_scale */
-    Z(s->dmoe, N * H * 4);
-    Z(s->dres1, N * H * 4);
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dmoe, Gd->mlp_hb, Gd->mlp_hs, dout, L->moe, W->mlp_hb, W->mlp_hs, N, H,
-                                            st));
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dres1, Gd->mlp_rb, Gd->mlp_rs, dout, L->res1, W->mlp_rb, W->mlp_rs, N,
-                                            H, st));
+    /* post_mlp_residual_scale, the MoE side (its res1 side joins the attention residual's backward below) */
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_write_cuda(s->dmoe, Gd->mlp_hb, Gd->mlp_hs, dout, L->moe, W->mlp_hb,
+                                                                       W->mlp_hs, N, H, st));
     /* experts */
     Z(s->dln2f, N * H * 4);
     kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
@@ -731,16 +751,16 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dln2, s->dln2f, N * H, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln2, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
                                        R, st));
-    /* post_attention_layernorm, post_attention_residual_scale */
-    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_cuda(s->dres1, Gd->ln2, s->dln2, L->res1, W->ln2, L->ln2_r, N, H, st));
-    Z(s->do32, N * H * 4);
-    Z(s->dnext, N * H * 4);
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->do32, Gd->attn_hb, Gd->attn_hs, s->dres1, L->o, W->attn_hb, W->attn_hs,
-                                            N, H, st));
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dnext, Gd->attn_rb, Gd->attn_rs, s->dres1, L->x, W->attn_rb,
-                                            W->attn_rs, N, H, st));
+    /* post_attention_layernorm, post_attention_residual_scale and the MLP residual's res1 side, one pass:
+     * dres1 = dout*mlp_rs + the norm's backward; dob = bf16(dres1*attn_hs), dnext = dres1*attn_rs (written) */
+    const kiln_residual_norm_bwd rb = {.y = L->res1, .dln = s->dln2, .w = W->ln2, .rstd = L->ln2_r, .dw = Gd->ln2,
+                                       .dup = dout, .upb = W->mlp_rb, .ups = W->mlp_rs, .dupb = Gd->mlp_rb,
+                                       .dups = Gd->mlp_rs, .a = L->o, .ab = W->attn_hb, .as = W->attn_hs,
+                                       .dab = Gd->attn_hb, .das = Gd->attn_hs, .da = s->dob, .x = L->x,
+                                       .xb = W->attn_rb, .xs = W->attn_rs, .dxb = Gd->attn_rb, .dxs = Gd->attn_rs,
+                                       .dx = s->dnext};
+    OP(g, "residual + RMSNorm bwd", kiln_residual_norm_backward_cuda(&rb, N, H, st));
     /* o_proj and attention */
-    OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dob, s->do32, N * H, st));
     Z(s->datt, N * Q * 2);
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H, st));
     kiln_attn_shape as = attn_shape(c, B, T, type);
@@ -790,7 +810,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
         kiln_error *e = NULL;
         /* with recomputation the shared set holds the last layer after forward; re-run the others */
         if (g->recompute && !(l == c->num_layers - 1 && g->layers_fresh))
-            e = layer_forward(g, l, L, prev, s->dnext);
+            e = layer_forward(g, l, L, prev, s->dnext, NULL, 0);
         if (!e) e = layer_backward(g, l, L, prev, carry_in, carry_out);
         if (e) return kiln_error_wrap(e, "layer %lld backward", (long long)l);
         float *t = s->dres;
@@ -801,8 +821,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     }
     g->layers_fresh = 0;
     /* input hidden-state scale/bias, then the embedding (the pad row gets nothing) */
-    Z(s->dx0, N * H * 4);
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_cuda(s->dx0, g->G.in_bias, g->G.in_scale, s->dres, g->x0, g->W.in_bias,
+    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_write_cuda(s->dx0, g->G.in_bias, g->G.in_scale, s->dres, g->x0, g->W.in_bias,
                                             g->W.in_scale, N, H, st));
     OP(g, "embedding bwd", kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
     CU(cudaStreamSynchronize(st));

@@ -67,6 +67,29 @@ TEST(gpu_ops_timing_model_shapes) {
     TIME("scale_shift backward (dx, db, ds)", N * H * 16.0,
          kiln_scale_shift_backward_cuda(dxf, dbv, dwv, yf, x, bb, w, N, H, NULL));
     kiln_cuda_free(table), kiln_cuda_free(dtable);
+    /* the model's fused residual joins (residual_norm.cu): forward join + norm with a bf16 first input (the
+     * attention side) and an f32 one (the MLP side); backward of the attention join + norm + the MLP join's
+     * res1 side; the MLP side's written dx */
+    {
+        float *res = fill_dev(&rng, N * H, 0, 1.0f), *dout = fill_dev(&rng, N * H, 0, 0.1f), *dn = gt_dev((size_t)(N * H) * 4);
+        float *gv[7];
+        for (int i = 0; i < 7; i++) gv[i] = fill_dev(&rng, H, 0, 0.0f);
+        kiln_bf16 *ob = fill_dev(&rng, N * H, 1, 1.0f), *lnb = gt_dev((size_t)(N * H) * 2), *dob = gt_dev((size_t)(N * H) * 2);
+        TIME("join + rmsnorm fwd (a bf16)", N * H * 12.0,
+             kiln_residual_norm_forward_cuda(res, lnb, rstd, NULL, ob, bb, w, x, bb, w, w, N, H, 1e-5f, NULL));
+        TIME("join + rmsnorm fwd (a f32)", N * H * 14.0,
+             kiln_residual_norm_forward_cuda(yf, lnb, rstd, x, NULL, bb, w, res, bb, w, w, N, H, 1e-5f, NULL));
+        kiln_residual_norm_bwd rp = {.y = res, .dln = dyb, .w = w, .rstd = rstd, .dw = gv[0], .dup = dout, .upb = bb,
+                                     .ups = w, .dupb = gv[1], .dups = gv[2], .a = ob, .ab = bb, .as = w, .dab = gv[3],
+                                     .das = gv[4], .da = dob, .x = x, .xb = bb, .xs = w, .dxb = gv[5], .dxs = gv[6],
+                                     .dx = dn};
+        TIME("join + rmsnorm bwd (both joins)", N * H * 22.0, kiln_residual_norm_backward_cuda(&rp, N, H, NULL));
+        TIME("scale_shift backward (dx written)", N * H * 12.0,
+             kiln_scale_shift_backward_write_cuda(dn, dbv, dwv, dout, x, bb, w, N, H, NULL));
+        kiln_cuda_free(res), kiln_cuda_free(dout), kiln_cuda_free(dn), kiln_cuda_free(ob), kiln_cuda_free(lnb);
+        kiln_cuda_free(dob);
+        for (int i = 0; i < 7; i++) kiln_cuda_free(gv[i]);
+    }
     /* experts' activation: N slots (top-1), gu [N, 2I] */
     kiln_bf16 *gu = fill_dev(&rng, N * 2 * I, 1, 2.0f), *dgu = gt_dev((size_t)(N * 2 * I) * 2);
     TIME("swiglu forward", N * I * 6.0, kiln_swiglu_forward_cuda(yb, gu, N, I, NULL));

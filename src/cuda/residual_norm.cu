@@ -1,0 +1,231 @@
+// ZAYA's residual joins fused with the RMSNorm that reads them (src/models/zaya_cuda.c's glue):
+//   forward:  y = (a + ab)*as + (x + xb)*xs (f32, the residual stream), then ln = rmsnorm(y) in bf16 in the
+//             same pass over the row (the two scale_shift calls, a bf16 -> f32 cast and the norm were four);
+//   backward: the adjoint of that join and norm together with y's other consumer, the next join
+//             z = ... + (y + upb)*ups: g = dz*ups + rmsnorm_bwd(dln), then da (bf16, the projection's output
+//             gradient) = g*as and dx = g*xs, written; the seven per-channel gradients (up's shift and scale,
+//             the norm weight, the join's four) as per-chunk partials summed in a fixed order (no atomics).
+// One block walks whole rows, each thread holding its columns (NV units of V) in registers between the
+// row's reduction and its outputs, so every input is read once.
+#include "ops_common.cuh"
+
+namespace rn {
+enum { MAXNV = 8, THREADS = 512, NPART = 7 };
+
+// a thread's units: unit k covers columns (threadIdx.x + k*blockDim.x)*V .. +V-1
+template <typename TA, int V, int NV>
+static __global__ void __launch_bounds__(THREADS)
+    fwd_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
+               const float *xb, const float *xs, const float *w, int64_t n, int d, float eps) {
+    __shared__ float sh[32];
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        float yv[NV][V], ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float av[V], bv[V], sv[V];
+            ldv<V>(a + r * d, j, av), ldv<V>(as, j, sv);
+            if (ab) ldv<V>(ab, j, bv);
+            else
+#pragma unroll
+                for (int q = 0; q < V; q++) bv[q] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < V; q++) yv[k][q] = (av[q] + bv[q]) * sv[q];
+            if (x) {
+                float xv[V];
+                ldv<V>(x + r * d, j, xv), ldv<V>(xs, j, sv);
+                if (xb) ldv<V>(xb, j, bv);
+                else
+#pragma unroll
+                    for (int q = 0; q < V; q++) bv[q] = 0.0f;
+#pragma unroll
+                for (int q = 0; q < V; q++) yv[k][q] += (xv[q] + bv[q]) * sv[q];
+            }
+            stv<V>(y + r * d, j, yv[k]);
+#pragma unroll
+            for (int q = 0; q < V; q++) ss += yv[k][q] * yv[k][q];
+        }
+        if (!ln) continue;
+        ss = block_sum(ss, sh);
+        const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
+        if (rstd && threadIdx.x == 0) rstd[r] = rs;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float wv[V], ov[V];
+            ldv<V>(w, j, wv);
+#pragma unroll
+            for (int q = 0; q < V; q++) ov[q] = wv[q] * (yv[k][q] * rs);
+            stv<V>(ln + r * d, j, ov);
+        }
+    }
+}
+
+// block c: rows [c*rows_per, ...); part [NPART][chunks][d]: 0 dupb, 1 dups, 2 dw, 3 dab, 4 das, 5 dxb, 6 dxs
+template <int V, int NV>
+static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_bwd p, float *part, int64_t n, int d,
+                                                             int64_t rows_per, int64_t chunks) {
+    __shared__ float sh[32];
+    const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    const bf16 *dln = (const bf16 *)p.dln, *a = (const bf16 *)p.a;
+    float acc[NPART][NV][V];
+#pragma unroll
+    for (int i = 0; i < NPART; i++)
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int q = 0; q < V; q++) acc[i][k][q] = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+        const float rs = p.rstd[r];
+        float yv[NV][V], gv[NV][V], dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float wv[V];
+            ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(dln + r * d, j, gv[k]), ldv<V>(p.w, j, wv);
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                dot += gv[k][q] * wv[q] * yv[k][q];
+                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
+            }
+        }
+        dot = block_sum(dot, sh);
+        const float c = dot * rs * rs * rs / (float)d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float wv[V], du[V], ub[V], us[V], av[V], abv[V], asv[V], xv[V], xbv[V], xsv[V], dav[V], dxv[V];
+            ldv<V>(p.w, j, wv), ldv<V>(p.dup + r * d, j, du), ldv<V>(p.ups, j, us);
+            ldv<V>(a + r * d, j, av), ldv<V>(p.as, j, asv), ldv<V>(p.x + r * d, j, xv), ldv<V>(p.xs, j, xsv);
+#pragma unroll
+            for (int q = 0; q < V; q++) ub[q] = 0.0f, abv[q] = 0.0f, xbv[q] = 0.0f;
+            if (p.upb) ldv<V>(p.upb, j, ub);
+            if (p.ab) ldv<V>(p.ab, j, abv);
+            if (p.xb) ldv<V>(p.xb, j, xbv);
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                const float gu = __fmul_rn(du[q], us[q]);
+                acc[0][k][q] = __fadd_rn(acc[0][k][q], gu);
+                acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[q], __fadd_rn(yv[k][q], ub[q])));
+                const float g = gu + (rs * gv[k][q] * wv[q] - c * yv[k][q]);
+                dav[q] = __fmul_rn(g, asv[q]);
+                dxv[q] = __fmul_rn(g, xsv[q]);
+                acc[3][k][q] = __fadd_rn(acc[3][k][q], dav[q]);
+                acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[q], abv[q])));
+                acc[5][k][q] = __fadd_rn(acc[5][k][q], dxv[q]);
+                acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[q], xbv[q])));
+            }
+            stv<V>((bf16 *)p.da + r * d, j, dav);
+            stv<V>(p.dx + r * d, j, dxv);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NPART; i++)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j < d) stv<V>(part + ((int64_t)i * chunks + blockIdx.x) * d, j, acc[i][k]);
+        }
+}
+
+// units per thread and threads per block for a row of d columns, V per unit (NV 0: too wide)
+static void shape_for(int64_t d, int V, int *threads, int *nv) {
+    const int64_t units = (d + V - 1) / V;
+    *threads = units >= THREADS ? THREADS : (int)((units + 31) / 32 * 32);
+    const int64_t need = (units + *threads - 1) / *threads;
+    *nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= MAXNV ? MAXNV : 0;
+}
+
+template <typename TA, int V>
+static void launch_fwd(int nv, int grid, int threads, cudaStream_t st, float *y, bf16 *ln, float *rstd, const TA *a,
+                       const float *ab, const float *as, const float *x, const float *xb, const float *xs,
+                       const float *w, int64_t n, int d, float eps) {
+    switch (nv) {
+    case 1: fwd_kernel<TA, V, 1><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
+    case 2: fwd_kernel<TA, V, 2><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
+    case 4: fwd_kernel<TA, V, 4><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
+    default: fwd_kernel<TA, V, MAXNV><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
+    }
+}
+template <int V>
+static void launch_bwd(int nv, int grid, int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part,
+                       int64_t n, int d, int64_t rows_per, int64_t chunks) {
+    switch (nv) {
+    case 1: bwd_kernel<V, 1><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    case 2: bwd_kernel<V, 2><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    case 4: bwd_kernel<V, 4><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    default: bwd_kernel<V, MAXNV><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    }
+}
+} // namespace rn
+
+using namespace rn;
+
+extern "C" kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd, const float *a,
+                                                       const kiln_bf16 *a_bf16, const float *ab, const float *as,
+                                                       const float *x, const float *xb, const float *xs,
+                                                       const float *w, int64_t n, int64_t d, float eps,
+                                                       void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (n <= 0 || d <= 0) return NULL;
+    if (!y || !as || (!a) == (!a_bf16) || (x && !xs) || (ln && !w))
+        return kiln_errorf(KILN_EINVAL, "residual_norm forward: y, as, exactly one of a / a_bf16, xs with x and w "
+                                        "with ln are required");
+    const int vec = d % 4 == 0 && aligned16(y) && aligned16(ln) && aligned16(a) && aligned16(a_bf16) &&
+                    aligned16(ab) && aligned16(as) && aligned16(x) && aligned16(xb) && aligned16(xs) && aligned16(w);
+    int threads, nv;
+    shape_for(d, vec ? 4 : 1, &threads, &nv);
+    if (!nv)
+        return kiln_errorf(KILN_EINVAL, "residual_norm forward: rows of %lld columns exceed %d", (long long)d,
+                           (vec ? 4 : 1) * THREADS * MAXNV);
+    const int grid = (int)(n < 1048576 ? n : 1048576);
+    if (a_bf16) {
+        if (vec) launch_fwd<bf16, 4>(nv, grid, threads, st, y, (bf16 *)ln, rstd, (const bf16 *)a_bf16, ab, as, x, xb, xs, w, n, (int)d, eps);
+        else launch_fwd<bf16, 1>(nv, grid, threads, st, y, (bf16 *)ln, rstd, (const bf16 *)a_bf16, ab, as, x, xb, xs, w, n, (int)d, eps);
+    } else {
+        if (vec) launch_fwd<float, 4>(nv, grid, threads, st, y, (bf16 *)ln, rstd, a, ab, as, x, xb, xs, w, n, (int)d, eps);
+        else launch_fwd<float, 1>(nv, grid, threads, st, y, (bf16 *)ln, rstd, a, ab, as, x, xb, xs, w, n, (int)d, eps);
+    }
+    LAUNCH_CHECK("residual_norm forward");
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm_bwd *p, int64_t n, int64_t d,
+                                                        void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *part = NULL;
+    if (n <= 0 || d <= 0) return NULL;
+    if (!p->y || !p->dln || !p->w || !p->rstd || !p->dup || !p->ups || !p->a || !p->as || !p->x || !p->xs || !p->da ||
+        !p->dx)
+        return kiln_errorf(KILN_EINVAL, "residual_norm backward: y, dln, w, rstd, dup, ups, a, as, x, xs, da and dx "
+                                        "are required");
+    const int vec = d % 4 == 0 && aligned16(p->y) && aligned16(p->dln) && aligned16(p->w) && aligned16(p->dup) &&
+                    aligned16(p->upb) && aligned16(p->ups) && aligned16(p->a) && aligned16(p->ab) &&
+                    aligned16(p->as) && aligned16(p->x) && aligned16(p->xb) && aligned16(p->xs) &&
+                    aligned16(p->da) && aligned16(p->dx);
+    int threads, nv;
+    shape_for(d, vec ? 4 : 1, &threads, &nv);
+    if (!nv)
+        return kiln_errorf(KILN_EINVAL, "residual_norm backward: rows of %lld columns exceed %d", (long long)d,
+                           (vec ? 4 : 1) * THREADS * MAXNV);
+    {
+        const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
+        CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(NPART * chunks * d) * sizeof(float), st));
+        if (vec) launch_bwd<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
+        else launch_bwd<1>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
+        LAUNCH_CHECK("residual_norm backward");
+        float *outs[NPART] = {p->dupb, p->dups, p->dw, p->dab, p->das, p->dxb, p->dxs};
+        for (int i = 0; i < NPART; i++)
+            if (outs[i]) CUDA_TRY(colsum_add(outs[i], part + (int64_t)i * chunks * d, chunks, d, st));
+    }
+done:
+    if (part) cudaFreeAsync(part, st);
+    return err;
+}

@@ -1,0 +1,163 @@
+/* The fused residual join + RMSNorm (src/cuda/residual_norm.cu) and scale_shift's written-dx backward against
+ * the CPU ops they replace, composed as zaya_forward.c / zaya_backward.c compose them: kiln_scale_shift_forward
+ * twice and kiln_rmsnorm_forward; backward the next join's kiln_scale_shift_backward, kiln_rmsnorm_backward,
+ * then the join's two kiln_scale_shift_backward. Tolerances (max |gpu - ref| / max |ref|), as
+ * test_gpu_ops_rows.c: bf16 outputs (ln, da) 5e-3, one rounding; f32 element outputs (y, rstd, dx) 1e-5;
+ * f32 sums over rows (the seven weight gradients, accumulated onto random values) 3e-5. Shapes: the model's
+ * width (one 16-byte unit per thread), two units per thread (d 4096), a narrow row (fewer threads than a
+ * block), odd widths on the element path (two and four units per thread), bf16 and f32 first inputs, with
+ * and without the second input and the shifts. Weight gradients bitwise repeatable; da/dx do not depend on
+ * which weight gradients are asked for. */
+#include <string.h>
+
+#include "gpu_testutil.h"
+#include "kiln/nn.h"
+
+#define TOL_BF16 5e-3
+#define TOL_F32 1e-5
+#define TOL_SUM 3e-5
+
+static float *copy_f(const float *x, int64_t n) {
+    float *y = malloc((size_t)(n ? n : 1) * sizeof *y);
+    memcpy(y, x, (size_t)n * sizeof *y);
+    return y;
+}
+
+TEST(gpu_ops_residual_norm) {
+    static const struct {
+        int64_t n, d;
+        int a_bf16, with_x, shifts;
+    } cases[] = {{300, 2048, 1, 1, 1}, {64, 4096, 1, 1, 1}, {77, 40, 1, 1, 0}, {33, 1001, 1, 1, 1},
+                 {9, 1999, 1, 1, 1},   {50, 37, 0, 1, 1},   {5, 2048, 0, 0, 0}};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 81);
+    const float eps = 1e-5f;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int64_t n = cases[ci].n, d = cases[ci].d, nd = n * d;
+        const int abf = cases[ci].a_bf16, wx = cases[ci].with_x, sh = cases[ci].shifts;
+        printf("  n=%lld d=%lld a %s%s%s\n", (long long)n, (long long)d, abf ? "bf16" : "f32", wx ? ", x" : "",
+               sh ? ", shifts" : "");
+        float *a = gt_rand(&rng, nd, 2.0f), *x = gt_rand(&rng, nd, 2.0f), *ab = gt_rand(&rng, d, 0.5f);
+        float *as = gt_rand(&rng, d, 1.5f), *xb = gt_rand(&rng, d, 0.5f), *xs = gt_rand(&rng, d, 1.5f);
+        float *w = gt_rand(&rng, d, 0.5f), *dup = gt_rand(&rng, nd, 1.0f), *upb = gt_rand(&rng, d, 0.5f);
+        float *ups = gt_rand(&rng, d, 1.5f), *dln = gt_rand(&rng, nd, 1.0f);
+        for (int64_t j = 0; j < d; j++) w[j] += 1.0f;
+        if (abf) gt_round_bf16(a, nd);
+        gt_round_bf16(dln, nd);
+        float *g0[7];
+        for (int i = 0; i < 7; i++) g0[i] = gt_rand(&rng, d, 0.3f);
+        const float *abp = sh ? ab : NULL, *xbp = sh ? xb : NULL, *upbp = sh ? upb : NULL;
+        /* reference forward */
+        float *y = malloc((size_t)nd * 4), *ln = malloc((size_t)nd * 4), *rstd = malloc((size_t)n * 4);
+        float *zeros = calloc((size_t)d, 4);
+        kiln_scale_shift_forward(y, a, abp ? abp : zeros, as, n, d, 0);
+        if (wx) kiln_scale_shift_forward(y, x, xbp ? xbp : zeros, xs, n, d, 1);
+        kiln_rmsnorm_forward(ln, rstd, y, w, n, d, eps);
+        /* device forward */
+        float *gy = gt_dev((size_t)nd * 4), *grs = gt_dev((size_t)n * 4), *ga = abf ? NULL : gt_up_f32(a, nd);
+        kiln_bf16 *gab16 = abf ? gt_up_bf16(a, nd) : NULL, *gln = gt_dev((size_t)nd * 2);
+        float *gx = gt_up_f32(x, nd), *gabv = gt_up_f32(ab, d), *gas = gt_up_f32(as, d), *gxb = gt_up_f32(xb, d);
+        float *gxs = gt_up_f32(xs, d), *gw = gt_up_f32(w, d);
+        CHECK_OK(kiln_residual_norm_forward_cuda(gy, gln, grs, ga, gab16, sh ? gabv : NULL, gas, wx ? gx : NULL,
+                                                 sh ? gxb : NULL, gxs, gw, n, d, eps, NULL));
+        float *hy = gt_down_f32(gy, nd), *hln = gt_down_bf16(gln, nd), *hrs = gt_down_f32(grs, n);
+        GT_CLOSE("residual_norm y", hy, y, nd, TOL_F32);
+        GT_CLOSE("residual_norm rstd", hrs, rstd, n, TOL_F32);
+        GT_CLOSE("residual_norm ln (bf16)", hln, ln, nd, TOL_BF16);
+        /* without the norm: y only */
+        CHECK_OK(kiln_cuda_copy(gy, zeros, 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_residual_norm_forward_cuda(gy, NULL, NULL, ga, gab16, sh ? gabv : NULL, gas, wx ? gx : NULL,
+                                                 sh ? gxb : NULL, gxs, NULL, n, d, eps, NULL));
+        float *hy2 = gt_down_f32(gy, nd);
+        GT_CLOSE("residual_norm y (no norm)", hy2, y, nd, TOL_F32);
+
+        /* backward: needs the bf16 a and the x term; the cases without x run the forward only */
+        if (abf && wx) {
+            float *g[7];
+            for (int i = 0; i < 7; i++) g[i] = copy_f(g0[i], d); /* dupb dups dw dab das dxb dxs */
+            float *gy_ref = calloc((size_t)nd, 4), *da = calloc((size_t)nd, 4), *dx = calloc((size_t)nd, 4);
+            kiln_scale_shift_backward(gy_ref, g[0], g[1], dup, y, upbp ? upbp : zeros, ups, n, d);
+            kiln_rmsnorm_backward(gy_ref, g[2], dln, y, w, rstd, n, d);
+            kiln_scale_shift_backward(da, g[3], g[4], gy_ref, a, abp ? abp : zeros, as, n, d);
+            kiln_scale_shift_backward(dx, g[5], g[6], gy_ref, x, xbp ? xbp : zeros, xs, n, d);
+            float *dg[7];
+            for (int i = 0; i < 7; i++) dg[i] = gt_up_f32(g0[i], d);
+            float *gdup = gt_up_f32(dup, nd), *gupb = gt_up_f32(upb, d), *gups = gt_up_f32(ups, d);
+            float *gyd = gt_up_f32(y, nd), *grsd = gt_up_f32(rstd, n), *gdx = gt_dev((size_t)nd * 4);
+            kiln_bf16 *gdln = gt_up_bf16(dln, nd), *gda = gt_dev((size_t)nd * 2);
+            kiln_residual_norm_bwd p = {.y = gyd, .dln = gdln, .w = gw, .rstd = grsd, .dw = dg[2], .dup = gdup,
+                                        .upb = sh ? gupb : NULL, .ups = gups, .dupb = dg[0], .dups = dg[1],
+                                        .a = gab16, .ab = sh ? gabv : NULL, .as = gas, .dab = dg[3], .das = dg[4],
+                                        .da = gda, .x = gx, .xb = sh ? gxb : NULL, .xs = gxs, .dxb = dg[5],
+                                        .dxs = dg[6], .dx = gdx};
+            CHECK_OK(kiln_residual_norm_backward_cuda(&p, n, d, NULL));
+            float *hda = gt_down_bf16(gda, nd), *hdx = gt_down_f32(gdx, nd), *hg[7];
+            GT_CLOSE("residual_norm da (bf16)", hda, da, nd, TOL_BF16);
+            GT_CLOSE("residual_norm dx", hdx, dx, nd, TOL_F32);
+            static const char *names[7] = {"dupb (+=)", "dups (+=)", "dw (+=)", "dab (+=)", "das (+=)", "dxb (+=)", "dxs (+=)"};
+            for (int i = 0; i < 7; i++) {
+                hg[i] = gt_down_f32(dg[i], d);
+                GT_CLOSE(names[i], hg[i], g[i], d, TOL_SUM);
+            }
+            /* again from the same starting values: the same bits */
+            for (int i = 0; i < 7; i++) CHECK_OK(kiln_cuda_copy(dg[i], g0[i], (size_t)d * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_residual_norm_backward_cuda(&p, n, d, NULL));
+            int same = 1;
+            for (int i = 0; i < 7; i++) {
+                float *h2 = gt_down_f32(dg[i], d);
+                same &= !memcmp(h2, hg[i], (size_t)d * 4);
+                free(h2), free(hg[i]), free(g[i]);
+                kiln_cuda_free(dg[i]);
+            }
+            CHECK_MSG(same, "residual_norm weight gradients differ between two runs");
+            /* only some of the weight gradients wanted: the others untouched, da/dx the same */
+            kiln_residual_norm_bwd q = p;
+            q.dw = q.dupb = q.dups = q.dab = q.das = q.dxb = q.dxs = NULL;
+            CHECK_OK(kiln_residual_norm_backward_cuda(&q, n, d, NULL));
+            float *hda2 = gt_down_bf16(gda, nd), *hdx2 = gt_down_f32(gdx, nd);
+            CHECK_MSG(!memcmp(hda2, hda, (size_t)nd * 4) && !memcmp(hdx2, hdx, (size_t)nd * 4),
+                      "residual_norm da/dx depend on which weight gradients are asked for");
+            free(gy_ref), free(da), free(dx), free(hda), free(hdx), free(hda2), free(hdx2);
+            kiln_cuda_free(gdup), kiln_cuda_free(gupb), kiln_cuda_free(gups), kiln_cuda_free(gyd);
+            kiln_cuda_free(grsd), kiln_cuda_free(gdx), kiln_cuda_free(gdln), kiln_cuda_free(gda);
+        }
+        kiln_cuda_free(gy), kiln_cuda_free(grs), kiln_cuda_free(ga), kiln_cuda_free(gab16), kiln_cuda_free(gln);
+        kiln_cuda_free(gx), kiln_cuda_free(gabv), kiln_cuda_free(gas), kiln_cuda_free(gxb), kiln_cuda_free(gxs);
+        kiln_cuda_free(gw);
+        free(a), free(x), free(ab), free(as), free(xb), free(xs), free(w), free(dup), free(upb), free(ups), free(dln);
+        for (int i = 0; i < 7; i++) free(g0[i]);
+        free(y), free(ln), free(rstd), free(zeros), free(hy), free(hln), free(hrs), free(hy2);
+    }
+    /* wider rows than a block can hold, and missing inputs: errors naming the op */
+    CHECK_ERR(kiln_residual_norm_forward_cuda((float *)16, NULL, NULL, (const float *)16, NULL, NULL, (const float *)16,
+                                              NULL, NULL, NULL, NULL, 1, 4 * 512 * 8 + 4, 1e-5f, NULL),
+              "residual_norm forward");
+    CHECK_ERR(kiln_residual_norm_forward_cuda((float *)16, NULL, NULL, NULL, NULL, NULL, (const float *)16, NULL, NULL,
+                                              NULL, NULL, 1, 4, 1e-5f, NULL),
+              "residual_norm forward");
+}
+
+TEST(gpu_ops_scale_shift_backward_write) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 82);
+    const int64_t n = 1000, d = 257, nd = n * d; /* odd width: the element path; 2048 below: the vector path */
+    for (int pass = 0; pass < 2; pass++) {
+        const int64_t dd = pass ? 2048 : d, ndd = pass ? n * 2048 : nd;
+        float *x = gt_rand(&rng, ndd, 2.0f), *b = gt_rand(&rng, dd, 0.5f), *s = gt_rand(&rng, dd, 1.5f);
+        float *dy = gt_rand(&rng, ndd, 1.0f), *db0 = gt_rand(&rng, dd, 0.3f), *ds0 = gt_rand(&rng, dd, 0.3f);
+        float *junk = gt_rand(&rng, ndd, 9.0f);
+        float *dx = calloc((size_t)ndd, 4), *db = copy_f(db0, dd), *ds = copy_f(ds0, dd);
+        kiln_scale_shift_backward(dx, db, ds, dy, x, b, s, n, dd);
+        float *gx = gt_up_f32(x, ndd), *gb = gt_up_f32(b, dd), *gs = gt_up_f32(s, dd), *gdy = gt_up_f32(dy, ndd);
+        float *gdx = gt_up_f32(junk, ndd), *gdb = gt_up_f32(db0, dd), *gds = gt_up_f32(ds0, dd);
+        CHECK_OK(kiln_scale_shift_backward_write_cuda(gdx, gdb, gds, gdy, gx, gb, gs, n, dd, NULL));
+        float *hdx = gt_down_f32(gdx, ndd), *hdb = gt_down_f32(gdb, dd), *hds = gt_down_f32(gds, dd);
+        GT_CLOSE("scale_shift dx (written)", hdx, dx, ndd, TOL_F32);
+        GT_CLOSE("scale_shift db (+=)", hdb, db, dd, TOL_SUM);
+        GT_CLOSE("scale_shift ds (+=)", hds, ds, dd, TOL_SUM);
+        kiln_cuda_free(gx), kiln_cuda_free(gb), kiln_cuda_free(gs), kiln_cuda_free(gdy), kiln_cuda_free(gdx);
+        kiln_cuda_free(gdb), kiln_cuda_free(gds);
+        free(x), free(b), free(s), free(dy), free(db0), free(ds0), free(junk), free(dx), free(db), free(ds);
+        free(hdx), free(hdb), free(hds);
+    }
+}
