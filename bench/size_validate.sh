@@ -171,6 +171,7 @@ for lg in sorted(glob.glob(f"{out}/train_*.log")):
            "err_time_benches_only_pct": 100 * (p0["step"]["ms"] / m["ms_per_step"] - 1),
            "pred_peak_gib": pp, "meas_peak_gib": mp, "err_mem_pct": 100 * (pp / mp - 1),
            "memory_pred": p["memory_gib"], "memory_meas": m["memory_gib"], "steps_timed": m["steps_timed"]}
+    row["_p0"], row["_meas"] = p0, m
     rows.append(row)
     for cl in p["step"]["classes"]:
         oprows.append({"name": name, "class": cl["class"], "pred_ms": cl["ms"], "meas_ms": m["ops_ms"].get(cl["class"], 0.0),
@@ -183,14 +184,40 @@ for lg in sorted(glob.glob(f"{out}/train_*.log")):
         if not any(o["name"] == name and o["class"] == k for o in oprows):
             oprows.append({"name": name, "class": k, "pred_ms": 0.0, "meas_ms": v, "from": "(not modelled)"})
 
+# leave-one-out: each shape's unbenched classes scaled by the geometric mean of measured/modelled over all
+# the OTHER shapes (the calibration shape included) instead of the calibration shape alone
+def ratios(p0, m):
+    ops = dict(m["ops_ms"])
+    ops[OUTSIDE] = m["ms_per_step"] - sum(v for k, v in m["ops_ms"].items() if k != OUTSIDE)
+    return {c["class"]: ops[c["class"]] / c["ms"] for c in p0["step"]["classes"]
+            if not c["class"].startswith(BENCHED) and c["ms"] > 0 and ops.get(c["class"], 0) > 0}
+pool = [(r["name"], ratios(r["_p0"], r["_meas"])) for r in rows]
+if os.path.exists(f"{out}/train_calib.log"):
+    pool.append(("calib", ratios(json.load(open(f"{out}/predict0_calib.json"))["kiln_cuda"], measured("calib"))))
+for r in rows:
+    pred = 0.0
+    for c in r["_p0"]["step"]["classes"]:
+        others = [q[c["class"]] for n, q in pool if n != r["name"] and c["class"] in q]
+        scale = 1.0
+        if not c["class"].startswith(BENCHED) and others:
+            scale = 1.0
+            for x in others: scale *= x ** (1.0 / len(others))
+        pred += c["ms"] * scale
+    r["pred_ms_loo"] = pred
+    r["err_time_loo_pct"] = 100 * (pred / r["meas_ms"] - 1)
+for r in rows:
+    del r["_p0"], r["_meas"]
+
 lines = []
 P = lambda s="": lines.append(s)
 P(f"# kiln size predict vs kiln train --device cuda, {len(rows)} shapes (profile {prof}: this run's kiln bench")
 P("# gemm/attention/moe/membw; the other op classes scaled by the calibration shape's measured/modelled ratio)")
-P(f"{'shape':66} {'pred ms':>8} {'meas ms':>8} {'err':>7} {'pred tok/s':>11} {'meas tok/s':>11} {'pred GiB':>9} {'meas GiB':>9} {'err':>7} {'benches-only err':>17}")
+P(f"{'shape':50} {'pred ms':>8} {'meas ms':>8} {'err':>7} {'pred tok/s':>10} {'meas tok/s':>10} {'pred GiB':>8} {'meas GiB':>8} {'err':>7} {'benches-only':>12} {'leave-1-out':>11}")
 for r in rows:
-    P(f"{r['shape']:66} {r['pred_ms']:8.1f} {r['meas_ms']:8.1f} {r['err_time_pct']:+6.1f}% {r['pred_tok_s']:11.0f} "
-      f"{r['meas_tok_s']:11.0f} {r['pred_peak_gib']:9.2f} {r['meas_peak_gib']:9.2f} {r['err_mem_pct']:+6.1f}% {r['err_time_benches_only_pct']:+16.1f}%")
+    P(f"{r['shape']:50} {r['pred_ms']:8.1f} {r['meas_ms']:8.1f} {r['err_time_pct']:+6.1f}% {r['pred_tok_s']:10.0f} "
+      f"{r['meas_tok_s']:10.0f} {r['pred_peak_gib']:8.2f} {r['meas_peak_gib']:8.2f} {r['err_mem_pct']:+6.1f}% "
+      f"{r['err_time_benches_only_pct']:+11.1f}% {r['err_time_loo_pct']:+10.1f}%")
+P("(benches-only: no calibration scales; leave-1-out: the scales from all other shapes' runs, not the calibration shape's)")
 if rows:
     P(f"worst |time error| {max(abs(r['err_time_pct']) for r in rows):.1f}% (target <= 15%), worst |memory error| "
       f"{max(abs(r['err_mem_pct']) for r in rows):.1f}% (target <= 10%)")
@@ -218,10 +245,12 @@ open(f"{out}/size_validate.txt", "w").write(txt + "\n")
 json.dump({"profile": prof, "rates": rates, "runtime_gib": runtime, "shapes": rows, "ops": oprows},
           open(f"{out}/size_validate.json", "w"), indent=1)
 with open(f"{out}/size_validate.csv", "w") as f:
-    f.write("name,shape,pred_ms,meas_ms,err_time_pct,pred_tok_s,meas_tok_s,pred_peak_gib,meas_peak_gib,err_mem_pct,err_time_benches_only_pct\n")
+    f.write("name,shape,pred_ms,meas_ms,err_time_pct,pred_tok_s,meas_tok_s,pred_peak_gib,meas_peak_gib,err_mem_pct,"
+            "err_time_benches_only_pct,err_time_leave_one_out_pct\n")
     for r in rows:
         f.write(f"{r['name']},\"{r['shape']}\",{r['pred_ms']:.3f},{r['meas_ms']:.3f},{r['err_time_pct']:.2f},{r['pred_tok_s']:.0f},"
-                f"{r['meas_tok_s']:.0f},{r['pred_peak_gib']:.3f},{r['meas_peak_gib']:.3f},{r['err_mem_pct']:.2f},{r['err_time_benches_only_pct']:.2f}\n")
+                f"{r['meas_tok_s']:.0f},{r['pred_peak_gib']:.3f},{r['meas_peak_gib']:.3f},{r['err_mem_pct']:.2f},{r['err_time_benches_only_pct']:.2f},"
+                f"{r['err_time_loo_pct']:.2f}\n")
 with open(f"{out}/size_validate_ops.csv", "w") as f:
     f.write("name,class,pred_ms,meas_ms,from\n")
     for o in oprows:
