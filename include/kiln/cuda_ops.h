@@ -250,12 +250,29 @@ kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_tok, float *
  * device; hp on the host; w_bf16 (nullable) receives the updated weights rounded to bf16 in the same pass. */
 kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *state, int64_t n, const kiln_optim_hparams *hp,
                                  double lr, int64_t t, int decay, kiln_bf16 *w_bf16, void *stream);
+/* AdamW on many tensors in one launch (the trainer's step): tensor i has n elements at element offset off of
+ * w, g and w_bf16, and its state (m then v) at element offset soff of state. create uploads the table once
+ * (and a work list of fixed chunks); step runs kiln_adamw_step_cuda's arithmetic on every tensor with the
+ * gradient multiplied by gscale in f32 first (g itself is only read). */
+typedef struct {
+    int64_t off, soff, n;
+    int decay;
+} kiln_adamw_tensor;
+typedef struct kiln_adamw_multi kiln_adamw_multi;
+kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int count, kiln_adamw_multi **out);
+void kiln_adamw_multi_free(kiln_adamw_multi *p);
+kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, float *w, const float *g, float *state,
+                                       float gscale, const kiln_optim_hparams *hp, double lr, int64_t t,
+                                       kiln_bf16 *w_bf16, void *stream);
 /* Muon's pieces around the Newton-Schulz GEMMs, as kiln_muon_step does them in f32 for p->mats matrices:
  * momentum (state = mu*state + g; u = g + mu*state, Nesterov), the normalisation u /= |u|_F + 1e-7 per
  * matrix (sum of squares in f64, fixed order), and the update w = w - wd*w - lr*0.2*sqrt(max(rows,cols))*u
  * (w_bf16 as for AdamW). */
 kiln_error *kiln_muon_momentum_cuda(float *state, float *u, const float *g, int64_t n, const kiln_optim_hparams *hp,
                                     void *stream);
+/* the same with the gradient multiplied by gscale in f32 first (g itself is only read) */
+kiln_error *kiln_muon_momentum_scaled_cuda(float *state, float *u, const float *g, int64_t n,
+                                           const kiln_optim_hparams *hp, float gscale, void *stream);
 kiln_error *kiln_muon_normalize_cuda(float *u, const kiln_opt_param *p, void *stream);
 kiln_error *kiln_muon_update_cuda(float *w, const float *u, const kiln_opt_param *p, const kiln_optim_hparams *hp,
                                   double lr, kiln_bf16 *w_bf16, void *stream);

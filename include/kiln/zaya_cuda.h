@@ -108,9 +108,10 @@ kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *stat
 float *kiln_zaya_cuda_opt_state(kiln_zaya_cuda_opt *o);
 /* One step (t 1-based) on the owned tensors of g's master parameters. gshard (device): the summed
  * gradient of the owned tensors in the device layout, element 0 being device element shard_off
- * (kiln_zaya_cuda_param_offset of the first owned tensor); multiplied by scale first (the mean over
- * micro-batches and ranks, and the clip). write_bf16: the update also writes the owned tensors' bf16
- * copy (one rank); else the caller refreshes it after the all-gather. */
+ * (kiln_zaya_cuda_param_offset of the first owned tensor); multiplied by scale as it is read (the mean
+ * over micro-batches and ranks, and the clip), never written. AdamW runs as one launch over all its
+ * tensors. write_bf16: the update also writes the owned tensors' bf16 copy (one rank); else the caller
+ * refreshes it after the all-gather. */
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
                                     const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16);
 

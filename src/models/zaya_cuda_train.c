@@ -44,6 +44,7 @@ struct kiln_zaya_cuda_opt {
     size_t nstate;
     float *u, *ws; /* Muon: the update of one tensor, the Newton-Schulz scratch */
     double *sum;   /* one device double */
+    kiln_adamw_multi *adamw; /* the AdamW tensors' table: one launch a step */
 };
 
 kiln_error *kiln_zaya_cuda_scale(kiln_zaya_cuda *g, float *x, size_t n, float s) {
@@ -68,6 +69,7 @@ void kiln_zaya_cuda_opt_free(kiln_zaya_cuda_opt *o) {
     kiln_cuda_free(o->state);
     kiln_cuda_free(o->u);
     kiln_cuda_free(o->ws);
+    kiln_adamw_multi_free(o->adamw);
     free(o);
 }
 
@@ -78,7 +80,15 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!o) return kiln_errorf(KILN_ENOMEM, "optimizer on CUDA");
     o->g = g, o->op = op, o->first = first, o->last = last;
     size_t umax = 0, wsmax = 0;
+    kiln_adamw_tensor *aw = calloc((size_t)(last > first ? last - first : 0) + 1, sizeof *aw);
+    int naw = 0;
+    if (!aw) {
+        free(o);
+        return kiln_errorf(KILN_ENOMEM, "optimizer on CUDA");
+    }
     for (int i = first; i < last; i++) {
+        const size_t off = kiln_zaya_cuda_param_offset(g, i) - kiln_zaya_cuda_param_offset(g, first); /* in the shard */
+        if (op[i].kind == KILN_OPT_ADAMW) aw[naw++] = (kiln_adamw_tensor){(int64_t)off, (int64_t)o->nstate, op[i].numel, op[i].decay};
         o->nstate += (size_t)kiln_optim_state_numel(&op[i]);
         if (op[i].kind != KILN_OPT_MUON) continue;
         if ((size_t)op[i].numel > umax) umax = (size_t)op[i].numel;
@@ -90,6 +100,8 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!e && wsmax) e = kiln_cuda_alloc((void **)&o->ws, wsmax * sizeof(float));
     if (!e && cudaMemset(o->state, 0, (o->nstate + 1) * sizeof(float)) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "optimizer on CUDA: clearing the state");
+    if (!e) e = kiln_adamw_multi_create(aw, naw, &o->adamw);
+    free(aw);
     if (e) {
         double gb = (double)o->nstate * 4e-9;
         kiln_zaya_cuda_opt_free(o);
@@ -118,25 +130,26 @@ kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *stat
     return NULL;
 }
 
+/* AdamW's tensors in one launch, Muon's one tensor at a time (momentum, Newton-Schulz, update); the
+ * gradient's scale is applied as each kernel reads it, so gshard is read once and never written. */
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
                                     const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16) {
     void *st = kiln_zaya_cuda_stream(o->g);
     float *w = kiln_zaya_cuda_params(o->g), *state = o->state;
     kiln_bf16 *wb = kiln_zaya_cuda_params_bf16(o->g);
     if (o->first >= o->last) return NULL;
-    const size_t owned = kiln_zaya_cuda_param_offset(o->g, o->last) - shard_off;
-    if (scale != 1.0f) KILN_TRY(kiln_zaya_scale_cuda(gshard, (int64_t)owned, scale, st));
+    if (shard_off != kiln_zaya_cuda_param_offset(o->g, o->first))
+        return kiln_errorf(KILN_EINVAL, "optimizer step: the gradient shard starts at element %zu, the first owned "
+                           "tensor at %zu", shard_off, kiln_zaya_cuda_param_offset(o->g, o->first));
+    KILN_TRY(kiln_adamw_multi_step_cuda(o->adamw, w + shard_off, gshard, state, scale, hp, lr, t,
+                                        write_bf16 ? wb + shard_off : NULL, st));
     for (int i = o->first; i < o->last; i++) {
         const kiln_opt_param *p = &o->op[i];
         const size_t off = kiln_zaya_cuda_param_offset(o->g, i);
-        float *g = gshard + (off - shard_off);
         if (p->kind == KILN_OPT_MUON) {
-            KILN_TRY(kiln_muon_momentum_cuda(state, o->u, g, p->numel, hp, st));
+            KILN_TRY(kiln_muon_momentum_scaled_cuda(state, o->u, gshard + (off - shard_off), p->numel, hp, scale, st));
             KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, p->mats, p->rows, p->cols, hp->muon_ns_steps, o->ws, st));
             KILN_TRY(kiln_muon_update_cuda(w + off, o->u, p, hp, lr, write_bf16 ? wb + off : NULL, st));
-        } else {
-            KILN_TRY(kiln_adamw_step_cuda(w + off, g, state, p->numel, hp, lr, t, p->decay, write_bf16 ? wb + off : NULL,
-                                          st));
         }
         state += kiln_optim_state_numel(p);
     }

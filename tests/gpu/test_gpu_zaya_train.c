@@ -118,6 +118,90 @@ done:
     kiln_zaya_free(m);
 }
 
+/* The optimizer step and the gradient norm at issue [cuda]'s benchmark size (hidden 2048, 8 hybrid layers, 16
+ * experts of 2048, vocab 50304 tied: 1764M parameters, AdamW): milliseconds a step and the bandwidth of the
+ * bytes each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter; the norm:
+ * 4), next to a device-to-device copy on the same GPU (the memory bound). Printed for docs/perf.md;
+ * nothing here asserts on time. KILN_ADAMW_RECIP=1 is timed too (the variant of gpu_ops_adamw_recip). */
+#include <time.h>
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static void fill_random(kiln_rng *rng, float *d, size_t n, float scale) {
+    enum { BLK = 1 << 22 };
+    float *h = gt_rand(rng, BLK, scale);
+    for (size_t i = 0; i < n; i += BLK) CHECK_OK(kiln_cuda_copy(d + i, h, (n - i < BLK ? n - i : BLK) * 4, KILN_CUDA_H2D));
+    free(h);
+}
+
+TEST(gpu_zaya_opt_step_timing) {
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 50304, c.hidden_size = 2048, c.num_layers = 8, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 128;
+    c.num_experts = 16, c.top_k = 1, c.moe_intermediate = 2048, c.router_hidden = 256, c.tie_word_embeddings = 1;
+    for (int l = 0; l < 8; l++) c.layer_types[l] = KILN_LAYER_HYBRID;
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    if (!m) return;
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0};
+    kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
+    kiln_optim_classify(m, &hp, op);
+    kiln_zaya_cuda *g = NULL;
+    kiln_zaya_cuda_opt *o = NULL;
+    CHECK_OK(kiln_zaya_cuda_create(m, 1, 64, 0, &g));
+    if (g) CHECK_OK(kiln_zaya_cuda_opt_create(g, op, 0, m->nparams, &o));
+    if (!g || !o) goto done;
+    const size_t nd = kiln_zaya_cuda_numel(g);
+    float *dw = kiln_zaya_cuda_params(g), *dg = kiln_zaya_cuda_grads(g);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 9);
+    fill_random(&rng, dw, nd, 0.02f);
+    fill_random(&rng, dg, nd, 1e-4f);
+    const double P = (double)m->numel;
+    printf("    %.2fM parameters (%zu device elements with padding)\n", P / 1e6, nd);
+    for (int variant = 0; variant < 2; variant++) {
+        if (variant) setenv("KILN_ADAMW_RECIP", "1", 1);
+        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, 1, 1)); /* warm-up; m, v nonzero after */
+        CHECK_OK(kiln_zaya_cuda_sync(g));
+        const int it = 5;
+        double t0 = now_s();
+        for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, 2 + i, 1));
+        CHECK_OK(kiln_zaya_cuda_sync(g));
+        const double ms = (now_s() - t0) / it * 1e3;
+        printf("    optimizer step (AdamW%s, scale + bf16 copy) %8.2f ms  %6.0f GB/s (30 B/param)\n",
+               variant ? ", reciprocal division" : "", ms, 30 * P / (ms * 1e6));
+        unsetenv("KILN_ADAMW_RECIP");
+    }
+    {
+        double sq = 0;
+        CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, nd, &sq));
+        const int it = 5;
+        double t0 = now_s();
+        for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, nd, &sq));
+        const double ms = (now_s() - t0) / it * 1e3;
+        printf("    gradient norm (sum of squares to the host) %8.2f ms  %6.0f GB/s (4 B/param)\n", ms, 4 * P / (ms * 1e6));
+        /* the copy rate: all the gradients into the optimizer state's first half */
+        float *st = NULL;
+        CHECK_OK(kiln_cuda_alloc((void **)&st, nd * 4));
+        CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
+        CHECK_OK(kiln_cuda_sync());
+        t0 = now_s();
+        for (int i = 0; i < it; i++) CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
+        CHECK_OK(kiln_cuda_sync());
+        const double cms = (now_s() - t0) / it * 1e3;
+        printf("    device copy of the gradients %8.2f ms  %6.0f GB/s (read + written): AdamW's bound %.2f ms, the "
+               "norm's %.2f ms\n", cms, 8.0 * nd / (cms * 1e6), 30 * P / (8.0 * nd / cms), 4 * P / (8.0 * nd / cms));
+        kiln_cuda_free(st);
+    }
+done:
+    kiln_zaya_cuda_opt_free(o);
+    kiln_zaya_cuda_free(g);
+    free(op);
+    kiln_zaya_free(m);
+}
+
 /* ---- kiln train --device cuda end to end on the learnable synthetic shards of ckpt_testutil.h ---- */
 #include "ckpt_testutil.h"
 
