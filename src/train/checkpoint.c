@@ -328,6 +328,11 @@ struct ckpt_writer {
     int async, rank, world;
     int pending; /* a save begun and not yet committed or failed */
     kiln_bg_job job;
+    /* deleting checkpoints beyond keep_last after a commit, on its own thread: unlinking a 21 GB shard
+     * can take a good part of a second, which the training thread should not wait for */
+    kiln_bg_job prune_job;
+    char prune_dir[1200];
+    int64_t prune_keep;
     ckpt_snap snap;
     /* the staging copy: owned parameters, optimizer state, balance state, loader positions. Allocated
      * once on the first async save. */
@@ -382,6 +387,7 @@ void ckpt_writer_free(ckpt_writer *w) {
     if (!w) return;
     /* an uncommitted save is abandoned: its step_N.tmp/ is ignored and replaced by the next run */
     kiln_error_free(kiln_bg_join(&w->job));
+    kiln_error_free(kiln_bg_join(&w->prune_job));
     kiln_zaya_cuda_snap_free(w->dev);
     free(w->stage_f);
     free(w->stage_d);
@@ -463,7 +469,14 @@ static kiln_error *write_job(void *arg) {
     return NULL;
 }
 
-/* The commit step (collective): checksums to rank 0, manifest, COMMITTED, rename, prune. */
+static kiln_error *prune_job(void *arg) {
+    ckpt_writer *w = arg;
+    prune(w->prune_dir, w->prune_keep);
+    return NULL;
+}
+
+/* The commit step (collective): checksums to rank 0, manifest, COMMITTED, rename, prune (in the
+ * background: joined at the next save and when the writer is freed). */
 static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
     const int64_t step = w->snap.step;
     w->pending = 0;
@@ -507,7 +520,12 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
                                 (unsigned long long)sums[comm->size + r]);
         }
         if (e) kiln_rm_tree(w->tmp);
-        else prune(w->snap.cfg->out_dir, w->snap.cfg->keep_last);
+        else {
+            snprintf(w->prune_dir, sizeof w->prune_dir, "%s", w->snap.cfg->out_dir);
+            w->prune_keep = w->snap.cfg->keep_last;
+            kiln_error_free(kiln_bg_join(&w->prune_job));
+            kiln_error_free(kiln_bg_start(&w->prune_job, prune_job, w));
+        }
         /* KILN_LOG=debug: what bench/ckpt_gpu.sh reads */
         if (!e)
             kiln_log(KILN_LOG_DEBUG, "checkpoint step %lld committed: rank 0's shard %.3f GB written in %.3f s "
@@ -532,6 +550,7 @@ kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait) {
 
 kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v, int wait) {
     KILN_TRY(ckpt_writer_poll(w, comm, 1)); /* one save in flight at a time */
+    kiln_error_free(kiln_bg_join(&w->prune_job)); /* and the old checkpoints gone before the next */
     w->t_begin = now_s();
     const char *out = v->cfg->out_dir;
     w->rank = comm->rank;
