@@ -100,14 +100,27 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
  *   "TN": C_e[m,n] (+)= A[rows of e, m]ᵀ B[rows of e, n], C_e = c + e*m*n; k is unused (the weight
  *         gradients: the reduction runs over the expert's m_e rows)
  * C is bf16 or f32 (c_f32); accumulate adds to C. Experts without rows cost nothing (TN: C_e is zeroed,
- * or left as it is when accumulating).
- * Through cublasGemmGroupedBatchedEx, one call for all experts; where cuBLAS refuses the type combination
- * it falls back to one cublasGemmEx per expert and *looped (nullable) says so; so do groups whose pointers or
- * leading dimensions are not 16-byte aligned (cuBLAS cannot inspect device-side pointers). The environment
- * variable KILN_GROUPED_GEMM=lt_loop selects one cuBLASLt GEMM per expert instead (bench/moe_gpu.sh). */
+ * or left as it is when accumulating). *looped (nullable) is set when the experts ran as one GEMM each.
+ * How it runs is the process's "path" (src/cuda/experts_gemm.cu; bench/moe_gpu.sh measures each against
+ * one dense GEMM): "grouped" (cublasGemmGroupedBatchedEx; one cublasGemmEx per expert where cuBLAS refuses
+ * the types or the pointers are not 16-byte aligned), "lt_loop" (a cuBLASLt GEMM per expert), "lt_streams"
+ * (the same spread over KILN_GROUPED_STREAMS side streams, default 4, joined back to `stream` by events),
+ * "lt_chunks" (NT/NN as one pointer-array batched cuBLASLt GEMM over KILN_GROUPED_CHUNK-row chunks, default
+ * 256; TN as lt_loop), "lt_mixed" (NT/NN: the full chunks batched, each expert's remaining rows a GEMM on a
+ * side stream; TN as lt_streams). Chosen by kiln_grouped_gemm_set_path,
+ * else the environment variable KILN_GROUPED_GEMM, else the default. Every path is deterministic. The
+ * cuBLASLt paths keep their own workspaces: calls from different caller streams must not overlap (the
+ * trainer has one compute stream). */
 kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
                                    int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
                                    int *looped, void *stream);
+/* Select the grouped GEMM's path by name for the process (NULL: back to KILN_GROUPED_GEMM or the default);
+ * an unknown name is an error listing the known ones. */
+kiln_error *kiln_grouped_gemm_set_path(const char *name);
+/* *name = the path in effect; an error when KILN_GROUPED_GEMM names no path. */
+kiln_error *kiln_grouped_gemm_path(const char **name);
+/* Every path's name, NULL-terminated. */
+const char *const *kiln_grouped_gemm_paths(void);
 /* ==== end cudamoe ==== */
 
 /* ==== cudaattn: attention (src/cuda/attention.cu, src/cuda/attention_mma.cu) ==== */

@@ -67,8 +67,9 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
 static const char usage[] =
     "usage: kiln bench moe --device cuda [options]\n\n"
     "The CUDA trainer's expert op (kiln_experts_forward_cuda/_backward_cuda), forward and forward +\n"
-    "backward, bf16 activations and weights, f32 accumulation and f32 weight gradients, for each routing;\n"
-    "then each grouped GEMM of the op alone against one dense cuBLASLt GEMM of the same total size.\n"
+    "backward, bf16 activations and weights, f32 accumulation and f32 weight gradients, for each routing\n"
+    "and each grouped-GEMM path; then each grouped GEMM of the op alone against one dense cuBLASLt GEMM of\n"
+    "the same total size. Every path's output and input gradient are checked against the first path's.\n"
     "Defaults: the [cuda] benchmark layer (16384 tokens = micro-batch 4 x 4096, hidden 2048, 16 experts\n"
     "top-1, moe_intermediate 2048). FLOPs as the CPU benchmark: forward 6*tokens*top_k*hidden*inter,\n"
     "fwd+bwd 3 x forward. Time: wall clock over --iters calls between device syncs.\n\n"
@@ -79,23 +80,27 @@ static const char usage[] =
     "  --tokens N        tokens per call (default 16384)\n"
     "  --routing LIST    balanced (every expert tokens*top_k/experts slots) and/or skewed (Zipf: expert\n"
     "                    ranks weighted 1/rank) (default balanced,skewed)\n"
+    "  --paths LIST      grouped-GEMM paths (src/cuda/experts_gemm.cu): grouped, lt_loop, lt_chunks,\n"
+    "                    lt_streams, lt_mixed, 'default' (the one in effect: KILN_GROUPED_GEMM or the\n"
+    "                    built-in default) or 'all' (default all)\n"
     "  --iters N         timed calls (default 20)\n"
     "  --warmup N        untimed calls first (default 3)\n"
     "  --json FILE       the JSON profile (section \"moe\")\n"
     "  --csv FILE        the numbers as CSV\n";
 
 #define ROUTE_SEED 0x6b696c6eu /* "kiln", as the CPU benchmark */
+#define PATH_TOL 5e-2          /* paths differ in bf16 roundings of intermediate tiles, nothing more */
 
-
-
-enum { NPART = 8 }; /* op fwd, op fwd_bwd, then the six GEMMs */
+enum { NPART = 8, MAX_PATHS = 8 }; /* op fwd, op fwd_bwd, then the six GEMMs */
 static const char *const part_names[NPART] = {"op",         "op",          "gate_up_fwd", "down_fwd",
                                               "down_dx",    "down_dw",     "gate_up_dx",  "gate_up_dw"};
 typedef struct {
-    const char *routing;
+    const char *routing, *path;
+    int is_default;
     int64_t N, H, I, E, top, slots, max_rows;
     double us[NPART], dense_us[NPART], flops[NPART];
     int looped[NPART];
+    double out_err, dx_err; /* max |x - first path's| / max |first path's| */
 } moe_gpu_case;
 
 typedef struct { /* one GEMM of the op: grouped over experts, or the dense equivalent */
@@ -133,11 +138,27 @@ static kiln_error *dev_fill_bf16(kiln_bf16 *d, int64_t n, uint32_t salt, float s
     return e;
 }
 
-static kiln_error *run_case(moe_gpu_case *c, int iters, int warmup) {
-    const int64_t N = c->N, H = c->H, I = c->I, E = c->E, top = c->top, S = N * top, nw = E * 2 * I * H, nd = E * H * I;
+static double rel_diff(const float *x, const float *ref, int64_t n) {
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double a = fabs((double)x[i] - (double)ref[i]), b = fabs((double)ref[i]);
+        if (a > d) d = a;
+        if (b > r) r = b;
+    }
+    return r > 0 ? d / r : d;
+}
+
+/* one routing, every path in cs[0..np-1] (the same routing): the buffers are set up once, the dense GEMMs
+ * timed once (with the first path) and shared */
+static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup) {
+    moe_gpu_case *c0 = &cs[0];
+    const int64_t N = c0->N, H = c0->H, I = c0->I, E = c0->E, top = c0->top, S = N * top, nw = E * 2 * I * H,
+                  nd = E * H * I;
     kiln_error *e = NULL;
     int32_t *choice = malloc((size_t)S * sizeof *choice), *off_h = malloc((size_t)(E + 2) * sizeof *off_h);
     float *gate = malloc((size_t)S * sizeof *gate), *chk = malloc((size_t)(N * H) * sizeof *chk);
+    float *ref_out = malloc((size_t)(N * H) * sizeof *ref_out), *ref_dx = malloc((size_t)(N * H) * sizeof *ref_dx);
+    float *zeros = calloc((size_t)(N * H), sizeof *zeros);
     enum { NBUF = 20 };
     void *d[NBUF] = {0};
     const size_t sz[NBUF] = {(size_t)S * 4, (size_t)S * 4, (size_t)(E + 2) * 4, (size_t)S * 4, (size_t)S * 4,
@@ -145,11 +166,11 @@ static kiln_error *run_case(moe_gpu_case *c, int iters, int warmup) {
                              (size_t)(S * H) * 2, (size_t)(S * H) * 2, (size_t)(S * I) * 2, (size_t)(S * 2 * I) * 2,
                              (size_t)(S * H) * 2, (size_t)(N * H) * 2, (size_t)nw * 2, (size_t)nd * 2,
                              (size_t)(N * H) * 4 * 3 + (size_t)S * 4, (size_t)nw * 4, (size_t)nd * 4};
-    if (!choice || !off_h || !gate || !chk) {
+    if (!choice || !off_h || !gate || !chk || !ref_out || !ref_dx || !zeros) {
         e = kiln_errorf(KILN_ENOMEM, "moe: host arrays for %lld tokens", (long long)N);
         goto done;
     }
-    if ((!strcmp(c->routing, "skewed") ? kiln_moe_route_skewed : kiln_moe_route)(choice, N, E, top, ROUTE_SEED)) {
+    if ((!strcmp(c0->routing, "skewed") ? kiln_moe_route_skewed : kiln_moe_route)(choice, N, E, top, ROUTE_SEED)) {
         e = kiln_errorf(KILN_ENOMEM, "moe: routing %lld tokens", (long long)N);
         goto done;
     }
@@ -170,62 +191,86 @@ static kiln_error *run_case(moe_gpu_case *c, int iters, int warmup) {
     kiln_bench_fill(chk, N * H, 4, 1.0f);
     if ((e = kiln_cuda_copy(dout, chk, (size_t)(N * H) * 4, KILN_CUDA_H2D))) goto done;
 
-    /* the op, forward */
-    double t0 = 0;
-    for (int i = 0; i < warmup + iters && !e; i++) {
-        if (i == warmup) t0 = now_synced(&e);
-        if (!e) e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL);
-    }
-    c->us[0] = (now_synced(&e) - t0) / iters * 1e6;
-    /* forward + backward (gradients accumulate across calls: the values do not matter for timing) */
-    for (int i = 0; i < warmup + iters && !e; i++) {
-        if (i == warmup) t0 = now_synced(&e);
-        if (!e) e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL);
-        if (!e) e = kiln_experts_backward_cuda(&x, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &w, NULL);
-    }
-    c->us[1] = (now_synced(&e) - t0) / iters * 1e6;
-    if (e) goto done;
-    c->slots = x.nslots;
-    c->max_rows = 0;
-    for (int64_t k = 0; k < E; k++)
-        if (off_h[k + 1] - off_h[k] > c->max_rows) c->max_rows = off_h[k + 1] - off_h[k];
-    c->flops[0] = kiln_moe_flops_fwd(N, top, H, I);
-    c->flops[1] = kiln_moe_flops_fwd_bwd(N, top, H, I);
-    if ((e = kiln_cuda_copy(chk, out, (size_t)(N * H) * 4, KILN_CUDA_D2H))) goto done;
-    if (!kiln_bench_all_finite(chk, N * H)) {
-        e = kiln_errorf(KILN_EINVAL, "the experts' output is not finite");
-        goto done;
-    }
-    if ((e = kiln_cuda_copy(chk, dx, (size_t)(N * H) * 4, KILN_CUDA_D2H))) goto done;
-    if (!kiln_bench_all_finite(chk, N * H)) {
-        e = kiln_errorf(KILN_EINVAL, "the experts' input gradient is not finite");
-        goto done;
-    }
-
-    /* the six GEMMs alone, on the op's own buffers */
-    const gemm_job jobs[6] = {
-        {x.gu, 0, x.xe, wgu, 0, 2 * I, H, "NT", 0},   {x.ye, 0, x.act, wdn, 0, H, I, "NT", 0},
-        {w.dact, 0, w.dye, wdn, 0, I, H, "NN", 0},    {dwdn, 1, w.dye, x.act, H, I, 0, "TN", 1},
-        {w.dxe, 0, w.dgu, wgu, 0, H, 2 * I, "NN", 0}, {dwgu, 1, w.dgu, x.xe, 2 * I, H, 0, "TN", 1},
-    };
-    const double fl[6] = {4.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I,
-                          2.0 * S * H * I, 4.0 * S * H * I, 4.0 * S * H * I};
-    for (int j = 0; j < 6 && !e; j++) {
-        c->flops[2 + j] = fl[j] * (double)x.nslots / (double)S;
-        for (int dense = 0; dense < 2 && !e; dense++) {
-            for (int i = 0; i < warmup + iters && !e; i++) {
-                if (i == warmup) t0 = now_synced(&e);
-                if (!e) e = job_run(&jobs[j], off_h, E, x.nslots, dense, &c->looped[2 + j]);
+    for (int p = 0; p < np && !e; p++) {
+        moe_gpu_case *c = &cs[p];
+        double t0 = 0;
+        if ((e = kiln_grouped_gemm_set_path(c->path))) break;
+        /* one checked call: out and dx (from zero) against the first path's */
+        if ((e = kiln_cuda_copy(dx, zeros, (size_t)(N * H) * 4, KILN_CUDA_H2D)) ||
+            (e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL)) ||
+            (e = kiln_experts_backward_cuda(&x, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &w, NULL)) ||
+            (e = kiln_cuda_sync()))
+            break;
+        for (int which = 0; which < 2 && !e; which++) {
+            float *ref = which ? ref_dx : ref_out;
+            if ((e = kiln_cuda_copy(p ? chk : ref, which ? dx : out, (size_t)(N * H) * 4, KILN_CUDA_D2H))) break;
+            if (!kiln_bench_all_finite(p ? chk : ref, N * H)) {
+                e = kiln_errorf(KILN_EINVAL, "path %s: the experts' %s is not finite", c->path,
+                                which ? "input gradient" : "output");
+                break;
             }
-            (dense ? c->dense_us : c->us)[2 + j] = (now_synced(&e) - t0) / iters * 1e6;
+            const double err = p ? rel_diff(chk, ref, N * H) : 0.0;
+            if (which) c->dx_err = err;
+            else c->out_err = err;
+            if (err > PATH_TOL)
+                e = kiln_errorf(KILN_EINVAL, "path %s: the experts' %s differs from path %s's by %.3g (max |diff| / "
+                                "max |x|; tolerance %g)", c->path, which ? "input gradient" : "output", c0->path, err,
+                                PATH_TOL);
         }
+        if (e) break;
+
+        /* the op, forward */
+        for (int i = 0; i < warmup + iters && !e; i++) {
+            if (i == warmup) t0 = now_synced(&e);
+            if (!e) e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL);
+        }
+        c->us[0] = (now_synced(&e) - t0) / iters * 1e6;
+        /* forward + backward (gradients accumulate across calls: the values do not matter for timing) */
+        for (int i = 0; i < warmup + iters && !e; i++) {
+            if (i == warmup) t0 = now_synced(&e);
+            if (!e) e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL);
+            if (!e) e = kiln_experts_backward_cuda(&x, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &w, NULL);
+        }
+        c->us[1] = (now_synced(&e) - t0) / iters * 1e6;
+        if (e) break;
+        c->slots = x.nslots;
+        c->max_rows = 0;
+        for (int64_t k = 0; k < E; k++)
+            if (off_h[k + 1] - off_h[k] > c->max_rows) c->max_rows = off_h[k + 1] - off_h[k];
+        c->flops[0] = kiln_moe_flops_fwd(N, top, H, I);
+        c->flops[1] = kiln_moe_flops_fwd_bwd(N, top, H, I);
+
+        /* the six GEMMs alone, on the op's own buffers; the dense ones once per routing */
+        const gemm_job jobs[6] = {
+            {x.gu, 0, x.xe, wgu, 0, 2 * I, H, "NT", 0},   {x.ye, 0, x.act, wdn, 0, H, I, "NT", 0},
+            {w.dact, 0, w.dye, wdn, 0, I, H, "NN", 0},    {dwdn, 1, w.dye, x.act, H, I, 0, "TN", 1},
+            {w.dxe, 0, w.dgu, wgu, 0, H, 2 * I, "NN", 0}, {dwgu, 1, w.dgu, x.xe, 2 * I, H, 0, "TN", 1},
+        };
+        const double fl[6] = {4.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I,
+                              2.0 * S * H * I, 4.0 * S * H * I, 4.0 * S * H * I};
+        for (int j = 0; j < 6 && !e; j++) {
+            c->flops[2 + j] = fl[j] * (double)x.nslots / (double)S;
+            for (int dense = 0; dense < (p ? 1 : 2) && !e; dense++) {
+                for (int i = 0; i < warmup + iters && !e; i++) {
+                    if (i == warmup) t0 = now_synced(&e);
+                    if (!e) e = job_run(&jobs[j], off_h, E, x.nslots, dense, &c->looped[2 + j]);
+                }
+                (dense ? c->dense_us : c->us)[2 + j] = (now_synced(&e) - t0) / iters * 1e6;
+            }
+            if (p) c->dense_us[2 + j] = c0->dense_us[2 + j];
+        }
+        if (e) e = kiln_error_wrap(e, "path %s", c->path);
     }
 done:
+    {
+        kiln_error *e2 = kiln_grouped_gemm_set_path(NULL);
+        if (e2) kiln_error_free(e2);
+    }
     for (int i = 0; i < NBUF; i++) kiln_cuda_free(d[i]);
-    free(choice), free(off_h), free(gate), free(chk);
+    free(choice), free(off_h), free(gate), free(chk), free(ref_out), free(ref_dx), free(zeros);
     if (e) e = kiln_error_wrap(e, "moe --device cuda tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld "
                                "routing %s", (long long)N, (long long)H, (long long)I, (long long)E, (long long)top,
-                               c->routing);
+                               c0->routing);
     return e;
 }
 
@@ -233,14 +278,18 @@ typedef struct {
     const moe_gpu_case *cs;
 } moe_gpu_out;
 
+static const char *pass_of(int p) { return p == 0 ? "fwd" : p == 1 ? "fwd_bwd" : p < 4 ? "fwd" : "bwd"; }
+
 static void json_record(cJSON *r, size_t i, const void *ctx) {
     const moe_gpu_case *c = &((const moe_gpu_out *)ctx)->cs[i / NPART];
     const int p = (int)(i % NPART);
     cJSON_AddStringToObject(r, "backend", "cuda");
     cJSON_AddStringToObject(r, "dtype", "bf16");
     cJSON_AddStringToObject(r, "routing", c->routing);
+    cJSON_AddStringToObject(r, "path", c->path);
+    cJSON_AddBoolToObject(r, "default_path", c->is_default);
     cJSON_AddStringToObject(r, "part", part_names[p]);
-    cJSON_AddStringToObject(r, "pass", p == 0 ? "fwd" : p == 1 ? "fwd_bwd" : p < 4 ? "fwd" : "bwd");
+    cJSON_AddStringToObject(r, "pass", pass_of(p));
     cJSON_AddNumberToObject(r, "tokens", (double)c->N);
     cJSON_AddNumberToObject(r, "hidden", (double)c->H);
     cJSON_AddNumberToObject(r, "inter", (double)c->I);
@@ -252,9 +301,12 @@ static void json_record(cJSON *r, size_t i, const void *ctx) {
     cJSON_AddNumberToObject(r, "time_us", c->us[p]);
     cJSON_AddNumberToObject(r, "tflops", c->flops[p] / (c->us[p] * 1e-6) / 1e12);
     cJSON_AddNumberToObject(r, "tokens_per_s", (double)c->N / (c->us[p] * 1e-6));
-    if (p >= 2) {
+    if (p < 2) {
+        cJSON_AddNumberToObject(r, "rel_diff_vs_first_path", p ? c->dx_err : c->out_err);
+    } else {
         cJSON_AddNumberToObject(r, "dense_time_us", c->dense_us[p]);
         cJSON_AddNumberToObject(r, "dense_tflops", c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12);
+        cJSON_AddNumberToObject(r, "ratio_vs_dense", c->dense_us[p] / c->us[p]);
         cJSON_AddBoolToObject(r, "looped", c->looped[p]);
     }
 }
@@ -262,25 +314,59 @@ static void json_record(cJSON *r, size_t i, const void *ctx) {
 static void csv_row(FILE *f, size_t i, const void *ctx) {
     const moe_gpu_case *c = &((const moe_gpu_out *)ctx)->cs[i / NPART];
     const int p = (int)(i % NPART);
-    fprintf(f, "cuda,bf16,%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.17g,%.3f,%.6g,%.6g,", c->routing, part_names[p],
-            p == 0 ? "fwd" : p == 1 ? "fwd_bwd" : p < 4 ? "fwd" : "bwd", (long long)c->N, (long long)c->H,
-            (long long)c->I, (long long)c->E, (long long)c->top, (long long)c->slots, (long long)c->max_rows,
-            c->flops[p], c->us[p], c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
-    if (p >= 2) fprintf(f, "%.3f,%.6g,%d\n", c->dense_us[p], c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12, c->looped[p]);
-    else fprintf(f, ",,\n");
+    fprintf(f, "cuda,bf16,%s,%s,%d,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%.17g,%.3f,%.6g,%.6g,", c->routing, c->path,
+            c->is_default, part_names[p], pass_of(p), (long long)c->N, (long long)c->H, (long long)c->I,
+            (long long)c->E, (long long)c->top, (long long)c->slots, (long long)c->max_rows, c->flops[p], c->us[p],
+            c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
+    if (p >= 2)
+        fprintf(f, "%.3f,%.6g,%.4f,%d\n", c->dense_us[p], c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12,
+                c->dense_us[p] / c->us[p], c->looped[p]);
+    else fprintf(f, ",,,\n");
+}
+
+/* the grouped / dense sums of the forward (b = 0) and backward (b = 1) GEMMs */
+static void gemm_sums(const moe_gpu_case *c, double g[2], double dn[2], double f[2]) {
+    g[0] = g[1] = dn[0] = dn[1] = f[0] = f[1] = 0;
+    for (int p = 2; p < NPART; p++) {
+        const int b = p >= 4;
+        g[b] += c->us[p], dn[b] += c->dense_us[p], f[b] += c->flops[p];
+    }
+}
+
+static void print_path(const moe_gpu_case *c, const char *first) {
+    printf("\n  path %s%s: output / input gradient vs path %s: %.2g / %.2g\n", c->path, c->is_default ? " (default)" : "",
+           first, c->out_err, c->dx_err);
+    printf("  %-13s %10s %9s %11s\n", "expert op", "ms", "TFLOP/s", "tok/s");
+    for (int p = 0; p < 2; p++)
+        printf("  %-13s %10.3f %9.1f %11.4g\n", p ? "fwd+bwd" : "fwd", c->us[p] / 1e3,
+               c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
+    printf("  %-13s %10s %9s | %10s %9s | %6s\n", "GEMM", "grouped ms", "TFLOP/s", "dense ms", "TFLOP/s", "ratio");
+    for (int p = 2; p < NPART; p++) {
+        const double gt = c->flops[p] / (c->us[p] * 1e-6) / 1e12, dt = c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12;
+        printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f%s\n", part_names[p], c->us[p] / 1e3, gt,
+               c->dense_us[p] / 1e3, dt, gt / dt, c->looped[p] ? "  (one GEMM per expert)" : "");
+    }
+    double g[2], dn[2], f[2];
+    gemm_sums(c, g, dn, f);
+    for (int b = 0; b < 2; b++) {
+        const double gt = f[b] / (g[b] * 1e-6) / 1e12, dt = f[b] / (dn[b] * 1e-6) / 1e12;
+        printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f\n", b ? "all bwd" : "all fwd", g[b] / 1e3, gt, dn[b] / 1e3,
+               dt, gt / dt);
+    }
 }
 
 int kiln_bench_moe_gpu(int argc, char **argv) {
     long long hidden = 2048, inter = 2048, experts = 16, top = 1, tokens = 16384, iters = 20, warmup = 3;
-    const char *routing = "balanced,skewed", *json_path = NULL, *csv_path = NULL;
-    static const char *const valued[] = {"--device", "--hidden", "--inter",  "--experts", "--top-k", "--tokens",
-                                         "--routing", "--iters", "--warmup", "--json",    "--csv",   NULL};
+    const char *routing = "balanced,skewed", *paths = "all", *json_path = NULL, *csv_path = NULL;
+    static const char *const valued[] = {"--device", "--hidden", "--inter", "--experts", "--top-k", "--tokens",
+                                         "--routing", "--paths", "--iters", "--warmup", "--json",   "--csv", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a, *v;
         int r = kiln_bench_flag(argc, argv, &i, "moe", usage, valued, &a, &v);
         if (r >= 0) return r;
         if (!strcmp(a, "--device")) continue; /* cuda: the caller checked */
         if (!strcmp(a, "--routing")) routing = v;
+        else if (!strcmp(a, "--paths")) paths = v;
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
         else {
@@ -301,74 +387,102 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
     if (experts > 8192) return kiln_bench_usage_err("moe", "--experts %lld: at most 8192 on the GPU", experts);
     if ((double)tokens * (double)top > (double)INT32_MAX)
         return kiln_bench_usage_err("moe", "--tokens %lld x --top-k %lld: more than 2^31-1 routed slots", tokens, top);
-    moe_gpu_case cs[2];
-    int ncase = 0;
+    const char *routings[2], *plist[MAX_PATHS], *def_path = NULL;
+    int nr = 0, npath = 0;
     {
-        char buf[64];
+        kiln_error *pe = kiln_grouped_gemm_path(&def_path);
+        if (pe) {
+            kiln_bench_fail("moe", "--paths", pe);
+            return 2;
+        }
+    }
+    {
+        char buf[128];
         if (strlen(routing) >= sizeof buf) return kiln_bench_usage_err("moe", "--routing '%s': too long", routing);
         strcpy(buf, routing);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             if (strcmp(t, "balanced") && strcmp(t, "skewed"))
                 return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
-            if (ncase == 2) return kiln_bench_usage_err("moe", "--routing '%s': each at most once", routing);
-            memset(&cs[ncase], 0, sizeof cs[ncase]);
-            cs[ncase].routing = !strcmp(t, "balanced") ? "balanced" : "skewed";
-            cs[ncase].N = tokens, cs[ncase].H = hidden, cs[ncase].I = inter, cs[ncase].E = experts;
-            cs[ncase].top = top;
-            ncase++;
+            if (nr == 2 || (nr == 1 && !strcmp(routings[0], t)))
+                return kiln_bench_usage_err("moe", "--routing '%s': each at most once", routing);
+            routings[nr++] = !strcmp(t, "balanced") ? "balanced" : "skewed";
         }
-        if (!ncase) return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
+        if (!nr) return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
+        if (strlen(paths) >= sizeof buf) return kiln_bench_usage_err("moe", "--paths '%s': too long", paths);
+        strcpy(buf, paths);
+        const char *const *known = kiln_grouped_gemm_paths();
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            const char *one[2] = {NULL, NULL};
+            const char *const *add = one;
+            if (!strcmp(t, "all")) add = known;
+            else if (!strcmp(t, "default")) one[0] = def_path;
+            else {
+                for (int k = 0; known[k] && !one[0]; k++)
+                    if (!strcmp(known[k], t)) one[0] = known[k];
+                if (!one[0])
+                    return kiln_bench_usage_err("moe", "--paths '%s': '%s' is not a path (grouped, lt_loop, lt_chunks, "
+                                                "lt_streams, lt_mixed, default, all)", paths, t);
+            }
+            for (int k = 0; add[k]; k++) {
+                int dup = 0;
+                for (int q = 0; q < npath; q++) dup |= !strcmp(plist[q], add[k]);
+                if (dup) continue;
+                if (npath == MAX_PATHS) return kiln_bench_usage_err("moe", "--paths '%s': too many", paths);
+                plist[npath++] = add[k];
+            }
+        }
+        if (!npath) return kiln_bench_usage_err("moe", "--paths '%s': no path", paths);
+    }
+    moe_gpu_case *cs = calloc((size_t)(nr * npath), sizeof *cs);
+    if (!cs) return kiln_bench_usage_err("moe", "out of memory");
+    for (int i = 0; i < nr * npath; i++) {
+        moe_gpu_case *c = &cs[i];
+        c->routing = routings[i / npath], c->path = plist[i % npath], c->is_default = !strcmp(c->path, def_path);
+        c->N = tokens, c->H = hidden, c->I = inter, c->E = experts, c->top = top;
     }
     kiln_cuda_info gi;
     kiln_error *e = kiln_cuda_device_info(&gi);
     if (e) {
         kiln_bench_fail("moe", "--device cuda", e);
+        free(cs);
         return 1;
     }
     printf("kiln bench moe --device cuda: %s; bf16, f32 accumulation; %lld iterations after %lld warm-up\n", gi.name,
            iters, warmup);
     printf("tokens %lld, hidden %lld, inter %lld, experts %lld, top_k %lld; TFLOP/s: forward "
-           "6*tokens*top_k*hidden*inter, fwd+bwd 3 x forward\n",
-           tokens, hidden, inter, experts, top);
-    int rc = 0;
-    for (int i = 0; i < ncase; i++) {
-        moe_gpu_case *c = &cs[i];
-        if ((e = run_case(c, (int)iters, (int)warmup))) {
+           "6*tokens*top_k*hidden*inter, fwd+bwd 3 x forward; default grouped-GEMM path: %s\n",
+           tokens, hidden, inter, experts, top, def_path);
+    int rc = 0, ndone = 0;
+    for (int ri = 0; ri < nr; ri++) {
+        moe_gpu_case *c = &cs[ri * npath];
+        if ((e = run_routing(c, npath, (int)iters, (int)warmup))) {
             kiln_bench_fail("moe", NULL, e);
             rc = 1;
-            ncase = i;
             break;
         }
+        ndone += npath;
         printf("\n%s routing: %lld slots, busiest expert %lld (mean %.0f)\n", c->routing, (long long)c->slots,
                (long long)c->max_rows, (double)c->slots / (double)c->E);
-        printf("  %-13s %10s %9s %11s\n", "expert op", "ms", "TFLOP/s", "tok/s");
-        for (int p = 0; p < 2; p++)
-            printf("  %-13s %10.3f %9.1f %11.4g\n", p ? "fwd+bwd" : "fwd", c->us[p] / 1e3,
-                   c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
-        printf("  %-13s %10s %9s | %10s %9s | %6s\n", "GEMM", "grouped ms", "TFLOP/s", "dense ms", "TFLOP/s",
-               "ratio");
-        double g[2] = {0, 0}, dn[2] = {0, 0}, f[2] = {0, 0};
-        for (int p = 2; p < NPART; p++) {
-            const double gt = c->flops[p] / (c->us[p] * 1e-6) / 1e12, dt = c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12;
-            printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f%s\n", part_names[p], c->us[p] / 1e3, gt,
-                   c->dense_us[p] / 1e3, dt, gt / dt, c->looped[p] ? "  (cuBLAS looped per expert)" : "");
-            const int b = p >= 4;
-            g[b] += c->us[p], dn[b] += c->dense_us[p], f[b] += c->flops[p];
-        }
-        for (int b = 0; b < 2; b++) {
-            const double gt = f[b] / (g[b] * 1e-6) / 1e12, dt = f[b] / (dn[b] * 1e-6) / 1e12;
-            printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f\n", b ? "all bwd" : "all fwd", g[b] / 1e3, gt,
-                   dn[b] / 1e3, dt, gt / dt);
+        for (int p = 0; p < npath; p++) print_path(&c[p], c[0].path);
+        printf("\n  %-12s %9s %12s %14s %14s   (%s routing; ratio = dense time / grouped time)\n", "path", "op fwd ms",
+               "op f+b ms", "GEMMs fwd", "GEMMs bwd", c->routing);
+        for (int p = 0; p < npath; p++) {
+            double g[2], dn[2], f[2];
+            gemm_sums(&c[p], g, dn, f);
+            printf("  %-12s %9.3f %12.3f %8.3f ms %4.2fx %8.3f ms %4.2fx%s\n", c[p].path, c[p].us[0] / 1e3,
+                   c[p].us[1] / 1e3, g[0] / 1e3, dn[0] / g[0], g[1] / 1e3, dn[1] / g[1],
+                   c[p].is_default ? "  (default)" : "");
         }
         fflush(stdout);
     }
     moe_gpu_out o = {cs};
-    const kiln_bench_output out = {"moe", (size_t)ncase * NPART, &o, json_record, NULL,
-                                   "backend,dtype,routing,part,pass,tokens,hidden,inter,experts,top_k,slots,"
-                                   "max_expert_slots,flops,time_us,tflops,tokens_per_s,dense_time_us,dense_tflops,"
-                                   "looped\n",
+    const kiln_bench_output out = {"moe", (size_t)ndone * NPART, &o, json_record, NULL,
+                                   "backend,dtype,routing,path,default_path,part,pass,tokens,hidden,inter,experts,top_k,"
+                                   "slots,max_expert_slots,flops,time_us,tflops,tokens_per_s,dense_time_us,dense_tflops,"
+                                   "ratio_vs_dense,looped\n",
                                    csv_row};
     if (!rc) rc = kiln_bench_write_outputs(&out, json_path, csv_path);
+    free(cs);
     return rc;
 }
 #endif

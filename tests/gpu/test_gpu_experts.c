@@ -195,8 +195,8 @@ TEST(gpu_experts_all_skipped) {
     experts_case(&c, 300);
 }
 
-/* two identical runs give identical bits (the deterministic mode's requirement) */
-TEST(gpu_experts_deterministic) {
+/* two identical runs give identical bits (the deterministic mode's requirement), on the path in effect */
+static void experts_deterministic(void) {
     const int64_t N = 3000, E = 8, top = 2, H = 256, I = 192, S = N * top, nw = E * 2 * I * H, nd = E * H * I;
     const ex_case c = {N, E, top, H, I, 0.1, -1};
     kiln_rng rng;
@@ -235,6 +235,8 @@ TEST(gpu_experts_deterministic) {
     kiln_cuda_free(d_in), kiln_cuda_free(d_wgu), kiln_cuda_free(d_wdn), kiln_cuda_free(d_dout);
     free(choice), free(gate), free(in), free(wgu), free(wdn), free(dout), free(zero);
 }
+
+TEST(gpu_experts_deterministic) { experts_deterministic(); }
 
 /* a choice outside 0..E is an error naming the count, not a wild write */
 TEST(gpu_experts_bad_choice) {
@@ -288,84 +290,136 @@ TEST(gpu_route_topk) {
     CHECK_ERR(kiln_route_topk_cuda(NULL, NULL, NULL, NULL, 4, 3, 4, NULL), "top_k=4");
 }
 
-/* kiln_grouped_gemm_cuda alone, every layout, bf16 and f32 C, with and without accumulation, an expert
- * without rows (TN without accumulation must zero its C_e). Reference in double on the same bf16 numbers;
- * 1e-4 for f32 C (f32 sums of exact products over k <= 30), 1e-2 for bf16 C (one rounding, 2^-9). */
-/* Second shape: the weights (B) 2 bytes into their buffer with 16-byte leading dimensions, as views of a
- * flat bf16 weight buffer are: cuBLAS's grouped call would fault on them, the per-expert path must run. */
-TEST(gpu_grouped_gemm) {
-    const int32_t offs[5] = {0, 5, 5, 17, 30};
-    const int64_t shapes[2][4] = {{12, 9, 7, 0}, {16, 24, 32, 1}}; /* m (TN), n, k, element offset of B */
-    const int64_t E = 4, R = 30;
+/* kiln_grouped_gemm_cuda alone on one path, every layout, bf16 and f32 C, with and without accumulation, an
+ * expert without rows (TN without accumulation must zero its C_e). Reference in double on the same bf16
+ * numbers; 1e-4 for f32 C (f32 sums of exact products over k <= 333), 1e-2 for bf16 C (one rounding, 2^-9).
+ * Shapes: small experts (5, 12, 13 rows: one cuBLASLt plan bucket, the layouts reset to each true size);
+ * the weights (B) 2 bytes into their buffer with 16-byte leading dimensions, as views of a flat bf16 weight
+ * buffer are (cuBLAS's grouped call would fault on them: the per-expert path must run); and experts of 70,
+ * 130 and 133 rows with KILN_GROUPED_CHUNK=64 (chunked paths: overlapping last chunks, batched). */
+static void grouped_gemm_path(const char *path) {
+    const int32_t offs_small[5] = {0, 5, 5, 17, 30}, offs_big[5] = {0, 70, 70, 200, 333};
+    const int64_t shapes[3][5] = {{12, 9, 7, 0, 0}, {16, 24, 32, 1, 0}, {24, 40, 48, 0, 1}}; /* m (TN), n, k, B offset, big */
+    const int64_t E = 4;
     static const char *const lays[3] = {"NT", "NN", "TN"};
     kiln_rng rng;
     kiln_rng_seed(&rng, 600);
-    for (int sh = 0; sh < 2; sh++)
-    for (int l = 0; l < 3; l++)
-        for (int f32 = 0; f32 < 2; f32++)
-            for (int acc = 0; acc < 2; acc++) {
-                const int tn = l == 2;
-                const int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], boff = shapes[sh][3];
-                /* A: rows R x (tn ? m : k); B: tn ? rows R x n : E stacked [n,k] (NT) or [k,n] (NN); C: tn ? E x [m,n] : R x n */
-                const int64_t na = R * (tn ? m : k), nb = tn ? R * n : E * n * k, nc = tn ? E * m * n : R * n;
-                float *a = gt_rand(&rng, na, 1.0f), *b = gt_rand(&rng, nb, 1.0f), *c0 = gt_rand(&rng, nc, 1.0f);
-                gt_round_bf16(a, na), gt_round_bf16(b, nb), gt_round_bf16(c0, nc);
-                float *ref = malloc((size_t)nc * 4);
-                for (int64_t i = 0; i < nc; i++) ref[i] = acc ? c0[i] : 0.0f;
-                for (int64_t e = 0; e < E; e++)
-                    for (int64_t r = offs[e]; r < offs[e + 1]; r++) {
-                        if (tn) { /* C_e[i,j] += A[r,i] B[r,j] */
-                            for (int64_t i = 0; i < m; i++)
-                                for (int64_t j = 0; j < n; j++) ref[e * m * n + i * n + j] += a[r * m + i] * b[r * n + j];
-                        } else {
-                            for (int64_t j = 0; j < n; j++) {
-                                double s = 0;
-                                for (int64_t p = 0; p < k; p++)
-                                    s += (double)a[r * k + p] * (l == 0 ? b[e * n * k + j * k + p] : b[e * k * n + p * n + j]);
-                                ref[r * n + j] += (float)s;
+    CHECK_OK(kiln_grouped_gemm_set_path(path));
+    for (int sh = 0; sh < 3; sh++) {
+        const int32_t *offs = shapes[sh][4] ? offs_big : offs_small;
+        const int64_t R = offs[E];
+        if (shapes[sh][4]) CHECK(setenv("KILN_GROUPED_CHUNK", "64", 1) == 0);
+        for (int l = 0; l < 3; l++)
+            for (int f32 = 0; f32 < 2; f32++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int tn = l == 2;
+                    const int64_t m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2], boff = shapes[sh][3];
+                    /* A: rows R x (tn ? m : k); B: tn ? rows R x n : E stacked [n,k] (NT) or [k,n] (NN); C: tn ? E x [m,n] : R x n */
+                    const int64_t na = R * (tn ? m : k), nb = tn ? R * n : E * n * k, nc = tn ? E * m * n : R * n;
+                    float *a = gt_rand(&rng, na, 1.0f), *b = gt_rand(&rng, nb, 1.0f), *c0 = gt_rand(&rng, nc, 1.0f);
+                    gt_round_bf16(a, na), gt_round_bf16(b, nb), gt_round_bf16(c0, nc);
+                    float *ref = malloc((size_t)nc * 4);
+                    for (int64_t i = 0; i < nc; i++) ref[i] = acc ? c0[i] : 0.0f;
+                    for (int64_t e = 0; e < E; e++)
+                        for (int64_t r = offs[e]; r < offs[e + 1]; r++) {
+                            if (tn) { /* C_e[i,j] += A[r,i] B[r,j] */
+                                for (int64_t i = 0; i < m; i++)
+                                    for (int64_t j = 0; j < n; j++)
+                                        ref[e * m * n + i * n + j] += a[r * m + i] * b[r * n + j];
+                            } else {
+                                for (int64_t j = 0; j < n; j++) {
+                                    double s = 0;
+                                    for (int64_t p = 0; p < k; p++)
+                                        s += (double)a[r * k + p] *
+                                             (l == 0 ? b[e * n * k + j * k + p] : b[e * k * n + p * n + j]);
+                                    ref[r * n + j] += (float)s;
+                                }
                             }
                         }
+                    float *bpad = calloc((size_t)(nb + boff), sizeof *bpad);
+                    memcpy(bpad + boff, b, (size_t)nb * sizeof *b);
+                    kiln_bf16 *d_a = gt_up_bf16(a, na), *d_bbase = gt_up_bf16(bpad, nb + boff), *d_b = d_bbase + boff;
+                    void *d_c = f32 ? (void *)gt_up_f32(c0, nc) : (void *)gt_up_bf16(c0, nc);
+                    int looped = -1;
+                    CHECK_OK(kiln_grouped_gemm_cuda(d_c, f32, d_a, d_b, offs, E, tn ? m : 0, n, tn ? 0 : k, lays[l], acc,
+                                                    &looped, NULL));
+                    float *got = f32 ? gt_down_f32(d_c, nc) : gt_down_bf16(d_c, nc);
+                    char name[96];
+                    snprintf(name, sizeof name, "%s %s C %s%s%s%s%s", path, lays[l], f32 ? "f32" : "bf16",
+                             acc ? " +=" : "", boff ? " B+2 bytes" : "", shapes[sh][4] ? " 70/130/133 rows" : "",
+                             looped ? " (per expert)" : "");
+                    GT_CLOSE(name, got, ref, nc, f32 ? 1e-4 : 1e-2);
+                    if (tn && !acc) {
+                        int64_t nz = 0;
+                        for (int64_t i = 0; i < m * n; i++) nz += got[1 * m * n + i] != 0.0f;
+                        CHECK_MSG(nz == 0, "the empty expert's C_e has %lld nonzeros", (long long)nz);
                     }
-                float *bpad = calloc((size_t)(nb + boff), sizeof *bpad);
-                memcpy(bpad + boff, b, (size_t)nb * sizeof *b);
-                kiln_bf16 *d_a = gt_up_bf16(a, na), *d_bbase = gt_up_bf16(bpad, nb + boff), *d_b = d_bbase + boff;
-                void *d_c = f32 ? (void *)gt_up_f32(c0, nc) : (void *)gt_up_bf16(c0, nc);
-                int looped = -1;
-                CHECK_OK(kiln_grouped_gemm_cuda(d_c, f32, d_a, d_b, offs, E, tn ? m : 0, n, tn ? 0 : k, lays[l], acc,
-                                                &looped, NULL));
-                float *got = f32 ? gt_down_f32(d_c, nc) : gt_down_bf16(d_c, nc);
-                char name[64];
-                snprintf(name, sizeof name, "grouped %s C %s%s%s%s", lays[l], f32 ? "f32" : "bf16", acc ? " +=" : "",
-                         boff ? " B+2 bytes" : "", looped ? " (looped)" : "");
-                GT_CLOSE(name, got, ref, nc, f32 ? 1e-4 : 1e-2);
-                if (tn && !acc) {
-                    int64_t nz = 0;
-                    for (int64_t i = 0; i < m * n; i++) nz += got[1 * m * n + i] != 0.0f;
-                    CHECK_MSG(nz == 0, "the empty expert's C_e has %lld nonzeros", (long long)nz);
+                    kiln_cuda_free(d_a), kiln_cuda_free(d_bbase), kiln_cuda_free(d_c);
+                    free(a), free(b), free(bpad), free(c0), free(ref), free(got);
                 }
-                kiln_cuda_free(d_a), kiln_cuda_free(d_bbase), kiln_cuda_free(d_c);
-                free(a), free(b), free(bpad), free(c0), free(ref), free(got);
-            }
+        unsetenv("KILN_GROUPED_CHUNK");
+    }
     const int32_t bad[3] = {0, 4, 2};
     CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 1, NULL, NULL, bad, 2, 0, 4, 4, "NT", 0, NULL, NULL), "decrease");
-    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 1, NULL, NULL, offs, 4, 0, 4, 4, "TT", 0, NULL, NULL), "layout 'TT'");
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 1, NULL, NULL, offs_small, 4, 0, 4, 4, "TT", 0, NULL, NULL), "layout 'TT'");
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
 
-/* KILN_GROUPED_GEMM=lt_loop (one cuBLASLt GEMM per expert, measured against the grouped call by
- * bench/moe_gpu.sh) gives the same results within the same tolerances */
-TEST(gpu_experts_lt_loop) {
-    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {1000, 16, 1, 128, 256, 0.05, 3}, {3000, 4, 1, 64, 96, 0.05, 1}};
-    CHECK(setenv("KILN_GROUPED_GEMM", "lt_loop", 1) == 0);
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 700 + i);
+TEST(gpu_experts_gemm) {
+    const char *const *paths = kiln_grouped_gemm_paths();
+    for (int i = 0; paths[i]; i++) grouped_gemm_path(paths[i]);
+}
+
+/* The side-stream paths with 1, 3 and 8 streams (more streams than experts) give the same results. */
+TEST(gpu_experts_gemm_streams) {
+    static const char *const ns[3] = {"1", "3", "8"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(setenv("KILN_GROUPED_STREAMS", ns[i], 1) == 0);
+        printf("  KILN_GROUPED_STREAMS=%s\n", ns[i]);
+        grouped_gemm_path("lt_streams");
+        grouped_gemm_path("lt_mixed");
+    }
+    unsetenv("KILN_GROUPED_STREAMS");
+}
+
+/* The path's choice: kiln_grouped_gemm_set_path over KILN_GROUPED_GEMM over the default; bad names and
+ * bad tuning variables are errors naming them. */
+TEST(gpu_experts_gemm_path_choice) {
+    const char *name = NULL;
+    const int32_t offs[3] = {0, 2, 4};
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    CHECK(setenv("KILN_GROUPED_GEMM", "lt_streams", 1) == 0);
+    CHECK_OK(kiln_grouped_gemm_path(&name));
+    CHECK(name && !strcmp(name, "lt_streams"));
+    CHECK_OK(kiln_grouped_gemm_set_path("lt_loop"));
+    CHECK_OK(kiln_grouped_gemm_path(&name));
+    CHECK(name && !strcmp(name, "lt_loop"));
+    CHECK_ERR(kiln_grouped_gemm_set_path("fast"), "'fast': expected one of grouped");
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    CHECK(setenv("KILN_GROUPED_GEMM", "bogus", 1) == 0);
+    CHECK_ERR(kiln_grouped_gemm_path(&name), "KILN_GROUPED_GEMM");
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 0, NULL, NULL, offs, 2, 0, 4, 4, "NT", 0, NULL, NULL), "'bogus'");
     unsetenv("KILN_GROUPED_GEMM");
+    CHECK(setenv("KILN_GROUPED_STREAMS", "0", 1) == 0);
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 0, NULL, NULL, offs, 2, 0, 4, 4, "NT", 0, NULL, NULL), "KILN_GROUPED_STREAMS");
+    unsetenv("KILN_GROUPED_STREAMS");
+    CHECK(setenv("KILN_GROUPED_CHUNK", "100", 1) == 0);
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 0, NULL, NULL, offs, 2, 0, 4, 4, "NT", 0, NULL, NULL), "multiple of 64");
+    unsetenv("KILN_GROUPED_CHUNK");
+    CHECK_OK(kiln_grouped_gemm_path(&name));
 }
 
-/* KILN_GROUPED_GEMM=lt_chunks (forward and input gradients as one pointer-array batched cuBLASLt GEMM over
- * 256-row chunks, the last chunk of an expert overlapping; small experts alone): the same results. The
- * last case has ~950 rows per expert (3 full chunks and an overlapping one) and an empty expert. */
-TEST(gpu_experts_lt_chunks) {
+/* Every path through the whole op against the CPU: small experts (per-expert GEMMs on every path), ~710
+ * and ~3000 rows per expert (chunked paths: full chunks and an overlapping last one; side streams: uneven
+ * experts) and an empty expert; then two identical runs give identical bits on every path. */
+TEST(gpu_experts_paths) {
     const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {5000, 3, 2, 128, 64, 0.1, -1}};
-    CHECK(setenv("KILN_GROUPED_GEMM", "lt_chunks", 1) == 0);
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 800 + i);
-    unsetenv("KILN_GROUPED_GEMM");
+    const char *const *paths = kiln_grouped_gemm_paths();
+    for (int p = 0; paths[p]; p++) {
+        printf("  path %s\n", paths[p]);
+        CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 700 + i);
+        experts_deterministic();
+    }
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }

@@ -1,0 +1,603 @@
+// The experts' grouped GEMM (kiln_grouped_gemm_cuda): one projection of every expert over the rows that the
+// dispatch permuted into expert order, in one of several ways ("paths") that bench/moe_gpu.sh measures
+// against one dense GEMM of the same total size:
+//   grouped     cuBLAS's cublasGemmGroupedBatchedEx, one call (per-expert cublasGemmEx where it refuses)
+//   lt_loop     one cuBLASLt GEMM per expert on the caller's stream
+//   lt_streams  the same GEMMs spread over side streams (fork/join with events): a per-expert GEMM of the
+//               [cuda] layer is ~one wave of tiles, so alone it pays its fill and tail; several at once
+//               fill each other's gaps
+//   lt_chunks   forward and input gradients as ONE pointer-array batched cuBLASLt GEMM over equal chunks of
+//               rows (an expert's last chunk ends at its last row, overlapping the one before it: those
+//               rows are computed twice from the same inputs by the same kernel, so both writes carry the
+//               same bits); weight gradients as lt_loop
+//   lt_mixed    forward and input gradients as lt_chunks but without overlap: each expert's rows past its
+//               last full chunk are a GEMM of their own on a side stream, filling the batched GEMM's tail;
+//               weight gradients as lt_streams
+// Every path computes each output element in exactly one GEMM (no split across calls, no atomics), so a
+// path gives the same bits on every run.
+//
+// The row counts change every step, and the cuBLASLt heuristic costs tens of microseconds, more than a
+// small GEMM: plans are cached per *bucket* of row counts (8 buckets per octave; the fixed sizes and every
+// leading dimension exact) and the matrix layouts are set to the true sizes before each call; where
+// cuBLASLt refuses the bucket's algorithm for the true sizes, an exact plan is made.
+#include <cublas_v2.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "kiln/cuda_ops.h"
+
+namespace {
+
+enum { P_GROUPED, P_LT_LOOP, P_LT_CHUNKS, P_LT_STREAMS, P_LT_MIXED, NPATHS };
+const char *const path_names[NPATHS + 1] = {"grouped", "lt_loop", "lt_chunks", "lt_streams", "lt_mixed", NULL};
+const int DEFAULT_PATH = P_GROUPED;
+const char *const PATH_LIST = "grouped, lt_loop, lt_chunks, lt_streams, lt_mixed";
+
+enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 4, DEFAULT_CHUNK = 256, MAX_PLANS = 512 };
+const size_t WS_BYTES = 32u << 20;
+
+// One lock for the host side of every call: the plan table, the lazily created handles, streams, events
+// and workspaces (slot 0 for the caller's stream, 1..MAX_STREAMS for the side streams: GEMMs running at
+// the same time must not share a workspace).
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+int g_path_set = -1; // kiln_grouped_gemm_set_path; -1: the environment's choice
+cublasHandle_t g_blas;
+int g_grouped_f32_refused; // this cuBLAS has no grouped kernel with f32 C for bf16 inputs
+cublasLtHandle_t g_lt;
+void *g_ws[MAX_STREAMS + 1];
+cudaStream_t g_side[MAX_STREAMS];
+cudaEvent_t g_fork, g_join[MAX_STREAMS];
+
+kiln_error *env_int(const char *name, long lo, long hi, long def, long mult, long *out) {
+    const char *v = getenv(name);
+    char *end = NULL;
+    *out = def;
+    if (!v || !*v) return NULL;
+    const long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi || x % mult)
+        return kiln_errorf(KILN_EINVAL, "%s='%s': expected an integer in %ld..%ld%s", name, v, lo, hi,
+                           mult > 1 ? ", a multiple of 64" : "");
+    *out = x;
+    return NULL;
+}
+
+kiln_error *path_lookup(const char *name, int *out) {
+    for (int i = 0; i < NPATHS; i++)
+        if (!strcmp(name, path_names[i])) {
+            *out = i;
+            return NULL;
+        }
+    return kiln_errorf(KILN_EINVAL, "grouped GEMM path '%s': expected one of %s", name, PATH_LIST);
+}
+
+// the path in effect: kiln_grouped_gemm_set_path's, else KILN_GROUPED_GEMM's (read on every call so a test
+// or a benchmark can switch it), else the default
+kiln_error *path_now(int *out) {
+    if (g_path_set >= 0) {
+        *out = g_path_set;
+        return NULL;
+    }
+    const char *v = getenv("KILN_GROUPED_GEMM");
+    if (!v || !*v) {
+        *out = DEFAULT_PATH;
+        return NULL;
+    }
+    kiln_error *err = path_lookup(v, out);
+    return err ? kiln_error_wrap(err, "environment variable KILN_GROUPED_GEMM") : NULL;
+}
+
+// ---- cuBLASLt plans ----
+
+struct lt_plan {
+    int64_t m, n, k, batch; // the sizes the heuristic saw (bucketed, or exact)
+    int ta, tb, c_f32, exact;
+    uint32_t align[3]; // of cuBLASLt's A (our B), B (our A), C
+    int64_t cm, cn, ck, cbatch; // the sizes the layouts carry now
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+lt_plan g_plans[MAX_PLANS];
+int g_nplans;
+
+void plan_destroy(lt_plan *p) {
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+// 16-row steps up to 64, then 8 steps per power of two: 1000 -> 1024, 1100 -> 1152, 4779 -> 5120
+int64_t bucket(int64_t x) {
+    if (x <= 64) return (x + 15) / 16 * 16;
+    int64_t p = 64;
+    while (p * 2 <= x) p *= 2;
+    const int64_t step = p / 8;
+    return (x + step - 1) / step * step;
+}
+
+uint32_t align_of(uintptr_t bits) {
+    uint32_t a = 256;
+    while (a > 2 && bits % a) a >>= 1;
+    return a;
+}
+
+// The column-major view (row-major C[m,n] = op(A) op(B) is C^T = op(B)^T op(A)^T, linear.cu's mapping):
+// cuBLASLt's A is our B, [xb_rows, xb_cols]; its B is our A, [ya_rows, ya_cols]; C is [n, m].
+kiln_error *layouts_set(lt_plan *p, int64_t m, int64_t n, int64_t k, int64_t batch) {
+    kiln_error *err = NULL;
+    const uint64_t xr = p->tb ? k : n, xc = p->tb ? n : k, yr = p->ta ? m : k, yc = p->ta ? k : m;
+    const uint64_t cr = (uint64_t)n, cc = (uint64_t)m;
+    const int64_t lx = (int64_t)xr, ly = (int64_t)yr, lcd = n;
+    const int32_t cnt = (int32_t)batch;
+    if (p->cm == m && p->cn == n && p->ck == k && p->cbatch == batch) return NULL;
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_ROWS, &xr, sizeof xr));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_COLS, &xc, sizeof xc));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_LD, &lx, sizeof lx));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_ROWS, &yr, sizeof yr));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &yc, sizeof yc));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_LD, &ly, sizeof ly));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_ROWS, &cr, sizeof cr));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cc, sizeof cc));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_LD, &lcd, sizeof lcd));
+    if (batch > 0) {
+        cublasLtMatrixLayout_t ls[3] = {p->la, p->lb, p->lc};
+        for (int i = 0; i < 3; i++)
+            CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
+    }
+    p->cm = m, p->cn = n, p->ck = k, p->cbatch = batch;
+done:
+    if (err) p->cm = -1; // unknown state: set everything next time
+    return err;
+}
+
+// batch > 0: pointer-array batched (the A, B, C arguments of the call are device arrays of pointers)
+kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int64_t batch, int ta, int tb, int c_f32, int exact,
+                     const uint32_t align[3], lt_plan **out) {
+    kiln_error *err = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    lt_plan p;
+    memset(&p, 0, sizeof p);
+    for (int i = 0; i < g_nplans; i++) {
+        lt_plan *q = &g_plans[i];
+        if (q->m == m && q->n == n && q->k == k && q->batch == batch && q->ta == ta && q->tb == tb &&
+            q->c_f32 == c_f32 && q->exact == exact && !memcmp(q->align, align, sizeof q->align)) {
+            *out = q;
+            return NULL;
+        }
+    }
+    if (!g_lt) CUBLAS_TRY(cublasLtCreate(&g_lt));
+    {
+        const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+        const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        p.m = m, p.n = n, p.k = k, p.batch = batch, p.ta = ta, p.tb = tb, p.c_f32 = c_f32, p.exact = exact;
+        p.cm = -1;
+        memcpy(p.align, align, sizeof p.align);
+        CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, 1, 1, 1));
+        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, 1, 1, 1));
+        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lc, ct, 1, 1, 1));
+        if (batch > 0) {
+            const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+            cublasLtMatrixLayout_t ls[3] = {p.la, p.lb, p.lc};
+            for (int i = 0; i < 3; i++)
+                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
+        }
+        if ((err = layouts_set(&p, m, n, k, batch))) goto done;
+        CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS_BYTES,
+                                                        sizeof WS_BYTES));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0],
+                                                        sizeof align[0]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1],
+                                                        sizeof align[1]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
+                                                        sizeof align[2]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
+                                                        sizeof align[2]));
+        CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found));
+        if (!found || heur.state != CUBLAS_STATUS_SUCCESS) {
+            err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld (batch %lld)",
+                              (long long)m, (long long)n, (long long)k, (long long)batch);
+            goto done;
+        }
+        p.algo = heur.algo;
+        if (g_nplans == MAX_PLANS) { // more shapes than a training step has: start over
+            for (int i = 0; i < g_nplans; i++) plan_destroy(&g_plans[i]);
+            g_nplans = 0;
+        }
+        g_plans[g_nplans] = p;
+        *out = &g_plans[g_nplans++];
+        memset(&p, 0, sizeof p);
+    }
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    plan_destroy(&p);
+    return err;
+}
+
+// row-major C[m,n] = op(A) op(B) (+ C when beta = 1) on `st` with workspace `slot`; batch > 0: a, b, c are
+// device arrays of batch pointers, each aligned to align[]. Called with g_lock held.
+kiln_error *lt_gemm(int slot, void *c, int c_f32, const void *a, const void *b, int64_t m, int64_t n, int64_t k,
+                    int ta, int tb, float beta, int64_t batch, const uint32_t align[3], cudaStream_t st) {
+    kiln_error *err = NULL;
+    lt_plan *p = NULL;
+    const float alpha = 1.0f;
+    cublasStatus_t s;
+    if (!g_ws[slot]) CUDA_TRY(cudaMalloc(&g_ws[slot], WS_BYTES));
+    // only the sizes routing changes are bucketed (rows: m, or k for TN; the batch): they set no leading dimension
+    if ((err = plan_get(ta ? m : bucket(m), n, ta ? bucket(k) : k, batch > 0 ? bucket(batch) : 0, ta, tb, c_f32, 0, align,
+                        &p)))
+        goto done;
+    if ((err = layouts_set(p, m, n, k, batch))) goto done;
+    s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws[slot], WS_BYTES,
+                       st);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) { // the bucket's algorithm does not fit
+        if ((err = plan_get(m, n, k, batch, ta, tb, c_f32, 1, align, &p))) goto done;
+        if ((err = layouts_set(p, m, n, k, batch))) goto done;
+        s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws[slot],
+                           WS_BYTES, st);
+    }
+    CUBLAS_TRY(s);
+done:
+    if (err)
+        err = kiln_error_wrap(err, "cuBLASLt GEMM %lldx%lldx%lld%s (%c%c, C %s)", (long long)m, (long long)n, (long long)k,
+                              batch > 0 ? " batched" : "", ta ? 'T' : 'N', tb ? 'T' : 'N', c_f32 ? "f32" : "bf16");
+    return err;
+}
+
+// ---- per-expert GEMMs ----
+
+struct job {
+    void *c;
+    const void *a, *b;
+    int64_t m, n, k;
+    int ta, tb;
+    uint32_t align[3];
+};
+
+job make_job(void *c, const void *a, const void *b, int64_t m, int64_t n, int64_t k, int ta, int tb) {
+    job j = {c, a, b, m, n, k, ta, tb, {align_of((uintptr_t)b), align_of((uintptr_t)a), align_of((uintptr_t)c)}};
+    return j;
+}
+
+kiln_error *side_streams(int ns) {
+    kiln_error *err = NULL;
+    if (!g_fork) CUDA_TRY(cudaEventCreateWithFlags(&g_fork, cudaEventDisableTiming));
+    for (int i = 0; i < ns; i++) {
+        if (!g_side[i]) CUDA_TRY(cudaStreamCreateWithFlags(&g_side[i], cudaStreamNonBlocking));
+        if (!g_join[i]) CUDA_TRY(cudaEventCreateWithFlags(&g_join[i], cudaEventDisableTiming));
+        if (!g_ws[1 + i]) CUDA_TRY(cudaMalloc(&g_ws[1 + i], WS_BYTES));
+    }
+done:
+    return err;
+}
+
+// A pointer-array batched GEMM for run_jobs to launch on the caller's stream (see chunked)
+struct batched_call {
+    void **dc;
+    const void *const *da, *const *db;
+    int64_t batch, m, n, k;
+    int tb;
+    uint32_t align[3];
+};
+
+// The jobs one after the other on st (ns <= 1), or spread over ns side streams, largest first onto the least
+// loaded one, while `bc` (nullable) runs on st: the side streams start after everything before on st, and st
+// continues after all of them.
+kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const batched_call *bc, cudaStream_t st) {
+    kiln_error *err = NULL;
+    int *order = NULL, forked = 0;
+    double load[MAX_STREAMS] = {0};
+    if (ns > nj) ns = nj;
+    if (ns <= 1) {
+        if (bc)
+            err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k, 0,
+                          bc->tb, 0.0f, bc->batch, bc->align, st);
+        for (int i = 0; i < nj && !err; i++)
+            err = lt_gemm(0, js[i].c, c_f32, js[i].a, js[i].b, js[i].m, js[i].n, js[i].k, js[i].ta, js[i].tb, beta, 0,
+                          js[i].align, st);
+        return err;
+    }
+    if ((err = side_streams(ns))) goto done;
+    if (!(order = (int *)malloc((size_t)nj * sizeof *order))) {
+        err = kiln_errorf(KILN_ENOMEM, "%d expert GEMMs", nj);
+        goto done;
+    }
+    for (int i = 0; i < nj; i++) order[i] = i;
+    for (int i = 1; i < nj; i++) // insertion sort by work, largest first (stable: ties keep expert order)
+        for (int j = i; j > 0; j--) {
+            const job *x = &js[order[j - 1]], *y = &js[order[j]];
+            if ((double)x->m * x->n * x->k >= (double)y->m * y->n * y->k) break;
+            const int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    CUDA_TRY(cudaEventRecord(g_fork, st));
+    for (int i = 0; i < ns; i++) CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
+    forked = 1;
+    if (bc && (err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k,
+                             0, bc->tb, 0.0f, bc->batch, bc->align, st)))
+        goto done;
+    for (int i = 0; i < nj && !err; i++) {
+        const job *j = &js[order[i]];
+        int s = 0;
+        for (int q = 1; q < ns; q++)
+            if (load[q] < load[s]) s = q;
+        load[s] += (double)j->m * j->n * j->k;
+        err = lt_gemm(1 + s, j->c, c_f32, j->a, j->b, j->m, j->n, j->k, j->ta, j->tb, beta, 0, j->align, g_side[s]);
+    }
+done:
+    if (forked) // join even after an error: nothing later on st may overtake the side streams
+        for (int i = 0; i < ns; i++) {
+            cudaError_t e1 = cudaEventRecord(g_join[i], g_side[i]), e2 = cudaStreamWaitEvent(st, g_join[i], 0);
+            if (!err && (e1 != cudaSuccess || e2 != cudaSuccess))
+                err = kiln_errorf(KILN_EIO, "joining side stream %d: %s", i,
+                                  cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+        }
+    free(order);
+    return err;
+}
+
+// ---- device pointer arrays, written by a kernel whose argument carries them (stream-ordered; a pageable
+// host-to-device copy may wait for the device) ----
+
+enum { PTR_PACK = 480 };
+struct ptr_pack {
+    const void *v[PTR_PACK];
+    int n, off;
+};
+__global__ void put_ptrs_kernel(void **d, const ptr_pack pk) {
+    for (int i = threadIdx.x; i < pk.n; i += blockDim.x) d[pk.off + i] = (void *)pk.v[i];
+}
+kiln_error *put_ptrs(void **d, const void *const *h, int64_t n, cudaStream_t st) {
+    kiln_error *err = NULL;
+    ptr_pack pk;
+    for (int64_t o = 0; o < n; o += PTR_PACK) {
+        pk.n = (int)(n - o < PTR_PACK ? n - o : PTR_PACK), pk.off = (int)o;
+        memcpy(pk.v, h + o, (size_t)pk.n * sizeof *h);
+        put_ptrs_kernel<<<1, 128, 0, st>>>(d, pk);
+        CUDA_TRY(cudaGetLastError());
+    }
+done:
+    return err;
+}
+
+// NT/NN over the experts' chunks of `ch` rows as ONE batched GEMM (see the top of the file); experts with
+// fewer rows than a chunk are per-expert jobs, on side streams alongside the batched GEMM when ns > 1.
+kiln_error *chunked(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E,
+                    int64_t n, int64_t k, int tb, int64_t ch, int ns, cudaStream_t st) {
+    kiln_error *err = NULL;
+    const size_t ce = c_f32 ? 4 : 2;
+    int64_t nch = 0, i = 0;
+    int nj = 0;
+    uintptr_t bits = 0;
+    // with side streams, an expert's rows past its last full chunk are a GEMM of their own there, running
+    // in the batched GEMM's tail; without them, the last chunk overlaps the one before it
+    const int tails = ns > 1;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t me = offs[e + 1] - offs[e];
+        if (me >= ch) nch += tails ? me / ch : (me + ch - 1) / ch;
+    }
+    const void **h = (const void **)malloc((size_t)(3 * nch + 1) * sizeof *h);
+    job *js = (job *)malloc((size_t)E * sizeof *js);
+    void **d = NULL;
+    if (!h || !js) {
+        err = kiln_errorf(KILN_ENOMEM, "chunked GEMM: %lld chunks", (long long)nch);
+        goto done;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+        if (!me) continue;
+        if (me < ch) {
+            js[nj++] = make_job((char *)c + (size_t)(o * n) * ce, a + o * k, b + e * n * k, me, n, k, 0, tb);
+            continue;
+        }
+        const int64_t full = tails ? me / ch * ch : me;
+        for (int64_t r = 0; r < full; r += ch, i++) {
+            const int64_t s0 = o + (r + ch <= me ? r : me - ch);
+            h[i] = a + s0 * k, h[nch + i] = b + e * n * k, h[2 * nch + i] = (char *)c + (size_t)(s0 * n) * ce;
+            bits |= (uintptr_t)h[i] | (uintptr_t)h[nch + i] | (uintptr_t)h[2 * nch + i];
+        }
+        if (full < me)
+            js[nj++] = make_job((char *)c + (size_t)((o + full) * n) * ce, a + (o + full) * k, b + e * n * k, me - full, n,
+                                k, 0, tb);
+    }
+    if (nch) {
+        const uint32_t al = align_of(bits | (uintptr_t)(k * 2) | (uintptr_t)(n * 2) | (uintptr_t)(n * ce));
+        CUDA_TRY(cudaMallocAsync((void **)&d, (size_t)(3 * nch) * sizeof *d, st));
+        if ((err = put_ptrs(d, h, 3 * nch, st))) goto done;
+        const batched_call bc = {d + 2 * nch, (const void *const *)d, (const void *const *)(d + nch), nch, ch, n, k, tb,
+                                 {al, al, al}};
+        err = run_jobs(js, nj, c_f32, 0.0f, ns, &bc, st);
+    } else {
+        err = run_jobs(js, nj, c_f32, 0.0f, ns, NULL, st);
+    }
+done:
+    if (d) cudaFreeAsync(d, st);
+    free(h), free(js);
+    return err ? kiln_error_wrap(err, "chunked GEMM (%lld chunks of %lld rows)", (long long)nch, (long long)ch) : NULL;
+}
+
+// ---- cuBLAS's grouped call ----
+
+kiln_error *blas_handle(cudaStream_t st) {
+    kiln_error *err = NULL;
+    if (!g_blas) CUBLAS_TRY(cublasCreate(&g_blas));
+    CUBLAS_TRY(cublasSetStream(g_blas, st));
+done:
+    return err;
+}
+
+kiln_error *grouped(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E,
+                    int64_t m, int64_t n, int64_t k, int tn, int nt, int accumulate, int *looped, cudaStream_t st) {
+    kiln_error *err = NULL;
+    const size_t ce = c_f32 ? 4 : 2;
+    int G = 0, odd = 0;
+    cublasOperation_t *ta = (cublasOperation_t *)malloc((size_t)E * sizeof *ta);
+    cublasOperation_t *tb = (cublasOperation_t *)malloc((size_t)E * sizeof *tb);
+    int *mm = (int *)malloc((size_t)E * 7 * sizeof(int));
+    float *alpha = (float *)malloc((size_t)E * 2 * sizeof(float));
+    const void **ptrs = (const void **)malloc((size_t)E * 3 * sizeof *ptrs);
+    int *nv, *kv, *lda, *ldb, *ldc, *gs;
+    float *beta;
+    void **dptrs = NULL;
+    if (!ta || !tb || !mm || !alpha || !ptrs) {
+        err = kiln_errorf(KILN_ENOMEM, "grouped GEMM: %lld experts", (long long)E);
+        goto done;
+    }
+    nv = mm + E, kv = mm + 2 * E, lda = mm + 3 * E, ldb = mm + 4 * E, ldc = mm + 5 * E, gs = mm + 6 * E;
+    beta = alpha + E;
+    // row-major C[M,N] = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+        if (!me) continue;
+        const int64_t M = tn ? m : me, K = tn ? me : k; // the row-major problem C[M,n] = op(A)[M,K] op(B)[K,n]
+        const int tra = tn, trb = nt;
+        const void *A = tn ? (const void *)(a + o * m) : (const void *)(a + o * k);
+        const void *B = tn ? (const void *)(b + o * n) : (const void *)(b + e * n * k);
+        void *C = tn ? (char *)c + (size_t)(e * m * n) * ce : (char *)c + (size_t)(o * n) * ce;
+        ta[G] = trb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        tb[G] = tra ? CUBLAS_OP_T : CUBLAS_OP_N;
+        mm[G] = (int)n, nv[G] = (int)M, kv[G] = (int)K;
+        lda[G] = (int)(trb ? K : n);
+        ldb[G] = (int)(tra ? M : K);
+        ldc[G] = (int)n;
+        gs[G] = 1;
+        alpha[G] = 1.0f, beta[G] = accumulate ? 1.0f : 0.0f;
+        ptrs[G] = B, ptrs[E + G] = A, ptrs[2 * E + G] = C;
+        odd |= (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15) || ((size_t)lda[G] * 2 & 15) ||
+               ((size_t)ldb[G] * 2 & 15) || ((size_t)ldc[G] * ce & 15);
+        G++;
+    }
+    if (!G) goto done;
+    if ((err = blas_handle(st))) goto done;
+    {
+        const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        const void **pa = ptrs, **pb = ptrs + E;
+        void **pc = (void **)(ptrs + 2 * E);
+        cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+        // cuBLAS cannot look at pointers that live on the device: it assumes them aligned as far as the leading
+        // dimensions allow (weights 2 bytes into a flat buffer faulted with "misaligned address"). Such groups
+        // take the per-expert path below, whose cublasGemmEx sees each pointer.
+        if (!odd && !(c_f32 && g_grouped_f32_refused)) {
+            CUDA_TRY(cudaMallocAsync((void **)&dptrs, (size_t)G * 3 * sizeof *dptrs, st));
+            if ((err = put_ptrs(dptrs, pa, G, st)) || (err = put_ptrs(dptrs + G, pb, G, st)) ||
+                (err = put_ptrs(dptrs + 2 * G, (const void *const *)pc, G, st)))
+                goto done;
+            s = cublasGemmGroupedBatchedEx(g_blas, ta, tb, mm, nv, kv, alpha, (const void *const *)dptrs, CUDA_R_16BF, lda,
+                                           (const void *const *)(dptrs + G), CUDA_R_16BF, ldb, beta, dptrs + 2 * G, ct,
+                                           ldc, G, gs, CUBLAS_COMPUTE_32F);
+        }
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+            // unaligned, or no grouped kernel for the combination (cuBLAS 13.1 has none for bf16 in, f32 out):
+            // one GEMM per expert
+            if (!odd && c_f32) g_grouped_f32_refused = 1; // asked once per process
+            if (looped) *looped = 1;
+            for (int g = 0; g < G; g++)
+                CUBLAS_TRY(cublasGemmEx(g_blas, ta[g], tb[g], mm[g], nv[g], kv[g], &alpha[g], pa[g], CUDA_R_16BF, lda[g],
+                                        pb[g], CUDA_R_16BF, ldb[g], &beta[g], pc[g], ct, ldc[g], CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+        } else {
+            CUBLAS_TRY(s);
+        }
+    }
+done:
+    if (dptrs) cudaFreeAsync(dptrs, st);
+    free(ta), free(tb), free(mm), free(alpha), free(ptrs);
+    return err;
+}
+
+} // namespace
+
+extern "C" const char *const *kiln_grouped_gemm_paths(void) { return path_names; }
+
+extern "C" kiln_error *kiln_grouped_gemm_set_path(const char *name) {
+    int p = -1;
+    if (name) {
+        kiln_error *err = path_lookup(name, &p);
+        if (err) return err;
+    }
+    pthread_mutex_lock(&g_lock);
+    g_path_set = p;
+    pthread_mutex_unlock(&g_lock);
+    return NULL;
+}
+
+extern "C" kiln_error *kiln_grouped_gemm_path(const char **name) {
+    int p = DEFAULT_PATH;
+    pthread_mutex_lock(&g_lock);
+    kiln_error *err = path_now(&p);
+    pthread_mutex_unlock(&g_lock);
+    *name = err ? NULL : path_names[p];
+    return err;
+}
+
+extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
+                                              const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
+                                              const char *layout, int accumulate, int *looped, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int tn = layout && !strcmp(layout, "TN"), nt = layout && !strcmp(layout, "NT"),
+              nn = layout && !strcmp(layout, "NN");
+    const size_t ce = c_f32 ? 4 : 2;
+    int path = DEFAULT_PATH, locked = 0, nj = 0;
+    long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK;
+    job *js = NULL;
+    if (looped) *looped = 0;
+    if (!(tn || nt || nn))
+        return kiln_errorf(KILN_EINVAL, "grouped GEMM: layout '%s', expected NT, NN or TN", layout ? layout : "(null)");
+    if (E < 1 || m < 0 || n < 1 || (!tn && k < 1) || (tn && m < 1) || n > INT32_MAX || k > INT32_MAX || m > INT32_MAX)
+        return kiln_errorf(KILN_EINVAL, "grouped GEMM %s: E=%lld m=%lld n=%lld k=%lld", layout, (long long)E,
+                           (long long)m, (long long)n, (long long)k);
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] < offs[e] || offs[e] < 0)
+            return kiln_errorf(KILN_EINVAL, "grouped GEMM %s: expert %lld's offsets %d..%d decrease", layout,
+                               (long long)e, offs[e], offs[e + 1]);
+    pthread_mutex_lock(&g_lock);
+    locked = 1;
+    if ((err = path_now(&path)) || (err = env_int("KILN_GROUPED_STREAMS", 1, MAX_STREAMS, DEFAULT_STREAMS, 1, &ns)) ||
+        (err = env_int("KILN_GROUPED_CHUNK", 64, 4096, DEFAULT_CHUNK, 64, &ch)))
+        goto done;
+    // an expert without rows: its weight gradient is an empty sum
+    if (tn && !accumulate)
+        for (int64_t e = 0; e < E; e++)
+            if (offs[e + 1] == offs[e])
+                CUDA_TRY(cudaMemsetAsync((char *)c + (size_t)(e * m * n) * ce, 0, (size_t)(m * n) * ce, st));
+    if (path == P_GROUPED) {
+        err = grouped(c, c_f32, a, b, offs, E, m, n, k, tn, nt, accumulate, looped, st);
+        goto done;
+    }
+    // the chunks overwrite their overlap, so they cannot accumulate
+    if ((path == P_LT_CHUNKS || path == P_LT_MIXED) && !tn && !accumulate) {
+        err = chunked(c, c_f32, a, b, offs, E, n, k, nt, ch, path == P_LT_MIXED ? (int)ns : 0, st);
+        goto done;
+    }
+    if (!(js = (job *)malloc((size_t)E * sizeof *js))) {
+        err = kiln_errorf(KILN_ENOMEM, "grouped GEMM: %lld experts", (long long)E);
+        goto done;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+        if (!me) continue;
+        if (tn) js[nj++] = make_job((char *)c + (size_t)(e * m * n) * ce, a + o * m, b + o * n, m, n, me, 1, 0);
+        else js[nj++] = make_job((char *)c + (size_t)(o * n) * ce, a + o * k, b + e * n * k, me, n, k, 0, nt);
+    }
+    if (looped) *looped = 1;
+    err = run_jobs(js, nj, c_f32, accumulate ? 1.0f : 0.0f, path == P_LT_STREAMS || path == P_LT_MIXED ? (int)ns : 0,
+                   NULL, st);
+done:
+    if (locked) pthread_mutex_unlock(&g_lock);
+    free(js);
+    if (err)
+        err = kiln_error_wrap(err, "grouped GEMM %s (%lld experts, m=%lld n=%lld k=%lld, C %s, path %s)", layout,
+                              (long long)E, (long long)m, (long long)n, (long long)k, c_f32 ? "f32" : "bf16",
+                              path_names[path]);
+    return err;
+}
