@@ -301,19 +301,21 @@ kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, f
                                         const float *mid, const float *w0, const float *w1, const kiln_conv_shape *s,
                                         void *stream);
 /* The training path's convolutions fused with the coupling below (src/cuda/cca_conv_fused.cu), for the
- * model's layout: groups = NH + KV heads of D = C/groups channels, qk bf16 [N,C] = [q | k], no history.
+ * model's layout: groups = NH + KV heads of D = C/groups channels; the input x = [q | k] given as the
+ * projections' outputs q bf16 [N,NH*D] and k bf16 [N,KV*D]; no history.
  * Forward: mid bf16 [B,T+k1-1,C] saved; qpre [N,NH*D], kpre [N,KV*D] bf16 = the convolution output plus the
  * coupling (one rounding). Backward from dqpre / dkpre: dq [N,NH*D], dk [N,KV*D] bf16 written (required) = the
  * coupling's adjoint plus the convolution's input gradient; dw0, db0, dw1, db1 f32 += (nullable); dmid f32
  * workspace [B,T+k1-1,C]. bf16 tensor cores (w1 split hi + lo), deterministic weight gradients. */
-kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid, const kiln_bf16 *qk,
-                                              const float *w0, const float *b0, const float *w1, const float *b1,
-                                              const kiln_conv_shape *s, int64_t NH, int64_t KV, void *stream);
+kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid, const kiln_bf16 *q,
+                                              const kiln_bf16 *k, const float *w0, const float *b0, const float *w1,
+                                              const float *b1, const kiln_conv_shape *s, int64_t NH, int64_t KV,
+                                              void *stream);
 kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, float *dw0, float *db0, float *dw1,
                                                float *db1, float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre,
-                                               const kiln_bf16 *qk, const kiln_bf16 *mid, const float *w0,
-                                               const float *w1, const kiln_conv_shape *s, int64_t NH, int64_t KV,
-                                               void *stream);
+                                               const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *mid,
+                                               const float *w0, const float *w1, const kiln_conv_shape *s, int64_t NH,
+                                               int64_t KV, void *stream);
 /* CCA's q/k residual coupling (zaya_forward.c): qk bf16 [N,C] is the packed [q | k] the convolution reads
  * (C = NH*D + KV*D), conv bf16 [N,C] its output; qpre [N,NH*D] = conv_q + (q + k of the head's KV head)/2 and
  * kpre [N,KV*D] = conv_k + the mean over the group of those, bf16. Backward, bf16 and written: dconv (nullable)

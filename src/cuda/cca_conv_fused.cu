@@ -1,7 +1,8 @@
 // CCA's convolutions fused with the q/k residual coupling, on bf16 tensor cores: the training path of
 // src/models/zaya_cuda.c (no decode history). The same semantics as kiln_cca_conv_forward/backward followed
 // by the coupling of zaya_forward.c / zaya_backward.c, for the model's channel layout: groups = NH + KV
-// heads of D = C/groups channels, q heads first.
+// heads of D = C/groups channels, q heads first. The convolution input x = [q | k] is read from the q and k
+// projections' outputs where they are (no packed copy).
 //   forward:  mid (bf16, saved) = the depthwise stage; the grouped stage is one GEMM per (sequence, head)
 //             whose epilogue adds the conv bias and the coupling and writes qpre / kpre directly.
 //   backward: dmid = the grouped stage's input gradient read straight from dqpre / dkpre (no packed dy);
@@ -61,11 +62,18 @@ template <int V> static __device__ __forceinline__ void st_bf(bf16 *p, const flo
     }
 }
 
+// channel c of token row (b*T + t) of the convolution input x = [q | k], read where the projections wrote it
+static __device__ __forceinline__ const bf16 *xat(const bf16 *q, const bf16 *k, int64_t row, int c, int Q, int Kc) {
+    return c < Q ? q + row * Q + c : k + row * Kc + (c - Q);
+}
+
 // mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c] (xp: x after P zero rows), u < M; V channels per thread
+// (V = 8 needs Q % 8 == 0: a vector never straddles q and k)
 template <int V>
-static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *x, const float *w0, const float *b0, kiln_conv_shape s) {
+static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
+                                     kiln_conv_shape s, int Q) {
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, P = (int)(s.k0 - 1 + s.k1 - 1), M = T + (int)s.k1 - 1;
-    const int cv = C / V;
+    const int cv = C / V, Kc = C - Q;
     const int64_t total = s.B * (int64_t)M * cv;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = e / cv, bb = row / M;
@@ -76,7 +84,7 @@ static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *x, const float *w0, 
         for (int j = 0; j < k0; j++) {
             const int up = u + j;
             if (up < P) continue;
-            ld_bf<V>(x + (bb * T + up - P) * C + c, xv);
+            ld_bf<V>(xat(xq, xk, bb * T + up - P, c, Q, Kc), xv);
 #pragma unroll
             for (int k = 0; k < V; k++) acc[k] += w0[(c + k) * k0 + j] * xv[k];
         }
@@ -111,7 +119,8 @@ static __global__ void w1_split_kernel(bf16 *wh, bf16 *wl, const float *w1, int 
 // pre-split (w1_split_kernel); otherwise element by element, w1 split in the loader.
 template <int MODE, bool FAST>
 static __global__ void __launch_bounds__(128)
-    grp_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *qk, const bf16 *dqp, const bf16 *dkp,
+    grp_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *xq, const bf16 *xk, const bf16 *dqp,
+               const bf16 *dkp,
                const float *w1, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s, int NH, int KV) {
     constexpr int AB = FT * LDA * 2 + 2 * FK * LDB * 2, CB = FT * LDC * 4;
     __shared__ __align__(128) unsigned char smem[AB > CB ? AB : CB];
@@ -217,13 +226,13 @@ static __global__ void __launch_bounds__(128)
         // the coupling (zaya_forward.c): qpre = conv + (q + k of the KV head)/2, kpre = conv + their group mean
         const float v = sc[rr * LDC + nl] + b1[g0 + n];
         const int64_t row = (int64_t)bb * T + r;
-        const bf16 *q = qk + row * C;
+        const bf16 *q = xq + row * Q, *k = xk + row * Kc;
         if (g < NH) {
-            const float qres = (f(q[g0 + n]) + f(q[Q + (g / G) * cg + n])) * 0.5f;
+            const float qres = (f(q[g0 + n]) + f(k[(g / G) * cg + n])) * 0.5f;
             qpre[row * Q + g0 + n] = b(v + qres);
         } else {
             const int j = g - NH;
-            const float kv = f(q[Q + j * cg + n]);
+            const float kv = f(k[j * cg + n]);
             float sum = 0.0f;
             for (int m = 0; m < G; m++) sum += (f(q[(j * G + m) * cg + n]) + kv) * 0.5f;
             kpre[row * Kc + j * cg + n] = b(v + sum / (float)G);
@@ -341,14 +350,13 @@ static __global__ void dw1_sum_kernel(float *dw1, const float *part, int64_t chu
 // A thread owns a (KV head j, dim d): the G query channels of that group and the key channel, as
 // cca_couple.cu's kernel (no atomics). grid B * chunks per sequence.
 static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float *pb0, const float *dmid,
-                                            const bf16 *x, const float *w0, const bf16 *dqp, const bf16 *dkp,
-                                            kiln_conv_shape s, int NH, int KV, int cps) {
+                                            const bf16 *xq, const bf16 *xk, const float *w0, const bf16 *dqp,
+                                            const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int cps) {
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
     const int D = C / (int)s.groups, Q = NH * D, Kc = KV * D, G = NH / KV;
     const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
     const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M, t1 = u0 + DW_ROWS < T ? u0 + DW_ROWS : T;
     const float *dmb = dmid + (int64_t)bb * M * C;
-    const bf16 *xb = x + (int64_t)bb * T * C;
     for (int e = threadIdx.x; e < Kc; e += blockDim.x) {
         const int j = e / D, d = e % D;
         if (p0 || pb0)
@@ -359,7 +367,7 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
                     for (int u = u0; u < u1; u++) {
                         const float gv = dmb[u * C + c];
                         accb += gv;
-                        if (u + jj >= P) acc += gv * f(xb[(u + jj - P) * C + c]);
+                        if (u + jj >= P) acc += gv * f(*xat(xq, xk, (int64_t)bb * T + u + jj - P, c, Q, Kc));
                     }
                     if (p0) p0[(int64_t)blockIdx.x * C * k0 + c * k0 + jj] = acc;
                     if (jj == 0 && pb0) pb0[(int64_t)blockIdx.x * C + c] = accb;
@@ -419,8 +427,9 @@ static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s
 }
 
 extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid,
-                                                         const kiln_bf16 *qk, const float *w0, const float *b0,
-                                                         const float *w1, const float *b1, const kiln_conv_shape *s,
+                                                         const kiln_bf16 *q, const kiln_bf16 *k, const float *w0,
+                                                         const float *b0, const float *w1, const float *b1,
+                                                         const kiln_conv_shape *s,
                                                          int64_t NH, int64_t KV, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
@@ -428,21 +437,26 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
     KILN_TRY(check_fused("cca_conv_couple forward", s, NH, KV));
     {
         const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups, ne = s->C * cg * s->k1;
-        const int vec = s->C % 8 == 0 && aligned16(mid) && aligned16(qk);
+        const int64_t Q = NH * cg;
+        const int vec = s->C % 8 == 0 && Q % 8 == 0 && aligned16(mid) && aligned16(q) && aligned16(k);
         const int64_t items = s->B * M * (vec ? s->C / 8 : s->C);
-        if (vec) dw_fwd_kernel<8><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)qk, w0, b0, *s);
-        else dw_fwd_kernel<1><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)qk, w0, b0, *s);
+        if (vec)
+            dw_fwd_kernel<8><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k, w0, b0,
+                                                                   *s, (int)Q);
+        else
+            dw_fwd_kernel<1><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k, w0, b0,
+                                                                   *s, (int)Q);
         LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
         const dim3 grid((unsigned)((s->T + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(s->B * s->groups));
         if (vec && cg % FT == 0) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
             grp_kernel<0, true><<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
-                                                      (const bf16 *)qk, NULL, NULL, w1, wh, wh + ne, b1, *s, (int)NH,
-                                                      (int)KV);
+                                                      (const bf16 *)q, (const bf16 *)k, NULL, NULL, w1, wh, wh + ne, b1,
+                                                      *s, (int)NH, (int)KV);
         } else {
             grp_kernel<0, false><<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
-                                                       (const bf16 *)qk, NULL, NULL, w1, NULL, NULL, b1, *s, (int)NH,
-                                                       (int)KV);
+                                                       (const bf16 *)q, (const bf16 *)k, NULL, NULL, w1, NULL, NULL, b1,
+                                                       *s, (int)NH, (int)KV);
         }
         LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling)");
     }
@@ -453,7 +467,7 @@ done:
 
 extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, float *dw0, float *db0,
                                                           float *dw1, float *db1, float *dmid, const kiln_bf16 *dqpre,
-                                                          const kiln_bf16 *dkpre, const kiln_bf16 *qk,
+                                                          const kiln_bf16 *dkpre, const kiln_bf16 *q, const kiln_bf16 *k,
                                                           const kiln_bf16 *mid, const float *w0, const float *w1,
                                                           const kiln_conv_shape *s, int64_t NH, int64_t KV,
                                                           void *stream) {
@@ -497,10 +511,10 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
         if (fast) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
-            grp_kernel<1, true><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, (const bf16 *)dqpre,
+            grp_kernel<1, true><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
                                                       (const bf16 *)dkpre, w1, wh, wh + ne1, NULL, *s, (int)NH, (int)KV);
         } else {
-            grp_kernel<1, false><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, (const bf16 *)dqpre,
+            grp_kernel<1, false><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
                                                        (const bf16 *)dkpre, w1, NULL, NULL, NULL, *s, (int)NH, (int)KV);
         }
         LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
@@ -508,7 +522,8 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         const int64_t kvd = KV * cg;
         const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
         dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>((bf16 *)dq, (bf16 *)dk, p0, pb0, dmid,
-                                                                      (const bf16 *)qk, w0, (const bf16 *)dqpre,
+                                                                      (const bf16 *)q, (const bf16 *)k, w0,
+                                                                      (const bf16 *)dqpre,
                                                                       (const bf16 *)dkpre, *s, (int)NH, (int)KV,
                                                                       (int)cps0);
         LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");

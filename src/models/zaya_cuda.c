@@ -65,7 +65,7 @@ typedef struct {
     float *x;            /* [N,H] layer input (residual stream) */
     bf *ln1;             /* [N,H] */
     float *ln1_r;        /* [N] */
-    bf *qk;              /* [N,C] q|k packed: the convolution input */
+    bf *q, *k;           /* [N,Q], [N,K] the q/k projections: the convolution input [q | k] */
     bf *mid;             /* [B,T+k1-1,C] the depthwise convolution's output */
     bf *qpre, *kpre;     /* [N,Q], [N,K] the convolutions plus the q/k coupling */
     float *qinv, *kinv;  /* [N,NH], [N,KV] */
@@ -192,7 +192,8 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     const int64_t S = N * c->top_k, I = c->moe_intermediate;
     L->ln1 = TB(b, N * H);
     L->ln1_r = TF(b, N);
-    L->qk = TB(b, N * C);
+    L->q = TB(b, N * Q);
+    L->k = TB(b, N * K);
     L->mid = TB(b, B * (T + c->cca_time1 - 1) * C);
     L->qpre = TB(b, N * Q);
     L->kpre = TB(b, N * K);
@@ -565,14 +566,12 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
 
     /* input_layernorm (unless the previous residual join did it) */
     if (!ln1_done) OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
-    /* ZayaCCAProjection; q and k live only until packed (the backward scratch holds them) */
-    bf *q = g->s.dq, *k = g->s.dk;
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
-    OP(g, "pointwise + glue fwd", kiln_zaya_pack_qk_cuda(L->qk, q, k, N, Q, K, st));
+    /* ZayaCCAProjection: q and k stay where the projections write them, the convolution reads both */
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
+    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
     /* the convolutions and the q/k residual coupling, one fused op (bf16 tensor cores) */
-    OP(g, "CCA convolutions fwd", kiln_cca_conv_couple_forward_cuda(L->qpre, L->kpre, L->mid, L->qk, W->conv0_w, W->conv0_b,
+    OP(g, "CCA convolutions fwd", kiln_cca_conv_couple_forward_cuda(L->qpre, L->kpre, L->mid, L->q, L->k, W->conv0_w, W->conv0_b,
                                                                     W->conv1_w, W->conv1_b, &cs, NH, KV, st));
     /* value: current half and the previous token's delayed projection (att is scratch here) */
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
@@ -779,7 +778,7 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     /* the convolutions and the residual coupling, one fused op: dq/dk = the coupling's adjoint + the conv's dx */
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
     OP(g, "CCA convolutions bwd", kiln_cca_conv_couple_backward_cuda(s->dq, s->dk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b,
-                                                                     s->dmid, s->dqpre, s->dkpre, L->qk, L->mid, W->conv0_w,
+                                                                     s->dmid, s->dqpre, s->dkpre, L->q, L->k, L->mid, W->conv0_w,
                                                                      W->conv1_w, &cs, NH, KV, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));

@@ -173,15 +173,21 @@ TEST(gpu_ops_cca_conv_couple_fused) {
         kiln_cca_conv_backward(dx, dw0, db0, dw1, db1, dmid, dy, x, NULL, mid, w0, w1, &s);
         ref_couple_bwd(dq, dk, dqp, dkp, dx, N, NH, KV, D);
         /* device */
-        kiln_bf16 *gx = gt_up_bf16(x, nx), *gdqp = gt_up_bf16(dqp, N * Q), *gdkp = gt_up_bf16(dkp, N * K);
+        float *xq = malloc((size_t)(N * Q) * 4), *xk = malloc((size_t)(N * K) * 4); /* x = [q | k] as the projections write it */
+        for (int64_t n = 0; n < N; n++) {
+            memcpy(xq + n * Q, x + n * C, (size_t)Q * 4);
+            memcpy(xk + n * K, x + n * C + Q, (size_t)K * 4);
+        }
+        kiln_bf16 *gxq = gt_up_bf16(xq, N * Q), *gxk = gt_up_bf16(xk, N * K);
+        kiln_bf16 *gdqp = gt_up_bf16(dqp, N * Q), *gdkp = gt_up_bf16(dkp, N * K);
         kiln_bf16 *gmid = gt_dev((size_t)nm * 2), *gqpre = gt_dev((size_t)(N * Q) * 2), *gkpre = gt_dev((size_t)(N * K) * 2);
         kiln_bf16 *gdq = gt_dev((size_t)(N * Q) * 2), *gdk = gt_dev((size_t)(N * K) * 2);
         float *gw0 = gt_up_f32(w0, C * k0), *gb0 = gt_up_f32(b0, C), *gw1 = gt_up_f32(w1, n1), *gb1 = gt_up_f32(b1, C);
         float *gdmid = gt_dev((size_t)nm * 4), *gdw0 = gt_up_f32(dw00, C * k0), *gdb0 = gt_up_f32(db00, C);
         float *gdw1 = gt_up_f32(dw10, n1), *gdb1 = gt_up_f32(db10, C);
-        CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gx, gw0, gb0, gw1, gb1, &s, NH, KV, NULL));
-        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gx, gmid, gw0,
-                                                    gw1, &s, NH, KV, NULL));
+        CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, NULL));
+        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
+                                                    gw0, gw1, &s, NH, KV, NULL));
         float *hmid = gt_down_bf16(gmid, nm), *hqpre = gt_down_bf16(gqpre, N * Q), *hkpre = gt_down_bf16(gkpre, N * K);
         float *hdq = gt_down_bf16(gdq, N * Q), *hdk = gt_down_bf16(gdk, N * K), *hdmid = gt_down_f32(gdmid, nm);
         float *hdw0 = gt_down_f32(gdw0, C * k0), *hdb0 = gt_down_f32(gdb0, C), *hdw1 = gt_down_f32(gdw1, n1);
@@ -201,15 +207,15 @@ TEST(gpu_ops_cca_conv_couple_fused) {
         CHECK_OK(kiln_cuda_copy(gdb0, db00, (size_t)C * 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_cuda_copy(gdw1, dw10, (size_t)n1 * 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
-        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gx, gmid, gw0,
-                                                    gw1, &s, NH, KV, NULL));
+        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
+                                                    gw0, gw1, &s, NH, KV, NULL));
         float *r_dq = gt_down_bf16(gdq, N * Q), *r_dk = gt_down_bf16(gdk, N * K), *r_dw0 = gt_down_f32(gdw0, C * k0);
         float *r_db0 = gt_down_f32(gdb0, C), *r_dw1 = gt_down_f32(gdw1, n1), *r_db1 = gt_down_f32(gdb1, C);
         CHECK_MSG(!memcmp(r_dq, hdq, (size_t)(N * Q) * 4) && !memcmp(r_dk, hdk, (size_t)(N * K) * 4) &&
                       !memcmp(r_dw0, hdw0, (size_t)(C * k0) * 4) && !memcmp(r_db0, hdb0, (size_t)C * 4) &&
                       !memcmp(r_dw1, hdw1, (size_t)n1 * 4) && !memcmp(r_db1, hdb1, (size_t)C * 4),
                   "fused cca_conv backward differs between two runs");
-        kiln_cuda_free(gx), kiln_cuda_free(gdqp), kiln_cuda_free(gdkp), kiln_cuda_free(gmid), kiln_cuda_free(gqpre);
+        kiln_cuda_free(gxq), kiln_cuda_free(gxk), free(xq), free(xk), kiln_cuda_free(gdqp), kiln_cuda_free(gdkp), kiln_cuda_free(gmid), kiln_cuda_free(gqpre);
         kiln_cuda_free(gkpre), kiln_cuda_free(gdq), kiln_cuda_free(gdk), kiln_cuda_free(gw0), kiln_cuda_free(gb0);
         kiln_cuda_free(gw1), kiln_cuda_free(gb1), kiln_cuda_free(gdmid), kiln_cuda_free(gdw0), kiln_cuda_free(gdb0);
         kiln_cuda_free(gdw1), kiln_cuda_free(gdb1);
@@ -221,7 +227,7 @@ TEST(gpu_ops_cca_conv_couple_fused) {
     }
     /* groups that are not heads + kv heads: an error naming the op */
     kiln_conv_shape bad = {1, 4, 12, 3, 2, 2};
-    CHECK_ERR(kiln_cca_conv_couple_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, 1, 1, NULL),
+    CHECK_ERR(kiln_cca_conv_couple_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, 1, 1, NULL),
               "cca_conv_couple forward");
 }
 
