@@ -97,12 +97,14 @@ for name in ("async", "sync", "none"):
     span = [s for s in sorted(dt) if every < s <= hi]
     extra = sum(dt[s] - base for s in span)
     per_save = extra / len(saves)
+    each = [sum(dt[s] - base for s in span if sv < s <= sv + every) for sv in saves] if name != "sync" else [extra]
     log = open(f"{out}/train_{name}.log").read() if os.path.exists(f"{out}/train_{name}.log") else ""
     commits = re.findall(r"checkpoint step (\d+) committed: rank 0's shard ([0-9.]+) GB written in ([0-9.]+) s "
                          r"\(([0-9.]+) GB/s\), training blocked ([0-9.]+) s", log)
     where = re.findall(r"snapshot of [0-9.]+ GB of GPU state in ([a-z ]+) memory", log)
     res[name] = {"step_ms": base * 1e3, "saves": saves, "steps_measured": [span[0], span[-1]] if span else [],
-                 "extra_s_per_save": per_save, "overhead_pct_at_1_per_100": 100 * per_save / (100 * base),
+                 "extra_s_per_save": per_save, "extra_s_each": each,
+                 "overhead_pct_at_1_per_100": 100 * per_save / (100 * base),
                  "commits": [{"step": int(c[0]), "gb": float(c[1]), "write_s": float(c[2]), "gbs": float(c[3]),
                               "blocked_s": float(c[4])} for c in commits],
                  "snapshot_in": where[0] if where else ("device (default)" if name == "async" else "live")}
@@ -112,6 +114,8 @@ for name, r in res.items():
           f"{r['steps_measured']} took {r['extra_s_per_save'] * 1e3:+.0f} ms per save over the median = "
           f"{r['overhead_pct_at_1_per_100']:.2f}% step-time overhead at one save per 100 steps"
           f"{'  (target <= 2%)' if name == 'async' else ''}")
+    if len(r["extra_s_each"]) > 1:
+        print("        each save's period: " + ", ".join(f"{sv}: {x * 1e3:+.0f} ms" for sv, x in zip(r["saves"], r["extra_s_each"])))
     for c in r["commits"]:
         print(f"        step {c['step']}: {c['gb']:.2f} GB written in {c['write_s']:.2f} s ({c['gbs']:.2f} GB/s), "
               f"training blocked {c['blocked_s'] * 1e3:.1f} ms in the save call; snapshot in {r['snapshot_in']} memory")
