@@ -42,9 +42,11 @@ struct kiln_zaya_cuda_opt {
     int first, last;
     float *state; /* device */
     size_t nstate;
-    float *u, *ws; /* Muon: the update of one tensor, the Newton-Schulz scratch */
+    float *u, *ws; /* Muon: the updates of one group of tensors, the Newton-Schulz scratch */
     double *sum;   /* one device double */
     kiln_adamw_multi *adamw; /* the AdamW tensors' table: one launch a step */
+    size_t *soff;            /* each owned tensor's state offset (index i - first) */
+    int *morder, *mgroup, nmg; /* Muon's tensors by group (group k: morder[mgroup[k]..mgroup[k+1])) */
 };
 
 kiln_error *kiln_zaya_cuda_scale(kiln_zaya_cuda *g, float *x, size_t n, float s) {
@@ -70,6 +72,7 @@ void kiln_zaya_cuda_opt_free(kiln_zaya_cuda_opt *o) {
     kiln_cuda_free(o->u);
     kiln_cuda_free(o->ws);
     kiln_adamw_multi_free(o->adamw);
+    free(o->soff), free(o->morder), free(o->mgroup);
     free(o);
 }
 
@@ -80,13 +83,17 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!o) return kiln_errorf(KILN_ENOMEM, "optimizer on CUDA");
     o->g = g, o->op = op, o->first = first, o->last = last;
     size_t umax = 0, wsmax = 0;
-    kiln_adamw_tensor *aw = calloc((size_t)(last > first ? last - first : 0) + 1, sizeof *aw);
-    int naw = 0;
-    if (!aw) {
-        free(o);
+    const size_t nt = (size_t)(last > first ? last - first : 0) + 1;
+    kiln_adamw_tensor *aw = calloc(nt, sizeof *aw);
+    int naw = 0, *gid = calloc(nt, sizeof *gid);
+    o->soff = calloc(nt, sizeof *o->soff), o->morder = calloc(nt, sizeof *o->morder), o->mgroup = calloc(nt + 1, sizeof(int));
+    if (!aw || !gid || !o->soff || !o->morder || !o->mgroup) {
+        free(aw), free(gid);
+        kiln_zaya_cuda_opt_free(o);
         return kiln_errorf(KILN_ENOMEM, "optimizer on CUDA");
     }
     for (int i = first; i < last; i++) {
+        o->soff[i - first] = o->nstate;
         const size_t off = kiln_zaya_cuda_param_offset(g, i) - kiln_zaya_cuda_param_offset(g, first); /* in the shard */
         if (op[i].kind == KILN_OPT_ADAMW) aw[naw++] = (kiln_adamw_tensor){(int64_t)off, (int64_t)o->nstate, op[i].numel, op[i].decay};
         o->nstate += (size_t)kiln_optim_state_numel(&op[i]);
@@ -95,6 +102,36 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
         size_t w = kiln_zaya_newton_schulz_cuda_ws(op[i].mats, op[i].rows, op[i].cols);
         if (w > wsmax) wsmax = w;
     }
+    /* Muon's tensors of one shape grouped (the layers' q_proj, ...): one batched Newton-Schulz per group. A
+     * group grows only while its updates and scratch fit in what the largest tensor needs alone, so
+     * grouping costs no memory; groups keep the tensors' order. */
+    int64_t *gm = calloc(nt, sizeof *gm), *gn = calloc(nt, sizeof *gn); /* each group's matrices, elements */
+    for (int i = first; i < last && gm && gn; i++) {
+        if (op[i].kind != KILN_OPT_MUON) continue;
+        int k = 0;
+        for (; k < o->nmg; k++) {
+            const kiln_opt_param *q = &op[o->mgroup[k]]; /* its first member (tensor index until sorted below) */
+            if (q->rows == op[i].rows && q->cols == op[i].cols && (size_t)(gn[k] + op[i].numel) <= umax &&
+                kiln_zaya_newton_schulz_cuda_ws(gm[k] + op[i].mats, op[i].rows, op[i].cols) <= wsmax)
+                break;
+        }
+        if (k == o->nmg) o->mgroup[o->nmg++] = i;
+        gid[i - first] = k, gm[k] += op[i].mats, gn[k] += op[i].numel;
+    }
+    const int grouped = gm && gn;
+    free(gm), free(gn);
+    if (!grouped) {
+        free(aw), free(gid);
+        kiln_zaya_cuda_opt_free(o);
+        return kiln_errorf(KILN_ENOMEM, "optimizer on CUDA");
+    }
+    for (int k = 0, n = 0; k < o->nmg; k++) { /* members by group, in order */
+        o->mgroup[k] = n;
+        for (int i = first; i < last; i++)
+            if (op[i].kind == KILN_OPT_MUON && gid[i - first] == k) o->morder[n++] = i;
+        o->mgroup[k + 1] = n;
+    }
+    free(gid);
     kiln_error *e = kiln_cuda_alloc((void **)&o->state, (o->nstate + 1) * sizeof(float));
     if (!e && umax) e = kiln_cuda_alloc((void **)&o->u, umax * sizeof(float));
     if (!e && wsmax) e = kiln_cuda_alloc((void **)&o->ws, wsmax * sizeof(float));
@@ -130,28 +167,42 @@ kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *stat
     return NULL;
 }
 
-/* AdamW's tensors in one launch, Muon's one tensor at a time (momentum, Newton-Schulz, update); the
- * gradient's scale is applied as each kernel reads it, so gshard is read once and never written. */
+/* AdamW's tensors in one launch; Muon's a group at a time: each member's momentum into the group's update
+ * buffer, one batched Newton-Schulz, each member's update. The gradient's scale is applied as each kernel
+ * reads it, so gshard is read once and never written. */
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
                                     const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16) {
     void *st = kiln_zaya_cuda_stream(o->g);
-    float *w = kiln_zaya_cuda_params(o->g), *state = o->state;
+    float *w = kiln_zaya_cuda_params(o->g);
     kiln_bf16 *wb = kiln_zaya_cuda_params_bf16(o->g);
     if (o->first >= o->last) return NULL;
     if (shard_off != kiln_zaya_cuda_param_offset(o->g, o->first))
         return kiln_errorf(KILN_EINVAL, "optimizer step: the gradient shard starts at element %zu, the first owned "
                            "tensor at %zu", shard_off, kiln_zaya_cuda_param_offset(o->g, o->first));
-    KILN_TRY(kiln_adamw_multi_step_cuda(o->adamw, w + shard_off, gshard, state, scale, hp, lr, t,
+    KILN_TRY(kiln_adamw_multi_step_cuda(o->adamw, w + shard_off, gshard, o->state, scale, hp, lr, t,
                                         write_bf16 ? wb + shard_off : NULL, st));
-    for (int i = o->first; i < o->last; i++) {
-        const kiln_opt_param *p = &o->op[i];
-        const size_t off = kiln_zaya_cuda_param_offset(o->g, i);
-        if (p->kind == KILN_OPT_MUON) {
-            KILN_TRY(kiln_muon_momentum_scaled_cuda(state, o->u, gshard + (off - shard_off), p->numel, hp, scale, st));
-            KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, p->mats, p->rows, p->cols, hp->muon_ns_steps, o->ws, st));
-            KILN_TRY(kiln_muon_update_cuda(w + off, o->u, p, hp, lr, write_bf16 ? wb + off : NULL, st));
+    for (int k = 0; k < o->nmg; k++) {
+        const int m0 = o->mgroup[k], m1 = o->mgroup[k + 1];
+        int64_t mats = 0;
+        for (int j = m0; j < m1; j++) {
+            const int i = o->morder[j];
+            const kiln_opt_param *p = &o->op[i];
+            const size_t off = kiln_zaya_cuda_param_offset(o->g, i);
+            KILN_TRY(kiln_muon_momentum_scaled_cuda(o->state + o->soff[i - o->first], o->u + mats * p->rows * p->cols,
+                                                    gshard + (off - shard_off), p->numel, hp, scale, st));
+            mats += p->mats;
         }
-        state += kiln_optim_state_numel(p);
+        const kiln_opt_param *p0 = &o->op[o->morder[m0]];
+        KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, mats, p0->rows, p0->cols, hp->muon_ns_steps, o->ws, st));
+        mats = 0;
+        for (int j = m0; j < m1; j++) {
+            const int i = o->morder[j];
+            const kiln_opt_param *p = &o->op[i];
+            const size_t off = kiln_zaya_cuda_param_offset(o->g, i);
+            KILN_TRY(kiln_muon_update_cuda(w + off, o->u + mats * p->rows * p->cols, p, hp, lr,
+                                           write_bf16 ? wb + off : NULL, st));
+            mats += p->mats;
+        }
     }
     return NULL;
 }
