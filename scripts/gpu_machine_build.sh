@@ -6,6 +6,7 @@ kiln_gpu_build() {
   local dir=$1 cuda=$2
   shift 2
   local extra=()
+  kiln_find_cudnn
   if [ -d .debs ] && ! [ -e /usr/include/cjson/cJSON.h ]; then
     for f in .debs/*.deb; do dpkg -x "$f" /opt/kdeps; done
     export LD_LIBRARY_PATH=/opt/kdeps/usr/lib/x86_64-linux-gnu:/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp:${LD_LIBRARY_PATH:-}
@@ -13,6 +14,7 @@ kiln_gpu_build() {
            -DOPENBLAS_LIB=/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
            -DOPENBLAS_INCLUDE=/opt/kdeps/usr/include/x86_64-linux-gnu/openblas-openmp)
   fi
+  if [ -n "${KILN_CUDNN_INCLUDE:-}" ]; then extra+=(-DKILN_CUDNN_INCLUDE="$KILN_CUDNN_INCLUDE"); fi
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA="$cuda" -DKILN_WERROR=OFF "${extra[@]}" >/dev/null
   local t
   for t in "$@"; do
@@ -30,4 +32,32 @@ for d in site.getsitepackages():
     export KILN_NCCL_LIB
   fi
   export NCCL_NVLS_ENABLE=0
+}
+
+# cuDNN for the attention (src/cuda/attention_cudnn.cu opens it at run time): $KILN_CUDNN_LIB if set, else
+# the library of PyTorch's nvidia-cudnn wheel, else libcudnn.so.9 wherever the loader finds it. Exports
+# KILN_CUDNN_LIB, its directory on LD_LIBRARY_PATH (cuDNN 9 loads its sub-libraries from there) and
+# KILN_CUDNN_INCLUDE (the wheel's headers: the build checks kiln's declarations against them).
+kiln_find_cudnn() {
+  local found
+  found=$(python3 -c 'import glob, site, os
+for d in site.getsitepackages():
+    g = sorted(glob.glob(os.path.join(d, "nvidia/cudnn/lib/libcudnn.so.9*")))
+    if g: print(g[0] + "|" + os.path.join(d, "nvidia/cudnn/include")); break' 2>/dev/null || true)
+  if [ -z "${KILN_CUDNN_LIB:-}" ] && [ -n "$found" ]; then export KILN_CUDNN_LIB=${found%%|*}; fi
+  if [ -z "${KILN_CUDNN_LIB:-}" ]; then
+    local l
+    for l in /usr/local/cuda/lib64/libcudnn.so.9 /usr/local/cuda/lib/libcudnn.so.9 /usr/lib/x86_64-linux-gnu/libcudnn.so.9; do
+      if [ -e "$l" ]; then export KILN_CUDNN_LIB=$l; break; fi
+    done
+  fi
+  if [ -n "${KILN_CUDNN_LIB:-}" ]; then
+    export LD_LIBRARY_PATH=$(dirname "$KILN_CUDNN_LIB")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    if [ -n "$found" ] && [ -e "${found#*|}/cudnn.h" ] && [ -z "${KILN_CUDNN_INCLUDE:-}" ]; then
+      export KILN_CUDNN_INCLUDE=${found#*|}
+    fi
+    echo "cuDNN: $KILN_CUDNN_LIB${KILN_CUDNN_INCLUDE:+ (headers $KILN_CUDNN_INCLUDE)}" >&2
+  else
+    echo "cuDNN: not found (attention runs kiln's own kernels)" >&2
+  fi
 }

@@ -41,7 +41,9 @@ double kiln_attn_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
 
 typedef struct {
     int64_t B, T, H, KV, D, window;
-    double us[2]; /* mean microseconds: fwd, fwd_bwd */
+    const char *impl; /* --device cuda: the implementation asked for (NULL: the trainer's default) */
+    char ran[32];     /* --device cuda: what ran ("cudnn", "cudnn-nondet" or "own"; "a+b" when the passes differ) */
+    double us[2];     /* mean microseconds: fwd, fwd_bwd */
 } attn_case;
 
 static double case_flops(const attn_case *c, int pass) {
@@ -116,6 +118,10 @@ static const char usage[] =
     "  --batch N         sequences per call B (default 1)\n"
     "  --window N        sliding window in tokens, 0 = full causal (default 0)\n"
     "  --device DEV      cpu or cuda (default cpu)\n"
+    "  --impl LIST       with --device cuda: implementations to time, each a row: own (kiln's kernels),\n"
+    "                    cudnn (cuDNN's fused flash attention, deterministic backward), cudnn-nondet (its\n"
+    "                    atomic-dQ backward); default: what the trainer runs ($KILN_ATTENTION, else cudnn\n"
+    "                    where it loads). The records' backend says what ran (cuda = kiln's kernels)\n"
     "  --iters N         timed runs per shape and pass (default 5); time is their mean\n"
     "  --warmup N        untimed runs first (default 1)\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
@@ -129,13 +135,16 @@ typedef struct {
     int cuda;
 } attn_out;
 
+/* the backend column of a device record: what ran; kiln's own kernels are "cuda" as before --impl existed */
+static const char *backend_name(const attn_case *c) { return strcmp(c->ran, "own") ? c->ran : "cuda"; }
+
 static void json_record(cJSON *r, size_t i, const void *ctx) {
     const attn_out *o = ctx;
     const attn_case *c = &o->cs[i / 2];
     int pass = (int)(i % 2);
     double fl = case_flops(c, pass);
     cJSON_AddStringToObject(r, "device", o->cuda ? "cuda" : "cpu");
-    cJSON_AddStringToObject(r, "backend", o->cuda ? "cuda" : "cpu");
+    cJSON_AddStringToObject(r, "backend", o->cuda ? backend_name(c) : "cpu");
     cJSON_AddStringToObject(r, "dtype", o->cuda ? "bf16" : "fp32");
     cJSON_AddStringToObject(r, "pass", kiln_bench_pass_names[pass]);
     cJSON_AddNumberToObject(r, "batch", (double)c->B);
@@ -156,7 +165,7 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
     const attn_case *c = &o->cs[i / 2];
     int pass = (int)(i % 2);
     double fl = case_flops(c, pass);
-    fprintf(f, "%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", o->cuda ? "cuda" : "cpu",
+    fprintf(f, "%s,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d,%.17g,%.3f,%.6g,%.6g\n", o->cuda ? backend_name(c) : "cpu",
             o->cuda ? "bf16" : "fp32", kiln_bench_pass_names[pass],
             (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->KV, (long long)c->D,
             (long long)c->window, o->threads, fl, c->us[pass], fl / (c->us[pass] * 1e-6) / 1e9,
@@ -165,10 +174,12 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
 
 int kiln_bench_attention_main(int argc, char **argv) {
     const char *ds = "128", *hs = "8", *kvs = "2", *ts = "512,1024,2048", *json_path = NULL, *csv_path = NULL;
+    const char *impls = NULL;
     int cuda = 0;
     long long batch = 1, window = 0, iters = 5, warmup = 1, threads = 0;
     static const char *const valued[] = {"--head-dim", "--heads", "--kv-heads", "--seq", "--batch", "--window",
-                                         "--iters", "--warmup", "--threads", "--json", "--csv", "--device", NULL};
+                                         "--iters", "--warmup", "--threads", "--json", "--csv", "--device",
+                                         "--impl", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a, *v;
         int r = kiln_bench_flag(argc, argv, &i, "attention", usage, valued, &a, &v);
@@ -179,6 +190,7 @@ int kiln_bench_attention_main(int argc, char **argv) {
         else if (!strcmp(a, "--seq")) ts = v;
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
+        else if (!strcmp(a, "--impl")) impls = v;
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda"))
                 return kiln_bench_usage_err("attention", "--device '%s': expected cpu or cuda", v);
@@ -196,6 +208,27 @@ int kiln_bench_attention_main(int argc, char **argv) {
         }
     }
 
+    /* --impl: a comma-separated list of own, cudnn, cudnn-nondet (device only) */
+    static const char *const impl_names[3] = {"own", "cudnn", "cudnn-nondet"};
+    const char *iv[8] = {NULL};
+    size_t in = 1;
+    if (impls) {
+        if (!cuda) return kiln_bench_usage_err("attention", "--impl needs --device cuda");
+        in = 0;
+        for (const char *p = impls; *p;) {
+            size_t l = strcspn(p, ",");
+            int found = -1;
+            for (int j = 0; j < 3; j++)
+                if (strlen(impl_names[j]) == l && !strncmp(p, impl_names[j], l)) found = j;
+            if (found < 0 || in == 8)
+                return kiln_bench_usage_err("attention", "--impl '%s': expected a list of own, cudnn, cudnn-nondet",
+                                            impls);
+            iv[in++] = impl_names[found];
+            p += l + (p[l] == ',');
+        }
+        if (!in) return kiln_bench_usage_err("attention", "--impl '%s': empty", impls);
+    }
+
     int64_t *dv = NULL, *hv = NULL, *kvv = NULL, *tv = NULL;
     size_t dn = 0, hn = 0, kvn = 0, tn = 0;
     kiln_error *e = kiln_gemm_parse_dims(ds, "--head-dim", &dv, &dn);
@@ -204,9 +237,9 @@ int kiln_bench_attention_main(int argc, char **argv) {
     if (!e) e = kiln_gemm_parse_dims(ts, "--seq", &tv, &tn);
     attn_case *cs = NULL;
     size_t ncase = 0;
-    if (!e && dn * hn * kvn * tn > MAX_CASES)
-        e = kiln_errorf(KILN_EINVAL, "%zu shapes (more than %d)", dn * hn * kvn * tn, MAX_CASES);
-    if (!e && !(cs = calloc(dn * hn * kvn * tn, sizeof *cs))) e = kiln_errorf(KILN_ENOMEM, "shapes");
+    if (!e && dn * hn * kvn * tn * in > MAX_CASES)
+        e = kiln_errorf(KILN_EINVAL, "%zu shapes (more than %d)", dn * hn * kvn * tn * in, MAX_CASES);
+    if (!e && !(cs = calloc(dn * hn * kvn * tn * in, sizeof *cs))) e = kiln_errorf(KILN_ENOMEM, "shapes");
     double avail = kiln_bench_avail_bytes();
     for (size_t a = 0; !e && a < hn; a++)
         for (size_t b = 0; !e && b < kvn; b++) {
@@ -218,13 +251,14 @@ int kiln_bench_attention_main(int argc, char **argv) {
                 break;
             }
             for (size_t c = 0; !e && c < dn; c++)
-                for (size_t d = 0; !e && d < tn; d++) {
+                for (size_t d = 0; !e && d < tn * in; d++) {
                     attn_case *x = &cs[ncase++];
+                    x->impl = iv[d % in];
                     x->B = batch;
                     x->H = hv[a];
                     x->KV = kvv[b];
                     x->D = dv[c];
-                    x->T = tv[d];
+                    x->T = tv[d / in];
                     x->window = window;
                     double need = kiln_attn_bytes(x->B, x->T, x->H, x->KV, x->D);
                     if (!cuda && avail > 0 && need > 0.8 * avail) /* the device path keeps no T x T matrix */
@@ -261,11 +295,13 @@ int kiln_bench_attention_main(int argc, char **argv) {
     }
     printf("GFLOP/s: forward 4*B*H*D*pairs (causal pairs T(T+1)/2), fwd+bwd 3.5 x forward; tok/s = B*T / time\n");
     printf("%5s %7s %4s %4s %5s %7s", "B", "T", "H", "KV", "D", "window");
+    if (cuda) printf(" %-12s", "impl");
     kiln_bench_pass_header("GFLOP/s");
     int rc = 0;
     for (size_t i = 0; i < ncase; i++) {
         attn_case *c = &cs[i];
-        e = cuda ? kiln_bench_attention_cuda(c->B, c->T, c->H, c->KV, c->D, c->window, (int)iters, (int)warmup, c->us)
+        e = cuda ? kiln_bench_attention_cuda(c->B, c->T, c->H, c->KV, c->D, c->window, c->impl, (int)iters,
+                                             (int)warmup, c->us, c->ran, sizeof c->ran)
                  : run_case(c, (int)iters, (int)warmup);
         if (e) {
             kiln_bench_fail("attention", NULL, e);
@@ -278,6 +314,7 @@ int kiln_bench_attention_main(int argc, char **argv) {
         else snprintf(win, sizeof win, "-");
         printf("%5lld %7lld %4lld %4lld %5lld %7s", (long long)c->B, (long long)c->T, (long long)c->H,
                (long long)c->KV, (long long)c->D, win);
+        if (cuda) printf(" %-12s", c->ran);
         const double fl[2] = {case_flops(c, 0), case_flops(c, 1)};
         kiln_bench_pass_row(c->us, fl, (double)(c->B * c->T), 1e9, 2);
         fflush(stdout);

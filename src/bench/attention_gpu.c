@@ -4,13 +4,16 @@
 #include "attention_gpu.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench_util.h"
 #include "kiln/cuda.h"
 #include "kiln/dtype.h"
 
 #ifdef KILN_HAVE_CUDA
+#include "kiln/cuda_attention.h"
 #include "kiln/cuda_ops.h"
 
 /* n deterministic values in [-scale, scale) as bf16 on the device */
@@ -49,7 +52,7 @@ done:
 }
 
 static kiln_error *run(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t window, int iters, int warmup,
-                       double us[2]) {
+                       double us[2], char *ran, size_t ran_size) {
     const int64_t nq = B * T * H * D, nk = B * T * KV * D;
     kiln_attn_shape s = {B, T, T, T, H, KV, D, window, 1.0f / sqrtf((float)D)};
     kiln_bf16 *q = NULL, *k = NULL, *v = NULL, *dout = NULL, *out = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
@@ -77,6 +80,9 @@ static kiln_error *run(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, i
         if ((e = kiln_cuda_sync())) goto done;
         us[pass] = (kiln_bench_now_s() - t0) / iters * 1e6;
     }
+    snprintf(ran, ran_size, "%s", kiln_attention_cuda_last_impl(1));
+    if (strcmp(kiln_attention_cuda_last_impl(0), "own") != !strcmp(ran, "own")) /* one pass fell back */
+        snprintf(ran, ran_size, "%s+%s", kiln_attention_cuda_last_impl(0), kiln_attention_cuda_last_impl(1));
     int ok1 = 0, ok2 = 0, ok3 = 0;
     if ((e = all_finite(out, nq, &ok1)) || (e = all_finite(dq, nq, &ok2)) || (e = all_finite(dk, nk, &ok3))) goto done;
     if (!ok1 || !ok2 || !ok3) e = kiln_errorf(KILN_EINVAL, "result is not finite");
@@ -88,12 +94,16 @@ done:
 #endif
 
 kiln_error *kiln_bench_attention_cuda(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t window,
-                                      int iters, int warmup, double us[2]) {
+                                      const char *impl, int iters, int warmup, double us[2], char *ran,
+                                      size_t ran_size) {
     kiln_error *e = NULL;
 #ifdef KILN_HAVE_CUDA
-    e = run(B, T, H, KV, D, window, iters, warmup, us);
+    if (!(e = kiln_attention_cuda_set_impl(impl))) {
+        e = run(B, T, H, KV, D, window, iters, warmup, us, ran, ran_size);
+        kiln_error_free(kiln_attention_cuda_set_impl(NULL));
+    }
 #else
-    (void)iters, (void)warmup, (void)us;
+    (void)impl, (void)iters, (void)warmup, (void)us, (void)ran, (void)ran_size;
     e = kiln_errorf(KILN_EUNSUPPORTED, "this kiln was built without CUDA (nvcc was not found at build time)");
 #endif
     return kiln_error_wrap(e, "attention B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld on the GPU", (long long)B,

@@ -13,9 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_cudnn.h"
 #include "attention_impl.cuh"
 #include "cuda_check.h"
+#include "kiln/cuda_attention.h"
 #include "kiln/cuda_ops.h"
+#include "kiln/log.h"
 
 #define GQ 32     // query rows per block of the generic kernels: 8 warps x 4 rows
 #define GK 32     // keys per tile: one key per lane
@@ -309,6 +312,88 @@ static kiln_error *att_dims(const kiln_attn_shape *s, AttnDims *a, const char *o
     return NULL;
 }
 
+// Which implementation runs: cuDNN's fused flash attention (attention_cudnn.cu) where it loads and takes the
+// shape, else kiln's own kernels below. KILN_ATTENTION (or kiln_attention_cuda_set_impl) = cudnn (default:
+// its deterministic backward, dQ through the engine's dP workspace), cudnn-nondet (its faster backward whose
+// dQ accumulates with atomics: runs are not bit-identical) or own.
+enum { IMPL_ENV = -1, IMPL_OWN = 0, IMPL_CUDNN = 1, IMPL_CUDNN_NONDET = 2 };
+// until the GPU machine has checked the cuDNN path against the CPU reference, the trainer keeps kiln's kernels
+#define IMPL_DEFAULT IMPL_OWN
+static int impl_set = IMPL_ENV;
+static int impl_parse(const char *n) {
+    if (!strcmp(n, "own")) return IMPL_OWN;
+    if (!strcmp(n, "cudnn")) return IMPL_CUDNN;
+    if (!strcmp(n, "cudnn-nondet")) return IMPL_CUDNN_NONDET;
+    return -2;
+}
+static int impl_now(void) {
+    if (impl_set != IMPL_ENV) return impl_set;
+    static int from_env = -3;
+    if (from_env == -3) {
+        const char *e = getenv("KILN_ATTENTION");
+        from_env = e && *e ? impl_parse(e) : IMPL_DEFAULT;
+        if (from_env == -2) {
+            kiln_log(KILN_LOG_WARN, "KILN_ATTENTION=%s: expected own, cudnn or cudnn-nondet; using %s", e,
+                     IMPL_DEFAULT == IMPL_OWN ? "own" : "cudnn");
+            from_env = IMPL_DEFAULT;
+        }
+    }
+    return from_env;
+}
+
+extern "C" kiln_error *kiln_attention_cuda_set_impl(const char *name) {
+    if (!name) {
+        impl_set = IMPL_ENV;
+        return NULL;
+    }
+    int v = impl_parse(name);
+    if (v < 0)
+        return kiln_errorf(KILN_EINVAL, "attention implementation '%s': expected own, cudnn or cudnn-nondet", name);
+    impl_set = v;
+    return NULL;
+}
+
+// says once per (pass, implementation, reason) which one runs: the first line of each kind only
+static void att_say(int backward, const char *what, const char *why) {
+    static char said[8][160];
+    static int nsaid;
+    char key[160];
+    snprintf(key, sizeof key, "%d %s %.100s", backward, what, why ? why : "");
+    for (int i = 0; i < nsaid; i++)
+        if (!strcmp(said[i], key)) return;
+    if (nsaid < 8) snprintf(said[nsaid++], sizeof said[0], "%s", key);
+    kiln_log(KILN_LOG_INFO, "attention %s: %s%s%s", backward ? "backward" : "forward", what, why ? ": " : "",
+             why ? why : "");
+}
+
+static const char *last_impl[2] = {"own", "own"};
+extern "C" const char *kiln_attention_cuda_last_impl(int backward) { return last_impl[backward != 0]; }
+
+// whether cuDNN runs this call (else kiln's kernels, with the reason said once)
+static bool att_use_cudnn(const kiln_attn_shape *s, int backward, bool ptrs_ok, int *nondet) {
+    int impl = impl_now();
+    *nondet = impl == IMPL_CUDNN_NONDET;
+    last_impl[backward] = "own";
+    if (impl == IMPL_OWN) {
+        att_say(backward, "kiln's flash kernels", "KILN_ATTENTION=own");
+        return false;
+    }
+    const char *why = NULL;
+    if (!ptrs_ok)
+        why = "a tensor is missing or not 16-byte aligned";
+    else if (att_cudnn_usable(s, backward, *nondet, &why) == 0) {
+        char v[96];
+        long ver = att_cudnn_version();
+        snprintf(v, sizeof v, "cuDNN %ld.%ld.%ld fused flash attention%s", ver / 10000, ver / 100 % 100, ver % 100,
+                 backward ? (*nondet ? " (atomic dQ)" : " (deterministic)") : "");
+        att_say(backward, v, NULL);
+        last_impl[backward] = backward && *nondet ? "cudnn-nondet" : "cudnn";
+        return true;
+    }
+    att_say(backward, "kiln's flash kernels", why);
+    return false;
+}
+
 // KILN_ATTN_GENERIC=1 forces the generic kernels (the GPU tests compare both paths with the CPU)
 static bool att_force_generic(void) {
     const char *e = getenv("KILN_ATTN_GENERIC");
@@ -333,6 +418,11 @@ extern "C" kiln_error *kiln_attention_forward_cuda(kiln_bf16 *out, float *lse, c
     if (!out || !q || !k || !v)
         return kiln_errorf(KILN_EINVAL, "kiln_attention_forward_cuda: out, q, k and v are required");
     cudaStream_t st = (cudaStream_t)stream;
+    int nondet = 0;
+    if (!att_force_generic() &&
+        att_use_cudnn(s, 0, lse && aligned16(out) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(lse),
+                      &nondet))
+        return att_cudnn_forward(out, lse, q, k, v, s, st);
     if (!att_force_generic() && att_mma_supported(a) && aligned16(out) && aligned16(q) && aligned16(k) &&
         aligned16(v)) {
         err = att_mma_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a, st);
@@ -360,6 +450,13 @@ extern "C" kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk
     if (!dout || !out || !lse || !q || !k || !v)
         return kiln_errorf(KILN_EINVAL, "kiln_attention_backward_cuda: dout, out, lse, q, k and v are all required");
     cudaStream_t st = (cudaStream_t)stream;
+    int nondet = 0;
+    if (!att_force_generic() &&
+        att_use_cudnn(s, 1,
+                      dq && dk && dv && aligned16(dq) && aligned16(dk) && aligned16(dv) && aligned16(dout) &&
+                          aligned16(out) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(lse),
+                      &nondet))
+        return att_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, s, nondet, st);
     float *delta = (float *)work;
     {
         int64_t rows = (int64_t)a.B * a.Tq * a.NH;

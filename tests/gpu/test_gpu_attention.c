@@ -1,7 +1,9 @@
 /* kiln_attention_forward_cuda / kiln_attention_backward_cuda against the CPU reference (src/nn/attention.c)
  * on random bf16-rounded inputs: causal, sliding window, GQA ratios 1/2/4, head dims 10/33/64/128, T = 1,
- * T not a multiple of any tile, and the KV-cache layout (Tq < tk <= tk_cap). Each case runs both device
- * paths: the default one (tensor cores for D = 32, 64 and 128) and the generic one (KILN_ATTN_GENERIC=1).
+ * T not a multiple of any tile, and the KV-cache layout (Tq < tk <= tk_cap). Each case runs four device
+ * paths: kiln's own kernels (tensor cores for D = 32, 64 and 128; then the generic ones, KILN_ATTN_GENERIC=1)
+ * and cuDNN's fused flash attention (deterministic backward, then the atomic-dQ one) where it takes the
+ * shape; with KILN_CUDNN_LIB set (the GPU machine's build script sets it) cuDNN must run every case it can.
  *
  * Tolerances, as max |gpu - cpu| / max |cpu| per tensor:
  *   out, dq, dk, dv: 2e-2 (bf16 outputs carry a relative rounding of 2^-9 = 2e-3 each; the tensor-core path
@@ -16,6 +18,7 @@
 #include <time.h>
 
 #include "gpu_testutil.h"
+#include "kiln/cuda_attention.h"
 #include "kiln/nn.h"
 
 #define TOL_BF16 2e-2
@@ -73,6 +76,18 @@ static float *ref_lse(const float *q, const float *k, const kiln_attn_shape *s) 
     return lse;
 }
 
+/* the variants every case runs: kiln's kernels (tensor cores where they apply, then the generic ones), cuDNN
+ * with its deterministic backward, cuDNN with the atomic-dQ backward (not compared bit for bit) */
+static const char *const impls[4] = {"own", "own", "cudnn", "cudnn-nondet"};
+static const char *const vnames[4] = {"default", "generic", "cudnn", "cudnn-nondet"};
+
+/* cuDNN must take the shape when the GPU machine says it has cuDNN (KILN_CUDNN_LIB, set by
+ * scripts/gpu_machine_build.sh): no KV cache, head dim a multiple of 8 up to 128 */
+static int cudnn_expected(const kiln_attn_shape *s) {
+    const char *lib = getenv("KILN_CUDNN_LIB");
+    return lib && *lib && s->Tq == s->tk && s->D % 8 == 0 && s->D <= 128;
+}
+
 static void run_case(const att_case *c, uint64_t seed) {
     printf("  B=%lld Tq=%lld tk=%lld cap=%lld NH=%lld KV=%lld D=%lld window=%lld\n", (long long)c->B,
            (long long)c->Tq, (long long)c->tk, (long long)c->tk_cap, (long long)c->NH, (long long)c->KV,
@@ -104,16 +119,23 @@ static void run_case(const att_case *c, uint64_t seed) {
     float *d_lse = gt_dev((size_t)nl * sizeof(float));
     void *work = gt_dev(kiln_attention_backward_cuda_work(&s) + 16);
 
-    for (int generic = 0; generic < 2; generic++) {
+    for (int var = 0; var < 4; var++) {
+        const int generic = var == 1;
         set_generic(generic);
-        printf("   %s path\n", generic ? "generic" : "default");
+        CHECK_OK(kiln_attention_cuda_set_impl(impls[var]));
         CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL));
+        const char *ran = kiln_attention_cuda_last_impl(0);
+        printf("   %s path: forward ran %s\n", vnames[var], ran);
+        if (var >= 2 && cudnn_expected(&s)) CHECK_MSG(strcmp(ran, "own"), "%s: cuDNN did not run", vnames[var]);
         float *g_out = gt_down_bf16(d_out, nq), *g_lse = gt_down_f32(d_lse, nl);
         att_close("out", g_out, out, nq, TOL_BF16);
         att_close("lse", g_lse, lse, nl, TOL_LSE);
         free(g_out), free(g_lse);
         if (!c->backward) continue;
         CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+        ran = kiln_attention_cuda_last_impl(1);
+        printf("   %s path: backward ran %s\n", vnames[var], ran);
+        if (var >= 2 && cudnn_expected(&s)) CHECK_MSG(strcmp(ran, "own"), "%s: cuDNN did not run", vnames[var]);
         float *g_dq = gt_down_bf16(d_dq, nq), *g_dk = gt_down_bf16(d_dk, nk), *g_dv = gt_down_bf16(d_dv, nk);
         att_close("dq", g_dq, dq, nq, TOL_BF16);
         att_close("dk", g_dk, dk, nk, TOL_BF16);
@@ -121,12 +143,15 @@ static void run_case(const att_case *c, uint64_t seed) {
         /* a second run gives the same bits */
         CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
         float *h_dq = gt_down_bf16(d_dq, nq), *h_dk = gt_down_bf16(d_dk, nk), *h_dv = gt_down_bf16(d_dv, nk);
-        CHECK_MSG(!memcmp(g_dq, h_dq, (size_t)nq * sizeof(float)) && !memcmp(g_dk, h_dk, (size_t)nk * sizeof(float)) &&
-                      !memcmp(g_dv, h_dv, (size_t)nk * sizeof(float)),
-                  "two backward runs differ");
+        if (strcmp(ran, "cudnn-nondet"))
+            CHECK_MSG(!memcmp(g_dq, h_dq, (size_t)nq * sizeof(float)) &&
+                          !memcmp(g_dk, h_dk, (size_t)nk * sizeof(float)) &&
+                          !memcmp(g_dv, h_dv, (size_t)nk * sizeof(float)),
+                      "%s: two backward runs differ", vnames[var]);
         free(g_dq), free(g_dk), free(g_dv), free(h_dq), free(h_dk), free(h_dv);
     }
     set_generic(0);
+    CHECK_OK(kiln_attention_cuda_set_impl(NULL));
     kiln_cuda_free(d_q), kiln_cuda_free(d_k), kiln_cuda_free(d_v), kiln_cuda_free(d_do), kiln_cuda_free(d_out);
     kiln_cuda_free(d_dq), kiln_cuda_free(d_dk), kiln_cuda_free(d_dv), kiln_cuda_free(d_lse), kiln_cuda_free(work);
     free(q), free(k), free(v), free(dout), free(out), free(probs), free(lse), free(dq), free(dk), free(dv);
@@ -189,8 +214,9 @@ static double now_s(void) {
 }
 
 /* The [cuda] benchmark's attention (B=4, T=4096, 8/2 heads of 128, causal; then a 1024 window) is too
- * large for the CPU reference: there the two device paths, written independently, must agree (same
- * tolerances), and the backward must repeat bit for bit. Times are printed for information only. */
+ * large for the CPU reference: there kiln's tensor-core kernels and cuDNN must agree with kiln's generic
+ * kernels (written independently; same tolerances), and the backward must repeat bit for bit (except
+ * cuDNN's atomic-dQ one). Times are printed for information only. */
 TEST(gpu_attention_bench_shape) {
     for (int wi = 0; wi < 2; wi++) {
         const int64_t B = 4, T = 4096, NH = 8, KV = 2, D = 128, W = wi ? 1024 : 0;
@@ -208,14 +234,17 @@ TEST(gpu_attention_bench_shape) {
         void *work = gt_dev(kiln_attention_backward_cuda_work(&s));
         const double pairs = W ? (double)W * (W + 1) / 2 + (double)(T - W) * W : (double)T * (T + 1) / 2;
         const double fl = 4.0 * B * NH * D * pairs;
-        /* 0: default (128-row forward blocks), 1: 64-row forward blocks, 2: generic kernels */
-        static const char *const names[3] = {"default", "fwd64", "generic"};
-        float *res[3][6];
+        /* 0: kiln's default (128-row forward blocks), 1: 64-row forward blocks, 2: generic kernels, 3: cuDNN,
+         * 4: cuDNN with the atomic-dQ backward */
+        static const char *const names[5] = {"default", "fwd64", "generic", "cudnn", "cudnn-nondet"};
+        static const char *const impl[5] = {"own", "own", "own", "cudnn", "cudnn-nondet"};
+        float *res[5][6];
         printf("  B=%lld T=%lld NH=%lld KV=%lld D=%lld window=%lld\n", (long long)B, (long long)T, (long long)NH,
                (long long)KV, (long long)D, (long long)W);
-        for (int var = 0; var < 3; var++) {
+        for (int var = 0; var < 5; var++) {
             const int generic = var == 2;
             set_generic(generic);
+            CHECK_OK(kiln_attention_cuda_set_impl(impl[var]));
             if (var == 1)
                 setenv("KILN_ATTN_FWD_ROWS", "64", 1);
             else
@@ -234,9 +263,13 @@ TEST(gpu_attention_bench_shape) {
             CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
             CHECK_OK(kiln_cuda_sync());
             double t3 = now_s();
-            printf("   %-8s forward %8.3f ms (%6.1f TFLOP/s)  backward %8.3f ms (%6.1f TFLOP/s)  [info]\n",
+            printf("   %-12s forward %8.3f ms (%6.1f TFLOP/s)  backward %8.3f ms (%6.1f TFLOP/s)  ran %s / %s  [info]\n",
                    names[var], (t1 - t0) * 1e3, fl / (t1 - t0) / 1e12, (t3 - t2) * 1e3,
-                   2.5 * fl / (t3 - t2) / 1e12);
+                   2.5 * fl / (t3 - t2) / 1e12, kiln_attention_cuda_last_impl(0), kiln_attention_cuda_last_impl(1));
+            if (var >= 3 && cudnn_expected(&s))
+                CHECK_MSG(!strcmp(kiln_attention_cuda_last_impl(0), "cudnn") &&
+                              strcmp(kiln_attention_cuda_last_impl(1), "own"),
+                          "%s: cuDNN did not run", names[var]);
             res[var][5] = gt_down_bf16(d_dk, nk);
             if (var == 0) { /* where the backward's time goes: dK/dV only, then dQ only (each with delta) */
                 CHECK_OK(kiln_cuda_sync());
@@ -252,11 +285,15 @@ TEST(gpu_attention_bench_shape) {
                        names[var], (u1 - u0) * 1e3, 2.0 * fl / (u1 - u0) / 1e12, (u2 - u1) * 1e3,
                        1.5 * fl / (u2 - u1) / 1e12);
             }
-            CHECK_MSG(!memcmp(res[var][5], res[var][3], (size_t)nk * sizeof(float)), "two backward runs differ");
+            if (var != 4)
+                CHECK_MSG(!memcmp(res[var][5], res[var][3], (size_t)nk * sizeof(float)), "%s: two backward runs differ",
+                          names[var]);
         }
         set_generic(0);
+        CHECK_OK(kiln_attention_cuda_set_impl(NULL));
         unsetenv("KILN_ATTN_FWD_ROWS");
-        for (int var = 0; var < 2; var++) {
+        for (int var = 0; var < 5; var++) {
+            if (var == 2) continue;
             char nm[64];
             static const char *const what[5] = {"out", "lse", "dq", "dk", "dv"};
             for (int j = 0; j < 5; j++) {
@@ -265,7 +302,7 @@ TEST(gpu_attention_bench_shape) {
                           j == 1 ? TOL_LSE : TOL_BF16);
             }
         }
-        for (int g = 0; g < 3; g++)
+        for (int g = 0; g < 5; g++)
             for (int j = 0; j < 6; j++) free(res[g][j]);
         kiln_cuda_free(d_q), kiln_cuda_free(d_k), kiln_cuda_free(d_v), kiln_cuda_free(d_do), kiln_cuda_free(d_out);
         kiln_cuda_free(d_dq), kiln_cuda_free(d_dk), kiln_cuda_free(d_dv), kiln_cuda_free(d_lse), kiln_cuda_free(work);
