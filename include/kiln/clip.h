@@ -5,6 +5,8 @@
 #ifndef KILN_CLIP_H
 #define KILN_CLIP_H
 
+#include <stdint.h>
+
 #include "kiln/error.h"
 #include "kiln/image.h"
 
@@ -35,6 +37,12 @@ kiln_error *kiln_clip_embed_texts(kiln_clip *m, const char *const *texts, int n,
  * each patch token of the last hidden state through post_layernorm +
  * visual_projection, L2-normalised (for patch-level similarity maps). */
 kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, float *out, float *patches);
+/* Room for the pixels of n images ([n,3,S,S] f32) for kiln_clip_embed_images: page-locked host memory
+ * when the model is on CUDA (the upload then runs at the link's speed, straight from it, overlapped
+ * with compute), plain memory otherwise. Free with kiln_clip_pixels_free (either kind). On CUDA the
+ * embed functions also take pixels in device memory, used in place. */
+kiln_error *kiln_clip_pixels_alloc(const kiln_clip *m, int64_t n, float **pixels);
+void kiln_clip_pixels_free(float *pixels);
 
 #ifdef __cplusplus
 }

@@ -1,10 +1,19 @@
 /* CLIP's vision tower on the GPU (kiln_clip_set_device(m, "cuda")): the weights go to the device once,
- * GEMM weights and biases in bf16 (cuBLASLt through kiln_linear_forward_cuda, f32 accumulation), norms,
- * class and position embeddings in f32; the residual stream is f32, activations between ops bf16, as
- * the CUDA ops' conventions (include/kiln/cuda_ops.h). Pixels are rounded to bf16 on the host (as a bf16
- * torch model's input is) into a page-locked buffer, halving the upload and running it at the link's
- * speed. Images run in chunks of CLIP_GPU_CHUNK. Texts
- * stay on the CPU (short, few). Without CUDA, setting the device says so. */
+ * GEMM weights in bf16 (cuBLASLt, f32 accumulation: src/cuda/clip_gemm.cu), norms, class and position
+ * embeddings in f32; the residual stream is f32 and the out/fc2 projections add into it as their GEMM's
+ * epilogue (with their f32 biases); activations between ops are bf16; attention is the tensor-core kernel
+ * of src/cuda/clip_attention.cu. Pixels go up as f32 (the caller's, as torch uploads them) and are rounded
+ * to bf16 by the patch kernel on the device.
+ * Images run in chunks on a stream of the model's own, with a second stream for uploads: the pixels of
+ * chunk c+1 travel while chunk c computes (two device slots, events between the streams). Pixels in
+ * page-locked memory (kiln_clip_pixels_alloc) go up straight from the caller's buffer; pageable ones are
+ * first copied into a page-locked slot by OpenMP threads; pixels already on the device are used in place.
+ * Embeddings come back into a page-locked buffer and are copied out at the end, so the host never waits
+ * for a chunk before queueing the next. Activation buffers are kept between calls (grown as needed).
+ * KILN_CLIP_PROFILE=1 times every op class with CUDA events and prints the table on stderr;
+ * KILN_CLIP_CHUNK=N sets the images per chunk. Texts stay on the CPU (short, few). Without CUDA, setting
+ * the device says so. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,15 +21,24 @@
 #include "kiln/cuda.h"
 
 #ifdef KILN_HAVE_CUDA
+#include <cuda_runtime.h>
 #include <math.h>
+#include <time.h>
 
+#include "cuda/clip_ops.h"
 #include "kiln/cuda_ops.h"
 #include "kiln/dtype.h"
 
 typedef struct {
-    kiln_bf16 *qkv_w, *qkv_b, *o_w, *o_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    kiln_bf16 *qkv_w, *qkv_b, *o_w, *fc1_w, *fc1_b, *fc2_w;
+    float *o_b, *fc2_b; /* f32: the biases of the GEMMs that add into the f32 residual stream */
     float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
 } gpu_layer;
+
+enum { P_UPLOAD, P_PATCH, P_LN, P_QKV, P_ATTN, P_OUT, P_FC1, P_ACT, P_FC2, P_POST, P_NCLASS, P_MAXEV = 8192 };
+static const char *const prof_names[P_NCLASS] = {
+    "upload wait", "patch embed", "layernorm", "qkv GEMM", "attention", "out GEMM + residual",
+    "fc1 GEMM", "activation", "fc2 GEMM + residual", "post LN + proj + L2"};
 
 struct clip_gpu {
     gpu_layer *L;
@@ -28,9 +46,22 @@ struct clip_gpu {
     float *cls, *pos, *pre_w, *pre_b, *post_w, *post_b;
     void **allocs;
     int nallocs, cap;
-    uint16_t *stage; /* pinned bf16 pixels of one chunk */
-    size_t stage_n;
+    cudaStream_t st, cp;          /* compute, uploads */
+    cudaEvent_t up[2], used[2];   /* per pixel slot: its upload landed; the patch kernel has read it */
+    int64_t cap_imgs;             /* images per chunk the buffers below hold */
+    float *px[2], *x, *nrm;       /* device */
+    kiln_bf16 *cols, *pe, *h, *qkv, *att, *f, *pr;
+    float *stage[2];              /* page-locked pixels of one chunk (pageable callers) */
+    float *hout, *hpatch;         /* page-locked embeddings: of a whole call (hout_n floats), of a chunk */
+    size_t hout_n;
+    int prof, nev;                /* KILN_CLIP_PROFILE */
+    cudaEvent_t *ev;
+    int *evc;
 };
+
+static kiln_error *cuda_err(cudaError_t s, const char *what) {
+    return s == cudaSuccess ? NULL : kiln_errorf(KILN_EIO, "CLIP on CUDA: %s: %s", what, cudaGetErrorString(s));
+}
 
 static kiln_error *track(struct clip_gpu *g, void *p) {
     if (g->nallocs == g->cap) {
@@ -68,11 +99,39 @@ static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_
     return e;
 }
 
+static void free_chunk_buffers(struct clip_gpu *g) {
+    for (int i = 0; i < 2; i++) {
+        kiln_cuda_free(g->px[i]);
+        kiln_clip_pinned_free(g->stage[i]);
+        g->px[i] = NULL, g->stage[i] = NULL;
+    }
+    kiln_cuda_free(g->x), kiln_cuda_free(g->nrm), kiln_cuda_free(g->cols), kiln_cuda_free(g->pe);
+    kiln_cuda_free(g->h), kiln_cuda_free(g->qkv), kiln_cuda_free(g->att), kiln_cuda_free(g->f), kiln_cuda_free(g->pr);
+    kiln_clip_pinned_free(g->hpatch);
+    g->x = g->nrm = g->hpatch = NULL;
+    g->cols = g->pe = g->h = g->qkv = g->att = g->f = g->pr = NULL;
+    g->cap_imgs = 0;
+}
+
 void kiln_clip_gpu_free(kiln_clip *m) {
     struct clip_gpu *g = m->gpu;
     if (!g) return;
+    if (g->st) cudaStreamSynchronize(g->st);
+    if (g->cp) cudaStreamSynchronize(g->cp);
+    free_chunk_buffers(g);
+    kiln_clip_pinned_free(g->hout);
     for (int i = 0; i < g->nallocs; i++) kiln_cuda_free(g->allocs[i]);
-    kiln_clip_pinned_free(g->stage);
+    for (int i = 0; i < 2; i++) {
+        if (g->up[i]) cudaEventDestroy(g->up[i]);
+        if (g->used[i]) cudaEventDestroy(g->used[i]);
+    }
+    if (g->ev)
+        for (int i = 0; i < P_MAXEV; i++)
+            if (g->ev[i]) cudaEventDestroy(g->ev[i]);
+    free(g->ev);
+    free(g->evc);
+    if (g->st) cudaStreamDestroy(g->st);
+    if (g->cp) cudaStreamDestroy(g->cp);
     free(g->allocs);
     free(g->L);
     free(g);
@@ -97,15 +156,28 @@ static kiln_error *upload(kiln_clip *m, struct clip_gpu *g) {
         KILN_TRY(up_bf16(g, s->qkv_w, (size_t)(3 * H * H), &d->qkv_w));
         KILN_TRY(up_bf16(g, s->qkv_b, (size_t)(3 * H), &d->qkv_b));
         KILN_TRY(up_bf16(g, s->o_w, (size_t)(H * H), &d->o_w));
-        KILN_TRY(up_bf16(g, s->o_b, (size_t)H, &d->o_b));
+        KILN_TRY(up_f32(g, s->o_b, (size_t)H, &d->o_b));
         KILN_TRY(up_bf16(g, s->fc1_w, (size_t)(I * H), &d->fc1_w));
         KILN_TRY(up_bf16(g, s->fc1_b, (size_t)I, &d->fc1_b));
         KILN_TRY(up_bf16(g, s->fc2_w, (size_t)(H * I), &d->fc2_w));
-        KILN_TRY(up_bf16(g, s->fc2_b, (size_t)H, &d->fc2_b));
+        KILN_TRY(up_f32(g, s->fc2_b, (size_t)H, &d->fc2_b));
         KILN_TRY(up_f32(g, s->ln1_w, (size_t)H, &d->ln1_w));
         KILN_TRY(up_f32(g, s->ln1_b, (size_t)H, &d->ln1_b));
         KILN_TRY(up_f32(g, s->ln2_w, (size_t)H, &d->ln2_w));
         KILN_TRY(up_f32(g, s->ln2_b, (size_t)H, &d->ln2_b));
+    }
+    KILN_TRY(cuda_err(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking), "creating a stream"));
+    KILN_TRY(cuda_err(cudaStreamCreateWithFlags(&g->cp, cudaStreamNonBlocking), "creating a stream"));
+    for (int i = 0; i < 2; i++) {
+        KILN_TRY(cuda_err(cudaEventCreateWithFlags(&g->up[i], cudaEventDisableTiming), "creating an event"));
+        KILN_TRY(cuda_err(cudaEventCreateWithFlags(&g->used[i], cudaEventDisableTiming), "creating an event"));
+    }
+    const char *pe = getenv("KILN_CLIP_PROFILE");
+    if (pe && *pe && strcmp(pe, "0")) {
+        if (!(g->ev = calloc(P_MAXEV, sizeof *g->ev)) || !(g->evc = calloc(P_MAXEV, sizeof *g->evc)))
+            return kiln_errorf(KILN_ENOMEM, "CLIP on CUDA: out of memory");
+        for (int i = 0; i < P_MAXEV; i++) KILN_TRY(cuda_err(cudaEventCreate(&g->ev[i]), "creating an event"));
+        g->prof = 1;
     }
     return NULL;
 }
@@ -134,106 +206,244 @@ kiln_error *kiln_clip_set_device(kiln_clip *m, const char *device) {
     return NULL;
 }
 
-/* images per forward: big GEMMs (B/32: 12800 rows), and at most ~2 GB of attention scratch for L/14 */
-#define CLIP_GPU_CHUNK 256
+kiln_error *kiln_clip_pixels_alloc(const kiln_clip *m, int64_t n, float **pixels) {
+    size_t bytes = sizeof(float) * (size_t)(n > 0 ? n : 1) * 3 * (size_t)m->vision.image_size * (size_t)m->vision.image_size;
+    *pixels = NULL;
+    if (m->gpu) return kiln_error_wrap(kiln_clip_pinned_alloc((void **)pixels, bytes), "pixels of %lld images", (long long)n);
+    if (!(*pixels = malloc(bytes))) return kiln_errorf(KILN_ENOMEM, "out of memory for the pixels of %lld images", (long long)n);
+    return NULL;
+}
 
-kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n, float *out, float *patches) {
+void kiln_clip_pixels_free(float *pixels) {
+    struct cudaPointerAttributes a;
+    if (!pixels) return;
+    if (cudaPointerGetAttributes(&a, pixels) == cudaSuccess && a.type == cudaMemoryTypeHost) kiln_clip_pinned_free(pixels);
+    else {
+        cudaGetLastError(); /* a pointer CUDA does not know is not an error to keep */
+        free(pixels);
+    }
+}
+
+/* where the caller's pixels live: 0 pageable, 1 page-locked host, 2 device */
+static int pixels_kind(const float *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost ? 1 : a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? 2 : 0;
+}
+
+/* images per chunk: about 32k token rows (GEMMs of that many rows run near their best), and two chunks or
+ * more once there are 8k rows, so an upload overlaps a chunk's compute */
+static int64_t chunk_images(int64_t n, int64_t T) {
+    const char *e = getenv("KILN_CLIP_CHUNK");
+    int64_t c;
+    if (e && atoi(e) > 0) c = atoi(e);
+    else {
+        int64_t rows = n * T, nch = (rows + 32767) / 32768;
+        if (nch < 2 && rows >= 8192) nch = 2;
+        c = (n + nch - 1) / nch;
+    }
+    return c < n ? c : n;
+}
+
+static kiln_error *alloc_dev(void **p, size_t bytes) { return kiln_cuda_alloc(p, bytes ? bytes : 1); }
+
+static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, int need_stage) {
     const clip_tower_cfg *c = &m->vision;
-    struct clip_gpu *g = m->gpu;
-    int64_t S = c->image_size, p = c->patch_size, G = S / p, G2 = G * G, T = G2 + 1, H = c->hidden, I = c->inter,
-            D = m->proj_dim, K = 3 * p * p, hd = H / c->heads;
-    int64_t Bm = n < CLIP_GPU_CHUNK ? n : CLIP_GPU_CHUNK, Nm = Bm * T;
-    float *x = NULL, *nrm = NULL, *host = NULL;
-    kiln_bf16 *px = NULL, *cols = NULL, *pe = NULL, *h = NULL, *qkv = NULL, *att = NULL, *f = NULL, *o = NULL, *pr = NULL;
-    kiln_error *e = NULL;
-    float scale = (float)(1.0 / sqrt((double)hd)), eps = (float)c->eps;
-    if (n <= 0) return NULL;
+    int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
+            D = m->proj_dim, K = 3 * p * p, Nm = Bm * T;
     size_t per = (size_t)(3 * S * S);
-    if (g->stage_n < per * (size_t)Bm) {
-        kiln_clip_pinned_free(g->stage);
-        g->stage = NULL;
-        g->stage_n = 0;
-        if ((e = kiln_clip_pinned_alloc((void **)&g->stage, 2 * per * (size_t)Bm))) goto done;
-        g->stage_n = per * (size_t)Bm;
+    if (g->cap_imgs < Bm) {
+        cudaStreamSynchronize(g->st);
+        cudaStreamSynchronize(g->cp);
+        free_chunk_buffers(g);
+        KILN_TRY(alloc_dev((void **)&g->px[0], sizeof(float) * per * (size_t)Bm));
+        KILN_TRY(alloc_dev((void **)&g->px[1], sizeof(float) * per * (size_t)Bm));
+        KILN_TRY(alloc_dev((void **)&g->cols, 2 * (size_t)(Bm * G2 * K)));
+        KILN_TRY(alloc_dev((void **)&g->pe, 2 * (size_t)(Bm * G2 * H)));
+        KILN_TRY(alloc_dev((void **)&g->x, sizeof(float) * (size_t)(Nm * H)));
+        KILN_TRY(alloc_dev((void **)&g->h, 2 * (size_t)(Nm * H)));
+        KILN_TRY(alloc_dev((void **)&g->qkv, 2 * (size_t)(Nm * 3 * H)));
+        KILN_TRY(alloc_dev((void **)&g->att, 2 * (size_t)(Nm * H)));
+        KILN_TRY(alloc_dev((void **)&g->f, 2 * (size_t)(Nm * I)));
+        KILN_TRY(alloc_dev((void **)&g->pr, 2 * (size_t)(Nm * D)));
+        KILN_TRY(alloc_dev((void **)&g->nrm, sizeof(float) * (size_t)(Nm * D)));
+        g->cap_imgs = Bm;
     }
-    if ((e = kiln_cuda_alloc((void **)&px, 2 * per * (size_t)Bm)) ||
-        (e = kiln_cuda_alloc((void **)&cols, 2 * (size_t)(Bm * G2 * K))) ||
-        (e = kiln_cuda_alloc((void **)&pe, 2 * (size_t)(Bm * G2 * H))) ||
-        (e = kiln_cuda_alloc((void **)&x, sizeof(float) * (size_t)(Nm * H))) ||
-        (e = kiln_cuda_alloc((void **)&h, 2 * (size_t)(Nm * H))) ||
-        (e = kiln_cuda_alloc((void **)&qkv, 2 * (size_t)(Nm * 3 * H))) ||
-        (e = kiln_cuda_alloc((void **)&att, 2 * (size_t)(Nm * H))) ||
-        (e = kiln_cuda_alloc((void **)&f, 2 * (size_t)(Nm * I))) ||
-        (e = kiln_cuda_alloc((void **)&o, 2 * (size_t)(Nm * H))) ||
-        (e = kiln_cuda_alloc((void **)&pr, 2 * (size_t)(Nm * D))) ||
-        (e = kiln_cuda_alloc((void **)&nrm, sizeof(float) * (size_t)(Nm * D))))
-        goto done;
-    if (patches && !(host = malloc(sizeof(float) * (size_t)(Nm * D)))) {
-        e = kiln_errorf(KILN_ENOMEM, "CLIP on CUDA: out of host memory");
-        goto done;
+    if (need_stage && !g->stage[0]) {
+        KILN_TRY(kiln_clip_pinned_alloc((void **)&g->stage[0], sizeof(float) * per * (size_t)g->cap_imgs));
+        KILN_TRY(kiln_clip_pinned_alloc((void **)&g->stage[1], sizeof(float) * per * (size_t)g->cap_imgs));
     }
-    for (int64_t b0 = 0; b0 < n && !e; b0 += Bm) {
-        int64_t B = n - b0 < Bm ? n - b0 : Bm, N = B * T;
-        const float *src = pixels + b0 * 3 * S * S;
-        uint16_t *stage = g->stage;
-        int64_t np = B * 3 * S * S;
-#pragma omp parallel for schedule(static) if (np > 65536)
-        for (int64_t i = 0; i < np; i++) stage[i] = kiln_f32_to_bf16(src[i]);
-        if ((e = kiln_cuda_copy(px, stage, 2 * (size_t)np, KILN_CUDA_H2D)) ||
-            (e = kiln_clip_patchify_cuda(cols, px, B, S, p, NULL)) ||
-            (e = kiln_linear_forward_cuda(pe, cols, g->patch_w, NULL, B * G2, K, H, NULL)) ||
-            (e = kiln_clip_assemble_cuda(x, pe, g->cls, g->pos, B, G2, H, NULL)) ||
-            (e = kiln_layernorm_forward_f32_cuda(x, x, g->pre_w, g->pre_b, N, H, eps, NULL)))
-            break;
-        for (int l = 0; l < c->layers && !e; l++) {
-            const gpu_layer *L = &g->L[l];
-            if ((e = kiln_layernorm_forward_cuda(h, x, L->ln1_w, L->ln1_b, N, H, eps, NULL)) ||
-                (e = kiln_linear_forward_cuda(qkv, h, L->qkv_w, L->qkv_b, N, H, 3 * H, NULL)) ||
-                (e = kiln_mha_forward_cuda(att, qkv, qkv + H, qkv + 2 * H, B, T, c->heads, hd, 3 * H, H, scale, 0, NULL)) ||
-                (e = kiln_linear_forward_cuda(o, att, L->o_w, L->o_b, N, H, H, NULL)) ||
-                (e = kiln_add_bf16_cuda(x, o, N * H, NULL)) ||
-                (e = kiln_layernorm_forward_cuda(h, x, L->ln2_w, L->ln2_b, N, H, eps, NULL)) ||
-                (e = kiln_linear_forward_cuda(f, h, L->fc1_w, L->fc1_b, N, H, I, NULL)) ||
-                (e = c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(f, f, N * I, NULL)
-                                                   : kiln_gelu_forward_cuda(f, f, N * I, NULL)) ||
-                (e = kiln_linear_forward_cuda(o, f, L->fc2_w, L->fc2_b, N, I, H, NULL)) ||
-                (e = kiln_add_bf16_cuda(x, o, N * H, NULL)))
-                break;
+    return NULL;
+}
+
+static void mark(struct clip_gpu *g, int cls) {
+    if (!g->prof || g->nev >= P_MAXEV) return;
+    cudaEventRecord(g->ev[g->nev], g->st);
+    g->evc[g->nev++] = cls;
+}
+
+static double wall(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, double secs) {
+    double ms[P_NCLASS] = {0}, tot = 0;
+    for (int i = 0; i + 1 < g->nev; i++) {
+        float t = 0;
+        if (g->evc[i] >= 0 && cudaEventElapsedTime(&t, g->ev[i], g->ev[i + 1]) == cudaSuccess) {
+            ms[g->evc[i]] += t;
+            tot += t;
         }
-        if (e) break;
+    }
+    static const char *const kinds[] = {"pageable", "page-locked", "device"};
+    fprintf(stderr, "CLIP on CUDA: %lld images in chunks of %lld, pixels %s: %.3f ms wall (%.1f images/s)%s\n",
+            (long long)n, (long long)Bm, kinds[kind], secs * 1e3, n / secs, g->nev >= P_MAXEV ? " (timeline cut short)" : "");
+    for (int c = 0; c < P_NCLASS; c++)
+        if (ms[c] > 0) fprintf(stderr, "  %-22s %9.3f ms %5.1f%%\n", prof_names[c], ms[c], tot > 0 ? 100 * ms[c] / tot : 0);
+    g->nev = 0;
+}
+
+/* the tower over one chunk of B images whose f32 pixels are at px (device); leaves the pooled rows'
+ * embeddings in g->nrm ([B, D] f32), or every token's ([B*T, D]) when all_tokens */
+static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int64_t B, int slot, int all_tokens) {
+    const clip_tower_cfg *c = &m->vision;
+    int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
+            D = m->proj_dim, K = 3 * p * p, hd = H / c->heads, N = B * T;
+    float scale = (float)(1.0 / sqrt((double)hd)), eps = (float)c->eps;
+    void *st = g->st;
+    mark(g, P_PATCH);
+    KILN_TRY(kiln_clip_patchify_f32_cuda(g->cols, px, B, S, p, st));
+    if (slot >= 0) KILN_TRY(cuda_err(cudaEventRecord(g->used[slot], g->st), "recording an event"));
+    KILN_TRY(kiln_clip_linear_cuda(g->pe, 0, g->cols, g->patch_w, NULL, B * G2, K, H, 0, st));
+    KILN_TRY(kiln_clip_assemble_cuda(g->x, g->pe, g->cls, g->pos, B, G2, H, st));
+    KILN_TRY(kiln_layernorm_forward_f32_cuda(g->x, g->x, g->pre_w, g->pre_b, N, H, eps, st));
+    for (int l = 0; l < c->layers; l++) {
+        const gpu_layer *L = &g->L[l];
+        mark(g, P_LN);
+        KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, L->ln1_w, L->ln1_b, N, H, eps, st));
+        mark(g, P_QKV);
+        KILN_TRY(kiln_clip_linear_cuda(g->qkv, 0, g->h, L->qkv_w, L->qkv_b, N, H, 3 * H, 0, st));
+        mark(g, P_ATTN);
+        KILN_TRY(kiln_mha_forward_cuda(g->att, g->qkv, g->qkv + H, g->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H, scale,
+                                       0, st));
+        mark(g, P_OUT);
+        KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->att, L->o_w, L->o_b, N, H, H, 1, st));
+        mark(g, P_LN);
+        KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, L->ln2_w, L->ln2_b, N, H, eps, st));
+        mark(g, P_FC1);
+        KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, N, H, I, 0, st));
+        mark(g, P_ACT);
+        KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, N * I, st)
+                                               : kiln_gelu_forward_cuda(g->f, g->f, N * I, st));
+        mark(g, P_FC2);
+        KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->f, L->fc2_w, L->fc2_b, N, I, H, 1, st));
+    }
+    mark(g, P_POST);
+    if (all_tokens) {
+        /* every token through post_layernorm and the projection: row b*T is image b, the rest its patches */
+        KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, g->post_w, g->post_b, N, H, eps, st));
+        KILN_TRY(kiln_clip_linear_cuda(g->pr, 0, g->h, g->proj, NULL, N, H, D, 0, st));
+        KILN_TRY(kiln_l2_normalize_rows_cuda(g->nrm, g->pr, N, D, st));
+    } else {
+        /* only the class tokens (every T-th row) */
+        KILN_TRY(kiln_layernorm_forward_strided_cuda(g->h, g->x, T * H, g->post_w, g->post_b, B, H, eps, st));
+        KILN_TRY(kiln_clip_linear_cuda(g->pr, 0, g->h, g->proj, NULL, B, H, D, 0, st));
+        KILN_TRY(kiln_l2_normalize_rows_cuda(g->nrm, g->pr, B, D, st));
+    }
+    mark(g, -1);
+    return NULL;
+}
+
+/* chunk b0..b0+B-1's pixels into device slot `slot` on the upload stream (pageable ones through a
+ * page-locked slot), after the patch kernel of the chunk that used the slot before has read it */
+static kiln_error *stage_upload(struct clip_gpu *g, const float *pixels, int kind, int64_t b0, int64_t B, size_t per,
+                                int slot) {
+    const float *src = pixels + (size_t)b0 * per;
+    size_t bytes = sizeof(float) * per * (size_t)B;
+    if (kind == 0) {
+        KILN_TRY(cuda_err(cudaEventSynchronize(g->up[slot]), "waiting for an upload"));
+        float *dst = g->stage[slot];
+        int64_t nb = (int64_t)((bytes + (1 << 20) - 1) >> 20);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < nb; i++) {
+            size_t o = (size_t)i << 20, len = bytes - o < (1u << 20) ? bytes - o : (1u << 20);
+            memcpy((char *)dst + o, (const char *)src + o, len);
+        }
+        src = dst;
+    }
+    KILN_TRY(cuda_err(cudaStreamWaitEvent(g->cp, g->used[slot], 0), "ordering an upload"));
+    KILN_TRY(cuda_err(cudaMemcpyAsync(g->px[slot], src, bytes, cudaMemcpyHostToDevice, g->cp), "uploading pixels"));
+    return cuda_err(cudaEventRecord(g->up[slot], g->cp), "recording an event");
+}
+
+static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, int64_t n, float *out, float *patches) {
+    const clip_tower_cfg *c = &m->vision;
+    int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, D = m->proj_dim;
+    size_t per = (size_t)(3 * S * S);
+    int kind = pixels_kind(pixels);
+    int64_t Bm = chunk_images(n, T), nch = (n + Bm - 1) / Bm;
+    double t0 = g->prof ? wall() : 0;
+    g->nev = 0;
+    KILN_TRY(ensure_buffers(m, g, Bm, kind == 0));
+    if (!patches && g->hout_n < (size_t)(n * D)) {
+        kiln_clip_pinned_free(g->hout);
+        g->hout = NULL, g->hout_n = 0;
+        KILN_TRY(kiln_clip_pinned_alloc((void **)&g->hout, sizeof(float) * (size_t)(n * D)));
+        g->hout_n = (size_t)(n * D);
+    }
+    if (patches && !g->hpatch)
+        KILN_TRY(kiln_clip_pinned_alloc((void **)&g->hpatch, sizeof(float) * (size_t)(g->cap_imgs * T * D)));
+    if (kind != 2) KILN_TRY(stage_upload(g, pixels, kind, 0, n < Bm ? n : Bm, per, 0));
+    for (int64_t ci = 0; ci < nch; ci++) {
+        int64_t b0 = ci * Bm, B = n - b0 < Bm ? n - b0 : Bm;
+        int slot = (int)(ci & 1);
+        const float *px = pixels + (size_t)b0 * per;
+        if (kind != 2) {
+            /* the next chunk's pixels travel while this one computes */
+            if (ci + 1 < nch) {
+                int64_t nb0 = b0 + Bm;
+                KILN_TRY(stage_upload(g, pixels, kind, nb0, n - nb0 < Bm ? n - nb0 : Bm, per, slot ^ 1));
+            }
+            mark(g, P_UPLOAD);
+            KILN_TRY(cuda_err(cudaStreamWaitEvent(g->st, g->up[slot], 0), "waiting for an upload"));
+            px = g->px[slot];
+        }
+        KILN_TRY(tower(m, g, px, B, kind != 2 ? slot : -1, patches != NULL));
         if (patches) {
-            /* every token through post_layernorm and the projection: row b*T is image b, the rest its patches */
-            if ((e = kiln_layernorm_forward_cuda(h, x, g->post_w, g->post_b, N, H, eps, NULL)) ||
-                (e = kiln_linear_forward_cuda(pr, h, g->proj, NULL, N, H, D, NULL)) ||
-                (e = kiln_l2_normalize_rows_cuda(nrm, pr, N, D, NULL)) ||
-                (e = kiln_cuda_copy(host, nrm, sizeof(float) * (size_t)(N * D), KILN_CUDA_D2H)))
-                break;
+            KILN_TRY(cuda_err(cudaMemcpyAsync(g->hpatch, g->nrm, sizeof(float) * (size_t)(B * T * D),
+                                              cudaMemcpyDeviceToHost, g->st), "downloading embeddings"));
+            KILN_TRY(cuda_err(cudaStreamSynchronize(g->st), "computing embeddings"));
             for (int64_t b = 0; b < B; b++) {
-                memcpy(out + (b0 + b) * D, host + b * T * D, sizeof(float) * (size_t)D);
-                memcpy(patches + (b0 + b) * G2 * D, host + (b * T + 1) * D, sizeof(float) * (size_t)(G2 * D));
+                memcpy(out + (b0 + b) * D, g->hpatch + b * T * D, sizeof(float) * (size_t)D);
+                memcpy(patches + (b0 + b) * G2 * D, g->hpatch + (b * T + 1) * D, sizeof(float) * (size_t)(G2 * D));
             }
         } else {
-            /* only the class tokens (every T-th row) */
-            if ((e = kiln_layernorm_forward_strided_cuda(h, x, T * H, g->post_w, g->post_b, B, H, eps, NULL)) ||
-                (e = kiln_linear_forward_cuda(pr, h, g->proj, NULL, B, H, D, NULL)) ||
-                (e = kiln_l2_normalize_rows_cuda(nrm, pr, B, D, NULL)) ||
-                (e = kiln_cuda_copy(out + b0 * D, nrm, sizeof(float) * (size_t)(B * D), KILN_CUDA_D2H)))
-                break;
+            KILN_TRY(cuda_err(cudaMemcpyAsync(g->hout + b0 * D, g->nrm, sizeof(float) * (size_t)(B * D),
+                                              cudaMemcpyDeviceToHost, g->st), "downloading embeddings"));
         }
     }
-done:
-    kiln_cuda_free(px);
-    kiln_cuda_free(cols);
-    kiln_cuda_free(pe);
-    kiln_cuda_free(x);
-    kiln_cuda_free(h);
-    kiln_cuda_free(qkv);
-    kiln_cuda_free(att);
-    kiln_cuda_free(f);
-    kiln_cuda_free(o);
-    kiln_cuda_free(pr);
-    kiln_cuda_free(nrm);
-    free(host);
+    KILN_TRY(cuda_err(cudaStreamSynchronize(g->st), "computing embeddings"));
+    if (!patches) memcpy(out, g->hout, sizeof(float) * (size_t)(n * D));
+    if (g->prof) prof_print(g, n, Bm, kind, wall() - t0);
+    return NULL;
+}
+
+kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n, float *out, float *patches) {
+    struct clip_gpu *g = m->gpu;
+    if (n <= 0) return NULL;
+    kiln_error *e = embed(m, g, pixels, n, out, patches);
+    if (e) {
+        /* leave nothing in flight that reads the caller's buffers */
+        cudaStreamSynchronize(g->cp);
+        cudaStreamSynchronize(g->st);
+        cudaGetLastError();
+        g->nev = 0;
+    }
     return e ? kiln_error_wrap(e, "CLIP image embeddings on CUDA") : NULL;
 }
 
@@ -253,5 +463,13 @@ kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n
     (void)m, (void)pixels, (void)n, (void)out, (void)patches;
     return kiln_errorf(KILN_EUNSUPPORTED, "CLIP on CUDA: kiln was built without CUDA");
 }
+
+kiln_error *kiln_clip_pixels_alloc(const kiln_clip *m, int64_t n, float **pixels) {
+    size_t bytes = sizeof(float) * (size_t)(n > 0 ? n : 1) * 3 * (size_t)m->vision.image_size * (size_t)m->vision.image_size;
+    if (!(*pixels = malloc(bytes))) return kiln_errorf(KILN_ENOMEM, "out of memory for the pixels of %lld images", (long long)n);
+    return NULL;
+}
+
+void kiln_clip_pixels_free(float *pixels) { free(pixels); }
 
 #endif

@@ -2,6 +2,11 @@
 // non-causal/causal multi-head attention forward for short sequences, quick_gelu, the residual add, the
 // patch im2col, the embedding assembly (class token + patches + positions) and the L2 normalisation of
 // rows. Everything computes in f32; activations between ops are bf16 (the cuda_ops.h conventions).
+#include <stdlib.h>
+#include <string.h>
+
+#include "clip_attention.cuh"
+#include "clip_ops.h"
 #include "ops_common.cuh"
 
 // one block per row; y = (x - mean) * rstd * w + b, statistics in f32 over the row. Rows of x are
@@ -27,13 +32,77 @@ static __global__ void layernorm_fwd_kernel(Y *y, const float *x, int64_t x_stri
     }
 }
 
+// One warp per row for widths that are a multiple of 128 up to 2048 (CLIP's 768, 1024, 1280, ...): the row is
+// read once into registers as float4 (NV per lane), both statistics come from registers, and the output
+// leaves as 4-wide stores. The block-per-row kernel above re-reads the row three times.
+template <typename Y, int NV>
+static __global__ void layernorm_warp_kernel(Y *y, const float *x, int64_t x_stride, const float *w, const float *b,
+                                             int64_t n, float eps) {
+    constexpr int d = NV * 128;
+    const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= n) return;
+    const float *xr = x + r * x_stride;
+    float v[NV][4];
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        ldv<4>(xr, (int64_t)(i * 32 + lane) * 4, v[i]);
+        s += v[i][0] + v[i][1] + v[i][2] + v[i][3];
+    }
+    const float mean = warp_sum(s) / (float)d;
+    float q = 0;
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            v[i][e] -= mean;
+            q += v[i][e] * v[i][e];
+        }
+    const float rstd = rsqrtf(warp_sum(q) / (float)d + eps);
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int64_t j = (int64_t)(i * 32 + lane) * 4;
+        float wv[4] = {1.f, 1.f, 1.f, 1.f}, bv[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
+        if (w) ldv<4>(w, j, wv);
+        if (b) ldv<4>(b, j, bv);
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[e] = v[i][e] * rstd * wv[e] + bv[e];
+        stv<4>(y, r * d + j, o);
+    }
+}
+
+template <typename Y, int NV>
+static void layernorm_warp(Y *y, const float *x, int64_t x_stride, const float *w, const float *b, int64_t n,
+                           float eps, cudaStream_t st) {
+    layernorm_warp_kernel<Y, NV><<<grid_for(n * 32, 256), 256, 0, st>>>(y, x, x_stride, w, b, n, eps);
+}
+
 template <typename Y>
 static kiln_error *layernorm(Y *y, const float *x, int64_t x_stride, const float *w, const float *b, int64_t n,
                              int64_t d, float eps, void *stream) {
     kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
     if (n <= 0) return NULL;
-    layernorm_fwd_kernel<Y><<<(int)(n < 65535 ? n : 65535), d >= 512 ? 256 : 128, 0, (cudaStream_t)stream>>>(
-        y, x, x_stride, w, b, n, d, eps);
+    // the warp kernel needs 16-byte aligned rows; in place (y == x) is safe: a warp reads its whole row
+    // into registers before writing it
+    const bool vec = d % 128 == 0 && d <= 2048 && x_stride % 4 == 0 && aligned16(x) && aligned16(y) &&
+                     (!w || aligned16(w)) && (!b || aligned16(b)) && n <= (int64_t)1048576 * 8;
+    switch (vec ? d / 128 : 0) {
+    case 1: layernorm_warp<Y, 1>(y, x, x_stride, w, b, n, eps, st); break;
+    case 2: layernorm_warp<Y, 2>(y, x, x_stride, w, b, n, eps, st); break;
+    case 3: layernorm_warp<Y, 3>(y, x, x_stride, w, b, n, eps, st); break;
+    case 4: layernorm_warp<Y, 4>(y, x, x_stride, w, b, n, eps, st); break;
+    case 5: layernorm_warp<Y, 5>(y, x, x_stride, w, b, n, eps, st); break;
+    case 6: layernorm_warp<Y, 6>(y, x, x_stride, w, b, n, eps, st); break;
+    case 8: layernorm_warp<Y, 8>(y, x, x_stride, w, b, n, eps, st); break;
+    case 10: layernorm_warp<Y, 10>(y, x, x_stride, w, b, n, eps, st); break;
+    case 12: layernorm_warp<Y, 12>(y, x, x_stride, w, b, n, eps, st); break;
+    case 16: layernorm_warp<Y, 16>(y, x, x_stride, w, b, n, eps, st); break;
+    default:
+        layernorm_fwd_kernel<Y><<<(int)(n < 65535 ? n : 65535), d >= 512 ? 256 : 128, 0, st>>>(y, x, x_stride, w, b,
+                                                                                               n, d, eps);
+    }
     LAUNCH_CHECK("layernorm forward");
 done:
     return err;
@@ -60,10 +129,26 @@ static __global__ void quick_gelu_kernel(bf16 *y, const bf16 *x, int64_t n) {
     }
 }
 
+// 8 elements (16 bytes) per thread and step
+static __global__ void quick_gelu8_kernel(uint4 *y, const uint4 *x, int64_t n8) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        uint4 u = x[i];
+        __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __bfloat1622float2(h[e]);
+            h[e] = __floats2bfloat162_rn(f.x / (1.0f + __expf(-1.702f * f.x)), f.y / (1.0f + __expf(-1.702f * f.y)));
+        }
+        y[i] = u;
+    }
+}
+
 extern "C" kiln_error *kiln_quick_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    quick_gelu_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
+    if (n % 8 == 0 && aligned16(x) && aligned16(y))
+        quick_gelu8_kernel<<<grid_for(n / 8, 256), 256, 0, (cudaStream_t)stream>>>((uint4 *)y, (const uint4 *)x, n / 8);
+    else quick_gelu_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
     LAUNCH_CHECK("quick_gelu forward");
 done:
     return err;
@@ -161,6 +246,13 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     void **ptr = NULL;
     const float one = 1.0f, zero = 0.0f;
     if (B <= 0 || T <= 0) return NULL;
+    // non-causal (the vision tower): the tensor-core kernel of clip_attention.cu, unless it cannot take the
+    // shape or KILN_CLIP_ATTN=gemm asks for this path (the comparison in tests/gpu and bench/clip_bench.sh)
+    if (!causal && clip_attention_supported(q, k, v, out, T, hd, stride, out_stride)) {
+        const char *env = getenv("KILN_CLIP_ATTN");
+        if (!env || strcmp(env, "gemm"))
+            return clip_attention_forward(out, q, k, v, B, T, heads, hd, stride, out_stride, scale, stream);
+    }
     if (T > SOFTMAX_TMAX || nb > 2147483647)
         return kiln_errorf(KILN_EUNSUPPORTED, "attention forward (CUDA): %lld tokens is beyond this kernel (at most %d)",
                            (long long)T, SOFTMAX_TMAX);
@@ -202,6 +294,30 @@ static __global__ void patchify_kernel(bf16 *cols, const bf16 *px, int64_t B, in
         const int g = (int)(row - b * G * G), gy = g / G, gx = g % G;
         cols[i] = px[((b * 3 + c) * S + gy * p + ky) * (int64_t)S + gx * p + kx];
     }
+}
+
+// the same from f32 pixels (the host's, uploaded as they are), rounded to bf16 here
+static __global__ void patchify_f32_kernel(bf16 *cols, const float *px, int64_t B, int S, int p) {
+    const int G = S / p, K = 3 * p * p;
+    const int64_t total = B * G * G * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / K;
+        const int kk = (int)(i - row * K), c = kk / (p * p), ky = (kk / p) % p, kx = kk % p;
+        const int64_t b = row / (G * G);
+        const int g = (int)(row - b * G * G), gy = g / G, gx = g % G;
+        cols[i] = __float2bfloat16_rn(px[((b * 3 + c) * S + gy * p + ky) * (int64_t)S + gx * p + kx]);
+    }
+}
+
+extern "C" kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S,
+                                                   int64_t p, void *stream) {
+    kiln_error *err = NULL;
+    const int64_t n = B * (S / p) * (S / p) * 3 * p * p;
+    if (n <= 0) return NULL;
+    patchify_f32_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)cols, pixels, B, (int)S, (int)p);
+    LAUNCH_CHECK("patchify (f32 pixels)");
+done:
+    return err;
 }
 
 extern "C" kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const kiln_bf16 *pixels, int64_t B, int64_t S,

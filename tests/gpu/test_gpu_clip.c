@@ -1,5 +1,6 @@
-/* CLIP on the GPU against the CPU (f32) path: the layernorm and attention ops on random inputs, then
- * whole vision towers (the transformers fixtures, and random ViT-B/32- and L/14-shaped towers with more
+/* CLIP on the GPU against the CPU (f32) path: the layernorm, attention (the tensor-core kernel and the
+ * batched-GEMM path, at CLIP's sequence lengths and head dims), linear (bf16 out; f32 accumulated into
+ * the residual stream) and quick_gelu ops on random inputs, then whole vision towers (the transformers fixtures, and random ViT-B/32- and L/14-shaped towers with more
  * images than one chunk) with and without patch embeddings. bf16 activations and weights: embeddings are
  * compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on unit vectors). */
 #include <math.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "clip_testutil.h"
+#include "cuda/clip_ops.h"
 #include "gpu_testutil.h"
 #include "kiln/clip.h"
 #include "kiln/nn.h"
@@ -40,6 +42,87 @@ TEST(gpu_clip_layernorm_and_attention_ops) {
     }
     kiln_cuda_free(dx), kiln_cuda_free(dw), kiln_cuda_free(db), kiln_cuda_free(dy);
     free(x), free(w), free(b), free(ref), free(y), free(y32);
+}
+
+TEST(gpu_clip_attention_kernel_shapes) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 23);
+    /* B/32 (50 tokens), L/14 (257), L/14-336 (577), a partial tile (70); head dims 32, 64, 128 */
+    const int64_t Ts[] = {50, 257, 577, 70, 1}, hds[] = {64, 64, 64, 32, 128};
+    for (int c = 0; c < 5; c++) {
+        const int64_t B = 2, T = Ts[c], hd = hds[c], heads = 3, H = heads * hd, stride = 3 * H;
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f), *ref = malloc(sizeof(float) * B * T * H);
+        gt_round_bf16(qkv, B * T * stride);
+        const float scale = (float)(1.0 / sqrt((double)hd));
+        CHECK(kiln_mha_forward(ref, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, scale, 0) == 0);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
+        for (int path = 0; path < 2; path++) {
+            if (path) setenv("KILN_CLIP_ATTN", "gemm", 1);
+            CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, scale, 0, NULL));
+            unsetenv("KILN_CLIP_ATTN");
+            float *got = gt_down_bf16(dout, B * T * H);
+            char name[64];
+            snprintf(name, sizeof name, "%s T=%lld hd=%lld", path ? "gemm path" : "mma kernel", (long long)T,
+                     (long long)hd);
+            GT_CLOSE(name, got, ref, B * T * H, 1e-2);
+            free(got);
+        }
+        kiln_cuda_free(dq), kiln_cuda_free(dout);
+        free(qkv), free(ref);
+    }
+}
+
+TEST(gpu_clip_linear_and_quick_gelu) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 24);
+    const int64_t n = 200, in = 256, out = 384;
+    float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 0.1f), *b = gt_rand(&rng, out, 1.0f);
+    float *r0 = gt_rand(&rng, n * out, 1.0f), *ref = malloc(sizeof(float) * n * out);
+    gt_round_bf16(x, n * in), gt_round_bf16(w, out * in), gt_round_bf16(b, out);
+    kiln_bf16 *dx = gt_up_bf16(x, n * in), *dw = gt_up_bf16(w, out * in), *db = gt_up_bf16(b, out);
+    kiln_bf16 *dy = gt_dev((size_t)n * out * 2);
+    float *db32 = gt_up_f32(b, out), *dres = gt_up_f32(r0, n * out);
+    /* bf16 out with the bias */
+    kiln_linear_forward(ref, x, w, b, n, in, out);
+    CHECK_OK(kiln_clip_linear_cuda(dy, 0, dx, dw, db, n, in, out, 0, NULL));
+    float *got = gt_down_bf16(dy, n * out);
+    GT_CLOSE("linear bf16 + bias", got, ref, n * out, 1e-2);
+    /* f32 residual += x wᵀ + b */
+    for (int64_t i = 0; i < n * out; i++) ref[i] += r0[i];
+    CHECK_OK(kiln_clip_linear_cuda(dres, 1, dx, dw, db32, n, in, out, 1, NULL));
+    float *got32 = gt_down_f32(dres, n * out);
+    GT_CLOSE("linear f32 accumulate + bias", got32, ref, n * out, 1e-4);
+    CHECK_ERR(kiln_clip_linear_cuda(dy, 0, dx, dw, db, n, in, out, 1, NULL), "accumulating into bf16");
+    /* quick_gelu, vectorized (n*out a multiple of 8) and not (an odd count) */
+    for (int odd = 0; odd < 2; odd++) {
+        int64_t m = n * out - odd;
+        float *qr = malloc(sizeof(float) * m);
+        for (int64_t i = 0; i < m; i++) qr[i] = got[i] / (1.0f + expf(-1.702f * got[i]));
+        kiln_bf16 *dg = gt_up_bf16(got, m);
+        CHECK_OK(kiln_quick_gelu_forward_cuda(dg, dg, m, NULL));
+        float *g = gt_down_bf16(dg, m);
+        GT_CLOSE(odd ? "quick_gelu (scalar)" : "quick_gelu (8-wide)", g, qr, m, 1e-2);
+        kiln_cuda_free(dg);
+        free(qr), free(g);
+    }
+    /* layernorm widths: the warp kernel (1024) and the block kernel (100), strided rows */
+    const int64_t ds[] = {1024, 100};
+    for (int c = 0; c < 2; c++) {
+        const int64_t d = ds[c], rows = 37, xs = 3 * d;
+        float *lx = gt_rand(&rng, rows * xs, 2.0f), *lw = gt_rand(&rng, d, 1.0f), *lb = gt_rand(&rng, d, 1.0f);
+        float *lref = malloc(sizeof(float) * rows * d);
+        for (int64_t r = 0; r < rows; r++) kiln_layernorm_forward(lref + r * d, lx + r * xs, lw, lb, 1, d, 1e-5f);
+        float *dlx = gt_up_f32(lx, rows * xs), *dlw = gt_up_f32(lw, d), *dlb = gt_up_f32(lb, d);
+        kiln_bf16 *dly = gt_dev((size_t)rows * d * 2);
+        CHECK_OK(kiln_layernorm_forward_strided_cuda(dly, dlx, xs, dlw, dlb, rows, d, 1e-5f, NULL));
+        float *ly = gt_down_bf16(dly, rows * d);
+        GT_CLOSE(c ? "layernorm d=100 strided" : "layernorm d=1024 strided", ly, lref, rows * d, 1e-2);
+        kiln_cuda_free(dlx), kiln_cuda_free(dlw), kiln_cuda_free(dlb), kiln_cuda_free(dly);
+        free(lx), free(lw), free(lb), free(lref), free(ly);
+    }
+    kiln_cuda_free(dx), kiln_cuda_free(dw), kiln_cuda_free(db), kiln_cuda_free(dy), kiln_cuda_free(db32);
+    kiln_cuda_free(dres);
+    free(x), free(w), free(b), free(r0), free(ref), free(got), free(got32);
 }
 
 /* cosine per row and max |a-b| over rows of d */
@@ -77,6 +160,35 @@ static void check_dir(const char *dir, int n, uint64_t seed) {
     compare_rows("image embeds", ge, ce, n, D);
     compare_rows("image embeds (no patches)", ge2, ce, n, D);
     compare_rows("patch embeds", gp, cp, n * G2, D);
+    /* the same from page-locked and from device pixels (bit-identical: the same chunks), and in chunks of 3
+     * (the upload of one chunk overlapping the previous one's compute, both pixel slots reused; other GEMM
+     * shapes may sum in another order, so against the CPU again) */
+    float *pin = NULL, *ge3 = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_pixels_alloc(m, n, &pin));
+    if (pin) {
+        memcpy(pin, px, sizeof(float) * n * 3 * S * S);
+        CHECK_OK(kiln_clip_embed_images(m, pin, n, ge3, NULL));
+        CHECK_MSG(!memcmp(ge3, ge2, sizeof(float) * n * D), "page-locked pixels give other embeddings");
+        setenv("KILN_CLIP_CHUNK", "3", 1);
+        memset(ge3, 0, sizeof(float) * n * D);
+        CHECK_OK(kiln_clip_embed_images(m, pin, n, ge3, NULL));
+        compare_rows("chunks of 3, page-locked", ge3, ce, n, D);
+        memset(ge3, 0, sizeof(float) * n * D);
+        CHECK_OK(kiln_clip_embed_images(m, px, n, ge3, NULL));
+        compare_rows("chunks of 3, pageable", ge3, ce, n, D);
+        float *gp3 = malloc(sizeof(float) * n * G2 * D);
+        CHECK_OK(kiln_clip_embed_images(m, px, n, ge3, gp3));
+        compare_rows("chunks of 3, patches", gp3, cp, n * G2, D);
+        free(gp3);
+        unsetenv("KILN_CLIP_CHUNK");
+        kiln_clip_pixels_free(pin);
+    }
+    float *dpx = gt_up_f32(px, n * 3 * S * S);
+    memset(ge3, 0, sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, dpx, n, ge3, NULL));
+    CHECK_MSG(!memcmp(ge3, ge2, sizeof(float) * n * D), "device pixels give other embeddings");
+    kiln_cuda_free(dpx);
+    free(ge3);
     CHECK_OK(kiln_clip_set_device(m, "cpu"));
     CHECK_ERR(kiln_clip_set_device(m, "tpu"), "expected \"cpu\" or \"cuda\"");
     kiln_clip_free(m);
@@ -99,7 +211,7 @@ TEST(gpu_clip_b32_and_l14_shapes_match_cpu) {
     c.proj_dim = 128, c.shortest_edge = 224;
     const char *dir = test_tmpdir();
     CHECK(clip_test_make_dir(dir, &c, 40) == 0);
-    printf("    B/32-shaped, 70 images (two chunks)\n");
+    printf("    B/32-shaped, 70 images\n");
     check_dir(dir, 70, 41);
     c.patch_size = 14, c.vis_layers = 2, c.vis_heads = 2, c.vis_hidden = 128, c.vis_inter = 512;
     const char *dir2 = test_join(dir, "l14");

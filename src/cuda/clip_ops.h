@@ -1,0 +1,25 @@
+/* The CUDA ops of CLIP's vision tower added after include/kiln/cuda_ops.h's cisclip section (same
+ * conventions: device pointers, asynchronous on `stream`, a kiln_error naming the op). Used by
+ * src/clip/clip_cuda.c; defined in src/cuda/clip_gemm.cu and clip_ops.cu. */
+#ifndef KILN_CUDA_CLIP_OPS_H
+#define KILN_CUDA_CLIP_OPS_H
+
+#include "kiln/cuda_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[n,out] = x[n,in] wᵀ + bias (+ y when accumulate) through cuBLASLt, x and w bf16, f32 accumulation.
+ * y_f32 = 0: y bf16, bias bf16 [out] (nullable), accumulate must be 0. y_f32 = 1: y f32, bias f32 [out]
+ * (nullable); accumulate adds into y (the residual stream: the residual add as the GEMM's epilogue). */
+kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16 *x, const kiln_bf16 *w, const void *bias,
+                                  int64_t n, int64_t in, int64_t out, int accumulate, void *stream);
+/* kiln_clip_patchify_cuda from f32 pixels [B,3,S,S] (rounded to bf16 on the device) */
+kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S, int64_t p,
+                                        void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
