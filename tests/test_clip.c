@@ -326,6 +326,17 @@ static void check_model(const clip_test_cfg *c, uint64_t seed) {
     float *emb2 = malloc(sizeof(float) * n * D);
     CHECK_OK(kiln_clip_embed_images(m, px, n, emb2, NULL)); /* patches are optional; same result */
     CHECK(memcmp(emb, emb2, sizeof(float) * n * D) == 0);
+    /* pixels from kiln_clip_pixels_alloc (plain memory on the CPU): same result */
+    float *apx = NULL;
+    CHECK_OK(kiln_clip_pixels_alloc(m, n, &apx));
+    if (apx) {
+        memcpy(apx, px, sizeof(float) * n * 3 * S * S);
+        memset(emb2, 0, sizeof(float) * n * D);
+        CHECK_OK(kiln_clip_embed_images(m, apx, n, emb2, NULL));
+        CHECK(memcmp(emb, emb2, sizeof(float) * n * D) == 0);
+        kiln_clip_pixels_free(apx);
+    }
+    kiln_clip_pixels_free(NULL);
 
     /* texts: pooled at <|endoftext|> (also a literal one mid-text: HF picks the first) */
     const char *texts[] = {"a photo of a cat", "The THE and", "x<|endoftext|> then more words", ""};
