@@ -2,8 +2,11 @@
 # Image-embedding throughput of kiln's CLIP (kiln_clip_embed_images) vs transformers CLIPModel, same
 # machine, same random weights and pixels, for ViT-B/32 and ViT-L/14 configs (issue 8's benchmark):
 #   DEVICE=cpu (default): fp32, the same thread count on both sides (THREADS, default all CPUs), batch 16
-#   DEVICE=cuda: bf16 on GPU 0; kiln takes host pixels and returns host embeddings, torch is timed both
-#                that way and with the pixels already on the GPU; batch 256 (B/32) and 128 (L/14)
+#   DEVICE=cuda: bf16 on GPU 0; both sides timed from host pixels (page-locked on both: torch's pinned
+#                tensor, kiln_clip_pixels_alloc) to host embeddings, and with the pixels already on the GPU
+#                ("resident"); batch 256 (B/32) and 128 (L/14) (BATCH overrides)
+# PROFILE=1 adds one kiln run per config with KILN_CLIP_PROFILE=1: time per op class (CUDA events on the
+# GPU, wall clock on the CPU) into clip_bench_$DEVICE.profile.txt.
 # Alternates the two sides for ROUNDS rounds and compares medians; checks kiln's embeddings against
 # torch's fp32 CPU embeddings of the same pixels. Needs CMake, a C compiler (nvcc for cuda) and PyTorch +
 # transformers; cJSON/OpenBLAS come from .debs/ when the machine has no package manager.
@@ -32,6 +35,7 @@ fi
 res="$out/clip_bench_$device"
 : > "$res.json.tmp"
 : > "$res.txt"
+[ -n "${PROFILE:-}" ] && : > "$res.profile.txt"
 log() { echo "$@" | tee -a "$res.txt"; }
 log "# $(date -u +%F) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $threads threads, device $device, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}"
 tag() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(config='$1', round=$2, threads=$threads); print(json.dumps(d))"; }
@@ -39,7 +43,7 @@ for cfg in ${CONFIGS:-vit-b-32 vit-l-14}; do
   d="$work/$cfg"
   [ -e "$d/pixels.safetensors" ] || python3 bench/peers/clip_peer.py make "$cfg" "$d"
   if [ "$device" = cuda ]; then
-    batch=256; [ "$cfg" = vit-l-14 ] && batch=128; iters=10
+    batch=256; [ "$cfg" = vit-l-14 ] && batch=128; batch=${BATCH:-$batch}; iters=10
     # the fp32 CPU reference of the first 16 images, once
     [ -e "$d/torch_embeds.safetensors" ] || python3 bench/peers/clip_peer.py time "$d" 16 1 "$threads" > /dev/null
   else
@@ -50,6 +54,11 @@ for cfg in ${CONFIGS:-vit-b-32 vit-l-14}; do
     "$B" --clip "$d" --pixels "$d/pixels.safetensors" --batch "$batch" --iters "$iters" --device "$device" \
       --ref "$d/torch_embeds.safetensors" | tag "$cfg" "$r" >> "$res.json.tmp"
   done
+  if [ -n "${PROFILE:-}" ]; then
+    echo "## $cfg batch $batch" >> "$res.profile.txt"
+    KILN_CLIP_PROFILE=1 "$B" --clip "$d" --pixels "$d/pixels.safetensors" --batch "$batch" --iters 1 --device "$device" \
+      2>> "$res.profile.txt" > /dev/null
+  fi
 done
 python3 - "$res" <<'PY' | tee -a "$res.txt"
 import json, statistics, sys
@@ -58,7 +67,8 @@ recs = [json.loads(l) for l in open(f"{res}.json.tmp") if l.strip()]
 json.dump(recs, open(f"{res}.json", "w"), indent=1)
 cuda = any(r.get("device") == "cuda" for r in recs)
 print(f"{'config':9} {'batch':>5} {'kiln img/s':>11} {'torch img/s':>12} {'ratio':>6}"
-      + (f" {'torch resident':>15}" if cuda else "") + f" {'kiln vs fp32 ref: rel err':>26} {'worst cos':>10}")
+      + (f" {'kiln resident':>14} {'torch resident':>15} {'ratio':>6}" if cuda else "")
+      + f" {'kiln vs fp32 ref: rel err':>26} {'worst cos':>10}")
 for cfg in ["vit-b-32", "vit-l-14"]:
     k = [r for r in recs if r["config"] == cfg and r["side"] == "kiln"]
     t = [r for r in recs if r["config"] == cfg and r["side"] == "torch"]
@@ -68,10 +78,14 @@ for cfg in ["vit-b-32", "vit-l-14"]:
     tv = statistics.median(r["images_per_s_median"] for r in t)
     line = f"{cfg:9} {k[0]['batch']:5} {kv:11.2f} {tv:12.2f} {kv / tv:6.3f}"
     if cuda:
-        line += f" {statistics.median(r['images_per_s_resident'] for r in t):15.2f}"
+        kr = statistics.median(r.get("images_per_s_resident", -1) for r in k)
+        tr = statistics.median(r["images_per_s_resident"] for r in t)
+        line += f" {kr:14.2f} {tr:15.2f} {kr / tr:6.3f}"
     line += f" {max(r['rel_err_vs_ref'] for r in k):26.3g} {min(r['worst_cosine_vs_ref'] for r in k):10.6f}"
     print(line)
 tv = [r for r in recs if r["side"] == "torch"]
-print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if cuda and tv else ""))
+kv = [r for r in recs if r["side"] == "kiln"]
+print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if cuda and tv else "")
+      + (f"; kiln's OpenBLAS core {kv[0].get('openblas_core')}, {kv[0].get('openblas_threads')} threads" if kv else ""))
 PY
 rm -f "$res.json.tmp"
