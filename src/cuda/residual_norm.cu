@@ -63,32 +63,43 @@ static __global__ void __launch_bounds__(THREADS)
     }
 }
 
-// block c: rows [c*rows_per, ...); part [NPART][chunks][d]: 0 dupb, 1 dups, 2 dw, 3 dab, 4 das, 5 dxb, 6 dxs
+// block c: rows [c*rows_per, ...); part [NPART][chunks][d]: 0 dupb, 1 dups, 2 dw, 3 dab, 4 das, 5 dxb, 6 dxs.
+// The per-channel vectors stay in registers for the whole chunk; a row's five inputs are loaded together
+// before its reduction, so each row costs one memory latency.
 template <int V, int NV>
 static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_bwd p, float *part, int64_t n, int d,
                                                              int64_t rows_per, int64_t chunks) {
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     const bf16 *dln = (const bf16 *)p.dln, *a = (const bf16 *)p.a;
-    float acc[NPART][NV][V];
+    float acc[NPART][NV][V], wv[NV][V], us[NV][V], ub[NV][V], asv[NV][V], abv[NV][V], xsv[NV][V], xbv[NV][V];
 #pragma unroll
-    for (int i = 0; i < NPART; i++)
+    for (int k = 0; k < NV; k++) {
+        const int j = (threadIdx.x + k * blockDim.x) * V;
 #pragma unroll
-        for (int k = 0; k < NV; k++)
+        for (int q = 0; q < V; q++) {
 #pragma unroll
-            for (int q = 0; q < V; q++) acc[i][k][q] = 0.0f;
+            for (int i = 0; i < NPART; i++) acc[i][k][q] = 0.0f;
+            wv[k][q] = us[k][q] = ub[k][q] = asv[k][q] = abv[k][q] = xsv[k][q] = xbv[k][q] = 0.0f;
+        }
+        if (j >= d) continue;
+        ldv<V>(p.w, j, wv[k]), ldv<V>(p.ups, j, us[k]), ldv<V>(p.as, j, asv[k]), ldv<V>(p.xs, j, xsv[k]);
+        if (p.upb) ldv<V>(p.upb, j, ub[k]);
+        if (p.ab) ldv<V>(p.ab, j, abv[k]);
+        if (p.xb) ldv<V>(p.xb, j, xbv[k]);
+    }
     for (int64_t r = r0; r < r1; r++) {
         const float rs = p.rstd[r];
-        float yv[NV][V], gv[NV][V], dot = 0.0f;
+        float yv[NV][V], gv[NV][V], du[NV][V], av[NV][V], xv[NV][V], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int j = (threadIdx.x + k * blockDim.x) * V;
             if (j >= d) continue;
-            float wv[V];
-            ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(dln + r * d, j, gv[k]), ldv<V>(p.w, j, wv);
+            ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(dln + r * d, j, gv[k]), ldv<V>(p.dup + r * d, j, du[k]);
+            ldv<V>(a + r * d, j, av[k]), ldv<V>(p.x + r * d, j, xv[k]);
 #pragma unroll
             for (int q = 0; q < V; q++) {
-                dot += gv[k][q] * wv[q] * yv[k][q];
+                dot += gv[k][q] * wv[k][q] * yv[k][q];
                 acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
             }
         }
@@ -98,26 +109,19 @@ static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_
         for (int k = 0; k < NV; k++) {
             const int j = (threadIdx.x + k * blockDim.x) * V;
             if (j >= d) continue;
-            float wv[V], du[V], ub[V], us[V], av[V], abv[V], asv[V], xv[V], xbv[V], xsv[V], dav[V], dxv[V];
-            ldv<V>(p.w, j, wv), ldv<V>(p.dup + r * d, j, du), ldv<V>(p.ups, j, us);
-            ldv<V>(a + r * d, j, av), ldv<V>(p.as, j, asv), ldv<V>(p.x + r * d, j, xv), ldv<V>(p.xs, j, xsv);
-#pragma unroll
-            for (int q = 0; q < V; q++) ub[q] = 0.0f, abv[q] = 0.0f, xbv[q] = 0.0f;
-            if (p.upb) ldv<V>(p.upb, j, ub);
-            if (p.ab) ldv<V>(p.ab, j, abv);
-            if (p.xb) ldv<V>(p.xb, j, xbv);
+            float dav[V], dxv[V];
 #pragma unroll
             for (int q = 0; q < V; q++) {
-                const float gu = __fmul_rn(du[q], us[q]);
+                const float gu = __fmul_rn(du[k][q], us[k][q]);
                 acc[0][k][q] = __fadd_rn(acc[0][k][q], gu);
-                acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[q], __fadd_rn(yv[k][q], ub[q])));
-                const float g = gu + (rs * gv[k][q] * wv[q] - c * yv[k][q]);
-                dav[q] = __fmul_rn(g, asv[q]);
-                dxv[q] = __fmul_rn(g, xsv[q]);
+                acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[k][q], __fadd_rn(yv[k][q], ub[k][q])));
+                const float g = gu + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
+                dav[q] = __fmul_rn(g, asv[k][q]);
+                dxv[q] = __fmul_rn(g, xsv[k][q]);
                 acc[3][k][q] = __fadd_rn(acc[3][k][q], dav[q]);
-                acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[q], abv[q])));
+                acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[k][q], abv[k][q])));
                 acc[5][k][q] = __fadd_rn(acc[5][k][q], dxv[q]);
-                acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[q], xbv[q])));
+                acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[k][q], xbv[k][q])));
             }
             stv<V>((bf16 *)p.da + r * d, j, dav);
             stv<V>(p.dx + r * d, j, dxv);

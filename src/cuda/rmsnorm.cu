@@ -77,33 +77,42 @@ static __global__ void rmsnorm_bwd_kernel(TDX *dx, float *dwp, const bf16 *dy, c
     }
 }
 
-// The same backward with the row kept in registers between its dot product and dx (each input read once)
-// and the dw partial in registers over the chunk: NV units of V columns per thread, unit k at column
-// (threadIdx.x + k*blockDim.x)*V. Same arithmetic as above, so the same dw bits.
+// The same backward with the row kept in registers between its dot product and dx (each input read once,
+// a row's loads issued together before its reduction: one memory latency per row), w and the dw partial in
+// registers over the chunk: NV units of V columns per thread, unit k at column (threadIdx.x + k*blockDim.x)*V.
+// Same arithmetic as above, so the same dw bits.
 template <typename TX, typename TDX, int V, int NV>
 static __global__ void __launch_bounds__(512)
     rmsnorm_bwd_reg_kernel(TDX *dx, float *dwp, const bf16 *dy, const TX *x, const float *w, const float *rstd,
                            int64_t n, int d, int64_t rows_per) {
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
-    float pw[NV][V];
+    float pw[NV][V], wv[NV][V];
 #pragma unroll
-    for (int k = 0; k < NV; k++)
+    for (int k = 0; k < NV; k++) {
+        const int j = (threadIdx.x + k * blockDim.x) * V;
 #pragma unroll
-        for (int q = 0; q < V; q++) pw[k][q] = 0.0f;
+        for (int q = 0; q < V; q++) pw[k][q] = 0.0f, wv[k][q] = 0.0f;
+        if (j < d) ldv<V>(w, j, wv[k]);
+    }
     for (int64_t r = r0; r < r1; r++) {
         const float rs = rstd[r];
-        float xv[NV][V], gv[NV][V], dot = 0.0f;
+        float xv[NV][V], gv[NV][V], dv[NV][V], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int j = (threadIdx.x + k * blockDim.x) * V;
             if (j >= d) continue;
-            float wv[V];
-            ldv<V>(x + r * d, j, xv[k]), ldv<V>(dy + r * d, j, gv[k]), ldv<V>(w, j, wv);
+            ldv<V>(x + r * d, j, xv[k]), ldv<V>(dy + r * d, j, gv[k]);
+            if constexpr (sizeof(TDX) == 4) { // f32 gradients accumulate
+                if (dx) ldv<V>(dx + r * d, j, dv[k]);
+            } else {
+#pragma unroll
+                for (int q = 0; q < V; q++) dv[k][q] = 0.0f; // bf16 ones are written
+            }
 #pragma unroll
             for (int q = 0; q < V; q++) {
                 pw[k][q] = __fadd_rn(pw[k][q], __fmul_rn(gv[k][q], __fmul_rn(xv[k][q], rs)));
-                dot += gv[k][q] * wv[q] * xv[k][q];
+                dot += gv[k][q] * wv[k][q] * xv[k][q];
             }
         }
         if (!dx) continue;
@@ -113,15 +122,9 @@ static __global__ void __launch_bounds__(512)
         for (int k = 0; k < NV; k++) {
             const int j = (threadIdx.x + k * blockDim.x) * V;
             if (j >= d) continue;
-            float wv[V], dv[V];
-            ldv<V>(w, j, wv);
-            if constexpr (sizeof(TDX) == 4) ldv<V>(dx + r * d, j, dv); // f32 gradients accumulate
-            else
 #pragma unroll
-                for (int q = 0; q < V; q++) dv[q] = 0.0f; // bf16 ones are written
-#pragma unroll
-            for (int q = 0; q < V; q++) dv[q] += rs * gv[k][q] * wv[q] - c * xv[k][q];
-            stv<V>(dx + r * d, j, dv);
+            for (int q = 0; q < V; q++) dv[k][q] += rs * gv[k][q] * wv[k][q] - c * xv[k][q];
+            stv<V>(dx + r * d, j, dv[k]);
         }
     }
     if (dwp)
