@@ -364,6 +364,7 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
                 const int c = m < G ? (j * G + m) * D + d : Q + j * D + d;
                 for (int jj = 0; jj < k0; jj++) {
                     float acc = 0.0f, accb = 0.0f;
+#pragma unroll 4
                     for (int u = u0; u < u1; u++) {
                         const float gv = dmb[u * C + c];
                         accb += gv;
@@ -373,6 +374,7 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
                     if (jj == 0 && pb0) pb0[(int64_t)blockIdx.x * C + c] = accb;
                 }
             }
+#pragma unroll 2
         for (int t = u0; t < t1; t++) {
             const int64_t row = (int64_t)bb * T + t;
             const float dkg = f(dkp[row * Kc + j * D + d]) / (float)G;
