@@ -188,7 +188,8 @@ kiln_error *kiln_scale_shift_backward_write_cuda(float *dx, float *db, float *ds
 
 /* A residual join and the RMSNorm that reads it, one pass (src/cuda/residual_norm.cu): y f32 [n,d] =
  * (a + ab)*as + (x + xb)*xs, a f32 or bf16 (exactly one of a / a_bf16), x nullable (no second term), shifts
- * nullable; then, when ln is given, ln bf16 = rmsnorm(y) with weight w and rstd f32 [n] (nullable) saved.
+ * nullable, as nullable without ab and x (then y = a); y nullable (not stored); then, when ln is given, ln
+ * bf16 = rmsnorm(y) with weight w and rstd f32 [n] (nullable) saved.
  * Rows up to 16384 columns (4096 when d % 4 or an alignment rules out 16-byte accesses). */
 kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd, const float *a,
                                             const kiln_bf16 *a_bf16, const float *ab, const float *as, const float *x,

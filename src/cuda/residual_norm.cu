@@ -24,14 +24,17 @@ static __global__ void __launch_bounds__(THREADS)
         for (int k = 0; k < NV; k++) {
             const int j = (threadIdx.x + k * blockDim.x) * V;
             if (j >= d) continue;
-            float av[V], bv[V], sv[V];
-            ldv<V>(a + r * d, j, av), ldv<V>(as, j, sv);
-            if (ab) ldv<V>(ab, j, bv);
-            else
+            float bv[V], sv[V];
+            ldv<V>(a + r * d, j, yv[k]);
+            if (as) { // without a scale y is a itself, bit for bit (what kiln_rmsnorm_forward_cuda runs)
+                ldv<V>(as, j, sv);
+                if (ab) ldv<V>(ab, j, bv);
+                else
 #pragma unroll
-                for (int q = 0; q < V; q++) bv[q] = 0.0f;
+                    for (int q = 0; q < V; q++) bv[q] = 0.0f;
 #pragma unroll
-            for (int q = 0; q < V; q++) yv[k][q] = (av[q] + bv[q]) * sv[q];
+                for (int q = 0; q < V; q++) yv[k][q] = (yv[k][q] + bv[q]) * sv[q];
+            }
             if (x) {
                 float xv[V];
                 ldv<V>(x + r * d, j, xv), ldv<V>(xs, j, sv);
@@ -42,7 +45,7 @@ static __global__ void __launch_bounds__(THREADS)
 #pragma unroll
                 for (int q = 0; q < V; q++) yv[k][q] += (xv[q] + bv[q]) * sv[q];
             }
-            stv<V>(y + r * d, j, yv[k]);
+            if (y) stv<V>(y + r * d, j, yv[k]);
 #pragma unroll
             for (int q = 0; q < V; q++) ss += yv[k][q] * yv[k][q];
         }
@@ -177,9 +180,9 @@ extern "C" kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, 
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     if (n <= 0 || d <= 0) return NULL;
-    if (!y || !as || (!a) == (!a_bf16) || (x && !xs) || (ln && !w))
-        return kiln_errorf(KILN_EINVAL, "residual_norm forward: y, as, exactly one of a / a_bf16, xs with x and w "
-                                        "with ln are required");
+    if ((!a) == (!a_bf16) || (x && (!xs || !as)) || (ab && !as) || (ln && !w))
+        return kiln_errorf(KILN_EINVAL, "residual_norm forward: exactly one of a / a_bf16, as with ab or x, xs with x "
+                                        "and w with ln are required");
     const int vec = d % 4 == 0 && aligned16(y) && aligned16(ln) && aligned16(a) && aligned16(a_bf16) &&
                     aligned16(ab) && aligned16(as) && aligned16(x) && aligned16(xb) && aligned16(xs) && aligned16(w);
     int threads, nv;

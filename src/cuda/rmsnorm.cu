@@ -188,8 +188,14 @@ done:
     return err;
 }
 
+// The f32 form runs residual_norm.cu's row kernel (y = x, no join) for the widths that kernel takes, so that a
+// norm computed here and one fused into a residual join (the model's ln1 with and without recomputation)
+// give the same bits.
 extern "C" kiln_error *kiln_rmsnorm_forward_cuda(kiln_bf16 *y, float *rstd, const float *x, const float *w, int64_t n,
                                                  int64_t d, float eps, void *stream) {
+    const int64_t widest = d % 4 == 0 && aligned16(y) && aligned16(x) && aligned16(w) ? 16384 : 4096;
+    if (d <= widest)
+        return kiln_residual_norm_forward_cuda(NULL, y, rstd, x, NULL, NULL, NULL, NULL, NULL, NULL, w, n, d, eps, stream);
     return rmsnorm_fwd<float>((bf16 *)y, rstd, x, w, n, d, eps, stream);
 }
 extern "C" kiln_error *kiln_rmsnorm_forward_bf16_cuda(kiln_bf16 *y, float *rstd, const kiln_bf16 *x, const float *w,

@@ -7,7 +7,8 @@
  * width (one 16-byte unit per thread), two units per thread (d 4096), a narrow row (fewer threads than a
  * block), odd widths on the element path (two and four units per thread), bf16 and f32 first inputs, with
  * and without the second input and the shifts. Weight gradients bitwise repeatable; da/dx do not depend on
- * which weight gradients are asked for. */
+ * which weight gradients are asked for; kiln_rmsnorm_forward_cuda of the stored y gives the fused norm's bits
+ * (the model computes ln1 either way, with and without recomputation, and compares the bits). */
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -64,6 +65,17 @@ TEST(gpu_ops_residual_norm) {
         GT_CLOSE("residual_norm y", hy, y, nd, TOL_F32);
         GT_CLOSE("residual_norm rstd", hrs, rstd, n, TOL_F32);
         GT_CLOSE("residual_norm ln (bf16)", hln, ln, nd, TOL_BF16);
+        /* the plain norm of the stored y: the same bits as the fused one (the model's ln1 computed either way) */
+        {
+            kiln_bf16 *gln2 = gt_dev((size_t)nd * 2);
+            float *grs2 = gt_dev((size_t)n * 4);
+            CHECK_OK(kiln_rmsnorm_forward_cuda(gln2, grs2, gy, gw, n, d, eps, NULL));
+            float *hln2 = gt_down_bf16(gln2, nd), *hrs2 = gt_down_f32(grs2, n);
+            CHECK_MSG(!memcmp(hln2, hln, (size_t)nd * 4) && !memcmp(hrs2, hrs, (size_t)n * 4),
+                      "rmsnorm of the joined rows differs from the fused norm");
+            free(hln2), free(hrs2);
+            kiln_cuda_free(gln2), kiln_cuda_free(grs2);
+        }
         /* without the norm: y only */
         CHECK_OK(kiln_cuda_copy(gy, zeros, 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_residual_norm_forward_cuda(gy, NULL, NULL, ga, gab16, sh ? gabv : NULL, gas, wx ? gx : NULL,
