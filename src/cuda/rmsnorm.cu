@@ -158,15 +158,15 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     float *part = NULL;
-    const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
-    int vec, threads;
-    int64_t units, nv;
+    const int vec = d % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
+    const int64_t units = vec ? d / 4 : d;
+    const int threads = units >= 512 ? 512 : (int)((units + 31) / 32 * 32);
+    const int64_t nv = (units + threads - 1) / threads;
+    // narrow rows make small blocks: more chunks, so that enough rows are in flight (512 per block of 512)
+    const int64_t target = vec && nv <= 4 ? 512 * (512 / threads) : 512;
+    const int64_t rows_per = chunk_rows(n, target), chunks = (n + rows_per - 1) / rows_per;
     if (n <= 0 || d <= 0 || (!dx && !dw)) return NULL;
     if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * d) * sizeof(float), st));
-    vec = d % 4 == 0 && aligned16(dx) && aligned16(dy) && aligned16(x) && aligned16(w);
-    units = vec ? d / 4 : d;
-    threads = units >= 512 ? 512 : (int)((units + 31) / 32 * 32);
-    nv = (units + threads - 1) / threads;
     if (vec && nv <= 4) { // registers hold the row: the common widths
         const int di = (int)d;
         if (nv == 1)
