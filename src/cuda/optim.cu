@@ -29,12 +29,16 @@ struct adamw_args {
     bf16 *wb;
     double b1, one_b1, b2, one_b2, c1, c2, r1, r2, eps, lr;
     float wd, gscale;
+    float f_b1, f_one_b1, f_b2, f_one_b2, f_r1, f_r2, f_eps, f_lr; // MATH_F32
     int vec, vec_state; // the bases allow vector accesses (w, g, bf16 w / the state)
 };
 
-// a / c for the per-step constants c1, c2: the IEEE quotient (__ddiv_rn), or (RECIP) the product by the
-// rounded reciprocal r = 1/c and one Markstein correction, __ddiv_rn's own last step with its iteration for
-// the reciprocal done once on the host
+// The arithmetic (KILN_ADAMW_MATH): IEEE (default) is kiln_adamw_step's f64 expression with its roundings;
+// RECIP divides by the per-step constants c1, c2 through the rounded reciprocal r = 1/c and one Markstein
+// correction (__ddiv_rn's own last step, its iteration for the reciprocal done once on the host); F32 is
+// the same formula in f32 (IEEE division and square root), within f32 rounding of the CPU, not its bits.
+enum { MATH_IEEE = 0, MATH_RECIP = 1, MATH_F32 = 2 };
+
 template <bool RECIP> __device__ __forceinline__ double div_c(double a, double c, double r) {
     if constexpr (RECIP) {
         const double q = __dmul_rn(a, r);
@@ -46,8 +50,18 @@ template <bool RECIP> __device__ __forceinline__ double div_c(double a, double c
 }
 
 // one element: kiln_adamw_step's expression with its roundings, the gradient scaled first in f32
-template <bool RECIP>
+template <int MATH>
 __device__ __forceinline__ void adamw_elem(const adamw_args &k, float wd, float gf, float &m, float &v, float &w) {
+    if constexpr (MATH == MATH_F32) {
+        const float gi = __fmul_rn(gf, k.gscale);
+        const float mi = __fmaf_rn(k.f_b1, m, __fmul_rn(k.f_one_b1, gi));
+        const float vi = __fmaf_rn(k.f_b2, v, __fmul_rn(__fmul_rn(k.f_one_b2, gi), gi));
+        m = mi, v = vi;
+        const float upd = __fdiv_rn(__fmul_rn(mi, k.f_r1), __fadd_rn(__fsqrt_rn(__fmul_rn(vi, k.f_r2)), k.f_eps));
+        w = __fsub_rn(__fsub_rn(w, __fmul_rn(wd, w)), __fmul_rn(k.f_lr, upd));
+        return;
+    }
+    constexpr bool RECIP = MATH == MATH_RECIP;
     const double gi = (double)__fmul_rn(gf, k.gscale);
     const float mi = (float)__dadd_rn(__dmul_rn(k.b1, (double)m), __dmul_rn(k.one_b1, gi));
     const float vi = (float)__dadd_rn(__dmul_rn(k.b2, (double)v), __dmul_rn(__dmul_rn(k.one_b2, gi), gi));
@@ -76,7 +90,7 @@ template <int V> __device__ __forceinline__ void st4(float *p, int64_t i, int cn
     }
 }
 
-template <bool RECIP, int VW, int VM, int VV>
+template <int MATH, int VW, int VM, int VV>
 __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
     float *w = k.w + s.off, *m = k.state + s.soff, *v = m + s.n;
     const float *g = k.g + s.off;
@@ -90,7 +104,7 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
         ld4<VM>(m, i, cnt, mv);
         ld4<VV>(v, i, cnt, vv);
 #pragma unroll
-        for (int j = 0; j < 4; j++) adamw_elem<RECIP>(k, wd, gv[j], mv[j], vv[j], wv[j]);
+        for (int j = 0; j < 4; j++) adamw_elem<MATH>(k, wd, gv[j], mv[j], vv[j], wv[j]);
         st4<VW>(w, i, cnt, wv);
         st4<VM>(m, i, cnt, mv);
         st4<VV>(v, i, cnt, vv);
@@ -106,23 +120,23 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
     }
 }
 
-template <bool RECIP> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+template <int MATH> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
     const int2 wk = k.work ? k.work[blockIdx.x] : make_int2(0, (int)blockIdx.x);
     const adamw_seg s = k.work ? k.segs[wk.x] : k.one;
     const int64_t c0 = (int64_t)wk.y * AW_CHUNK, c1 = c0 + AW_CHUNK < s.n ? c0 + AW_CHUNK : s.n;
     // the alignment is uniform over the block: one branch picks the vector width of each stream
     const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
                vv = vw && k.vec_state && (s.flags & 2);
-    if (vm && vv) adamw_chunk<RECIP, 4, 4, 4>(k, s, c0, c1);
-    else if (vm) adamw_chunk<RECIP, 4, 4, 1>(k, s, c0, c1);
-    else if (vv) adamw_chunk<RECIP, 4, 1, 4>(k, s, c0, c1);
-    else if (vw) adamw_chunk<RECIP, 4, 1, 1>(k, s, c0, c1);
-    else adamw_chunk<RECIP, 1, 1, 1>(k, s, c0, c1);
+    if (vm && vv) adamw_chunk<MATH, 4, 4, 4>(k, s, c0, c1);
+    else if (vm) adamw_chunk<MATH, 4, 4, 1>(k, s, c0, c1);
+    else if (vv) adamw_chunk<MATH, 4, 1, 4>(k, s, c0, c1);
+    else if (vw) adamw_chunk<MATH, 4, 1, 1>(k, s, c0, c1);
+    else adamw_chunk<MATH, 1, 1, 1>(k, s, c0, c1);
 }
 
-int adamw_recip(void) {
-    const char *e = getenv("KILN_ADAMW_RECIP");
-    return e && *e == '1';
+int adamw_math(void) {
+    const char *e = getenv("KILN_ADAMW_MATH");
+    return !e || !*e || !strcmp(e, "ieee") ? MATH_IEEE : !strcmp(e, "recip") ? MATH_RECIP : !strcmp(e, "f32") ? MATH_F32 : -1;
 }
 
 kiln_error *adamw_args_init(adamw_args *k, const kiln_optim_hparams *hp, double lr, int64_t t, float gscale) {
@@ -133,13 +147,22 @@ kiln_error *adamw_args_init(adamw_args *k, const kiln_optim_hparams *hp, double 
     k->eps = hp->eps, k->lr = lr;
     k->wd = (float)(lr * hp->weight_decay); // a tensor without decay uses 0
     k->gscale = gscale;
+    k->f_b1 = (float)k->b1, k->f_one_b1 = (float)k->one_b1, k->f_b2 = (float)k->b2, k->f_one_b2 = (float)k->one_b2;
+    k->f_r1 = (float)k->r1, k->f_r2 = (float)k->r2, k->f_eps = (float)k->eps, k->f_lr = (float)lr;
     return NULL;
 }
 
-cudaError_t adamw_launch(const adamw_args &k, int64_t blocks, cudaStream_t st) {
-    if (adamw_recip()) adamw_multi_kernel<true><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k);
-    else adamw_multi_kernel<false><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k);
-    return cudaGetLastError();
+kiln_error *adamw_launch(const adamw_args &k, int64_t blocks, cudaStream_t st) {
+    kiln_error *err = NULL;
+    switch (adamw_math()) {
+    case MATH_IEEE: adamw_multi_kernel<MATH_IEEE><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k); break;
+    case MATH_RECIP: adamw_multi_kernel<MATH_RECIP><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k); break;
+    case MATH_F32: adamw_multi_kernel<MATH_F32><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k); break;
+    default: return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_MATH=%s: not ieee, recip or f32", getenv("KILN_ADAMW_MATH"));
+    }
+    LAUNCH_CHECK("adamw step");
+done:
+    return err;
 }
 
 } // namespace
@@ -214,8 +237,7 @@ extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, flo
     k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state);
-    CUDA_TRY(adamw_launch(k, p->blocks, (cudaStream_t)stream));
-done:
+    err = adamw_launch(k, p->blocks, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }
@@ -276,8 +298,7 @@ extern "C" kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *sta
     k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state) && aligned16(state + n);
-    CUDA_TRY(adamw_launch(k, (n + AW_CHUNK - 1) / AW_CHUNK, (cudaStream_t)stream));
-done:
+    err = adamw_launch(k, (n + AW_CHUNK - 1) / AW_CHUNK, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }

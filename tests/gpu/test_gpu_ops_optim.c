@@ -175,17 +175,18 @@ TEST(gpu_ops_adamw_multi) {
     free(w), free(st), free(wpad), free(gw1), free(gs1), free(gw2), free(gs2), free(gwb);
 }
 
-/* The variant that divides by the bias corrections 1 - beta^t through their reciprocal (computed once on
- * the host) and one Markstein correction (KILN_ADAMW_RECIP=1) against the IEEE divisions: the count of
- * differing bits over 2^24 elements whose m and v span many magnitudes, at steps 1, 2, 10 and 1000, and the
- * CPU tolerance. */
-TEST(gpu_ops_adamw_recip_vs_ieee) {
+/* The other arithmetic of the AdamW kernel (KILN_ADAMW_MATH) against the default IEEE f64 one over 2^24
+ * elements whose m, v and g span many magnitudes, at steps 1, 2, 10 and 1000: "recip" divides by the bias
+ * corrections 1 - beta^t through their reciprocal and one Markstein correction (the count of differing
+ * values is printed: zero means the same bits here); "f32" computes in f32 (different bits, within the CPU
+ * tolerance). An unknown name is an error. */
+TEST(gpu_ops_adamw_math_variants) {
     kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     const int64_t n = (int64_t)1 << 24;
     kiln_rng rng;
     kiln_rng_seed(&rng, 44);
     float *w = gt_rand(&rng, n, 1.0f), *st = malloc((size_t)(2 * n) * sizeof *st), *g = gt_rand(&rng, n, 1.0f);
-    for (int64_t i = 0; i < n; i++) { /* magnitudes 1e-20 .. 1e4 */
+    for (int64_t i = 0; i < n; i++) { /* |m| 1e-20 .. 1e4, v ~ m^2, |g| 1e-8 .. 1e2 */
         const double e = -20 + 24 * kiln_rng_uniform(&rng);
         st[i] = (float)((kiln_rng_uniform(&rng) * 2 - 1) * pow(10, e));
         st[n + i] = (float)(kiln_rng_uniform(&rng) * pow(10, 2 * e));
@@ -193,26 +194,33 @@ TEST(gpu_ops_adamw_recip_vs_ieee) {
     }
     float *dw = gt_dev((size_t)n * 4), *dst = gt_dev((size_t)n * 8), *dg = gt_up_f32(g, n);
     static const int64_t steps[] = {1, 2, 10, 1000};
-    int64_t total = 0;
-    for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
-        float *res[2][2];
-        for (int v = 0; v < 2; v++) {
-            if (v) setenv("KILN_ADAMW_RECIP", "1", 1);
-            else unsetenv("KILN_ADAMW_RECIP");
-            CHECK_OK(kiln_cuda_copy(dw, w, (size_t)n * 4, KILN_CUDA_H2D));
-            CHECK_OK(kiln_cuda_copy(dst, st, (size_t)n * 8, KILN_CUDA_H2D));
-            CHECK_OK(kiln_adamw_step_cuda(dw, dg, dst, n, &hp, 1e-3, steps[k], 1, NULL, NULL));
-            res[v][0] = gt_down_f32(dw, n), res[v][1] = gt_down_f32(dst, 2 * n);
+    static const char *const math[] = {"ieee", "recip", "f32"};
+    for (int v = 1; v < 3; v++) {
+        int64_t total = 0;
+        for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
+            float *res[2][2];
+            for (int r = 0; r < 2; r++) {
+                setenv("KILN_ADAMW_MATH", math[r ? v : 0], 1);
+                CHECK_OK(kiln_cuda_copy(dw, w, (size_t)n * 4, KILN_CUDA_H2D));
+                CHECK_OK(kiln_cuda_copy(dst, st, (size_t)n * 8, KILN_CUDA_H2D));
+                CHECK_OK(kiln_adamw_step_cuda(dw, dg, dst, n, &hp, 1e-3, steps[k], 1, NULL, NULL));
+                res[r][0] = gt_down_f32(dw, n), res[r][1] = gt_down_f32(dst, 2 * n);
+            }
+            unsetenv("KILN_ADAMW_MATH");
+            const int64_t dwn = diff_bits(res[0][0], res[1][0], n), dsn = diff_bits(res[0][1], res[1][1], 2 * n);
+            printf("    %-5s step %4lld: w %lld, m/v %lld of %lld values differ from ieee\n", math[v], (long long)steps[k],
+                   (long long)dwn, (long long)dsn, (long long)n);
+            total += dwn + dsn;
+            GT_CLOSE("w vs ieee", res[1][0], res[0][0], n, TOL_OPT);
+            GT_CLOSE("m vs ieee", res[1][1], res[0][1], n, TOL_OPT);
+            GT_CLOSE("v vs ieee", res[1][1] + n, res[0][1] + n, n, TOL_OPT);
+            for (int r = 0; r < 2; r++) free(res[r][0]), free(res[r][1]);
         }
-        unsetenv("KILN_ADAMW_RECIP");
-        const int64_t dwn = diff_bits(res[0][0], res[1][0], n), dsn = diff_bits(res[0][1], res[1][1], 2 * n);
-        printf("    step %4lld: reciprocal vs IEEE division: w %lld, m/v %lld of %lld bits differ\n", (long long)steps[k],
-               (long long)dwn, (long long)dsn, (long long)n);
-        total += dwn + dsn;
-        GT_CLOSE("adamw recip w vs ieee", res[1][0], res[0][0], n, TOL_OPT);
-        for (int v = 0; v < 2; v++) free(res[v][0]), free(res[v][1]);
+        printf("    %s: %lld differing values in all\n", math[v], (long long)total);
     }
-    printf("    reciprocal division: %lld differing values in all\n", (long long)total);
+    setenv("KILN_ADAMW_MATH", "f64", 1);
+    CHECK_ERR(kiln_adamw_step_cuda(dw, dg, dst, n, &hp, 1e-3, 1, 1, NULL, NULL), "KILN_ADAMW_MATH");
+    unsetenv("KILN_ADAMW_MATH");
     kiln_cuda_free(dw), kiln_cuda_free(dst), kiln_cuda_free(dg);
     free(w), free(st), free(g);
 }
