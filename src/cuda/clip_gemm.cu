@@ -5,15 +5,20 @@
 // no fused algorithm for a shape, the plan says so and a row-broadcast kernel adds the bias after.
 // Plans (descriptors + the heuristic's algorithm) are built once per shape and kept: a tower repeats four
 // shapes per chunk size. One handle, workspace and plan table for the process, behind a lock (the model is
-// used by one thread at a time on CUDA: include/kiln/clip.h).
+// used by one thread at a time on CUDA: include/kiln/clip.h). KILN_CLIP_GEMM_TUNE=1 times the heuristic's
+// first 8 candidates once per plan (on the call's inputs, into a scratch output) and keeps the fastest;
+// off by default: two processes may then pick different algorithms (last-bit differences).
 #include <cuda_bf16.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clip_ops.h"
 #include "cuda_check.h"
 
 namespace {
+
+enum { MAX_CPLANS = 128, TUNE_MAX = 8 };
 
 struct cplan {
     int64_t n, in, out;
@@ -23,9 +28,10 @@ struct cplan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t lw, lx, ly;
     cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t cand[TUNE_MAX]; // the heuristic's candidates, best first
+    int ncand, tuned;
 };
 
-enum { MAX_CPLANS = 128 };
 const size_t CWS_BYTES = 32u << 20;
 pthread_mutex_t c_lock = PTHREAD_MUTEX_INITIALIZER;
 cublasLtHandle_t c_lt;
@@ -51,7 +57,7 @@ uint32_t c_align(const void *p) {
 kiln_error *cplan_build(cplan *p, int with_bias_epilogue, int *found) {
     kiln_error *err = NULL;
     cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur;
+    cublasLtMatmulHeuristicResult_t heur[TUNE_MAX];
     int nres = 0;
     *found = 0;
     {
@@ -81,9 +87,13 @@ kiln_error *cplan_build(cplan *p, int with_bias_epilogue, int *found) {
                                                         sizeof p->align[2]));
         CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &p->align[2],
                                                         sizeof p->align[2]));
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c_lt, p->op, p->lw, p->lx, p->ly, p->ly, pref, 1, &heur, &nres);
-        if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && heur.state == CUBLAS_STATUS_SUCCESS) {
-            p->algo = heur.algo;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c_lt, p->op, p->lw, p->lx, p->ly, p->ly, pref, TUNE_MAX,
+                                                          heur, &nres);
+        p->ncand = 0;
+        for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < nres; i++)
+            if (heur[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->ncand++] = heur[i].algo;
+        if (p->ncand > 0) {
+            p->algo = p->cand[0];
             *found = 1;
         }
     }
@@ -139,6 +149,49 @@ done:
     return err;
 }
 
+int tune_on(void) {
+    const char *e = getenv("KILN_CLIP_GEMM_TUNE");
+    return e && *e && strcmp(e, "0");
+}
+
+// the fastest candidate on this call's inputs: 1 warm-up + 3 timed runs each into a scratch output (so an
+// accumulating call's y is untouched); a candidate that fails is skipped
+kiln_error *cplan_tune(cplan *p, const void *w, const void *x, const void *bias, cudaStream_t st) {
+    kiln_error *err = NULL;
+    void *ys = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    const float alpha = 1.0f, beta = 0.0f;
+    float best = 1e30f;
+    int besti = 0;
+    p->tuned = 1;
+    if (p->ncand < 2) return NULL;
+    CUDA_TRY(cudaMalloc(&ys, (size_t)(p->n * p->out) * (p->y_f32 ? 4 : 2)));
+    CUDA_TRY(cudaEventCreate(&ev[0]));
+    CUDA_TRY(cudaEventCreate(&ev[1]));
+    if (bias && p->fused)
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    for (int i = 0; i < p->ncand; i++) {
+        bool ok = true;
+        for (int r = 0; r < 4 && ok; r++) {
+            if (r == 1) CUDA_TRY(cudaEventRecord(ev[0], st));
+            ok = cublasLtMatmul(c_lt, p->op, &alpha, w, p->lw, x, p->lx, &beta, ys, p->ly, ys, p->ly, &p->cand[i], c_ws,
+                                CWS_BYTES, st) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!ok) continue;
+        float ms = 0;
+        CUDA_TRY(cudaEventRecord(ev[1], st));
+        CUDA_TRY(cudaEventSynchronize(ev[1]));
+        CUDA_TRY(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (ms < best) best = ms, besti = i;
+    }
+    p->algo = p->cand[besti];
+done:
+    if (ev[0]) cudaEventDestroy(ev[0]);
+    if (ev[1]) cudaEventDestroy(ev[1]);
+    if (ys) cudaFree(ys);
+    return err;
+}
+
 // y[r, :] += b (the bias when no fused algorithm exists)
 template <typename Y> __global__ void add_bias_rows(Y *y, const Y *b, int64_t n, int64_t out) {
     const int64_t total = n * out;
@@ -164,6 +217,7 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
                            accumulate && !y_f32 ? ", accumulating into bf16" : "");
     pthread_mutex_lock(&c_lock);
     if ((err = cplan_get(n, in, out, y_f32, bias != NULL, accumulate, al, &p))) goto done;
+    if (!p->tuned && tune_on() && (err = cplan_tune(p, w, x, bias, st))) goto done;
     if (bias && p->fused)
         CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     CUBLAS_TRY(cublasLtMatmul(c_lt, p->op, &alpha, w, p->lw, x, p->lx, &beta, y, p->ly, y, p->ly, &p->algo, c_ws,

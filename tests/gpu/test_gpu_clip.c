@@ -87,6 +87,13 @@ TEST(gpu_clip_linear_and_quick_gelu) {
     CHECK_OK(kiln_clip_linear_cuda(dy, 0, dx, dw, db, n, in, out, 0, NULL));
     float *got = gt_down_bf16(dy, n * out);
     GT_CLOSE("linear bf16 + bias", got, ref, n * out, 1e-2);
+    /* a new shape (150 rows) with the algorithm chosen by timing (KILN_CLIP_GEMM_TUNE) */
+    setenv("KILN_CLIP_GEMM_TUNE", "1", 1);
+    CHECK_OK(kiln_clip_linear_cuda(dy, 0, dx, dw, db, 150, in, out, 0, NULL));
+    unsetenv("KILN_CLIP_GEMM_TUNE");
+    float *gt = gt_down_bf16(dy, 150 * out);
+    GT_CLOSE("linear bf16 + bias, tuned", gt, ref, 150 * out, 1e-2);
+    free(gt);
     /* f32 residual += x wᵀ + b */
     for (int64_t i = 0; i < n * out; i++) ref[i] += r0[i];
     CHECK_OK(kiln_clip_linear_cuda(dres, 1, dx, dw, db32, n, in, out, 1, NULL));
