@@ -215,6 +215,20 @@ typedef struct {
     float *dx;                     /* [n,d] */
 } kiln_residual_norm_bwd;
 kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm_bwd *p, int64_t n, int64_t d, void *stream);
+/* The backward of ln = rmsnorm(y) where y = (a + ab)*as + ... came from a join, for the join's first input (f32):
+ * g = gin + rmsnorm_bwd(dln) written to gout (gin nullable: 0; may equal gout); da = g*as written; += (nullable)
+ * dw = sum dln*y*rstd, dab = sum g*as, das = sum g*(a + ab). Same row limits as the forward. */
+typedef struct {
+    const float *gin;              /* [n,d] the gradient of y from its other consumers (nullable) */
+    float *gout;                   /* [n,d] the total gradient of y */
+    const kiln_bf16 *dln;          /* [n,d] */
+    const float *y, *w, *rstd;
+    float *dw;
+    const float *a, *ab, *as;      /* the join's first input [n,d], its shift (nullable) and scale [d] */
+    float *dab, *das;
+    float *da;                     /* [n,d] */
+} kiln_norm_join_bwd;
+kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p, int64_t n, int64_t d, void *stream);
 
 /* exact (erf) GELU and SwiGLU over bf16 (y may alias x in forward; dx/dgu are written). */
 kiln_error *kiln_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream);

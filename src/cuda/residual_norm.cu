@@ -4,7 +4,10 @@
 //   backward: the adjoint of that join and norm together with y's other consumer, the next join
 //             z = ... + (y + upb)*ups: g = dz*ups + rmsnorm_bwd(dln), then da (bf16, the projection's output
 //             gradient) = g*as and dx = g*xs, written; the seven per-channel gradients (up's shift and scale,
-//             the norm weight, the join's four) as per-chunk partials summed in a fixed order (no atomics).
+//             the norm weight, the join's four) as per-chunk partials summed in a fixed order (no atomics);
+//             and the norm's backward where y came from a join whose first input gets its gradient in the same
+//             pass (kiln_norm_join_backward_cuda: a layer's ln1 with the previous layer's MLP join, the final
+//             norm with the last one, the first ln1 with the input scale).
 // One block walks whole rows, each thread holding its columns (NV units of V) in registers between the
 // row's reduction and its outputs, so every input is read once.
 #include "ops_common.cuh"
@@ -139,6 +142,73 @@ static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_
         }
 }
 
+// The backward of an RMSNorm ln = rmsnorm(y) over a join's output y = (a + ab)*as + ..., for the join's
+// first input: g = gin + rmsnorm_bwd(dln) (gin nullable: 0) written to gout; da = g*as written; partials
+// [3][chunks][d]: 0 dw, 1 dab, 2 das. Same row walk as bwd_kernel.
+template <int V, int NV>
+static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_bwd p, float *part, int64_t n, int d,
+                                                                int64_t rows_per, int64_t chunks) {
+    __shared__ float sh[32];
+    const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    const bf16 *dln = (const bf16 *)p.dln;
+    float acc[3][NV][V], wv[NV][V], asv[NV][V], abv[NV][V];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int j = (threadIdx.x + k * blockDim.x) * V;
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            acc[0][k][q] = acc[1][k][q] = acc[2][k][q] = 0.0f;
+            wv[k][q] = asv[k][q] = abv[k][q] = 0.0f;
+        }
+        if (j >= d) continue;
+        ldv<V>(p.w, j, wv[k]), ldv<V>(p.as, j, asv[k]);
+        if (p.ab) ldv<V>(p.ab, j, abv[k]);
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const float rs = p.rstd[r];
+        float yv[NV][V], gv[NV][V], gi[NV][V], av[NV][V], dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(dln + r * d, j, gv[k]), ldv<V>(p.a + r * d, j, av[k]);
+            if (p.gin) ldv<V>(p.gin + r * d, j, gi[k]);
+            else
+#pragma unroll
+                for (int q = 0; q < V; q++) gi[k][q] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                dot += gv[k][q] * wv[k][q] * yv[k][q];
+                acc[0][k][q] = __fadd_rn(acc[0][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
+            }
+        }
+        dot = block_sum(dot, sh);
+        const float c = dot * rs * rs * rs / (float)d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j >= d) continue;
+            float gt[V], dav[V];
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                gt[q] = gi[k][q] + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
+                dav[q] = __fmul_rn(gt[q], asv[k][q]);
+                acc[1][k][q] = __fadd_rn(acc[1][k][q], dav[q]);
+                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gt[q], __fadd_rn(av[k][q], abv[k][q])));
+            }
+            stv<V>(p.gout + r * d, j, gt);
+            stv<V>(p.da + r * d, j, dav);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * V;
+            if (j < d) stv<V>(part + ((int64_t)i * chunks + blockIdx.x) * d, j, acc[i][k]);
+        }
+}
+
 // units per thread and threads per block for a row of d columns, V per unit (NV 0: too wide)
 static void shape_for(int64_t d, int V, int *threads, int *nv) {
     const int64_t units = (d + V - 1) / V;
@@ -156,6 +226,16 @@ static void launch_fwd(int nv, int grid, int threads, cudaStream_t st, float *y,
     case 2: fwd_kernel<TA, V, 2><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
     case 4: fwd_kernel<TA, V, 4><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
     default: fwd_kernel<TA, V, MAXNV><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
+    }
+}
+template <int V>
+static void launch_nj(int nv, int grid, int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part,
+                      int64_t n, int d, int64_t rows_per, int64_t chunks) {
+    switch (nv) {
+    case 1: nj_bwd_kernel<V, 1><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    case 2: nj_bwd_kernel<V, 2><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    case 4: nj_bwd_kernel<V, 4><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    default: nj_bwd_kernel<V, MAXNV><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
     }
 }
 template <int V>
@@ -230,6 +310,35 @@ extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm
         LAUNCH_CHECK("residual_norm backward");
         float *outs[NPART] = {p->dupb, p->dups, p->dw, p->dab, p->das, p->dxb, p->dxs};
         for (int i = 0; i < NPART; i++)
+            if (outs[i]) CUDA_TRY(colsum_add(outs[i], part + (int64_t)i * chunks * d, chunks, d, st));
+    }
+done:
+    if (part) cudaFreeAsync(part, st);
+    return err;
+}
+
+extern "C" kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p, int64_t n, int64_t d, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *part = NULL;
+    if (n <= 0 || d <= 0) return NULL;
+    if (!p->gout || !p->dln || !p->y || !p->w || !p->rstd || !p->a || !p->as || !p->da)
+        return kiln_errorf(KILN_EINVAL, "norm_join backward: gout, dln, y, w, rstd, a, as and da are required");
+    const int vec = d % 4 == 0 && aligned16(p->gin) && aligned16(p->gout) && aligned16(p->dln) && aligned16(p->y) &&
+                    aligned16(p->w) && aligned16(p->a) && aligned16(p->ab) && aligned16(p->as) && aligned16(p->da);
+    int threads, nv;
+    shape_for(d, vec ? 4 : 1, &threads, &nv);
+    if (!nv)
+        return kiln_errorf(KILN_EINVAL, "norm_join backward: rows of %lld columns exceed %d", (long long)d,
+                           (vec ? 4 : 1) * THREADS * MAXNV);
+    {
+        const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
+        CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(3 * chunks * d) * sizeof(float), st));
+        if (vec) launch_nj<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
+        else launch_nj<1>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
+        LAUNCH_CHECK("norm_join backward");
+        float *outs[3] = {p->dw, p->dab, p->das};
+        for (int i = 0; i < 3; i++)
             if (outs[i]) CUDA_TRY(colsum_add(outs[i], part + (int64_t)i * chunks * d, chunks, d, st));
     }
 done:

@@ -64,7 +64,8 @@ typedef kiln_bf16 bf;
 typedef struct {
     float *x;            /* [N,H] layer input (residual stream) */
     bf *ln1;             /* [N,H] */
-    float *ln1_r;        /* [N] */
+    float *ln1_r;        /* [N] (one per layer also when recomputing: the backward of layer l's ln1 runs after
+                          * layer l-1 is recomputed, fused with that layer's MLP join) */
     bf *q, *k;           /* [N,Q], [N,K] the q/k projections: the convolution input [q | k] */
     bf *mid;             /* [B,T+k1-1,C] the depthwise convolution's output */
     bf *qpre, *kpre;     /* [N,Q], [N,K] the convolutions plus the q/k coupling */
@@ -191,7 +192,6 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     const int64_t Q = NH * D, K = KV * D, C = Q + K, R = c->router_hidden, E1 = c->num_experts + 1;
     const int64_t S = N * c->top_k, I = c->moe_intermediate;
     L->ln1 = TB(b, N * H);
-    L->ln1_r = TF(b, N);
     L->q = TB(b, N * Q);
     L->k = TB(b, N * K);
     L->mid = TB(b, B * (T + c->cca_time1 - 1) * C);
@@ -250,6 +250,7 @@ static void arena_layout(struct kiln_zaya_cuda *g, dbump *b) {
         L->exp_off_host = host_off;
         L->x = TF(b, N * H);
         L->rdown = TB(b, N * c->router_hidden);
+        L->ln1_r = TF(b, N);
     }
 }
 
@@ -699,9 +700,10 @@ kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *counts) {
 
 /* ---------- backward ---------- */
 
-/* dout: grad of the layer's output (s->dres); leaves the grad of its input in s->dnext. carry_in: what
- * the next layer's depth averaging sent to this layer's router state (NULL for the last layer);
- * carry_out receives what goes to the previous layer's. */
+/* dout: grad of the layer's output (s->dres), s->dmoe that of its MoE output (the caller's norm_join);
+ * leaves in s->dnext the grad of its input except through input_layernorm, whose input gradient dln1 is
+ * in s->dln1 (the caller's norm_join finishes both). carry_in: what the next layer's depth averaging sent to
+ * this layer's router state (NULL for the last layer); carry_out receives what goes to the previous layer's. */
 static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, const bf *prev_rdown,
                                   const float *carry_in, float *carry_out) {
     const kiln_zaya *m = g->m;
@@ -715,9 +717,8 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     cudaStream_t st = g->stream;
     const float *dout = s->dres;
 
-    /* post_mlp_residual_scale, the MoE side (its res1 side joins the attention residual's backward below) */
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_write_cuda(s->dmoe, Gd->mlp_hb, Gd->mlp_hs, dout, L->moe, W->mlp_hb,
-                                                                       W->mlp_hs, N, H, st));
+    /* post_mlp_residual_scale: its MoE side came with dmoe, its res1 side joins the attention residual's
+     * backward below */
     /* experts */
     Z(s->dln2f, N * H * 4);
     kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
@@ -782,8 +783,6 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                                                      W->conv1_w, &cs, NH, KV, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
-    /* input_layernorm */
-    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_cuda(s->dnext, Gd->ln1, s->dln1, L->x, W->ln1, L->ln1_r, N, H, st));
     return NULL;
 }
 
@@ -800,18 +799,38 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     Z(s->dhn, N * H * 2);
     OP(g, "LM head (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
                                        BF(g, g->W.lm_head_w), N, H, V, st));
-    Z(s->dres, N * H * 4);
-    OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_cuda(s->dres, g->G.norm, s->dhn, g->xf, g->W.norm, g->hn_r, N, H, st));
+    /* Each norm's backward runs with the join that made its input (norm_join): the final norm with the last
+     * layer's MLP join (its MoE side: dmoe), layer l's input_layernorm with layer l-1's, the first with the
+     * input scale/bias (dx0). With recomputation layer l-1 is re-run before layer l's ln1 backward (it needs
+     * l-1's MoE output); the re-run's output goes to dx0, free until the end. */
+    const int64_t nl = c->num_layers;
     float *carry_in = NULL, *carry_out = s->carry_a;
-    for (int64_t l = c->num_layers - 1; l >= 0; l--) {
+    kiln_error *e = NULL;
+    if (nl && g->recompute && !g->layers_fresh)
+        e = layer_forward(g, nl - 1, &g->L[nl - 1], nl > 1 ? g->L[nl - 2].rdown : NULL, s->dx0, NULL, 0);
+    if (e) return kiln_error_wrap(e, "layer %lld backward", (long long)(nl - 1));
+    const kiln_zaya_layer_ptrs *Wl = nl ? &g->W.layers[nl - 1] : NULL, *Gl = nl ? &g->G.layers[nl - 1] : NULL;
+    kiln_norm_join_bwd fj = {.gin = NULL, .gout = s->dres, .dln = s->dhn, .y = g->xf, .w = g->W.norm, .rstd = g->hn_r,
+                             .dw = g->G.norm, .a = nl ? g->L[nl - 1].moe : g->x0, .ab = nl ? Wl->mlp_hb : g->W.in_bias,
+                             .as = nl ? Wl->mlp_hs : g->W.in_scale, .dab = nl ? Gl->mlp_hb : g->G.in_bias,
+                             .das = nl ? Gl->mlp_hs : g->G.in_scale, .da = nl ? s->dmoe : s->dx0};
+    OP(g, "residual + RMSNorm bwd", kiln_norm_join_backward_cuda(&fj, N, H, st));
+    for (int64_t l = nl - 1; l >= 0; l--) {
         glayer *L = &g->L[l];
         const bf *prev = l > 0 ? g->L[l - 1].rdown : NULL;
-        kiln_error *e = NULL;
-        /* with recomputation the shared set holds the last layer after forward; re-run the others */
-        if (g->recompute && !(l == c->num_layers - 1 && g->layers_fresh))
-            e = layer_forward(g, l, L, prev, s->dnext, NULL, 0);
-        if (!e) e = layer_backward(g, l, L, prev, carry_in, carry_out);
+        e = layer_backward(g, l, L, prev, carry_in, carry_out);
+        /* the shared set moves to layer l-1 (its MoE output is next), after layer l's backward */
+        if (!e && l > 0 && g->recompute)
+            e = layer_forward(g, l - 1, &g->L[l - 1], l > 1 ? g->L[l - 2].rdown : NULL, s->dx0, NULL, 0);
         if (e) return kiln_error_wrap(e, "layer %lld backward", (long long)l);
+        const kiln_zaya_layer_ptrs *W = &g->W.layers[l], *Gd = &g->G.layers[l];
+        const kiln_zaya_layer_ptrs *Wp = l > 0 ? &g->W.layers[l - 1] : NULL, *Gp = l > 0 ? &g->G.layers[l - 1] : NULL;
+        kiln_norm_join_bwd nj = {.gin = s->dnext, .gout = s->dnext, .dln = s->dln1, .y = L->x, .w = W->ln1,
+                                 .rstd = L->ln1_r, .dw = Gd->ln1, .a = l > 0 ? g->L[l - 1].moe : g->x0,
+                                 .ab = l > 0 ? Wp->mlp_hb : g->W.in_bias, .as = l > 0 ? Wp->mlp_hs : g->W.in_scale,
+                                 .dab = l > 0 ? Gp->mlp_hb : g->G.in_bias, .das = l > 0 ? Gp->mlp_hs : g->G.in_scale,
+                                 .da = l > 0 ? s->dmoe : s->dx0};
+        OP(g, "residual + RMSNorm bwd", kiln_norm_join_backward_cuda(&nj, N, H, st));
         float *t = s->dres;
         s->dres = s->dnext;
         s->dnext = t;
@@ -819,9 +838,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
         carry_out = carry_out == s->carry_a ? s->carry_b : s->carry_a;
     }
     g->layers_fresh = 0;
-    /* input hidden-state scale/bias, then the embedding (the pad row gets nothing) */
-    OP(g, "pointwise + glue bwd", kiln_scale_shift_backward_write_cuda(s->dx0, g->G.in_bias, g->G.in_scale, s->dres, g->x0, g->W.in_bias,
-                                            g->W.in_scale, N, H, st));
+    /* the embedding (the pad row gets nothing) */
     OP(g, "embedding bwd", kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
     CU(cudaStreamSynchronize(st));
     sample_memory(g);

@@ -1,7 +1,7 @@
-/* The fused residual join + RMSNorm (src/cuda/residual_norm.cu) and scale_shift's written-dx backward against
- * the CPU ops they replace, composed as zaya_forward.c / zaya_backward.c compose them: kiln_scale_shift_forward
- * twice and kiln_rmsnorm_forward; backward the next join's kiln_scale_shift_backward, kiln_rmsnorm_backward,
- * then the join's two kiln_scale_shift_backward. Tolerances (max |gpu - ref| / max |ref|), as
+/* The fused residual join + RMSNorm (src/cuda/residual_norm.cu), the norm + join backward, and scale_shift's
+ * written-dx backward against the CPU ops they replace, composed as zaya_forward.c / zaya_backward.c compose
+ * them: kiln_scale_shift_forward twice and kiln_rmsnorm_forward; backward the next join's
+ * kiln_scale_shift_backward, kiln_rmsnorm_backward, then the join's two kiln_scale_shift_backward. Tolerances (max |gpu - ref| / max |ref|), as
  * test_gpu_ops_rows.c: bf16 outputs (ln, da) 5e-3, one rounding; f32 element outputs (y, rstd, dx) 1e-5;
  * f32 sums over rows (the seven weight gradients, accumulated onto random values) 3e-5. Shapes: the model's
  * width (one 16-byte unit per thread), two units per thread (d 4096), a narrow row (fewer threads than a
@@ -147,6 +147,68 @@ TEST(gpu_ops_residual_norm) {
     CHECK_ERR(kiln_residual_norm_forward_cuda((float *)16, NULL, NULL, NULL, NULL, NULL, (const float *)16, NULL, NULL,
                                               NULL, NULL, 1, 4, 1e-5f, NULL),
               "residual_norm forward");
+}
+
+/* kiln_norm_join_backward_cuda against kiln_rmsnorm_backward (onto gin) then kiln_scale_shift_backward of the
+ * join's first input; in place (gin = gout) and without gin */
+TEST(gpu_ops_norm_join_backward) {
+    static const struct {
+        int64_t n, d;
+        int with_gin, in_place, shift;
+    } cases[] = {{300, 2048, 1, 1, 1}, {64, 4096, 0, 0, 1}, {33, 1001, 1, 0, 0}, {77, 40, 1, 1, 1}};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 83);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int64_t n = cases[ci].n, d = cases[ci].d, nd = n * d;
+        const int wg = cases[ci].with_gin, ip = cases[ci].in_place, sh = cases[ci].shift;
+        printf("  n=%lld d=%lld%s%s%s\n", (long long)n, (long long)d, wg ? ", gin" : "", ip ? " in place" : "",
+               sh ? ", shift" : "");
+        float *y = gt_rand(&rng, nd, 2.0f), *w = gt_rand(&rng, d, 0.5f), *dln = gt_rand(&rng, nd, 1.0f);
+        float *gin = gt_rand(&rng, nd, 1.0f), *a = gt_rand(&rng, nd, 2.0f), *ab = gt_rand(&rng, d, 0.5f);
+        float *as = gt_rand(&rng, d, 1.5f), *dw0 = gt_rand(&rng, d, 0.3f), *dab0 = gt_rand(&rng, d, 0.3f);
+        float *das0 = gt_rand(&rng, d, 0.3f), *zeros = calloc((size_t)d, 4);
+        for (int64_t j = 0; j < d; j++) w[j] += 1.0f;
+        gt_round_bf16(dln, nd);
+        float *ln = malloc((size_t)nd * 4), *rstd = malloc((size_t)n * 4);
+        kiln_rmsnorm_forward(ln, rstd, y, w, n, d, 1e-5f);
+        float *g = wg ? copy_f(gin, nd) : calloc((size_t)nd, 4), *dw = copy_f(dw0, d), *dab = copy_f(dab0, d);
+        float *das = copy_f(das0, d), *da = calloc((size_t)nd, 4);
+        kiln_rmsnorm_backward(g, dw, dln, y, w, rstd, n, d);
+        kiln_scale_shift_backward(da, dab, das, g, a, sh ? ab : zeros, as, n, d);
+        float *gy = gt_up_f32(y, nd), *gw = gt_up_f32(w, d), *grs = gt_up_f32(rstd, n), *gg = gt_up_f32(gin, nd);
+        float *gout = ip ? gg : gt_dev((size_t)nd * 4), *ga = gt_up_f32(a, nd), *gab = gt_up_f32(ab, d);
+        float *gas = gt_up_f32(as, d), *gdw = gt_up_f32(dw0, d), *gdab = gt_up_f32(dab0, d), *gdas = gt_up_f32(das0, d);
+        float *gda = gt_dev((size_t)nd * 4);
+        kiln_bf16 *gdln = gt_up_bf16(dln, nd);
+        kiln_norm_join_bwd p = {.gin = wg ? gg : NULL, .gout = gout, .dln = gdln, .y = gy, .w = gw, .rstd = grs,
+                                .dw = gdw, .a = ga, .ab = sh ? gab : NULL, .as = gas, .dab = gdab, .das = gdas, .da = gda};
+        CHECK_OK(kiln_norm_join_backward_cuda(&p, n, d, NULL));
+        float *hg = gt_down_f32(gout, nd), *hda = gt_down_f32(gda, nd), *hdw = gt_down_f32(gdw, d);
+        float *hdab = gt_down_f32(gdab, d), *hdas = gt_down_f32(gdas, d);
+        GT_CLOSE("norm_join g", hg, g, nd, TOL_F32);
+        GT_CLOSE("norm_join da", hda, da, nd, TOL_F32);
+        GT_CLOSE("norm_join dw (+=)", hdw, dw, d, TOL_SUM);
+        GT_CLOSE("norm_join dab (+=)", hdab, dab, d, TOL_SUM);
+        GT_CLOSE("norm_join das (+=)", hdas, das, d, TOL_SUM);
+        /* again (gin restored when in place): the same bits */
+        CHECK_OK(kiln_cuda_copy(gg, gin, (size_t)nd * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gdw, dw0, (size_t)d * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gdab, dab0, (size_t)d * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gdas, das0, (size_t)d * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_norm_join_backward_cuda(&p, n, d, NULL));
+        float *hg2 = gt_down_f32(gout, nd), *hdw2 = gt_down_f32(gdw, d), *hdab2 = gt_down_f32(gdab, d);
+        float *hdas2 = gt_down_f32(gdas, d);
+        CHECK_MSG(!memcmp(hg2, hg, (size_t)nd * 4) && !memcmp(hdw2, hdw, (size_t)d * 4) &&
+                      !memcmp(hdab2, hdab, (size_t)d * 4) && !memcmp(hdas2, hdas, (size_t)d * 4),
+                  "norm_join differs between two runs");
+        kiln_cuda_free(gy), kiln_cuda_free(gw), kiln_cuda_free(grs), kiln_cuda_free(gg);
+        if (!ip) kiln_cuda_free(gout);
+        kiln_cuda_free(ga), kiln_cuda_free(gab), kiln_cuda_free(gas), kiln_cuda_free(gdw), kiln_cuda_free(gdab);
+        kiln_cuda_free(gdas), kiln_cuda_free(gda), kiln_cuda_free(gdln);
+        free(y), free(w), free(dln), free(gin), free(a), free(ab), free(as), free(dw0), free(dab0), free(das0);
+        free(zeros), free(ln), free(rstd), free(g), free(dw), free(dab), free(das), free(da), free(hg), free(hda);
+        free(hdw), free(hdab), free(hdas), free(hg2), free(hdw2), free(hdab2), free(hdas2);
+    }
 }
 
 TEST(gpu_ops_scale_shift_backward_write) {
