@@ -7,18 +7,22 @@
 #   2. the step-time overhead of checkpoints while training on the GPU at issue [cuda]'s benchmark config
 #      (hidden 2048, 8 hybrid layers, 16 experts top-1, moe_intermediate 2048, 8 q / 2 kv heads x 128,
 #      vocab 50304, seq 4096, micro-batch 4; AdamW: f32 master + m + v = 21.2 GB a checkpoint):
-#      - async: a run of ASYNC_STEPS (180) steps saving every EVERY (60) steps in the background; the
-#        saves at EVERY and 2*EVERY are measured: every step's time after the first save against the median
-#        step before it (the same run, steps 11..EVERY), summed, per save (a save still writing when the next
-#        one is due makes that one wait: the wait is counted too);
-#      - sync: a run of SYNC_STEPS (70) steps with one synchronous save at EVERY, measured the same way;
+#      - async: a run of ASYNC_STEPS (2*EVERY-1) steps with one background save at EVERY (150): every
+#        step's time after the save against the median step before it (the same run, steps 11..EVERY),
+#        summed (the save's blocking, and what the writing thread costs the steps while it writes);
+#      - sync: a run of SYNC_STEPS (SYNC_EVERY+10) steps with one synchronous save at SYNC_EVERY (30),
+#        measured the same way;
 #      per-save cost scaled to one save per 100 steps: cost / (100 x step time) (target <= 2% for async).
+#      A save must be written before the next is due: 21.2 GB at the disk's ~1.3 GB/s is ~16 s = ~110
+#      steps of 149 ms, so EVERY is 150 (a save per 100 steps would make each save wait for the previous
+#      one: disk-bound, whatever the writer; the commit lines in train_async.log give the write speed).
 #      The init of a 1.76B-parameter model on the CPU takes a while per run, so there is no separate run
 #      without checkpoints: the steps before the first save are the baseline (NONE=1 adds that run as a
 #      control: the same sum over its steps after EVERY should be ~0).
 # Results in $OUT (default bench-out): io.json, io.txt, ckpt_overhead.txt, ckpt_overhead.json, train_*.log,
-# metrics_*.jsonl, disk.txt. Knobs: IO_SIZE (1G), IO_FILES (4), IO_ITERS (1), DIR (the disk to measure,
-# default $TMPDIR or /tmp), ASYNC_STEPS, SYNC_STEPS, EVERY, LAYERS (8; fewer for a short run), NONE,
+# metrics_*.jsonl, config_*.json, disk.txt. Knobs: IO_SIZE (1G), IO_FILES (2), IO_ITERS (2), DIR (the disk to measure,
+# default $TMPDIR or /tmp), EVERY, ASYNC_STEPS, SYNC_EVERY, SYNC_STEPS, SYNC=0 (no sync run), LAYERS (8; fewer
+# for a short run), NONE,
 # SKIP_IO=1, SKIP_TRAIN=1. Disk: keep_last 1 and each run deleted after it (a checkpoint is 21 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +37,7 @@ trap 'rm -rf "$scratch"' EXIT
 
 if [ "${SKIP_IO:-0}" != 1 ]; then
   echo "== kiln bench io --ckpt --device cuda on $scratch"
-  $K bench io --dir "$scratch" --size "${IO_SIZE:-1G}" --files "${IO_FILES:-4}" --iters "${IO_ITERS:-1}" --ckpt \
+  $K bench io --dir "$scratch" --size "${IO_SIZE:-1G}" --files "${IO_FILES:-2}" --iters "${IO_ITERS:-2}" --ckpt \
     --device cuda --json "$out/io.json" 2>&1 | grep -v '^bench io' | tee "$out/io.txt"
 fi
 [ "${SKIP_TRAIN:-0}" = 1 ] && exit 0
@@ -41,7 +45,7 @@ fi
 echo "== training step time with checkpoints (cuda, [cuda] benchmark config)"
 $K train --steps 0 --quiet >/dev/null 2>&1 || true   # prepares runs/default/data once
 test -f runs/default/data/index.json
-every=${EVERY:-60} layers=${LAYERS:-8}
+every=${EVERY:-150} sync_every=${SYNC_EVERY:-30} layers=${LAYERS:-8}
 run() { # name steps ckpt_every async
   local d="$scratch/run_$1"
   python3 - "$scratch/$1.json" "$2" "$d" "$3" "$4" "$layers" <<'PY'
@@ -59,6 +63,7 @@ cfg = {
 }
 json.dump(cfg, open(path, "w"), indent=1)
 PY
+  cp "$scratch/$1.json" "$out/config_$1.json"
   local t0 t1
   t0=$(date +%s.%N)
   KILN_LOG=debug $K train --config "$scratch/$1.json" > "$out/train_$1.log" 2>&1 || { tail -20 "$out/train_$1.log"; return 1; }
@@ -69,17 +74,18 @@ PY
   du -sh "$d/ckpt" 2>/dev/null | sed "s/^/$1 checkpoint dir: /" || true
   rm -rf "$d"
 }
-run async "${ASYNC_STEPS:-$((3 * every))}" "$every" true
-run sync "${SYNC_STEPS:-$((every + 10))}" "$every" false
-[ "${NONE:-0}" = 1 ] && run none "${ASYNC_STEPS:-$((3 * every))}" 0 true
+run async "${ASYNC_STEPS:-$((2 * every - 1))}" "$every" true
+[ "${SYNC:-1}" = 1 ] && run sync "${SYNC_STEPS:-$((sync_every + 10))}" "$sync_every" false
+[ "${NONE:-0}" = 1 ] && run none "${ASYNC_STEPS:-$((2 * every - 1))}" 0 true
 python3 - "$out" "$every" <<'PY' | tee "$out/ckpt_overhead.txt"
 import json, os, re, statistics, sys
-out, every = sys.argv[1], int(sys.argv[2])
+out, none_every = sys.argv[1], int(sys.argv[2])
 res = {}
 for name in ("async", "sync", "none"):
     p = f"{out}/metrics_{name}.jsonl"
     if not os.path.exists(p):
         continue
+    every = json.load(open(f"{out}/config_{name}.json"))["run"]["ckpt_every"] or none_every
     rows = [json.loads(l) for l in open(p)]
     # tokens_per_s is cumulative over the run (tokens / seconds since the loop began): each step's end time
     el = {r["step"]: r["tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"] > 0}
@@ -100,17 +106,19 @@ for name in ("async", "sync", "none"):
     each = [sum(dt[s] - base for s in span if sv < s <= sv + every) for sv in saves] if name != "sync" else [extra]
     log = open(f"{out}/train_{name}.log").read() if os.path.exists(f"{out}/train_{name}.log") else ""
     commits = re.findall(r"checkpoint step (\d+) committed: rank 0's shard ([0-9.]+) GB written in ([0-9.]+) s "
-                         r"\(([0-9.]+) GB/s\), training blocked ([0-9.]+) s", log)
+                         r"\(([0-9.]+) GB/s\), training blocked ([0-9.]+) s \(snapshot ([0-9.]+) s\) after waiting "
+                         r"([0-9.]+) s", log)
     where = re.findall(r"snapshot of [0-9.]+ GB of GPU state in ([a-z ]+) memory", log)
     res[name] = {"step_ms": base * 1e3, "saves": saves, "steps_measured": [span[0], span[-1]] if span else [],
                  "extra_s_per_save": per_save, "extra_s_each": each,
                  "overhead_pct_at_1_per_100": 100 * per_save / (100 * base),
                  "commits": [{"step": int(c[0]), "gb": float(c[1]), "write_s": float(c[2]), "gbs": float(c[3]),
-                              "blocked_s": float(c[4])} for c in commits],
+                              "blocked_s": float(c[4]), "snapshot_s": float(c[5]), "waited_s": float(c[6])}
+                             for c in commits],
                  "snapshot_in": where[0] if where else ("device (default)" if name == "async" else "live")}
 print("# checkpoint overhead while training on the GPU ([cuda] benchmark config; 21.2 GB a checkpoint at 8 layers)")
 for name, r in res.items():
-    print(f"{name:6s}: step {r['step_ms']:.1f} ms (median of steps 11..{every}); saves at {r['saves']}; steps "
+    print(f"{name:6s}: step {r['step_ms']:.1f} ms (median of steps 11..{r['saves'][0]}); saves at {r['saves']}; steps "
           f"{r['steps_measured']} took {r['extra_s_per_save'] * 1e3:+.0f} ms per save over the median = "
           f"{r['overhead_pct_at_1_per_100']:.2f}% step-time overhead at one save per 100 steps"
           f"{'  (target <= 2%)' if name == 'async' else ''}")
@@ -118,7 +126,8 @@ for name, r in res.items():
         print("        each save's period: " + ", ".join(f"{sv}: {x * 1e3:+.0f} ms" for sv, x in zip(r["saves"], r["extra_s_each"])))
     for c in r["commits"]:
         print(f"        step {c['step']}: {c['gb']:.2f} GB written in {c['write_s']:.2f} s ({c['gbs']:.2f} GB/s), "
-              f"training blocked {c['blocked_s'] * 1e3:.1f} ms in the save call; snapshot in {r['snapshot_in']} memory")
+              f"training blocked {c['blocked_s'] * 1e3:.1f} ms in the save call (snapshot {c['snapshot_s'] * 1e3:.1f} ms "
+              f"in {r['snapshot_in']} memory; waited {c['waited_s'] * 1e3:.1f} ms for the previous save before it)")
 try:
     io = {r["test"]: r for r in json.load(open(f"{out}/io.json"))["io"]}
     seq = io["seq_write"]["gbs"]

@@ -345,7 +345,9 @@ struct ckpt_writer {
     kiln_zaya_cuda_snap *dev;
     kiln_snap_place place;
     char logged_at[16];
-    double t_begin, t_blocked, t_written; /* this save: began, training blocked for, shard written after */
+    /* this save: began (after waiting t_waited for the previous one), training blocked for (the snapshot
+     * t_snap of it), shard written after */
+    double t_begin, t_waited, t_snap, t_blocked, t_written;
     char tmp[1300], fin[1300], root[1200], path[1400];
     uint64_t mine[2]; /* this rank's shard: checksum, size */
 };
@@ -529,10 +531,11 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
         /* KILN_LOG=debug: what bench/ckpt_gpu.sh reads */
         if (!e)
             kiln_log(KILN_LOG_DEBUG, "checkpoint step %lld committed: rank 0's shard %.3f GB written in %.3f s "
-                     "(%.2f GB/s), training blocked %.4f s, committed %.3f s after the save began",
+                     "(%.2f GB/s), training blocked %.4f s (snapshot %.4f s) after waiting %.4f s for the previous "
+                     "save, committed %.3f s after the save began",
                      (long long)step, (double)sums[comm->size] / 1e9, w->t_written,
                      (double)sums[comm->size] / 1e9 / (w->t_written > 0 ? w->t_written : 1e-9), w->t_blocked,
-                     now_s() - w->t_begin);
+                     w->t_snap, w->t_waited, now_s() - w->t_begin);
     }
     free(sums);
     return kiln_error_wrap(agree(comm, e, "committing the checkpoint"), "checkpoint at step %lld", (long long)step);
@@ -549,9 +552,11 @@ kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait) {
 }
 
 kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v, int wait) {
+    const double t0 = now_s();
     KILN_TRY(ckpt_writer_poll(w, comm, 1)); /* one save in flight at a time */
     kiln_error_free(kiln_bg_join(&w->prune_job)); /* and the old checkpoints gone before the next */
     w->t_begin = now_s();
+    w->t_waited = w->t_begin - t0;
     const char *out = v->cfg->out_dir;
     w->rank = comm->rank;
     w->world = comm->size;
@@ -569,7 +574,9 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
     e = kiln_error_wrap(agree(comm, e, "checkpoint directory"), "checkpoint at step %lld (the previous checkpoint is intact)",
                         (long long)v->step);
     if (e) return e;
+    const double ts = now_s();
     e = agree(comm, snapshot(w, v, comm->rank, comm->size), "checkpoint snapshot");
+    w->t_snap = now_s() - ts;
     if (e) {
         if (comm->rank == 0) kiln_rm_tree(w->tmp);
         return kiln_error_wrap(e, "checkpoint at step %lld (the previous checkpoint is intact)", (long long)v->step);
