@@ -81,6 +81,7 @@ static __global__ void __launch_bounds__(CA_THREADS)
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     uint32_t qf[D / 16][4];
+    const bool active = i0 + warp * 16 < T;
     for (int j0 = 0, it = 0; j0 < T; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
         if (nj < T) {
@@ -95,75 +96,82 @@ static __global__ void __launch_bounds__(CA_THREADS)
             for (int kk = 0; kk < D / 16; kk++)
                 ca_ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
         }
-        const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
-        // s[16 x BN] = Q Kᵀ for this warp's 16 rows
-        float s[BN / 8][4];
+        // a warp whose 16 rows all lie past T (the last query tile of L/14's 257 tokens holds one row) only
+        // helps load; in the last key tile only the 16-key steps holding keys < T are computed
+        if (active) {
+            const int lim = T - j0; // keys of this tile that exist (> 0)
+            const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
+            // s[16 x BN] = Q Kᵀ for this warp's 16 rows
+            float s[BN / 8][4];
 #pragma unroll
-        for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-        for (int k0 = 0; k0 < D; k0 += 16) {
+            for (int k0 = 0; k0 < D; k0 += 16) {
 #pragma unroll
-            for (int n0 = 0; n0 < BN; n0 += 16) {
-                uint32_t bf[4];
-                ca_ldsm_x4(bf, Kc + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
-                ca_mma(s[n0 / 8], qf[k0 / 16], bf[0], bf[1]);
-                ca_mma(s[n0 / 8 + 1], qf[k0 / 16], bf[2], bf[3]);
+                for (int n0 = 0; n0 < BN; n0 += 16) {
+                    if (n0 >= lim) continue;
+                    uint32_t bf[4];
+                    ca_ldsm_x4(bf, Kc + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
+                    ca_mma(s[n0 / 8], qf[k0 / 16], bf[0], bf[1]);
+                    ca_mma(s[n0 / 8 + 1], qf[k0 / 16], bf[2], bf[3]);
+                }
             }
-        }
-        const bool mask = nj > T; // the last tile reaches past the sequence
-        float mx[2] = {-INFINITY, -INFINITY};
+            const bool mask = nj > T; // the last tile reaches past the sequence
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
+            for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[nt][e] * scale_log2;
-                if (mask && j0 + nt * 8 + 2 * t + (e & 1) >= T) x = -INFINITY;
-                s[nt][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                for (int e = 0; e < 4; e++) {
+                    float x = s[nt][e] * scale_log2;
+                    if (mask && j0 + nt * 8 + 2 * t + (e & 1) >= T) x = -INFINITY;
+                    s[nt][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float mn = fmaxf(m[r], mx[r]); // finite: every tile holds at least one key < T
+                alpha[r] = exp2f(m[r] - mn);
+                m[r] = mn;
             }
-        float alpha[2];
+            float rs[2] = {0.f, 0.f};
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r]); // finite: every tile holds at least one key < T
-            alpha[r] = exp2f(m[r] - mn);
-            m[r] = mn;
-        }
-        float rs[2] = {0.f, 0.f};
+            for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[nt][e] - m[e >> 1]);
+                    s[nt][e] = p;
+                    rs[e >> 1] += p;
+                }
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[nt][e] - m[e >> 1]);
-                s[nt][e] = p;
-                rs[e >> 1] += p;
+            for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+                o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
             }
+            // the accumulator layout of n-tiles 2kk, 2kk+1 is the A-operand layout of k-step kk
+            uint32_t pa[BN / 16][4];
 #pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+            for (int kk = 0; kk < BN / 16; kk++) {
+                pa[kk][0] = ca_pack(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = ca_pack(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = ca_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = ca_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            // o[16 x D] += P[16 x BN] V[BN x D]
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
-        }
-        // the accumulator layout of n-tiles 2kk, 2kk+1 is the A-operand layout of k-step kk
-        uint32_t pa[BN / 16][4];
+            for (int k0 = 0; k0 < BN; k0 += 16) {
+                if (k0 >= lim) continue; // p = 0 there
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = ca_pack(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = ca_pack(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = ca_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = ca_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-        // o[16 x D] += P[16 x BN] V[BN x D]
-#pragma unroll
-        for (int k0 = 0; k0 < BN; k0 += 16) {
-#pragma unroll
-            for (int n0 = 0; n0 < D; n0 += 16) {
-                uint32_t bf[4];
-                ca_ldsm_x4_t(bf, Vc + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
-                ca_mma(o[n0 / 8], pa[k0 / 16], bf[0], bf[1]);
-                ca_mma(o[n0 / 8 + 1], pa[k0 / 16], bf[2], bf[3]);
+                for (int n0 = 0; n0 < D; n0 += 16) {
+                    uint32_t bf[4];
+                    ca_ldsm_x4_t(bf, Vc + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+                    ca_mma(o[n0 / 8], pa[k0 / 16], bf[0], bf[1]);
+                    ca_mma(o[n0 / 8 + 1], pa[k0 / 16], bf[2], bf[3]);
+                }
             }
         }
         __syncthreads(); // buffer cur is refilled by the next iteration
@@ -174,6 +182,7 @@ static __global__ void __launch_bounds__(CA_THREADS)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     const int r0 = i0 + warp * 16 + g;
+    if (!active) return;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int i = r0 + 8 * r;
