@@ -7,8 +7,9 @@
 #   - each of its six grouped expert GEMMs (fwd: gate_up, down; bwd: dX and dW of both) against ONE dense
 #     cuBLASLt GEMM of the same total size, TFLOP/s and the ratio dense time / grouped time, and the fwd /
 #     bwd sums;
-#   - the side-stream count (KILN_GROUPED_STREAMS 2 and 8; default 4) and the chunk height
-#     (KILN_GROUPED_CHUNK 128 and 512; default 256) varied for the paths they tune (SWEEP=0 skips these);
+#   - the side-stream count (KILN_GROUPED_STREAMS 2 and 8; default 4), algorithms chosen by timing
+#     (KILN_GROUPED_TUNE=1) and the chunk height (KILN_GROUPED_CHUNK 128 and 512; default 256) varied for the
+#     paths they tune (SWEEP=0 skips these);
 #   - torch's side for the forward (bench/peers/torch_moe.py): one dense matmul of all rows, a loop over
 #     experts (the HF way), torch._grouped_mm.
 # JSON and CSV in $OUT (or ./bench-out). ITERS (default 20) timed calls per row.
@@ -27,6 +28,9 @@ if [ "${SWEEP:-1}" != 0 ]; then
     KILN_GROUPED_STREAMS=$s moe --routing balanced,skewed --paths lt_streams,lt_mixed \
       --json "$out/moe_gpu_streams$s.json" --csv "$out/moe_gpu_streams$s.csv" | sed -n '/(.*routing; ratio/,/^$/p'
   done
+  echo; echo "# KILN_GROUPED_TUNE=1: each large cuBLASLt plan's algorithm chosen by timing its candidates"
+  KILN_GROUPED_TUNE=1 moe --routing balanced,skewed --paths lt_chunks,lt_streams,lt_mixed \
+    --json "$out/moe_gpu_tune.json" --csv "$out/moe_gpu_tune.csv" | sed -n '/(.*routing; ratio/,/^$/p'
   for c in 128 512; do
     echo; echo "# KILN_GROUPED_CHUNK=$c (default 256)"
     KILN_GROUPED_CHUNK=$c moe --routing balanced,skewed --paths lt_chunks \

@@ -108,7 +108,9 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
  * "lt_chunks" (NT/NN as one pointer-array batched cuBLASLt GEMM over KILN_GROUPED_CHUNK-row chunks, default
  * 256; TN as lt_loop), "lt_mixed" (NT/NN: the full chunks batched, each expert's remaining rows a GEMM on a
  * side stream; TN as lt_streams). Chosen by kiln_grouped_gemm_set_path,
- * else the environment variable KILN_GROUPED_GEMM, else the default. Every path is deterministic. The
+ * else the environment variable KILN_GROUPED_GEMM, else the default. Every path is deterministic
+ * (KILN_GROUPED_TUNE=1, which picks each large cuBLASLt plan's algorithm by timing its candidates once, keeps
+ * the bits within a process, not across processes; off by default). The
  * cuBLASLt paths keep their own workspaces: calls from different caller streams must not overlap (the
  * trainer has one compute stream). */
 kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,

@@ -79,35 +79,84 @@ __global__ void swiglu_bwd_kernel(__nv_bfloat16 *dgu, const __nv_bfloat16 *dact,
     }
 }
 
-// out[n,h] = sum over k (in order) of gate[n,k] * ye[tok_slot[n,k], h]; skipped slots add nothing
+// V consecutive bf16 as floats, and back (V = 4: one 8-byte access; the caller checks the alignment)
+template <int V> __device__ __forceinline__ void load_bf(float *v, const __nv_bfloat16 *p) {
+    if (V == 4) {
+        const uint2 raw = *(const uint2 *)p;
+        const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.x);
+        const float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.y);
+        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+    } else {
+        for (int q = 0; q < V; q++) v[q] = bf(p[q]);
+    }
+}
+template <int V> __device__ __forceinline__ void store_bf(__nv_bfloat16 *p, const float *v) {
+    if (V == 4) {
+        const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+        uint2 raw;
+        raw.x = *(const unsigned *)&a, raw.y = *(const unsigned *)&b;
+        *(uint2 *)p = raw;
+    } else {
+        for (int q = 0; q < V; q++) p[q] = __float2bfloat16_rn(v[q]);
+    }
+}
+template <int V> __device__ __forceinline__ void load_f(float *v, const float *p) {
+    if (V == 4) {
+        const float4 x = *(const float4 *)p;
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    } else {
+        for (int q = 0; q < V; q++) v[q] = p[q];
+    }
+}
+template <int V> __device__ __forceinline__ void store_f(float *p, const float *v) {
+    if (V == 4) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        for (int q = 0; q < V; q++) p[q] = v[q];
+}
+
+// out[n,h] = sum over k (in order) of gate[n,k] * ye[tok_slot[n,k], h]; skipped slots add nothing.
+// V = 4 columns per thread where H % 4 == 0 and the rows are aligned for it (vec4_ok), else 1.
+template <int V>
 __global__ void combine_kernel(float *out, const __nv_bfloat16 *ye, const float *gate, const int32_t *tok_slot,
                                int64_t H, int64_t top) {
     const int64_t n = blockIdx.x;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0;
+    for (int64_t h = threadIdx.x * V; h < H; h += blockDim.x * V) {
+        float acc[V], v[V];
+        for (int q = 0; q < V; q++) acc[q] = 0;
         for (int64_t k = 0; k < top; k++) {
             const int32_t s = tok_slot[n * top + k];
-            if (s >= 0) acc += gate[n * top + k] * bf(ye[(int64_t)s * H + h]);
+            if (s < 0) continue;
+            const float g = gate[n * top + k];
+            load_bf<V>(v, ye + (int64_t)s * H + h);
+            for (int q = 0; q < V; q++) acc[q] += g * v[q];
         }
-        out[n * H + h] = acc;
+        store_f<V>(out + n * H + h, acc);
     }
 }
 
 // dx[n,h] += sum over k (in order) of dxe[tok_slot[n,k], h]
+template <int V>
 __global__ void combine_dx_kernel(float *dx, const __nv_bfloat16 *dxe, const int32_t *tok_slot, int64_t H, int64_t top) {
     const int64_t n = blockIdx.x;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0;
+    for (int64_t h = threadIdx.x * V; h < H; h += blockDim.x * V) {
+        float acc[V], v[V], d[V];
+        for (int q = 0; q < V; q++) acc[q] = 0;
         for (int64_t k = 0; k < top; k++) {
             const int32_t s = tok_slot[n * top + k];
-            if (s >= 0) acc += bf(dxe[(int64_t)s * H + h]);
+            if (s < 0) continue;
+            load_bf<V>(v, dxe + (int64_t)s * H + h);
+            for (int q = 0; q < V; q++) acc[q] += v[q];
         }
-        dx[n * H + h] += acc;
+        load_f<V>(d, dx + n * H + h);
+        for (int q = 0; q < V; q++) d[q] += acc[q];
+        store_f<V>(dx + n * H + h, d);
     }
 }
 
-// per slot: dye = gate * dout[token], dgate = dout[token] . ye (block reduction in a fixed tree)
+// per slot: dye = gate * dout[token], dgate = dout[token] . ye (per-thread sums, then a block reduction in a
+// fixed tree)
 enum { DG_THREADS = 256 };
+template <int V>
 __global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *dout, const __nv_bfloat16 *ye,
                                  const float *gate, const int32_t *slot_tok, const int32_t *slot_k, int64_t H,
                                  int64_t top) {
@@ -115,10 +164,12 @@ __global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *
     const int64_t s = blockIdx.x, n = slot_tok[s], gi = n * top + slot_k[s];
     const float g = gate[gi];
     float acc = 0;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-        const float d = dout[n * H + h];
-        dye[s * H + h] = __float2bfloat16_rn(g * d);
-        acc += d * bf(ye[s * H + h]);
+    for (int64_t h = threadIdx.x * V; h < H; h += blockDim.x * V) {
+        float d[V], y[V], o[V];
+        load_f<V>(d, dout + n * H + h);
+        load_bf<V>(y, ye + s * H + h);
+        for (int q = 0; q < V; q++) o[q] = g * d[q], acc += d[q] * y[q];
+        store_bf<V>(dye + s * H + h, o);
     }
     for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
@@ -130,7 +181,6 @@ __global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *
     }
 }
 
-
 // pinned staging for the offsets' device-to-host copy (an async copy into pageable memory returns only
 // once it is done), shared by every call: the lock covers copy, wait and read-out
 pthread_mutex_t g_stage_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -141,6 +191,11 @@ cudaEvent_t g_stage_ev;
 int grid_for(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+// 4 columns per thread: H % 4 == 0 keeps every row 8 bytes (bf16) / 16 bytes (f32) aligned if the bases are
+bool vec4_ok(int64_t H, const void *f32a, const void *f32b, const void *bf16a, const void *bf16b) {
+    return !(H & 3) && !(((uintptr_t)f32a | (uintptr_t)f32b) & 15) && !(((uintptr_t)bf16a | (uintptr_t)bf16b) & 7);
 }
 
 // bf16x2 access is safe when I is even and the buffers are 4-byte aligned
@@ -198,7 +253,10 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     CUDA_TRY(cudaGetLastError());
     if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
         goto done;
-    combine_kernel<<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+    if (vec4_ok(H, out, out, x->ye, x->ye))
+        combine_kernel<4><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+    else
+        combine_kernel<1><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
     CUDA_TRY(cudaGetLastError());
 done:
     if (staged) pthread_mutex_unlock(&g_stage_lock);
@@ -218,9 +276,14 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
                            "kiln_experts_forward_cuda on this struct first)", (long long)S, x->exp_off_host[E]);
     if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
     if (!S) goto done;
-    dye_dgate_kernel<<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
-                                                          (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok, x->slot_k,
-                                                          H, top);
+    if (vec4_ok(H, dout, dout, w->dye, x->ye))
+        dye_dgate_kernel<4><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
+                                                                 (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
+                                                                 x->slot_k, H, top);
+    else
+        dye_dgate_kernel<1><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
+                                                                 (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
+                                                                 x->slot_k, H, top);
     CUDA_TRY(cudaGetLastError());
     // down: dact = dye wdn_e, dwdn_e += dyeᵀ act
     if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
@@ -241,7 +304,10 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", 1, NULL, stream)))
         goto done;
     if (dx) {
-        combine_dx_kernel<<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top);
+        if (vec4_ok(H, dx, dx, w->dxe, w->dxe))
+            combine_dx_kernel<4><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top);
+        else
+            combine_dx_kernel<1><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top);
         CUDA_TRY(cudaGetLastError());
     }
 done:

@@ -14,7 +14,9 @@
 //               last full chunk are a GEMM of their own on a side stream, filling the batched GEMM's tail;
 //               weight gradients as lt_streams
 // Every path computes each output element in exactly one GEMM (no split across calls, no atomics), so a
-// path gives the same bits on every run.
+// path gives the same bits on every run. KILN_GROUPED_TUNE=1 times the cuBLASLt heuristic's candidates for
+// each large plan once and keeps the fastest: still the same bits run after run within a process, but two
+// processes may pick different algorithms (last-bit differences), so it is off by default.
 //
 // The row counts change every step, and the cuBLASLt heuristic costs tens of microseconds, more than a
 // small GEMM: plans are cached per *bucket* of row counts (8 buckets per octave; the fixed sizes and every
@@ -35,7 +37,8 @@ const char *const path_names[NPATHS + 1] = {"grouped", "lt_loop", "lt_chunks", "
 const int DEFAULT_PATH = P_GROUPED;
 const char *const PATH_LIST = "grouped, lt_loop, lt_chunks, lt_streams, lt_mixed";
 
-enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 4, DEFAULT_CHUNK = 256, MAX_PLANS = 512 };
+enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 4, DEFAULT_CHUNK = 256, MAX_PLANS = 512, TUNE_CANDS = 8 };
+const double TUNE_MIN_FLOPS = 2e9; // smaller GEMMs keep the heuristic's first choice
 const size_t WS_BYTES = 32u << 20;
 
 // One lock for the host side of every call: the plan table, the lazily created handles, streams, events
@@ -49,6 +52,10 @@ cublasLtHandle_t g_lt;
 void *g_ws[MAX_STREAMS + 1];
 cudaStream_t g_side[MAX_STREAMS];
 cudaEvent_t g_fork, g_join[MAX_STREAMS];
+long g_tune; // KILN_GROUPED_TUNE=1: time the heuristic's candidates once per large plan, keep the fastest; 2: every plan (tests)
+void *g_tune_c;           // a scratch C for timing accumulating GEMMs (their real C must not change)
+size_t g_tune_c_bytes;
+cudaEvent_t g_tune_ev[2];
 
 kiln_error *env_int(const char *name, long lo, long hi, long def, long mult, long *out) {
     const char *v = getenv(name);
@@ -98,6 +105,8 @@ struct lt_plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t cand[TUNE_CANDS]; // the heuristic's candidates, best guess first
+    int ncand, tuned;
 };
 lt_plan g_plans[MAX_PLANS];
 int g_nplans;
@@ -159,7 +168,7 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int64_t batch, int ta, int
                      const uint32_t align[3], lt_plan **out) {
     kiln_error *err = NULL;
     cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur;
+    cublasLtMatmulHeuristicResult_t heur[TUNE_CANDS];
     int found = 0;
     lt_plan p;
     memset(&p, 0, sizeof p);
@@ -202,13 +211,16 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int64_t batch, int ta, int
                                                         sizeof align[2]));
         CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
                                                         sizeof align[2]));
-        CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found));
-        if (!found || heur.state != CUBLAS_STATUS_SUCCESS) {
+        CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.la, p.lb, p.lc, p.lc, pref, TUNE_CANDS, heur, &found));
+        for (int i = 0; i < found; i++)
+            if (heur[i].state == CUBLAS_STATUS_SUCCESS) p.cand[p.ncand++] = heur[i].algo;
+        if (!p.ncand) {
             err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld (batch %lld)",
                               (long long)m, (long long)n, (long long)k, (long long)batch);
             goto done;
         }
-        p.algo = heur.algo;
+        p.algo = p.cand[0];
+        p.tuned = p.ncand < 2;
         if (g_nplans == MAX_PLANS) { // more shapes than a training step has: start over
             for (int i = 0; i < g_nplans; i++) plan_destroy(&g_plans[i]);
             g_nplans = 0;
@@ -220,6 +232,48 @@ kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int64_t batch, int ta, int
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     plan_destroy(&p);
+    return err;
+}
+
+// KILN_GROUPED_TUNE=1: time each candidate on this call's inputs (3 calls after 1 warm-up) and keep the fastest.
+// A GEMM that overwrites C runs on its own C (the real call rewrites it); one that accumulates runs on a
+// scratch C. Host-synchronizing, once per plan.
+kiln_error *tune(lt_plan *p, int slot, void *c, const void *a, const void *b, float beta, cudaStream_t st) {
+    kiln_error *err = NULL;
+    const float alpha = 1.0f;
+    const size_t cbytes = (size_t)(p->cm * p->cn) * (p->c_f32 ? 4 : 2);
+    float best = -1.0f;
+    int besti = 0;
+    p->tuned = 1;
+    if (beta != 0.0f) {
+        if (p->cbatch > 0) return NULL; // no scratch for pointer arrays (the chunks never accumulate)
+        if (g_tune_c_bytes < cbytes) {
+            if (g_tune_c) CUDA_TRY(cudaFree(g_tune_c));
+            g_tune_c = NULL, g_tune_c_bytes = 0;
+            CUDA_TRY(cudaMalloc(&g_tune_c, cbytes));
+            CUDA_TRY(cudaMemset(g_tune_c, 0, cbytes));
+            g_tune_c_bytes = cbytes;
+        }
+        c = g_tune_c;
+    }
+    for (int i = 0; i < 2; i++)
+        if (!g_tune_ev[i]) CUDA_TRY(cudaEventCreate(&g_tune_ev[i]));
+    for (int i = 0; i < p->ncand; i++) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        float ms = 0;
+        for (int r = 0; r < 4 && s == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == 1) CUDA_TRY(cudaEventRecord(g_tune_ev[0], st));
+            s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->cand[i], g_ws[slot],
+                               WS_BYTES, st);
+        }
+        CUDA_TRY(cudaEventRecord(g_tune_ev[1], st));
+        CUDA_TRY(cudaEventSynchronize(g_tune_ev[1]));
+        if (s != CUBLAS_STATUS_SUCCESS) continue; // not for these sizes
+        CUDA_TRY(cudaEventElapsedTime(&ms, g_tune_ev[0], g_tune_ev[1]));
+        if (best < 0 || ms < best) best = ms, besti = i;
+    }
+    p->algo = p->cand[besti];
+done:
     return err;
 }
 
@@ -237,6 +291,9 @@ kiln_error *lt_gemm(int slot, void *c, int c_f32, const void *a, const void *b, 
                         &p)))
         goto done;
     if ((err = layouts_set(p, m, n, k, batch))) goto done;
+    if (g_tune && !p->tuned && (g_tune == 2 || 2.0 * (double)m * n * k * (batch > 0 ? batch : 1) >= TUNE_MIN_FLOPS) &&
+        (err = tune(p, slot, c, a, b, beta, st)))
+        goto done;
     s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws[slot], WS_BYTES,
                        st);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) { // the bucket's algorithm does not fit
@@ -563,7 +620,8 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     pthread_mutex_lock(&g_lock);
     locked = 1;
     if ((err = path_now(&path)) || (err = env_int("KILN_GROUPED_STREAMS", 1, MAX_STREAMS, DEFAULT_STREAMS, 1, &ns)) ||
-        (err = env_int("KILN_GROUPED_CHUNK", 64, 4096, DEFAULT_CHUNK, 64, &ch)))
+        (err = env_int("KILN_GROUPED_CHUNK", 64, 4096, DEFAULT_CHUNK, 64, &ch)) ||
+        (err = env_int("KILN_GROUPED_TUNE", 0, 2, 0, 1, &g_tune)))
         goto done;
     // an expert without rows: its weight gradient is an empty sum
     if (tn && !accumulate)

@@ -183,6 +183,7 @@ TEST(gpu_experts_fwd_bwd) {
         {257, 8, 2, 96, 80, 0.1, 7},    /* top-2, the last expert empty */
         {33, 3, 3, 40, 24, 0.2, -1},    /* top_k = experts */
         {50, 5, 2, 36, 20, 0.0, 0},     /* hidden not a multiple of 8 (scalar gather), first expert empty */
+        {40, 4, 2, 30, 18, 0.1, -1},    /* hidden not a multiple of 4 (one column per thread in the sums) */
         {1000, 16, 1, 128, 256, 0.05, -1},
         {2048, 16, 1, 512, 384, 0.0, -1}, /* long reductions: K = 2*inter = 768 for dx */
     };
@@ -370,7 +371,8 @@ TEST(gpu_experts_gemm) {
     for (int i = 0; paths[i]; i++) grouped_gemm_path(paths[i]);
 }
 
-/* The side-stream paths with 1, 3 and 8 streams (more streams than experts) give the same results. */
+/* The side-stream paths with 1, 3 and 8 streams (more streams than experts) give the same results; so do the
+ * cuBLASLt paths with their algorithms chosen by timing. */
 TEST(gpu_experts_gemm_streams) {
     static const char *const ns[3] = {"1", "3", "8"};
     for (int i = 0; i < 3; i++) {
@@ -380,6 +382,14 @@ TEST(gpu_experts_gemm_streams) {
         grouped_gemm_path("lt_mixed");
     }
     unsetenv("KILN_GROUPED_STREAMS");
+    /* KILN_GROUPED_TUNE=2 times every plan's candidates (1: only large ones): overwritten C in place,
+     * accumulated C on a scratch, the chunks' batched GEMM; the results must not change */
+    CHECK(setenv("KILN_GROUPED_TUNE", "2", 1) == 0);
+    printf("  KILN_GROUPED_TUNE=2\n");
+    grouped_gemm_path("lt_streams");
+    grouped_gemm_path("lt_mixed");
+    grouped_gemm_path("lt_chunks");
+    unsetenv("KILN_GROUPED_TUNE");
 }
 
 /* The path's choice: kiln_grouped_gemm_set_path over KILN_GROUPED_GEMM over the default; bad names and
