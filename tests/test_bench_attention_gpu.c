@@ -54,3 +54,12 @@ TEST(bench_attention_device_usage) {
     CHECK(test_run_kiln("bench attention --device tpu", out, sizeof out) == 2);
     CHECK_MSG(strstr(out, "--device 'tpu': expected cpu or cuda") != NULL, "output:\n%s", out);
 }
+
+TEST(bench_attention_impl_usage) {
+    char out[4096];
+    CHECK(test_run_kiln("bench attention --device cuda --impl flash", out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "--impl 'flash': expected a list of own, cudnn, cudnn-nondet") != NULL, "output:\n%s", out);
+    CHECK(test_run_kiln("bench attention --device cuda --impl own,,cudnn", out, sizeof out) == 2);
+    CHECK(test_run_kiln("bench attention --impl own", out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "--impl needs --device cuda") != NULL, "output:\n%s", out);
+}
