@@ -69,7 +69,8 @@ static const char usage[] =
     "The CUDA trainer's expert op (kiln_experts_forward_cuda/_backward_cuda), forward and forward +\n"
     "backward, bf16 activations and weights, f32 accumulation and f32 weight gradients, for each routing\n"
     "and each grouped-GEMM path; then each grouped GEMM of the op alone against one dense cuBLASLt GEMM of\n"
-    "the same total size. Every path's output and input gradient are checked against the first path's.\n"
+    "the same total size (the weight gradients also written, beta = 0, as *_dw_write: not in the sums).\n"
+    "Every path's output and input gradient are checked against the first path's.\n"
     "Defaults: the [cuda] benchmark layer (16384 tokens = micro-batch 4 x 4096, hidden 2048, 16 experts\n"
     "top-1, moe_intermediate 2048). FLOPs as the CPU benchmark: forward 6*tokens*top_k*hidden*inter,\n"
     "fwd+bwd 3 x forward. Time: wall clock over --iters calls between device syncs.\n\n"
@@ -91,9 +92,12 @@ static const char usage[] =
 #define ROUTE_SEED 0x6b696c6eu /* "kiln", as the CPU benchmark */
 #define PATH_TOL 5e-2          /* paths differ in bf16 roundings of intermediate tiles, nothing more */
 
-enum { NPART = 8, MAX_PATHS = 8 }; /* op fwd, op fwd_bwd, then the six GEMMs */
-static const char *const part_names[NPART] = {"op",         "op",          "gate_up_fwd", "down_fwd",
-                                              "down_dx",    "down_dw",     "gate_up_dx",  "gate_up_dw"};
+/* op fwd, op fwd_bwd, the six GEMMs, then the two weight gradients again written (beta = 0) instead of
+ * accumulated, as a first micro-batch after zeroing could do (not in the sums) */
+enum { NPART = 10, NSUM = 8, MAX_PATHS = 8 };
+static const char *const part_names[NPART] = {"op",         "op",          "gate_up_fwd",  "down_fwd",
+                                              "down_dx",    "down_dw",     "gate_up_dx",   "gate_up_dw",
+                                              "down_dw_write", "gate_up_dw_write"};
 typedef struct {
     const char *routing, *path;
     int is_default;
@@ -241,14 +245,15 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup) 
         c->flops[1] = kiln_moe_flops_fwd_bwd(N, top, H, I);
 
         /* the six GEMMs alone, on the op's own buffers; the dense ones once per routing */
-        const gemm_job jobs[6] = {
+        const gemm_job jobs[NPART - 2] = {
             {x.gu, 0, x.xe, wgu, 0, 2 * I, H, "NT", 0},   {x.ye, 0, x.act, wdn, 0, H, I, "NT", 0},
             {w.dact, 0, w.dye, wdn, 0, I, H, "NN", 0},    {dwdn, 1, w.dye, x.act, H, I, 0, "TN", 1},
             {w.dxe, 0, w.dgu, wgu, 0, H, 2 * I, "NN", 0}, {dwgu, 1, w.dgu, x.xe, 2 * I, H, 0, "TN", 1},
+            {dwdn, 1, w.dye, x.act, H, I, 0, "TN", 0},    {dwgu, 1, w.dgu, x.xe, 2 * I, H, 0, "TN", 0},
         };
-        const double fl[6] = {4.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I,
-                              2.0 * S * H * I, 4.0 * S * H * I, 4.0 * S * H * I};
-        for (int j = 0; j < 6 && !e; j++) {
+        const double fl[NPART - 2] = {4.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I,
+                                      4.0 * S * H * I, 4.0 * S * H * I, 2.0 * S * H * I, 4.0 * S * H * I};
+        for (int j = 0; j < NPART - 2 && !e; j++) {
             c->flops[2 + j] = fl[j] * (double)x.nslots / (double)S;
             for (int dense = 0; dense < (p ? 1 : 2) && !e; dense++) {
                 for (int i = 0; i < warmup + iters && !e; i++) {
@@ -327,7 +332,7 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
 /* the grouped / dense sums of the forward (b = 0) and backward (b = 1) GEMMs */
 static void gemm_sums(const moe_gpu_case *c, double g[2], double dn[2], double f[2]) {
     g[0] = g[1] = dn[0] = dn[1] = f[0] = f[1] = 0;
-    for (int p = 2; p < NPART; p++) {
+    for (int p = 2; p < NSUM; p++) {
         const int b = p >= 4;
         g[b] += c->us[p], dn[b] += c->dense_us[p], f[b] += c->flops[p];
     }
@@ -336,21 +341,21 @@ static void gemm_sums(const moe_gpu_case *c, double g[2], double dn[2], double f
 static void print_path(const moe_gpu_case *c, const char *first) {
     printf("\n  path %s%s: output / input gradient vs path %s: %.2g / %.2g\n", c->path, c->is_default ? " (default)" : "",
            first, c->out_err, c->dx_err);
-    printf("  %-13s %10s %9s %11s\n", "expert op", "ms", "TFLOP/s", "tok/s");
+    printf("  %-16s %10s %9s %11s\n", "expert op", "ms", "TFLOP/s", "tok/s");
     for (int p = 0; p < 2; p++)
-        printf("  %-13s %10.3f %9.1f %11.4g\n", p ? "fwd+bwd" : "fwd", c->us[p] / 1e3,
+        printf("  %-16s %10.3f %9.1f %11.4g\n", p ? "fwd+bwd" : "fwd", c->us[p] / 1e3,
                c->flops[p] / (c->us[p] * 1e-6) / 1e12, (double)c->N / (c->us[p] * 1e-6));
-    printf("  %-13s %10s %9s | %10s %9s | %6s\n", "GEMM", "grouped ms", "TFLOP/s", "dense ms", "TFLOP/s", "ratio");
+    printf("  %-16s %10s %9s | %10s %9s | %6s\n", "GEMM", "grouped ms", "TFLOP/s", "dense ms", "TFLOP/s", "ratio");
     for (int p = 2; p < NPART; p++) {
         const double gt = c->flops[p] / (c->us[p] * 1e-6) / 1e12, dt = c->flops[p] / (c->dense_us[p] * 1e-6) / 1e12;
-        printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f%s\n", part_names[p], c->us[p] / 1e3, gt,
+        printf("  %-16s %10.3f %9.1f | %10.3f %9.1f | %6.2f%s\n", part_names[p], c->us[p] / 1e3, gt,
                c->dense_us[p] / 1e3, dt, gt / dt, c->looped[p] ? "  (one GEMM per expert)" : "");
     }
     double g[2], dn[2], f[2];
     gemm_sums(c, g, dn, f);
     for (int b = 0; b < 2; b++) {
         const double gt = f[b] / (g[b] * 1e-6) / 1e12, dt = f[b] / (dn[b] * 1e-6) / 1e12;
-        printf("  %-13s %10.3f %9.1f | %10.3f %9.1f | %6.2f\n", b ? "all bwd" : "all fwd", g[b] / 1e3, gt, dn[b] / 1e3,
+        printf("  %-16s %10.3f %9.1f | %10.3f %9.1f | %6.2f\n", b ? "all bwd" : "all fwd", g[b] / 1e3, gt, dn[b] / 1e3,
                dt, gt / dt);
     }
 }
