@@ -80,9 +80,11 @@ static kiln_error *run(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, i
         if ((e = kiln_cuda_sync())) goto done;
         us[pass] = (kiln_bench_now_s() - t0) / iters * 1e6;
     }
-    snprintf(ran, ran_size, "%s", kiln_attention_cuda_last_impl(1));
-    if (strcmp(kiln_attention_cuda_last_impl(0), "own") != !strcmp(ran, "own")) /* one pass fell back */
-        snprintf(ran, ran_size, "%s+%s", kiln_attention_cuda_last_impl(0), kiln_attention_cuda_last_impl(1));
+    const char *f = kiln_attention_cuda_last_impl(0), *b = kiln_attention_cuda_last_impl(1);
+    if (!strcmp(f, "own") == !strcmp(b, "own"))
+        snprintf(ran, ran_size, "%s", b); /* the backward names the variant */
+    else
+        snprintf(ran, ran_size, "%s+%s", f, b); /* one pass fell back to kiln's kernels */
     int ok1 = 0, ok2 = 0, ok3 = 0;
     if ((e = all_finite(out, nq, &ok1)) || (e = all_finite(dq, nq, &ok2)) || (e = all_finite(dk, nk, &ok3))) goto done;
     if (!ok1 || !ok2 || !ok3) e = kiln_errorf(KILN_EINVAL, "result is not finite");
