@@ -335,7 +335,7 @@ enum {
 };
 
 struct att_plan {
-    int dev, backward, nondet;
+    int dev, backward, nondet, pad; // pad: the backward with the padding workaround
     int64_t B, T, tk_cap, NH, KV, D, window;
     float scale;
     int ok;            // 1: plan usable; 0: cuDNN refused (why)
@@ -622,9 +622,15 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         return NULL;
     }
     if (!backward) nondet = 0;
+    // cuDNN <= 9.15's backward needs an explicit padding mask when the key count is not a multiple of 128 (as
+    // cudnn-frontend adds one); KILN_CUDNN_PAD_MASK=1 builds that graph on any version (the GPU test uses it
+    // to check the graph where the GPU machine's cuDNN is newer)
+    const char *pm = getenv("KILN_CUDNN_PAD_MASK");
+    const int pad = backward && (version <= 91500 || (pm && *pm && strcmp(pm, "0"))) && s->Tq % 128 != 0;
     for (int i = 0; i < nplans; i++) {
         att_plan *p = plans[i];
-        if (p->dev == dev && p->backward == backward && p->nondet == nondet && p->B == s->B && p->T == s->Tq &&
+        if (p->dev == dev && p->backward == backward && p->nondet == nondet && p->pad == pad && p->B == s->B &&
+            p->T == s->Tq &&
             p->tk_cap == s->tk_cap && p->NH == s->NH && p->KV == s->KV && p->D == s->D && p->window == window &&
             p->scale == s->scale) {
             if (!p->ok) *why = p->why;
@@ -640,7 +646,8 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         *why = "out of host memory";
         return NULL;
     }
-    p->dev = dev, p->backward = backward, p->nondet = nondet, p->B = s->B, p->T = s->Tq, p->tk_cap = s->tk_cap;
+    p->dev = dev, p->backward = backward, p->nondet = nondet, p->pad = pad, p->B = s->B, p->T = s->Tq;
+    p->tk_cap = s->tk_cap;
     p->NH = s->NH, p->KV = s->KV, p->D = s->D, p->window = window, p->scale = s->scale;
     p->v_scale = s->scale, p->v_one = 1.f, p->v_win = (float)window;
     p->v_neginf = version < 91000 ? -3.402823466e38f : -INFINITY;
@@ -659,7 +666,7 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
             gb_fail(g, "cudnnCreate", st);
         }
     }
-    if (!g->err[0] && backward && version <= 91500 && s->Tq % 128) {
+    if (!g->err[0] && pad) {
         // the padding workaround: sequence lengths as device tensors
         int32_t *h = (int32_t *)malloc((size_t)(2 * s->B) * sizeof *h);
         if (h) {
@@ -693,8 +700,9 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
     p->off_dqacc = p->off_sum + (backward ? align256(s->B * s->NH * s->Tq * 4) : 0);
     p->total = p->off_dqacc + (backward && nondet ? align256(s->B * s->NH * s->Tq * s->D * 4) : 0);
     p->ok = 1;
-    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld for the %s of B=%lld T=%lld H=%lld KV=%lld D=%lld "
+    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld for the %s%s of B=%lld T=%lld H=%lld KV=%lld D=%lld "
              "window=%lld, workspace %lld bytes", version, (long long)p->engine, backward ? "backward" : "forward",
+             pad ? " (padding mask)" : "",
              (long long)s->B, (long long)s->Tq, (long long)s->NH, (long long)s->KV, (long long)s->D, (long long)window,
              (long long)p->total);
     return p;
