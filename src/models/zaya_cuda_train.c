@@ -53,15 +53,18 @@ kiln_error *kiln_zaya_cuda_scale(kiln_zaya_cuda *g, float *x, size_t n, float s)
     return kiln_zaya_scale_cuda(x, (int64_t)n, s, kiln_zaya_cuda_stream(g));
 }
 
+/* The one device double comes from the stream-ordered pool: a cudaMalloc/cudaFree pair here would
+ * synchronize the device every step. */
 kiln_error *kiln_zaya_cuda_sumsq(kiln_zaya_cuda *g, const float *x, size_t n, double *out) {
     double *d = NULL;
-    void *st = kiln_zaya_cuda_stream(g);
-    KILN_TRY(kiln_cuda_alloc((void **)&d, sizeof *d));
+    cudaStream_t st = (cudaStream_t)kiln_zaya_cuda_stream(g);
+    if (cudaMallocAsync((void **)&d, sizeof *d, st) != cudaSuccess)
+        return kiln_errorf(KILN_EIO, "gradient norm: no device memory for the sum");
     kiln_error *e = kiln_zaya_sumsq_cuda(d, x, (int64_t)n, st);
-    if (!e && (cudaMemcpyAsync(out, d, sizeof *out, cudaMemcpyDeviceToHost, (cudaStream_t)st) != cudaSuccess ||
-               cudaStreamSynchronize((cudaStream_t)st) != cudaSuccess))
+    if (!e && cudaMemcpyAsync(out, d, sizeof *out, cudaMemcpyDeviceToHost, st) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "gradient norm: copying the sum to the host failed");
-    kiln_cuda_free(d);
+    cudaFreeAsync(d, st);
+    if (!e && cudaStreamSynchronize(st) != cudaSuccess) e = kiln_errorf(KILN_EIO, "gradient norm: the stream failed");
     return e;
 }
 
