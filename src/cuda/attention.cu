@@ -395,6 +395,12 @@ static bool att_use_cudnn(const kiln_attn_shape *s, int backward, bool ptrs_ok, 
     return false;
 }
 
+// cuDNN's workspace did not fit in memory: this call runs kiln's kernels
+static void att_fell_back(int backward) {
+    att_say(backward, "kiln's flash kernels", "cuDNN's workspace could not be allocated (out of device memory)");
+    last_impl[backward] = "own";
+}
+
 // KILN_ATTN_GENERIC=1 forces the generic kernels (the GPU tests compare both paths with the CPU)
 static bool att_force_generic(void) {
     const char *e = getenv("KILN_ATTN_GENERIC");
@@ -422,8 +428,12 @@ extern "C" kiln_error *kiln_attention_forward_cuda(kiln_bf16 *out, float *lse, c
     int nondet = 0;
     if (!att_force_generic() &&
         att_use_cudnn(s, 0, lse && aligned16(out) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(lse),
-                      &nondet))
-        return att_cudnn_forward(out, lse, q, k, v, s, st);
+                      &nondet)) {
+        int ran = 0;
+        err = att_cudnn_forward(out, lse, q, k, v, s, st, &ran);
+        if (err || ran) return err;
+        att_fell_back(0);
+    }
     if (!att_force_generic() && att_mma_supported(a) && aligned16(out) && aligned16(q) && aligned16(k) &&
         aligned16(v)) {
         err = att_mma_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a, st);
@@ -456,8 +466,12 @@ extern "C" kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk
         att_use_cudnn(s, 1,
                       dq && dk && dv && aligned16(dq) && aligned16(dk) && aligned16(dv) && aligned16(dout) &&
                           aligned16(out) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(lse),
-                      &nondet))
-        return att_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, s, nondet, st);
+                      &nondet)) {
+        int ran = 0;
+        err = att_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, s, nondet, st, &ran);
+        if (err || ran) return err;
+        att_fell_back(1);
+    }
     float *delta = (float *)work;
     {
         int64_t rows = (int64_t)a.B * a.Tq * a.NH;

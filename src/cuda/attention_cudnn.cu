@@ -699,6 +699,19 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
     p->off_sum = align256(p->ws);
     p->off_dqacc = p->off_sum + (backward ? align256(s->B * s->NH * s->Tq * 4) : 0);
     p->total = p->off_dqacc + (backward && nondet ? align256(s->B * s->NH * s->Tq * s->D * 4) : 0);
+    // the deterministic backward's workspace grows as B·H·T² (1.1 GB at the [cuda] benchmark's shape): past
+    // a cap, kiln's kernels (deterministic too, no T x T scratch) are the better trade
+    const char *cap_env = getenv("KILN_CUDNN_WORKSPACE_MB");
+    const long long cap_mb = cap_env && *cap_env ? atoll(cap_env) : 4096;
+    if (cap_mb > 0 && p->total > (int64_t)cap_mb << 20) {
+        snprintf(p->why, sizeof p->why,
+                 "cuDNN's %s of B=%lld T=%lld H=%lld needs a %.2f GiB workspace, more than KILN_CUDNN_WORKSPACE_MB=%lld%s",
+                 backward ? (nondet ? "backward" : "deterministic backward") : "forward", (long long)s->B,
+                 (long long)s->Tq, (long long)s->NH, (double)p->total / (1 << 30), cap_mb,
+                 backward && !nondet ? " (KILN_ATTENTION=cudnn-nondet needs far less)" : "");
+        *why = p->why;
+        return NULL;
+    }
     p->ok = 1;
     kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld for the %s%s of B=%lld T=%lld H=%lld KV=%lld D=%lld "
              "window=%lld, workspace %lld bytes", version, (long long)p->engine, backward ? "backward" : "forward",
@@ -715,14 +728,24 @@ int att_cudnn_usable(const kiln_attn_shape *s, int backward, int nondet, const c
     return p ? 0 : -1;
 }
 
-static kiln_error *execute(att_plan *p, void *const ptrs[U_COUNT], cudaStream_t st) {
+// *ran = 0 (and no error) when the workspace could not be allocated: the caller runs kiln's kernels instead
+static kiln_error *execute(att_plan *p, void *const ptrs[U_COUNT], cudaStream_t st, int *ran) {
     kiln_error *err = NULL;
     void *ws = NULL;
     kdnn_desc vp = NULL;
     void *data[U_COUNT];
     kdnn_status s;
     const char *what = "";
-    if (p->total) CUDA_TRY(kiln_ops_scratch(&ws, (size_t)p->total, st));
+    *ran = 0;
+    if (p->total) {
+        cudaError_t ce = kiln_ops_scratch(&ws, (size_t)p->total, st);
+        if (ce == cudaErrorMemoryAllocation) {
+            cudaGetLastError(); // not sticky: clear it so that the next launch check does not see it
+            return NULL;
+        }
+        CUDA_TRY(ce);
+    }
+    *ran = 1;
     for (int i = 0; i < p->nuid; i++) {
         int64_t u = p->uids[i];
         data[i] = u == U_SUM ? (char *)ws + p->off_sum : u == U_DQACC ? (char *)ws + p->off_dqacc : ptrs[u];
@@ -761,7 +784,8 @@ done:
 }
 
 kiln_error *att_cudnn_forward(kiln_bf16 *out, float *lse, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
-                              const kiln_attn_shape *s, cudaStream_t st) {
+                              const kiln_attn_shape *s, cudaStream_t st, int *ran) {
+    *ran = 0;
     const char *why = NULL;
     pthread_mutex_lock(&lock);
     att_plan *p = get_plan(s, 0, 0, &why);
@@ -773,7 +797,7 @@ kiln_error *att_cudnn_forward(kiln_bf16 *out, float *lse, const kiln_bf16 *q, co
         ptrs[U_Q] = (void *)q, ptrs[U_K] = (void *)k, ptrs[U_V] = (void *)v, ptrs[U_O] = out, ptrs[U_STATS] = lse;
         ptrs[U_SCALE] = &p->v_scale, ptrs[U_NEGINF1] = &p->v_neginf, ptrs[U_NEGINF2] = &p->v_neginf;
         ptrs[U_WIN] = &p->v_win;
-        err = execute(p, ptrs, st);
+        err = execute(p, ptrs, st, ran);
     }
     pthread_mutex_unlock(&lock);
     return err;
@@ -781,8 +805,9 @@ kiln_error *att_cudnn_forward(kiln_bf16 *out, float *lse, const kiln_bf16 *q, co
 
 kiln_error *att_cudnn_backward(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16 *dv, const kiln_bf16 *dout,
                                const kiln_bf16 *out, const float *lse, const kiln_bf16 *q, const kiln_bf16 *k,
-                               const kiln_bf16 *v, const kiln_attn_shape *s, int nondet, cudaStream_t st) {
+                               const kiln_bf16 *v, const kiln_attn_shape *s, int nondet, cudaStream_t st, int *ran) {
     const char *why = NULL;
+    *ran = 0;
     pthread_mutex_lock(&lock);
     att_plan *p = get_plan(s, 1, nondet, &why);
     kiln_error *err = NULL;
@@ -795,7 +820,7 @@ kiln_error *att_cudnn_backward(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16 *dv, cons
         ptrs[U_SCALE] = &p->v_scale, ptrs[U_NEGINF1] = &p->v_neginf, ptrs[U_NEGINF2] = &p->v_neginf;
         ptrs[U_NEGINF3] = &p->v_neginf, ptrs[U_WIN] = &p->v_win, ptrs[U_ONE] = &p->v_one;
         ptrs[U_SEQQ] = p->seq, ptrs[U_SEQKV] = p->seq ? p->seq + s->B : NULL;
-        err = execute(p, ptrs, st);
+        err = execute(p, ptrs, st, ran);
     }
     pthread_mutex_unlock(&lock);
     return err;

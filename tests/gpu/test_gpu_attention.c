@@ -201,6 +201,39 @@ TEST(gpu_attention_cudnn_padding_mask) {
     unsetenv("KILN_CUDNN_PAD_MASK");
 }
 
+/* Past KILN_CUDNN_WORKSPACE_MB the deterministic cuDNN backward (workspace B·H·T²) hands the call to kiln's
+ * kernels: with a 1 MiB cap the backward of B=1 T=260 H=8 must be kiln's, bit for bit. */
+TEST(gpu_attention_cudnn_workspace_cap) {
+    const int64_t B = 1, T = 260, NH = 8, KV = 2, D = 128, nq = B * T * NH * D, nk = B * T * KV * D;
+    kiln_attn_shape s = {B, T, T, T, NH, KV, D, 0, 1.0f / sqrtf((float)D)};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 700);
+    float *q = gt_rand(&rng, nq, 2.0f), *k = gt_rand(&rng, nk, 2.0f), *v = gt_rand(&rng, nk, 1.0f);
+    float *dout = gt_rand(&rng, nq, 1.0f);
+    kiln_bf16 *d_q = gt_up_bf16(q, nq), *d_k = gt_up_bf16(k, nk), *d_v = gt_up_bf16(v, nk);
+    kiln_bf16 *d_do = gt_up_bf16(dout, nq), *d_out = gt_dev((size_t)nq * 2), *d_dq = gt_dev((size_t)nq * 2);
+    kiln_bf16 *d_dk = gt_dev((size_t)nk * 2), *d_dv = gt_dev((size_t)nk * 2);
+    float *d_lse = gt_dev((size_t)(B * NH * T) * sizeof(float));
+    void *work = gt_dev(kiln_attention_backward_cuda_work(&s));
+    setenv("KILN_CUDNN_WORKSPACE_MB", "1", 1);
+    CHECK_OK(kiln_attention_cuda_set_impl("cudnn"));
+    CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL));
+    CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+    printf("  capped: forward ran %s, backward ran %s\n", kiln_attention_cuda_last_impl(0),
+           kiln_attention_cuda_last_impl(1));
+    CHECK(!strcmp(kiln_attention_cuda_last_impl(1), "own"));
+    float *a_dq = gt_down_bf16(d_dq, nq), *a_dk = gt_down_bf16(d_dk, nk);
+    CHECK_OK(kiln_attention_cuda_set_impl("own"));
+    CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
+    float *b_dq = gt_down_bf16(d_dq, nq), *b_dk = gt_down_bf16(d_dk, nk);
+    CHECK(!memcmp(a_dq, b_dq, (size_t)nq * sizeof(float)) && !memcmp(a_dk, b_dk, (size_t)nk * sizeof(float)));
+    unsetenv("KILN_CUDNN_WORKSPACE_MB");
+    CHECK_OK(kiln_attention_cuda_set_impl(NULL));
+    kiln_cuda_free(d_q), kiln_cuda_free(d_k), kiln_cuda_free(d_v), kiln_cuda_free(d_do), kiln_cuda_free(d_out);
+    kiln_cuda_free(d_dq), kiln_cuda_free(d_dk), kiln_cuda_free(d_dv), kiln_cuda_free(d_lse), kiln_cuda_free(work);
+    free(q), free(k), free(v), free(dout), free(a_dq), free(a_dk), free(b_dq), free(b_dk);
+}
+
 TEST(gpu_attention_kv_cache_forward) {
     const att_case cs[] = {
         {2, 5, 70, 96, 4, 2, 64, 0, 0},   /* decode-style: 5 new queries over a 70-key cache of capacity 96 */
