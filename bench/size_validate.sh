@@ -7,10 +7,11 @@
 #     (kiln bench moe --device cuda), and the GPU copy sweep (kiln bench membw --device cuda), folded into
 #     a copy of data/profiles/h200.json by data/profiles/merge_bench.py;
 #  3. runs `kiln train --device cuda` (KILN_CUDA_PROFILE=1: the last step's per-op times) on a calibration
-#     shape that is NOT validated: for each op class no kiln bench times (CCA convolutions, norms, the
-#     pointwise glue, cross-entropy, embedding, gradient norm, optimizer, the time outside the profiled ops)
-#     its measured time over kiln size's modelled time there becomes the class's scale in the profile
-#     (kiln_kernels.rates), and device peak minus kiln's own buffers the runtime's memory (memory.runtime_gib);
+#     shape that is NOT validated: for each group of op classes no kiln bench times (CCA convolutions, the
+#     memory-bound ops: norms, residual joins, pointwise glue, QK norm, cross-entropy, embedding; the
+#     optimizer with the gradient norm; the time outside the profiled ops) its measured over kiln size's modelled
+#     time there becomes the group's scale in the profile (kiln_kernels.rates), and the device peak minus
+#     kiln's own buffers the runtime's memory (memory.runtime_gib);
 #  4. for each validated shape runs `kiln train --device cuda` and `kiln size predict --json` on that
 #     profile, and prints predicted vs measured ms/step, tokens/s and device peak memory (error %), plus
 #     the per-op-class comparison of the benchmark config ([cuda]'s: hidden 2048, 8 layers, 16 experts
@@ -86,9 +87,19 @@ for lg in "$out"/train_*.log; do
 done
 
 python3 - "$out" "$K" <<'PY'
-import glob, json, os, re, subprocess, sys
+import glob, json, math, os, re, subprocess, sys
 out, K = sys.argv[1], sys.argv[2]
-GIB = 1073741824.0
+OUTSIDE = "outside the profiled ops"
+BENCHED = ("GEMMs", "attention", "experts")
+
+def group_of(c):  # as kiln_size_op_group (src/sizing/step_cuda.c)
+    if c.startswith(("linear", "LM head")): return "GEMMs"
+    if c.startswith("attention"): return "attention"
+    if c.startswith("experts"): return "experts"
+    if c.startswith("CCA conv"): return "CCA convolutions"
+    if c.startswith(("optimizer", "bf16 weight copy", "gradient norm")): return "optimizer"
+    if c.startswith("outside"): return OUTSIDE
+    return "memory-bound ops"
 
 def measured(name):
     log = open(f"{out}/train_{name}.log").read()
@@ -98,7 +109,6 @@ def measured(name):
     warm = min(3, len(el) - 3)
     s0, t0, e0 = el[warm]
     s1, t1, e1 = el[-2]  # the last step carries the per-op events
-    tps = (t1 - t0) / (e1 - e0)
     ops = {}
     sec = log.split("per-op time of the last step", 1)
     if len(sec) > 1:
@@ -106,34 +116,45 @@ def measured(name):
             m = re.match(r"^\s+(.+?)\s+([0-9.]+)\s+([0-9.]+)%\s+(\d+)\s*$", line)
             if m: ops[m.group(1)] = float(m.group(2))
             elif "sum of the ops" in line: break
+    ms = 1000 * (e1 - e0) / (s1 - s0)
+    groups = {}
+    for k, v in ops.items():
+        groups[group_of(k)] = groups.get(group_of(k), 0) + v
+    groups[OUTSIDE] = ms - sum(ops.values())  # memsets, host work and gaps between the profiled ops
     mem = re.search(r"GPU memory: parameters ([0-9.]+) GiB, gradients ([0-9.]+) GiB, optimizer state ([0-9.]+) GiB, "
                     r"activations ([0-9.]+) GiB \(\+ backward scratch ([0-9.]+) GiB\), ops' pool peak ([0-9.]+) GiB; "
                     r"device peak in use ([0-9.]+) GiB", log)
     m = dict(zip(["parameters", "gradients", "optimizer_state", "activations", "backward_scratch", "pool",
                   "device_peak"], map(float, mem.groups()))) if mem else {}
-    return {"tokens_per_s": tps, "ms_per_step": 1000 * (e1 - e0) / (s1 - s0),
-            "steps_timed": f"{s0 + 1}..{s1}", "ops_ms": ops, "memory_gib": m}
+    return {"tokens_per_s": (t1 - t0) / (e1 - e0), "ms_per_step": ms, "steps_timed": f"{s0 + 1}..{s1}",
+            "ops_ms": ops, "groups_ms": groups, "memory_gib": m}
+
+def by_group(pred):
+    g = {}
+    for c in pred["step"]["classes"]:
+        g[c["group"]] = g.get(c["group"], 0) + c["ms"]
+    return g
 
 def predict(cfg, prof):
     r = subprocess.run([K, "size", "predict", cfg, "--profile", prof, "--gpus", "1", "--json"], capture_output=True,
                        text=True, check=True)
     return json.loads(r.stdout)["kiln_cuda"]
 
-OUTSIDE = "outside the profiled ops (memsets, syncs)"
-BENCHED = ("linear (cuBLASLt)", "LM head (cuBLASLt)", "attention (flash)", "experts (dispatch + grouped GEMMs)")
-# calibration: the classes no kiln bench times, and what the runtime holds, from the calib shape
+def p0_of(name):
+    return json.load(open(f"{out}/predict0_{name}.json"))["kiln_cuda"]
+
+def scales(p0, m):  # measured / modelled per unbenched group
+    g0 = by_group(p0)
+    return {g: m["groups_ms"][g] / g0[g] for g in g0
+            if g not in BENCHED and g0[g] > 0 and m["groups_ms"].get(g, 0) > 0}
+
+# calibration on the calib shape: the groups no kiln bench times, and what the runtime holds
 prof = f"{out}/h200_measured.json"
 P = json.load(open(prof))
 rates, runtime = [], None
 if os.path.exists(f"{out}/train_calib.log"):
     mc = measured("calib")
-    pc = json.load(open(f"{out}/predict0_calib.json"))["kiln_cuda"]
-    meas = dict(mc["ops_ms"])
-    meas[OUTSIDE] = mc["ms_per_step"] - sum(mc["ops_ms"].values())
-    for c in pc["step"]["classes"]:
-        # the classes no kiln bench times: measured / modelled on this shape
-        if not c["class"].startswith(BENCHED) and meas.get(c["class"], 0) > 0 and c["ms"] > 0:
-            rates.append({"class": c["class"], "scale": round(meas[c["class"]] / c["ms"], 4)})
+    rates = [{"class": g, "scale": round(v, 4)} for g, v in sorted(scales(p0_of("calib"), mc).items())]
     mm = mc["memory_gib"]
     if mm:
         own = sum(mm[k] for k in ("parameters", "gradients", "optimizer_state", "activations", "backward_scratch"))
@@ -141,22 +162,22 @@ if os.path.exists(f"{out}/train_calib.log"):
 P.setdefault("kiln_kernels", {"source": "measured", "attention": [], "moe": [], "copy_sweep": []})["rates"] = rates
 if runtime is not None:
     P["memory"]["runtime_gib"] = round(max(runtime, 0), 3)
-    P["memory"]["source"] += f"; runtime_gib: device peak in use minus kiln's own buffers, calibration run"
+    P["memory"]["source"] += "; runtime_gib: device peak in use minus kiln's own buffers, calibration run"
 json.dump(P, open(prof, "w"), indent=2)
 
-shapes, rows, oprows = [], [], []
+rows, groups, oprows, meas_all = [], [], [], {}
 for lg in sorted(glob.glob(f"{out}/train_*.log")):
     name = os.path.basename(lg)[len("train_"):-4]
     cfg = f"{out}/{name}.json"
-    if name == "calib":
-        continue
     try:
         m = measured(name)
     except Exception as ex:
         print(f"{name}: no measurement ({ex})")
         continue
-    p = predict(cfg, prof)
-    p0 = json.load(open(f"{out}/predict0_{name}.json"))["kiln_cuda"]
+    meas_all[name] = m
+    if name == "calib":
+        continue
+    p, p0 = predict(cfg, prof), p0_of(name)
     c = json.load(open(cfg))
     mo, d = c["model"], c["data"]
     shape = (f"h{mo['hidden_size']} L{mo['num_hidden_layers']} q{mo['num_attention_heads']}/kv{mo['num_key_value_heads']}"
@@ -164,71 +185,66 @@ for lg in sorted(glob.glob(f"{out}/train_*.log")):
              f"V{mo['vocab_size']} T{d['seq_len']} B{d['micro_batch']}")
     mp = m["memory_gib"].get("device_peak", float("nan"))
     pp = p["memory_gib"]["device_peak"]
-    row = {"name": name, "shape": shape, "pred_ms": p["step"]["ms"], "meas_ms": m["ms_per_step"],
-           "pred_tok_s": p["step"]["tokens_per_s"], "meas_tok_s": m["tokens_per_s"],
-           "err_time_pct": 100 * (p["step"]["ms"] / m["ms_per_step"] - 1),
-           "pred_ms_benches_only": p0["step"]["ms"],
-           "err_time_benches_only_pct": 100 * (p0["step"]["ms"] / m["ms_per_step"] - 1),
-           "pred_peak_gib": pp, "meas_peak_gib": mp, "err_mem_pct": 100 * (pp / mp - 1),
-           "memory_pred": p["memory_gib"], "memory_meas": m["memory_gib"], "steps_timed": m["steps_timed"]}
-    row["_p0"], row["_meas"] = p0, m
-    rows.append(row)
+    rows.append({"name": name, "shape": shape, "pred_ms": p["step"]["ms"], "meas_ms": m["ms_per_step"],
+                 "pred_tok_s": p["step"]["tokens_per_s"], "meas_tok_s": m["tokens_per_s"],
+                 "err_time_pct": 100 * (p["step"]["ms"] / m["ms_per_step"] - 1),
+                 "pred_ms_benches_only": p0["step"]["ms"],
+                 "err_time_benches_only_pct": 100 * (p0["step"]["ms"] / m["ms_per_step"] - 1),
+                 "pred_peak_gib": pp, "meas_peak_gib": mp, "err_mem_pct": 100 * (pp / mp - 1),
+                 "memory_pred": p["memory_gib"], "memory_meas": m["memory_gib"], "steps_timed": m["steps_timed"]})
+    pg = by_group(p)
+    for g in sorted(set(pg) | set(m["groups_ms"])):
+        groups.append({"name": name, "group": g, "pred_ms": pg.get(g, 0.0), "meas_ms": m["groups_ms"].get(g, 0.0)})
     for cl in p["step"]["classes"]:
-        oprows.append({"name": name, "class": cl["class"], "pred_ms": cl["ms"], "meas_ms": m["ops_ms"].get(cl["class"], 0.0),
-                       "from": cl["from"]})
-    m["ops_ms"][OUTSIDE] = m["ms_per_step"] - sum(m["ops_ms"].values())
-    for cl in oprows:
-        if cl["name"] == name and cl["class"] == OUTSIDE:
-            cl["meas_ms"] = m["ops_ms"][OUTSIDE]
+        meas = m["groups_ms"][OUTSIDE] if cl["class"] == OUTSIDE else m["ops_ms"].get(cl["class"], 0.0)
+        oprows.append({"name": name, "class": cl["class"], "group": cl["group"], "pred_ms": cl["ms"],
+                       "meas_ms": meas, "from": cl["from"]})
     for k, v in m["ops_ms"].items():
         if not any(o["name"] == name and o["class"] == k for o in oprows):
-            oprows.append({"name": name, "class": k, "pred_ms": 0.0, "meas_ms": v, "from": "(not modelled)"})
+            oprows.append({"name": name, "class": k, "group": group_of(k), "pred_ms": 0.0, "meas_ms": v,
+                           "from": "(no class of that name in the model: see its group)"})
 
-# leave-one-out: each shape's unbenched classes scaled by the geometric mean of measured/modelled over all
-# the OTHER shapes (the calibration shape included) instead of the calibration shape alone
-def ratios(p0, m):
-    ops = dict(m["ops_ms"])
-    ops[OUTSIDE] = m["ms_per_step"] - sum(v for k, v in m["ops_ms"].items() if k != OUTSIDE)
-    return {c["class"]: ops[c["class"]] / c["ms"] for c in p0["step"]["classes"]
-            if not c["class"].startswith(BENCHED) and c["ms"] > 0 and ops.get(c["class"], 0) > 0}
-pool = [(r["name"], ratios(r["_p0"], r["_meas"])) for r in rows]
-if os.path.exists(f"{out}/train_calib.log"):
-    pool.append(("calib", ratios(json.load(open(f"{out}/predict0_calib.json"))["kiln_cuda"], measured("calib"))))
+# leave-one-out: each shape's unbenched groups scaled by the geometric mean of measured/modelled over all the
+# OTHER shapes' runs (the calibration shape included) instead of the calibration shape alone
+pool = {n: scales(p0_of(n), m) for n, m in meas_all.items()}
 for r in rows:
     pred = 0.0
-    for c in r["_p0"]["step"]["classes"]:
-        others = [q[c["class"]] for n, q in pool if n != r["name"] and c["class"] in q]
-        scale = 1.0
-        if not c["class"].startswith(BENCHED) and others:
-            scale = 1.0
-            for x in others: scale *= x ** (1.0 / len(others))
-        pred += c["ms"] * scale
+    for g, v in by_group(p0_of(r["name"])).items():
+        others = [q[g] for n, q in pool.items() if n != r["name"] and g in q]
+        pred += v * (math.exp(sum(math.log(x) for x in others) / len(others)) if others and g not in BENCHED else 1.0)
     r["pred_ms_loo"] = pred
     r["err_time_loo_pct"] = 100 * (pred / r["meas_ms"] - 1)
-for r in rows:
-    del r["_p0"], r["_meas"]
 
 lines = []
 P = lambda s="": lines.append(s)
-P(f"# kiln size predict vs kiln train --device cuda, {len(rows)} shapes (profile {prof}: this run's kiln bench")
-P("# gemm/attention/moe/membw; the other op classes scaled by the calibration shape's measured/modelled ratio)")
+P(f"# kiln size predict vs kiln train --device cuda, {len(rows)} shapes. Profile {prof}: this run's kiln bench")
+P("# gemm --model / attention / moe / membw; the groups no bench times scaled by the calibration shape's measured/modelled")
 P(f"{'shape':50} {'pred ms':>8} {'meas ms':>8} {'err':>7} {'pred tok/s':>10} {'meas tok/s':>10} {'pred GiB':>8} {'meas GiB':>8} {'err':>7} {'benches-only':>12} {'leave-1-out':>11}")
 for r in rows:
     P(f"{r['shape']:50} {r['pred_ms']:8.1f} {r['meas_ms']:8.1f} {r['err_time_pct']:+6.1f}% {r['pred_tok_s']:10.0f} "
       f"{r['meas_tok_s']:10.0f} {r['pred_peak_gib']:8.2f} {r['meas_peak_gib']:8.2f} {r['err_mem_pct']:+6.1f}% "
       f"{r['err_time_benches_only_pct']:+11.1f}% {r['err_time_loo_pct']:+10.1f}%")
-P("(benches-only: no calibration scales; leave-1-out: the scales from all other shapes' runs, not the calibration shape's)")
+P("(benches-only: no calibration scales; leave-1-out: the scales from all the other shapes' runs, not the calibration shape's)")
 if rows:
     P(f"worst |time error| {max(abs(r['err_time_pct']) for r in rows):.1f}% (target <= 15%), worst |memory error| "
       f"{max(abs(r['err_mem_pct']) for r in rows):.1f}% (target <= 10%)")
-P(f"calibration (measured / modelled on the calib shape): " + ", ".join(f"{x['class']} x{x['scale']:.2f}" for x in rates) +
+P("calibration (measured / modelled on the calib shape): " + ", ".join(f"{x['class']} x{x['scale']:.2f}" for x in rates) +
   (f"; runtime memory {runtime:.2f} GiB" if runtime is not None else ""))
 for r in rows:
     mp, mm = r["memory_pred"], r["memory_meas"]
-    P(f"memory {r['name']}: " + ", ".join(f"{k} {mp.get(k2, 0):.2f}/{mm.get(k, float('nan')):.2f}" for k, k2 in
-      [("parameters", "parameters"), ("gradients", "gradients"), ("optimizer_state", "optimizer_state"),
-       ("activations", "activations"), ("backward_scratch", "backward_scratch"), ("device_peak", "device_peak")]) +
+    P(f"memory {r['name']}: " + ", ".join(f"{k} {mp.get(k, 0):.2f}/{mm.get(k, float('nan')):.2f}" for k in
+      ["parameters", "gradients", "optimizer_state", "activations", "backward_scratch", "device_peak"]) +
       " GiB (predicted/measured)")
+P()
+P("by group of op classes, ms per step, predicted/measured (the last step's CUDA events; 'outside' = step - sum of the ops)")
+gnames = ["GEMMs", "attention", "experts", "CCA convolutions", "memory-bound ops", "optimizer", OUTSIDE]
+P(f"  {'shape':14}" + "".join(f" {g[:16]:>16}" for g in gnames))
+for r in rows:
+    cells = []
+    for g in gnames:
+        x = [q for q in groups if q["name"] == r["name"] and q["group"] == g]
+        cells.append(f"{x[0]['pred_ms']:7.1f}/{x[0]['meas_ms']:<7.1f}" if x else f"{'-':>16}")
+    P(f"  {r['name']:14} " + " ".join(f"{c:>16}" for c in cells))
 for name in ["bench"] + [r["name"] for r in rows if r["name"] != "bench"]:
     ops = sorted([o for o in oprows if o["name"] == name], key=lambda o: -o["meas_ms"])
     if not ops:
@@ -238,23 +254,22 @@ for name in ["bench"] + [r["name"] for r in rows if r["name"] != "bench"]:
     P(f"  {'op class':42} {'pred':>8} {'meas':>8} {'diff':>8}  from")
     for o in ops:
         P(f"  {o['class']:42} {o['pred_ms']:8.2f} {o['meas_ms']:8.2f} {o['pred_ms'] - o['meas_ms']:+8.2f}  {o['from']}")
-    P(f"  {'sum':42} {sum(o['pred_ms'] for o in ops):8.2f} {sum(o['meas_ms'] for o in ops):8.2f}")
 txt = "\n".join(lines)
 print(txt)
 open(f"{out}/size_validate.txt", "w").write(txt + "\n")
-json.dump({"profile": prof, "rates": rates, "runtime_gib": runtime, "shapes": rows, "ops": oprows},
+json.dump({"profile": prof, "rates": rates, "runtime_gib": runtime, "shapes": rows, "groups": groups, "ops": oprows},
           open(f"{out}/size_validate.json", "w"), indent=1)
 with open(f"{out}/size_validate.csv", "w") as f:
     f.write("name,shape,pred_ms,meas_ms,err_time_pct,pred_tok_s,meas_tok_s,pred_peak_gib,meas_peak_gib,err_mem_pct,"
             "err_time_benches_only_pct,err_time_leave_one_out_pct\n")
     for r in rows:
         f.write(f"{r['name']},\"{r['shape']}\",{r['pred_ms']:.3f},{r['meas_ms']:.3f},{r['err_time_pct']:.2f},{r['pred_tok_s']:.0f},"
-                f"{r['meas_tok_s']:.0f},{r['pred_peak_gib']:.3f},{r['meas_peak_gib']:.3f},{r['err_mem_pct']:.2f},{r['err_time_benches_only_pct']:.2f},"
-                f"{r['err_time_loo_pct']:.2f}\n")
+                f"{r['meas_tok_s']:.0f},{r['pred_peak_gib']:.3f},{r['meas_peak_gib']:.3f},{r['err_mem_pct']:.2f},"
+                f"{r['err_time_benches_only_pct']:.2f},{r['err_time_loo_pct']:.2f}\n")
 with open(f"{out}/size_validate_ops.csv", "w") as f:
-    f.write("name,class,pred_ms,meas_ms,from\n")
+    f.write("name,class,group,pred_ms,meas_ms,from\n")
     for o in oprows:
-        f.write(f"{o['name']},\"{o['class']}\",{o['pred_ms']:.3f},{o['meas_ms']:.3f},\"{o['from']}\"\n")
+        f.write(f"{o['name']},\"{o['class']}\",\"{o['group']}\",{o['pred_ms']:.3f},{o['meas_ms']:.3f},\"{o['from']}\"\n")
 print(f"-> {out}/size_validate.json, size_validate.csv, size_validate_ops.csv, size_validate.txt")
 PY
 echo "== done in $(( $(date +%s) - t0 )) s"

@@ -114,7 +114,8 @@ typedef struct { int64_t bytes; double busbw_gbs; int64_t ranks; } kiln_hw_comm_
 typedef struct { int64_t batch, seq, heads, kv_heads, head_dim, window; double fwd_us, bwd_us; } kiln_hw_attn_timed;
 typedef struct { int64_t tokens, hidden, inter, experts, top_k; double fwd_us, bwd_us; } kiln_hw_moe_timed;
 typedef struct { double bytes, gbs; } kiln_hw_bw_point;     /* bytes moved by one kernel (read + written) */
-/* measured time / the model's time of one op class on a calibration shape (kernel_rates) */
+/* measured time / the model's time of one op class, or of a group of them (kiln_size_op_group), on a
+ * calibration shape (kernel_rates) */
 typedef struct { char cls[48]; double scale; } kiln_hw_rate;
 
 typedef struct {
@@ -228,6 +229,7 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
 #define KILN_SIZE_MAX_CLASSES 24
 typedef struct {
     char cls[48];
+    char group[32]; /* GEMMs, attention, experts, CCA convolutions, memory-bound ops, optimizer, outside */
     double ms;      /* predicted per optimizer step (all micro-batches) */
     double work;    /* FLOPs or bytes per step, as the model counts them */
     int bytes;      /* work is bytes (memory-bound) rather than FLOPs */
@@ -249,6 +251,11 @@ typedef struct {
  * is the model's time times that scale. */
 kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_profile *p, const kiln_size_setup *u,
                                         kiln_size_cuda_step *r);
+
+/* The group of an op class of the trainer's profile, by its name (also for classes the model does not
+ * have, e.g. a fused kernel's new class): "GEMMs", "attention", "experts", "CCA convolutions", "optimizer"
+ * (with the gradient norm and the bf16 weight copy), "outside the profiled ops" or "memory-bound ops". */
+const char *kiln_size_op_group(const char *cls);
 
 /* The prediction as `kiln size predict` prints it (the trainer's report's wording) and as JSON. */
 void kiln_size_cuda_print(FILE *f, const kiln_size_cuda_step *st, const kiln_size_cuda_memory *m);

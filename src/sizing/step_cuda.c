@@ -14,8 +14,10 @@
  *  - work the profiler does not see: the gradient buffers the backward zeroes (cudaMemsetAsync, outside
  *    the timed ops), as bytes written over the sweep's bandwidth;
  *  - a class with a scale in the profile's kernel_rates (measured time / this model's time on a calibration
- *    shape: bench/size_validate.sh) is the model's time times that scale: the size dependence stays the
- *    model's (bytes over the sweep at that size, FLOPs), the kernel's own efficiency is measured.
+ *    shape: bench/size_validate.sh), its own or its group's, is the model's time times that scale: the size
+ *    dependence stays the model's (bytes over the sweep at that size, FLOPs), the kernels' own efficiency
+ *    is measured. Groups make this robust to kernels being fused or renamed (the trainer's classes change
+ *    as its kernels do).
  * The bytes per call follow src/models/zaya_cuda.c's forward and backward (bf16 activations, f32 residual
  * stream, f32 router logits); docs/sizing.md lists them. */
 #include <math.h>
@@ -25,6 +27,17 @@
 #include "kiln/sizing.h"
 #include "sizing_internal.h"
 
+const char *kiln_size_op_group(const char *c) {
+    if (!strncmp(c, "linear", 6) || !strncmp(c, "LM head", 7)) return "GEMMs";
+    if (!strncmp(c, "attention", 9)) return "attention";
+    if (!strncmp(c, "experts", 7)) return "experts";
+    if (!strncmp(c, "CCA conv", 8)) return "CCA convolutions";
+    if (!strncmp(c, "optimizer", 9) || !strncmp(c, "bf16 weight copy", 16) || !strncmp(c, "gradient norm", 13))
+        return "optimizer"; /* passes over the parameters */
+    if (!strncmp(c, "outside", 7)) return "outside the profiled ops";
+    return "memory-bound ops";
+}
+
 static kiln_size_op_class *cls(kiln_size_cuda_step *r, const char *name, int bytes) {
     for (int i = 0; i < r->n; i++)
         if (!strcmp(r->c[i].cls, name)) return &r->c[i];
@@ -32,6 +45,7 @@ static kiln_size_op_class *cls(kiln_size_cuda_step *r, const char *name, int byt
     kiln_size_op_class *c = &r->c[r->n++];
     memset(c, 0, sizeof *c);
     snprintf(c->cls, sizeof c->cls, "%s", name);
+    snprintf(c->group, sizeof c->group, "%s", kiln_size_op_group(name));
     c->bytes = bytes;
     return c;
 }
@@ -294,7 +308,7 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     /* ---- outside the profiled ops: the backward's cudaMemsetAsync of accumulated gradients (per layer:
      * dmoe, dres1, dln2f, do32, dnext f32 [N,H]; dln1 bf16; datt [N,Q]; dprobs, dlogit [N,E1]; da2, da1, drn
      * [N,R]; per micro-batch dhn, dres, dx0) and the gradient buffer before each step ---- */
-    const char *zs = "outside the profiled ops (memsets, syncs)";
+    const char *zs = "outside the profiled ops"; /* memsets, host work, gaps */
     mem(p, r, zs, 5 * AL, 4 * nH);
     mem(p, r, zs, AL, 2 * nH + 2 * nQ + 8 * nE + 6 * nR);
     mem(p, r, zs, A, 10 * nH);
@@ -317,9 +331,10 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     if (t->muon) snprintf(oc->how, sizeof oc->how, "bytes / membw copy sweep; Newton-Schulz at fp32 peak x GEMM eff.");
     if (t->gpus > 1) mem(p, r, "bf16 weight copy", 1, 6 * padded);
 
-    /* measured class scales */
+    /* measured scales, of the class or else of its group */
     for (int i = 0; i < r->n; i++) {
         const kiln_hw_rate *k = rate_of(p, r->c[i].cls);
+        if (!k) k = rate_of(p, r->c[i].group);
         if (k && k->scale > 0) {
             char how[sizeof r->c[i].how];
             snprintf(how, sizeof how, "%.60s, x %.2f (calibration run)", r->c[i].how, k->scale);
@@ -357,6 +372,7 @@ cJSON *kiln_size_cuda_json(const kiln_size_cuda_step *st, const kiln_size_cuda_m
     for (int i = 0; i < st->n; i++) {
         cJSON *c = cJSON_CreateObject();
         cJSON_AddStringToObject(c, "class", st->c[i].cls);
+        cJSON_AddStringToObject(c, "group", st->c[i].group);
         cJSON_AddNumberToObject(c, "ms", st->c[i].ms);
         cJSON_AddNumberToObject(c, "work", st->c[i].work);
         cJSON_AddStringToObject(c, "unit", st->c[i].bytes ? "bytes" : "flops");

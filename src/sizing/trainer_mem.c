@@ -5,8 +5,11 @@
  *  - gradients: f32 in the same layout;
  *  - optimizer state: AdamW 2 floats per (unpadded) element, Muon 1, this rank's whole tensors;
  *  - activations: one arena of 256-byte-aligned pieces for (micro-batch B, sequence T): per layer the
- *    tensors layer_layout() takes (one shared set with recomputation) and each layer's input and router
- *    state, plus the embedding output, final norm, logits, ids and counts;
+ *    tensors layer_layout() takes (one shared set with recomputation) and each layer's input, router
+ *    state and ln1 statistics, plus the embedding output, final norm, logits, ids and counts;
+ * (the layout of src/models/zaya_cuda.c as of commit 3e7a893: fused residual + RMSNorm, bf16 o_proj output
+ * and convolution intermediate, no packed q|k; tests/test_size_cuda.c checks it against the trainer's
+ * report on the H200)
  *  - backward scratch: one set of gradient buffers reused by every layer, and the attention backward's
  *    per-row workspace (B·heads·T floats).
  * What the CUDA runtime holds besides (context, cuBLAS workspaces, the ops' stream-ordered pool) is a
@@ -100,13 +103,14 @@ static double layer_bytes(const kiln_size_shape *s, double B, double T) {
     const double Q = NH * (double)s->head_dim, K = KV * (double)s->head_dim, C = Q + K, R = (double)s->router_hidden;
     const double E1 = (double)s->experts + 1, S = N * (double)s->top_k, I = (double)s->expert_inter;
     double b = 0;
-    b += piece(N * H, 2) + piece(N, 4);                                       /* ln1, its rstd */
-    b += piece(N * C, 2) + piece(B * (T + (double)s->cca_time1 - 1) * C, 4);  /* qk, mid */
-    b += piece(N * C, 2) + piece(N * Q, 2) + piece(N * K, 2);                 /* conv, qpre, kpre */
+    b += piece(N * H, 2);                                                     /* ln1 */
+    b += piece(N * Q, 2) + piece(N * K, 2);                                   /* q, k: the convolution's input */
+    b += piece(B * (T + (double)s->cca_time1 - 1) * C, 2);                    /* mid */
+    b += piece(N * Q, 2) + piece(N * K, 2);                                   /* qpre, kpre */
     b += piece(N * NH, 4) + piece(N * KV, 4);                                 /* qinv, kinv */
     b += piece(N * Q, 2) + piece(N * K, 2) + piece(N * K, 2) + piece(N * K / 2, 2); /* qr, kr, v, vd */
     b += piece(N * Q, 2) + piece(B * NH * T, 4);                              /* att, lse */
-    b += piece(N * H, 4) + piece(N * H, 4) + piece(N * H, 2) + piece(N, 4);   /* o, res1, ln2, its rstd */
+    b += piece(N * H, 2) + piece(N * H, 4) + piece(N * H, 2) + piece(N, 4);   /* o, res1, ln2, its rstd */
     b += piece(N * R, 2) + piece(N, 4) + 4 * piece(N * R, 2);                 /* rn, its rstd, f1 a1 f2 a2 */
     b += 2 * piece(N * E1, 4);                                                /* router logits, probs */
     b += piece(S, 4) + piece(S, 4) + piece(E1 + 1, 4) + 3 * piece(S, 4);      /* choice gate offsets slots */
@@ -125,14 +129,14 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
     double a = piece(N * H, 4) + piece(N * H, 4) + piece(N * H, 2) + piece(N, 4) + piece(N * (double)s->vocab, 2) +
                piece(N, 8) + piece(1, 4) + piece(L * E1, 8);
     a += (recompute ? 1 : L) * layer_bytes(s, B, T);
-    a += L * (piece(N * H, 4) + piece(N * R, 2)); /* every layer's input and router state */
+    a += L * (piece(N * H, 4) + piece(N * R, 2) + piece(N, 4)); /* every layer's input, router state, ln1 rstd */
     *arena = a;
     /* scratch_layout() */
-    double w = 7 * piece(N * H, 4) + 4 * piece(N * H, 2);
+    double w = 5 * piece(N * H, 4) + 4 * piece(N * H, 2);
     w += piece(S * H, 2) + piece(S * I, 2) + piece(S * 2 * I, 2) + piece(S * H, 2) + piece(S, 4);
     w += 2 * piece(N * E1, 4) + piece(N * E1, 2);
     w += 7 * piece(N * R, 2) + 3 * piece(N * R, 4);
-    w += 4 * piece(N * Q, 2) + 4 * piece(N * K, 2) + 2 * piece(N * K / 2, 2) + 2 * piece(N * C, 2);
+    w += 4 * piece(N * Q, 2) + 4 * piece(N * K, 2) + 2 * piece(N * K / 2, 2);
     w += piece(B * (T + (double)s->cca_time1 - 1) * C, 4);
     w += piece(B * (double)s->heads * T * 4, 1); /* kiln_attention_backward_cuda_work */
     *scratch = w;
