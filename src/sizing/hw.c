@@ -300,13 +300,17 @@ static int merge_kernels(kiln_hw_profile *p, const cJSON *root, const char *path
         }
     }
     sec = cJSON_GetObjectItemCaseSensitive(root, "moe");
+    /* with several grouped-GEMM paths timed ("path"), the one the trainer runs ("default_path": true) */
+    int any_default = 0;
+    if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) any_default |= cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "default_path"));
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
         if (!str_is(r, "backend", "cuda") || !str_is(r, "part", "op") || !str_is(r, "pass", "fwd") ||
-            !str_is(r, "routing", "balanced"))
+            !str_is(r, "routing", "balanced") || (any_default && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "default_path"))))
             continue;
+        const cJSON *path = cJSON_GetObjectItemCaseSensitive(r, "path");
         cJSON_ArrayForEach(r2, sec) {
             if (!str_is(r2, "backend", "cuda") || !str_is(r2, "part", "op") || !str_is(r2, "pass", "fwd_bwd") ||
-                !str_is(r2, "routing", "balanced"))
+                !str_is(r2, "routing", "balanced") || (cJSON_IsString(path) && !str_is(r2, "path", path->valuestring)))
                 continue;
             static const char *key[] = {"tokens", "hidden", "inter", "experts", "top_k"};
             int same = 1;
