@@ -265,7 +265,7 @@ TEST(size_cuda_step_from_timed_kernels) {
 }
 
 /* kiln bench's records become the kiln_kernels tables, through kiln size --bench (C) and through
- * data/profiles/merge_bench.py alike. */
+ * data/profiles/merge_bench.py alike: of several grouped-GEMM paths the trainer's (default_path). */
 TEST(size_cuda_merge_timed_kernels) {
     const char *dir = test_tmpdir();
     const char *bench = test_join(dir, "kernels_bench.json");
@@ -278,10 +278,14 @@ TEST(size_cuda_merge_timed_kernels) {
           "{\"device\": \"cpu\", \"backend\": \"cpu\", \"dtype\": \"fp32\", \"pass\": \"fwd\", \"batch\": 1, \"seq\": 64, "
           "\"heads\": 8, \"kv_heads\": 2, \"head_dim\": 128, \"window\": 0, \"flops\": 1e6, \"time_us\": 70}], "
           "\"moe\": ["
-          "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"part\": \"op\", \"pass\": \"fwd\", \"tokens\": 16384, "
-          "\"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 1746}, "
-          "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"part\": \"op\", \"pass\": \"fwd_bwd\", \"tokens\": 16384, "
-          "\"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 4566}, "
+          "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"path\": \"lt_loop\", \"default_path\": false, \"part\": \"op\", "
+          "\"pass\": \"fwd\", \"tokens\": 16384, \"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 950}, "
+          "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"path\": \"grouped\", \"default_path\": true, \"part\": \"op\", "
+          "\"pass\": \"fwd\", \"tokens\": 16384, \"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 1746}, "
+          "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"path\": \"grouped\", \"default_path\": true, \"part\": \"op\", "
+          "\"pass\": \"fwd_bwd\", \"tokens\": 16384, \"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 4566}, "
+          "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"path\": \"lt_loop\", \"default_path\": false, \"part\": \"op\", "
+          "\"pass\": \"fwd_bwd\", \"tokens\": 16384, \"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 3100}, "
           "{\"backend\": \"cuda\", \"routing\": \"skewed\", \"part\": \"op\", \"pass\": \"fwd\", \"tokens\": 16384, "
           "\"hidden\": 2048, \"inter\": 2048, \"experts\": 16, \"top_k\": 1, \"time_us\": 1785}, "
           "{\"backend\": \"cuda\", \"routing\": \"balanced\", \"part\": \"down_fwd\", \"pass\": \"fwd\", \"tokens\": 16384, "
