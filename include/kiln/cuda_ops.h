@@ -69,6 +69,8 @@ typedef struct {
 } kiln_experts_cuda;
 typedef struct {
     kiln_bf16 *dye, *dact, *dgu, *dxe; /* [S,H], [S,I], [S,2I], [S,H] */
+    int dw_write; /* 1: the backward WRITES dwgu/dwdn (=) instead of adding to them: the first backward after the
+                   * gradients were zeroed skips reading them back (experts without rows get zeros) */
 } kiln_experts_cuda_scratch;
 /* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
  * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
@@ -89,7 +91,7 @@ kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const ki
                                       const kiln_bf16 *wdn, void *stream);
 /* As kiln_experts_backward after kiln_experts_forward_cuda on the same x: dx [N,H] += (f32); dgate [N*top]
  * = (f32, 0 for skipped slots); dwgu [E,2I,H], dwdn [E,H,I] += (f32 master gradients, grouped GEMMs with
- * f32 output). dout [N,H] f32. */
+ * f32 output; = when w->dw_write). dout [N,H] f32. */
 kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu, float *dwdn,
                                        const float *dout, const kiln_bf16 *wgu, const kiln_bf16 *wdn,
                                        kiln_experts_cuda_scratch *w, void *stream);

@@ -275,7 +275,11 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         return kiln_errorf(KILN_EINVAL, "experts backward: %lld slots but the forward's offsets say %d (run "
                            "kiln_experts_forward_cuda on this struct first)", (long long)S, x->exp_off_host[E]);
     if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
-    if (!S) goto done;
+    if (!S) { // no rows: written weight gradients are empty sums
+        if (w->dw_write && dwgu) CUDA_TRY(cudaMemsetAsync(dwgu, 0, (size_t)(E * 2 * I * H) * sizeof(float), st));
+        if (w->dw_write && dwdn) CUDA_TRY(cudaMemsetAsync(dwdn, 0, (size_t)(E * H * I) * sizeof(float), st));
+        goto done;
+    }
     if (vec4_ok(H, dout, dout, w->dye, x->ye))
         dye_dgate_kernel<4><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
                                                                  (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
@@ -288,7 +292,8 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     // down: dact = dye wdn_e, dwdn_e += dyeᵀ act
     if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
         goto done;
-    if (dwdn && (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", 1, NULL, stream)))
+    if (dwdn && (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write,
+                                              NULL, stream)))
         goto done;
     if (pairs(I, w->dgu, w->dact, x->gu))
         swiglu_bwd_kernel<2><<<grid_for(S * I / 2), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
@@ -301,7 +306,8 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
         goto done;
     if (dwgu &&
-        (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", 1, NULL, stream)))
+        (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", !w->dw_write, NULL,
+                                      stream)))
         goto done;
     if (dx) {
         if (vec4_ok(H, dx, dx, w->dxe, w->dxe))

@@ -127,6 +127,7 @@ struct kiln_zaya_cuda {
     float *loss;           /* [1] device */
     int64_t *counts;       /* [layers, E1] device: the last forward's routing decisions */
     int logits_valid, layers_fresh;
+    int grads_zeroed;      /* no backward since kiln_zaya_cuda_grads_zero: the experts write their dW (beta = 0) */
     gscratch s;
     void *arena, *sarena;
     size_t arena_bytes, sarena_bytes;
@@ -444,6 +445,7 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
 
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
     CU(cudaMemsetAsync(g->g, 0, g->numel_dev * sizeof(float), g->stream));
+    g->grads_zeroed = 1;
     return NULL;
 }
 
@@ -723,7 +725,7 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     Z(s->dln2f, N * H * 4);
     kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, L->nslots, L->xe, L->gu, L->act, L->ye};
-    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe};
+    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed};
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
@@ -838,6 +840,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
         carry_out = carry_out == s->carry_a ? s->carry_b : s->carry_a;
     }
     g->layers_fresh = 0;
+    g->grads_zeroed = 0;
     /* the embedding (the pad row gets nothing) */
     OP(g, "embedding bwd", kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
     CU(cudaStreamSynchronize(st));

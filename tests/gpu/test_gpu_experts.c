@@ -107,6 +107,10 @@ TEST(gpu_experts_dispatch) {
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) dispatch_case(&cs[i], 100 + i);
 }
 
+/* 1: the backward writes the weight gradients (kiln_experts_cuda_scratch.dw_write): the device's start from
+ * random values that must vanish, the CPU's from zero */
+static int g_dw_write;
+
 /* forward and backward against the CPU op; returns nothing, checks inside */
 static void experts_case(const ex_case *c, uint64_t seed) {
     printf("  experts N=%lld E=%lld top_k=%lld H=%lld I=%lld skip=%.2f empty=%lld\n", (long long)c->N,
@@ -129,10 +133,11 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
     x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
     kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                   gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2)};
+                                   gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write};
     kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
     float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
     float *d_dgate = gt_dev((size_t)S * 4), *d_dwgu = gt_up_f32(dwgu, nw), *d_dwdn = gt_up_f32(dwdn, nd);
+    if (g_dw_write) memset(dwgu, 0, (size_t)nw * sizeof *dwgu), memset(dwdn, 0, (size_t)nd * sizeof *dwdn);
     CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
     CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
     float *g_out = gt_down_f32(d_out, N * H), *g_dx = gt_down_f32(d_dx, N * H), *g_dgate = gt_down_f32(d_dgate, S);
@@ -154,12 +159,12 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     GT_CLOSE("experts out", g_out, out, N * H, 2e-2);
     GT_CLOSE("experts dx (+=)", g_dx, dx, N * H, 2e-2);
     GT_CLOSE("experts dgate", g_dgate, dgate, S, 2e-2);
-    GT_CLOSE("experts dwgu (+=, f32)", g_dwgu, dwgu, nw, 2e-2);
-    GT_CLOSE("experts dwdn (+=, f32)", g_dwdn, dwdn, nd, 2e-2);
+    GT_CLOSE(g_dw_write ? "experts dwgu (=, f32)" : "experts dwgu (+=, f32)", g_dwgu, dwgu, nw, 2e-2);
+    GT_CLOSE(g_dw_write ? "experts dwdn (=, f32)" : "experts dwdn (+=, f32)", g_dwdn, dwdn, nd, 2e-2);
     int64_t nonzero = 0;
     for (int64_t s = 0; s < S; s++) nonzero += choice[s] == E && g_dgate[s] != 0.0f;
     CHECK_MSG(nonzero == 0, "%lld skipped slots got a gate gradient", (long long)nonzero);
-    if (c->empty >= 0) { /* an expert without tokens keeps its gradient exactly */
+    if (c->empty >= 0) { /* an expert without tokens keeps its gradient exactly (written: exactly zero) */
         int64_t moved = 0;
         for (int64_t i = 0; i < 2 * I * H; i++) moved += g_dwgu[c->empty * 2 * I * H + i] != dwgu[c->empty * 2 * I * H + i];
         for (int64_t i = 0; i < H * I; i++) moved += g_dwdn[c->empty * H * I + i] != dwdn[c->empty * H * I + i];
@@ -196,6 +201,21 @@ TEST(gpu_experts_all_skipped) {
     experts_case(&c, 300);
 }
 
+/* dw_write: the weight gradients written, not accumulated, on every path (an empty expert's become zero;
+ * everything skipped: all zero) */
+TEST(gpu_experts_dw_write) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {40, 4, 2, 16, 8, 1.0, -1}};
+    const char *const *paths = kiln_grouped_gemm_paths();
+    g_dw_write = 1;
+    for (int p = 0; paths[p]; p++) {
+        printf("  path %s\n", paths[p]);
+        CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 900 + i);
+    }
+    g_dw_write = 0;
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+}
+
 /* two identical runs give identical bits (the deterministic mode's requirement), on the path in effect */
 static void experts_deterministic(void) {
     const int64_t N = 3000, E = 8, top = 2, H = 256, I = 192, S = N * top, nw = E * 2 * I * H, nd = E * H * I;
@@ -215,7 +235,7 @@ static void experts_deterministic(void) {
         x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
         x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
         kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2)};
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0};
         float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
         float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
         CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
