@@ -64,12 +64,14 @@ json.dump(cfg, open(path, "w"), indent=1)
 PY
   N=$((B * T))
   echo "== $name: hidden $H, $L layers, $NH/$KV heads x $D, $E experts top-$TOP width $I, vocab $V, seq $T x $B"
+  if [ "$name" != calib ]; then  # the calibration uses only the groups no bench times
   $K bench gemm --device cuda --dtype bf16 --model "$out/$name.json" --iters 10 --warmup 3 \
     --json "$out/gemm_$name.json" > "$out/gemm_$name.txt" || echo "(kiln bench gemm failed: $name)"
   $K bench attention --device cuda --batch "$B" --seq "$T" --heads "$NH" --kv-heads "$KV" --head-dim "$D" \
     --iters 10 --warmup 2 --json "$out/attn_$name.json" > "$out/attn_$name.txt" || echo "(kiln bench attention failed: $name)"
   $K bench moe --device cuda --tokens "$N" --hidden "$H" --inter "$I" --experts "$E" --top-k "$TOP" \
     --routing balanced --iters 10 --warmup 3 --json "$out/moe_$name.json" > "$out/moe_$name.txt" || echo "(kiln bench moe failed: $name)"
+  fi
   rm -rf "$out/run_$name"
   KILN_CUDA_PROFILE=1 $K train --config "$out/$name.json" > "$out/train_$name.log" 2>&1 || echo "(kiln train failed: $name)"
   grep -E "device peak|step wall" "$out/train_$name.log" || true
