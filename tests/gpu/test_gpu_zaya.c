@@ -8,8 +8,15 @@
  *   loss   1e-2 relative (the mean of the same logits; errors average out);
  *   every gradient 6e-2 (the backward chain adds the gradient's own roundings to the forward's; the
  *          worst tensors are small ones summed over few tokens, e.g. the router's).
- * Routing is decided on f32 probabilities from bf16 activations: a near-tie may go the other way on the
- * GPU; the fixtures' routers are not near ties (the test prints the decisions that differ from the CPU's).
+ *   qk_norm.temp 0.25: each temperature's gradient is a sum over every token of terms that cancel (x118 in
+ *          bf16_sharded's layer 0: |sum| = 0.0017 against sum |terms| = 0.21); one bf16 rounding of the
+ *          incoming dk alone moves it by 1.8%, and the GPU's dk carries several.
+ * Routing is decided on f32 probabilities from bf16 activations: the router's input (the normed residual)
+ * is bf16 on the GPU (~1e-3 relative rounding), so a decision whose CPU margin (relative gap of the biased
+ * probabilities at the top-k boundary) is below NEAR_TIE may go the other way: that is another branch of
+ * the function, not an error. Where such a decision flips, the gradients (which then belong to different
+ * branches) are not compared, and the test says so; a flip of a decision with a larger margin fails. The
+ * random models pick weights whose every margin is >= NEAR_TIE, and one of them has 16 experts.
  * Also: two runs give bit-identical gradients (deterministic reductions), and activation recomputation
  * gives the same bits as keeping everything. */
 #include <math.h>
@@ -26,6 +33,29 @@
 #define TOL_LOGITS 2e-2
 #define TOL_LOSS 1e-2
 #define TOL_GRAD 6e-2
+#define TOL_TEMP_GRAD 0.25
+#define NEAR_TIE 5e-3
+
+/* The smallest routing margin of the CPU forward in a: the relative gap between the top_k-th and the
+ * (top_k+1)-th biased probability, over every layer and token. */
+static double routing_margin(const kiln_zaya *m, const kiln_zaya_acts *a, int64_t N) {
+    const int64_t E1 = m->cfg.num_experts + 1, top = m->cfg.top_k;
+    double margin = INFINITY, p[130];
+    if (E1 > 130) return 0;
+    for (int64_t l = 0; l < m->cfg.num_layers; l++)
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t e = 0; e < E1; e++) p[e] = a->L[l].rprobs[n * E1 + e] + m->balancing[l * E1 + e];
+            for (int64_t i = 0; i <= top && i < E1; i++) /* the top+1 largest, in order */
+                for (int64_t j = i + 1; j < E1; j++)
+                    if (p[j] > p[i]) {
+                        double t = p[i];
+                        p[i] = p[j], p[j] = t;
+                    }
+            double gap = (p[top - 1] - p[top]) / p[top - 1];
+            if (gap < margin) margin = gap;
+        }
+    return margin;
+}
 
 /* GPU forward + backward of m on ids; logits [B*T*V] and grads [numel] to the host. */
 static void gpu_run(kiln_zaya *m, const int64_t *ids, int64_t B, int64_t T, int recompute, float *logits, float *grads,
@@ -51,7 +81,8 @@ static double grads_close(const kiln_zaya *m, const float *got, const float *ref
     for (int i = 0; i < m->nparams; i++) {
         const kiln_param_info *p = &m->params[i];
         double r = gt_relerr(got + p->offset, ref + p->offset, p->numel);
-        CHECK_MSG(r <= tol, "%s: grad.%s rel err %.3g > %.3g", what, p->name, r, tol);
+        double t = strstr(p->name, "qk_norm.temp") ? TOL_TEMP_GRAD : tol;
+        CHECK_MSG(r <= t, "%s: grad.%s rel err %.3g > %.3g", what, p->name, r, t);
         if (r > worst || r != r) worst = r, wn = p->name;
     }
     printf("    %-28s worst grad rel err %.3g (%s; tol %.3g)\n", what, worst, wn, tol);
@@ -95,22 +126,31 @@ static void fixture(const char *name) {
         CHECK_MSG(t && t->numel == m->params[i].numel, "%s: reference lacks %s", name, gname);
         if (t && t->numel == m->params[i].numel) CHECK_OK(kiln_st_read_f32(t, hf + m->params[i].offset, (size_t)t->numel));
     }
-    grads_close(m, gg, hf, "grads vs HF", TOL_GRAD);
 
-    /* vs the CPU path on the same f32 weights */
+    /* the CPU path on the same f32 weights: its routing margins say whether the gradients are comparable */
     CHECK_OK(kiln_zaya_acts_create(m, B, T, &a));
     CHECK_OK(kiln_zaya_grads_enable(m));
     if (a && m->g) {
         CHECK_OK(kiln_zaya_forward(m, a, ids, NULL, &closs));
         kiln_zaya_route_counts(m, a, ccount);
+        const double margin = routing_margin(m, a, B * T);
         CHECK_OK(kiln_zaya_backward(m, a, ids));
         GT_CLOSE("logits vs CPU", lg, kiln_zaya_acts_logits(a), NL, TOL_LOGITS);
         CHECK_MSG(fabs(gloss - closs) <= TOL_LOSS * fabs(closs), "%s: loss %.6f vs CPU %.6f", name, gloss, closs);
-        grads_close(m, gg, m->g, "grads vs CPU", TOL_GRAD);
         int64_t diff = 0;
         for (int64_t i = 0; i < m->cfg.num_layers * E1; i++) diff += llabs(gcount[i] - ccount[i]);
-        printf("    routing: %lld of %lld decisions counted differently from the CPU\n", (long long)diff / 2,
-               (long long)(m->cfg.num_layers * B * T * m->cfg.top_k));
+        printf("    routing: %lld of %lld decisions counted differently from the CPU; smallest CPU margin %.3g\n",
+               (long long)diff / 2, (long long)(m->cfg.num_layers * B * T * m->cfg.top_k), margin);
+        CHECK_MSG(diff == 0 || margin < NEAR_TIE, "%s: routing differs from the CPU although every margin is >= %g", name,
+                  NEAR_TIE);
+        if (diff == 0) {
+            grads_close(m, gg, hf, "grads vs HF", TOL_GRAD);
+            grads_close(m, gg, m->g, "grads vs CPU", TOL_GRAD);
+        } else {
+            printf("    a near-tie decision (margin %.3g < %g) went the other way on the GPU: gradients of another\n"
+                   "    branch, not compared (the random models cover gradients with decisive routing)\n",
+                   margin, NEAR_TIE);
+        }
     }
 
     /* deterministic, and recomputation changes nothing */
@@ -137,11 +177,11 @@ TEST(gpu_zaya_fixture_many_experts) { fixture("many_experts"); }
 
 /* A random model at head dims the tensor-core attention takes (64, 128), odd sizes (T = 48, 33), a sliding
  * layer, attention biases or tied embeddings, top-2 routing, against the CPU model on the same weights. */
-static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
+static void random_model(int64_t D, int64_t T, int64_t E, int64_t top, int tie, int bias) {
     kiln_zaya_config c;
     kiln_zaya_config_default(&c);
     c.vocab_size = 301, c.hidden_size = 96, c.num_layers = 3, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = D;
-    c.num_experts = 5, c.top_k = top, c.moe_intermediate = 40, c.router_hidden = 24, c.sliding_window = 17;
+    c.num_experts = E, c.top_k = top, c.moe_intermediate = 40, c.router_hidden = 24, c.sliding_window = 17;
     c.tie_word_embeddings = tie, c.attention_bias = bias;
     c.layer_types[0] = KILN_LAYER_HYBRID, c.layer_types[1] = KILN_LAYER_HYBRID_SLIDING, c.layer_types[2] = KILN_LAYER_HYBRID;
     kiln_zaya *m = NULL;
@@ -149,35 +189,25 @@ static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
     if (!m) return;
     /* weights away from init (zaya_testutil.h), rounded to bf16 so both paths see the same GEMM weights; the
      * seed is the first whose routing decisions all have a margin bf16 cannot flip (relative gap of the biased
-     * probabilities at the top-k boundary >= 2e-3 on the CPU): a near-tie decided differently is a different
+     * probabilities at the top-k boundary >= NEAR_TIE on the CPU): a near-tie decided differently is a different
      * branch of the function, not an error (HF-init routers are near-uniform: every token within 1e-6 of a tie) */
     kiln_rng rng;
     kiln_rng_seed(&rng, 11);
-    const int64_t B = 2, N = B * T, V = c.vocab_size, E1 = c.num_experts + 1;
+    const int64_t B = 2, N = B * T, V = c.vocab_size;
     int64_t *ids = malloc((size_t)N * sizeof *ids);
     for (int64_t i = 0; i < N; i++) ids[i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
     kiln_zaya_acts *a = NULL;
     CHECK_OK(kiln_zaya_acts_create(m, B, T, &a));
     double margin = 0, closs = 0;
     uint64_t seed = 0;
-    for (; a && seed < 256 && margin < 2e-3; seed++) {
-        perturb_params(m, 1000 * (uint64_t)D + seed, 0.0f);
+    for (; a && seed < 256 && margin < NEAR_TIE; seed++) {
+        perturb_params(m, 1000 * (uint64_t)D + 100000 * (uint64_t)E + seed, 0.0f);
         gt_round_bf16(m->w, (int64_t)m->numel);
         CHECK_OK(kiln_zaya_forward(m, a, ids, NULL, &closs));
-        margin = INFINITY;
-        for (int64_t l = 0; l < c.num_layers; l++)
-            for (int64_t n = 0; n < N; n++) {
-                double p[64];
-                for (int64_t e = 0; e < E1; e++) p[e] = a->L[l].rprobs[n * E1 + e] + m->balancing[l * E1 + e];
-                for (int64_t i = 0; i <= top; i++) /* the top+1 largest, in order */
-                    for (int64_t j = i + 1; j < E1; j++)
-                        if (p[j] > p[i]) { double t = p[i]; p[i] = p[j]; p[j] = t; }
-                double gap = (p[top - 1] - p[top]) / p[top - 1];
-                if (gap < margin) margin = gap;
-            }
+        margin = routing_margin(m, a, N);
     }
     printf("    weights seed %llu: smallest routing margin %.3g\n", (long long)seed - 1, margin);
-    CHECK_MSG(margin >= 2e-3, "no seed with decisive routing");
+    CHECK_MSG(margin >= NEAR_TIE, "no seed with decisive routing");
     float *lg = malloc((size_t)(N * V) * sizeof *lg), *gg = malloc(m->numel * sizeof *gg);
     double gloss = 0;
     gpu_run(m, ids, B, T, 0, lg, gg, &gloss, NULL);
@@ -195,8 +225,9 @@ static void random_model(int64_t D, int64_t T, int64_t top, int tie, int bias) {
     kiln_zaya_free(m);
 }
 
-TEST(gpu_zaya_random_d64) { random_model(64, 48, 1, 0, 1); }
-TEST(gpu_zaya_random_d128_top2) { random_model(128, 33, 2, 1, 0); }
+TEST(gpu_zaya_random_d64) { random_model(64, 48, 5, 1, 0, 1); }
+TEST(gpu_zaya_random_d128_top2) { random_model(128, 33, 5, 2, 1, 0); }
+TEST(gpu_zaya_random_16_experts) { random_model(64, 40, 16, 1, 0, 0); }
 
 /* kiln logits --device cuda --grads: the contract's file, within the GPU tolerances of the HF truth. */
 TEST(gpu_zaya_cli_logits_cuda) {
