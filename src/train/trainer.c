@@ -271,10 +271,10 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         }
         if (kiln_faults_find(&t->ft.faults, KILN_FAULT_SPIKE, comm->rank, step + 1, t->ft.attempt)) loss_sum *= 1000;
     }
+    double local_sq = -1; /* this rank's own gradient's sum of squares, when the heartbeat wants it */
     if (t->ft.heartbeat_dir[0]) {
-        double sq = 0;
-        KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g), &sq));
-        t->local_gnorm = sqrt(sq);
+        KILN_TRY(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g), &local_sq));
+        t->local_gnorm = sqrt(local_sq);
     }
     /* the mean over micro-batches and ranks is applied by the optimizer's scale, with the clip: one pass */
     const float inv = 1.0f / (float)(accum * comm->size);
@@ -285,7 +285,9 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     }
     double stats[3] = {0, loss_sum / (double)accum, 0};
     kiln_zaya_cuda_profile_push(g, "gradient norm");
-    KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->dcounts[me], &stats[0]));
+    /* on one rank the shard is the whole gradient: the heartbeat's sum is the same pass, not run twice */
+    if (comm->size == 1 && local_sq >= 0 && (size_t)t->dcounts[me] == (size_t)kiln_zaya_cuda_numel(g)) stats[0] = local_sq;
+    else KILN_TRY(kiln_zaya_cuda_sumsq(g, t->gshard_dev, t->dcounts[me], &stats[0]));
     kiln_zaya_cuda_profile_pop(g);
     KILN_TRY(comm->allreduce_sum_f64(comm, stats, 2));
     double gnorm = sqrt(stats[0]) * inv;
