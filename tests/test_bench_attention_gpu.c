@@ -1,6 +1,7 @@
 /* kiln bench attention --device cuda: on a machine without a GPU (the CI machine) it fails cleanly,
  * exit status 1 and "kiln bench attention: error: ..." naming the device, and writes no profile; with a
- * GPU a tiny run succeeds and its JSON records say device cuda, bf16. A bad --device is a usage error. */
+ * GPU a tiny run succeeds and its JSON records say device cuda, bf16, one pair per implementation (kiln's
+ * kernels, then cuDNN's). A bad --device or --impl is a usage error. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,13 +36,15 @@ TEST(bench_attention_device_cuda) {
     CHECK_OK(kiln_read_file(json, &txt, &len));
     cJSON *p = txt ? cJSON_Parse(txt) : NULL;
     const cJSON *sec = p ? cJSON_GetObjectItemCaseSensitive(p, "attention") : NULL;
-    CHECK(cJSON_GetArraySize(sec) == 2);
+    CHECK(cJSON_GetArraySize(sec) == 4); /* own, then cudnn (kiln's kernels again where cuDNN is missing) */
     const cJSON *r;
     cJSON_ArrayForEach(r, sec) {
         const char *dev = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "device"));
         const char *dt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "dtype"));
         const cJSON *us = cJSON_GetObjectItemCaseSensitive(r, "time_us");
+        const char *be = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "backend"));
         CHECK(dev && !strcmp(dev, "cuda"));
+        CHECK(be && (!strcmp(be, "cuda") || !strcmp(be, "cudnn")));
         CHECK(dt && !strcmp(dt, "bf16"));
         CHECK(cJSON_IsNumber(us) && us->valuedouble > 0);
     }

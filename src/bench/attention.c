@@ -120,8 +120,9 @@ static const char usage[] =
     "  --device DEV      cpu or cuda (default cpu)\n"
     "  --impl LIST       with --device cuda: implementations to time, each a row: own (kiln's kernels),\n"
     "                    cudnn (cuDNN's fused flash attention, deterministic backward), cudnn-nondet (its\n"
-    "                    atomic-dQ backward); default: what the trainer runs ($KILN_ATTENTION, else cudnn\n"
-    "                    where it loads). The records' backend says what ran (cuda = kiln's kernels)\n"
+    "                    atomic-dQ backward); default own,cudnn (the trainer's default last). The records'\n"
+    "                    backend says what ran (cuda = kiln's kernels; cudnn falls back to them where\n"
+    "                    cuDNN is not found or refuses the shape)\n"
     "  --iters N         timed runs per shape and pass (default 5); time is their mean\n"
     "  --warmup N        untimed runs first (default 1)\n"
     "  --threads N       OpenMP/OpenBLAS threads (default: all cores)\n"
@@ -212,6 +213,7 @@ int kiln_bench_attention_main(int argc, char **argv) {
     static const char *const impl_names[3] = {"own", "cudnn", "cudnn-nondet"};
     const char *iv[8] = {NULL};
     size_t in = 1;
+    if (cuda && !impls) impls = "own,cudnn";
     if (impls) {
         if (!cuda) return kiln_bench_usage_err("attention", "--impl needs --device cuda");
         in = 0;
