@@ -14,7 +14,7 @@ extern "C" {
  * backward computes dQ through the engine's dP workspace, so runs stay bit-identical), "cudnn-nondet"
  * (cuDNN's faster backward whose dQ accumulates with float atomics: runs differ in the last bits) or "own".
  * NULL goes back to $KILN_ATTENTION (unset: cudnn). Where cuDNN cannot run a call (library not found,
- * a KV cache, head dim not a multiple of 8 up to 128, a plan it refuses) kiln's kernels run instead; one
+ * a KV cache, head dim not a multiple of 8 from 32 to 128, a plan it refuses) kiln's kernels run instead; one
  * log line per pass and reason says which one ran. The saved lse is the same in both (cuDNN's softmax
  * statistics are the natural-log logsumexp), so a forward of one and a backward of the other mix freely.
  * An unknown name is an error. Not thread-safe against concurrent attention calls. */

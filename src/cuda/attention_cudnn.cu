@@ -599,8 +599,9 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         *why = "queries and keys differ in number (a KV cache): kiln's kernels";
         return NULL;
     }
-    if (s->D % 8 || s->D > 128) {
-        *why = "head dim not a multiple of 8 up to 128";
+    if (s->D % 8 || s->D < 32 || s->D > 128) {
+        // cuDNN takes multiples of 8 up to 256; below 32 and above 128 kiln has not checked its answers
+        *why = "head dim not a multiple of 8 from 32 to 128";
         return NULL;
     }
     int dev = 0;
