@@ -13,6 +13,8 @@
 // are multiplied, so the weight keeps ~16 significant bits; dy and mid are bf16 already (exact operands).
 // Weight gradients: per-block partials, then the fixed-order colsum_add: bit-identical runs.
 #include <mma.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops_common.cuh"
 
@@ -240,6 +242,229 @@ static __global__ void __launch_bounds__(128)
     }
 }
 
+// The same two GEMMs for heads of a multiple of 128 channels, as a pipelined kernel: a block computes 128 rows
+// x 128 columns (8 warps of 32 x 64), K staged 32 at a time through two shared-memory buffers filled by
+// cp.async (the next stage's loads in flight during this stage's MMAs; rows out of range zero-filled), w1
+// pre-split (w1_split_kernel). Per block four times the MACs of grp_kernel for twice the bytes.
+#define BT 128               // block tile (rows and columns)
+#define LDB2 (BT + 8)        // bf16 pitch of the B tiles
+#define STAGE_BYTES (BT * LDA * 2 + 2 * FK * LDB2 * 2)
+#define SMEM128 (2 * STAGE_BYTES)
+
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    const int n = valid ? 16 : 0; // 0: the 16 bytes are zero-filled, src not read
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <int MODE>
+static __global__ void __launch_bounds__(256, 2)
+    grp128_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *xq, const bf16 *xk,
+                  const bf16 *dqp, const bf16 *dkp, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s,
+                  int NH, int KV) {
+    extern __shared__ __align__(128) unsigned char smem128[];
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, K = cg * k1;
+    const int Q = NH * cg, Kc = KV * cg;
+    const int R = MODE == 0 ? T : M, r0 = blockIdx.x * BT, n0 = blockIdx.y * BT;
+    const int bb = blockIdx.z / (int)s.groups, g = blockIdx.z % (int)s.groups, g0 = g * cg;
+    const int ld = g < NH ? Q : Kc;
+    const bf16 *src = MODE == 0 ? mid + (int64_t)bb * M * C + g0
+                                : (g < NH ? dqp + g0 : dkp + (g - NH) * cg) + (int64_t)bb * T * ld;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wy = warp / 2, wx = warp % 2;
+    const int stages = (K + FK - 1) / FK;
+    auto load = [&](int st, int buf) {
+        bf16 *sa = (bf16 *)(smem128 + buf * STAGE_BYTES), *sbh = sa + BT * LDA, *sbl = sbh + FK * LDB2;
+        const int kb = st * FK, j = kb / cg, c0 = kb % cg;
+        for (int e = threadIdx.x; e < BT * (FK / 8); e += 256) { // A: 128 rows x 4 vectors
+            const int rr = e / (FK / 8), q = e % (FK / 8), r = r0 + rr;
+            const bf16 *p = src;
+            bool ok;
+            if (MODE == 0) {
+                ok = r < R;
+                if (ok) p = src + (int64_t)(r + j) * C + c0 + q * 8;
+            } else {
+                ok = r < R && r - j >= 0 && r - j < T;
+                if (ok) p = src + (int64_t)(r - j) * ld + c0 + q * 8;
+            }
+            cp_async16(sa + rr * LDA + q * 8, p, ok);
+        }
+        const bf16 *wrh = wh + ((int64_t)g * K + kb) * cg + n0, *wrl = wl + ((int64_t)g * K + kb) * cg + n0;
+        for (int e = threadIdx.x; e < FK * (BT / 8); e += 256) { // B: 32 rows x 16 vectors, hi and lo
+            const int kl = e / (BT / 8), q = e % (BT / 8);
+            cp_async16(sbh + kl * LDB2 + q * 8, wrh + (int64_t)kl * cg + q * 8, true);
+            cp_async16(sbl + kl * LDB2 + q * 8, wrl + (int64_t)kl * cg + q * 8, true);
+        }
+        cp_async_commit();
+    };
+    facc acc[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    load(0, 0);
+    for (int st = 0; st < stages; st++) {
+        if (st + 1 < stages) {
+            load(st + 1, (st + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *sa = (const bf16 *)(smem128 + (st & 1) * STAGE_BYTES), *sbh = sa + BT * LDA,
+                   *sbl = sbh + FK * LDB2;
+#pragma unroll
+        for (int kk = 0; kk < FK; kk += 16) {
+            fa_row a[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], sa + (wy * 32 + i * 16) * LDA + kk, LDA);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                fb_row bh, bl;
+                wmma::load_matrix_sync(bh, sbh + kk * LDB2 + wx * 64 + j * 16, LDB2);
+                wmma::load_matrix_sync(bl, sbl + kk * LDB2 + wx * 64 + j * 16, LDB2);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    wmma::mma_sync(acc[i][j], a[i], bl, acc[i][j]);
+                    wmma::mma_sync(acc[i][j], a[i], bh, acc[i][j]);
+                }
+            }
+        }
+        __syncthreads(); // the buffer is refilled by the next iteration's load
+    }
+    // epilogue: each warp stages one 16 x 16 fragment at a time; a lane takes 8 consecutive columns of a row
+    float *stg = (float *)smem128 + warp * 16 * 16;
+    const int G = NH / KV, er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            __syncwarp(); // every lane at the collective store (lanes of rows past R skipped the previous write)
+            wmma::store_matrix_sync(stg, acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int r = r0 + wy * 32 + i * 16 + er, n = n0 + wx * 64 + j * 16 + ec;
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = stg[er * 16 + ec + k];
+            __syncwarp();
+            if (r >= R) continue;
+            if (MODE == 1) {
+                float *o = dmid + ((int64_t)bb * M + r) * C + g0 + n;
+                *(float4 *)o = make_float4(v[0], v[1], v[2], v[3]);
+                *(float4 *)(o + 4) = make_float4(v[4], v[5], v[6], v[7]);
+                continue;
+            }
+            const int64_t row = (int64_t)bb * T + r;
+            const bf16 *q = xq + row * Q, *kk = xk + row * Kc;
+            float t0[8], t1[8];
+            if (g < NH) {
+                ld_bf<8>(q + g0 + n, t0), ld_bf<8>(kk + (g / G) * cg + n, t1);
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = v[k] + b1[g0 + n + k] + (t0[k] + t1[k]) * 0.5f;
+                st_bf<8>(qpre + row * Q + g0 + n, v);
+            } else {
+                const int jh = g - NH;
+                float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                ld_bf<8>(kk + jh * cg + n, t1);
+                for (int m = 0; m < G; m++) {
+                    ld_bf<8>(q + (jh * G + m) * cg + n, t0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) sum[k] += (t0[k] + t1[k]) * 0.5f;
+                }
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = v[k] + b1[g0 + n + k] + sum[k] / (float)G;
+                st_bf<8>(kpre + row * Kc + jh * cg + n, v);
+            }
+        }
+}
+
+// dw1 (+ db1) partials as dw1_kernel<true> (columns in (j, i) order) for heads of a multiple of 128: a block
+// computes 128 x 128 of one chunk, the steps staged 32 at a time through cp.async double buffers.
+#define W1_CHUNK128 512
+#define STAGE1_BYTES (2 * FK * LDB2 * 2)
+#define SMEM128W (2 * STAGE1_BYTES)
+static __global__ void __launch_bounds__(256, 2)
+    dw1_128_kernel(float *part, float *partb, const bf16 *dqp, const bf16 *dkp, const bf16 *mid, kiln_conv_shape s,
+                   int NH, int KV, int cps) {
+    extern __shared__ __align__(128) unsigned char smem1[];
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, nc = cg * k1;
+    const int Q = NH * cg, Kc = KV * cg;
+    const int64_t ne = (int64_t)C * nc;
+    const int col_tiles = nc / BT, co0 = (blockIdx.x / col_tiles) * BT, col0 = (blockIdx.x % col_tiles) * BT;
+    const int chunk = blockIdx.y, bb = chunk / cps;
+    const int t0 = (chunk % cps) * W1_CHUNK128, t1 = t0 + W1_CHUNK128 < T ? t0 + W1_CHUNK128 : T;
+    const int g = blockIdx.z, g0 = g * cg, ld = g < NH ? Q : Kc;
+    const bf16 *dyb = (g < NH ? dqp + g0 : dkp + (g - NH) * cg) + (int64_t)bb * T * ld + co0;
+    const bf16 *midb = mid + (int64_t)bb * M * C + g0 + (col0 / cg) * C + col0 % cg; // tap j = col0 / cg
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wy = warp / 2, wx = warp % 2;
+    const bool do_b = partb && blockIdx.x % col_tiles == 0;
+    const int stages = (t1 - t0 + FK - 1) / FK;
+    auto load = [&](int st, int buf) {
+        bf16 *sdy = (bf16 *)(smem1 + buf * STAGE1_BYTES), *smid = sdy + FK * LDB2;
+        const int ts = t0 + st * FK;
+        for (int e = threadIdx.x; e < FK * (BT / 8); e += 256) {
+            const int kt = e / (BT / 8), q = e % (BT / 8), t = ts + kt;
+            const bool ok = t < t1;
+            cp_async16(sdy + kt * LDB2 + q * 8, ok ? dyb + (int64_t)t * ld + q * 8 : dyb, ok);
+            cp_async16(smid + kt * LDB2 + q * 8, ok ? midb + (int64_t)t * C + q * 8 : midb, ok);
+        }
+        cp_async_commit();
+    };
+    facc acc[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    float bacc = 0.0f;
+    if (stages > 0) load(0, 0);
+    for (int st = 0; st < stages; st++) {
+        if (st + 1 < stages) {
+            load(st + 1, (st + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *sdy = (const bf16 *)(smem1 + (st & 1) * STAGE1_BYTES), *smid = sdy + FK * LDB2;
+        if (do_b && threadIdx.x < BT)
+            for (int kt = 0; kt < FK; kt++) bacc += f(sdy[kt * LDB2 + threadIdx.x]);
+#pragma unroll
+        for (int kk = 0; kk < FK; kk += 16) {
+            fa_col a[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], sdy + kk * LDB2 + wy * 32 + i * 16, LDB2);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                fb_row bm;
+                wmma::load_matrix_sync(bm, smid + kk * LDB2 + wx * 64 + j * 16, LDB2);
+#pragma unroll
+                for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], a[i], bm, acc[i][j]);
+            }
+        }
+        __syncthreads();
+    }
+    float *stg = (float *)smem1 + warp * 16 * 16;
+    const int er = lane / 2, ec = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            __syncwarp();
+            wmma::store_matrix_sync(stg, acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int co = co0 + wy * 32 + i * 16 + er, col = col0 + wx * 64 + j * 16 + ec;
+            float *o = part + (int64_t)chunk * ne + (int64_t)(g0 + co) * nc + col;
+            *(float4 *)o = make_float4(stg[er * 16 + ec], stg[er * 16 + ec + 1], stg[er * 16 + ec + 2],
+                                       stg[er * 16 + ec + 3]);
+            *(float4 *)(o + 4) = make_float4(stg[er * 16 + ec + 4], stg[er * 16 + ec + 5], stg[er * 16 + ec + 6],
+                                             stg[er * 16 + ec + 7]);
+        }
+    if (do_b && threadIdx.x < BT) partb[(int64_t)chunk * C + g0 + co0 + threadIdx.x] = bacc;
+}
+
 // dw1 (and db1) partials over one chunk of a sequence's steps: out[co, col] = sum over t of dy[t, g0+co]
 // mid[t+j, g0+i], a [cg x W1_CHUNK] x [W1_CHUNK x cg*k1] GEMM of exact bf16 operands. Columns in w1's (i, j)
 // order, or with FAST (as grp_kernel) in (j, i) order so that a tile is 64 consecutive channels of one tap
@@ -418,6 +643,13 @@ static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t
     return NULL;
 }
 
+// KILN_CCA_TILE=64 keeps heads of 128 channels on grp_kernel's 64 x 64 tiles (a comparison; grp128_kernel
+// otherwise)
+static int use_tile128(int64_t cg) {
+    const char *e = getenv("KILN_CCA_TILE");
+    return cg % BT == 0 && !(e && !strcmp(e, "64"));
+}
+
 // w1 split for the FAST grouped GEMMs: scratch of 2 x C*cg*k1 bf16 (hi, then lo)
 template <int MODE>
 static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s, cudaStream_t st) {
@@ -450,7 +682,14 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
                                                                    *s, (int)Q);
         LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
         const dim3 grid((unsigned)((s->T + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(s->B * s->groups));
-        if (vec && cg % FT == 0) {
+        if (vec && use_tile128(cg) && aligned16(qpre) && aligned16(kpre)) {
+            CUDA_TRY(split_w1<0>(&wh, w1, s, st));
+            CUDA_TRY(cudaFuncSetAttribute(grp128_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));
+            const dim3 g128((unsigned)((s->T + BT - 1) / BT), (unsigned)(cg / BT), (unsigned)(s->B * s->groups));
+            grp128_kernel<0><<<g128, 256, SMEM128, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
+                                                         (const bf16 *)q, (const bf16 *)k, NULL, NULL, wh, wh + ne, b1,
+                                                         *s, (int)NH, (int)KV);
+        } else if (vec && cg % FT == 0) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
             grp_kernel<0, true><<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
                                                       (const bf16 *)q, (const bf16 *)k, NULL, NULL, w1, wh, wh + ne, b1,
@@ -487,15 +726,25 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         if (B * cps1 > 65535 || B * cps0 > INT32_MAX)
             return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: %lld sequences of %lld steps", (long long)B,
                                (long long)T);
-        if (dw1 || db1) CUDA_TRY(kiln_ops_scratch((void **)&p1, (size_t)(B * cps1 * ne1) * sizeof(float), st));
-        if (db1) CUDA_TRY(kiln_ops_scratch((void **)&pb1, (size_t)(B * cps1 * C) * sizeof(float), st));
+        const int t128 = fast && use_tile128(cg) && aligned16(dmid);
+        const int64_t cpsw = t128 ? (T + W1_CHUNK128 - 1) / W1_CHUNK128 : cps1; // dw1's chunks per sequence
+        if (B * cpsw > 65535)
+            return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: %lld sequences of %lld steps", (long long)B,
+                               (long long)T);
+        if (dw1 || db1) CUDA_TRY(kiln_ops_scratch((void **)&p1, (size_t)(B * cpsw * ne1) * sizeof(float), st));
+        if (db1) CUDA_TRY(kiln_ops_scratch((void **)&pb1, (size_t)(B * cpsw * C) * sizeof(float), st));
         if (dw0) CUDA_TRY(kiln_ops_scratch((void **)&p0, (size_t)(B * cps0 * C * k0) * sizeof(float), st));
         if (db0) CUDA_TRY(kiln_ops_scratch((void **)&pb0, (size_t)(B * cps0 * C) * sizeof(float), st));
         // the grouped stage: weights (+ bias), then its input gradient
         if (dw1 || db1) {
             const int64_t tiles = ((cg + FT - 1) / FT) * ((cg * k1 + FT - 1) / FT);
             const dim3 grid((unsigned)tiles, (unsigned)(B * cps1), (unsigned)s->groups);
-            if (fast)
+            if (t128) {
+                CUDA_TRY(cudaFuncSetAttribute(dw1_128_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128W));
+                const dim3 gw((unsigned)((cg / BT) * (cg * k1 / BT)), (unsigned)(B * cpsw), (unsigned)s->groups);
+                dw1_128_kernel<<<gw, 256, SMEM128W, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                          (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cpsw);
+            } else if (fast)
                 dw1_kernel<true><<<grid, 128, 0, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
                                                        (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
             else
@@ -503,15 +752,21 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                                                         (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
             LAUNCH_CHECK("cca_conv_couple backward (grouped weights)");
             if (dw1 && fast) {
-                dw1_sum_kernel<<<grid_for(ne1, 256), 256, 0, st>>>(dw1, p1, B * cps1, C, (int)cg, (int)k1);
+                dw1_sum_kernel<<<grid_for(ne1, 256), 256, 0, st>>>(dw1, p1, B * cpsw, C, (int)cg, (int)k1);
                 LAUNCH_CHECK("cca_conv_couple backward (grouped weights, sum)");
             } else if (dw1) {
-                CUDA_TRY(colsum_add(dw1, p1, B * cps1, ne1, st));
+                CUDA_TRY(colsum_add(dw1, p1, B * cpsw, ne1, st));
             }
-            if (db1) CUDA_TRY(colsum_add(db1, pb1, B * cps1, C, st));
+            if (db1) CUDA_TRY(colsum_add(db1, pb1, B * cpsw, C, st));
         }
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
-        if (fast) {
+        if (t128) {
+            CUDA_TRY(split_w1<1>(&wh, w1, s, st));
+            CUDA_TRY(cudaFuncSetAttribute(grp128_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));
+            const dim3 g128((unsigned)((M + BT - 1) / BT), (unsigned)(cg / BT), (unsigned)(B * s->groups));
+            grp128_kernel<1><<<g128, 256, SMEM128, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
+                                                         (const bf16 *)dkpre, wh, wh + ne1, NULL, *s, (int)NH, (int)KV);
+        } else if (fast) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             grp_kernel<1, true><<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
                                                       (const bf16 *)dkpre, w1, wh, wh + ne1, NULL, *s, (int)NH, (int)KV);

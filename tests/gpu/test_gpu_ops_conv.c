@@ -15,9 +15,10 @@
  *   qpre, kpre and dw1 1e-2: they multiply the bf16-rounded mid (2^-8 relative per term, random over the
  *   cg*k1 terms of an output or the steps of a weight gradient, ~u/sqrt(3) of the result's spread) and
  *   qpre/kpre add their own rounding; db1, dw0, db0 1e-4 (f32 sums of exact or f32 terms).
- * Shapes: the model's heads (8 query / 2 KV of 128, kernels 2 and 2) over two dw1 chunks of 1024 steps and
- * with two sequences (the 16-byte vector path), head dim 64 with kernels 1 and 3 (vector path, K across
- * taps), and odd shapes (element path): G = 1, G = 6 with k1 = 1. Bitwise repeatable weight gradients. */
+ * Shapes: the model's heads (8 query / 2 KV of 128, kernels 2 and 2) over more than one dw1 chunk and with two
+ * sequences (the pipelined 128 x 128 kernels; again on the 64 x 64 tiles with KILN_CCA_TILE=64), head dim 64
+ * with kernels 1 and 3 (64 x 64 vector path, K across taps), and odd shapes (element path): G = 1, G = 6 with
+ * k1 = 1. Bitwise repeatable weight gradients. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,14 +137,14 @@ static void ref_couple_bwd(float *dq, float *dk, const float *dqp, const float *
     }
 }
 
-TEST(gpu_ops_cca_conv_couple_fused) {
+static void fused_cases(size_t ncases) {
     static const struct {
         int64_t B, T, NH, KV, D, k0, k1;
     } cases[] = {{1, 1100, 8, 2, 128, 2, 2}, {2, 200, 8, 2, 128, 2, 2}, {2, 50, 2, 1, 64, 1, 3},
                  {2, 37, 3, 3, 5, 2, 2},     {3, 70, 6, 1, 33, 3, 1}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 52);
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    for (size_t ci = 0; ci < ncases && ci < sizeof cases / sizeof *cases; ci++) {
         const int64_t B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, KV = cases[ci].KV, D = cases[ci].D;
         const int64_t Q = NH * D, K = KV * D, C = Q + K, N = B * T, k0 = cases[ci].k0, k1 = cases[ci].k1;
         const kiln_conv_shape s = {B, T, C, NH + KV, k0, k1};
@@ -225,10 +226,21 @@ TEST(gpu_ops_cca_conv_couple_fused) {
         free(hdmid), free(hdw0), free(hdb0), free(hdw1), free(hdb1), free(r_dq), free(r_dk), free(r_dw0), free(r_db0);
         free(r_dw1), free(r_db1);
     }
+}
+
+TEST(gpu_ops_cca_conv_couple_fused) {
+    fused_cases(99);
     /* groups that are not heads + kv heads: an error naming the op */
     kiln_conv_shape bad = {1, 4, 12, 3, 2, 2};
     CHECK_ERR(kiln_cca_conv_couple_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, 1, 1, NULL),
               "cca_conv_couple forward");
+}
+
+/* heads of 128 on the 64 x 64 tiles (KILN_CCA_TILE=64) instead of the pipelined 128 x 128 kernels */
+TEST(gpu_ops_cca_conv_couple_fused_tile64) {
+    setenv("KILN_CCA_TILE", "64", 1);
+    fused_cases(2);
+    unsetenv("KILN_CCA_TILE");
 }
 
 TEST(gpu_ops_cca_conv) {
