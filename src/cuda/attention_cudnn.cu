@@ -348,6 +348,7 @@ struct att_plan {
     float v_scale, v_neginf, v_one, v_win; // the by-value scalars (read at execution)
     int32_t *seq;      // device [2B]: the padding workaround's sequence lengths (q then kv), or NULL
     int64_t engine;
+    int cfg, ncfg, mode; // which of the heuristics' ncfg configurations (mode A, else fallback) finalized
 };
 
 #define MAX_PLANS 64
@@ -572,6 +573,7 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
                 continue;
             }
             p->plan = plan;
+            p->cfg = (int)i, p->ncfg = (int)got, p->mode = modes[mi];
             int64_t cnt = 0, ws = 0;
             dn.BackendGetAttribute(plan, KA_PLAN_WORKSPACE, KT_INT64, 1, &cnt, &ws);
             p->ws = ws;
@@ -714,8 +716,9 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         return NULL;
     }
     p->ok = 1;
-    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld for the %s%s of B=%lld T=%lld H=%lld KV=%lld D=%lld "
-             "window=%lld, workspace %lld bytes", version, (long long)p->engine, backward ? "backward" : "forward",
+    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld (configuration %d of %d, heuristics %s) for the %s%s "
+             "of B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld, workspace %lld bytes", version, (long long)p->engine,
+             p->cfg + 1, p->ncfg, p->mode == KH_A ? "A" : "fallback", backward ? "backward" : "forward",
              pad ? " (padding mask)" : "",
              (long long)s->B, (long long)s->Tq, (long long)s->NH, (long long)s->KV, (long long)s->D, (long long)window,
              (long long)p->total);
