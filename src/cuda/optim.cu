@@ -27,47 +27,20 @@ struct adamw_args {
     float *w, *state;
     const float *g;
     bf16 *wb;
-    double b1, one_b1, b2, one_b2, c1, c2, r1, r2, eps, lr;
+    double b1, one_b1, b2, one_b2, c1, c2, eps, lr;
     float wd, gscale;
-    float f_b1, f_one_b1, f_b2, f_one_b2, f_r1, f_r2, f_eps, f_lr; // MATH_F32
     int vec, vec_state; // the bases allow vector accesses (w, g, bf16 w / the state)
 };
 
-// The arithmetic (KILN_ADAMW_MATH): IEEE (default) is kiln_adamw_step's f64 expression with its roundings;
-// RECIP divides by the per-step constants c1, c2 through the rounded reciprocal r = 1/c and one Markstein
-// correction (__ddiv_rn's own last step, its iteration for the reciprocal done once on the host); F32 is
-// the same formula in f32 (IEEE division and square root), within f32 rounding of the CPU, not its bits.
-enum { MATH_IEEE = 0, MATH_RECIP = 1, MATH_F32 = 2 };
-
-template <bool RECIP> __device__ __forceinline__ double div_c(double a, double c, double r) {
-    if constexpr (RECIP) {
-        const double q = __dmul_rn(a, r);
-        return __fma_rn(__fma_rn(-c, q, a), r, q);
-    } else {
-        (void)r;
-        return __ddiv_rn(a, c);
-    }
-}
-
-// one element: kiln_adamw_step's expression with its roundings, the gradient scaled first in f32
-template <int MATH>
+// one element: kiln_adamw_step's expression with its roundings, the gradient scaled first in f32. The
+// kernel is bound by memory, not by the f64 units: dividing by the bias corrections through a host
+// reciprocal (3 f64 operations instead of __ddiv_rn's ~10) gave the same bits and the same time on the H200.
 __device__ __forceinline__ void adamw_elem(const adamw_args &k, float wd, float gf, float &m, float &v, float &w) {
-    if constexpr (MATH == MATH_F32) {
-        const float gi = __fmul_rn(gf, k.gscale);
-        const float mi = __fmaf_rn(k.f_b1, m, __fmul_rn(k.f_one_b1, gi));
-        const float vi = __fmaf_rn(k.f_b2, v, __fmul_rn(__fmul_rn(k.f_one_b2, gi), gi));
-        m = mi, v = vi;
-        const float upd = __fdiv_rn(__fmul_rn(mi, k.f_r1), __fadd_rn(__fsqrt_rn(__fmul_rn(vi, k.f_r2)), k.f_eps));
-        w = __fsub_rn(__fsub_rn(w, __fmul_rn(wd, w)), __fmul_rn(k.f_lr, upd));
-        return;
-    }
-    constexpr bool RECIP = MATH == MATH_RECIP;
     const double gi = (double)__fmul_rn(gf, k.gscale);
     const float mi = (float)__dadd_rn(__dmul_rn(k.b1, (double)m), __dmul_rn(k.one_b1, gi));
     const float vi = (float)__dadd_rn(__dmul_rn(k.b2, (double)v), __dmul_rn(__dmul_rn(k.one_b2, gi), gi));
     m = mi, v = vi;
-    const double upd = __ddiv_rn(div_c<RECIP>((double)mi, k.c1, k.r1),
-                                 __dadd_rn(__dsqrt_rn(div_c<RECIP>((double)vi, k.c2, k.r2)), k.eps));
+    const double upd = __ddiv_rn(__ddiv_rn((double)mi, k.c1), __dadd_rn(__dsqrt_rn(__ddiv_rn((double)vi, k.c2)), k.eps));
     const float t = __fsub_rn(w, __fmul_rn(wd, w));
     w = (float)__dsub_rn((double)t, __dmul_rn(k.lr, upd));
 }
@@ -90,7 +63,7 @@ template <int V> __device__ __forceinline__ void st4(float *p, int64_t i, int cn
     }
 }
 
-template <int MATH, int VW, int VM, int VV>
+template <int VW, int VM, int VV>
 __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
     float *w = k.w + s.off, *m = k.state + s.soff, *v = m + s.n;
     const float *g = k.g + s.off;
@@ -104,7 +77,7 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
         ld4<VM>(m, i, cnt, mv);
         ld4<VV>(v, i, cnt, vv);
 #pragma unroll
-        for (int j = 0; j < 4; j++) adamw_elem<MATH>(k, wd, gv[j], mv[j], vv[j], wv[j]);
+        for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[j], mv[j], vv[j], wv[j]);
         st4<VW>(w, i, cnt, wv);
         st4<VM>(m, i, cnt, mv);
         st4<VV>(v, i, cnt, vv);
@@ -120,46 +93,33 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
     }
 }
 
-template <int MATH> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+__global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
     const int2 wk = k.work ? k.work[blockIdx.x] : make_int2(0, (int)blockIdx.x);
     const adamw_seg s = k.work ? k.segs[wk.x] : k.one;
     const int64_t c0 = (int64_t)wk.y * AW_CHUNK, c1 = c0 + AW_CHUNK < s.n ? c0 + AW_CHUNK : s.n;
     // the alignment is uniform over the block: one branch picks the vector width of each stream
     const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
                vv = vw && k.vec_state && (s.flags & 2);
-    if (vm && vv) adamw_chunk<MATH, 4, 4, 4>(k, s, c0, c1);
-    else if (vm) adamw_chunk<MATH, 4, 4, 1>(k, s, c0, c1);
-    else if (vv) adamw_chunk<MATH, 4, 1, 4>(k, s, c0, c1);
-    else if (vw) adamw_chunk<MATH, 4, 1, 1>(k, s, c0, c1);
-    else adamw_chunk<MATH, 1, 1, 1>(k, s, c0, c1);
-}
-
-int adamw_math(void) {
-    const char *e = getenv("KILN_ADAMW_MATH");
-    return !e || !*e || !strcmp(e, "ieee") ? MATH_IEEE : !strcmp(e, "recip") ? MATH_RECIP : !strcmp(e, "f32") ? MATH_F32 : -1;
+    if (vm && vv) adamw_chunk<4, 4, 4>(k, s, c0, c1);
+    else if (vm) adamw_chunk<4, 4, 1>(k, s, c0, c1);
+    else if (vv) adamw_chunk<4, 1, 4>(k, s, c0, c1);
+    else if (vw) adamw_chunk<4, 1, 1>(k, s, c0, c1);
+    else adamw_chunk<1, 1, 1>(k, s, c0, c1);
 }
 
 kiln_error *adamw_args_init(adamw_args *k, const kiln_optim_hparams *hp, double lr, int64_t t, float gscale) {
     if (t < 1) return kiln_errorf(KILN_EINVAL, "adamw step: step %lld (steps count from 1)", (long long)t);
     k->b1 = hp->beta1, k->b2 = hp->beta2, k->one_b1 = 1 - hp->beta1, k->one_b2 = 1 - hp->beta2;
     k->c1 = 1.0 - pow(hp->beta1, (double)t), k->c2 = 1.0 - pow(hp->beta2, (double)t);
-    k->r1 = 1.0 / k->c1, k->r2 = 1.0 / k->c2;
     k->eps = hp->eps, k->lr = lr;
     k->wd = (float)(lr * hp->weight_decay); // a tensor without decay uses 0
     k->gscale = gscale;
-    k->f_b1 = (float)k->b1, k->f_one_b1 = (float)k->one_b1, k->f_b2 = (float)k->b2, k->f_one_b2 = (float)k->one_b2;
-    k->f_r1 = (float)k->r1, k->f_r2 = (float)k->r2, k->f_eps = (float)k->eps, k->f_lr = (float)lr;
     return NULL;
 }
 
 kiln_error *adamw_launch(const adamw_args &k, int64_t blocks, cudaStream_t st) {
     kiln_error *err = NULL;
-    switch (adamw_math()) {
-    case MATH_IEEE: adamw_multi_kernel<MATH_IEEE><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k); break;
-    case MATH_RECIP: adamw_multi_kernel<MATH_RECIP><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k); break;
-    case MATH_F32: adamw_multi_kernel<MATH_F32><<<(unsigned)blocks, AW_THREADS, 0, st>>>(k); break;
-    default: return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_MATH=%s: not ieee, recip or f32", getenv("KILN_ADAMW_MATH"));
-    }
+    adamw_multi_kernel<<<(unsigned)blocks, AW_THREADS, 0, st>>>(k);
     LAUNCH_CHECK("adamw step");
 done:
     return err;
