@@ -622,6 +622,84 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
         }
     }
 }
+// The same pass split in two for 16-byte accesses (D % 8 == 0): dw0/db0 partials with a thread per 8
+// channels of a block of DW_ROWS rows (the same sums in the same order as above), and dx + the coupling's
+// adjoint with a thread per (token, KV head, 8 dims), fully parallel.
+static __global__ void dw0_part8_kernel(float *p0, float *pb0, const float *dmid, const bf16 *xq, const bf16 *xk,
+                                        kiln_conv_shape s, int Q, int cps) {
+    const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
+    const int Kc = C - Q, bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
+    const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M;
+    const float *dmb = dmid + (int64_t)bb * M * C;
+    for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8)
+        for (int jj = 0; jj < k0; jj++) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, accb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int u = u0; u < u1; u++) {
+                float gv[8], xv[8];
+                ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
+                const bool in = u + jj >= P;
+                if (in) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + u + jj - P, c, Q, Kc), xv);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    accb[k] += gv[k];
+                    if (in) acc[k] += gv[k] * xv[k];
+                }
+            }
+            if (p0)
+#pragma unroll
+                for (int k = 0; k < 8; k++) p0[(int64_t)blockIdx.x * C * k0 + (int64_t)(c + k) * k0 + jj] = acc[k];
+            if (jj == 0 && pb0) {
+                stv<4>(pb0 + (int64_t)blockIdx.x * C + c, 0, accb);
+                stv<4>(pb0 + (int64_t)blockIdx.x * C + c + 4, 0, accb + 4);
+            }
+        }
+}
+
+static __global__ void dx_couple8_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
+                                         const bf16 *dkp, kiln_conv_shape s, int NH, int KV) {
+    const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
+    const int D = C / (int)s.groups, D8 = D / 8, Q = NH * D, Kc = KV * D, G = NH / KV;
+    const int64_t total = s.B * (int64_t)T * KV * D8;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / (KV * D8);
+        const int rem = (int)(e - row * (KV * D8)), j = rem / D8, d = (rem % D8) * 8;
+        const int64_t bb = row / T;
+        const int t = (int)(row - bb * T);
+        const float *dmb = dmid + bb * M * C;
+        float dkg[8], sk[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        ld_bf<8>(dkp + row * Kc + j * D + d, dkg);
+#pragma unroll
+        for (int k = 0; k < 8; k++) dkg[k] = dkg[k] / (float)G;
+        for (int m = 0; m <= G; m++) {
+            const int c = m < G ? (j * G + m) * D + d : Q + j * D + d;
+            float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int jj = 0; jj < k0; jj++) {
+                const int u = t + P - jj;
+                if (u < 0 || u >= M) continue;
+                float gv[8];
+                ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
+#pragma unroll
+                for (int k = 0; k < 8; k++) dx[k] += gv[k] * w0[(c + k) * k0 + jj];
+            }
+            float o[8];
+            if (m < G) {
+                float dqv[8];
+                ld_bf<8>(dqp + row * Q + c, dqv);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const float half = 0.5f * (dqv[k] + dkg[k]);
+                    o[k] = half + dx[k];
+                    sk[k] += half;
+                }
+                st_bf<8>(dq + row * Q + c, o);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) o[k] = sk[k] + dx[k];
+                st_bf<8>(dk + row * Kc + j * D + d, o);
+            }
+        }
+    }
+}
 } // namespace ccaf
 
 using namespace ccaf;
@@ -776,14 +854,26 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         }
         LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
         // the depthwise stage and the coupling
-        const int64_t kvd = KV * cg;
-        const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
-        dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>((bf16 *)dq, (bf16 *)dk, p0, pb0, dmid,
-                                                                      (const bf16 *)q, (const bf16 *)k, w0,
-                                                                      (const bf16 *)dqpre,
-                                                                      (const bf16 *)dkpre, *s, (int)NH, (int)KV,
-                                                                      (int)cps0);
-        LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");
+        const int64_t kvd = KV * cg, Q = NH * cg;
+        if (cg % 8 == 0 && aligned16(dq) && aligned16(dk) && aligned16(dqpre) && aligned16(dkpre) && aligned16(q) &&
+            aligned16(k) && aligned16(dmid) && aligned16(pb0)) {
+            if (p0 || pb0) {
+                const int64_t c8 = C / 8;
+                const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
+                dw0_part8_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
+                                                                          (const bf16 *)k, *s, (int)Q, (int)cps0);
+                LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
+            }
+            dx_couple8_kernel<<<grid_for(B * T * kvd / 8, 256), 256, 0, st>>>(
+                (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+            LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
+        } else {
+            const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
+            dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(
+                (bf16 *)dq, (bf16 *)dk, p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, w0, (const bf16 *)dqpre,
+                (const bf16 *)dkpre, *s, (int)NH, (int)KV, (int)cps0);
+            LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");
+        }
         if (dw0) CUDA_TRY(colsum_add(dw0, p0, B * cps0, C * k0, st));
         if (db0) CUDA_TRY(colsum_add(db0, pb0, B * cps0, C, st));
     }
