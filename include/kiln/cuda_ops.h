@@ -205,7 +205,8 @@ kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd
  *   das = sum g*(a + ab), dxb = sum g*xs, dxs = sum g*(x + xb) (per-chunk partials, fixed-order sums). */
 typedef struct {
     const float *y;                /* [n,d] the join's output */
-    const kiln_bf16 *dln;          /* [n,d] gradient of ln = rmsnorm(y) */
+    const kiln_bf16 *dln;          /* [n,d] gradient of ln = rmsnorm(y) ... */
+    const float *dln_f32;          /* ... or the same in f32 (exactly one of the two) */
     const float *w, *rstd;         /* the norm's weight [d], saved 1/rms [n] */
     float *dw;
     const float *dup, *upb, *ups;  /* gradient of z [n,d]; the next join's shift (nullable) and scale for y */

@@ -101,7 +101,9 @@ static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_
         for (int k = 0; k < NV; k++) {
             const int j = (threadIdx.x + k * blockDim.x) * V;
             if (j >= d) continue;
-            ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(dln + r * d, j, gv[k]), ldv<V>(p.dup + r * d, j, du[k]);
+            ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(p.dup + r * d, j, du[k]);
+            if (p.dln_f32) ldv<V>(p.dln_f32 + r * d, j, gv[k]);
+            else ldv<V>(dln + r * d, j, gv[k]);
             ldv<V>(a + r * d, j, av[k]), ldv<V>(p.x + r * d, j, xv[k]);
 #pragma unroll
             for (int q = 0; q < V; q++) {
@@ -289,11 +291,12 @@ extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm
     cudaStream_t st = (cudaStream_t)stream;
     float *part = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    if (!p->y || !p->dln || !p->w || !p->rstd || !p->dup || !p->ups || !p->a || !p->as || !p->x || !p->xs || !p->da ||
-        !p->dx)
-        return kiln_errorf(KILN_EINVAL, "residual_norm backward: y, dln, w, rstd, dup, ups, a, as, x, xs, da and dx "
-                                        "are required");
-    const int vec = d % 4 == 0 && aligned16(p->y) && aligned16(p->dln) && aligned16(p->w) && aligned16(p->dup) &&
+    if (!p->y || (!p->dln) == (!p->dln_f32) || !p->w || !p->rstd || !p->dup || !p->ups || !p->a || !p->as || !p->x ||
+        !p->xs || !p->da || !p->dx)
+        return kiln_errorf(KILN_EINVAL, "residual_norm backward: y, exactly one of dln / dln_f32, w, rstd, dup, ups, "
+                                        "a, as, x, xs, da and dx are required");
+    const int vec = d % 4 == 0 && aligned16(p->y) && aligned16(p->dln) && aligned16(p->dln_f32) && aligned16(p->w) &&
+                    aligned16(p->dup) &&
                     aligned16(p->upb) && aligned16(p->ups) && aligned16(p->a) && aligned16(p->ab) &&
                     aligned16(p->as) && aligned16(p->x) && aligned16(p->xb) && aligned16(p->xs) &&
                     aligned16(p->da) && aligned16(p->dx);

@@ -92,7 +92,7 @@ typedef struct {
 /* One backward's scratch, reused by every layer. */
 typedef struct {
     float *dres, *dnext, *dmoe, *dln2f;                /* [N,H] f32 */
-    bf *dln2, *dob, *dln1, *dhn;                       /* [N,H] bf16 */
+    bf *dob, *dln1, *dhn;                              /* [N,H] bf16 */
     bf *dye, *dact, *dgu, *dxe;                        /* experts */
     float *dgate;                                      /* [S] */
     float *dprobs, *dlogit;                            /* [N,E1] */
@@ -263,7 +263,7 @@ static void scratch_layout(struct kiln_zaya_cuda *g, dbump *b, size_t attn_work)
     gscratch *s = &g->s;
     s->dres = TF(b, N * H), s->dnext = TF(b, N * H), s->dmoe = TF(b, N * H);
     s->dln2f = TF(b, N * H), s->dx0 = TF(b, N * H);
-    s->dln2 = TB(b, N * H), s->dob = TB(b, N * H), s->dln1 = TB(b, N * H), s->dhn = TB(b, N * H);
+    s->dob = TB(b, N * H), s->dln1 = TB(b, N * H), s->dhn = TB(b, N * H);
     s->dye = TB(b, S * H), s->dact = TB(b, S * I), s->dgu = TB(b, S * 2 * I), s->dxe = TB(b, S * H);
     s->dgate = TF(b, S);
     s->dprobs = TF(b, N * E1), s->dlogit = TF(b, N * E1), s->dlogitb = TB(b, N * E1);
@@ -750,12 +750,13 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                                   s->dxn, carry_in, has_prev ? prev_rdown : NULL,
                                                   has_prev ? W->r_state_scale : NULL, N, R, st));
     if (!has_prev && carry_out) Z(carry_out, N * R * 4);
-    OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dln2, s->dln2f, N * H, st));
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln2, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
+    /* r_down: its input gradient accumulates in f32 onto the experts' (no bf16 copy of dln2) */
+    OP(g, "linear (cuBLASLt) bwd", kiln_gemm_bf16_cuda(s->dln2f, 1, s->drs, BF(g, W->r_down_w), N, H, R, "NN", 1, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(NULL, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
                                        R, st));
     /* post_attention_layernorm, post_attention_residual_scale and the MLP residual's res1 side, one pass:
      * dres1 = dout*mlp_rs + the norm's backward; dob = bf16(dres1*attn_hs), dnext = dres1*attn_rs (written) */
-    const kiln_residual_norm_bwd rb = {.y = L->res1, .dln = s->dln2, .w = W->ln2, .rstd = L->ln2_r, .dw = Gd->ln2,
+    const kiln_residual_norm_bwd rb = {.y = L->res1, .dln_f32 = s->dln2f, .w = W->ln2, .rstd = L->ln2_r, .dw = Gd->ln2,
                                        .dup = dout, .upb = W->mlp_rb, .ups = W->mlp_rs, .dupb = Gd->mlp_rb,
                                        .dups = Gd->mlp_rs, .a = L->o, .ab = W->attn_hb, .as = W->attn_hs,
                                        .dab = Gd->attn_hb, .das = Gd->attn_hs, .da = s->dob, .x = L->x,

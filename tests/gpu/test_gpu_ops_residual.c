@@ -129,6 +129,16 @@ TEST(gpu_ops_residual_norm) {
             float *hda2 = gt_down_bf16(gda, nd), *hdx2 = gt_down_f32(gdx, nd);
             CHECK_MSG(!memcmp(hda2, hda, (size_t)nd * 4) && !memcmp(hdx2, hdx, (size_t)nd * 4),
                       "residual_norm da/dx depend on which weight gradients are asked for");
+            /* the norm's gradient given in f32 (the same bf16-exact values): the same bits */
+            float *gdlnf = gt_up_f32(dln, nd);
+            kiln_residual_norm_bwd pf = q;
+            pf.dln = NULL, pf.dln_f32 = gdlnf;
+            CHECK_OK(kiln_residual_norm_backward_cuda(&pf, n, d, NULL));
+            float *hda3 = gt_down_bf16(gda, nd), *hdx3 = gt_down_f32(gdx, nd);
+            CHECK_MSG(!memcmp(hda3, hda, (size_t)nd * 4) && !memcmp(hdx3, hdx, (size_t)nd * 4),
+                      "residual_norm with an f32 dln differs");
+            free(hda3), free(hdx3);
+            kiln_cuda_free(gdlnf);
             free(gy_ref), free(da), free(dx), free(hda), free(hdx), free(hda2), free(hdx2);
             kiln_cuda_free(gdup), kiln_cuda_free(gupb), kiln_cuda_free(gups), kiln_cuda_free(gyd);
             kiln_cuda_free(grsd), kiln_cuda_free(gdx), kiln_cuda_free(gdln), kiln_cuda_free(gda);
