@@ -192,6 +192,26 @@ TEST(gpu_zaya_opt_step_timing) {
                "norm's %.2f ms\n", cms, 8.0 * nd / (cms * 1e6), 30 * P / (8.0 * nd / cms), 4 * P / (8.0 * nd / cms));
         kiln_cuda_free(st);
     }
+    { /* Muon's cost at this model (not the benchmark's optimizer): one expert tensor's 16 gate_up matrices
+       * [4096, 2048], 5 Newton-Schulz steps in f32 (per matrix and step 2*2048^2*4096 + 2*2048^3 +
+       * 2*4096*2048*2048 FLOPs) */
+        const int64_t E = 16, rows = 4096, cols = 2048, r = 2048;
+        float *x = NULL, *ws = NULL;
+        CHECK_OK(kiln_cuda_alloc((void **)&x, (size_t)(E * rows * cols) * 4));
+        CHECK_OK(kiln_cuda_alloc((void **)&ws, kiln_zaya_newton_schulz_cuda_ws(E, rows, cols) * 4));
+        if (x && ws) {
+            fill_random(&rng, x, (size_t)(E * rows * cols), 1.0f);
+            CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, ws, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            double t0 = now_s();
+            CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, ws, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            const double ms = (now_s() - t0) * 1e3;
+            const double flop = 5.0 * E * (2.0 * r * r * rows + 2.0 * r * r * r + 2.0 * rows * cols * r);
+            printf("    Newton-Schulz (5 steps, f32) 16 x [4096, 2048] %8.2f ms  %6.1f TFLOP/s\n", ms, flop / (ms * 1e9));
+        }
+        kiln_cuda_free(x), kiln_cuda_free(ws);
+    }
 done:
     kiln_zaya_cuda_opt_free(o);
     kiln_zaya_cuda_free(g);
