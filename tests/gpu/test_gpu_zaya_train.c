@@ -191,6 +191,15 @@ TEST(gpu_zaya_opt_step_timing) {
         printf("    device copy of the gradients %8.2f ms  %6.0f GB/s (read + written): AdamW's bound %.2f ms, the "
                "norm's %.2f ms\n", cms, 8.0 * nd / (cms * 1e6), 30 * P / (8.0 * nd / cms), 4 * P / (8.0 * nd / cms));
         kiln_cuda_free(st);
+        /* the trainer's gradient zeroing (a memset at write speed: fusing it into the optimizer would move the same
+         * 4 B/param) */
+        CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+        CHECK_OK(kiln_zaya_cuda_sync(g));
+        t0 = now_s();
+        for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+        CHECK_OK(kiln_zaya_cuda_sync(g));
+        const double zms = (now_s() - t0) / it * 1e3;
+        printf("    gradient zeroing (cudaMemsetAsync) %8.2f ms  %6.0f GB/s (written)\n", zms, 4.0 * nd / (zms * 1e6));
     }
     { /* Muon's cost at this model (not the benchmark's optimizer): one expert tensor's 16 gate_up matrices
        * [4096, 2048], 5 Newton-Schulz steps in f32 (per matrix and step 2*2048^2*4096 + 2*2048^3 +
