@@ -349,7 +349,16 @@ struct att_plan {
     int32_t *seq;      // device [2B]: the padding workaround's sequence lengths (q then kv), or NULL
     int64_t engine;
     int cfg, ncfg, mode; // which of the heuristics' ncfg configurations (mode A, else fallback) finalized
+    // KILN_CUDNN_AUTOTUNE=1: every configuration that finalizes, timed on the first call, the fastest kept
+    kdnn_desc cand[8];
+    int64_t cand_engine[8];
+    int cand_cfg[8], ncand, tuned;
 };
+
+static int autotune_on(void) {
+    const char *e = getenv("KILN_CUDNN_AUTOTUNE");
+    return e && *e && strcmp(e, "0") != 0;
+}
 
 #define MAX_PLANS 64
 static att_plan *plans[MAX_PLANS];
@@ -539,6 +548,7 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
     gb_fin(g, graph, "operation graph");
     if (g->err[0]) return;
     const int modes[2] = {KH_A, KH_FALLBACK};
+    const int tune = autotune_on();
     char tried[256] = "";
     for (int mi = 0; mi < 2 && !p->plan; mi++) {
         kdnn_desc heur = gb_make(g, KD_ENGINEHEUR, "heuristics");
@@ -561,7 +571,7 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
             gb_fail(g, "heuristics results", s);
             return;
         }
-        for (int64_t i = 0; i < got && !p->plan; i++) {
+        for (int64_t i = 0; i < got && p->ncand < (tune ? 8 : 1); i++) {
             kdnn_desc plan = NULL;
             if (dn.BackendCreateDescriptor(KD_PLAN, &plan)) continue;
             if (dn.BackendSetAttribute(plan, KA_PLAN_HANDLE, KT_HANDLE, 1, &h) ||
@@ -572,19 +582,20 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
                 dn.BackendDestroyDescriptor(plan);
                 continue;
             }
-            p->plan = plan;
-            p->cfg = (int)i, p->ncfg = (int)got, p->mode = modes[mi];
+            const int c = p->ncand++;
+            p->cand[c] = plan, p->cand_cfg[c] = (int)i, p->cand_engine[c] = -1;
+            p->ncfg = (int)got, p->mode = modes[mi];
             int64_t cnt = 0, ws = 0;
             dn.BackendGetAttribute(plan, KA_PLAN_WORKSPACE, KT_INT64, 1, &cnt, &ws);
-            p->ws = ws;
+            if (ws > p->ws) p->ws = ws; // the workspace fits every candidate
             kdnn_desc eng = NULL;
-            p->engine = -1;
             if (!dn.BackendCreateDescriptor(2 /* ENGINE */, &eng)) {
                 if (!dn.BackendGetAttribute(cfg[i], KA_ENGINECFG_ENGINE, KT_DESC, 1, &cnt, &eng))
-                    dn.BackendGetAttribute(eng, KA_ENGINE_INDEX, KT_INT64, 1, &cnt, &p->engine);
+                    dn.BackendGetAttribute(eng, KA_ENGINE_INDEX, KT_INT64, 1, &cnt, &p->cand_engine[c]);
                 dn.BackendDestroyDescriptor(eng);
             }
         }
+        if (p->ncand) p->plan = p->cand[0], p->cfg = p->cand_cfg[0], p->engine = p->cand_engine[0];
     }
     if (!p->plan && !g->err[0]) {
         char last[256] = "";
@@ -732,11 +743,67 @@ int att_cudnn_usable(const kiln_attn_shape *s, int backward, int nondet, const c
     return p ? 0 : -1;
 }
 
+// one execution of a plan on the stream; 0 or the cuDNN status, *what naming the failing call
+static kdnn_status run_plan(att_plan *p, kdnn_desc plan, void **data, void *ws, cudaStream_t st, const char **what) {
+    kdnn_desc vp = NULL;
+    kdnn_status s;
+    if ((s = dn.SetStream(handles[p->dev], st))) {
+        *what = "cudnnSetStream";
+        return s;
+    }
+    if ((s = dn.BackendCreateDescriptor(KD_VARPACK, &vp))) {
+        *what = "variant pack";
+        return s;
+    }
+    if ((s = dn.BackendSetAttribute(vp, KA_VP_UIDS, KT_INT64, p->nuid, p->uids)) ||
+        (s = dn.BackendSetAttribute(vp, KA_VP_PTRS, KT_VOID_PTR, p->nuid, data)) ||
+        (s = dn.BackendSetAttribute(vp, KA_VP_WORKSPACE, KT_VOID_PTR, 1, &ws)) || (s = dn.BackendFinalize(vp)))
+        *what = "variant pack";
+    else if ((s = dn.BackendExecute(handles[p->dev], plan, vp)))
+        *what = "cudnnBackendExecute";
+    dn.BackendDestroyDescriptor(vp);
+    return s;
+}
+
+// KILN_CUDNN_AUTOTUNE: each candidate once to warm up, then the mean of 3 runs; the fastest becomes the plan
+static void autotune(att_plan *p, void **data, void *ws, cudaStream_t st) {
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    char line[512];
+    int n = snprintf(line, sizeof line, "attention: cuDNN autotune of the %s B=%lld T=%lld:", p->backward ? "backward"
+                     : "forward", (long long)p->B, (long long)p->T);
+    float best = INFINITY;
+    int bi = 0;
+    p->tuned = 1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) goto done;
+    for (int c = 0; c < p->ncand; c++) {
+        const char *what = "";
+        float ms = INFINITY;
+        if (!run_plan(p, p->cand[c], data, ws, st, &what) && cudaEventRecord(e0, st) == cudaSuccess) {
+            int ok = 1;
+            for (int r = 0; r < 3 && ok; r++) ok = !run_plan(p, p->cand[c], data, ws, st, &what);
+            if (ok && cudaEventRecord(e1, st) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+                cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
+                ms /= 3;
+            else
+                ms = INFINITY;
+        }
+        cudaGetLastError();
+        if (n < (int)sizeof line)
+            n += snprintf(line + n, sizeof line - (size_t)n, " [config %d, engine %lld] %.3f ms", p->cand_cfg[c] + 1,
+                          (long long)p->cand_engine[c], ms);
+        if (ms < best) best = ms, bi = c;
+    }
+    p->plan = p->cand[bi], p->cfg = p->cand_cfg[bi], p->engine = p->cand_engine[bi];
+    kiln_log(KILN_LOG_DEBUG, "%s; config %d kept", line, p->cfg + 1);
+done:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+}
+
 // *ran = 0 (and no error) when the workspace could not be allocated: the caller runs kiln's kernels instead
 static kiln_error *execute(att_plan *p, void *const ptrs[U_COUNT], cudaStream_t st, int *ran) {
     kiln_error *err = NULL;
     void *ws = NULL;
-    kdnn_desc vp = NULL;
     void *data[U_COUNT];
     kdnn_status s;
     const char *what = "";
@@ -754,35 +821,16 @@ static kiln_error *execute(att_plan *p, void *const ptrs[U_COUNT], cudaStream_t 
         int64_t u = p->uids[i];
         data[i] = u == U_SUM ? (char *)ws + p->off_sum : u == U_DQACC ? (char *)ws + p->off_dqacc : ptrs[u];
     }
+    if (p->ncand > 1 && !p->tuned) autotune(p, data, ws, st); // before the memset: the real run follows
     if (p->nondet && version < 90600)
         CUDA_TRY(cudaMemsetAsync((char *)ws + p->off_dqacc, 0, (size_t)(p->total - p->off_dqacc), st));
-    if ((s = dn.SetStream(handles[p->dev], st))) {
-        what = "cudnnSetStream";
-        goto fail;
+    if ((s = run_plan(p, p->plan, data, ws, st, &what))) {
+        char last[256] = "";
+        if (dn.GetLastErrorString) dn.GetLastErrorString(last, sizeof last);
+        err = kiln_errorf(KILN_EIO, "cuDNN attention %s: %s: %s (%d)%s%s", p->backward ? "backward" : "forward", what,
+                          dn.GetErrorString(s), s, last[0] ? ": " : "", last);
     }
-    if ((s = dn.BackendCreateDescriptor(KD_VARPACK, &vp))) {
-        what = "variant pack";
-        goto fail;
-    }
-    if ((s = dn.BackendSetAttribute(vp, KA_VP_UIDS, KT_INT64, p->nuid, p->uids)) ||
-        (s = dn.BackendSetAttribute(vp, KA_VP_PTRS, KT_VOID_PTR, p->nuid, data)) ||
-        (s = dn.BackendSetAttribute(vp, KA_VP_WORKSPACE, KT_VOID_PTR, 1, &ws)) || (s = dn.BackendFinalize(vp))) {
-        what = "variant pack";
-        goto fail;
-    }
-    if ((s = dn.BackendExecute(handles[p->dev], p->plan, vp))) {
-        what = "cudnnBackendExecute";
-        goto fail;
-    }
-    goto done;
-fail: {
-    char last[256] = "";
-    if (dn.GetLastErrorString) dn.GetLastErrorString(last, sizeof last);
-    err = kiln_errorf(KILN_EIO, "cuDNN attention %s: %s: %s (%d)%s%s", p->backward ? "backward" : "forward", what,
-                      dn.GetErrorString(s), s, last[0] ? ": " : "", last);
-}
 done:
-    if (vp) dn.BackendDestroyDescriptor(vp);
     if (ws) cudaFreeAsync(ws, st);
     return err;
 }
