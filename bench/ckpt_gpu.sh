@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue [ft] item 2 on the GPU machine, one script, one run (about 3-4 minutes on the H200 machine):
+# Issue [ft] item 2 on the GPU machine, one script, one run (about 2-3 minutes on the H200 machine):
 #   1. kiln bench io --ckpt --device cuda on the local disk: sequential/parallel write and read of
 #      checkpoint-sized files, and the checkpoint writer's save throughput against the sequential write
 #      measured in the same run (target >= 80%), from host memory (the CPU trainer) and from the GPU (the
@@ -10,8 +10,9 @@
 #      - async: a run of ASYNC_STEPS (2*EVERY-1) steps with one background save at EVERY (150): every
 #        step's time after the save against the median step before it (the same run, steps 11..EVERY),
 #        summed (the save's blocking, and what the writing thread costs the steps while it writes);
-#      - sync: a run of SYNC_STEPS (SYNC_EVERY+10) steps with one synchronous save at SYNC_EVERY (30),
-#        measured the same way;
+#      - sync (SYNC=1; off by default to fit the GPU machine's 200 s: then estimated from bench io's
+#        ckpt_save_cuda throughput): a run of SYNC_STEPS (SYNC_EVERY+10) steps with one synchronous save at
+#        SYNC_EVERY (30), measured the same way;
 #      per-save cost scaled to one save per 100 steps: cost / (100 x step time) (target <= 2% for async).
 #      A save must be written before the next is due: 21.2 GB at the disk's ~1.3 GB/s is ~16 s = ~110
 #      steps of 149 ms, so EVERY is 150 (a save per 100 steps would make each save wait for the previous
@@ -20,7 +21,7 @@
 #      without checkpoints: the steps before the first save are the baseline (NONE=1 adds that run as a
 #      control: the same sum over its steps after EVERY should be ~0).
 # Results in $OUT (default bench-out): io.json, io.txt, ckpt_overhead.txt, ckpt_overhead.json, train_*.log,
-# metrics_*.jsonl, config_*.json, disk.txt. Knobs: IO_SIZE (1G), IO_FILES (2), IO_ITERS (2), DIR (the disk to measure,
+# metrics_*.jsonl, config_*.json, disk.txt. Knobs: IO_SIZE (512M), IO_FILES (2), IO_ITERS (2), DIR (the disk to measure,
 # default $TMPDIR or /tmp), EVERY, ASYNC_STEPS, SYNC_EVERY, SYNC_STEPS, SYNC=0 (no sync run), LAYERS (8; fewer
 # for a short run), NONE,
 # SKIP_IO=1, SKIP_TRAIN=1. Disk: keep_last 1 and each run deleted after it (a checkpoint is 21 GB).
@@ -28,56 +29,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"
 out=$(cd "$out" && pwd)
-. scripts/gpu_machine_build.sh
-kiln_gpu_build build-gpu ON kiln
-K=$(pwd)/build-gpu/kiln
+if [ -n "${KILN:-}" ]; then # a smoke test of this script elsewhere: KILN=build/kiln DEVICE=cpu HIDDEN=64 ...
+  K=$(cd "$(dirname "$KILN")" && pwd)/$(basename "$KILN")
+else
+  . scripts/gpu_machine_build.sh
+  kiln_gpu_build build-gpu ON kiln
+  K=$(pwd)/build-gpu/kiln
+fi
+device=${DEVICE:-cuda}
 scratch=$(mktemp -d "${DIR:-${TMPDIR:-/tmp}}/kiln-ckpt-bench.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 { df -h "$scratch"; free -g; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader; } 2>&1 | tee "$out/disk.txt" || true
 
-if [ "${SKIP_IO:-0}" != 1 ]; then
-  echo "== kiln bench io --ckpt --device cuda on $scratch"
-  $K bench io --dir "$scratch" --size "${IO_SIZE:-1G}" --files "${IO_FILES:-2}" --iters "${IO_ITERS:-2}" --ckpt \
-    --device cuda --json "$out/io.json" 2>&1 | grep -v '^bench io' | tee "$out/io.txt"
-fi
-[ "${SKIP_TRAIN:-0}" = 1 ] && exit 0
-
-echo "== training step time with checkpoints (cuda, [cuda] benchmark config)"
-$K train --steps 0 --quiet >/dev/null 2>&1 || true   # prepares runs/default/data once
-test -f runs/default/data/index.json
-every=${EVERY:-150} sync_every=${SYNC_EVERY:-30} layers=${LAYERS:-8}
-run() { # name steps ckpt_every async
-  local d="$scratch/run_$1"
-  python3 - "$scratch/$1.json" "$2" "$d" "$3" "$4" "$layers" <<'PY'
-import json, sys
-path, steps, run, every, asyn, L = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "true", int(sys.argv[6])
-cfg = {
-    "model": {"vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": L, "layer_types": ["hybrid"] * L,
-              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16,
-              "num_experts_per_tok": 1, "moe_intermediate_size": 2048, "router_hidden_size": 256,
-              "tie_word_embeddings": True},
-    "data": {"dir": "runs/default/data", "seq_len": 4096, "micro_batch": 4, "grad_accum": 1},
-    "optim": {"muon": False, "lr": 1e-4, "min_lr": 1e-5, "warmup": 2},
-    "run": {"steps": steps, "log_every": 1, "eval_every": 0, "ckpt_every": every, "keep_last": 1,
-            "async_ckpt": asyn, "save_final": False, "device": "cuda", "out_dir": run},
-}
-json.dump(cfg, open(path, "w"), indent=1)
-PY
-  cp "$scratch/$1.json" "$out/config_$1.json"
-  local t0 t1
-  t0=$(date +%s.%N)
-  KILN_LOG=debug $K train --config "$scratch/$1.json" > "$out/train_$1.log" 2>&1 || { tail -20 "$out/train_$1.log"; return 1; }
-  t1=$(date +%s.%N)
-  grep -E "committed|snapshot|GPU memory|training " "$out/train_$1.log" || true
-  echo "$1: process wall $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
-  cp "$d/metrics.jsonl" "$out/metrics_$1.jsonl"
-  du -sh "$d/ckpt" 2>/dev/null | sed "s/^/$1 checkpoint dir: /" || true
-  rm -rf "$d"
-}
-run async "${ASYNC_STEPS:-$((2 * every - 1))}" "$every" true
-[ "${SYNC:-1}" = 1 ] && run sync "${SYNC_STEPS:-$((sync_every + 10))}" "$sync_every" false
-[ "${NONE:-0}" = 1 ] && run none "${ASYNC_STEPS:-$((2 * every - 1))}" 0 true
-python3 - "$out" "$every" <<'PY' | tee "$out/ckpt_overhead.txt"
+analyse() { # what has been measured so far -> ckpt_overhead.txt/json (after every phase: a run cut short keeps its numbers)
+  python3 - "$out" "${EVERY:-150}" <<'PY' > "$out/ckpt_overhead.txt" || echo "(analysis failed)"
 import json, os, re, statistics, sys
 out, none_every = sys.argv[1], int(sys.argv[2])
 res = {}
@@ -115,7 +80,7 @@ for name in ("async", "sync", "none"):
                  "commits": [{"step": int(c[0]), "gb": float(c[1]), "write_s": float(c[2]), "gbs": float(c[3]),
                               "blocked_s": float(c[4]), "snapshot_s": float(c[5]), "waited_s": float(c[6])}
                              for c in commits],
-                 "snapshot_in": where[0] if where else ("device (default)" if name == "async" else "live")}
+                 "snapshot_in": where[0] if where else "?"}
 print("# checkpoint overhead while training on the GPU ([cuda] benchmark config; 21.2 GB a checkpoint at 8 layers)")
 for name, r in res.items():
     print(f"{name:6s}: step {r['step_ms']:.1f} ms (median of steps 11..{r['saves'][0]}); saves at {r['saves']}; steps "
@@ -139,7 +104,62 @@ try:
         if k in io:
             print(f"  {k:24s} {io[k]['seconds'] * 1e3:8.1f} ms blocking")
     res["io"] = io
+    if "sync" not in res and "async" in res and res["async"]["commits"] and "ckpt_save_cuda" in io:
+        gb, step = res["async"]["commits"][0]["gb"], res["async"]["step_ms"] / 1e3
+        t = gb / io["ckpt_save_cuda"]["gbs"]
+        print(f"# no sync run (SYNC=1 adds one): a synchronous save of these {gb:.1f} GB at ckpt_save_cuda's "
+              f"{io['ckpt_save_cuda']['gbs']:.2f} GB/s would block training {t:.1f} s = {100 * t / (100 * step):.1f}% "
+              f"at one save per 100 steps")
 except (OSError, KeyError, ValueError) as ex:
     print(f"(no io results: {ex})")
 json.dump(res, open(f"{out}/ckpt_overhead.json", "w"), indent=1)
 PY
+}
+
+if [ "${SKIP_IO:-0}" != 1 ]; then
+  echo "== kiln bench io --ckpt --device cuda on $scratch"
+  $K bench io --dir "$scratch" --size "${IO_SIZE:-512M}" --files "${IO_FILES:-2}" --iters "${IO_ITERS:-2}" --ckpt \
+    --device "$device" --json "$out/io.json" 2>&1 | grep -v '^bench io' | tee "$out/io.txt"
+  analyse
+fi
+if [ "${SKIP_TRAIN:-0}" = 1 ]; then cat "$out/ckpt_overhead.txt"; exit 0; fi
+
+echo "== training step time with checkpoints ($device, [cuda] benchmark config)"
+$K train --steps 0 --quiet >/dev/null 2>&1 || true   # prepares runs/default/data once
+test -f runs/default/data/index.json
+every=${EVERY:-150} sync_every=${SYNC_EVERY:-30} layers=${LAYERS:-8}
+run() { # name steps ckpt_every async
+  local d="$scratch/run_$1"
+  python3 - "$scratch/$1.json" "$2" "$d" "$3" "$4" "$layers" "$device" <<'PY'
+import json, os, sys
+path, steps, run, every, asyn, L = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "true", int(sys.argv[6])
+env = lambda k, d: int(os.environ.get(k, d))
+H, hd = env("HIDDEN", 2048), min(128, env("HIDDEN", 2048) // 8)
+cfg = {
+    "model": {"vocab_size": env("VOCAB", 50304), "hidden_size": H, "num_hidden_layers": L, "layer_types": ["hybrid"] * L,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": hd, "num_experts": 16,
+              "num_experts_per_tok": 1, "moe_intermediate_size": env("INTER", 2048), "router_hidden_size": min(256, H),
+              "tie_word_embeddings": True},
+    "data": {"dir": "runs/default/data", "seq_len": env("SEQ", 4096), "micro_batch": env("MB", 4), "grad_accum": 1},
+    "optim": {"muon": False, "lr": 1e-4, "min_lr": 1e-5, "warmup": 2},
+    "run": {"steps": steps, "log_every": 1, "eval_every": 0, "ckpt_every": every, "keep_last": 1,
+            "async_ckpt": asyn, "save_final": False, "device": sys.argv[7], "out_dir": run},
+}
+json.dump(cfg, open(path, "w"), indent=1)
+PY
+  cp "$scratch/$1.json" "$out/config_$1.json"
+  local t0 t1
+  t0=$(date +%s.%N)
+  KILN_LOG=debug $K train --config "$scratch/$1.json" > "$out/train_$1.log" 2>&1 || { tail -20 "$out/train_$1.log"; return 1; }
+  t1=$(date +%s.%N)
+  grep -E "committed|snapshot|GPU memory|training " "$out/train_$1.log" || true
+  echo "$1: process wall $(python3 -c "print(f'{$t1 - $t0:.1f}')") s"
+  cp "$d/metrics.jsonl" "$out/metrics_$1.jsonl"
+  du -sh "$d/ckpt" 2>/dev/null | sed "s/^/$1 checkpoint dir: /" || true
+  rm -rf "$d"
+  analyse
+}
+run async "${ASYNC_STEPS:-$((2 * every - 1))}" "$every" true
+if [ "${SYNC:-0}" = 1 ]; then run sync "${SYNC_STEPS:-$((sync_every + 10))}" "$sync_every" false; fi
+if [ "${NONE:-0}" = 1 ]; then run none "${ASYNC_STEPS:-$((2 * every - 1))}" 0 true; fi
+cat "$out/ckpt_overhead.txt"
