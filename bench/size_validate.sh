@@ -19,6 +19,7 @@
 # Outputs in $OUT (default size-validate-out): size_validate.json, size_validate.csv, size_validate_ops.csv,
 # size_validate.txt (the tables), h200_measured.json (the profile), the bench JSONs and train logs.
 # Env: STEPS (default 8; 3 warm-up, the last is profiled and not timed), SHAPES (default all: names below),
+# BUDGET_S (default 180: a shape is started only when it should end by then, so that the tables get made),
 # ANALYZE_ONLY=1 (no build and no GPU: redo steps 2-4's profile and tables from the files already in $OUT,
 # with KILN=path/to/kiln, e.g. on the CPU machine).
 set -euo pipefail
@@ -35,19 +36,26 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 # data: the built-in corpus (token ids < 2048; a step's work does not depend on them), made once
 $K train --steps 0 --quiet >/dev/null 2>&1 || true
 test -f runs/default/data/index.json
-$K bench membw --device cuda --min 16K --max 1G --factor 4 --iters 10 --json "$out/membw.json" > "$out/membw.txt"
+$K bench membw --device cuda --min 16K --max 256M --factor 4 --iters 5 --json "$out/membw.json" > "$out/membw.txt"
 
-# name hidden layers heads kv head_dim experts top_k inter vocab seq micro_batch
+# name hidden layers heads kv head_dim experts top_k inter vocab seq micro_batch. Besides the benchmark config,
+# shapes of <= 0.3B parameters: kiln train initialises the model on one CPU thread (~25 ns a parameter), and
+# the whole script must fit in the GPU run's 200 s. CUDA_TRAIN_OUT=DIR (bench/cuda_train.sh's $OUT of the same
+# run, the same config) takes the benchmark config's kiln train from there instead of training it again.
 all_shapes="calib 1024 4 8 2 128 8 1 1024 50304 2048 4
+top2 2048 4 16 4 128 4 2 2048 50304 4096 2
+s8192 1536 4 12 2 128 8 1 1536 32768 8192 2
+h1024 1024 6 8 2 128 8 1 1024 50304 4096 4
+e4w3072 1536 4 12 4 128 4 1 3072 50304 2048 8
 bench 2048 8 8 2 128 16 1 2048 50304 4096 4
-h1024 1024 8 8 2 128 16 1 1024 50304 4096 4
-e32i1024 2048 6 8 2 128 32 1 1024 50304 4096 4
-e8i4096s2048 2048 6 16 4 128 8 1 4096 50304 2048 8
-h1536s8192 1536 10 12 2 128 16 1 1536 32768 8192 2
-top2 2560 4 16 4 128 16 2 2560 50304 4096 2"
-want=${SHAPES:-calib bench h1024 e32i1024 e8i4096s2048 h1536s8192 top2}
+e32w512 1024 4 8 2 128 32 1 512 50304 4096 4"
+want=${SHAPES:-calib top2 s8192 h1024 e4w3072 bench e32w512}
+budget=${BUDGET_S:-180}  # a shape is started only if it should end by then: the tables are made from what ran
 echo "$all_shapes" | while read -r name H L NH KV D E TOP I V T B; do
   case " $want " in *" $name "*) ;; *) continue ;; esac
+  est=25  # seconds: init on the CPU, benches, 8 steps
+  [ "$name" = bench ] && est=$([ -n "${CUDA_TRAIN_OUT:-}" ] && echo 15 || echo 65)
+  if [ $(( $(date +%s) - t0 + est )) -gt "$budget" ]; then echo "== $name: skipped (would end past ${budget} s)"; continue; fi
   python3 - "$out/$name.json" "$out/run_$name" "$steps" "$H" "$L" "$NH" "$KV" "$D" "$E" "$TOP" "$I" "$V" "$T" "$B" <<'PY'
 import json, sys
 path, run, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -65,15 +73,30 @@ PY
   N=$((B * T))
   echo "== $name: hidden $H, $L layers, $NH/$KV heads x $D, $E experts top-$TOP width $I, vocab $V, seq $T x $B"
   if [ "$name" != calib ]; then  # the calibration uses only the groups no bench times
-  $K bench gemm --device cuda --dtype bf16 --model "$out/$name.json" --iters 10 --warmup 3 \
-    --json "$out/gemm_$name.json" > "$out/gemm_$name.txt" || echo "(kiln bench gemm failed: $name)"
+  $K bench gemm --device cuda --dtype bf16 --model "$out/$name.json" --iters 5 --warmup 2 \
+    --json "$out/gemm_$name.json" < /dev/null > "$out/gemm_$name.txt" || echo "(kiln bench gemm failed: $name)"
   $K bench attention --device cuda --batch "$B" --seq "$T" --heads "$NH" --kv-heads "$KV" --head-dim "$D" \
-    --iters 10 --warmup 2 --json "$out/attn_$name.json" > "$out/attn_$name.txt" || echo "(kiln bench attention failed: $name)"
+    --iters 5 --warmup 2 --json "$out/attn_$name.json" < /dev/null > "$out/attn_$name.txt" || echo "(kiln bench attention failed: $name)"
   $K bench moe --device cuda --tokens "$N" --hidden "$H" --inter "$I" --experts "$E" --top-k "$TOP" \
-    --routing balanced --iters 10 --warmup 3 --json "$out/moe_$name.json" > "$out/moe_$name.txt" || echo "(kiln bench moe failed: $name)"
+    --routing balanced --paths default --iters 5 --warmup 2 --json "$out/moe_$name.json" < /dev/null > "$out/moe_$name.txt" || echo "(kiln bench moe failed: $name)"
   fi
   rm -rf "$out/run_$name"
-  KILN_CUDA_PROFILE=1 $K train --config "$out/$name.json" > "$out/train_$name.log" 2>&1 || echo "(kiln train failed: $name)"
+  if [ "$name" = bench ] && [ -n "${CUDA_TRAIN_OUT:-}" ] && python3 - "$out/$name.json" "$CUDA_TRAIN_OUT" <<'PY'
+import json, os, sys
+mine, theirs = json.load(open(sys.argv[1])), os.path.join(sys.argv[2], "cuda_train_config.json")
+t = json.load(open(theirs))
+ok = (t["model"] == mine["model"] and all(t["data"][k] == mine["data"][k] for k in ("seq_len", "micro_batch", "grad_accum"))
+      and t["optim"].get("muon") == mine["optim"]["muon"] and os.path.exists(os.path.join(sys.argv[2], "kiln_run/metrics.jsonl"))
+      and "per-op time of the last step" in open(os.path.join(sys.argv[2], "kiln_train.log")).read())
+sys.exit(0 if ok else 1)
+PY
+  then
+    echo "   kiln train of the benchmark config: bench/cuda_train.sh's run in $CUDA_TRAIN_OUT (same config)"
+    mkdir -p "$out/run_$name" && cp "$CUDA_TRAIN_OUT/kiln_run/metrics.jsonl" "$out/run_$name/"
+    cp "$CUDA_TRAIN_OUT/kiln_train.log" "$out/train_$name.log"
+  else
+    KILN_CUDA_PROFILE=1 $K train --config "$out/$name.json" < /dev/null > "$out/train_$name.log" 2>&1 || echo "(kiln train failed: $name)"
+  fi
   grep -E "device peak|step wall" "$out/train_$name.log" || true
   echo "   ($(( $(date +%s) - t0 )) s)"
 done
