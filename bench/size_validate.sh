@@ -29,9 +29,11 @@ steps=${STEPS:-8}
 t0=$(date +%s)
 K=${KILN:-./build-gpu/kiln}
 if [ "${ANALYZE_ONLY:-0}" != 1 ]; then
-. scripts/gpu_machine_build.sh
-kiln_gpu_build build-gpu ON kiln
-echo "== built in $(( $(date +%s) - t0 )) s"
+if [ -z "${KILN:-}" ]; then  # (the build also sets LD_LIBRARY_PATH for the GPU machine's unpacked libraries)
+  . scripts/gpu_machine_build.sh
+  kiln_gpu_build build-gpu ON kiln
+  echo "== built in $(( $(date +%s) - t0 )) s"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 # data: the built-in corpus (token ids < 2048; a step's work does not depend on them), made once
 $K train --steps 0 --quiet >/dev/null 2>&1 || true
