@@ -104,7 +104,9 @@ typedef struct {
     int64_t N, H, I, E, top, slots, max_rows;
     double us[NPART], dense_us[NPART], flops[NPART];
     int looped[NPART];
-    double out_err, dx_err; /* max |x - first path's| / max |first path's| */
+    double out_err, dx_err; /* max |x - reference path's| / max |reference path's| */
+    const char *ref;        /* the reference: the first path that ran */
+    int failed;             /* this path failed (its error printed): left out of the tables and files */
 } moe_gpu_case;
 
 typedef struct { /* one GEMM of the op: grouped over experts, or the dense equivalent */
@@ -154,7 +156,7 @@ static double rel_diff(const float *x, const float *ref, int64_t n) {
 
 /* one routing, every path in cs[0..np-1] (the same routing): the buffers are set up once, the dense GEMMs
  * timed once (with the first path) and shared */
-static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup) {
+static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup, int *nfailed) {
     moe_gpu_case *c0 = &cs[0];
     const int64_t N = c0->N, H = c0->H, I = c0->I, E = c0->E, top = c0->top, S = N * top, nw = E * 2 * I * H,
                   nd = E * H * I;
@@ -195,9 +197,11 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup) 
     kiln_bench_fill(chk, N * H, 4, 1.0f);
     if ((e = kiln_cuda_copy(dout, chk, (size_t)(N * H) * 4, KILN_CUDA_H2D))) goto done;
 
-    for (int p = 0; p < np && !e; p++) {
+    int ref_path = -1, dense_src = -1; /* the reference path's index; whose dense timings are shared */
+    for (int p = 0; p < np; p++) {
         moe_gpu_case *c = &cs[p];
         double t0 = 0;
+        do { /* one path; `break` leaves it with e set */
         if ((e = kiln_grouped_gemm_set_path(c->path))) break;
         /* one checked call: out and dx (from zero) against the first path's */
         if ((e = kiln_cuda_copy(dx, zeros, (size_t)(N * H) * 4, KILN_CUDA_H2D)) ||
@@ -207,21 +211,24 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup) 
             break;
         for (int which = 0; which < 2 && !e; which++) {
             float *ref = which ? ref_dx : ref_out;
-            if ((e = kiln_cuda_copy(p ? chk : ref, which ? dx : out, (size_t)(N * H) * 4, KILN_CUDA_D2H))) break;
-            if (!kiln_bench_all_finite(p ? chk : ref, N * H)) {
+            float *dst = ref_path >= 0 ? chk : ref;
+            if ((e = kiln_cuda_copy(dst, which ? dx : out, (size_t)(N * H) * 4, KILN_CUDA_D2H))) break;
+            if (!kiln_bench_all_finite(dst, N * H)) {
                 e = kiln_errorf(KILN_EINVAL, "path %s: the experts' %s is not finite", c->path,
                                 which ? "input gradient" : "output");
                 break;
             }
-            const double err = p ? rel_diff(chk, ref, N * H) : 0.0;
+            const double err = ref_path >= 0 ? rel_diff(chk, ref, N * H) : 0.0;
             if (which) c->dx_err = err;
             else c->out_err = err;
             if (err > PATH_TOL)
                 e = kiln_errorf(KILN_EINVAL, "path %s: the experts' %s differs from path %s's by %.3g (max |diff| / "
-                                "max |x|; tolerance %g)", c->path, which ? "input gradient" : "output", c0->path, err,
-                                PATH_TOL);
+                                "max |x|; tolerance %g)", c->path, which ? "input gradient" : "output",
+                                ref_path >= 0 ? cs[ref_path].path : c->path, err, PATH_TOL);
         }
         if (e) break;
+        if (ref_path < 0) ref_path = p;
+        c->ref = cs[ref_path].path;
 
         /* the op, forward */
         for (int i = 0; i < warmup + iters && !e; i++) {
@@ -253,18 +260,27 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup) 
         };
         const double fl[NPART - 2] = {4.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I, 2.0 * S * H * I,
                                       4.0 * S * H * I, 4.0 * S * H * I, 2.0 * S * H * I, 4.0 * S * H * I};
+        const int measure_dense = dense_src < 0;
         for (int j = 0; j < NPART - 2 && !e; j++) {
             c->flops[2 + j] = fl[j] * (double)x.nslots / (double)S;
-            for (int dense = 0; dense < (p ? 1 : 2) && !e; dense++) {
+            for (int dense = 0; dense < (measure_dense ? 2 : 1) && !e; dense++) {
                 for (int i = 0; i < warmup + iters && !e; i++) {
                     if (i == warmup) t0 = now_synced(&e);
                     if (!e) e = job_run(&jobs[j], off_h, E, x.nslots, dense, &c->looped[2 + j]);
                 }
                 (dense ? c->dense_us : c->us)[2 + j] = (now_synced(&e) - t0) / iters * 1e6;
             }
-            if (p) c->dense_us[2 + j] = c0->dense_us[2 + j];
+            if (!measure_dense) c->dense_us[2 + j] = cs[dense_src].dense_us[2 + j];
         }
-        if (e) e = kiln_error_wrap(e, "path %s", c->path);
+        if (!e && measure_dense) dense_src = p;
+        } while (0);
+        if (e) { /* report, leave the path out, go on with the others */
+            e = kiln_error_wrap(e, "path %s", c->path);
+            kiln_bench_fail("moe", NULL, e);
+            e = NULL;
+            c->failed = 1;
+            (*nfailed)++;
+        }
     }
 done:
     {
@@ -340,7 +356,7 @@ static void gemm_sums(const moe_gpu_case *c, double g[2], double dn[2], double f
 
 static void print_path(const moe_gpu_case *c, const char *first) {
     printf("\n  path %s%s: output / input gradient vs path %s: %.2g / %.2g\n", c->path, c->is_default ? " (default)" : "",
-           first, c->out_err, c->dx_err);
+           c->ref ? c->ref : first, c->out_err, c->dx_err);
     printf("  %-16s %10s %9s %11s\n", "expert op", "ms", "TFLOP/s", "tok/s");
     for (int p = 0; p < 2; p++)
         printf("  %-16s %10.3f %9.1f %11.4g\n", p ? "fwd+bwd" : "fwd", c->us[p] / 1e3,
@@ -457,21 +473,29 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
     printf("tokens %lld, hidden %lld, inter %lld, experts %lld, top_k %lld; TFLOP/s: forward "
            "6*tokens*top_k*hidden*inter, fwd+bwd 3 x forward; default grouped-GEMM path: %s\n",
            tokens, hidden, inter, experts, top, def_path);
-    int rc = 0, ndone = 0;
+    int rc = 0, ndone = 0, nfailed = 0;
     for (int ri = 0; ri < nr; ri++) {
         moe_gpu_case *c = &cs[ri * npath];
-        if ((e = run_routing(c, npath, (int)iters, (int)warmup))) {
+        if ((e = run_routing(c, npath, (int)iters, (int)warmup, &nfailed))) {
             kiln_bench_fail("moe", NULL, e);
             rc = 1;
             break;
         }
         ndone += npath;
-        printf("\n%s routing: %lld slots, busiest expert %lld (mean %.0f)\n", c->routing, (long long)c->slots,
-               (long long)c->max_rows, (double)c->slots / (double)c->E);
-        for (int p = 0; p < npath; p++) print_path(&c[p], c[0].path);
+        const moe_gpu_case *h = c; /* the first path that ran knows the routing's counts */
+        for (int p = npath - 1; p >= 0; p--)
+            if (!c[p].failed) h = &c[p];
+        printf("\n%s routing: %lld slots, busiest expert %lld (mean %.0f)\n", c->routing, (long long)h->slots,
+               (long long)h->max_rows, (double)h->slots / (double)c->E);
+        for (int p = 0; p < npath; p++)
+            if (!c[p].failed) print_path(&c[p], c[0].path);
         printf("\n  %-12s %9s %12s %14s %14s   (%s routing; ratio = dense time / grouped time)\n", "path", "op fwd ms",
                "op f+b ms", "GEMMs fwd", "GEMMs bwd", c->routing);
         for (int p = 0; p < npath; p++) {
+            if (c[p].failed) {
+                printf("  %-12s FAILED (the error is above)\n", c[p].path);
+                continue;
+            }
             double g[2], dn[2], f[2];
             gemm_sums(&c[p], g, dn, f);
             printf("  %-12s %9.3f %12.3f %8.3f ms %4.2fx %8.3f ms %4.2fx%s\n", c[p].path, c[p].us[0] / 1e3,
@@ -480,13 +504,21 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
         }
         fflush(stdout);
     }
+    if (nfailed) rc = 1;
+    /* the files hold the paths that ran */
+    int nok = 0;
+    for (int i = 0; i < ndone; i++)
+        if (!cs[i].failed) cs[nok++] = cs[i];
     moe_gpu_out o = {cs};
-    const kiln_bench_output out = {"moe", (size_t)ndone * NPART, &o, json_record, NULL,
+    const kiln_bench_output out = {"moe", (size_t)nok * NPART, &o, json_record, NULL,
                                    "backend,dtype,routing,path,default_path,part,pass,tokens,hidden,inter,experts,top_k,"
                                    "slots,max_expert_slots,flops,time_us,tflops,tokens_per_s,dense_time_us,dense_tflops,"
                                    "ratio_vs_dense,looped\n",
                                    csv_row};
-    if (!rc) rc = kiln_bench_write_outputs(&out, json_path, csv_path);
+    {
+        const int wrc = kiln_bench_write_outputs(&out, json_path, csv_path);
+        if (wrc) rc = wrc;
+    }
     free(cs);
     return rc;
 }
