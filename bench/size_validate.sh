@@ -110,7 +110,8 @@ python3 data/profiles/merge_bench.py "$prof" "$out"/gemm_*.json "$out"/attn_*.js
 cp "$prof" "$out/h200_benches_only.json"
 for lg in "$out"/train_*.log; do
   n=${lg##*/train_}; n=${n%.log}
-  $K size predict "$out/$n.json" --profile "$out/h200_benches_only.json" --gpus 1 --json > "$out/predict0_$n.json"
+  $K size predict "$out/$n.json" --profile "$out/h200_benches_only.json" --gpus 1 --json > "$out/predict0_$n.json" ||
+    { echo "(kiln size predict failed: $n)"; rm -f "$out/predict0_$n.json"; }
 done
 
 python3 - "$out" "$K" <<'PY'
@@ -179,8 +180,12 @@ def scales(p0, m):  # measured / modelled per unbenched group
 prof = f"{out}/h200_measured.json"
 P = json.load(open(prof))
 rates, runtime = [], None
-if os.path.exists(f"{out}/train_calib.log"):
+mc = None
+try:
     mc = measured("calib")
+except Exception as ex:
+    print(f"calib: no measurement ({ex}): no calibration scales")
+if mc is not None and os.path.exists(f"{out}/predict0_calib.json"):
     rates = [{"class": g, "scale": round(v, 4)} for g, v in sorted(scales(p0_of("calib"), mc).items())]
     mm = mc["memory_gib"]
     if mm:
@@ -198,13 +203,14 @@ for lg in sorted(glob.glob(f"{out}/train_*.log")):
     cfg = f"{out}/{name}.json"
     try:
         m = measured(name)
+        p0 = p0_of(name)
     except Exception as ex:
-        print(f"{name}: no measurement ({ex})")
+        print(f"{name}: no measurement or prediction ({ex})")
         continue
     meas_all[name] = m
     if name == "calib":
         continue
-    p, p0 = predict(cfg, prof), p0_of(name)
+    p = predict(cfg, prof)
     c = json.load(open(cfg))
     mo, d = c["model"], c["data"]
     shape = (f"h{mo['hidden_size']} L{mo['num_hidden_layers']} q{mo['num_attention_heads']}/kv{mo['num_key_value_heads']}"
