@@ -7,7 +7,7 @@
 #   - each of its six grouped expert GEMMs (fwd: gate_up, down; bwd: dX and dW of both) against ONE dense
 #     cuBLASLt GEMM of the same total size, TFLOP/s and the ratio dense time / grouped time, and the fwd /
 #     bwd sums;
-#   - the side-stream count (KILN_GROUPED_STREAMS 2 and 8; default 4), algorithms chosen by timing
+#   - the side-stream count (KILN_GROUPED_STREAMS 2 and 4; default 8), algorithms chosen by timing
 #     (KILN_GROUPED_TUNE=1) and the chunk height (KILN_GROUPED_CHUNK 128 and 512; default 256) varied for the
 #     paths they tune (SWEEP=0 skips these);
 #   - torch's side for the forward (bench/peers/torch_moe.py): one dense matmul of all rows, a loop over
@@ -23,8 +23,8 @@ N=16384 H=2048 I=2048 E=16 K=1
 moe() { ./build-gpu/kiln bench moe --device cuda --tokens $N --hidden $H --inter $I --experts $E --top-k $K --iters "$iters" "$@"; }
 moe --routing balanced,skewed --paths all --json "$out/moe_gpu.json" --csv "$out/moe_gpu.csv"
 if [ "${SWEEP:-1}" != 0 ]; then
-  for s in 2 8; do
-    echo; echo "# KILN_GROUPED_STREAMS=$s (default 4)"
+  for s in 2 4; do
+    echo; echo "# KILN_GROUPED_STREAMS=$s (default 8)"
     KILN_GROUPED_STREAMS=$s moe --routing balanced,skewed --paths lt_streams,lt_mixed \
       --json "$out/moe_gpu_streams$s.json" --csv "$out/moe_gpu_streams$s.csv" | sed -n '/(.*routing; ratio/,/^$/p'
   done

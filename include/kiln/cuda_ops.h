@@ -106,7 +106,7 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
  * How it runs is the process's "path" (src/cuda/experts_gemm.cu; bench/moe_gpu.sh measures each against
  * one dense GEMM): "grouped" (cublasGemmGroupedBatchedEx; one cublasGemmEx per expert where cuBLAS refuses
  * the types or the pointers are not 16-byte aligned), "lt_loop" (a cuBLASLt GEMM per expert), "lt_streams"
- * (the same spread over KILN_GROUPED_STREAMS side streams, default 4, joined back to `stream` by events),
+ * (the same spread over KILN_GROUPED_STREAMS side streams, default 8, joined back to `stream` by events),
  * "lt_chunks" (NT/NN as one pointer-array batched cuBLASLt GEMM over KILN_GROUPED_CHUNK-row chunks, default
  * 256; TN as lt_loop), "lt_mixed" (NT/NN: the full chunks batched, each expert's remaining rows a GEMM on a
  * side stream; TN as lt_streams). Chosen by kiln_grouped_gemm_set_path, else the environment variable

@@ -41,7 +41,9 @@ const char *const path_names[NPATHS + 1] = {"grouped", "lt_loop", "lt_chunks", "
 const int DEFAULT_PATH = P_LT_MIXED;
 const char *const PATH_LIST = "grouped, lt_loop, lt_chunks, lt_streams, lt_mixed";
 
-enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 4, DEFAULT_CHUNK = 256, MAX_PLANS = 512, TUNE_CANDS = 8 };
+// 8 side streams: lt_mixed's per-expert remainders (~128 rows: 16 tiles each) run as 8 GEMMs at once, ~the
+// machine's 132 SMs, in the batched GEMM's tail
+enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 8, DEFAULT_CHUNK = 256, MAX_PLANS = 512, TUNE_CANDS = 8 };
 const double TUNE_MIN_FLOPS = 2e9; // smaller GEMMs keep the heuristic's first choice
 const size_t WS_BYTES = 32u << 20;
 
