@@ -11,7 +11,7 @@
 #     memory-bound ops: norms, residual joins, pointwise glue, QK norm, cross-entropy, embedding; the
 #     optimizer with the gradient norm; the time outside the profiled ops) its measured over kiln size's modelled
 #     time there becomes the group's scale in the profile (kiln_kernels.rates), and the device peak minus
-#     kiln's own buffers the runtime's memory (memory.runtime_gib);
+#     kiln's own buffers and the ops' pool the runtime's memory (memory.runtime_gib);
 #  4. for each validated shape runs `kiln train --device cuda` and `kiln size predict --json` on that
 #     profile, and prints predicted vs measured ms/step, tokens/s and device peak memory (error %), plus
 #     the per-op-class comparison of the benchmark config ([cuda]'s: hidden 2048, 8 layers, 16 experts
@@ -189,12 +189,12 @@ if mc is not None and os.path.exists(f"{out}/predict0_calib.json"):
     rates = [{"class": g, "scale": round(v, 4)} for g, v in sorted(scales(p0_of("calib"), mc).items())]
     mm = mc["memory_gib"]
     if mm:
-        own = sum(mm[k] for k in ("parameters", "gradients", "optimizer_state", "activations", "backward_scratch"))
+        own = sum(mm[k] for k in ("parameters", "gradients", "optimizer_state", "activations", "backward_scratch", "pool"))
         runtime = mm["device_peak"] - own
 P.setdefault("kiln_kernels", {"source": "measured", "attention": [], "moe": [], "copy_sweep": []})["rates"] = rates
 if runtime is not None:
     P["memory"]["runtime_gib"] = round(max(runtime, 0), 3)
-    P["memory"]["source"] += "; runtime_gib: device peak in use minus kiln's own buffers, calibration run"
+    P["memory"]["source"] += "; runtime_gib: device peak in use minus kiln's own buffers and the ops' pool, calibration run"
 json.dump(P, open(prof, "w"), indent=2)
 
 rows, groups, oprows, meas_all = [], [], [], {}
@@ -266,7 +266,7 @@ P("calibration (measured / modelled on the calib shape): " + ", ".join(f"{x['cla
 for r in rows:
     mp, mm = r["memory_pred"], r["memory_meas"]
     P(f"memory {r['name']}: " + ", ".join(f"{k} {mp.get(k, 0):.2f}/{mm.get(k, float('nan')):.2f}" for k in
-      ["parameters", "gradients", "optimizer_state", "activations", "backward_scratch", "device_peak"]) +
+      ["parameters", "gradients", "optimizer_state", "activations", "backward_scratch", "pool", "device_peak"]) +
       " GiB (predicted/measured)")
 P()
 P("by group of op classes, ms per step, predicted/measured (the last step's CUDA events; 'outside' = step - sum of the ops)")

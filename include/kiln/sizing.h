@@ -214,13 +214,17 @@ typedef struct {
     double muon_work;      /* Muon's update buffer (the largest Muon tensor), not in the report */
     double activations;    /* the arena for (micro-batch, seq) */
     double scratch;        /* the backward scratch */
-    double runtime;        /* the profile's memory.runtime_gib: CUDA context, cuBLAS workspaces, ops' pool */
+    double pool;           /* the ops' stream-ordered temporaries: cuDNN's attention backward workspace */
+    double runtime;        /* the profile's memory.runtime_gib: CUDA context, cuBLAS workspaces */
     double total;          /* the device's peak in use */
 } kiln_size_cuda_memory;
 
 /* ZAYA shapes only (the CUDA trainer trains ZAYA). runtime_bytes: the profile's runtime figure. */
 kiln_error *kiln_size_cuda_memory_train(const kiln_size_shape *s, const kiln_size_train *t, double runtime_bytes,
                                         kiln_size_cuda_memory *m);
+/* cuDNN's attention backward workspace as the trainer would allocate it for this shape (from the
+ * environment the trainer reads: KILN_ATTENTION, KILN_CUDNN_WORKSPACE_MB); 0 when kiln's kernels run. */
+double kiln_size_cuda_attention_workspace(const kiln_size_shape *s, int64_t batch, int64_t seq);
 /* The arena and scratch bytes alone (exposed for tests). */
 void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, int recompute, double *arena,
                           double *scratch);

@@ -360,6 +360,7 @@ cJSON *kiln_size_cuda_json(const kiln_size_cuda_step *st, const kiln_size_cuda_m
     cJSON_AddNumberToObject(mo, "muon_work", m->muon_work / G);
     cJSON_AddNumberToObject(mo, "activations", m->activations / G);
     cJSON_AddNumberToObject(mo, "backward_scratch", m->scratch / G);
+    cJSON_AddNumberToObject(mo, "pool", m->pool / G);
     cJSON_AddNumberToObject(mo, "runtime", m->runtime / G);
     cJSON_AddNumberToObject(mo, "device_peak", m->total / G);
     cJSON_AddNumberToObject(o, "numel_padded", (double)m->numel_padded);
@@ -400,7 +401,7 @@ void kiln_size_cuda_print(FILE *f, const kiln_size_cuda_step *st, const kiln_siz
     fprintf(f, "  %-42s %9.2f\n", "step", st->ms_step);
     fprintf(f, "  %-42s %9.0f\n", "tokens/s per GPU", st->tokens_per_s);
     fprintf(f, "GPU memory: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations %.2f GiB "
-               "(+ backward scratch %.2f GiB), runtime %.2f GiB%s; device peak in use %.2f GiB\n",
-            m->params / G, m->grads / G, m->optim / G, m->activations / G, m->scratch / G, m->runtime / G,
+               "(+ backward scratch %.2f GiB), ops' pool peak %.2f GiB, runtime %.2f GiB%s; device peak in use %.2f GiB\n",
+            m->params / G, m->grads / G, m->optim / G, m->activations / G, m->scratch / G, m->pool / G, m->runtime / G,
             m->muon_work > 0 ? " (+ Muon's update buffer)" : "", m->total / G);
 }

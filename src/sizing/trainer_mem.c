@@ -7,13 +7,18 @@
  *  - activations: one arena of 256-byte-aligned pieces for (micro-batch B, sequence T): per layer the
  *    tensors layer_layout() takes (one shared set with recomputation) and each layer's input, router
  *    state and ln1 statistics, plus the embedding output, final norm, logits, ids and counts;
- * (the layout of src/models/zaya_cuda.c as of commit 3e7a893: fused residual + RMSNorm, bf16 o_proj output
- * and convolution intermediate, no packed q|k; tests/test_size_cuda.c checks it against the trainer's
- * report on the H200)
+ * (the layout of src/models/zaya_cuda.c as of commit 9b7e113: fused residual + RMSNorm, bf16 o_proj output
+ * and convolution intermediate, no packed q|k, no bf16 copy of dln2; tests/test_size_cuda.c checks it
+ * against the trainer's report on the H200)
+ *  - the ops' pool (the report's "ops' pool peak"): the stream-ordered temporaries, of which one is large:
+ *    cuDNN's attention backward workspace when cuDNN runs it (KILN_ATTENTION, default cudnn), its dP
+ *    [B, heads, T, T] in bf16 plus kiln's row sums (deterministic), or the f32 dQ accumulator
+ *    (cudnn-nondet); past KILN_CUDNN_WORKSPACE_MB (default 4096) the trainer runs kiln's kernels instead.
  *  - backward scratch: one set of gradient buffers reused by every layer, and the attention backward's
  *    per-row workspace (B·heads·T floats).
  * What the CUDA runtime holds besides (context, cuBLAS workspaces, the ops' stream-ordered pool) is a
  * property of the machine and driver, not of the shape: the profile's measured memory.runtime_gib. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kiln/sizing.h"
@@ -132,7 +137,7 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
     a += L * (piece(N * H, 4) + piece(N * R, 2) + piece(N, 4)); /* every layer's input, router state, ln1 rstd */
     *arena = a;
     /* scratch_layout() */
-    double w = 5 * piece(N * H, 4) + 4 * piece(N * H, 2);
+    double w = 5 * piece(N * H, 4) + 3 * piece(N * H, 2);
     w += piece(S * H, 2) + piece(S * I, 2) + piece(S * 2 * I, 2) + piece(S * H, 2) + piece(S, 4);
     w += 2 * piece(N * E1, 4) + piece(N * E1, 2);
     w += 7 * piece(N * R, 2) + 3 * piece(N * R, 4);
@@ -140,6 +145,19 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
     w += piece(B * (T + (double)s->cca_time1 - 1) * C, 4);
     w += piece(B * (double)s->heads * T * 4, 1); /* kiln_attention_backward_cuda_work */
     *scratch = w;
+}
+
+static double align256(double b) { return (double)(((int64_t)b + 255) & ~(int64_t)255); }
+
+double kiln_size_cuda_attention_workspace(const kiln_size_shape *s, int64_t batch, int64_t seq) {
+    const char *impl = getenv("KILN_ATTENTION"), *cap_env = getenv("KILN_CUDNN_WORKSPACE_MB");
+    if (impl && *impl && strcmp(impl, "cudnn") && strcmp(impl, "cudnn-nondet")) return 0; /* kiln's kernels */
+    const int nondet = impl && !strcmp(impl, "cudnn-nondet");
+    const double B = (double)batch, T = (double)seq, NH = (double)s->heads, D = (double)s->head_dim;
+    double ws = nondet ? 0 : align256(B * NH * T * T * 2) + align256(B * NH * T * 4);
+    if (nondet) ws = align256(B * NH * T * 4) + align256(B * NH * T * D * 4);
+    const double cap = (cap_env && *cap_env ? atof(cap_env) : 4096) * 1048576.0;
+    return cap > 0 && ws > cap ? 0 : ws;
 }
 
 kiln_error *kiln_size_cuda_memory_train(const kiln_size_shape *s, const kiln_size_train *t, double runtime_bytes,
@@ -165,7 +183,8 @@ kiln_error *kiln_size_cuda_memory_train(const kiln_size_shape *s, const kiln_siz
     m->optim = 4 * mine;
     m->muon_work = t->muon && tt.muon ? 4 * (double)tt.largest_muon : 0;
     kiln_size_cuda_arena(s, t->micro_batch, t->seq, t->recompute, &m->activations, &m->scratch);
+    m->pool = kiln_size_cuda_attention_workspace(s, t->micro_batch, t->seq);
     m->runtime = runtime_bytes;
-    m->total = m->params + m->grads + m->optim + m->muon_work + m->activations + m->scratch + m->runtime;
+    m->total = m->params + m->grads + m->optim + m->muon_work + m->activations + m->scratch + m->pool + m->runtime;
     return NULL;
 }
