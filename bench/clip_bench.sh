@@ -18,7 +18,8 @@ out=${OUT:-bench-out}; mkdir -p "$out"
 work=${CLIP_BENCH_DIR:-/tmp/kiln-clip-bench}; mkdir -p "$work"
 device=${DEVICE:-cpu}
 . scripts/gpu_machine_build.sh
-if [ "$device" = cuda ]; then
+# the CUDA build serves the CPU runs too where nvcc exists (the GPU machine has built it already)
+if [ "$device" = cuda ] || command -v nvcc > /dev/null; then
   kiln_gpu_build build-gpu ON kiln_bench_clip; B=./build-gpu/kiln_bench_clip
 else
   kiln_gpu_build build-clipbench OFF kiln_bench_clip; B=./build-clipbench/kiln_bench_clip

@@ -46,7 +46,12 @@ def make(name, d):
                      vision_config=dict(spec["vision"], hidden_act="quick_gelu"), projection_dim=spec["projection_dim"])
     # random init on the GPU when there is one (L/14's 428M parameters take ~40 s to initialise on the
     # CPU); both sides then read the same saved file
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    try:
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = CLIPModel(cfg).eval()
+    except Exception as e:  # a GPU init problem costs time, not the run
+        print(f"clip_peer: GPU init failed ({e}); initialising on the CPU", file=sys.stderr)
+        torch.manual_seed(0)
         model = CLIPModel(cfg).eval()
     model.save_pretrained(d)
     del model
