@@ -68,8 +68,10 @@ static kiln_error *embed_images(kiln_clip *m, const char *list, int batch, float
     kiln_error *e = NULL;
     int S = kiln_clip_image_size(m), D = kiln_clip_dim(m), N = *n, bad = 0;
     size_t per = (size_t)3 * S * S;
-    float *px = malloc(sizeof(float) * per * (size_t)batch), *emb = malloc(sizeof(float) * (size_t)(N ? N : 1) * D);
-    if (!px || !emb) e = kiln_errorf(KILN_ENOMEM, "out of memory for %d images", N);
+    /* page-locked on CUDA: the upload then runs straight from it, overlapped with compute */
+    float *px = NULL, *emb = malloc(sizeof(float) * (size_t)(N ? N : 1) * D);
+    e = kiln_clip_pixels_alloc(m, batch, &px);
+    if (!e && (!px || !emb)) e = kiln_errorf(KILN_ENOMEM, "out of memory for %d images", N);
     if (!e && N == 0) e = kiln_errorf(KILN_EINVAL, "%s: no image paths", list);
     kiln_progress prog;
     if (!e) kiln_progress_start(&prog, "embed images", (uint64_t)N, "img");
@@ -98,7 +100,7 @@ static kiln_error *embed_images(kiln_clip *m, const char *list, int batch, float
     }
     if (N > 0 && px && emb) kiln_progress_finish(&prog);
     if (!e && bad) e = kiln_errorf(KILN_EINVAL, "%s: %d of %d images could not be read; nothing written", list, bad, N);
-    free(px);
+    kiln_clip_pixels_free(px);
     free(paths);
     free(buf);
     if (e) {
