@@ -613,7 +613,7 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     const int tn = layout && !strcmp(layout, "TN"), nt = layout && !strcmp(layout, "NT"),
               nn = layout && !strcmp(layout, "NN");
     const size_t ce = c_f32 ? 4 : 2;
-    int path = DEFAULT_PATH, locked = 0, nj = 0, is_default = 0;
+    int path = DEFAULT_PATH, locked = 0, nj = 0, is_default = 0, ran = 0; // ran: a cuBLASLt path started
     long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK;
     job *js = NULL;
     if (looped) *looped = 0;
@@ -642,6 +642,7 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
         err = grouped(c, c_f32, a, b, offs, E, m, n, k, tn, nt, accumulate, looped, st);
         goto done;
     }
+    ran = 1; // from here on an error is the GEMM's own, not the configuration's
     // the chunks overwrite their overlap, so they cannot accumulate
     if ((path == P_LT_CHUNKS || path == P_LT_MIXED) && !tn && !accumulate) {
         err = chunked(c, c_f32, a, b, offs, E, n, k, nt, ch, path == P_LT_MIXED ? (int)ns : 0, st);
@@ -661,8 +662,9 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     err = run_jobs(js, nj, c_f32, accumulate ? 1.0f : 0.0f, path == P_LT_STREAMS || path == P_LT_MIXED ? (int)ns : 0,
                    NULL, st);
 done:
-    if (err && is_default && path != P_GROUPED && !accumulate) {
-        // the output is overwritten whole, so the call can be redone another way
+    if (err && ran && is_default && path != P_GROUPED && !accumulate) {
+        // a runtime failure of the default path (never a bad setting: that is reported); the output is
+        // overwritten whole, so the call can be redone another way
         kiln_log(KILN_LOG_WARN, "grouped GEMM: the default path %s failed (%s); cuBLAS's grouped call from now on",
                  path_names[path], kiln_error_msg(err));
         kiln_error_free(err);
