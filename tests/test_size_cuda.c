@@ -313,6 +313,8 @@ TEST(size_cuda_merge_timed_kernels) {
           "\"membw\": [{\"device\": \"cuda\", \"kernel\": \"copy\", \"bytes_per_array\": 1048576, \"gbs_best\": 1500}, "
           "{\"device\": \"cuda\", \"kernel\": \"copy\", \"bytes_per_array\": 1073741824, \"gbs_best\": 4300}, "
           "{\"device\": \"cuda\", \"kernel\": \"triad\", \"bytes_per_array\": 1073741824, \"gbs_best\": 4400}, "
+          "{\"device\": \"h2d\", \"kernel\": \"copy\", \"bytes_per_array\": 1048576, \"gbs_best\": 40}, "
+          "{\"device\": \"d2h\", \"kernel\": \"copy\", \"bytes_per_array\": 1073741824, \"gbs_best\": 55}, "
           "{\"device\": \"cpu\", \"kernel\": \"copy\", \"bytes_per_array\": 1048576, \"gbs_best\": 90}]}", f);
     fclose(f);
     kiln_hw_profile *p = malloc(sizeof *p), *q = malloc(sizeof *q);

@@ -42,7 +42,8 @@ def main(argv):
         for r in p.get("membw", []):
             if r.get("device") != "cpu" and r.get("kernel") == "copy":
                 copy = max(copy, r.get("gbs_best", 0))
-                if r.get("gbs_best", 0) > 0 and r.get("bytes_per_array", 0) > 0:
+                # the sweep: the GPU's own copy kernel, not the pinned host<->device copies (h2d, d2h)
+                if r.get("device") == "cuda" and r.get("gbs_best", 0) > 0 and r.get("bytes_per_array", 0) > 0:
                     k_copy[2 * r["bytes_per_array"]] = r["gbs_best"]
         moe = p.get("moe", [])
         # with several grouped-GEMM paths timed, the one the trainer runs (default_path)

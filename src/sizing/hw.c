@@ -330,7 +330,8 @@ static int merge_kernels(kiln_hw_profile *p, const cJSON *root, const char *path
     }
     sec = cJSON_GetObjectItemCaseSensitive(root, "membw");
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
-        if (str_is(r, "device", "cpu") || !str_is(r, "kernel", "copy") || num(r, "gbs_best") <= 0 ||
+        /* the GPU's own copy kernel: not the host's, nor the pinned host<->device copies ("h2d", "d2h") */
+        if (!str_is(r, "device", "cuda") || !str_is(r, "kernel", "copy") || num(r, "gbs_best") <= 0 ||
             num(r, "bytes_per_array") <= 0)
             continue;
         kiln_hw_bw_point b = {2 * num(r, "bytes_per_array"), num(r, "gbs_best")};
