@@ -7,7 +7,7 @@
 #   2. the step-time overhead of checkpoints while training on the GPU at issue [cuda]'s benchmark config
 #      (hidden 2048, 8 hybrid layers, 16 experts top-1, moe_intermediate 2048, 8 q / 2 kv heads x 128,
 #      vocab 50304, seq 4096, micro-batch 4; AdamW: f32 master + m + v = 21.2 GB a checkpoint):
-#      - async: a run of ASYNC_STEPS (2*EVERY-1) steps with one background save at EVERY (150): every
+#      - async: a run of ASYNC_STEPS (EVERY+220) steps with one background save at EVERY (150): every
 #        step's time after the save against the median step before it (the same run, steps 11..EVERY),
 #        summed (the save's blocking, and what the writing thread costs the steps while it writes);
 #      - sync (SYNC=1; off by default to fit the GPU machine's 200 s: then estimated from bench io's
@@ -89,6 +89,9 @@ for name, r in res.items():
           f"{'  (target <= 2%)' if name == 'async' else ''}")
     if len(r["extra_s_each"]) > 1:
         print("        each save's period: " + ", ".join(f"{sv}: {x * 1e3:+.0f} ms" for sv, x in zip(r["saves"], r["extra_s_each"])))
+    if name == "async" and not any(c["step"] == r["saves"][0] for c in r["commits"]):
+        print(f"        the save at {r['saves'][0]} was still being written when the run ended: its cost after step "
+              f"{r['steps_measured'][-1] if r['steps_measured'] else '?'} is not counted (more ASYNC_STEPS)")
     for c in r["commits"]:
         print(f"        step {c['step']}: {c['gb']:.2f} GB written in {c['write_s']:.2f} s ({c['gbs']:.2f} GB/s), "
               f"training blocked {c['blocked_s'] * 1e3:.1f} ms in the save call (snapshot {c['snapshot_s'] * 1e3:.1f} ms "
@@ -159,7 +162,7 @@ PY
   rm -rf "$d"
   analyse
 }
-run async "${ASYNC_STEPS:-$((2 * every - 1))}" "$every" true
+run async "${ASYNC_STEPS:-$((every + 220))}" "$every" true
 if [ "${SYNC:-0}" = 1 ]; then run sync "${SYNC_STEPS:-$((sync_every + 10))}" "$sync_every" false; fi
 if [ "${NONE:-0}" = 1 ]; then run none "${ASYNC_STEPS:-$((2 * every - 1))}" 0 true; fi
 cat "$out/ckpt_overhead.txt"
