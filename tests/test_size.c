@@ -8,8 +8,9 @@
 #include "kiln/sizing.h"
 #include "models/zaya_internal.h"
 #include "test.h"
+#include "zaya_testutil.h"
 
-static const char *fixtures[] = {"bf16_sharded", "gqa_untied", "many_experts", "sliding_tied"};
+static const char *fixtures[] = ZAYA_FIXTURES;
 
 /* Compare the cost model's counts with a model's parameter table, tensor class by tensor class. */
 static void check_counts(const kiln_zaya *m, const char *what) {
@@ -47,12 +48,8 @@ static void check_counts(const kiln_zaya *m, const char *what) {
 
 TEST(size_params_equal_fixture_models) {
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
-        char rel[128];
-        snprintf(rel, sizeof rel, "tests/fixtures/zaya/%s/config.json", fixtures[i]);
-        kiln_zaya_config c;
-        CHECK_OK(kiln_zaya_config_load(test_src_path(rel), &c));
         kiln_zaya *m = NULL;
-        CHECK_OK(kiln_zaya_create(&c, &m));
+        CHECK_OK(zaya_fixture_model(test_src_path("tests/fixtures/zaya"), fixtures[i], &m));
         if (m) check_counts(m, fixtures[i]);
         kiln_zaya_free(m);
     }

@@ -11,6 +11,7 @@
 #include "kiln/optim.h"
 #include "kiln/sizing.h"
 #include "test.h"
+#include "zaya_testutil.h"
 
 static const double GIB = 1073741824.0;
 
@@ -51,14 +52,10 @@ static void check_alloc(const kiln_zaya *m, const char *what) {
 }
 
 TEST(size_cuda_params_and_state_equal_allocation) {
-    static const char *fixtures[] = {"bf16_sharded", "gqa_untied", "many_experts", "sliding_tied"};
+    static const char *fixtures[] = ZAYA_FIXTURES;
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
-        char rel[128];
-        snprintf(rel, sizeof rel, "tests/fixtures/zaya/%s/config.json", fixtures[i]);
-        kiln_zaya_config c;
-        CHECK_OK(kiln_zaya_config_load(test_src_path(rel), &c));
         kiln_zaya *m = NULL;
-        CHECK_OK(kiln_zaya_create(&c, &m));
+        CHECK_OK(zaya_fixture_model(test_src_path("tests/fixtures/zaya"), fixtures[i], &m));
         if (m) check_alloc(m, fixtures[i]);
         kiln_zaya_free(m);
     }

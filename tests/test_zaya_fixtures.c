@@ -12,7 +12,7 @@
 #include "test.h"
 #include "zaya_testutil.h"
 
-static const char *fixtures[] = {"gqa_untied", "sliding_tied", "bf16_sharded", "many_experts"};
+static const char *fixtures[] = ZAYA_FIXTURES;
 #define NFIX (sizeof fixtures / sizeof fixtures[0])
 #define TOL 1e-4
 

@@ -10,6 +10,18 @@
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 
+/* The HF fixtures under tests/fixtures/zaya/ (made by tests/fixtures/make_zaya_fixtures.py). */
+#define ZAYA_FIXTURES {"bf16_sharded", "gqa_untied", "many_experts", "sliding_tied"}
+
+/* A model of fixture NAME's config (FIXTURES_DIR/NAME/config.json), HF-style init, no weights read. */
+static inline kiln_error *zaya_fixture_model(const char *fixtures_dir, const char *name, kiln_zaya **m) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s/config.json", fixtures_dir, name);
+    kiln_zaya_config c;
+    KILN_TRY(kiln_zaya_config_load(path, &c));
+    return kiln_zaya_create(&c, m);
+}
+
 /* A fixture's token ids: DIR/input.safetensors, tensor input_ids [B,T] (ids malloc'd). */
 static inline kiln_error *zaya_fixture_read_ids(const char *dir, int64_t **ids, int64_t *B, int64_t *T) {
     char path[1100];
