@@ -1,8 +1,10 @@
 /* CLIP's vision tower on the GPU (kiln_clip_set_device(m, "cuda")): the weights go to the device once,
  * GEMM weights in bf16 (cuBLASLt, f32 accumulation: src/cuda/clip_gemm.cu), norms, class and position
  * embeddings in f32; the residual stream is f32 and the out/fc2 projections add into it as their GEMM's
- * epilogue (with their f32 biases); activations between ops are bf16; attention is the tensor-core kernel
- * of src/cuda/clip_attention.cu. Pixels go up as f32 (the caller's, as torch uploads them) and are rounded
+ * epilogue (with their f32 biases); activations between ops are bf16; attention is cuDNN's fused flash
+ * attention where the library loads (src/cuda/attention_cudnn.cu, q/k/v read in place from the fused
+ * projection), else the tensor-core kernel of src/cuda/clip_attention.cu (KILN_CLIP_ATTN=cudnn|own|gemm,
+ * src/cuda/clip_ops.cu). Pixels go up as f32 (the caller's, as torch uploads them) and are rounded
  * to bf16 by the patch kernel on the device.
  * Images run in chunks on a stream of the model's own, with a second stream for uploads: the pixels of
  * chunk c+1 travel while chunk c computes (two device slots, events between the streams). Pixels in
@@ -303,8 +305,13 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
     static const char *const kinds[] = {"pageable", "page-locked", "device"};
     fprintf(stderr, "CLIP on CUDA: %lld images in chunks of %lld, pixels %s: %.3f ms wall (%.1f images/s)%s\n",
             (long long)n, (long long)Bm, kinds[kind], secs * 1e3, n / secs, g->nev >= P_MAXEV ? " (timeline cut short)" : "");
-    for (int c = 0; c < P_NCLASS; c++)
-        if (ms[c] > 0) fprintf(stderr, "  %-22s %9.3f ms %5.1f%%\n", prof_names[c], ms[c], tot > 0 ? 100 * ms[c] / tot : 0);
+    for (int c = 0; c < P_NCLASS; c++) {
+        char name[64];
+        /* which attention ran (KILN_CLIP_ATTN: cuDNN's fused flash attention by default) */
+        if (c == P_ATTN) snprintf(name, sizeof name, "%s (%s)", prof_names[c], kiln_clip_attention_last_impl());
+        else snprintf(name, sizeof name, "%s", prof_names[c]);
+        if (ms[c] > 0) fprintf(stderr, "  %-22s %9.3f ms %5.1f%%\n", name, ms[c], tot > 0 ? 100 * ms[c] / tot : 0);
+    }
     g->nev = 0;
 }
 

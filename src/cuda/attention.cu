@@ -382,7 +382,7 @@ static bool att_use_cudnn(const kiln_attn_shape *s, int backward, bool ptrs_ok, 
     const char *why = NULL;
     if (!ptrs_ok)
         why = "a tensor is missing or not 16-byte aligned";
-    else if (att_cudnn_usable(s, backward, *nondet, &why) == 0) {
+    else if (att_cudnn_usable(s, NULL, backward, *nondet, &why) == 0) {
         char v[96];
         long ver = att_cudnn_version();
         snprintf(v, sizeof v, "cuDNN %ld.%ld.%ld fused flash attention%s", ver / 10000, ver / 100 % 100, ver % 100,
@@ -430,7 +430,7 @@ extern "C" kiln_error *kiln_attention_forward_cuda(kiln_bf16 *out, float *lse, c
         att_use_cudnn(s, 0, lse && aligned16(out) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(lse),
                       &nondet)) {
         int ran = 0;
-        err = att_cudnn_forward(out, lse, q, k, v, s, st, &ran);
+        err = att_cudnn_forward(out, lse, q, k, v, s, NULL, st, &ran);
         if (err || ran) return err;
         att_fell_back(0);
     }

@@ -15,6 +15,10 @@
 // into dQ through the engine's dP workspace). GQA: K/V have KV heads, the per-query-head dK/dV are summed
 // over each group by a reduction node. Q, K, V, O and their gradients are read and written in kiln's
 // [B, T, heads, D] layout through strides; the statistics are kiln's lse [B, NH, T].
+// The forward also serves CLIP's towers (att_cudnn_layout): no mask at all (the vision tower) or the causal
+// one (text), q/k/v read in place from the fused projection [B·T, 3·H] (a token's row 3·H apart: the
+// "interleaved" layout cuDNN's SDPA takes, any sequence length), the statistics into the workspace when the
+// caller keeps none.
 //
 // One execution plan per (device, shape, scale, window, pass) is built on first use (heuristics mode A, the
 // first engine configuration that finalizes) and kept; failures are kept too, with their reason, so a shape
@@ -337,6 +341,8 @@ enum {
 struct att_plan {
     int dev, backward, nondet, pad; // pad: the backward with the padding workaround
     int64_t B, T, tk_cap, NH, KV, D, window;
+    int causal;                     // the layout (att_cudnn_layout, rows resolved: never 0)
+    int64_t q_row, kv_row, o_row;
     float scale;
     int ok;            // 1: plan usable; 0: cuDNN refused (why)
     char why[600];
@@ -415,22 +421,23 @@ static kdnn_desc gb_padding(gb *g, kdnn_desc s, const int64_t *S, const int64_t 
 
 static void build_forward(gb *g, att_plan *p) {
     const int64_t B = p->B, T = p->T, H = p->NH, KV = p->KV, D = p->D, tc = p->tk_cap;
-    const int64_t Qd[4] = {B, H, T, D}, Qs[4] = {T * H * D, D, H * D, 1};
-    const int64_t Kd[4] = {B, KV, D, T}, Ks[4] = {tc * KV * D, D, 1, KV * D}; // Kᵀ over kiln's K
-    const int64_t Vd[4] = {B, KV, T, D}, Vs[4] = {tc * KV * D, D, KV * D, 1};
+    const int64_t qr = p->q_row, kr = p->kv_row, orow = p->o_row;
+    const int64_t Qd[4] = {B, H, T, D}, Qs[4] = {T * qr, D, qr, 1}, Os[4] = {T * orow, D, orow, 1};
+    const int64_t Kd[4] = {B, KV, D, T}, Ks[4] = {tc * kr, D, 1, kr}; // Kᵀ over kiln's K
+    const int64_t Vd[4] = {B, KV, T, D}, Vs[4] = {tc * kr, D, kr, 1};
     const int64_t S[4] = {B, H, T, T}, Ss[4] = {H * T * T, T * T, T, 1};
     const int64_t R[4] = {B, H, T, 1}, Rs[4] = {H * T, T, 1, 1};
     kdnn_desc q = gb_tensor(g, U_Q, KF_BF16, Qd, Qs, 0, "Q");
     kdnn_desc kt = gb_tensor(g, U_K, KF_BF16, Kd, Ks, 0, "K");
     kdnn_desc v = gb_tensor(g, U_V, KF_BF16, Vd, Vs, 0, "V");
-    kdnn_desc o = gb_tensor(g, U_O, KF_BF16, Qd, Qs, 0, "O");
+    kdnn_desc o = gb_tensor(g, U_O, KF_BF16, Qd, Os, 0, "O");
     kdnn_desc st = gb_tensor(g, U_STATS, KF_FLOAT, R, Rs, 0, "stats");
     kdnn_desc s0 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "Q.K^T");
     gb_mm(g, q, kt, s0, NULL, NULL, NULL, "Q.K^T");
     kdnn_desc sc = gb_scalar(g, U_SCALE, KF_FLOAT, "scale");
     kdnn_desc s1 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "scores x scale");
     gb_pw(g, KP_MUL, KF_FLOAT, s0, sc, NULL, s1, -1, "scores x scale");
-    kdnn_desc s2 = gb_masks(g, s1, S, Ss, p->window);
+    kdnn_desc s2 = p->causal ? gb_masks(g, s1, S, Ss, p->window) : s1;
     kdnn_desc mx = gb_tensor(g, 0, KF_FLOAT, R, Rs, 0, "row max");
     gb_red(g, KR_MAX, s2, mx, "row max");
     kdnn_desc sub = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "scores - max");
@@ -446,7 +453,8 @@ static void build_forward(gb *g, att_plan *p) {
     gb_pw(g, KP_DIV, KF_FLOAT, ex, sum, NULL, pr, -1, "probabilities");
     gb_mm(g, pr, v, o, NULL, NULL, NULL, "P.V");
     p->uids[p->nuid++] = U_Q, p->uids[p->nuid++] = U_K, p->uids[p->nuid++] = U_V, p->uids[p->nuid++] = U_O;
-    p->uids[p->nuid++] = U_STATS, p->uids[p->nuid++] = U_SCALE, p->uids[p->nuid++] = U_NEGINF1;
+    p->uids[p->nuid++] = U_STATS, p->uids[p->nuid++] = U_SCALE;
+    if (p->causal) p->uids[p->nuid++] = U_NEGINF1;
     if (p->window > 0) p->uids[p->nuid++] = U_WIN, p->uids[p->nuid++] = U_NEGINF2;
 }
 
@@ -606,7 +614,8 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
 }
 
 // the cached plan for this call, built on first use; NULL with *why when cuDNN cannot run it
-static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, const char **why) {
+static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, int backward, int nondet,
+                          const char **why) {
     static const char *no_load = load_why;
     if (s->Tq != s->tk) {
         *why = "queries and keys differ in number (a KV cache): kiln's kernels";
@@ -615,6 +624,18 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
     if (s->D % 8 || s->D < 32 || s->D > 128) {
         // cuDNN takes multiples of 8 up to 256; below 32 and above 128 kiln has not checked its answers
         *why = "head dim not a multiple of 8 from 32 to 128";
+        return NULL;
+    }
+    const int causal = l ? l->causal != 0 : 1;
+    const int64_t q_row = l && l->q_row ? l->q_row : s->NH * s->D, kv_row = l && l->kv_row ? l->kv_row : s->KV * s->D,
+                  o_row = l && l->o_row ? l->o_row : s->NH * s->D;
+    if (l && backward) {
+        *why = "the backward takes the trainer's layout only";
+        return NULL;
+    }
+    if (q_row % 8 || kv_row % 8 || o_row % 8 || q_row < s->NH * s->D || kv_row < s->KV * s->D ||
+        o_row < s->NH * s->D) {
+        *why = "a row stride is not a multiple of 8 elements or is shorter than a token's heads";
         return NULL;
     }
     int dev = 0;
@@ -631,6 +652,10 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         return NULL;
     }
     const int64_t window = s->window > 0 && s->window < s->tk ? s->window : 0;
+    if (window && !causal) {
+        *why = "a sliding window needs the causal mask";
+        return NULL;
+    }
     if (window && version < 90200) {
         *why = "sliding window needs cuDNN 9.2";
         return NULL;
@@ -646,7 +671,8 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         if (p->dev == dev && p->backward == backward && p->nondet == nondet && p->pad == pad && p->B == s->B &&
             p->T == s->Tq &&
             p->tk_cap == s->tk_cap && p->NH == s->NH && p->KV == s->KV && p->D == s->D && p->window == window &&
-            p->scale == s->scale) {
+            p->scale == s->scale && p->causal == causal && p->q_row == q_row && p->kv_row == kv_row &&
+            p->o_row == o_row) {
             if (!p->ok) *why = p->why;
             return p->ok ? p : NULL;
         }
@@ -663,6 +689,7 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
     p->dev = dev, p->backward = backward, p->nondet = nondet, p->pad = pad, p->B = s->B, p->T = s->Tq;
     p->tk_cap = s->tk_cap;
     p->NH = s->NH, p->KV = s->KV, p->D = s->D, p->window = window, p->scale = s->scale;
+    p->causal = causal, p->q_row = q_row, p->kv_row = kv_row, p->o_row = o_row;
     p->v_scale = s->scale, p->v_one = 1.f, p->v_win = (float)window;
     p->v_neginf = version < 91000 ? -3.402823466e38f : -INFINITY;
     plans[nplans++] = p;
@@ -701,9 +728,10 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         make_plan(g, p, handles[dev]);
     }
     if (g->err[0]) {
-        snprintf(p->why, sizeof p->why, "cuDNN %ld %s B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld: %s", version,
-                 backward ? (nondet ? "backward (atomic dQ)" : "backward") : "forward", (long long)s->B,
-                 (long long)s->Tq, (long long)s->NH, (long long)s->KV, (long long)s->D, (long long)window, g->err);
+        snprintf(p->why, sizeof p->why, "cuDNN %ld %s%s B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld: %s",
+                 version, backward ? (nondet ? "backward (atomic dQ)" : "backward") : "forward",
+                 causal ? "" : " (no mask)", (long long)s->B, (long long)s->Tq, (long long)s->NH, (long long)s->KV,
+                 (long long)s->D, (long long)window, g->err);
         gb_free(g);
         free(g);
         *why = p->why;
@@ -727,18 +755,19 @@ static att_plan *get_plan(const kiln_attn_shape *s, int backward, int nondet, co
         return NULL;
     }
     p->ok = 1;
-    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld (configuration %d of %d, heuristics %s) for the %s%s "
-             "of B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld, workspace %lld bytes", version, (long long)p->engine,
-             p->cfg + 1, p->ncfg, p->mode == KH_A ? "A" : "fallback", backward ? "backward" : "forward",
-             pad ? " (padding mask)" : "",
+    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld (configuration %d of %d, heuristics %s) for the %s%s%s "
+             "of B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld, rows q %lld kv %lld out %lld, workspace %lld bytes",
+             version, (long long)p->engine, p->cfg + 1, p->ncfg, p->mode == KH_A ? "A" : "fallback",
+             backward ? "backward" : "forward", pad ? " (padding mask)" : "", causal ? "" : " (no mask)",
              (long long)s->B, (long long)s->Tq, (long long)s->NH, (long long)s->KV, (long long)s->D, (long long)window,
-             (long long)p->total);
+             (long long)q_row, (long long)kv_row, (long long)o_row, (long long)p->total);
     return p;
 }
 
-int att_cudnn_usable(const kiln_attn_shape *s, int backward, int nondet, const char **why) {
+int att_cudnn_usable(const kiln_attn_shape *s, const att_cudnn_layout *l, int backward, int nondet,
+                     const char **why) {
     pthread_mutex_lock(&lock);
-    att_plan *p = get_plan(s, backward, nondet, why);
+    att_plan *p = get_plan(s, l, backward, nondet, why);
     pthread_mutex_unlock(&lock);
     return p ? 0 : -1;
 }
@@ -808,8 +837,10 @@ static kiln_error *execute(att_plan *p, void *const ptrs[U_COUNT], cudaStream_t 
     kdnn_status s;
     const char *what = "";
     *ran = 0;
-    if (p->total) {
-        cudaError_t ce = kiln_ops_scratch(&ws, (size_t)p->total, st);
+    // a forward whose caller keeps no statistics (inference) writes them after the plan's workspace
+    const int64_t stats_at = p->total, total = p->total + (ptrs[U_STATS] ? 0 : align256(p->B * p->NH * p->T * 4));
+    if (total) {
+        cudaError_t ce = kiln_ops_scratch(&ws, (size_t)total, st);
         if (ce == cudaErrorMemoryAllocation) {
             cudaGetLastError(); // not sticky: clear it so that the next launch check does not see it
             return NULL;
@@ -820,6 +851,7 @@ static kiln_error *execute(att_plan *p, void *const ptrs[U_COUNT], cudaStream_t 
     for (int i = 0; i < p->nuid; i++) {
         int64_t u = p->uids[i];
         data[i] = u == U_SUM ? (char *)ws + p->off_sum : u == U_DQACC ? (char *)ws + p->off_dqacc : ptrs[u];
+        if (u == U_STATS && !ptrs[u]) data[i] = (char *)ws + stats_at;
     }
     if (p->ncand > 1 && !p->tuned) autotune(p, data, ws, st); // before the memset: the real run follows
     if (p->nondet && version < 90600)
@@ -836,11 +868,11 @@ done:
 }
 
 kiln_error *att_cudnn_forward(kiln_bf16 *out, float *lse, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
-                              const kiln_attn_shape *s, cudaStream_t st, int *ran) {
+                              const kiln_attn_shape *s, const att_cudnn_layout *l, cudaStream_t st, int *ran) {
     *ran = 0;
     const char *why = NULL;
     pthread_mutex_lock(&lock);
-    att_plan *p = get_plan(s, 0, 0, &why);
+    att_plan *p = get_plan(s, l, 0, 0, &why);
     kiln_error *err = NULL;
     if (!p) {
         err = kiln_errorf(KILN_EUNSUPPORTED, "cuDNN attention forward: %s", why);
@@ -861,7 +893,7 @@ kiln_error *att_cudnn_backward(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16 *dv, cons
     const char *why = NULL;
     *ran = 0;
     pthread_mutex_lock(&lock);
-    att_plan *p = get_plan(s, 1, nondet, &why);
+    att_plan *p = get_plan(s, NULL, 1, nondet, &why);
     kiln_error *err = NULL;
     if (!p) {
         err = kiln_errorf(KILN_EUNSUPPORTED, "cuDNN attention backward: %s", why);

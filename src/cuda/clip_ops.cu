@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_cudnn.h"
 #include "clip_attention.cuh"
 #include "clip_ops.h"
+#include "kiln/log.h"
 #include "ops_common.cuh"
 
 // one block per row; y = (x - mean) * rstd * w + b, statistics in f32 over the row. Rows of x are
@@ -234,25 +236,106 @@ static __global__ void mha_ptrs_kernel(void **ptr, const bf16 *q, const bf16 *k,
     }
 }
 
+// Which implementation kiln_mha_forward_cuda runs, from KILN_CLIP_ATTN (read at every call: the GPU tests
+// switch it): cudnn (the default: cuDNN's fused flash attention through attention_cudnn.cu, where the library
+// loads and takes the call), own (clip_attention.cu's tensor-core kernel for non-causal calls it takes, else
+// the batched GEMMs below) or gemm (the batched GEMMs). A call cuDNN cannot run takes the own path and a debug
+// line says why, once per reason.
+enum { CA_CUDNN, CA_OWN, CA_GEMM };
+static const char *g_clip_attn_last = "none";
+extern "C" const char *kiln_clip_attention_last_impl(void) { return g_clip_attn_last; }
+
+static void clip_attn_say(const char *what, const char *why) {
+    static char said[8][200];
+    static int nsaid;
+    char key[200];
+    snprintf(key, sizeof key, "%s: %.150s", what, why ? why : "");
+    for (int i = 0; i < nsaid; i++)
+        if (!strcmp(said[i], key)) return;
+    if (nsaid < 8) snprintf(said[nsaid++], sizeof said[0], "%s", key);
+    kiln_log(KILN_LOG_DEBUG, "CLIP attention: %s%s%s", what, why ? ": " : "", why ? why : "");
+}
+
+static int clip_attn_impl(void) {
+    const char *e = getenv("KILN_CLIP_ATTN");
+    if (!e || !*e || !strcmp(e, "cudnn")) return CA_CUDNN;
+    if (!strcmp(e, "own")) return CA_OWN;
+    if (!strcmp(e, "gemm")) return CA_GEMM;
+    clip_attn_say("KILN_CLIP_ATTN is not cudnn, own or gemm; using cudnn", e);
+    return CA_CUDNN;
+}
+
+// cuDNN over sequences b0.. of the call: its plans are built per batch size (on first use, then kept), so the
+// call runs as pieces of power-of-two sequence counts, largest first: any count needs at most log2 of them per
+// shape. Returns with *done = the sequences it ran (all of them, or the pieces before one cuDNN refused).
+static kiln_error *mha_cudnn(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
+                             int64_t heads, int64_t hd, int64_t stride, int64_t out_stride, float scale, int causal,
+                             cudaStream_t st, int64_t *done) {
+    *done = 0;
+    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) {
+        clip_attn_say("the own path runs", "q, k, v or out is not 16-byte aligned (cuDNN)");
+        return NULL;
+    }
+    const att_cudnn_layout l = {causal, stride, stride, out_stride};
+    while (*done < B) {
+        int64_t n = 1;
+        while (2 * n <= B - *done) n *= 2;
+        const kiln_attn_shape s = {n, T, T, T, heads, heads, hd, 0, scale};
+        const char *why = NULL;
+        if (att_cudnn_usable(&s, &l, 0, 0, &why)) {
+            clip_attn_say("the own path runs", why);
+            return NULL;
+        }
+        const int64_t b = *done;
+        int ran = 0;
+        kiln_error *err = att_cudnn_forward((kiln_bf16 *)(out + b * T * out_stride), NULL,
+                                            (const kiln_bf16 *)(q + b * T * stride), (const kiln_bf16 *)(k + b * T * stride),
+                                            (const kiln_bf16 *)(v + b * T * stride), &s, &l, st, &ran);
+        if (err) return err;
+        if (!ran) {
+            clip_attn_say("the own path runs", "cuDNN's workspace could not be allocated");
+            return NULL;
+        }
+        *done += n;
+    }
+    const long ver = att_cudnn_version();
+    char what[96];
+    snprintf(what, sizeof what, "cuDNN %ld.%ld.%ld fused flash attention", ver / 10000, ver / 100 % 100, ver % 100);
+    clip_attn_say(what, NULL);
+    return NULL;
+}
+
 extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k,
                                              const kiln_bf16 *v, int64_t B, int64_t T, int64_t heads, int64_t hd,
                                              int64_t stride, int64_t out_stride, float scale, int causal,
                                              void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
-    const int64_t nb = B * heads;
     float *S = NULL;
     bf16 *P = NULL;
     void **ptr = NULL;
     const float one = 1.0f, zero = 0.0f;
     if (B <= 0 || T <= 0) return NULL;
-    // non-causal (the vision tower): the tensor-core kernel of clip_attention.cu, unless it cannot take the
-    // shape or KILN_CLIP_ATTN=gemm asks for this path (the comparison in tests/gpu and bench/clip_bench.sh)
-    if (!causal && clip_attention_supported(q, k, v, out, T, hd, stride, out_stride)) {
-        const char *env = getenv("KILN_CLIP_ATTN");
-        if (!env || strcmp(env, "gemm"))
-            return clip_attention_forward(out, q, k, v, B, T, heads, hd, stride, out_stride, scale, stream);
+    const int impl = clip_attn_impl();
+    int64_t done = 0;
+    if (impl == CA_CUDNN) {
+        err = mha_cudnn((bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, heads, hd, stride,
+                        out_stride, scale, causal, st, &done);
+        if (err) return kiln_error_wrap(err, "attention forward (CUDA)");
+        if (done) g_clip_attn_last = "cudnn";
+        if (done == B) return NULL;
+        // the sequences cuDNN did not take run below
+        out += done * T * out_stride, q += done * T * stride, k += done * T * stride, v += done * T * stride;
+        B -= done;
     }
+    const int64_t nb = B * heads;
+    // non-causal (the vision tower): the tensor-core kernel of clip_attention.cu, unless it cannot take the
+    // shape or KILN_CLIP_ATTN=gemm asks for the batched GEMMs (the comparison in tests/gpu)
+    if (!causal && impl != CA_GEMM && clip_attention_supported(q, k, v, out, T, hd, stride, out_stride)) {
+        g_clip_attn_last = done ? "cudnn+own" : "own";
+        return clip_attention_forward(out, q, k, v, B, T, heads, hd, stride, out_stride, scale, stream);
+    }
+    g_clip_attn_last = done ? "cudnn+gemm" : "gemm";
     if (T > SOFTMAX_TMAX || nb > 2147483647)
         return kiln_errorf(KILN_EUNSUPPORTED, "attention forward (CUDA): %lld tokens is beyond this kernel (at most %d)",
                            (long long)T, SOFTMAX_TMAX);

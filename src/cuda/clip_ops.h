@@ -15,6 +15,9 @@ extern "C" {
  * (nullable); accumulate adds into y (the residual stream: the residual add as the GEMM's epilogue). */
 kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16 *x, const kiln_bf16 *w, const void *bias,
                                   int64_t n, int64_t in, int64_t out, int accumulate, void *stream);
+/* what kiln_mha_forward_cuda's last call ran (KILN_CLIP_ATTN): "cudnn", "own", "gemm", "cudnn+own" /
+ * "cudnn+gemm" (cuDNN took the first sequences only), "none" before any call */
+const char *kiln_clip_attention_last_impl(void);
 /* kiln_clip_patchify_cuda from f32 pixels [B,3,S,S] (rounded to bf16 on the device) */
 kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S, int64_t p,
                                         void *stream);

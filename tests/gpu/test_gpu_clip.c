@@ -1,8 +1,11 @@
-/* CLIP on the GPU against the CPU (f32) path: the layernorm, attention (the tensor-core kernel and the
- * batched-GEMM path, at CLIP's sequence lengths and head dims), linear (bf16 out; f32 accumulated into
- * the residual stream) and quick_gelu ops on random inputs, then whole vision towers (the transformers fixtures, and random ViT-B/32- and L/14-shaped towers with more
- * images than one chunk) with and without patch embeddings. bf16 activations and weights: embeddings are
- * compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on unit vectors). */
+/* CLIP on the GPU against the CPU (f32) path: the layernorm, attention (cuDNN's fused flash attention, the
+ * tensor-core kernel and the batched-GEMM path, at CLIP's sequence lengths and head dims), linear (bf16 out;
+ * f32 accumulated into the residual stream) and quick_gelu ops on random inputs, then whole vision towers
+ * (the transformers fixtures, and random ViT-B/32- and L/14-shaped towers with more images than one chunk)
+ * with and without patch embeddings, with cuDNN's attention and with kiln's own kernel. bf16 activations and
+ * weights: embeddings are compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on
+ * unit vectors). With KILN_CUDNN_LIB set (the GPU machine's build script sets it) cuDNN must run every
+ * attention call whose head dim it takes (64 in the shaped towers). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -69,6 +72,79 @@ TEST(gpu_clip_attention_kernel_shapes) {
         }
         kiln_cuda_free(dq), kiln_cuda_free(dout);
         free(qkv), free(ref);
+    }
+}
+
+/* whether cuDNN must have run: the GPU machine's build script points KILN_CUDNN_LIB at the library */
+static int cudnn_expected(void) {
+    const char *e = getenv("KILN_CUDNN_LIB");
+    return e && *e;
+}
+
+/* cuDNN's fused flash attention (KILN_CLIP_ATTN unset: the default) on q/k/v read in place from a fused
+ * [B·T, 3H] projection, against the CPU (f32 from the same bf16 inputs) and kiln's own kernel: the shapes of
+ * ViT-L/14 at 224 (257 tokens, 16 heads of 64) and 336 (577), B/16 (197, 12 heads), B/32 (50, 12 heads), and
+ * the causal text tower (77 tokens). Image counts that are not powers of two run as power-of-two pieces
+ * (5 = 4 + 1, 6 = 4 + 2, 3 = 2 + 1). Tolerance as the other paths: max |gpu - cpu| / max |cpu| <= 1e-2 (bf16
+ * output, a relative rounding of 2^-9 each; P rounded to bf16 before P·V, as flash attention does); cuDNN
+ * against the own kernel the same 1e-2 (two such roundings, in other orders). */
+TEST(gpu_clip_attention_cudnn) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 25);
+    const struct {
+        int64_t B, T, heads, causal;
+        const char *name;
+    } cs[] = {{5, 257, 16, 0, "L/14"}, {2, 577, 16, 0, "L/14-336"}, {3, 197, 12, 0, "B/16"},
+              {6, 50, 12, 0, "B/32"},  {3, 77, 12, 1, "text, causal"}};
+    unsetenv("KILN_CLIP_ATTN");
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int64_t B = cs[c].B, T = cs[c].T, heads = cs[c].heads, hd = 64, H = heads * hd, stride = 3 * H;
+        const int causal = (int)cs[c].causal;
+        const float scale = 0.125f; /* 1/sqrt(64) */
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f), *ref = malloc(sizeof(float) * B * T * H);
+        gt_round_bf16(qkv, B * T * stride);
+        CHECK(kiln_mha_forward(ref, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, scale, causal) == 0);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
+        CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, scale, causal, NULL));
+        const char *ran = kiln_clip_attention_last_impl();
+        float *got = gt_down_bf16(dout, B * T * H);
+        printf("    %s: B=%lld T=%lld heads=%lld ran %s\n", cs[c].name, (long long)B, (long long)T, (long long)heads,
+               ran);
+        if (cudnn_expected()) CHECK_MSG(!strcmp(ran, "cudnn"), "%s: attention ran %s, not cudnn", cs[c].name, ran);
+        char name[64];
+        snprintf(name, sizeof name, "%s vs CPU", cs[c].name);
+        GT_CLOSE(name, got, ref, B * T * H, 1e-2);
+        /* the same call again: the same bits expected (no atomics in the forward), printed */
+        CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, scale, causal, NULL));
+        float *again = gt_down_bf16(dout, B * T * H);
+        printf("    %s: second call %s\n", cs[c].name,
+               memcmp(again, got, sizeof(float) * (size_t)(B * T * H)) ? "other bits" : "same bits");
+        setenv("KILN_CLIP_ATTN", "own", 1);
+        CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, scale, causal, NULL));
+        unsetenv("KILN_CLIP_ATTN");
+        CHECK_MSG(strcmp(kiln_clip_attention_last_impl(), "cudnn") != 0, "KILN_CLIP_ATTN=own ran cudnn");
+        float *own = gt_down_bf16(dout, B * T * H);
+        snprintf(name, sizeof name, "%s own kernel vs CPU", cs[c].name);
+        GT_CLOSE(name, own, ref, B * T * H, 1e-2);
+        snprintf(name, sizeof name, "%s cuDNN vs own", cs[c].name);
+        GT_CLOSE(name, got, own, B * T * H, 1e-2);
+        kiln_cuda_free(dq), kiln_cuda_free(dout);
+        free(qkv), free(ref), free(got), free(again), free(own);
+    }
+    /* a row stride cuDNN cannot take (not a multiple of 8 elements) falls back to the own path, same answers */
+    {
+        const int64_t B = 2, T = 50, heads = 2, hd = 64, H = heads * hd, stride = 3 * H + 4;
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f), *ref = malloc(sizeof(float) * B * T * H);
+        gt_round_bf16(qkv, B * T * stride);
+        CHECK(kiln_mha_forward(ref, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0) == 0);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
+        CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
+        printf("    row stride %lld: ran %s\n", (long long)stride, kiln_clip_attention_last_impl());
+        CHECK(strcmp(kiln_clip_attention_last_impl(), "cudnn") != 0);
+        float *got = gt_down_bf16(dout, B * T * H);
+        GT_CLOSE("odd row stride (fallback)", got, ref, B * T * H, 1e-2);
+        kiln_cuda_free(dq), kiln_cuda_free(dout);
+        free(qkv), free(ref), free(got);
     }
 }
 
@@ -150,7 +226,8 @@ static void compare_rows(const char *what, const float *a, const float *b, int64
     CHECK_MSG(worst_cos >= 0.998 && maxd <= 4e-2, "%s: worst cosine %.6f, max |diff| %.3g", what, worst_cos, maxd);
 }
 
-static void check_dir(const char *dir, int n, uint64_t seed) {
+/* expect_cudnn: the tower's head dim is one cuDNN takes, so with KILN_CUDNN_LIB set its attention must be cuDNN's */
+static void check_dir(const char *dir, int n, uint64_t seed, int expect_cudnn) {
     kiln_clip *m = NULL;
     CHECK_OK(kiln_clip_load(dir, &m));
     if (!m) return;
@@ -162,7 +239,17 @@ static void check_dir(const char *dir, int n, uint64_t seed) {
     float *ge = malloc(sizeof(float) * n * D), *gp = malloc(sizeof(float) * n * G2 * D), *ge2 = malloc(sizeof(float) * n * D);
     CHECK_OK(kiln_clip_embed_images(m, px, n, ce, cp));
     CHECK_OK(kiln_clip_set_device(m, "cuda"));
+    /* kiln's own attention kernel first, then the default (cuDNN's where it loads) for everything below */
+    setenv("KILN_CLIP_ATTN", "own", 1);
     CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
+    unsetenv("KILN_CLIP_ATTN");
+    printf("    attention: %s\n", kiln_clip_attention_last_impl());
+    compare_rows("image embeds, own attention", ge, ce, n, D);
+    compare_rows("patch embeds, own attention", gp, cp, n * G2, D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
+    const char *ran = kiln_clip_attention_last_impl();
+    printf("    attention: %s\n", ran);
+    if (expect_cudnn && cudnn_expected()) CHECK_MSG(!strcmp(ran, "cudnn"), "the tower's attention ran %s", ran);
     CHECK_OK(kiln_clip_embed_images(m, px, n, ge2, NULL)); /* the class-token-only path */
     compare_rows("image embeds", ge, ce, n, D);
     compare_rows("image embeds (no patches)", ge2, ce, n, D);
@@ -211,7 +298,7 @@ TEST(gpu_clip_fixtures_match_cpu) {
         char rel[128];
         snprintf(rel, sizeof rel, "tests/fixtures/clip/%s", names[i]);
         printf("    %s\n", names[i]);
-        check_dir(test_src_path(rel), 5, 30 + i);
+        check_dir(test_src_path(rel), 5, 30 + i, 0);
     }
 }
 
@@ -222,7 +309,7 @@ TEST(gpu_clip_b32_and_l14_shapes_match_cpu) {
     const char *dir = test_tmpdir();
     CHECK(clip_test_make_dir(dir, &c, 40) == 0);
     printf("    B/32-shaped, 70 images\n");
-    check_dir(dir, 70, 41);
+    check_dir(dir, 70, 41, 1);
     c.patch_size = 14, c.vis_layers = 2, c.vis_heads = 2, c.vis_hidden = 128, c.vis_inter = 512;
     const char *dir2 = test_join(dir, "l14");
     char cmd[1200];
@@ -230,5 +317,5 @@ TEST(gpu_clip_b32_and_l14_shapes_match_cpu) {
     CHECK(system(cmd) == 0);
     CHECK(clip_test_make_dir(dir2, &c, 42) == 0);
     printf("    L/14-shaped (257 tokens)\n");
-    check_dir(dir2, 6, 43);
+    check_dir(dir2, 6, 43, 1);
 }
