@@ -3,6 +3,7 @@
  * directories, atomic writes, and a byte-flipping fuzz loop. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -754,6 +755,105 @@ TEST(st_failed_write_keeps_old_file) {
         test_fail(__FILE__, __LINE__, "setrlimit: %s", strerror(errno));
     }
     free(before);
+}
+
+/* ---- large files: allocated up front and written through a mapping by several threads ---- */
+
+typedef struct {
+    const unsigned char *data;
+    size_t left, piece;
+} piece_src;
+
+static kiln_error *piece_next(void *ctx, const void **data, size_t *len) {
+    piece_src *p = ctx;
+    *len = p->left < p->piece ? p->left : p->piece;
+    *data = p->data;
+    p->data += *len, p->left -= *len;
+    return NULL;
+}
+
+/* Mapped mode gives the bytes of the write() path, for tensors written whole and for a stream of pieces
+ * (pieces not multiples of the threads' split, a last short piece). */
+TEST(st_mapped_parallel_write_matches_plain_write) {
+    const char *dir = test_tmpdir();
+    enum { N = 3 * 1024 * 1024 + 7 }; /* 12 MiB + 28 bytes: over the 8 MiB a write needs to be split */
+    float *big = malloc(N * sizeof *big);
+    if (!big) return;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < N; i++) x = x * 6364136223846793005ull + 1442695040888963407ull, big[i] = (float)(x >> 40);
+    float small[5] = {1, 2, 3, 4, 5};
+    int64_t sb[1] = {N}, ss[1] = {5};
+    kiln_st_entry e[2] = {{"small", KILN_DT_F32, 1, ss, small}, {"big", KILN_DT_F32, 1, sb, big}};
+    const char *plain = test_join(dir, "plain.safetensors"), *mapped = test_join(dir, "mapped.safetensors"),
+               *streamed = test_join(dir, "streamed.safetensors");
+    setenv("KILN_WRITE_MMAP_MIN", "1000000000000", 1);
+    CHECK_OK(kiln_st_write(plain, e, 2, NULL));
+    setenv("KILN_WRITE_MMAP_MIN", "0", 1);
+    setenv("KILN_WRITE_THREADS", "3", 1);
+    CHECK_OK(kiln_st_write(mapped, e, 2, NULL));
+    /* the stream: the tensors' bytes back to back, in pieces of 9 MiB + 3 */
+    unsigned char *cat = malloc(sizeof small + N * sizeof *big);
+    if (cat) {
+        memcpy(cat, small, sizeof small);
+        memcpy(cat + sizeof small, big, N * sizeof *big);
+        kiln_st_entry es[2] = {{"small", KILN_DT_F32, 1, ss, NULL}, {"big", KILN_DT_F32, 1, sb, NULL}};
+        piece_src src = {cat, sizeof small + N * sizeof *big, (9u << 20) + 3};
+        CHECK_OK(kiln_st_write_stream(streamed, es, 2, NULL, piece_next, &src));
+    }
+    unsetenv("KILN_WRITE_MMAP_MIN");
+    unsetenv("KILN_WRITE_THREADS");
+    char *a = NULL, *b = NULL, *c = NULL;
+    size_t na = 0, nb = 0, nc = 0;
+    CHECK_OK(kiln_read_file(plain, &a, &na));
+    CHECK_OK(kiln_read_file(mapped, &b, &nb));
+    CHECK_OK(kiln_read_file(streamed, &c, &nc));
+    CHECK(a && b && na == nb && memcmp(a, b, na) == 0);
+    CHECK(a && c && na == nc && memcmp(a, c, na) == 0);
+    CHECK(count_entries(dir) == 3); /* no temp files left */
+    free(a), free(b), free(c), free(cat), free(big);
+}
+
+/* The mapped mode is taken where the file system can allocate the file (checked by trying), and a
+ * mapped file written short of its size is an error, not a file with a hole at the end. */
+TEST(fs_sized_atomic_file_maps_and_checks_its_size) {
+    const char *dir = test_tmpdir();
+    const char *probe = test_join(dir, "probe");
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int can = fd >= 0 && posix_fallocate(fd, 0, 1 << 20) == 0;
+    if (fd >= 0) close(fd);
+    unlink(probe);
+    setenv("KILN_WRITE_MMAP_MIN", "4096", 1);
+    kiln_atomic_file f;
+    const char *path = test_join(dir, "short.bin");
+    CHECK_OK(kiln_atomic_begin_sized(&f, path, 1 << 20));
+    if (can) CHECK_MSG(f.map != NULL, "fallocate works in %s but the file was not mapped", dir);
+    static char buf[1 << 19];
+    memset(buf, 7, sizeof buf);
+    CHECK_OK(kiln_atomic_write(&f, buf, sizeof buf));
+    kiln_error *err = kiln_atomic_commit(&f);
+    if (f.map || can) {
+        CHECK_MSG(err != NULL, "a mapped file committed with half of its bytes");
+        if (err) CHECK_MSG(strstr(kiln_error_msg(err), "524288 bytes written of the 1048576"), "%s", kiln_error_msg(err));
+        CHECK(access(path, F_OK) != 0 && count_entries(dir) == 0);
+    }
+    kiln_error_free(err);
+    if (!can) unlink(path); /* written by the plain path: nothing to check there */
+    /* a write past the size is refused (the file is then abandoned) */
+    CHECK_OK(kiln_atomic_begin_sized(&f, path, 8192));
+    if (f.map) {
+        CHECK_ERR(kiln_atomic_write(&f, buf, 8193), "8193 bytes written at byte 0 of a file sized 8192");
+    }
+    kiln_atomic_abort(&f);
+    CHECK(count_entries(dir) == 0);
+    unsetenv("KILN_WRITE_MMAP_MIN");
+}
+
+/* A file-size limit (or a full disk) makes the allocation fail: the plain write path then reports it as
+ * before, and the old file stays. */
+TEST(st_mapped_write_past_file_size_limit_keeps_old_file) {
+    setenv("KILN_WRITE_MMAP_MIN", "0", 1);
+    st_failed_write_keeps_old_file();
+    unsetenv("KILN_WRITE_MMAP_MIN");
 }
 
 /* ---- fuzz ---- */

@@ -67,9 +67,19 @@ typedef struct {
     char *path;     /* final destination */
     char *tmp_path; /* "<path>.tmp.<pid>"; NULL once committed or aborted */
     int fd;         /* open temp file, or -1 */
+    /* kiln_atomic_begin_sized's mapped mode: the file's blocks allocated up front, data copied into a
+     * shared mapping by several threads (one buffered write() stream is serialised by the inode lock) */
+    unsigned char *map;
+    size_t map_len, off;
 } kiln_atomic_file;
 
 kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path);
+/* The same for a file whose final size is known: a file of at least KILN_WRITE_MMAP_MIN bytes (default
+ * 256 MiB; environment variable) is allocated whole (fallocate: a full disk fails here, before any data)
+ * and written through a shared mapping, large writes split over KILN_WRITE_THREADS threads (default 4).
+ * Where the file system cannot allocate or map the file, it falls back to plain writes; the writes must
+ * then add up to exactly size bytes. */
+kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size);
 /* Write everything or fail (retries short writes and EINTR; ENOSPC, EFBIG,
  * EIO... become errors naming the path). Does not abort on failure. */
 kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len);

@@ -1,10 +1,11 @@
 /* File-system helpers. See include/kiln/fsutil.h for the atomic write protocol. */
-#define _XOPEN_SOURCE 700 /* nftw */
+#define _GNU_SOURCE /* nftw, fallocate */
 #include "kiln/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +145,7 @@ static kiln_error *fsync_dir(const char *path) {
 
 kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path) {
     f->fd = -1;
+    f->map = NULL, f->map_len = 0, f->off = 0;
     f->path = strdup(path);
     int n = snprintf(NULL, 0, "%s.tmp.%ld", path, (long)getpid());
     f->tmp_path = n < 0 ? NULL : malloc((size_t)n + 1);
@@ -158,7 +160,7 @@ kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path) {
      * A leftover temp with our pid can only come from an earlier process that
      * died (pids are reused, especially in containers): remove it and retry. */
     for (int attempt = 0; attempt < 2; attempt++) {
-        f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        f->fd = open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666); /* read too: a shared mapping needs it */
         if (f->fd >= 0 || errno != EEXIST || attempt > 0) break;
         if (unlink(f->tmp_path) != 0) break;
     }
@@ -173,7 +175,78 @@ kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path) {
     return NULL;
 }
 
+static size_t env_size(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    char *end = NULL;
+    unsigned long long x = v && *v ? strtoull(v, &end, 10) : 0;
+    return v && *v && end && !*end ? (size_t)x : dflt;
+}
+
+kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size) {
+    KILN_TRY(kiln_atomic_begin(f, path));
+    if (size < env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20) || size > SIZE_MAX) return NULL;
+    /* fallocate rather than ftruncate: a page of a sparse mapping that the file system cannot back
+     * would be a SIGBUS in the middle of the copy; allocated blocks cannot run out. Where it is not
+     * supported (or the disk is full, or a file-size limit is hit) the plain write() path below
+     * reports what happens, as it always did. */
+    if (fallocate(f->fd, 0, 0, (off_t)size) != 0) return NULL;
+    void *m = mmap(NULL, (size_t)size, PROT_WRITE, MAP_SHARED, f->fd, 0);
+    if (m == MAP_FAILED) {
+        if (ftruncate(f->fd, 0) != 0) { /* back to an empty file for the write() path */
+            kiln_error *e = kiln_errorf(KILN_EIO, "%s: cannot truncate %s: %s", path, f->tmp_path, strerror(errno));
+            kiln_atomic_abort(f);
+            return e;
+        }
+        return NULL;
+    }
+    f->map = m, f->map_len = (size_t)size, f->off = 0;
+    return NULL;
+}
+
+typedef struct {
+    unsigned char *dst;
+    const unsigned char *src;
+    size_t len;
+} copy_part;
+
+static void *copy_run(void *arg) {
+    copy_part *c = arg;
+    memcpy(c->dst, c->src, c->len);
+    return NULL;
+}
+
+/* Mapped mode: the copy is the write (page faults allocate the page-cache pages; on tmpfs that is
+ * most of the cost), so large pieces are copied by several threads. */
+static kiln_error *mapped_write(kiln_atomic_file *f, const void *data, size_t len) {
+    if (len > f->map_len - f->off)
+        return kiln_errorf(KILN_EINVAL, "%s: %zu bytes written at byte %zu of a file sized %zu", f->path, len, f->off,
+                           f->map_len);
+    enum { MAXT = 16 };
+    size_t nt = env_size("KILN_WRITE_THREADS", 4);
+    if (nt < 1) nt = 1;
+    if (nt > MAXT) nt = MAXT;
+    if (len < ((size_t)8 << 20)) nt = 1;
+    copy_part part[MAXT];
+    pthread_t tid[MAXT];
+    int started[MAXT] = {0};
+    const size_t per = (len / nt + 4095) & ~(size_t)4095;
+    size_t at = 0, k = 0;
+    for (; k < nt && at < len; k++) {
+        part[k] = (copy_part){f->map + f->off + at, (const unsigned char *)data + at, len - at < per ? len - at : per};
+        at += part[k].len;
+        if (k > 0) started[k] = pthread_create(&tid[k], NULL, copy_run, &part[k]) == 0;
+    }
+    copy_run(&part[0]);
+    for (size_t i = 1; i < k; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else copy_run(&part[i]);
+    }
+    f->off += len;
+    return NULL;
+}
+
 kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len) {
+    if (f->map) return mapped_write(f, data, len);
     const char *p = data;
     while (len > 0) {
         /* Linux writes at most ~2 GiB per call; ask for 1 GiB at a time. */
@@ -192,6 +265,8 @@ kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len)
 }
 
 void kiln_atomic_abort(kiln_atomic_file *f) {
+    if (f->map) munmap(f->map, f->map_len);
+    f->map = NULL;
     if (f->fd >= 0) close(f->fd);
     if (f->tmp_path) unlink(f->tmp_path);
     free(f->path);
@@ -202,6 +277,16 @@ void kiln_atomic_abort(kiln_atomic_file *f) {
 
 kiln_error *kiln_atomic_commit(kiln_atomic_file *f) {
     kiln_error *e = NULL;
+    if (f->map) { /* the mapping's dirty pages belong to the file: unmapped here, written back by the fsync */
+        const size_t written = f->off, size = f->map_len;
+        munmap(f->map, f->map_len);
+        f->map = NULL;
+        if (written != size) {
+            e = kiln_errorf(KILN_EIO, "%s: %zu bytes written of the %zu the file was sized for", f->path, written, size);
+            kiln_atomic_abort(f);
+            return e;
+        }
+    }
     /* fsync before rename: otherwise a crash can leave the new name pointing
      * at a file whose data never reached the disk. close() is checked too
      * because network file systems report write errors there. */

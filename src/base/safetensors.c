@@ -1009,7 +1009,7 @@ static kiln_error *st_write(const char *path, const kiln_st_entry *entries, size
     memset(head + 8 + jlen, ' ', hlen - jlen);
 
     kiln_atomic_file f;
-    if ((e = kiln_atomic_begin(&f, path))) goto done;
+    if ((e = kiln_atomic_begin_sized(&f, path, 8 + (uint64_t)hlen + total))) goto done;
     e = kiln_atomic_write(&f, head, 8 + hlen);
     if (!e && src) e = write_from_source(&f, path, total, src, ctx);
     for (size_t i = 0; !e && !src && i < n; i++)
