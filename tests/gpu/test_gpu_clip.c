@@ -59,14 +59,16 @@ TEST(gpu_clip_attention_kernel_shapes) {
         const float scale = (float)(1.0 / sqrt((double)hd));
         CHECK(kiln_mha_forward(ref, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, scale, 0) == 0);
         kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
-        for (int path = 0; path < 2; path++) {
-            if (path) setenv("KILN_CLIP_ATTN", "gemm", 1);
+        /* the default (cuDNN where it loads), kiln's kernel, the batched GEMMs */
+        static const char *const paths[] = {"cudnn", "own", "gemm"};
+        for (int path = 0; path < 3; path++) {
+            setenv("KILN_CLIP_ATTN", paths[path], 1);
             CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, scale, 0, NULL));
             unsetenv("KILN_CLIP_ATTN");
             float *got = gt_down_bf16(dout, B * T * H);
             char name[64];
-            snprintf(name, sizeof name, "%s T=%lld hd=%lld", path ? "gemm path" : "mma kernel", (long long)T,
-                     (long long)hd);
+            snprintf(name, sizeof name, "%s T=%lld hd=%lld (ran %s)", paths[path], (long long)T, (long long)hd,
+                     kiln_clip_attention_last_impl());
             GT_CLOSE(name, got, ref, B * T * H, 1e-2);
             free(got);
         }
