@@ -12,7 +12,7 @@
 /* AdamW against the textbook formula evaluated in double, over several steps. */
 TEST(adamw_matches_formula) {
     const int n = 7, steps = 5;
-    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0};
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0, KILN_NS_FP32};
     float w[7], g[7], st[14] = {0};
     double W[7], M[7] = {0}, V[7] = {0};
     kiln_rng r;
@@ -182,5 +182,37 @@ TEST(train_config_parse_and_errors) {
     kiln_train_config_default(&d);
     if (js) CHECK_OK(kiln_train_config_parse(js, "roundtrip", &d));
     CHECK(d.steps == 123 && d.sched.kind == KILN_SCHED_WSD && d.model.hidden_size == c.model.hidden_size);
+    free(js);
+}
+
+/* optim.muon_ns_precision: bf16 by default (the GPU's Newton-Schulz; the CPU ignores it), each name parses,
+ * anything else is an error naming the field, and the checkpoint's JSON keeps it. */
+TEST(train_config_muon_ns_precision) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    CHECK(c.optim.muon_ns_precision == KILN_NS_BF16);
+    static const struct { const char *name; kiln_ns_precision p; } ok[] = {
+        {"fp32", KILN_NS_FP32}, {"tf32", KILN_NS_TF32}, {"bf16", KILN_NS_BF16}};
+    for (int i = 0; i < 3; i++) {
+        char js[128];
+        snprintf(js, sizeof js, "{\"optim\": {\"muon_ns_precision\": \"%s\"}}", ok[i].name);
+        kiln_train_config_default(&c);
+        CHECK_OK(kiln_train_config_parse(js, "t.json", &c));
+        CHECK_MSG(c.optim.muon_ns_precision == ok[i].p, "%s parsed as %d", ok[i].name, (int)c.optim.muon_ns_precision);
+        CHECK(!strcmp(kiln_ns_precision_name(ok[i].p), ok[i].name));
+    }
+    kiln_train_config_default(&c);
+    CHECK_ERR(kiln_train_config_parse("{\"optim\": {\"muon_ns_precision\": \"fp16\"}}", "t.json", &c),
+              "t.json: optim: field 'muon_ns_precision'");
+    CHECK_ERR(kiln_train_config_parse("{\"optim\": {\"muon_ns_precision\": 16}}", "t.json", &c), "muon_ns_precision");
+    c.optim.muon_ns_precision = (kiln_ns_precision)7;
+    CHECK_ERR(kiln_train_config_validate(&c), "optim.muon_ns_precision");
+    kiln_train_config_default(&c);
+    c.optim.muon_ns_precision = KILN_NS_TF32;
+    char *js = kiln_train_config_to_json(&c);
+    kiln_train_config d;
+    kiln_train_config_default(&d);
+    if (js) CHECK_OK(kiln_train_config_parse(js, "roundtrip", &d));
+    CHECK(d.optim.muon_ns_precision == KILN_NS_TF32);
     free(js);
 }

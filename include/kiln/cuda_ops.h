@@ -376,10 +376,12 @@ kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, i
 kiln_error *kiln_zaya_scale_cuda(float *x, int64_t n, float s, void *stream);
 kiln_error *kiln_zaya_sumsq_cuda(double *out, const float *x, int64_t n, void *stream);
 /* Muon's Newton-Schulz iteration on `mats` f32 matrices x [mats, rows, cols] in place, as
- * kiln_newton_schulz (normalisation included), through strided-batched f32 cuBLAS GEMMs (the Gram matrix
- * on the short side, no transposes). ws: kiln_zaya_newton_schulz_cuda_ws floats of device scratch. */
-kiln_error *kiln_zaya_newton_schulz_cuda(float *x, int64_t mats, int64_t rows, int64_t cols, int steps, float *ws,
-                                         void *stream);
+ * kiln_newton_schulz (normalisation included), through strided-batched GEMMs (the Gram matrix on the short
+ * side, no transposes) in `prec`: KILN_NS_FP32 strict f32 cuBLAS (the CPU's arithmetic), KILN_NS_TF32 or
+ * KILN_NS_BF16 (bf16 inputs, f32 accumulation, x kept in f32) through cuBLASLt. ws:
+ * kiln_zaya_newton_schulz_cuda_ws floats of device scratch (enough for every precision). */
+kiln_error *kiln_zaya_newton_schulz_cuda(float *x, int64_t mats, int64_t rows, int64_t cols, int steps,
+                                         kiln_ns_precision prec, float *ws, void *stream);
 size_t kiln_zaya_newton_schulz_cuda_ws(int64_t mats, int64_t rows, int64_t cols);
 /* ==== end cudamodel ==== */
 

@@ -12,11 +12,23 @@
 
 typedef enum { KILN_OPT_ADAMW = 0, KILN_OPT_MUON = 1 } kiln_opt_kind;
 
+/* The arithmetic of Muon's Newton-Schulz GEMMs on the GPU (optim.muon_ns_precision). The CPU
+ * (kiln_newton_schulz) always computes in f32 and ignores it. FP32 is 0 so that a zeroed or positional
+ * kiln_optim_hparams keeps the strict arithmetic; the training config's default is BF16. */
+typedef enum {
+    KILN_NS_FP32 = 0, /* f32 GEMMs without TF32: the CPU's arithmetic */
+    KILN_NS_TF32 = 1, /* f32 data, TF32 tensor-core products, f32 accumulation */
+    KILN_NS_BF16 = 2, /* bf16 GEMM inputs, f32 accumulation, the iterate kept in f32 (src/cuda/zaya_muon.cu) */
+} kiln_ns_precision;
+kiln_error *kiln_ns_precision_parse(const char *name, kiln_ns_precision *out);
+const char *kiln_ns_precision_name(kiln_ns_precision p);
+
 typedef struct {
     double beta1, beta2, eps, weight_decay;
     double muon_momentum; /* Nesterov momentum of Muon */
     int muon_ns_steps;    /* Newton-Schulz iterations (5) */
     int use_muon;         /* 0: AdamW everywhere */
+    kiln_ns_precision muon_ns_precision; /* the GPU's Newton-Schulz GEMMs; the CPU ignores it (f32) */
 } kiln_optim_hparams;
 
 /* How the optimizer treats one parameter tensor. */

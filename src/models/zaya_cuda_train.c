@@ -196,7 +196,8 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
             mats += p->mats;
         }
         const kiln_opt_param *p0 = &o->op[o->morder[m0]];
-        KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, mats, p0->rows, p0->cols, hp->muon_ns_steps, o->ws, st));
+        KILN_TRY(kiln_zaya_newton_schulz_cuda(o->u, mats, p0->rows, p0->cols, hp->muon_ns_steps, hp->muon_ns_precision,
+                                              o->ws, st));
         mats = 0;
         for (int j = m0; j < m1; j++) {
             const int i = o->morder[j];

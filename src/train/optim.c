@@ -28,6 +28,21 @@ void kiln_optim_classify(const kiln_zaya *m, const kiln_optim_hparams *hp, kiln_
     }
 }
 
+static const char *const ns_names[] = {"fp32", "tf32", "bf16"};
+
+kiln_error *kiln_ns_precision_parse(const char *name, kiln_ns_precision *out) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, ns_names[i])) {
+            *out = (kiln_ns_precision)i;
+            return NULL;
+        }
+    return kiln_errorf(KILN_EINVAL, "Newton-Schulz precision '%s': expected \"bf16\", \"tf32\" or \"fp32\"", name);
+}
+
+const char *kiln_ns_precision_name(kiln_ns_precision p) {
+    return (unsigned)p < 3 ? ns_names[p] : "?";
+}
+
 int64_t kiln_optim_state_numel(const kiln_opt_param *p) { return p->kind == KILN_OPT_ADAMW ? 2 * p->numel : p->numel; }
 
 void kiln_adamw_step(float *w, const float *g, float *state, int64_t n, const kiln_optim_hparams *hp, double lr,

@@ -34,7 +34,7 @@ static int ck_gpu_make(ck_gpu *x) {
     CHECK_OK(kiln_zaya_create(&c, &x->m));
     if (!x->m) return 0;
     kiln_zaya_init_random(x->m, 3);
-    x->hp = (kiln_optim_hparams){0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1};
+    x->hp = (kiln_optim_hparams){0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1, KILN_NS_FP32};
     x->op = calloc((size_t)x->m->nparams, sizeof *x->op);
     kiln_optim_classify(x->m, &x->hp, x->op);
     CHECK_OK(kiln_zaya_cuda_create(x->m, 1, 4, 0, &x->g));

@@ -5,6 +5,7 @@
  * iterations amplify that by the quintic's slope (< 10 per step on normalised inputs): 1e-3 for the
  * orthogonalised matrices, 1e-5 for the updated weights (lr-sized changes on O(1) weights) and 1e-6 for
  * AdamW's state (the same per-element f64 formula). The sum of squares is compared to 1e-12 relative. */
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ static void ns_case(int64_t mats, int64_t rows, int64_t cols) {
     float *x = gt_rand(&rng, mats * mn, 1.0f);
     float *d = gt_up_f32(x, mats * mn);
     float *ws = gt_dev(kiln_zaya_newton_schulz_cuda_ws(mats, rows, cols) * sizeof(float));
-    CHECK_OK(kiln_zaya_newton_schulz_cuda(d, mats, rows, cols, 5, ws, NULL));
+    CHECK_OK(kiln_zaya_newton_schulz_cuda(d, mats, rows, cols, 5, KILN_NS_FP32, ws, NULL));
     float *got = gt_down_f32(d, mats * mn);
     kiln_opt_param p = {0, mn, KILN_OPT_MUON, 1, rows, cols, 0};
     float *cws = malloc(kiln_muon_workspace(&p) * sizeof(float));
@@ -38,6 +39,110 @@ TEST(gpu_zaya_newton_schulz) {
     ns_case(2, 32, 32);  /* square */
 }
 
+/* Every precision of the GPU's Newton-Schulz (optim.muon_ns_precision) against the CPU's f32 iteration on
+ * the trainer's shapes at the [cuda] benchmark model (hidden 2048, 8 heads of 128, 2 KV heads, router 256,
+ * 16 experts of 2048: each tensor's matrices, fewer of them per tensor), and the odd small shapes above.
+ * Two measures per matrix batch:
+ *  - the relative Frobenius distance to the CPU result |U - U_cpu|_F / |U_cpu|_F;
+ *  - orthogonality: the RMS of U Uᵀ - I on the short side (|.|_F / sqrt(r)). Five quintic steps do not make U
+ *    orthogonal (Muon's coefficients trade exactness for speed: singular values end in about [0.7, 1.2], the
+ *    CPU's own RMS is 0.2-0.8), so each precision's value must be the f32 one's within 0.02.
+ * Two kinds of matrix: uniform random, and a momentum-like one (rank 8 plus 5% uniform noise: a few large
+ * singular values above a small bulk, which the iteration scales up to 1). Tolerances, from a CPU
+ * simulation of each arithmetic (inputs rounded, f32 accumulation) on these shapes, with 2-3x margin:
+ * fp32 1e-3 (f32 against f32, summation order only; ~1e-6 expected); tf32 1e-2 (~2e-3 seen simulated);
+ * bf16 4e-2 uniform (~1-2e-2) and 3e-2 momentum-like (~1e-3 at large shapes, 1.2e-2 at 13 x 40; an iterate
+ * stored in bf16 instead of f32 gives 4.5-7e-2 here and fails). */
+static double ns_orth(const float *u, int64_t rows, int64_t cols) {
+    const int tall = rows > cols;
+    const int64_t r = tall ? cols : rows;
+    float *a = malloc((size_t)(r * r) * sizeof *a);
+    if (tall) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r, (int)r, (int)rows, 1.0f, u, (int)cols, u,
+                          (int)cols, 0.0f, a, (int)r);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)r, (int)r, (int)cols, 1.0f, u, (int)cols, u,
+                     (int)cols, 0.0f, a, (int)r);
+    double s = 0;
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < r; j++) {
+            double d = a[i * r + j] - (i == j);
+            s += d * d;
+        }
+    free(a);
+    return sqrt(s / (double)r);
+}
+
+static void ns_prec_case(int64_t mats, int64_t rows, int64_t cols, int spectrum) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, (uint64_t)(rows * 7919 + cols * 31 + mats + spectrum));
+    const int64_t mn = rows * cols;
+    float *x = gt_rand(&rng, mats * mn, spectrum ? 0.05f : 1.0f);
+    if (spectrum) { /* + u v, u [rows, 8], v [8, cols] uniform in [-1, 1) */
+        enum { RK = 8 };
+        for (int64_t k = 0; k < mats; k++) {
+            float *u = gt_rand(&rng, rows * RK, 1.0f), *v = gt_rand(&rng, RK * cols, 1.0f);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)cols, RK, 1.0f, u, RK, v, (int)cols,
+                        1.0f, x + k * mn, (int)cols);
+            free(u), free(v);
+        }
+    }
+    float *ref = malloc((size_t)(mats * mn) * sizeof *ref);
+    memcpy(ref, x, (size_t)(mats * mn) * sizeof *ref);
+    kiln_opt_param p = {0, mn, KILN_OPT_MUON, 1, rows, cols, 0};
+    float *cws = malloc(kiln_muon_workspace(&p) * sizeof(float));
+    for (int64_t k = 0; k < mats; k++) kiln_newton_schulz(ref + k * mn, rows, cols, 5, cws);
+    free(cws);
+    double orth_ref = 0;
+    for (int64_t k = 0; k < mats; k++) orth_ref = fmax(orth_ref, ns_orth(ref + k * mn, rows, cols));
+    float *d = gt_dev((size_t)(mats * mn) * sizeof(float));
+    float *ws = gt_dev(kiln_zaya_newton_schulz_cuda_ws(mats, rows, cols) * sizeof(float));
+    static const kiln_ns_precision precs[] = {KILN_NS_FP32, KILN_NS_TF32, KILN_NS_BF16};
+    const double tol[] = {1e-3, 1e-2, spectrum ? 3e-2 : 4e-2};
+    for (int pi = 0; pi < 3; pi++) {
+        CHECK_OK(kiln_cuda_copy(d, x, (size_t)(mats * mn) * sizeof(float), KILN_CUDA_H2D));
+        CHECK_OK(kiln_zaya_newton_schulz_cuda(d, mats, rows, cols, 5, precs[pi], ws, NULL));
+        float *got = gt_down_f32(d, mats * mn);
+        double num = 0, den = 0, orth = 0;
+        for (int64_t i = 0; i < mats * mn; i++) {
+            const double e = (double)got[i] - ref[i];
+            num += e * e, den += (double)ref[i] * ref[i];
+        }
+        for (int64_t k = 0; k < mats; k++) orth = fmax(orth, ns_orth(got + k * mn, rows, cols));
+        const double dist = sqrt(num / den);
+        printf("    %-4s %2lld x [%4lld, %4lld] %-8s |U - U_cpu|/|U_cpu| %.3g (tol %.0e)  orthogonality %.4f (cpu %.4f)\n",
+               kiln_ns_precision_name(precs[pi]), (long long)mats, (long long)rows, (long long)cols,
+               spectrum ? "momentum" : "uniform", dist, tol[pi], orth, orth_ref);
+        CHECK_MSG(dist <= tol[pi], "NS %s %lldx%lldx%lld: relative distance %.3g > %.3g", kiln_ns_precision_name(precs[pi]),
+                  (long long)mats, (long long)rows, (long long)cols, dist, tol[pi]);
+        CHECK_MSG(fabs(orth - orth_ref) <= 0.02, "NS %s %lldx%lldx%lld: orthogonality %.4f, the CPU's %.4f",
+                  kiln_ns_precision_name(precs[pi]), (long long)mats, (long long)rows, (long long)cols, orth, orth_ref);
+        free(got);
+    }
+    free(x), free(ref);
+    kiln_cuda_free(d), kiln_cuda_free(ws);
+}
+
+TEST(gpu_zaya_newton_schulz_precisions) {
+    static const struct { int64_t mats, rows, cols; int spectrum; } cases[] = {
+        {1, 17, 45, 0},     /* odd, wide */
+        {3, 40, 13, 0},     /* odd, tall, batched */
+        {3, 40, 13, 1},
+        {1, 17, 256, 0},    /* the router's out_proj [E + 1, R] */
+        {1, 17, 256, 1},
+        {2, 256, 256, 0},   /* router fc1 / fc2 */
+        {2, 256, 256, 1},
+        {2, 128, 2048, 1},  /* v_proj_current / delayed */
+        {1, 256, 2048, 0},  /* k_proj, the router's down_proj */
+        {1, 1024, 2048, 0}, /* q_proj, wide */
+        {1, 1024, 2048, 1},
+        {1, 2048, 1024, 0}, /* o_proj, tall */
+        {2, 2048, 2048, 0}, /* an expert tensor's down_proj matrices (16 in the model) */
+        {2, 2048, 2048, 1},
+        {2, 4096, 2048, 0}, /* gate_up, tall (16 in the model) */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ns_prec_case(cases[i].mats, cases[i].rows, cases[i].cols, cases[i].spectrum);
+}
+
 /* The whole optimizer step of a small model's parameters: AdamW and Muon tensors, a clip scale, two steps,
  * against kiln_adamw_step / kiln_muon_step; and the gradient's sum of squares. */
 TEST(gpu_zaya_opt_step) {
@@ -50,7 +155,7 @@ TEST(gpu_zaya_opt_step) {
     CHECK_OK(kiln_zaya_create(&c, &m));
     if (!m) return;
     kiln_zaya_init_random(m, 3);
-    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1};
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1, KILN_NS_FP32};
     kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
     kiln_optim_classify(m, &hp, op);
     kiln_zaya_cuda *g = NULL;
@@ -145,7 +250,7 @@ TEST(gpu_zaya_opt_step_timing) {
     kiln_zaya *m = NULL;
     CHECK_OK(kiln_zaya_create(&c, &m));
     if (!m) return;
-    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0};
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0, KILN_NS_FP32};
     kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
     kiln_optim_classify(m, &hp, op);
     kiln_zaya_cuda *g = NULL;
@@ -201,25 +306,58 @@ TEST(gpu_zaya_opt_step_timing) {
         const double zms = (now_s() - t0) / it * 1e3;
         printf("    gradient zeroing (cudaMemsetAsync) %8.2f ms  %6.0f GB/s (written)\n", zms, 4.0 * nd / (zms * 1e6));
     }
-    { /* Muon's cost at this model (not the benchmark's optimizer): one expert tensor's 16 gate_up matrices
-       * [4096, 2048], 5 Newton-Schulz steps in f32 (per matrix and step 2*2048^2*4096 + 2*2048^3 +
-       * 2*4096*2048*2048 FLOPs) */
-        const int64_t E = 16, rows = 4096, cols = 2048, r = 2048;
+    { /* Muon's Newton-Schulz at this model in each precision (optim.muon_ns_precision), per batched group: one
+       * expert tensor's 16 gate_up matrices [4096, 2048] (tall) and its 16 down matrices [2048, 2048], 5 steps
+       * (per matrix and step 2 r^2 k + 2 r^3 + 2 rows cols r FLOPs, r the short side, k the long) */
+        static const struct { int64_t rows, cols; const char *name; } grp[] = {{4096, 2048, "gate_up"},
+                                                                               {2048, 2048, "down"}};
+        const int64_t E = 16;
         float *x = NULL, *ws = NULL;
-        CHECK_OK(kiln_cuda_alloc((void **)&x, (size_t)(E * rows * cols) * 4));
-        CHECK_OK(kiln_cuda_alloc((void **)&ws, kiln_zaya_newton_schulz_cuda_ws(E, rows, cols) * 4));
-        if (x && ws) {
-            fill_random(&rng, x, (size_t)(E * rows * cols), 1.0f);
-            CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, ws, NULL));
-            CHECK_OK(kiln_cuda_sync());
-            double t0 = now_s();
-            CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, ws, NULL));
-            CHECK_OK(kiln_cuda_sync());
-            const double ms = (now_s() - t0) * 1e3;
-            const double flop = 5.0 * E * (2.0 * r * r * rows + 2.0 * r * r * r + 2.0 * rows * cols * r);
-            printf("    Newton-Schulz (5 steps, f32) 16 x [4096, 2048] %8.2f ms  %6.1f TFLOP/s\n", ms, flop / (ms * 1e9));
+        CHECK_OK(kiln_cuda_alloc((void **)&x, (size_t)(E * 4096 * 2048) * 4));
+        CHECK_OK(kiln_cuda_alloc((void **)&ws, kiln_zaya_newton_schulz_cuda_ws(E, 4096, 2048) * 4));
+        for (int gi = 0; gi < 2 && x && ws; gi++) {
+            const int64_t rows = grp[gi].rows, cols = grp[gi].cols, r = rows < cols ? rows : cols;
+            const int64_t k = rows < cols ? cols : rows;
+            const double flop = 5.0 * E * (2.0 * r * r * k + 2.0 * r * r * r + 2.0 * rows * cols * r);
+            for (int pr = KILN_NS_FP32; pr <= KILN_NS_BF16; pr++) {
+                fill_random(&rng, x, (size_t)(E * rows * cols), 1.0f);
+                CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, (kiln_ns_precision)pr, ws, NULL)); /* warm-up */
+                CHECK_OK(kiln_cuda_sync());
+                const int it = pr == KILN_NS_FP32 ? 1 : 3;
+                double t0 = now_s();
+                for (int i = 0; i < it; i++)
+                    CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, (kiln_ns_precision)pr, ws, NULL));
+                CHECK_OK(kiln_cuda_sync());
+                const double ms = (now_s() - t0) / it * 1e3;
+                printf("    Newton-Schulz (5 steps, %s) 16 x [%lld, %lld] %-7s %8.2f ms  %6.1f TFLOP/s\n",
+                       kiln_ns_precision_name((kiln_ns_precision)pr), (long long)rows, (long long)cols, grp[gi].name, ms,
+                       flop / (ms * 1e9));
+            }
         }
         kiln_cuda_free(x), kiln_cuda_free(ws);
+    }
+    { /* the whole optimizer step with Muon (hidden matrices and experts; AdamW for the embedding, norms, ...) in
+       * each precision: the AdamW optimizer's state is freed first to make room */
+        kiln_zaya_cuda_opt_free(o);
+        o = NULL;
+        kiln_optim_hparams mh = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1, KILN_NS_FP32};
+        kiln_opt_param *mop = calloc((size_t)m->nparams, sizeof *mop);
+        kiln_optim_classify(m, &mh, mop);
+        kiln_zaya_cuda_opt *mo = NULL;
+        CHECK_OK(kiln_zaya_cuda_opt_create(g, mop, 0, m->nparams, &mo));
+        for (int pr = KILN_NS_FP32; pr <= KILN_NS_BF16 && mo; pr++) {
+            mh.muon_ns_precision = (kiln_ns_precision)pr;
+            CHECK_OK(kiln_zaya_cuda_opt_step(mo, dg, 0, 0.5f, &mh, 1e-4, 1, 1)); /* warm-up (cuBLASLt plans) */
+            CHECK_OK(kiln_zaya_cuda_sync(g));
+            const int it = pr == KILN_NS_FP32 ? 1 : 3;
+            double t0 = now_s();
+            for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_opt_step(mo, dg, 0, 0.5f, &mh, 1e-4, 2 + i, 1));
+            CHECK_OK(kiln_zaya_cuda_sync(g));
+            printf("    optimizer step (Muon, Newton-Schulz in %s, + AdamW) %8.2f ms\n",
+                   kiln_ns_precision_name((kiln_ns_precision)pr), (now_s() - t0) / it * 1e3);
+        }
+        kiln_zaya_cuda_opt_free(mo);
+        free(mop);
     }
 done:
     kiln_zaya_cuda_opt_free(o);
