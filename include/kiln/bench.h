@@ -27,6 +27,7 @@ int kiln_bench_gemm_main(int argc, char **argv);
 int kiln_bench_report_main(int argc, char **argv);
 int kiln_bench_attention_main(int, char **);
 int kiln_bench_moe_main(int, char **);
+int kiln_bench_linear_main(int, char **); /* src/bench/linear_gpu.c, --device cuda only */
 int kiln_bench_io_main(int, char **);
 
 #endif

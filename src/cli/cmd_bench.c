@@ -13,6 +13,7 @@ static const char usage[] =
     "  membw     memory bandwidth: copy, scale, add, triad over array sizes\n"
     "  attention the trainer's attention kernel, forward and forward+backward: time, GFLOP/s, tokens/s\n"
     "  moe       the trainer's expert path (grouped SwiGLU experts), fwd and fwd+bwd: time, TFLOP/s, tokens/s\n"
+    "  linear    the CUDA trainer's linear-layer backward of one ZAYA layer, old vs new path, by part (--device cuda)\n"
     "  io        storage: sequential and parallel write (fsync) and read of checkpoint-sized files, and the\n"
     "            checkpoint writer against them (--ckpt)\n"
     "  report    render JSON profiles as an HTML page with SVG plots\n";
@@ -23,6 +24,7 @@ static const struct {
 } benches[] = {{"comm", kiln_bench_comm_main}, {"gemm", kiln_bench_gemm_main},
                {"membw", kiln_bench_membw_main}, {"report", kiln_bench_report_main},
                {"attention", kiln_bench_attention_main}, {"moe", kiln_bench_moe_main},
+               {"linear", kiln_bench_linear_main},
                {"io", kiln_bench_io_main}};
 
 static int cmd(int argc, char **argv) {

@@ -12,7 +12,8 @@
 //               same bits); weight gradients as lt_loop
 //   lt_mixed    forward and input gradients as lt_chunks but without overlap: each expert's rows past its
 //               last full chunk are a GEMM of their own on a side stream, filling the batched GEMM's tail;
-//               weight gradients as lt_streams
+//               weight gradients as lt_streams, except where every expert has the same row count (balanced
+//               routing): then ONE strided-batched GEMM over the experts (KILN_GROUPED_DW_BATCH=0: as lt_streams)
 // Every path computes each output element in exactly one GEMM (no split across calls, no atomics), so a
 // path gives the same bits on every run. KILN_GROUPED_TUNE=1 times the cuBLASLt heuristic's candidates for
 // each large plan once and keeps the fastest: still the same bits run after run within a process, but two
@@ -28,6 +29,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "gemm_lt.h"
 #include "kiln/cuda_ops.h"
 #include "kiln/log.h"
 
@@ -55,14 +57,12 @@ int g_path_set = -1; // kiln_grouped_gemm_set_path; -1: the environment's choice
 int g_default_failed; // the default path failed once: the process uses P_GROUPED instead
 cublasHandle_t g_blas;
 int g_grouped_f32_refused; // this cuBLAS has no grouped kernel with f32 C for bf16 inputs
-cublasLtHandle_t g_lt;
 void *g_ws[MAX_STREAMS + 1];
 cudaStream_t g_side[MAX_STREAMS];
 cudaEvent_t g_fork, g_join[MAX_STREAMS];
 long g_tune; // KILN_GROUPED_TUNE=1: time the heuristic's candidates once per large plan, keep the fastest; 2: every plan (tests)
 void *g_tune_c;           // a scratch C for timing accumulating GEMMs (their real C must not change)
 size_t g_tune_c_bytes;
-cudaEvent_t g_tune_ev[2];
 
 kiln_error *env_int(const char *name, long lo, long hi, long def, long mult, long *out) {
     const char *v = getenv(name);
@@ -104,29 +104,10 @@ kiln_error *path_now(int *out, int *is_default = NULL) {
     return err ? kiln_error_wrap(err, "environment variable KILN_GROUPED_GEMM") : NULL;
 }
 
-// ---- cuBLASLt plans ----
+// ---- cuBLASLt plans (src/cuda/gemm_lt.h) ----
 
-struct lt_plan {
-    int64_t m, n, k, batch; // the sizes the heuristic saw (bucketed, or exact)
-    int ta, tb, c_f32, exact;
-    uint32_t align[3]; // of cuBLASLt's A (our B), B (our A), C
-    int64_t cm, cn, ck, cbatch; // the sizes the layouts carry now
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-    cublasLtMatmulAlgo_t cand[TUNE_CANDS]; // the heuristic's candidates, best guess first
-    int ncand, tuned;
-};
-lt_plan g_plans[MAX_PLANS];
-int g_nplans;
-
-void plan_destroy(lt_plan *p) {
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    memset(p, 0, sizeof *p);
-}
+kiln_lt_plan g_plans[MAX_PLANS];
+kiln_lt_cache g_cache = {g_plans, 0, MAX_PLANS};
 
 // 16-row steps up to 64, then 8 steps per power of two: 1000 -> 1024, 1100 -> 1152, 4779 -> 5120
 int64_t bucket(int64_t x) {
@@ -137,122 +118,33 @@ int64_t bucket(int64_t x) {
     return (x + step - 1) / step * step;
 }
 
-uint32_t align_of(uintptr_t bits) {
-    uint32_t a = 256;
-    while (a > 2 && bits % a) a >>= 1;
-    return a;
-}
+uint32_t align_of(uintptr_t bits) { return kiln_lt_align((const void *)bits); }
 
-// The column-major view (row-major C[m,n] = op(A) op(B) is C^T = op(B)^T op(A)^T, linear.cu's mapping):
-// cuBLASLt's A is our B, [xb_rows, xb_cols]; its B is our A, [ya_rows, ya_cols]; C is [n, m].
-kiln_error *layouts_set(lt_plan *p, int64_t m, int64_t n, int64_t k, int64_t batch) {
-    kiln_error *err = NULL;
-    const uint64_t xr = p->tb ? k : n, xc = p->tb ? n : k, yr = p->ta ? m : k, yc = p->ta ? k : m;
-    const uint64_t cr = (uint64_t)n, cc = (uint64_t)m;
-    const int64_t lx = (int64_t)xr, ly = (int64_t)yr, lcd = n;
-    const int32_t cnt = (int32_t)batch;
-    if (p->cm == m && p->cn == n && p->ck == k && p->cbatch == batch) return NULL;
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_ROWS, &xr, sizeof xr));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_COLS, &xc, sizeof xc));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_LD, &lx, sizeof lx));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_ROWS, &yr, sizeof yr));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &yc, sizeof yc));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_LD, &ly, sizeof ly));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_ROWS, &cr, sizeof cr));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cc, sizeof cc));
-    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_LD, &lcd, sizeof lcd));
-    if (batch > 0) {
-        cublasLtMatrixLayout_t ls[3] = {p->la, p->lb, p->lc};
-        for (int i = 0; i < 3; i++)
-            CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
-    }
-    p->cm = m, p->cn = n, p->ck = k, p->cbatch = batch;
-done:
-    if (err) p->cm = -1; // unknown state: set everything next time
-    return err;
-}
-
-// batch > 0: pointer-array batched (the A, B, C arguments of the call are device arrays of pointers)
+// batch > 0: pointer-array batched (the A, B, C arguments of the call are device arrays of pointers); exact:
+// the sizes are the call's own (the key's tag), else a bucket's
 kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int64_t batch, int ta, int tb, int c_f32, int exact,
-                     const uint32_t align[3], lt_plan **out) {
+                     const uint32_t align[3], kiln_lt_plan **out) {
     kiln_error *err = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur[TUNE_CANDS];
-    int found = 0;
-    lt_plan p;
-    memset(&p, 0, sizeof p);
-    for (int i = 0; i < g_nplans; i++) {
-        lt_plan *q = &g_plans[i];
-        if (q->m == m && q->n == n && q->k == k && q->batch == batch && q->ta == ta && q->tb == tb &&
-            q->c_f32 == c_f32 && q->exact == exact && !memcmp(q->align, align, sizeof q->align)) {
-            *out = q;
-            return NULL;
-        }
+    kiln_lt_plan p;
+    kiln_lt_key key = kiln_lt_key_make(m, n, k, ta, tb, c_f32, align);
+    key.batch = batch, key.mode = batch > 0 ? KILN_LT_PTR_ARRAY : KILN_LT_SINGLE, key.tag = exact;
+    if ((*out = kiln_lt_cache_find(&g_cache, &key))) return NULL;
+    if ((err = kiln_lt_plan_create(&p, &key, WS_BYTES, TUNE_CANDS))) return err;
+    if (!p.ncand) {
+        kiln_lt_plan_destroy(&p);
+        return kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld (batch %lld)",
+                           (long long)m, (long long)n, (long long)k, (long long)batch);
     }
-    if (!g_lt) CUBLAS_TRY(cublasLtCreate(&g_lt));
-    {
-        const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-        const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
-        p.m = m, p.n = n, p.k = k, p.batch = batch, p.ta = ta, p.tb = tb, p.c_f32 = c_f32, p.exact = exact;
-        p.cm = -1;
-        memcpy(p.align, align, sizeof p.align);
-        CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, 1, 1, 1));
-        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, 1, 1, 1));
-        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lc, ct, 1, 1, 1));
-        if (batch > 0) {
-            const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
-            cublasLtMatrixLayout_t ls[3] = {p.la, p.lb, p.lc};
-            for (int i = 0; i < 3; i++)
-                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
-        }
-        if ((err = layouts_set(&p, m, n, k, batch))) goto done;
-        CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS_BYTES,
-                                                        sizeof WS_BYTES));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0],
-                                                        sizeof align[0]));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1],
-                                                        sizeof align[1]));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
-                                                        sizeof align[2]));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
-                                                        sizeof align[2]));
-        CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.la, p.lb, p.lc, p.lc, pref, TUNE_CANDS, heur, &found));
-        for (int i = 0; i < found; i++)
-            if (heur[i].state == CUBLAS_STATUS_SUCCESS) p.cand[p.ncand++] = heur[i].algo;
-        if (!p.ncand) {
-            err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld (batch %lld)",
-                              (long long)m, (long long)n, (long long)k, (long long)batch);
-            goto done;
-        }
-        p.algo = p.cand[0];
-        p.tuned = p.ncand < 2;
-        if (g_nplans == MAX_PLANS) { // more shapes than a training step has: start over
-            for (int i = 0; i < g_nplans; i++) plan_destroy(&g_plans[i]);
-            g_nplans = 0;
-        }
-        g_plans[g_nplans] = p;
-        *out = &g_plans[g_nplans++];
-        memset(&p, 0, sizeof p);
-    }
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    plan_destroy(&p);
-    return err;
+    *out = kiln_lt_cache_add(&g_cache, &p);
+    return NULL;
 }
 
 // KILN_GROUPED_TUNE=1: time each candidate on this call's inputs (3 calls after 1 warm-up) and keep the fastest.
 // A GEMM that overwrites C runs on its own C (the real call rewrites it); one that accumulates runs on a
 // scratch C. Host-synchronizing, once per plan.
-kiln_error *tune(lt_plan *p, int slot, void *c, const void *a, const void *b, float beta, cudaStream_t st) {
+kiln_error *tune(kiln_lt_plan *p, int slot, void *c, const void *a, const void *b, float beta, cudaStream_t st) {
     kiln_error *err = NULL;
-    const float alpha = 1.0f;
-    const size_t cbytes = (size_t)(p->cm * p->cn) * (p->c_f32 ? 4 : 2);
-    float best = -1.0f;
-    int besti = 0;
+    const size_t cbytes = (size_t)(p->cm * p->cn) * (p->key.c_f32 ? 4 : 2);
     p->tuned = 1;
     if (beta != 0.0f) {
         if (p->cbatch > 0) return NULL; // no scratch for pointer arrays (the chunks never accumulate)
@@ -265,23 +157,7 @@ kiln_error *tune(lt_plan *p, int slot, void *c, const void *a, const void *b, fl
         }
         c = g_tune_c;
     }
-    for (int i = 0; i < 2; i++)
-        if (!g_tune_ev[i]) CUDA_TRY(cudaEventCreate(&g_tune_ev[i]));
-    for (int i = 0; i < p->ncand; i++) {
-        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-        float ms = 0;
-        for (int r = 0; r < 4 && s == CUBLAS_STATUS_SUCCESS; r++) {
-            if (r == 1) CUDA_TRY(cudaEventRecord(g_tune_ev[0], st));
-            s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->cand[i], g_ws[slot],
-                               WS_BYTES, st);
-        }
-        CUDA_TRY(cudaEventRecord(g_tune_ev[1], st));
-        CUDA_TRY(cudaEventSynchronize(g_tune_ev[1]));
-        if (s != CUBLAS_STATUS_SUCCESS) continue; // not for these sizes
-        CUDA_TRY(cudaEventElapsedTime(&ms, g_tune_ev[0], g_tune_ev[1]));
-        if (best < 0 || ms < best) best = ms, besti = i;
-    }
-    p->algo = p->cand[besti];
+    err = kiln_lt_plan_tune(p, c, a, b, beta, g_ws[slot], WS_BYTES, st);
 done:
     return err;
 }
@@ -291,25 +167,22 @@ done:
 kiln_error *lt_gemm(int slot, void *c, int c_f32, const void *a, const void *b, int64_t m, int64_t n, int64_t k,
                     int ta, int tb, float beta, int64_t batch, const uint32_t align[3], cudaStream_t st) {
     kiln_error *err = NULL;
-    lt_plan *p = NULL;
-    const float alpha = 1.0f;
+    kiln_lt_plan *p = NULL;
     cublasStatus_t s;
     if (!g_ws[slot]) CUDA_TRY(cudaMalloc(&g_ws[slot], WS_BYTES));
     // only the sizes routing changes are bucketed (rows: m, or k for TN; the batch): they set no leading dimension
     if ((err = plan_get(ta ? m : bucket(m), n, ta ? bucket(k) : k, batch > 0 ? bucket(batch) : 0, ta, tb, c_f32, 0, align,
                         &p)))
         goto done;
-    if ((err = layouts_set(p, m, n, k, batch))) goto done;
+    if ((err = kiln_lt_plan_resize(p, m, n, k, batch))) goto done;
     if (g_tune && !p->tuned && (g_tune == 2 || 2.0 * (double)m * n * k * (batch > 0 ? batch : 1) >= TUNE_MIN_FLOPS) &&
         (err = tune(p, slot, c, a, b, beta, st)))
         goto done;
-    s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws[slot], WS_BYTES,
-                       st);
+    s = kiln_lt_plan_run(p, NULL, c, a, b, beta, g_ws[slot], WS_BYTES, st);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) { // the bucket's algorithm does not fit
         if ((err = plan_get(m, n, k, batch, ta, tb, c_f32, 1, align, &p))) goto done;
-        if ((err = layouts_set(p, m, n, k, batch))) goto done;
-        s = cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws[slot],
-                           WS_BYTES, st);
+        if ((err = kiln_lt_plan_resize(p, m, n, k, batch))) goto done;
+        s = kiln_lt_plan_run(p, NULL, c, a, b, beta, g_ws[slot], WS_BYTES, st);
     }
     CUBLAS_TRY(s);
 done:
@@ -317,6 +190,40 @@ done:
         err = kiln_error_wrap(err, "cuBLASLt GEMM %lldx%lldx%lld%s (%c%c, C %s)", (long long)m, (long long)n, (long long)k,
                               batch > 0 ? " batched" : "", ta ? 'T' : 'N', tb ? 'T' : 'N', c_f32 ? "f32" : "bf16");
     return err;
+}
+
+// The weight gradients (TN) of experts that all have the same row count me (balanced routing) as ONE
+// strided-batched GEMM: C_e[m,n] (+)= A_eᵀ B_e with A_e, B_e the expert's rows, one launch whose tiles cover
+// every expert (no per-expert wave tail). *ran = 0 where cuBLASLt has no algorithm for it (the caller runs
+// the per-expert GEMMs instead). Called with g_lock held.
+kiln_error *dw_strided(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, int64_t E, int64_t m, int64_t n,
+                       int64_t me, float beta, int *ran, cudaStream_t st) {
+    kiln_error *err = NULL;
+    kiln_lt_plan *p = NULL;
+    const size_t ce = c_f32 ? 4 : 2;
+    const uint32_t al[3] = {align_of((uintptr_t)b | (uintptr_t)(me * n * 2)), align_of((uintptr_t)a | (uintptr_t)(me * m * 2)),
+                            align_of((uintptr_t)c | (uintptr_t)((size_t)(m * n) * ce))};
+    kiln_lt_key key = kiln_lt_key_make(m, n, me, 1, 0, c_f32, al);
+    cublasStatus_t s;
+    *ran = 0;
+    key.mode = KILN_LT_STRIDED, key.batch = E, key.stride[0] = me * m, key.stride[1] = me * n, key.stride[2] = m * n;
+    if (!g_ws[0]) CUDA_TRY(cudaMalloc(&g_ws[0], WS_BYTES));
+    if (!(p = kiln_lt_cache_find(&g_cache, &key))) {
+        kiln_lt_plan q;
+        if ((err = kiln_lt_plan_create(&q, &key, WS_BYTES, TUNE_CANDS))) goto done;
+        if (!q.ncand) {
+            kiln_lt_plan_destroy(&q);
+            return NULL;
+        }
+        p = kiln_lt_cache_add(&g_cache, &q);
+    }
+    if (g_tune && !p->tuned && (err = tune(p, 0, c, a, b, beta, st))) goto done;
+    s = kiln_lt_plan_run(p, NULL, c, a, b, beta, g_ws[0], WS_BYTES, st);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) return NULL;
+    CUBLAS_TRY(s);
+    *ran = 1;
+done:
+    return err ? kiln_error_wrap(err, "strided-batched dW (%lld experts of %lld rows)", (long long)E, (long long)me) : NULL;
 }
 
 // ---- per-expert GEMMs ----
@@ -614,7 +521,7 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
               nn = layout && !strcmp(layout, "NN");
     const size_t ce = c_f32 ? 4 : 2;
     int path = DEFAULT_PATH, locked = 0, nj = 0, is_default = 0, ran = 0; // ran: a cuBLASLt path started
-    long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK;
+    long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1;
     job *js = NULL;
     if (looped) *looped = 0;
     if (!(tn || nt || nn))
@@ -631,7 +538,8 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     if ((err = path_now(&path, &is_default)) ||
         (err = env_int("KILN_GROUPED_STREAMS", 1, MAX_STREAMS, DEFAULT_STREAMS, 1, &ns)) ||
         (err = env_int("KILN_GROUPED_CHUNK", 64, 4096, DEFAULT_CHUNK, 64, &ch)) ||
-        (err = env_int("KILN_GROUPED_TUNE", 0, 2, 0, 1, &g_tune)))
+        (err = env_int("KILN_GROUPED_TUNE", 0, 2, 0, 1, &g_tune)) ||
+        (err = env_int("KILN_GROUPED_DW_BATCH", 0, 1, 1, 1, &dwb)))
         goto done;
     // an expert without rows: its weight gradient is an empty sum
     if (tn && !accumulate)
@@ -647,6 +555,16 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
     if ((path == P_LT_CHUNKS || path == P_LT_MIXED) && !tn && !accumulate) {
         err = chunked(c, c_f32, a, b, offs, E, n, k, nt, ch, path == P_LT_MIXED ? (int)ns : 0, st);
         goto done;
+    }
+    if (tn && path == P_LT_MIXED && dwb) {
+        // equal row counts (balanced routing): one strided-batched GEMM for every expert's dW
+        const int64_t me = offs[1] - offs[0];
+        int eq = me > 0 && E > 1, done_b = 0;
+        for (int64_t e = 1; e < E && eq; e++) eq = offs[e + 1] - offs[e] == me;
+        if (eq && (err = dw_strided(c, c_f32, a + offs[0] * m, b + offs[0] * n, E, m, n, me, accumulate ? 1.0f : 0.0f,
+                                    &done_b, st)))
+            goto done;
+        if (done_b) goto done;
     }
     if (!(js = (job *)malloc((size_t)E * sizeof *js))) {
         err = kiln_errorf(KILN_ENOMEM, "grouped GEMM: %lld experts", (long long)E);

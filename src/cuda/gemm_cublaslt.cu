@@ -159,3 +159,211 @@ done:
     cudaFree(scales);
     return err;
 }
+
+// ---- the shared plan (src/cuda/gemm_lt.h): every GEMM user of the CUDA side builds its cuBLASLt calls here ----
+
+#include <pthread.h>
+
+#include "gemm_lt.h"
+
+namespace {
+pthread_mutex_t g_lt_lock = PTHREAD_MUTEX_INITIALIZER;
+cublasLtHandle_t g_lt_handle;
+} // namespace
+
+kiln_error *kiln_lt_handle(cublasLtHandle_t *out) {
+    kiln_error *err = NULL;
+    pthread_mutex_lock(&g_lt_lock);
+    if (!g_lt_handle) CUBLAS_TRY(cublasLtCreate(&g_lt_handle));
+    *out = g_lt_handle;
+done:
+    pthread_mutex_unlock(&g_lt_lock);
+    return err;
+}
+
+uint32_t kiln_lt_align(const void *p) {
+    uint32_t a = 256;
+    while (a > 2 && (uintptr_t)p % a) a >>= 1;
+    return a;
+}
+
+kiln_lt_key kiln_lt_key_make(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32, const uint32_t align[3]) {
+    kiln_lt_key key;
+    memset(&key, 0, sizeof key);
+    key.m = m, key.n = n, key.k = k, key.ta = ta, key.tb = tb, key.c_f32 = c_f32;
+    memcpy(key.align, align, sizeof key.align);
+    return key;
+}
+
+static int key_eq(const kiln_lt_key *x, const kiln_lt_key *y) {
+    return x->m == y->m && x->n == y->n && x->k == y->k && x->batch == y->batch && x->stride[0] == y->stride[0] &&
+           x->stride[1] == y->stride[1] && x->stride[2] == y->stride[2] && x->ta == y->ta && x->tb == y->tb &&
+           x->c_f32 == y->c_f32 && x->mode == y->mode && x->bias == y->bias && x->bias_f32 == y->bias_f32 &&
+           x->tag == y->tag && !memcmp(x->align, y->align, sizeof x->align);
+}
+
+void kiln_lt_plan_destroy(kiln_lt_plan *p) {
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+// The column-major view: cuBLASLt's A is our B, [xr, xc]; its B is our A, [yr, yc]; C is [n, m]; every leading
+// dimension is the stored row length.
+kiln_error *kiln_lt_plan_resize(kiln_lt_plan *p, int64_t m, int64_t n, int64_t k, int64_t batch) {
+    kiln_error *err = NULL;
+    const uint64_t xr = p->key.tb ? k : n, xc = p->key.tb ? n : k, yr = p->key.ta ? m : k, yc = p->key.ta ? k : m;
+    const uint64_t cr = (uint64_t)n, cc = (uint64_t)m;
+    const int64_t lx = (int64_t)xr, ly = (int64_t)yr, lcd = n;
+    const int32_t cnt = (int32_t)batch;
+    if (p->cm == m && p->cn == n && p->ck == k && p->cbatch == batch) return NULL;
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_ROWS, &xr, sizeof xr));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_COLS, &xc, sizeof xc));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_LD, &lx, sizeof lx));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_ROWS, &yr, sizeof yr));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &yc, sizeof yc));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_LD, &ly, sizeof ly));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_ROWS, &cr, sizeof cr));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cc, sizeof cc));
+    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_LD, &lcd, sizeof lcd));
+    if (p->key.mode != KILN_LT_SINGLE) {
+        cublasLtMatrixLayout_t ls[3] = {p->la, p->lb, p->lc};
+        for (int i = 0; i < 3; i++)
+            CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
+    }
+    p->cm = m, p->cn = n, p->ck = k, p->cbatch = batch;
+done:
+    if (err) p->cm = -1; // unknown state: set everything next time
+    return err;
+}
+
+kiln_error *kiln_lt_plan_create(kiln_lt_plan *p, const kiln_lt_key *key, size_t ws_bytes, int max_cands) {
+    kiln_error *err = NULL;
+    cublasLtHandle_t lt = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur[KILN_LT_MAX_CANDS];
+    int found = 0;
+    const uint32_t *al = key->align;
+    if (max_cands < 1) max_cands = 1;
+    if (max_cands > KILN_LT_MAX_CANDS) max_cands = KILN_LT_MAX_CANDS;
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    p->cm = -1;
+    if ((err = kiln_lt_handle(&lt))) goto done;
+    {
+        const cublasOperation_t opa = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+        const cudaDataType_t ct = key->c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        CUBLAS_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        if (key->bias) {
+            // the column-major D is [n, m]: a bias per row of D is one per output feature
+            const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+            const cudaDataType_t bt = key->bias_f32 ? CUDA_R_32F : CUDA_R_16BF;
+            CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+            CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        }
+        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, 1, 1, 1));
+        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, 1, 1, 1));
+        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lc, ct, 1, 1, 1));
+        if (key->mode != KILN_LT_SINGLE) {
+            const uint32_t mode = key->mode == KILN_LT_PTR_ARRAY ? CUBLASLT_BATCH_MODE_POINTER_ARRAY
+                                                                 : CUBLASLT_BATCH_MODE_STRIDED;
+            cublasLtMatrixLayout_t ls[3] = {p->la, p->lb, p->lc};
+            for (int i = 0; i < 3; i++)
+                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
+            if (key->mode == KILN_LT_STRIDED) { // cuBLASLt's A is our B
+                const int64_t s[3] = {key->stride[1], key->stride[0], key->stride[2]};
+                for (int i = 0; i < 3; i++)
+                    CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s[i],
+                                                                sizeof s[i]));
+            }
+        }
+        if ((err = kiln_lt_plan_resize(p, key->m, key->n, key->k, key->batch))) goto done;
+        CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                        sizeof ws_bytes));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0],
+                                                        sizeof al[0]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1],
+                                                        sizeof al[1]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2],
+                                                        sizeof al[2]));
+        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2],
+                                                        sizeof al[2]));
+        // a refusal (no algorithm) leaves ncand at 0 for the caller to handle, like an empty list
+        if (cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->la, p->lb, p->lc, p->lc, pref, max_cands, heur, &found) !=
+            CUBLAS_STATUS_SUCCESS)
+            found = 0;
+        for (int i = 0; i < found; i++)
+            if (heur[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->ncand++] = heur[i].algo;
+        if (p->ncand) p->algo = p->cand[0];
+        p->tuned = p->ncand < 2;
+    }
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (err) kiln_lt_plan_destroy(p);
+    return err;
+}
+
+kiln_error *kiln_lt_plan_set_bias(kiln_lt_plan *p, const void *bias) {
+    kiln_error *err = NULL;
+    CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+done:
+    return err;
+}
+
+cublasStatus_t kiln_lt_plan_run(const kiln_lt_plan *p, const cublasLtMatmulAlgo_t *algo, void *c, const void *a,
+                                const void *b, float beta, void *ws, size_t ws_bytes, cudaStream_t st) {
+    const float alpha = 1.0f;
+    return cublasLtMatmul(g_lt_handle, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                          algo ? algo : &p->algo, ws, ws_bytes, st);
+}
+
+kiln_error *kiln_lt_plan_tune(kiln_lt_plan *p, void *c, const void *a, const void *b, float beta, void *ws,
+                              size_t ws_bytes, cudaStream_t st) {
+    kiln_error *err = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    float best = -1.0f;
+    int besti = 0;
+    p->tuned = 1;
+    if (p->ncand < 2) return NULL;
+    CUDA_TRY(cudaEventCreate(&ev[0]));
+    CUDA_TRY(cudaEventCreate(&ev[1]));
+    for (int i = 0; i < p->ncand; i++) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        float ms = 0;
+        for (int r = 0; r < 4 && s == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == 1) CUDA_TRY(cudaEventRecord(ev[0], st));
+            s = kiln_lt_plan_run(p, &p->cand[i], c, a, b, beta, ws, ws_bytes, st);
+        }
+        CUDA_TRY(cudaEventRecord(ev[1], st));
+        CUDA_TRY(cudaEventSynchronize(ev[1]));
+        if (s != CUBLAS_STATUS_SUCCESS) continue; // not for these sizes
+        CUDA_TRY(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (best < 0 || ms < best) best = ms, besti = i;
+    }
+    p->algo = p->cand[besti];
+done:
+    if (ev[0]) cudaEventDestroy(ev[0]);
+    if (ev[1]) cudaEventDestroy(ev[1]);
+    return err;
+}
+
+kiln_lt_plan *kiln_lt_cache_find(kiln_lt_cache *c, const kiln_lt_key *key) {
+    for (int i = 0; i < c->n; i++)
+        if (key_eq(&c->plans[i].key, key)) return &c->plans[i];
+    return NULL;
+}
+
+kiln_lt_plan *kiln_lt_cache_add(kiln_lt_cache *c, kiln_lt_plan *p) {
+    if (c->n == c->cap) { // more shapes than a training step has: start over
+        for (int i = 0; i < c->n; i++) kiln_lt_plan_destroy(&c->plans[i]);
+        c->n = 0;
+    }
+    c->plans[c->n] = *p;
+    memset(p, 0, sizeof *p);
+    return &c->plans[c->n++];
+}

@@ -1,160 +1,184 @@
 // The bf16 GEMMs of the CUDA trainer through cuBLASLt: row-major C[m,n] = op(A) op(B) computed as the
 // column-major C^T = op(B)^T op(A)^T (the mapping of src/cuda/gemm_cublaslt.cu, PyTorch's), bf16 inputs,
 // f32 accumulation, C bf16 or f32. Building descriptors and asking the heuristic costs tens of
-// microseconds, more than a small GEMM, so each shape's plan is built once and kept: a training step
-// repeats the same few dozen shapes. The linear layer's forward (bias as the epilogue) and backward (dW
-// straight into the f32 master gradient with beta = 1; db by a deterministic two-pass column sum) sit on top.
+// microseconds, more than a small GEMM, so each shape's plan (src/cuda/gemm_lt.h) is built once and kept:
+// a training step repeats the same few dozen shapes. The linear layer's forward (bias as the epilogue) and
+// backward sit on top.
+//
+// The backward (KILN_LINEAR_BWD unset or "new"):
+//   dX  dy w, bf16 C; added to dx (beta = 1) or, with KILN_LINEAR_DX_WRITE, written (beta = 0: no zeroing
+//       pass before it and no read-back of C).
+//   dW  dyᵀ x straight into the f32 master gradient (beta = 1). The trainer's small projections (k, v,
+//       router: [128..256 x 2048] or [256 x 256] outputs) reduce over 16384 tokens: 4..32 output tiles of
+//       128 x 128 on a 132-SM GPU, each tile a 16384-long main loop. Such a GEMM is split along the tokens
+//       ("split-K") into S slices run as ONE strided-batched GEMM into f32 partials, then one pass adds the
+//       partials in slice order onto dw: the same bits every run.
+//   db  column sums of dy: blocks of 64 rows x 256 columns (16-byte loads, 8 rows per thread, all loads in
+//       flight at once), then the per-block partials summed in block order. The former kernel looped 256
+//       rows per thread (a chain of dependent-latency loads: ~40 µs whatever the width).
+// KILN_LINEAR_BWD=old keeps the previous path (one GEMM per gradient, the zeroing pass for a written dx,
+// the former column sum) so that one build can A/B the two.
 #include <cuda_bf16.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_check.h"
+#include "gemm_lt.h"
 #include "kiln/cuda_ops.h"
 
 namespace {
 
-struct plan {
-    int64_t m, n, k;
-    int ta, tb, c_f32, bias, batch; // batch > 0: pointer-array batched (the A, B, C arguments are device arrays)
-    uint32_t align[3]; // of the pointers the plan was chosen for: cuBLASLt's A (our B), B (our A), C
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-};
-
 enum { MAX_PLANS = 256 };
 const size_t WS_BYTES = 32u << 20;
 
-// One handle, workspace and plan table for the process. The workspace is shared by every call, so GEMMs
-// on different streams must not overlap (the trainer runs one compute stream); the lock serialises the
-// host side only.
+// One workspace, plan table and split-K scratch for the process. The workspace is shared by every call, so
+// GEMMs on different streams must not overlap (the trainer runs its GEMMs on one stream); the lock
+// serialises the host side only.
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-cublasLtHandle_t g_lt;
 void *g_ws;
-plan g_plans[MAX_PLANS];
-int g_nplans;
+kiln_lt_plan g_plans[MAX_PLANS];
+kiln_lt_cache g_cache = {g_plans, 0, MAX_PLANS};
+float *g_part;       // split-K partials of dW and the column sums' partials
+size_t g_part_bytes;
+int g_sms;           // the device's SM count (split-K's target)
 
-void plan_destroy(plan *p) {
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    memset(p, 0, sizeof *p);
-}
-
-// The heuristic assumes 256-byte aligned buffers unless told otherwise; a sub-tensor of a flat buffer
-// may not be, so each plan is chosen for its pointers' alignment.
-uint32_t align_of(const void *p) {
-    uint32_t a = 256;
-    while (a > 2 && (uintptr_t)p % a) a >>= 1;
-    return a;
-}
-
-kiln_error *plan_get(int64_t m, int64_t n, int64_t k, int ta, int tb, int c_f32, int bias, const uint32_t align[3],
-                     plan **out, int batch = 0) {
+kiln_error *plan_get(const kiln_lt_key *key, kiln_lt_plan **out) {
     kiln_error *err = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    plan p;
+    kiln_lt_plan p;
     memset(&p, 0, sizeof p);
-    for (int i = 0; i < g_nplans; i++) {
-        plan *q = &g_plans[i];
-        if (q->m == m && q->n == n && q->k == k && q->ta == ta && q->tb == tb && q->c_f32 == c_f32 && q->bias == bias &&
-            q->batch == batch && !memcmp(q->align, align, sizeof q->align)) {
-            *out = q;
-            return NULL;
-        }
-    }
-    if (!g_lt) CUBLAS_TRY(cublasLtCreate(&g_lt));
+    if ((*out = kiln_lt_cache_find(&g_cache, key))) return NULL;
     if (!g_ws) CUDA_TRY(cudaMalloc(&g_ws, WS_BYTES));
-    {
-        const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-        const uint64_t xb_rows = tb ? k : n, xb_cols = tb ? n : k, ya_rows = ta ? m : k, ya_cols = ta ? k : m;
-        const cudaDataType_t ct = c_f32 ? CUDA_R_32F : CUDA_R_16BF;
-        p.m = m, p.n = n, p.k = k, p.ta = ta, p.tb = tb, p.c_f32 = c_f32, p.bias = bias, p.batch = batch;
-        memcpy(p.align, align, sizeof p.align);
-        CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-        CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-        if (bias) {
-            // the column-major D is [n, m]: a bias per row of D is one per output feature
-            const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-            CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-            const cudaDataType_t bt = CUDA_R_16BF;
-            CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-        }
-        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_16BF, xb_rows, xb_cols, (int64_t)xb_rows));
-        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_16BF, ya_rows, ya_cols, (int64_t)ya_rows));
-        CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.lc, ct, (uint64_t)n, (uint64_t)m, n));
-        if (batch > 0) {
-            const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
-            const int32_t cnt = batch;
-            cublasLtMatrixLayout_t ls[3] = {p.la, p.lb, p.lc};
-            for (int i = 0; i < 3; i++) {
-                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
-                CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
-            }
-        }
-        CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS_BYTES,
-                                                        sizeof WS_BYTES));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0],
-                                                        sizeof align[0]));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1],
-                                                        sizeof align[1]));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2],
-                                                        sizeof align[2]));
-        CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
-                                                        sizeof align[2]));
-        CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heur, &found));
-        if (!found || heur.state != CUBLAS_STATUS_SUCCESS) {
-            err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld", (long long)m,
-                              (long long)n, (long long)k);
-            goto done;
-        }
-        p.algo = heur.algo;
-        if (g_nplans == MAX_PLANS) { // a workload with this many shapes is not a training step; start over
-            for (int i = 0; i < g_nplans; i++) plan_destroy(&g_plans[i]);
-            g_nplans = 0;
-        }
-        g_plans[g_nplans] = p;
-        *out = &g_plans[g_nplans++];
-        memset(&p, 0, sizeof p);
+    if ((err = kiln_lt_plan_create(&p, key, WS_BYTES, 1))) goto done;
+    if (!p.ncand) {
+        kiln_lt_plan_destroy(&p);
+        err = kiln_errorf(KILN_EUNSUPPORTED, "cuBLASLt has no bf16 algorithm for %lldx%lldx%lld%s", (long long)key->m,
+                          (long long)key->n, (long long)key->k, key->batch ? " (batched)" : "");
+        goto done;
     }
+    *out = kiln_lt_cache_add(&g_cache, &p);
 done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    plan_destroy(&p);
     return err;
 }
 
-kiln_error *gemm(void *c, int c_f32, const void *a, const void *b, const void *bias, int64_t m, int64_t n,
-                 int64_t k, int ta, int tb, float beta, cudaStream_t stream) {
+// device scratch of at least `bytes`, kept for the process (growing it synchronizes the device: cudaFree)
+kiln_error *part_get(size_t bytes, float **out) {
     kiln_error *err = NULL;
-    plan *p = NULL;
-    const float alpha = 1.0f;
-    const uint32_t al[3] = {align_of(b), align_of(a), align_of(c)};
+    if (g_part_bytes < bytes) {
+        if (g_part) CUDA_TRY(cudaFree(g_part));
+        g_part = NULL, g_part_bytes = 0;
+        CUDA_TRY(cudaMalloc((void **)&g_part, bytes));
+        g_part_bytes = bytes;
+    }
+    *out = g_part;
+done:
+    return err;
+}
+
+// C (+)= op(A) op(B) (+ bias), called with g_lock held
+kiln_error *gemm_locked(void *c, int c_f32, const void *a, const void *b, const void *bias, int64_t m, int64_t n,
+                        int64_t k, int ta, int tb, float beta, cudaStream_t stream) {
+    kiln_error *err = NULL;
+    kiln_lt_plan *p = NULL;
+    const uint32_t al[3] = {kiln_lt_align(b), kiln_lt_align(a), kiln_lt_align(c)};
+    kiln_lt_key key = kiln_lt_key_make(m, n, k, ta, tb, c_f32, al);
+    key.bias = bias != NULL;
     if (m <= 0 || n <= 0) return NULL;
     if (k <= 0) { // an empty sum: C = 0, or C unchanged when accumulating (cuBLASLt refuses k = 0)
         cudaError_t st = beta == 0.0f ? cudaMemsetAsync(c, 0, (size_t)(m * n) * (c_f32 ? 4 : 2), stream) : cudaSuccess;
         return st == cudaSuccess ? NULL : kiln_errorf(KILN_EIO, "GEMM %lldx%lldx0: clearing C: %s", (long long)m,
                                                       (long long)n, cudaGetErrorString(st));
     }
-    pthread_mutex_lock(&g_lock);
-    if ((err = plan_get(m, n, k, ta, tb, c_f32, bias != NULL, al, &p))) goto done;
-    if (bias) CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    CUBLAS_TRY(cublasLtMatmul(g_lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, g_ws, WS_BYTES,
-                              stream));
+    if ((err = plan_get(&key, &p))) goto done;
+    if (bias && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
+    CUBLAS_TRY(kiln_lt_plan_run(p, NULL, c, a, b, beta, g_ws, WS_BYTES, stream));
 done:
-    pthread_mutex_unlock(&g_lock);
     if (err)
         err = kiln_error_wrap(err, "GEMM %lldx%lldx%lld (%c%c, C %s)", (long long)m, (long long)n, (long long)k,
                               ta ? 'T' : 'N', tb ? 'T' : 'N', c_f32 ? "f32" : "bf16");
     return err;
 }
 
+kiln_error *gemm(void *c, int c_f32, const void *a, const void *b, const void *bias, int64_t m, int64_t n,
+                 int64_t k, int ta, int tb, float beta, cudaStream_t stream) {
+    pthread_mutex_lock(&g_lock);
+    kiln_error *err = gemm_locked(c, c_f32, a, b, bias, m, n, k, ta, tb, beta, stream);
+    pthread_mutex_unlock(&g_lock);
+    return err;
+}
+
+// ---- dW split along the tokens ----
+
+// The number of slices for dw[out,in] = dyᵀ x over n tokens: 1 unless the output has at most half a wave of
+// 128 x 128 tiles; then the largest power of two giving at most two waves, each slice >= 512 tokens, n
+// divisible by it (equal slices: one strided-batched GEMM), at most 32.
+int splitk_slices(int64_t n, int64_t in, int64_t out) {
+    const int64_t tiles = ((out + 127) / 128) * ((in + 127) / 128);
+    int s = 1;
+    if (g_sms <= 0 || tiles * 2 > g_sms) return 1;
+    while (s < 32 && tiles * s * 2 <= 2 * (int64_t)g_sms && n % (s * 2) == 0 && n / (s * 2) >= 512) s *= 2;
+    return s;
+}
+
+// dw[i] += sum over s (in order) of part[s*size + i]; V = 4 floats per access where size and dw allow
+template <int V> __global__ void splitk_reduce(float *dw, const float *part, int64_t size, int slices) {
+    const int64_t nv = size / V;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
+        if constexpr (V == 4) {
+            float4 s = ((const float4 *)part)[i];
+            for (int j = 1; j < slices; j++) {
+                const float4 v = ((const float4 *)(part + j * size))[i];
+                s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+            }
+            const float4 d = ((const float4 *)dw)[i];
+            s.x += d.x, s.y += d.y, s.z += d.z, s.w += d.w;
+            ((float4 *)dw)[i] = s;
+        } else {
+            float s = part[i];
+            for (int j = 1; j < slices; j++) s += part[j * size + i];
+            dw[i] += s;
+        }
+    }
+}
+
+unsigned grid_for(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+// dw[out,in] += dyᵀ x as `slices` strided-batched GEMMs of n/slices tokens into g_part, then the reduction.
+// Called with g_lock held.
+kiln_error *dw_splitk(float *dw, const kiln_bf16 *dy, const kiln_bf16 *x, int64_t n, int64_t in, int64_t out,
+                      int slices, cudaStream_t st) {
+    kiln_error *err = NULL;
+    kiln_lt_plan *p = NULL;
+    float *part = NULL;
+    const int64_t ks = n / slices, size = out * in;
+    // each batch member starts a whole slice later: its alignment is the base's and the stride's
+    const uint32_t al[3] = {kiln_lt_align((const void *)((uintptr_t)x | (uintptr_t)(ks * in * 2))),
+                            kiln_lt_align((const void *)((uintptr_t)dy | (uintptr_t)(ks * out * 2))), 0};
+    if ((err = part_get((size_t)(slices * size) * sizeof(float), &part))) goto done;
+    {
+        const uint32_t alc[3] = {al[0], al[1], kiln_lt_align((const void *)((uintptr_t)part | (uintptr_t)(size * 4)))};
+        kiln_lt_key key = kiln_lt_key_make(out, in, ks, 1, 0, 1, alc);
+        key.mode = KILN_LT_STRIDED, key.batch = slices;
+        key.stride[0] = ks * out, key.stride[1] = ks * in, key.stride[2] = size;
+        if ((err = plan_get(&key, &p))) goto done;
+        CUBLAS_TRY(kiln_lt_plan_run(p, NULL, part, dy, x, 0.0f, g_ws, WS_BYTES, st));
+    }
+    if (!(size & 3) && !((uintptr_t)dw & 15) && !((uintptr_t)part & 15))
+        splitk_reduce<4><<<grid_for(size / 4, 256), 256, 0, st>>>(dw, part, size, slices);
+    else
+        splitk_reduce<1><<<grid_for(size, 256), 256, 0, st>>>(dw, part, size, slices);
+    CUDA_TRY(cudaGetLastError());
+done:
+    return err ? kiln_error_wrap(err, "dW split in %d slices of %lld tokens", slices, (long long)ks) : NULL;
+}
+
+// ---- db: column sums ----
+
 // db[o] += sum_r dy[r,o]: each block sums ROWS rows of 2*blockDim columns into a partial row, then one
-// thread per column adds the partials in chunk order: the same bits every run, no atomics.
+// thread per column adds the partials in chunk order: the same bits every run, no atomics. (KILN_LINEAR_BWD=old)
 enum { DB_ROWS = 256, DB_THREADS = 128 };
 __global__ void colsum_partial(float *part, const __nv_bfloat16 *dy, int64_t n, int64_t out, int vec) {
     const int64_t o = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 2, r0 = (int64_t)blockIdx.y * DB_ROWS;
@@ -183,10 +207,120 @@ __global__ void colsum_final(float *db, const float *part, int64_t chunks, int64
     db[o] += s;
 }
 
+// The new column sum. A block is CS_LANES row lanes x CS_COLS column threads, each thread V columns (V = 8:
+// one 16-byte load per row); lane j sums rows j, j + LANES, ... of the block's `rows` (a multiple of LANES),
+// all its loads independent; the lanes then add up in lane order through shared memory.
+enum { CS_LANES = 8, CS_COLS = 32 };
+template <int V>
+__global__ void __launch_bounds__(CS_LANES * CS_COLS) colsum2_partial(float *part, const __nv_bfloat16 *dy, int64_t n,
+                                                                      int64_t out, int64_t rows) {
+    __shared__ float sh[CS_LANES][CS_COLS * V];
+    const int lane = threadIdx.y, ct = threadIdx.x;
+    const int64_t o = ((int64_t)blockIdx.x * CS_COLS + ct) * V, r0 = (int64_t)blockIdx.y * rows;
+    float s[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) s[v] = 0;
+    if (o < out) {
+        const int64_t r1 = r0 + rows < n ? r0 + rows : n;
+#pragma unroll 8
+        for (int64_t r = r0 + lane; r < r1; r += CS_LANES) {
+            if constexpr (V == 8) {
+                const uint4 u = *(const uint4 *)(dy + r * out + o);
+                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float2 f = __bfloat1622float2(h[v]);
+                    s[2 * v] += f.x, s[2 * v + 1] += f.y;
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    if (o + v < out) s[v] += __bfloat162float(dy[r * out + o + v]);
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++) sh[lane][ct * V + v] = s[v];
+    __syncthreads();
+    // thread t of the block adds the lanes of the block's column t (CS_COLS * V columns, 256 threads)
+    for (int t = lane * CS_COLS + ct; t < CS_COLS * V; t += CS_LANES * CS_COLS) {
+        const int64_t oc = (int64_t)blockIdx.x * CS_COLS * V + t;
+        if (oc >= out) continue;
+        float acc = sh[0][t];
+#pragma unroll
+        for (int j = 1; j < CS_LANES; j++) acc += sh[j][t];
+        part[blockIdx.y * out + oc] = acc;
+    }
+}
+// db[o] += sum over chunks c (in order) of part[c,o]: lane j adds chunks j, j + LANES, ...; then the lanes
+// in order
+__global__ void __launch_bounds__(CS_LANES * CS_COLS) colsum2_final(float *db, const float *part, int64_t chunks,
+                                                                    int64_t out) {
+    __shared__ float sh[CS_LANES][CS_COLS];
+    const int lane = threadIdx.y, ct = threadIdx.x;
+    const int64_t o = (int64_t)blockIdx.x * CS_COLS + ct;
+    float s = 0;
+    if (o < out)
+#pragma unroll 8
+        for (int64_t c = lane; c < chunks; c += CS_LANES) s += part[c * out + o];
+    sh[lane][ct] = s;
+    __syncthreads();
+    if (lane == 0 && o < out) {
+        float acc = sh[0][ct];
+#pragma unroll
+        for (int j = 1; j < CS_LANES; j++) acc += sh[j][ct];
+        db[o] += acc;
+    }
+}
+
+// db += column sums of dy [n, out]. Called with g_lock held (the partials live in g_part).
+kiln_error *colsum(float *db, const __nv_bfloat16 *dy, int64_t n, int64_t out, int old, cudaStream_t st) {
+    kiln_error *err = NULL;
+    float *part = NULL;
+    if (old) {
+        const int64_t chunks = (n + DB_ROWS - 1) / DB_ROWS;
+        if ((err = part_get((size_t)(chunks * out) * sizeof(float), &part))) goto done;
+        dim3 grid((unsigned)((out + 2 * DB_THREADS - 1) / (2 * DB_THREADS)), (unsigned)chunks);
+        colsum_partial<<<grid, DB_THREADS, 0, st>>>(part, dy, n, out, !(out & 1) && !((uintptr_t)dy & 3));
+        CUDA_TRY(cudaGetLastError());
+        colsum_final<<<(unsigned)((out + 255) / 256), 256, 0, st>>>(db, part, chunks, out);
+        CUDA_TRY(cudaGetLastError());
+    } else {
+        // rows per block: 64, or more (a multiple of the lanes) so that there are at most 256 chunks (an LM
+        // head's bias: 256 x 50304 partials)
+        const int64_t want = (n + 255) / 256;
+        const int64_t rows = want <= 64 ? 64 : (want + CS_LANES - 1) / CS_LANES * CS_LANES;
+        const int64_t chunks = (n + rows - 1) / rows;
+        const int vec8 = !(out & 7) && !((uintptr_t)dy & 15);
+        const int V = vec8 ? 8 : 1;
+        if ((err = part_get((size_t)(chunks * out) * sizeof(float), &part))) goto done;
+        const dim3 block(CS_COLS, CS_LANES), grid((unsigned)((out + CS_COLS * V - 1) / (CS_COLS * V)), (unsigned)chunks);
+        if (vec8) colsum2_partial<8><<<grid, block, 0, st>>>(part, dy, n, out, rows);
+        else colsum2_partial<1><<<grid, block, 0, st>>>(part, dy, n, out, rows);
+        CUDA_TRY(cudaGetLastError());
+        colsum2_final<<<(unsigned)((out + CS_COLS - 1) / CS_COLS), block, 0, st>>>(db, part, chunks, out);
+        CUDA_TRY(cudaGetLastError());
+    }
+done:
+    return err;
+}
+
 // y[r,:] = b for every row
 __global__ void fill_rows(__nv_bfloat16 *y, const __nv_bfloat16 *b, int64_t n, int64_t out) {
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
         for (int64_t o = threadIdx.x; o < out; o += blockDim.x) y[r * out + o] = b[o];
+}
+
+// KILN_LINEAR_BWD: "old" (the previous backward), else the new one
+kiln_error *bwd_old(int *old) {
+    const char *v = getenv("KILN_LINEAR_BWD");
+    *old = 0;
+    if (!v || !*v || !strcmp(v, "new")) return NULL;
+    if (!strcmp(v, "old")) {
+        *old = 1;
+        return NULL;
+    }
+    return kiln_errorf(KILN_EINVAL, "environment variable KILN_LINEAR_BWD='%s': expected old or new", v);
 }
 
 } // namespace
@@ -199,15 +333,17 @@ extern "C" kiln_error *kiln_gemm_bf16_ptr_batched_cuda(void *const *dc, int c_f3
                                                        int64_t k, const char *layout, int accumulate, uint32_t align,
                                                        void *stream) {
     kiln_error *err = NULL;
-    plan *p = NULL;
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    kiln_lt_plan *p = NULL;
+    const float beta = accumulate ? 1.0f : 0.0f;
     const uint32_t al[3] = {align, align, align};
     const int ta = layout[0] == 'T', tb = layout[1] == 'T';
+    kiln_lt_key key = kiln_lt_key_make(m, n, k, ta, tb, c_f32, al);
+    key.mode = KILN_LT_PTR_ARRAY, key.batch = batch;
     if (batch <= 0 || m <= 0 || n <= 0 || k <= 0 || batch > INT32_MAX) return NULL;
     pthread_mutex_lock(&g_lock);
-    if ((err = plan_get(m, n, k, ta, tb, c_f32, 0, al, &p, (int)batch))) goto done;
-    CUBLAS_TRY(cublasLtMatmul(g_lt, p->op, &alpha, (const void *)db, p->la, (const void *)da, p->lb, &beta,
-                              (const void *)dc, p->lc, (void *)dc, p->lc, &p->algo, g_ws, WS_BYTES, (cudaStream_t)stream));
+    if ((err = plan_get(&key, &p))) goto done;
+    CUBLAS_TRY(kiln_lt_plan_run(p, NULL, (void *)dc, (const void *)da, (const void *)db, beta, g_ws, WS_BYTES,
+                                (cudaStream_t)stream));
 done:
     pthread_mutex_unlock(&g_lock);
     if (err)
@@ -249,31 +385,48 @@ done:
     return err ? kiln_error_wrap(err, "linear forward") : NULL;
 }
 
-extern "C" kiln_error *kiln_linear_backward_cuda(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy,
-                                                 const kiln_bf16 *x, const kiln_bf16 *w, int64_t n, int64_t in,
-                                                 int64_t out, void *stream) {
+extern "C" kiln_error *kiln_linear_backward_ex_cuda(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy,
+                                                    const kiln_bf16 *x, const kiln_bf16 *w, int64_t n, int64_t in,
+                                                    int64_t out, unsigned flags, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
-    float *part = NULL;
+    int old = 0, locked = 0;
+    const int dx_write = (flags & KILN_LINEAR_DX_WRITE) != 0;
     if (n < 0 || in < 1 || out < 1)
         return kiln_errorf(KILN_EINVAL, "linear backward: n=%lld in=%lld out=%lld", (long long)n, (long long)in,
                            (long long)out);
+    if (flags & ~(unsigned)KILN_LINEAR_DX_WRITE)
+        return kiln_errorf(KILN_EINVAL, "linear backward: unknown flags 0x%x", flags);
+    if ((err = bwd_old(&old))) return err;
     if (n == 0) return NULL;
-    if (dx && (err = gemm(dx, 0, dy, w, NULL, n, in, out, 0, 0, 1.0f, st))) goto done;   // dx[n,in] += dy w
-    if (dw && (err = gemm(dw, 1, dy, x, NULL, out, in, n, 1, 0, 1.0f, st))) goto done;   // dw[out,in] += dyᵀ x
-    if (db) {
-        const int64_t chunks = (n + DB_ROWS - 1) / DB_ROWS;
-        CUDA_TRY(cudaMallocAsync((void **)&part, (size_t)(chunks * out) * sizeof(float), st));
-        dim3 grid((unsigned)((out + 2 * DB_THREADS - 1) / (2 * DB_THREADS)), (unsigned)chunks);
-        colsum_partial<<<grid, DB_THREADS, 0, st>>>(part, (const __nv_bfloat16 *)dy, n, out,
-                                                     !(out & 1) && !((uintptr_t)dy & 3));
-        CUDA_TRY(cudaGetLastError());
-        colsum_final<<<(unsigned)((out + 255) / 256), 256, 0, st>>>(db, part, chunks, out);
-        CUDA_TRY(cudaGetLastError());
+    pthread_mutex_lock(&g_lock);
+    locked = 1;
+    if (dx) {
+        if (dx_write && old) CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(n * in) * 2, st)); // the former zeroing pass
+        // dx[n,in] (+)= dy w
+        if ((err = gemm_locked(dx, 0, dy, w, NULL, n, in, out, 0, 0, dx_write && !old ? 0.0f : 1.0f, st))) goto done;
     }
+    if (dw) {
+        if (!g_sms) {
+            int dev = 0;
+            CUDA_TRY(cudaGetDevice(&dev));
+            CUDA_TRY(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+        }
+        const int slices = old ? 1 : splitk_slices(n, in, out);
+        if (slices > 1) err = dw_splitk(dw, dy, x, n, in, out, slices, st);
+        else err = gemm_locked(dw, 1, dy, x, NULL, out, in, n, 1, 0, 1.0f, st); // dw[out,in] += dyᵀ x
+        if (err) goto done;
+    }
+    if (db && (err = colsum(db, (const __nv_bfloat16 *)dy, n, out, old, st))) goto done;
 done:
-    if (part) cudaFreeAsync(part, st);
+    if (locked) pthread_mutex_unlock(&g_lock);
     if (err) err = kiln_error_wrap(err, "linear backward (n=%lld in=%lld out=%lld)", (long long)n, (long long)in,
                                    (long long)out);
     return err;
+}
+
+extern "C" kiln_error *kiln_linear_backward_cuda(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy,
+                                                 const kiln_bf16 *x, const kiln_bf16 *w, int64_t n, int64_t in,
+                                                 int64_t out, void *stream) {
+    return kiln_linear_backward_ex_cuda(dx, dw, db, dy, x, w, n, in, out, 0, stream);
 }

@@ -734,16 +734,15 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     Z(s->dlogit, N * E1 * 4);
     OP(g, "pointwise + glue bwd", kiln_softmax_backward_cuda(s->dlogit, s->dprobs, L->rprobs, N, E1, st));
     OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dlogitb, s->dlogit, N * E1, st));
-    Z(s->da2, N * R * 2);
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->da2, Gd->r_out_w, NULL, s->dlogitb, L->a2, BF(g, W->r_out_w), N, R, E1, st));
+    /* the first gradient of an input writes it (KILN_LINEAR_DX_WRITE: no zeroing pass, no read-back) */
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->da2, Gd->r_out_w, NULL, s->dlogitb, L->a2, BF(g, W->r_out_w), N, R, E1,
+                                                                KILN_LINEAR_DX_WRITE, st));
     OP(g, "pointwise + glue bwd", kiln_gelu_backward_cuda(s->df2, s->da2, L->f2, N * R, st));
-    Z(s->da1, N * R * 2);
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->da1, Gd->r_fc2_w, Gd->r_fc2_b, s->df2, L->a1, BF(g, W->r_fc2_w), N, R, R,
-                                       st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->da1, Gd->r_fc2_w, Gd->r_fc2_b, s->df2, L->a1, BF(g, W->r_fc2_w), N, R, R,
+                                                                KILN_LINEAR_DX_WRITE, st));
     OP(g, "pointwise + glue bwd", kiln_gelu_backward_cuda(s->df1, s->da1, L->f1, N * R, st));
-    Z(s->drn, N * R * 2);
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->drn, Gd->r_fc1_w, Gd->r_fc1_b, s->df1, L->rn, BF(g, W->r_fc1_w), N, R, R,
-                                       st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->drn, Gd->r_fc1_w, Gd->r_fc1_b, s->df1, L->rn, BF(g, W->r_fc1_w), N, R, R,
+                                                                KILN_LINEAR_DX_WRITE, st));
     OP(g, "RMSNorm bwd", kiln_rmsnorm_backward_bf16_cuda(s->dxn, Gd->r_norm, s->drn, L->rdown, W->r_norm, L->rn_r, N, R, st));
     const int has_prev = W->r_state_scale && prev_rdown;
     OP(g, "pointwise + glue bwd", kiln_zaya_router_state_backward_cuda(s->drs, has_prev ? carry_out : NULL, Gd->r_state_scale, s->prod,
@@ -764,15 +763,15 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                        .dx = s->dnext};
     OP(g, "residual + RMSNorm bwd", kiln_residual_norm_backward_cuda(&rb, N, H, st));
     /* o_proj and attention */
-    Z(s->datt, N * Q * 2);
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H,
+                                                                KILN_LINEAR_DX_WRITE, st));
     kiln_attn_shape as = attn_shape(c, B, T, type);
     OP(g, "attention (flash) bwd", kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
                                           s->attn_work, st));
     /* value */
     OP(g, "pointwise + glue bwd", kiln_value_shift_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K / 2, st));
-    Z(s->dln1, N * H * 2);
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2, st));
+    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2,
+                                                                KILN_LINEAR_DX_WRITE, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, s->dvdd, L->ln1, BF(g, W->wvd), N, H, K / 2, st));
     /* RoPE and the QK norm */
     OP(g, "QK norm + RoPE bwd", kiln_qk_norm_rope_backward_cuda(s->dqpre, NULL, s->dqr, L->qpre, NULL, L->qinv, g->inv_freq[type], B, T,

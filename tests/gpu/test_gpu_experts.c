@@ -453,3 +453,53 @@ TEST(gpu_experts_paths) {
     }
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
+
+/* lt_mixed's weight gradients when every expert has the same row count (balanced routing): one strided-batched
+ * GEMM over the experts (src/cuda/experts_gemm.cu) against a double reference, written and accumulated, f32 C
+ * (1e-4: f32 sums of exact bf16 products over 96 or 1024 rows) and bf16 C (1e-2), operands 16-byte aligned and
+ * 2 bytes into their buffers; then KILN_GROUPED_DW_BATCH=0 (the per-expert GEMMs) on the same numbers. */
+TEST(gpu_experts_dw_batched) {
+    const int64_t E = 4, shapes[2][4] = {{96, 24, 40, 0}, {1024, 64, 48, 1}}; /* rows per expert, m, n, element offset */
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 1100);
+    CHECK_OK(kiln_grouped_gemm_set_path("lt_mixed"));
+    for (int batched = 1; batched >= 0; batched--) {
+        if (!batched) CHECK(setenv("KILN_GROUPED_DW_BATCH", "0", 1) == 0);
+        for (int sh = 0; sh < 2; sh++)
+            for (int f32 = 0; f32 < 2; f32++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int64_t me = shapes[sh][0], m = shapes[sh][1], n = shapes[sh][2], off = shapes[sh][3];
+                    const int64_t R = E * me, na = R * m, nb = R * n, nc = E * m * n;
+                    int32_t offs[5];
+                    for (int64_t e = 0; e <= E; e++) offs[e] = (int32_t)(e * me);
+                    float *a = gt_rand(&rng, na + off, 1.0f), *b = gt_rand(&rng, nb + off, 1.0f), *c0 = gt_rand(&rng, nc, 1.0f);
+                    gt_round_bf16(a, na + off), gt_round_bf16(b, nb + off), gt_round_bf16(c0, nc);
+                    float *ref = malloc((size_t)nc * 4);
+                    for (int64_t e = 0; e < E; e++)
+                        for (int64_t i = 0; i < m; i++)
+                            for (int64_t j = 0; j < n; j++) {
+                                double s = acc ? c0[e * m * n + i * n + j] : 0.0;
+                                for (int64_t r = e * me; r < (e + 1) * me; r++)
+                                    s += (double)a[off + r * m + i] * b[off + r * n + j];
+                                ref[e * m * n + i * n + j] = (float)s;
+                            }
+                    kiln_bf16 *d_a = gt_up_bf16(a, na + off), *d_b = gt_up_bf16(b, nb + off);
+                    void *d_c = f32 ? (void *)gt_up_f32(c0, nc) : (void *)gt_up_bf16(c0, nc);
+                    CHECK_OK(kiln_grouped_gemm_cuda(d_c, f32, d_a + off, d_b + off, offs, E, m, n, 0, "TN", acc, NULL, NULL));
+                    float *got = f32 ? gt_down_f32(d_c, nc) : gt_down_bf16(d_c, nc);
+                    char name[96];
+                    snprintf(name, sizeof name, "TN %lld rows x %lld experts C %s%s%s%s", (long long)me, (long long)E,
+                             f32 ? "f32" : "bf16", acc ? " +=" : "", off ? " +2 bytes" : "",
+                             batched ? " (strided batch)" : " (KILN_GROUPED_DW_BATCH=0)");
+                    GT_CLOSE(name, got, ref, nc, f32 ? 1e-4 : 1e-2);
+                    kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
+                    free(a), free(b), free(c0), free(ref), free(got);
+                }
+    }
+    unsetenv("KILN_GROUPED_DW_BATCH");
+    CHECK(setenv("KILN_GROUPED_DW_BATCH", "2", 1) == 0);
+    const int32_t offs[3] = {0, 2, 4};
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 1, NULL, NULL, offs, 2, 4, 4, 0, "TN", 0, NULL, NULL), "KILN_GROUPED_DW_BATCH");
+    unsetenv("KILN_GROUPED_DW_BATCH");
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+}

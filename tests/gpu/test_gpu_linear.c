@@ -30,8 +30,10 @@ static float *up_f(const float *x, int64_t n, int off, void **base) {
     return d;
 }
 
-static void linear_case_off(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed, int off) {
-    printf("  n=%lld in=%lld out=%lld bias=%d offset=%d\n", (long long)n, (long long)in, (long long)out, bias, off);
+/* dx_write: KILN_LINEAR_DX_WRITE (dx written, its starting values ignored) */
+static void linear_case_full(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed, int off, int dx_write) {
+    printf("  n=%lld in=%lld out=%lld bias=%d offset=%d dx_write=%d KILN_LINEAR_BWD=%s\n", (long long)n, (long long)in,
+           (long long)out, bias, off, dx_write, getenv("KILN_LINEAR_BWD") ? getenv("KILN_LINEAR_BWD") : "(unset)");
     kiln_rng rng;
     kiln_rng_seed(&rng, seed);
     float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 1.0f / sqrtf((float)in));
@@ -52,16 +54,21 @@ static void linear_case_off(int64_t n, int64_t in, int64_t out, int bias, uint64
     float *gy = gt_down_bf16(d_y, n * out);
     GT_CLOSE("linear y", gy, y, n * out, 1e-2);
 
+    if (dx_write) memset(dx0, 0, (size_t)(n * in) * sizeof *dx0); /* the device's dx keeps its nonzero start */
     kiln_linear_backward(dx0, dw0, bias ? db0 : NULL, dy, x, w, n, in, out);
-    CHECK_OK(kiln_linear_backward_cuda(d_dx, d_dw, bias ? d_db : NULL, d_dy, d_x, d_w, n, in, out, NULL));
+    CHECK_OK(kiln_linear_backward_ex_cuda(d_dx, d_dw, bias ? d_db : NULL, d_dy, d_x, d_w, n, in, out,
+                                          dx_write ? KILN_LINEAR_DX_WRITE : 0, NULL));
     float *gdx = gt_down_bf16(d_dx, n * in), *gdw = gt_down_f32(d_dw, out * in), *gdb = gt_down_f32(d_db, out);
-    GT_CLOSE("linear dx (+=)", gdx, dx0, n * in, 1e-2);
+    GT_CLOSE(dx_write ? "linear dx (=)" : "linear dx (+=)", gdx, dx0, n * in, 1e-2);
     GT_CLOSE("linear dw (+=, f32)", gdw, dw0, out * in, 2e-3);
     if (bias) GT_CLOSE("linear db (+=, f32)", gdb, db0, out, 1e-4);
 
     for (int i = 0; i < 8; i++) kiln_cuda_free(bs[i]);
     free(x), free(w), free(b), free(dy), free(dx0), free(dw0), free(db0), free(y), free(gy), free(gdx), free(gdw);
     free(gdb), free(zero);
+}
+static void linear_case_off(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed, int off) {
+    linear_case_full(n, in, out, bias, seed, off, 0);
 }
 static void linear_case(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed) {
     linear_case_off(n, in, out, bias, seed, 0);
@@ -76,6 +83,28 @@ TEST(gpu_linear_fwd_bwd) {
     linear_case(333, 2048, 96, 1, 6);  /* y and dx reduce over 2048 */
 }
 
+/* The backward's other paths against the CPU: dx written (KILN_LINEAR_DX_WRITE); dW of few output tiles over
+ * many rows, split along the rows (src/cuda/linear.cu: 4, 8 and 16 slices here, equal slices of an odd length
+ * too, f32 outputs not a multiple of 4); db over more rows than 256 blocks of 64 (taller blocks), 8 columns a
+ * load and 1; the same at 2-byte aligned offsets; and all of it again through KILN_LINEAR_BWD=old. */
+TEST(gpu_linear_bwd_paths) {
+    for (int old = 0; old < 2; old++) {
+        if (old) setenv("KILN_LINEAR_BWD", "old", 1);
+        linear_case_full(300, 129, 65, 1, 21, 0, 1);
+        linear_case_full(4096, 2048, 256, 1, 22, 0, 1); /* 32 tiles: 8 slices of 512 rows */
+        linear_case_full(8192, 72, 20, 1, 23, 0, 0);    /* one tile: 16 slices, out * in = 1440 */
+        linear_case_full(3000, 64, 64, 1, 24, 0, 0);    /* 4 slices of 750 rows */
+        linear_case_full(70000, 8, 24, 1, 25, 0, 0);    /* db: 274 rows a block; dW: 16 slices */
+        linear_case_full(4096, 256, 128, 1, 26, 1, 1);  /* 2-byte aligned: the split and db's 1-column loads */
+        linear_case_full(2048, 96, 2048, 1, 27, 8, 0);  /* db 2048 wide, 16-byte aligned */
+        unsetenv("KILN_LINEAR_BWD");
+    }
+    setenv("KILN_LINEAR_BWD", "fast", 1);
+    CHECK_ERR(kiln_linear_backward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, NULL), "KILN_LINEAR_BWD='fast'");
+    unsetenv("KILN_LINEAR_BWD");
+    CHECK_ERR(kiln_linear_backward_ex_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 4, NULL), "unknown flags");
+}
+
 /* tensors at odd element offsets (2-byte aligned bf16, 4-byte aligned f32), as views of a flat buffer are */
 TEST(gpu_linear_unaligned) {
     linear_case_off(32, 32, 24, 1, 7, 1); /* the shape that failed inside the model (GEMM 32x24x32 NT + bias) */
@@ -86,7 +115,7 @@ TEST(gpu_linear_unaligned) {
 
 /* the same call twice: every output bit-identical (deterministic db, cached plans) */
 TEST(gpu_linear_deterministic) {
-    const int64_t n = 2000, in = 320, out = 192;
+    const int64_t n = 8192, in = 320, out = 192; /* 6 tiles: dW split in 16 slices */
     kiln_rng rng;
     kiln_rng_seed(&rng, 9);
     float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 0.05f), *dy = gt_rand(&rng, n * out, 1.0f);
