@@ -14,9 +14,15 @@
 #        ckpt_save_cuda throughput): a run of SYNC_STEPS (SYNC_EVERY+10) steps with one synchronous save at
 #        SYNC_EVERY (30), measured the same way;
 #      per-save cost scaled to one save per 100 steps: cost / (100 x step time) (target <= 2% for async).
-#      A save must be written before the next is due: 21.2 GB at the disk's ~1.3 GB/s is ~16 s = ~110
-#      steps of 149 ms, so EVERY is 150 (a save per 100 steps would make each save wait for the previous
-#      one: disk-bound, whatever the writer; the commit lines in train_async.log give the write speed).
+#      A save must be written before the next is due: 21.2 GB at the disk's ~1.3 GB/s is ~16 s = ~180
+#      steps of 90 ms. With EVERY below that, a save that comes due while the previous one is still being
+#      written is deferred (run.ckpt_busy "defer", the default: training goes on, the save is taken at the
+#      first step after the previous one commits); the analysis reads the steps the saves were actually
+#      taken at from the trainer's debug lines and reports saves requested / taken / deferred and the mean
+#      interval achieved (the disk, not the writer, sets it; the commit lines in train_async.log give the
+#      write speed). Each save's cost is summed from its step to the next save taken.
+#      DIR=/dev/shm measures on tmpfs: the writer isolated from the disk (RAM-bound; label such results
+#      "tmpfs", not the disk's; a 21 GB checkpoint needs that much free memory beside the run's).
 #      The init of a 1.76B-parameter model on the CPU takes a while per run, so there is no separate run
 #      without checkpoints: the steps before the first save are the baseline (NONE=1 adds that run as a
 #      control: the same sum over its steps after EVERY should be ~0).
@@ -58,23 +64,46 @@ for name in ("async", "sync", "none"):
     dt = {s: el[s] - el[s - 1] for s in steps if s - 1 in el}
     base = statistics.median(dt[s] for s in dt if 11 <= s <= every)
     last = steps[-1]
-    # the saves whose whole period falls inside the run (every, 2*every, ... up to last - every; the run
-    # without checkpoints: the same steps as a control), and the steps that pay for them
-    if name == "sync":
-        saves, hi = [every], last
-    else:
-        saves = list(range(every, last - every + 1, every)) or [every]
-        hi = min(last, saves[-1] + every)
-    span = [s for s in sorted(dt) if every < s <= hi]
-    extra = sum(dt[s] - base for s in span)
-    per_save = extra / len(saves)
-    each = [sum(dt[s] - base for s in span if sv < s <= sv + every) for sv in saves] if name != "sync" else [extra]
     log = open(f"{out}/train_{name}.log").read() if os.path.exists(f"{out}/train_{name}.log") else ""
     commits = re.findall(r"checkpoint step (\d+) committed: rank 0's shard ([0-9.]+) GB written in ([0-9.]+) s "
                          r"\(([0-9.]+) GB/s\), training blocked ([0-9.]+) s \(snapshot ([0-9.]+) s\) after waiting "
                          r"([0-9.]+) s", log)
+    committed = {int(c[0]) for c in commits}
+    # the saves actually taken: run.ckpt_busy "defer" (the default) moves a save that comes due while the
+    # previous one is still being written to the first step after that one commits (the trainer's debug
+    # lines "checkpoint of step N deferred" and "checkpoint deferred from step N taken at step M")
+    requested = list(range(every, last + 1, every)) if name != "none" else []
+    deferred = sorted({int(x) for x in re.findall(r"checkpoint of step (\d+) deferred", log)})
+    late = [(int(a), int(b)) for a, b in re.findall(r"checkpoint deferred from step (\d+) taken at step (\d+)", log)]
+    taken = sorted(set(requested) - set(deferred) | {b for _, b in late})
+    if name == "sync":
+        saves, hi = [every], last
+        periods = [(every, last)]
+    elif name == "none" or len(taken) < 1:
+        # the run without checkpoints (a control): the steps of saves every `every`, up to last - every
+        saves = list(range(every, last - every + 1, every)) or [every]
+        hi = min(last, saves[-1] + every)
+        periods = [(sv, min(hi, sv + every)) for sv in saves]
+    else:
+        # each save pays from its step to the next save taken (its write is over by then: a save is only
+        # taken once the previous one has committed), the last one to the end of the run if it committed
+        # in the run (else it is not counted: its write went on past the end)
+        periods = [(a, b) for a, b in zip(taken, taken[1:])]
+        if taken[-1] in committed and taken[-1] < last:
+            periods.append((taken[-1], last))
+        if not periods:  # one save, still being written at the end: counted up to the end (a lower bound)
+            periods = [(taken[0], last)]
+        saves, hi = [a for a, _ in periods], periods[-1][1]
+    span = [s for s in sorted(dt) if saves[0] < s <= hi]
+    extra = sum(dt[s] - base for s in span)
+    per_save = extra / len(saves)
+    each = [sum(dt[s] - base for s in span if a < s <= b) for a, b in periods] if name != "sync" else [extra]
     where = re.findall(r"snapshot of [0-9.]+ GB of GPU state in ([a-z ]+) memory", log)
     res[name] = {"step_ms": base * 1e3, "saves": saves, "steps_measured": [span[0], span[-1]] if span else [],
+                 "saves_requested": requested, "saves_taken": taken, "saves_deferred": deferred,
+                 "deferred_taken_late": [list(x) for x in late],
+                 "mean_interval_steps": (taken[-1] - taken[0]) / (len(taken) - 1) if len(taken) > 1 else None,
+                 "overhead_pct_measured": 100 * extra / (len(span) * base) if span else None,
                  "extra_s_per_save": per_save, "extra_s_each": each,
                  "overhead_pct_at_1_per_100": 100 * per_save / (100 * base),
                  "commits": [{"step": int(c[0]), "gb": float(c[1]), "write_s": float(c[2]), "gbs": float(c[3]),
@@ -89,9 +118,22 @@ for name, r in res.items():
           f"{'  (target <= 2%)' if name == 'async' else ''}")
     if len(r["extra_s_each"]) > 1:
         print("        each save's period: " + ", ".join(f"{sv}: {x * 1e3:+.0f} ms" for sv, x in zip(r["saves"], r["extra_s_each"])))
-    if name == "async" and not any(c["step"] == r["saves"][0] for c in r["commits"]):
-        print(f"        the save at {r['saves'][0]} was still being written when the run ended: its cost after step "
-              f"{r['steps_measured'][-1] if r['steps_measured'] else '?'} is not counted (more ASYNC_STEPS)")
+    if name == "async":
+        ti = r["mean_interval_steps"]
+        print(f"        saves requested {len(r['saves_requested'])} (every {r['saves_requested'][0] if r['saves_requested'] else '?'}"
+              f" steps), taken {len(r['saves_taken'])} at {r['saves_taken']}, deferred {len(r['saves_deferred'])}"
+              f" ({len(r['deferred_taken_late'])} taken late: "
+              + ", ".join(f"{a}->{b}" for a, b in r["deferred_taken_late"]) + "); mean interval achieved "
+              + (f"{ti:.1f} steps" if ti else "-")
+              + (f"; steps {r['steps_measured'][0]}..{r['steps_measured'][-1]} ran "
+                 f"{r['overhead_pct_measured']:+.2f}% over the median at that interval" if r["steps_measured"] else ""))
+        for line in re.findall(r"checkpoints: \d+ scheduled.*", open(f"{out}/train_{name}.log").read()):
+            print(f"        trainer: {line}")
+    lt = r["saves_taken"][-1] if name == "async" and r.get("saves_taken") else None
+    if lt is not None and not any(c["step"] == lt for c in r["commits"]):
+        print(f"        the save at {lt} was still being written when the run ended: "
+              + (f"its cost after step {r['steps_measured'][-1] if r['steps_measured'] else '?'} is not counted"
+                 if lt in r["saves"] else "not counted") + " (more ASYNC_STEPS)")
     for c in r["commits"]:
         print(f"        step {c['step']}: {c['gb']:.2f} GB written in {c['write_s']:.2f} s ({c['gbs']:.2f} GB/s), "
               f"training blocked {c['blocked_s'] * 1e3:.1f} ms in the save call (snapshot {c['snapshot_s'] * 1e3:.1f} ms "

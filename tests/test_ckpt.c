@@ -13,13 +13,14 @@
 
 static void dir_copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
 
-/* Every checkpoint shard of an async run is byte-identical to the sync run's, and so is the model. */
+/* Every checkpoint shard of an async run is byte-identical to the sync run's, and so is the model.
+ * run.ckpt_busy "wait": a checkpoint at every step even when a save takes longer than a step. */
 TEST(ckpt_async_matches_sync) {
     char data[1024], a[1024], b[1024], args[4096];
     dir_copy(data, sizeof data, ck_data());
     dir_copy(a, sizeof a, test_tmpdir());
     dir_copy(b, sizeof b, test_tmpdir());
-    const char *ca = ck_config(data, a, 8, 2, 32, "\"ckpt_every\": 1, \"keep_last\": 100, \"async_ckpt\": true");
+    const char *ca = ck_config(data, a, 8, 2, 32, "\"ckpt_every\": 1, \"keep_last\": 100, \"async_ckpt\": true, \"ckpt_busy\": \"wait\"");
     snprintf(args, sizeof args, "train --config '%s' --quiet", ca);
     CHECK(ck_kiln(args) == 0);
     const char *cb = ck_config(data, b, 8, 2, 32, "\"ckpt_every\": 1, \"keep_last\": 100, \"async_ckpt\": false");

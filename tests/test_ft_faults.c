@@ -227,12 +227,14 @@ TEST(ft_fault_corrupt_newest_checkpoint) {
 }
 
 /* The disk fills up while rank 1 writes the checkpoint of step 8 (RLIMIT_FSIZE, writes fail with
- * EFBIG): the save fails, the run stops, the restart resumes from step 4. */
+ * EFBIG): the save fails, the run stops, the restart resumes from step 4. run.ckpt_busy "wait": the save
+ * of step 8 is taken at step 8 even if the one of step 4 is still being written (not deferred). */
 TEST(ft_fault_disk_full_during_save) {
     if (!have_mpirun()) return;
     const char *ref = reference(NULL), *out = test_tmpdir();
     char text[32768];
-    int rc = supervised(out, config(out, NULL), "disk-full:rank=1:step=8", NULL, NULL, text, sizeof text);
+    int rc = supervised(out, config(out, "\"ckpt_busy\": \"wait\""), "disk-full:rank=1:step=8", NULL, NULL, text,
+                        sizeof text);
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") && strstr(text, "checkpoint at step 8"), "rc %d\n%s", rc,
               text);
@@ -241,12 +243,14 @@ TEST(ft_fault_disk_full_during_save) {
     free(log);
 }
 
-/* Rank 0 dies in the middle of writing the checkpoint of step 8 (SIGXFSZ at the file size limit). */
+/* Rank 0 dies in the middle of writing the checkpoint of step 8 (SIGXFSZ at the file size limit; taken
+ * at step 8: run.ckpt_busy "wait"). */
 TEST(ft_fault_crash_in_save) {
     if (!have_mpirun()) return;
     const char *ref = reference(NULL), *out = test_tmpdir();
     char text[32768];
-    int rc = supervised(out, config(out, NULL), "crash-in-save:rank=0:step=8", NULL, NULL, text, sizeof text);
+    int rc = supervised(out, config(out, "\"ckpt_busy\": \"wait\""), "crash-in-save:rank=0:step=8", NULL, NULL, text,
+                        sizeof text);
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"killed\",\"rank\":0") == 1 && strstr(log, "signal 25"), "%s", log);

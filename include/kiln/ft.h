@@ -47,7 +47,8 @@ void kiln_step_ranges_free(kiln_step_ranges *r);
  *
  * KILN_FAULT="kind:key=value:...[,kind:...]", e.g. "kill:rank=1:step=7,stop:rank=0:step=5:attempt=2".
  * Keys: rank (default 0), step (required), attempt (default 1: the fault fires only in that launch
- * of the supervisor, so a restarted run gets past it), bytes (disk-full, crash-in-save), ms (slow).
+ * of the supervisor, so a restarted run gets past it), bytes (disk-full, crash-in-save), ms (slow,
+ * slow-save), steps (slow-save).
  * Kinds, at optimizer step `step` (1-based) on rank `rank`:
  *   kill           SIGKILL itself as the step begins
  *   stop           SIGSTOP itself as the step begins (a rank hung in the next collective)
@@ -57,20 +58,25 @@ void kiln_step_ranges_free(kiln_step_ranges *r);
  *   disk-full      the checkpoint saved after the step fails: file size limit `bytes` (default 4096,
  *                  RLIMIT_FSIZE) with SIGXFSZ ignored, so writes fail with EFBIG
  *   crash-in-save  the process dies in the middle of writing that checkpoint: the same limit
- *                  with SIGXFSZ's default action (terminate) */
+ *                  with SIGXFSZ's default action (terminate)
+ *   slow-save      every checkpoint saved from `step` on is slow to write (a slow disk): the writer
+ *                  sleeps `ms` milliseconds (default 200) before writing this rank's shard (on the
+ *                  background thread when async, so that saves overlap while training goes on); with
+ *                  `steps`=K (async) the shard also counts as written only at the K-th step after the
+ *                  save (then waited for): saves overlap at the same steps on any machine */
 typedef enum { KILN_FAULT_KILL, KILN_FAULT_STOP, KILN_FAULT_NAN, KILN_FAULT_SPIKE, KILN_FAULT_SLOW,
-               KILN_FAULT_DISK_FULL, KILN_FAULT_CRASH_IN_SAVE } kiln_fault_kind;
+               KILN_FAULT_DISK_FULL, KILN_FAULT_CRASH_IN_SAVE, KILN_FAULT_SLOW_SAVE } kiln_fault_kind;
 typedef struct {
     kiln_fault_kind kind;
     int rank, attempt;
-    int64_t step, bytes, ms;
+    int64_t step, bytes, ms, steps;
 } kiln_fault;
 typedef struct {
     int n;
     kiln_fault f[16];
 } kiln_faults;
 kiln_error *kiln_faults_parse(const char *spec, kiln_faults *out);
-/* The fault of this kind for (rank, step, attempt), or NULL. slow matches every step >= its step. */
+/* The fault of this kind for (rank, step, attempt), or NULL. slow and slow-save match every step >= their step. */
 const kiln_fault *kiln_faults_find(const kiln_faults *f, kiln_fault_kind kind, int rank, int64_t step, int attempt);
 
 /* ---- heartbeats ---- */
@@ -157,6 +163,8 @@ void kiln_ft_fault_step_begin(const kiln_ft_env *env, int rank, int64_t step); /
 void kiln_ft_fault_slow(const kiln_ft_env *env, int rank, int64_t step);       /* inside the timed compute */
 /* disk-full / crash-in-save before the checkpoint of `step` */
 kiln_error *kiln_ft_fault_before_save(const kiln_ft_env *env, int rank, int64_t step);
+/* slow-save for the checkpoint of `step`: the fault (its ms and steps), or NULL */
+const kiln_fault *kiln_ft_fault_slow_save(const kiln_ft_env *env, int rank, int64_t step);
 
 /* ---- the supervisor ---- */
 

@@ -30,6 +30,7 @@ typedef struct {
     /* run */
     int64_t steps, log_every, eval_every, eval_batches, ckpt_every, keep_last;
     int async_ckpt; /* checkpoint shards written by a background thread while training goes on */
+    char ckpt_busy[1024]; /* a save due while the previous async one still writes: "defer" or "wait" */
     char out_dir[1024];
     int threads;
     char skip_steps[1024]; /* steps whose data is consumed without training: "9-12,40" */

@@ -11,6 +11,7 @@
 static const struct { const char *name; kiln_fault_kind kind; } kinds[] = {
     {"kill", KILN_FAULT_KILL}, {"stop", KILN_FAULT_STOP}, {"nan", KILN_FAULT_NAN}, {"spike", KILN_FAULT_SPIKE},
     {"slow", KILN_FAULT_SLOW}, {"disk-full", KILN_FAULT_DISK_FULL}, {"crash-in-save", KILN_FAULT_CRASH_IN_SAVE},
+    {"slow-save", KILN_FAULT_SLOW_SAVE},
 };
 #define NKINDS (sizeof kinds / sizeof kinds[0])
 
@@ -24,8 +25,8 @@ static kiln_error *parse_one(const char *item, kiln_fault *f) {
     while (k < NKINDS && strcmp(kinds[k].name, tok)) k++;
     if (k == NKINDS)
         return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': unknown kind '%s' (kill, stop, nan, spike, slow, disk-full, "
-                           "crash-in-save)", item, tok);
-    *f = (kiln_fault){kinds[k].kind, 0, 1, -1, 4096, 200};
+                           "crash-in-save, slow-save)", item, tok);
+    *f = (kiln_fault){kinds[k].kind, 0, 1, -1, 4096, 200, 0};
     while ((tok = strtok_r(NULL, ":", &save))) {
         char *eq = strchr(tok, '=');
         if (!eq) return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': '%s' is not key=value", item, tok);
@@ -40,7 +41,9 @@ static kiln_error *parse_one(const char *item, kiln_fault *f) {
         else if (!strcmp(tok, "attempt")) f->attempt = (int)v;
         else if (!strcmp(tok, "bytes")) f->bytes = v;
         else if (!strcmp(tok, "ms")) f->ms = v;
-        else return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': unknown key '%s' (rank, step, attempt, bytes, ms)", item, tok);
+        else if (!strcmp(tok, "steps")) f->steps = v;
+        else return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': unknown key '%s' (rank, step, attempt, bytes, ms, steps)",
+                                item, tok);
     }
     if (f->step < 1) return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': needs step=N (N >= 1)", item);
     return NULL;
@@ -68,7 +71,7 @@ const kiln_fault *kiln_faults_find(const kiln_faults *f, kiln_fault_kind kind, i
     for (int i = 0; i < f->n; i++) {
         const kiln_fault *x = &f->f[i];
         if (x->kind != kind || x->rank != rank || x->attempt != attempt) continue;
-        if (x->step == step || (kind == KILN_FAULT_SLOW && step >= x->step)) return x;
+        if (x->step == step || ((kind == KILN_FAULT_SLOW || kind == KILN_FAULT_SLOW_SAVE) && step >= x->step)) return x;
     }
     return NULL;
 }

@@ -98,3 +98,7 @@ kiln_error *kiln_ft_fault_before_save(const kiln_ft_env *env, int rank, int64_t 
         return kiln_errorf(KILN_EIO, "KILN_FAULT: setrlimit(RLIMIT_FSIZE, %lld): %s", (long long)f->bytes, strerror(errno));
     return NULL;
 }
+
+const kiln_fault *kiln_ft_fault_slow_save(const kiln_ft_env *env, int rank, int64_t step) {
+    return kiln_faults_find(&env->faults, KILN_FAULT_SLOW_SAVE, rank, step, env->attempt);
+}

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,30 +80,14 @@ typedef struct {
     const kiln_loader_state *loaders; /* [world] */
 } ckpt_snap;
 
-/* The tensors' CRC, in file order, on a helper thread while kiln_st_write puts them on disk. */
-typedef struct {
-    const kiln_st_entry *ent;
-    size_t n;
-    uint32_t crc;
-    uint64_t bytes;
-} data_crc;
-
-static void *data_crc_run(void *p) {
-    data_crc *d = p;
-    for (size_t i = 0; i < d->n; i++) {
-        size_t bytes = kiln_dtype_size(d->ent[i].dtype);
-        for (int k = 0; k < d->ent[i].ndim; k++) bytes *= (size_t)d->ent[i].shape[k];
-        d->crc = kiln_crc32c(d->crc, d->ent[i].data, bytes);
-        d->bytes += bytes;
-    }
-    return NULL;
-}
-
 /* The file's CRC without reading its data back: the header's CRC from the file, combined with the
- * data section's CRC taken from memory while it was written (kiln_st_write lays the tensors out in
- * order without gaps: checked against the file's size; anything else falls back to reading the file). */
+ * data section's CRC taken from memory while it was written (kiln_st_write_stream lays the tensors out
+ * in order without gaps: checked against the file's size; anything else falls back to reading the file). */
 static kiln_error *file_crc(const char *path, uint32_t data_crc_v, uint64_t data_bytes, uint32_t *crc, uint64_t *size) {
-    const data_crc d = {NULL, 0, data_crc_v, data_bytes};
+    const struct {
+        uint32_t crc;
+        uint64_t bytes;
+    } d = {data_crc_v, data_bytes};
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char len[8];
@@ -122,18 +107,9 @@ static kiln_error *file_crc(const char *path, uint32_t data_crc_v, uint64_t data
     return ok ? NULL : kiln_crc32c_file(path, crc, size);
 }
 
-/* Write the shard and its CRC, the tensors' CRC on a helper thread while kiln_st_write writes them. */
-static kiln_error *write_with_crc(const char *path, const kiln_st_entry *ent, size_t n, uint32_t *crc, uint64_t *size) {
-    data_crc d = {ent, n, 0, 0};
-    pthread_t tid;
-    const int threaded = pthread_create(&tid, NULL, data_crc_run, &d) == 0;
-    kiln_error *e = kiln_st_write(path, ent, n, NULL);
-    if (threaded) pthread_join(tid, NULL);
-    else data_crc_run(&d);
-    return e ? e : file_crc(path, d.crc, d.bytes, crc, size);
-}
-
-/* ---- the GPU trainer's shard: the device snapshot's stream, then the host tensors after it ---- */
+/* ---- a shard as a stream of pieces: the GPU trainer's device snapshot first (if any), then the host
+ * tensors, each piece checksummed while the next is written; the pieces written so far are counted (the
+ * training thread reads the count to say how fast a slow save goes) ---- */
 
 typedef struct {
     kiln_zaya_cuda_snap *dev;
@@ -142,6 +118,7 @@ typedef struct {
     size_t ntail, ti;
     uint32_t crc; /* of the data handed out and checksummed so far */
     uint64_t bytes;
+    _Atomic uint64_t *written; /* = bytes, for the training thread */
     /* the last piece's CRC, on a helper thread while the piece is written */
     const void *piece;
     size_t piece_len;
@@ -163,6 +140,7 @@ static void piece_crc_finish(stream_src *s) {
     s->crc = kiln_crc32c_combine(s->crc, s->piece_crc, s->piece_len);
     s->bytes += s->piece_len;
     s->piece_len = 0;
+    if (s->written) atomic_store(s->written, s->bytes);
 }
 
 /* A kiln_st_source. The previous piece has been written when this is called: its CRC is folded in
@@ -191,20 +169,22 @@ static kiln_error *stream_next(void *ctx, const void **data, size_t *len) {
     return NULL;
 }
 
-/* The shard of the GPU trainer: entries' first ndev tensors (param/opt pairs) come from the device
- * snapshot, the rest from host memory. */
+/* A shard and its CRC. The GPU trainer (dev): entries' first ndev tensors (param/opt pairs) come from
+ * the device snapshot, the rest from host memory; otherwise (dev NULL, ndev 0) all from host memory. */
 static kiln_error *write_stream_with_crc(const char *path, const kiln_st_entry *ent, size_t n, size_t ndev,
-                                         kiln_zaya_cuda_snap *dev, uint32_t *crc, uint64_t *size) {
-    stream_src s = {.dev = dev, .dev_left = kiln_zaya_cuda_snap_bytes(dev), .tail = ent + ndev, .ntail = n - ndev};
-    kiln_error *e = kiln_zaya_cuda_snap_read_begin(dev);
+                                         kiln_zaya_cuda_snap *dev, _Atomic uint64_t *written, uint32_t *crc,
+                                         uint64_t *size) {
+    stream_src s = {.dev = dev, .dev_left = dev ? kiln_zaya_cuda_snap_bytes(dev) : 0, .tail = ent + ndev,
+                    .ntail = n - ndev, .written = written};
+    kiln_error *e = dev ? kiln_zaya_cuda_snap_read_begin(dev) : NULL;
     if (!e) e = kiln_st_write_stream(path, ent, n, NULL, stream_next, &s);
     piece_crc_finish(&s);
-    kiln_zaya_cuda_snap_read_end(dev);
+    if (dev) kiln_zaya_cuda_snap_read_end(dev);
     return e ? e : file_crc(path, s.crc, s.bytes, crc, size);
 }
 
-static kiln_error *write_rank_file(const ckpt_snap *v, int rank, kiln_zaya_cuda_snap *dev, const char *path,
-                                   uint32_t *crc, uint64_t *size) {
+static kiln_error *write_rank_file(const ckpt_snap *v, int rank, kiln_zaya_cuda_snap *dev, _Atomic uint64_t *written,
+                                   const char *path, uint32_t *crc, uint64_t *size) {
     const kiln_zaya *m = v->model;
     const int first = v->part->first[rank], last = v->part->first[rank + 1];
     const int nt = last - first;
@@ -239,8 +219,7 @@ static kiln_error *write_rank_file(const ckpt_snap *v, int rank, kiln_zaya_cuda_
         ent[n] = (kiln_st_entry){"balance.prev_err", KILN_DT_F64, 2, shapes[n - 2], v->prev_err};
         n++;
     }
-    if (!e) e = dev ? write_stream_with_crc(path, ent, n, (size_t)(2 * nt), dev, crc, size)
-                    : write_with_crc(path, ent, n, crc, size);
+    if (!e) e = write_stream_with_crc(path, ent, n, dev ? (size_t)(2 * nt) : 0, dev, written, crc, size);
     free(ent);
     free(names);
     free(shapes);
@@ -348,6 +327,11 @@ struct ckpt_writer {
     /* this save: began (after waiting t_waited for the previous one), training blocked for (the snapshot
      * t_snap of it), shard written after */
     double t_begin, t_waited, t_snap, t_blocked, t_written;
+    int waited;                /* this save found the previous one still in flight and waited for it */
+    int64_t delay_ms;          /* KILN_FAULT slow-save: the writer sleeps this long before writing, */
+    int64_t hold_polls, polls; /* and the shard counts as written at the hold_polls-th poll (polls so far) */
+    _Atomic uint64_t written;  /* this rank's shard: data bytes written so far ... */
+    uint64_t shard_bytes;      /* ... of this many */
     char tmp[1300], fin[1300], root[1200], path[1400];
     uint64_t mine[2]; /* this rank's shard: checksum, size */
 };
@@ -362,6 +346,26 @@ kiln_error *ckpt_writer_create(int async, ckpt_writer **out) {
 }
 
 int ckpt_writer_pending(const ckpt_writer *w) { return w && w->pending; }
+
+int ckpt_writer_progress(ckpt_writer *w, ckpt_progress *p) {
+    memset(p, 0, sizeof *p);
+    if (!w || !w->pending) return 0;
+    p->step = w->snap.step;
+    p->elapsed_s = now_s() - w->t_begin;
+    p->bytes_done = atomic_load(&w->written);
+    p->bytes_total = w->shard_bytes;
+    return 1;
+}
+
+int ckpt_writer_waited(const ckpt_writer *w, double *seconds) {
+    if (seconds) *seconds = w ? w->t_waited : 0;
+    return w && w->waited;
+}
+
+void ckpt_writer_set_slow(ckpt_writer *w, int64_t ms, int64_t steps) {
+    w->delay_ms = ms > 0 ? ms : 0;
+    w->hold_polls = steps > 0 ? steps : 0;
+}
 
 kiln_error *ckpt_writer_use_cuda(ckpt_writer *w, kiln_zaya_cuda_snap *dev) {
     const char *env = getenv("KILN_CKPT_SNAPSHOT");
@@ -414,6 +418,10 @@ static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int wo
     size_t owned = p->counts[rank], state = 0;
     for (int t = p->first[rank]; t < p->first[rank + 1]; t++) state += (size_t)kiln_optim_state_numel(&v->oparams[t]);
     const size_t bias = (size_t)(v->model->cfg.num_layers * (v->model->cfg.num_experts + 1));
+    /* the shard's data section: parameters and optimizer state, rank 0 also the balance state */
+    const uint64_t balance_bytes = rank == 0 ? bias * (sizeof(float) + 2 * sizeof(double)) : 0;
+    w->shard_bytes = (owned + state) * sizeof(float) + balance_bytes;
+    atomic_store(&w->written, 0);
     w->snap = (ckpt_snap){v->step, v->tokens_seen, v->bal->have_prev, v->cfg, v->model, p, v->oparams,
                           v->model->w + p->displs[rank], v->opt_state, v->model->balancing, v->bal->integral,
                           v->bal->prev_err, v->loaders};
@@ -421,6 +429,7 @@ static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int wo
         w->snap.w_owned = NULL, w->snap.opt_state = NULL;
         owned = 0, state = 0;
         KILN_TRY(kiln_zaya_cuda_snap_take(w->dev, w->async, w->place));
+        w->shard_bytes = kiln_zaya_cuda_snap_bytes(w->dev) + balance_bytes;
         const char *at = kiln_zaya_cuda_snap_where(w->dev);
         if (strcmp(at, w->logged_at)) { /* once, and again if it changes: a fallback is worth knowing of */
             kiln_log(!strcmp(at, "device") || !strcmp(at, "live") ? KILN_LOG_DEBUG : KILN_LOG_INFO,
@@ -465,7 +474,11 @@ static kiln_error *snapshot(ckpt_writer *w, const ckpt_view *v, int rank, int wo
 static kiln_error *write_job(void *arg) {
     ckpt_writer *w = arg;
     uint32_t crc = 0;
-    KILN_TRY(write_rank_file(&w->snap, w->rank, w->dev, w->path, &crc, &w->mine[1]));
+    if (w->delay_ms > 0) { /* KILN_FAULT slow-save, a testing hook: a disk that takes this much longer */
+        struct timespec ts = {(time_t)(w->delay_ms / 1000), (long)(w->delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) && errno == EINTR) {}
+    }
+    KILN_TRY(write_rank_file(&w->snap, w->rank, w->dev, &w->written, w->path, &crc, &w->mine[1]));
     w->mine[0] = crc;
     w->t_written = now_s() - w->t_begin;
     return NULL;
@@ -545,6 +558,8 @@ kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait) {
     if (!w->pending) return NULL;
     if (!wait) {
         double done[1] = {kiln_bg_done(&w->job) ? 1 : 0};
+        /* KILN_FAULT slow-save steps=K: written at the K-th poll, not before (the commit below joins) */
+        if (w->hold_polls > 0) done[0] = ++w->polls >= w->hold_polls;
         KILN_TRY(comm->allreduce_sum_f64(comm, done, 1));
         if (done[0] < comm->size) return NULL; /* some rank is still writing: keep training */
     }
@@ -553,10 +568,15 @@ kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait) {
 
 kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v, int wait) {
     const double t0 = now_s();
+    w->waited = w->pending;
     KILN_TRY(ckpt_writer_poll(w, comm, 1)); /* one save in flight at a time */
-    kiln_error_free(kiln_bg_join(&w->prune_job)); /* and the old checkpoints gone before the next */
+    /* The deletion of the checkpoints beyond keep_last that the last commit started may still be going on
+     * (rank 0's thread): it is not waited for here (a deferred save comes right after a commit, and unlinking
+     * a 21 GB shard can take a good part of a second), but at the next commit, before the next deletion. It
+     * never touches a step_N.tmp/ being written. */
     w->t_begin = now_s();
     w->t_waited = w->t_begin - t0;
+    w->polls = 0;
     const char *out = v->cfg->out_dir;
     w->rank = comm->rank;
     w->world = comm->size;

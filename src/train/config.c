@@ -57,6 +57,9 @@ static const field fields[] = {
     {"run", "ckpt_every", F_INT, O(ckpt_every), "steps between checkpoints (0: only at the end)"},
     {"run", "keep_last", F_INT, O(keep_last), "checkpoints kept (older ones are deleted once a newer one is committed)"},
     {"run", "async_ckpt", F_BOOL, O(async_ckpt), "write checkpoints on a background thread while training continues"},
+    {"run", "ckpt_busy", F_STR, O(ckpt_busy),
+     "a save due while the previous async one is still being written: \"defer\" (keep training, save at the first "
+     "step after it commits) or \"wait\" (block until it commits); the final and Ctrl-C saves always wait"},
     {"run", "out_dir", F_STR, O(out_dir), "where metrics.jsonl, ckpt/ and the final model go"},
     {"run", "init_seed", F_U64, O(init_seed), "seed of the parameter initialisation"},
     {"run", "threads", F_INT, O(threads), "CPU threads per rank (0: all cores / ranks)"},
@@ -110,6 +113,7 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->ckpt_every = 200;
     c->keep_last = 2;
     c->async_ckpt = 1;
+    snprintf(c->ckpt_busy, sizeof c->ckpt_busy, "defer");
     snprintf(c->out_dir, sizeof c->out_dir, "runs/default");
     c->threads = 0;
     snprintf(c->device, sizeof c->device, "cpu");
@@ -244,6 +248,8 @@ kiln_error *kiln_train_config_validate(const kiln_train_config *c) {
     if (!c->out_dir[0]) return kiln_errorf(KILN_EINVAL, "config: run.out_dir is empty");
     if (strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
         return kiln_errorf(KILN_EINVAL, "config: run.device '%s' is not \"cpu\" or \"cuda\"", c->device);
+    if (strcmp(c->ckpt_busy, "defer") && strcmp(c->ckpt_busy, "wait"))
+        return kiln_errorf(KILN_EINVAL, "config: run.ckpt_busy '%s' is not \"defer\" or \"wait\"", c->ckpt_busy);
     kiln_step_ranges skip = {0};
     kiln_error *e = kiln_step_ranges_parse(c->skip_steps, &skip);
     kiln_step_ranges_free(&skip);

@@ -56,6 +56,20 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
 /* Collective, cheap when nothing is pending (no communication); call once per step. */
 kiln_error *ckpt_writer_poll(ckpt_writer *w, kiln_comm *comm, int wait);
 int ckpt_writer_pending(const ckpt_writer *w);
+/* The save in flight (begun, not yet committed): 1 and its step, the seconds since it began and this
+ * rank's shard (data bytes written so far, in all); 0 when none is. */
+typedef struct {
+    int64_t step;
+    double elapsed_s;
+    uint64_t bytes_done, bytes_total;
+} ckpt_progress;
+int ckpt_writer_progress(ckpt_writer *w, ckpt_progress *p);
+/* Whether the last save found the previous one still in flight and waited for it (*seconds: how long). */
+int ckpt_writer_waited(const ckpt_writer *w, double *seconds);
+/* KILN_FAULT slow-save (a testing hook), for the next save: the writer sleeps ms before writing this
+ * rank's shard; async with steps > 0, the shard counts as written only at the steps-th poll after the
+ * save (which then waits for it), so that saves overlap at the same steps on any machine. */
+void ckpt_writer_set_slow(ckpt_writer *w, int64_t ms, int64_t steps);
 /* The GPU trainer: this rank's parameters and optimizer state are read from the device through dev
  * (include/kiln/zaya_cuda_snapshot.h; the writer owns it from now on), not from the view's host
  * buffers. Where the snapshot goes: KILN_CKPT_SNAPSHOT = auto (default), device, pinned or pageable. */
@@ -65,6 +79,33 @@ kiln_error *ckpt_writer_use_cuda(ckpt_writer *w, struct kiln_zaya_cuda_snap *dev
 const char *ckpt_writer_snapshot_where(const ckpt_writer *w);
 /* Joins the thread; an uncommitted save is abandoned (its .tmp directory is ignored later). */
 void ckpt_writer_free(ckpt_writer *w);
+
+/* When to save (ckpt_schedule.c): every run.ckpt_every steps, the last step, a stop request; a save due
+ * while the previous async one is still being written is deferred (run.ckpt_busy "defer") to the first
+ * step after it commits, or the save waits for it ("wait"). */
+typedef struct {
+    int64_t every;
+    int save_final, defer;
+    int64_t deferred_from; /* the step of the save waiting to be taken (0: none) */
+    int warned;
+    /* counts: scheduled (multiples of every), taken, deferred, taken late (and their total lateness in
+     * steps), superseded by a newer request before they were taken; saves that waited for the previous
+     * one, final/stop saves or others (the trainer counts these) */
+    int64_t requested, taken, deferred, taken_late, late_steps, superseded, waited_must, waited_other;
+} ckpt_schedule;
+typedef struct {
+    int save;              /* take a checkpoint after this step */
+    int wait;              /* it must not be skipped: wait for the previous save and for this one's commit */
+    int64_t deferred_from; /* > 0: it is the save that came due at this step and was deferred */
+} ckpt_due;
+void ckpt_schedule_init(ckpt_schedule *s, const kiln_train_config *c);
+/* After optimizer step `step`: last (step == run.steps), stop (a stop request, agreed by all ranks),
+ * busy (the writer's previous save is still in flight after this step's poll). */
+ckpt_due ckpt_schedule_step(ckpt_schedule *s, int64_t step, int last, int stop, int busy);
+/* The first deferral's warning (once): the save in flight, its speed so far, the speed the schedule needs. */
+void ckpt_schedule_warn(ckpt_schedule *s, int64_t step, const ckpt_progress *p);
+/* The end of the run: the counts (a warning when saves were deferred or waited). */
+void ckpt_schedule_report(const ckpt_schedule *s);
 /* Newest valid checkpoint's step (-1: none); verifies checksums and shapes. */
 kiln_error *ckpt_find_latest(const char *out_dir, int64_t *step);
 kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v);

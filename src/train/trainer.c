@@ -401,11 +401,13 @@ static kiln_error *one_step(trainer *t, const kiln_train_config *c, kiln_comm *c
     return NULL;
 }
 
+/* ckpt_deferred_from > 0: this step took the checkpoint that came due at that step and was deferred */
 static void log_metrics(trainer *t, const kiln_train_config *c, int64_t step, double loss, double val, double lr,
-                        double gnorm, double tokens, double tps, double mfu) {
+                        double gnorm, double tokens, double tps, double mfu, int64_t ckpt_deferred_from) {
     if (!t->metrics) return;
     fprintf(t->metrics, "{\"step\":%lld,\"loss\":%.6f,", (long long)step, loss);
     if (!isnan(val)) fprintf(t->metrics, "\"val_loss\":%.6f,", val);
+    if (ckpt_deferred_from > 0) fprintf(t->metrics, "\"ckpt_deferred_from\":%lld,", (long long)ckpt_deferred_from);
     fprintf(t->metrics, "\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"imbalance\":[",
             lr, gnorm, tokens, tps, mfu);
     for (int64_t l = 0; l < c->model.num_layers; l++) fprintf(t->metrics, l ? ",%.3f" : "%.3f", t->imbalance[l]);
@@ -481,6 +483,8 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
 
     trainer t;
     memset(&t, 0, sizeof t);
+    ckpt_schedule sched;
+    ckpt_schedule_init(&sched, c);
     kiln_error *e = setup(&t, c, comm);
     if (!e) e = ckpt_writer_create(c->async_ckpt, &t.ckw);
     if (!e && t.gpu) { /* checkpoints read the GPU's state through a device snapshot, not the host mirrors */
@@ -545,9 +549,23 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
                             (long long)step);
         if (e) break;
         if (t.val && c->eval_every > 0 && (step % c->eval_every == 0 || step == c->steps)) e = eval_loss(&t, c, comm, &val);
+        /* stop requests (Ctrl-C, --stop-after) are agreed by all ranks, then saved */
+        double stop[1] = {(o->interrupted && *o->interrupted) || (o->stop_after > 0 && step - start >= o->stop_after)};
+        if (!e) e = comm->allreduce_sum_f64(comm, stop, 1);
+        if (!e) e = ckpt_writer_poll(t.ckw, comm, 0); /* commit a background save once every shard is written */
+        /* a save due while the previous one is still being written is deferred (ckpt_schedule.c) */
+        const ckpt_due due = e ? (ckpt_due){0, 0, 0}
+                               : ckpt_schedule_step(&sched, step, step == c->steps, stop[0] > 0, ckpt_writer_pending(t.ckw));
+        if (!e && sched.deferred_from == step && comm->rank == 0) {
+            ckpt_progress p;
+            if (ckpt_writer_progress(t.ckw, &p)) ckpt_schedule_warn(&sched, step, &p);
+            kiln_log(KILN_LOG_DEBUG, "checkpoint of step %lld deferred: the save of step %lld is still being written",
+                     (long long)step, (long long)p.step);
+        }
         double el = now() - t0, tps = run_tokens / el, mfu = tps * fpt / peak;
-        if (!e && !skipped && comm->rank == 0 && (step % c->log_every == 0 || step == c->steps || !isnan(val))) {
-            log_metrics(&t, c, step, loss, val, lr, gnorm, tokens, tps, mfu);
+        if (!e && !skipped && comm->rank == 0 &&
+            (step % c->log_every == 0 || step == c->steps || !isnan(val) || due.deferred_from)) {
+            log_metrics(&t, c, step, loss, val, lr, gnorm, tokens, tps, mfu, due.deferred_from);
             if (!o->quiet) {
                 double eta = (c->steps - step) * el / (double)(step - start);
                 printf("%sstep %6lld/%lld  loss %.4f", tty ? "\r" : "", (long long)step, (long long)c->steps, loss);
@@ -557,17 +575,20 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
                 fflush(stdout);
             }
         }
-        /* stop requests (Ctrl-C, --stop-after) are agreed by all ranks, then saved */
-        double stop[1] = {(o->interrupted && *o->interrupted) || (o->stop_after > 0 && step - start >= o->stop_after)};
-        if (!e) e = comm->allreduce_sum_f64(comm, stop, 1);
-        if (!e) e = ckpt_writer_poll(t.ckw, comm, 0); /* commit a background save once every shard is written */
-        int save = !e && ((c->ckpt_every > 0 && step % c->ckpt_every == 0) || (step == c->steps && c->save_final) ||
-                          stop[0] > 0);
-        if (save) {
+        if (!e && due.save) {
+            if (due.deferred_from && comm->rank == 0)
+                kiln_log(KILN_LOG_DEBUG, "checkpoint deferred from step %lld taken at step %lld", (long long)due.deferred_from,
+                         (long long)step);
             e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
             if (!e) e = kiln_ft_fault_before_save(&t.ft, comm->rank, step);
-            if (!e) e = ckpt_writer_save(t.ckw, comm, &v, step == c->steps || stop[0] > 0);
+            const kiln_fault *slow = kiln_ft_fault_slow_save(&t.ft, comm->rank, step);
+            ckpt_writer_set_slow(t.ckw, slow ? slow->ms : 0, slow ? slow->steps : 0);
+            if (!e) e = ckpt_writer_save(t.ckw, comm, &v, due.wait);
+            if (!e && ckpt_writer_waited(t.ckw, NULL)) {
+                if (due.wait) sched.waited_must++;
+                else sched.waited_other++;
+            }
         }
         if (!e && stop[0] > 0) {
             if (comm->rank == 0 && !o->quiet) printf("\nstopped at step %lld; checkpoint saved, resume with --resume\n", (long long)step);
@@ -593,6 +614,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         if (!e && !o->quiet) printf("saved %s (HF ZAYA format)\n", dir);
     }
     if (!e && step >= c->steps) e = beat(&t, c, comm, step, "done", last, NAN, 0);
+    if (comm->rank == 0) ckpt_schedule_report(&sched);
     if (final_loss) *final_loss = last;
     trainer_free(&t);
     return e;

@@ -263,7 +263,7 @@ TEST(gpu_ckpt_train_async_sync_and_cross_device_resume) {
     char data[1200];
     snprintf(data, sizeof data, "%s", ck_data());
     const char *a = ck_out("async"), *s = ck_out("sync");
-    const char *ca = ck_config(data, a, 6, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 10, \"device\": \"cuda\", \"async_ckpt\": true");
+    const char *ca = ck_config(data, a, 6, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 10, \"device\": \"cuda\", \"async_ckpt\": true, \"ckpt_busy\": \"wait\"");
     CHECK(train_in(ca, a, "") == 0);
     const char *cs = ck_config(data, s, 6, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 10, \"device\": \"cuda\", \"async_ckpt\": false");
     CHECK(train_in(cs, s, "") == 0);
