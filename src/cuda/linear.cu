@@ -26,21 +26,20 @@
 #include "cuda_check.h"
 #include "gemm_lt.h"
 #include "kiln/cuda_ops.h"
+#include "ops_common.cuh"
 
 namespace {
 
 enum { MAX_PLANS = 256 };
 const size_t WS_BYTES = 32u << 20;
 
-// One workspace, plan table and split-K scratch for the process. The workspace is shared by every call, so
-// GEMMs on different streams must not overlap (the trainer runs its GEMMs on one stream); the lock
-// serialises the host side only.
+// One workspace and plan table for the process. The workspace is shared by every call, so GEMMs on different
+// streams must not overlap (the trainer runs its GEMMs on one stream); the lock serialises the host side only.
+// The split-K and column-sum partials come from the ops' stream-ordered pool (kiln_ops_scratch).
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 void *g_ws;
 kiln_lt_plan g_plans[MAX_PLANS];
 kiln_lt_cache g_cache = {g_plans, 0, MAX_PLANS};
-float *g_part;       // split-K partials of dW and the column sums' partials
-size_t g_part_bytes;
 int g_sms;           // the device's SM count (split-K's target)
 
 kiln_error *plan_get(const kiln_lt_key *key, kiln_lt_plan **out) {
@@ -57,20 +56,6 @@ kiln_error *plan_get(const kiln_lt_key *key, kiln_lt_plan **out) {
         goto done;
     }
     *out = kiln_lt_cache_add(&g_cache, &p);
-done:
-    return err;
-}
-
-// device scratch of at least `bytes`, kept for the process (growing it synchronizes the device: cudaFree)
-kiln_error *part_get(size_t bytes, float **out) {
-    kiln_error *err = NULL;
-    if (g_part_bytes < bytes) {
-        if (g_part) CUDA_TRY(cudaFree(g_part));
-        g_part = NULL, g_part_bytes = 0;
-        CUDA_TRY(cudaMalloc((void **)&g_part, bytes));
-        g_part_bytes = bytes;
-    }
-    *out = g_part;
 done:
     return err;
 }
@@ -146,7 +131,7 @@ unsigned grid_for(int64_t n, int threads) {
     return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
 
-// dw[out,in] += dyᵀ x as `slices` strided-batched GEMMs of n/slices tokens into g_part, then the reduction.
+// dw[out,in] += dyᵀ x as `slices` strided-batched GEMMs of n/slices tokens into partials, then the reduction.
 // Called with g_lock held.
 kiln_error *dw_splitk(float *dw, const kiln_bf16 *dy, const kiln_bf16 *x, int64_t n, int64_t in, int64_t out,
                       int slices, cudaStream_t st) {
@@ -157,7 +142,7 @@ kiln_error *dw_splitk(float *dw, const kiln_bf16 *dy, const kiln_bf16 *x, int64_
     // each batch member starts a whole slice later: its alignment is the base's and the stride's
     const uint32_t al[3] = {kiln_lt_align((const void *)((uintptr_t)x | (uintptr_t)(ks * in * 2))),
                             kiln_lt_align((const void *)((uintptr_t)dy | (uintptr_t)(ks * out * 2))), 0};
-    if ((err = part_get((size_t)(slices * size) * sizeof(float), &part))) goto done;
+    CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(slices * size) * sizeof(float), st));
     {
         const uint32_t alc[3] = {al[0], al[1], kiln_lt_align((const void *)((uintptr_t)part | (uintptr_t)(size * 4)))};
         kiln_lt_key key = kiln_lt_key_make(out, in, ks, 1, 0, 1, alc);
@@ -172,6 +157,7 @@ kiln_error *dw_splitk(float *dw, const kiln_bf16 *dy, const kiln_bf16 *x, int64_
         splitk_reduce<1><<<grid_for(size, 256), 256, 0, st>>>(dw, part, size, slices);
     CUDA_TRY(cudaGetLastError());
 done:
+    if (part) cudaFreeAsync(part, st);
     return err ? kiln_error_wrap(err, "dW split in %d slices of %lld tokens", slices, (long long)ks) : NULL;
 }
 
@@ -273,13 +259,13 @@ __global__ void __launch_bounds__(CS_LANES * CS_COLS) colsum2_final(float *db, c
     }
 }
 
-// db += column sums of dy [n, out]. Called with g_lock held (the partials live in g_part).
+// db += column sums of dy [n, out]
 kiln_error *colsum(float *db, const __nv_bfloat16 *dy, int64_t n, int64_t out, int old, cudaStream_t st) {
     kiln_error *err = NULL;
     float *part = NULL;
     if (old) {
         const int64_t chunks = (n + DB_ROWS - 1) / DB_ROWS;
-        if ((err = part_get((size_t)(chunks * out) * sizeof(float), &part))) goto done;
+        CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * out) * sizeof(float), st));
         dim3 grid((unsigned)((out + 2 * DB_THREADS - 1) / (2 * DB_THREADS)), (unsigned)chunks);
         colsum_partial<<<grid, DB_THREADS, 0, st>>>(part, dy, n, out, !(out & 1) && !((uintptr_t)dy & 3));
         CUDA_TRY(cudaGetLastError());
@@ -293,7 +279,7 @@ kiln_error *colsum(float *db, const __nv_bfloat16 *dy, int64_t n, int64_t out, i
         const int64_t chunks = (n + rows - 1) / rows;
         const int vec8 = !(out & 7) && !((uintptr_t)dy & 15);
         const int V = vec8 ? 8 : 1;
-        if ((err = part_get((size_t)(chunks * out) * sizeof(float), &part))) goto done;
+        CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * out) * sizeof(float), st));
         const dim3 block(CS_COLS, CS_LANES), grid((unsigned)((out + CS_COLS * V - 1) / (CS_COLS * V)), (unsigned)chunks);
         if (vec8) colsum2_partial<8><<<grid, block, 0, st>>>(part, dy, n, out, rows);
         else colsum2_partial<1><<<grid, block, 0, st>>>(part, dy, n, out, rows);
@@ -302,6 +288,7 @@ kiln_error *colsum(float *db, const __nv_bfloat16 *dy, int64_t n, int64_t out, i
         CUDA_TRY(cudaGetLastError());
     }
 done:
+    if (part) cudaFreeAsync(part, st);
     return err;
 }
 
