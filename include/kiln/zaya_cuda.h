@@ -48,17 +48,25 @@ size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i);
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g);
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g);
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g);
+/* The model's stream, made to wait first for any optimizer step still running on the optimizer's stream
+ * (below): whatever a caller queues on it (a checkpoint snapshot, a copy of the state) sees the updated
+ * parameters, optimizer state and zeroed gradients. */
 void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g);
-/* Wait for everything queued on the model's stream. */
+/* Wait for everything queued on the model's stream (and the optimizer's). */
 kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g);
 
 /* Forward over host ids [B,T] (checked against the vocabulary). loss (nullable): the mean next-token
- * loss, as kiln_zaya_forward's. The logits stay on the device until backward overwrites them. */
+ * loss, as kiln_zaya_forward's (its pass over the logits, and a wait for it). The logits stay on the device
+ * until backward overwrites them. A training step passes NULL and reads the loss the backward computes
+ * (kiln_zaya_cuda_loss): no wait between the forward and the backward, one pass over the logits. */
 kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss);
 /* Logits [B,T,V] of the last forward, to the host as f32 (before backward). */
 kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *logits);
-/* Backward of the mean next-token loss of the last forward; accumulates into the device gradients. */
+/* Backward of the mean next-token loss of the last forward; accumulates into the device gradients. The
+ * loss itself comes out of the same cross-entropy pass (the same bits as the forward's). */
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g);
+/* The mean loss of the last backward (or of the last forward given a loss), to the host. */
+kiln_error *kiln_zaya_cuda_loss(kiln_zaya_cuda *g, double *loss);
 /* Add the last forward's routing decisions to counts [layers, E+1] (host), as kiln_zaya_route_counts. */
 kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *counts);
 
@@ -80,12 +88,31 @@ typedef struct {
     const char *cls;
     double ms;
     int calls;
+    int side; /* ran on the optimizer's stream, beside the model's: not part of the step's serial time */
 } kiln_zaya_cuda_prof_row;
 void kiln_zaya_cuda_profile_start(kiln_zaya_cuda *g);
 void kiln_zaya_cuda_profile_push(kiln_zaya_cuda *g, const char *cls);
 void kiln_zaya_cuda_profile_pop(kiln_zaya_cuda *g);
 kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof_row *rows, int max_rows, int *nrows,
                                           double *span_ms);
+
+/* ---- the optimizer overlapped with the next forward (one rank) ----
+ * The optimizer's stream has a lower priority than the model's (the forward's GEMMs keep their SMs, the
+ * memory-bound update fills in). A step on it runs in slices of tensors in the forward's order of use: the
+ * embedding with the input scale/bias; then per layer its attention and router tensors, then its experts
+ * and MLP residual scales; last the final norm (and an untied LM head). The next forward waits, before its
+ * first use of a slice's tensors, for that slice alone (an event), and for the whole step before the LM
+ * head; every other reader joins through kiln_zaya_cuda_stream / kiln_zaya_cuda_sync. The tied LM head
+ * reads the embedding, the first slice. */
+/* The slices: slice k holds tensors [first[k], first[k + 1]) of m->params; returns their number. */
+int kiln_zaya_cuda_overlap_slices(const kiln_zaya_cuda *g, const int **first);
+/* Start a step on the optimizer's stream: it waits for everything queued so far on the model's stream (the
+ * backward, the norm). *stream: the optimizer's stream. */
+kiln_error *kiln_zaya_cuda_overlap_begin(kiln_zaya_cuda *g, void **stream);
+/* Slice k is queued on the optimizer's stream (in order, k = 0, 1, ...). */
+kiln_error *kiln_zaya_cuda_overlap_slice_done(kiln_zaya_cuda *g, int k);
+/* The step is queued, and it left the gradients zero (the next backward starts from them). */
+kiln_error *kiln_zaya_cuda_overlap_end(kiln_zaya_cuda *g);
 
 /* ---- the trainer's GPU pieces (src/models/zaya_cuda_train.c) ---- */
 #include "kiln/optim.h"
@@ -114,6 +141,14 @@ float *kiln_zaya_cuda_opt_state(kiln_zaya_cuda_opt *o);
  * refreshes it after the all-gather. */
 kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t shard_off, float scale,
                                     const kiln_optim_hparams *hp, double lr, int64_t t, int write_bf16);
+/* Whether the step can run overlapped: o owns every tensor of the model (one rank) and all are AdamW's
+ * (Muon's grouped Newton-Schulz mixes layers: it runs on the model's stream, kiln_zaya_cuda_opt_step). */
+int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o);
+/* kiln_zaya_cuda_opt_step on the model's own gradients (gshard = kiln_zaya_cuda_grads, write_bf16 on) on the
+ * optimizer's stream, a launch per slice with its gradients zeroed as they are read; returns once queued.
+ * The same bits as kiln_zaya_cuda_opt_step followed by kiln_zaya_cuda_grads_zero. */
+kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
+                                               double lr, int64_t t);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,9 @@
 // work list of fixed chunks (one block each), 4 consecutive elements per thread with 16-byte loads where
 // the addresses allow, the gradient's scale (the mean over micro-batches and ranks, and the clip) applied
 // on the way in, the bf16 copy written on the way out: w, g, m, v read once, w, m, v, bf16 w written once
-// (30 bytes a parameter, the least this update can move).
+// (30 bytes a parameter, the least this update can move). The overlapped step (one rank) runs the work list in
+// slices, one launch each, and writes zeros over the gradient it read (34 bytes a parameter: the 4 of the
+// separate zeroing pass it replaces).
 #include <stdlib.h>
 
 #include "ops_common.cuh"
@@ -26,6 +28,7 @@ struct adamw_args {
     adamw_seg one;
     float *w, *state;
     const float *g;
+    float *gz; // non-NULL (= g): each gradient element is overwritten with 0 once read
     bf16 *wb;
     double b1, one_b1, b2, one_b2, c1, c2, eps, lr;
     float wd, gscale;
@@ -73,6 +76,10 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
         const int cnt = c1 - i < 4 ? (int)(c1 - i) : 4;
         float gv[4], wv[4], mv[4], vv[4];
         ld4<VW>(g, i, cnt, gv);
+        if (k.gz) {
+            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            st4<VW>(k.gz + s.off, i, cnt, zero);
+        }
         ld4<VW>(w, i, cnt, wv);
         ld4<VM>(m, i, cnt, mv);
         ld4<VV>(v, i, cnt, vv);
@@ -131,12 +138,15 @@ struct kiln_adamw_multi {
     adamw_seg *segs; // device
     int2 *work;      // device
     int64_t blocks;
+    int count;
+    int64_t *first; // host: tensor i's chunks are work[first[i] .. first[i + 1])
 };
 
 extern "C" void kiln_adamw_multi_free(kiln_adamw_multi *p) {
     if (!p) return;
     cudaFree(p->segs);
     cudaFree(p->work);
+    free(p->first);
     free(p);
 }
 
@@ -147,10 +157,11 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
     int2 *hw = NULL;
     int64_t blocks = 0;
     *out = NULL;
-    if (!p || !hs) {
+    if (!p || !hs || !(p->first = (int64_t *)calloc((size_t)count + 1, sizeof *p->first))) {
         err = kiln_errorf(KILN_ENOMEM, "adamw: a table of %d tensors", count);
         goto done;
     }
+    p->count = count;
     for (int i = 0; i < count; i++) {
         if (t[i].n < 0 || t[i].off < 0 || t[i].soff < 0) {
             err = kiln_errorf(KILN_EINVAL, "adamw: tensor %d: offset %lld, state offset %lld, %lld elements", i,
@@ -170,8 +181,11 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
         goto done;
     }
     blocks = 0;
-    for (int i = 0; i < count; i++)
+    for (int i = 0; i < count; i++) {
+        p->first[i] = blocks;
         for (int64_t c = 0; c * AW_CHUNK < t[i].n; c++) hw[blocks++] = make_int2(i, (int)c);
+    }
+    p->first[count] = blocks;
     p->blocks = blocks;
     CUDA_TRY(cudaMalloc((void **)&p->segs, ((size_t)count + 1) * sizeof *hs));
     CUDA_TRY(cudaMalloc((void **)&p->work, (size_t)(blocks + 1) * sizeof *hw));
@@ -199,6 +213,28 @@ extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, flo
     k.vec_state = aligned16(state);
     err = adamw_launch(k, p->blocks, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
+    return err;
+}
+
+extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, int t1, float *w, float *g,
+                                                        float *state, float gscale, const kiln_optim_hparams *hp,
+                                                        double lr, int64_t t, kiln_bf16 *w_bf16, int zero_g,
+                                                        void *stream) {
+    kiln_error *err = NULL;
+    adamw_args k;
+    memset(&k, 0, sizeof k);
+    if (t0 < 0 || t1 > p->count || t0 > t1)
+        return kiln_errorf(KILN_EINVAL, "adamw step: tensors %d..%d of a table of %d", t0, t1 - 1, p->count);
+    const int64_t b0 = p->first[t0], nb = p->first[t1] - b0;
+    if (!nb) return NULL;
+    KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
+    // the same blocks as the whole launch's, from work[b0]: each element sees the same arithmetic
+    k.segs = p->segs, k.work = p->work + b0;
+    k.w = w, k.g = g, k.gz = zero_g ? g : NULL, k.state = state, k.wb = (bf16 *)w_bf16;
+    k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
+    k.vec_state = aligned16(state);
+    err = adamw_launch(k, nb, (cudaStream_t)stream);
+    if (err) err = kiln_error_wrap(err, "adamw step (tensors %d..%d)", t0, t1 - 1);
     return err;
 }
 

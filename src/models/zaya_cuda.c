@@ -4,7 +4,11 @@
  * (f32), the router's logits and probabilities (f32: routing decisions are taken on them) and the saved
  * norm statistics. Each residual join runs fused with the RMSNorm that reads it (residual_norm.cu), the
  * CCA convolutions with the q/k coupling (cca_conv_fused.cu).
- * Everything runs on one stream; the experts synchronize it once per layer (their row counts). */
+ * Everything runs on one stream; the experts synchronize it once per layer (their row counts). On one rank
+ * the trainer's optimizer step runs on a second stream of lower priority, overlapped with the next forward:
+ * the forward waits for each slice of tensors just before it first reads them (opt_need), and for the whole
+ * step before the LM head (opt_join); everything else that reads the parameters, the optimizer state or the
+ * gradients joins first. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -39,6 +43,11 @@ kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss) { (void)g, (void)ids, (void)loss; NOCUDA; }
 kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *l) { (void)g, (void)l; NOCUDA; }
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_loss(kiln_zaya_cuda *g, double *loss) { (void)g, (void)loss; NOCUDA; }
+int kiln_zaya_cuda_overlap_slices(const kiln_zaya_cuda *g, const int **first) { (void)g; *first = NULL; return 0; }
+kiln_error *kiln_zaya_cuda_overlap_begin(kiln_zaya_cuda *g, void **stream) { (void)g; *stream = NULL; NOCUDA; }
+kiln_error *kiln_zaya_cuda_overlap_slice_done(kiln_zaya_cuda *g, int k) { (void)g, (void)k; NOCUDA; }
+kiln_error *kiln_zaya_cuda_overlap_end(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *c) { (void)g, (void)c; NOCUDA; }
 kiln_error *kiln_zaya_cuda_memory(kiln_zaya_cuda *g, kiln_zaya_cuda_mem *m) { (void)g, (void)m; NOCUDA; }
 void kiln_zaya_cuda_profile_start(kiln_zaya_cuda *g) { (void)g; }
@@ -111,7 +120,8 @@ struct kiln_zaya_cuda {
     const kiln_zaya *m;
     int64_t B, T;
     int recompute;
-    cudaStream_t stream;
+    cudaStream_t stream;   /* the model's (the greatest priority) */
+    cudaStream_t ostream;  /* the overlapped optimizer's (the least priority) */
     float *w, *g;          /* f32 master parameters and gradients, numel_dev each */
     bf *wb;                /* bf16 copy, the same element offsets */
     size_t *poff, numel_dev; /* each tensor's device offset (64-element aligned: every tensor starts on a
@@ -127,15 +137,26 @@ struct kiln_zaya_cuda {
     float *loss;           /* [1] device */
     int64_t *counts;       /* [layers, E1] device: the last forward's routing decisions */
     int logits_valid, layers_fresh;
+    int loss_valid;        /* g->loss holds the last batch's mean loss */
     int grads_zeroed;      /* no backward since kiln_zaya_cuda_grads_zero: the experts write their dW (beta = 0) */
     gscratch s;
     void *arena, *sarena;
     size_t arena_bytes, sarena_bytes;
     size_t used_high;
-    /* per-op timing (kiln_zaya_cuda_profile_*): CUDA event pairs around each op, by class */
+    /* the overlapped optimizer (kiln_zaya_cuda_overlap_*): slice k = tensors [slice_first[k], slice_first[k+1]),
+     * slice_of[tensor]; an event after each slice on ostream, ev_main (ostream waits for the model's stream),
+     * ev_done (after the whole step) */
+    int nslice, *slice_first, *slice_of;
+    cudaEvent_t *slice_ev, ev_main, ev_done;
+    int nslice_ev;         /* events created */
+    int opt_pending;       /* a step was queued on ostream and the model's stream has not waited for all of it */
+    int opt_waited;        /* the last slice the model's stream waited for (-1: none) */
+    int slices_recorded;   /* slices of the queued step whose events are recorded */
+    /* per-op timing (kiln_zaya_cuda_profile_*): CUDA event pairs around each op, by class; side: on ostream */
     int prof;
-    struct prof_ev { const char *cls; cudaEvent_t a, b; } *ev;
+    struct prof_ev { const char *cls; cudaEvent_t a, b; int side; } *ev;
     int nev, cap_ev, ev_created;
+    int prof_depth;        /* open pairs (only the outermost is recorded) */
 };
 
 #define BF(g, p) ((p) ? (const bf *)((g)->wb + ((p) - (g)->w)) : (const bf *)NULL)
@@ -297,6 +318,7 @@ static void sample_memory(struct kiln_zaya_cuda *g) {
 
 void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     if (!g) return;
+    if (g->ostream) cudaStreamSynchronize(g->ostream);
     if (g->stream) cudaStreamSynchronize(g->stream);
     kiln_cuda_free(g->w);
     kiln_cuda_free(g->g);
@@ -314,8 +336,66 @@ void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     free(g->G.layers);
     for (int i = 0; i < g->ev_created; i++) cudaEventDestroy(g->ev[i].a), cudaEventDestroy(g->ev[i].b);
     free(g->ev);
+    for (int i = 0; i < g->nslice_ev; i++) cudaEventDestroy(g->slice_ev[i]);
+    if (g->ev_main) cudaEventDestroy(g->ev_main);
+    if (g->ev_done) cudaEventDestroy(g->ev_done);
+    free(g->slice_ev);
+    free(g->slice_first);
+    free(g->slice_of);
+    if (g->ostream) cudaStreamDestroy(g->ostream);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g);
+}
+
+/* The tensor whose device storage holds p (a pointer into w or at its tensor's start). */
+static int tensor_of(const kiln_zaya_cuda *g, const float *p) {
+    const size_t off = (size_t)(p - g->w);
+    int lo = 0, hi = g->m->nparams - 1;
+    while (lo < hi) { /* poff is increasing */
+        int mid = (lo + hi + 1) / 2;
+        if (g->poff[mid] <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The overlapped optimizer's slices, in the forward's order of first use, which is the tensors' order: the
+ * embedding and the input scale/bias (the lookup and the first join); per layer [input_layernorm .. the
+ * router's out_proj] (its attention, the join after it, the router: the small tensors) and [the experts ..
+ * the post-MLP residual scales] (the bulk: read by the experts and the last join); the final norm and an
+ * untied LM head. A boundary that would not start a new, later tensor is dropped. */
+static kiln_error *overlap_setup(kiln_zaya_cuda *g) {
+    const kiln_zaya *m = g->m;
+    const int64_t nl = m->cfg.num_layers;
+    g->slice_first = malloc((size_t)(2 * nl + 3) * sizeof *g->slice_first);
+    g->slice_of = malloc((size_t)(m->nparams + 1) * sizeof *g->slice_of);
+    if (!g->slice_first || !g->slice_of) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: optimizer slices");
+    int n = 0;
+    g->slice_first[n++] = 0;
+#define BOUNDARY(p)                                                                                    \
+    do {                                                                                               \
+        if (p) {                                                                                       \
+            const int t_ = tensor_of(g, (p));                                                          \
+            if (t_ > g->slice_first[n - 1] && t_ < m->nparams) g->slice_first[n++] = t_;               \
+        }                                                                                              \
+    } while (0)
+    for (int64_t l = 0; l < nl; l++) {
+        BOUNDARY(g->W.layers[l].ln1);
+        BOUNDARY(g->W.layers[l].gate_up);
+    }
+    BOUNDARY(g->W.norm);
+#undef BOUNDARY
+    g->slice_first[n] = m->nparams;
+    g->nslice = n;
+    for (int k = 0; k < n; k++)
+        for (int t = g->slice_first[k]; t < g->slice_first[k + 1]; t++) g->slice_of[t] = k;
+    if (!(g->slice_ev = calloc((size_t)n, sizeof *g->slice_ev))) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: events");
+    for (; g->nslice_ev < n; g->nslice_ev++)
+        CU(cudaEventCreateWithFlags(&g->slice_ev[g->nslice_ev], cudaEventDisableTiming));
+    CU(cudaEventCreateWithFlags(&g->ev_main, cudaEventDisableTiming));
+    CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming));
+    g->opt_waited = -1;
+    return NULL;
 }
 
 kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out) {
@@ -342,7 +422,13 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     for (int64_t l = 0; !e && l < Lc; l++)
         if (!(g->L[l].exp_off_host = malloc((size_t)(E1 + 1) * sizeof(int32_t))))
             e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: layer tables");
-    if (!e && cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess)
+    /* the model's stream first in the block scheduler's queue, the optimizer's last (lower numbers are
+     * greater priorities) */
+    int least = 0, greatest = 0;
+    if (!e && cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess)
+        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: cannot read the stream priorities (is there a GPU?)");
+    if (!e && (cudaStreamCreateWithPriority(&g->stream, cudaStreamNonBlocking, greatest) != cudaSuccess ||
+               cudaStreamCreateWithPriority(&g->ostream, cudaStreamNonBlocking, least) != cudaSuccess))
         e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: cannot create a stream (is there a GPU?)");
     if (!e && !(g->poff = malloc((size_t)(m->nparams + 1) * sizeof *g->poff)))
         e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: parameter table");
@@ -365,6 +451,7 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
         e = bind_padded(g, g->w, &g->W);
         if (!e) e = bind_padded(g, g->g, &g->G);
     }
+    if (!e) e = overlap_setup(g);
     if (!e) {
         dbump cnt = {NULL, 0};
         arena_layout(g, &cnt);
@@ -406,11 +493,15 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     return NULL;
 }
 
+static kiln_error *opt_join(kiln_zaya_cuda *g);
+
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) {
+    KILN_TRY(opt_join(g));
     return kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->numel_dev, g->stream);
 }
 
 kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {
+    KILN_TRY(opt_join(g)); /* no update still running writes over the new values */
     for (int i = 0; i < g->m->nparams; i++)
         CU(cudaMemcpyAsync(g->w + g->poff[i], w + g->m->params[i].offset, (size_t)g->m->params[i].numel * sizeof(float),
                            cudaMemcpyHostToDevice, g->stream));
@@ -428,6 +519,7 @@ kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias
 }
 
 kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
+    KILN_TRY(opt_join(g));
     CU(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < g->m->nparams; i++)
         CU(cudaMemcpy(w + g->m->params[i].offset, g->w + g->poff[i], (size_t)g->m->params[i].numel * sizeof(float),
@@ -436,6 +528,7 @@ kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
 }
 
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
+    KILN_TRY(opt_join(g));
     CU(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < g->m->nparams; i++)
         CU(cudaMemcpy(grad + g->m->params[i].offset, g->g + g->poff[i], (size_t)g->m->params[i].numel * sizeof(float),
@@ -444,6 +537,7 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
 }
 
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
+    KILN_TRY(opt_join(g));
     CU(cudaMemsetAsync(g->g, 0, g->numel_dev * sizeof(float), g->stream));
     g->grads_zeroed = 1;
     return NULL;
@@ -454,8 +548,13 @@ size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { return g->numel_dev; }
 size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i) { return g->poff[i]; }
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g) { return g->wb; }
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g) { return g->g; }
-void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) { return g->stream; }
+/* A failed join leaves the step pending: the caller's next sync (or the model's next call) reports it. */
+void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g) {
+    kiln_error_free(opt_join(g));
+    return g->stream;
+}
 kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) {
+    KILN_TRY(opt_join(g));
     CU(cudaStreamSynchronize(g->stream));
     return NULL;
 }
@@ -464,8 +563,10 @@ kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) {
 
 #define PROF_MAX 16384
 
-static void prof_begin(kiln_zaya_cuda *g, const char *cls) {
-    if (!g->prof || g->nev >= PROF_MAX) return;
+/* Pairs may nest (a caller's push around a call that times its own ops, such as a wait for the overlapped
+ * optimizer): the outermost pair is timed, the time of the inner ones counted in it. */
+static void prof_begin_on(kiln_zaya_cuda *g, const char *cls, cudaStream_t st, int side) {
+    if (!g->prof || g->prof_depth++ || g->nev >= PROF_MAX) return;
     if (g->nev == g->cap_ev) {
         int cap = g->cap_ev ? 2 * g->cap_ev : 256;
         struct prof_ev *v = realloc(g->ev, (size_t)cap * sizeof *v);
@@ -483,13 +584,16 @@ static void prof_begin(kiln_zaya_cuda *g, const char *cls) {
         g->ev_created++;
     }
     e->cls = cls;
-    cudaEventRecord(e->a, g->stream);
+    e->side = side;
+    cudaEventRecord(e->a, st);
 }
-static void prof_end(kiln_zaya_cuda *g) {
-    if (!g->prof || g->nev >= g->ev_created) return;
-    cudaEventRecord(g->ev[g->nev].b, g->stream);
+static void prof_end_on(kiln_zaya_cuda *g, cudaStream_t st) {
+    if (!g->prof || !g->prof_depth || --g->prof_depth || g->nev >= g->ev_created) return;
+    cudaEventRecord(g->ev[g->nev].b, st);
     g->nev++;
 }
+static void prof_begin(kiln_zaya_cuda *g, const char *cls) { prof_begin_on(g, cls, g->stream, 0); }
+static void prof_end(kiln_zaya_cuda *g) { prof_end_on(g, g->stream); }
 /* An op wrapped in the profiler's events (a branch when profiling is off). */
 #define OP(g, cls, call)                                                                                  \
     do {                                                                                                  \
@@ -502,6 +606,7 @@ static void prof_end(kiln_zaya_cuda *g) {
 void kiln_zaya_cuda_profile_start(kiln_zaya_cuda *g) {
     g->prof = 1;
     g->nev = 0;
+    g->prof_depth = 0;
 }
 void kiln_zaya_cuda_profile_push(kiln_zaya_cuda *g, const char *cls) { prof_begin(g, cls); }
 void kiln_zaya_cuda_profile_pop(kiln_zaya_cuda *g) { prof_end(g); }
@@ -511,25 +616,33 @@ kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof
     g->prof = 0;
     *nrows = 0;
     *span_ms = 0;
+    /* both streams' events complete; the model's stream is not made to wait for the optimizer's */
     CU(cudaStreamSynchronize(g->stream));
+    CU(cudaStreamSynchronize(g->ostream));
+    int first = -1, last = -1; /* the model's stream's first and last events: the span */
     for (int i = 0; i < g->nev; i++) {
         float ms = 0;
         CU(cudaEventElapsedTime(&ms, g->ev[i].a, g->ev[i].b));
+        if (!g->ev[i].side) {
+            if (first < 0) first = i;
+            last = i;
+        }
         int r = 0;
-        while (r < *nrows && strcmp(rows[r].cls, g->ev[i].cls)) r++;
+        while (r < *nrows && (strcmp(rows[r].cls, g->ev[i].cls) || rows[r].side != g->ev[i].side)) r++;
         if (r == *nrows) {
             if (*nrows == max_rows) continue;
             rows[r].cls = g->ev[i].cls;
             rows[r].ms = 0;
             rows[r].calls = 0;
+            rows[r].side = g->ev[i].side;
             (*nrows)++;
         }
         rows[r].ms += ms;
         rows[r].calls++;
     }
-    if (g->nev > 0) {
+    if (first >= 0) {
         float ms = 0;
-        CU(cudaEventElapsedTime(&ms, g->ev[0].a, g->ev[g->nev - 1].b));
+        CU(cudaEventElapsedTime(&ms, g->ev[first].a, g->ev[last].b));
         *span_ms = ms;
     }
     for (int i = 1; i < *nrows; i++) /* by time, largest first */
@@ -539,6 +652,73 @@ kiln_error *kiln_zaya_cuda_profile_report(kiln_zaya_cuda *g, kiln_zaya_cuda_prof
             rows[j - 1] = t;
         }
     g->nev = 0;
+    return NULL;
+}
+
+/* ---------- the overlapped optimizer's ordering ---------- */
+
+static kiln_error *wait_event(cudaStream_t st, cudaEvent_t ev) {
+    CU(cudaStreamWaitEvent(st, ev, 0));
+    return NULL;
+}
+
+/* The model's stream waits for the whole queued step (its waits timed as their own class when profiling:
+ * the time the model's stream stood still for the optimizer). */
+static kiln_error *opt_join(kiln_zaya_cuda *g) {
+    if (!g->opt_pending) return NULL;
+    OP(g, "waiting for the overlapped optimizer", wait_event(g->stream, g->ev_done));
+    g->opt_pending = 0;
+    g->opt_waited = g->nslice - 1;
+    return NULL;
+}
+
+/* Before the model's stream first reads the parameter at p: wait for its slice (earlier slices come before
+ * it on the optimizer's stream). The last slice is the whole step. */
+static kiln_error *opt_need(kiln_zaya_cuda *g, const float *p) {
+    if (!g->opt_pending || !p) return NULL;
+    const int k = g->slice_of[tensor_of(g, p)];
+    if (k <= g->opt_waited) return NULL;
+    if (k == g->nslice - 1) return opt_join(g);
+    OP(g, "waiting for the overlapped optimizer", wait_event(g->stream, g->slice_ev[k]));
+    g->opt_waited = k;
+    return NULL;
+}
+
+int kiln_zaya_cuda_overlap_slices(const kiln_zaya_cuda *g, const int **first) {
+    *first = g->slice_first;
+    return g->nslice;
+}
+
+kiln_error *kiln_zaya_cuda_overlap_begin(kiln_zaya_cuda *g, void **stream) {
+    *stream = g->ostream;
+    /* the gradients are complete (backward, norm) and nothing queued earlier still reads the parameters */
+    CU(cudaEventRecord(g->ev_main, g->stream));
+    CU(cudaStreamWaitEvent(g->ostream, g->ev_main, 0));
+    g->opt_pending = 1;
+    g->opt_waited = -1;
+    g->slices_recorded = 0;
+    prof_begin_on(g, "optimizer (AdamW + gradient zeroing), overlapped with the next forward", g->ostream, 1);
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_overlap_slice_done(kiln_zaya_cuda *g, int k) {
+    if (!g->opt_pending || k != g->slices_recorded || k >= g->nslice)
+        return kiln_errorf(KILN_EINVAL, "overlapped optimizer: slice %d done out of order (next %d of %d)", k,
+                           g->slices_recorded, g->nslice);
+    CU(cudaEventRecord(g->slice_ev[k], g->ostream));
+    g->slices_recorded++;
+    return NULL;
+}
+
+/* Slices not marked done (a step that failed half-way) get their events here, after all that was queued. */
+kiln_error *kiln_zaya_cuda_overlap_end(kiln_zaya_cuda *g) {
+    if (!g->opt_pending) return kiln_errorf(KILN_EINVAL, "overlapped optimizer: end without a begin");
+    const int whole = g->slices_recorded == g->nslice; /* before the loop below: every slice was queued */
+    prof_end_on(g, g->ostream);
+    for (; g->slices_recorded < g->nslice; g->slices_recorded++)
+        CU(cudaEventRecord(g->slice_ev[g->slices_recorded], g->ostream));
+    CU(cudaEventRecord(g->ev_done, g->ostream));
+    if (whole) g->grads_zeroed = 1; /* by the time the next backward runs (it comes after opt_join) */
     return NULL;
 }
 
@@ -567,6 +747,9 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     const float eps = (float)c->rms_norm_eps;
     void *st = g->stream;
 
+    /* an overlapped optimizer step: its slice of this layer's attention and router tensors (the layer's
+     * tensors up to the router's out_proj, in order) */
+    KILN_TRY(opt_need(g, W->r_out_w));
     /* input_layernorm (unless the previous residual join did it) */
     if (!ln1_done) OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
     /* ZayaCCAProjection: q and k stay where the projections write them, the convolution reads both */
@@ -605,12 +788,15 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     OP(g, "linear (cuBLASLt) fwd", kiln_gemm_bf16_cuda(L->rlogits, 1, L->a2, BF(g, W->r_out_w), N, E1, R, "NT", 0, st));
     OP(g, "pointwise + glue fwd", kiln_softmax_forward_cuda(L->rprobs, L->rlogits, N, E1, st));
     OP(g, "pointwise + glue fwd", kiln_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
-    /* ZayaExperts */
+    /* ZayaExperts (the optimizer's slice of the experts and the post-MLP scales, the layer's last tensors) */
+    KILN_TRY(opt_need(g, W->mlp_rb));
     kiln_experts_cuda ex = {N, H, c->moe_intermediate, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, 0, L->xe, L->gu, L->act, L->ye};
     OP(g, "experts (dispatch + grouped GEMMs) fwd", kiln_experts_forward_cuda(&ex, L->moe, L->ln2, BF(g, W->gate_up), BF(g, W->down), st));
     L->nslots = ex.nslots;
-    /* post_mlp_residual_scale, and the norm that reads the output where given */
+    /* post_mlp_residual_scale, and the norm that reads the output where given (the next layer's
+     * input_layernorm or the final norm: the optimizer's next slice) */
+    if (next) KILN_TRY(opt_need(g, next->w));
     OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(out, next ? next->y : NULL, next ? next->rstd : NULL, L->moe,
                                                                     NULL, W->mlp_hb, W->mlp_hs, L->res1, W->mlp_rb, W->mlp_rs,
                                                                     next ? next->w : NULL, N, H, eps, st));
@@ -623,7 +809,9 @@ static kiln_error *forward_impl(kiln_zaya_cuda *g, const int64_t *ids) {
     const int64_t N = g->B * g->T, H = c->hidden_size;
     cudaStream_t st = g->stream;
     KILN_TRY(kiln_zaya_check_ids(m, ids, N));
+    g->loss_valid = 0; /* g->loss is the last batch's until this batch's cross-entropy runs */
     CU(cudaMemcpyAsync(g->ids, ids, (size_t)N * sizeof(int64_t), cudaMemcpyHostToDevice, st));
+    KILN_TRY(opt_need(g, g->W.embed));
     OP(g, "embedding fwd", kiln_embedding_forward_cuda(g->x0, g->W.embed, g->ids, N, H, st));
     const int64_t E1 = c->num_experts + 1;
     CU(cudaMemsetAsync(g->counts, 0, (size_t)(c->num_layers * E1) * sizeof(int64_t), st));
@@ -633,6 +821,9 @@ static kiln_error *forward_impl(kiln_zaya_cuda *g, const int64_t *ids) {
     const float eps = (float)c->rms_norm_eps;
     const int64_t nl = c->num_layers;
     const next_norm fin = {g->hn, g->hn_r, g->W.norm};
+    KILN_TRY(opt_need(g, g->W.in_scale));
+    KILN_TRY(opt_need(g, g->W.in_bias));
+    KILN_TRY(opt_need(g, nl ? g->W.layers[0].ln1 : g->W.norm));
     if (nl)
         OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(g->L[0].x, g->L[0].ln1, g->L[0].ln1_r, g->x0, NULL,
                                                                         g->W.in_bias, g->W.in_scale, NULL, NULL, NULL,
@@ -650,6 +841,7 @@ static kiln_error *forward_impl(kiln_zaya_cuda *g, const int64_t *ids) {
         if (!e) e = kiln_zaya_route_count_cuda(g->counts + l * E1, g->L[l].choice, N * c->top_k, E1, st);
         if (e) return kiln_error_wrap(e, "layer %lld forward", (long long)l);
     }
+    KILN_TRY(opt_join(g)); /* the LM head's tensors, and after it the backward writes the gradients */
     OP(g, "LM head (cuBLASLt) fwd", kiln_linear_forward_cuda(g->logits, g->hn, BF(g, g->W.lm_head_w), BF(g, g->W.lm_head_b), N, H,
                                       c->vocab_size, st));
     g->logits_valid = 1;
@@ -666,8 +858,18 @@ kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double
         CU(cudaMemcpyAsync(&lf, g->loss, sizeof lf, cudaMemcpyDeviceToHost, g->stream));
         CU(cudaStreamSynchronize(g->stream));
         *loss = lf;
+        g->loss_valid = 1;
     }
     sample_memory(g);
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_loss(kiln_zaya_cuda *g, double *loss) {
+    float lf = 0;
+    if (!g->loss_valid) return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: no loss (no backward, no forward with a loss)");
+    CU(cudaMemcpyAsync(&lf, g->loss, sizeof lf, cudaMemcpyDeviceToHost, g->stream));
+    CU(cudaStreamSynchronize(g->stream));
+    *loss = lf;
     return NULL;
 }
 
@@ -795,9 +997,12 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     gscratch *s = &g->s;
     cudaStream_t st = g->stream;
     if (!g->logits_valid) return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: backward without a forward");
-    /* loss -> logits (the gradient overwrites them) -> lm_head -> final norm */
-    OP(g, "cross-entropy bwd", kiln_cross_entropy_cuda(g->logits, NULL, NULL, g->logits, g->ids, B, T, V, st));
+    KILN_TRY(opt_join(g)); /* the forward joined already; the gradients are written from here on */
+    /* loss -> logits (the gradient overwrites them; the same pass gives the loss, bit for bit the forward's) ->
+     * lm_head -> final norm */
+    OP(g, "cross-entropy bwd", kiln_cross_entropy_cuda(g->logits, NULL, g->loss, g->logits, g->ids, B, T, V, st));
     g->logits_valid = 0;
+    g->loss_valid = 1;
     Z(s->dhn, N * H * 2);
     OP(g, "LM head (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
                                        BF(g, g->W.lm_head_w), N, H, V, st));

@@ -1,5 +1,7 @@
 /* The CUDA trainer's optimizer side (include/kiln/zaya_cuda.h): AdamW and Muon on this rank's tensors
- * with the state on the device, the gradient scaling and the global-norm sum, all on the model's stream.
+ * with the state on the device, the gradient scaling and the global-norm sum, on the model's stream; or, on
+ * one rank with AdamW only, the step on the optimizer's stream in slices, overlapped with the next forward
+ * (kiln_zaya_cuda_opt_step_overlapped).
  * The arithmetic is the CPU optimizer's (src/train/optim.c) through the kernels of src/cuda/optim.cu and
  * the batched Newton-Schulz of src/cuda/zaya_muon.cu. */
 #include <stdlib.h>
@@ -29,6 +31,12 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
     (void)o, (void)gshard, (void)shard_off, (void)scale, (void)hp, (void)lr, (void)t, (void)write_bf16;
     NOCUDA;
 }
+int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) { (void)o; return 0; }
+kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
+                                               double lr, int64_t t) {
+    (void)o, (void)scale, (void)hp, (void)lr, (void)t;
+    NOCUDA;
+}
 
 #else
 
@@ -45,6 +53,7 @@ struct kiln_zaya_cuda_opt {
     float *u, *ws; /* Muon: the updates of one group of tensors, the Newton-Schulz scratch */
     double *sum;   /* one device double */
     kiln_adamw_multi *adamw; /* the AdamW tensors' table: one launch a step */
+    int naw;                 /* its tensors */
     size_t *soff;            /* each owned tensor's state offset (index i - first) */
     int *morder, *mgroup, nmg; /* Muon's tensors by group (group k: morder[mgroup[k]..mgroup[k+1])) */
 };
@@ -141,6 +150,7 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!e && cudaMemset(o->state, 0, (o->nstate + 1) * sizeof(float)) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "optimizer on CUDA: clearing the state");
     if (!e) e = kiln_adamw_multi_create(aw, naw, &o->adamw);
+    o->naw = naw;
     free(aw);
     if (e) {
         double gb = (double)o->nstate * 4e-9;
@@ -209,6 +219,43 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
         }
     }
     return NULL;
+}
+
+/* Every tensor of the model, all AdamW's: then the AdamW table's index is the tensor's index. */
+int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) {
+    const int *first = NULL;
+    const int n = kiln_zaya_cuda_overlap_slices(o->g, &first);
+    return n > 0 && o->first == 0 && o->last == first[n] && o->nmg == 0 && o->naw == o->last;
+}
+
+/* A launch per slice on the optimizer's stream, each zeroing the gradients it read, an event after each: the
+ * next forward reads a slice's weights as soon as that slice is done. The chunks are the single launch's,
+ * so each element gets the same arithmetic (kiln_zaya_cuda_opt_step's bits). */
+kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
+                                               double lr, int64_t t) {
+    if (!kiln_zaya_cuda_opt_can_overlap(o))
+        return kiln_errorf(KILN_EINVAL, "overlapped optimizer step: it needs every tensor of the model (tensors %d..%d "
+                           "owned) and AdamW on all of them (%d of them Muon's)", o->first, o->last - 1,
+                           o->last - o->first - o->naw);
+    kiln_zaya_cuda *g = o->g;
+    const int *first = NULL;
+    const int n = kiln_zaya_cuda_overlap_slices(g, &first);
+    void *st = NULL;
+    KILN_TRY(kiln_zaya_cuda_overlap_begin(g, &st));
+    kiln_error *e = NULL;
+    float *w = kiln_zaya_cuda_params(g), *gr = kiln_zaya_cuda_grads(g);
+    kiln_bf16 *wb = kiln_zaya_cuda_params_bf16(g);
+    for (int k = 0; k < n && !e; k++) {
+        e = kiln_adamw_multi_step_range_cuda(o->adamw, first[k], first[k + 1], w, gr, o->state, scale, hp, lr, t, wb, 1,
+                                             st);
+        if (!e) e = kiln_zaya_cuda_overlap_slice_done(g, k);
+    }
+    kiln_error *e2 = kiln_zaya_cuda_overlap_end(g); /* also after a failure: the waits on it stay well defined */
+    if (e) {
+        kiln_error_free(e2);
+        return kiln_error_wrap(e, "overlapped optimizer step");
+    }
+    return e2;
 }
 
 #endif

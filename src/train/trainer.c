@@ -88,6 +88,8 @@ typedef struct {
     float *gshard_dev; /* this rank's summed gradient (device); aliases the gradients on one rank */
     int gshard_owned;
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
+    int opt_overlap;  /* one rank, AdamW: the optimizer step runs beside the next forward (KILN_OPT_OVERLAP=0: not) */
+    int grads_clean;  /* the last (overlapped) optimizer step left the device gradients zero */
 } trainer;
 
 static void trainer_free(trainer *t) {
@@ -137,6 +139,12 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
     } else { /* one rank: the summed gradient is the gradient, and the collectives are identities */
         t->gshard_dev = kiln_zaya_cuda_grads(t->gpu);
     }
+    /* One rank with AdamW only: the optimizer step runs on its own stream, a slice of tensors at a time, while
+     * the next forward starts (each layer waits for its own slice); the same bits either way. Muon's grouped
+     * Newton-Schulz and the ranks' collectives keep the step on the model's stream. */
+    const char *ov = getenv("KILN_OPT_OVERLAP");
+    t->opt_overlap = comm->size == 1 && kiln_zaya_cuda_opt_can_overlap(t->gopt) && !(ov && !strcmp(ov, "0"));
+    kiln_log(KILN_LOG_DEBUG, "optimizer step %s the next forward", t->opt_overlap ? "overlapped with" : "before");
     return NULL;
 }
 
@@ -251,14 +259,17 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda *g = t->gpu;
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
     const int me = comm->rank;
-    KILN_TRY(kiln_zaya_cuda_grads_zero(g));
+    if (!t->grads_clean) KILN_TRY(kiln_zaya_cuda_grads_zero(g)); /* else the overlapped step zeroed them */
+    t->grads_clean = 0;
     memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
     double loss_sum = 0, tc = now();
     for (int64_t a = 0; a < accum; a++) {
         double loss;
         KILN_TRY(kiln_loader_next(t->train, c->micro_batch, t->ids));
-        KILN_TRY(kiln_zaya_cuda_forward(g, t->ids, &loss));
+        /* the loss comes from the backward's cross-entropy pass: the host does not wait between the two */
+        KILN_TRY(kiln_zaya_cuda_forward(g, t->ids, NULL));
         KILN_TRY(kiln_zaya_cuda_backward(g));
+        KILN_TRY(kiln_zaya_cuda_loss(g, &loss));
         KILN_TRY(kiln_zaya_cuda_route_counts(g, t->counts));
         loss_sum += loss;
     }
@@ -303,10 +314,15 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_schedule sched = c->sched;
     sched.total = c->steps;
     double lr = kiln_schedule_lr(&sched, step);
-    kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
-    KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->ddispls[me], scale, &c->optim, lr, step + 1,
-                                     comm->size == 1));
-    kiln_zaya_cuda_profile_pop(g);
+    if (t->opt_overlap) { /* queued on the optimizer's stream; it zeroes the gradients as it goes */
+        KILN_TRY(kiln_zaya_cuda_opt_step_overlapped(t->gopt, scale, &c->optim, lr, step + 1));
+        t->grads_clean = 1;
+    } else {
+        kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
+        KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->ddispls[me], scale, &c->optim, lr, step + 1,
+                                         comm->size == 1));
+        kiln_zaya_cuda_profile_pop(g);
+    }
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
         KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
@@ -436,10 +452,17 @@ static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
     printf("\nper-op time of the last step (CUDA events; step wall time %.1f ms, first to last event %.1f ms):\n",
            step_s * 1e3, span);
     printf("  %-40s %10s %7s %6s\n", "op class", "ms", "share", "calls");
-    for (int i = 0; i < n; i++) sum += rows[i].ms;
+    for (int i = 0; i < n; i++) sum += rows[i].side ? 0 : rows[i].ms;
     for (int i = 0; i < n; i++)
-        printf("  %-40s %10.2f %6.1f%% %6d\n", rows[i].cls, rows[i].ms, 100 * rows[i].ms / (step_s * 1e3), rows[i].calls);
+        if (!rows[i].side)
+            printf("  %-40s %10.2f %6.1f%% %6d\n", rows[i].cls, rows[i].ms, 100 * rows[i].ms / (step_s * 1e3),
+                   rows[i].calls);
     printf("  %-40s %10.2f %6.1f%%\n", "sum of the ops", sum, 100 * sum / (step_s * 1e3));
+    /* the overlapped optimizer runs on its own stream beside the model's: its time is not the step's (the
+     * next forward's waits for it, above, are), and it is not in the sum */
+    for (int i = 0; i < n; i++)
+        if (rows[i].side)
+            printf("  beside the model's stream: %s %.2f ms (%d)\n", rows[i].cls, rows[i].ms, rows[i].calls);
     return NULL;
 }
 

@@ -1,0 +1,177 @@
+/* The optimizer step overlapped with the next forward (one rank, AdamW): the sliced step on the optimizer's
+ * stream, zeroing the gradients as it reads them, gives the bits of the serial step followed by the
+ * gradients' memset, and the forward right after it reads the updated weights (the same loss bits); the
+ * trainer with KILN_OPT_OVERLAP=0 and with the overlap (the default) writes the same checkpoints and the same
+ * final model, byte for byte. No tolerance anywhere: the per-element arithmetic is the same kernel's. */
+#include <string.h>
+
+#include "ckpt_testutil.h"
+#include "gpu_testutil.h"
+#include "kiln/optim.h"
+#include "kiln/zaya.h"
+#include "kiln/zaya_cuda.h"
+
+/* Three steps of each kind on the same gradients, a forward after each; then weights, their bf16 copy, the
+ * state, the gradients and the losses compared bit for bit. */
+static void overlap_step_case(int tied) {
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 50, c.hidden_size = 24, c.num_layers = 2, c.num_heads = 2, c.num_kv_heads = 1, c.head_dim = 8;
+    c.num_experts = 3, c.top_k = 1, c.moe_intermediate = 12, c.router_hidden = 8;
+    c.layer_types[0] = c.layer_types[1] = KILN_LAYER_HYBRID;
+    c.tie_word_embeddings = tied;
+    c.lm_head_bias = !tied;
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    if (!m) return;
+    kiln_zaya_init_random(m, 3);
+    const kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                                   .muon_momentum = 0.95, .muon_ns_steps = 5, .use_muon = 0};
+    kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
+    kiln_optim_classify(m, &hp, op);
+    kiln_zaya_cuda *g = NULL;
+    kiln_zaya_cuda_opt *o = NULL, *part = NULL;
+    const int64_t B = 2, T = 8;
+    CHECK_OK(kiln_zaya_cuda_create(m, B, T, 0, &g));
+    if (g) CHECK_OK(kiln_zaya_cuda_opt_create(g, op, 0, m->nparams, &o));
+    if (g) CHECK_OK(kiln_zaya_cuda_opt_create(g, op, 1, m->nparams, &part));
+    if (!g || !o || !part) goto done;
+    CHECK_MSG(kiln_zaya_cuda_opt_can_overlap(o), "AdamW on every tensor of one rank: the step should overlap");
+    CHECK_MSG(!kiln_zaya_cuda_opt_can_overlap(part), "a rank that does not own every tensor cannot overlap");
+    {
+        kiln_error *e = kiln_zaya_cuda_opt_step_overlapped(part, 1.0f, &hp, 1e-2, 1);
+        CHECK_MSG(e != NULL, "an overlapped step on part of the model was accepted");
+        kiln_error_free(e);
+    }
+    /* the slices: every tensor once, in order; two per layer, the embedding's, the final norm's */
+    const int *first = NULL;
+    const int ns = kiln_zaya_cuda_overlap_slices(g, &first);
+    CHECK_MSG(ns == 2 * c.num_layers + 2, "%d slices for %lld layers", ns, (long long)c.num_layers);
+    CHECK(first[0] == 0 && first[ns] == m->nparams);
+    for (int k = 0; k < ns; k++) CHECK_MSG(first[k] < first[k + 1], "slice %d is empty", k);
+    CHECK_MSG(!strcmp(m->params[first[1]].name, "model.layers.0.input_layernorm.weight"), "slice 1 starts at %s",
+              m->params[first[1]].name);
+    CHECK_MSG(!strcmp(m->params[first[ns - 1]].name, "model.norm.weight"), "the last slice starts at %s",
+              m->params[first[ns - 1]].name);
+
+    const size_t nd = kiln_zaya_cuda_numel(g), nstate = kiln_zaya_cuda_opt_state_numel(o);
+    int64_t *ids = malloc((size_t)(B * T) * sizeof *ids);
+    for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % c.vocab_size;
+    float *w0 = malloc(m->numel * sizeof *w0), *zeros = calloc(nstate + 1, sizeof *zeros);
+    memcpy(w0, m->w, m->numel * sizeof *w0);
+    float *w[2], *st[2], *wb[2], *gr[2];
+    double loss[2][3] = {{0}};
+    for (int mode = 0; mode < 2; mode++) {
+        CHECK_OK(kiln_zaya_cuda_upload_params(g, w0));
+        CHECK_OK(kiln_zaya_cuda_opt_state_upload(o, zeros));
+        kiln_rng rng;
+        kiln_rng_seed(&rng, 5);
+        for (int64_t t = 1; t <= 3; t++) {
+            float *h = gt_rand(&rng, (int64_t)m->numel, 0.1f);
+            float *hd = calloc(nd + 1, sizeof *hd); /* the device layout: zeros between tensors */
+            for (int i = 0; i < m->nparams; i++)
+                memcpy(hd + kiln_zaya_cuda_param_offset(g, i), h + m->params[i].offset,
+                       (size_t)m->params[i].numel * sizeof *hd);
+            CHECK_OK(kiln_zaya_cuda_sync(g)); /* nothing still reads or zeroes the gradients */
+            CHECK_OK(kiln_cuda_copy(kiln_zaya_cuda_grads(g), hd, nd * sizeof *hd, KILN_CUDA_H2D));
+            free(h), free(hd);
+            if (mode == 0) {
+                CHECK_OK(kiln_zaya_cuda_opt_step(o, kiln_zaya_cuda_grads(g), 0, 0.5f, &hp, 1e-2, t, 1));
+                CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+            } else {
+                CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, t));
+            }
+            /* queued right behind the step: each layer waits for its own slice */
+            CHECK_OK(kiln_zaya_cuda_forward(g, ids, &loss[mode][t - 1]));
+        }
+        /* a step with no forward after it: the stream's users wait for it (the sum of the zeroed gradients) */
+        if (mode == 1) {
+            double ss = -1;
+            CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, 4));
+            CHECK_OK(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), nd, &ss));
+            CHECK_MSG(ss == 0, "gradients after the overlapped step: sum of squares %g", ss);
+        } else {
+            CHECK_OK(kiln_zaya_cuda_opt_step(o, kiln_zaya_cuda_grads(g), 0, 0.5f, &hp, 1e-2, 4, 1));
+            CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+        }
+        w[mode] = malloc(m->numel * sizeof(float));
+        st[mode] = calloc(nstate + 1, sizeof(float));
+        gr[mode] = malloc(m->numel * sizeof(float));
+        CHECK_OK(kiln_zaya_cuda_download_params(g, w[mode]));
+        CHECK_OK(kiln_zaya_cuda_opt_state_download(o, st[mode]));
+        CHECK_OK(kiln_zaya_cuda_download_grads(g, gr[mode]));
+        CHECK_OK(kiln_zaya_cuda_sync(g));
+        wb[mode] = gt_down_bf16(kiln_zaya_cuda_params_bf16(g), (int64_t)nd);
+    }
+    CHECK_MSG(memcmp(w[0], w0, m->numel * sizeof *w0), "the steps changed no weight");
+    CHECK_MSG(!memcmp(w[0], w[1], m->numel * sizeof(float)), "overlapped and serial steps: the weights differ");
+    CHECK_MSG(!memcmp(wb[0], wb[1], nd * sizeof(float)), "overlapped and serial steps: the bf16 copies differ");
+    CHECK_MSG(!memcmp(st[0], st[1], nstate * sizeof(float)), "overlapped and serial steps: the AdamW state differs");
+    CHECK_MSG(!memcmp(loss[0], loss[1], sizeof loss[0]),
+              "the forward after the overlapped step: losses %.9g %.9g %.9g, serial %.9g %.9g %.9g", loss[1][0],
+              loss[1][1], loss[1][2], loss[0][0], loss[0][1], loss[0][2]);
+    size_t nz = 0;
+    for (size_t i = 0; i < m->numel; i++) nz += gr[1][i] != 0 || gr[0][i] != 0;
+    CHECK_MSG(nz == 0, "%zu gradient elements not zero after the steps", nz);
+    printf("    %s LM head: %d slices, losses %.6f %.6f %.6f, the same bits both ways\n", tied ? "tied" : "untied", ns,
+           loss[1][0], loss[1][1], loss[1][2]);
+    for (int k = 0; k < 2; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]);
+    free(ids), free(w0), free(zeros);
+done:
+    kiln_zaya_cuda_opt_free(part);
+    kiln_zaya_cuda_opt_free(o);
+    kiln_zaya_cuda_free(g);
+    free(op);
+    kiln_zaya_free(m);
+}
+
+TEST(gpu_zaya_opt_overlap_step) {
+    overlap_step_case(1);
+    overlap_step_case(0);
+}
+
+/* kiln train --device cuda with the step overlapped (the default on one rank) and without
+ * (KILN_OPT_OVERLAP=0): two micro-batches a step, checkpoints every 3 steps (their snapshots read the
+ * device while an overlapped step may still run), per-op profiling of the last step on the overlapped run
+ * (its events on both streams): the same losses, checkpoints and final model, byte for byte. */
+static const char *ov_out(const char *name) {
+    static char keep[4][1200];
+    static int k;
+    char *p = keep[k++ & 3];
+    snprintf(p, sizeof keep[0], "%s/%s", test_tmpdir(), name);
+    return p;
+}
+
+static int ov_train(const char *data, const char *out) {
+    const char *cfg = ck_config(data, out, 9, 2, 32,
+                                "\"ckpt_every\": 3, \"keep_last\": 10, \"device\": \"cuda\", \"async_ckpt\": false");
+    char args[4096];
+    snprintf(args, sizeof args, "train --config '%s' --out '%s' --quiet", cfg, out);
+    return ck_kiln(args);
+}
+
+TEST(gpu_zaya_train_overlap) {
+    char data[1200];
+    snprintf(data, sizeof data, "%s", ck_data());
+    const char *s = ov_out("serial"), *o = ov_out("overlap");
+    setenv("KILN_OPT_OVERLAP", "0", 1);
+    CHECK(ov_train(data, s) == 0);
+    unsetenv("KILN_OPT_OVERLAP");
+    setenv("KILN_CUDA_PROFILE", "1", 1);
+    CHECK(ov_train(data, o) == 0);
+    unsetenv("KILN_CUDA_PROFILE");
+    double ls[9] = {0}, lo[9] = {0};
+    CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9);
+    CHECK_MSG(!memcmp(ls, lo, sizeof ls), "the logged losses differ");
+    for (int step = 3; step <= 9; step += 3) {
+        char ps[1400], po[1400];
+        snprintf(ps, sizeof ps, "%s/ckpt/step_%08d/rank_00000.safetensors", s, step);
+        snprintf(po, sizeof po, "%s/ckpt/step_%08d/rank_00000.safetensors", o, step);
+        CHECK_MSG(ck_same_file(ps, po), "step %d: the checkpoints differ (parameters or AdamW state)", step);
+    }
+    char ms[1400], mo[1400];
+    snprintf(ms, sizeof ms, "%s/model/model.safetensors", s);
+    snprintf(mo, sizeof mo, "%s/model/model.safetensors", o);
+    CHECK_MSG(ck_same_file(ms, mo), "the final models differ");
+    printf("    loss %.4f -> %.4f over 9 steps, both ways\n", lo[0], lo[8]);
+}
