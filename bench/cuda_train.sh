@@ -7,7 +7,8 @@
 # counted the peer's way AND exactly), peak memory, the ratio, and kiln's per-op time of one step.
 # Data: the built-in corpus tokenized by kiln (token ids < 2048 of the model's 50304; the step's work does
 # not depend on the ids). Env: STEPS (default 12; the first 3 are warm-up and not timed), OUT (default
-# bench-out), RECOMPUTE=1 (activation recomputation), SKIP_PEER=1.
+# bench-out), RECOMPUTE=1 (activation recomputation), SKIP_PEER=1, SKIP_MOE=1 (no grouped-GEMM bench at the end).
+# KILN_OPT_OVERLAP=0 in the environment runs kiln's optimizer step before the next forward instead of beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"
@@ -111,6 +112,7 @@ PY
 
 # the grouped expert GEMMs of this layer shape against one dense cuBLASLt GEMM of the same total size
 # (cudamoe's `kiln bench moe --device cuda`; bench/moe_gpu.sh has the torch side)
+[ "${SKIP_MOE:-0}" = 1 ] && exit 0
 echo "== grouped expert GEMMs vs dense (16384 tokens, hidden 2048, inter 2048, 16 experts top-1)"
 ./build-gpu/kiln bench moe --device cuda --tokens 16384 --hidden 2048 --inter 2048 --experts 16 --top-k 1 \
   --routing balanced --iters 10 --json "$out/moe_gpu.json" || echo "(kiln bench moe failed)"
