@@ -87,6 +87,7 @@ for cfg in ["vit-b-32", "vit-l-14"]:
 tv = [r for r in recs if r["side"] == "torch"]
 kv = [r for r in recs if r["side"] == "kiln"]
 print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if cuda and tv else "")
-      + (f"; kiln's OpenBLAS core {kv[0].get('openblas_core')}, {kv[0].get('openblas_threads')} threads" if kv else ""))
+      + (f"; kiln's OpenBLAS core {kv[0].get('openblas_core')}, {kv[0].get('openblas_threads')} threads, "
+         f"vector ops {kv[0].get('simd', '?')}" if kv else ""))
 PY
 rm -f "$res.json.tmp"

@@ -15,6 +15,7 @@
 
 #include "kiln/clip.h"
 #include "kiln/cuda.h"
+#include "kiln/nn.h"
 #include "kiln/safetensors.h"
 
 static double now(void) {
@@ -127,10 +128,10 @@ int main(int argc, char **argv) {
     printf("{\"side\": \"kiln\", \"device\": \"%s\", \"batch\": %d, \"iters\": %d, \"images_per_s_median\": %.3f, "
            "\"images_per_s_best\": %.3f, \"rel_err_vs_ref\": %.3g, \"worst_cosine_vs_ref\": %.6f, \"image_size\": %d, "
            "\"grid\": %d, \"dim\": %d, \"openblas_core\": \"%s\", \"openblas_threads\": %d, "
-           "\"images_per_s_resident\": %.3f, \"chunk_env\": \"%s\"}\n",
+           "\"images_per_s_resident\": %.3f, \"chunk_env\": \"%s\", \"simd\": \"%s\"}\n",
            device, batch, iters, batch / t[iters / 2], batch / t[0], relerr, worst_cos, S, kiln_clip_grid(m), D,
            openblas_get_corename(), openblas_get_num_threads(), resident,
-           getenv("KILN_CLIP_CHUNK") ? getenv("KILN_CLIP_CHUNK") : "");
+           getenv("KILN_CLIP_CHUNK") ? getenv("KILN_CLIP_CHUNK") : "", kiln_simd_isa());
     free(t);
     kiln_clip_pixels_free(all);
     free(emb);

@@ -38,7 +38,10 @@ static void randn(float *x, size_t n, uint64_t seed, double scale) {
 
 /* ---------------------------------------------------------------- ops */
 
-TEST(clip_op_layernorm_matches_float64) {
+/* the vector ISAs the ops may run (src/nn/simd.h); each test below runs in every one this CPU has */
+static const char *const clip_isas[] = {"generic", "avx2", "avx512"};
+
+static void check_layernorm(void) {
     int64_t n = 7, d = 301;
     float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d), *b = malloc(sizeof(float) * d),
           *y = malloc(sizeof(float) * n * d);
@@ -60,6 +63,12 @@ TEST(clip_op_layernorm_matches_float64) {
     kiln_layernorm_forward(x, x, w, b, n, d, 1e-5f); /* in place */
     CHECK(memcmp(x, y, sizeof(float) * n * d) == 0);
     free(x), free(w), free(b), free(y), free(ref);
+}
+
+TEST(clip_op_layernorm_matches_float64) {
+    for (int i = 0; i < 3; i++)
+        if (!kiln_simd_set_isa(clip_isas[i])) check_layernorm();
+    kiln_simd_set_isa(NULL);
 }
 
 static void check_mha(int causal) {
@@ -89,13 +98,17 @@ static void check_mha(int causal) {
                 }
             }
     double e = rel_err(out, ref, (size_t)(B * T * H));
-    CHECK_MSG(e < 1e-5, "causal=%d: relative error %g", causal, e);
+    CHECK_MSG(e < 1e-5, "causal=%d, %s: relative error %g", causal, kiln_simd_isa(), e);
     free(qkv), free(out), free(ref), free(p);
 }
 
 TEST(clip_op_attention_matches_float64) {
-    check_mha(0);
-    check_mha(1);
+    for (int i = 0; i < 3; i++)
+        if (!kiln_simd_set_isa(clip_isas[i])) {
+            check_mha(0);
+            check_mha(1);
+        }
+    kiln_simd_set_isa(NULL);
 }
 
 /* ---------------------------------------------------------------- tokenizer */
@@ -337,6 +350,34 @@ static void check_model(const clip_test_cfg *c, uint64_t seed) {
         kiln_clip_pixels_free(apx);
     }
     kiln_clip_pixels_free(NULL);
+    /* the CPU tower keeps its activation buffers in the model: calls may overlap (one takes them, the
+     * others allocate their own), and a call with more images than they hold replaces them */
+    float *embc = malloc(sizeof(float) * 4 * n * D);
+    int errs = 0;
+#pragma omp parallel for schedule(static, 1) num_threads(4) reduction(+ : errs)
+    for (int t = 0; t < 4; t++) {
+        kiln_error *ce = kiln_clip_embed_images(m, px, t % 2 ? n : 1, embc + t * n * D, NULL);
+        if (ce) errs++, kiln_error_free(ce);
+    }
+    CHECK(errs == 0);
+    kiln_clip *m2 = NULL;
+    CHECK_OK(kiln_clip_load(dir, &m2));
+    if (m2) {
+        CHECK_OK(kiln_clip_embed_images(m2, px, 1, emb2, NULL));
+        CHECK_OK(kiln_clip_embed_images(m2, px, n, emb2, NULL));
+        kiln_clip_free(m2);
+    }
+    double mxe = 0;
+    for (int i = 0; i < n * D; i++) mxe = fmax(mxe, fabs(emb[i]));
+    for (int t = 0; t < 5; t++) {
+        int k = t == 4 || t % 2 ? n : 1, bad = 0;
+        for (int i = 0; i < k * D; i++) {
+            float v = t < 4 ? embc[t * n * D + i] : emb2[i];
+            bad += !(fabs(v - emb[i]) <= 1e-6 * mxe); /* NaN counts */
+        }
+        CHECK_MSG(bad == 0, "call %d of %d images: %d values differ from the first call's", t, k, bad);
+    }
+    free(embc);
 
     /* texts: pooled at <|endoftext|> (also a literal one mid-text: HF picks the first) */
     const char *texts[] = {"a photo of a cat", "The THE and", "x<|endoftext|> then more words", ""};

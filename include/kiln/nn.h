@@ -43,6 +43,16 @@ void kiln_layernorm_forward(float *y, const float *x, const float *w, const floa
 int kiln_mha_forward(float *out, const float *q, const float *k, const float *v, int64_t B, int64_t T,
                      int64_t heads, int64_t hd, int64_t stride, int64_t out_stride, float scale, int causal);
 
+/* ---- exp and CLIP's quick_gelu on vector lanes (src/nn/vexp.h: within 1 ulp of exp over every float,
+ * subnormal results rounded, inf and nan as expf), in the vector ISA chosen at run time (src/nn/simd.c) ---- */
+void kiln_exp_forward(float *y, const float *x, int64_t n);
+/* y[n,m] = v / (1 + exp(-1.702 v)) with v = x + b (b [m] may be NULL); y may alias x; rows on threads */
+void kiln_quick_gelu_forward(float *y, const float *x, const float *b, int64_t n, int64_t m);
+/* The ISA those ops (and layernorm, mha's softmax) run: "avx512", "avx2" or "generic". set_isa picks one
+ * the CPU has (NULL: its best) and returns -1 if it lacks it; KILN_SIMD=<isa> caps the first choice. */
+const char *kiln_simd_isa(void);
+int kiln_simd_set_isa(const char *isa);
+
 /* ---- pointwise activations (y may alias x in forward) ---- */
 void kiln_gelu_forward(float *y, const float *x, int64_t n);           /* exact erf GELU */
 void kiln_gelu_backward(float *dx, const float *dy, const float *x, int64_t n);

@@ -4,8 +4,10 @@
  * pre_layrnorm and post_layernorm, then the projections and L2 normalisation. GEMMs go through
  * OpenBLAS over every token of a chunk of images at once ([B*T, H] x Wᵀ); the out and fc2 projections
  * accumulate straight into the residual stream (beta = 1, the bias added first), fc1's bias rides along
- * with the activation, so no pass over the activations is spent on a bias or a residual add. The rest
- * runs on OpenMP threads. KILN_CLIP_PROFILE=1 prints the wall time per op class of every image call. */
+ * with the activation (quick_gelu on vector lanes, src/nn/quick_gelu.c), so no pass over the activations
+ * is spent on a bias or a residual add. The rest runs on OpenMP threads. The vision tower's activation
+ * buffers stay with the model between calls. KILN_CLIP_PROFILE=1 prints the wall time per op class of
+ * every image call. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -61,14 +63,16 @@ static void tick(cpu_prof *p, int cls) {
 
 /* x [n, m] = act(x + b) in one pass (b [m] nullable) */
 static void bias_activation(float *x, const float *b, int64_t n, int64_t m, int act) {
+    if (act == CLIP_ACT_QUICK_GELU) { /* on vector lanes, rows on threads */
+        kiln_quick_gelu_forward(x, x, b, n, m);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (n * m > 65536)
     for (int64_t r = 0; r < n; r++) {
         float *xr = x + r * m;
         if (b)
             for (int64_t j = 0; j < m; j++) xr[j] += b[j];
         if (act == CLIP_ACT_GELU) kiln_gelu_forward(xr, xr, m);
-        else if (act == CLIP_ACT_QUICK_GELU)
-            for (int64_t j = 0; j < m; j++) xr[j] = xr[j] / (1.0f + expf(-1.702f * xr[j]));
         else
             for (int64_t j = 0; j < m; j++) {
                 float v = xr[j];
@@ -215,6 +219,44 @@ static void vision_embed(const kiln_clip *m, const float *pixels, int64_t B, flo
 /* images per forward: bounds the activations (L/14: ~1 MB per image per buffer) */
 #define CLIP_IMAGE_CHUNK 16
 
+/* The vision tower's activations for chunks of up to bmax images. The model keeps one set between calls
+ * (L/14, 16 images: ~200 MB): allocated afresh, the qkv and fc1 buffers (50 and 67 MB, above glibc's
+ * largest mmap threshold) came back as new pages to fault in and zero on every call. */
+struct clip_cpu_bufs {
+    int64_t bmax;
+    scratch s;
+    float *x, *cols, *ln;
+};
+
+static void bufs_free(struct clip_cpu_bufs *b) {
+    if (!b) return;
+    scratch_free(&b->s);
+    free(b->x);
+    free(b->cols);
+    free(b->ln);
+    free(b);
+}
+
+static struct clip_cpu_bufs *bufs_alloc(const clip_tower_cfg *c, int64_t bmax) {
+    int64_t p = c->patch_size, G = c->image_size / p, T = G * G + 1, H = c->hidden;
+    struct clip_cpu_bufs *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->bmax = bmax;
+    b->x = malloc(sizeof(float) * (size_t)(bmax * T * H));
+    b->cols = malloc(sizeof(float) * (size_t)(bmax * G * G * 3 * p * p));
+    b->ln = malloc(sizeof(float) * (size_t)(bmax * T * H));
+    if (!b->x || !b->cols || !b->ln || scratch_alloc(&b->s, bmax * T, c)) {
+        bufs_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void kiln_clip_cpu_free(kiln_clip *m) {
+    bufs_free(m->cpu_bufs);
+    m->cpu_bufs = NULL;
+}
+
 kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, float *out, float *patches) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G = S / p, H = c->hidden, D = m->proj_dim, T = G * G + 1;
@@ -225,13 +267,21 @@ kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, flo
     const char *pe = getenv("KILN_CLIP_PROFILE");
     cpu_prof prof = {{0}, 0}, *pf = pe && *pe && strcmp(pe, "0") ? &prof : NULL;
     double t0 = wall();
-    scratch s = {0};
-    float *x = malloc(sizeof(float) * (size_t)(Bmax * T * H)), *cols = malloc(sizeof(float) * (size_t)(Bmax * G * G * 3 * p * p));
-    float *ln = malloc(sizeof(float) * (size_t)(Bmax * T * H));
-    if (!x || !cols || !ln || scratch_alloc(&s, Bmax * T, c)) {
+    /* the model's buffers unless another thread's call holds them (calls may overlap on the CPU): then
+     * this call's own */
+    int own = !__atomic_exchange_n(&m->cpu_bufs_busy, 1, __ATOMIC_ACQUIRE);
+    struct clip_cpu_bufs *bufs = own ? m->cpu_bufs : NULL;
+    if (!bufs || bufs->bmax < Bmax) {
+        if (own) kiln_clip_cpu_free(m);
+        bufs = bufs_alloc(c, Bmax);
+        if (own) m->cpu_bufs = bufs;
+    }
+    if (!bufs) {
         e = kiln_errorf(KILN_ENOMEM, "CLIP vision: out of memory for %lld images", (long long)Bmax);
         goto out;
     }
+    scratch s = bufs->s;
+    float *x = bufs->x, *cols = bufs->cols, *ln = bufs->ln;
     for (int64_t b0 = 0; b0 < n && !e; b0 += Bmax) {
         int64_t B = n - b0 < Bmax ? n - b0 : Bmax;
         prof.last = wall();
@@ -243,8 +293,11 @@ kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, flo
             if (layer_forward(x, B, T, c, &m->vl[l], &s, 0, pf))
                 e = kiln_errorf(KILN_ENOMEM, "CLIP vision: out of memory");
         if (e) break;
-        /* post_layernorm over every token: row 0 is the pooled output, rows 1.. the patches */
-        kiln_layernorm_forward(ln, x, m->post_ln_w, m->post_ln_b, B * T, H, (float)c->eps);
+        /* post_layernorm: row 0 of each image is the pooled output, rows 1.. the patches (wanted or not) */
+        if (patches) kiln_layernorm_forward(ln, x, m->post_ln_w, m->post_ln_b, B * T, H, (float)c->eps);
+        else
+            for (int64_t b = 0; b < B; b++)
+                kiln_layernorm_forward(ln + b * T * H, x + b * T * H, m->post_ln_w, m->post_ln_b, 1, H, (float)c->eps);
         for (int64_t b = 0; b < B; b++) {
             kiln_linear_forward(out + (b0 + b) * D, ln + b * T * H, m->vis_proj, NULL, 1, H, D);
             l2_normalize(out + (b0 + b) * D, 1, D);
@@ -265,9 +318,7 @@ kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, flo
             fprintf(stderr, "  %-22s %9.3f ms %5.1f%%\n", cp_names[i], prof.t[i] * 1e3, tot > 0 ? 100 * prof.t[i] / tot : 0);
     }
 out:
-    scratch_free(&s);
-    free(x);
-    free(cols);
-    free(ln);
+    if (own) __atomic_store_n(&m->cpu_bufs_busy, 0, __ATOMIC_RELEASE);
+    else bufs_free(bufs);
     return e;
 }

@@ -53,6 +53,8 @@ struct kiln_clip {
     kiln_tokenizer *tok;
     int64_t bos_id, eos_id;
     struct clip_gpu *gpu; /* the vision tower on the device (clip_cuda.c), or NULL: CPU */
+    struct clip_cpu_bufs *cpu_bufs; /* the CPU vision tower's activations, kept between calls (clip_forward.c) */
+    int cpu_bufs_busy;              /* a call is using them (atomic) */
 };
 
 kiln_error *kiln_clip_read_config(const char *path, clip_tower_cfg *text, clip_tower_cfg *vision, int *proj_dim);
@@ -66,5 +68,7 @@ int kiln_clip_eos_index(const kiln_clip *m, const int64_t *ids, int n);
 /* clip_cuda.c: the GPU vision tower and its release (no-op without a device copy) */
 kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n, float *out, float *patches);
 void kiln_clip_gpu_free(kiln_clip *m);
+/* clip_forward.c: the CPU vision tower's kept activations */
+void kiln_clip_cpu_free(kiln_clip *m);
 
 #endif

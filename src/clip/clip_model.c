@@ -222,6 +222,7 @@ kiln_error *kiln_clip_load(const char *dir, kiln_clip **out) {
 void kiln_clip_free(kiln_clip *m) {
     if (!m) return;
     kiln_clip_gpu_free(m);
+    kiln_clip_cpu_free(m);
     kiln_tokenizer_free(m->tok);
     free(m->w);
     free(m->tl);

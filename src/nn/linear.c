@@ -7,7 +7,8 @@
 void kiln_linear_forward(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t in,
                          int64_t out) {
     if (n == 0) return;
-    if (b) {
+    if (b) { /* the bias as C (beta = 1); on threads: for CLIP's qkv it is 50 MB per layer */
+#pragma omp parallel for schedule(static) if (n * out > 262144)
         for (int64_t i = 0; i < n; i++) memcpy(y + i * out, b, (size_t)out * sizeof(float));
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, x, (int)in, w,
