@@ -8,7 +8,7 @@
 # Data: the built-in corpus tokenized by kiln (token ids < 2048 of the model's 50304; the step's work does
 # not depend on the ids). Env: STEPS (default 12; the first 3 are warm-up and not timed), OUT (default
 # bench-out), RECOMPUTE=1 (activation recomputation), SKIP_PEER=1, SKIP_MOE=1 (no grouped-GEMM bench at the end).
-# KILN_OPT_OVERLAP=0 in the environment runs kiln's optimizer step before the next forward instead of beside it.
+# KILN_OPT_OVERLAP=1 in the environment runs kiln's optimizer step beside the next forward (an experiment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"

@@ -88,7 +88,7 @@ typedef struct {
     float *gshard_dev; /* this rank's summed gradient (device); aliases the gradients on one rank */
     int gshard_owned;
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
-    int opt_overlap;  /* one rank, AdamW: the optimizer step runs beside the next forward (KILN_OPT_OVERLAP=0: not) */
+    int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
     int grads_clean;  /* the last (overlapped) optimizer step left the device gradients zero */
 } trainer;
 
@@ -139,11 +139,13 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
     } else { /* one rank: the summed gradient is the gradient, and the collectives are identities */
         t->gshard_dev = kiln_zaya_cuda_grads(t->gpu);
     }
-    /* One rank with AdamW only: the optimizer step runs on its own stream, a slice of tensors at a time, while
-     * the next forward starts (each layer waits for its own slice); the same bits either way. Muon's grouped
-     * Newton-Schulz and the ranks' collectives keep the step on the model's stream. */
+    /* KILN_OPT_OVERLAP=1, one rank with AdamW only: the optimizer step runs on its own stream, a slice of
+     * tensors at a time, while the next forward starts (each layer waits for its own slice); the same bits
+     * either way. Off by default: on the H200 (run r16a, docs/perf.md) the AdamW blocks took the SMs and the
+     * bandwidth from the forward (119 ms a step against 90 serial). Muon's grouped Newton-Schulz and the
+     * ranks' collectives keep the step on the model's stream. */
     const char *ov = getenv("KILN_OPT_OVERLAP");
-    t->opt_overlap = comm->size == 1 && kiln_zaya_cuda_opt_can_overlap(t->gopt) && !(ov && !strcmp(ov, "0"));
+    t->opt_overlap = comm->size == 1 && kiln_zaya_cuda_opt_can_overlap(t->gopt) && ov && !strcmp(ov, "1");
     kiln_log(KILN_LOG_DEBUG, "optimizer step %s the next forward", t->opt_overlap ? "overlapped with" : "before");
     return NULL;
 }

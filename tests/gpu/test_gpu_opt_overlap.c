@@ -1,8 +1,8 @@
 /* The optimizer step overlapped with the next forward (one rank, AdamW): the sliced step on the optimizer's
  * stream, zeroing the gradients as it reads them, gives the bits of the serial step followed by the
  * gradients' memset, and the forward right after it reads the updated weights (the same loss bits); the
- * trainer with KILN_OPT_OVERLAP=0 and with the overlap (the default) writes the same checkpoints and the same
- * final model, byte for byte. No tolerance anywhere: the per-element arithmetic is the same kernel's. */
+ * trainer without the overlap (the default) and with it (KILN_OPT_OVERLAP=1) writes the same checkpoints and the
+ * same final model, byte for byte. No tolerance anywhere: the per-element arithmetic is the same kernel's. */
 #include <string.h>
 
 #include "ckpt_testutil.h"
@@ -130,8 +130,8 @@ TEST(gpu_zaya_opt_overlap_step) {
     overlap_step_case(0);
 }
 
-/* kiln train --device cuda with the step overlapped (the default on one rank) and without
- * (KILN_OPT_OVERLAP=0): two micro-batches a step, checkpoints every 3 steps (their snapshots read the
+/* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1) and without (the default): two
+ * micro-batches a step, checkpoints every 3 steps (their snapshots read the
  * device while an overlapped step may still run), per-op profiling of the last step on the overlapped run
  * (its events on both streams): the same losses, checkpoints and final model, byte for byte. */
 static const char *ov_out(const char *name) {
@@ -156,10 +156,11 @@ TEST(gpu_zaya_train_overlap) {
     const char *s = ov_out("serial"), *o = ov_out("overlap");
     setenv("KILN_OPT_OVERLAP", "0", 1);
     CHECK(ov_train(data, s) == 0);
-    unsetenv("KILN_OPT_OVERLAP");
+    setenv("KILN_OPT_OVERLAP", "1", 1);
     setenv("KILN_CUDA_PROFILE", "1", 1);
     CHECK(ov_train(data, o) == 0);
     unsetenv("KILN_CUDA_PROFILE");
+    unsetenv("KILN_OPT_OVERLAP");
     double ls[9] = {0}, lo[9] = {0};
     CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9);
     CHECK_MSG(!memcmp(ls, lo, sizeof ls), "the logged losses differ");
