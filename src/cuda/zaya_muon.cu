@@ -39,6 +39,9 @@ cublasHandle_t g_handle;
 // cuBLASLt for tf32 and bf16: one handle and workspace for the process (one compute stream per process, as
 // src/cuda/linear.cu assumes), and each GEMM's plan (descriptors and the heuristic's algorithm) kept: a
 // training step repeats a few shapes five times over, and building a plan costs tens of microseconds.
+// The cuBLAS handle (fp32, and the fallback) uses the same workspace, set after every cublasSetStream (which
+// hands the handle back to cuBLAS's default workspace, one per stream): a process that destroys a model and its
+// stream and makes another (the GPU tests do) must not leave the handle on the old stream's workspace.
 cublasLtHandle_t g_lt;
 void *g_lt_ws;
 const size_t LT_WS_BYTES = 32u << 20;
@@ -301,7 +304,9 @@ extern "C" kiln_error *kiln_zaya_newton_schulz_cuda(float *x, int64_t mats, int6
                            "or bf16", (long long)mats, (long long)rows, (long long)cols, (int)prec);
     pthread_mutex_lock(&g_lock);
     if (!g_handle) CUBLAS_TRY(cublasCreate(&g_handle));
+    if (!g_lt_ws) CUDA_TRY(cudaMalloc(&g_lt_ws, LT_WS_BYTES));
     CUBLAS_TRY(cublasSetStream(g_handle, st));
+    CUBLAS_TRY(cublasSetWorkspace(g_handle, g_lt_ws, LT_WS_BYTES));
     err = kiln_muon_normalize_cuda(x, &p, stream);
     if (err) goto done;
     if (prec == KILN_NS_TF32) {
