@@ -8,16 +8,15 @@
 // The backward (KILN_LINEAR_BWD unset or "new"):
 //   dX  dy w, bf16 C; added to dx (beta = 1) or, with KILN_LINEAR_DX_WRITE, written (beta = 0: no zeroing
 //       pass before it and no read-back of C).
-//   dW  dyᵀ x straight into the f32 master gradient (beta = 1). The trainer's small projections (k, v,
-//       router: [128..256 x 2048] or [256 x 256] outputs) reduce over 16384 tokens: 4..32 output tiles of
-//       128 x 128 on a 132-SM GPU, each tile a 16384-long main loop. Such a GEMM is split along the tokens
-//       ("split-K") into S slices run as ONE strided-batched GEMM into f32 partials, then one pass adds the
-//       partials in slice order onto dw: the same bits every run.
+//   dW  dyᵀ x straight into the f32 master gradient (beta = 1), one GEMM. (Splitting the small ones — k, v,
+//       router: 2..32 output tiles over 16384 tokens — along the tokens into one strided-batched GEMM plus a
+//       fixed-order sum was measured on the H200 and lost: router fc 13 -> 17 µs, v 25 -> 34, k and router
+//       down +4%. cuBLASLt's own choice is within 1.2-1.5x of their memory bound, x read once; docs/perf.md.)
 //   db  column sums of dy: blocks of 64 rows x 256 columns (16-byte loads, 8 rows per thread, all loads in
-//       flight at once), then the per-block partials summed in block order. The former kernel looped 256
-//       rows per thread (a chain of dependent-latency loads: ~40 µs whatever the width).
-// KILN_LINEAR_BWD=old keeps the previous path (one GEMM per gradient, the zeroing pass for a written dx,
-// the former column sum) so that one build can A/B the two.
+//       flight at once), then the per-block partials summed in block order (the former kernel looped 256 rows
+//       per thread: 14.2 µs a call for dy [16384 x 256] on the H200, now 9.4, wall clock with the launches).
+// KILN_LINEAR_BWD=old keeps the previous path (the zeroing pass for a written dx, the former column sum) so
+// that one build can A/B the two.
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -35,12 +34,11 @@ const size_t WS_BYTES = 32u << 20;
 
 // One workspace and plan table for the process. The workspace is shared by every call, so GEMMs on different
 // streams must not overlap (the trainer runs its GEMMs on one stream); the lock serialises the host side only.
-// The split-K and column-sum partials come from the ops' stream-ordered pool (kiln_ops_scratch).
+// The column sums' partials come from the ops' stream-ordered pool (kiln_ops_scratch).
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 void *g_ws;
 kiln_lt_plan g_plans[MAX_PLANS];
 kiln_lt_cache g_cache = {g_plans, 0, MAX_PLANS};
-int g_sms;           // the device's SM count (split-K's target)
 
 kiln_error *plan_get(const kiln_lt_key *key, kiln_lt_plan **out) {
     kiln_error *err = NULL;
@@ -90,75 +88,6 @@ kiln_error *gemm(void *c, int c_f32, const void *a, const void *b, const void *b
     kiln_error *err = gemm_locked(c, c_f32, a, b, bias, m, n, k, ta, tb, beta, stream);
     pthread_mutex_unlock(&g_lock);
     return err;
-}
-
-// ---- dW split along the tokens ----
-
-// The number of slices for dw[out,in] = dyᵀ x over n tokens: 1 unless the output has at most half a wave of
-// 128 x 128 tiles; then the largest power of two giving at most two waves, each slice >= 512 tokens, n
-// divisible by it (equal slices: one strided-batched GEMM), at most 32.
-int splitk_slices(int64_t n, int64_t in, int64_t out) {
-    const int64_t tiles = ((out + 127) / 128) * ((in + 127) / 128);
-    int s = 1;
-    if (g_sms <= 0 || tiles * 2 > g_sms) return 1;
-    while (s < 32 && tiles * s * 2 <= 2 * (int64_t)g_sms && n % (s * 2) == 0 && n / (s * 2) >= 512) s *= 2;
-    return s;
-}
-
-// dw[i] += sum over s (in order) of part[s*size + i]; V = 4 floats per access where size and dw allow
-template <int V> __global__ void splitk_reduce(float *dw, const float *part, int64_t size, int slices) {
-    const int64_t nv = size / V;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
-        if constexpr (V == 4) {
-            float4 s = ((const float4 *)part)[i];
-            for (int j = 1; j < slices; j++) {
-                const float4 v = ((const float4 *)(part + j * size))[i];
-                s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-            }
-            const float4 d = ((const float4 *)dw)[i];
-            s.x += d.x, s.y += d.y, s.z += d.z, s.w += d.w;
-            ((float4 *)dw)[i] = s;
-        } else {
-            float s = part[i];
-            for (int j = 1; j < slices; j++) s += part[j * size + i];
-            dw[i] += s;
-        }
-    }
-}
-
-unsigned grid_for(int64_t n, int threads) {
-    const int64_t b = (n + threads - 1) / threads;
-    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
-}
-
-// dw[out,in] += dyᵀ x as `slices` strided-batched GEMMs of n/slices tokens into partials, then the reduction.
-// Called with g_lock held.
-kiln_error *dw_splitk(float *dw, const kiln_bf16 *dy, const kiln_bf16 *x, int64_t n, int64_t in, int64_t out,
-                      int slices, cudaStream_t st) {
-    kiln_error *err = NULL;
-    kiln_lt_plan *p = NULL;
-    float *part = NULL;
-    const int64_t ks = n / slices, size = out * in;
-    // each batch member starts a whole slice later: its alignment is the base's and the stride's
-    const uint32_t al[3] = {kiln_lt_align((const void *)((uintptr_t)x | (uintptr_t)(ks * in * 2))),
-                            kiln_lt_align((const void *)((uintptr_t)dy | (uintptr_t)(ks * out * 2))), 0};
-    CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(slices * size) * sizeof(float), st));
-    {
-        const uint32_t alc[3] = {al[0], al[1], kiln_lt_align((const void *)((uintptr_t)part | (uintptr_t)(size * 4)))};
-        kiln_lt_key key = kiln_lt_key_make(out, in, ks, 1, 0, 1, alc);
-        key.mode = KILN_LT_STRIDED, key.batch = slices;
-        key.stride[0] = ks * out, key.stride[1] = ks * in, key.stride[2] = size;
-        if ((err = plan_get(&key, &p))) goto done;
-        CUBLAS_TRY(kiln_lt_plan_run(p, NULL, part, dy, x, 0.0f, g_ws, WS_BYTES, st));
-    }
-    if (!(size & 3) && !((uintptr_t)dw & 15) && !((uintptr_t)part & 15))
-        splitk_reduce<4><<<grid_for(size / 4, 256), 256, 0, st>>>(dw, part, size, slices);
-    else
-        splitk_reduce<1><<<grid_for(size, 256), 256, 0, st>>>(dw, part, size, slices);
-    CUDA_TRY(cudaGetLastError());
-done:
-    if (part) cudaFreeAsync(part, st);
-    return err ? kiln_error_wrap(err, "dW split in %d slices of %lld tokens", slices, (long long)ks) : NULL;
 }
 
 // ---- db: column sums ----
@@ -393,17 +322,7 @@ extern "C" kiln_error *kiln_linear_backward_ex_cuda(kiln_bf16 *dx, float *dw, fl
         // dx[n,in] (+)= dy w
         if ((err = gemm_locked(dx, 0, dy, w, NULL, n, in, out, 0, 0, dx_write && !old ? 0.0f : 1.0f, st))) goto done;
     }
-    if (dw) {
-        if (!g_sms) {
-            int dev = 0;
-            CUDA_TRY(cudaGetDevice(&dev));
-            CUDA_TRY(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-        }
-        const int slices = old ? 1 : splitk_slices(n, in, out);
-        if (slices > 1) err = dw_splitk(dw, dy, x, n, in, out, slices, st);
-        else err = gemm_locked(dw, 1, dy, x, NULL, out, in, n, 1, 0, 1.0f, st); // dw[out,in] += dyᵀ x
-        if (err) goto done;
-    }
+    if (dw && (err = gemm_locked(dw, 1, dy, x, NULL, out, in, n, 1, 0, 1.0f, st))) goto done; // dw[out,in] += dyᵀ x
     if (db && (err = colsum(db, (const __nv_bfloat16 *)dy, n, out, old, st))) goto done;
 done:
     if (locked) pthread_mutex_unlock(&g_lock);

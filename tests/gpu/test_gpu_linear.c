@@ -84,18 +84,18 @@ TEST(gpu_linear_fwd_bwd) {
 }
 
 /* The backward's other paths against the CPU: dx written (KILN_LINEAR_DX_WRITE); dW of few output tiles over
- * many rows, split along the rows (src/cuda/linear.cu: 4, 8 and 16 slices here, equal slices of an odd length
- * too, f32 outputs not a multiple of 4); db over more rows than 256 blocks of 64 (taller blocks), 8 columns a
- * load and 1; the same at 2-byte aligned offsets; and all of it again through KILN_LINEAR_BWD=old. */
+ * many rows (the trainer's k / v / router shapes, scaled down; f32 outputs not a multiple of 4); db over more
+ * rows than 256 blocks of 64 (taller blocks), 8 columns a load and 1; the same at 2-byte aligned offsets; and
+ * all of it again through KILN_LINEAR_BWD=old. */
 TEST(gpu_linear_bwd_paths) {
     for (int old = 0; old < 2; old++) {
         if (old) setenv("KILN_LINEAR_BWD", "old", 1);
         linear_case_full(300, 129, 65, 1, 21, 0, 1);
-        linear_case_full(4096, 2048, 256, 1, 22, 0, 1); /* 32 tiles: 8 slices of 512 rows */
-        linear_case_full(8192, 72, 20, 1, 23, 0, 0);    /* one tile: 16 slices, out * in = 1440 */
-        linear_case_full(3000, 64, 64, 1, 24, 0, 0);    /* 4 slices of 750 rows */
-        linear_case_full(70000, 8, 24, 1, 25, 0, 0);    /* db: 274 rows a block; dW: 16 slices */
-        linear_case_full(4096, 256, 128, 1, 26, 1, 1);  /* 2-byte aligned: the split and db's 1-column loads */
+        linear_case_full(4096, 2048, 256, 1, 22, 0, 1); /* 32 output tiles over 4096 rows */
+        linear_case_full(8192, 72, 20, 1, 23, 0, 0);    /* one tile, out * in = 1440 */
+        linear_case_full(3000, 64, 64, 1, 24, 0, 0);
+        linear_case_full(70000, 8, 24, 1, 25, 0, 0);    /* db: 280 rows a block */
+        linear_case_full(4096, 256, 128, 1, 26, 1, 1);  /* 2-byte aligned: db's 1-column loads */
         linear_case_full(2048, 96, 2048, 1, 27, 8, 0);  /* db 2048 wide, 16-byte aligned */
         unsetenv("KILN_LINEAR_BWD");
     }
@@ -115,7 +115,7 @@ TEST(gpu_linear_unaligned) {
 
 /* the same call twice: every output bit-identical (deterministic db, cached plans) */
 TEST(gpu_linear_deterministic) {
-    const int64_t n = 8192, in = 320, out = 192; /* 6 tiles: dW split in 16 slices */
+    const int64_t n = 8192, in = 320, out = 192; /* db over 128 blocks of 64 rows */
     kiln_rng rng;
     kiln_rng_seed(&rng, 9);
     float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 0.05f), *dy = gt_rand(&rng, n * out, 1.0f);
