@@ -306,10 +306,12 @@ kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, float *w, cons
                                        kiln_bf16 *w_bf16, void *stream);
 /* The same step on the table's tensors [t0, t1) only (their chunks: the same blocks as the whole launch's). zero_g:
  * each gradient element is overwritten with 0 once read (the next step accumulates from zero without a separate
- * pass). The trainer's overlapped optimizer runs a step as one such launch per slice of tensors. */
+ * pass). max_blocks > 0: launches of at most that many blocks (chunks of 4096 elements), one after the other;
+ * 0: one launch. The trainer's overlapped optimizer runs a step as one such call per slice of tensors. */
 kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, int t1, float *w, float *g,
                                              float *state, float gscale, const kiln_optim_hparams *hp, double lr,
-                                             int64_t t, kiln_bf16 *w_bf16, int zero_g, void *stream);
+                                             int64_t t, kiln_bf16 *w_bf16, int zero_g, int64_t max_blocks,
+                                             void *stream);
 /* Muon's pieces around the Newton-Schulz GEMMs, as kiln_muon_step does them in f32 for p->mats matrices:
  * momentum (state = mu*state + g; u = g + mu*state, Nesterov), the normalisation u /= |u|_F + 1e-7 per
  * matrix (sum of squares in f64, fixed order), and the update w = w - wd*w - lr*0.2*sqrt(max(rows,cols))*u

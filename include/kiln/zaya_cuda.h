@@ -149,6 +149,10 @@ int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o);
  * The same bits as kiln_zaya_cuda_opt_step followed by kiln_zaya_cuda_grads_zero. */
 kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
                                                double lr, int64_t t);
+/* The overlapped step's launches of at most max_blocks blocks of 4096 elements each, one after the other (0, the
+ * default: one launch a slice). Few blocks waiting at a time leave the forward's kernels, and the experts' side
+ * streams, fewer of the optimizer's blocks ahead of them in the block scheduler. The same bits. */
+void kiln_zaya_cuda_opt_set_overlap_blocks(kiln_zaya_cuda_opt *o, int64_t max_blocks);
 
 #ifdef __cplusplus
 }

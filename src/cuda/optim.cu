@@ -219,7 +219,7 @@ extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, flo
 extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, int t1, float *w, float *g,
                                                         float *state, float gscale, const kiln_optim_hparams *hp,
                                                         double lr, int64_t t, kiln_bf16 *w_bf16, int zero_g,
-                                                        void *stream) {
+                                                        int64_t max_blocks, void *stream) {
     kiln_error *err = NULL;
     adamw_args k;
     memset(&k, 0, sizeof k);
@@ -229,11 +229,17 @@ extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *
     if (!nb) return NULL;
     KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
     // the same blocks as the whole launch's, from work[b0]: each element sees the same arithmetic
-    k.segs = p->segs, k.work = p->work + b0;
+    k.segs = p->segs;
     k.w = w, k.g = g, k.gz = zero_g ? g : NULL, k.state = state, k.wb = (bf16 *)w_bf16;
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state);
-    err = adamw_launch(k, nb, (cudaStream_t)stream);
+    // at most max_blocks a launch: a launch's blocks not yet running wait in the block scheduler, where a
+    // stream beside this one (of greater priority or not) finds them ahead of its own
+    const int64_t step = max_blocks > 0 ? max_blocks : nb;
+    for (int64_t b = 0; b < nb && !err; b += step) {
+        k.work = p->work + b0 + b;
+        err = adamw_launch(k, nb - b < step ? nb - b : step, (cudaStream_t)stream);
+    }
     if (err) err = kiln_error_wrap(err, "adamw step (tensors %d..%d)", t0, t1 - 1);
     return err;
 }

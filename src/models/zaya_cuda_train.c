@@ -32,6 +32,7 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
     NOCUDA;
 }
 int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) { (void)o; return 0; }
+void kiln_zaya_cuda_opt_set_overlap_blocks(kiln_zaya_cuda_opt *o, int64_t max_blocks) { (void)o, (void)max_blocks; }
 kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
                                                double lr, int64_t t) {
     (void)o, (void)scale, (void)hp, (void)lr, (void)t;
@@ -54,6 +55,7 @@ struct kiln_zaya_cuda_opt {
     double *sum;   /* one device double */
     kiln_adamw_multi *adamw; /* the AdamW tensors' table: one launch a step */
     int naw;                 /* its tensors */
+    int64_t ov_blocks;       /* the overlapped step's blocks a launch (0: one launch a slice) */
     size_t *soff;            /* each owned tensor's state offset (index i - first) */
     int *morder, *mgroup, nmg; /* Muon's tensors by group (group k: morder[mgroup[k]..mgroup[k+1])) */
 };
@@ -221,6 +223,10 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
     return NULL;
 }
 
+void kiln_zaya_cuda_opt_set_overlap_blocks(kiln_zaya_cuda_opt *o, int64_t max_blocks) {
+    o->ov_blocks = max_blocks > 0 ? max_blocks : 0;
+}
+
 /* Every tensor of the model, all AdamW's: then the AdamW table's index is the tensor's index. */
 int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) {
     const int *first = NULL;
@@ -247,7 +253,7 @@ kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scal
     kiln_bf16 *wb = kiln_zaya_cuda_params_bf16(g);
     for (int k = 0; k < n && !e; k++) {
         e = kiln_adamw_multi_step_range_cuda(o->adamw, first[k], first[k + 1], w, gr, o->state, scale, hp, lr, t, wb, 1,
-                                             st);
+                                             o->ov_blocks, st);
         if (!e) e = kiln_zaya_cuda_overlap_slice_done(g, k);
     }
     kiln_error *e2 = kiln_zaya_cuda_overlap_end(g); /* also after a failure: the waits on it stay well defined */

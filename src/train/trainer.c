@@ -146,6 +146,16 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
      * ranks' collectives keep the step on the model's stream. */
     const char *ov = getenv("KILN_OPT_OVERLAP");
     t->opt_overlap = comm->size == 1 && kiln_zaya_cuda_opt_can_overlap(t->gopt) && ov && !strcmp(ov, "1");
+    /* KILN_OPT_OVERLAP_BLOCKS=N: its launches of at most N blocks (an experiment: fewer of its blocks waiting
+     * ahead of the forward's) */
+    const char *ob = getenv("KILN_OPT_OVERLAP_BLOCKS");
+    if (ob && *ob) {
+        char *end = NULL;
+        const long long n = strtoll(ob, &end, 10);
+        if (*end || n < 0)
+            return kiln_errorf(KILN_EINVAL, "KILN_OPT_OVERLAP_BLOCKS=%s: not a count of blocks (0: one launch a slice)", ob);
+        kiln_zaya_cuda_opt_set_overlap_blocks(t->gopt, n);
+    }
     kiln_log(KILN_LOG_DEBUG, "optimizer step %s the next forward", t->opt_overlap ? "overlapped with" : "before");
     return NULL;
 }

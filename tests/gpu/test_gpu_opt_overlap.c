@@ -11,8 +11,9 @@
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
 
-/* Three steps of each kind on the same gradients, a forward after each; then weights, their bf16 copy, the
- * state, the gradients and the losses compared bit for bit. */
+/* Three steps of each kind on the same gradients, a forward after each (serial; overlapped; overlapped in
+ * launches of 3 blocks); then weights, their bf16 copy, the state, the gradients and the losses compared bit
+ * for bit. */
 static void overlap_step_case(int tied) {
     kiln_zaya_config c;
     kiln_zaya_config_default(&c);
@@ -59,9 +60,10 @@ static void overlap_step_case(int tied) {
     for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % c.vocab_size;
     float *w0 = malloc(m->numel * sizeof *w0), *zeros = calloc(nstate + 1, sizeof *zeros);
     memcpy(w0, m->w, m->numel * sizeof *w0);
-    float *w[2], *st[2], *wb[2], *gr[2];
-    double loss[2][3] = {{0}};
-    for (int mode = 0; mode < 2; mode++) {
+    float *w[3], *st[3], *wb[3], *gr[3];
+    double loss[3][3] = {{0}};
+    for (int mode = 0; mode < 3; mode++) {
+        kiln_zaya_cuda_opt_set_overlap_blocks(o, mode == 2 ? 3 : 0);
         CHECK_OK(kiln_zaya_cuda_upload_params(g, w0));
         CHECK_OK(kiln_zaya_cuda_opt_state_upload(o, zeros));
         kiln_rng rng;
@@ -85,7 +87,7 @@ static void overlap_step_case(int tied) {
             CHECK_OK(kiln_zaya_cuda_forward(g, ids, &loss[mode][t - 1]));
         }
         /* a step with no forward after it: the stream's users wait for it (the sum of the zeroed gradients) */
-        if (mode == 1) {
+        if (mode > 0) {
             double ss = -1;
             CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, 4));
             CHECK_OK(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), nd, &ss));
@@ -104,18 +106,21 @@ static void overlap_step_case(int tied) {
         wb[mode] = gt_down_bf16(kiln_zaya_cuda_params_bf16(g), (int64_t)nd);
     }
     CHECK_MSG(memcmp(w[0], w0, m->numel * sizeof *w0), "the steps changed no weight");
-    CHECK_MSG(!memcmp(w[0], w[1], m->numel * sizeof(float)), "overlapped and serial steps: the weights differ");
-    CHECK_MSG(!memcmp(wb[0], wb[1], nd * sizeof(float)), "overlapped and serial steps: the bf16 copies differ");
-    CHECK_MSG(!memcmp(st[0], st[1], nstate * sizeof(float)), "overlapped and serial steps: the AdamW state differs");
-    CHECK_MSG(!memcmp(loss[0], loss[1], sizeof loss[0]),
-              "the forward after the overlapped step: losses %.9g %.9g %.9g, serial %.9g %.9g %.9g", loss[1][0],
-              loss[1][1], loss[1][2], loss[0][0], loss[0][1], loss[0][2]);
+    for (int k = 1; k < 3; k++) {
+        const char *how = k == 1 ? "overlapped" : "overlapped (3 blocks a launch)";
+        CHECK_MSG(!memcmp(w[0], w[k], m->numel * sizeof(float)), "%s and serial steps: the weights differ", how);
+        CHECK_MSG(!memcmp(wb[0], wb[k], nd * sizeof(float)), "%s and serial steps: the bf16 copies differ", how);
+        CHECK_MSG(!memcmp(st[0], st[k], nstate * sizeof(float)), "%s and serial steps: the AdamW state differs", how);
+        CHECK_MSG(!memcmp(loss[0], loss[k], sizeof loss[0]),
+                  "the forward after the %s step: losses %.9g %.9g %.9g, serial %.9g %.9g %.9g", how, loss[k][0],
+                  loss[k][1], loss[k][2], loss[0][0], loss[0][1], loss[0][2]);
+    }
     size_t nz = 0;
-    for (size_t i = 0; i < m->numel; i++) nz += gr[1][i] != 0 || gr[0][i] != 0;
+    for (size_t i = 0; i < m->numel; i++) nz += gr[2][i] != 0 || gr[1][i] != 0 || gr[0][i] != 0;
     CHECK_MSG(nz == 0, "%zu gradient elements not zero after the steps", nz);
     printf("    %s LM head: %d slices, losses %.6f %.6f %.6f, the same bits both ways\n", tied ? "tied" : "untied", ns,
            loss[1][0], loss[1][1], loss[1][2]);
-    for (int k = 0; k < 2; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]);
+    for (int k = 0; k < 3; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]);
     free(ids), free(w0), free(zeros);
 done:
     kiln_zaya_cuda_opt_free(part);
@@ -131,7 +136,7 @@ TEST(gpu_zaya_opt_overlap_step) {
 }
 
 /* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1) and without (the default): two
- * micro-batches a step, checkpoints every 3 steps (their snapshots read the
+ * micro-batches a step, the optimizer in launches of 7 blocks, checkpoints every 3 steps (their snapshots read the
  * device while an overlapped step may still run), per-op profiling of the last step on the overlapped run
  * (its events on both streams): the same losses, checkpoints and final model, byte for byte. */
 static const char *ov_out(const char *name) {
@@ -157,9 +162,11 @@ TEST(gpu_zaya_train_overlap) {
     setenv("KILN_OPT_OVERLAP", "0", 1);
     CHECK(ov_train(data, s) == 0);
     setenv("KILN_OPT_OVERLAP", "1", 1);
+    setenv("KILN_OPT_OVERLAP_BLOCKS", "7", 1); /* and its launches of 7 blocks */
     setenv("KILN_CUDA_PROFILE", "1", 1);
     CHECK(ov_train(data, o) == 0);
     unsetenv("KILN_CUDA_PROFILE");
+    unsetenv("KILN_OPT_OVERLAP_BLOCKS");
     unsetenv("KILN_OPT_OVERLAP");
     double ls[9] = {0}, lo[9] = {0};
     CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9);
