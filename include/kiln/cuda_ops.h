@@ -77,6 +77,9 @@ typedef struct {
     kiln_bf16 *dye, *dact, *dgu, *dxe; /* [S,H], [S,I], [S,2I], [S,H] */
     int dw_write; /* 1: the backward WRITES dwgu/dwdn (=) instead of adding to them: the first backward after the
                    * gradients were zeroed skips reading them back (experts without rows get zeros) */
+    int dw_defer; /* 1: the weight gradients are left running on side streams when the backward returns; the caller
+                   * must call kiln_experts_backward_join_cuda(stream) before reading dwgu/dwdn or reusing this
+                   * scratch, xe or act (KILN_EXPERTS_DW_DEFER=0 overrides: joined as before) */
 } kiln_experts_cuda_scratch;
 /* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
  * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
@@ -101,6 +104,8 @@ kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const ki
 kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu, float *dwdn,
                                        const float *dout, const kiln_bf16 *wgu, const kiln_bf16 *wdn,
                                        kiln_experts_cuda_scratch *w, void *stream);
+/* the stream waits for the weight gradients a dw_defer backward left running (a no-op when none are) */
+kiln_error *kiln_experts_backward_join_cuda(void *stream);
 /* One grouped GEMM over experts, row-major, as the experts call it. offs (host, E+1 entries) are the
  * experts' row offsets in expert order; expert e owns rows offs[e] .. offs[e+1]-1 (m_e rows).
  *   "NT": C[rows of e, n] = A[rows of e, k] B_eᵀ, B_e = b + e*n*k stored [n,k]  (forward)
@@ -125,6 +130,12 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
 kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
                                    int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
                                    int *looped, void *stream);
+/* The same GEMM (no `looped`), its side streams' GEMMs left running: the stream does not wait for them until
+ * kiln_grouped_gemm_join(stream) (or the next grouped GEMM that joins its side streams). */
+kiln_error *kiln_grouped_gemm_cuda_async(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
+                                         int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
+                                         void *stream);
+kiln_error *kiln_grouped_gemm_join(void *stream);
 /* Select the grouped GEMM's path by name for the process (NULL: back to KILN_GROUPED_GEMM or the default);
  * an unknown name is an error listing the known ones. */
 kiln_error *kiln_grouped_gemm_set_path(const char *name);

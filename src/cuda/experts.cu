@@ -8,6 +8,13 @@
 // device-to-host copy of the offsets per forward; the backward reuses it. The copy goes to pinned memory
 // behind an event, and the gather is queued before the host waits for it, so the device has work while
 // the host wakes up.
+//
+// The backward's weight gradients (f32, per-expert GEMMs on side streams) need nothing that comes after them in
+// the layer's backward. With kiln_experts_cuda_scratch.dw_defer they are issued last (after gate_up's dX) and
+// left running on the side streams: the caller's stream goes on (the gated sum's dx, the router's backward:
+// small, memory-bound ops that leave SMs idle) and joins them with kiln_experts_backward_join_cuda before it
+// reuses the scratch or reads the gradients (the next backward call joins too). KILN_EXPERTS_DW_DEFER=0 turns
+// it off (same bits either way: the same GEMMs in another order).
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -274,6 +281,10 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     if (S != x->exp_off_host[E])
         return kiln_errorf(KILN_EINVAL, "experts backward: %lld slots but the forward's offsets say %d (run "
                            "kiln_experts_forward_cuda on this struct first)", (long long)S, x->exp_off_host[E]);
+    const char *dv = getenv("KILN_EXPERTS_DW_DEFER");
+    const int defer = w->dw_defer && !(dv && !strcmp(dv, "0"));
+    // weight gradients a previous call left running read and write buffers this call may reuse
+    if ((err = kiln_grouped_gemm_join(stream))) goto done;
     if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
     if (!S) { // no rows: written weight gradients are empty sums
         if (w->dw_write && dwgu) CUDA_TRY(cudaMemsetAsync(dwgu, 0, (size_t)(E * 2 * I * H) * sizeof(float), st));
@@ -289,11 +300,12 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
                                                                  (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
                                                                  x->slot_k, H, top);
     CUDA_TRY(cudaGetLastError());
-    // down: dact = dye wdn_e, dwdn_e += dyeᵀ act
+    // down: dact = dye wdn_e, dwdn_e += dyeᵀ act (deferred: after gate_up's dX, see below)
     if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
         goto done;
-    if (dwdn && (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write,
-                                              NULL, stream)))
+    if (!defer && dwdn &&
+        (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write, NULL,
+                                      stream)))
         goto done;
     if (pairs(I, w->dgu, w->dact, x->gu))
         swiglu_bwd_kernel<2><<<grid_for(S * I / 2), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
@@ -305,10 +317,21 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
     if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
         goto done;
-    if (dwgu &&
-        (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", !w->dw_write, NULL,
-                                      stream)))
+    if (defer) {
+        // both weight gradients on the side streams, left running: the caller's stream goes on with the gated
+        // sum's dx and whatever follows (the router's backward) while they fill the SMs around it; the caller
+        // joins (kiln_experts_backward_join_cuda) before dye/dgu/act/xe are reused or the gradients read
+        if (dwdn && (err = kiln_grouped_gemm_cuda_async(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN",
+                                                        !w->dw_write, stream)))
+            goto done;
+        if (dwgu && (err = kiln_grouped_gemm_cuda_async(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN",
+                                                        !w->dw_write, stream)))
+            goto done;
+    } else if (dwgu &&
+               (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", !w->dw_write,
+                                             NULL, stream))) {
         goto done;
+    }
     if (dx) {
         if (vec4_ok(H, dx, dx, w->dxe, w->dxe))
             combine_dx_kernel<4><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top);
@@ -321,3 +344,5 @@ done:
                                    (long long)N, (long long)H, (long long)I, (long long)E, (long long)top);
     return err;
 }
+
+extern "C" kiln_error *kiln_experts_backward_join_cuda(void *stream) { return kiln_grouped_gemm_join(stream); }

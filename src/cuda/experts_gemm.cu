@@ -60,6 +60,8 @@ int g_grouped_f32_refused; // this cuBLAS has no grouped kernel with f32 C for b
 void *g_ws[MAX_STREAMS + 1];
 cudaStream_t g_side[MAX_STREAMS];
 cudaEvent_t g_fork, g_join[MAX_STREAMS];
+int g_defer;                 // the call in progress leaves its side streams running (kiln_grouped_gemm_cuda_async)
+int g_pending[MAX_STREAMS];  // side stream i has work no stream has waited for yet (its g_join[i] marks the end)
 long g_tune; // KILN_GROUPED_TUNE=1: time the heuristic's candidates once per large plan, keep the fastest; 2: every plan (tests)
 void *g_tune_c;           // a scratch C for timing accumulating GEMMs (their real C must not change)
 size_t g_tune_c_bytes;
@@ -307,8 +309,20 @@ kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const
         err = lt_gemm(1 + s, j->c, c_f32, j->a, j->b, j->m, j->n, j->k, j->ta, j->tb, beta, 0, j->align, g_side[s]);
     }
 done:
+    if (forked && g_defer && !err) { // the caller joins later (kiln_grouped_gemm_join)
+        for (int i = 0; i < ns; i++) {
+            const cudaError_t e1 = cudaEventRecord(g_join[i], g_side[i]);
+            if (e1 != cudaSuccess) {
+                err = kiln_errorf(KILN_EIO, "marking side stream %d: %s", i, cudaGetErrorString(e1));
+                break;
+            }
+            g_pending[i] = 1;
+        }
+        forked = err != NULL; // on an error, join now
+    }
     if (forked) // join even after an error: nothing later on st may overtake the side streams
         for (int i = 0; i < ns; i++) {
+            g_pending[i] = 0; // st waits for everything queued on side stream i so far
             cudaError_t e1 = cudaEventRecord(g_join[i], g_side[i]), e2 = cudaStreamWaitEvent(st, g_join[i], 0);
             if (!err && (e1 != cudaSuccess || e2 != cudaSuccess))
                 err = kiln_errorf(KILN_EIO, "joining side stream %d: %s", i,
@@ -512,9 +526,10 @@ extern "C" kiln_error *kiln_grouped_gemm_path(const char **name) {
     return err;
 }
 
-extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
-                                              const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
-                                              const char *layout, int accumulate, int *looped, void *stream) {
+// kiln_grouped_gemm_cuda, and with defer its _async twin (side streams left running)
+static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
+                                int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
+                                int *looped, int defer, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     const int tn = layout && !strcmp(layout, "TN"), nt = layout && !strcmp(layout, "NT"),
@@ -535,6 +550,7 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf1
                                (long long)e, offs[e], offs[e + 1]);
     pthread_mutex_lock(&g_lock);
     locked = 1;
+    g_defer = defer;
     if ((err = path_now(&path, &is_default)) ||
         (err = env_int("KILN_GROUPED_STREAMS", 1, MAX_STREAMS, DEFAULT_STREAMS, 1, &ns)) ||
         (err = env_int("KILN_GROUPED_CHUNK", 64, 4096, DEFAULT_CHUNK, 64, &ch)) ||
@@ -590,6 +606,7 @@ done:
         if (looped) *looped = 0;
         err = grouped(c, c_f32, a, b, offs, E, m, n, k, tn, nt, accumulate, looped, st);
     }
+    g_defer = 0;
     if (locked) pthread_mutex_unlock(&g_lock);
     free(js);
     if (err)
@@ -597,4 +614,29 @@ done:
                               (long long)E, (long long)m, (long long)n, (long long)k, c_f32 ? "f32" : "bf16",
                               path_names[path]);
     return err;
+}
+
+extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
+                                              const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
+                                              const char *layout, int accumulate, int *looped, void *stream) {
+    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, looped, 0, stream);
+}
+
+extern "C" kiln_error *kiln_grouped_gemm_cuda_async(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
+                                                    const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
+                                                    const char *layout, int accumulate, void *stream) {
+    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, NULL, 1, stream);
+}
+
+extern "C" kiln_error *kiln_grouped_gemm_join(void *stream) {
+    kiln_error *err = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < MAX_STREAMS; i++)
+        if (g_pending[i]) {
+            CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, g_join[i], 0));
+            g_pending[i] = 0;
+        }
+done:
+    pthread_mutex_unlock(&g_lock);
+    return err ? kiln_error_wrap(err, "joining the grouped GEMMs' side streams") : NULL;
 }

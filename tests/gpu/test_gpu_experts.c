@@ -110,6 +110,8 @@ TEST(gpu_experts_dispatch) {
 /* 1: the backward writes the weight gradients (kiln_experts_cuda_scratch.dw_write): the device's start from
  * random values that must vanish, the CPU's from zero */
 static int g_dw_write;
+/* 1: the weight gradients left running on the side streams (kiln_experts_cuda_scratch.dw_defer), joined after */
+static int g_dw_defer;
 
 /* forward and backward against the CPU op; returns nothing, checks inside */
 static void experts_case(const ex_case *c, uint64_t seed) {
@@ -133,13 +135,15 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
     x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
     kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                   gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write};
+                                   gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write,
+                                   g_dw_defer};
     kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
     float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
     float *d_dgate = gt_dev((size_t)S * 4), *d_dwgu = gt_up_f32(dwgu, nw), *d_dwdn = gt_up_f32(dwdn, nd);
     if (g_dw_write) memset(dwgu, 0, (size_t)nw * sizeof *dwgu), memset(dwdn, 0, (size_t)nd * sizeof *dwdn);
     CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
     CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
+    CHECK_OK(kiln_experts_backward_join_cuda(NULL));
     float *g_out = gt_down_f32(d_out, N * H), *g_dx = gt_down_f32(d_dx, N * H), *g_dgate = gt_down_f32(d_dgate, S);
     float *g_dwgu = gt_down_f32(d_dwgu, nw), *g_dwdn = gt_down_f32(d_dwdn, nd);
 
@@ -216,7 +220,8 @@ TEST(gpu_experts_dw_write) {
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
 
-/* two identical runs give identical bits (the deterministic mode's requirement), on the path in effect */
+/* two identical runs give identical bits (the deterministic mode's requirement), on the path in effect; the
+ * second leaves its weight gradients running on the side streams (dw_defer) until joined: the same GEMMs */
 static void experts_deterministic(void) {
     const int64_t N = 3000, E = 8, top = 2, H = 256, I = 192, S = N * top, nw = E * 2 * I * H, nd = E * H * I;
     const ex_case c = {N, E, top, H, I, 0.1, -1};
@@ -235,11 +240,12 @@ static void experts_deterministic(void) {
         x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
         x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
         kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0};
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r};
         float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
         float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
         CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
         CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
+        CHECK_OK(kiln_experts_backward_join_cuda(NULL)); /* the second run's weight gradients were deferred */
         res[r][0] = gt_down_f32(d_out, N * H), res[r][1] = gt_down_f32(d_dx, N * H);
         res[r][2] = gt_down_f32(d_dgate, S), res[r][3] = gt_down_f32(d_dwgu, nw), res[r][4] = gt_down_f32(d_dwdn, nd);
         free_dev_experts(&x);
@@ -501,5 +507,27 @@ TEST(gpu_experts_dw_batched) {
     const int32_t offs[3] = {0, 2, 4};
     CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 1, NULL, NULL, offs, 2, 4, 4, 0, "TN", 0, NULL, NULL), "KILN_GROUPED_DW_BATCH");
     unsetenv("KILN_GROUPED_DW_BATCH");
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+}
+
+/* dw_defer: the weight gradients left running on the side streams and joined after, against the CPU, on the
+ * side-stream paths, accumulated and written; KILN_EXPERTS_DW_DEFER=0 (joined inside) the same; a join with
+ * nothing pending is a no-op */
+TEST(gpu_experts_dw_defer) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}};
+    static const char *const paths[2] = {"lt_streams", "lt_mixed"};
+    CHECK_OK(kiln_experts_backward_join_cuda(NULL));
+    g_dw_defer = 1;
+    for (int env = 0; env < 2; env++) {
+        if (env) CHECK(setenv("KILN_EXPERTS_DW_DEFER", "0", 1) == 0);
+        for (int p = 0; p < 2; p++) {
+            printf("  path %s%s\n", paths[p], env ? ", KILN_EXPERTS_DW_DEFER=0" : "");
+            CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
+            for (g_dw_write = 0; g_dw_write < 2; g_dw_write++)
+                for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 1200 + i);
+        }
+        unsetenv("KILN_EXPERTS_DW_DEFER");
+    }
+    g_dw_write = 0, g_dw_defer = 0;
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
