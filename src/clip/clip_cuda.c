@@ -303,10 +303,8 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
         }
     }
     static const char *const kinds[] = {"pageable", "page-locked", "device"};
-    const char *mr = getenv("KILN_CLIP_MLP_ROWS");
-    fprintf(stderr, "CLIP on CUDA: %lld images in chunks of %lld, pixels %s: %.3f ms wall (%.1f images/s)%s%s%s\n",
-            (long long)n, (long long)Bm, kinds[kind], secs * 1e3, n / secs, g->nev >= P_MAXEV ? " (timeline cut short)" : "",
-            mr && *mr ? ", KILN_CLIP_MLP_ROWS=" : "", mr && *mr ? mr : "");
+    fprintf(stderr, "CLIP on CUDA: %lld images in chunks of %lld, pixels %s: %.3f ms wall (%.1f images/s)%s\n",
+            (long long)n, (long long)Bm, kinds[kind], secs * 1e3, n / secs, g->nev >= P_MAXEV ? " (timeline cut short)" : "");
     for (int c = 0; c < P_NCLASS; c++) {
         char name[64];
         /* which attention ran (KILN_CLIP_ATTN: cuDNN's fused flash attention by default) */
@@ -317,17 +315,6 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
     g->nev = 0;
 }
 
-/* KILN_CLIP_MLP_ROWS=R (an experiment, off by default): the MLP (fc1 GEMM, activation, fc2 GEMM) runs over
- * pieces of R token rows, each piece's fc1 output written at the start of the same buffer. At R = 2048-4096
- * that output (16-32 MB for L/14's 4096-wide MLP) may still be in the H200's 50 MB L2 when the activation
- * and fc2 read it, instead of a round trip of 135 MB per 64 images through HBM; the price is GEMMs of fewer
- * rows (fc2 of 2048 rows is one wave of 128x128 tiles). 0 or unset: the whole chunk at once. */
-static int64_t mlp_rows(int64_t N) {
-    const char *e = getenv("KILN_CLIP_MLP_ROWS");
-    const long long r = e && *e ? atoll(e) : 0;
-    return r > 0 && r < N ? (int64_t)r : N;
-}
-
 /* the tower over one chunk of B images whose f32 pixels are at px (device); leaves the pooled rows'
  * embeddings in g->nrm ([B, D] f32), or every token's ([B*T, D]) when all_tokens */
 static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int64_t B, int slot, int all_tokens) {
@@ -335,7 +322,6 @@ static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int6
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
             D = m->proj_dim, K = 3 * p * p, hd = H / c->heads, N = B * T;
     float scale = (float)(1.0 / sqrt((double)hd)), eps = (float)c->eps;
-    const int64_t R = mlp_rows(N);
     void *st = g->st;
     mark(g, P_PATCH);
     KILN_TRY(kiln_clip_patchify_f32_cuda(g->cols, px, B, S, p, st));
@@ -356,16 +342,13 @@ static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int6
         KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->att, L->o_w, L->o_b, N, H, H, 1, st));
         mark(g, P_LN);
         KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, L->ln2_w, L->ln2_b, N, H, eps, st));
-        for (int64_t r0 = 0; r0 < N; r0 += R) {
-            const int64_t nr = N - r0 < R ? N - r0 : R;
-            mark(g, P_FC1);
-            KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h + r0 * H, L->fc1_w, L->fc1_b, nr, H, I, 0, st));
-            mark(g, P_ACT);
-            KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, nr * I, st)
-                                                   : kiln_gelu_forward_cuda(g->f, g->f, nr * I, st));
-            mark(g, P_FC2);
-            KILN_TRY(kiln_clip_linear_cuda(g->x + r0 * H, 1, g->f, L->fc2_w, L->fc2_b, nr, I, H, 1, st));
-        }
+        mark(g, P_FC1);
+        KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, N, H, I, 0, st));
+        mark(g, P_ACT);
+        KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, N * I, st)
+                                               : kiln_gelu_forward_cuda(g->f, g->f, N * I, st));
+        mark(g, P_FC2);
+        KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->f, L->fc2_w, L->fc2_b, N, I, H, 1, st));
     }
     mark(g, P_POST);
     if (all_tokens) {

@@ -274,12 +274,6 @@ static void check_dir(const char *dir, int n, uint64_t seed, int expect_cudnn) {
         memset(ge3, 0, sizeof(float) * n * D);
         CHECK_OK(kiln_clip_embed_images(m, px, n, ge3, NULL));
         compare_rows("chunks of 3, pageable", ge3, ce, n, D);
-        /* the MLP over pieces of 100 token rows (KILN_CLIP_MLP_ROWS) */
-        setenv("KILN_CLIP_MLP_ROWS", "100", 1);
-        memset(ge3, 0, sizeof(float) * n * D);
-        CHECK_OK(kiln_clip_embed_images(m, px, n, ge3, NULL));
-        unsetenv("KILN_CLIP_MLP_ROWS");
-        compare_rows("chunks of 3, MLP rows 100", ge3, ce, n, D);
         float *gp3 = malloc(sizeof(float) * n * G2 * D);
         CHECK_OK(kiln_clip_embed_images(m, px, n, ge3, gp3));
         compare_rows("chunks of 3, patches", gp3, cp, n * G2, D);
