@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "clip_testutil.h"
 #include "cuda/clip_ops.h"
@@ -147,6 +148,47 @@ TEST(gpu_clip_attention_cudnn) {
         GT_CLOSE("odd row stride (fallback)", got, ref, B * T * H, 1e-2);
         kiln_cuda_free(dq), kiln_cuda_free(dout);
         free(qkv), free(ref), free(got);
+    }
+}
+
+static double clip_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Timings, printed and never asserted: cuDNN's forward and the own kernel at the chunk shapes of the bench
+ * (64 L/14 images, 128 B/32 images) and at T = 256 beside 257 (how cuDNN's tiles meet the class token:
+ * 257 tokens are 3 tiles of 128 where 256 are 2). Mean of 10 calls after 2 warm-ups; TFLOP/s of the
+ * 4·B·H·T²·D useful FLOPs. */
+TEST(gpu_clip_attention_timing) {
+    const struct {
+        int64_t B, T, heads;
+    } cs[] = {{64, 257, 16}, {64, 256, 16}, {64, 240, 16}, {128, 50, 12}};
+    static const char *const impls[] = {"cudnn", "own"};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 26);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int64_t B = cs[c].B, T = cs[c].T, heads = cs[c].heads, hd = 64, H = heads * hd, stride = 3 * H;
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
+        const double fl = 4.0 * (double)B * heads * (double)T * T * hd;
+        for (int i = 0; i < 2; i++) {
+            setenv("KILN_CLIP_ATTN", impls[i], 1);
+            for (int r = 0; r < 2; r++)
+                CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            const double t0 = clip_now_s();
+            for (int r = 0; r < 10; r++)
+                CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            const double ms = (clip_now_s() - t0) * 100;
+            printf("    B=%lld T=%lld heads=%lld %-6s (ran %s): %.3f ms, %.0f TFLOP/s\n", (long long)B, (long long)T,
+                   (long long)heads, impls[i], kiln_clip_attention_last_impl(), ms, fl / ms * 1e-9);
+        }
+        unsetenv("KILN_CLIP_ATTN");
+        kiln_cuda_free(dq), kiln_cuda_free(dout);
+        free(qkv);
     }
 }
 
