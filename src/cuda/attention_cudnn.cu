@@ -342,7 +342,7 @@ struct att_plan {
     int dev, backward, nondet, pad; // pad: the backward with the padding workaround
     int64_t B, T, tk_cap, NH, KV, D, window;
     int causal;                     // the layout (att_cudnn_layout, rows resolved: never 0)
-    int64_t q_row, kv_row, o_row;
+    int64_t q_row, kv_row, o_row, q_seq, tk;
     float scale;
     int ok;            // 1: plan usable; 0: cuDNN refused (why)
     char why[600];
@@ -420,12 +420,13 @@ static kdnn_desc gb_padding(gb *g, kdnn_desc s, const int64_t *S, const int64_t 
 }
 
 static void build_forward(gb *g, att_plan *p) {
-    const int64_t B = p->B, T = p->T, H = p->NH, KV = p->KV, D = p->D, tc = p->tk_cap;
+    // T queries over tk keys (tk > T only for the layouts' leading queries, without a mask)
+    const int64_t B = p->B, T = p->T, tk = p->tk, H = p->NH, KV = p->KV, D = p->D, tc = p->tk_cap, qs = p->q_seq;
     const int64_t qr = p->q_row, kr = p->kv_row, orow = p->o_row;
-    const int64_t Qd[4] = {B, H, T, D}, Qs[4] = {T * qr, D, qr, 1}, Os[4] = {T * orow, D, orow, 1};
-    const int64_t Kd[4] = {B, KV, D, T}, Ks[4] = {tc * kr, D, 1, kr}; // Kᵀ over kiln's K
-    const int64_t Vd[4] = {B, KV, T, D}, Vs[4] = {tc * kr, D, kr, 1};
-    const int64_t S[4] = {B, H, T, T}, Ss[4] = {H * T * T, T * T, T, 1};
+    const int64_t Qd[4] = {B, H, T, D}, Qs[4] = {qs * qr, D, qr, 1}, Os[4] = {qs * orow, D, orow, 1};
+    const int64_t Kd[4] = {B, KV, D, tk}, Ks[4] = {tc * kr, D, 1, kr}; // Kᵀ over kiln's K
+    const int64_t Vd[4] = {B, KV, tk, D}, Vs[4] = {tc * kr, D, kr, 1};
+    const int64_t S[4] = {B, H, T, tk}, Ss[4] = {H * T * tk, T * tk, tk, 1};
     const int64_t R[4] = {B, H, T, 1}, Rs[4] = {H * T, T, 1, 1};
     kdnn_desc q = gb_tensor(g, U_Q, KF_BF16, Qd, Qs, 0, "Q");
     kdnn_desc kt = gb_tensor(g, U_K, KF_BF16, Kd, Ks, 0, "K");
@@ -617,7 +618,7 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
 static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, int backward, int nondet,
                           const char **why) {
     static const char *no_load = load_why;
-    if (s->Tq != s->tk) {
+    if (s->Tq != s->tk && !(l && !l->causal && !backward && s->Tq < s->tk)) {
         *why = "queries and keys differ in number (a KV cache): kiln's kernels";
         return NULL;
     }
@@ -628,7 +629,11 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
     }
     const int causal = l ? l->causal != 0 : 1;
     const int64_t q_row = l && l->q_row ? l->q_row : s->NH * s->D, kv_row = l && l->kv_row ? l->kv_row : s->KV * s->D,
-                  o_row = l && l->o_row ? l->o_row : s->NH * s->D;
+                  o_row = l && l->o_row ? l->o_row : s->NH * s->D, q_seq = l && l->q_seq ? l->q_seq : s->Tq;
+    if (q_seq < s->Tq) {
+        *why = "the layout's q_seq is shorter than the queries";
+        return NULL;
+    }
     if (l && backward) {
         *why = "the backward takes the trainer's layout only";
         return NULL;
@@ -672,7 +677,7 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
             p->T == s->Tq &&
             p->tk_cap == s->tk_cap && p->NH == s->NH && p->KV == s->KV && p->D == s->D && p->window == window &&
             p->scale == s->scale && p->causal == causal && p->q_row == q_row && p->kv_row == kv_row &&
-            p->o_row == o_row) {
+            p->o_row == o_row && p->q_seq == q_seq && p->tk == s->tk) {
             if (!p->ok) *why = p->why;
             return p->ok ? p : NULL;
         }
@@ -689,7 +694,7 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
     p->dev = dev, p->backward = backward, p->nondet = nondet, p->pad = pad, p->B = s->B, p->T = s->Tq;
     p->tk_cap = s->tk_cap;
     p->NH = s->NH, p->KV = s->KV, p->D = s->D, p->window = window, p->scale = s->scale;
-    p->causal = causal, p->q_row = q_row, p->kv_row = kv_row, p->o_row = o_row;
+    p->causal = causal, p->q_row = q_row, p->kv_row = kv_row, p->o_row = o_row, p->q_seq = q_seq, p->tk = s->tk;
     p->v_scale = s->scale, p->v_one = 1.f, p->v_win = (float)window;
     p->v_neginf = version < 91000 ? -3.402823466e38f : -INFINITY;
     plans[nplans++] = p;
@@ -756,11 +761,11 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
     }
     p->ok = 1;
     kiln_log(KILN_LOG_DEBUG, "attention: cuDNN %ld engine %lld (configuration %d of %d, heuristics %s) for the %s%s%s "
-             "of B=%lld T=%lld H=%lld KV=%lld D=%lld window=%lld, rows q %lld kv %lld out %lld, workspace %lld bytes",
-             version, (long long)p->engine, p->cfg + 1, p->ncfg, p->mode == KH_A ? "A" : "fallback",
+             "of B=%lld T=%lld (keys %lld) H=%lld KV=%lld D=%lld window=%lld, rows q %lld kv %lld out %lld, workspace "
+             "%lld bytes", version, (long long)p->engine, p->cfg + 1, p->ncfg, p->mode == KH_A ? "A" : "fallback",
              backward ? "backward" : "forward", pad ? " (padding mask)" : "", causal ? "" : " (no mask)",
-             (long long)s->B, (long long)s->Tq, (long long)s->NH, (long long)s->KV, (long long)s->D, (long long)window,
-             (long long)q_row, (long long)kv_row, (long long)o_row, (long long)p->total);
+             (long long)s->B, (long long)s->Tq, (long long)s->tk, (long long)s->NH, (long long)s->KV, (long long)s->D,
+             (long long)window, (long long)q_row, (long long)kv_row, (long long)o_row, (long long)p->total);
     return p;
 }
 

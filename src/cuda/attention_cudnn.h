@@ -15,6 +15,8 @@ typedef struct {
     int causal;                   // 0: every key visible to every query (window must be 0)
     int64_t q_row, kv_row, o_row; // elements from one token to the next within a sequence (0: the packed
                                   // NH·D for q/out, KV·D for k/v); a multiple of 8, head h at h·D
+    int64_t q_seq;                // tokens from one sequence's q/out to the next (0: s->Tq); with causal = 0,
+                                  // s->Tq < s->tk runs the first Tq queries of sequences of tk tokens
 } att_cudnn_layout;
 
 // 0 when cuDNN can run this shape on these pointers (library loaded, a plan exists), else why not in *why

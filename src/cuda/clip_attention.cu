@@ -60,15 +60,15 @@ static __device__ __forceinline__ void ca_load(bf16 *dst, int ld, const bf16 *sr
     }
 }
 
-// grid (query tiles, heads, B)
+// grid (query tiles from query q0 on, heads, B)
 template <int D>
 static __global__ void __launch_bounds__(CA_THREADS)
-    clip_attn_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int64_t stride,
+    clip_attn_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int q0, int64_t stride,
                      int64_t out_stride, float scale_log2) {
     constexpr int BM = CA_BM, BN = CA_BN, LD = D + 8; // +8 bf16 per row: conflict-free ldmatrix
     extern __shared__ __align__(16) unsigned char ca_smem_buf[];
     bf16 *Qs = (bf16 *)ca_smem_buf, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD;
-    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * BM;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = q0 + blockIdx.x * BM;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t base = (int64_t)b * T * stride + (int64_t)h * D;
     const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
@@ -205,33 +205,34 @@ int clip_attention_supported(const void *q, const void *k, const void *v, const 
 }
 
 template <int D>
-static cudaError_t launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
+static cudaError_t launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T, int64_t q0,
                           int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
     const size_t sm = smem_bytes(D);
     if (sm > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(clip_attn_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (e != cudaSuccess) return e;
     }
-    const dim3 grid((unsigned)((T + CA_BM - 1) / CA_BM), (unsigned)heads, (unsigned)B);
-    clip_attn_kernel<D><<<grid, CA_THREADS, sm, st>>>(out, q, k, v, (int)T, stride, out_stride,
+    const dim3 grid((unsigned)((T - q0 + CA_BM - 1) / CA_BM), (unsigned)heads, (unsigned)B);
+    clip_attn_kernel<D><<<grid, CA_THREADS, sm, st>>>(out, q, k, v, (int)T, (int)q0, stride, out_stride,
                                                       scale * 1.4426950408889634f);
     return cudaGetLastError();
 }
 
 kiln_error *clip_attention_forward(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
-                                   int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride,
+                                   int64_t B, int64_t T, int64_t q0, int64_t heads, int64_t hd, int64_t stride,
                                    int64_t out_stride, float scale, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
-    if (B <= 0 || T <= 0) return NULL;
+    if (B <= 0 || T <= 0 || q0 >= T) return NULL;
+    if (q0 < 0) return kiln_errorf(KILN_EINVAL, "CLIP attention (CUDA): first query %lld", (long long)q0);
     if (B > 65535 || heads > 65535)
         return kiln_errorf(KILN_EUNSUPPORTED, "CLIP attention (CUDA): %lld sequences x %lld heads is beyond the grid",
                            (long long)B, (long long)heads);
-    if (hd == 32) CUDA_TRY(launch<32>(o, qq, kk, vv, B, T, heads, stride, out_stride, scale, st));
-    else if (hd == 64) CUDA_TRY(launch<64>(o, qq, kk, vv, B, T, heads, stride, out_stride, scale, st));
-    else CUDA_TRY(launch<128>(o, qq, kk, vv, B, T, heads, stride, out_stride, scale, st));
+    if (hd == 32) CUDA_TRY(launch<32>(o, qq, kk, vv, B, T, q0, heads, stride, out_stride, scale, st));
+    else if (hd == 64) CUDA_TRY(launch<64>(o, qq, kk, vv, B, T, q0, heads, stride, out_stride, scale, st));
+    else CUDA_TRY(launch<128>(o, qq, kk, vv, B, T, q0, heads, stride, out_stride, scale, st));
 done:
     return err;
 }

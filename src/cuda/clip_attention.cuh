@@ -11,8 +11,9 @@
 // with an even row stride
 int clip_attention_supported(const void *q, const void *k, const void *v, const void *out, int64_t T, int64_t hd,
                              int64_t stride, int64_t out_stride);
+// queries q0..T-1 of each sequence (0: all of them) over all T keys
 kiln_error *clip_attention_forward(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
-                                   int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride,
+                                   int64_t B, int64_t T, int64_t q0, int64_t heads, int64_t hd, int64_t stride,
                                    int64_t out_stride, float scale, void *stream);
 
 #endif

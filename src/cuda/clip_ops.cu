@@ -265,8 +265,19 @@ static int clip_attn_impl(void) {
     return CA_CUDNN;
 }
 
-// cuDNN over sequences b0.. of the call: its plans are built per batch size (on first use, then kept), so the
-// call runs as pieces of power-of-two sequence counts, largest first: any count needs at most log2 of them per
+// The rows cuDNN leaves to the own kernel: cuDNN works in tiles of 128 queries, so L/14's 257 tokens cost it a
+// third query tile for one row. Where T mod 128 is at most 8 (T > 128, no mask, a shape the own kernel takes),
+// cuDNN runs the first T - T mod 128 queries over all T keys and clip_attention.cu's kernel the last rows.
+// KILN_CLIP_ATTN_SPLIT=0: cuDNN runs every row.
+static int64_t cudnn_tail(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, int64_t T, int64_t hd,
+                          int64_t stride, int64_t out_stride, int causal) {
+    const char *e = getenv("KILN_CLIP_ATTN_SPLIT");
+    if ((e && !strcmp(e, "0")) || causal || T <= 128 || T % 128 > 8) return 0;
+    return clip_attention_supported(q, k, v, out, T, hd, stride, out_stride) ? T % 128 : 0;
+}
+
+// cuDNN over the call's sequences: its plans are built per batch size (on first use, then kept), so the call
+// runs as pieces of power-of-two sequence counts, largest first: any count needs at most log2 of them per
 // shape. Returns with *done = the sequences it ran (all of them, or the pieces before one cuDNN refused).
 static kiln_error *mha_cudnn(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
                              int64_t heads, int64_t hd, int64_t stride, int64_t out_stride, float scale, int causal,
@@ -276,33 +287,46 @@ static kiln_error *mha_cudnn(bf16 *out, const bf16 *q, const bf16 *k, const bf16
         clip_attn_say("the own path runs", "q, k, v or out is not 16-byte aligned (cuDNN)");
         return NULL;
     }
-    const att_cudnn_layout l = {causal, stride, stride, out_stride};
+    int64_t tail = cudnn_tail(q, k, v, out, T, hd, stride, out_stride, causal);
+    const att_cudnn_layout l = {causal, stride, stride, out_stride, T};
+    kiln_error *err = NULL;
     while (*done < B) {
         int64_t n = 1;
         while (2 * n <= B - *done) n *= 2;
-        const kiln_attn_shape s = {n, T, T, T, heads, heads, hd, 0, scale};
+        kiln_attn_shape s = {n, T - tail, T, T, heads, heads, hd, 0, scale};
         const char *why = NULL;
+        if (att_cudnn_usable(&s, &l, 0, 0, &why) && tail && !*done) {
+            clip_attn_say("cuDNN runs every row", why); // the split refused: cuDNN alone
+            tail = 0, s.Tq = T;
+        }
         if (att_cudnn_usable(&s, &l, 0, 0, &why)) {
             clip_attn_say("the own path runs", why);
-            return NULL;
+            break;
         }
         const int64_t b = *done;
         int ran = 0;
-        kiln_error *err = att_cudnn_forward((kiln_bf16 *)(out + b * T * out_stride), NULL,
-                                            (const kiln_bf16 *)(q + b * T * stride), (const kiln_bf16 *)(k + b * T * stride),
-                                            (const kiln_bf16 *)(v + b * T * stride), &s, &l, st, &ran);
-        if (err) return err;
+        if ((err = att_cudnn_forward((kiln_bf16 *)(out + b * T * out_stride), NULL,
+                                     (const kiln_bf16 *)(q + b * T * stride), (const kiln_bf16 *)(k + b * T * stride),
+                                     (const kiln_bf16 *)(v + b * T * stride), &s, &l, st, &ran)))
+            return err;
         if (!ran) {
             clip_attn_say("the own path runs", "cuDNN's workspace could not be allocated");
-            return NULL;
+            break;
         }
         *done += n;
     }
-    const long ver = att_cudnn_version();
-    char what[96];
-    snprintf(what, sizeof what, "cuDNN %ld.%ld.%ld fused flash attention", ver / 10000, ver / 100 % 100, ver % 100);
-    clip_attn_say(what, NULL);
-    return NULL;
+    if (tail && *done)
+        err = clip_attention_forward((kiln_bf16 *)out, (const kiln_bf16 *)q, (const kiln_bf16 *)k,
+                                     (const kiln_bf16 *)v, *done, T, T - tail, heads, hd, stride, out_stride, scale,
+                                     st);
+    if (*done == B) {
+        const long ver = att_cudnn_version();
+        char what[128];
+        snprintf(what, sizeof what, "cuDNN %ld.%ld.%ld fused flash attention%s", ver / 10000, ver / 100 % 100,
+                 ver % 100, tail ? " (the last rows past a multiple of 128 on the own kernel)" : "");
+        clip_attn_say(what, NULL);
+    }
+    return err;
 }
 
 extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k,
@@ -333,7 +357,7 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     // shape or KILN_CLIP_ATTN=gemm asks for the batched GEMMs (the comparison in tests/gpu)
     if (!causal && impl != CA_GEMM && clip_attention_supported(q, k, v, out, T, hd, stride, out_stride)) {
         g_clip_attn_last = done ? "cudnn+own" : "own";
-        return clip_attention_forward(out, q, k, v, B, T, heads, hd, stride, out_stride, scale, stream);
+        return clip_attention_forward(out, q, k, v, B, T, 0, heads, hd, stride, out_stride, scale, stream);
     }
     g_clip_attn_last = done ? "cudnn+gemm" : "gemm";
     if (T > SOFTMAX_TMAX || nb > 2147483647)
