@@ -23,13 +23,16 @@
 #      write speed). Each save's cost is summed from its step to the next save taken.
 #      DIR=/dev/shm measures on tmpfs: the writer isolated from the disk (RAM-bound; label such results
 #      "tmpfs", not the disk's; a 21 GB checkpoint needs that much free memory beside the run's).
-#      The init of a 1.76B-parameter model on the CPU takes a while per run, so there is no separate run
-#      without checkpoints: the steps before the first save are the baseline (NONE=1 adds that run as a
-#      control: the same sum over its steps after EVERY should be ~0).
+#      The baseline: a second run of the same steps without checkpoints (NONE=1, the default; ~40 s more).
+#      The median step before the first save is not enough: the step time drifts as the balancer spreads the
+#      routing over the experts (+3 ms a step from step ~200 to 400 in run r17, the same in runs with saves at
+#      different steps), and training is deterministic, so the control routes every step as the measured run
+#      does and its time for the same step is the baseline ("against the run without checkpoints" line).
+#      Both are printed; NONE=0 leaves the control out (then only the median baseline).
 # Results in $OUT (default bench-out): io.json, io.txt, ckpt_overhead.txt, ckpt_overhead.json, train_*.log,
 # metrics_*.jsonl, config_*.json, disk.txt. Knobs: IO_SIZE (512M), IO_FILES (2), IO_ITERS (2), DIR (the disk to measure,
 # default $TMPDIR or /tmp), EVERY, ASYNC_STEPS, SYNC_EVERY, SYNC_STEPS, SYNC=0 (no sync run), LAYERS (8; fewer
-# for a short run), NONE,
+# for a short run), NONE (1),
 # SKIP_IO=1, SKIP_TRAIN=1. Disk: keep_last 1 and each run deleted after it (a checkpoint is 21 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +54,7 @@ analyse() { # what has been measured so far -> ckpt_overhead.txt/json (after eve
   python3 - "$out" "${EVERY:-150}" <<'PY' > "$out/ckpt_overhead.txt" || echo "(analysis failed)"
 import json, os, re, statistics, sys
 out, none_every = sys.argv[1], int(sys.argv[2])
-res = {}
+res, dts = {}, {}
 for name in ("async", "sync", "none"):
     p = f"{out}/metrics_{name}.jsonl"
     if not os.path.exists(p):
@@ -62,6 +65,7 @@ for name in ("async", "sync", "none"):
     el = {r["step"]: r["tokens"] / r["tokens_per_s"] for r in rows if r["tokens_per_s"] > 0}
     steps = sorted(el)
     dt = {s: el[s] - el[s - 1] for s in steps if s - 1 in el}
+    dts[name] = dt
     base = statistics.median(dt[s] for s in dt if 11 <= s <= every)
     last = steps[-1]
     log = open(f"{out}/train_{name}.log").read() if os.path.exists(f"{out}/train_{name}.log") else ""
@@ -110,6 +114,22 @@ for name in ("async", "sync", "none"):
                               "blocked_s": float(c[4]), "snapshot_s": float(c[5]), "waited_s": float(c[6])}
                              for c in commits],
                  "snapshot_in": where[0] if where else "?"}
+# Against the control: the step time drifts as training goes on (the balancer spreads the routing from one
+# expert over all of them: +3 ms a step by step 400 in run r17), so the median of the steps before the first
+# save is not the baseline of the steps after it. Training is deterministic, so the run without checkpoints
+# routes every step as the run with them: its time for the same step is the baseline.
+if "async" in res and "none" in res:
+    a, n = dts["async"], dts["none"]
+    r = res["async"]
+    span = [s for s in sorted(a) if s in n and r["steps_measured"] and r["steps_measured"][0] <= s <= r["steps_measured"][-1]]
+    if span:
+        extra = sum(a[s] - n[s] for s in span)
+        periods = list(zip(r["saves"], r["saves"][1:] + [span[-1]]))
+        r["vs_control"] = {"steps": [span[0], span[-1]], "extra_s": extra, "extra_s_per_save": extra / len(r["saves"]),
+                           "extra_s_each": [sum(a[s] - n[s] for s in span if lo < s <= hi) for lo, hi in periods],
+                           "overhead_pct_measured": 100 * extra / sum(n[s] for s in span),
+                           "overhead_pct_at_1_per_100": 100 * extra / len(r["saves"]) / (100 * r["step_ms"] / 1e3),
+                           "control_drift_s": sum(n[s] - r["step_ms"] / 1e3 for s in span)}
 print("# checkpoint overhead while training on the GPU ([cuda] benchmark config; 21.2 GB a checkpoint at 8 layers)")
 for name, r in res.items():
     print(f"{name:6s}: step {r['step_ms']:.1f} ms (median of steps 11..{r['saves'][0]}); saves at {r['saves']}; steps "
@@ -134,6 +154,13 @@ for name, r in res.items():
         print(f"        the save at {lt} was still being written when the run ended: "
               + (f"its cost after step {r['steps_measured'][-1] if r['steps_measured'] else '?'} is not counted"
                  if lt in r["saves"] else "not counted") + " (more ASYNC_STEPS)")
+    if "vs_control" in r:
+        v = r["vs_control"]
+        print(f"        against the run without checkpoints, step by step (same routing): steps {v['steps'][0]}..{v['steps'][1]} "
+              f"took {v['extra_s'] * 1e3:+.0f} ms = {v['overhead_pct_measured']:+.2f}% at the interval achieved; "
+              f"{v['extra_s_per_save'] * 1e3:+.0f} ms per save = {v['overhead_pct_at_1_per_100']:.2f}% at one save per 100 steps "
+              f"(target <= 2%; each save: " + ", ".join(f"{x * 1e3:+.0f} ms" for x in v["extra_s_each"])
+              + f"); the control itself drifted {v['control_drift_s'] * 1e3:+.0f} ms over those steps against the median above")
     for c in r["commits"]:
         print(f"        step {c['step']}: {c['gb']:.2f} GB written in {c['write_s']:.2f} s ({c['gbs']:.2f} GB/s), "
               f"training blocked {c['blocked_s'] * 1e3:.1f} ms in the save call (snapshot {c['snapshot_s'] * 1e3:.1f} ms "
@@ -206,5 +233,6 @@ PY
 }
 run async "${ASYNC_STEPS:-$((every + 220))}" "$every" true
 if [ "${SYNC:-0}" = 1 ]; then run sync "${SYNC_STEPS:-$((sync_every + 10))}" "$sync_every" false; fi
-if [ "${NONE:-0}" = 1 ]; then run none "${ASYNC_STEPS:-$((2 * every - 1))}" 0 true; fi
+# the control: the same steps (and so the same learning-rate schedule and routing) without checkpoints
+if [ "${NONE:-1}" = 1 ]; then run none "${ASYNC_STEPS:-$((every + 220))}" 0 true; fi
 cat "$out/ckpt_overhead.txt"
