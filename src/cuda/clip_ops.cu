@@ -265,14 +265,15 @@ static int clip_attn_impl(void) {
     return CA_CUDNN;
 }
 
-// The rows cuDNN leaves to the own kernel: cuDNN works in tiles of 128 queries, so L/14's 257 tokens cost it a
-// third query tile for one row. Where T mod 128 is at most 8 (T > 128, no mask, a shape the own kernel takes),
-// cuDNN runs the first T - T mod 128 queries over all T keys and clip_attention.cu's kernel the last rows.
-// KILN_CLIP_ATTN_SPLIT=0: cuDNN runs every row.
+// The rows cuDNN may leave to the own kernel (KILN_CLIP_ATTN_SPLIT=1, an experiment, off by default: not yet
+// timed on a GPU): if cuDNN works in tiles of 128 queries, L/14's 257 tokens cost it a third query tile for one
+// row. Where T mod 128 is at most 8 (T > 128, no mask, a shape the own kernel takes), cuDNN then runs the first
+// T - T mod 128 queries over all T keys and clip_attention.cu's kernel the last rows (which read every key
+// and value once more). Off: cuDNN runs every row (GPU run r16b's numbers).
 static int64_t cudnn_tail(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, int64_t T, int64_t hd,
                           int64_t stride, int64_t out_stride, int causal) {
     const char *e = getenv("KILN_CLIP_ATTN_SPLIT");
-    if ((e && !strcmp(e, "0")) || causal || T <= 128 || T % 128 > 8) return 0;
+    if (!e || strcmp(e, "1") || causal || T <= 128 || T % 128 > 8) return 0;
     return clip_attention_supported(q, k, v, out, T, hd, stride, out_stride) ? T % 128 : 0;
 }
 
