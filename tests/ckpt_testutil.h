@@ -176,6 +176,16 @@ static inline float *ck_model_weights(const char *out, size_t *n) {
     return w;
 }
 
+/* Two runs' final models (out/model) hold the same weights, bit for bit. */
+static inline int ck_same_model(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    float *wa = ck_model_weights(a, &na), *wb = ck_model_weights(b, &nb);
+    const int same = wa && wb && na == nb && !memcmp(wa, wb, na * sizeof(float));
+    free(wa);
+    free(wb);
+    return same;
+}
+
 /* `kiln train --config cfg` in the background, stopped with SIGINT (Ctrl-C) once out/metrics.jsonl holds
  * min_bytes (some steps done; 30 s at most); returns its exit status (130 after a clean Ctrl-C). */
 static inline int ck_train_until_sigint(const char *cfg, const char *out, long min_bytes) {

@@ -112,15 +112,6 @@ static int waits(const char *text, long *all, long *must) {
     return sscanf(p, "%ld saves waited for the previous one (%ld of them", all, must) == 2;
 }
 
-static int same_model(const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    float *wa = ck_model_weights(a, &na), *wb = ck_model_weights(b, &nb);
-    int same = wa && wb && na == nb && !memcmp(wa, wb, na * sizeof(float));
-    free(wa);
-    free(wb);
-    return same;
-}
-
 /* Saves every 2 steps that each take >= 400 ms: the ones that come due while the previous is still being
  * written are deferred, training never waits for them, every committed checkpoint verifies, the final
  * weights are those of a run without checkpoints, and a resume from a deferred-step checkpoint goes on
@@ -170,7 +161,7 @@ TEST(ckpt_defer_slow_disk) {
     CHECK(m && strstr(m, "\"ckpt_deferred_from\":4,") && !strstr(m, "\"ckpt_deferred_from\":6,"));
     free(m);
     /* the same weights as without checkpoints */
-    CHECK_MSG(same_model(ref, out), "deferred checkpoints changed the trained weights");
+    CHECK_MSG(ck_same_model(ref, out), "deferred checkpoints changed the trained weights");
     /* resume from the newest deferred-step checkpoint alone */
     snprintf(cmd, sizeof cmd, "mkdir -p '%s/ckpt' && cp -r '%s/ckpt/step_%08d' '%s/ckpt/'", res, out, newest_odd, res);
     CHECK(system(cmd) == 0);
@@ -179,7 +170,7 @@ TEST(ckpt_defer_slow_disk) {
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
     snprintf(want, sizeof want, "resumed from step %d", newest_odd);
     CHECK_MSG(strstr(text, want), "%s", text);
-    CHECK_MSG(same_model(ref, res), "resumed from the deferred checkpoint of step %d: the weights differ", newest_odd);
+    CHECK_MSG(ck_same_model(ref, res), "resumed from the deferred checkpoint of step %d: the weights differ", newest_odd);
     double la[DEFER_STEPS] = {0}, lb[DEFER_STEPS] = {0};
     CHECK(ck_losses(ref, la, DEFER_STEPS) == DEFER_STEPS && ck_losses(res, lb, DEFER_STEPS) == DEFER_STEPS);
     for (int i = newest_odd; i < DEFER_STEPS; i++)

@@ -86,15 +86,6 @@ static int supervised(const char *out, const char *cfg, const char *fault, const
     return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static int same_weights(const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    float *wa = ck_model_weights(a, &na), *wb = ck_model_weights(b, &nb);
-    int same = wa && wb && na == nb && !memcmp(wa, wb, na * sizeof(float));
-    free(wa);
-    free(wb);
-    return same;
-}
-
 /* The fault-free run (and the one told to skip step 9), computed once. */
 static const char *reference(const char *skip) {
     static char dirs[2][1024];
@@ -145,7 +136,7 @@ TEST(ft_fault_kill_rank_twice) {
     CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"killed\"") == 2 && strstr(log, "\"kind\":\"killed\",\"rank\":1") &&
                   strstr(log, "\"kind\":\"killed\",\"rank\":0") && strstr(log, "signal 9"), "%s", log);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
     free(log);
 }
 
@@ -159,7 +150,7 @@ TEST(ft_fault_sigstop_hang) {
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"hang\"") == 1 && strstr(log, "\"kind\":\"hang\",\"rank\":0,\"step\":5") &&
                   strstr(log, "the rank is stopped"), "%s", log);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
     free(log);
 }
 
@@ -175,8 +166,8 @@ TEST(ft_fault_nan_rollback_and_skip) {
               text);
     CHECK_MSG(count(log, "\"kind\":\"nan\"") == 1 && strstr(log, "\"kind\":\"nan\",\"rank\":1,\"step\":9") &&
                   strstr(log, "skipping steps 9-9"), "%s", log);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the run told to skip step 9");
-    CHECK_MSG(!same_weights(reference(NULL), out), "skipping step 9 changed nothing: the test cannot fail");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 9");
+    CHECK_MSG(!ck_same_model(reference(NULL), out), "skipping step 9 changed nothing: the test cannot fail");
     free(log);
 }
 
@@ -196,7 +187,7 @@ TEST(ft_fault_loss_spike) {
     const char *ref = test_tmpdir();
     rc = supervised(ref, config(ref, "\"skip_steps\": \"12\""), NULL, NULL, NULL, text, sizeof text);
     CHECK(rc == 0);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the run told to skip step 12");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12");
     free(log);
 }
 
@@ -223,7 +214,7 @@ TEST(ft_fault_corrupt_newest_checkpoint) {
     rc = supervised(out, cfg, NULL, NULL, "--resume", text, sizeof text);
     CHECK_MSG(rc == 0 && strstr(text, "skipping checkpoint") && strstr(text, "step_00000009/rank_00001.safetensors: checksum"),
               "rc %d\n%s", rc, text);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
 }
 
 /* The disk fills up while rank 1 writes the checkpoint of step 8 (RLIMIT_FSIZE, writes fail with
@@ -239,7 +230,7 @@ TEST(ft_fault_disk_full_during_save) {
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") && strstr(text, "checkpoint at step 8"), "rc %d\n%s", rc,
               text);
     CHECK_MSG(count(log, "\"kind\":\"exit\",\"rank\":1") == 1 && strstr(log, "File too large"), "%s\n%s", log, text);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
     free(log);
 }
 
@@ -254,7 +245,7 @@ TEST(ft_fault_crash_in_save) {
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"killed\",\"rank\":0") == 1 && strstr(log, "signal 25"), "%s", log);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
     free(log);
 }
 
@@ -268,7 +259,7 @@ TEST(ft_fault_straggler_warns) {
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"straggler\",\"rank\":1") == 1 && strstr(log, "\"action\":\"warn\""), "%s", log);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
     free(log);
 }
 
@@ -285,7 +276,7 @@ TEST(ft_fault_kill_direct_launch) {
     char *log = incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(strstr(log, "\"kind\":\"killed\",\"rank\":0,\"step\":6") && strstr(log, "signal 9"), "%s", log);
-    CHECK_MSG(same_weights(ref, out), "final weights differ from the fault-free run");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
     free(log);
 }
 
