@@ -152,6 +152,10 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!e && cudaMemset(o->state, 0, (o->nstate + 1) * sizeof(float)) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "optimizer on CUDA: clearing the state");
     if (!e) e = kiln_adamw_multi_create(aw, naw, &o->adamw);
+    /* the state's memset and the AdamW tables' uploads ran on the legacy stream, which the model's non-blocking
+     * stream does not wait for (and an upload from pageable memory may return before its data lands): without
+     * this the first step could read the tables before they arrive */
+    if (!e && cudaDeviceSynchronize() != cudaSuccess) e = kiln_errorf(KILN_EIO, "optimizer on CUDA: setting up the state");
     o->naw = naw;
     free(aw);
     if (e) {
@@ -169,7 +173,8 @@ float *kiln_zaya_cuda_opt_state(kiln_zaya_cuda_opt *o) { return o->state; }
 kiln_error *kiln_zaya_cuda_opt_state_upload(kiln_zaya_cuda_opt *o, const float *state) {
     cudaStream_t st = (cudaStream_t)kiln_zaya_cuda_stream(o->g);
     if (cudaStreamSynchronize(st) != cudaSuccess ||
-        cudaMemcpy(o->state, state, o->nstate * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+        cudaMemcpy(o->state, state, o->nstate * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) /* landed before the model's stream reads it (as above) */
         return kiln_errorf(KILN_EIO, "optimizer state to the GPU: copy failed");
     return NULL;
 }

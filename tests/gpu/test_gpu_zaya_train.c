@@ -344,11 +344,13 @@ done:
 }
 
 /* The whole optimizer step with Muon at the same size (hidden matrices and experts by Muon, the embedding, norms,
- * ... by AdamW), in its own test: GPU run r16a/r17 (2026-12-02) saw this step fault (an illegal address, then an
- * invalid address space) in fp32, right after the Newton-Schulz timings above had run on the same machine; the
- * cause is not known yet. So first a ladder of owned ranges, each its own optimizer, one step and a sync (the
- * first failure says which part: AdamW alone, Muon alone, groups of one tensor, groups of two, the whole
- * model), then the timing per precision of the whole step. */
+ * ... by AdamW), in its own test: GPU runs r16a/r17 (2026-12-02) saw this step fault (an illegal address, then an
+ * invalid address space) in fp32 when its optimizer was created right after another one was freed. The likely
+ * cause, fixed since but not yet run on a GPU: kiln_zaya_cuda_opt_create uploaded the AdamW work tables on the
+ * legacy stream and returned, and the first step on the model's non-blocking stream could read them before they
+ * landed (stale memory of the freed optimizer's tables). So first a ladder of owned ranges, each its own
+ * optimizer, one step and a sync (a failure says which part: AdamW alone, Muon alone, groups of one tensor,
+ * groups of two, the whole model), then the timing per precision of the whole step. */
 static int first_of(const kiln_zaya *m, const char *prefix) {
     for (int i = 0; i < m->nparams; i++)
         if (!strncmp(m->params[i].name, prefix, strlen(prefix))) return i;
