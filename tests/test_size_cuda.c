@@ -281,6 +281,35 @@ TEST(size_cuda_step_from_timed_kernels) {
     free(p);
 }
 
+/* Muon's Newton-Schulz is priced at the peak of optim.muon_ns_precision's arithmetic (bf16 by default, TF32 at
+ * half of it, strict f32 at the f32 peak): the optimizer's class grows by exactly the FLOPs over each rate. */
+TEST(size_cuda_muon_newton_schulz_follows_its_precision) {
+    kiln_hw_profile *p = malloc(sizeof *p);
+    char *text = profile_text("");
+    CHECK_OK(kiln_hw_profile_parse(text, "t.json", p));
+    free(text);
+    kiln_size_shape s;
+    kiln_size_setup u;
+    small_shape(&s, &u);
+    u.train.muon = 1;
+    double ms[3];
+    for (int pr = 0; pr < 3; pr++) {
+        u.train.ns_precision = pr;
+        kiln_size_cuda_step r;
+        CHECK_OK(kiln_size_cuda_step_predict(&s, p, &u, &r));
+        const kiln_size_op_class *c = find(&r, "optimizer (Muon + AdamW)");
+        CHECK(c != NULL);
+        ms[pr] = c ? c->ms : 0;
+        if (c) CHECK_MSG(strstr(c->how, pr == 2 ? "bf16 peak" : pr == 1 ? "tf32 peak" : "fp32 peak"), "%s", c->how);
+    }
+    /* the memory traffic is the same in all three: the differences are the Newton-Schulz times alone */
+    const double f32 = p->peak_fp32 > 0 ? p->peak_fp32 : p->peak_bf16 / 16;
+    const double ns_bf16 = (ms[1] - ms[2]) / (2.0 - 1.0); /* tf32 takes twice bf16's time */
+    CHECK(ms[2] < ms[1] && ms[1] < ms[0]);
+    CHECK_NEAR(ms[0] - ms[2], ns_bf16 * (p->peak_bf16 / f32 - 1), 1e-9 * ms[0]);
+    free(p);
+}
+
 /* kiln bench's records become the kiln_kernels tables, through kiln size --bench (C) and through
  * data/profiles/merge_bench.py alike: of several grouped-GEMM paths the trainer's (default_path). */
 TEST(size_cuda_merge_timed_kernels) {

@@ -81,6 +81,7 @@ typedef struct {
     int recompute;       /* full activation recomputation: keep only each layer's input */
     int weight_bytes;    /* 2: bf16 weights with an fp32 master copy sharded by ZeRO-1; 4: fp32 weights, no master */
     int grad_bytes;      /* 4: fp32 gradients (kiln's flat buffer), 2: bf16 */
+    int ns_precision;    /* Muon's Newton-Schulz GEMMs on the GPU: 0 fp32, 1 tf32, 2 bf16 (kiln_ns_precision; default 2) */
 } kiln_size_train;
 
 typedef struct {

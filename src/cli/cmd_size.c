@@ -189,6 +189,7 @@ static kiln_error *load_config(const char *path, opts *o, kiln_size_shape *s) {
         if (!o->have_tps)
             o->b.setup.tokens_per_step = t->micro_batch * t->seq_len * t->grad_accum * o->b.setup.train.gpus;
         o->b.setup.train.muon = t->optim.use_muon;
+        o->b.setup.train.ns_precision = (int)t->optim.muon_ns_precision;
     }
     free(t);
     return e;

@@ -53,6 +53,7 @@ void kiln_size_train_default(kiln_size_train *t) {
     t->recompute = 0;
     t->weight_bytes = 2;
     t->grad_bytes = 4;
+    t->ns_precision = 2; /* bf16, the training config's default */
 }
 
 /* bf16 elements a layer saves per token for its backward (flash attention: no scores). */

@@ -171,13 +171,15 @@ typedef struct {
     const char *name;
     int muon;    /* Muon on: its tensors take Muon's passes */
     int ns_steps;
+    int ns_precision; /* kiln_size_train.ns_precision */
 } opt_walk;
 
 /* The optimizer runs one kernel per tensor (zaya_cuda_train.c): small tensors pay the small-kernel rate.
  * AdamW moves 30 bytes an element (w, g, m, v read; w, m, v and the bf16 w written); Muon's momentum 16
  * (g, state read; state, u written) and update 14 (w, u read; w, bf16 w written), and between them the
  * Newton-Schulz iteration: per step on each r x c matrix (r <= c) X·Xᵀ, the polynomial's B = bA + cA² and
- * B·X, f32 GEMMs (3 x 2r²c + 2r³ FLOPs) at the fp32 peak and the GEMM efficiency. */
+ * B·X (3 x 2r²c + 2r³ FLOPs) at the GEMM efficiency of the peak of optim.muon_ns_precision's arithmetic: bf16
+ * (the default), TF32 (half the bf16 peak on H100/H200) or strict f32. */
 static void opt_tensor(void *ctx, const kiln_size_tensor *x) {
     opt_walk *o = ctx;
     if (!(x->muon && o->muon)) {
@@ -188,8 +190,10 @@ static void opt_tensor(void *ctx, const kiln_size_tensor *x) {
     mem(o->p, o->r, o->name, 1, 14 * (double)x->numel);
     double r = (double)(x->rows < x->cols ? x->rows : x->cols), c = (double)(x->rows < x->cols ? x->cols : x->rows);
     double f = (double)o->ns_steps * (double)x->mats * (4 * r * r * c + 2 * r * r * r);
-    double rate = (o->p->peak_fp32 > 0 ? o->p->peak_fp32 : o->p->peak_bf16 / 16) *
-                  (o->p->gemm_efficiency > 0 ? o->p->gemm_efficiency : 0.5);
+    const double peak = o->ns_precision == 2   ? o->p->peak_bf16
+                        : o->ns_precision == 1 ? o->p->peak_bf16 / 2
+                                               : (o->p->peak_fp32 > 0 ? o->p->peak_fp32 : o->p->peak_bf16 / 16);
+    double rate = peak * (o->p->gemm_efficiency > 0 ? o->p->gemm_efficiency : 0.5);
     kiln_size_op_class *k = cls(o->r, o->name, 1);
     k->ms += f / (rate * 1e12) * 1e3;
 }
@@ -324,11 +328,13 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     mem(p, r, oname, 1, 8 * padded / G);
     kiln_size_cuda_step ro;
     memset(&ro, 0, sizeof ro);
-    opt_walk ow = {p, &ro, oname, t->muon, 5};
+    opt_walk ow = {p, &ro, oname, t->muon, 5, t->ns_precision};
     kiln_size_tensor_walk(s, opt_tensor, &ow);
     kiln_size_op_class *oc = cls(r, oname, 1); /* ZeRO-1: a rank updates its share of the tensors */
     oc->ms += ro.c[0].ms / G, oc->work += ro.c[0].work / G;
-    if (t->muon) snprintf(oc->how, sizeof oc->how, "bytes / membw copy sweep; Newton-Schulz at fp32 peak x GEMM eff.");
+    if (t->muon)
+        snprintf(oc->how, sizeof oc->how, "bytes / membw copy sweep; Newton-Schulz at %s peak x GEMM eff.",
+                 t->ns_precision == 2 ? "bf16" : t->ns_precision == 1 ? "tf32" : "fp32");
     if (t->gpus > 1) mem(p, r, "bf16 weight copy", 1, 6 * padded);
 
     /* measured scales, of the class or else of its group */
