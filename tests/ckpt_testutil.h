@@ -134,10 +134,7 @@ static inline int ck_mpi(int np, const char *args) {
     snprintf(cmd, sizeof cmd,
              "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np %d '%s' "
              "%s 2>&1", np, KILN_BINARY, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
-    out[n] = 0;
-    int rc = p ? pclose(p) : -1;
+    int rc = test_run_shell(cmd, out, sizeof out);
     if (rc) printf("    mpirun -np %d kiln %s -> %d\n%s\n", np, args, rc, out);
     return rc;
 }

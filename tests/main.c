@@ -54,6 +54,11 @@ const char *test_tmpdir(void) {
 int test_run_kiln(const char *args, char *out, size_t outcap) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KILN_BINARY, args);
+    return test_run_shell(cmd, out, outcap);
+}
+
+int test_run_shell(const char *cmd, char *out, size_t outcap) {
+    if (out && outcap) out[0] = 0;
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t n = 0;

@@ -21,6 +21,8 @@ const char *test_join(const char *dir, const char *name);
 const char *test_tmpdir(void);
 /* Run the kiln binary with args (shell-quoted by the caller); returns exit status, captures stderr+stdout. */
 int test_run_kiln(const char *args, char *out, size_t outcap);
+/* Run a shell command line (redirect stderr yourself: "... 2>&1"); the same status and capture. */
+int test_run_shell(const char *cmd, char *out, size_t outcap);
 /* Load a local HTML file in headless Chromium (a test dependency: .ci/run and scripts/setup.sh install
  * it; missing, the test fails). *dom: the DOM after scripts ran; *log: Chromium's stderr, where console
  * messages and failed loads appear; both malloc'd (NULL on failure). Returns Chromium's exit status. */

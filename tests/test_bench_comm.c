@@ -155,10 +155,7 @@ TEST(bench_comm_two_ranks_mpi) {
         snprintf(cmd, sizeof cmd,
                  "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np 2 "
                  "'%s' bench comm -b 8 -e 1M -n 3 -w 1 -d %s --json '%s' 2>&1", KILN_BINARY, dts[d], json);
-        FILE *p = popen(cmd, "r");
-        size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
-        out[n] = 0;
-        int rc = p ? pclose(p) : -1;
+        int rc = test_run_shell(cmd, out, sizeof out);
         CHECK_MSG(rc == 0, "mpirun -np 2 bench comm -d %s failed (%d): %s", dts[d], rc, out);
         CHECK_MSG(strstr(out, "backend mpi, 2 ranks") && strstr(out, "Out of bounds values : 0 OK"), "%s", out);
         int recs = check_profile(json, "mpi", 2, dts[d], 1 << 20);

@@ -53,10 +53,7 @@ TEST(ckpt_async_write_error_is_reported) {
     snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 2", cfg);
     CHECK(ck_kiln(args) == 0);
     snprintf(cmd, sizeof cmd, "ulimit -f 64; '%s' train --config '%s' --quiet --resume 2>&1", KILN_BINARY, cfg);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(text, 1, sizeof text - 1, p) : 0;
-    text[n] = 0;
-    int rc = p ? pclose(p) : -1;
+    int rc = test_run_shell(cmd, text, sizeof text);
     CHECK_MSG(rc != 0 && strstr(text, "checkpoint at step 4") && strstr(text, "previous checkpoint is intact") &&
                   strstr(text, "rank_00000.safetensors"), "rc %d: %s", rc, text);
     char ck[1300];

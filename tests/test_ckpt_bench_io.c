@@ -73,10 +73,7 @@ TEST(ckpt_bench_io_bad_flags) {
     snprintf(d, sizeof d, "%s", test_tmpdir());
     snprintf(args, sizeof args, "sh -c \"ulimit -f 100; '%s' bench io --dir '%s' --size 1M --files 1 --iters 1\" 2>&1",
              KILN_BINARY, d);
-    FILE *p = popen(args, "r");
-    size_t n = p ? fread(text, 1, sizeof text - 1, p) : 0;
-    text[n] = 0;
-    int rc = p ? pclose(p) : -1;
+    int rc = test_run_shell(args, text, sizeof text);
     CHECK_MSG(rc != 0 && strstr(text, "kiln-io-"), "rc %d: %s", rc, text);
     CHECK_MSG(entries(d) == 0, "left %d files", entries(d));
 }

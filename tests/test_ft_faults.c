@@ -79,11 +79,7 @@ static int supervised(const char *out, const char *cfg, const char *fault, const
              "--mpirun-args '--allow-run-as-root --oversubscribe' --run-dir '%s' --backoff 0.05 --grace 2 "
              "--hang-timeout 6 %s -- kiln train --config '%s' --quiet %s 2>&1",
              fault ? fault : "", KILN_BINARY, out, run_opts ? run_opts : "", cfg, train_opts ? train_opts : "");
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(text, 1, cap - 1, p) : 0;
-    text[n] = 0;
-    int st = p ? pclose(p) : -1;
-    return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_run_shell(cmd, text, cap);
 }
 
 /* The fault-free run (and the one told to skip step 9), computed once. */

@@ -150,10 +150,7 @@ TEST(train_two_ranks_match_one_rank_with_accumulation) {
               * one-process runs above and elsewhere check ours) */
              "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np 2 '%s' "
              "train --config '%s' --quiet 2>&1", KILN_BINARY, c2);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
-    out[n] = 0;
-    int rc = p ? pclose(p) : -1;
+    int rc = test_run_shell(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "mpirun -np 2 failed (%d): %s", rc, out);
     double l1[20] = {0}, l2[20] = {0};
     CHECK(read_losses(one, l1, 20) == 20);
@@ -175,10 +172,7 @@ TEST(train_full_disk_keeps_previous_checkpoint) {
     char cmd[4096], text[8192];
     /* a checkpoint shard is ~200 KB: 64 KB of file size fails it */
     snprintf(cmd, sizeof cmd, "ulimit -f 64; '%s' train --config '%s' --quiet --resume 2>&1", KILN_BINARY, cfg);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(text, 1, sizeof text - 1, p) : 0;
-    text[n] = 0;
-    int rc = p ? pclose(p) : -1;
+    int rc = test_run_shell(cmd, text, sizeof text);
     CHECK_MSG(rc != 0 && strstr(text, "checkpoint at step 4") && strstr(text, "previous checkpoint is intact"),
               "rc %d: %s", rc, text);
     char ck[1300];

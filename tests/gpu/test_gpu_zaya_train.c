@@ -513,10 +513,7 @@ TEST(gpu_zaya_train_resume) {
 static int kiln_in(const char *dir, const char *args) {
     char cmd[8192], out[16384];
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s 2>&1", dir, KILN_BINARY, args);
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
-    out[n] = 0;
-    int rc = p ? pclose(p) : -1;
+    int rc = test_run_shell(cmd, out, sizeof out);
     if (rc) printf("    (in %s) kiln %s -> %d\n%s\n", dir, args, rc, out);
     return rc;
 }
