@@ -592,7 +592,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
         const ckpt_due due = e ? (ckpt_due){0, 0, 0}
                                : ckpt_schedule_step(&sched, step, step == c->steps, stop[0] > 0, ckpt_writer_pending(t.ckw));
         if (!e && sched.deferred_from == step && comm->rank == 0) {
-            ckpt_progress p;
+            ckpt_progress p = {0};
             if (ckpt_writer_progress(t.ckw, &p)) ckpt_schedule_warn(&sched, step, &p);
             kiln_log(KILN_LOG_DEBUG, "checkpoint of step %lld deferred: the save of step %lld is still being written",
                      (long long)step, (long long)p.step);
