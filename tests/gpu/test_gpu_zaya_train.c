@@ -241,7 +241,8 @@ static void fill_random(kiln_rng *rng, float *d, size_t n, float scale) {
     free(h);
 }
 
-TEST(gpu_zaya_opt_step_timing) {
+/* The model of issue [cuda]'s benchmark (1764M parameters), uninitialised; NULL (and a failure) if it cannot be made. */
+static kiln_zaya *cuda_bench_model(void) {
     kiln_zaya_config c;
     kiln_zaya_config_default(&c);
     c.vocab_size = 50304, c.hidden_size = 2048, c.num_layers = 8, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 128;
@@ -249,6 +250,11 @@ TEST(gpu_zaya_opt_step_timing) {
     for (int l = 0; l < 8; l++) c.layer_types[l] = KILN_LAYER_HYBRID;
     kiln_zaya *m = NULL;
     CHECK_OK(kiln_zaya_create(&c, &m));
+    return m;
+}
+
+TEST(gpu_zaya_opt_step_timing) {
+    kiln_zaya *m = cuda_bench_model();
     if (!m) return;
     kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0, KILN_NS_FP32};
     kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
@@ -358,13 +364,7 @@ static int first_of(const kiln_zaya *m, const char *prefix) {
 }
 
 TEST(gpu_zaya_opt_step_muon_timing) {
-    kiln_zaya_config c;
-    kiln_zaya_config_default(&c);
-    c.vocab_size = 50304, c.hidden_size = 2048, c.num_layers = 8, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 128;
-    c.num_experts = 16, c.top_k = 1, c.moe_intermediate = 2048, c.router_hidden = 256, c.tie_word_embeddings = 1;
-    for (int l = 0; l < 8; l++) c.layer_types[l] = KILN_LAYER_HYBRID;
-    kiln_zaya *m = NULL;
-    CHECK_OK(kiln_zaya_create(&c, &m));
+    kiln_zaya *m = cuda_bench_model();
     if (!m) return;
     kiln_optim_hparams mh = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 1, KILN_NS_FP32};
     kiln_opt_param *mop = calloc((size_t)m->nparams, sizeof *mop);
