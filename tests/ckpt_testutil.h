@@ -173,6 +173,22 @@ static inline float *ck_model_weights(const char *out, size_t *n) {
     return w;
 }
 
+/* Two runs' checkpoint shards of one step (rank 0's) are the same file, byte for byte. */
+static inline int ck_same_shard(const char *a, const char *b, int step) {
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof pa, "%s/ckpt/step_%08d/rank_00000.safetensors", a, step);
+    snprintf(pb, sizeof pb, "%s/ckpt/step_%08d/rank_00000.safetensors", b, step);
+    return ck_same_file(pa, pb);
+}
+
+/* Two runs' final saved models (out/model/model.safetensors) are the same file. */
+static inline int ck_same_model_file(const char *a, const char *b) {
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof pa, "%s/model/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model/model.safetensors", b);
+    return ck_same_file(pa, pb);
+}
+
 /* Two runs' final models (out/model) hold the same weights, bit for bit. */
 static inline int ck_same_model(const char *a, const char *b) {
     size_t na = 0, nb = 0;

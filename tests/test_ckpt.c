@@ -27,17 +27,9 @@ TEST(ckpt_async_matches_sync) {
     snprintf(args, sizeof args, "train --config '%s' --quiet", cb);
     CHECK(ck_kiln(args) == 0);
     int same = 0;
-    for (int s = 1; s <= 8; s++) {
-        char pa[1300], pb[1300];
-        snprintf(pa, sizeof pa, "%s/ckpt/step_%08d/rank_00000.safetensors", a, s);
-        snprintf(pb, sizeof pb, "%s/ckpt/step_%08d/rank_00000.safetensors", b, s);
-        same += ck_same_file(pa, pb);
-    }
+    for (int s = 1; s <= 8; s++) same += ck_same_shard(a, b, s);
     CHECK_MSG(same == 8, "%d of 8 async checkpoint shards are identical to the sync ones", same);
-    char pa[1300], pb[1300];
-    snprintf(pa, sizeof pa, "%s/model/model.safetensors", a);
-    snprintf(pb, sizeof pb, "%s/model/model.safetensors", b);
-    CHECK_MSG(ck_same_file(pa, pb), "final weights differ between async and sync checkpointing");
+    CHECK_MSG(ck_same_model_file(a, b), "final weights differ between async and sync checkpointing");
     snprintf(args, sizeof args, "ckpt verify '%s'", a);
     char text[16384];
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "8 checkpoints, 0 invalid"), "%s", text);
@@ -86,16 +78,15 @@ TEST(ckpt_export_import_hf_roundtrip) {
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "kiln train --config"), "%s", text);
     snprintf(args, sizeof args, "train --config '%s/config.json' --quiet --resume", imp);
     CHECK(ck_kiln(args) == 0);
-    char pa[1300], pb[1300];
-    snprintf(pa, sizeof pa, "%s/model/model.safetensors", fresh);
-    snprintf(pb, sizeof pb, "%s/model/model.safetensors", imp);
-    CHECK_MSG(ck_same_file(pa, pb), "training from import-hf of the initial weights differs from a fresh run");
+    CHECK_MSG(ck_same_model_file(fresh, imp), "training from import-hf of the initial weights differs from a fresh run");
     double l1[6] = {0}, l2[6] = {0};
     CHECK(ck_losses(fresh, l1, 6) == 6 && ck_losses(imp, l2, 6) == 6);
     for (int i = 0; i < 6; i++) CHECK_MSG(l1[i] == l2[i], "step %d: %.9g vs %.9g", i + 1, l1[i], l2[i]);
     /* export-hf of the last checkpoint == the trainer's model/ */
     snprintf(args, sizeof args, "ckpt export-hf --from '%s' --to '%s/hf'", fresh, hf);
     CHECK(ck_kiln(args) == 0);
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof pa, "%s/model/model.safetensors", fresh);
     snprintf(pb, sizeof pb, "%s/hf/model.safetensors", hf);
     CHECK_MSG(ck_same_file(pa, pb), "export-hf differs from the trainer's HF save");
     snprintf(pa, sizeof pa, "%s/model/config.json", fresh);
