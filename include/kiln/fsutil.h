@@ -76,10 +76,13 @@ typedef struct {
 kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path);
 /* The same for a file whose final size is known: a file of at least KILN_WRITE_MMAP_MIN bytes (default
  * 256 MiB; environment variable) is allocated whole (fallocate: a full disk fails here, before any data)
- * and written through a shared mapping, large writes split over KILN_WRITE_THREADS threads (default 4).
- * Where the file system cannot allocate or map the file, it falls back to plain writes; the writes must
+ * and written through a shared mapping, large writes split over KILN_WRITE_THREADS threads (default 4),
+ * on tmpfs, ext4 and XFS. Elsewhere, or where the file system cannot allocate or map the file, it falls
+ * back to plain writes; the writes must
  * then add up to exactly size bytes. */
 kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size);
+/* Whether the file system of fd is one where kiln_atomic_begin_sized maps files (tmpfs, ext4, XFS). */
+int kiln_fs_maps_safely(int fd);
 /* Write everything or fail (retries short writes and EINTR; ENOSPC, EFBIG,
  * EIO... become errors naming the path). Does not abort on failure. */
 kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 /* ---- reading ---- */
@@ -182,9 +183,27 @@ static size_t env_size(const char *name, size_t dflt) {
     return v && *v && end && !*end ? (size_t)x : dflt;
 }
 
+/* File systems where fallocate's blocks back every page of a shared mapping: tmpfs, ext4, XFS. Elsewhere
+ * (copy-on-write file systems such as btrfs, which may still need space when a page is first written;
+ * network file systems; overlays over any of these) a full disk could surface as a SIGBUS in the copy,
+ * killing training instead of failing the save: those keep the write() path. */
+int kiln_fs_maps_safely(int fd) {
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0) return 0;
+    switch ((unsigned long)sf.f_type) {
+    case 0x01021994UL: /* TMPFS_MAGIC */
+    case 0xEF53UL:     /* EXT4_SUPER_MAGIC (ext2/3/4) */
+    case 0x58465342UL: /* XFS_SUPER_MAGIC */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size) {
     KILN_TRY(kiln_atomic_begin(f, path));
-    if (size < env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20) || size > SIZE_MAX) return NULL;
+    if (size < env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20) || size > SIZE_MAX || !kiln_fs_maps_safely(f->fd))
+        return NULL;
     /* fallocate rather than ftruncate: a page of a sparse mapping that the file system cannot back
      * would be a SIGBUS in the middle of the copy; allocated blocks cannot run out. Where it is not
      * supported (or the disk is full, or a file-size limit is hit) the plain write() path below
