@@ -169,6 +169,9 @@ try:
     io = {r["test"]: r for r in json.load(open(f"{out}/io.json"))["io"]}
     seq = io["seq_write"]["gbs"]
     print(f"# kiln bench io, same run: sequential write {seq:.2f} GB/s (fsynced), parallel {io['par_write']['gbs']:.2f} GB/s")
+    if "seq_write_mapped" in io:
+        print(f"  {'seq_write_mapped':24s} {io['seq_write_mapped']['gbs']:6.2f} GB/s = "
+              f"{100 * io['seq_write_mapped']['gbs'] / seq:4.0f}% of the sequential write (the writer's mapped path)")
     for k in ("ckpt_save", "ckpt_async_total", "ckpt_save_cuda", "ckpt_async_total_cuda"):
         if k in io:
             print(f"  {k:24s} {io[k]['gbs']:6.2f} GB/s = {100 * io[k]['gbs'] / seq:4.0f}% of the sequential write (target >= 80%)")
