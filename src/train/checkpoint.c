@@ -83,11 +83,7 @@ typedef struct {
 /* The file's CRC without reading its data back: the header's CRC from the file, combined with the
  * data section's CRC taken from memory while it was written (kiln_st_write_stream lays the tensors out
  * in order without gaps: checked against the file's size; anything else falls back to reading the file). */
-static kiln_error *file_crc(const char *path, uint32_t data_crc_v, uint64_t data_bytes, uint32_t *crc, uint64_t *size) {
-    const struct {
-        uint32_t crc;
-        uint64_t bytes;
-    } d = {data_crc_v, data_bytes};
+static kiln_error *file_crc(const char *path, uint32_t data_crc, uint64_t data_bytes, uint32_t *crc, uint64_t *size) {
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char len[8];
@@ -97,11 +93,11 @@ static kiln_error *file_crc(const char *path, uint32_t data_crc_v, uint64_t data
     for (int i = 0; ok && i < 8; i++) hlen |= (uint64_t)len[i] << (8 * i);
     ok = ok && hlen < KILN_ST_MAX_HEADER && (head = malloc(hlen + 1)) && fread(head, 1, hlen, f) == hlen;
     struct stat sb;
-    ok = ok && fstat(fileno(f), &sb) == 0 && (uint64_t)sb.st_size == 8 + hlen + d.bytes;
+    ok = ok && fstat(fileno(f), &sb) == 0 && (uint64_t)sb.st_size == 8 + hlen + data_bytes;
     fclose(f);
     if (ok) {
-        *crc = kiln_crc32c_combine(kiln_crc32c(kiln_crc32c(0, len, 8), head, hlen), d.crc, d.bytes);
-        *size = 8 + hlen + d.bytes;
+        *crc = kiln_crc32c_combine(kiln_crc32c(kiln_crc32c(0, len, 8), head, hlen), data_crc, data_bytes);
+        *size = 8 + hlen + data_bytes;
     }
     free(head);
     return ok ? NULL : kiln_crc32c_file(path, crc, size);
