@@ -865,40 +865,6 @@ TEST(fs_sized_atomic_file_maps_and_checks_its_size) {
     map_dir_done(dir);
 }
 
-/* Write-behind (fsutil.h): in both modes every completed window is handed to the kernel's writeback and
- * the writer has waited for all but the last four, whatever the pieces' sizes; the bytes are the ones
- * written; with the window 0 nothing is handed over early. */
-TEST(fs_write_behind_hands_over_windows_and_keeps_bytes) {
-    const size_t mib = (size_t)1 << 20, n = 13 * mib + 4097, piece = 3 * mib + 5;
-    unsigned char *buf = malloc(n);
-    if (!buf) return;
-    uint64_t x = 0x2545f4914f6cdd1dull;
-    for (size_t i = 0; i < n; i++) x = x * 6364136223846793005ull + 1442695040888963407ull, buf[i] = (unsigned char)(x >> 56);
-    for (int mode = 0; mode < 3; mode++) { /* write(), mapped where it can run, write() with write-behind off */
-        char dbuf[600];
-        const char *dir = mode == 1 ? map_dir(dbuf, sizeof dbuf) : test_tmpdir();
-        setenv("KILN_WRITE_BEHIND", mode == 2 ? "0" : "1048576", 1);
-        setenv("KILN_WRITE_MMAP_MIN", mode == 1 ? "0" : "1000000000000", 1);
-        const char *path = test_join(dir, "wb.bin");
-        kiln_atomic_file f;
-        CHECK_OK(kiln_atomic_begin_sized(&f, path, n));
-        for (size_t at = 0; at < n; at += piece) CHECK_OK(kiln_atomic_write(&f, buf + at, n - at < piece ? n - at : piece));
-        CHECK_MSG(f.wb_started == (mode == 2 ? 0 : 13 * mib), "mode %d: %zu bytes handed to writeback", mode, f.wb_started);
-        CHECK_MSG(f.wb_waited == (mode == 2 ? 0 : 9 * mib), "mode %d: %zu bytes waited for", mode, f.wb_waited);
-        CHECK_OK(kiln_atomic_commit(&f));
-        char *back = NULL;
-        size_t nb = 0;
-        CHECK_OK(kiln_read_file(path, &back, &nb));
-        CHECK_MSG(back && nb == n && memcmp(back, buf, n) == 0, "mode %d: the file is not the bytes written", mode);
-        free(back);
-        unlink(path);
-        if (mode == 1) map_dir_done(dir);
-    }
-    unsetenv("KILN_WRITE_BEHIND");
-    unsetenv("KILN_WRITE_MMAP_MIN");
-    free(buf);
-}
-
 /* A file-size limit (or a full disk) makes the allocation fail: the plain write path then reports it as
  * before, and the old file stays. */
 TEST(st_mapped_write_past_file_size_limit_keeps_old_file) {

@@ -70,11 +70,7 @@ typedef struct {
     /* kiln_atomic_begin_sized's mapped mode: the file's blocks allocated up front, data copied into a
      * shared mapping by several threads (one buffered write() stream is serialised by the inode lock) */
     unsigned char *map;
-    size_t map_len;
-    size_t off; /* bytes written so far (either mode) */
-    /* write-behind (see kiln_atomic_write): the file's first wb_started bytes have been handed to the
-     * kernel's writeback, the first wb_waited bytes are on the disk */
-    size_t wb_win, wb_started, wb_waited;
+    size_t map_len, off;
 } kiln_atomic_file;
 
 kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path);
@@ -88,12 +84,7 @@ kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint6
 /* Whether the file system of fd is one where kiln_atomic_begin_sized maps files (tmpfs, ext4, XFS). */
 int kiln_fs_maps_safely(int fd);
 /* Write everything or fail (retries short writes and EINTR; ENOSPC, EFBIG,
- * EIO... become errors naming the path). Does not abort on failure.
- * Write-behind: each completed window of KILN_WRITE_BEHIND bytes (environment variable, default 64 MiB,
- * 0 = off) is handed to the kernel's writeback as soon as it is written, and the writer waits for the
- * window four back to reach the disk, so the disk writes while the data is still being copied and the
- * commit's fsync has at most a few windows left (otherwise a file below the kernel's dirty limit would sit
- * in memory until the fsync: copy time plus disk time instead of the larger of the two). */
+ * EIO... become errors naming the path). Does not abort on failure. */
 kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len);
 /* fsync, close, rename over the destination, fsync the directory. On failure
  * before the rename the temp file is removed and the destination untouched. */

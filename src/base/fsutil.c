@@ -1,5 +1,5 @@
 /* File-system helpers. See include/kiln/fsutil.h for the atomic write protocol. */
-#define _GNU_SOURCE /* nftw, fallocate, sync_file_range */
+#define _GNU_SOURCE /* nftw, fallocate */
 #include "kiln/fsutil.h"
 
 #include <errno.h>
@@ -144,25 +144,9 @@ static kiln_error *fsync_dir(const char *path) {
     return e;
 }
 
-static size_t env_size(const char *name, size_t dflt) {
-    const char *v = getenv(name);
-    char *end = NULL;
-    unsigned long long x = v && *v ? strtoull(v, &end, 10) : 0;
-    return v && *v && end && !*end ? (size_t)x : dflt;
-}
-
-/* The write-behind window (see fsutil.h), taken when the file is begun. */
-static size_t wb_window(void) {
-    size_t w = env_size("KILN_WRITE_BEHIND", (size_t)64 << 20);
-    if (w > 0 && w < 4096) w = 4096;
-    return w & ~(size_t)4095; /* sync_file_range works in pages */
-}
-
 kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path) {
     f->fd = -1;
     f->map = NULL, f->map_len = 0, f->off = 0;
-    f->wb_started = f->wb_waited = 0;
-    f->wb_win = wb_window();
     f->path = strdup(path);
     int n = snprintf(NULL, 0, "%s.tmp.%ld", path, (long)getpid());
     f->tmp_path = n < 0 ? NULL : malloc((size_t)n + 1);
@@ -190,6 +174,13 @@ kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path) {
         return e;
     }
     return NULL;
+}
+
+static size_t env_size(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    char *end = NULL;
+    unsigned long long x = v && *v ? strtoull(v, &end, 10) : 0;
+    return v && *v && end && !*end ? (size_t)x : dflt;
 }
 
 /* File systems where fallocate's blocks back every page of a shared mapping: tmpfs, ext4, XFS. Elsewhere
@@ -243,37 +234,24 @@ static void *copy_run(void *arg) {
     return NULL;
 }
 
-enum { WB_LAG = 4 }; /* windows in flight to the disk beyond the one just started */
-
-/* Start writeback of every window completed since the last call; wait for those more than WB_LAG
- * windows back. Errors are not reported here: writeback errors are kept by the kernel and reported by
- * the commit's fsync, the one place that decides whether the file is good. On tmpfs this is a no-op. */
-static void write_behind(kiln_atomic_file *f) {
-    const size_t win = f->wb_win;
-    if (!win) return;
-    while (f->off - f->wb_started >= win) {
-        (void)sync_file_range(f->fd, (off_t)f->wb_started, (off_t)win, SYNC_FILE_RANGE_WRITE);
-        f->wb_started += win;
-        if (f->wb_started - f->wb_waited > (size_t)WB_LAG * win) {
-            (void)sync_file_range(f->fd, (off_t)f->wb_waited, (off_t)win,
-                                  SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-            f->wb_waited += win;
-        }
-    }
-}
-
-/* One span of the mapped file, copied by up to nt threads. */
-static void mapped_copy(unsigned char *dst, const unsigned char *src, size_t len, size_t nt) {
+/* Mapped mode: the copy is the write (page faults allocate the page-cache pages; on tmpfs that is
+ * most of the cost), so large pieces are copied by several threads. */
+static kiln_error *mapped_write(kiln_atomic_file *f, const void *data, size_t len) {
+    if (len > f->map_len - f->off)
+        return kiln_errorf(KILN_EINVAL, "%s: %zu bytes written at byte %zu of a file sized %zu", f->path, len, f->off,
+                           f->map_len);
     enum { MAXT = 16 };
+    size_t nt = env_size("KILN_WRITE_THREADS", 4);
+    if (nt < 1) nt = 1;
     if (nt > MAXT) nt = MAXT;
     if (len < ((size_t)8 << 20)) nt = 1;
-    copy_part part[MAXT] = {{dst, src, len}};
+    copy_part part[MAXT];
     pthread_t tid[MAXT];
     int started[MAXT] = {0};
     const size_t per = (len / nt + 4095) & ~(size_t)4095;
     size_t at = 0, k = 0;
     for (; k < nt && at < len; k++) {
-        part[k] = (copy_part){dst + at, src + at, len - at < per ? len - at : per};
+        part[k] = (copy_part){f->map + f->off + at, (const unsigned char *)data + at, len - at < per ? len - at : per};
         at += part[k].len;
         if (k > 0) started[k] = pthread_create(&tid[k], NULL, copy_run, &part[k]) == 0;
     }
@@ -282,37 +260,16 @@ static void mapped_copy(unsigned char *dst, const unsigned char *src, size_t len
         if (started[i]) pthread_join(tid[i], NULL);
         else copy_run(&part[i]);
     }
-}
-
-/* Mapped mode: the copy is the write (page faults allocate the page-cache pages; on tmpfs that is
- * most of the cost), so large pieces are copied by several threads, a write-behind window at a time. */
-static kiln_error *mapped_write(kiln_atomic_file *f, const void *data, size_t len) {
-    if (len > f->map_len - f->off)
-        return kiln_errorf(KILN_EINVAL, "%s: %zu bytes written at byte %zu of a file sized %zu", f->path, len, f->off,
-                           f->map_len);
-    size_t nt = env_size("KILN_WRITE_THREADS", 4);
-    if (nt < 1) nt = 1;
-    const size_t win = f->wb_win;
-    const unsigned char *src = data;
-    while (len > 0) {
-        /* up to the end of the current window, so that it is handed to the disk as soon as it is full */
-        size_t n = win ? win - (f->off - f->wb_started) % win : len;
-        if (n > len) n = len;
-        mapped_copy(f->map + f->off, src, n, nt);
-        f->off += n, src += n, len -= n;
-        write_behind(f);
-    }
+    f->off += len;
     return NULL;
 }
 
 kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len) {
     if (f->map) return mapped_write(f, data, len);
     const char *p = data;
-    const size_t win = f->wb_win;
     while (len > 0) {
-        /* Linux writes at most ~2 GiB per call; ask for 1 GiB at a time, or up to the write-behind window's end. */
+        /* Linux writes at most ~2 GiB per call; ask for 1 GiB at a time. */
         size_t chunk = len < ((size_t)1 << 30) ? len : ((size_t)1 << 30);
-        if (win && chunk > win - (f->off - f->wb_started) % win) chunk = win - (f->off - f->wb_started) % win;
         ssize_t w = write(f->fd, p, chunk);
         if (w < 0) {
             if (errno == EINTR) continue;
@@ -322,8 +279,6 @@ kiln_error *kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t len)
             return kiln_errorf(KILN_EIO, "%s: write to %s made no progress (disk full?)", f->path, f->tmp_path);
         p += w;
         len -= (size_t)w;
-        f->off += (size_t)w;
-        write_behind(f);
     }
     return NULL;
 }
