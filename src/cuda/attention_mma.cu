@@ -17,32 +17,9 @@
 
 #include "attention_impl.cuh"
 #include "cuda_check.h"
+#include "mma_bf16.cuh"
 
 #define MMA_THREADS 128
-
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
 
 // acc[16 x N] += A[16 x K] Bᵀ, A the warp's 16 rows at As, B [N x K] at Bs (both row-major in smem).
 template <int N, int K>
@@ -78,47 +55,8 @@ static __device__ __forceinline__ void warp_mm_pb(float (&acc)[N / 8][4], const 
         }
     }
 }
-// accumulator tiles [16 x K] (f32) -> A fragments [16 x K] (bf16): the C layout of m16n8 tiles 2kk and
-// 2kk+1 is the A layout of k-step kk
-template <int K>
-static __device__ __forceinline__ void pack_a(uint32_t (&pa)[K / 16][4], const float (&s)[K / 8][4]) {
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++) {
-        pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-}
-template <int N>
-static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
-#pragma unroll
-    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-}
-// ROWS rows of D bf16 from global (row stride `stride` elements) into smem (row stride ld) with cp.async
-// (16 bytes; D is 64 or 128 and the pointers are 16-byte aligned), rows at or past nvalid zero-filled:
-// the next tile streams in while the current one is computed. `any` is a valid address given to the
-// copies that read nothing.
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-template <int D, int ROWS>
-static __device__ __forceinline__ void load_tile_async(bf16 *dst, int ld, const bf16 *src, int64_t stride, int nvalid,
-                                                       const bf16 *any) {
-    constexpr int CH = D / 8;
-    for (int e = threadIdx.x; e < ROWS * CH; e += MMA_THREADS) {
-        const int r = e / CH, c = (e % CH) * 8;
-        const bool ok = r < nvalid;
-        cp_async16(dst + r * ld + c, ok ? src + r * stride + c : any, ok);
-    }
 }
 // ROWS consecutive floats of x and of y (from element off) into smem, zeros past nvalid
 template <int ROWS>
@@ -158,7 +96,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
-    load_tile_async<D, BM>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
+    load_tile_async<D, BM, MMA_THREADS>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
 
     const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
     int jlo, jhi;
@@ -170,15 +108,15 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     zero_acc<D / 8>(o);
     const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
     const int jstart = jlo / BN * BN;
-    load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
-    load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
+    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
     cp_async_commit();
     uint32_t qf[D / 16][4];
     for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
         if (nj <= jhi) {
-            load_tile_async<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
-            load_tile_async<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
+            load_tile_async<D, BN, MMA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
+            load_tile_async<D, BN, MMA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -306,7 +244,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
     const int b = blockIdx.z, h = blockIdx.y, kh = h / a.G, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
-    load_tile_async<D, BM>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
+    load_tile_async<D, BM, MMA_THREADS>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
 
     const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
     int jlo, jhi;
@@ -323,14 +261,14 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
     }
     const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
     const int jstart = jlo / BN * BN;
-    load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
-    load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
+    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
     cp_async_commit();
     for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
         if (nj <= jhi) {
-            load_tile_async<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
-            load_tile_async<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
+            load_tile_async<D, BN, MMA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
+            load_tile_async<D, BN, MMA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -416,8 +354,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
     const int64_t qoff = (((int64_t)b * a.Tq + i0) * a.NH + h) * D;
-    load_tile_async<D, BM>(Qs, LD, q + qoff, qstride, a.Tq - i0, q);
-    load_tile_async<D, BM>(dOs, LD, dout + qoff, qstride, a.Tq - i0, dout);
+    load_tile_async<D, BM, MMA_THREADS>(Qs, LD, q + qoff, qstride, a.Tq - i0, q);
+    load_tile_async<D, BM, MMA_THREADS>(dOs, LD, dout + qoff, qstride, a.Tq - i0, dout);
 
     const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
     int jlo, jhi;
@@ -436,15 +374,15 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     zero_acc<D / 8>(acc);
     const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
     const int jstart = jlo / BN * BN;
-    load_tile_async<D, BN>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
-    load_tile_async<D, BN>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
+    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
     cp_async_commit();
     uint32_t qf[D / 16][4], dof[D / 16][4];
     for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
         if (nj <= jhi) {
-            load_tile_async<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
-            load_tile_async<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
+            load_tile_async<D, BN, MMA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
+            load_tile_async<D, BN, MMA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -502,8 +440,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
     const int64_t koff = (((int64_t)b * a.tk_cap + j0) * a.KV + kh) * D;
-    load_tile_async<D, BN>(Ks, LD, k + koff, kstride, a.tk - j0, k);
-    load_tile_async<D, BN>(Vs, LD, v + koff, kstride, a.tk - j0, v);
+    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, k + koff, kstride, a.tk - j0, k);
+    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, v + koff, kstride, a.tk - j0, v);
 
     const int jlast = min(j0 + BN, a.tk) - 1;
     int ilo, ihi;
@@ -516,8 +454,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
     const int ntile = ilo <= ihi ? (ihi - ilo) / BQ + 1 : 0, nstep = ntile * a.G;
     if (nstep > 0) {
         const int64_t qoff = (((int64_t)b * a.Tq + ilo) * a.NH + kh * a.G) * D;
-        load_tile_async<D, BQ>(Qs, LD, q + qoff, qstride, ihi + 1 - ilo, q);
-        load_tile_async<D, BQ>(dOs, LD, dout + qoff, qstride, ihi + 1 - ilo, dout);
+        load_tile_async<D, BQ, MMA_THREADS>(Qs, LD, q + qoff, qstride, ihi + 1 - ilo, q);
+        load_tile_async<D, BQ, MMA_THREADS>(dOs, LD, dout + qoff, qstride, ihi + 1 - ilo, dout);
         load_rows_async<BQ>(lses, dls, lse, delta, ((int64_t)b * a.NH + kh * a.G) * a.Tq + ilo, ihi + 1 - ilo);
     }
     cp_async_commit();
@@ -526,8 +464,8 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
         if (step + 1 < nstep) {
             const int nh = kh * a.G + (step + 1) / ntile, nc0 = ilo + ((step + 1) % ntile) * BQ;
             const int64_t qoff = (((int64_t)b * a.Tq + nc0) * a.NH + nh) * D;
-            load_tile_async<D, BQ>(Qs + (cur ^ 1) * BQ * LD, LD, q + qoff, qstride, ihi + 1 - nc0, q);
-            load_tile_async<D, BQ>(dOs + (cur ^ 1) * BQ * LD, LD, dout + qoff, qstride, ihi + 1 - nc0, dout);
+            load_tile_async<D, BQ, MMA_THREADS>(Qs + (cur ^ 1) * BQ * LD, LD, q + qoff, qstride, ihi + 1 - nc0, q);
+            load_tile_async<D, BQ, MMA_THREADS>(dOs + (cur ^ 1) * BQ * LD, LD, dout + qoff, qstride, ihi + 1 - nc0, dout);
             load_rows_async<BQ>(lses + (cur ^ 1) * BQ, dls + (cur ^ 1) * BQ, lse, delta,
                                 ((int64_t)b * a.NH + nh) * a.Tq + nc0, ihi + 1 - nc0);
         }

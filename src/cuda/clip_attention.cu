@@ -12,53 +12,13 @@
 
 #include "clip_attention.cuh"
 #include "cuda_check.h"
+#include "mma_bf16.cuh"
 
 typedef __nv_bfloat16 bf16;
 
 #define CA_THREADS 128
 #define CA_BM 64
 #define CA_BN 64
-
-static __device__ __forceinline__ uint32_t ca_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void ca_ldsm_x4(uint32_t (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ca_smem(p)));
-}
-static __device__ __forceinline__ void ca_ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ca_smem(p)));
-}
-static __device__ __forceinline__ void ca_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t ca_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-static __device__ __forceinline__ void ca_cp16(void *dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ca_smem(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-static __device__ __forceinline__ void ca_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void ca_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// ROWS rows of D bf16 (global row stride `stride` elements) into smem rows of ld, rows >= nvalid zeroed
-template <int D, int ROWS>
-static __device__ __forceinline__ void ca_load(bf16 *dst, int ld, const bf16 *src, int64_t stride, int nvalid,
-                                               const bf16 *any) {
-    constexpr int CH = D / 8;
-    for (int e = threadIdx.x; e < ROWS * CH; e += CA_THREADS) {
-        const int r = e / CH, c = (e % CH) * 8;
-        const bool ok = r < nvalid;
-        ca_cp16(dst + r * ld + c, ok ? src + r * stride + c : any, ok);
-    }
-}
 
 // grid (query tiles from query q0 on, heads, B)
 template <int D>
@@ -72,29 +32,28 @@ static __global__ void __launch_bounds__(CA_THREADS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t base = (int64_t)b * T * stride + (int64_t)h * D;
     const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
-    ca_load<D, BM>(Qs, LD, qb + (int64_t)i0 * stride, stride, T - i0, q);
-    ca_load<D, BN>(Ks, LD, kb, stride, T, k);
-    ca_load<D, BN>(Vs, LD, vb, stride, T, v);
-    ca_commit();
+    load_tile_async<D, BM, CA_THREADS>(Qs, LD, qb + (int64_t)i0 * stride, stride, T - i0, q);
+    load_tile_async<D, BN, CA_THREADS>(Ks, LD, kb, stride, T, k);
+    load_tile_async<D, BN, CA_THREADS>(Vs, LD, vb, stride, T, v);
+    cp_async_commit();
 
     float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    zero_acc<D / 8>(o);
     uint32_t qf[D / 16][4];
     const bool active = i0 + warp * 16 < T;
     for (int j0 = 0, it = 0; j0 < T; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
         if (nj < T) {
-            ca_load<D, BN>(Ks + (cur ^ 1) * BN * LD, LD, kb + (int64_t)nj * stride, stride, T - nj, k);
-            ca_load<D, BN>(Vs + (cur ^ 1) * BN * LD, LD, vb + (int64_t)nj * stride, stride, T - nj, v);
+            load_tile_async<D, BN, CA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + (int64_t)nj * stride, stride, T - nj, k);
+            load_tile_async<D, BN, CA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + (int64_t)nj * stride, stride, T - nj, v);
         }
-        ca_commit();
-        ca_wait<1>();
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
         if (it == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
-                ca_ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
         }
         // a warp whose 16 rows all lie past T (the last query tile of L/14's 257 tokens holds one row) only
         // helps load; in the last key tile only the 16-key steps holding keys < T are computed
@@ -103,17 +62,16 @@ static __global__ void __launch_bounds__(CA_THREADS)
             const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
             // s[16 x BN] = Q Kᵀ for this warp's 16 rows
             float s[BN / 8][4];
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            zero_acc<BN / 8>(s);
 #pragma unroll
             for (int k0 = 0; k0 < D; k0 += 16) {
 #pragma unroll
                 for (int n0 = 0; n0 < BN; n0 += 16) {
                     if (n0 >= lim) continue;
                     uint32_t bf[4];
-                    ca_ldsm_x4(bf, Kc + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
-                    ca_mma(s[n0 / 8], qf[k0 / 16], bf[0], bf[1]);
-                    ca_mma(s[n0 / 8 + 1], qf[k0 / 16], bf[2], bf[3]);
+                    ldsm_x4(bf, Kc + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
+                    mma16816(s[n0 / 8], qf[k0 / 16], bf[0], bf[1]);
+                    mma16816(s[n0 / 8 + 1], qf[k0 / 16], bf[2], bf[3]);
                 }
             }
             const bool mask = nj > T; // the last tile reaches past the sequence
@@ -152,15 +110,8 @@ static __global__ void __launch_bounds__(CA_THREADS)
                 o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
                 o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
             }
-            // the accumulator layout of n-tiles 2kk, 2kk+1 is the A-operand layout of k-step kk
             uint32_t pa[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                pa[kk][0] = ca_pack(s[2 * kk][0], s[2 * kk][1]);
-                pa[kk][1] = ca_pack(s[2 * kk][2], s[2 * kk][3]);
-                pa[kk][2] = ca_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pa[kk][3] = ca_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
+            pack_a<BN>(pa, s);
             // o[16 x D] += P[16 x BN] V[BN x D]
 #pragma unroll
             for (int k0 = 0; k0 < BN; k0 += 16) {
@@ -168,9 +119,9 @@ static __global__ void __launch_bounds__(CA_THREADS)
 #pragma unroll
                 for (int n0 = 0; n0 < D; n0 += 16) {
                     uint32_t bf[4];
-                    ca_ldsm_x4_t(bf, Vc + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
-                    ca_mma(o[n0 / 8], pa[k0 / 16], bf[0], bf[1]);
-                    ca_mma(o[n0 / 8 + 1], pa[k0 / 16], bf[2], bf[3]);
+                    ldsm_x4_t(bf, Vc + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+                    mma16816(o[n0 / 8], pa[k0 / 16], bf[0], bf[1]);
+                    mma16816(o[n0 / 8 + 1], pa[k0 / 16], bf[2], bf[3]);
                 }
             }
         }

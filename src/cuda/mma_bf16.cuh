@@ -1,0 +1,77 @@
+/* The warp-level tensor-core primitives of kiln's own attention kernels (src/cuda/attention_mma.cu for the
+ * trainer, src/cuda/clip_attention.cu for CLIP): ldmatrix loads of bf16 fragments from shared memory,
+ * the m16n8k16 bf16 MMA with f32 accumulators, and cp.async tile loads that stream the next tile in while
+ * the current one is computed. Internal to the CUDA files (sm_80 and later). */
+#ifndef KILN_CUDA_MMA_BF16_CUH
+#define KILN_CUDA_MMA_BF16_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// four 8x8 b16 matrices from shared memory (each lane gives one row address)
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+// the same, transposed
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __nv_bfloat16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+// c[16 x 8] += a[16 x 16] b[16 x 8], bf16 in, f32 accumulators
+static __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+// accumulator tiles [16 x K] (f32) -> A fragments [16 x K] (bf16): the C layout of m16n8 tiles 2kk and
+// 2kk+1 is the A layout of k-step kk
+template <int K>
+static __device__ __forceinline__ void pack_a(uint32_t (&pa)[K / 16][4], const float (&s)[K / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+template <int N>
+static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+// 16 bytes global -> shared without passing through registers; ok == false zero-fills (src is not read)
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// ROWS rows of D bf16 from global (row stride `stride` elements) into shared memory (row stride ld) by a
+// block of THREADS threads, 16 bytes a copy (D a multiple of 8, 16-byte aligned rows); rows at or past
+// nvalid zero-filled. `any` is a valid address given to the copies that read nothing.
+template <int D, int ROWS, int THREADS>
+static __device__ __forceinline__ void load_tile_async(__nv_bfloat16 *dst, int ld, const __nv_bfloat16 *src,
+                                                       int64_t stride, int nvalid, const __nv_bfloat16 *any) {
+    constexpr int CH = D / 8;
+    for (int e = threadIdx.x; e < ROWS * CH; e += THREADS) {
+        const int r = e / CH, c = (e % CH) * 8;
+        const bool ok = r < nvalid;
+        cp_async16(dst + r * ld + c, ok ? src + r * stride + c : any, ok);
+    }
+}
+
+#endif
