@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/vfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -804,7 +803,6 @@ TEST(st_mapped_parallel_write_matches_plain_write) {
     setenv("KILN_WRITE_MMAP_MIN", "1000000000000", 1);
     CHECK_OK(kiln_st_write(plain, e, 2, NULL));
     setenv("KILN_WRITE_MMAP_MIN", "0", 1);
-    setenv("KILN_WRITE_MMAP", "any", 1);
     setenv("KILN_WRITE_THREADS", "3", 1);
     CHECK_OK(kiln_st_write(mapped, e, 2, NULL));
     /* the stream: the tensors' bytes back to back, in pieces of 9 MiB + 3 */
@@ -817,7 +815,6 @@ TEST(st_mapped_parallel_write_matches_plain_write) {
         CHECK_OK(kiln_st_write_stream(streamed, es, 2, NULL, piece_next, &src));
     }
     unsetenv("KILN_WRITE_MMAP_MIN");
-    unsetenv("KILN_WRITE_MMAP");
     unsetenv("KILN_WRITE_THREADS");
     char *a = NULL, *b = NULL, *c = NULL;
     size_t na = 0, nb = 0, nc = 0;
@@ -842,7 +839,6 @@ TEST(fs_sized_atomic_file_maps_and_checks_its_size) {
     if (fd >= 0) close(fd);
     unlink(probe);
     setenv("KILN_WRITE_MMAP_MIN", "4096", 1);
-    setenv("KILN_WRITE_MMAP", "any", 1); /* whatever the file system under the tests' directory */
     kiln_atomic_file f;
     const char *path = test_join(dir, "short.bin");
     CHECK_OK(kiln_atomic_begin_sized(&f, path, 1 << 20));
@@ -866,42 +862,15 @@ TEST(fs_sized_atomic_file_maps_and_checks_its_size) {
     kiln_atomic_abort(&f);
     CHECK(count_entries(dir) == 0);
     unsetenv("KILN_WRITE_MMAP_MIN");
-    unsetenv("KILN_WRITE_MMAP");
     map_dir_done(dir);
-}
-
-/* By default only tmpfs maps (measured faster there, slower on ext4); KILN_WRITE_MMAP=0 maps nowhere. */
-TEST(fs_sized_atomic_file_maps_by_default_only_on_tmpfs) {
-    char dbuf[600];
-    const char *dirs[2] = {map_dir(dbuf, sizeof dbuf), test_tmpdir()};
-    setenv("KILN_WRITE_MMAP_MIN", "4096", 1);
-    for (int i = 0; i < 2; i++) {
-        const char *path = test_join(dirs[i], "dflt.bin");
-        kiln_atomic_file f;
-        CHECK_OK(kiln_atomic_begin_sized(&f, path, 1 << 16));
-        struct statfs sf;
-        const int tmpfs = fstatfs(f.fd, &sf) == 0 && (unsigned long)sf.f_type == 0x01021994UL;
-        if (!tmpfs) CHECK_MSG(f.map == NULL, "%s is not tmpfs, yet the file was mapped", dirs[i]);
-        else CHECK_MSG(f.map != NULL, "%s is tmpfs, yet the file was not mapped", dirs[i]);
-        kiln_atomic_abort(&f);
-        setenv("KILN_WRITE_MMAP", "0", 1);
-        CHECK_OK(kiln_atomic_begin_sized(&f, path, 1 << 16));
-        CHECK_MSG(f.map == NULL, "KILN_WRITE_MMAP=0, yet %s was mapped", path);
-        kiln_atomic_abort(&f);
-        unsetenv("KILN_WRITE_MMAP");
-    }
-    unsetenv("KILN_WRITE_MMAP_MIN");
-    map_dir_done(dirs[0]);
 }
 
 /* A file-size limit (or a full disk) makes the allocation fail: the plain write path then reports it as
  * before, and the old file stays. */
 TEST(st_mapped_write_past_file_size_limit_keeps_old_file) {
     setenv("KILN_WRITE_MMAP_MIN", "0", 1);
-    setenv("KILN_WRITE_MMAP", "any", 1);
     st_failed_write_keeps_old_file();
     unsetenv("KILN_WRITE_MMAP_MIN");
-    unsetenv("KILN_WRITE_MMAP");
 }
 
 /* ---- fuzz ---- */

@@ -74,15 +74,14 @@ typedef struct {
 } kiln_atomic_file;
 
 kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path);
-/* The same for a file whose final size is known: on tmpfs a file of at least KILN_WRITE_MMAP_MIN bytes
- * (default 256 MiB; environment variable) is allocated whole (fallocate: a full file system fails here,
- * before any data) and written through a shared mapping, large writes split over KILN_WRITE_THREADS
- * threads (default 4). KILN_WRITE_MMAP=any does the same on ext4 and XFS (measured slower there), 0
- * nowhere. Elsewhere, or where the file system cannot allocate or map the file, it falls back to plain
- * writes; the writes must then add up to exactly size bytes. */
+/* The same for a file whose final size is known: a file of at least KILN_WRITE_MMAP_MIN bytes (default
+ * 256 MiB; environment variable) is allocated whole (fallocate: a full disk fails here, before any data)
+ * and written through a shared mapping, large writes split over KILN_WRITE_THREADS threads (default 4),
+ * on tmpfs, ext4 and XFS. Elsewhere, or where the file system cannot allocate or map the file, it falls
+ * back to plain writes; the writes must
+ * then add up to exactly size bytes. */
 kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size);
-/* Whether the file system of fd is one where a shared mapping of an allocated file cannot fault for space
- * (tmpfs, ext4, XFS): where kiln_atomic_begin_sized may map files. */
+/* Whether the file system of fd is one where kiln_atomic_begin_sized maps files (tmpfs, ext4, XFS). */
 int kiln_fs_maps_safely(int fd);
 /* Write everything or fail (retries short writes and EINTR; ENOSPC, EFBIG,
  * EIO... become errors naming the path). Does not abort on failure. */

@@ -200,23 +200,9 @@ int kiln_fs_maps_safely(int fd) {
     }
 }
 
-/* Whether the mapping pays where it is safe. Measured on the H200 machine (run r21, `kiln bench io --ckpt`,
- * alternating): on tmpfs the checkpoint saves went 0.9-1.45x faster mapped (one write() stream there is
- * serialised by the inode lock, the copy threads are not); on ext4 the async saves went 0.83-0.98x (the
- * kernel's own writeback of write()'s pages kept the disk busier). So by default only tmpfs maps;
- * KILN_WRITE_MMAP=any maps on ext4 and XFS too, 0 nowhere. */
-static int mapping_pays(int fd) {
-    const char *v = getenv("KILN_WRITE_MMAP");
-    if (v && !strcmp(v, "0")) return 0;
-    if (v && !strcmp(v, "any")) return 1;
-    struct statfs sf;
-    return fstatfs(fd, &sf) == 0 && (unsigned long)sf.f_type == 0x01021994UL; /* TMPFS_MAGIC */
-}
-
 kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size) {
     KILN_TRY(kiln_atomic_begin(f, path));
-    if (size < env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20) || size > SIZE_MAX || !kiln_fs_maps_safely(f->fd) ||
-        !mapping_pays(f->fd))
+    if (size < env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20) || size > SIZE_MAX || !kiln_fs_maps_safely(f->fd))
         return NULL;
     /* fallocate rather than ftruncate: a page of a sparse mapping that the file system cannot back
      * would be a SIGBUS in the middle of the copy; allocated blocks cannot run out. Where it is not

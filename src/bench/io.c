@@ -164,10 +164,9 @@ static kiln_error *mapped_pass(const char *dir, int nfiles, size_t size, const u
     unsigned char *buf = malloc(piece ? piece : 1);
     if (!buf) return kiln_errorf(KILN_ENOMEM, "bench io: a %zu-byte piece", piece);
     for (size_t at = 0; at < piece; at += CHUNK) memcpy(buf + at, chunk, piece - at < CHUNK ? piece - at : CHUNK);
-    const char *old = getenv("KILN_WRITE_MMAP_MIN"), *oldm = getenv("KILN_WRITE_MMAP");
-    char *saved = old ? strdup(old) : NULL, *savedm = oldm ? strdup(oldm) : NULL;
+    const char *old = getenv("KILN_WRITE_MMAP_MIN");
+    char *saved = old ? strdup(old) : NULL;
     setenv("KILN_WRITE_MMAP_MIN", "0", 1); /* every file mapped, whatever its size */
-    setenv("KILN_WRITE_MMAP", "any", 1);   /* also where the writer would not map by default (ext4, XFS) */
     kiln_error *e = NULL;
     const double t0 = kiln_bench_now_s();
     for (int i = 0; !e && i < nfiles; i++) {
@@ -183,10 +182,7 @@ static kiln_error *mapped_pass(const char *dir, int nfiles, size_t size, const u
     *sec = kiln_bench_now_s() - t0;
     if (saved) setenv("KILN_WRITE_MMAP_MIN", saved, 1);
     else unsetenv("KILN_WRITE_MMAP_MIN");
-    if (savedm) setenv("KILN_WRITE_MMAP", savedm, 1);
-    else unsetenv("KILN_WRITE_MMAP");
     free(saved);
-    free(savedm);
     free(buf);
     return e;
 }
