@@ -315,10 +315,12 @@ void kiln_adamw_multi_free(kiln_adamw_multi *p);
 kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, float *w, const float *g, float *state,
                                        float gscale, const kiln_optim_hparams *hp, double lr, int64_t t,
                                        kiln_bf16 *w_bf16, void *stream);
-/* The same step on the table's tensors [t0, t1) only (their chunks: the same blocks as the whole launch's). zero_g:
+/* The same step on the table's tensors [t0, t1) only (their chunks: the same as the whole launch's). zero_g:
  * each gradient element is overwritten with 0 once read (the next step accumulates from zero without a separate
- * pass). max_blocks > 0: launches of at most that many blocks (chunks of 4096 elements), one after the other;
- * 0: one launch. The trainer's overlapped optimizer runs a step as one such call per slice of tensors. */
+ * pass). max_blocks > 0: launches of at most that many chunks of 4096 elements (and at most the blocks that fit
+ * on the GPU at once), one after the other; 0: one launch. The trainer's overlapped optimizer runs a step as one
+ * such call per slice of tensors, its serial one-rank step as one over every tensor. KILN_ADAMW_GRID and
+ * KILN_ADAMW_HINTS (src/cuda/optim.cu) pick the kernel and its launch for all three calls: the same bits. */
 kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, int t1, float *w, float *g,
                                              float *state, float gscale, const kiln_optim_hparams *hp, double lr,
                                              int64_t t, kiln_bf16 *w_bf16, int zero_g, int64_t max_blocks,

@@ -3,19 +3,39 @@
 // multiply-adds), f64 where it computes in f64, so that CPU and GPU steps agree to the last bit or two.
 //
 // AdamW is one launch for all of a rank's tensors (kiln_adamw_multi): a device table of the tensors and a
-// work list of fixed chunks (one block each), 4 consecutive elements per thread with 16-byte loads where
-// the addresses allow, the gradient's scale (the mean over micro-batches and ranks, and the clip) applied
-// on the way in, the bf16 copy written on the way out: w, g, m, v read once, w, m, v, bf16 w written once
-// (30 bytes a parameter, the least this update can move). The overlapped step (one rank) runs the work list in
-// slices, one launch each, and writes zeros over the gradient it read (34 bytes a parameter: the 4 of the
-// separate zeroing pass it replaces).
+// work list of fixed chunks of 4096 elements, 4 consecutive elements per thread with 16-byte accesses where the
+// addresses allow, the gradient's scale (the mean over micro-batches and ranks, and the clip) applied on the
+// way in, the bf16 copy written on the way out: w, g, m, v read once, w, m, v, bf16 w written once (30 bytes a
+// parameter, the least this update can move); with zero_g, zeros written over the gradient as it is read (34
+// bytes: the trainer's separate 4-byte zeroing pass folded in). The element arithmetic never depends on how
+// the work is laid out, so every variant below gives the same bits (GPU test gpu_ops_adamw_variants).
+//
+// Where the time went (session 6, read from the code and ptxas, not yet from a GPU run): at 1764M parameters the
+// step took 14.83 ms (r17) against 13.77 in session 4, with no change to its arithmetic or launch. What changed
+// was registers: the zeroing, compiled into the one kernel as a run-time branch, took it from 58 to 72 registers
+// a thread (ptxas -v), so 3 blocks of 256 threads fit on an SM instead of 4; and a thread that holds its loads in
+// registers has nothing in flight while it does the element's f64 arithmetic, so what is in flight on an SM is
+// set by how many threads fit. Now:
+//   - the staged kernel (the default, KILN_ADAMW_GRID=staged): each thread copies its next tile's g, w, m, v into
+//     shared memory with cp.async (which holds no registers) before it computes the current tile, so one tile's
+//     loads per thread are always in flight whatever the occupancy; persistent (as many blocks as fit, each
+//     walking the work list with a stride of the grid: no block launch or table lookup between chunks);
+//   - the direct kernel (KILN_ADAMW_GRID=persistent: persistent, the next chunk's entry loaded while the current
+//     one is updated; =chunks: a block a chunk, session 4's launch), loads in registers;
+//   - the zeroing a template parameter in both (ptxas: 60-70 registers, no spills);
+//   - streaming cache hints (KILN_ADAMW_HINTS=1, the default): 60 GB a step against a 60 MB L2, nothing is
+//     read twice, so loads and stores are evict-first (__ldcs/__stcs, cp.async with an evict-first policy).
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops_common.cuh"
 
 namespace {
 
-enum { AW_THREADS = 256, AW_CHUNK = 4096 }; // 4 elements a thread, 4 passes a block
+enum { AW_THREADS = 256, AW_CHUNK = 4096 }; // 4 elements a thread, 4 passes a chunk
+// the staged kernel: blocks of 128 threads (at 65-72 registers, 7 blocks = 28 warps fit on an SM where 3 of 256 do: 24),
+// a tile is one pass of the block, the copies run one tile ahead
+enum { AWS_THREADS = 128, AW_TILE = 4 * AWS_THREADS, AW_STAGES = 2 };
 
 struct adamw_seg {
     int64_t off, soff, n; // element offset of w, g, bf16 w; of m in the state (v follows at soff + n); count
@@ -24,11 +44,11 @@ struct adamw_seg {
 
 struct adamw_args {
     const adamw_seg *segs;
-    const int2 *work; // {tensor, chunk} per block; NULL: one tensor (`one`), block b = chunk b
+    const int2 *work; // {tensor, chunk} per work item; NULL: one tensor (`one`), item c = chunk c
+    int nwork;        // work items of this launch (work[0 .. nwork)): at most INT32_MAX (create checks)
     adamw_seg one;
     float *w, *state;
-    const float *g;
-    float *gz; // non-NULL (= g): each gradient element is overwritten with 0 once read
+    float *g; // written only by the zeroing kernels
     bf16 *wb;
     double b1, one_b1, b2, one_b2, c1, c2, eps, lr;
     float wd, gscale;
@@ -48,70 +68,235 @@ __device__ __forceinline__ void adamw_elem(const adamw_args &k, float wd, float 
     w = (float)__dsub_rn((double)t, __dmul_rn(k.lr, upd));
 }
 
-template <int V> __device__ __forceinline__ void ld4(const float *p, int64_t i, int cnt, float *o) {
+// loads and stores, streaming (CS: evict-first in L1 and L2) or plain
+template <bool CS> __device__ __forceinline__ float4 ldf4(const float *p) {
+    if constexpr (CS) return __ldcs((const float4 *)p);
+    else return *(const float4 *)p;
+}
+template <bool CS> __device__ __forceinline__ float ldf1(const float *p) {
+    if constexpr (CS) return __ldcs(p);
+    else return *p;
+}
+template <bool CS> __device__ __forceinline__ void stf4(float *p, float4 v) {
+    if constexpr (CS) __stcs((float4 *)p, v);
+    else *(float4 *)p = v;
+}
+template <bool CS> __device__ __forceinline__ void stf1(float *p, float v) {
+    if constexpr (CS) __stcs(p, v);
+    else *p = v;
+}
+
+// 4 elements at p[i] (cnt of them in the tensor): one 16-byte access when V = 4 and all 4 are there
+template <int V, bool CS> __device__ __forceinline__ void ld4(const float *p, int i, int cnt, float *o) {
     if (V == 4 && cnt == 4) {
-        ldv<4>(p, i, o);
+        const float4 q = ldf4<CS>(p + i);
+        o[0] = q.x, o[1] = q.y, o[2] = q.z, o[3] = q.w;
     } else {
 #pragma unroll
-        for (int j = 0; j < 4; j++) o[j] = j < cnt ? p[i + j] : 0.0f;
+        for (int j = 0; j < 4; j++) o[j] = j < cnt ? ldf1<CS>(p + i + j) : 0.0f;
     }
 }
-template <int V> __device__ __forceinline__ void st4(float *p, int64_t i, int cnt, const float *o) {
+template <int V, bool CS> __device__ __forceinline__ void st4(float *p, int i, int cnt, const float *o) {
     if (V == 4 && cnt == 4) {
-        stv<4>(p, i, o);
+        stf4<CS>(p + i, make_float4(o[0], o[1], o[2], o[3]));
     } else {
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            if (j < cnt) p[i + j] = o[j];
+            if (j < cnt) stf1<CS>(p + i + j, o[j]);
+    }
+}
+template <int V, bool CS> __device__ __forceinline__ void st4_bf16(bf16 *p, int i, int cnt, const float *o) {
+    if (V == 4 && cnt == 4) {
+        uint2 q;
+        *(__nv_bfloat162 *)&q.x = __floats2bfloat162_rn(o[0], o[1]);
+        *(__nv_bfloat162 *)&q.y = __floats2bfloat162_rn(o[2], o[3]);
+        if constexpr (CS) __stcs((uint2 *)(p + i), q);
+        else *(uint2 *)(p + i) = q;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (j < cnt) p[i + j] = __float2bfloat16_rn(o[j]);
     }
 }
 
-template <int VW, int VM, int VV>
+// elements [c0, c1) of tensor s (at most a chunk: 32-bit indices from the chunk's start, fewer registers)
+template <int VW, int VM, int VV, bool ZG, bool CS>
 __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
-    float *w = k.w + s.off, *m = k.state + s.soff, *v = m + s.n;
-    const float *g = k.g + s.off;
-    bf16 *wb = k.wb ? k.wb + s.off : NULL;
+    float *w = k.w + s.off + c0, *m = k.state + s.soff + c0, *v = m + s.n, *g = k.g + s.off + c0;
+    bf16 *wb = k.wb ? k.wb + s.off + c0 : NULL;
     const float wd = s.decay ? k.wd : 0.0f;
-    for (int64_t i = c0 + 4 * (int64_t)threadIdx.x; i < c1; i += 4 * AW_THREADS) {
-        const int cnt = c1 - i < 4 ? (int)(c1 - i) : 4;
+    const int len = (int)(c1 - c0);
+    for (int i = 4 * (int)threadIdx.x; i < len; i += 4 * AW_THREADS) {
+        const int cnt = len - i < 4 ? len - i : 4;
         float gv[4], wv[4], mv[4], vv[4];
-        ld4<VW>(g, i, cnt, gv);
-        if (k.gz) {
+        ld4<VW, CS>(g, i, cnt, gv);
+        ld4<VW, CS>(w, i, cnt, wv);
+        ld4<VM, CS>(m, i, cnt, mv);
+        ld4<VV, CS>(v, i, cnt, vv);
+        if constexpr (ZG) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
             const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            st4<VW>(k.gz + s.off, i, cnt, zero);
+            st4<VW, false>(g, i, cnt, zero);
         }
-        ld4<VW>(w, i, cnt, wv);
-        ld4<VM>(m, i, cnt, mv);
-        ld4<VV>(v, i, cnt, vv);
 #pragma unroll
         for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[j], mv[j], vv[j], wv[j]);
-        st4<VW>(w, i, cnt, wv);
-        st4<VM>(m, i, cnt, mv);
-        st4<VV>(v, i, cnt, vv);
-        if (wb) {
-            if (VW == 4 && cnt == 4) {
-                stv<4>(wb, i, wv);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (j < cnt) wb[i + j] = __float2bfloat16_rn(wv[j]);
-            }
-        }
+        st4<VW, CS>(w, i, cnt, wv);
+        st4<VM, CS>(m, i, cnt, mv);
+        st4<VV, CS>(v, i, cnt, vv);
+        if (wb) st4_bf16<VW, CS>(wb, i, cnt, wv);
     }
 }
 
-__global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
-    const int2 wk = k.work ? k.work[blockIdx.x] : make_int2(0, (int)blockIdx.x);
+__device__ __forceinline__ int2 adamw_item(const adamw_args &k, int c) {
+    return k.work ? __ldg(&k.work[c]) : make_int2(0, c);
+}
+
+// Work items blockIdx.x, + gridDim.x, ...: one each when the grid has a block per item, a stride of the grid
+// when it is persistent. The next item's entry is loaded before the current one is updated.
+template <bool ZG, bool CS> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+    const unsigned nwork = (unsigned)k.nwork;
+    unsigned c = blockIdx.x; // c + gridDim.x < 2^32: both are below 2^31
+    if (c >= nwork) return;
+    int2 wk = adamw_item(k, (int)c);
+    for (;;) {
+        const unsigned cn = c + gridDim.x;
+        const int2 wn = cn < nwork ? adamw_item(k, (int)cn) : wk;
+        const adamw_seg s = k.work ? k.segs[wk.x] : k.one;
+        const int64_t c0 = (int64_t)wk.y * AW_CHUNK, c1 = c0 + AW_CHUNK < s.n ? c0 + AW_CHUNK : s.n;
+        // the alignment is uniform over the item: one branch picks the vector width of each stream
+        const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
+                   vv = vw && k.vec_state && (s.flags & 2);
+        if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS>(k, s, c0, c1);
+        else if (vm) adamw_chunk<4, 4, 1, ZG, CS>(k, s, c0, c1);
+        else if (vv) adamw_chunk<4, 1, 4, ZG, CS>(k, s, c0, c1);
+        else if (vw) adamw_chunk<4, 1, 1, ZG, CS>(k, s, c0, c1);
+        else adamw_chunk<1, 1, 1, ZG, CS>(k, s, c0, c1);
+        if (cn >= nwork) break;
+        c = cn, wk = wn;
+    }
+}
+
+// ---- the staged kernel: loads through shared memory, one tile ahead ----
+// The direct kernel above keeps its loads in registers, so a thread has nothing in flight while it does the
+// element's f64 arithmetic, and what is in flight on an SM depends on how many threads fit (its registers).
+// Here each thread copies its next tile's g, w, m, v (4 x 16 bytes) into shared memory with cp.async, which
+// holds no registers, before it computes the current one: the loads of one tile per thread are always in
+// flight, whatever the occupancy. A thread reads back only what it copied itself, so no barrier is needed,
+// only its own cp.async.wait_group. The arithmetic is adamw_elem's: the same bits.
+
+// A position in the block's sequence of tiles: work item c (blockIdx.x, + gridDim.x, ...), tile `sub` of it.
+struct aw_pos {
+    unsigned c;
+    int sub, len;           // tile; elements of the item (at most a chunk)
+    int64_t off, moff, n;   // the item's first element in w, g, bf16 w; in the state (m; v at + n)
+    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v
+};
+
+__device__ __forceinline__ void aw_pos_item(const adamw_args &k, aw_pos &q, unsigned c) {
+    q.c = c, q.sub = 0;
+    if (c >= (unsigned)k.nwork) { // past the block's last item: nothing to copy or compute
+        q.len = 0, q.off = q.moff = q.n = 0, q.flags = 0;
+        return;
+    }
+    const int2 wk = adamw_item(k, (int)c);
     const adamw_seg s = k.work ? k.segs[wk.x] : k.one;
-    const int64_t c0 = (int64_t)wk.y * AW_CHUNK, c1 = c0 + AW_CHUNK < s.n ? c0 + AW_CHUNK : s.n;
-    // the alignment is uniform over the block: one branch picks the vector width of each stream
-    const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
-               vv = vw && k.vec_state && (s.flags & 2);
-    if (vm && vv) adamw_chunk<4, 4, 4>(k, s, c0, c1);
-    else if (vm) adamw_chunk<4, 4, 1>(k, s, c0, c1);
-    else if (vv) adamw_chunk<4, 1, 4>(k, s, c0, c1);
-    else if (vw) adamw_chunk<4, 1, 1>(k, s, c0, c1);
-    else adamw_chunk<1, 1, 1>(k, s, c0, c1);
+    const int64_t c0 = (int64_t)wk.y * AW_CHUNK;
+    q.len = (int)(s.n - c0 < AW_CHUNK ? s.n - c0 : AW_CHUNK);
+    q.off = s.off + c0, q.moff = s.soff + c0, q.n = s.n;
+    const bool vw = k.vec && (s.flags & 4);
+    q.flags = (s.decay ? 1 : 0) | (vw ? 2 : 0) | (vw && k.vec_state && (s.flags & 1) ? 4 : 0) |
+              (vw && k.vec_state && (s.flags & 2) ? 8 : 0);
+}
+__device__ __forceinline__ void aw_pos_next(const adamw_args &k, aw_pos &q) {
+    if (++q.sub * AW_TILE >= q.len) aw_pos_item(k, q, q.c + gridDim.x);
+}
+
+// 4 floats (cnt of them real) from global src into shared dst: one 16-byte copy (the rest zero-filled) or one a float
+template <bool CS>
+__device__ __forceinline__ void aw_cp4(float *dst, const float *src, int cnt, bool vec, uint64_t pol) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (vec) {
+        if constexpr (CS)
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(d), "l"(src),
+                         "r"(4 * cnt), "l"(pol) : "memory");
+        else
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(4 * cnt) : "memory");
+    } else {
+        for (int j = 0; j < cnt; j++)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + 4 * j), "l"(src + j) : "memory");
+    }
+}
+
+template <bool CS>
+__device__ __forceinline__ void aw_issue(const adamw_args &k, const aw_pos &q, float4 (*sm)[AWS_THREADS], uint64_t pol) {
+    if (q.c < (unsigned)k.nwork) {
+        const int e = q.sub * AW_TILE + 4 * (int)threadIdx.x;
+        const int cnt = q.len - e < 4 ? q.len - e : 4;
+        if (cnt > 0) {
+            float *d = (float *)&sm[0][threadIdx.x];
+            const int stride = 4 * AWS_THREADS; // floats between the streams' rows
+            aw_cp4<CS>(d, k.g + q.off + e, cnt, q.flags & 2, pol);
+            aw_cp4<CS>(d + stride, k.w + q.off + e, cnt, q.flags & 2, pol);
+            aw_cp4<CS>(d + 2 * stride, k.state + q.moff + e, cnt, q.flags & 4, pol);
+            aw_cp4<CS>(d + 3 * stride, k.state + q.moff + q.n + e, cnt, q.flags & 8, pol);
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory"); // an empty group past the end keeps the count
+}
+
+template <bool CS> __device__ __forceinline__ void aw_st(float *p, int cnt, bool vec, const float *o) {
+    if (vec && cnt == 4) {
+        stf4<CS>(p, make_float4(o[0], o[1], o[2], o[3]));
+    } else {
+        for (int j = 0; j < cnt; j++) stf1<CS>(p + j, o[j]);
+    }
+}
+
+template <bool ZG, bool CS>
+__device__ __forceinline__ void aw_consume(const adamw_args &k, const aw_pos &q, float4 (*sm)[AWS_THREADS]) {
+    const int e = q.sub * AW_TILE + 4 * (int)threadIdx.x;
+    const int cnt = q.len - e < 4 ? q.len - e : 4;
+    if (cnt <= 0) return;
+    const float4 a = sm[0][threadIdx.x], b = sm[1][threadIdx.x], c = sm[2][threadIdx.x], d = sm[3][threadIdx.x];
+    float gv[4] = {a.x, a.y, a.z, a.w}, wv[4] = {b.x, b.y, b.z, b.w}, mv[4] = {c.x, c.y, c.z, c.w},
+          vv[4] = {d.x, d.y, d.z, d.w};
+    const bool vw = q.flags & 2;
+    if constexpr (ZG) {
+        const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        aw_st<false>(k.g + q.off + e, cnt, vw, zero);
+    }
+    const float wd = (q.flags & 1) ? k.wd : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[j], mv[j], vv[j], wv[j]);
+    aw_st<CS>(k.w + q.off + e, cnt, vw, wv);
+    aw_st<CS>(k.state + q.moff + e, cnt, q.flags & 4, mv);
+    aw_st<CS>(k.state + q.moff + q.n + e, cnt, q.flags & 8, vv);
+    if (k.wb) {
+        if (vw) st4_bf16<4, CS>(k.wb + q.off, e, cnt, wv);
+        else st4_bf16<1, CS>(k.wb + q.off, e, cnt, wv);
+    }
+}
+
+template <bool ZG, bool CS> __global__ void __launch_bounds__(AWS_THREADS) adamw_staged_kernel(const adamw_args k) {
+    __shared__ float4 sm[AW_STAGES][4][AWS_THREADS]; // [stage][g, w, m, v][thread]: 16 KB
+    uint64_t pol = 0;
+    if constexpr (CS) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    aw_pos qp, qc; // the next tile to copy, the next to compute
+    aw_pos_item(k, qp, blockIdx.x);
+    qc = qp;
+#pragma unroll
+    for (int s = 0; s < AW_STAGES - 1; s++) {
+        aw_issue<CS>(k, qp, sm[s], pol);
+        aw_pos_next(k, qp);
+    }
+    for (int s = 0; qc.c < (unsigned)k.nwork; s = s + 1 == AW_STAGES ? 0 : s + 1) {
+        // into the stage computed last time round: this thread has read it (its values were used)
+        aw_issue<CS>(k, qp, sm[s == 0 ? AW_STAGES - 1 : s - 1], pol);
+        aw_pos_next(k, qp);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(AW_STAGES - 1) : "memory"); // this tile's copies landed
+        aw_consume<ZG, CS>(k, qc, sm[s]);
+        aw_pos_next(k, qc);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 kiln_error *adamw_args_init(adamw_args *k, const kiln_optim_hparams *hp, double lr, int64_t t, float gscale) {
@@ -124,12 +309,70 @@ kiln_error *adamw_args_init(adamw_args *k, const kiln_optim_hparams *hp, double 
     return NULL;
 }
 
-kiln_error *adamw_launch(const adamw_args &k, int64_t blocks, cudaStream_t st) {
+// KILN_ADAMW_GRID: staged (default: the staged kernel, persistent) | persistent (the direct kernel, persistent) |
+// chunks (the direct kernel, a block a chunk: session 4's geometry); KILN_ADAMW_HINTS=1 (default: streaming loads
+// and stores) | 0. Read at each step, so that one process can time each (the GPU test); every one gives the
+// same bits.
+enum { AW_STAGED, AW_PERSISTENT, AW_CHUNKS };
+struct adamw_variant {
+    int grid, hints;
+};
+kiln_error *adamw_variant_get(adamw_variant *v) {
+    const char *gr = getenv("KILN_ADAMW_GRID"), *hi = getenv("KILN_ADAMW_HINTS");
+    v->grid = AW_STAGED, v->hints = 1;
+    if (gr && *gr) {
+        if (!strcmp(gr, "chunks")) v->grid = AW_CHUNKS;
+        else if (!strcmp(gr, "persistent")) v->grid = AW_PERSISTENT;
+        else if (strcmp(gr, "staged"))
+            return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_GRID=%s: expected staged, persistent or chunks", gr);
+    }
+    if (hi && *hi) {
+        if (!strcmp(hi, "0")) v->hints = 0;
+        else if (strcmp(hi, "1")) return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_HINTS=%s: expected 0 or 1", hi);
+    }
+    return NULL;
+}
+
+// The blocks of kernel f that fit on the device at once (0 if the runtime cannot say: then a block an item).
+// Cached per kernel (several host threads may drive GPUs: atomic): the grid only sets how the items are shared
+// out, never what is computed.
+template <typename F> int64_t adamw_resident(F f, int threads, bool staged, int64_t *cache) {
+    const int64_t have = __atomic_load_n(cache, __ATOMIC_RELAXED);
+    if (have) return have;
+    int dev = 0, sms = 0, per = 0;
+    // the staged kernel's blocks are bound by shared memory as much as by registers: ask for all of it (the L1
+    // left beside it holds the work table; the streams bypass L1)
+    if (staged && cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+        cudaGetLastError();
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, f, threads, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    __atomic_store_n(cache, (int64_t)sms * per, __ATOMIC_RELAXED);
+    return (int64_t)sms * per;
+}
+
+template <bool ZG, bool CS> kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, cudaStream_t st) {
     kiln_error *err = NULL;
-    adamw_multi_kernel<<<(unsigned)blocks, AW_THREADS, 0, st>>>(k);
+    static int64_t res_direct, res_staged;
+    if (grid_kind == AW_STAGED) {
+        const int64_t r = adamw_resident(adamw_staged_kernel<ZG, CS>, AWS_THREADS, true, &res_staged);
+        adamw_staged_kernel<ZG, CS><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AWS_THREADS, 0, st>>>(k);
+    } else {
+        const int64_t r = grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS>, AW_THREADS, false, &res_direct) : 0;
+        adamw_multi_kernel<ZG, CS><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
+    }
     LAUNCH_CHECK("adamw step");
 done:
     return err;
+}
+
+// k.nwork items (at least one)
+kiln_error *adamw_launch(const adamw_args &k, bool zg, const adamw_variant &v, cudaStream_t st) {
+    if (zg) return v.hints ? adamw_launch_t<true, true>(k, v.grid, st) : adamw_launch_t<true, false>(k, v.grid, st);
+    return v.hints ? adamw_launch_t<false, true>(k, v.grid, st) : adamw_launch_t<false, false>(k, v.grid, st);
 }
 
 } // namespace
@@ -137,7 +380,7 @@ done:
 struct kiln_adamw_multi {
     adamw_seg *segs; // device
     int2 *work;      // device
-    int64_t blocks;
+    int64_t blocks;  // work items (chunks)
     int count;
     int64_t *first; // host: tensor i's chunks are work[first[i] .. first[i + 1])
 };
@@ -204,14 +447,16 @@ extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, flo
                                                   kiln_bf16 *w_bf16, void *stream) {
     kiln_error *err = NULL;
     adamw_args k;
+    adamw_variant v;
     memset(&k, 0, sizeof k);
+    KILN_TRY(adamw_variant_get(&v));
     if (!p->blocks) return NULL;
     KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
-    k.segs = p->segs, k.work = p->work;
-    k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
+    k.segs = p->segs, k.work = p->work, k.nwork = (int)p->blocks;
+    k.w = w, k.g = (float *)g, k.state = state, k.wb = (bf16 *)w_bf16; // g: read only (no zeroing)
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state);
-    err = adamw_launch(k, p->blocks, (cudaStream_t)stream);
+    err = adamw_launch(k, false, v, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }
@@ -222,23 +467,26 @@ extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *
                                                         int64_t max_blocks, void *stream) {
     kiln_error *err = NULL;
     adamw_args k;
+    adamw_variant v;
     memset(&k, 0, sizeof k);
     if (t0 < 0 || t1 > p->count || t0 > t1)
         return kiln_errorf(KILN_EINVAL, "adamw step: tensors %d..%d of a table of %d", t0, t1 - 1, p->count);
+    KILN_TRY(adamw_variant_get(&v));
     const int64_t b0 = p->first[t0], nb = p->first[t1] - b0;
     if (!nb) return NULL;
     KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
-    // the same blocks as the whole launch's, from work[b0]: each element sees the same arithmetic
+    // the same chunks as the whole launch's, from work[b0]: each element sees the same arithmetic
     k.segs = p->segs;
-    k.w = w, k.g = g, k.gz = zero_g ? g : NULL, k.state = state, k.wb = (bf16 *)w_bf16;
+    k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state);
-    // at most max_blocks a launch: a launch's blocks not yet running wait in the block scheduler, where a
+    // at most max_blocks chunks a launch: a launch's blocks not yet running wait in the block scheduler, where a
     // stream beside this one (of greater priority or not) finds them ahead of its own
     const int64_t step = max_blocks > 0 ? max_blocks : nb;
     for (int64_t b = 0; b < nb && !err; b += step) {
         k.work = p->work + b0 + b;
-        err = adamw_launch(k, nb - b < step ? nb - b : step, (cudaStream_t)stream);
+        k.nwork = (int)(nb - b < step ? nb - b : step);
+        err = adamw_launch(k, zero_g != 0, v, (cudaStream_t)stream);
     }
     if (err) err = kiln_error_wrap(err, "adamw step (tensors %d..%d)", t0, t1 - 1);
     return err;
@@ -297,10 +545,14 @@ extern "C" kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *sta
     if (n <= 0) return NULL;
     KILN_TRY(adamw_args_init(&k, hp, lr, t, 1.0f));
     k.one.n = n, k.one.decay = decay != 0, k.one.flags = 1 | 2 | 4;
-    k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
+    if ((n + AW_CHUNK - 1) / AW_CHUNK > INT32_MAX) return kiln_errorf(KILN_EINVAL, "adamw step: %lld elements", (long long)n);
+    k.nwork = (int)((n + AW_CHUNK - 1) / AW_CHUNK);
+    k.w = w, k.g = (float *)g, k.state = state, k.wb = (bf16 *)w_bf16; // g: read only
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state) && aligned16(state + n);
-    err = adamw_launch(k, (n + AW_CHUNK - 1) / AW_CHUNK, (cudaStream_t)stream);
+    adamw_variant v;
+    KILN_TRY(adamw_variant_get(&v));
+    err = adamw_launch(k, false, v, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }

@@ -33,6 +33,7 @@ kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) { (void)
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *d) { (void)g, (void)d; NOCUDA; }
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { (void)g; return 0; }
 size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
@@ -542,6 +543,8 @@ kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
     g->grads_zeroed = 1;
     return NULL;
 }
+/* The padding between tensors is never written (the backward writes tensors only): zero since the first memset. */
+void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { g->grads_zeroed = 1; }
 
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { return g->w; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { return g->numel_dev; }
@@ -923,11 +926,10 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
 
     /* post_mlp_residual_scale: its MoE side came with dmoe, its res1 side joins the attention residual's
      * backward below */
-    /* experts */
-    Z(s->dln2f, N * H * 4);
+    /* experts: the first writer of dln2f (dx_write: no zeroing pass, no read-back) */
     kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, L->nslots, L->xe, L->gu, L->act, L->ye};
-    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1};
+    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1};
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */

@@ -32,6 +32,11 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
     NOCUDA;
 }
 int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) { (void)o; return 0; }
+kiln_error *kiln_zaya_cuda_opt_step_zeroing(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp, double lr,
+                                            int64_t t) {
+    (void)o, (void)scale, (void)hp, (void)lr, (void)t;
+    NOCUDA;
+}
 void kiln_zaya_cuda_opt_set_overlap_blocks(kiln_zaya_cuda_opt *o, int64_t max_blocks) { (void)o, (void)max_blocks; }
 kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
                                                double lr, int64_t t) {
@@ -237,6 +242,22 @@ int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) {
     const int *first = NULL;
     const int n = kiln_zaya_cuda_overlap_slices(o->g, &first);
     return n > 0 && o->first == 0 && o->last == first[n] && o->nmg == 0 && o->naw == o->last;
+}
+
+/* One launch on the model's stream over every tensor (the table's index is the tensor's), each gradient element
+ * overwritten with 0 once read: the next step's backward starts from zero without a memset. */
+kiln_error *kiln_zaya_cuda_opt_step_zeroing(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp, double lr,
+                                            int64_t t) {
+    if (!kiln_zaya_cuda_opt_can_overlap(o))
+        return kiln_errorf(KILN_EINVAL, "optimizer step zeroing the gradients: it needs every tensor of the model "
+                           "(tensors %d..%d owned) and AdamW on all of them (%d of them Muon's)", o->first, o->last - 1,
+                           o->last - o->first - o->naw);
+    kiln_zaya_cuda *g = o->g;
+    void *st = kiln_zaya_cuda_stream(g);
+    KILN_TRY(kiln_adamw_multi_step_range_cuda(o->adamw, 0, o->naw, kiln_zaya_cuda_params(g), kiln_zaya_cuda_grads(g),
+                                              o->state, scale, hp, lr, t, kiln_zaya_cuda_params_bf16(g), 1, 0, st));
+    kiln_zaya_cuda_grads_mark_zero(g);
+    return NULL;
 }
 
 /* A launch per slice on the optimizer's stream, each zeroing the gradients it read, an event after each: the

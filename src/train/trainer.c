@@ -89,7 +89,8 @@ typedef struct {
     int gshard_owned;
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
-    int grads_clean;  /* the last (overlapped) optimizer step left the device gradients zero */
+    int grads_clean;  /* the last (overlapped or zeroing) optimizer step left the device gradients zero */
+    int opt_zero;     /* one rank, AdamW on every tensor: the serial step zeroes the gradients as it reads them */
 } trainer;
 
 static void trainer_free(trainer *t) {
@@ -156,6 +157,10 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
             return kiln_errorf(KILN_EINVAL, "KILN_OPT_OVERLAP_BLOCKS=%s: not a count of blocks (0: one launch a slice)", ob);
         kiln_zaya_cuda_opt_set_overlap_blocks(t->gopt, n);
     }
+    /* Otherwise on one rank with AdamW only, the serial step writes zeros over the gradients it reads (the same
+     * bits; the next step needs no 4 B/param memset). KILN_OPT_ZERO_GRADS=0: the memset instead (to compare). */
+    const char *oz = getenv("KILN_OPT_ZERO_GRADS");
+    t->opt_zero = comm->size == 1 && !t->opt_overlap && kiln_zaya_cuda_opt_can_overlap(t->gopt) && !(oz && !strcmp(oz, "0"));
     kiln_log(KILN_LOG_DEBUG, "optimizer step %s the next forward", t->opt_overlap ? "overlapped with" : "before");
     return NULL;
 }
@@ -271,7 +276,7 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda *g = t->gpu;
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
     const int me = comm->rank;
-    if (!t->grads_clean) KILN_TRY(kiln_zaya_cuda_grads_zero(g)); /* else the overlapped step zeroed them */
+    if (!t->grads_clean) KILN_TRY(kiln_zaya_cuda_grads_zero(g)); /* else the last optimizer step zeroed them */
     t->grads_clean = 0;
     memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
     double loss_sum = 0, tc = now();
@@ -328,6 +333,11 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     double lr = kiln_schedule_lr(&sched, step);
     if (t->opt_overlap) { /* queued on the optimizer's stream; it zeroes the gradients as it goes */
         KILN_TRY(kiln_zaya_cuda_opt_step_overlapped(t->gopt, scale, &c->optim, lr, step + 1));
+        t->grads_clean = 1;
+    } else if (t->opt_zero) { /* the same step, zeroing the gradients as it reads them: no memset next step */
+        kiln_zaya_cuda_profile_push(g, "optimizer (AdamW)");
+        KILN_TRY(kiln_zaya_cuda_opt_step_zeroing(t->gopt, scale, &c->optim, lr, step + 1));
+        kiln_zaya_cuda_profile_pop(g);
         t->grads_clean = 1;
     } else {
         kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");

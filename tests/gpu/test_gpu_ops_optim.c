@@ -172,3 +172,114 @@ TEST(gpu_ops_adamw_multi) {
     kiln_cuda_free(dgs), kiln_cuda_free(wb);
     free(w), free(st), free(wpad), free(gw1), free(gs1), free(gw2), free(gs2), free(gwb);
 }
+
+/* Every AdamW kernel and launch geometry (KILN_ADAMW_GRID: the staged kernel, persistent, the default; the direct
+ * kernel persistent; the direct kernel a block a chunk) with and without streaming hints (KILN_ADAMW_HINTS), each
+ * also zeroing the gradient as it reads it (the trainer's one-rank step) whole and in launches of 5 chunks: three
+ * steps from the same state must give the bits of the direct kernel a block a chunk without hints (session 4's
+ * launch), the CPU within TOL_OPT; the zeroing runs leave exactly the tensors' gradient elements zero and the
+ * padding between them untouched. A tensor of 5M elements gives ~1,300 chunks, more than the blocks a persistent
+ * grid keeps on an H200 (132 SMs x 4-8), so each block walks several chunks; the second case shifts every base
+ * pointer by one float, so that no access can be a vector (the scalar paths, the staged kernel's 4-byte copies). */
+static void adamw_variants_case(int shift) {
+    kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    static const int64_t sizes[] = {5000003, 3, 4096, 1, 8193, 2, 100003, 517};
+    enum { NT = sizeof sizes / sizeof *sizes };
+    kiln_adamw_tensor tab[NT];
+    int64_t nw = 0, ns = 0;
+    for (int i = 0; i < NT; i++) {
+        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1};
+        nw += (sizes[i] + 63) / 64 * 64;
+        ns += 2 * sizes[i];
+    }
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 44 + shift);
+    float *w0 = gt_rand(&rng, nw, 1.0f), *gs[3];
+    for (int t = 0; t < 3; t++) gs[t] = gt_rand(&rng, nw, t == 1 ? 1e-3f : 1.0f);
+    int64_t npad = 0;
+    for (int i = 0; i < NT; i++) /* a sentinel in the gradient's padding: nothing may write it */
+        for (int64_t j = tab[i].off + sizes[i]; j < (i + 1 < NT ? tab[i + 1].off : nw); j++, npad++)
+            for (int t = 0; t < 3; t++) gs[t][j] = 7.0f;
+    /* the CPU: the gradient scaled first (in f32, as the device does), per tensor */
+    float *wc = malloc((size_t)nw * sizeof *wc), *sc = calloc((size_t)ns, sizeof *sc), *tmp = malloc((size_t)nw * 4);
+    memcpy(wc, w0, (size_t)nw * sizeof *wc);
+    for (int t = 0; t < 3; t++) {
+        const float scale = t == 2 ? 1.0f : 0.37f;
+        for (int64_t i = 0; i < nw; i++) tmp[i] = gs[t][i] * scale;
+        for (int i = 0; i < NT; i++)
+            kiln_adamw_step(wc + tab[i].off, tmp + tab[i].off, sc + tab[i].soff, sizes[i], &hp, 1e-3 * (t + 1), t + 1,
+                            tab[i].decay);
+    }
+    kiln_adamw_multi *p = NULL;
+    CHECK_OK(kiln_adamw_multi_create(tab, NT, &p));
+    float *dw = gt_dev((size_t)(nw + 1) * 4), *dst = gt_dev((size_t)(ns + 1) * 4), *dg = gt_dev((size_t)(nw + 1) * 4);
+    kiln_bf16 *dwb = gt_dev((size_t)(nw + 4) * 2);
+    float *zst = calloc((size_t)ns, sizeof *zst);
+    static const char *grids[] = {"chunks", "persistent", "staged"};
+    float *ref_w = NULL, *ref_s = NULL, *ref_b = NULL;
+    for (int zero = 0; zero < 3 && p; zero++) /* 0: read only; 1: zeroing, one launch; 2: zeroing, 5 chunks a launch */
+        for (int gi = 0; gi < 3; gi++)
+            for (int hints = 0; hints < 2; hints++) {
+                setenv("KILN_ADAMW_GRID", grids[gi], 1);
+                setenv("KILN_ADAMW_HINTS", hints ? "1" : "0", 1);
+                CHECK_OK(kiln_cuda_copy(dw + shift, w0, (size_t)nw * 4, KILN_CUDA_H2D));
+                CHECK_OK(kiln_cuda_copy(dst + shift, zst, (size_t)ns * 4, KILN_CUDA_H2D));
+                for (int t = 0; t < 3; t++) {
+                    const float scale = t == 2 ? 1.0f : 0.37f;
+                    CHECK_OK(kiln_cuda_copy(dg + shift, gs[t], (size_t)nw * 4, KILN_CUDA_H2D));
+                    if (!zero)
+                        CHECK_OK(kiln_adamw_multi_step_cuda(p, dw + shift, dg + shift, dst + shift, scale, &hp,
+                                                            1e-3 * (t + 1), t + 1, dwb + shift, NULL));
+                    else
+                        CHECK_OK(kiln_adamw_multi_step_range_cuda(p, 0, NT, dw + shift, dg + shift, dst + shift, scale,
+                                                                  &hp, 1e-3 * (t + 1), t + 1, dwb + shift, 1,
+                                                                  zero == 2 ? 5 : 0, NULL));
+                }
+                float *hw = gt_down_f32(dw + shift, nw), *hs = gt_down_f32(dst + shift, ns);
+                float *hb = gt_down_bf16(dwb + shift, nw), *hg = gt_down_f32(dg + shift, nw);
+                char what[96];
+                snprintf(what, sizeof what, "%s, hints %d, %s", grids[gi], hints,
+                         zero == 0 ? "gradient read only" : zero == 1 ? "zeroing" : "zeroing, 5 chunks a launch");
+                if (!ref_w) { /* the first: chunks, no hints, read only */
+                    ref_w = hw, ref_s = hs, ref_b = hb;
+                    GT_CLOSE("adamw w (chunks)", hw, wc, nw, TOL_OPT);
+                    GT_CLOSE("adamw m, v (chunks)", hs, sc, ns, TOL_OPT);
+                    printf("    shift %d: bitwise differences from the CPU: w %lld of %lld, m/v %lld of %lld\n", shift,
+                           (long long)diff_bits(hw, wc, nw), (long long)nw, (long long)diff_bits(hs, sc, ns), (long long)ns);
+                } else {
+                    const int64_t dw_ = diff_bits(hw, ref_w, nw), ds_ = diff_bits(hs, ref_s, ns), db_ = diff_bits(hb, ref_b, nw);
+                    CHECK_MSG(dw_ == 0 && ds_ == 0 && db_ == 0, "%s (shift %d): w %lld, m/v %lld, bf16 w %lld bits differ "
+                              "from the direct kernel's", what, shift, (long long)dw_, (long long)ds_, (long long)db_);
+                }
+                int64_t gbad = 0, padbad = 0;
+                for (int i = 0; i < NT; i++) {
+                    for (int64_t j = tab[i].off; j < tab[i].off + sizes[i]; j++)
+                        gbad += zero ? hg[j] != 0.0f : hg[j] != gs[2][j];
+                    for (int64_t j = tab[i].off + sizes[i]; j < (i + 1 < NT ? tab[i + 1].off : nw); j++)
+                        padbad += hg[j] != 7.0f;
+                }
+                CHECK_MSG(gbad == 0 && padbad == 0, "%s (shift %d): %lld gradient elements %s, %lld of %lld padding "
+                          "elements written", what, shift, (long long)gbad, zero ? "not zero" : "changed",
+                          (long long)padbad, (long long)npad);
+                int64_t bad = 0;
+                for (int i = 0; i < NT; i++)
+                    for (int64_t j = tab[i].off; j < tab[i].off + sizes[i]; j++)
+                        bad += hb[j] != kiln_bf16_to_f32(kiln_f32_to_bf16(hw[j]));
+                CHECK_MSG(bad == 0, "%s: %lld bf16 weights differ from the rounding of the f32 weights", what, (long long)bad);
+                if (hw != ref_w) free(hw), free(hs), free(hb);
+                free(hg);
+            }
+    setenv("KILN_ADAMW_GRID", "sideways", 1);
+    CHECK_ERR(kiln_adamw_multi_step_cuda(p, dw, dg, dst, 1.0f, &hp, 1e-3, 1, NULL, NULL), "KILN_ADAMW_GRID");
+    unsetenv("KILN_ADAMW_GRID");
+    unsetenv("KILN_ADAMW_HINTS");
+    kiln_adamw_multi_free(p);
+    kiln_cuda_free(dw), kiln_cuda_free(dst), kiln_cuda_free(dg), kiln_cuda_free(dwb);
+    free(ref_w), free(ref_s), free(ref_b), free(w0), free(wc), free(sc), free(tmp), free(zst);
+    for (int t = 0; t < 3; t++) free(gs[t]);
+}
+
+TEST(gpu_ops_adamw_variants) {
+    adamw_variants_case(0);
+    adamw_variants_case(1);
+}

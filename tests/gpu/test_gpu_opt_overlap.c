@@ -11,9 +11,9 @@
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
 
-/* Three steps of each kind on the same gradients, a forward after each (serial; overlapped; overlapped in
- * launches of 3 blocks); then weights, their bf16 copy, the state, the gradients and the losses compared bit
- * for bit. */
+/* Three steps of each kind on the same gradients, a forward after each (serial + the gradients' memset; overlapped;
+ * overlapped in launches of 3 blocks; serial zeroing the gradients as it reads them, kiln_zaya_cuda_opt_step_zeroing);
+ * then weights, their bf16 copy, the state, the gradients and the losses compared bit for bit. */
 static void overlap_step_case(int tied) {
     kiln_zaya_config c;
     kiln_zaya_config_default(&c);
@@ -43,6 +43,9 @@ static void overlap_step_case(int tied) {
         kiln_error *e = kiln_zaya_cuda_opt_step_overlapped(part, 1.0f, &hp, 1e-2, 1);
         CHECK_MSG(e != NULL, "an overlapped step on part of the model was accepted");
         kiln_error_free(e);
+        e = kiln_zaya_cuda_opt_step_zeroing(part, 1.0f, &hp, 1e-2, 1);
+        CHECK_MSG(e != NULL, "a zeroing step on part of the model was accepted");
+        kiln_error_free(e);
     }
     /* the slices: every tensor once, in order; two per layer, the embedding's, the final norm's */
     const int *first = NULL;
@@ -60,9 +63,9 @@ static void overlap_step_case(int tied) {
     for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % c.vocab_size;
     float *w0 = malloc(m->numel * sizeof *w0), *zeros = calloc(nstate + 1, sizeof *zeros);
     memcpy(w0, m->w, m->numel * sizeof *w0);
-    float *w[3], *st[3], *wb[3], *gr[3];
-    double loss[3][3] = {{0}};
-    for (int mode = 0; mode < 3; mode++) {
+    float *w[4], *st[4], *wb[4], *gr[4];
+    double loss[4][3] = {{0}};
+    for (int mode = 0; mode < 4; mode++) {
         kiln_zaya_cuda_opt_set_overlap_blocks(o, mode == 2 ? 3 : 0);
         CHECK_OK(kiln_zaya_cuda_upload_params(g, w0));
         CHECK_OK(kiln_zaya_cuda_opt_state_upload(o, zeros));
@@ -80,6 +83,8 @@ static void overlap_step_case(int tied) {
             if (mode == 0) {
                 CHECK_OK(kiln_zaya_cuda_opt_step(o, kiln_zaya_cuda_grads(g), 0, 0.5f, &hp, 1e-2, t, 1));
                 CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+            } else if (mode == 3) {
+                CHECK_OK(kiln_zaya_cuda_opt_step_zeroing(o, 0.5f, &hp, 1e-2, t));
             } else {
                 CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, t));
             }
@@ -89,9 +94,10 @@ static void overlap_step_case(int tied) {
         /* a step with no forward after it: the stream's users wait for it (the sum of the zeroed gradients) */
         if (mode > 0) {
             double ss = -1;
-            CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, 4));
+            if (mode == 3) CHECK_OK(kiln_zaya_cuda_opt_step_zeroing(o, 0.5f, &hp, 1e-2, 4));
+            else CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, 4));
             CHECK_OK(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), nd, &ss));
-            CHECK_MSG(ss == 0, "gradients after the overlapped step: sum of squares %g", ss);
+            CHECK_MSG(ss == 0, "gradients after the %s step: sum of squares %g", mode == 3 ? "zeroing" : "overlapped", ss);
         } else {
             CHECK_OK(kiln_zaya_cuda_opt_step(o, kiln_zaya_cuda_grads(g), 0, 0.5f, &hp, 1e-2, 4, 1));
             CHECK_OK(kiln_zaya_cuda_grads_zero(g));
@@ -106,8 +112,8 @@ static void overlap_step_case(int tied) {
         wb[mode] = gt_down_bf16(kiln_zaya_cuda_params_bf16(g), (int64_t)nd);
     }
     CHECK_MSG(memcmp(w[0], w0, m->numel * sizeof *w0), "the steps changed no weight");
-    for (int k = 1; k < 3; k++) {
-        const char *how = k == 1 ? "overlapped" : "overlapped (3 blocks a launch)";
+    for (int k = 1; k < 4; k++) {
+        const char *how = k == 1 ? "overlapped" : k == 2 ? "overlapped (3 blocks a launch)" : "zeroing";
         CHECK_MSG(!memcmp(w[0], w[k], m->numel * sizeof(float)), "%s and serial steps: the weights differ", how);
         CHECK_MSG(!memcmp(wb[0], wb[k], nd * sizeof(float)), "%s and serial steps: the bf16 copies differ", how);
         CHECK_MSG(!memcmp(st[0], st[k], nstate * sizeof(float)), "%s and serial steps: the AdamW state differs", how);
@@ -116,11 +122,11 @@ static void overlap_step_case(int tied) {
                   loss[k][1], loss[k][2], loss[0][0], loss[0][1], loss[0][2]);
     }
     size_t nz = 0;
-    for (size_t i = 0; i < m->numel; i++) nz += gr[2][i] != 0 || gr[1][i] != 0 || gr[0][i] != 0;
+    for (size_t i = 0; i < m->numel; i++) nz += gr[3][i] != 0 || gr[2][i] != 0 || gr[1][i] != 0 || gr[0][i] != 0;
     CHECK_MSG(nz == 0, "%zu gradient elements not zero after the steps", nz);
     printf("    %s LM head: %d slices, losses %.6f %.6f %.6f, the same bits both ways\n", tied ? "tied" : "untied", ns,
            loss[1][0], loss[1][1], loss[1][2]);
-    for (int k = 0; k < 3; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]);
+    for (int k = 0; k < 4; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]);
     free(ids), free(w0), free(zeros);
 done:
     kiln_zaya_cuda_opt_free(part);
@@ -135,14 +141,15 @@ TEST(gpu_zaya_opt_overlap_step) {
     overlap_step_case(0);
 }
 
-/* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1) and without (the default): two
- * micro-batches a step, the optimizer in launches of 7 blocks, checkpoints every 3 steps (their snapshots read the
- * device while an overlapped step may still run), per-op profiling of the last step on the overlapped run
- * (its events on both streams): the same losses, checkpoints and final model, byte for byte. */
+/* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1), serial zeroing the gradients as it reads
+ * them (the default) and serial with the gradients' memset (KILN_OPT_ZERO_GRADS=0): two micro-batches a step, the
+ * overlapped optimizer in launches of 7 blocks, checkpoints every 3 steps (their snapshots read the device while an
+ * overlapped step may still run), per-op profiling of the last step on the overlapped run (its events on both
+ * streams): the same losses, checkpoints and final model, byte for byte. */
 static const char *ov_out(const char *name) {
     static char keep[4][1200];
     static int k;
-    char *p = keep[k++ & 3];
+    char *p = keep[k++ & 3]; /* at most 4 alive */
     snprintf(p, sizeof keep[0], "%s/%s", test_tmpdir(), name);
     return p;
 }
@@ -158,9 +165,12 @@ static int ov_train(const char *data, const char *out) {
 TEST(gpu_zaya_train_overlap) {
     char data[1200];
     snprintf(data, sizeof data, "%s", ck_data());
-    const char *s = ov_out("serial"), *o = ov_out("overlap");
+    const char *s = ov_out("serial"), *o = ov_out("overlap"), *z = ov_out("zeroing");
     setenv("KILN_OPT_OVERLAP", "0", 1);
+    setenv("KILN_OPT_ZERO_GRADS", "0", 1);
     CHECK(ov_train(data, s) == 0);
+    unsetenv("KILN_OPT_ZERO_GRADS");
+    CHECK(ov_train(data, z) == 0);
     setenv("KILN_OPT_OVERLAP", "1", 1);
     setenv("KILN_OPT_OVERLAP_BLOCKS", "7", 1); /* and its launches of 7 blocks */
     setenv("KILN_CUDA_PROFILE", "1", 1);
@@ -168,11 +178,15 @@ TEST(gpu_zaya_train_overlap) {
     unsetenv("KILN_CUDA_PROFILE");
     unsetenv("KILN_OPT_OVERLAP_BLOCKS");
     unsetenv("KILN_OPT_OVERLAP");
-    double ls[9] = {0}, lo[9] = {0};
-    CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9);
-    CHECK_MSG(!memcmp(ls, lo, sizeof ls), "the logged losses differ");
-    for (int step = 3; step <= 9; step += 3)
-        CHECK_MSG(ck_same_shard(s, o, step), "step %d: the checkpoints differ (parameters or AdamW state)", step);
-    CHECK_MSG(ck_same_model_file(s, o), "the final models differ");
+    double ls[9] = {0}, lo[9] = {0}, lz[9] = {0};
+    CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9 && ck_losses(z, lz, 9) == 9);
+    CHECK_MSG(!memcmp(ls, lo, sizeof ls), "the logged losses differ (overlapped)");
+    CHECK_MSG(!memcmp(ls, lz, sizeof ls), "the logged losses differ (zeroing)");
+    for (int step = 3; step <= 9; step += 3) {
+        CHECK_MSG(ck_same_shard(s, o, step), "step %d: the checkpoints differ (overlapped)", step);
+        CHECK_MSG(ck_same_shard(s, z, step), "step %d: the checkpoints differ (zeroing)", step);
+    }
+    CHECK_MSG(ck_same_model_file(s, o), "the final models differ (overlapped)");
+    CHECK_MSG(ck_same_model_file(s, z), "the final models differ (zeroing)");
     printf("    loss %.4f -> %.4f over 9 steps, both ways\n", lo[0], lo[8]);
 }

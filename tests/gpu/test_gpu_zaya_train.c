@@ -225,9 +225,9 @@ done:
 
 /* The optimizer step and the gradient norm at issue [cuda]'s benchmark size (hidden 2048, 8 hybrid layers, 16
  * experts of 2048, vocab 50304 tied: 1764M parameters, AdamW): milliseconds a step and the bandwidth of the
- * bytes each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter; the norm:
- * 4), next to a device-to-device copy on the same GPU (the memory bound). Printed for docs/perf.md;
- * nothing here asserts on time. */
+ * bytes each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter, 34 when it also
+ * zeroes the gradient; the norm: 4), next to a device-to-device copy on the same GPU (the memory bound), for each
+ * AdamW kernel and launch geometry. Printed for docs/perf.md; nothing here asserts on time. */
 #include <time.h>
 static double now_s(void) {
     struct timespec ts;
@@ -273,14 +273,47 @@ TEST(gpu_zaya_opt_step_timing) {
     const double P = (double)m->numel;
     printf("    %.2fM parameters (%zu device elements with padding)\n", P / 1e6, nd);
     {
-        CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, 1, 1)); /* warm-up; m, v nonzero after */
-        CHECK_OK(kiln_zaya_cuda_sync(g));
+        /* the copy rate first: all the gradients into a buffer of their size (read + written), the bound below */
+        float *st = NULL;
         const int it = 5;
+        CHECK_OK(kiln_cuda_alloc((void **)&st, nd * 4));
+        CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
+        CHECK_OK(kiln_cuda_sync());
         double t0 = now_s();
-        for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, 2 + i, 1));
-        CHECK_OK(kiln_zaya_cuda_sync(g));
-        const double ms = (now_s() - t0) / it * 1e3;
-        printf("    optimizer step (AdamW, scale + bf16 copy) %8.2f ms  %6.0f GB/s (30 B/param)\n", ms, 30 * P / (ms * 1e6));
+        for (int i = 0; i < it; i++) CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
+        CHECK_OK(kiln_cuda_sync());
+        const double cms = (now_s() - t0) / it * 1e3, rate = 8.0 * nd / (cms * 1e6); /* GB/s */
+        kiln_cuda_free(st);
+        printf("    device copy of the gradients %8.2f ms  %6.0f GB/s (read + written): AdamW's bound %.2f ms (30 B/param), "
+               "with the zeroing %.2f ms (34), the norm's %.2f ms (4)\n", cms, rate, 30 * P / (rate * 1e6),
+               34 * P / (rate * 1e6), 4 * P / (rate * 1e6));
+        /* every kernel and geometry (KILN_ADAMW_GRID, KILN_ADAMW_HINTS; the same bits, gpu_ops_adamw_variants), the
+         * read-only step (the trainer's on several ranks, 30 B/param), then the zeroing one (one rank, 34 B/param:
+         * after it the gradients are zero, which changes no timing) */
+        static const char *grids[] = {"chunks", "persistent", "staged"};
+        int64_t step = 1;
+        for (int zero = 0; zero < 2; zero++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int hints = 0; hints < 2; hints++) {
+                    setenv("KILN_ADAMW_GRID", grids[gi], 1);
+                    setenv("KILN_ADAMW_HINTS", hints ? "1" : "0", 1);
+                    const double bytes = (zero ? 34 : 30) * P;
+                    for (int i = 0; i <= it; i++) {
+                        if (i == 1) { /* the first is a warm-up */
+                            CHECK_OK(kiln_zaya_cuda_sync(g));
+                            t0 = now_s();
+                        }
+                        if (zero) CHECK_OK(kiln_zaya_cuda_opt_step_zeroing(o, 0.5f, &hp, 1e-4, step++));
+                        else CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, step++, 1));
+                    }
+                    CHECK_OK(kiln_zaya_cuda_sync(g));
+                    const double ms = (now_s() - t0) / it * 1e3;
+                    printf("    optimizer step (AdamW, scale + bf16 copy%s) [%-10s hints %d] %8.2f ms  %6.0f GB/s "
+                           "(%d B/param)  %.3fx the copy bound\n", zero ? " + zeroing" : "", grids[gi], hints, ms,
+                           bytes / (ms * 1e6), zero ? 34 : 30, ms / (bytes / (rate * 1e6)));
+                }
+        unsetenv("KILN_ADAMW_GRID");
+        unsetenv("KILN_ADAMW_HINTS");
     }
     {
         double sq = 0;
@@ -290,20 +323,7 @@ TEST(gpu_zaya_opt_step_timing) {
         for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, nd, &sq));
         const double ms = (now_s() - t0) / it * 1e3;
         printf("    gradient norm (sum of squares to the host) %8.2f ms  %6.0f GB/s (4 B/param)\n", ms, 4 * P / (ms * 1e6));
-        /* the copy rate: all the gradients into the optimizer state's first half */
-        float *st = NULL;
-        CHECK_OK(kiln_cuda_alloc((void **)&st, nd * 4));
-        CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
-        CHECK_OK(kiln_cuda_sync());
-        t0 = now_s();
-        for (int i = 0; i < it; i++) CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
-        CHECK_OK(kiln_cuda_sync());
-        const double cms = (now_s() - t0) / it * 1e3;
-        printf("    device copy of the gradients %8.2f ms  %6.0f GB/s (read + written): AdamW's bound %.2f ms, the "
-               "norm's %.2f ms\n", cms, 8.0 * nd / (cms * 1e6), 30 * P / (8.0 * nd / cms), 4 * P / (8.0 * nd / cms));
-        kiln_cuda_free(st);
-        /* the trainer's gradient zeroing (a memset at write speed: fusing it into the optimizer would move the same
-         * 4 B/param) */
+        /* the trainer's gradient zeroing when the optimizer does not do it (a memset at write speed) */
         CHECK_OK(kiln_zaya_cuda_grads_zero(g));
         CHECK_OK(kiln_zaya_cuda_sync(g));
         t0 = now_s();
