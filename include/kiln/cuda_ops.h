@@ -179,8 +179,9 @@ size_t kiln_attention_backward_cuda_work(const kiln_attn_shape *s);
 #include "kiln/optim.h"
 
 /* embedding: y f32 [n,d] = table f32 [V,d] rows ids [n] (int64, device). Backward: dtable[id] += dy rows,
- * the positions of each id summed in position order (a stable device radix sort by id, then one block per
- * distinct id), so the result equals the CPU's bit for bit; rows equal to pad (pad < 0: none) are skipped. */
+ * the positions of each id summed in position order (a stable device radix sort by id, then the distinct ids'
+ * segments cut into column slices, one thread per column), so the result equals the CPU's bit for bit; rows
+ * equal to pad (pad < 0: none) are skipped. */
 kiln_error *kiln_embedding_forward_cuda(float *y, const float *table, const int64_t *ids, int64_t n, int64_t d,
                                         void *stream);
 kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *dy, const int64_t *ids, int64_t n, int64_t d,
@@ -222,7 +223,8 @@ kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd
  *   += (each nullable): dupb = sum dup*ups, dups = sum dup*(y + upb), dw = sum dln*y*rstd, dab = sum g*as,
  *   das = sum g*(a + ab), dxb = sum g*xs, dxs = sum g*(x + xb) (per-chunk partials, fixed-order sums). */
 typedef struct {
-    const float *y;                /* [n,d] the join's output */
+    const float *y;                /* [n,d] the join's output (read only by the element kernels: the 16-byte path
+                                    * recomputes it from a and x with the forward's roundings) */
     const kiln_bf16 *dln;          /* [n,d] gradient of ln = rmsnorm(y) ... */
     const float *dln_f32;          /* ... or the same in f32 (exactly one of the two) */
     const float *w, *rstd;         /* the norm's weight [d], saved 1/rms [n] */
@@ -292,8 +294,9 @@ kiln_error *kiln_qk_norm_rope_backward_cuda(kiln_bf16 *dx, float *dtemp, const k
  * Predicts ids[b, t+1] from row (b, t), t < T-1 (HF's shift with labels = input_ids); row T-1 of each
  * sequence is ignored (loss 0, gradient 0). loss_tok f32 [B*T] (nullable) the per-row loss; loss f32 [1]
  * (nullable) the mean over B*(T-1) rows, summed in a fixed order. dlogits (nullable; may equal logits:
- * written in place) gets the gradient of the mean loss in bf16. Two passes over each row: an online
- * max/sum, then the gradient. */
+ * written in place) gets the gradient of the mean loss in bf16. Each row read once where it fits in shared
+ * memory with 16-byte alignment (V % 8 == 0, V up to ~100k), else two passes: an online max/sum, then the
+ * gradient. */
 kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_tok, float *loss, const kiln_bf16 *logits,
                                     const int64_t *ids, int64_t B, int64_t T, int64_t V, void *stream);
 

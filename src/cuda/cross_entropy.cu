@@ -2,9 +2,13 @@
 // (max, sum of exp) per thread (an online softmax) over 16-byte loads of 8 bf16, merged across the block;
 // pass 2 writes the gradient of the mean loss over the same row (in place when dlogits == logits). The mean
 // is a second kernel summing the per-row losses in a fixed order (deterministic).
+// Rows of up to ~100k bf16 with 16-byte alignment (the model's 50304: 98 KB) are read ONCE (ce_smem_kernel):
+// copied into shared memory by cp.async, then max, sum of exp and the gradient from there. Two resident
+// blocks per SM keep one row's copy in flight while the other's exponentials run. KILN_ROW_PIPE=0: ce_kernel.
 #include "ops_common.cuh"
 
 #define CE_THREADS 512
+#define CE_SMEM_MAX (200 * 1024) // a row held in shared memory (one block per SM from ~113 KB up)
 
 struct ms_pair {
     float m, s;
@@ -123,6 +127,74 @@ static __global__ void __launch_bounds__(CE_THREADS)
     }
 }
 
+// The same outputs from one read of each row: rows r = blockIdx.x + i*gridDim.x, the row's V/8 16-byte
+// pieces in dynamic shared memory (each thread copies and reads its own pieces: k = threadIdx.x + i*blockDim.x),
+// then the exact row max, the sum of exp(v - max) (fixed order: per thread, then the block's tree), and the
+// gradient expf(v - lse)/count as ce_kernel writes it.
+static __global__ void __launch_bounds__(CE_THREADS)
+    ce_smem_kernel(bf16 *dlogits, float *loss_tok, const bf16 *logits, const int64_t *ids, int64_t B, int64_t T,
+                   int64_t V, float inv_count) {
+    extern __shared__ __align__(16) unsigned char ce_ring[];
+    uint4 *row_s = (uint4 *)ce_ring;
+    __shared__ float shm[32], shs[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t nv = V / 8;
+    float v8[8];
+    for (int64_t r = blockIdx.x; r < B * T; r += gridDim.x) {
+        bf16 *drow = dlogits ? dlogits + r * V : NULL;
+        if (r % T == T - 1) { // no next token: ignored
+            if (loss_tok && threadIdx.x == 0) loss_tok[r] = 0.0f;
+            if (drow)
+                for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) ((uint4 *)drow)[k] = make_uint4(0, 0, 0, 0);
+            continue;
+        }
+        const uint4 *row4 = (const uint4 *)(logits + r * V);
+        for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) cp_async<16>(row_s + k, row4 + k);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        float mx = -INFINITY;
+        for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+            unpack8(row_s[k], v8);
+#pragma unroll
+            for (int i = 0; i < 8; i++) mx = fmaxf(mx, v8[i]);
+        }
+        mx = warp_max(mx);
+        __syncthreads(); // the previous row's readers of shm/shs are done
+        if (lane == 0) shm[w] = mx;
+        __syncthreads(); // from here every thread's pieces of the row are visible to all
+        mx = -INFINITY;
+        for (int i = 0; i < nw; i++) mx = fmaxf(mx, shm[i]);
+        const int64_t y = ids[r + 1];
+        const int ok = y >= 0 && y < V;
+        // read between the two barriers: no thread overwrites its pieces before passing the second
+        const float ly = ok && threadIdx.x == 0 ? __bfloat162float(((const bf16 *)row_s)[y]) : 0.0f;
+        float s = 0.0f;
+        for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+            unpack8(row_s[k], v8);
+#pragma unroll
+            for (int i = 0; i < 8; i++) s += expf(v8[i] - mx);
+        }
+        s = warp_sum(s);
+        if (lane == 0) shs[w] = s;
+        __syncthreads();
+        s = 0.0f;
+        for (int i = 0; i < nw; i++) s += shs[i]; // same order in every thread
+        const float lse = mx + logf(s);
+        if (loss_tok && threadIdx.x == 0) loss_tok[r] = ok ? lse - ly : NAN;
+        if (!drow) continue;
+        uint4 *drow4 = (uint4 *)drow;
+        for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
+            unpack8(row_s[k], v8);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                v8[i] = expf(v8[i] - lse) * inv_count;
+                if (k * 8 + i == y) v8[i] -= inv_count;
+            }
+            drow4[k] = pack8(v8);
+        }
+    }
+}
+
 // loss = sum of loss_tok over the B*T rows (ignored rows hold 0) / count, in a fixed order
 static __global__ void ce_mean_kernel(float *loss, const float *loss_tok, int64_t n, double inv_count) {
     __shared__ double sh[32];
@@ -148,8 +220,16 @@ extern "C" kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_t
         return NULL;
     }
     if (loss && !tok) CUDA_TRY(kiln_ops_scratch((void **)&tok, (size_t)rows * sizeof(float), st));
-    ce_kernel<<<(int)(rows < 1048576 ? rows : 1048576), CE_THREADS, 0, st>>>(
-        (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count), vec);
+    if (vec && V * 2 <= CE_SMEM_MAX && row_pipe_on()) {
+        const size_t smem = (size_t)V * 2;
+        if (smem > 48 * 1024)
+            CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ce_smem_kernel<<<resident_grid(ce_smem_kernel, CE_THREADS, smem, rows), CE_THREADS, smem, st>>>(
+            (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count));
+    } else {
+        ce_kernel<<<(int)(rows < 1048576 ? rows : 1048576), CE_THREADS, 0, st>>>(
+            (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count), vec);
+    }
     LAUNCH_CHECK("cross_entropy");
     if (loss) {
         ce_mean_kernel<<<1, 1024, 0, st>>>(loss, tok, rows, 1.0 / (double)count);

@@ -1,6 +1,13 @@
 // Token embedding on the device. The backward is a segmented sum: positions sorted by id with a stable
-// radix sort, then one block per distinct id adds that id's dy rows in position order, which is the
-// CPU's order, so the gradient is deterministic and equal to the CPU's bit for bit (no atomics).
+// radix sort, then each distinct id's dy rows are added in position order, which is the CPU's order, so the
+// gradient is deterministic and equal to the CPU's bit for bit (no float atomics).
+// The sum's work is a list of segments (first sorted index, end; found by binary search, listed by an integer
+// counter: their order does not change any sum) cut into column slices: one thread per column, its chain of
+// adds serial in position order as the CPU's, with SEG_U rows' loads in flight per thread. A frequent token is
+// one long chain (the [cuda] benchmark's corpus: hundreds of the 16384 positions), and its time is rows in
+// flight x row bytes per memory latency: one float per thread with 32 loads in flight moves it ~8x faster
+// than the float4 of a thread with 16 (the columns of a row are spread over more threads, each as deep).
+// KILN_ROW_PIPE=0: the previous kernel (one block per sorted index, each segment's end found by a linear scan).
 #include <cub/device/device_radix_sort.cuh>
 
 #include "ops_common.cuh"
@@ -46,6 +53,57 @@ static __global__ void embedding_bwd_kernel(float *dtable, const float *dy, cons
     }
 }
 
+// segments of equal keys in the sorted keys, the padding id's left out: seg[2c], seg[2c+1] = first, end of
+// segment c for c < *nseg, in no particular order
+static __global__ void embedding_segments_kernel(int32_t *seg, int *nseg, const uint32_t *keys, int64_t n, int64_t pad) {
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t id = keys[k];
+        if ((k > 0 && keys[k - 1] == id) || (pad >= 0 && (int64_t)id == pad)) continue;
+        int64_t lo = k + 1, hi = n; // the first index past k whose key differs: keys are sorted
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (keys[mid] == id) lo = mid + 1;
+            else hi = mid;
+        }
+        const int c = atomicAdd(nseg, 1);
+        seg[2 * c] = (int32_t)k, seg[2 * c + 1] = (int32_t)lo;
+    }
+}
+
+enum { SEG_THREADS = 256, SEG_U = 32, SEG_POS = 512 };
+// work item w of *nseg x nslice: segment w / nslice, columns (w % nslice)*SEG_THREADS + threadIdx.x; the
+// segment's positions staged in shared memory SEG_POS at a time
+static __global__ void __launch_bounds__(SEG_THREADS)
+    embedding_seg_sum_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
+                             const int32_t *seg, const int *nseg, int64_t d, int nslice) {
+    __shared__ int32_t ps[SEG_POS];
+    const int64_t items = (int64_t)*nseg * nslice;
+    for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+        const int64_t c = w / nslice, j = (w % nslice) * SEG_THREADS + threadIdx.x;
+        const int32_t s0 = seg[2 * c], s1 = seg[2 * c + 1];
+        const int on = j < d;
+        float *row = dtable + (int64_t)keys[s0] * d;
+        float acc = on ? row[j] : 0.0f;
+        for (int32_t base = s0; base < s1; base += SEG_POS) {
+            const int m = s1 - base < SEG_POS ? s1 - base : SEG_POS;
+            __syncthreads(); // the previous piece's positions are read
+            for (int i = threadIdx.x; i < m; i += SEG_THREADS) ps[i] = pos[base + i];
+            __syncthreads();
+            if (!on) continue;
+            for (int i = 0; i < m; i += SEG_U) {
+                float v[SEG_U];
+#pragma unroll
+                for (int u = 0; u < SEG_U; u++)
+                    if (i + u < m) v[u] = dy[(int64_t)ps[i + u] * d + j];
+#pragma unroll
+                for (int u = 0; u < SEG_U; u++)
+                    if (i + u < m) acc += v[u]; // in position order: the CPU's chain of roundings
+            }
+        }
+        if (on) row[j] = acc;
+    }
+}
+
 extern "C" kiln_error *kiln_embedding_forward_cuda(float *y, const float *table, const int64_t *ids, int64_t n,
                                                    int64_t d, void *stream) {
     kiln_error *err = NULL;
@@ -62,7 +120,7 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     uint32_t *keys = NULL, *skeys = NULL;
-    int32_t *pos = NULL, *spos = NULL;
+    int32_t *pos = NULL, *spos = NULL, *seg = NULL;
     void *tmp = NULL;
     size_t tmp_bytes = 0;
     if (n <= 0 || d <= 0) return NULL;
@@ -76,10 +134,23 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     embedding_keys_kernel<<<grid_for(n, 256), 256, 0, st>>>(keys, pos, ids, n);
     LAUNCH_CHECK("embedding backward (keys)");
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));
-    embedding_bwd_kernel<<<(int)(n < 65535 ? n : 65535), d >= 256 ? 256 : 128, 0, st>>>(dtable, dy, skeys, spos, n, d,
-                                                                                          pad);
+    if (row_pipe_on()) {
+        const int64_t nslice = (d + SEG_THREADS - 1) / SEG_THREADS; // d < 2^39: fits an int
+        CUDA_TRY(kiln_ops_scratch((void **)&seg, (size_t)(2 * n + 1) * sizeof(int32_t), st));
+        int *nseg = seg + 2 * n;
+        CUDA_TRY(cudaMemsetAsync(nseg, 0, sizeof(int), st));
+        embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(seg, nseg, skeys, n, pad);
+        LAUNCH_CHECK("embedding backward (segments)");
+        const int64_t items = n * nslice;
+        const int grid = resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, items);
+        embedding_seg_sum_kernel<<<grid, SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, seg, nseg, d, (int)nslice);
+    } else {
+        embedding_bwd_kernel<<<(int)(n < 65535 ? n : 65535), d >= 256 ? 256 : 128, 0, st>>>(dtable, dy, skeys, spos, n,
+                                                                                              d, pad);
+    }
     LAUNCH_CHECK("embedding backward");
 done:
+    if (seg) cudaFreeAsync(seg, st);
     if (keys) cudaFreeAsync(keys, st);
     if (skeys) cudaFreeAsync(skeys, st);
     if (pos) cudaFreeAsync(pos, st);

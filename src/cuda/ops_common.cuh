@@ -5,7 +5,9 @@
 #define KILN_CUDA_OPS_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
@@ -121,6 +123,70 @@ static inline cudaError_t colsum_add(float *out, const float *in, int64_t m, int
         colsum_add_kernel<<<(int)(d < 65535 ? d : 65535), threads, 0, st>>>(out, in, m, d);
     }
     return cudaGetLastError();
+}
+
+// outs[i][j] += sum over r < m of part[(i*m + r)*d + j], for each non-null outs[i] (i < np <= 8): all the
+// weight gradients of a fused backward in one launch (one block per 32 columns and output). Thread row ty
+// sums rows ty, ty+8, ... in double, then the 8 sums are added in order: a fixed order, deterministic; each
+// warp reads 128 consecutive bytes of a row (colsum_add_kernel reads one column per block, 4 bytes per row).
+struct colsum_outs {
+    float *p[8];
+};
+static __global__ void __launch_bounds__(256) colsum_multi_kernel(colsum_outs outs, const float *part, int64_t m, int64_t d) {
+    __shared__ double sh[8][33];
+    float *out = outs.p[blockIdx.y];
+    if (!out) return; // the same for the whole block
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int64_t j = (int64_t)blockIdx.x * 32 + tx;
+    const float *in = part + (int64_t)blockIdx.y * m * d;
+    double s = 0;
+    if (j < d) {
+#pragma unroll 8
+        for (int64_t r = ty; r < m; r += 8) s += in[r * d + j];
+    }
+    sh[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && j < d) {
+        double t = 0;
+        for (int k = 0; k < 8; k++) t += sh[k][tx];
+        out[j] += (float)t;
+    }
+}
+static inline cudaError_t colsum_add_multi(float *const *outs, int np, const float *part, int64_t m, int64_t d,
+                                           cudaStream_t st) {
+    colsum_outs o = {};
+    int any = 0;
+    for (int i = 0; i < np && i < 8; i++) o.p[i] = outs[i], any |= outs[i] != NULL;
+    if (d <= 0 || m <= 0 || !any) return cudaSuccess;
+    colsum_multi_kernel<<<dim3((unsigned)((d + 31) / 32), (unsigned)(np < 8 ? np : 8)), 256, 0, st>>>(o, part, m, d);
+    return cudaGetLastError();
+}
+
+// BYTES (4, 8 or 16, aligned so) from global to shared memory by cp.async: the copy lands while the thread
+// goes on. __pipeline_commit() closes a group of copies, __pipeline_wait_prior(k) waits until at most the k
+// newest groups are outstanding; the thread that issued a copy may then read it (other threads only after a
+// barrier). The row kernels use it as a ring of row stages per block: each thread copies and later reads only
+// its own columns, so the ring needs no barrier, and the next rows' loads are in flight while a row is reduced.
+template <int BYTES> static __device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
+    __pipeline_memcpy_async(smem, gmem, BYTES);
+}
+
+// Blocks of `threads` that fit on the device at once with `smem` dynamic shared memory each, at most `work`
+// (a persistent grid; 1 when the queries fail).
+template <typename K> static int resident_grid(K kernel, int threads, size_t smem, int64_t work) {
+    int dev = 0, sms = 0, per = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, threads, smem) != cudaSuccess)
+        sms = 1, per = 1, (void)cudaGetLastError(); // not left for the next launch check
+    const int64_t g = (int64_t)(per < 1 ? 1 : per) * (sms < 1 ? 1 : sms);
+    return (int)(g < work ? g : work < 1 ? 1 : work);
+}
+
+// KILN_ROW_PIPE=0: the memory-bound row ops (residual_norm.cu, cross_entropy.cu, embedding.cu) run their
+// previous kernels (one row in flight per block, two passes over the logits, one block per id), for comparison.
+static inline int row_pipe_on(void) {
+    const char *e = getenv("KILN_ROW_PIPE");
+    return !(e && e[0] == '0');
 }
 
 // Scratch from the stream-ordered allocator (src/cuda/scratch.cu); free with cudaFreeAsync on the same stream.

@@ -9,11 +9,24 @@
 //             pass (kiln_norm_join_backward_cuda: a layer's ln1 with the previous layer's MLP join, the final
 //             norm with the last one, the first ln1 with the input scale).
 // One block walks whole rows, each thread holding its columns (NV units of V) in registers between the
-// row's reduction and its outputs, so every input is read once.
+// row's reduction and its outputs, so every input is read once. Rows of up to 4096 columns with 16-byte
+// accesses (the model's) go through the *_pipe kernels: a ring of PS row stages in shared memory filled by
+// cp.async, so that the next PS-1 rows' loads are in flight while a row is reduced (one row in flight per block
+// left the backward at ~2 TB/s); the backward recomputes the join's output from its inputs (read anyway)
+// instead of reading it; every weight gradient's partials are summed in one launch (colsum_add_multi).
+// KILN_ROW_PIPE=0 runs the previous kernels.
 #include "ops_common.cuh"
 
 namespace rn {
-enum { MAXNV = 8, THREADS = 512, NPART = 7 };
+enum { MAXNV = 8, THREADS = 512, NPART = 7, PS = 3, PIPE_NV = 2 };
+
+// The join's output as the forward stores it, rounded explicitly (no contraction left to the compiler), so
+// that the backward's recomputation gives the same bits: (a + ab)*as, then + (x + xb)*xs as one fused
+// multiply-add.
+static __device__ __forceinline__ float join_first(float a, float ab, float as) { return __fmul_rn(__fadd_rn(a, ab), as); }
+static __device__ __forceinline__ float join_add(float y, float x, float xb, float xs) {
+    return __fmaf_rn(__fadd_rn(x, xb), xs, y);
+}
 
 // a thread's units: unit k covers columns (threadIdx.x + k*blockDim.x)*V .. +V-1
 template <typename TA, int V, int NV>
@@ -36,7 +49,7 @@ static __global__ void __launch_bounds__(THREADS)
 #pragma unroll
                     for (int q = 0; q < V; q++) bv[q] = 0.0f;
 #pragma unroll
-                for (int q = 0; q < V; q++) yv[k][q] = (yv[k][q] + bv[q]) * sv[q];
+                for (int q = 0; q < V; q++) yv[k][q] = join_first(yv[k][q], bv[q], sv[q]);
             }
             if (x) {
                 float xv[V];
@@ -46,7 +59,7 @@ static __global__ void __launch_bounds__(THREADS)
 #pragma unroll
                     for (int q = 0; q < V; q++) bv[q] = 0.0f;
 #pragma unroll
-                for (int q = 0; q < V; q++) yv[k][q] += (xv[q] + bv[q]) * sv[q];
+                for (int q = 0; q < V; q++) yv[k][q] = join_add(yv[k][q], xv[q], bv[q], sv[q]);
             }
             if (y) stv<V>(y + r * d, j, yv[k]);
 #pragma unroll
@@ -211,6 +224,282 @@ static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_b
         }
 }
 
+// ---- the pipelined kernels (V = 4: 16-byte f32 / 8-byte bf16 units; d % 4 == 0, rows 16-byte aligned) ----
+
+static inline int round16(int64_t b) { return (int)((b + 15) / 16 * 16); }
+
+// Forward: rows r = blockIdx.x + i*gridDim.x of a resident grid; a stage holds the row's x (f32, when given)
+// then a (TA). Same arithmetic as fwd_kernel, so the same bits.
+template <typename TA, int NV>
+static __global__ void __launch_bounds__(THREADS)
+    fwd_pipe_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
+                    const float *xb, const float *xs, const float *w, int64_t n, int d, float eps, int stage) {
+    extern __shared__ __align__(16) unsigned char ring[];
+    __shared__ float sh[32];
+    const int64_t G = gridDim.x;
+    const int ao = x ? d * 4 : 0; // byte offset of a in a stage (x at 0)
+    auto load = [&](int64_t r, int s) {
+        if (r < n) {
+            unsigned char *b = ring + (size_t)s * stage;
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int j = (threadIdx.x + k * blockDim.x) * 4;
+                if (j >= d) continue;
+                if (x) cp_async<16>(b + (size_t)j * 4, x + r * d + j);
+                cp_async<4 * sizeof(TA)>(b + ao + (size_t)j * sizeof(TA), a + r * d + j);
+            }
+        }
+        __pipeline_commit(); // empty groups too: the count of groups stays one per row
+    };
+    int64_t r = blockIdx.x;
+#pragma unroll
+    for (int s = 0; s < PS - 1; s++) load(r + s * G, s);
+    for (int i = 0; r < n; r += G, i++) {
+        load(r + (PS - 1) * G, (i + PS - 1) % PS);
+        __pipeline_wait_prior(PS - 1); // this row's group is complete
+        const unsigned char *b = ring + (size_t)(i % PS) * stage;
+        float yv[NV][4], ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j >= d) continue;
+            float bv[4], sv[4];
+            ldv<4>((const TA *)(b + ao), j, yv[k]);
+            if (as) {
+                ldv<4>(as, j, sv);
+                if (ab) ldv<4>(ab, j, bv);
+                else
+#pragma unroll
+                    for (int q = 0; q < 4; q++) bv[q] = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 4; q++) yv[k][q] = join_first(yv[k][q], bv[q], sv[q]);
+            }
+            if (x) {
+                float xv[4];
+                ldv<4>((const float *)b, j, xv), ldv<4>(xs, j, sv);
+                if (xb) ldv<4>(xb, j, bv);
+                else
+#pragma unroll
+                    for (int q = 0; q < 4; q++) bv[q] = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 4; q++) yv[k][q] = join_add(yv[k][q], xv[q], bv[q], sv[q]);
+            }
+            if (y) stv<4>(y + r * d, j, yv[k]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) ss += yv[k][q] * yv[k][q];
+        }
+        if (!ln) continue;
+        ss = block_sum(ss, sh);
+        const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
+        if (rstd && threadIdx.x == 0) rstd[r] = rs;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j >= d) continue;
+            float wv[4], ov[4];
+            ldv<4>(w, j, wv);
+#pragma unroll
+            for (int q = 0; q < 4; q++) ov[q] = wv[q] * (yv[k][q] * rs);
+            stv<4>(ln + r * d, j, ov);
+        }
+    }
+}
+
+// Backward of the join + norm + the next join's side (bwd_kernel's outputs and arithmetic), block c over rows
+// [c*rows_per, ...). A stage: dup f32, x f32, dln (f32 or bf16), a bf16. y is not read: it is the join of a and
+// x, recomputed with the forward's roundings (p.y is left unread).
+template <int NV, bool DLN32>
+static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_norm_bwd p, float *part, int64_t n,
+                                                                  int d, int64_t rows_per, int64_t chunks, int stage) {
+    extern __shared__ __align__(16) unsigned char ring[];
+    __shared__ float sh[32];
+    const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    const int xo = d * 4, go = d * 8, ao = d * 8 + d * (DLN32 ? 4 : 2);
+    auto load = [&](int64_t r, int s) {
+        if (r < r1) {
+            unsigned char *b = ring + (size_t)s * stage;
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int j = (threadIdx.x + k * blockDim.x) * 4;
+                if (j >= d) continue;
+                cp_async<16>(b + (size_t)j * 4, p.dup + r * d + j);
+                cp_async<16>(b + xo + (size_t)j * 4, p.x + r * d + j);
+                if constexpr (DLN32) cp_async<16>(b + go + (size_t)j * 4, p.dln_f32 + r * d + j);
+                else cp_async<8>(b + go + (size_t)j * 2, (const bf16 *)p.dln + r * d + j);
+                cp_async<8>(b + ao + (size_t)j * 2, (const bf16 *)p.a + r * d + j);
+            }
+        }
+        __pipeline_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < PS - 1; s++) load(r0 + s, s);
+    float acc[NPART][NV][4], wv[NV][4], us[NV][4], ub[NV][4], asv[NV][4], abv[NV][4], xsv[NV][4], xbv[NV][4];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int j = (threadIdx.x + k * blockDim.x) * 4;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+#pragma unroll
+            for (int i = 0; i < NPART; i++) acc[i][k][q] = 0.0f;
+            wv[k][q] = us[k][q] = ub[k][q] = asv[k][q] = abv[k][q] = xsv[k][q] = xbv[k][q] = 0.0f;
+        }
+        if (j >= d) continue;
+        ldv<4>(p.w, j, wv[k]), ldv<4>(p.ups, j, us[k]), ldv<4>(p.as, j, asv[k]), ldv<4>(p.xs, j, xsv[k]);
+        if (p.upb) ldv<4>(p.upb, j, ub[k]);
+        if (p.ab) ldv<4>(p.ab, j, abv[k]);
+        if (p.xb) ldv<4>(p.xb, j, xbv[k]);
+    }
+    int i = 0;
+    for (int64_t r = r0; r < r1; r++, i++) {
+        load(r + PS - 1, (i + PS - 1) % PS);
+        const float rs = p.rstd[r];
+        __pipeline_wait_prior(PS - 1);
+        const unsigned char *b = ring + (size_t)(i % PS) * stage;
+        float yv[NV][4], gv[NV][4], dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j >= d) continue;
+            float av[4], xv[4];
+            if constexpr (DLN32) ldv<4>((const float *)(b + go), j, gv[k]);
+            else ldv<4>((const bf16 *)(b + go), j, gv[k]);
+            ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                yv[k][q] = join_add(join_first(av[q], abv[k][q], asv[k][q]), xv[q], xbv[k][q], xsv[k][q]);
+                dot += gv[k][q] * wv[k][q] * yv[k][q];
+                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
+            }
+        }
+        dot = block_sum(dot, sh);
+        const float c = dot * rs * rs * rs / (float)d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j >= d) continue;
+            float dav[4], dxv[4], du[4], av[4], xv[4];
+            ldv<4>((const float *)b, j, du), ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float gu = __fmul_rn(du[q], us[k][q]);
+                acc[0][k][q] = __fadd_rn(acc[0][k][q], gu);
+                acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[q], __fadd_rn(yv[k][q], ub[k][q])));
+                const float g = gu + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
+                dav[q] = __fmul_rn(g, asv[k][q]);
+                dxv[q] = __fmul_rn(g, xsv[k][q]);
+                acc[3][k][q] = __fadd_rn(acc[3][k][q], dav[q]);
+                acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[q], abv[k][q])));
+                acc[5][k][q] = __fadd_rn(acc[5][k][q], dxv[q]);
+                acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[q], xbv[k][q])));
+            }
+            stv<4>((bf16 *)p.da + r * d, j, dav);
+            stv<4>(p.dx + r * d, j, dxv);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < NPART; q++)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j < d) stv<4>(part + ((int64_t)q * chunks + blockIdx.x) * d, j, acc[q][k]);
+        }
+}
+
+// The norm + join backward (nj_bwd_kernel's outputs and arithmetic) through the ring. A stage: y f32, a f32,
+// gin f32 (when given), dln bf16.
+template <int NV>
+static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_bwd p, float *part, int64_t n, int d,
+                                                                 int64_t rows_per, int64_t chunks, int stage) {
+    extern __shared__ __align__(16) unsigned char ring[];
+    __shared__ float sh[32];
+    const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    const int ao = d * 4, io = d * 8, go = p.gin ? d * 12 : d * 8;
+    auto load = [&](int64_t r, int s) {
+        if (r < r1) {
+            unsigned char *b = ring + (size_t)s * stage;
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int j = (threadIdx.x + k * blockDim.x) * 4;
+                if (j >= d) continue;
+                cp_async<16>(b + (size_t)j * 4, p.y + r * d + j);
+                cp_async<16>(b + ao + (size_t)j * 4, p.a + r * d + j);
+                if (p.gin) cp_async<16>(b + io + (size_t)j * 4, p.gin + r * d + j);
+                cp_async<8>(b + go + (size_t)j * 2, (const bf16 *)p.dln + r * d + j);
+            }
+        }
+        __pipeline_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < PS - 1; s++) load(r0 + s, s);
+    float acc[3][NV][4], wv[NV][4], asv[NV][4], abv[NV][4];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int j = (threadIdx.x + k * blockDim.x) * 4;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            acc[0][k][q] = acc[1][k][q] = acc[2][k][q] = 0.0f;
+            wv[k][q] = asv[k][q] = abv[k][q] = 0.0f;
+        }
+        if (j >= d) continue;
+        ldv<4>(p.w, j, wv[k]), ldv<4>(p.as, j, asv[k]);
+        if (p.ab) ldv<4>(p.ab, j, abv[k]);
+    }
+    int i = 0;
+    for (int64_t r = r0; r < r1; r++, i++) {
+        load(r + PS - 1, (i + PS - 1) % PS);
+        const float rs = p.rstd[r];
+        __pipeline_wait_prior(PS - 1);
+        const unsigned char *b = ring + (size_t)(i % PS) * stage;
+        float yv[NV][4], gv[NV][4], dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j >= d) continue;
+            ldv<4>((const float *)b, j, yv[k]), ldv<4>((const bf16 *)(b + go), j, gv[k]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                dot += gv[k][q] * wv[k][q] * yv[k][q];
+                acc[0][k][q] = __fadd_rn(acc[0][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
+            }
+        }
+        dot = block_sum(dot, sh);
+        const float c = dot * rs * rs * rs / (float)d;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j >= d) continue;
+            float gt[4], dav[4], av[4], gi[4];
+            ldv<4>((const float *)(b + ao), j, av);
+            if (p.gin) ldv<4>((const float *)(b + io), j, gi);
+            else
+#pragma unroll
+                for (int q = 0; q < 4; q++) gi[q] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                gt[q] = gi[q] + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
+                dav[q] = __fmul_rn(gt[q], asv[k][q]);
+                acc[1][k][q] = __fadd_rn(acc[1][k][q], dav[q]);
+                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gt[q], __fadd_rn(av[q], abv[k][q])));
+            }
+            stv<4>(p.gout + r * d, j, gt);
+            stv<4>(p.da + r * d, j, dav);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 3; q++)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            if (j < d) stv<4>(part + ((int64_t)q * chunks + blockIdx.x) * d, j, acc[q][k]);
+        }
+}
+
+// dynamic shared memory above the default 48 KB must be allowed per kernel (and device: set at every launch)
+template <typename K> static cudaError_t allow_smem(K kernel, size_t bytes) {
+    return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)
+                             : cudaSuccess;
+}
+
 // units per thread and threads per block for a row of d columns, V per unit (NV 0: too wide)
 static void shape_for(int64_t d, int V, int *threads, int *nv) {
     const int64_t units = (d + V - 1) / V;
@@ -250,6 +539,53 @@ static void launch_bwd(int nv, int grid, int threads, cudaStream_t st, const kil
     default: bwd_kernel<V, MAXNV><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
     }
 }
+
+// the pipelined kernels' launches (nv: units per thread, 1 or 2)
+template <typename TA, int NV>
+static cudaError_t fwd_pipe_nv(int threads, cudaStream_t st, float *y, bf16 *ln, float *rstd, const TA *a,
+                               const float *ab, const float *as, const float *x, const float *xb, const float *xs,
+                               const float *w, int64_t n, int d, float eps) {
+    const int stage = round16((int64_t)d * ((x ? 4 : 0) + (int)sizeof(TA)));
+    const size_t smem = (size_t)PS * stage;
+    auto kern = fwd_pipe_kernel<TA, NV>;
+    cudaError_t e = allow_smem(kern, smem);
+    if (e != cudaSuccess) return e;
+    kern<<<resident_grid(kern, threads, smem, n), threads, smem, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps,
+                                                                       stage);
+    return cudaGetLastError();
+}
+template <typename TA>
+static cudaError_t fwd_pipe(int nv, int threads, cudaStream_t st, float *y, bf16 *ln, float *rstd, const TA *a,
+                            const float *ab, const float *as, const float *x, const float *xb, const float *xs,
+                            const float *w, int64_t n, int d, float eps) {
+    return nv == 1 ? fwd_pipe_nv<TA, 1>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps)
+                   : fwd_pipe_nv<TA, 2>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps);
+}
+template <int NV, bool DLN32>
+static cudaError_t bwd_pipe_nv(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
+                               int d, int64_t rows_per, int64_t chunks) {
+    const int stage = round16((int64_t)d * (4 + 4 + (DLN32 ? 4 : 2) + 2));
+    const size_t smem = (size_t)PS * stage;
+    auto kern = bwd_pipe_kernel<NV, DLN32>;
+    cudaError_t e = allow_smem(kern, smem);
+    if (e != cudaSuccess) return e;
+    kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
+    return cudaGetLastError();
+}
+template <int NV>
+static cudaError_t nj_pipe_nv(int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part, int64_t n, int d,
+                              int64_t rows_per, int64_t chunks) {
+    const int stage = round16((int64_t)d * (4 + 4 + (p.gin ? 4 : 0) + 2));
+    const size_t smem = (size_t)PS * stage;
+    auto kern = nj_pipe_kernel<NV>;
+    cudaError_t e = allow_smem(kern, smem);
+    if (e != cudaSuccess) return e;
+    kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
+    return cudaGetLastError();
+}
+// chunks of rows for the pipelined backward: ~264 (two per SM of an H200; a fixed count, so that the weight
+// gradients' bits do not depend on the device), each long enough that its ring's start is a small part of it
+enum { PIPE_CHUNKS = 264 };
 } // namespace rn
 
 using namespace rn;
@@ -272,6 +608,14 @@ extern "C" kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, 
     if (!nv)
         return kiln_errorf(KILN_EINVAL, "residual_norm forward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
+    if (vec && nv <= PIPE_NV && row_pipe_on()) {
+        const cudaError_t e =
+            a_bf16 ? fwd_pipe<bf16>(nv, threads, st, y, (bf16 *)ln, rstd, (const bf16 *)a_bf16, ab, as, x, xb, xs, w, n, (int)d, eps)
+                   : fwd_pipe<float>(nv, threads, st, y, (bf16 *)ln, rstd, a, ab, as, x, xb, xs, w, n, (int)d, eps);
+        if (e != cudaSuccess)
+            return kiln_errorf(KILN_EIO, "residual_norm forward: kernel launch failed: %s", cudaGetErrorString(e));
+        return NULL;
+    }
     const int grid = (int)(n < 1048576 ? n : 1048576);
     if (a_bf16) {
         if (vec) launch_fwd<bf16, 4>(nv, grid, threads, st, y, (bf16 *)ln, rstd, (const bf16 *)a_bf16, ab, as, x, xb, xs, w, n, (int)d, eps);
@@ -306,14 +650,20 @@ extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm
         return kiln_errorf(KILN_EINVAL, "residual_norm backward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
     {
-        const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
+        const int pipe = vec && nv <= PIPE_NV && row_pipe_on();
+        const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(NPART * chunks * d) * sizeof(float), st));
-        if (vec) launch_bwd<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
+        if (pipe) {
+            const int di = (int)d, f32 = p->dln_f32 != NULL;
+            CUDA_TRY(nv == 1 ? (f32 ? bwd_pipe_nv<1, true>(threads, st, *p, part, n, di, rows_per, chunks)
+                                    : bwd_pipe_nv<1, false>(threads, st, *p, part, n, di, rows_per, chunks))
+                             : (f32 ? bwd_pipe_nv<2, true>(threads, st, *p, part, n, di, rows_per, chunks)
+                                    : bwd_pipe_nv<2, false>(threads, st, *p, part, n, di, rows_per, chunks)));
+        } else if (vec) launch_bwd<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         else launch_bwd<1>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         LAUNCH_CHECK("residual_norm backward");
         float *outs[NPART] = {p->dupb, p->dups, p->dw, p->dab, p->das, p->dxb, p->dxs};
-        for (int i = 0; i < NPART; i++)
-            if (outs[i]) CUDA_TRY(colsum_add(outs[i], part + (int64_t)i * chunks * d, chunks, d, st));
+        CUDA_TRY(colsum_add_multi(outs, NPART, part, chunks, d, st));
     }
 done:
     if (part) cudaFreeAsync(part, st);
@@ -335,14 +685,17 @@ extern "C" kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p,
         return kiln_errorf(KILN_EINVAL, "norm_join backward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
     {
-        const int64_t rows_per = chunk_rows(n, 512), chunks = (n + rows_per - 1) / rows_per;
+        const int pipe = vec && nv <= PIPE_NV && row_pipe_on();
+        const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(3 * chunks * d) * sizeof(float), st));
-        if (vec) launch_nj<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
+        if (pipe)
+            CUDA_TRY(nv == 1 ? nj_pipe_nv<1>(threads, st, *p, part, n, (int)d, rows_per, chunks)
+                             : nj_pipe_nv<2>(threads, st, *p, part, n, (int)d, rows_per, chunks));
+        else if (vec) launch_nj<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         else launch_nj<1>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         LAUNCH_CHECK("norm_join backward");
         float *outs[3] = {p->dw, p->dab, p->das};
-        for (int i = 0; i < 3; i++)
-            if (outs[i]) CUDA_TRY(colsum_add(outs[i], part + (int64_t)i * chunks * d, chunks, d, st));
+        CUDA_TRY(colsum_add_multi(outs, 3, part, chunks, d, st));
     }
 done:
     if (part) cudaFreeAsync(part, st);

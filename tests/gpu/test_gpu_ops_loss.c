@@ -2,7 +2,9 @@
  *   mean loss and per-row losses (f32): 1e-5 relative (f32 exp/sum over V terms instead of f64);
  *   dlogits (bf16): 5e-3 relative to its largest entry, one bf16 rounding (at most 2^-8) plus f32 math.
  * V = 50304 (the benchmark's vocabulary, 16-byte loads), an odd V (the scalar path), in place
- * (dlogits == logits), T = 1 (nothing to predict), and the mean bitwise repeatable. */
+ * (dlogits == logits), T = 1 (nothing to predict), and the mean bitwise repeatable; each with the one-read
+ * kernel (rows in shared memory, the default) and the two-pass one (KILN_ROW_PIPE=0). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -15,13 +17,19 @@ TEST(gpu_ops_cross_entropy) {
     static const struct {
         int64_t B, T, V;
         int inplace;
-    } shapes[] = {{2, 65, 50304, 0}, {3, 17, 1001, 0}, {2, 33, 50304, 1}, {1, 40, 7, 1}, {2, 1, 64, 0}};
+    } shapes[] = {{2, 65, 50304, 0}, {3, 17, 1001, 0}, {2, 33, 50304, 1}, {1, 40, 7, 1}, {2, 1, 64, 0},
+                  {4, 9, 4096, 1}, {1, 300, 8, 0}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 31);
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const int64_t B = shapes[si].B, T = shapes[si].T, V = shapes[si].V, rows = B * T, n = rows * V;
-        const int inplace = shapes[si].inplace;
-        printf("  B=%lld T=%lld V=%lld%s\n", (long long)B, (long long)T, (long long)V, inplace ? " in place" : "");
+    for (size_t si = 0; si < 2 * sizeof shapes / sizeof *shapes; si++) {
+        /* every shape with the one-read kernel (the default where the row fits in shared memory) and with the
+         * two-pass one (KILN_ROW_PIPE=0) */
+        const size_t sj = si % (sizeof shapes / sizeof *shapes);
+        setenv("KILN_ROW_PIPE", si == sj ? "1" : "0", 1);
+        const int64_t B = shapes[sj].B, T = shapes[sj].T, V = shapes[sj].V, rows = B * T, n = rows * V;
+        const int inplace = shapes[sj].inplace;
+        printf("  B=%lld T=%lld V=%lld%s%s\n", (long long)B, (long long)T, (long long)V, inplace ? " in place" : "",
+               si == sj ? "" : " KILN_ROW_PIPE=0");
         float *logits = gt_rand(&rng, n, 6.0f);
         gt_round_bf16(logits, n);
         int64_t *ids = malloc((size_t)rows * sizeof *ids);
@@ -56,4 +64,5 @@ TEST(gpu_ops_cross_entropy) {
         if (!inplace) kiln_cuda_free(dgrad);
         free(logits), free(ids), free(dl), free(ltok), free(pair), free(gl), free(gtok), free(gd);
     }
+    unsetenv("KILN_ROW_PIPE");
 }

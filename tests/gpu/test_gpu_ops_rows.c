@@ -6,6 +6,7 @@
  *   the embedding: exact (a copy; the gradient adds the same rows in the same order as the CPU).
  * Weight gradients also run twice: the bits must not change (no atomics). Inputs the device reads in
  * bf16 are rounded to bf16 first, so that both sides see the same numbers. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -25,17 +26,32 @@ static void set_f32(float *d, const float *h, int64_t n) {
 }
 static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, (size_t)n * sizeof *a); }
 
+/* ids as a text's: a few frequent tokens (one id in 2^k with probability ~2^-k-ish), the rest uniform over V:
+ * long runs of one id in the backward's sorted order (hundreds of positions, past the kernel's staging of 512) */
+static int64_t skewed_id(kiln_rng *rng, int64_t V) {
+    const uint64_t u = kiln_rng_u64(rng);
+    const int z = __builtin_ctzll(u | (1ull << 40)); /* P(z = k) = 2^-(k+1) */
+    return z < 6 && (int64_t)z < V ? (int64_t)((z * 7919) % V) : (int64_t)((u >> 41) % (uint64_t)V);
+}
+
 TEST(gpu_ops_embedding) {
     static const struct {
         int64_t n, d, V, pad;
-    } shapes[] = {{777, 130, 50, 3}, {4096, 2048, 1000, -1}, {5, 1, 3, 0}, {1000, 96, 7, 6}};
+        int skewed;
+    } shapes[] = {{777, 130, 50, 3, 0},      {4096, 2048, 1000, -1, 0}, {5, 1, 3, 0, 0},      {1000, 96, 7, 6, 0},
+                  {4096, 2048, 50304, 0, 1}, {3000, 260, 2048, 5, 1},   {1500, 2048, 2, -1, 0}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 11);
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const int64_t n = shapes[si].n, d = shapes[si].d, V = shapes[si].V, pad = shapes[si].pad;
-        printf("  n=%lld d=%lld V=%lld pad=%lld\n", (long long)n, (long long)d, (long long)V, (long long)pad);
+    for (size_t si = 0; si < 2 * sizeof shapes / sizeof *shapes; si++) {
+        /* every shape with the segment-list kernel (the default) and the previous one (KILN_ROW_PIPE=0) */
+        const size_t sj = si % (sizeof shapes / sizeof *shapes);
+        setenv("KILN_ROW_PIPE", si == sj ? "1" : "0", 1);
+        const int64_t n = shapes[sj].n, d = shapes[sj].d, V = shapes[sj].V, pad = shapes[sj].pad;
+        printf("  n=%lld d=%lld V=%lld pad=%lld%s%s\n", (long long)n, (long long)d, (long long)V, (long long)pad,
+               shapes[sj].skewed ? " skewed ids" : "", si == sj ? "" : " KILN_ROW_PIPE=0");
         int64_t *ids = malloc((size_t)n * sizeof *ids);
-        for (int64_t i = 0; i < n; i++) ids[i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
+        for (int64_t i = 0; i < n; i++)
+            ids[i] = shapes[sj].skewed ? skewed_id(&rng, V) : (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
         float *table = gt_rand(&rng, V * d, 1.0f), *dy = gt_rand(&rng, n * d, 1.0f), *dt0 = gt_rand(&rng, V * d, 0.5f);
         float *y = malloc((size_t)(n * d) * sizeof *y), *dt = malloc((size_t)(V * d) * sizeof *dt);
         kiln_embedding_forward(y, table, ids, n, d);
@@ -54,6 +70,7 @@ TEST(gpu_ops_embedding) {
         kiln_cuda_free(dids), kiln_cuda_free(dtable), kiln_cuda_free(ddy), kiln_cuda_free(ddt), kiln_cuda_free(dyo);
         free(ids), free(table), free(dy), free(dt0), free(y), free(dt), free(gy), free(gdt);
     }
+    unsetenv("KILN_ROW_PIPE");
 }
 
 TEST(gpu_ops_rmsnorm) {
