@@ -80,6 +80,8 @@ typedef struct {
     int dw_defer; /* 1: the weight gradients are left running on side streams when the backward returns; the caller
                    * must call kiln_experts_backward_join_cuda(stream) before reading dwgu/dwdn or reusing this
                    * scratch, xe or act (KILN_EXPERTS_DW_DEFER=0 overrides: joined as before) */
+    int dx_write; /* 1: the backward WRITES dx (=) instead of adding to it, so the caller need not zero it first
+                   * (the trainer: the experts are the first writer of their input's gradient) */
 } kiln_experts_cuda_scratch;
 /* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
  * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
@@ -98,7 +100,7 @@ kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *stream);
  * once (the counts). */
 kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const kiln_bf16 *in, const kiln_bf16 *wgu,
                                       const kiln_bf16 *wdn, void *stream);
-/* As kiln_experts_backward after kiln_experts_forward_cuda on the same x: dx [N,H] += (f32); dgate [N*top]
+/* As kiln_experts_backward after kiln_experts_forward_cuda on the same x: dx [N,H] += (f32; = when w->dx_write); dgate [N*top]
  * = (f32, 0 for skipped slots); dwgu [E,2I,H], dwdn [E,H,I] += (f32 master gradients, grouped GEMMs with
  * f32 output; = when w->dw_write). dout [N,H] f32. */
 kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu, float *dwdn,

@@ -12,6 +12,7 @@
 //               same bits); weight gradients as lt_loop
 //   lt_mixed    forward and input gradients as lt_chunks but without overlap: each expert's rows past its
 //               last full chunk are a GEMM of their own on a side stream, filling the batched GEMM's tail;
+//               an expert with KILN_GROUPED_SOLO rows or more (default 8192) is one GEMM, not chunks;
 //               weight gradients as lt_streams, except where every expert has the same row count (balanced
 //               routing): then ONE strided-batched GEMM over the experts (KILN_GROUPED_DW_BATCH=0: as lt_streams)
 // Every path computes each output element in exactly one GEMM (no split across calls, no atomics), so a
@@ -46,6 +47,11 @@ const char *const PATH_LIST = "grouped, lt_loop, lt_chunks, lt_streams, lt_mixed
 // 8 side streams: lt_mixed's per-expert remainders (~128 rows: 16 tiles each) run as 8 GEMMs at once, ~the
 // machine's 132 SMs, in the batched GEMM's tail
 enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 8, DEFAULT_CHUNK = 256, MAX_PLANS = 512, TUNE_CANDS = 8 };
+// lt_mixed: an expert with at least this many rows is one GEMM of its own, not chunks (see chunked;
+// KILN_GROUPED_SOLO, 0 = never). 8192 rows = half the [cuda] benchmark's tokens: only the concentrated
+// routing of the first ~200 steps reaches it; the spread routing after (busiest expert ~5000 rows) keeps the
+// batched chunks, which were not measured against a solo GEMM at that size.
+enum { DEFAULT_SOLO = 8192 };
 const double TUNE_MIN_FLOPS = 2e9; // smaller GEMMs keep the heuristic's first choice
 const size_t WS_BYTES = 32u << 20;
 
@@ -265,15 +271,19 @@ struct batched_call {
 };
 
 // The jobs one after the other on st (ns <= 1), or spread over ns side streams, largest first onto the least
-// loaded one, while `bc` (nullable) runs on st: the side streams start after everything before on st, and st
-// continues after all of them.
-kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const batched_call *bc, cudaStream_t st) {
+// loaded one, while the main jobs `mj` (solo experts, nmj of them) and then `bc` (nullable) run on st: the side
+// streams start after everything before on st, and st continues after all of them.
+kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const job *mj, int nmj, const batched_call *bc,
+                     cudaStream_t st) {
     kiln_error *err = NULL;
     int *order = NULL, forked = 0;
     double load[MAX_STREAMS] = {0};
     if (ns > nj) ns = nj;
     if (ns <= 1) {
-        if (bc)
+        for (int i = 0; i < nmj && !err; i++)
+            err = lt_gemm(0, mj[i].c, c_f32, mj[i].a, mj[i].b, mj[i].m, mj[i].n, mj[i].k, mj[i].ta, mj[i].tb, beta, 0,
+                          mj[i].align, st);
+        if (bc && !err)
             err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k, 0,
                           bc->tb, 0.0f, bc->batch, bc->align, st);
         for (int i = 0; i < nj && !err; i++)
@@ -297,7 +307,10 @@ kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const
     CUDA_TRY(cudaEventRecord(g_fork, st));
     for (int i = 0; i < ns; i++) CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
     forked = 1;
-    if (bc && (err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k,
+    for (int i = 0; i < nmj && !err; i++)
+        err = lt_gemm(0, mj[i].c, c_f32, mj[i].a, mj[i].b, mj[i].m, mj[i].n, mj[i].k, mj[i].ta, mj[i].tb, beta, 0,
+                      mj[i].align, st);
+    if (!err && bc && (err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k,
                              0, bc->tb, 0.0f, bc->batch, bc->align, st)))
         goto done;
     for (int i = 0; i < nj && !err; i++) {
@@ -358,22 +371,26 @@ done:
 
 // NT/NN over the experts' chunks of `ch` rows as ONE batched GEMM (see the top of the file); experts with
 // fewer rows than a chunk are per-expert jobs, on side streams alongside the batched GEMM when ns > 1.
+// Experts with at least `solo` rows (solo > 0) are not chunked: each is one GEMM on st, before the batched one.
+// Chunks cost a big expert ~9% against one GEMM over its rows (GPU run of session 4: 256-row chunks at 0.91 of
+// the dense rate for gate_up forward, 0.86-0.88 for down), and from init the router sends ~98% of a layer's
+// tokens to one expert for the first ~200 steps (run r17): that expert's GEMM is then the dense GEMM itself.
 kiln_error *chunked(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E,
-                    int64_t n, int64_t k, int tb, int64_t ch, int ns, cudaStream_t st) {
+                    int64_t n, int64_t k, int tb, int64_t ch, int64_t solo, int ns, cudaStream_t st) {
     kiln_error *err = NULL;
     const size_t ce = c_f32 ? 4 : 2;
     int64_t nch = 0, i = 0;
-    int nj = 0;
+    int nj = 0, nmj = 0;
     uintptr_t bits = 0;
     // with side streams, an expert's rows past its last full chunk are a GEMM of their own there, running
     // in the batched GEMM's tail; without them, the last chunk overlaps the one before it
     const int tails = ns > 1;
     for (int64_t e = 0; e < E; e++) {
         const int64_t me = offs[e + 1] - offs[e];
-        if (me >= ch) nch += tails ? me / ch : (me + ch - 1) / ch;
+        if (me >= ch && !(solo > 0 && me >= solo)) nch += tails ? me / ch : (me + ch - 1) / ch;
     }
     const void **h = (const void **)malloc((size_t)(3 * nch + 1) * sizeof *h);
-    job *js = (job *)malloc((size_t)E * sizeof *js);
+    job *js = (job *)malloc((size_t)(2 * E) * sizeof *js), *mj = js + E;
     void **d = NULL;
     if (!h || !js) {
         err = kiln_errorf(KILN_ENOMEM, "chunked GEMM: %lld chunks", (long long)nch);
@@ -384,6 +401,10 @@ kiln_error *chunked(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, 
         if (!me) continue;
         if (me < ch) {
             js[nj++] = make_job((char *)c + (size_t)(o * n) * ce, a + o * k, b + e * n * k, me, n, k, 0, tb);
+            continue;
+        }
+        if (solo > 0 && me >= solo) {
+            mj[nmj++] = make_job((char *)c + (size_t)(o * n) * ce, a + o * k, b + e * n * k, me, n, k, 0, tb);
             continue;
         }
         const int64_t full = tails ? me / ch * ch : me;
@@ -402,9 +423,9 @@ kiln_error *chunked(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, 
         if ((err = put_ptrs(d, h, 3 * nch, st))) goto done;
         const batched_call bc = {d + 2 * nch, (const void *const *)d, (const void *const *)(d + nch), nch, ch, n, k, tb,
                                  {al, al, al}};
-        err = run_jobs(js, nj, c_f32, 0.0f, ns, &bc, st);
+        err = run_jobs(js, nj, c_f32, 0.0f, ns, mj, nmj, &bc, st);
     } else {
-        err = run_jobs(js, nj, c_f32, 0.0f, ns, NULL, st);
+        err = run_jobs(js, nj, c_f32, 0.0f, ns, mj, nmj, NULL, st);
     }
 done:
     if (d) cudaFreeAsync(d, st);
@@ -536,7 +557,7 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
               nn = layout && !strcmp(layout, "NN");
     const size_t ce = c_f32 ? 4 : 2;
     int path = DEFAULT_PATH, locked = 0, nj = 0, is_default = 0, ran = 0; // ran: a cuBLASLt path started
-    long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1;
+    long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1, solo = DEFAULT_SOLO;
     job *js = NULL;
     if (looped) *looped = 0;
     if (!(tn || nt || nn))
@@ -555,7 +576,8 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
         (err = env_int("KILN_GROUPED_STREAMS", 1, MAX_STREAMS, DEFAULT_STREAMS, 1, &ns)) ||
         (err = env_int("KILN_GROUPED_CHUNK", 64, 4096, DEFAULT_CHUNK, 64, &ch)) ||
         (err = env_int("KILN_GROUPED_TUNE", 0, 2, 0, 1, &g_tune)) ||
-        (err = env_int("KILN_GROUPED_DW_BATCH", 0, 1, 1, 1, &dwb)))
+        (err = env_int("KILN_GROUPED_DW_BATCH", 0, 1, 1, 1, &dwb)) ||
+        (err = env_int("KILN_GROUPED_SOLO", 0, INT32_MAX, DEFAULT_SOLO, 1, &solo)))
         goto done;
     // an expert without rows: its weight gradient is an empty sum
     if (tn && !accumulate)
@@ -569,7 +591,8 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     ran = 1; // from here on an error is the GEMM's own, not the configuration's
     // the chunks overwrite their overlap, so they cannot accumulate
     if ((path == P_LT_CHUNKS || path == P_LT_MIXED) && !tn && !accumulate) {
-        err = chunked(c, c_f32, a, b, offs, E, n, k, nt, ch, path == P_LT_MIXED ? (int)ns : 0, st);
+        err = chunked(c, c_f32, a, b, offs, E, n, k, nt, ch, path == P_LT_MIXED ? solo : 0, path == P_LT_MIXED ? (int)ns : 0,
+                      st);
         goto done;
     }
     if (tn && path == P_LT_MIXED && dwb) {
@@ -594,7 +617,7 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     }
     if (looped) *looped = 1;
     err = run_jobs(js, nj, c_f32, accumulate ? 1.0f : 0.0f, path == P_LT_STREAMS || path == P_LT_MIXED ? (int)ns : 0,
-                   NULL, st);
+                   NULL, 0, NULL, st);
 done:
     if (err && ran && is_default && path != P_GROUPED && !accumulate) {
         // a runtime failure of the default path (never a bad setting: that is reported); the output is

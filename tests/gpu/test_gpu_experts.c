@@ -112,6 +112,9 @@ TEST(gpu_experts_dispatch) {
 static int g_dw_write;
 /* 1: the weight gradients left running on the side streams (kiln_experts_cuda_scratch.dw_defer), joined after */
 static int g_dw_defer;
+/* 1: the backward writes dx (kiln_experts_cuda_scratch.dx_write): the device's dx starts from random values that
+ * must vanish, the CPU's from zero */
+static int g_dx_write;
 
 /* forward and backward against the CPU op; returns nothing, checks inside */
 static void experts_case(const ex_case *c, uint64_t seed) {
@@ -136,11 +139,12 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
     kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
                                    gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write,
-                                   g_dw_defer};
+                                   g_dw_defer, g_dx_write};
     kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
     float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
     float *d_dgate = gt_dev((size_t)S * 4), *d_dwgu = gt_up_f32(dwgu, nw), *d_dwdn = gt_up_f32(dwdn, nd);
     if (g_dw_write) memset(dwgu, 0, (size_t)nw * sizeof *dwgu), memset(dwdn, 0, (size_t)nd * sizeof *dwdn);
+    if (g_dx_write) memset(dx, 0, (size_t)(N * H) * sizeof *dx);
     CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
     CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
     CHECK_OK(kiln_experts_backward_join_cuda(NULL));
@@ -161,7 +165,7 @@ static void experts_case(const ex_case *c, uint64_t seed) {
 
     CHECK_MSG(x.nslots == cx.nslots, "nslots %lld, CPU %lld", (long long)x.nslots, (long long)cx.nslots);
     GT_CLOSE("experts out", g_out, out, N * H, 2e-2);
-    GT_CLOSE("experts dx (+=)", g_dx, dx, N * H, 2e-2);
+    GT_CLOSE(g_dx_write ? "experts dx (=)" : "experts dx (+=)", g_dx, dx, N * H, 2e-2);
     GT_CLOSE("experts dgate", g_dgate, dgate, S, 2e-2);
     GT_CLOSE(g_dw_write ? "experts dwgu (=, f32)" : "experts dwgu (+=, f32)", g_dwgu, dwgu, nw, 2e-2);
     GT_CLOSE(g_dw_write ? "experts dwdn (=, f32)" : "experts dwdn (+=, f32)", g_dwdn, dwdn, nd, 2e-2);
@@ -220,6 +224,22 @@ TEST(gpu_experts_dw_write) {
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
 
+/* dx_write: dx written, not accumulated (the trainer's call), on the default path and the per-expert loop; every
+ * slot skipped: dx becomes zero */
+TEST(gpu_experts_dx_write) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {1000, 16, 1, 128, 256, 0.05, -1}, {50, 5, 2, 36, 20, 0.0, 0},
+                          {40, 4, 2, 30, 18, 0.1, -1}, {40, 4, 2, 16, 8, 1.0, -1}};
+    static const char *const paths[2] = {"lt_mixed", "lt_loop"};
+    g_dx_write = 1;
+    for (int p = 0; p < 2; p++) {
+        printf("  path %s\n", paths[p]);
+        CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 1300 + i);
+    }
+    g_dx_write = 0;
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+}
+
 /* two identical runs give identical bits (the deterministic mode's requirement), on the path in effect; the
  * second leaves its weight gradients running on the side streams (dw_defer) until joined: the same GEMMs */
 static void experts_deterministic(void) {
@@ -239,9 +259,10 @@ static void experts_deterministic(void) {
         kiln_experts_cuda x = dev_experts(&c, choice, gate);
         x.xe = gt_dev((size_t)(S * H) * 2), x.gu = gt_dev((size_t)(S * 2 * I) * 2);
         x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
+        /* the second run also writes dx over random values (dx_write): the same bits as adding onto zeros */
         kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r};
-        float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r};
+        float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(r ? dout : zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
         float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
         CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
         CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
@@ -416,6 +437,29 @@ TEST(gpu_experts_gemm_streams) {
     grouped_gemm_path("lt_mixed");
     grouped_gemm_path("lt_chunks");
     unsetenv("KILN_GROUPED_TUNE");
+}
+
+/* lt_mixed's solo experts (KILN_GROUPED_SOLO rows or more: one GEMM, not chunks): with chunks of 64 rows and solo
+ * at 100, the 70-row expert is a chunk and a remainder, the 130- and 133-row ones solo GEMMs; at 64 every expert
+ * is; 0 turns it off. The whole op too, with every expert solo (the trainer's concentrated routing in small),
+ * and two identical runs the same bits. */
+TEST(gpu_experts_gemm_solo) {
+    static const char *const solo[3] = {"100", "64", "0"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(setenv("KILN_GROUPED_SOLO", solo[i], 1) == 0);
+        printf("  KILN_GROUPED_SOLO=%s\n", solo[i]);
+        grouped_gemm_path("lt_mixed");
+    }
+    CHECK(setenv("KILN_GROUPED_SOLO", "256", 1) == 0);
+    CHECK_OK(kiln_grouped_gemm_set_path("lt_mixed"));
+    const ex_case cs[] = {{3000, 4, 1, 64, 96, 0.05, 1}, {5000, 3, 2, 128, 64, 0.1, -1}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 1400 + i);
+    experts_deterministic();
+    CHECK(setenv("KILN_GROUPED_SOLO", "-1", 1) == 0);
+    const int32_t offs[3] = {0, 2, 4};
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 0, NULL, NULL, offs, 2, 0, 4, 4, "NT", 0, NULL, NULL), "KILN_GROUPED_SOLO");
+    unsetenv("KILN_GROUPED_SOLO");
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
 
 /* The path's choice: kiln_grouped_gemm_set_path over KILN_GROUPED_GEMM over the default; bad names and
