@@ -41,6 +41,11 @@ int kiln_moe_route(int32_t *choice, int64_t tokens, int64_t experts, int64_t top
  * probability proportional to 1/(r+1) (Zipf over a random ranking of the experts), a token's top_k
  * experts distinct. Returns -1 on bad arguments or out of memory. */
 int kiln_moe_route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, uint64_t seed);
+/* Concentrated random routing from `seed` (src/bench/moe_gpu.c): one random expert gets each slot with
+ * probability `share`, the others uniformly the rest, a token's top_k experts distinct. Returns -1 on bad
+ * arguments. */
+int kiln_moe_route_concentrated(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, double share,
+                                uint64_t seed);
 /* Bytes the benchmark allocates for one shape: weights and their gradients
  * (experts * 3 * hidden * inter, twice), token activations x, out, dout, dx [tokens, hidden], slot
  * activations xe, ye, dye, dxe [S, hidden], gu, dgu [S, 2*inter], act, dact [S, inter] with

@@ -56,6 +56,32 @@ int kiln_moe_route_skewed(int32_t *choice, int64_t tokens, int64_t experts, int6
     return 0;
 }
 
+/* The routing of the CUDA trainer's first ~200 steps (run r17): one expert takes `share` of the slots, the rest
+ * spread uniformly over the others. */
+int kiln_moe_route_concentrated(int32_t *choice, int64_t tokens, int64_t experts, int64_t top_k, double share,
+                                uint64_t seed) {
+    if (tokens < 1 || experts < 1 || top_k < 1 || top_k > experts || !(share >= 0.0 && share <= 1.0)) return -1;
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    const int32_t hot = (int32_t)(kiln_rng_u64(&r) % (uint64_t)experts);
+    for (int64_t n = 0; n < tokens; n++)
+        for (int64_t j = 0; j < top_k; j++) {
+            int32_t pick;
+            int dup;
+            do {
+                if (kiln_rng_uniform(&r) < share) pick = hot;
+                else if (experts > 1) {
+                    pick = (int32_t)(kiln_rng_u64(&r) % (uint64_t)(experts - 1));
+                    pick += pick >= hot; /* any expert but the hot one */
+                } else pick = hot;
+                dup = 0;
+                for (int64_t i = 0; i < j; i++) dup |= choice[n * top_k + i] == pick;
+            } while (dup);
+            choice[n * top_k + j] = pick;
+        }
+    return 0;
+}
+
 #ifndef KILN_HAVE_CUDA
 int kiln_bench_moe_gpu(int argc, char **argv) {
     (void)argc, (void)argv;
@@ -79,8 +105,9 @@ static const char usage[] =
     "  --experts N       number of experts (default 16)\n"
     "  --top-k N         experts per token (default 1)\n"
     "  --tokens N        tokens per call (default 16384)\n"
-    "  --routing LIST    balanced (every expert tokens*top_k/experts slots) and/or skewed (Zipf: expert\n"
-    "                    ranks weighted 1/rank) (default balanced,skewed)\n"
+    "  --routing LIST    balanced (every expert tokens*top_k/experts slots), skewed (Zipf: expert ranks\n"
+    "                    weighted 1/rank) and/or concentrated (98% of the slots to one expert, the rest\n"
+    "                    uniform: the trainer's first ~200 steps) (default balanced,skewed)\n"
     "  --paths LIST      grouped-GEMM paths (src/cuda/experts_gemm.cu): grouped, lt_loop, lt_chunks,\n"
     "                    lt_streams, lt_mixed, 'default' (the one in effect: KILN_GROUPED_GEMM or the\n"
     "                    built-in default) or 'all' (default all)\n"
@@ -90,6 +117,7 @@ static const char usage[] =
     "  --csv FILE        the numbers as CSV\n";
 
 #define ROUTE_SEED 0x6b696c6eu /* "kiln", as the CPU benchmark */
+#define CONCENTRATED_SHARE 0.98
 #define PATH_TOL 5e-2          /* paths differ in bf16 roundings of intermediate tiles, nothing more */
 
 /* op fwd, op fwd_bwd, the six GEMMs, then the two weight gradients again written (beta = 0) instead of
@@ -176,7 +204,9 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup, 
         e = kiln_errorf(KILN_ENOMEM, "moe: host arrays for %lld tokens", (long long)N);
         goto done;
     }
-    if ((!strcmp(c0->routing, "skewed") ? kiln_moe_route_skewed : kiln_moe_route)(choice, N, E, top, ROUTE_SEED)) {
+    if (!strcmp(c0->routing, "skewed") ? kiln_moe_route_skewed(choice, N, E, top, ROUTE_SEED)
+        : !strcmp(c0->routing, "concentrated") ? kiln_moe_route_concentrated(choice, N, E, top, CONCENTRATED_SHARE, ROUTE_SEED)
+                                               : kiln_moe_route(choice, N, E, top, ROUTE_SEED)) {
         e = kiln_errorf(KILN_ENOMEM, "moe: routing %lld tokens", (long long)N);
         goto done;
     }
@@ -187,7 +217,8 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup, 
     if (e) goto done;
     float *out = d[17], *dout = out + N * H, *dx = dout + N * H, *dgate = dx + N * H;
     kiln_experts_cuda x = {N, H, I, E, top, d[0], d[1], d[2], off_h, d[3], d[4], d[5], 0, d[6], d[7], d[8], d[9]};
-    kiln_experts_cuda_scratch w = {d[10], d[11], d[12], d[13], 0, 0};
+    /* dx written, as the trainer's backward does (its first writer); the weight gradients accumulated */
+    kiln_experts_cuda_scratch w = {d[10], d[11], d[12], d[13], 0, 0, 1};
     kiln_bf16 *in = d[14], *wgu = d[15], *wdn = d[16];
     float *dwgu = d[18], *dwdn = d[19];
     if ((e = kiln_cuda_copy(d[0], choice, (size_t)S * 4, KILN_CUDA_H2D)) ||
@@ -408,7 +439,7 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
     if (experts > 8192) return kiln_bench_usage_err("moe", "--experts %lld: at most 8192 on the GPU", experts);
     if ((double)tokens * (double)top > (double)INT32_MAX)
         return kiln_bench_usage_err("moe", "--tokens %lld x --top-k %lld: more than 2^31-1 routed slots", tokens, top);
-    const char *routings[2], *plist[MAX_PATHS], *def_path = NULL;
+    const char *routings[3], *plist[MAX_PATHS], *def_path = NULL;
     int nr = 0, npath = 0;
     {
         kiln_error *pe = kiln_grouped_gemm_path(&def_path);
@@ -422,13 +453,19 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
         if (strlen(routing) >= sizeof buf) return kiln_bench_usage_err("moe", "--routing '%s': too long", routing);
         strcpy(buf, routing);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            if (strcmp(t, "balanced") && strcmp(t, "skewed"))
-                return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
-            if (nr == 2 || (nr == 1 && !strcmp(routings[0], t)))
-                return kiln_bench_usage_err("moe", "--routing '%s': each at most once", routing);
-            routings[nr++] = !strcmp(t, "balanced") ? "balanced" : "skewed";
+            static const char *const known_r[3] = {"balanced", "skewed", "concentrated"};
+            const char *kr = NULL;
+            for (int q = 0; q < 3 && !kr; q++)
+                if (!strcmp(t, known_r[q])) kr = known_r[q];
+            if (!kr)
+                return kiln_bench_usage_err("moe", "--routing '%s': expected balanced, skewed and/or concentrated",
+                                            routing);
+            for (int q = 0; q < nr; q++)
+                if (routings[q] == kr) return kiln_bench_usage_err("moe", "--routing '%s': each at most once", routing);
+            routings[nr++] = kr;
         }
-        if (!nr) return kiln_bench_usage_err("moe", "--routing '%s': expected balanced and/or skewed", routing);
+        if (!nr)
+            return kiln_bench_usage_err("moe", "--routing '%s': expected balanced, skewed and/or concentrated", routing);
         if (strlen(paths) >= sizeof buf) return kiln_bench_usage_err("moe", "--paths '%s': too long", paths);
         strcpy(buf, paths);
         const char *const *known = kiln_grouped_gemm_paths();
