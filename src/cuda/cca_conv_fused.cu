@@ -94,6 +94,55 @@ static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, 
     }
 }
 
+// The same for 8 channels of DWF_ROWS consecutive rows a thread, the taps K0 known at compile time: the
+// channels' b0 and w0 (8 and 8*K0 consecutive floats) loaded once as 16-byte vectors and kept in registers, and
+// each input row loaded once into a sliding window of K0 rows. dw_fwd_kernel<8> loads b0 and w0 per output row,
+// as 8 + 8*k0 scalar loads whose addresses are 32-64 bytes apart across a warp: 16 cache lines per load
+// instruction, ~330 L1 wavefronts per warp, against a few for its 16-byte x and mid accesses. Same sums in the
+// same order (the bias, then the taps j = 0, 1, ...): the same bits.
+#define DWF_ROWS 16
+template <int K0>
+static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
+                                          kiln_conv_shape s, int Q) {
+    const int C = (int)s.C, T = (int)s.T, P = K0 - 1 + (int)s.k1 - 1, M = T + (int)s.k1 - 1;
+    const int cv = C / 8, Kc = C - Q, strips = (M + DWF_ROWS - 1) / DWF_ROWS;
+    const int64_t total = s.B * (int64_t)strips * cv;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t sr = e / cv, bb = sr / strips;
+        const int c = (int)(e - sr * cv) * 8, u0 = (int)(sr - bb * strips) * DWF_ROWS;
+        const int u1 = u0 + DWF_ROWS < M ? u0 + DWF_ROWS : M;
+        float bv[8], wv[8 * K0], xw[K0][8] = {};
+        ldv<4>(b0 + c, 0, bv), ldv<4>(b0 + c + 4, 0, bv + 4);
+#pragma unroll
+        for (int q = 0; q < 2 * K0; q++) ldv<4>(w0 + (int64_t)c * K0 + 4 * q, 0, wv + 4 * q); // wv[k*K0 + j]
+        // the window: xw[j] = xp[u + j] (xp: x after P zero rows), starting at u0
+#pragma unroll
+        for (int j = 0; j < K0 - 1; j++) {
+            const int up = u0 + j;
+            if (up >= P && up - P < T) ld_bf<8>(xat(xq, xk, bb * T + up - P, c, Q, Kc), xw[j + 1]);
+        }
+#pragma unroll 4 // several rows' loads in flight
+        for (int u = u0; u < u1; u++) {
+#pragma unroll
+            for (int j = 0; j < K0 - 1; j++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) xw[j][k] = xw[j + 1][k];
+            const int un = u + K0 - 1; // the row entering the window (never past T: u < M = T + k1 - 1, un - P < T)
+            if (un >= P) ld_bf<8>(xat(xq, xk, bb * T + un - P, c, Q, Kc), xw[K0 - 1]);
+            float acc[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] = bv[k];
+#pragma unroll
+            for (int j = 0; j < K0; j++) {
+                if (u + j < P) continue;
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[k] += wv[k * K0 + j] * xw[j][k];
+            }
+            st_bf<8>(mid + ((int64_t)bb * M + u) * C + c, acc);
+        }
+    }
+}
+
 // w1 [C, cg, k1] split as hi + lo bf16 in the layout the grouped GEMMs' B tiles read row by row:
 //   MODE 0 (forward):        wt[g][j*cg + i][n]  = w1[g0+n, i, j]
 //   MODE 1 (input gradient): wt[g][j*cg + co][n] = w1[g0+co, n, j]
@@ -700,6 +749,70 @@ static __global__ void dx_couple8_kernel(bf16 *dq, bf16 *dk, const float *dmid, 
         }
     }
 }
+// dx + the coupling's adjoint as dx_couple8_kernel, a thread per (DXR consecutive tokens, KV head, 8 dims), the
+// taps K0 known at compile time: the loop over the group's channels m outermost, so each channel's 8*K0 weights
+// are loaded once (as 16-byte vectors) for DXR tokens instead of as 8*k0 scalar loads per token (addresses 64
+// bytes apart across a warp: 16 cache lines a load instruction, the bulk of that kernel's L1 work). Per token the
+// same sums in the same order (dx over the taps jj = 0, 1, ...; sk over m = 0, 1, ...): the same bits.
+#define DXR 2
+template <int K0>
+static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
+                                              const bf16 *dkp, kiln_conv_shape s, int NH, int KV) {
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
+    const int D = C / (int)s.groups, D8 = D / 8, Q = NH * D, Kc = KV * D, G = NH / KV;
+    const int strips = (T + DXR - 1) / DXR;
+    const int64_t total = s.B * (int64_t)strips * KV * D8;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t sr = e / (KV * D8);
+        const int rem = (int)(e - sr * (KV * D8)), j = rem / D8, d = (rem % D8) * 8;
+        const int64_t bb = sr / strips;
+        const int t0 = (int)(sr - bb * strips) * DXR, nt = T - t0 < DXR ? T - t0 : DXR;
+        const float *dmb = dmid + bb * M * C;
+        float sk[DXR][8];
+#pragma unroll
+        for (int r = 0; r < DXR; r++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) sk[r][k] = 0.0f;
+        for (int m = 0; m <= G; m++) {
+            const int c = m < G ? (j * G + m) * D + d : Q + j * D + d;
+            float wv[8 * K0]; // wv[k*K0 + jj] = w0[(c + k)*K0 + jj]
+#pragma unroll
+            for (int q = 0; q < 2 * K0; q++) ldv<4>(w0 + (int64_t)c * K0 + 4 * q, 0, wv + 4 * q);
+#pragma unroll
+            for (int r = 0; r < DXR; r++) {
+                if (r >= nt) break;
+                const int t = t0 + r;
+                const int64_t row = bb * T + t;
+                float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+                for (int jj = 0; jj < K0; jj++) {
+                    const int u = t + P - jj;
+                    if (u < 0 || u >= M) continue;
+                    float gv[8];
+                    ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) dx[k] += gv[k] * wv[k * K0 + jj];
+                }
+                float o[8];
+                if (m < G) {
+                    float dqv[8], dkg[8]; // dkg read again for each m (a cache hit) rather than held in registers
+                    ld_bf<8>(dqp + row * Q + c, dqv), ld_bf<8>(dkp + row * Kc + j * D + d, dkg);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const float half = 0.5f * (dqv[k] + dkg[k] / (float)G);
+                        o[k] = half + dx[k];
+                        sk[r][k] += half;
+                    }
+                    st_bf<8>(dq + row * Q + c, o);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) o[k] = sk[r][k] + dx[k];
+                    st_bf<8>(dk + row * Kc + j * D + d, o);
+                }
+            }
+        }
+    }
+}
 } // namespace ccaf
 
 using namespace ccaf;
@@ -728,6 +841,13 @@ static int use_tile128(int64_t cg) {
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
 }
 
+// KILN_CCA_DW=items: the depthwise passes' per-row kernels (dw_fwd_kernel<8>, dx_couple8_kernel), which load the
+// weights again for every row (a comparison; the same bits)
+static int dw_rows(void) {
+    const char *e = getenv("KILN_CCA_DW");
+    return !(e && !strcmp(e, "items"));
+}
+
 // w1 split for the FAST grouped GEMMs: scratch of 2 x C*cg*k1 bf16 (hi, then lo)
 template <int MODE>
 static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s, cudaStream_t st) {
@@ -752,7 +872,21 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         const int64_t Q = NH * cg;
         const int vec = s->C % 8 == 0 && Q % 8 == 0 && aligned16(mid) && aligned16(q) && aligned16(k);
         const int64_t items = s->B * M * (vec ? s->C / 8 : s->C);
-        if (vec)
+        const int64_t strips = s->B * ((M + DWF_ROWS - 1) / DWF_ROWS) * (s->C / 8);
+        const int rows = vec && dw_rows() && aligned16(w0) && aligned16(b0) && s->k0 <= 4;
+        if (rows && s->k0 == 1)
+            dw_fwd_rows_kernel<1><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
+                                                                        w0, b0, *s, (int)Q);
+        else if (rows && s->k0 == 2)
+            dw_fwd_rows_kernel<2><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
+                                                                        w0, b0, *s, (int)Q);
+        else if (rows && s->k0 == 3)
+            dw_fwd_rows_kernel<3><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
+                                                                        w0, b0, *s, (int)Q);
+        else if (rows)
+            dw_fwd_rows_kernel<4><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
+                                                                        w0, b0, *s, (int)Q);
+        else if (vec)
             dw_fwd_kernel<8><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k, w0, b0,
                                                                    *s, (int)Q);
         else
@@ -864,8 +998,23 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                                                                           (const bf16 *)k, *s, (int)Q, (int)cps0);
                 LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
             }
-            dx_couple8_kernel<<<grid_for(B * T * kvd / 8, 256), 256, 0, st>>>(
-                (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+            const int64_t nx = B * ((T + DXR - 1) / DXR) * kvd / 8;
+            const int rows = dw_rows() && aligned16(w0) && k0 <= 4;
+            if (rows && k0 == 1)
+                dx_couple8_rows_kernel<1><<<grid_for(nx, 256), 256, 0, st>>>(
+                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+            else if (rows && k0 == 2)
+                dx_couple8_rows_kernel<2><<<grid_for(nx, 256), 256, 0, st>>>(
+                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+            else if (rows && k0 == 3)
+                dx_couple8_rows_kernel<3><<<grid_for(nx, 256), 256, 0, st>>>(
+                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+            else if (rows)
+                dx_couple8_rows_kernel<4><<<grid_for(nx, 256), 256, 0, st>>>(
+                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+            else
+                dx_couple8_kernel<<<grid_for(B * T * kvd / 8, 256), 256, 0, st>>>(
+                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
             LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
         } else {
             const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
