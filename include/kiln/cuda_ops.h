@@ -108,6 +108,21 @@ kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, fl
                                        kiln_experts_cuda_scratch *w, void *stream);
 /* the stream waits for the weight gradients a dw_defer backward left running (a no-op when none are) */
 kiln_error *kiln_experts_backward_join_cuda(void *stream);
+/* The experts' passes that are not GEMMs, timed by CUDA events for `kiln bench moe` (off by default: no events).
+ * kiln_experts_profile_cuda(1) starts recording around each pass of every later call, (0) stops; _read waits for
+ * the last recorded call of each pass and gives its microseconds (-1: not run since profiling started). */
+enum {
+    KILN_EXPERTS_PASS_DISPATCH,   /* router dispatch: histogram, scan, scatter (+ the pool's allocation) */
+    KILN_EXPERTS_PASS_GATHER,     /* xe = rows of in in expert order */
+    KILN_EXPERTS_PASS_SWIGLU_FWD, /* act = SwiGLU(gu) */
+    KILN_EXPERTS_PASS_COMBINE,    /* out = gated sum of ye per token */
+    KILN_EXPERTS_PASS_DYE_DGATE,  /* dye = gate * dout[token], dgate = dout . ye */
+    KILN_EXPERTS_PASS_SWIGLU_BWD, /* dgu from dact and gu */
+    KILN_EXPERTS_PASS_COMBINE_DX, /* dx (+)= sum of dxe per token */
+    KILN_EXPERTS_NPASS
+};
+kiln_error *kiln_experts_profile_cuda(int on);
+kiln_error *kiln_experts_profile_read_cuda(double us[KILN_EXPERTS_NPASS]);
 /* One grouped GEMM over experts, row-major, as the experts call it. offs (host, E+1 entries) are the
  * experts' row offsets in expert order; expert e owns rows offs[e] .. offs[e+1]-1 (m_e rows).
  *   "NT": C[rows of e, n] = A[rows of e, k] B_eᵀ, B_e = b + e*n*k stored [n,k]  (forward)

@@ -133,6 +133,7 @@ typedef struct {
     double us[NPART], dense_us[NPART], flops[NPART];
     int looped[NPART];
     double out_err, dx_err; /* max |x - reference path's| / max |reference path's| */
+    double pass_us[KILN_EXPERTS_NPASS]; /* one profiled forward + backward: each pass that is not a GEMM */
     const char *ref;        /* the reference: the first path that ran */
     int failed;             /* this path failed (its error printed): left out of the tables and files */
 } moe_gpu_case;
@@ -275,6 +276,11 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup, 
         }
         c->us[1] = (now_synced(&e) - t0) / iters * 1e6;
         if (e) break;
+        /* one more forward + backward with events around each pass that is not a GEMM */
+        if ((e = kiln_experts_profile_cuda(1)) || (e = kiln_experts_forward_cuda(&x, out, in, wgu, wdn, NULL)) ||
+            (e = kiln_experts_backward_cuda(&x, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &w, NULL)) ||
+            (e = kiln_experts_profile_read_cuda(c->pass_us)) || (e = kiln_experts_profile_cuda(0)))
+            break;
         c->slots = x.nslots;
         c->max_rows = 0;
         for (int64_t k = 0; k < E; k++)
@@ -405,6 +411,23 @@ static void print_path(const moe_gpu_case *c, const char *first) {
         printf("  %-16s %10.3f %9.1f | %10.3f %9.1f | %6.2f\n", b ? "all bwd" : "all fwd", g[b] / 1e3, gt, dn[b] / 1e3,
                dt, gt / dt);
     }
+    /* the passes that are not GEMMs (one profiled call): the bytes each must move at least (bf16 activations, f32
+     * out/dout/dx; dx written, as the trainer's backward), their rate */
+    static const char *const pass_names[KILN_EXPERTS_NPASS] = {"dispatch", "gather", "swiglu fwd", "gated sum",
+                                                               "dye + dgate", "swiglu bwd", "dx sum"};
+    const double S = (double)c->slots, N = (double)c->N, H = (double)c->H, I = (double)c->I;
+    const double bytes[KILN_EXPERTS_NPASS] = {16 * S, 4 * S * H, 6 * S * I, 2 * S * H + 4 * N * H, 8 * S * H, 10 * S * I,
+                                              2 * S * H + 4 * N * H};
+    double tot_us = 0, tot_b = 0;
+    printf("  %-16s %10s %9s %9s   (one profiled fwd + bwd; the op's other time is GEMMs and host waits)\n", "pass", "us",
+           "MB", "GB/s");
+    for (int p = 0; p < KILN_EXPERTS_NPASS; p++) {
+        if (c->pass_us[p] < 0) continue;
+        tot_us += c->pass_us[p], tot_b += bytes[p];
+        printf("  %-16s %10.1f %9.1f %9.0f\n", pass_names[p], c->pass_us[p], bytes[p] / 1e6,
+               bytes[p] / (c->pass_us[p] * 1e-6) / 1e9);
+    }
+    printf("  %-16s %10.1f %9.1f %9.0f\n", "all passes", tot_us, tot_b / 1e6, tot_us > 0 ? tot_b / (tot_us * 1e-6) / 1e9 : 0.0);
 }
 
 int kiln_bench_moe_gpu(int argc, char **argv) {

@@ -272,7 +272,48 @@ bool pairs(int64_t I, const void *a, const void *b, const void *c) {
     return !(I & 1) && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 3);
 }
 
+// kiln_experts_profile_cuda: a pair of timing events around each pass that is not a GEMM, so `kiln bench moe`
+// can set each pass's time beside the bytes it moves. Off (no events) unless asked for; the last call's times.
+struct pass_prof {
+    int on;
+    cudaEvent_t ev[KILN_EXPERTS_NPASS][2];
+    int recorded[KILN_EXPERTS_NPASS];
+};
+pass_prof g_prof;
+
+cudaError_t pass_mark(int p, int end, cudaStream_t st) {
+    if (!g_prof.on) return cudaSuccess;
+    if (end) g_prof.recorded[p] = 1;
+    return cudaEventRecord(g_prof.ev[p][end], st);
+}
+
 } // namespace
+
+extern "C" kiln_error *kiln_experts_profile_cuda(int on) {
+    kiln_error *err = NULL;
+    if (on)
+        for (int p = 0; p < KILN_EXPERTS_NPASS; p++)
+            for (int i = 0; i < 2; i++)
+                if (!g_prof.ev[p][i]) CUDA_TRY(cudaEventCreate(&g_prof.ev[p][i]));
+    g_prof.on = on;
+    memset(g_prof.recorded, 0, sizeof g_prof.recorded);
+done:
+    return err ? kiln_error_wrap(err, "experts pass profile") : NULL;
+}
+
+extern "C" kiln_error *kiln_experts_profile_read_cuda(double us[KILN_EXPERTS_NPASS]) {
+    kiln_error *err = NULL;
+    for (int p = 0; p < KILN_EXPERTS_NPASS; p++) {
+        float ms = 0;
+        us[p] = -1;
+        if (!g_prof.recorded[p]) continue;
+        CUDA_TRY(cudaEventSynchronize(g_prof.ev[p][1]));
+        CUDA_TRY(cudaEventElapsedTime(&ms, g_prof.ev[p][0], g_prof.ev[p][1]));
+        us[p] = ms * 1e3;
+    }
+done:
+    return err ? kiln_error_wrap(err, "experts pass profile") : NULL;
+}
 
 extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const kiln_bf16 *in,
                                                  const kiln_bf16 *wgu, const kiln_bf16 *wdn, void *stream) {
@@ -283,7 +324,9 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     int staged = 0;
     if (H < 1 || I < 1)
         return kiln_errorf(KILN_EINVAL, "experts forward: hidden=%lld inter=%lld", (long long)H, (long long)I);
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DISPATCH, 0, st));
     if ((err = kiln_experts_dispatch_cuda(x, stream))) goto done;
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DISPATCH, 1, st));
     pthread_mutex_lock(&g_stage_lock);
     staged = 1;
     if (g_stage_n < E + 2) {
@@ -295,12 +338,14 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     if (!g_stage_ev) CUDA_TRY(cudaEventCreateWithFlags(&g_stage_ev, cudaEventDisableTiming));
     CUDA_TRY(cudaMemcpyAsync(g_stage, x->exp_off, (size_t)(E + 2) * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaEventRecord(g_stage_ev, st));
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_GATHER, 0, st));
     if (N * top) {
         gather_kernel<<<(unsigned)(N * top), 128, 0, st>>>((__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in, x->slot_tok,
                                                            x->exp_off + E, H,
                                                            !(H & 7) && !(((uintptr_t)in | (uintptr_t)x->xe) & 15));
         CUDA_TRY(cudaGetLastError());
     }
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_GATHER, 1, st));
     CUDA_TRY(cudaEventSynchronize(g_stage_ev));
     memcpy(x->exp_off_host, g_stage, (size_t)(E + 2) * sizeof(int32_t));
     pthread_mutex_unlock(&g_stage_lock);
@@ -315,6 +360,7 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     if (!S) goto done;
     if ((err = kiln_grouped_gemm_cuda(x->gu, 0, x->xe, wgu, x->exp_off_host, E, 0, 2 * I, H, "NT", 0, NULL, stream)))
         goto done;
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_FWD, 0, st));
     if (vec8_ok(I, x->act, x->gu, x->gu))
         swiglu_fwd8_kernel<<<(unsigned)S, SWIGLU8_THREADS, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, I);
     else if (pairs(I, x->act, x->gu, x->gu))
@@ -322,13 +368,16 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     else
         swiglu_fwd_kernel<1><<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
     CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_FWD, 1, st));
     if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
         goto done;
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 0, st));
     if (vec4_ok(H, out, out, x->ye, x->ye))
         combine_kernel<4><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
     else
         combine_kernel<1><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
     CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 1, st));
 done:
     if (staged) pthread_mutex_unlock(&g_stage_lock);
     if (err) err = kiln_error_wrap(err, "experts forward (tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld)",
@@ -356,6 +405,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         if (w->dw_write && dwdn) CUDA_TRY(cudaMemsetAsync(dwdn, 0, (size_t)(E * H * I) * sizeof(float), st));
         goto done;
     }
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 0, st));
     if (vec4_ok(H, dout, dout, w->dye, x->ye))
         dye_dgate_kernel<4><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
                                                                  (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
@@ -365,6 +415,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
                                                                  (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
                                                                  x->slot_k, H, top);
     CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 1, st));
     // down: dact = dye wdn_e, dwdn_e += dyeᵀ act (deferred: after gate_up's dX, see below)
     if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
         goto done;
@@ -372,6 +423,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write, NULL,
                                       stream)))
         goto done;
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_BWD, 0, st));
     if (vec8_ok(I, w->dgu, w->dact, x->gu))
         swiglu_bwd8_kernel<<<(unsigned)S, SWIGLU8_THREADS, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
                                                                     (const __nv_bfloat16 *)x->gu, I);
@@ -382,6 +434,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         swiglu_bwd_kernel<1><<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
                                                               (const __nv_bfloat16 *)x->gu, S, I);
     CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_BWD, 1, st));
     // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
     if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
         goto done;
@@ -401,6 +454,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         goto done;
     }
     if (dx) {
+        CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE_DX, 0, st));
         if (vec4_ok(H, dx, dx, w->dxe, w->dxe))
             combine_dx_kernel<4><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
                                                               w->dx_write);
@@ -408,6 +462,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
             combine_dx_kernel<1><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
                                                               w->dx_write);
         CUDA_TRY(cudaGetLastError());
+        CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE_DX, 1, st));
     }
 done:
     if (err) err = kiln_error_wrap(err, "experts backward (tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld)",

@@ -240,6 +240,20 @@ TEST(gpu_experts_dx_write) {
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
 
+/* kiln_experts_profile_cuda: nothing recorded before a call (-1), every pass timed after one forward + backward
+ * (>= 0), the results unchanged by the events (the CPU comparison runs with profiling on) */
+TEST(gpu_experts_profile) {
+    double us[KILN_EXPERTS_NPASS];
+    CHECK_OK(kiln_experts_profile_cuda(1));
+    CHECK_OK(kiln_experts_profile_read_cuda(us));
+    for (int p = 0; p < KILN_EXPERTS_NPASS; p++) CHECK_MSG(us[p] == -1, "pass %d: %g us before any call", p, us[p]);
+    const ex_case c = {1000, 16, 1, 128, 256, 0.05, -1};
+    experts_case(&c, 1500);
+    CHECK_OK(kiln_experts_profile_read_cuda(us));
+    for (int p = 0; p < KILN_EXPERTS_NPASS; p++) CHECK_MSG(us[p] >= 0, "pass %d: %g us after a call", p, us[p]);
+    CHECK_OK(kiln_experts_profile_cuda(0));
+}
+
 /* two identical runs give identical bits (the deterministic mode's requirement), on the path in effect; the
  * second leaves its weight gradients running on the side streams (dw_defer) until joined: the same GEMMs */
 static void experts_deterministic(void) {
