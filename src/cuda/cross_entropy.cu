@@ -222,6 +222,9 @@ extern "C" kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_t
     if (loss && !tok) CUDA_TRY(kiln_ops_scratch((void **)&tok, (size_t)rows * sizeof(float), st));
     if (vec && V * 2 <= CE_SMEM_MAX && row_pipe_on()) {
         const size_t smem = (size_t)V * 2;
+        // the row lives in shared memory: prefer it to L1 (two rows per SM at the model's vocabulary)
+        CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
         if (smem > 48 * 1024)
             CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ce_smem_kernel<<<resident_grid(ce_smem_kernel, CE_THREADS, smem, rows), CE_THREADS, smem, st>>>(

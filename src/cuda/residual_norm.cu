@@ -229,9 +229,9 @@ static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_b
 static inline int round16(int64_t b) { return (int)((b + 15) / 16 * 16); }
 
 // Forward: rows r = blockIdx.x + i*gridDim.x of a resident grid; a stage holds the row's x (f32, when given)
-// then a (TA). Same arithmetic as fwd_kernel, so the same bits.
+// then a (TA). The arithmetic of fwd_kernel. Three blocks per SM (at most 42 registers a thread).
 template <typename TA, int NV>
-static __global__ void __launch_bounds__(THREADS)
+static __global__ void __launch_bounds__(THREADS, 3)
     fwd_pipe_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
                     const float *xb, const float *xs, const float *w, int64_t n, int d, float eps, int stage) {
     extern __shared__ __align__(16) unsigned char ring[];
@@ -494,10 +494,13 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
         }
 }
 
-// dynamic shared memory above the default 48 KB must be allowed per kernel (and device: set at every launch)
+// dynamic shared memory above the default 48 KB must be allowed per kernel (and device: set at every launch);
+// the ring wants shared memory, not L1, so the carveout prefers shared memory (several blocks' rings per SM)
 template <typename K> static cudaError_t allow_smem(K kernel, size_t bytes) {
-    return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)
-                             : cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess && bytes > 48 * 1024)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    return e;
 }
 
 // units per thread and threads per block for a row of d columns, V per unit (NV 0: too wide)
