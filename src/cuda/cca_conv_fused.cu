@@ -704,6 +704,55 @@ static __global__ void dw0_part8_kernel(float *p0, float *pb0, const float *dmid
         }
 }
 
+// dw0 / db0 partials as dw0_part8_kernel, all K0 taps in one pass over the block's rows (the taps known at compile
+// time): dw0_part8_kernel reads the rows' dmid once per tap (k0 passes over 32 rows x C f32, 160 KB a block, more
+// than L2 keeps for 516 blocks at once), here once, with the input rows in a sliding window. Each (channel, tap)
+// sum still adds the rows in order: the same bits.
+template <int K0>
+static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float *dmid, const bf16 *xq, const bf16 *xk,
+                                             kiln_conv_shape s, int Q, int cps) {
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
+    const int Kc = C - Q, bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
+    const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M;
+    const float *dmb = dmid + (int64_t)bb * M * C;
+    for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
+        float acc[K0][8] = {}, accb[8] = {0, 0, 0, 0, 0, 0, 0, 0}, xw[K0][8] = {};
+        // xw[jj] = x row u + jj - P (when that is >= 0), starting at u0
+#pragma unroll
+        for (int jj = 0; jj < K0 - 1; jj++) {
+            const int up = u0 + jj;
+            if (up >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + up - P, c, Q, Kc), xw[jj + 1]);
+        }
+#pragma unroll 4
+        for (int u = u0; u < u1; u++) {
+#pragma unroll
+            for (int jj = 0; jj < K0 - 1; jj++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) xw[jj][k] = xw[jj + 1][k];
+            if (u + K0 - 1 >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + u + K0 - 1 - P, c, Q, Kc), xw[K0 - 1]);
+            float gv[8];
+            ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
+#pragma unroll
+            for (int k = 0; k < 8; k++) accb[k] += gv[k];
+#pragma unroll
+            for (int jj = 0; jj < K0; jj++) {
+                if (u + jj < P) continue;
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[jj][k] += gv[k] * xw[jj][k];
+            }
+        }
+        if (p0)
+#pragma unroll
+            for (int jj = 0; jj < K0; jj++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) p0[(int64_t)blockIdx.x * C * K0 + (int64_t)(c + k) * K0 + jj] = acc[jj][k];
+        if (pb0) {
+            stv<4>(pb0 + (int64_t)blockIdx.x * C + c, 0, accb);
+            stv<4>(pb0 + (int64_t)blockIdx.x * C + c + 4, 0, accb + 4);
+        }
+    }
+}
+
 static __global__ void dx_couple8_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
                                          const bf16 *dkp, kiln_conv_shape s, int NH, int KV) {
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
@@ -841,8 +890,8 @@ static int use_tile128(int64_t cg) {
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
 }
 
-// KILN_CCA_DW=items: the depthwise passes' per-row kernels (dw_fwd_kernel<8>, dx_couple8_kernel), which load the
-// weights again for every row (a comparison; the same bits)
+// KILN_CCA_DW=items: the depthwise passes' previous kernels (dw_fwd_kernel<8>, dx_couple8_kernel, which load the
+// weights again for every row; dw0_part8_kernel, a pass over dmid per tap): a comparison, the same bits
 static int dw_rows(void) {
     const char *e = getenv("KILN_CCA_DW");
     return !(e && !strcmp(e, "items"));
@@ -994,8 +1043,22 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             if (p0 || pb0) {
                 const int64_t c8 = C / 8;
                 const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
-                dw0_part8_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
-                                                                          (const bf16 *)k, *s, (int)Q, (int)cps0);
+                const int taps = dw_rows() && k0 <= 4;
+                if (taps && k0 == 1)
+                    dw0_part8_taps_kernel<1><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
+                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                else if (taps && k0 == 2)
+                    dw0_part8_taps_kernel<2><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
+                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                else if (taps && k0 == 3)
+                    dw0_part8_taps_kernel<3><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
+                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                else if (taps)
+                    dw0_part8_taps_kernel<4><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
+                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                else
+                    dw0_part8_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
+                                                                              (const bf16 *)k, *s, (int)Q, (int)cps0);
                 LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
             }
             const int64_t nx = B * ((T + DXR - 1) / DXR) * kvd / 8;

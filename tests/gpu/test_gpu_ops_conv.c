@@ -220,17 +220,23 @@ static void fused_cases(size_t ncases) {
                   "fused cca_conv backward differs between two runs");
         { /* the depthwise passes' per-row kernels (KILN_CCA_DW=items) give the same bits as the default ones */
             setenv("KILN_CCA_DW", "items", 1);
+            CHECK_OK(kiln_cuda_copy(gdw0, dw00, (size_t)(C * k0) * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdb0, db00, (size_t)C * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdw1, dw10, (size_t)n1 * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
             CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, NULL));
-            CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, NULL, NULL, NULL, NULL, gdmid, gdqp, gdkp, gxq, gxk, gmid,
+            CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
                                                         gw0, gw1, &s, NH, KV, NULL));
             unsetenv("KILN_CCA_DW");
             float *i_mid = gt_down_bf16(gmid, nm), *i_qpre = gt_down_bf16(gqpre, N * Q), *i_kpre = gt_down_bf16(gkpre, N * K);
-            float *i_dq = gt_down_bf16(gdq, N * Q), *i_dk = gt_down_bf16(gdk, N * K);
+            float *i_dq = gt_down_bf16(gdq, N * Q), *i_dk = gt_down_bf16(gdk, N * K), *i_dw0 = gt_down_f32(gdw0, C * k0);
+            float *i_db0 = gt_down_f32(gdb0, C);
             CHECK_MSG(!memcmp(i_mid, hmid, (size_t)nm * 4) && !memcmp(i_qpre, hqpre, (size_t)(N * Q) * 4) &&
                           !memcmp(i_kpre, hkpre, (size_t)(N * K) * 4) && !memcmp(i_dq, hdq, (size_t)(N * Q) * 4) &&
-                          !memcmp(i_dk, hdk, (size_t)(N * K) * 4),
+                          !memcmp(i_dk, hdk, (size_t)(N * K) * 4) && !memcmp(i_dw0, hdw0, (size_t)(C * k0) * 4) &&
+                          !memcmp(i_db0, hdb0, (size_t)C * 4),
                       "KILN_CCA_DW=items differs from the default depthwise kernels");
-            free(i_mid), free(i_qpre), free(i_kpre), free(i_dq), free(i_dk);
+            free(i_mid), free(i_qpre), free(i_kpre), free(i_dq), free(i_dk), free(i_dw0), free(i_db0);
         }
         kiln_cuda_free(gxq), kiln_cuda_free(gxk), free(xq), free(xk), kiln_cuda_free(gdqp), kiln_cuda_free(gdkp), kiln_cuda_free(gmid), kiln_cuda_free(gqpre);
         kiln_cuda_free(gkpre), kiln_cuda_free(gdq), kiln_cuda_free(gdk), kiln_cuda_free(gw0), kiln_cuda_free(gb0);
