@@ -16,7 +16,7 @@
 // a thread (ptxas -v), so 3 blocks of 256 threads fit on an SM instead of 4; and a thread that holds its loads in
 // registers has nothing in flight while it does the element's f64 arithmetic, so what is in flight on an SM is
 // set by how many threads fit. Now:
-//   - the staged kernel (the default, KILN_ADAMW_GRID=staged): each thread copies its next tile's g, w, m, v into
+//   - the staged kernel (the default, KILN_ADAMW_GRID=staged): each thread copies its next two tiles' g, w, m, v into
 //     shared memory with cp.async (which holds no registers) before it computes the current tile, so one tile's
 //     loads per thread are always in flight whatever the occupancy; persistent (as many blocks as fit, each
 //     walking the work list with a stride of the grid: no block launch or table lookup between chunks);
@@ -34,8 +34,8 @@ namespace {
 
 enum { AW_THREADS = 256, AW_CHUNK = 4096 }; // 4 elements a thread, 4 passes a chunk
 // the staged kernel: blocks of 128 threads (at 65-72 registers, 7 blocks = 28 warps fit on an SM where 3 of 256 do: 24),
-// a tile is one pass of the block, the copies run one tile ahead
-enum { AWS_THREADS = 128, AW_TILE = 4 * AWS_THREADS, AW_STAGES = 2 };
+// a tile is one pass of the block, the copies run two tiles ahead (2 x 64 bytes a thread in flight: ~128 KB an SM)
+enum { AWS_THREADS = 128, AW_TILE = 4 * AWS_THREADS, AW_STAGES = 3 };
 
 struct adamw_seg {
     int64_t off, soff, n; // element offset of w, g, bf16 w; of m in the state (v follows at soff + n); count
@@ -175,11 +175,11 @@ template <bool ZG, bool CS> __global__ void __launch_bounds__(AW_THREADS) adamw_
     }
 }
 
-// ---- the staged kernel: loads through shared memory, one tile ahead ----
+// ---- the staged kernel: loads through shared memory, two tiles ahead ----
 // The direct kernel above keeps its loads in registers, so a thread has nothing in flight while it does the
 // element's f64 arithmetic, and what is in flight on an SM depends on how many threads fit (its registers).
-// Here each thread copies its next tile's g, w, m, v (4 x 16 bytes) into shared memory with cp.async, which
-// holds no registers, before it computes the current one: the loads of one tile per thread are always in
+// Here each thread copies its next tiles' g, w, m, v (4 x 16 bytes each) into shared memory with cp.async, which
+// holds no registers, before it computes the current one: the loads of a tile or two per thread are always in
 // flight, whatever the occupancy. A thread reads back only what it copied itself, so no barrier is needed,
 // only its own cp.async.wait_group. The arithmetic is adamw_elem's: the same bits.
 
@@ -277,7 +277,7 @@ __device__ __forceinline__ void aw_consume(const adamw_args &k, const aw_pos &q,
 }
 
 template <bool ZG, bool CS> __global__ void __launch_bounds__(AWS_THREADS) adamw_staged_kernel(const adamw_args k) {
-    __shared__ float4 sm[AW_STAGES][4][AWS_THREADS]; // [stage][g, w, m, v][thread]: 16 KB
+    __shared__ float4 sm[AW_STAGES][4][AWS_THREADS]; // [stage][g, w, m, v][thread]: 24 KB
     uint64_t pol = 0;
     if constexpr (CS) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
     aw_pos qp, qc; // the next tile to copy, the next to compute
