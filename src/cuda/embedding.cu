@@ -1,9 +1,10 @@
 // Token embedding on the device. The backward is a segmented sum: positions sorted by id with a stable
 // radix sort, then each distinct id's dy rows are added in position order, which is the CPU's order, so the
 // gradient is deterministic and equal to the CPU's bit for bit (no float atomics).
-// The sum's work is a list of segments (first sorted index, end; found by binary search, listed by an integer
-// counter: their order does not change any sum) cut into column slices: one thread per column, its chain of
-// adds serial in position order as the CPU's, with SEG_U rows' loads in flight per thread. A frequent token is
+// The sum's work is a list of segments (first sorted index, end; found by binary search, listed by integer
+// counters, the long ones first: their order does not change any sum) cut into column slices, handed to the
+// blocks by a counter: one thread per column, its chain of adds serial in position order as the CPU's, with
+// SEG_U rows' loads in flight per thread. A frequent token is
 // one long chain (the [cuda] benchmark's corpus: hundreds of the 16384 positions), and its time is rows in
 // flight x row bytes per memory latency: one float per thread with 32 loads in flight moves it ~8x faster
 // than the float4 of a thread with 16 (the columns of a row are spread over more threads, each as deep).
@@ -53,9 +54,13 @@ static __global__ void embedding_bwd_kernel(float *dtable, const float *dy, cons
     }
 }
 
-// segments of equal keys in the sorted keys, the padding id's left out: seg[2c], seg[2c+1] = first, end of
-// segment c for c < *nseg, in no particular order
-static __global__ void embedding_segments_kernel(int32_t *seg, int *nseg, const uint32_t *keys, int64_t n, int64_t pad) {
+enum { SEG_THREADS = 256, SEG_U = 32, SEG_POS = 512, SEG_LONG = 64 };
+
+// Segments of equal keys in the sorted keys, the padding id's left out, in two lists (first sorted index,
+// end): those of at least SEG_LONG positions (cnt[0] of them, in segl) and the others (cnt[1], in segs), each
+// in no particular order (integer atomics; the order changes no sum). The long ones are worked on first.
+static __global__ void embedding_segments_kernel(int32_t *segl, int32_t *segs, int *cnt, const uint32_t *keys,
+                                                 int64_t n, int64_t pad) {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
         const uint32_t id = keys[k];
         if ((k > 0 && keys[k - 1] == id) || (pad >= 0 && (int64_t)id == pad)) continue;
@@ -65,28 +70,40 @@ static __global__ void embedding_segments_kernel(int32_t *seg, int *nseg, const 
             if (keys[mid] == id) lo = mid + 1;
             else hi = mid;
         }
-        const int c = atomicAdd(nseg, 1);
-        seg[2 * c] = (int32_t)k, seg[2 * c + 1] = (int32_t)lo;
+        const int isl = lo - k >= SEG_LONG;
+        int32_t *list = isl ? segl : segs;
+        const int c = atomicAdd(&cnt[isl ? 0 : 1], 1);
+        list[2 * c] = (int32_t)k, list[2 * c + 1] = (int32_t)lo;
     }
 }
 
-enum { SEG_THREADS = 256, SEG_U = 32, SEG_POS = 512 };
-// work item w of *nseg x nslice: segment w / nslice, columns (w % nslice)*SEG_THREADS + threadIdx.x; the
-// segment's positions staged in shared memory SEG_POS at a time
+// Work item w of (cnt[0] + cnt[1]) x nslice: the long segments' items first, then the others'; item = segment
+// w / nslice, columns (w % nslice)*SEG_THREADS + threadIdx.x. Each block takes its next item from a counter
+// (next): a block that drew a long segment does not hold up a fixed share of the rest. The segment's positions
+// are staged in shared memory SEG_POS at a time.
 static __global__ void __launch_bounds__(SEG_THREADS)
     embedding_seg_sum_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
-                             const int32_t *seg, const int *nseg, int64_t d, int nslice) {
+                             const int32_t *segl, const int32_t *segs, const int *cnt, unsigned long long *next,
+                             int64_t d, int nslice) {
     __shared__ int32_t ps[SEG_POS];
-    const int64_t items = (int64_t)*nseg * nslice;
-    for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
-        const int64_t c = w / nslice, j = (w % nslice) * SEG_THREADS + threadIdx.x;
-        const int32_t s0 = seg[2 * c], s1 = seg[2 * c + 1];
+    __shared__ unsigned long long wsh;
+    const int64_t items_long = (int64_t)cnt[0] * nslice, items = items_long + (int64_t)cnt[1] * nslice;
+    for (;;) {
+        __syncthreads(); // every thread has read wsh (and ps) of the previous item
+        if (threadIdx.x == 0) wsh = atomicAdd(next, 1ull);
+        __syncthreads();
+        const int64_t w = (int64_t)wsh;
+        if (w >= items) break;
+        const int64_t wl = w < items_long ? w : w - items_long, c = wl / nslice;
+        const int32_t *list = w < items_long ? segl : segs;
+        const int64_t j = (wl % nslice) * SEG_THREADS + threadIdx.x;
+        const int32_t s0 = list[2 * c], s1 = list[2 * c + 1];
         const int on = j < d;
         float *row = dtable + (int64_t)keys[s0] * d;
         float acc = on ? row[j] : 0.0f;
         for (int32_t base = s0; base < s1; base += SEG_POS) {
             const int m = s1 - base < SEG_POS ? s1 - base : SEG_POS;
-            __syncthreads(); // the previous piece's positions are read
+            if (base > s0) __syncthreads(); // the previous piece's positions are read
             for (int i = threadIdx.x; i < m; i += SEG_THREADS) ps[i] = pos[base + i];
             __syncthreads();
             if (!on) continue;
@@ -136,14 +153,17 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));
     if (row_pipe_on()) {
         const int64_t nslice = (d + SEG_THREADS - 1) / SEG_THREADS; // d < 2^39: fits an int
-        CUDA_TRY(kiln_ops_scratch((void **)&seg, (size_t)(2 * n + 1) * sizeof(int32_t), st));
-        int *nseg = seg + 2 * n;
-        CUDA_TRY(cudaMemsetAsync(nseg, 0, sizeof(int), st));
-        embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(seg, nseg, skeys, n, pad);
+        // scratch: the two counts, the work counter (8-byte aligned), then the two lists of n segments each
+        CUDA_TRY(kiln_ops_scratch((void **)&seg, (size_t)(8 + 4 * n) * sizeof(int32_t), st));
+        int *cnt = seg;
+        unsigned long long *next = (unsigned long long *)(seg + 4);
+        int32_t *segl = seg + 8, *segs = segl + 2 * n;
+        CUDA_TRY(cudaMemsetAsync(seg, 0, 8 * sizeof(int32_t), st));
+        embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(segl, segs, cnt, skeys, n, pad);
         LAUNCH_CHECK("embedding backward (segments)");
-        const int64_t items = n * nslice;
-        const int grid = resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, items);
-        embedding_seg_sum_kernel<<<grid, SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, seg, nseg, d, (int)nslice);
+        const int grid = resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, n * nslice);
+        embedding_seg_sum_kernel<<<grid, SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segl, segs, cnt, next, d,
+                                                               (int)nslice);
     } else {
         embedding_bwd_kernel<<<(int)(n < 65535 ? n : 65535), d >= 256 ? 256 : 128, 0, st>>>(dtable, dy, skeys, spos, n,
                                                                                               d, pad);
