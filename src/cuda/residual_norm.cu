@@ -307,8 +307,10 @@ static __global__ void __launch_bounds__(THREADS, 3)
 
 // Backward of the join + norm + the next join's side (bwd_kernel's outputs and arithmetic), block c over rows
 // [c*rows_per, ...). A stage: dup f32, x f32, dln (f32 or bf16), a bf16. y is not read: it is the join of a and
-// x, recomputed with the forward's roundings (p.y is left unread).
-template <int NV, bool DLN32>
+// x, recomputed with the forward's roundings (p.y is left unread). Its registers (the seven partials and seven
+// per-channel vectors) allow one block per SM, so its ring is deeper (PS = 5 where it fits: four rows, ~110 KB
+// at the model's width, in flight per SM).
+template <int NV, bool DLN32, int PS>
 static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_norm_bwd p, float *part, int64_t n,
                                                                   int d, int64_t rows_per, int64_t chunks, int stage) {
     extern __shared__ __align__(16) unsigned char ring[];
@@ -564,16 +566,24 @@ static cudaError_t fwd_pipe(int nv, int threads, cudaStream_t st, float *y, bf16
     return nv == 1 ? fwd_pipe_nv<TA, 1>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps)
                    : fwd_pipe_nv<TA, 2>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps);
 }
-template <int NV, bool DLN32>
-static cudaError_t bwd_pipe_nv(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
-                               int d, int64_t rows_per, int64_t chunks) {
-    const int stage = round16((int64_t)d * (4 + 4 + (DLN32 ? 4 : 2) + 2));
-    const size_t smem = (size_t)PS * stage;
-    auto kern = bwd_pipe_kernel<NV, DLN32>;
+template <int NV, bool DLN32, int S>
+static cudaError_t bwd_pipe_s(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
+                              int d, int64_t rows_per, int64_t chunks, int stage) {
+    const size_t smem = (size_t)S * stage;
+    auto kern = bwd_pipe_kernel<NV, DLN32, S>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
     kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
     return cudaGetLastError();
+}
+enum { BWD_PS = 5, RING_MAX = 200 * 1024 };
+template <int NV, bool DLN32>
+static cudaError_t bwd_pipe_nv(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
+                               int d, int64_t rows_per, int64_t chunks) {
+    const int stage = round16((int64_t)d * (4 + 4 + (DLN32 ? 4 : 2) + 2));
+    return (int64_t)BWD_PS * stage <= RING_MAX
+               ? bwd_pipe_s<NV, DLN32, BWD_PS>(threads, st, p, part, n, d, rows_per, chunks, stage)
+               : bwd_pipe_s<NV, DLN32, PS>(threads, st, p, part, n, d, rows_per, chunks, stage);
 }
 template <int NV>
 static cudaError_t nj_pipe_nv(int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part, int64_t n, int d,
