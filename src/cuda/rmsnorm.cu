@@ -135,6 +135,105 @@ static __global__ void __launch_bounds__(512)
         }
 }
 
+// Narrow bf16 rows (d % 4 == 0, d <= 512: the router's norm, 256 wide): one warp per row, U units of 4 values
+// (8-byte accesses) per lane, 8 rows per block of 256 threads. The kernels above give such a row a block of 64
+// threads and a block-wide reduction per row: at 16384 rows of 512 bytes that was mostly launch and barrier
+// time (forward ~16 us, backward ~29 us a call for ~4 / ~6 us of bytes). KILN_ROW_PIPE=0: the kernels above.
+enum { NARROW_MAX = 512 };
+template <int U>
+static __global__ void __launch_bounds__(256)
+    rmsnorm_fwd_warp_kernel(bf16 *y, float *rstd, const bf16 *x, const float *w, int64_t n, int d, float eps) {
+    const int lane = threadIdx.x & 31, nu = d / 4;
+    const int64_t step = (int64_t)gridDim.x * 8;
+    for (int64_t r = blockIdx.x * (int64_t)8 + (threadIdx.x >> 5); r < n; r += step) {
+        float xv[U][4], ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = lane + u * 32;
+            if (k >= nu) continue;
+            ldv<4>(x + r * d, k * 4, xv[u]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) ss += xv[u][q] * xv[u][q];
+        }
+        ss = warp_sum(ss);
+        const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
+        if (rstd && lane == 0) rstd[r] = rs;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = lane + u * 32;
+            if (k >= nu) continue;
+            float wv[4], yv[4];
+            ldv<4>(w, k * 4, wv);
+#pragma unroll
+            for (int q = 0; q < 4; q++) yv[q] = wv[q] * (xv[u][q] * rs);
+            stv<4>(y + r * d, k * 4, yv);
+        }
+    }
+}
+// block c: rows [c*rows_per, ...), warp i of the block takes rows r0 + i, r0 + i + 8, ...; dx bf16 written (NULL:
+// not wanted); dwp [chunks, d]: the 8 warps' partials added in warp order (NULL: no dw)
+template <int U>
+static __global__ void __launch_bounds__(256)
+    rmsnorm_bwd_warp_kernel(bf16 *dx, float *dwp, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                            int64_t n, int d, int64_t rows_per) {
+    __shared__ float sp[8][NARROW_MAX];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nu = d / 4;
+    const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    float pw[U][4], wv[U][4];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int k = lane + u * 32;
+#pragma unroll
+        for (int q = 0; q < 4; q++) pw[u][q] = 0.0f, wv[u][q] = 0.0f;
+        if (k < nu) ldv<4>(w, k * 4, wv[u]);
+    }
+    for (int64_t r = r0 + wi; r < r1; r += 8) {
+        const float rs = rstd[r];
+        float xv[U][4], gv[U][4], dot = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = lane + u * 32;
+            if (k >= nu) continue;
+            ldv<4>(x + r * d, k * 4, xv[u]), ldv<4>(dy + r * d, k * 4, gv[u]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                pw[u][q] = __fadd_rn(pw[u][q], __fmul_rn(gv[u][q], __fmul_rn(xv[u][q], rs)));
+                dot += gv[u][q] * wv[u][q] * xv[u][q];
+            }
+        }
+        if (!dx) continue;
+        dot = warp_sum(dot);
+        const float c = dot * rs * rs * rs / (float)d;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = lane + u * 32;
+            if (k >= nu) continue;
+            float dv[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) dv[q] = rs * gv[u][q] * wv[u][q] - c * xv[u][q];
+            stv<4>(dx + r * d, k * 4, dv);
+        }
+    }
+    if (!dwp) return; // the same for the whole block
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int k = lane + u * 32;
+        if (k < nu)
+#pragma unroll
+            for (int q = 0; q < 4; q++) sp[wi][k * 4 + q] = pw[u][q];
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float t = sp[0][j];
+        for (int i = 1; i < 8; i++) t = __fadd_rn(t, sp[i][j]);
+        dwp[blockIdx.x * (int64_t)d + j] = t;
+    }
+}
+static int narrow_units(int64_t d) { // U for a row of d bf16, 0: not narrow
+    const int64_t per_lane = (d / 4 + 31) / 32;
+    return d % 4 != 0 || d > NARROW_MAX ? 0 : per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : 4;
+}
+
 static int threads_for_row(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : d >= 128 ? 64 : 32; }
 
 template <typename TX>
@@ -143,7 +242,14 @@ static kiln_error *rmsnorm_fwd(bf16 *y, float *rstd, const TX *x, const float *w
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
     const int grid = (int)(n < 1048576 ? n : 1048576);
-    if (d % 4 == 0 && aligned16(y) && aligned16(x) && aligned16(w))
+    const int U = sizeof(TX) == 2 && aligned16(y) && aligned16(x) && aligned16(w) && row_pipe_on() ? narrow_units(d) : 0;
+    if (U) {
+        const int g8 = (int)((n + 7) / 8 < 1048576 ? (n + 7) / 8 : 1048576);
+        const bf16 *xb = (const bf16 *)x;
+        if (U == 1) rmsnorm_fwd_warp_kernel<1><<<g8, 256, 0, (cudaStream_t)stream>>>(y, rstd, xb, w, n, (int)d, eps);
+        else if (U == 2) rmsnorm_fwd_warp_kernel<2><<<g8, 256, 0, (cudaStream_t)stream>>>(y, rstd, xb, w, n, (int)d, eps);
+        else rmsnorm_fwd_warp_kernel<4><<<g8, 256, 0, (cudaStream_t)stream>>>(y, rstd, xb, w, n, (int)d, eps);
+    } else if (d % 4 == 0 && aligned16(y) && aligned16(x) && aligned16(w))
         rmsnorm_fwd_kernel<TX, 4><<<grid, threads_for_row(d / 4), 0, (cudaStream_t)stream>>>(y, rstd, x, w, n, d, eps);
     else
         rmsnorm_fwd_kernel<TX, 1><<<grid, threads_for_row(d), 0, (cudaStream_t)stream>>>(y, rstd, x, w, n, d, eps);
@@ -166,6 +272,20 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     const int64_t target = vec && nv <= 4 ? 512 * (512 / threads) : 512;
     const int64_t rows_per = chunk_rows(n, target), chunks = (n + rows_per - 1) / rows_per;
     if (n <= 0 || d <= 0 || (!dx && !dw)) return NULL;
+    if (sizeof(TX) == 2 && sizeof(TDX) == 2 && vec && row_pipe_on() && narrow_units(d)) {
+        // narrow bf16 rows: a warp per row (~512 chunks of rows; the dw partials summed in one coalesced launch)
+        const int U = narrow_units(d);
+        const int64_t rp = chunk_rows(n, 512), nc = (n + rp - 1) / rp;
+        bf16 *dxb = (bf16 *)dx;
+        const bf16 *xb = (const bf16 *)x;
+        if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(nc * d) * sizeof(float), st));
+        if (U == 1) rmsnorm_bwd_warp_kernel<1><<<(int)nc, 256, 0, st>>>(dxb, part, (const bf16 *)dy, xb, w, rstd, n, (int)d, rp);
+        else if (U == 2) rmsnorm_bwd_warp_kernel<2><<<(int)nc, 256, 0, st>>>(dxb, part, (const bf16 *)dy, xb, w, rstd, n, (int)d, rp);
+        else rmsnorm_bwd_warp_kernel<4><<<(int)nc, 256, 0, st>>>(dxb, part, (const bf16 *)dy, xb, w, rstd, n, (int)d, rp);
+        LAUNCH_CHECK("rmsnorm backward");
+        if (dw) CUDA_TRY(colsum_add_multi(&dw, 1, part, nc, d, st));
+        goto done;
+    }
     if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * d) * sizeof(float), st));
     if (vec && nv <= 4) { // registers hold the row: the common widths
         const int di = (int)d;

@@ -74,15 +74,18 @@ TEST(gpu_ops_embedding) {
 }
 
 TEST(gpu_ops_rmsnorm) {
+    /* the bf16 form's narrow rows (d <= 512, the router's 256) run a warp per row; KILN_ROW_PIPE=0 the block kernels */
     static const struct {
         int64_t n, d;
-    } shapes[] = {{33, 2048}, {1000, 257}, {7, 31}, {2048, 2048}, {300, 256}};
+    } shapes[] = {{33, 2048}, {1000, 257}, {7, 31}, {2048, 2048}, {300, 256}, {5000, 256}, {64, 512}, {100, 8}, {70, 132}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 12);
     const float eps = 1e-5f;
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const int64_t n = shapes[si].n, d = shapes[si].d, nd = n * d;
-        printf("  n=%lld d=%lld\n", (long long)n, (long long)d);
+    for (size_t si = 0; si < 2 * sizeof shapes / sizeof *shapes; si++) {
+        const size_t sj = si % (sizeof shapes / sizeof *shapes);
+        setenv("KILN_ROW_PIPE", si == sj ? "1" : "0", 1);
+        const int64_t n = shapes[sj].n, d = shapes[sj].d, nd = n * d;
+        printf("  n=%lld d=%lld%s\n", (long long)n, (long long)d, si == sj ? "" : " KILN_ROW_PIPE=0");
         float *x = gt_rand(&rng, nd, 2.0f), *w = gt_rand(&rng, d, 0.5f), *dy = gt_rand(&rng, nd, 1.0f);
         float *dx0 = gt_rand(&rng, nd, 0.3f), *dw0 = gt_rand(&rng, d, 0.3f);
         for (int64_t j = 0; j < d; j++) w[j] += 1.0f;
@@ -128,12 +131,23 @@ TEST(gpu_ops_rmsnorm) {
         GT_CLOSE("rmsnorm_bf16 rstd", grb, rstd, n, TOL_F32);
         GT_CLOSE("rmsnorm_bf16 dx (bf16)", gdxb, dxb, nd, TOL_BF16);
         GT_CLOSE("rmsnorm_bf16 dw (+=)", gdwb, dw, d, TOL_SUM);
+        { /* deterministic: the same dw again, and dx does not depend on dw being asked for */
+            set_f32(ddw, dw0, d);
+            CHECK_OK(kiln_rmsnorm_backward_bf16_cuda(NULL, ddw, ddy, dxbi, dwt, drstd, n, d, NULL));
+            float *gdwb2 = gt_down_f32(ddw, d);
+            CHECK_MSG(same_bits(gdwb, gdwb2, d), "rmsnorm_bf16 dw differs between two runs");
+            CHECK_OK(kiln_rmsnorm_backward_bf16_cuda(ddxb, NULL, ddy, dxbi, dwt, drstd, n, d, NULL));
+            float *gdxb2 = gt_down_bf16(ddxb, nd);
+            CHECK_MSG(same_bits(gdxb, gdxb2, nd), "rmsnorm_bf16 dx depends on dw");
+            free(gdwb2), free(gdxb2);
+        }
 
         kiln_cuda_free(dxi), kiln_cuda_free(dwt), kiln_cuda_free(ddx), kiln_cuda_free(ddw), kiln_cuda_free(ddy);
         kiln_cuda_free(dyo), kiln_cuda_free(drstd), kiln_cuda_free(dxbi), kiln_cuda_free(ddxb);
         free(x), free(w), free(dy), free(dx0), free(dw0), free(y), free(rstd), free(dx), free(dw), free(gy), free(gr);
         free(gdx), free(gdw), free(gdw2), free(xb), free(dxb), free(gyb), free(grb), free(gdxb), free(gdwb);
     }
+    unsetenv("KILN_ROW_PIPE");
 }
 
 TEST(gpu_ops_scale_shift) {

@@ -98,6 +98,11 @@ TEST(gpu_ops_timing_model_shapes) {
     TIME("rmsnorm forward", N * H * 6.0, kiln_rmsnorm_forward_cuda(yb, rstd, x, w, N, H, 1e-5f, NULL));
     TIME("rmsnorm backward (dx, dw)", N * H * 14.0,
          kiln_rmsnorm_backward_cuda(dxf, dwv, dyb, x, w, rstd, N, H, NULL));
+    /* the router's norm: bf16 rows of 256 (x 2 read, y 2 written; backward x, dy read, dx written) */
+    TIME_AB("rmsnorm bf16 forward [N,256]", N * 256 * 4.0,
+            kiln_rmsnorm_forward_bf16_cuda(yb, rstd, dyb, w, N, 256, 1e-5f, NULL));
+    TIME_AB("rmsnorm bf16 backward [N,256] (dx, dw)", N * 256 * 6.0,
+            kiln_rmsnorm_backward_bf16_cuda(yb, dwv, dyb, dyb, w, rstd, N, 256, NULL));
     TIME("scale_shift forward (+=)", N * H * 12.0, kiln_scale_shift_forward_cuda(yf, x, bb, w, N, H, 1, NULL));
     TIME("scale_shift backward (dx, db, ds)", N * H * 16.0,
          kiln_scale_shift_backward_cuda(dxf, dbv, dwv, yf, x, bb, w, N, H, NULL));
