@@ -136,9 +136,17 @@ __global__ void swiglu_bwd8_kernel(__nv_bfloat16 *dgu, const __nv_bfloat16 *dact
     }
 }
 
-// V consecutive bf16 as floats, and back (V = 4: one 8-byte access; the caller checks the alignment)
+// V consecutive bf16 as floats, and back (V = 8: one 16-byte access, V = 4: one 8-byte access; the caller
+// checks the alignment)
 template <int V> __device__ __forceinline__ void load_bf(float *v, const __nv_bfloat16 *p) {
-    if (V == 4) {
+    if (V == 8) {
+        const int4 raw = *(const int4 *)p;
+        const __nv_bfloat162 *q = (const __nv_bfloat162 *)&raw;
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __bfloat1622float2(q[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    } else if (V == 4) {
         const uint2 raw = *(const uint2 *)p;
         const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.x);
         const float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&raw.y);
@@ -148,7 +156,12 @@ template <int V> __device__ __forceinline__ void load_bf(float *v, const __nv_bf
     }
 }
 template <int V> __device__ __forceinline__ void store_bf(__nv_bfloat16 *p, const float *v) {
-    if (V == 4) {
+    if (V == 8) {
+        int4 raw;
+        __nv_bfloat162 *q = (__nv_bfloat162 *)&raw;
+        for (int i = 0; i < 4; i++) q[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *(int4 *)p = raw;
+    } else if (V == 4) {
         const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
         uint2 raw;
         raw.x = *(const unsigned *)&a, raw.y = *(const unsigned *)&b;
@@ -158,21 +171,25 @@ template <int V> __device__ __forceinline__ void store_bf(__nv_bfloat16 *p, cons
     }
 }
 template <int V> __device__ __forceinline__ void load_f(float *v, const float *p) {
-    if (V == 4) {
-        const float4 x = *(const float4 *)p;
-        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    if (V == 4 || V == 8) {
+        for (int i = 0; i < V; i += 4) {
+            const float4 x = *(const float4 *)(p + i);
+            v[i] = x.x, v[i + 1] = x.y, v[i + 2] = x.z, v[i + 3] = x.w;
+        }
     } else {
         for (int q = 0; q < V; q++) v[q] = p[q];
     }
 }
 template <int V> __device__ __forceinline__ void store_f(float *p, const float *v) {
-    if (V == 4) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    if (V == 4 || V == 8)
+        for (int i = 0; i < V; i += 4) *(float4 *)(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
     else
         for (int q = 0; q < V; q++) p[q] = v[q];
 }
 
 // out[n,h] = sum over k (in order) of gate[n,k] * ye[tok_slot[n,k], h]; skipped slots add nothing.
-// V = 4 columns per thread where H % 4 == 0 and the rows are aligned for it (vec4_ok), else 1.
+// V = 8 columns per thread where H % 8 == 0 and the rows are aligned for it (vec8_rows), 4 where H % 4 == 0
+// (vec4_ok), else 1: at the [cuda] size each of the 256 threads then moves one 16-byte piece of a bf16 row.
 template <int V>
 __global__ void combine_kernel(float *out, const __nv_bfloat16 *ye, const float *gate, const int32_t *tok_slot,
                                int64_t H, int64_t top) {
@@ -255,6 +272,11 @@ cudaEvent_t g_stage_ev;
 int grid_for(int64_t n) {
     int64_t b = (n + 255) / 256;
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+// 8 columns per thread: H % 8 == 0 keeps every row 16 bytes aligned (bf16 and f32) if the bases are
+bool vec8_rows(int64_t H, const void *f32a, const void *f32b, const void *bf16a, const void *bf16b) {
+    return !(H & 7) && !(((uintptr_t)f32a | (uintptr_t)f32b | (uintptr_t)bf16a | (uintptr_t)bf16b) & 15);
 }
 
 // 4 columns per thread: H % 4 == 0 keeps every row 8 bytes (bf16) / 16 bytes (f32) aligned if the bases are
@@ -372,7 +394,9 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
         goto done;
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 0, st));
-    if (vec4_ok(H, out, out, x->ye, x->ye))
+    if (vec8_rows(H, out, out, x->ye, x->ye))
+        combine_kernel<8><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+    else if (vec4_ok(H, out, out, x->ye, x->ye))
         combine_kernel<4><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
     else
         combine_kernel<1><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
@@ -406,7 +430,11 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         goto done;
     }
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 0, st));
-    if (vec4_ok(H, dout, dout, w->dye, x->ye))
+    if (vec8_rows(H, dout, dout, w->dye, x->ye))
+        dye_dgate_kernel<8><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
+                                                                 (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
+                                                                 x->slot_k, H, top);
+    else if (vec4_ok(H, dout, dout, w->dye, x->ye))
         dye_dgate_kernel<4><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
                                                                  (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
                                                                  x->slot_k, H, top);
@@ -455,7 +483,10 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     }
     if (dx) {
         CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE_DX, 0, st));
-        if (vec4_ok(H, dx, dx, w->dxe, w->dxe))
+        if (vec8_rows(H, dx, dx, w->dxe, w->dxe))
+            combine_dx_kernel<8><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
+                                                              w->dx_write);
+        else if (vec4_ok(H, dx, dx, w->dxe, w->dxe))
             combine_dx_kernel<4><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
                                                               w->dx_write);
         else
