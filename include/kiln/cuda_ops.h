@@ -324,10 +324,11 @@ kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *state, int64_t
 /* AdamW on many tensors in one launch (the trainer's step): tensor i has n elements at element offset off of
  * w, g and w_bf16, and its state (m then v) at element offset soff of state. create uploads the table once
  * (and a work list of fixed chunks); step runs kiln_adamw_step_cuda's arithmetic on every tensor with the
- * gradient multiplied by gscale in f32 first (g itself is only read). */
+ * gradient multiplied by gscale in f32 first (g itself is only read). keep_g: a zeroing step (zero_g below)
+ * leaves this tensor's gradient as it is (its next writer overwrites it: the experts' weights). */
 typedef struct {
     int64_t off, soff, n;
-    int decay;
+    int decay, keep_g;
 } kiln_adamw_tensor;
 typedef struct kiln_adamw_multi kiln_adamw_multi;
 kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int count, kiln_adamw_multi **out);
@@ -337,8 +338,8 @@ kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, float *w, cons
                                        kiln_bf16 *w_bf16, void *stream);
 /* The same step on the table's tensors [t0, t1) only (their chunks: the same as the whole launch's). zero_g:
  * each gradient element is overwritten with 0 once read (the next step accumulates from zero without a separate
- * pass). max_blocks > 0: launches of at most that many chunks of 4096 elements (and at most the blocks that fit
- * on the GPU at once), one after the other; 0: one launch. The trainer's overlapped optimizer runs a step as one
+ * pass), except in the tensors marked keep_g. max_blocks > 0: launches of at most that many chunks of 4096
+ * elements (and at most the blocks that fit on the GPU at once), one after the other; 0: one launch. The trainer's overlapped optimizer runs a step as one
  * such call per slice of tensors, its serial one-rank step as one over every tensor. KILN_ADAMW_GRID and
  * KILN_ADAMW_HINTS (src/cuda/optim.cu) pick the kernel and its launch for all three calls: the same bits. */
 kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, int t1, float *w, float *g,

@@ -39,10 +39,15 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad);
 /* Re-derive the bf16 copy from the f32 master parameters (after an optimizer step that did not). */
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g);
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g);
-/* Work queued on the model's stream since the last backward leaves every gradient element zero (an optimizer
- * step that zeroes what it reads, kiln_zaya_cuda_opt_step_zeroing): the next backward may write instead of add,
- * as after kiln_zaya_cuda_grads_zero. */
+/* Work queued on the model's stream since the last backward leaves every gradient element zero but those of the
+ * tensors the next backward overwrites (kiln_zaya_cuda_grad_overwritten): an optimizer step that zeroes what it
+ * reads (kiln_zaya_cuda_opt_step_zeroing). The next backward may write instead of add, as after
+ * kiln_zaya_cuda_grads_zero. */
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g);
+/* Whether the first backward after the gradients were zeroed WRITES tensor i's gradient (every element, even of an
+ * expert that got no rows) instead of adding to it: the experts' weights (their grouped weight-gradient GEMMs with
+ * beta = 0). Zeroing those is wasted work. */
+int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i);
 
 /* Device buffers: f32 master parameters, their bf16 copy, f32 grads, kiln_zaya_cuda_numel elements each,
  * the CPU's tensor order with every tensor starting at a 64-element boundary (zero padding between):
@@ -150,13 +155,15 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
 int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o);
 /* kiln_zaya_cuda_opt_step on the model's own gradients (gshard = kiln_zaya_cuda_grads, write_bf16 on) on the
  * model's stream, for an optimizer that can overlap (every tensor, AdamW): one launch that also writes zeros over
- * the gradients as it reads them (34 bytes a parameter instead of 30 and the 4 of a separate memset). The same bits
- * as kiln_zaya_cuda_opt_step followed by kiln_zaya_cuda_grads_zero. */
+ * the gradients as it reads them, but for the tensors the next backward overwrites (kiln_zaya_cuda_grad_overwritten),
+ * instead of a separate 4 B/param memset. The next backward gives the bits it gives after kiln_zaya_cuda_opt_step
+ * and kiln_zaya_cuda_grads_zero. */
 kiln_error *kiln_zaya_cuda_opt_step_zeroing(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
                                             double lr, int64_t t);
 /* kiln_zaya_cuda_opt_step on the model's own gradients (gshard = kiln_zaya_cuda_grads, write_bf16 on) on the
- * optimizer's stream, a launch per slice with its gradients zeroed as they are read; returns once queued.
- * The same bits as kiln_zaya_cuda_opt_step followed by kiln_zaya_cuda_grads_zero. */
+ * optimizer's stream, a launch per slice with its gradients zeroed as they are read (as the zeroing step: not those
+ * the next backward overwrites); returns once queued. The same weights and state as kiln_zaya_cuda_opt_step, and the
+ * same gradients from the next backward as after kiln_zaya_cuda_grads_zero. */
 kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp,
                                                double lr, int64_t t);
 /* The overlapped step's launches of at most max_blocks blocks of 4096 elements each, one after the other (0, the

@@ -7,7 +7,9 @@
 // addresses allow, the gradient's scale (the mean over micro-batches and ranks, and the clip) applied on the
 // way in, the bf16 copy written on the way out: w, g, m, v read once, w, m, v, bf16 w written once (30 bytes a
 // parameter, the least this update can move); with zero_g, zeros written over the gradient as it is read (34
-// bytes: the trainer's separate 4-byte zeroing pass folded in). The element arithmetic never depends on how
+// bytes: the trainer's separate 4-byte zeroing pass folded in), except in tensors whose next writer overwrites
+// them (keep_g: the experts' weights, 91% of the [cuda] model's parameters, whose weight gradients the first
+// backward after a zeroing writes with beta = 0). The element arithmetic never depends on how
 // the work is laid out, so every variant below gives the same bits (GPU test gpu_ops_adamw_variants).
 //
 // Where the time went (session 6, read from the code and ptxas, not yet from a GPU run): at 1764M parameters the
@@ -22,7 +24,7 @@
 //     walking the work list with a stride of the grid: no block launch or table lookup between chunks);
 //   - the direct kernel (KILN_ADAMW_GRID=persistent: persistent, the next chunk's entry loaded while the current
 //     one is updated; =chunks: a block a chunk, session 4's launch), loads in registers;
-//   - the zeroing a template parameter in both (ptxas: 60-70 registers, no spills);
+//   - the zeroing a template parameter in both (ptxas: 60-72 registers, the staged kernel 64; no spills);
 //   - streaming cache hints (KILN_ADAMW_HINTS=1, the default): 60 GB a step against a 60 MB L2, nothing is
 //     read twice, so loads and stores are evict-first (__ldcs/__stcs, cp.async with an evict-first policy).
 #include <stdlib.h>
@@ -39,7 +41,8 @@ enum { AWS_THREADS = 128, AW_TILE = 4 * AWS_THREADS, AW_STAGES = 3 };
 
 struct adamw_seg {
     int64_t off, soff, n; // element offset of w, g, bf16 w; of m in the state (v follows at soff + n); count
-    int decay, flags;     // flags: 1 = m, 2 = v at a 16-byte offset in the state; 4 = w/g at a 16-byte offset
+    int decay, flags;     // flags: 1 = m, 2 = v at a 16-byte offset in the state; 4 = w/g at a 16-byte offset;
+                          // 8 = keep the gradient (a zeroing step leaves it: its next writer overwrites it)
 };
 
 struct adamw_args {
@@ -133,7 +136,7 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
         ld4<VW, CS>(w, i, cnt, wv);
         ld4<VM, CS>(m, i, cnt, mv);
         ld4<VV, CS>(v, i, cnt, vv);
-        if constexpr (ZG) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
+        if (ZG && !(s.flags & 8)) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
             const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             st4<VW, false>(g, i, cnt, zero);
         }
@@ -188,7 +191,7 @@ struct aw_pos {
     unsigned c;
     int sub, len;           // tile; elements of the item (at most a chunk)
     int64_t off, moff, n;   // the item's first element in w, g, bf16 w; in the state (m; v at + n)
-    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v
+    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v, 16 keep the gradient
 };
 
 __device__ __forceinline__ void aw_pos_item(const adamw_args &k, aw_pos &q, unsigned c) {
@@ -204,7 +207,7 @@ __device__ __forceinline__ void aw_pos_item(const adamw_args &k, aw_pos &q, unsi
     q.off = s.off + c0, q.moff = s.soff + c0, q.n = s.n;
     const bool vw = k.vec && (s.flags & 4);
     q.flags = (s.decay ? 1 : 0) | (vw ? 2 : 0) | (vw && k.vec_state && (s.flags & 1) ? 4 : 0) |
-              (vw && k.vec_state && (s.flags & 2) ? 8 : 0);
+              (vw && k.vec_state && (s.flags & 2) ? 8 : 0) | (s.flags & 8 ? 16 : 0);
 }
 __device__ __forceinline__ void aw_pos_next(const adamw_args &k, aw_pos &q) {
     if (++q.sub * AW_TILE >= q.len) aw_pos_item(k, q, q.c + gridDim.x);
@@ -260,7 +263,7 @@ __device__ __forceinline__ void aw_consume(const adamw_args &k, const aw_pos &q,
     float gv[4] = {a.x, a.y, a.z, a.w}, wv[4] = {b.x, b.y, b.z, b.w}, mv[4] = {c.x, c.y, c.z, c.w},
           vv[4] = {d.x, d.y, d.z, d.w};
     const bool vw = q.flags & 2;
-    if constexpr (ZG) {
+    if (ZG && !(q.flags & 16)) {
         const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         aw_st<false>(k.g + q.off + e, cnt, vw, zero);
     }
@@ -412,7 +415,8 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
             goto done;
         }
         hs[i].off = t[i].off, hs[i].soff = t[i].soff, hs[i].n = t[i].n, hs[i].decay = t[i].decay != 0;
-        hs[i].flags = (t[i].soff % 4 == 0 ? 1 : 0) | ((t[i].soff + t[i].n) % 4 == 0 ? 2 : 0) | (t[i].off % 4 == 0 ? 4 : 0);
+        hs[i].flags = (t[i].soff % 4 == 0 ? 1 : 0) | ((t[i].soff + t[i].n) % 4 == 0 ? 2 : 0) | (t[i].off % 4 == 0 ? 4 : 0) |
+                      (t[i].keep_g ? 8 : 0);
         blocks += (t[i].n + AW_CHUNK - 1) / AW_CHUNK;
     }
     if (blocks > INT32_MAX) {

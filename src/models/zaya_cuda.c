@@ -34,6 +34,7 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *d) { (void)g
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
+int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { (void)g; return 0; }
 size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
@@ -545,6 +546,16 @@ kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
 }
 /* The padding between tensors is never written (the backward writes tensors only): zero since the first memset. */
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { g->grads_zeroed = 1; }
+/* The experts' weights: the backward passes g->grads_zeroed as their dw_write (layer_backward), and the grouped
+ * weight-gradient GEMM clears an expert without rows (kiln_grouped_gemm_cuda). */
+int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) {
+    if (i < 0 || i >= g->m->nparams) return 0;
+    const float *p = g->g + g->poff[i];
+    for (int64_t l = 0; l < g->m->cfg.num_layers; l++)
+        if ((g->G.layers[l].gate_up && p == g->G.layers[l].gate_up) || (g->G.layers[l].down && p == g->G.layers[l].down))
+            return 1;
+    return 0;
+}
 
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { return g->w; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { return g->numel_dev; }

@@ -114,7 +114,9 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     for (int i = first; i < last; i++) {
         o->soff[i - first] = o->nstate;
         const size_t off = kiln_zaya_cuda_param_offset(g, i) - kiln_zaya_cuda_param_offset(g, first); /* in the shard */
-        if (op[i].kind == KILN_OPT_ADAMW) aw[naw++] = (kiln_adamw_tensor){(int64_t)off, (int64_t)o->nstate, op[i].numel, op[i].decay};
+        if (op[i].kind == KILN_OPT_ADAMW) /* a zeroing step leaves the gradients the next backward overwrites */
+            aw[naw++] = (kiln_adamw_tensor){(int64_t)off, (int64_t)o->nstate, op[i].numel, op[i].decay,
+                                            kiln_zaya_cuda_grad_overwritten(g, i)};
         o->nstate += (size_t)kiln_optim_state_numel(&op[i]);
         if (op[i].kind != KILN_OPT_MUON) continue;
         if ((size_t)op[i].numel > umax) umax = (size_t)op[i].numel;
@@ -245,7 +247,8 @@ int kiln_zaya_cuda_opt_can_overlap(const kiln_zaya_cuda_opt *o) {
 }
 
 /* One launch on the model's stream over every tensor (the table's index is the tensor's), each gradient element
- * overwritten with 0 once read: the next step's backward starts from zero without a memset. */
+ * overwritten with 0 once read, but for the tensors the next backward overwrites: it starts from zero without a
+ * memset. */
 kiln_error *kiln_zaya_cuda_opt_step_zeroing(kiln_zaya_cuda_opt *o, float scale, const kiln_optim_hparams *hp, double lr,
                                             int64_t t) {
     if (!kiln_zaya_cuda_opt_can_overlap(o))

@@ -1,6 +1,6 @@
 /* The optimizer step overlapped with the next forward (one rank, AdamW): the sliced step on the optimizer's
- * stream, zeroing the gradients as it reads them, gives the bits of the serial step followed by the
- * gradients' memset, and the forward right after it reads the updated weights (the same loss bits); the
+ * stream, zeroing the gradients as it reads them (but the experts', which the next backward overwrites), gives the
+ * bits of the serial step followed by the gradients' memset (and so does the serial zeroing step), and the forward right after it reads the updated weights (the same loss bits); the
  * trainer without the overlap (the default) and with it (KILN_OPT_OVERLAP=1) writes the same checkpoints and the
  * same final model, byte for byte. No tolerance anywhere: the per-element arithmetic is the same kernel's. */
 #include <string.h>
@@ -13,7 +13,8 @@
 
 /* Three steps of each kind on the same gradients, a forward after each (serial + the gradients' memset; overlapped;
  * overlapped in launches of 3 blocks; serial zeroing the gradients as it reads them, kiln_zaya_cuda_opt_step_zeroing);
- * then weights, their bf16 copy, the state, the gradients and the losses compared bit for bit. */
+ * then weights, their bf16 copy, the state, the gradients left (zero, but for the experts' weights, which the next
+ * backward overwrites) and the losses compared bit for bit, and a backward after the last step in each way. */
 static void overlap_step_case(int tied) {
     kiln_zaya_config c;
     kiln_zaya_config_default(&c);
@@ -63,7 +64,7 @@ static void overlap_step_case(int tied) {
     for (int64_t i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % c.vocab_size;
     float *w0 = malloc(m->numel * sizeof *w0), *zeros = calloc(nstate + 1, sizeof *zeros);
     memcpy(w0, m->w, m->numel * sizeof *w0);
-    float *w[4], *st[4], *wb[4], *gr[4];
+    float *w[4], *st[4], *wb[4], *gr[4], *gb[4];
     double loss[4][3] = {{0}};
     for (int mode = 0; mode < 4; mode++) {
         kiln_zaya_cuda_opt_set_overlap_blocks(o, mode == 2 ? 3 : 0);
@@ -105,11 +106,17 @@ static void overlap_step_case(int tied) {
         w[mode] = malloc(m->numel * sizeof(float));
         st[mode] = calloc(nstate + 1, sizeof(float));
         gr[mode] = malloc(m->numel * sizeof(float));
+        gb[mode] = malloc(m->numel * sizeof(float));
         CHECK_OK(kiln_zaya_cuda_download_params(g, w[mode]));
         CHECK_OK(kiln_zaya_cuda_opt_state_download(o, st[mode]));
         CHECK_OK(kiln_zaya_cuda_download_grads(g, gr[mode]));
         CHECK_OK(kiln_zaya_cuda_sync(g));
         wb[mode] = gt_down_bf16(kiln_zaya_cuda_params_bf16(g), (int64_t)nd);
+        /* the next backward: from the memset's zeros (mode 0) or from what the zeroing steps left (the experts'
+         * gradients, which it overwrites): the same gradients */
+        CHECK_OK(kiln_zaya_cuda_forward(g, ids, NULL));
+        CHECK_OK(kiln_zaya_cuda_backward(g));
+        CHECK_OK(kiln_zaya_cuda_download_grads(g, gb[mode]));
     }
     CHECK_MSG(memcmp(w[0], w0, m->numel * sizeof *w0), "the steps changed no weight");
     for (int k = 1; k < 4; k++) {
@@ -121,12 +128,23 @@ static void overlap_step_case(int tied) {
                   "the forward after the %s step: losses %.9g %.9g %.9g, serial %.9g %.9g %.9g", how, loss[k][0],
                   loss[k][1], loss[k][2], loss[0][0], loss[0][1], loss[0][2]);
     }
-    size_t nz = 0;
-    for (size_t i = 0; i < m->numel; i++) nz += gr[3][i] != 0 || gr[2][i] != 0 || gr[1][i] != 0 || gr[0][i] != 0;
+    /* every gradient zero after the steps but those the next backward overwrites (the experts' weights: zero after
+     * the memset, left as they were by the zeroing steps), and that backward gives the same bits every way */
+    size_t nz = 0, kept = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const int ow = kiln_zaya_cuda_grad_overwritten(g, i);
+        kept += ow ? (size_t)m->params[i].numel : 0;
+        for (size_t j = m->params[i].offset; j < m->params[i].offset + (size_t)m->params[i].numel; j++)
+            nz += gr[0][j] != 0 || (!ow && (gr[3][j] != 0 || gr[2][j] != 0 || gr[1][j] != 0));
+    }
     CHECK_MSG(nz == 0, "%zu gradient elements not zero after the steps", nz);
+    CHECK_MSG(kept > 0 && kept < m->numel, "%zu of %zu gradient elements overwritten by the backward", kept, m->numel);
+    for (int k = 1; k < 4; k++)
+        CHECK_MSG(!memcmp(gb[0], gb[k], m->numel * sizeof(float)), "the backward after the %s steps: gradients differ",
+                  k == 3 ? "zeroing" : "overlapped");
     printf("    %s LM head: %d slices, losses %.6f %.6f %.6f, the same bits both ways\n", tied ? "tied" : "untied", ns,
            loss[1][0], loss[1][1], loss[1][2]);
-    for (int k = 0; k < 4; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]);
+    for (int k = 0; k < 4; k++) free(w[k]), free(st[k]), free(wb[k]), free(gr[k]), free(gb[k]);
     free(ids), free(w0), free(zeros);
 done:
     kiln_zaya_cuda_opt_free(part);
