@@ -178,12 +178,13 @@ TEST(gpu_ops_adamw_multi) {
  * also zeroing the gradient as it reads it (the trainer's one-rank step) whole and in launches of 5 chunks: three
  * steps from the same state must give the bits of the direct kernel a block a chunk without hints (session 4's
  * launch), the CPU within TOL_OPT; the zeroing runs leave exactly the tensors' gradient elements zero, but those of
- * the tensors marked keep_g, which stay as they were, and the padding between them untouched. A tensor of 5M elements gives ~1,300 chunks, more than the blocks a persistent
- * grid keeps on an H200 (132 SMs x 4-8), so each block walks several chunks; the second case shifts every base
- * pointer by one float, so that no access can be a vector (the scalar paths, the staged kernel's 4-byte copies). */
+ * the tensors marked keep_g, which stay as they were, and the padding between them untouched. A tensor of 9M
+ * elements gives ~2,200 chunks, twice the blocks a persistent grid keeps on an H200 (132 SMs x 4-8), so each
+ * block walks several chunks; the second case shifts every base pointer by one float, so that no access can be a
+ * vector (the scalar paths, the staged kernel's 4-byte copies). */
 static void adamw_variants_case(int shift) {
     kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    static const int64_t sizes[] = {5000003, 3, 4096, 1, 8193, 2, 100003, 517};
+    static const int64_t sizes[] = {9000007, 3, 4096, 1, 8193, 2, 100003, 517};
     enum { NT = sizeof sizes / sizeof *sizes };
     kiln_adamw_tensor tab[NT];
     int64_t nw = 0, ns = 0;

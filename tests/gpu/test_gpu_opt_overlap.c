@@ -1,8 +1,9 @@
-/* The optimizer step overlapped with the next forward (one rank, AdamW): the sliced step on the optimizer's
- * stream, zeroing the gradients as it reads them (but the experts', which the next backward overwrites), gives the
- * bits of the serial step followed by the gradients' memset (and so does the serial zeroing step), and the forward right after it reads the updated weights (the same loss bits); the
- * trainer without the overlap (the default) and with it (KILN_OPT_OVERLAP=1) writes the same checkpoints and the
- * same final model, byte for byte. No tolerance anywhere: the per-element arithmetic is the same kernel's. */
+/* The optimizer step overlapped with the next forward (one rank, AdamW): the sliced step on the optimizer's stream,
+ * zeroing the gradients as it reads them (but the experts', which the next backward overwrites), gives the bits of
+ * the serial step followed by the gradients' memset (and so does the serial zeroing step), and the forward right
+ * after it reads the updated weights (the same loss bits); the trainer without the overlap (the default) and with
+ * it (KILN_OPT_OVERLAP=1) writes the same checkpoints and the same final model, byte for byte. No tolerance
+ * anywhere: the per-element arithmetic is the same kernel's. */
 #include <string.h>
 
 #include "ckpt_testutil.h"

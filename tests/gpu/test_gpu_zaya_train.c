@@ -224,10 +224,10 @@ done:
 }
 
 /* The optimizer step and the gradient norm at issue [cuda]'s benchmark size (hidden 2048, 8 hybrid layers, 16
- * experts of 2048, vocab 50304 tied: 1764M parameters, AdamW): milliseconds a step and the bandwidth of the
- * bytes each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter, + 4 for each
- * gradient it also zeroes: all but the experts'; the norm: 4), next to a device-to-device copy on the same GPU (the memory bound), for each
- * AdamW kernel and launch geometry. Printed for docs/perf.md; nothing here asserts on time. */
+ * experts of 2048, vocab 50304 tied: 1764M parameters, AdamW): milliseconds a step and the bandwidth of the bytes
+ * each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter, + 4 for each gradient it
+ * also zeroes: all but the experts'; the norm: 4), next to a device-to-device copy on the same GPU (the memory
+ * bound), for each AdamW kernel and launch geometry. Printed for docs/perf.md; nothing here asserts on time. */
 #include <time.h>
 static double now_s(void) {
     struct timespec ts;
