@@ -5,6 +5,7 @@
  * same f32 inputs (tol 1e-6); dscale is a sum over tokens in a different order (tol 1e-5); the sum of
  * squares is f64 (tol 1e-12). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -29,10 +30,10 @@ TEST(gpu_zaya_glue_pack_qk) {
     kiln_cuda_free(dq), kiln_cuda_free(dk), kiln_cuda_free(dqk);
 }
 
-TEST(gpu_zaya_glue_router_state) {
+static void router_state_case(int64_t N, int64_t R) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 2);
-    const int64_t N = 1000, R = 33; /* more tokens than one column-sum block */
+    printf("  N=%lld R=%lld\n", (long long)N, (long long)R);
     float *rd = gt_rand(&rng, N * R, 1), *prev = gt_rand(&rng, N * R, 1), *scale = gt_rand(&rng, R, 1);
     float *dxn = gt_rand(&rng, N * R, 1), *carry = gt_rand(&rng, N * R, 0.5f);
     gt_round_bf16(rd, N * R), gt_round_bf16(prev, N * R), gt_round_bf16(dxn, N * R);
@@ -53,7 +54,7 @@ TEST(gpu_zaya_glue_router_state) {
     float *g_drs = dn_bf16_f(d_drs, N * R), *g_dprev = gt_down_f32(d_dprev, N * R), *g_ds = gt_down_f32(d_dscale, R);
     float *r_drs = malloc((size_t)(N * R) * sizeof *r_drs), *r_dprev = malloc((size_t)(N * R) * sizeof *r_dprev);
     float *r_ds = malloc((size_t)R * sizeof *r_ds);
-    double acc[33] = {0};
+    double *acc = calloc((size_t)R, sizeof *acc);
     for (int64_t n = 0; n < N; n++)
         for (int64_t r = 0; r < R; r++) {
             float g = dxn[n * R + r] + carry[n * R + r];
@@ -72,9 +73,21 @@ TEST(gpu_zaya_glue_router_state) {
     GT_CLOSE("router state drs, layer 0", g_drs, dxn, N * R, 0);
     free(rd), free(prev), free(scale), free(dxn), free(carry), free(ref), free(ds0);
     free(g_drs), free(g_dprev), free(g_ds), free(r_drs), free(r_dprev), free(r_ds);
+    free(acc);
     kiln_cuda_free(d_rd), kiln_cuda_free(d_prev), kiln_cuda_free(d_dxn), kiln_cuda_free(d_scale);
     kiln_cuda_free(d_carry), kiln_cuda_free(d_drs), kiln_cuda_free(d_dprev), kiln_cuda_free(d_prod);
     kiln_cuda_free(d_dscale);
+}
+
+/* the backward's dscale as per-chunk partials (the default) and as the product + column sum (KILN_ROW_PIPE=0) */
+TEST(gpu_zaya_glue_router_state) {
+    for (int old = 0; old < 2; old++) {
+        setenv("KILN_ROW_PIPE", old ? "0" : "1", 1);
+        printf(" %s\n", old ? "KILN_ROW_PIPE=0" : "default");
+        router_state_case(1000, 33); /* more tokens than one column-sum block */
+        router_state_case(5000, 256); /* the router's width */
+    }
+    unsetenv("KILN_ROW_PIPE");
 }
 
 TEST(gpu_zaya_glue_counts_scale_sumsq) {
