@@ -1000,9 +1000,12 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                                                      W->conv1_w, &cs, NH, KV, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
-    /* the experts' weight gradients ran on their side streams beside the rest of this layer (dw_defer): the
-     * stream waits for them before the scratch, xe and act are reused (timed as the experts' stall) */
-    OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_join_cuda(st));
+    /* the experts' weight gradients ran on their side streams beside the rest of this layer (dw_defer). With
+     * recomputation the re-run forward of layer l-1 rewrites the shared xe and act they read, so the stream waits
+     * for them here (timed as the experts' stall); otherwise their last wave also runs beside the residual join
+     * that follows, and the next layer's experts backward (which reuses their scratch) or the end of the
+     * backward joins them */
+    if (g->recompute) OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_join_cuda(st));
     return NULL;
 }
 
@@ -1064,6 +1067,8 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     g->grads_zeroed = 0;
     /* the embedding (the pad row gets nothing) */
     OP(g, "embedding bwd", kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
+    /* the first layer's expert weight gradients, left running beside the joins and the embedding's backward */
+    OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_join_cuda(st));
     CU(cudaStreamSynchronize(st));
     sample_memory(g);
     return NULL;
