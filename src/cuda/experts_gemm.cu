@@ -242,11 +242,29 @@ struct job {
     int64_t m, n, k;
     int ta, tb;
     uint32_t align[3];
+    size_t zero; // > 0: not a GEMM but clearing these bytes of c (an expert without rows, its dW written)
 };
 
 job make_job(void *c, const void *a, const void *b, int64_t m, int64_t n, int64_t k, int ta, int tb) {
-    job j = {c, a, b, m, n, k, ta, tb, {align_of((uintptr_t)b), align_of((uintptr_t)a), align_of((uintptr_t)c)}};
+    job j = {c, a, b, m, n, k, ta, tb, {align_of((uintptr_t)b), align_of((uintptr_t)a), align_of((uintptr_t)c)}, 0};
     return j;
+}
+
+job zero_job(void *c, size_t bytes) {
+    job j = {c, NULL, NULL, 0, 0, 0, 0, 0, {0, 0, 0}, bytes};
+    return j;
+}
+
+// one job on stream st with workspace `slot` (called with g_lock held)
+kiln_error *job_run(const job *j, int c_f32, float beta, int slot, cudaStream_t st) {
+    kiln_error *err = NULL;
+    if (j->zero) {
+        CUDA_TRY(cudaMemsetAsync(j->c, 0, j->zero, st));
+        return NULL;
+    }
+    return lt_gemm(slot, j->c, c_f32, j->a, j->b, j->m, j->n, j->k, j->ta, j->tb, beta, 0, j->align, st);
+done:
+    return kiln_error_wrap(err, "clearing an empty expert's weight gradient");
 }
 
 kiln_error *side_streams(int ns) {
@@ -286,9 +304,7 @@ kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const
         if (bc && !err)
             err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k, 0,
                           bc->tb, 0.0f, bc->batch, bc->align, st);
-        for (int i = 0; i < nj && !err; i++)
-            err = lt_gemm(0, js[i].c, c_f32, js[i].a, js[i].b, js[i].m, js[i].n, js[i].k, js[i].ta, js[i].tb, beta, 0,
-                          js[i].align, st);
+        for (int i = 0; i < nj && !err; i++) err = job_run(&js[i], c_f32, beta, 0, st);
         return err;
     }
     if ((err = side_streams(ns))) goto done;
@@ -319,7 +335,7 @@ kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const
         for (int q = 1; q < ns; q++)
             if (load[q] < load[s]) s = q;
         load[s] += (double)j->m * j->n * j->k;
-        err = lt_gemm(1 + s, j->c, c_f32, j->a, j->b, j->m, j->n, j->k, j->ta, j->tb, beta, 0, j->align, g_side[s]);
+        err = job_run(j, c_f32, beta, 1 + s, g_side[s]);
     }
 done:
     if (forked && g_defer && !err) { // the caller joins later (kiln_grouped_gemm_join)
@@ -557,6 +573,7 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
               nn = layout && !strcmp(layout, "NN");
     const size_t ce = c_f32 ? 4 : 2;
     int path = DEFAULT_PATH, locked = 0, nj = 0, is_default = 0, ran = 0; // ran: a cuBLASLt path started
+    int zero_jobs = 0;
     long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1, solo = DEFAULT_SOLO;
     job *js = NULL;
     if (looped) *looped = 0;
@@ -579,8 +596,11 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
         (err = env_int("KILN_GROUPED_DW_BATCH", 0, 1, 1, 1, &dwb)) ||
         (err = env_int("KILN_GROUPED_SOLO", 0, INT32_MAX, DEFAULT_SOLO, 1, &solo)))
         goto done;
-    // an expert without rows: its weight gradient is an empty sum
-    if (tn && !accumulate)
+    // an expert without rows: its weight gradient is an empty sum. Where the GEMMs run on side streams the clearing
+    // does too (a job of its own), beside the other experts' GEMMs, and with defer beside whatever the caller's
+    // stream does next: under concentrated routing most experts may be empty, 48 MB of f32 each at the [cuda] size.
+    zero_jobs = tn && !accumulate && (path == P_LT_STREAMS || path == P_LT_MIXED) && ns > 1;
+    if (tn && !accumulate && !zero_jobs)
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
                 CUDA_TRY(cudaMemsetAsync((char *)c + (size_t)(e * m * n) * ce, 0, (size_t)(m * n) * ce, st));
@@ -611,6 +631,7 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     }
     for (int64_t e = 0; e < E; e++) {
         const int64_t me = offs[e + 1] - offs[e], o = offs[e];
+        if (!me && zero_jobs) js[nj++] = zero_job((char *)c + (size_t)(e * m * n) * ce, (size_t)(m * n) * ce);
         if (!me) continue;
         if (tn) js[nj++] = make_job((char *)c + (size_t)(e * m * n) * ce, a + o * m, b + o * n, m, n, me, 1, 0);
         else js[nj++] = make_job((char *)c + (size_t)(o * n) * ce, a + o * k, b + e * n * k, me, n, k, 0, nt);
@@ -627,7 +648,14 @@ done:
         kiln_error_free(err);
         g_default_failed = 1, path = P_GROUPED;
         if (looped) *looped = 0;
-        err = grouped(c, c_f32, a, b, offs, E, m, n, k, tn, nt, accumulate, looped, st);
+        for (int64_t e = 0; zero_jobs && e < E && !err; e++) // the empty experts' clearing was one of the jobs
+            if (offs[e + 1] == offs[e]) {
+                const cudaError_t ce0 = cudaMemsetAsync((char *)c + (size_t)(e * m * n) * ce, 0, (size_t)(m * n) * ce, st);
+                if (ce0 != cudaSuccess)
+                    err = kiln_errorf(KILN_EIO, "clearing expert %lld's weight gradient: %s", (long long)e,
+                                      cudaGetErrorString(ce0));
+            }
+        if (!err) err = grouped(c, c_f32, a, b, offs, E, m, n, k, tn, nt, accumulate, looped, st);
     }
     g_defer = 0;
     if (locked) pthread_mutex_unlock(&g_lock);
