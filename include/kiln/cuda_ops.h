@@ -385,6 +385,21 @@ kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, flo
                                                const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *mid,
                                                const float *w0, const float *w1, const kiln_conv_shape *s, int64_t NH,
                                                int64_t KV, void *stream);
+/* The fused convolutions' passes timed by CUDA events (off by default: no events), as kiln_experts_profile_cuda:
+ * (1) records around each pass of every later call, (0) stops; _read waits for the last recorded call of each pass
+ * and gives its microseconds (-1: not run since profiling started). */
+enum {
+    KILN_CCA_PASS_DW_FWD,  /* forward: depthwise stage -> mid */
+    KILN_CCA_PASS_GRP_FWD, /* forward: w1 split, grouped GEMM + bias + coupling -> qpre, kpre */
+    KILN_CCA_PASS_DW1,     /* backward: dw1 / db1 partials and their sums */
+    KILN_CCA_PASS_GRP_BWD, /* backward: w1 split, grouped GEMM -> dmid */
+    KILN_CCA_PASS_DW0,     /* backward: dw0 / db0 partials (the element path: with dx, in KILN_CCA_PASS_DX) */
+    KILN_CCA_PASS_DX,      /* backward: dx + the coupling's adjoint -> dq, dk */
+    KILN_CCA_PASS_DW0_SUM, /* backward: dw0 / db0 partials summed */
+    KILN_CCA_NPASS
+};
+kiln_error *kiln_cca_conv_profile_cuda(int on);
+kiln_error *kiln_cca_conv_profile_read_cuda(double us[KILN_CCA_NPASS]);
 /* CCA's q/k residual coupling (zaya_forward.c): qk bf16 [N,C] is the packed [q | k] the convolution reads
  * (C = NH*D + KV*D), conv bf16 [N,C] its output; qpre [N,NH*D] = conv_q + (q + k of the head's KV head)/2 and
  * kpre [N,KV*D] = conv_k + the mean over the group of those, bf16. Backward, bf16 and written: dconv (nullable)

@@ -866,6 +866,45 @@ static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *d
 
 using namespace ccaf;
 
+// kiln_cca_conv_profile_cuda: a pair of timing events around each pass (off: no events), the last call's times
+static struct {
+    int on;
+    cudaEvent_t ev[KILN_CCA_NPASS][2];
+    int recorded[KILN_CCA_NPASS];
+} g_cca_prof;
+
+static cudaError_t cca_mark(int p, int end, cudaStream_t st) {
+    if (!g_cca_prof.on) return cudaSuccess;
+    if (end) g_cca_prof.recorded[p] = 1;
+    return cudaEventRecord(g_cca_prof.ev[p][end], st);
+}
+
+extern "C" kiln_error *kiln_cca_conv_profile_cuda(int on) {
+    kiln_error *err = NULL;
+    if (on)
+        for (int p = 0; p < KILN_CCA_NPASS; p++)
+            for (int i = 0; i < 2; i++)
+                if (!g_cca_prof.ev[p][i]) CUDA_TRY(cudaEventCreate(&g_cca_prof.ev[p][i]));
+    g_cca_prof.on = on;
+    memset(g_cca_prof.recorded, 0, sizeof g_cca_prof.recorded);
+done:
+    return err ? kiln_error_wrap(err, "cca_conv pass profile") : NULL;
+}
+
+extern "C" kiln_error *kiln_cca_conv_profile_read_cuda(double us[KILN_CCA_NPASS]) {
+    kiln_error *err = NULL;
+    for (int p = 0; p < KILN_CCA_NPASS; p++) {
+        float ms = 0;
+        us[p] = -1;
+        if (!g_cca_prof.recorded[p]) continue;
+        CUDA_TRY(cudaEventSynchronize(g_cca_prof.ev[p][1]));
+        CUDA_TRY(cudaEventElapsedTime(&ms, g_cca_prof.ev[p][0], g_cca_prof.ev[p][1]));
+        us[p] = ms * 1e3;
+    }
+done:
+    return err ? kiln_error_wrap(err, "cca_conv pass profile") : NULL;
+}
+
 static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t NH, int64_t KV) {
     if (s->B <= 0 || s->T <= 0 || s->C <= 0 || s->groups <= 0 || s->k0 <= 0 || s->k1 <= 0 || s->C % s->groups ||
         NH <= 0 || KV <= 0 || NH % KV || NH + KV != s->groups)
@@ -921,6 +960,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         const int64_t Q = NH * cg;
         const int vec = s->C % 8 == 0 && Q % 8 == 0 && aligned16(mid) && aligned16(q) && aligned16(k);
         const int64_t items = s->B * M * (vec ? s->C / 8 : s->C);
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 0, st));
         const int64_t strips = s->B * ((M + DWF_ROWS - 1) / DWF_ROWS) * (s->C / 8);
         const int rows = vec && dw_rows() && aligned16(w0) && aligned16(b0) && s->k0 <= 4;
         if (rows && s->k0 == 1)
@@ -942,6 +982,8 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
             dw_fwd_kernel<1><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k, w0, b0,
                                                                    *s, (int)Q);
         LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 1, st));
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 0, st));
         const dim3 grid((unsigned)((s->T + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(s->B * s->groups));
         if (vec && use_tile128(cg) && aligned16(qpre) && aligned16(kpre)) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
@@ -961,6 +1003,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
                                                        *s, (int)NH, (int)KV);
         }
         LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling)");
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 1, st));
     }
 done:
     if (wh) cudaFreeAsync(wh, st);
@@ -998,6 +1041,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         if (db0) CUDA_TRY(kiln_ops_scratch((void **)&pb0, (size_t)(B * cps0 * C) * sizeof(float), st));
         // the grouped stage: weights (+ bias), then its input gradient
         if (dw1 || db1) {
+            CUDA_TRY(cca_mark(KILN_CCA_PASS_DW1, 0, st));
             const int64_t tiles = ((cg + FT - 1) / FT) * ((cg * k1 + FT - 1) / FT);
             const dim3 grid((unsigned)tiles, (unsigned)(B * cps1), (unsigned)s->groups);
             if (t128) {
@@ -1019,7 +1063,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                 CUDA_TRY(colsum_add(dw1, p1, B * cpsw, ne1, st));
             }
             if (db1) CUDA_TRY(colsum_add(db1, pb1, B * cpsw, C, st));
+            CUDA_TRY(cca_mark(KILN_CCA_PASS_DW1, 1, st));
         }
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 0, st));
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
         if (t128) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
@@ -1036,11 +1082,13 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                                                        (const bf16 *)dkpre, w1, NULL, NULL, NULL, *s, (int)NH, (int)KV);
         }
         LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 1, st));
         // the depthwise stage and the coupling
         const int64_t kvd = KV * cg, Q = NH * cg;
         if (cg % 8 == 0 && aligned16(dq) && aligned16(dk) && aligned16(dqpre) && aligned16(dkpre) && aligned16(q) &&
             aligned16(k) && aligned16(dmid) && aligned16(pb0)) {
             if (p0 || pb0) {
+                CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 0, st));
                 const int64_t c8 = C / 8;
                 const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
                 const int taps = dw_rows() && k0 <= 4;
@@ -1060,7 +1108,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                     dw0_part8_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
                                                                               (const bf16 *)k, *s, (int)Q, (int)cps0);
                 LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
+                CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 1, st));
             }
+            CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
             const int64_t nx = B * ((T + DXR - 1) / DXR) * kvd / 8;
             const int rows = dw_rows() && aligned16(w0) && k0 <= 4;
             if (rows && k0 == 1)
@@ -1079,15 +1129,20 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                 dx_couple8_kernel<<<grid_for(B * T * kvd / 8, 256), 256, 0, st>>>(
                     (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
             LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
+            CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
         } else {
+            CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
             const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
             dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(
                 (bf16 *)dq, (bf16 *)dk, p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, w0, (const bf16 *)dqpre,
                 (const bf16 *)dkpre, *s, (int)NH, (int)KV, (int)cps0);
             LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");
+            CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
         }
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0_SUM, 0, st));
         if (dw0) CUDA_TRY(colsum_add(dw0, p0, B * cps0, C * k0, st));
         if (db0) CUDA_TRY(colsum_add(db0, pb0, B * cps0, C, st));
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0_SUM, 1, st));
     }
 done:
     if (wh) cudaFreeAsync(wh, st);

@@ -283,7 +283,8 @@ TEST(gpu_ops_cca_conv_tensor_cores) {
  * forward 10 (x read twice, by the depthwise pass and by the coupling, 2 each; mid 2 written, 2 read; qpre / kpre 2
  * written); backward 24 (dy 2 read by dw1, 2 by dmid's GEMM, 2 by the coupling's adjoint; mid 2 read by dw1; dmid
  * f32 4 written, 4 read twice; x 2 read by dw0; dq / dk 2 written) + the dw1 partials (one f32 copy of w1 per
- * 512 steps of a sequence, written and read). The same bits both ways (checked); times printed, never asserted. */
+ * 512 steps of a sequence, written and read); then each pass of one call by CUDA events (kiln_cca_conv_profile_cuda)
+ * beside its own bytes. The same bits both ways (checked); times printed, never asserted. */
 #include <time.h>
 static double conv_now(void) {
     struct timespec ts;
@@ -337,10 +338,31 @@ TEST(gpu_ops_cca_conv_couple_timing) {
             CHECK_OK(kiln_cuda_sync());
             us[pass] = (conv_now() - t0) / it * 1e6;
         }
-        unsetenv("KILN_CCA_DW");
         printf("    cca_conv + couple, depthwise %-7s forward %7.1f us %5.0f GB/s %.2fx the bound; backward %7.1f us "
                "%5.0f GB/s %.2fx\n", items ? "items" : "rows", us[0], fb / us[0] / 1e3, us[0] / (fb / rate / 1e3), us[1],
                bb / us[1] / 1e3, us[1] / (bb / rate / 1e3));
+        { /* each pass of one more call, by CUDA events: time, its bytes (per row and channel, N x C of them), rate */
+            static const char *pname[KILN_CCA_NPASS] = {"depthwise fwd (x -> mid)", "grouped fwd + coupling",
+                                                         "dw1 / db1 (partials + sums)", "grouped bwd (-> dmid f32)",
+                                                         "dw0 / db0 partials", "dx + coupling adjoint", "dw0 / db0 sums"};
+            const double pb[KILN_CCA_NPASS] = {4.0 * N * C, 6.0 * N * C, 4.0 * N * C + 2.0 * 4 * (B * ((T + 511) / 512)) * n1,
+                                               6.0 * N * C, 6.0 * N * C, 8.0 * N * C, 0};
+            double pu[KILN_CCA_NPASS];
+            CHECK_OK(kiln_cca_conv_profile_cuda(1));
+            CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, NULL));
+            CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0, w1, &s,
+                                                        NH, KV, NULL));
+            CHECK_OK(kiln_cca_conv_profile_read_cuda(pu));
+            CHECK_OK(kiln_cca_conv_profile_cuda(0));
+            for (int p = 0; p < KILN_CCA_NPASS; p++) CHECK_MSG(pu[p] >= 0, "pass %s was not recorded", pname[p]);
+            for (int p = 0; p < KILN_CCA_NPASS; p++)
+                if (pb[p] > 0 && pu[p] > 0)
+                    printf("      %-30s %7.1f us  %6.1f MB  %5.0f GB/s  %.2fx its bound\n", pname[p], pu[p], pb[p] / 1e6,
+                           pb[p] / pu[p] / 1e3, pu[p] / (pb[p] / rate / 1e3));
+                else if (pu[p] >= 0)
+                    printf("      %-30s %7.1f us\n", pname[p], pu[p]);
+        }
+        unsetenv("KILN_CCA_DW");
         float *a = gt_down_bf16(dq, N * Q), *m = gt_down_bf16(mid, nm);
         float *both = malloc((size_t)(N * Q + nm) * sizeof *both);
         memcpy(both, a, (size_t)(N * Q) * sizeof *a), memcpy(both + N * Q, m, (size_t)nm * sizeof *m);
