@@ -2,6 +2,9 @@
 // (HF rotate-half), forward and backward, separately (the CPU ops' twins) and fused in one pass. One warp
 // per head vector, staged in shared memory so that RoPE's pairs (i, i + rot_dim/2) meet. The
 // temperature's gradient is one value per vector, then a fixed-order sum per head: deterministic.
+#include <stdlib.h>
+#include <string.h>
+
 #include "ops_common.cuh"
 
 #define WARPS 4
@@ -113,6 +116,148 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
     }
 }
 
+// The same two kernels over NV head vectors a warp at a time (dim <= QK_BATCH_DIM): the NV vectors' loads issued
+// together, then each vector's arithmetic exactly as above (the same values in the same order: the same bits).
+// One vector a warp leaves a single load in flight per warp behind a chain of dependent steps (the load, a warp
+// sum, f64 square root and division, sin/cos, the store): ~2 us a vector, 131k query vectors a layer at the
+// [cuda] shape, so the kernels ran at a quarter of their bytes' rate. The backward stages x too (read once).
+#define QK_NV 4
+#define QK_BATCH_DIM 256
+template <bool NORM, bool ROPE, int V>
+static __global__ void qk_fwd_nv_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
+                                        int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
+                                        int64_t pos0, float scale, float eps) {
+    extern __shared__ __align__(16) float shm[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *shw = shm + w * QK_NV * dim, e[QK_NV][V];
+    const int64_t nvec = rows * heads, half = rot_dim / 2;
+    for (int64_t v0 = (blockIdx.x * (int64_t)WARPS + w) * QK_NV; v0 < nvec; v0 += (int64_t)gridDim.x * WARPS * QK_NV) {
+        __syncwarp();
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+            for (int n = 0; n < QK_NV; n++)
+                if (v0 + n < nvec) ldv<V>(x + (v0 + n) * dim, j, e[n]);
+#pragma unroll
+            for (int n = 0; n < QK_NV; n++)
+#pragma unroll
+                for (int k = 0; k < V; k++) shw[n * dim + j + k] = e[n][k];
+        }
+        for (int n = 0; n < QK_NV && v0 + n < nvec; n++) {
+            const int64_t v = v0 + n;
+            float *sh = shw + n * dim;
+            if (NORM) {
+                float ss = 0;
+                for (int64_t j = lane * V; j < dim; j += 32 * V)
+#pragma unroll
+                    for (int k = 0; k < V; k++) ss += sh[j + k] * sh[j + k];
+                ss = warp_sum(ss);
+                const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
+                if (lane == 0 && inv) inv[v] = (float)iv;
+                const float f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
+                for (int64_t j = lane * V; j < dim; j += 32 * V)
+#pragma unroll
+                    for (int k = 0; k < V; k++) sh[j + k] *= f;
+            }
+            __syncwarp();
+            if (ROPE) {
+                const float pos = (float)(pos0 + (v / heads) % t);
+                for (int64_t i = lane; i < half; i += 32) {
+                    const float ang = pos * inv_freq[i], c = cosf(ang), s = sinf(ang);
+                    const float x1 = sh[i], x2 = sh[i + half];
+                    sh[i] = x1 * c - x2 * s;
+                    sh[i + half] = x2 * c + x1 * s;
+                }
+                __syncwarp();
+            }
+            bf16 *yv = y + v * dim;
+            for (int64_t j = lane * V; j < dim; j += 32 * V) {
+                float o[V];
+#pragma unroll
+                for (int k = 0; k < V; k++) o[k] = sh[j + k];
+                stv<V>(yv, j, o);
+            }
+        }
+    }
+}
+
+template <bool NORM, bool ROPE, int V>
+static __global__ void qk_bwd_nv_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp,
+                                        const float *inv, const float *inv_freq, int64_t rows, int64_t t, int64_t heads,
+                                        int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
+    extern __shared__ __align__(16) float shm[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float *shw = shm + w * 2 * QK_NV * dim, *shx = shw + QK_NV * dim, e[QK_NV][V];
+    const int64_t nvec = rows * heads, half = rot_dim / 2;
+    for (int64_t v0 = (blockIdx.x * (int64_t)WARPS + w) * QK_NV; v0 < nvec; v0 += (int64_t)gridDim.x * WARPS * QK_NV) {
+        __syncwarp();
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+            for (int n = 0; n < QK_NV; n++)
+                if (v0 + n < nvec) ldv<V>(dy + (v0 + n) * dim, j, e[n]);
+#pragma unroll
+            for (int n = 0; n < QK_NV; n++)
+#pragma unroll
+                for (int k = 0; k < V; k++) shw[n * dim + j + k] = e[n][k];
+            if (NORM) {
+#pragma unroll
+                for (int n = 0; n < QK_NV; n++)
+                    if (v0 + n < nvec) ldv<V>(x + (v0 + n) * dim, j, e[n]);
+#pragma unroll
+                for (int n = 0; n < QK_NV; n++)
+#pragma unroll
+                    for (int k = 0; k < V; k++) shx[n * dim + j + k] = e[n][k];
+            }
+        }
+        __syncwarp();
+        for (int n = 0; n < QK_NV && v0 + n < nvec; n++) {
+            const int64_t v = v0 + n;
+            float *sh = shw + n * dim;
+            const float *xs = shx + n * dim;
+            if (ROPE) { // the rotation's adjoint: rotate by the opposite angle
+                const float pos = (float)(pos0 + (v / heads) % t);
+                for (int64_t i = lane; i < half; i += 32) {
+                    const float ang = pos * inv_freq[i], c = cosf(ang), s = -sinf(ang);
+                    const float g1 = sh[i], g2 = sh[i + half];
+                    sh[i] = g1 * c - g2 * s;
+                    sh[i + half] = g2 * c + g1 * s;
+                }
+                __syncwarp();
+            }
+            bf16 *dxv = dx + v * dim;
+            float o[V];
+            if (NORM) {
+                float dot = 0;
+                for (int64_t j = lane * V; j < dim; j += 32 * V)
+#pragma unroll
+                    for (int k = 0; k < V; k++) dot += sh[j + k] * xs[j + k];
+                dot = warp_sum(dot);
+                const double iv = inv[v], tt = temp ? temp[v % heads] : 1.0;
+                if (dtp && lane == 0) dtp[v] = (float)(scale * iv * dot);
+                const float f = (float)(scale * iv * tt);
+                const int clamped = (1.0 / iv) <= eps;
+                const float c = clamped ? 0.0f : (float)(dot * iv * iv);
+                for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+                    for (int k = 0; k < V; k++) o[k] = f * (sh[j + k] - c * xs[j + k]);
+                    stv<V>(dxv, j, o);
+                }
+            } else {
+                for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+                    for (int k = 0; k < V; k++) o[k] = sh[j + k];
+                    stv<V>(dxv, j, o);
+                }
+            }
+        }
+    }
+}
+
+// KILN_QK_BATCH=0: one head vector a warp (the kernels above the batched ones; a comparison, the same bits)
+static int qk_batch(int64_t dim) {
+    const char *e = getenv("KILN_QK_BATCH");
+    return dim <= QK_BATCH_DIM && !(e && !strcmp(e, "0"));
+}
+
 static int aligned8(const void *p) { return ((uintptr_t)p & 7) == 0; }
 
 static kiln_error *check_shape(const char *op, int64_t heads, int64_t dim, int64_t rot_dim) {
@@ -129,7 +274,15 @@ static kiln_error *qk_fwd(const char *op, bf16 *y, float *inv, const bf16 *x, co
     kiln_error *err = NULL;
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
-    if (dim % 4 == 0 && aligned8(y) && aligned8(x))
+    if (qk_batch(dim) && dim % 4 == 0 && aligned8(y) && aligned8(x))
+        qk_fwd_nv_kernel<NORM, ROPE, 4><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                                          WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream>>>(
+            y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    else if (qk_batch(dim))
+        qk_fwd_nv_kernel<NORM, ROPE, 1><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                                          WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream>>>(
+            y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    else if (dim % 4 == 0 && aligned8(y) && aligned8(x))
         qk_fwd_kernel<NORM, ROPE, 4><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
                                        (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads,
                                                                dim, rot_dim, pos0, scale, eps);
@@ -152,7 +305,15 @@ static kiln_error *qk_bwd(const char *op, bf16 *dx, float *dt, const bf16 *dy, c
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
     if (NORM && dt) CUDA_TRY(kiln_ops_scratch((void **)&dtp, (size_t)(rows * heads) * sizeof(float), st));
-    if (dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
+    if (qk_batch(dim) && dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
+        qk_bwd_nv_kernel<NORM, ROPE, 4><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                                          WARPS * 2 * QK_NV * dim * sizeof(float), st>>>(
+            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    else if (qk_batch(dim))
+        qk_bwd_nv_kernel<NORM, ROPE, 1><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                                          WARPS * 2 * QK_NV * dim * sizeof(float), st>>>(
+            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+    else if (dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
         qk_bwd_kernel<NORM, ROPE, 4><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
             dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     else

@@ -5,8 +5,10 @@
  *   inv (f32): 1e-5; dt, a sum over all tokens of one head: 3e-5 (f32 terms, another order).
  * Shapes include odd head dims, a partial rotary dim, long positions (4096 steps: f32 angles as the
  * reference computes them); a separate case has zero vectors (the norm clamped at eps, where the map is
- * linear with a gain of scale/eps: those vectors would dominate max |ref| of a larger case). */
+ * linear with a gain of scale/eps: those vectors would dominate max |ref| of a larger case). The fused op's kernels
+ * that take several head vectors a warp give the bits of those taking one (KILN_QK_BATCH=0). */
 #include <float.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -148,6 +150,21 @@ TEST(gpu_ops_qk_norm_rope_fused) {
                                                  s->pos0, scale, eps, NULL));
         float *gdt2 = gt_down_f32(ddt, s->heads);
         CHECK_MSG(!memcmp(gdt, gdt2, (size_t)s->heads * sizeof(float)), "qk_norm_rope dt differs between two runs");
+        { /* one head vector a warp (KILN_QK_BATCH=0): the same bits as several */
+            setenv("KILN_QK_BATCH", "0", 1);
+            CHECK_OK(kiln_cuda_copy(ddt, dt0, (size_t)s->heads * sizeof(float), KILN_CUDA_H2D));
+            CHECK_OK(kiln_qk_norm_rope_forward_cuda(dyo, dinv, dxi, dtv, dfreq, s->b, s->t, s->heads, s->dim, rot,
+                                                    s->pos0, scale, eps, NULL));
+            CHECK_OK(kiln_qk_norm_rope_backward_cuda(ddx, ddt, ddy, dxi, dtv, dinv, dfreq, s->b, s->t, s->heads, s->dim,
+                                                     rot, s->pos0, scale, eps, NULL));
+            unsetenv("KILN_QK_BATCH");
+            float *oy = gt_down_bf16(dyo, n), *oinv = gt_down_f32(dinv, nv), *odx = gt_down_bf16(ddx, n),
+                  *odt = gt_down_f32(ddt, s->heads);
+            CHECK_MSG(!memcmp(oy, gy, (size_t)n * 4) && !memcmp(oinv, ginv, (size_t)nv * 4) &&
+                          !memcmp(odx, gdx, (size_t)n * 4) && !memcmp(odt, gdt, (size_t)s->heads * 4),
+                      "qk_norm_rope: one vector a warp (KILN_QK_BATCH=0) differs from the batched kernels");
+            free(oy), free(oinv), free(odx), free(odt);
+        }
         kiln_cuda_free(dfreq), kiln_cuda_free(dxi), kiln_cuda_free(ddy), kiln_cuda_free(dyo), kiln_cuda_free(ddx);
         kiln_cuda_free(dtv), kiln_cuda_free(ddt), kiln_cuda_free(dinv);
         free(x), free(dy), free(t), free(dt0), free(y), free(inv), free(g), free(dx), free(dt), free(gy), free(ginv);
