@@ -496,12 +496,13 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
         }
 }
 
-// dynamic shared memory above the default 48 KB must be allowed per kernel (and device: set at every launch);
+// dynamic shared memory must be allowed per kernel (and device: set at every launch) whenever it and the
+// kernel's static shared memory together pass the default 48 KB: so always, for the ring's exact size (a
+// 48 KB ring plus the forward's 128 static bytes failed to launch at d = 2048 with x, f32 a: run r23);
 // the ring wants shared memory, not L1, so the carveout prefers shared memory (several blocks' rings per SM)
 template <typename K> static cudaError_t allow_smem(K kernel, size_t bytes) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess && bytes > 48 * 1024)
-        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     return e;
 }
 
