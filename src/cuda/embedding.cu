@@ -1,10 +1,10 @@
 // Token embedding on the device. The backward is a segmented sum: positions sorted by id with a stable
 // radix sort, then each distinct id's dy rows are added in position order, which is the CPU's order, so the
 // gradient is deterministic and equal to the CPU's bit for bit (no float atomics).
-// The sum's work is a list of segments (first sorted index, end; found by binary search, listed by integer
-// counters, the long ones first: their order does not change any sum) cut into column slices, handed to the
-// blocks by a counter: one thread per column, its chain of adds serial in position order as the CPU's, with
-// SEG_U rows' loads in flight per thread. A frequent token is
+// The sum's work is two lists of segments (first sorted index, end; found by binary search, listed by integer
+// counters: their order does not change any sum). The long ones (>= SEG_LONG positions) are cut into column
+// slices handed to the blocks by a counter: one thread per column, its chain of adds serial in position order
+// as the CPU's, with SEG_U rows' loads in flight per thread; then the short ones, one block each. A frequent token is
 // one long chain (the [cuda] benchmark's corpus: hundreds of the 16384 positions), and its time is rows in
 // flight x row bytes per memory latency: one float per thread with 32 loads in flight moves it ~8x faster
 // than the float4 of a thread with 16 (the columns of a row are spread over more threads, each as deep).
@@ -77,27 +77,23 @@ static __global__ void embedding_segments_kernel(int32_t *segl, int32_t *segs, i
     }
 }
 
-// Work item w of (cnt[0] + cnt[1]) x nslice: the long segments' items first, then the others'; item = segment
-// w / nslice, columns (w % nslice)*SEG_THREADS + threadIdx.x. Each block takes its next item from a counter
-// (next): a block that drew a long segment does not hold up a fixed share of the rest. The segment's positions
-// are staged in shared memory SEG_POS at a time.
+// The long segments: work item w of cnt[0] x nslice = segment w / nslice, columns (w % nslice)*SEG_THREADS +
+// threadIdx.x. Each block takes its next item from a counter (next): a block that drew a frequent token does
+// not hold up a fixed share of the rest. The segment's positions are staged in shared memory SEG_POS at a time.
 static __global__ void __launch_bounds__(SEG_THREADS)
     embedding_seg_sum_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
-                             const int32_t *segl, const int32_t *segs, const int *cnt, unsigned long long *next,
-                             int64_t d, int nslice) {
+                             const int32_t *segl, const int *cnt, unsigned long long *next, int64_t d, int nslice) {
     __shared__ int32_t ps[SEG_POS];
     __shared__ unsigned long long wsh;
-    const int64_t items_long = (int64_t)cnt[0] * nslice, items = items_long + (int64_t)cnt[1] * nslice;
+    const int64_t items = (int64_t)cnt[0] * nslice;
     for (;;) {
         __syncthreads(); // every thread has read wsh (and ps) of the previous item
         if (threadIdx.x == 0) wsh = atomicAdd(next, 1ull);
         __syncthreads();
         const int64_t w = (int64_t)wsh;
         if (w >= items) break;
-        const int64_t wl = w < items_long ? w : w - items_long, c = wl / nslice;
-        const int32_t *list = w < items_long ? segl : segs;
-        const int64_t j = (wl % nslice) * SEG_THREADS + threadIdx.x;
-        const int32_t s0 = list[2 * c], s1 = list[2 * c + 1];
+        const int64_t c = w / nslice, j = (w % nslice) * SEG_THREADS + threadIdx.x;
+        const int32_t s0 = segl[2 * c], s1 = segl[2 * c + 1];
         const int on = j < d;
         float *row = dtable + (int64_t)keys[s0] * d;
         float acc = on ? row[j] : 0.0f;
@@ -118,6 +114,35 @@ static __global__ void __launch_bounds__(SEG_THREADS)
             }
         }
         if (on) row[j] = acc;
+    }
+}
+
+// The short segments (fewer than SEG_LONG positions; with many distinct ids, nearly all of them): one block per
+// segment (blocks past cnt[1] return at once), each thread its columns j = threadIdx.x, + blockDim.x, ..., the
+// rows added in position order, 8 loads in flight. A counter per item (the long kernel's) costs an atomic per
+// 1 KB slice: 756 us for 16384 uniform ids in run r23, against 204 us for the previous one-block-per-id kernel.
+static __global__ void __launch_bounds__(SEG_THREADS)
+    embedding_short_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
+                           const int32_t *segs, const int *cnt, int64_t d) {
+    __shared__ int32_t ps[SEG_LONG];
+    const int c = blockIdx.x;
+    if (c >= cnt[1]) return; // the same for the whole block
+    const int32_t s0 = segs[2 * c], m = segs[2 * c + 1] - s0; // m < SEG_LONG
+    for (int i = threadIdx.x; i < m; i += blockDim.x) ps[i] = pos[s0 + i];
+    __syncthreads();
+    float *row = dtable + (int64_t)keys[s0] * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float acc = row[j];
+        for (int i = 0; i < m; i += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i + u < m) v[u] = dy[(int64_t)ps[i + u] * d + j];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i + u < m) acc += v[u]; // in position order
+        }
+        row[j] = acc;
     }
 }
 
@@ -161,9 +186,12 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
         CUDA_TRY(cudaMemsetAsync(seg, 0, 8 * sizeof(int32_t), st));
         embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(segl, segs, cnt, skeys, n, pad);
         LAUNCH_CHECK("embedding backward (segments)");
+        // the long segments first (the longest chains), then the short ones, one block each (up to n blocks)
         const int grid = resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, n * nslice);
-        embedding_seg_sum_kernel<<<grid, SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segl, segs, cnt, next, d,
-                                                               (int)nslice);
+        embedding_seg_sum_kernel<<<grid, SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segl, cnt, next, d, (int)nslice);
+        LAUNCH_CHECK("embedding backward (long segments)");
+        embedding_short_kernel<<<(int)(n < INT32_MAX ? n : INT32_MAX), SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segs,
+                                                                                             cnt, d);
     } else {
         embedding_bwd_kernel<<<(int)(n < 65535 ? n : 65535), d >= 256 ? 256 : 128, 0, st>>>(dtable, dy, skeys, spos, n,
                                                                                               d, pad);
