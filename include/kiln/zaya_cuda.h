@@ -48,6 +48,10 @@ void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g);
  * expert that got no rows) instead of adding to it: the experts' weights (their grouped weight-gradient GEMMs with
  * beta = 0). Zeroing those is wasted work. */
 int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i);
+/* kiln_zaya_cuda_grads_zero for the next backward: zeroes only the gradients it adds to (one memset per run of such
+ * tensors), not those it overwrites (kiln_zaya_cuda_grad_overwritten): 0.6 of 7 GB at the [cuda] size. The next
+ * backward gives the same gradients as after kiln_zaya_cuda_grads_zero. */
+kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g);
 
 /* Device buffers: f32 master parameters, their bf16 copy, f32 grads, kiln_zaya_cuda_numel elements each,
  * the CPU's tensor order with every tensor starting at a 64-element boundary (zero padding between):

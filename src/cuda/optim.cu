@@ -17,16 +17,21 @@
 // was registers: the zeroing, compiled into the one kernel as a run-time branch, took it from 58 to 72 registers
 // a thread (ptxas -v), so 3 blocks of 256 threads fit on an SM instead of 4; and a thread that holds its loads in
 // registers has nothing in flight while it does the element's f64 arithmetic, so what is in flight on an SM is
-// set by how many threads fit. Now:
-//   - the staged kernel (the default, KILN_ADAMW_GRID=staged): each thread copies its next two tiles' g, w, m, v into
+// set by how many threads fit. Measured on the H200 (run r23, 1764M parameters, read-only step; copy bound 12.41
+// ms): chunks 13.80 ms (1.11x; hints 13.93), persistent 16.02 (hints 17.39), staged 16.70 (hints 19.43). So the
+// register fix alone (14.83 -> 13.80) is the default; the persistent and staged launches and the evict-first hints
+// all lost, and stay only behind the switches below. Kernels here:
+//   - the staged kernel (KILN_ADAMW_GRID=staged): each thread copies its next two tiles' g, w, m, v into
 //     shared memory with cp.async (which holds no registers) before it computes the current tile, so one tile's
 //     loads per thread are always in flight whatever the occupancy; persistent (as many blocks as fit, each
 //     walking the work list with a stride of the grid: no block launch or table lookup between chunks);
-//   - the direct kernel (KILN_ADAMW_GRID=persistent: persistent, the next chunk's entry loaded while the current
-//     one is updated; =chunks: a block a chunk, session 4's launch), loads in registers;
+//   - the direct kernel (KILN_ADAMW_GRID=chunks, the default: a block a chunk, session 4's launch; =persistent: the
+//     next chunk's entry loaded while the current one is updated), loads in registers;
 //   - the zeroing a template parameter in both (ptxas: 60-72 registers, the staged kernel 64; no spills);
-//   - streaming cache hints (KILN_ADAMW_HINTS=1, the default): 60 GB a step against a 60 MB L2, nothing is
-//     read twice, so loads and stores are evict-first (__ldcs/__stcs, cp.async with an evict-first policy).
+//   - streaming cache hints (KILN_ADAMW_HINTS=1): loads and stores evict-first (__ldcs/__stcs, cp.async with an
+//     evict-first policy), since nothing is read twice; slower on the H200 (above).
+// The zeroing step (zero_g) cost the direct kernel 2.4 ms more than its 0.6 GB of zeros (r23: 16.25 ms), so the
+// one-rank trainer zeroes with memsets instead (kiln_zaya_cuda_grads_zero_added).
 #include <stdlib.h>
 #include <string.h>
 
@@ -312,9 +317,9 @@ kiln_error *adamw_args_init(adamw_args *k, const kiln_optim_hparams *hp, double 
     return NULL;
 }
 
-// KILN_ADAMW_GRID: staged (default: the staged kernel, persistent) | persistent (the direct kernel, persistent) |
-// chunks (the direct kernel, a block a chunk: session 4's geometry); KILN_ADAMW_HINTS=1 (default: streaming loads
-// and stores) | 0. Read at each step, so that one process can time each (the GPU test); every one gives the
+// KILN_ADAMW_GRID: chunks (default: the direct kernel, a block a chunk, session 4's geometry) | persistent (the
+// direct kernel, persistent) | staged (the staged kernel, persistent); KILN_ADAMW_HINTS=0 (default) | 1 (streaming
+// loads and stores). Read at each step, so that one process can time each (the GPU test); every one gives the
 // same bits.
 enum { AW_STAGED, AW_PERSISTENT, AW_CHUNKS };
 struct adamw_variant {
@@ -322,7 +327,7 @@ struct adamw_variant {
 };
 kiln_error *adamw_variant_get(adamw_variant *v) {
     const char *gr = getenv("KILN_ADAMW_GRID"), *hi = getenv("KILN_ADAMW_HINTS");
-    v->grid = AW_STAGED, v->hints = 1;
+    v->grid = AW_CHUNKS, v->hints = 0; // the fastest on the H200 (r23): see the file's head
     if (gr && *gr) {
         if (!strcmp(gr, "chunks")) v->grid = AW_CHUNKS;
         else if (!strcmp(gr, "persistent")) v->grid = AW_PERSISTENT;

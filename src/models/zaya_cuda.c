@@ -35,6 +35,7 @@ kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
 int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
+kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { (void)g; return 0; }
 size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
@@ -555,6 +556,23 @@ int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) {
         if ((g->G.layers[l].gate_up && p == g->G.layers[l].gate_up) || (g->G.layers[l].down && p == g->G.layers[l].down))
             return 1;
     return 0;
+}
+
+kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) {
+    KILN_TRY(opt_join(g));
+    const int n = g->m->nparams;
+    for (int i = 0; i < n;) { /* runs of tensors the backward adds to, with the padding between them */
+        if (kiln_zaya_cuda_grad_overwritten(g, i)) {
+            i++;
+            continue;
+        }
+        int j = i + 1;
+        while (j < n && !kiln_zaya_cuda_grad_overwritten(g, j)) j++;
+        CU(cudaMemsetAsync(g->g + g->poff[i], 0, (g->poff[j] - g->poff[i]) * sizeof(float), g->stream));
+        i = j;
+    }
+    g->grads_zeroed = 1;
+    return NULL;
 }
 
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { return g->w; }

@@ -90,7 +90,8 @@ typedef struct {
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
     int grads_clean;  /* the last (overlapped or zeroing) optimizer step left the device gradients zero */
-    int opt_zero;     /* one rank, AdamW on every tensor: the serial step zeroes the gradients as it reads them */
+    int opt_zero;     /* one rank, AdamW on every tensor, KILN_OPT_ZERO_GRADS=fused: the step zeroes the gradients */
+    int zero_added;   /* zero only the gradients the backward adds to (not KILN_OPT_ZERO_GRADS=0: all of them) */
 } trainer;
 
 static void trainer_free(trainer *t) {
@@ -157,10 +158,16 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
             return kiln_errorf(KILN_EINVAL, "KILN_OPT_OVERLAP_BLOCKS=%s: not a count of blocks (0: one launch a slice)", ob);
         kiln_zaya_cuda_opt_set_overlap_blocks(t->gopt, n);
     }
-    /* Otherwise on one rank with AdamW only, the serial step writes zeros over the gradients it reads (the same
-     * bits; the next step needs no 4 B/param memset). KILN_OPT_ZERO_GRADS=0: the memset instead (to compare). */
+    /* The step's gradient zeroing: by default only the gradients the backward adds to (the experts' weights, 91% of
+     * the [cuda] model, it overwrites: kiln_zaya_cuda_grads_zero_added); KILN_OPT_ZERO_GRADS=0 all of them (one
+     * memset, as before); =fused, on one rank with AdamW only, zeros written by the optimizer step as it reads the
+     * gradients (slower on the H200, run r23). The same bits every way. */
     const char *oz = getenv("KILN_OPT_ZERO_GRADS");
-    t->opt_zero = comm->size == 1 && !t->opt_overlap && kiln_zaya_cuda_opt_can_overlap(t->gopt) && !(oz && !strcmp(oz, "0"));
+    if (oz && *oz && strcmp(oz, "0") && strcmp(oz, "1") && strcmp(oz, "fused"))
+        return kiln_errorf(KILN_EINVAL, "KILN_OPT_ZERO_GRADS=%s: expected 1 (the default), 0 or fused", oz);
+    t->zero_added = !(oz && !strcmp(oz, "0"));
+    t->opt_zero = comm->size == 1 && !t->opt_overlap && kiln_zaya_cuda_opt_can_overlap(t->gopt) && oz &&
+                  !strcmp(oz, "fused");
     kiln_log(KILN_LOG_DEBUG, "optimizer step %s the next forward", t->opt_overlap ? "overlapped with" : "before");
     return NULL;
 }
@@ -276,7 +283,8 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda *g = t->gpu;
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
     const int me = comm->rank;
-    if (!t->grads_clean) KILN_TRY(kiln_zaya_cuda_grads_zero(g)); /* else the last optimizer step zeroed them */
+    if (!t->grads_clean) /* else the last optimizer step zeroed them */
+        KILN_TRY(t->zero_added ? kiln_zaya_cuda_grads_zero_added(g) : kiln_zaya_cuda_grads_zero(g));
     t->grads_clean = 0;
     memset(t->counts, 0, (size_t)(L * E1) * sizeof *t->counts);
     double loss_sum = 0, tc = now();

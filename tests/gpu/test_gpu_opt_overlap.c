@@ -12,8 +12,9 @@
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
 
-/* Three steps of each kind on the same gradients, a forward after each (serial + the gradients' memset; overlapped;
- * overlapped in launches of 3 blocks; serial zeroing the gradients as it reads them, kiln_zaya_cuda_opt_step_zeroing);
+/* Four steps of each kind on the same fresh gradients, a forward after the first three (serial + the gradients'
+ * memset; overlapped; overlapped in launches of 3 blocks; serial zeroing the gradients as it reads them,
+ * kiln_zaya_cuda_opt_step_zeroing);
  * then weights, their bf16 copy, the state, the gradients left (zero, but for the experts' weights, which the next
  * backward overwrites) and the losses compared bit for bit, and a backward after the last step in each way. */
 static void overlap_step_case(int tied) {
@@ -73,7 +74,7 @@ static void overlap_step_case(int tied) {
         CHECK_OK(kiln_zaya_cuda_opt_state_upload(o, zeros));
         kiln_rng rng;
         kiln_rng_seed(&rng, 5);
-        for (int64_t t = 1; t <= 3; t++) {
+        for (int64_t t = 1; t <= 4; t++) { /* the last step with no forward after it */
             float *h = gt_rand(&rng, (int64_t)m->numel, 0.1f);
             float *hd = calloc(nd + 1, sizeof *hd); /* the device layout: zeros between tensors */
             for (int i = 0; i < m->nparams; i++)
@@ -91,18 +92,18 @@ static void overlap_step_case(int tied) {
                 CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, t));
             }
             /* queued right behind the step: each layer waits for its own slice */
-            CHECK_OK(kiln_zaya_cuda_forward(g, ids, &loss[mode][t - 1]));
+            if (t <= 3) CHECK_OK(kiln_zaya_cuda_forward(g, ids, &loss[mode][t - 1]));
         }
-        /* a step with no forward after it: the stream's users wait for it (the sum of the zeroed gradients) */
-        if (mode > 0) {
-            double ss = -1;
-            if (mode == 3) CHECK_OK(kiln_zaya_cuda_opt_step_zeroing(o, 0.5f, &hp, 1e-2, 4));
-            else CHECK_OK(kiln_zaya_cuda_opt_step_overlapped(o, 0.5f, &hp, 1e-2, 4));
-            CHECK_OK(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), nd, &ss));
+        if (mode > 0) { /* the stream's users wait for the last step: the sum of the gradients it zeroed */
+            double ss = 0;
+            for (int i = 0; i < m->nparams; i++) {
+                double x = -1;
+                if (kiln_zaya_cuda_grad_overwritten(g, i)) continue;
+                CHECK_OK(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g) + kiln_zaya_cuda_param_offset(g, i),
+                                              (size_t)m->params[i].numel, &x));
+                ss += x;
+            }
             CHECK_MSG(ss == 0, "gradients after the %s step: sum of squares %g", mode == 3 ? "zeroing" : "overlapped", ss);
-        } else {
-            CHECK_OK(kiln_zaya_cuda_opt_step(o, kiln_zaya_cuda_grads(g), 0, 0.5f, &hp, 1e-2, 4, 1));
-            CHECK_OK(kiln_zaya_cuda_grads_zero(g));
         }
         w[mode] = malloc(m->numel * sizeof(float));
         st[mode] = calloc(nstate + 1, sizeof(float));
@@ -160,8 +161,9 @@ TEST(gpu_zaya_opt_overlap_step) {
     overlap_step_case(0);
 }
 
-/* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1), serial zeroing the gradients as it reads
- * them (the default) and serial with the gradients' memset (KILN_OPT_ZERO_GRADS=0): two micro-batches a step, the
+/* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1), serial with only the gradients the backward
+ * adds to zeroed (the default, kiln_zaya_cuda_grads_zero_added), serial zeroing them as it reads them
+ * (KILN_OPT_ZERO_GRADS=fused) and serial with the whole memset (KILN_OPT_ZERO_GRADS=0): two micro-batches a step, the
  * overlapped optimizer in launches of 7 blocks, checkpoints every 3 steps (their snapshots read the device while an
  * overlapped step may still run), per-op profiling of the last step on the overlapped run (its events on both
  * streams): the same losses, checkpoints and final model, byte for byte. */
@@ -184,12 +186,15 @@ static int ov_train(const char *data, const char *out) {
 TEST(gpu_zaya_train_overlap) {
     char data[1200];
     snprintf(data, sizeof data, "%s", ck_data());
-    const char *s = ov_out("serial"), *o = ov_out("overlap"), *z = ov_out("zeroing");
+    const char *s = ov_out("serial"), *o = ov_out("overlap"), *z = ov_out("zeroing"), *f = ov_out("fused");
     setenv("KILN_OPT_OVERLAP", "0", 1);
     setenv("KILN_OPT_ZERO_GRADS", "0", 1);
     CHECK(ov_train(data, s) == 0);
     unsetenv("KILN_OPT_ZERO_GRADS");
     CHECK(ov_train(data, z) == 0);
+    setenv("KILN_OPT_ZERO_GRADS", "fused", 1);
+    CHECK(ov_train(data, f) == 0);
+    unsetenv("KILN_OPT_ZERO_GRADS");
     setenv("KILN_OPT_OVERLAP", "1", 1);
     setenv("KILN_OPT_OVERLAP_BLOCKS", "7", 1); /* and its launches of 7 blocks */
     setenv("KILN_CUDA_PROFILE", "1", 1);
@@ -197,15 +202,18 @@ TEST(gpu_zaya_train_overlap) {
     unsetenv("KILN_CUDA_PROFILE");
     unsetenv("KILN_OPT_OVERLAP_BLOCKS");
     unsetenv("KILN_OPT_OVERLAP");
-    double ls[9] = {0}, lo[9] = {0}, lz[9] = {0};
-    CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9 && ck_losses(z, lz, 9) == 9);
+    double ls[9] = {0}, lo[9] = {0}, lz[9] = {0}, lf[9] = {0};
+    CHECK(ck_losses(s, ls, 9) == 9 && ck_losses(o, lo, 9) == 9 && ck_losses(z, lz, 9) == 9 && ck_losses(f, lf, 9) == 9);
     CHECK_MSG(!memcmp(ls, lo, sizeof ls), "the logged losses differ (overlapped)");
-    CHECK_MSG(!memcmp(ls, lz, sizeof ls), "the logged losses differ (zeroing)");
+    CHECK_MSG(!memcmp(ls, lz, sizeof ls), "the logged losses differ (zeroing the added gradients)");
+    CHECK_MSG(!memcmp(ls, lf, sizeof ls), "the logged losses differ (fused zeroing)");
     for (int step = 3; step <= 9; step += 3) {
         CHECK_MSG(ck_same_shard(s, o, step), "step %d: the checkpoints differ (overlapped)", step);
-        CHECK_MSG(ck_same_shard(s, z, step), "step %d: the checkpoints differ (zeroing)", step);
+        CHECK_MSG(ck_same_shard(s, z, step), "step %d: the checkpoints differ (zeroing the added gradients)", step);
+        CHECK_MSG(ck_same_shard(s, f, step), "step %d: the checkpoints differ (fused zeroing)", step);
     }
     CHECK_MSG(ck_same_model_file(s, o), "the final models differ (overlapped)");
-    CHECK_MSG(ck_same_model_file(s, z), "the final models differ (zeroing)");
+    CHECK_MSG(ck_same_model_file(s, z), "the final models differ (zeroing the added gradients)");
+    CHECK_MSG(ck_same_model_file(s, f), "the final models differ (fused zeroing)");
     printf("    loss %.4f -> %.4f over 9 steps, both ways\n", lo[0], lo[8]);
 }
