@@ -231,8 +231,8 @@ extern "C" kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_t
         // the row lives in shared memory: prefer it to L1 (two rows per SM at the model's vocabulary)
         CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared));
-        if (smem > 48 * 1024)
-            CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        // at every size: the dynamic and the static shared memory together may pass the default 48 KB
+        CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ce_smem_kernel<<<resident_grid(ce_smem_kernel, CE_THREADS, smem, rows), CE_THREADS, smem, st>>>(
             (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count));
     } else {
