@@ -47,11 +47,11 @@ const char *const PATH_LIST = "grouped, lt_loop, lt_chunks, lt_streams, lt_mixed
 // 8 side streams: lt_mixed's per-expert remainders (~128 rows: 16 tiles each) run as 8 GEMMs at once, ~the
 // machine's 132 SMs, in the batched GEMM's tail
 enum { MAX_STREAMS = 8, DEFAULT_STREAMS = 8, DEFAULT_CHUNK = 256, MAX_PLANS = 512, TUNE_CANDS = 8 };
-// lt_mixed: an expert with at least this many rows is one GEMM of its own, not chunks (see chunked;
-// KILN_GROUPED_SOLO, 0 = never). 8192 rows = half the [cuda] benchmark's tokens: only the concentrated
-// routing of the first ~200 steps reaches it; the spread routing after (busiest expert ~5000 rows) keeps the
-// batched chunks, which were not measured against a solo GEMM at that size.
-enum { DEFAULT_SOLO = 8192 };
+// lt_mixed: an expert with at least KILN_GROUPED_SOLO rows is one GEMM of its own, not chunks (see chunked;
+// 0 = never, the default until it has run in the trainer: its op test passed on the H200, run r23). 8192 rows =
+// half the [cuda] benchmark's tokens is the intended setting: only the concentrated routing of the first ~200
+// steps reaches it; the spread routing after (busiest expert ~5000 rows) keeps the batched chunks.
+enum { DEFAULT_SOLO = 0 };
 const double TUNE_MIN_FLOPS = 2e9; // smaller GEMMs keep the heuristic's first choice
 const size_t WS_BYTES = 32u << 20;
 

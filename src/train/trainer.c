@@ -158,14 +158,15 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
             return kiln_errorf(KILN_EINVAL, "KILN_OPT_OVERLAP_BLOCKS=%s: not a count of blocks (0: one launch a slice)", ob);
         kiln_zaya_cuda_opt_set_overlap_blocks(t->gopt, n);
     }
-    /* The step's gradient zeroing: by default only the gradients the backward adds to (the experts' weights, 91% of
-     * the [cuda] model, it overwrites: kiln_zaya_cuda_grads_zero_added); KILN_OPT_ZERO_GRADS=0 all of them (one
-     * memset, as before); =fused, on one rank with AdamW only, zeros written by the optimizer step as it reads the
-     * gradients (slower on the H200, run r23). The same bits every way. */
+    /* The step's gradient zeroing: by default all of them (one memset). KILN_OPT_ZERO_GRADS=1: only the gradients
+     * the backward adds to (the experts' weights, 91% of the [cuda] model, it overwrites:
+     * kiln_zaya_cuda_grads_zero_added; -1.4 ms a step by its bytes, not yet run on a GPU in the trainer, hence
+     * off); =fused, on one rank with AdamW only, zeros written by the optimizer step as it reads the gradients
+     * (slower on the H200, run r23). The same bits every way. */
     const char *oz = getenv("KILN_OPT_ZERO_GRADS");
     if (oz && *oz && strcmp(oz, "0") && strcmp(oz, "1") && strcmp(oz, "fused"))
-        return kiln_errorf(KILN_EINVAL, "KILN_OPT_ZERO_GRADS=%s: expected 1 (the default), 0 or fused", oz);
-    t->zero_added = !(oz && !strcmp(oz, "0"));
+        return kiln_errorf(KILN_EINVAL, "KILN_OPT_ZERO_GRADS=%s: expected 0 (the default), 1 or fused", oz);
+    t->zero_added = oz && !strcmp(oz, "1");
     t->opt_zero = comm->size == 1 && !t->opt_overlap && kiln_zaya_cuda_opt_can_overlap(t->gopt) && oz &&
                   !strcmp(oz, "fused");
     kiln_log(KILN_LOG_DEBUG, "optimizer step %s the next forward", t->opt_overlap ? "overlapped with" : "before");

@@ -19,7 +19,7 @@
  * sequences (the pipelined 128 x 128 kernels; again on the 64 x 64 tiles with KILN_CCA_TILE=64), head dim 64
  * with kernels 1 and 3 (64 x 64 vector path, K across taps), and odd shapes (element path): G = 1, G = 6 with
  * k1 = 1; depthwise kernels of 3 and 4 taps on 16-byte paths. Bitwise repeatable weight gradients, and the same
- * bits from the depthwise passes' per-row kernels (KILN_CCA_DW=items). */
+ * bits from the depthwise passes' per-row kernels (KILN_CCA_DW=items, the default; the new ones: KILN_CCA_DW=rows). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,6 +139,7 @@ static void ref_couple_bwd(float *dq, float *dk, const float *dqp, const float *
 }
 
 static void fused_cases(size_t ncases) {
+    setenv("KILN_CCA_DW", "rows", 1); /* the new depthwise kernels (off by default), against KILN_CCA_DW=items */
     static const struct {
         int64_t B, T, NH, KV, D, k0, k1;
     } cases[] = {{1, 1100, 8, 2, 128, 2, 2}, {2, 200, 8, 2, 128, 2, 2}, {2, 50, 2, 1, 64, 1, 3},
@@ -227,7 +228,7 @@ static void fused_cases(size_t ncases) {
             CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, NULL));
             CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
                                                         gw0, gw1, &s, NH, KV, NULL));
-            unsetenv("KILN_CCA_DW");
+            setenv("KILN_CCA_DW", "rows", 1);
             float *i_mid = gt_down_bf16(gmid, nm), *i_qpre = gt_down_bf16(gqpre, N * Q), *i_kpre = gt_down_bf16(gkpre, N * K);
             float *i_dq = gt_down_bf16(gdq, N * Q), *i_dk = gt_down_bf16(gdk, N * K), *i_dw0 = gt_down_f32(gdw0, C * k0);
             float *i_db0 = gt_down_f32(gdb0, C);
@@ -248,6 +249,7 @@ static void fused_cases(size_t ncases) {
         free(hdmid), free(hdw0), free(hdb0), free(hdw1), free(hdb1), free(r_dq), free(r_dk), free(r_dw0), free(r_db0);
         free(r_dw1), free(r_db1);
     }
+    unsetenv("KILN_CCA_DW");
 }
 
 TEST(gpu_ops_cca_conv_couple_fused) {
@@ -321,7 +323,7 @@ TEST(gpu_ops_cca_conv_couple_timing) {
            fb / rate / 1e3, fb / 1e6, bb / rate / 1e3, bb / 1e6);
     float *ref[2] = {NULL, NULL};
     for (int items = 0; items < 2; items++) {
-        if (items) setenv("KILN_CCA_DW", "items", 1);
+        setenv("KILN_CCA_DW", items ? "items" : "rows", 1);
         double us[2];
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i <= it; i++) {

@@ -66,3 +66,10 @@ TEST(gpu_ops_cross_entropy) {
     }
     unsetenv("KILN_ROW_PIPE");
 }
+
+/* the same with the session-6 row kernels (KILN_ROW_PIPE=1; the previous ones are the default) */
+TEST(gpu_ops_cross_entropy_row_pipe) {
+    setenv("KILN_ROW_PIPE", "1", 1);
+    gpu_ops_cross_entropy();
+    unsetenv("KILN_ROW_PIPE");
+}

@@ -103,6 +103,7 @@ TEST(gpu_ops_rope) {
 }
 
 TEST(gpu_ops_qk_norm_rope_fused) {
+    setenv("KILN_QK_BATCH", "1", 1); /* the batched kernels (off by default), against KILN_QK_BATCH=0 */
     kiln_rng rng;
     kiln_rng_seed(&rng, 23);
     const float eps = FLT_EPSILON;
@@ -157,7 +158,7 @@ TEST(gpu_ops_qk_norm_rope_fused) {
                                                     s->pos0, scale, eps, NULL));
             CHECK_OK(kiln_qk_norm_rope_backward_cuda(ddx, ddt, ddy, dxi, dtv, dinv, dfreq, s->b, s->t, s->heads, s->dim,
                                                      rot, s->pos0, scale, eps, NULL));
-            unsetenv("KILN_QK_BATCH");
+            setenv("KILN_QK_BATCH", "1", 1);
             float *oy = gt_down_bf16(dyo, n), *oinv = gt_down_f32(dinv, nv), *odx = gt_down_bf16(ddx, n),
                   *odt = gt_down_f32(ddt, s->heads);
             CHECK_MSG(!memcmp(oy, gy, (size_t)n * 4) && !memcmp(oinv, ginv, (size_t)nv * 4) &&
@@ -170,6 +171,7 @@ TEST(gpu_ops_qk_norm_rope_fused) {
         free(x), free(dy), free(t), free(dt0), free(y), free(inv), free(g), free(dx), free(dt), free(gy), free(ginv);
         free(gdx), free(gdt), free(gdt2);
     }
+    unsetenv("KILN_QK_BATCH");
 }
 
 TEST(gpu_ops_l2norm_clamp) {

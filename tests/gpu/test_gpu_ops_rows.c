@@ -257,3 +257,15 @@ TEST(gpu_ops_gelu_swiglu) {
         free(x), free(dy), free(y), free(dx), free(gy), free(gdx), free(gu), free(dgu), free(sy), free(sdgu);
     }
 }
+
+/* the same with the session-6 row kernels (KILN_ROW_PIPE=1; the previous ones are the default) */
+TEST(gpu_ops_embedding_row_pipe) {
+    setenv("KILN_ROW_PIPE", "1", 1);
+    gpu_ops_embedding();
+    unsetenv("KILN_ROW_PIPE");
+}
+TEST(gpu_ops_rmsnorm_row_pipe) {
+    setenv("KILN_ROW_PIPE", "1", 1);
+    gpu_ops_rmsnorm();
+    unsetenv("KILN_ROW_PIPE");
+}

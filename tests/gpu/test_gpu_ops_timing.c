@@ -43,7 +43,7 @@ static void *fill_dev(kiln_rng *rng, int64_t n, int bf16, float scale) {
         printf("    %-34s %9.1f us  %7.0f GB/s\n", (name), us_, (double)(bytes) / (us_ * 1e3));             \
     } while (0)
 
-/* the same call with the pipelined row kernels (the default) and the previous ones (KILN_ROW_PIPE=0) */
+/* the same call with the pipelined row kernels (KILN_ROW_PIPE=1) and the previous ones (the default) */
 #define TIME_AB(name, bytes, call)                                                                         \
     do {                                                                                                   \
         setenv("KILN_ROW_PIPE", "1", 1);                                                                   \
