@@ -331,12 +331,13 @@ kiln_error *adamw_variant_get(adamw_variant *v) {
     if (gr && *gr) {
         if (!strcmp(gr, "chunks")) v->grid = AW_CHUNKS;
         else if (!strcmp(gr, "persistent")) v->grid = AW_PERSISTENT;
-        else if (strcmp(gr, "staged"))
-            return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_GRID=%s: expected staged, persistent or chunks", gr);
+        else if (!strcmp(gr, "staged")) v->grid = AW_STAGED;
+        else return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_GRID=%s: expected staged, persistent or chunks", gr);
     }
     if (hi && *hi) {
         if (!strcmp(hi, "0")) v->hints = 0;
-        else if (strcmp(hi, "1")) return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_HINTS=%s: expected 0 or 1", hi);
+        else if (!strcmp(hi, "1")) v->hints = 1;
+        else return kiln_errorf(KILN_EINVAL, "KILN_ADAMW_HINTS=%s: expected 0 or 1", hi);
     }
     return NULL;
 }
