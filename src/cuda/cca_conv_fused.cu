@@ -866,43 +866,17 @@ static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *d
 
 using namespace ccaf;
 
-// kiln_cca_conv_profile_cuda: a pair of timing events around each pass (off: no events), the last call's times
-static struct {
-    int on;
-    cudaEvent_t ev[KILN_CCA_NPASS][2];
-    int recorded[KILN_CCA_NPASS];
-} g_cca_prof;
+// kiln_cca_conv_profile_cuda: each pass timed on request (pass_profile, ops_common.cuh)
+static pass_profile<KILN_CCA_NPASS> g_cca_prof;
 
-static cudaError_t cca_mark(int p, int end, cudaStream_t st) {
-    if (!g_cca_prof.on) return cudaSuccess;
-    if (end) g_cca_prof.recorded[p] = 1;
-    return cudaEventRecord(g_cca_prof.ev[p][end], st);
-}
+static cudaError_t cca_mark(int p, int end, cudaStream_t st) { return pass_profile_mark(g_cca_prof, p, end, st); }
 
 extern "C" kiln_error *kiln_cca_conv_profile_cuda(int on) {
-    kiln_error *err = NULL;
-    if (on)
-        for (int p = 0; p < KILN_CCA_NPASS; p++)
-            for (int i = 0; i < 2; i++)
-                if (!g_cca_prof.ev[p][i]) CUDA_TRY(cudaEventCreate(&g_cca_prof.ev[p][i]));
-    g_cca_prof.on = on;
-    memset(g_cca_prof.recorded, 0, sizeof g_cca_prof.recorded);
-done:
-    return err ? kiln_error_wrap(err, "cca_conv pass profile") : NULL;
+    return pass_profile_enable(g_cca_prof, on, "cca_conv pass profile");
 }
 
 extern "C" kiln_error *kiln_cca_conv_profile_read_cuda(double us[KILN_CCA_NPASS]) {
-    kiln_error *err = NULL;
-    for (int p = 0; p < KILN_CCA_NPASS; p++) {
-        float ms = 0;
-        us[p] = -1;
-        if (!g_cca_prof.recorded[p]) continue;
-        CUDA_TRY(cudaEventSynchronize(g_cca_prof.ev[p][1]));
-        CUDA_TRY(cudaEventElapsedTime(&ms, g_cca_prof.ev[p][0], g_cca_prof.ev[p][1]));
-        us[p] = ms * 1e3;
-    }
-done:
-    return err ? kiln_error_wrap(err, "cca_conv pass profile") : NULL;
+    return pass_profile_read(g_cca_prof, us, "cca_conv pass profile");
 }
 
 static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t NH, int64_t KV) {

@@ -22,6 +22,7 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
+#include "ops_common.cuh"
 
 namespace {
 
@@ -294,47 +295,20 @@ bool pairs(int64_t I, const void *a, const void *b, const void *c) {
     return !(I & 1) && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 3);
 }
 
-// kiln_experts_profile_cuda: a pair of timing events around each pass that is not a GEMM, so `kiln bench moe`
-// can set each pass's time beside the bytes it moves. Off (no events) unless asked for; the last call's times.
-struct pass_prof {
-    int on;
-    cudaEvent_t ev[KILN_EXPERTS_NPASS][2];
-    int recorded[KILN_EXPERTS_NPASS];
-};
-pass_prof g_prof;
+// kiln_experts_profile_cuda: each pass that is not a GEMM timed on request (pass_profile, ops_common.cuh), so
+// `kiln bench moe` can set each pass's time beside the bytes it moves
+pass_profile<KILN_EXPERTS_NPASS> g_prof;
 
-cudaError_t pass_mark(int p, int end, cudaStream_t st) {
-    if (!g_prof.on) return cudaSuccess;
-    if (end) g_prof.recorded[p] = 1;
-    return cudaEventRecord(g_prof.ev[p][end], st);
-}
+cudaError_t pass_mark(int p, int end, cudaStream_t st) { return pass_profile_mark(g_prof, p, end, st); }
 
 } // namespace
 
 extern "C" kiln_error *kiln_experts_profile_cuda(int on) {
-    kiln_error *err = NULL;
-    if (on)
-        for (int p = 0; p < KILN_EXPERTS_NPASS; p++)
-            for (int i = 0; i < 2; i++)
-                if (!g_prof.ev[p][i]) CUDA_TRY(cudaEventCreate(&g_prof.ev[p][i]));
-    g_prof.on = on;
-    memset(g_prof.recorded, 0, sizeof g_prof.recorded);
-done:
-    return err ? kiln_error_wrap(err, "experts pass profile") : NULL;
+    return pass_profile_enable(g_prof, on, "experts pass profile");
 }
 
 extern "C" kiln_error *kiln_experts_profile_read_cuda(double us[KILN_EXPERTS_NPASS]) {
-    kiln_error *err = NULL;
-    for (int p = 0; p < KILN_EXPERTS_NPASS; p++) {
-        float ms = 0;
-        us[p] = -1;
-        if (!g_prof.recorded[p]) continue;
-        CUDA_TRY(cudaEventSynchronize(g_prof.ev[p][1]));
-        CUDA_TRY(cudaEventElapsedTime(&ms, g_prof.ev[p][0], g_prof.ev[p][1]));
-        us[p] = ms * 1e3;
-    }
-done:
-    return err ? kiln_error_wrap(err, "experts pass profile") : NULL;
+    return pass_profile_read(g_prof, us, "experts pass profile");
 }
 
 extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const kiln_bf16 *in,

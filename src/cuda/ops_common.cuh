@@ -192,6 +192,44 @@ static inline int row_pipe_on(void) {
     return e && e[0] == '1';
 }
 
+// Optional timing of an op's N passes (the experts' memory passes, the CCA convolutions' passes): a pair of
+// CUDA events around each pass, recorded only while enabled (no events otherwise), read back as the last
+// call's microseconds (-1 for a pass that did not run), so a benchmark can set each pass beside its bytes.
+template <int N> struct pass_profile {
+    int on;
+    cudaEvent_t ev[N][2];
+    int recorded[N];
+};
+template <int N> static cudaError_t pass_profile_mark(pass_profile<N> &pp, int p, int end, cudaStream_t st) {
+    if (!pp.on) return cudaSuccess;
+    if (end) pp.recorded[p] = 1;
+    return cudaEventRecord(pp.ev[p][end], st);
+}
+template <int N> static kiln_error *pass_profile_enable(pass_profile<N> &pp, int on, const char *what) {
+    kiln_error *err = NULL;
+    if (on)
+        for (int p = 0; p < N; p++)
+            for (int i = 0; i < 2; i++)
+                if (!pp.ev[p][i]) CUDA_TRY(cudaEventCreate(&pp.ev[p][i]));
+    pp.on = on;
+    for (int p = 0; p < N; p++) pp.recorded[p] = 0;
+done:
+    return err ? kiln_error_wrap(err, "%s", what) : NULL;
+}
+template <int N> static kiln_error *pass_profile_read(pass_profile<N> &pp, double *us, const char *what) {
+    kiln_error *err = NULL;
+    for (int p = 0; p < N; p++) {
+        float ms = 0;
+        us[p] = -1;
+        if (!pp.recorded[p]) continue;
+        CUDA_TRY(cudaEventSynchronize(pp.ev[p][1]));
+        CUDA_TRY(cudaEventElapsedTime(&ms, pp.ev[p][0], pp.ev[p][1]));
+        us[p] = ms * 1e3;
+    }
+done:
+    return err ? kiln_error_wrap(err, "%s", what) : NULL;
+}
+
 // Scratch from the stream-ordered allocator (src/cuda/scratch.cu); free with cudaFreeAsync on the same stream.
 cudaError_t kiln_ops_scratch(void **p, size_t bytes, cudaStream_t st);
 
