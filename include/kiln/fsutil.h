@@ -81,6 +81,8 @@ kiln_error *kiln_atomic_begin(kiln_atomic_file *f, const char *path);
  * back to plain writes; the writes must
  * then add up to exactly size bytes. */
 kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size);
+/* The same whatever the size: mapped wherever the file system allows (`kiln bench io`'s seq_write_mapped). */
+kiln_error *kiln_atomic_begin_mapped(kiln_atomic_file *f, const char *path, uint64_t size);
 /* Whether the file system of fd is one where kiln_atomic_begin_sized maps files (tmpfs, ext4, XFS). */
 int kiln_fs_maps_safely(int fd);
 /* Write everything or fail (retries short writes and EINTR; ENOSPC, EFBIG,

@@ -200,10 +200,10 @@ int kiln_fs_maps_safely(int fd) {
     }
 }
 
-kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size) {
+/* kiln_atomic_begin_sized and kiln_atomic_begin_mapped: mapped from min_map bytes on */
+static kiln_error *begin_sized(kiln_atomic_file *f, const char *path, uint64_t size, size_t min_map) {
     KILN_TRY(kiln_atomic_begin(f, path));
-    if (size < env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20) || size > SIZE_MAX || !kiln_fs_maps_safely(f->fd))
-        return NULL;
+    if (size < min_map || size > SIZE_MAX || !kiln_fs_maps_safely(f->fd)) return NULL;
     /* fallocate rather than ftruncate: a page of a sparse mapping that the file system cannot back
      * would be a SIGBUS in the middle of the copy; allocated blocks cannot run out. Where it is not
      * supported (or the disk is full, or a file-size limit is hit) the plain write() path below
@@ -220,6 +220,14 @@ kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint6
     }
     f->map = m, f->map_len = (size_t)size, f->off = 0;
     return NULL;
+}
+
+kiln_error *kiln_atomic_begin_sized(kiln_atomic_file *f, const char *path, uint64_t size) {
+    return begin_sized(f, path, size, env_size("KILN_WRITE_MMAP_MIN", (size_t)256 << 20));
+}
+
+kiln_error *kiln_atomic_begin_mapped(kiln_atomic_file *f, const char *path, uint64_t size) {
+    return begin_sized(f, path, size, 0);
 }
 
 typedef struct {

@@ -155,7 +155,7 @@ static kiln_error *pass(const char *dir, int nfiles, size_t size, int threads, i
     return e;
 }
 
-/* The files again, one after another, through the atomic writer's mapped path (kiln_atomic_begin_sized:
+/* The files again, one after another, through the atomic writer's mapped path (kiln_atomic_begin_mapped:
  * allocated up front, copied into a shared mapping by KILN_WRITE_THREADS threads in pieces of up to 256 MiB,
  * as the checkpoint writer's pieces; fsync and rename): beside seq_write, whether the mapping is worth it on
  * this file system. Only where the file system is one the writer maps on (kiln_fs_maps_safely). */
@@ -164,25 +164,19 @@ static kiln_error *mapped_pass(const char *dir, int nfiles, size_t size, const u
     unsigned char *buf = malloc(piece ? piece : 1);
     if (!buf) return kiln_errorf(KILN_ENOMEM, "bench io: a %zu-byte piece", piece);
     for (size_t at = 0; at < piece; at += CHUNK) memcpy(buf + at, chunk, piece - at < CHUNK ? piece - at : CHUNK);
-    const char *old = getenv("KILN_WRITE_MMAP_MIN");
-    char *saved = old ? strdup(old) : NULL;
-    setenv("KILN_WRITE_MMAP_MIN", "0", 1); /* every file mapped, whatever its size */
     kiln_error *e = NULL;
     const double t0 = kiln_bench_now_s();
     for (int i = 0; !e && i < nfiles; i++) {
         char path[1200];
         file_name(path, sizeof path, dir, (int)getpid(), i);
         kiln_atomic_file f;
-        if ((e = kiln_atomic_begin_sized(&f, path, size))) break;
+        if ((e = kiln_atomic_begin_mapped(&f, path, size))) break; /* every file mapped, whatever its size */
         for (size_t done = 0; !e && done < size; done += piece)
             e = kiln_atomic_write(&f, buf, size - done < piece ? size - done : piece);
         if (e) kiln_atomic_abort(&f);
         else e = kiln_atomic_commit(&f);
     }
     *sec = kiln_bench_now_s() - t0;
-    if (saved) setenv("KILN_WRITE_MMAP_MIN", saved, 1);
-    else unsetenv("KILN_WRITE_MMAP_MIN");
-    free(saved);
     free(buf);
     return e;
 }
