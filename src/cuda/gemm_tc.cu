@@ -1,0 +1,352 @@
+// kiln's own Hopper GEMM with fused epilogues (the contract is in gemm_tc.h). Why it exists: cuBLASLt's
+// epilogues are bias, ReLU and tanh-GELU, so CLIP's fc1 + quick_gelu costs a second pass over the 4096-wide
+// activations (docs/perf.md, cisattn); here the activation is applied to the f32 accumulators before the
+// one bf16 store.
+//
+// Structure (one persistent CTA per SM, 384 threads = three warpgroups):
+//  - warpgroup 0, the producer: one thread walks the CTA's tiles and their K blocks of 64 and issues two TMA
+//    loads per block (A: 128 rows x 64, B: BN rows x 64, each row 128 bytes, 128-byte swizzle) into a ring of
+//    STAGES shared-memory slots. `full[s]` (one arrival + the transaction bytes) says a slot has landed,
+//    `empty[s]` (one arrival per consumer warp) says the MMAs reading it are done. Its registers are given
+//    to the consumers (setmaxnreg).
+//  - warpgroups 1 and 2, the consumers: each owns 64 rows of the 128-row tile and runs wgmma m64nBNk16 (four
+//    per K block) on the slot, keeping one wgmma group in flight: a slot is released once the group after it
+//    was issued and the one reading it has completed. The epilogue (bias, quick_gelu, bf16 rounding, guarded
+//    stores of bf16 pairs) runs from the accumulator registers while the producer already fills the ring for
+//    the CTA's next tile.
+// The tensor maps (cuTensorMapEncodeTiled) are encoded per call on the host: the driver entry point comes
+// from the CUDA runtime (cudaGetDriverEntryPointByVersion), so kiln does not link libcuda. Rows of A past M
+// are zero-filled by TMA and their outputs are not stored.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cuda_check.h"
+#include "gemm_tc.h"
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+constexpr int BM = 128;          // rows of C per tile (two consumer warpgroups of 64)
+constexpr int BK = 64;           // K per pipeline stage: 64 bf16 = one 128-byte swizzle row
+constexpr int THREADS = 384;     // producer + two consumer warpgroups
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232; // 128*40 + 256*232 <= 64K registers of the SM
+
+template <int BN, int STAGES> struct Cfg {
+    static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+    // + 1024: the dynamic shared memory base is only 16-byte aligned; the 128-byte swizzle wants 1024
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE_BYTES + 2 * STAGES * sizeof(uint64_t) + 1024;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// the producer's arrival, announcing the bytes the TMA loads will complete on this barrier
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// wait until the phase of parity `parity` has completed (a fresh barrier counts its "previous" phase, parity
+// 1, as complete: the producer's first pass over the ring does not wait)
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    const uint32_t a = smem_u32(bar);
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// a 2-D box of the tensor map at (c0 = column/K, c1 = row) into shared memory, completing on bar
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+// wgmma's shared-memory matrix descriptor for a K-major tile written by TMA with the 128-byte swizzle: rows
+// of 128 bytes, 8-row groups 1024 bytes apart (the stride byte offset); the leading byte offset is unused
+// for swizzled K-major layouts (set to 1 as the encoding's "none"). Bits: 0-13 address >> 4, 16-29 LBO >> 4,
+// 32-45 SBO >> 4, 62-63 swizzle (1 = 128 bytes). The slot is 1024-byte aligned, so the base offset is 0;
+// the 16-wide K steps inside the 128-byte row advance the address by 32 bytes.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundaries
+template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x 128] += A[64 x 16] (smem, K-major) * B[128 x 16]^T (smem, K-major), f32 accumulators
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d)
+        : "memory");
+}
+
+// D[64 x 256] += A[64 x 16] (smem, K-major) * B[256 x 16]^T (smem, K-major), f32 accumulators
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d)
+        : "memory");
+}
+
+template <int BN> __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t sc) {
+    if constexpr (BN == 256) wgmma_n256(d, da, db, sc);
+    else wgmma_n128(d, da, db, sc);
+}
+
+__device__ __forceinline__ float2 bias_pair(const float *b, int col) { return *(const float2 *)(b + col); }
+__device__ __forceinline__ float2 bias_pair(const bf16 *b, int col) {
+    return __bfloat1622float2(*(const __nv_bfloat162 *)(b + col));
+}
+__device__ __forceinline__ float quick_gelu(float v) { return v / (1.0f + __expf(-1.702f * v)); }
+
+// EPI: a kiln_gemm_tc_epilogue; BiasT: float or bf16 (unused without a bias)
+template <int BN, int STAGES, int EPI, typename BiasT>
+__global__ void __launch_bounds__(THREADS, 1)
+    gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, bf16 *C,
+                   int64_t ldc, const BiasT *bias, int M, int N, int K) {
+    typedef Cfg<BN, STAGES> cfg;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = smem, *sb = smem + STAGES * cfg::A_BYTES;
+    uint64_t *full = (uint64_t *)(smem + STAGES * cfg::STAGE_BYTES), *empty = full + STAGES;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int tiles_n = N / BN, tiles = ((M + BM - 1) / BM) * tiles_n, kblocks = K / BK;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
+        // the barriers' initialisation visible to the other threads and to the TMA unit (async proxy)
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_a) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_b) : "memory");
+            uint32_t it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                const int m0 = (t / tiles_n) * BM, n0 = (t % tiles_n) * BN;
+                for (int kb = 0; kb < kblocks; kb++, it++) {
+                    const int s = it % STAGES;
+                    mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+                    mbar_arrive_expect_tx(&full[s], cfg::STAGE_BYTES);
+                    tma_load_2d(sa + s * cfg::A_BYTES, &tma_a, &full[s], kb * BK, m0);
+                    tma_load_2d(sb + s * cfg::B_BYTES, &tma_b, &full[s], kb * BK, n0);
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
+    float acc[BN / 2];
+    uint32_t it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int m0 = (t / tiles_n) * BM, n0 = (t % tiles_n) * BN;
+        for (int kb = 0; kb < kblocks; kb++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            const uint32_t a_addr = smem_u32(sa + s * cfg::A_BYTES + cw * 64 * 128), b_addr = smem_u32(sb + s * cfg::B_BYTES);
+            fence_acc(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) // the first MMA of a tile overwrites the accumulators (scale-d 0)
+                wgmma_bn<BN>(acc, sw128_desc(a_addr + kk * 32), sw128_desc(b_addr + kk * 32), kb > 0 || kk > 0);
+            wgmma_commit();
+            fence_acc(acc);
+            // the previous block's group has completed: its slot goes back to the producer
+            wgmma_wait<1>();
+            fence_acc(acc);
+            if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        fence_acc(acc);
+        if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+
+        // epilogue: thread (warp, lane) holds rows r and r + 8 of its warp's 16, columns 8j + 2(lane % 4) + {0, 1}
+        const int r0 = m0 + cw * 64 + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int col = c0 + 8 * j;
+            float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+            if constexpr (EPI != KILN_GEMM_TC_NONE) {
+                const float2 b = bias_pair(bias, col);
+                v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
+            }
+            if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] = quick_gelu(v[e]);
+            }
+            if (r0 < M) *(__nv_bfloat162 *)(C + (int64_t)r0 * ldc + col) = __floats2bfloat162_rn(v[0], v[1]);
+            if (r0 + 8 < M) *(__nv_bfloat162 *)(C + (int64_t)(r0 + 8) * ldc + col) = __floats2bfloat162_rn(v[2], v[3]);
+        }
+    }
+}
+
+// ---- host side ----
+
+pthread_once_t encode_once = PTHREAD_ONCE_INIT;
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
+cudaError_t encode_err;
+cudaDriverEntryPointQueryResult encode_q;
+
+void encode_load(void) {
+    void *fn = NULL;
+    encode_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &encode_q);
+    if (encode_err == cudaSuccess && encode_q == cudaDriverEntryPointSuccess) encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+// a bf16 matrix [rows, cols] with row stride ld (elements) read in boxes of box_rows x 64, 128-byte swizzle,
+// out-of-range rows zero-filled
+kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld, int box_rows,
+                     const char *name) {
+    pthread_once(&encode_once, encode_load);
+    if (!encode_fn)
+        return kiln_errorf(KILN_EUNSUPPORTED, "cuTensorMapEncodeTiled is not available from the driver (%s, query %d)",
+                           cudaGetErrorString(encode_err), (int)encode_q);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode_fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, estr,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return kiln_errorf(KILN_EINVAL, "cuTensorMapEncodeTiled(%s: %lld x %lld, ld %lld, box %d x %d): CUresult %d", name,
+                           (long long)rows, (long long)cols, (long long)ld, box_rows, BK, (int)r);
+    return NULL;
+}
+
+template <int BN, int STAGES, int EPI, typename BiasT>
+kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, const void *bias, int M,
+                   int N, int K, cudaStream_t st) {
+    kiln_error *err = NULL;
+    int dev = 0, sms = 0;
+    const size_t smem = Cfg<BN, STAGES>::SMEM;
+    const int64_t tiles = ((int64_t)(M + BM - 1) / BM) * (N / BN);
+    auto kern = gemm_tc_kernel<BN, STAGES, EPI, BiasT>;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<(unsigned)(tiles < sms ? tiles : sms), THREADS, smem, st>>>(ta, tb, (bf16 *)C, ldc, (const BiasT *)bias, M, N, K);
+    CUDA_TRY(cudaGetLastError());
+done:
+    return err;
+}
+
+template <int BN, int STAGES>
+kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
+                     const void *bias, int bias_f32, int M, int N, int K, cudaStream_t st) {
+    switch (epi) {
+    case KILN_GEMM_TC_NONE: return launch<BN, STAGES, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
+    case KILN_GEMM_TC_BIAS:
+        return bias_f32 ? launch<BN, STAGES, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                        : launch<BN, STAGES, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+    case KILN_GEMM_TC_BIAS_QUICK_GELU:
+        return bias_f32 ? launch<BN, STAGES, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                        : launch<BN, STAGES, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+    }
+    return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
+}
+
+int misaligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) != 0; }
+
+} // namespace
+
+extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
+                                              int64_t lda, const kiln_bf16 *B, int64_t ldb, kiln_bf16 *C, int64_t ldc,
+                                              kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream) {
+    kiln_error *err = NULL;
+    CUtensorMap ta, tb;
+    const int64_t lim = (int64_t)1 << 31;
+    const int bn = tile == KILN_GEMM_TC_TILE_128x256 || (tile == KILN_GEMM_TC_TILE_AUTO && N % 256 == 0) ? 256 : 128;
+    if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
+        err = kiln_errorf(KILN_EINVAL, "sizes M %lld, N %lld, K %lld out of range", (long long)M, (long long)N, (long long)K);
+    else if (K % BK)
+        err = kiln_errorf(KILN_EINVAL, "K = %lld is not a multiple of %d", (long long)K, BK);
+    else if (N % bn)
+        err = kiln_errorf(KILN_EINVAL, "N = %lld is not a multiple of the tile's %d columns", (long long)N, bn);
+    else if (lda < K || ldb < K || ldc < N || lda % 8 || ldb % 8 || ldc % 8)
+        err = kiln_errorf(KILN_EINVAL, "strides lda %lld, ldb %lld, ldc %lld: need >= K (A, B), >= N (C), multiples of 8",
+                          (long long)lda, (long long)ldb, (long long)ldc);
+    else if (misaligned(A, 16) || misaligned(B, 16) || misaligned(C, 16))
+        err = kiln_errorf(KILN_EINVAL, "A, B and C must be 16-byte aligned");
+    else if ((epi != KILN_GEMM_TC_NONE) != (bias != NULL))
+        err = kiln_errorf(KILN_EINVAL, "epilogue %d %s", (int)epi, bias ? "takes no bias" : "needs a bias");
+    else if (bias && misaligned(bias, bias_f32 ? 8 : 4))
+        err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
+    if (err || M == 0) goto done;
+    if ((err = make_map(&ta, A, M, K, lda, BM, "A")) || (err = make_map(&tb, B, N, K, ldb, bn, "B"))) goto done;
+    err = bn == 256 ? dispatch<256, 4>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
+                    : dispatch<128, 6>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream);
+done:
+    return err ? kiln_error_wrap(err, "kiln_gemm_tc_cuda %lldx%lldx%lld", (long long)M, (long long)N, (long long)K) : NULL;
+}
+
+extern "C" kiln_error *kiln_gemm_tc_cuda(int64_t M, int64_t N, int64_t K, const kiln_bf16 *A, int64_t lda,
+                                         const kiln_bf16 *B, int64_t ldb, kiln_bf16 *C, int64_t ldc,
+                                         kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream) {
+    return kiln_gemm_tc_tile_cuda(KILN_GEMM_TC_TILE_AUTO, M, N, K, A, lda, B, ldb, C, ldc, epi, bias, bias_f32, stream);
+}

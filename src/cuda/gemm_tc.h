@@ -1,0 +1,44 @@
+/* kiln's own Hopper (sm_90a) GEMM for the shapes where a fused epilogue saves a memory pass that cuBLASLt
+ * cannot fuse (CLIP's fc1 + quick_gelu): C[M,N] = epilogue(A[M,K] · B[N,K]ᵀ), A and B bf16 row-major (B is
+ * a weight stored [out, in], the "NT" layout of src/cuda/clip_gemm.cu), f32 accumulation, C bf16 with row
+ * stride ldc. Tiles are loaded by TMA into 128-byte-swizzled shared memory through a multi-stage mbarrier
+ * pipeline and multiplied by wgmma (src/cuda/gemm_tc.cu). Internal to the CUDA side and its GPU tests; not
+ * on any default path (KILN_CLIP_GEMM=own opts CLIP's fc1 in).
+ *
+ * Requirements (else a kiln_error naming the field): K % 64 == 0, N % 128 == 0, M, N, K < 2^31; A, B, C
+ * 16-byte aligned and lda, ldb, ldc multiples of 8 elements (TMA's 16-byte global strides), lda, ldb >= K,
+ * ldc >= N; a bias aligned to two of its elements. M needs no multiple: rows past M read as zeros and are
+ * not stored. Asynchronous on `stream`; launch errors are returned (cudaGetLastError). */
+#ifndef KILN_CUDA_GEMM_TC_H
+#define KILN_CUDA_GEMM_TC_H
+
+#include <stdint.h>
+
+#include "kiln/cuda_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KILN_GEMM_TC_NONE = 0,       /* C = A Bᵀ (bias must be NULL) */
+    KILN_GEMM_TC_BIAS,           /* C = A Bᵀ + bias[N] */
+    KILN_GEMM_TC_BIAS_QUICK_GELU /* C = quick_gelu(A Bᵀ + bias[N]), quick_gelu(v) = v / (1 + exp(-1.702 v)) */
+} kiln_gemm_tc_epilogue;
+
+/* The block tile (rows x columns of C per CTA pass): AUTO picks 128x256 where N allows, else 128x128. */
+typedef enum { KILN_GEMM_TC_TILE_AUTO = 0, KILN_GEMM_TC_TILE_128x128, KILN_GEMM_TC_TILE_128x256 } kiln_gemm_tc_tile;
+
+/* bias: device [N], f32 when bias_f32 else bf16; required by the BIAS epilogues. */
+kiln_error *kiln_gemm_tc_cuda(int64_t M, int64_t N, int64_t K, const kiln_bf16 *A, int64_t lda, const kiln_bf16 *B,
+                              int64_t ldb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi, const void *bias,
+                              int bias_f32, void *stream);
+/* the same with the tile chosen (tests and timing compare them); a tile N does not divide is an error */
+kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
+                                   int64_t lda, const kiln_bf16 *B, int64_t ldb, kiln_bf16 *C, int64_t ldc,
+                                   kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
