@@ -537,26 +537,77 @@ TEST(gpu_zaya_train_resume) {
 }
 
 /* Issue [cuda]'s check: the built-in default training run (kiln train with no config: the generated corpus,
- * its BPE tokenizer, the ~2M-parameter model), 200 steps on the CPU and on the GPU from the same seed. The
- * loss curves agree within bf16 noise: the mean loss of every 20-step window within 3% relative (bf16
- * rounding moves single steps by more than their trend; a wrong gradient moves whole windows). The default
- * logs every 10 steps, which leaves two losses a window, as noisy as single steps (run r23: 0.0385 in one
- * window, with the final losses 0.2% apart); so both runs use the default's own configuration, taken from a
- * one-step default run's checkpoint manifest, with a loss logged every step: 20 a window. Logging changes
- * nothing of the training. */
+ * its BPE tokenizer, the ~2M-parameter model), 200 steps on the CPU and on the GPU from the same seed, the
+ * loss curves agreeing within bf16 noise. Both runs use the default's own configuration, taken from a
+ * one-step default run's checkpoint manifest, with a loss logged every step (logging changes nothing of the
+ * training; the default logs every 10 steps).
+ *
+ * What bf16 noise does to this curve: the model routes each token to one expert, so rounding that moves a
+ * router score across a tie sends the token elsewhere, and the two runs learn at slightly different paces.
+ * In the steep part of the curve (steps ~40-120, the loss falling ~0.02 a step) a lag of one or two steps is
+ * a few % of a 20-step window's mean (r23: 3.9%, r25: 3.2% in window 5, where the final losses were 0.2%
+ * apart). The check therefore compares curves, not single windows:
+ *   - every 20-step window's mean within 1.5% relative of the other run's mean over the same window shifted
+ *     by at most 3 steps (a lag of at most 3 of 200 steps; a wrong gradient changes how far the loss falls,
+ *     which no shift of 3 steps hides);
+ *   - the last window (steps 181-200, where the curve is flat) within 1% without any shift: where training
+ *     ends up.
+ * That these can fail: CPU runs of the same configuration against the CPU run (2026-12-03) with the learning
+ * rate 5% lower: 4.25% within 3 steps (window 5), last window 1.8%; 20% lower: 19.7%, 3.8%; without gradient
+ * clipping: 6.3%, 1.95%. The CPU run itself gives the same bits with 1 or 2 BLAS threads, so the noise band
+ * below comes from the GPU;
+ * and, as a measure of the noise itself, a third run on the GPU with kiln's own attention kernels instead of
+ * cuDNN's (the same math, rounded differently) is compared with the first GPU run the same way; its figures
+ * are printed beside the CPU's. */
 static int kiln_in(const char *dir, const char *args) {
     char cmd[8192], out[16384];
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s 2>&1", dir, KILN_BINARY, args);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s 2>&1", dir, args);
     int rc = test_run_shell(cmd, out, sizeof out);
-    if (rc) printf("    (in %s) kiln %s -> %d\n%s\n", dir, args, rc, out);
+    if (rc) printf("    (in %s) %s -> %d\n%s\n", dir, args, rc, out);
     return rc;
+}
+
+/* mean of a[i0 .. i0+n) */
+static double window_mean(const double *a, int i0, int n) {
+    double s = 0;
+    for (int i = i0; i < i0 + n; i++) s += a[i];
+    return s / n;
+}
+
+/* b against the reference a over 10 windows of 20 steps: the plain relative gap of each window's mean, the gap
+ * after the best shift of b by at most `lag` steps (shifts that leave the 200 steps are not tried), and the
+ * worst of each over the windows */
+typedef struct {
+    double plain[10], shifted[10];
+    int shift[10];
+    double worst_plain, worst_shifted;
+    int at_plain, at_shifted;
+} curve_gap;
+
+static curve_gap curves_compare(const double *a, const double *b, int lag) {
+    curve_gap g = {0};
+    for (int w = 0; w < 10; w++) {
+        double ma = window_mean(a, w * 20, 20);
+        g.plain[w] = fabs(window_mean(b, w * 20, 20) - ma) / ma;
+        g.shifted[w] = g.plain[w];
+        for (int s = -lag; s <= lag; s++) {
+            if (w * 20 + s < 0 || w * 20 + 20 + s > 200) continue;
+            double d = fabs(window_mean(b, w * 20 + s, 20) - ma) / ma;
+            if (d < g.shifted[w]) g.shifted[w] = d, g.shift[w] = s;
+        }
+        if (!(g.plain[w] <= g.worst_plain)) g.worst_plain = g.plain[w], g.at_plain = w;
+        if (!(g.shifted[w] <= g.worst_shifted)) g.worst_shifted = g.shifted[w], g.at_shifted = w;
+    }
+    return g;
 }
 
 TEST(gpu_zaya_train_default_200_steps_cpu_vs_gpu) {
     char dir[1000];
     snprintf(dir, sizeof dir, "%s", test_tmpdir());
     /* the default's configuration (prepares its data too), then every step logged */
-    CHECK(kiln_in(dir, "train --steps 1 --device cpu --out probe --quiet") == 0);
+    char args[1600];
+    snprintf(args, sizeof args, "'%s' train --steps 1 --device cpu --out probe --quiet", KILN_BINARY);
+    CHECK(kiln_in(dir, args) == 0);
     char man[1100], cfgp[1100];
     snprintf(man, sizeof man, "%s/probe/ckpt/step_00000001/manifest.json", dir);
     snprintf(cfgp, sizeof cfgp, "%s/default_every_step.json", dir);
@@ -575,31 +626,30 @@ TEST(gpu_zaya_train_default_200_steps_cpu_vs_gpu) {
     cJSON_Delete(cfg);
     CHECK_OK(kiln_write_file_atomic(cfgp, text, strlen(text)));
     free(text);
-    char args[1400];
-    snprintf(args, sizeof args, "train --config '%s' --steps 200 --device cpu --out cpu --quiet", cfgp);
-    CHECK(kiln_in(dir, args) == 0);
-    snprintf(args, sizeof args, "train --config '%s' --steps 200 --device cuda --out gpu --quiet", cfgp);
-    CHECK(kiln_in(dir, args) == 0);
-    char c[1100], g[1100];
-    snprintf(c, sizeof c, "%s/cpu", dir);
-    snprintf(g, sizeof g, "%s/gpu", dir);
-    static double lc[200], lg[200];
-    int nc = ck_losses(c, lc, 200), ng = ck_losses(g, lg, 200);
-    CHECK_MSG(nc == 200 && ng == 200, "metrics: %d cpu steps, %d gpu steps", nc, ng);
-    if (nc != 200 || ng != 200) return;
-    /* every step logged: the mean of each window of 20 steps */
-    double worst = 0;
-    int at = 0;
-    for (int w = 0; w < 10; w++) {
-        double sc = 0, sg = 0;
-        int k = 0;
-        for (int i = w * 20; i < w * 20 + 20; i++)
-            if (lc[i] > 0 && lg[i] > 0) sc += lc[i], sg += lg[i], k++;
-        if (!k) continue;
-        double d = fabs(sg - sc) / sc;
-        if (d > worst || d != d) worst = d, at = w;
+    static const char *const runs[3][2] = {{"cpu", "--device cpu"}, {"gpu", "--device cuda"}, {"gpu_own", "--device cuda"}};
+    static double loss[3][200];
+    for (int r = 0; r < 3; r++) {
+        snprintf(args, sizeof args, "%s'%s' train --config '%s' --steps 200 %s --out %s --quiet",
+                 r == 2 ? "KILN_ATTENTION=own " : "", KILN_BINARY, cfgp, runs[r][1], runs[r][0]);
+        CHECK(kiln_in(dir, args) == 0);
+        char o[1100];
+        snprintf(o, sizeof o, "%s/%s", dir, runs[r][0]);
+        int n = ck_losses(o, loss[r], 200);
+        CHECK_MSG(n == 200, "%s: %d steps in metrics.jsonl, expected 200", runs[r][0], n);
+        if (n != 200) return;
     }
-    printf("    default run: cpu loss %.4f -> %.4f, gpu %.4f -> %.4f; worst 20-step window %d: %.3g (tol 0.03)\n",
-           lc[9], lc[199], lg[9], lg[199], at, worst);
-    CHECK_MSG(worst <= 0.03, "loss curves differ by %.3g in window %d", worst, at);
+    curve_gap cg = curves_compare(loss[0], loss[1], 3), og = curves_compare(loss[1], loss[2], 3);
+    printf("    window  cpu mean  gpu mean   gap  shifted (steps) | gpu_own mean  gap vs gpu  shifted (steps)\n");
+    for (int w = 0; w < 10; w++)
+        printf("    %3d-%3d  %7.4f  %7.4f  %5.2f%%  %5.2f%% (%+d)     |  %7.4f      %5.2f%%     %5.2f%% (%+d)\n", w * 20 + 1,
+               w * 20 + 20, window_mean(loss[0], w * 20, 20), window_mean(loss[1], w * 20, 20), 100 * cg.plain[w],
+               100 * cg.shifted[w], cg.shift[w], window_mean(loss[2], w * 20, 20), 100 * og.plain[w],
+               100 * og.shifted[w], og.shift[w]);
+    printf("    cpu vs gpu: worst window %.2f%% (window %d), %.2f%% within 3 steps (window %d), last %.2f%%; "
+           "gpu vs gpu with kiln's attention: %.2f%%, %.2f%%, last %.2f%%\n",
+           100 * cg.worst_plain, cg.at_plain, 100 * cg.worst_shifted, cg.at_shifted, 100 * cg.plain[9],
+           100 * og.worst_plain, 100 * og.worst_shifted, 100 * og.plain[9]);
+    CHECK_MSG(cg.worst_shifted <= 0.015, "loss curves differ by %.3g in window %d even with a lag of up to 3 steps",
+              cg.worst_shifted, cg.at_shifted);
+    CHECK_MSG(cg.plain[9] <= 0.01, "the last 20 steps' mean losses differ by %.3g", cg.plain[9]);
 }
