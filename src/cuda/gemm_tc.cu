@@ -30,12 +30,11 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 
-constexpr int BM = 128;          // rows of C per tile (two consumer warpgroups of 64)
 constexpr int BK = 64;           // K per pipeline stage: 64 bf16 = one 128-byte swizzle row
 constexpr int THREADS = 384;     // producer + two consumer warpgroups
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232; // 128*40 + 256*232 <= 64K registers of the SM
 
-template <int BN, int STAGES> struct Cfg {
+template <int BM, int BN, int STAGES> struct Cfg {
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     // + 1024: the dynamic shared memory base is only 16-byte aligned; the 128-byte swizzle wants 1024
     static constexpr size_t SMEM = (size_t)STAGES * STAGE_BYTES + 2 * STAGES * sizeof(uint64_t) + 1024;
@@ -159,14 +158,35 @@ __device__ __forceinline__ float2 bias_pair(const float *b, int col) { return *(
 __device__ __forceinline__ float2 bias_pair(const bf16 *b, int col) {
     return __bfloat1622float2(*(const __nv_bfloat162 *)(b + col));
 }
-__device__ __forceinline__ float quick_gelu(float v) { return v / (1.0f + __expf(-1.702f * v)); }
+// quick_gelu on the f32 accumulator: two MUFU operations (ex2, rcp) per element; __fdividef gives -0 for the
+// infinite denominator of a large negative v, as the exact division does
+__device__ __forceinline__ float quick_gelu(float v) { return __fdividef(v, 1.0f + __expf(-1.702f * v)); }
 
-// EPI: a kiln_gemm_tc_epilogue; BiasT: float or bf16 (unused without a bias)
-template <int BN, int STAGES, int EPI, typename BiasT>
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// One kernel, two schedules of the consumers (the producer is the same):
+//  - cooperative (PP false): both consumer warpgroups work on every tile of the CTA, 64 of its BM = 128 rows
+//    each; they read the same B slot (one load of B for 128 rows). Their epilogues run together, with the
+//    tensor cores idle meanwhile.
+//  - ping-pong (PP true): the consumer warpgroups take the CTA's tiles in turn (tile i: warpgroup i % 2), all
+//    BM rows each (BM / 64 MMAs per K step). A named barrier hands the tensor cores over: warpgroup i % 2
+//    starts tile i's MMAs only once tile i-1's were all issued, so one warpgroup's epilogue (bias,
+//    quick_gelu's MUFU work, stores) runs under the other's MMAs. The handover also keeps a waiter within one
+//    ring pass of the producer (an mbarrier parity wait two phases ahead would pass wrongly).
+// Tile i of the CTA (tile index blockIdx.x + i * gridDim.x) uses ring iterations i * KB .. i * KB + KB - 1 in
+// both schedules, so producer and consumers agree on slots and parities without sharing counters.
+template <int BM, int BN, int STAGES, bool PP, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, bf16 *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K) {
-    typedef Cfg<BN, STAGES> cfg;
+    typedef Cfg<BM, BN, STAGES> cfg;
+    constexpr int WG_ROWS = PP ? BM : BM / 2, MW = WG_ROWS / 64; // rows per consumer warpgroup, its m64 MMAs
+    static_assert(WG_ROWS % 64 == 0 && MW * BN / 2 <= 128, "accumulators: at most 128 registers a thread");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * cfg::A_BYTES;
@@ -175,7 +195,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int tiles_n = N / BN, tiles = ((M + BM - 1) / BM) * tiles_n, kblocks = K / BK;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
+        // empty: one arrival per consumer warp that reads the slot
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], PP ? 4 : 8);
         // the barriers' initialisation visible to the other threads and to the TMA unit (async proxy)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -203,46 +224,64 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
-    float acc[BN / 2];
-    uint32_t it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    float acc[MW][BN / 2];
+    for (int i = PP ? cw : 0;; i += PP ? 2 : 1) {
+        const int t = blockIdx.x + i * gridDim.x;
+        if (t >= tiles) break;
         const int m0 = (t / tiles_n) * BM, n0 = (t % tiles_n) * BN;
+        const bool next = t + (int)gridDim.x < tiles;
+        if (PP && i > 0) named_bar_sync(1 + cw, 256); // tile i-1's MMAs are all issued
+        uint32_t it = (uint32_t)i * (uint32_t)kblocks;
         for (int kb = 0; kb < kblocks; kb++, it++) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const uint32_t a_addr = smem_u32(sa + s * cfg::A_BYTES + cw * 64 * 128), b_addr = smem_u32(sb + s * cfg::B_BYTES);
-            fence_acc(acc);
+            const uint32_t a_addr = smem_u32(sa + s * cfg::A_BYTES + (PP ? 0 : cw * 64 * 128)),
+                           b_addr = smem_u32(sb + s * cfg::B_BYTES);
+#pragma unroll
+            for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) // the first MMA of a tile overwrites the accumulators (scale-d 0)
-                wgmma_bn<BN>(acc, sw128_desc(a_addr + kk * 32), sw128_desc(b_addr + kk * 32), kb > 0 || kk > 0);
+#pragma unroll
+                for (int mw = 0; mw < MW; mw++)
+                    wgmma_bn<BN>(acc[mw], sw128_desc(a_addr + mw * 64 * 128 + kk * 32), sw128_desc(b_addr + kk * 32),
+                                 kb > 0 || kk > 0);
             wgmma_commit();
-            fence_acc(acc);
+#pragma unroll
+            for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
             // the previous block's group has completed: its slot goes back to the producer
             wgmma_wait<1>();
-            fence_acc(acc);
+#pragma unroll
+            for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
             if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
+        if (PP && next) named_bar_arrive(1 + (1 - cw), 256); // the other warpgroup may start tile i+1
         wgmma_wait<0>();
-        fence_acc(acc);
+#pragma unroll
+        for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
         if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
 
-        // epilogue: thread (warp, lane) holds rows r and r + 8 of its warp's 16, columns 8j + 2(lane % 4) + {0, 1}
-        const int r0 = m0 + cw * 64 + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
+        // epilogue: in each 64-row block, thread (warp, lane) holds rows r and r + 8 of its warp's 16, columns
+        // 8j + 2(lane % 4) + {0, 1}
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            const int col = c0 + 8 * j;
-            float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-            if constexpr (EPI != KILN_GEMM_TC_NONE) {
-                const float2 b = bias_pair(bias, col);
-                v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
-            }
-            if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+        for (int mw = 0; mw < MW; mw++) {
+            const int r0 = m0 + (PP ? 0 : cw * 64) + mw * 64 + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
 #pragma unroll
-                for (int e = 0; e < 4; e++) v[e] = quick_gelu(v[e]);
+            for (int j = 0; j < BN / 8; j++) {
+                const int col = c0 + 8 * j;
+                float v[4] = {acc[mw][4 * j], acc[mw][4 * j + 1], acc[mw][4 * j + 2], acc[mw][4 * j + 3]};
+                if constexpr (EPI != KILN_GEMM_TC_NONE) {
+                    const float2 b = bias_pair(bias, col);
+                    v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
+                }
+                if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) v[e] = quick_gelu(v[e]);
+                }
+                if (r0 < M) *(__nv_bfloat162 *)(C + (int64_t)r0 * ldc + col) = __floats2bfloat162_rn(v[0], v[1]);
+                if (r0 + 8 < M)
+                    *(__nv_bfloat162 *)(C + (int64_t)(r0 + 8) * ldc + col) = __floats2bfloat162_rn(v[2], v[3]);
             }
-            if (r0 < M) *(__nv_bfloat162 *)(C + (int64_t)r0 * ldc + col) = __floats2bfloat162_rn(v[0], v[1]);
-            if (r0 + 8 < M) *(__nv_bfloat162 *)(C + (int64_t)(r0 + 8) * ldc + col) = __floats2bfloat162_rn(v[2], v[3]);
         }
     }
 }
@@ -279,14 +318,14 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
     return NULL;
 }
 
-template <int BN, int STAGES, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, const void *bias, int M,
                    int N, int K, cudaStream_t st) {
     kiln_error *err = NULL;
     int dev = 0, sms = 0;
-    const size_t smem = Cfg<BN, STAGES>::SMEM;
+    const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
     const int64_t tiles = ((int64_t)(M + BM - 1) / BM) * (N / BN);
-    auto kern = gemm_tc_kernel<BN, STAGES, EPI, BiasT>;
+    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, EPI, BiasT>;
     CUDA_TRY(cudaGetDevice(&dev));
     CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -296,17 +335,17 @@ done:
     return err;
 }
 
-template <int BN, int STAGES>
+template <int BM, int BN, int STAGES, bool PP>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, cudaStream_t st) {
     switch (epi) {
-    case KILN_GEMM_TC_NONE: return launch<BN, STAGES, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
+    case KILN_GEMM_TC_NONE: return launch<BM, BN, STAGES, PP, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
     case KILN_GEMM_TC_BIAS:
-        return bias_f32 ? launch<BN, STAGES, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                        : launch<BN, STAGES, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+        return bias_f32 ? launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                        : launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
     case KILN_GEMM_TC_BIAS_QUICK_GELU:
-        return bias_f32 ? launch<BN, STAGES, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                        : launch<BN, STAGES, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+        return bias_f32 ? launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                        : launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
     }
     return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
 }
@@ -321,7 +360,10 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     kiln_error *err = NULL;
     CUtensorMap ta, tb;
     const int64_t lim = (int64_t)1 << 31;
-    const int bn = tile == KILN_GEMM_TC_TILE_128x256 || (tile == KILN_GEMM_TC_TILE_AUTO && N % 256 == 0) ? 256 : 128;
+    // the block tile: rows BM x columns bn; AUTO = cooperative 128x256 where N allows, else 128x128
+    const int bn = tile == KILN_GEMM_TC_TILE_128x256 || tile == KILN_GEMM_TC_TILE_PP_64x256 ||
+                           (tile == KILN_GEMM_TC_TILE_AUTO && N % 256 == 0) ? 256 : 128;
+    const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
         err = kiln_errorf(KILN_EINVAL, "sizes M %lld, N %lld, K %lld out of range", (long long)M, (long long)N, (long long)K);
     else if (K % BK)
@@ -338,9 +380,16 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     else if (bias && misaligned(bias, bias_f32 ? 8 : 4))
         err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
     if (err || M == 0) goto done;
-    if ((err = make_map(&ta, A, M, K, lda, BM, "A")) || (err = make_map(&tb, B, N, K, ldb, bn, "B"))) goto done;
-    err = bn == 256 ? dispatch<256, 4>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
-                    : dispatch<128, 6>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream);
+    if ((err = make_map(&ta, A, M, K, lda, bm, "A")) || (err = make_map(&tb, B, N, K, ldb, bn, "B"))) goto done;
+#define GEMM_TC_RUN(BM_, BN_, S_, PP_) \
+    dispatch<BM_, BN_, S_, PP_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
+    // stages: as many as fit beside the barriers in the 227 KB of shared memory a CTA may have
+    switch (tile) {
+    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true); break;
+    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true); break;
+    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false) : GEMM_TC_RUN(128, 128, 6, false); break;
+    }
+#undef GEMM_TC_RUN
 done:
     return err ? kiln_error_wrap(err, "kiln_gemm_tc_cuda %lldx%lldx%lld", (long long)M, (long long)N, (long long)K) : NULL;
 }

@@ -26,8 +26,16 @@ typedef enum {
     KILN_GEMM_TC_BIAS_QUICK_GELU /* C = quick_gelu(A Bᵀ + bias[N]), quick_gelu(v) = v / (1 + exp(-1.702 v)) */
 } kiln_gemm_tc_epilogue;
 
-/* The block tile (rows x columns of C per CTA pass): AUTO picks 128x256 where N allows, else 128x128. */
-typedef enum { KILN_GEMM_TC_TILE_AUTO = 0, KILN_GEMM_TC_TILE_128x128, KILN_GEMM_TC_TILE_128x256 } kiln_gemm_tc_tile;
+/* The tile and schedule. 128x128, 128x256: both consumer warpgroups on each tile (64 rows each), epilogues
+ * together; PP_*: "ping-pong", the two consumer warpgroups on alternate tiles (all rows each), one's epilogue
+ * under the other's MMAs. AUTO picks 128x256 where N allows, else 128x128. */
+typedef enum {
+    KILN_GEMM_TC_TILE_AUTO = 0,
+    KILN_GEMM_TC_TILE_128x128,
+    KILN_GEMM_TC_TILE_128x256,
+    KILN_GEMM_TC_TILE_PP_128x128,
+    KILN_GEMM_TC_TILE_PP_64x256
+} kiln_gemm_tc_tile;
 
 /* bias: device [N], f32 when bias_f32 else bf16; required by the BIAS epilogues. */
 kiln_error *kiln_gemm_tc_cuda(int64_t M, int64_t N, int64_t K, const kiln_bf16 *A, int64_t lda, const kiln_bf16 *B,

@@ -27,7 +27,11 @@ static const char *epi_name(kiln_gemm_tc_epilogue e) {
     return e == KILN_GEMM_TC_NONE ? "none" : e == KILN_GEMM_TC_BIAS ? "bias" : "bias+quick_gelu";
 }
 static const char *tile_name(kiln_gemm_tc_tile t) {
-    return t == KILN_GEMM_TC_TILE_128x128 ? "128x128" : t == KILN_GEMM_TC_TILE_128x256 ? "128x256" : "auto";
+    return t == KILN_GEMM_TC_TILE_128x128      ? "128x128"
+           : t == KILN_GEMM_TC_TILE_128x256    ? "128x256"
+           : t == KILN_GEMM_TC_TILE_PP_128x128 ? "ping-pong 128x128"
+           : t == KILN_GEMM_TC_TILE_PP_64x256  ? "ping-pong 64x256"
+                                               : "auto";
 }
 
 /* got: bf16 bits [rows_alloc, ldc]; ref: f32 [M, N]. Returns the number of bad cells (printing the first few). */
@@ -92,23 +96,11 @@ typedef struct {
     kiln_gemm_tc_tile tile;
 } gemm_case;
 
-TEST(gpu_gemm_tc_matches_cpu) {
-    static const gemm_case cs[] = {
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_AUTO},    /* CLIP L/14 fc1, 3 images */
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x128},
-        {771, 4096, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_AUTO},
-        {771, 4096, 1024, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_128x128},
-        {1000, 3072, 1024, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_AUTO},
-        {300, 384, 192, 64, 8, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_AUTO}, /* N % 256 != 0: 128x128; padded strides */
-        {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256},
-        {64, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x256}, /* fewer rows than a tile, one K block */
-        {5, 128, 128, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x128},
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256}, /* 256 tiles: > 1 per SM */
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x128}, /* 512 tiles */
-    };
+/* each case against the CPU reference on fresh inputs */
+static void run_cases(const gemm_case *cs, size_t ncases, uint64_t seed) {
     kiln_rng rng;
-    kiln_rng_seed(&rng, 90);
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+    kiln_rng_seed(&rng, seed);
+    for (size_t i = 0; i < ncases; i++) {
         const gemm_case *g = &cs[i];
         const int64_t M = g->M, N = g->N, K = g->K, lda = K + g->lda_pad, ldc = N + g->ldc_pad, rows = M + 16;
         float *a = gt_rand(&rng, M * K, 1.0f), *b = gt_rand(&rng, N * K, 2.0f / sqrtf((float)K));
@@ -131,6 +123,23 @@ TEST(gpu_gemm_tc_matches_cpu) {
         kiln_cuda_free(da), kiln_cuda_free(db), kiln_cuda_free(dc), kiln_cuda_free(dbias);
         free(a), free(b), free(bias), free(ref), free(got);
     }
+}
+
+TEST(gpu_gemm_tc_matches_cpu) {
+    static const gemm_case cs[] = {
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_AUTO},    /* CLIP L/14 fc1, 3 images */
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x128},
+        {771, 4096, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_AUTO},
+        {771, 4096, 1024, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_128x128},
+        {1000, 3072, 1024, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_AUTO},
+        {300, 384, 192, 64, 8, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_AUTO}, /* N % 256 != 0: 128x128; padded strides */
+        {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256},
+        {64, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x256}, /* fewer rows than a tile, one K block */
+        {5, 128, 128, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x128},
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256}, /* 256 tiles: > 1 per SM */
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x128}, /* 512 tiles */
+    };
+    run_cases(cs, sizeof cs / sizeof cs[0], 90);
 }
 
 /* the same inputs through cuBLASLt (CLIP's linear with the bias epilogue; + quick_gelu as a pass, CLIP's fc1
@@ -184,65 +193,100 @@ TEST(gpu_gemm_tc_rejects_bad_arguments) {
     kiln_cuda_free(a), kiln_cuda_free(b), kiln_cuda_free(c), kiln_cuda_free(bias);
 }
 
-/* CLIP L/14's MLP at 128 images (M = 128 * 257): fc1 (N 4096) and the other widths; the own kernel's output is
- * also checked against cuBLASLt's at this size (thousands of tiles: several per CTA) */
-TEST(gpu_gemm_tc_timing) {
+/* CLIP L/14's MLP at 128 images (M = 128 * 257, K = 1024): fc1's N = 4096 and the widths 1024, 3072. Each
+ * variant: 2 warm-up calls, then 10 between CUDA events; printed, never asserted. v >= 0: the own kernel with
+ * tile v, bias (+ quick_gelu when act); v < 0: cuBLASLt's GEMM with the bias epilogue (+ kiln's quick_gelu
+ * pass when act). With check set, each own result at N = 4096 is compared with cuBLASLt's (thousands of
+ * tiles: several per CTA). */
+typedef struct {
+    int tile; /* a kiln_gemm_tc_tile, or -1 for cuBLASLt */
+    int act;
+} timing_variant;
+
+static void time_variants(const timing_variant *vs, size_t nv, int check) {
     const int64_t M = 32896, K = 1024, Ns[] = {4096, 1024, 3072};
     kiln_rng rng;
     kiln_rng_seed(&rng, 92);
     float *a = gt_rand(&rng, M * K, 1.0f), *b = gt_rand(&rng, 4096 * K, 2.0f / 32.0f), *bias = gt_rand(&rng, 4096, 1.0f);
     kiln_bf16 *da = gt_up_bf16(a, M * K), *db = gt_up_bf16(b, 4096 * K), *dbias = gt_up_bf16(bias, 4096);
     kiln_bf16 *dc = gt_dev((size_t)(M * 4096) * 2), *dl = gt_dev((size_t)(M * 4096) * 2);
+    float *lt[2] = {NULL, NULL}; /* cuBLASLt's results at N = 4096 without / with quick_gelu */
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
+    if (check)
+        for (int act = 0; act < 2; act++) {
+            CHECK_OK(kiln_clip_linear_cuda(dl, 0, da, db, dbias, M, K, 4096, 0, NULL));
+            if (act) CHECK_OK(kiln_quick_gelu_forward_cuda(dl, dl, M * 4096, NULL));
+            uint16_t *lb = down_bits(dl, M * 4096);
+            lt[act] = malloc(sizeof(float) * (size_t)(M * 4096));
+            for (int64_t i = 0; i < M * 4096; i++) lt[act][i] = kiln_bf16_to_f32(lb[i]);
+            free(lb);
+        }
     for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++) {
         const int64_t N = Ns[n];
         const double flop = 2.0 * (double)M * (double)N * (double)K;
-        for (int v = 0; v < 6; v++) {
-            static const char *const names[] = {"own 128x256 bias",     "own 128x256 bias+quick_gelu",
-                                                "own 128x128 bias",     "own 128x128 bias+quick_gelu",
-                                                "cuBLASLt bias",        "cuBLASLt bias + quick_gelu pass"};
+        for (size_t v = 0; v < nv; v++) {
+            const timing_variant *tv = &vs[v];
+            const kiln_gemm_tc_epilogue epi = tv->act ? KILN_GEMM_TC_BIAS_QUICK_GELU : KILN_GEMM_TC_BIAS;
+            char name[64];
+            snprintf(name, sizeof name, "%s %s%s", tv->tile < 0 ? "cuBLASLt" : tile_name((kiln_gemm_tc_tile)tv->tile),
+                     tv->tile < 0 ? "bias" : epi_name(epi), tv->tile < 0 && tv->act ? " + quick_gelu pass" : "");
+            printf("    M %lld N %lld K %lld  %-36s ", (long long)M, (long long)N, (long long)K, name);
+            fflush(stdout);
             float ms = 0;
             for (int r = -2; r < 10; r++) {
                 if (r == 0) CHECK(cudaEventRecord(e0, NULL) == cudaSuccess);
-                if (v < 4)
-                    CHECK_OK(kiln_gemm_tc_tile_cuda(v < 2 ? KILN_GEMM_TC_TILE_128x256 : KILN_GEMM_TC_TILE_128x128, M, N, K,
-                                                    da, K, db, K, dc, N,
-                                                    v % 2 ? KILN_GEMM_TC_BIAS_QUICK_GELU : KILN_GEMM_TC_BIAS, dbias, 0, NULL));
+                if (tv->tile >= 0)
+                    CHECK_OK(kiln_gemm_tc_tile_cuda((kiln_gemm_tc_tile)tv->tile, M, N, K, da, K, db, K, dc, N, epi, dbias,
+                                                    0, NULL));
                 else {
                     CHECK_OK(kiln_clip_linear_cuda(dl, 0, da, db, dbias, M, K, N, 0, NULL));
-                    if (v == 5) CHECK_OK(kiln_quick_gelu_forward_cuda(dl, dl, M * N, NULL));
+                    if (tv->act) CHECK_OK(kiln_quick_gelu_forward_cuda(dl, dl, M * N, NULL));
                 }
             }
             CHECK(cudaEventRecord(e1, NULL) == cudaSuccess);
             CHECK(cudaEventSynchronize(e1) == cudaSuccess);
             CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
             ms /= 10;
-            printf("    M %lld N %lld K %lld  %-32s %.3f ms  %.0f TFLOP/s\n", (long long)M, (long long)N, (long long)K,
-                   names[v], ms, flop / ms * 1e-9);
-            if (v == 2 && N == 4096) { /* own 128x128 (bias) is in dc; the 128x256 bias result goes in dl below */
-                CHECK_OK(kiln_gemm_tc_tile_cuda(KILN_GEMM_TC_TILE_128x256, M, N, K, da, K, db, K, dl, N, KILN_GEMM_TC_BIAS,
-                                                dbias, 0, NULL));
-                uint16_t *g1 = down_bits(dc, M * N), *g2 = down_bits(dl, M * N);
-                int64_t diff = 0;
-                for (int64_t i = 0; i < M * N; i++) diff += g1[i] != g2[i];
-                /* the same products in the same K order; whether the two MMA widths round alike is for information */
-                printf("    own 128x128 vs 128x256 at this size: %lld cells differ (information)\n", (long long)diff);
-                free(g1), free(g2);
-            }
-            if (v == 4 && N == 4096) { /* cuBLASLt's bias result in dl vs the own one (recomputed into dc) */
-                CHECK_OK(kiln_gemm_tc_tile_cuda(KILN_GEMM_TC_TILE_AUTO, M, N, K, da, K, db, K, dc, N, KILN_GEMM_TC_BIAS,
-                                                dbias, 0, NULL));
-                uint16_t *lb = down_bits(dl, M * N), *got = down_bits(dc, M * N);
-                float *lt = malloc(sizeof(float) * (size_t)(M * N));
-                for (int64_t i = 0; i < M * N; i++) lt[i] = kiln_bf16_to_f32(lb[i]);
-                CHECK_MSG(gemm_check("own (auto tile) vs cuBLASLt at M 32896 N 4096 K 1024, bias", got, N, M, lt, M, N) == 0,
-                          "mismatch vs cuBLASLt at the timing size");
-                free(lb), free(got), free(lt);
+            printf("%.3f ms  %.0f TFLOP/s\n", ms, flop / ms * 1e-9);
+            if (check && N == 4096 && tv->tile >= 0) {
+                uint16_t *got = down_bits(dc, M * N);
+                char what[96];
+                snprintf(what, sizeof what, "  %s vs cuBLASLt%s", name, tv->act ? " + quick_gelu pass" : "");
+                CHECK_MSG(gemm_check(what, got, N, M, lt[tv->act], M, N) == 0, "%s: mismatches at the timing size", name);
+                free(got);
             }
         }
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     kiln_cuda_free(da), kiln_cuda_free(db), kiln_cuda_free(dbias), kiln_cuda_free(dc), kiln_cuda_free(dl);
-    free(a), free(b), free(bias);
+    free(a), free(b), free(bias), free(lt[0]), free(lt[1]);
+}
+
+TEST(gpu_gemm_tc_timing) {
+    static const timing_variant vs[] = {
+        {-1, 0}, {-1, 1}, {KILN_GEMM_TC_TILE_128x256, 0}, {KILN_GEMM_TC_TILE_128x256, 1},
+        {KILN_GEMM_TC_TILE_128x128, 0}, {KILN_GEMM_TC_TILE_128x128, 1},
+    };
+    time_variants(vs, sizeof vs / sizeof vs[0], 1);
+}
+
+/* the ping-pong schedules (consumer warpgroups on alternate tiles): the CPU cases of both tiles (tails, padded
+ * strides, more tiles than SMs), then the timing at CLIP's sizes with the check against cuBLASLt */
+TEST(gpu_gemm_tc_pingpong) {
+    static const gemm_case cs[] = {
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_64x256},
+        {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_PP_128x128},
+        {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_64x256},
+        {5, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_PP_64x256},
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_64x256},
+    };
+    run_cases(cs, sizeof cs / sizeof cs[0], 93);
+    static const timing_variant vs[] = {
+        {KILN_GEMM_TC_TILE_PP_128x128, 0}, {KILN_GEMM_TC_TILE_PP_128x128, 1},
+        {KILN_GEMM_TC_TILE_PP_64x256, 0},  {KILN_GEMM_TC_TILE_PP_64x256, 1},
+    };
+    time_variants(vs, sizeof vs / sizeof vs[0], 1);
 }
