@@ -69,37 +69,32 @@ static __device__ __forceinline__ const bf16 *xat(const bf16 *q, const bf16 *k, 
     return c < Q ? q + row * Q + c : k + row * Kc + (c - Q);
 }
 
-// mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c] (xp: x after P zero rows), u < M; V channels per thread
-// (V = 8 needs Q % 8 == 0: a vector never straddles q and k)
-template <int V>
+// mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c] (xp: x after P zero rows), u < M; a thread per element. The
+// shapes dw_fwd_rows_kernel does not take: channels not in 16-byte vectors, more than 4 taps, unaligned weights.
 static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
                                      kiln_conv_shape s, int Q) {
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, P = (int)(s.k0 - 1 + s.k1 - 1), M = T + (int)s.k1 - 1;
-    const int cv = C / V, Kc = C - Q;
-    const int64_t total = s.B * (int64_t)M * cv;
+    const int Kc = C - Q;
+    const int64_t total = s.B * (int64_t)M * C;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = e / cv, bb = row / M;
-        const int c = (int)(e - row * cv) * V, u = (int)(row - bb * M);
-        float acc[V], xv[V];
-#pragma unroll
-        for (int k = 0; k < V; k++) acc[k] = b0[c + k];
+        const int64_t row = e / C, bb = row / M;
+        const int c = (int)(e - row * C), u = (int)(row - bb * M);
+        float acc = b0[c];
         for (int j = 0; j < k0; j++) {
             const int up = u + j;
             if (up < P) continue;
-            ld_bf<V>(xat(xq, xk, bb * T + up - P, c, Q, Kc), xv);
-#pragma unroll
-            for (int k = 0; k < V; k++) acc[k] += w0[(c + k) * k0 + j] * xv[k];
+            acc += w0[c * k0 + j] * f(*xat(xq, xk, bb * T + up - P, c, Q, Kc));
         }
-        st_bf<V>(mid + row * C + c, acc);
+        mid[row * C + c] = b(acc);
     }
 }
 
-// The same for 8 channels of DWF_ROWS consecutive rows a thread, the taps K0 known at compile time: the
-// channels' b0 and w0 (8 and 8*K0 consecutive floats) loaded once as 16-byte vectors and kept in registers, and
-// each input row loaded once into a sliding window of K0 rows. dw_fwd_kernel<8> loads b0 and w0 per output row,
-// as 8 + 8*k0 scalar loads whose addresses are 32-64 bytes apart across a warp: 16 cache lines per load
-// instruction, ~330 L1 wavefronts per warp, against a few for its 16-byte x and mid accesses. Same sums in the
-// same order (the bias, then the taps j = 0, 1, ...): the same bits.
+// The depthwise forward for 8 channels of DWF_ROWS consecutive rows a thread (Q % 8 == 0: a vector never
+// straddles q and k), the taps K0 known at compile time: the channels' b0 and w0 (8 and 8*K0 consecutive
+// floats) loaded once as 16-byte vectors and kept in registers, and each input row loaded once into a sliding
+// window of K0 rows. (Loading b0 and w0 per output row, as 8 + 8*k0 scalar loads 32-64 bytes apart across a
+// warp, cost 16 cache lines per load instruction, ~330 L1 wavefronts per warp: 278 against 200 us a forward
+// call at the [cuda] shape, run r23.) The bias, then the taps j = 0, 1, ..., as the CPU.
 #define DWF_ROWS 16
 template <int K0>
 static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
@@ -671,43 +666,11 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
         }
     }
 }
-// The same pass split in two for 16-byte accesses (D % 8 == 0): dw0/db0 partials with a thread per 8
-// channels of a block of DW_ROWS rows (the same sums in the same order as above), and dx + the coupling's
-// adjoint with a thread per (token, KV head, 8 dims), fully parallel.
-static __global__ void dw0_part8_kernel(float *p0, float *pb0, const float *dmid, const bf16 *xq, const bf16 *xk,
-                                        kiln_conv_shape s, int Q, int cps) {
-    const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
-    const int Kc = C - Q, bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
-    const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M;
-    const float *dmb = dmid + (int64_t)bb * M * C;
-    for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8)
-        for (int jj = 0; jj < k0; jj++) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, accb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int u = u0; u < u1; u++) {
-                float gv[8], xv[8];
-                ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
-                const bool in = u + jj >= P;
-                if (in) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + u + jj - P, c, Q, Kc), xv);
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    accb[k] += gv[k];
-                    if (in) acc[k] += gv[k] * xv[k];
-                }
-            }
-            if (p0)
-#pragma unroll
-                for (int k = 0; k < 8; k++) p0[(int64_t)blockIdx.x * C * k0 + (int64_t)(c + k) * k0 + jj] = acc[k];
-            if (jj == 0 && pb0) {
-                stv<4>(pb0 + (int64_t)blockIdx.x * C + c, 0, accb);
-                stv<4>(pb0 + (int64_t)blockIdx.x * C + c + 4, 0, accb + 4);
-            }
-        }
-}
-
-// dw0 / db0 partials as dw0_part8_kernel, all K0 taps in one pass over the block's rows (the taps known at compile
-// time): dw0_part8_kernel reads the rows' dmid once per tap (k0 passes over 32 rows x C f32, 160 KB a block, more
-// than L2 keeps for 516 blocks at once), here once, with the input rows in a sliding window. Each (channel, tap)
-// sum still adds the rows in order: the same bits.
+// The same pass split in two for 16-byte accesses (D % 8 == 0, at most 4 taps): this kernel's dw0 / db0 partials
+// with a thread per 8 channels of a block of DW_ROWS rows (the same sums in the same order as above), all K0 taps
+// in one pass over the block's rows with the input rows in a sliding window (a pass over dmid per tap, 32 rows x
+// C f32 = 160 KB a block, was more than L2 keeps for 516 blocks at once); and dx_couple8_rows_kernel's dx + the
+// coupling's adjoint.
 template <int K0>
 static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float *dmid, const bf16 *xq, const bf16 *xk,
                                              kiln_conv_shape s, int Q, int cps) {
@@ -753,56 +716,11 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float 
     }
 }
 
-static __global__ void dx_couple8_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
-                                         const bf16 *dkp, kiln_conv_shape s, int NH, int KV) {
-    const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
-    const int D = C / (int)s.groups, D8 = D / 8, Q = NH * D, Kc = KV * D, G = NH / KV;
-    const int64_t total = s.B * (int64_t)T * KV * D8;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = e / (KV * D8);
-        const int rem = (int)(e - row * (KV * D8)), j = rem / D8, d = (rem % D8) * 8;
-        const int64_t bb = row / T;
-        const int t = (int)(row - bb * T);
-        const float *dmb = dmid + bb * M * C;
-        float dkg[8], sk[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        ld_bf<8>(dkp + row * Kc + j * D + d, dkg);
-#pragma unroll
-        for (int k = 0; k < 8; k++) dkg[k] = dkg[k] / (float)G;
-        for (int m = 0; m <= G; m++) {
-            const int c = m < G ? (j * G + m) * D + d : Q + j * D + d;
-            float dx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int jj = 0; jj < k0; jj++) {
-                const int u = t + P - jj;
-                if (u < 0 || u >= M) continue;
-                float gv[8];
-                ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
-#pragma unroll
-                for (int k = 0; k < 8; k++) dx[k] += gv[k] * w0[(c + k) * k0 + jj];
-            }
-            float o[8];
-            if (m < G) {
-                float dqv[8];
-                ld_bf<8>(dqp + row * Q + c, dqv);
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const float half = 0.5f * (dqv[k] + dkg[k]);
-                    o[k] = half + dx[k];
-                    sk[k] += half;
-                }
-                st_bf<8>(dq + row * Q + c, o);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) o[k] = sk[k] + dx[k];
-                st_bf<8>(dk + row * Kc + j * D + d, o);
-            }
-        }
-    }
-}
-// dx + the coupling's adjoint as dx_couple8_kernel, a thread per (DXR consecutive tokens, KV head, 8 dims), the
-// taps K0 known at compile time: the loop over the group's channels m outermost, so each channel's 8*K0 weights
-// are loaded once (as 16-byte vectors) for DXR tokens instead of as 8*k0 scalar loads per token (addresses 64
-// bytes apart across a warp: 16 cache lines a load instruction, the bulk of that kernel's L1 work). Per token the
-// same sums in the same order (dx over the taps jj = 0, 1, ...; sk over m = 0, 1, ...): the same bits.
+// dx + the coupling's adjoint (dw_bwd_couple_kernel's) with a thread per (DXR consecutive tokens, KV head,
+// 8 dims), fully parallel, the taps K0 known at compile time: the loop over the group's channels m outermost, so
+// each channel's 8*K0 weights are loaded once (as 16-byte vectors) for DXR tokens instead of as 8*k0 scalar loads
+// per token (addresses 64 bytes apart across a warp: 16 cache lines a load instruction). Per token the same sums
+// in the same order as dw_bwd_couple_kernel (dx over the taps jj = 0, 1, ...; sk over m = 0, 1, ...).
 #define DXR 2
 template <int K0>
 static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
@@ -903,15 +821,6 @@ static int use_tile128(int64_t cg) {
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
 }
 
-// KILN_CCA_DW=items: the depthwise passes' previous kernels (dw_fwd_kernel<8>, dx_couple8_kernel, which load the
-// weights again for every row; dw0_part8_kernel, a pass over dmid per tap): a comparison, the same bits
-// KILN_CCA_DW=rows: the new ones (the same bits, the op test on the H200, run r23); off by default until they
-// have run in the trainer
-static int dw_rows(void) {
-    const char *e = getenv("KILN_CCA_DW");
-    return e && !strcmp(e, "rows");
-}
-
 // w1 split for the FAST grouped GEMMs: scratch of 2 x C*cg*k1 bf16 (hi, then lo)
 template <int MODE>
 static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s, cudaStream_t st) {
@@ -935,10 +844,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups, ne = s->C * cg * s->k1;
         const int64_t Q = NH * cg;
         const int vec = s->C % 8 == 0 && Q % 8 == 0 && aligned16(mid) && aligned16(q) && aligned16(k);
-        const int64_t items = s->B * M * (vec ? s->C / 8 : s->C);
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 0, st));
         const int64_t strips = s->B * ((M + DWF_ROWS - 1) / DWF_ROWS) * (s->C / 8);
-        const int rows = vec && dw_rows() && aligned16(w0) && aligned16(b0) && s->k0 <= 4;
+        const int rows = vec && aligned16(w0) && aligned16(b0) && s->k0 <= 4;
         if (rows && s->k0 == 1)
             dw_fwd_rows_kernel<1><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
                                                                         w0, b0, *s, (int)Q);
@@ -951,12 +859,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         else if (rows)
             dw_fwd_rows_kernel<4><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
                                                                         w0, b0, *s, (int)Q);
-        else if (vec)
-            dw_fwd_kernel<8><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k, w0, b0,
-                                                                   *s, (int)Q);
         else
-            dw_fwd_kernel<1><<<grid_for(items, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k, w0, b0,
-                                                                   *s, (int)Q);
+            dw_fwd_kernel<<<grid_for(s->B * M * s->C, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
+                                                                        w0, b0, *s, (int)Q);
         LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 1, st));
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 0, st));
@@ -1061,48 +966,42 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 1, st));
         // the depthwise stage and the coupling
         const int64_t kvd = KV * cg, Q = NH * cg;
-        if (cg % 8 == 0 && aligned16(dq) && aligned16(dk) && aligned16(dqpre) && aligned16(dkpre) && aligned16(q) &&
-            aligned16(k) && aligned16(dmid) && aligned16(pb0)) {
+        // 16-byte accesses and the taps as a template argument; the other shapes (and more than 4 taps) through
+        // dw_bwd_couple_kernel, one pass for both
+        if (cg % 8 == 0 && k0 <= 4 && aligned16(dq) && aligned16(dk) && aligned16(dqpre) && aligned16(dkpre) &&
+            aligned16(q) && aligned16(k) && aligned16(dmid) && aligned16(pb0) && aligned16(w0)) {
             if (p0 || pb0) {
                 CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 0, st));
                 const int64_t c8 = C / 8;
                 const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
-                const int taps = dw_rows() && k0 <= 4;
-                if (taps && k0 == 1)
+                if (k0 == 1)
                     dw0_part8_taps_kernel<1><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
                                                                                       (const bf16 *)k, *s, (int)Q, (int)cps0);
-                else if (taps && k0 == 2)
+                else if (k0 == 2)
                     dw0_part8_taps_kernel<2><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
                                                                                       (const bf16 *)k, *s, (int)Q, (int)cps0);
-                else if (taps && k0 == 3)
+                else if (k0 == 3)
                     dw0_part8_taps_kernel<3><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
                                                                                       (const bf16 *)k, *s, (int)Q, (int)cps0);
-                else if (taps)
+                else
                     dw0_part8_taps_kernel<4><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
                                                                                       (const bf16 *)k, *s, (int)Q, (int)cps0);
-                else
-                    dw0_part8_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
-                                                                              (const bf16 *)k, *s, (int)Q, (int)cps0);
                 LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
                 CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 1, st));
             }
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
             const int64_t nx = B * ((T + DXR - 1) / DXR) * kvd / 8;
-            const int rows = dw_rows() && aligned16(w0) && k0 <= 4;
-            if (rows && k0 == 1)
+            if (k0 == 1)
                 dx_couple8_rows_kernel<1><<<grid_for(nx, 256), 256, 0, st>>>(
                     (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
-            else if (rows && k0 == 2)
+            else if (k0 == 2)
                 dx_couple8_rows_kernel<2><<<grid_for(nx, 256), 256, 0, st>>>(
                     (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
-            else if (rows && k0 == 3)
+            else if (k0 == 3)
                 dx_couple8_rows_kernel<3><<<grid_for(nx, 256), 256, 0, st>>>(
                     (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
-            else if (rows)
-                dx_couple8_rows_kernel<4><<<grid_for(nx, 256), 256, 0, st>>>(
-                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
             else
-                dx_couple8_kernel<<<grid_for(B * T * kvd / 8, 256), 256, 0, st>>>(
+                dx_couple8_rows_kernel<4><<<grid_for(nx, 256), 256, 0, st>>>(
                     (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
             LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));

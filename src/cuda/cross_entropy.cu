@@ -4,7 +4,9 @@
 // is a second kernel summing the per-row losses in a fixed order (deterministic).
 // Rows of up to ~100k bf16 with 16-byte alignment (the model's 50304: 98 KB) are read ONCE (ce_smem_kernel):
 // copied into shared memory by cp.async, then max, sum of exp and the gradient from there. Two resident
-// blocks per SM keep one row's copy in flight while the other's exponentials run. KILN_ROW_PIPE=0: ce_kernel.
+// blocks per SM keep one row's copy in flight while the other's exponentials run. ce_kernel (two passes over
+// the row in global memory) stays for the rows ce_smem_kernel does not take: V past CE_SMEM_MAX / 2, V not a
+// multiple of 8 or logits not 16-byte aligned (its scalar path).
 #include "ops_common.cuh"
 
 #define CE_THREADS 512
@@ -226,7 +228,7 @@ extern "C" kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_t
         return NULL;
     }
     if (loss && !tok) CUDA_TRY(kiln_ops_scratch((void **)&tok, (size_t)rows * sizeof(float), st));
-    if (vec && V * 2 <= CE_SMEM_MAX && row_pipe_on()) {
+    if (vec && V * 2 <= CE_SMEM_MAX) {
         const size_t smem = (size_t)V * 2;
         // the row lives in shared memory: prefer it to L1 (two rows per SM at the model's vocabulary)
         CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,

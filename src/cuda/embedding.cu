@@ -9,7 +9,6 @@
 // positions), and its time is rows in
 // flight x row bytes per memory latency: one float per thread with 64 loads in flight moves it ~16x faster
 // than the float4 of a thread with 16 (the columns of a row are spread over more threads, each as deep).
-// KILN_ROW_PIPE=0: the previous kernel (one block per sorted index, each segment's end found by a linear scan).
 #include <cub/device/device_radix_sort.cuh>
 
 #include "ops_common.cuh"
@@ -34,24 +33,6 @@ static __global__ void embedding_keys_kernel(uint32_t *keys, int32_t *pos, const
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         keys[i] = (uint32_t)ids[i];
         pos[i] = (int32_t)i;
-    }
-}
-
-// block k does the segment that starts at sorted index k (others return at once)
-static __global__ void embedding_bwd_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
-                                            int64_t n, int64_t d, int64_t pad) {
-    for (int64_t k = blockIdx.x; k < n; k += gridDim.x) {
-        const uint32_t id = keys[k];
-        if (k > 0 && keys[k - 1] == id) continue;
-        if (pad >= 0 && (int64_t)id == pad) continue;
-        int64_t e = k + 1;
-        while (e < n && keys[e] == id) e++;
-        float *row = dtable + (int64_t)id * d;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            float acc = row[j];
-            for (int64_t i = k; i < e; i++) acc += dy[(int64_t)pos[i] * d + j];
-            row[j] = acc;
-        }
     }
 }
 
@@ -121,7 +102,7 @@ static __global__ void __launch_bounds__(SEG_THREADS)
 // The short segments (fewer than SEG_LONG positions; with many distinct ids, nearly all of them): one block per
 // segment (blocks past cnt[1] return at once), each thread its columns j = threadIdx.x, + blockDim.x, ..., the
 // rows added in position order, 8 loads in flight. A counter per item (the long kernel's) costs an atomic per
-// 1 KB slice: 756 us for 16384 uniform ids in run r23, against 204 us for the previous one-block-per-id kernel.
+// 1 KB slice: 756 us for 16384 uniform ids in run r23, against 204 us for one block per id.
 static __global__ void __launch_bounds__(SEG_THREADS)
     embedding_short_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
                            const int32_t *segs, const int *cnt, int64_t d) {
@@ -163,9 +144,12 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     uint32_t *keys = NULL, *skeys = NULL;
-    int32_t *pos = NULL, *spos = NULL, *seg = NULL;
+    int32_t *pos = NULL, *spos = NULL, *seg = NULL, *segl, *segs;
+    int *cnt;
+    unsigned long long *next;
     void *tmp = NULL;
     size_t tmp_bytes = 0;
+    const int64_t nslice = (d + SEG_THREADS - 1) / SEG_THREADS; // d < 2^39: fits an int
     if (n <= 0 || d <= 0) return NULL;
     if (n > INT32_MAX) return kiln_errorf(KILN_EINVAL, "embedding backward: %lld tokens exceed 2^31", (long long)n);
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));
@@ -177,26 +161,20 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     embedding_keys_kernel<<<grid_for(n, 256), 256, 0, st>>>(keys, pos, ids, n);
     LAUNCH_CHECK("embedding backward (keys)");
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));
-    if (row_pipe_on()) {
-        const int64_t nslice = (d + SEG_THREADS - 1) / SEG_THREADS; // d < 2^39: fits an int
-        // scratch: the two counts, the work counter (8-byte aligned), then the two lists of n segments each
-        CUDA_TRY(kiln_ops_scratch((void **)&seg, (size_t)(8 + 4 * n) * sizeof(int32_t), st));
-        int *cnt = seg;
-        unsigned long long *next = (unsigned long long *)(seg + 4);
-        int32_t *segl = seg + 8, *segs = segl + 2 * n;
-        CUDA_TRY(cudaMemsetAsync(seg, 0, 8 * sizeof(int32_t), st));
-        embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(segl, segs, cnt, skeys, n, pad);
-        LAUNCH_CHECK("embedding backward (segments)");
-        // the long segments first (the longest chains), then the short ones, one block each (up to n blocks)
-        const int grid = resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, n * nslice);
-        embedding_seg_sum_kernel<<<grid, SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segl, cnt, next, d, (int)nslice);
-        LAUNCH_CHECK("embedding backward (long segments)");
-        embedding_short_kernel<<<(int)(n < INT32_MAX ? n : INT32_MAX), SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segs,
-                                                                                             cnt, d);
-    } else {
-        embedding_bwd_kernel<<<(int)(n < 65535 ? n : 65535), d >= 256 ? 256 : 128, 0, st>>>(dtable, dy, skeys, spos, n,
-                                                                                              d, pad);
-    }
+    // scratch: the two counts, the work counter (8-byte aligned), then the two lists of n segments each
+    CUDA_TRY(kiln_ops_scratch((void **)&seg, (size_t)(8 + 4 * n) * sizeof(int32_t), st));
+    cnt = seg;
+    next = (unsigned long long *)(seg + 4);
+    segl = seg + 8, segs = segl + 2 * n;
+    CUDA_TRY(cudaMemsetAsync(seg, 0, 8 * sizeof(int32_t), st));
+    embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(segl, segs, cnt, skeys, n, pad);
+    LAUNCH_CHECK("embedding backward (segments)");
+    // the long segments first (the longest chains), then the short ones, one block each (up to n blocks)
+    embedding_seg_sum_kernel<<<resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, n * nslice), SEG_THREADS, 0,
+                               st>>>(dtable, dy, skeys, spos, segl, cnt, next, d, (int)nslice);
+    LAUNCH_CHECK("embedding backward (long segments)");
+    embedding_short_kernel<<<(int)(n < INT32_MAX ? n : INT32_MAX), SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segs,
+                                                                                         cnt, d);
     LAUNCH_CHECK("embedding backward");
 done:
     if (seg) cudaFreeAsync(seg, st);

@@ -182,16 +182,6 @@ template <typename K> static int resident_grid(K kernel, int threads, size_t sme
     return (int)(g < work ? g : work < 1 ? 1 : work);
 }
 
-// KILN_ROW_PIPE=0: the memory-bound row ops (residual_norm.cu, cross_entropy.cu, embedding.cu) run their
-// previous kernels (one row in flight per block, two passes over the logits, one block per id), for comparison.
-// Off by default (KILN_ROW_PIPE=1 turns them on): the session-6 row kernels passed their op tests on the H200
-// (run r23) but have not yet run in the trainer at the [cuda] size, where the residual forward's first version
-// failed to launch; the previous kernels are the ones the trainer's end-to-end tests and benchmark have run.
-static inline int row_pipe_on(void) {
-    const char *e = getenv("KILN_ROW_PIPE");
-    return e && e[0] == '1';
-}
-
 // Optional timing of an op's N passes (the experts' memory passes, the CCA convolutions' passes): a pair of
 // CUDA events around each pass, recorded only while enabled (no events otherwise), read back as the last
 // call's microseconds (-1 for a pass that did not run), so a benchmark can set each pass beside its bytes.

@@ -1,9 +1,9 @@
 // ZAYA's QK norm (head vectors to L2 norm `scale`, times the per-KV-head temperature) and partial RoPE
-// (HF rotate-half), forward and backward, separately (the CPU ops' twins) and fused in one pass. One warp
-// per head vector, staged in shared memory so that RoPE's pairs (i, i + rot_dim/2) meet. The
-// temperature's gradient is one value per vector, then a fixed-order sum per head: deterministic.
+// (HF rotate-half), forward and backward, separately (the CPU ops' twins) and fused in one pass. A warp
+// per head vector (four a warp up to QK_BATCH_DIM), staged in shared memory so that RoPE's pairs
+// (i, i + rot_dim/2) meet. The temperature's gradient is one value per vector, then a fixed-order sum per
+// head: deterministic.
 #include <stdlib.h>
-#include <string.h>
 
 #include "ops_common.cuh"
 
@@ -252,12 +252,9 @@ static __global__ void qk_bwd_nv_kernel(bf16 *dx, float *dtp, const bf16 *dy, co
     }
 }
 
-// KILN_QK_BATCH=1: four head vectors a warp (the same bits as one a warp, the op test on the H200, run r23);
-// off by default until it has run in the trainer
-static int qk_batch(int64_t dim) {
-    const char *e = getenv("KILN_QK_BATCH");
-    return dim <= QK_BATCH_DIM && e && !strcmp(e, "1");
-}
+// Head vectors up to QK_BATCH_DIM (ZAYA's default 128) go four a warp; wider ones (up to 2048) one a warp: four
+// at 2048 would stage 4 warps x 4 vectors x 2048 floats (x2 backward: 256 KB) in a block's shared memory.
+static int qk_batch(int64_t dim) { return dim <= QK_BATCH_DIM; }
 
 static int aligned8(const void *p) { return ((uintptr_t)p & 7) == 0; }
 

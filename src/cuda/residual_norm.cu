@@ -14,7 +14,9 @@
 // cp.async, so that the next PS-1 rows' loads are in flight while a row is reduced (one row in flight per block
 // left the backward at ~2 TB/s); the backward recomputes the join's output from its inputs (read anyway)
 // instead of reading it; every weight gradient's partials are summed in one launch (colsum_add_multi).
-// KILN_ROW_PIPE=0 runs the previous kernels.
+// Rows the ring does not take (wider than 4096 columns: the f32 rmsnorm's up to 16384; widths not a multiple
+// of 4 or unaligned rows) go through fwd_kernel, bwd_kernel and nj_bwd_kernel: the same arithmetic, one row in
+// flight per block.
 #include "ops_common.cuh"
 
 namespace rn {
@@ -622,7 +624,7 @@ extern "C" kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, 
     if (!nv)
         return kiln_errorf(KILN_EINVAL, "residual_norm forward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
-    if (vec && nv <= PIPE_NV && row_pipe_on()) {
+    if (vec && nv <= PIPE_NV) {
         const cudaError_t e =
             a_bf16 ? fwd_pipe<bf16>(nv, threads, st, y, (bf16 *)ln, rstd, (const bf16 *)a_bf16, ab, as, x, xb, xs, w, n, (int)d, eps)
                    : fwd_pipe<float>(nv, threads, st, y, (bf16 *)ln, rstd, a, ab, as, x, xb, xs, w, n, (int)d, eps);
@@ -664,7 +666,7 @@ extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm
         return kiln_errorf(KILN_EINVAL, "residual_norm backward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
     {
-        const int pipe = vec && nv <= PIPE_NV && row_pipe_on();
+        const int pipe = vec && nv <= PIPE_NV;
         const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(NPART * chunks * d) * sizeof(float), st));
         if (pipe) {
@@ -699,7 +701,7 @@ extern "C" kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p,
         return kiln_errorf(KILN_EINVAL, "norm_join backward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
     {
-        const int pipe = vec && nv <= PIPE_NV && row_pipe_on();
+        const int pipe = vec && nv <= PIPE_NV;
         const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(3 * chunks * d) * sizeof(float), st));
         if (pipe)

@@ -138,7 +138,8 @@ static __global__ void __launch_bounds__(512)
 // Narrow bf16 rows (d % 4 == 0, d <= 512: the router's norm, 256 wide): one warp per row, U units of 4 values
 // (8-byte accesses) per lane, 8 rows per block of 256 threads. The kernels above give such a row a block of 64
 // threads and a block-wide reduction per row: at 16384 rows of 512 bytes that was mostly launch and barrier
-// time (forward ~16 us, backward ~29 us a call for ~4 / ~6 us of bytes). KILN_ROW_PIPE=0: the kernels above.
+// time (forward ~16 us, backward ~29 us a call for ~4 / ~6 us of bytes). The kernels above stay for the
+// f32 form, wider rows, and rows whose width or alignment the 8-byte accesses do not fit.
 enum { NARROW_MAX = 512 };
 template <int U>
 static __global__ void __launch_bounds__(256)
@@ -242,7 +243,7 @@ static kiln_error *rmsnorm_fwd(bf16 *y, float *rstd, const TX *x, const float *w
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
     const int grid = (int)(n < 1048576 ? n : 1048576);
-    const int U = sizeof(TX) == 2 && aligned16(y) && aligned16(x) && aligned16(w) && row_pipe_on() ? narrow_units(d) : 0;
+    const int U = sizeof(TX) == 2 && aligned16(y) && aligned16(x) && aligned16(w) ? narrow_units(d) : 0;
     if (U) {
         const int g8 = (int)((n + 7) / 8 < 1048576 ? (n + 7) / 8 : 1048576);
         const bf16 *xb = (const bf16 *)x;
@@ -272,7 +273,7 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     const int64_t target = vec && nv <= 4 ? 512 * (512 / threads) : 512;
     const int64_t rows_per = chunk_rows(n, target), chunks = (n + rows_per - 1) / rows_per;
     if (n <= 0 || d <= 0 || (!dx && !dw)) return NULL;
-    if (sizeof(TX) == 2 && sizeof(TDX) == 2 && vec && row_pipe_on() && narrow_units(d)) {
+    if (sizeof(TX) == 2 && sizeof(TDX) == 2 && vec && narrow_units(d)) {
         // narrow bf16 rows: a warp per row (~512 chunks of rows; the dw partials summed in one coalesced launch)
         const int U = narrow_units(d);
         const int64_t rp = chunk_rows(n, 512), nc = (n + rp - 1) / rp;

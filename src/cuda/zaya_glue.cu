@@ -46,20 +46,11 @@ done:
 // gradient dxn plus what the next layer sent back (carry, f32; nullable):
 //   drs_bf16 = g (the r_down projection's output gradient);
 //   dprev (f32, written; nullable) = g * scale; dscale [R] += sum over tokens of g * prev (fixed order).
-// prod: f32 scratch of N*R (nullable when there is no prev).
-static __global__ void rstate_bwd_kernel(bf16 *drs, float *dprev, float *prod, const bf16 *dxn, const float *carry,
-                                         const bf16 *prev, const float *scale, int64_t N, int64_t R) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * R; i += (int64_t)gridDim.x * blockDim.x) {
-        float g = ld(dxn, i) + (carry ? carry[i] : 0.0f);
-        drs[i] = __float2bfloat16_rn(g);
-        if (dprev) dprev[i] = g * scale[i % R];
-        if (prod) prod[i] = g * ld(prev, i);
-    }
-}
-// The same outputs with dscale's sum taken per chunk of rows (block c: rows [c*rp, ...), thread t the columns
-// t, t + blockDim.x, ...: coalesced across the threads), in double, then one coalesced column sum of the
-// chunks' partials (part, [chunks, R]: the caller's prod scratch): the product is not written out and read back
-// column by column (colsum_add_kernel: 4 bytes per 1 KB row stride). drs and dprev as rstate_bwd_kernel's.
+// prod: f32 scratch of N*R (nullable when there is no prev), here the chunks' dscale partials.
+// dscale's sum is taken per chunk of rows (block c: rows [c*rp, ...), thread t the columns t, t + blockDim.x,
+// ...: coalesced across the threads), in double, then one coalesced column sum of the chunks' partials (part,
+// [chunks, R]): the product g * prev is never written out and then read back column by column (colsum_add: 4
+// bytes per 1 KB row stride at the router's width).
 static __global__ void rstate_bwd_chunk_kernel(bf16 *drs, float *dprev, float *part, const bf16 *dxn, const float *carry,
                                                const bf16 *prev, const float *scale, int64_t N, int64_t R, int64_t rp) {
     const int64_t r0 = blockIdx.x * rp, r1 = r0 + rp < N ? r0 + rp : N;
@@ -85,7 +76,7 @@ extern "C" kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, floa
     kiln_error *err = NULL;
     cudaStream_t s = (cudaStream_t)stream;
     const int with_prev = prev && scale;
-    if (N * R > 0 && row_pipe_on()) { // ~1024 chunks of rows (a fixed count: the same bits on any device)
+    if (N * R > 0) { // ~1024 chunks of rows (a fixed count: the same bits on any device)
         const int64_t rp = chunk_rows(N, 1024), nc = (N + rp - 1) / rp;
         const int threads = R >= 256 ? 256 : (int)((R + 31) / 32 * 32);
         float *part = with_prev && dscale ? prod : NULL; // nc*R <= N*R floats
@@ -93,14 +84,7 @@ extern "C" kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, floa
                                                             (const bf16 *)dxn, carry, (const bf16 *)prev, scale, N, R, rp);
         LAUNCH_CHECK("zaya router state backward");
         if (part) CUDA_TRY(colsum_add_multi(&dscale, 1, part, nc, R, s));
-        return NULL;
     }
-    if (N * R > 0)
-        rstate_bwd_kernel<<<grid_for(N * R, 256), 256, 0, s>>>((bf16 *)drs, with_prev ? dprev : NULL,
-                                                               with_prev && dscale ? prod : NULL, (const bf16 *)dxn,
-                                                               carry, (const bf16 *)prev, scale, N, R);
-    LAUNCH_CHECK("zaya router state backward");
-    if (with_prev && dscale) CUDA_TRY(colsum_add(dscale, prod, N, R, s));
 done:
     return err;
 }

@@ -1,9 +1,9 @@
 /* The fused cross-entropy on the device against kiln_cross_entropy. Tolerances:
  *   mean loss and per-row losses (f32): 1e-5 relative (f32 exp/sum over V terms instead of f64);
  *   dlogits (bf16): 5e-3 relative to its largest entry, one bf16 rounding (at most 2^-8) plus f32 math.
- * V = 50304 (the benchmark's vocabulary, 16-byte loads), an odd V (the scalar path), in place
- * (dlogits == logits), T = 1 (nothing to predict), and the mean bitwise repeatable; each with the one-read
- * kernel (rows in shared memory, the default) and the two-pass one (KILN_ROW_PIPE=0). */
+ * V = 50304 (the benchmark's vocabulary, 16-byte loads: the one-read kernel, rows in shared memory), an odd V
+ * (the two-pass kernel's scalar path), V = 102408 (a row past the shared memory: the two-pass kernel's 16-byte
+ * path), in place (dlogits == logits), T = 1 (nothing to predict), and the mean bitwise repeatable. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,18 +18,13 @@ TEST(gpu_ops_cross_entropy) {
         int64_t B, T, V;
         int inplace;
     } shapes[] = {{2, 65, 50304, 0}, {3, 17, 1001, 0}, {2, 33, 50304, 1}, {1, 40, 7, 1}, {2, 1, 64, 0},
-                  {4, 9, 4096, 1}, {1, 300, 8, 0}};
+                  {4, 9, 4096, 1}, {1, 300, 8, 0}, {1, 5, 102408, 0}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 31);
-    for (size_t si = 0; si < 2 * sizeof shapes / sizeof *shapes; si++) {
-        /* every shape with the one-read kernel (the default where the row fits in shared memory) and with the
-         * two-pass one (KILN_ROW_PIPE=0) */
-        const size_t sj = si % (sizeof shapes / sizeof *shapes);
-        setenv("KILN_ROW_PIPE", si == sj ? "1" : "0", 1);
+    for (size_t sj = 0; sj < sizeof shapes / sizeof *shapes; sj++) {
         const int64_t B = shapes[sj].B, T = shapes[sj].T, V = shapes[sj].V, rows = B * T, n = rows * V;
         const int inplace = shapes[sj].inplace;
-        printf("  B=%lld T=%lld V=%lld%s%s\n", (long long)B, (long long)T, (long long)V, inplace ? " in place" : "",
-               si == sj ? "" : " KILN_ROW_PIPE=0");
+        printf("  B=%lld T=%lld V=%lld%s\n", (long long)B, (long long)T, (long long)V, inplace ? " in place" : "");
         float *logits = gt_rand(&rng, n, 6.0f);
         gt_round_bf16(logits, n);
         int64_t *ids = malloc((size_t)rows * sizeof *ids);
@@ -64,12 +59,4 @@ TEST(gpu_ops_cross_entropy) {
         if (!inplace) kiln_cuda_free(dgrad);
         free(logits), free(ids), free(dl), free(ltok), free(pair), free(gl), free(gtok), free(gd);
     }
-    unsetenv("KILN_ROW_PIPE");
-}
-
-/* the same with the session-6 row kernels (KILN_ROW_PIPE=1; the previous ones are the default) */
-TEST(gpu_ops_cross_entropy_row_pipe) {
-    setenv("KILN_ROW_PIPE", "1", 1);
-    gpu_ops_cross_entropy();
-    unsetenv("KILN_ROW_PIPE");
 }

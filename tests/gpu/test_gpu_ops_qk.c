@@ -5,8 +5,8 @@
  *   inv (f32): 1e-5; dt, a sum over all tokens of one head: 3e-5 (f32 terms, another order).
  * Shapes include odd head dims, a partial rotary dim, long positions (4096 steps: f32 angles as the
  * reference computes them); a separate case has zero vectors (the norm clamped at eps, where the map is
- * linear with a gain of scale/eps: those vectors would dominate max |ref| of a larger case). The fused op's kernels
- * that take several head vectors a warp give the bits of those taking one (KILN_QK_BATCH=0). */
+ * linear with a gain of scale/eps: those vectors would dominate max |ref| of a larger case). Head dims up to 256
+ * run four head vectors a warp, the wider ones (320, 301) one a warp. */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +25,8 @@ typedef struct {
 } qk_shape;
 
 static const qk_shape shapes[] = {
-    {2, 50, 3, 64, 0.5, 7}, {1, 4096, 2, 128, 0.5, 0}, {3, 17, 5, 33, 1.0, 100}, {2, 300, 8, 128, 0.25, 0}};
+    {2, 50, 3, 64, 0.5, 7}, {1, 4096, 2, 128, 0.5, 0}, {3, 17, 5, 33, 1.0, 100}, {2, 300, 8, 128, 0.25, 0},
+    {2, 9, 2, 320, 0.5, 5}, {1, 7, 3, 301, 1.0, 0}};
 
 static float *dev_inv_freq(const qk_shape *s, int64_t *rot_dim) {
     float inv_freq[1024];
@@ -103,7 +104,6 @@ TEST(gpu_ops_rope) {
 }
 
 TEST(gpu_ops_qk_norm_rope_fused) {
-    setenv("KILN_QK_BATCH", "1", 1); /* the batched kernels (off by default), against KILN_QK_BATCH=0 */
     kiln_rng rng;
     kiln_rng_seed(&rng, 23);
     const float eps = FLT_EPSILON;
@@ -151,27 +151,11 @@ TEST(gpu_ops_qk_norm_rope_fused) {
                                                  s->pos0, scale, eps, NULL));
         float *gdt2 = gt_down_f32(ddt, s->heads);
         CHECK_MSG(!memcmp(gdt, gdt2, (size_t)s->heads * sizeof(float)), "qk_norm_rope dt differs between two runs");
-        { /* one head vector a warp (KILN_QK_BATCH=0): the same bits as several */
-            setenv("KILN_QK_BATCH", "0", 1);
-            CHECK_OK(kiln_cuda_copy(ddt, dt0, (size_t)s->heads * sizeof(float), KILN_CUDA_H2D));
-            CHECK_OK(kiln_qk_norm_rope_forward_cuda(dyo, dinv, dxi, dtv, dfreq, s->b, s->t, s->heads, s->dim, rot,
-                                                    s->pos0, scale, eps, NULL));
-            CHECK_OK(kiln_qk_norm_rope_backward_cuda(ddx, ddt, ddy, dxi, dtv, dinv, dfreq, s->b, s->t, s->heads, s->dim,
-                                                     rot, s->pos0, scale, eps, NULL));
-            setenv("KILN_QK_BATCH", "1", 1);
-            float *oy = gt_down_bf16(dyo, n), *oinv = gt_down_f32(dinv, nv), *odx = gt_down_bf16(ddx, n),
-                  *odt = gt_down_f32(ddt, s->heads);
-            CHECK_MSG(!memcmp(oy, gy, (size_t)n * 4) && !memcmp(oinv, ginv, (size_t)nv * 4) &&
-                          !memcmp(odx, gdx, (size_t)n * 4) && !memcmp(odt, gdt, (size_t)s->heads * 4),
-                      "qk_norm_rope: one vector a warp (KILN_QK_BATCH=0) differs from the batched kernels");
-            free(oy), free(oinv), free(odx), free(odt);
-        }
         kiln_cuda_free(dfreq), kiln_cuda_free(dxi), kiln_cuda_free(ddy), kiln_cuda_free(dyo), kiln_cuda_free(ddx);
         kiln_cuda_free(dtv), kiln_cuda_free(ddt), kiln_cuda_free(dinv);
         free(x), free(dy), free(t), free(dt0), free(y), free(inv), free(g), free(dx), free(dt), free(gy), free(ginv);
         free(gdx), free(gdt), free(gdt2);
     }
-    unsetenv("KILN_QK_BATCH");
 }
 
 TEST(gpu_ops_l2norm_clamp) {

@@ -5,12 +5,12 @@
  * test_gpu_ops_rows.c: bf16 outputs (ln, da) 5e-3, one rounding; f32 element outputs (y, rstd, dx) 1e-5;
  * f32 sums over rows (the seven weight gradients, accumulated onto random values) 3e-5. Shapes: the model's
  * width (one 16-byte unit per thread), two units per thread (d 4096), a narrow row (fewer threads than a
- * block), odd widths on the element path (two and four units per thread), bf16 and f32 first inputs, with
+ * block), both through the pipelined kernels (the backward recomputes y from a and x instead of reading it);
+ * odd widths (two and four units per thread) and d 8192 (four 16-byte units per thread, past the pipelined
+ * kernels' 4096) on the element kernels; bf16 and f32 first inputs, with
  * and without the second input and the shifts. Weight gradients bitwise repeatable; da/dx do not depend on
  * which weight gradients are asked for; kiln_rmsnorm_forward_cuda of the stored y gives the fused norm's bits
- * (the model computes ln1 either way, with and without recomputation, and compares the bits). Every case runs
- * with the pipelined kernels (the default; the backward recomputes y from a and x instead of reading it) and
- * with the previous ones (KILN_ROW_PIPE=0). */
+ * (the model computes ln1 either way, with and without recomputation, and compares the bits). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,13 +27,13 @@ static float *copy_f(const float *x, int64_t n) {
     return y;
 }
 
-static void residual_norm_cases(void) {
+TEST(gpu_ops_residual_norm) {
     static const struct {
         int64_t n, d;
         int a_bf16, with_x, shifts;
     } cases[] = {{300, 2048, 1, 1, 1}, {64, 4096, 1, 1, 1}, {77, 40, 1, 1, 0}, {33, 1001, 1, 1, 1},
                  {9, 1999, 1, 1, 1},   {50, 37, 0, 1, 1},   {5, 2048, 0, 0, 0}, {2000, 2048, 1, 1, 1},
-                 {130, 2048, 0, 1, 1}};
+                 {130, 2048, 0, 1, 1}, {20, 8192, 1, 1, 1}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 81);
     const float eps = 1e-5f;
@@ -163,25 +163,14 @@ static void residual_norm_cases(void) {
               "residual_norm forward");
 }
 
-/* every case with the pipelined row kernels (the default: 16-byte rows of up to 4096 columns) and with the
- * previous ones (KILN_ROW_PIPE=0); the other shapes run the element kernels both times */
-TEST(gpu_ops_residual_norm) {
-    for (int old = 0; old < 2; old++) {
-        printf(" %s\n", old ? "KILN_ROW_PIPE=0" : "pipelined");
-        setenv("KILN_ROW_PIPE", old ? "0" : "1", 1);
-        residual_norm_cases();
-    }
-    unsetenv("KILN_ROW_PIPE");
-}
-
 /* kiln_norm_join_backward_cuda against kiln_rmsnorm_backward (onto gin) then kiln_scale_shift_backward of the
- * join's first input; in place (gin = gout) and without gin */
-static void norm_join_cases(void) {
+ * join's first input; in place (gin = gout) and without gin; d 8192 on the element kernel */
+TEST(gpu_ops_norm_join_backward) {
     static const struct {
         int64_t n, d;
         int with_gin, in_place, shift;
     } cases[] = {{300, 2048, 1, 1, 1}, {64, 4096, 0, 0, 1}, {33, 1001, 1, 0, 0}, {77, 40, 1, 1, 1},
-                 {2000, 2048, 1, 1, 1}, {700, 2048, 0, 0, 0}};
+                 {2000, 2048, 1, 1, 1}, {700, 2048, 0, 0, 0}, {20, 8192, 1, 0, 1}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 83);
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
@@ -235,15 +224,6 @@ static void norm_join_cases(void) {
         free(zeros), free(ln), free(rstd), free(g), free(dw), free(dab), free(das), free(da), free(hg), free(hda);
         free(hdw), free(hdab), free(hdas), free(hg2), free(hdw2), free(hdab2), free(hdas2);
     }
-}
-
-TEST(gpu_ops_norm_join_backward) {
-    for (int old = 0; old < 2; old++) {
-        printf(" %s\n", old ? "KILN_ROW_PIPE=0" : "pipelined");
-        setenv("KILN_ROW_PIPE", old ? "0" : "1", 1);
-        norm_join_cases();
-    }
-    unsetenv("KILN_ROW_PIPE");
 }
 
 TEST(gpu_ops_scale_shift_backward_write) {

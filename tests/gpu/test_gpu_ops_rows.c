@@ -42,13 +42,10 @@ TEST(gpu_ops_embedding) {
                   {4096, 2048, 50304, 0, 1}, {3000, 260, 2048, 5, 1},   {1500, 2048, 2, -1, 0}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 11);
-    for (size_t si = 0; si < 2 * sizeof shapes / sizeof *shapes; si++) {
-        /* every shape with the segment-list kernel (the default) and the previous one (KILN_ROW_PIPE=0) */
-        const size_t sj = si % (sizeof shapes / sizeof *shapes);
-        setenv("KILN_ROW_PIPE", si == sj ? "1" : "0", 1);
+    for (size_t sj = 0; sj < sizeof shapes / sizeof *shapes; sj++) {
         const int64_t n = shapes[sj].n, d = shapes[sj].d, V = shapes[sj].V, pad = shapes[sj].pad;
-        printf("  n=%lld d=%lld V=%lld pad=%lld%s%s\n", (long long)n, (long long)d, (long long)V, (long long)pad,
-               shapes[sj].skewed ? " skewed ids" : "", si == sj ? "" : " KILN_ROW_PIPE=0");
+        printf("  n=%lld d=%lld V=%lld pad=%lld%s\n", (long long)n, (long long)d, (long long)V, (long long)pad,
+               shapes[sj].skewed ? " skewed ids" : "");
         int64_t *ids = malloc((size_t)n * sizeof *ids);
         for (int64_t i = 0; i < n; i++)
             ids[i] = shapes[sj].skewed ? skewed_id(&rng, V) : (int64_t)(kiln_rng_u64(&rng) % (uint64_t)V);
@@ -70,22 +67,20 @@ TEST(gpu_ops_embedding) {
         kiln_cuda_free(dids), kiln_cuda_free(dtable), kiln_cuda_free(ddy), kiln_cuda_free(ddt), kiln_cuda_free(dyo);
         free(ids), free(table), free(dy), free(dt0), free(y), free(dt), free(gy), free(gdt);
     }
-    unsetenv("KILN_ROW_PIPE");
 }
 
 TEST(gpu_ops_rmsnorm) {
-    /* the bf16 form's narrow rows (d <= 512, the router's 256) run a warp per row; KILN_ROW_PIPE=0 the block kernels */
+    /* the bf16 form's narrow rows (d % 4 == 0, d <= 512: the router's 256) run a warp per row; the others (31, 257,
+     * 2048, the f32 form) the block kernels */
     static const struct {
         int64_t n, d;
     } shapes[] = {{33, 2048}, {1000, 257}, {7, 31}, {2048, 2048}, {300, 256}, {5000, 256}, {64, 512}, {100, 8}, {70, 132}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 12);
     const float eps = 1e-5f;
-    for (size_t si = 0; si < 2 * sizeof shapes / sizeof *shapes; si++) {
-        const size_t sj = si % (sizeof shapes / sizeof *shapes);
-        setenv("KILN_ROW_PIPE", si == sj ? "1" : "0", 1);
+    for (size_t sj = 0; sj < sizeof shapes / sizeof *shapes; sj++) {
         const int64_t n = shapes[sj].n, d = shapes[sj].d, nd = n * d;
-        printf("  n=%lld d=%lld%s\n", (long long)n, (long long)d, si == sj ? "" : " KILN_ROW_PIPE=0");
+        printf("  n=%lld d=%lld\n", (long long)n, (long long)d);
         float *x = gt_rand(&rng, nd, 2.0f), *w = gt_rand(&rng, d, 0.5f), *dy = gt_rand(&rng, nd, 1.0f);
         float *dx0 = gt_rand(&rng, nd, 0.3f), *dw0 = gt_rand(&rng, d, 0.3f);
         for (int64_t j = 0; j < d; j++) w[j] += 1.0f;
@@ -147,7 +142,6 @@ TEST(gpu_ops_rmsnorm) {
         free(x), free(w), free(dy), free(dx0), free(dw0), free(y), free(rstd), free(dx), free(dw), free(gy), free(gr);
         free(gdx), free(gdw), free(gdw2), free(xb), free(dxb), free(gyb), free(grb), free(gdxb), free(gdwb);
     }
-    unsetenv("KILN_ROW_PIPE");
 }
 
 TEST(gpu_ops_scale_shift) {
@@ -256,16 +250,4 @@ TEST(gpu_ops_gelu_swiglu) {
         kiln_cuda_free(ddgu);
         free(x), free(dy), free(y), free(dx), free(gy), free(gdx), free(gu), free(dgu), free(sy), free(sdgu);
     }
-}
-
-/* the same with the session-6 row kernels (KILN_ROW_PIPE=1; the previous ones are the default) */
-TEST(gpu_ops_embedding_row_pipe) {
-    setenv("KILN_ROW_PIPE", "1", 1);
-    gpu_ops_embedding();
-    unsetenv("KILN_ROW_PIPE");
-}
-TEST(gpu_ops_rmsnorm_row_pipe) {
-    setenv("KILN_ROW_PIPE", "1", 1);
-    gpu_ops_rmsnorm();
-    unsetenv("KILN_ROW_PIPE");
 }

@@ -43,16 +43,6 @@ static void *fill_dev(kiln_rng *rng, int64_t n, int bf16, float scale) {
         printf("    %-34s %9.1f us  %7.0f GB/s\n", (name), us_, (double)(bytes) / (us_ * 1e3));             \
     } while (0)
 
-/* the same call with the pipelined row kernels (KILN_ROW_PIPE=1) and the previous ones (the default) */
-#define TIME_AB(name, bytes, call)                                                                         \
-    do {                                                                                                   \
-        setenv("KILN_ROW_PIPE", "1", 1);                                                                   \
-        TIME(name, bytes, call);                                                                           \
-        setenv("KILN_ROW_PIPE", "0", 1);                                                                   \
-        TIME("  " name " (KILN_ROW_PIPE=0)", bytes, call);                                                 \
-        unsetenv("KILN_ROW_PIPE");                                                                         \
-    } while (0)
-
 TEST(gpu_ops_timing_model_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 61);
@@ -70,7 +60,7 @@ TEST(gpu_ops_timing_model_shapes) {
     float *table = fill_dev(&rng, V * H, 0, 1.0f), *dtable = fill_dev(&rng, V * H, 0, 0.0f);
     TIME("embedding forward", N * H * 8.0, kiln_embedding_forward_cuda(yf, table, ids, N, H, NULL));
     /* bytes: dy read, each distinct id's row read and written */
-    TIME_AB("embedding backward (uniform ids)", N * H * 12.0, kiln_embedding_backward_cuda(dtable, yf, ids, N, H, -1, NULL));
+    TIME("embedding backward (uniform ids)", N * H * 12.0, kiln_embedding_backward_cuda(dtable, yf, ids, N, H, -1, NULL));
     {
         /* ids as a text's (the [cuda] benchmark's corpus: its most frequent tokens take hundreds of the 16384
          * positions; one long chain of adds each): Zipf over 2048 ids, id k with weight 1/(k+1) */
@@ -90,8 +80,8 @@ TEST(gpu_ops_timing_model_shapes) {
         printf("    (Zipf ids: %lld distinct, the most frequent at %lld positions)\n", (long long)distinct,
                (long long)longest);
         CHECK_OK(kiln_cuda_copy(ids, zid, (size_t)N * sizeof *zid, KILN_CUDA_H2D));
-        TIME_AB("embedding backward (Zipf ids)", N * H * 4.0 + distinct * H * 8.0,
-                kiln_embedding_backward_cuda(dtable, yf, ids, N, H, -1, NULL));
+        TIME("embedding backward (Zipf ids)", N * H * 4.0 + distinct * H * 8.0,
+             kiln_embedding_backward_cuda(dtable, yf, ids, N, H, -1, NULL));
         CHECK_OK(kiln_cuda_copy(ids, ids_h, (size_t)N * sizeof *ids, KILN_CUDA_H2D));
         free(zid);
     }
@@ -99,10 +89,10 @@ TEST(gpu_ops_timing_model_shapes) {
     TIME("rmsnorm backward (dx, dw)", N * H * 14.0,
          kiln_rmsnorm_backward_cuda(dxf, dwv, dyb, x, w, rstd, N, H, NULL));
     /* the router's norm: bf16 rows of 256 (x 2 read, y 2 written; backward x, dy read, dx written) */
-    TIME_AB("rmsnorm bf16 forward [N,256]", N * 256 * 4.0,
-            kiln_rmsnorm_forward_bf16_cuda(yb, rstd, dyb, w, N, 256, 1e-5f, NULL));
-    TIME_AB("rmsnorm bf16 backward [N,256] (dx, dw)", N * 256 * 6.0,
-            kiln_rmsnorm_backward_bf16_cuda(yb, dwv, dyb, dyb, w, rstd, N, 256, NULL));
+    TIME("rmsnorm bf16 forward [N,256]", N * 256 * 4.0,
+         kiln_rmsnorm_forward_bf16_cuda(yb, rstd, dyb, w, N, 256, 1e-5f, NULL));
+    TIME("rmsnorm bf16 backward [N,256] (dx, dw)", N * 256 * 6.0,
+         kiln_rmsnorm_backward_bf16_cuda(yb, dwv, dyb, dyb, w, rstd, N, 256, NULL));
     TIME("scale_shift forward (+=)", N * H * 12.0, kiln_scale_shift_forward_cuda(yf, x, bb, w, N, H, 1, NULL));
     TIME("scale_shift backward (dx, db, ds)", N * H * 16.0,
          kiln_scale_shift_backward_cuda(dxf, dbv, dwv, yf, x, bb, w, N, H, NULL));
@@ -116,21 +106,21 @@ TEST(gpu_ops_timing_model_shapes) {
         for (int i = 0; i < 7; i++) gv[i] = fill_dev(&rng, H, 0, 0.0f);
         kiln_bf16 *ob = fill_dev(&rng, N * H, 1, 1.0f), *lnb = gt_dev((size_t)(N * H) * 2), *dob = gt_dev((size_t)(N * H) * 2);
         /* bytes each must move: a (2 or 4) + x 4 read, y 4 + ln 2 written */
-        TIME_AB("join + rmsnorm fwd (a bf16)", N * H * 12.0,
-                kiln_residual_norm_forward_cuda(res, lnb, rstd, NULL, ob, bb, w, x, bb, w, w, N, H, 1e-5f, NULL));
-        TIME_AB("join + rmsnorm fwd (a f32)", N * H * 14.0,
-                kiln_residual_norm_forward_cuda(yf, lnb, rstd, x, NULL, bb, w, res, bb, w, w, N, H, 1e-5f, NULL));
+        TIME("join + rmsnorm fwd (a bf16)", N * H * 12.0,
+             kiln_residual_norm_forward_cuda(res, lnb, rstd, NULL, ob, bb, w, x, bb, w, w, N, H, 1e-5f, NULL));
+        TIME("join + rmsnorm fwd (a f32)", N * H * 14.0,
+             kiln_residual_norm_forward_cuda(yf, lnb, rstd, x, NULL, bb, w, res, bb, w, w, N, H, 1e-5f, NULL));
         kiln_residual_norm_bwd rp = {.y = res, .dln = dyb, .w = w, .rstd = rstd, .dw = gv[0], .dup = dout, .upb = bb,
                                      .ups = w, .dupb = gv[1], .dups = gv[2], .a = ob, .ab = bb, .as = w, .dab = gv[3],
                                      .das = gv[4], .da = dob, .x = x, .xb = bb, .xs = w, .dxb = gv[5], .dxs = gv[6],
                                      .dx = dn};
         /* bytes: dup 4, x 4, dln 2 (bf16) or 4 (f32, the model's), a 2 read; da 2, dx 4 written (y is recomputed
-         * by the pipelined kernel; the previous one also reads it: +4) */
-        TIME_AB("join + rmsnorm bwd (both joins)", N * H * 18.0, kiln_residual_norm_backward_cuda(&rp, N, H, NULL));
+         * from a and x, not read) */
+        TIME("join + rmsnorm bwd (both joins)", N * H * 18.0, kiln_residual_norm_backward_cuda(&rp, N, H, NULL));
         {
             kiln_residual_norm_bwd rf = rp;
             rf.dln = NULL, rf.dln_f32 = dxf; /* the model's: the f32 gradient the experts and r_down add into */
-            TIME_AB("join + rmsnorm bwd (dln f32)", N * H * 20.0, kiln_residual_norm_backward_cuda(&rf, N, H, NULL));
+            TIME("join + rmsnorm bwd (dln f32)", N * H * 20.0, kiln_residual_norm_backward_cuda(&rf, N, H, NULL));
         }
         {
             /* the norm's backward with the join that made its input, in place (the model's ln1 + MLP join):
@@ -138,7 +128,7 @@ TEST(gpu_ops_timing_model_shapes) {
             float *da = gt_dev((size_t)(N * H) * 4);
             kiln_norm_join_bwd nj = {.gin = dn, .gout = dn, .dln = dyb, .y = res, .w = w, .rstd = rstd, .dw = gv[0],
                                      .a = yf, .ab = bb, .as = w, .dab = gv[1], .das = gv[2], .da = da};
-            TIME_AB("norm + join bwd (ln1 + MLP join)", N * H * 22.0, kiln_norm_join_backward_cuda(&nj, N, H, NULL));
+            TIME("norm + join bwd (ln1 + MLP join)", N * H * 22.0, kiln_norm_join_backward_cuda(&nj, N, H, NULL));
             kiln_cuda_free(da);
         }
         TIME("scale_shift backward (dx written)", N * H * 12.0,
@@ -227,9 +217,9 @@ TEST(gpu_ops_timing_model_shapes) {
         kiln_bf16 *logits = fill_dev(&rng, N * V, 1, 4.0f);
         float *ltok = gt_dev((size_t)N * 4), *loss = gt_dev(4);
         /* bytes: the logits read once (2), the gradient written (2); the two-pass kernel reads them twice */
-        TIME_AB("cross_entropy loss only", N * V * 2.0, kiln_cross_entropy_cuda(NULL, ltok, loss, logits, ids, B, T, V, NULL));
-        TIME_AB("cross_entropy + dlogits in place", N * V * 4.0,
-                kiln_cross_entropy_cuda(logits, ltok, loss, logits, ids, B, T, V, NULL));
+        TIME("cross_entropy loss only", N * V * 2.0, kiln_cross_entropy_cuda(NULL, ltok, loss, logits, ids, B, T, V, NULL));
+        TIME("cross_entropy + dlogits in place", N * V * 4.0,
+             kiln_cross_entropy_cuda(logits, ltok, loss, logits, ids, B, T, V, NULL));
         kiln_cuda_free(logits), kiln_cuda_free(ltok), kiln_cuda_free(loss);
     }
     /* the optimizers over 128M parameters */

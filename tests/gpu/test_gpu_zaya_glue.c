@@ -79,15 +79,10 @@ static void router_state_case(int64_t N, int64_t R) {
     kiln_cuda_free(d_dscale);
 }
 
-/* the backward's dscale as per-chunk partials (KILN_ROW_PIPE=1) and as the product + column sum (the default) */
+/* the backward's dscale as per-chunk partials, then their column sum */
 TEST(gpu_zaya_glue_router_state) {
-    for (int old = 0; old < 2; old++) {
-        setenv("KILN_ROW_PIPE", old ? "0" : "1", 1);
-        printf(" %s\n", old ? "KILN_ROW_PIPE=0 (the default)" : "KILN_ROW_PIPE=1");
-        router_state_case(1000, 33); /* more tokens than one column-sum block */
-        router_state_case(5000, 256); /* the router's width */
-    }
-    unsetenv("KILN_ROW_PIPE");
+    router_state_case(1000, 33); /* more tokens than one column-sum block */
+    router_state_case(5000, 256); /* the router's width */
 }
 
 TEST(gpu_zaya_glue_counts_scale_sumsq) {
