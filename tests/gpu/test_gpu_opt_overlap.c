@@ -162,8 +162,8 @@ TEST(gpu_zaya_opt_overlap_step) {
 }
 
 /* kiln train --device cuda with the step overlapped (KILN_OPT_OVERLAP=1), serial with only the gradients the backward
- * adds to zeroed (KILN_OPT_ZERO_GRADS=1, kiln_zaya_cuda_grads_zero_added), serial zeroing them as it reads them
- * (KILN_OPT_ZERO_GRADS=fused) and serial with the whole memset (the default): two micro-batches a step, the
+ * adds to zeroed (KILN_OPT_ZERO_GRADS=1, the default: kiln_zaya_cuda_grads_zero_added), serial zeroing them as it
+ * reads them (KILN_OPT_ZERO_GRADS=fused) and serial with the whole memset (=0): two micro-batches a step, the
  * overlapped optimizer in launches of 7 blocks, checkpoints every 3 steps (their snapshots read the device while an
  * overlapped step may still run), per-op profiling of the last step on the overlapped run (its events on both
  * streams): the same losses, checkpoints and final model, byte for byte. */
