@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda_check.h"
 #include "gemm_tc.h"
@@ -69,6 +70,32 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
                  : "memory");
+}
+
+// the same box written at this offset into the shared memory of every CTA of the cluster in ctas (a bit per
+// rank), completing on the barrier at bar's offset in each of them
+__device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                                      uint16_t ctas) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%3, %4}], [%2], %5;"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(ctas)
+                 : "memory");
+}
+// an arrival on the barrier at bar's offset in the cluster's CTA of rank `rank` (this one included)
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// every thread of every CTA of the cluster: after it, the barriers are initialised everywhere (at the start)
+// and no CTA will touch another's shared memory any more (at the end)
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // wgmma's shared-memory matrix descriptor for a K-major tile written by TMA with the 128-byte swizzle: rows
@@ -162,6 +189,13 @@ __device__ __forceinline__ float2 bias_pair(const bf16 *b, int col) {
 // infinite denominator of a large negative v, as the exact division does
 __device__ __forceinline__ float quick_gelu(float v) { return __fdividef(v, 1.0f + __expf(-1.702f * v)); }
 
+// a consumer warp is done reading a slot: tell the producer of every CTA whose loads write it
+template <int CL> __device__ __forceinline__ void release_slot(uint64_t *bar) {
+    if constexpr (CL == 1) mbar_arrive(bar);
+    else
+        for (uint32_t r = 0; r < (uint32_t)CL; r++) mbar_arrive_cluster(bar, r);
+}
+
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -178,29 +212,37 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 //    starts tile i's MMAs only once tile i-1's were all issued, so one warpgroup's epilogue (bias,
 //    quick_gelu's MUFU work, stores) runs under the other's MMAs. The handover also keeps a waiter within one
 //    ring pass of the producer (an mbarrier parity wait two phases ahead would pass wrongly).
-// Tile i of the CTA (tile index blockIdx.x + i * gridDim.x) uses ring iterations i * KB .. i * KB + KB - 1 in
-// both schedules, so producer and consumers agree on slots and parities without sharing counters.
-template <int BM, int BN, int STAGES, bool PP, int EPI, typename BiasT>
+// Work is dealt in units of CL tiles stacked along M (CL = 2: a cluster of two CTAs on the tiles m and m+1 of
+// one column block; each CTA loads its A and half of the shared B tile, multicast into both, so L2 serves B
+// once per pair; a slot is free again only when the consumers of both CTAs released it, so each CTA's
+// consumers arrive on both CTAs' `empty`). Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses
+// ring iterations i * KB .. i * KB + KB - 1 in every schedule, so producer and consumers agree on slots and
+// parities without sharing counters.
+template <int BM, int BN, int STAGES, bool PP, int CL, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, bf16 *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K) {
     typedef Cfg<BM, BN, STAGES> cfg;
     constexpr int WG_ROWS = PP ? BM : BM / 2, MW = WG_ROWS / 64; // rows per consumer warpgroup, its m64 MMAs
     static_assert(WG_ROWS % 64 == 0 && MW * BN / 2 <= 128, "accumulators: at most 128 registers a thread");
+    static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * cfg::A_BYTES;
     uint64_t *full = (uint64_t *)(smem + STAGES * cfg::STAGE_BYTES), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const int tiles_n = N / BN, tiles = ((M + BM - 1) / BM) * tiles_n, kblocks = K / BK;
+    const int tiles_n = N / BN, units = ((M + CL * BM - 1) / (CL * BM)) * tiles_n, kblocks = K / BK;
+    const int unit0 = blockIdx.x / CL, unit_step = gridDim.x / CL;
+    const uint32_t rank = CL > 1 ? cluster_rank() : 0;
 
     if (threadIdx.x == 0) {
-        // empty: one arrival per consumer warp that reads the slot
-        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], PP ? 4 : 8);
+        // empty: one arrival per consumer warp that reads the slot, in every CTA the slot's loads write
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], (PP ? 4 : 8) * CL);
         // the barriers' initialisation visible to the other threads and to the TMA unit (async proxy)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) cluster_sync();
+    else __syncthreads();
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
@@ -208,16 +250,23 @@ __global__ void __launch_bounds__(THREADS, 1)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_a) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_b) : "memory");
             uint32_t it = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-                const int m0 = (t / tiles_n) * BM, n0 = (t % tiles_n) * BN;
+            for (int u = unit0; u < units; u += unit_step) {
+                const int m0 = (u / tiles_n) * CL * BM + (int)rank * BM, n0 = (u % tiles_n) * BN;
                 for (int kb = 0; kb < kblocks; kb++, it++) {
                     const int s = it % STAGES;
                     mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
-                    mbar_arrive_expect_tx(&full[s], cfg::STAGE_BYTES);
+                    mbar_arrive_expect_tx(&full[s], cfg::STAGE_BYTES); // A + all of B, whoever loads it
                     tma_load_2d(sa + s * cfg::A_BYTES, &tma_a, &full[s], kb * BK, m0);
-                    tma_load_2d(sb + s * cfg::B_BYTES, &tma_b, &full[s], kb * BK, n0);
+                    if constexpr (CL > 1)
+                        tma_load_2d_multicast(sb + s * cfg::B_BYTES + rank * (BN / CL) * 128, &tma_b, &full[s], kb * BK,
+                                              n0 + (int)rank * (BN / CL), (uint16_t)((1u << CL) - 1));
+                    else tma_load_2d(sb + s * cfg::B_BYTES, &tma_b, &full[s], kb * BK, n0);
                 }
             }
+        }
+        if constexpr (CL > 1) {
+            __syncwarp();
+            cluster_sync();
         }
         return;
     }
@@ -226,10 +275,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
     float acc[MW][BN / 2];
     for (int i = PP ? cw : 0;; i += PP ? 2 : 1) {
-        const int t = blockIdx.x + i * gridDim.x;
-        if (t >= tiles) break;
-        const int m0 = (t / tiles_n) * BM, n0 = (t % tiles_n) * BN;
-        const bool next = t + (int)gridDim.x < tiles;
+        const int u = unit0 + i * unit_step;
+        if (u >= units) break;
+        const int m0 = (u / tiles_n) * CL * BM + (int)rank * BM, n0 = (u % tiles_n) * BN;
+        const bool next = u + unit_step < units;
         if (PP && i > 0) named_bar_sync(1 + cw, 256); // tile i-1's MMAs are all issued
         uint32_t it = (uint32_t)i * (uint32_t)kblocks;
         for (int kb = 0; kb < kblocks; kb++, it++) {
@@ -249,17 +298,17 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
 #pragma unroll
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
-            // the previous block's group has completed: its slot goes back to the producer
+            // the previous block's group has completed: its slot goes back to the producer(s)
             wgmma_wait<1>();
 #pragma unroll
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
-            if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+            if (kb > 0 && lane == 0) release_slot<CL>(&empty[(it - 1) % STAGES]);
         }
         if (PP && next) named_bar_arrive(1 + (1 - cw), 256); // the other warpgroup may start tile i+1
         wgmma_wait<0>();
 #pragma unroll
         for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
-        if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        if (lane == 0) release_slot<CL>(&empty[(it - 1) % STAGES]);
 
         // epilogue: in each 64-row block, thread (warp, lane) holds rows r and r + 8 of its warp's 16, columns
         // 8j + 2(lane % 4) + {0, 1}
@@ -284,6 +333,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         }
     }
+    if constexpr (CL > 1) cluster_sync();
 }
 
 // ---- host side ----
@@ -318,34 +368,56 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
     return NULL;
 }
 
-template <int BM, int BN, int STAGES, bool PP, int EPI, typename BiasT>
+// A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
+// another's exit), never more CTAs than tiles.
+template <int BM, int BN, int STAGES, bool PP, int CL, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, const void *bias, int M,
                    int N, int K, cudaStream_t st) {
     kiln_error *err = NULL;
-    int dev = 0, sms = 0;
+    int dev = 0, sms = 0, clusters = 0;
     const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
-    const int64_t tiles = ((int64_t)(M + BM - 1) / BM) * (N / BN);
-    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, EPI, BiasT>;
+    const int64_t units = ((int64_t)(M + CL * BM - 1) / (CL * BM)) * (N / BN);
+    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CL, EPI, BiasT>;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
     CUDA_TRY(cudaGetDevice(&dev));
     CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kern<<<(unsigned)(tiles < sms ? tiles : sms), THREADS, smem, st>>>(ta, tb, (bf16 *)C, ldc, (const BiasT *)bias, M, N, K);
+    memset(&cfg, 0, sizeof cfg);
+    cfg.blockDim = dim3(THREADS, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr, cfg.numAttrs = CL > 1; // a plain launch without clusters
+    if (CL > 1) {
+        cfg.gridDim = dim3((unsigned)(sms / CL * CL), 1, 1);
+        CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg));
+        if (clusters < 1) {
+            err = kiln_errorf(KILN_EUNSUPPORTED, "no cluster of %d CTAs with %zu bytes of shared memory fits", CL, smem);
+            goto done;
+        }
+    } else clusters = sms;
+    cfg.gridDim = dim3((unsigned)((units < clusters ? units : clusters) * CL), 1, 1);
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, (bf16 *)C, ldc, (const BiasT *)bias, M, N, K));
     CUDA_TRY(cudaGetLastError());
 done:
     return err;
 }
 
-template <int BM, int BN, int STAGES, bool PP>
+template <int BM, int BN, int STAGES, bool PP, int CL>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, cudaStream_t st) {
     switch (epi) {
-    case KILN_GEMM_TC_NONE: return launch<BM, BN, STAGES, PP, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
+    case KILN_GEMM_TC_NONE:
+        return launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
     case KILN_GEMM_TC_BIAS:
-        return bias_f32 ? launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                        : launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+        return bias_f32 ? launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                        : launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
     case KILN_GEMM_TC_BIAS_QUICK_GELU:
-        return bias_f32 ? launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                        : launch<BM, BN, STAGES, PP, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+        return bias_f32
+                   ? launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                   : launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
     }
     return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
 }
@@ -360,10 +432,14 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     kiln_error *err = NULL;
     CUtensorMap ta, tb;
     const int64_t lim = (int64_t)1 << 31;
-    // the block tile: rows BM x columns bn; AUTO = cooperative 128x256 where N allows, else 128x128
+    // the block tile: rows bm x columns bn, loaded by clusters of cl CTAs (B's box: bn / cl rows); AUTO =
+    // cooperative 128x256 where N allows, else 128x128
     const int bn = tile == KILN_GEMM_TC_TILE_128x256 || tile == KILN_GEMM_TC_TILE_PP_64x256 ||
-                           (tile == KILN_GEMM_TC_TILE_AUTO && N % 256 == 0) ? 256 : 128;
+                           tile == KILN_GEMM_TC_TILE_128x256_C2 || (tile == KILN_GEMM_TC_TILE_AUTO && N % 256 == 0)
+                       ? 256
+                       : 128;
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
+    const int cl = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ? 2 : 1;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
         err = kiln_errorf(KILN_EINVAL, "sizes M %lld, N %lld, K %lld out of range", (long long)M, (long long)N, (long long)K);
     else if (K % BK)
@@ -380,14 +456,16 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     else if (bias && misaligned(bias, bias_f32 ? 8 : 4))
         err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
     if (err || M == 0) goto done;
-    if ((err = make_map(&ta, A, M, K, lda, bm, "A")) || (err = make_map(&tb, B, N, K, ldb, bn, "B"))) goto done;
-#define GEMM_TC_RUN(BM_, BN_, S_, PP_) \
-    dispatch<BM_, BN_, S_, PP_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
+    if ((err = make_map(&ta, A, M, K, lda, bm, "A")) || (err = make_map(&tb, B, N, K, ldb, bn / cl, "B"))) goto done;
+#define GEMM_TC_RUN(BM_, BN_, S_, PP_, CL_) \
+    dispatch<BM_, BN_, S_, PP_, CL_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
     // stages: as many as fit beside the barriers in the 227 KB of shared memory a CTA may have
     switch (tile) {
-    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true); break;
-    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true); break;
-    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false) : GEMM_TC_RUN(128, 128, 6, false); break;
+    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1); break;
+    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1); break;
+    case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2); break;
+    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1) : GEMM_TC_RUN(128, 128, 6, false, 1); break;
     }
 #undef GEMM_TC_RUN
 done:

@@ -34,7 +34,9 @@ typedef enum {
     KILN_GEMM_TC_TILE_128x128,
     KILN_GEMM_TC_TILE_128x256,
     KILN_GEMM_TC_TILE_PP_128x128,
-    KILN_GEMM_TC_TILE_PP_64x256
+    KILN_GEMM_TC_TILE_PP_64x256,
+    KILN_GEMM_TC_TILE_128x256_C2,   /* cooperative 128x256 in clusters of 2 CTAs along M sharing B (TMA multicast) */
+    KILN_GEMM_TC_TILE_PP_128x128_C2 /* ping-pong 128x128, the same clusters */
 } kiln_gemm_tc_tile;
 
 /* bias: device [N], f32 when bias_f32 else bf16; required by the BIAS epilogues. */

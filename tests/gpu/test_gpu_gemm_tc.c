@@ -31,6 +31,8 @@ static const char *tile_name(kiln_gemm_tc_tile t) {
            : t == KILN_GEMM_TC_TILE_128x256    ? "128x256"
            : t == KILN_GEMM_TC_TILE_PP_128x128 ? "ping-pong 128x128"
            : t == KILN_GEMM_TC_TILE_PP_64x256  ? "ping-pong 64x256"
+           : t == KILN_GEMM_TC_TILE_128x256_C2 ? "128x256 cluster 2"
+           : t == KILN_GEMM_TC_TILE_PP_128x128_C2 ? "ping-pong 128x128 cluster 2"
                                                : "auto";
 }
 
@@ -287,6 +289,27 @@ TEST(gpu_gemm_tc_pingpong) {
     static const timing_variant vs[] = {
         {KILN_GEMM_TC_TILE_PP_128x128, 0}, {KILN_GEMM_TC_TILE_PP_128x128, 1},
         {KILN_GEMM_TC_TILE_PP_64x256, 0},  {KILN_GEMM_TC_TILE_PP_64x256, 1},
+    };
+    time_variants(vs, sizeof vs / sizeof vs[0], 1);
+}
+
+/* clusters of two CTAs sharing B through TMA multicast: pairs whose second tile lies past M (100 rows), odd
+ * pair counts, more pairs than clusters; then the timing with the check against cuBLASLt */
+TEST(gpu_gemm_tc_cluster) {
+    static const gemm_case cs[] = {
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
+        {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_128x256_C2},
+        {100, 384, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
+    };
+    run_cases(cs, sizeof cs / sizeof cs[0], 94);
+    static const timing_variant vs[] = {
+        {KILN_GEMM_TC_TILE_128x256_C2, 0},
+        {KILN_GEMM_TC_TILE_128x256_C2, 1},
+        {KILN_GEMM_TC_TILE_PP_128x128_C2, 0},
+        {KILN_GEMM_TC_TILE_PP_128x128_C2, 1},
     };
     time_variants(vs, sizeof vs / sizeof vs[0], 1);
 }
