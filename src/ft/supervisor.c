@@ -243,8 +243,9 @@ static int poll_heartbeats(attempt_state *a) {
             return 1;
         }
     }
-    /* stragglers: compare the ranks' compute times once all have reported the same new step */
-    if (o->straggler_factor > 0 && np > 1) {
+    /* stragglers: compare the ranks' compute times once all have reported the same new step (not once the
+     * run has ended: there is nothing left to restart) */
+    if (o->straggler_factor > 0 && np > 1 && !a->child_exited) {
         int same = 1;
         for (int r = 0; r < np && same; r++)
             same = a->have_hb[r] && !strcmp(a->hb[r].phase, "train") && a->hb[r].step == a->hb[0].step;
@@ -366,8 +367,11 @@ static const char *signame(int s) {
 /* The launched command exited: finished, or an incident. */
 static outcome classify_exit(attempt_state *a) {
     int st = a->child_status;
+    /* The steps trained since the last poll are read first, even after a clean exit: a short run, or the
+     * last steps of a long one, can finish between two polls, and a NaN or loss spike in them must not
+     * pass as a finished run (whether it was seen would otherwise depend on the poll's timing). */
+    if (poll_heartbeats(a)) return OUT_INCIDENT;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return OUT_DONE;
-    poll_heartbeats(a);
     if (check_nan(a)) return OUT_INCIDENT;
     const int direct = a->o->np == 1 && a->o->launcher != KILN_LAUNCH_MPIRUN;
     int rank = direct ? 0 : a->mpi_rank >= 0 ? a->mpi_rank : a->first_dead;
