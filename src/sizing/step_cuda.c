@@ -311,7 +311,7 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
 
     /* ---- outside the profiled ops: the backward's cudaMemsetAsync of accumulated gradients (per layer:
      * dmoe, dres1, dln2f, do32, dnext f32 [N,H]; dln1 bf16; datt [N,Q]; dprobs, dlogit [N,E1]; da2, da1, drn
-     * [N,R]; per micro-batch dhn, dres, dx0) and the gradient buffer before each step ---- */
+     * [N,R]; per micro-batch dhn, dres, dx0) and the gradients the backward adds to, before each step ---- */
     const char *zs = "outside the profiled ops"; /* memsets, host work, gaps */
     mem(p, r, zs, 5 * AL, 4 * nH);
     mem(p, r, zs, AL, 2 * nH + 2 * nQ + 8 * nE + 6 * nR);
@@ -321,7 +321,10 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     kiln_size_cuda_memory cm;
     KILN_TRY(kiln_size_cuda_memory_train(s, t, 0, &cm));
     const double G = (double)t->gpus, padded = (double)cm.numel_padded;
-    mem(p, r, zs, 1, 4 * padded);
+    /* the step's gradient zeroing (KILN_OPT_ZERO_GRADS=1, the trainer's default): every gradient but the
+     * experts' weights, which their first backward GEMM of the step writes instead of adding to */
+    const double expert_w = Ld * (double)s->experts * 3.0 * (double)I * (double)H;
+    mem(p, r, zs, 1, 4 * fmax(padded - expert_w, 0));
     mem(p, r, "gradient norm", 1, 4 * padded / G);
     const char *oname = t->muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)";
     /* the clip scale (x *= s over the shard: read + write), then tensor by tensor */
