@@ -343,10 +343,15 @@ static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int6
         mark(g, P_LN);
         KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, L->ln2_w, L->ln2_b, N, H, eps, st));
         mark(g, P_FC1);
-        KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, N, H, I, 0, st));
-        mark(g, P_ACT);
-        KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, N * I, st)
-                                               : kiln_gelu_forward_cuda(g->f, g->f, N * I, st));
+        /* KILN_CLIP_GEMM=own (opt-in): quick_gelu in fc1's epilogue, a GEMM of kiln's own (widths it takes) */
+        if (c->act == CLIP_ACT_QUICK_GELU && kiln_clip_gemm_own() && H % 64 == 0 && I % 128 == 0)
+            KILN_TRY(kiln_clip_linear_quick_gelu_cuda(g->f, g->h, L->fc1_w, L->fc1_b, N, H, I, st));
+        else {
+            KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, N, H, I, 0, st));
+            mark(g, P_ACT);
+            KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, N * I, st)
+                                                   : kiln_gelu_forward_cuda(g->f, g->f, N * I, st));
+        }
         mark(g, P_FC2);
         KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->f, L->fc2_w, L->fc2_b, N, I, H, 1, st));
     }

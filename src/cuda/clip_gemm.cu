@@ -16,6 +16,7 @@
 #include "clip_ops.h"
 #include "cuda_check.h"
 #include "gemm_lt.h"
+#include "gemm_tc.h"
 
 namespace {
 
@@ -124,5 +125,23 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
 done:
     pthread_mutex_unlock(&c_lock);
     return err ? kiln_error_wrap(err, "CLIP linear %lldx%lldx%lld (CUDA)", (long long)n, (long long)out, (long long)in)
+               : NULL;
+}
+
+extern "C" int kiln_clip_gemm_own(void) {
+    const char *e = getenv("KILN_CLIP_GEMM");
+    return e && !strcmp(e, "own");
+}
+
+// fc1 + quick_gelu as one pass over the output: kiln's own Hopper GEMM (gemm_tc.cu) with the bias and
+// quick_gelu applied to the f32 accumulators (cuBLASLt's epilogues have no quick_gelu)
+extern "C" kiln_error *kiln_clip_linear_quick_gelu_cuda(kiln_bf16 *y, const kiln_bf16 *x, const kiln_bf16 *w,
+                                                        const kiln_bf16 *bias, int64_t n, int64_t in, int64_t out,
+                                                        void *stream) {
+    kiln_error *err;
+    if (n <= 0 || out <= 0) return NULL;
+    err = kiln_gemm_tc_cuda(n, out, in, x, in, w, in, y, out, KILN_GEMM_TC_BIAS_QUICK_GELU, bias, 0, stream);
+    return err ? kiln_error_wrap(err, "CLIP linear + quick_gelu %lldx%lldx%lld (CUDA, KILN_CLIP_GEMM=own)", (long long)n,
+                                 (long long)out, (long long)in)
                : NULL;
 }

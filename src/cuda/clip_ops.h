@@ -15,6 +15,13 @@ extern "C" {
  * (nullable); accumulate adds into y (the residual stream: the residual add as the GEMM's epilogue). */
 kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16 *x, const kiln_bf16 *w, const void *bias,
                                   int64_t n, int64_t in, int64_t out, int accumulate, void *stream);
+/* KILN_CLIP_GEMM=own (read at every call; off by default): 1 when CLIP's fc1 + quick_gelu run as one GEMM of
+ * kiln's own with quick_gelu in its epilogue (src/cuda/gemm_tc.cu) instead of cuBLASLt + a quick_gelu pass */
+int kiln_clip_gemm_own(void);
+/* y[n,out] = quick_gelu(x[n,in] wᵀ + bias) in that one GEMM: x, w, y and bias bf16 (in % 64 == 0,
+ * out % 128 == 0, 16-byte aligned rows) */
+kiln_error *kiln_clip_linear_quick_gelu_cuda(kiln_bf16 *y, const kiln_bf16 *x, const kiln_bf16 *w, const kiln_bf16 *bias,
+                                             int64_t n, int64_t in, int64_t out, void *stream);
 /* what kiln_mha_forward_cuda's last call ran (KILN_CLIP_ATTN): "cudnn", "own", "gemm", "cudnn+own" /
  * "cudnn+gemm" (cuDNN took the first sequences only), "none" before any call */
 const char *kiln_clip_attention_last_impl(void);

@@ -22,10 +22,12 @@
 #include <cuda_bf16.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_check.h"
 #include "gemm_tc.h"
+#include "kiln/log.h"
 
 namespace {
 
@@ -81,11 +83,14 @@ __device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorM
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(ctas)
                  : "memory");
 }
-// an arrival on the barrier at bar's offset in the cluster's CTA of rank `rank` (this one included)
+// an arrival on the barrier at bar's offset in the cluster's CTA of rank `rank` (this one included), with the
+// instruction's default semantics (release at CTA scope): r26 had `.release.cluster` here and the clustered
+// kernels ran at 0.5-0.7x the plain ones (a cluster-scope release waits for the thread's earlier memory
+// operations, the epilogue's global stores included); the slot's reuse is ordered by the barrier itself
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
     uint32_t remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 __device__ __forceinline__ uint32_t cluster_rank() {
     uint32_t r;
@@ -189,11 +194,12 @@ __device__ __forceinline__ float2 bias_pair(const bf16 *b, int col) {
 // infinite denominator of a large negative v, as the exact division does
 __device__ __forceinline__ float quick_gelu(float v) { return __fdividef(v, 1.0f + __expf(-1.702f * v)); }
 
-// a consumer warp is done reading a slot: tell the producer of every CTA whose loads write it
-template <int CL> __device__ __forceinline__ void release_slot(uint64_t *bar) {
-    if constexpr (CL == 1) mbar_arrive(bar);
-    else
-        for (uint32_t r = 0; r < (uint32_t)CL; r++) mbar_arrive_cluster(bar, r);
+// a consumer warp is done reading a slot: tell the producer of every CTA whose loads write it (lane r of the
+// warp signals the CTA of rank r, the arrivals in parallel)
+template <int CL> __device__ __forceinline__ void release_slot(uint64_t *bar, int lane) {
+    if constexpr (CL == 1) {
+        if (lane == 0) mbar_arrive(bar);
+    } else if (lane < CL) mbar_arrive_cluster(bar, (uint32_t)lane);
 }
 
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
@@ -302,13 +308,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<1>();
 #pragma unroll
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
-            if (kb > 0 && lane == 0) release_slot<CL>(&empty[(it - 1) % STAGES]);
+            if (kb > 0) release_slot<CL>(&empty[(it - 1) % STAGES], lane);
         }
         if (PP && next) named_bar_arrive(1 + (1 - cw), 256); // the other warpgroup may start tile i+1
         wgmma_wait<0>();
 #pragma unroll
         for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
-        if (lane == 0) release_slot<CL>(&empty[(it - 1) % STAGES]);
+        release_slot<CL>(&empty[(it - 1) % STAGES], lane);
 
         // epilogue: in each 64-row block, thread (warp, lane) holds rows r and r + 8 of its warp's 16, columns
         // 8j + 2(lane % 4) + {0, 1}
@@ -399,6 +405,14 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, i
         }
     } else clusters = sms;
     cfg.gridDim = dim3((unsigned)((units < clusters ? units : clusters) * CL), 1, 1);
+    {
+        static int said; // once per kernel (KILN_LOG=debug): the grid it gets
+        if (!said && kiln_log_enabled(KILN_LOG_DEBUG)) {
+            said = 1;
+            kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s cluster %d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
+                     BM, BN, PP ? "ping-pong" : "cooperative", CL, STAGES, smem, cfg.gridDim.x, (long long)units, sms);
+        }
+    }
     CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, (bf16 *)C, ldc, (const BiasT *)bias, M, N, K));
     CUDA_TRY(cudaGetLastError());
 done:
@@ -424,6 +438,27 @@ kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C,
 
 int misaligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) != 0; }
 
+// AUTO = ping-pong 128x128, the fastest of r26 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096: 505-544
+// TFLOP/s with the bias, 501-527 with quick_gelu; cooperative 128x256 514-536 / 427-460). KILN_GEMM_TC_TILE
+// (read at every call) picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256,
+// 128x256c2, pp128x128c2.
+kiln_gemm_tc_tile auto_tile(void) {
+    static const struct {
+        const char *name;
+        kiln_gemm_tc_tile tile;
+    } names[] = {{"128x128", KILN_GEMM_TC_TILE_128x128},           {"128x256", KILN_GEMM_TC_TILE_128x256},
+                 {"pp128x128", KILN_GEMM_TC_TILE_PP_128x128},      {"pp64x256", KILN_GEMM_TC_TILE_PP_64x256},
+                 {"128x256c2", KILN_GEMM_TC_TILE_128x256_C2},      {"pp128x128c2", KILN_GEMM_TC_TILE_PP_128x128_C2}};
+    const char *e = getenv("KILN_GEMM_TC_TILE");
+    static int warned;
+    if (e && *e) {
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (!strcmp(e, names[i].name)) return names[i].tile;
+        if (!warned) warned = 1, kiln_log(KILN_LOG_WARN, "KILN_GEMM_TC_TILE=%s is not a tile: ping-pong 128x128", e);
+    }
+    return KILN_GEMM_TC_TILE_PP_128x128;
+}
+
 } // namespace
 
 extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
@@ -432,10 +467,10 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     kiln_error *err = NULL;
     CUtensorMap ta, tb;
     const int64_t lim = (int64_t)1 << 31;
-    // the block tile: rows bm x columns bn, loaded by clusters of cl CTAs (B's box: bn / cl rows); AUTO =
-    // cooperative 128x256 where N allows, else 128x128
+    if (tile == KILN_GEMM_TC_TILE_AUTO) tile = auto_tile();
+    // the block tile: rows bm x columns bn, loaded by clusters of cl CTAs (B's box: bn / cl rows)
     const int bn = tile == KILN_GEMM_TC_TILE_128x256 || tile == KILN_GEMM_TC_TILE_PP_64x256 ||
-                           tile == KILN_GEMM_TC_TILE_128x256_C2 || (tile == KILN_GEMM_TC_TILE_AUTO && N % 256 == 0)
+                           tile == KILN_GEMM_TC_TILE_128x256_C2
                        ? 256
                        : 128;
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;

@@ -28,7 +28,8 @@ typedef enum {
 
 /* The tile and schedule. 128x128, 128x256: both consumer warpgroups on each tile (64 rows each), epilogues
  * together; PP_*: "ping-pong", the two consumer warpgroups on alternate tiles (all rows each), one's epilogue
- * under the other's MMAs. AUTO picks 128x256 where N allows, else 128x128. */
+ * under the other's MMAs. AUTO: ping-pong 128x128 (the fastest on the H200 at CLIP's shapes, docs/perf.md), or
+ * the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2). */
 typedef enum {
     KILN_GEMM_TC_TILE_AUTO = 0,
     KILN_GEMM_TC_TILE_128x128,

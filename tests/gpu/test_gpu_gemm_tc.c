@@ -16,9 +16,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clip_testutil.h"
 #include "cuda/clip_ops.h"
 #include "cuda/gemm_tc.h"
 #include "gpu_testutil.h"
+#include "kiln/clip.h"
 #include "kiln/nn.h"
 
 enum { SENTINEL = 0xFFFF }; /* a bf16 NaN: C's cells the kernel must not write */
@@ -33,7 +35,7 @@ static const char *tile_name(kiln_gemm_tc_tile t) {
            : t == KILN_GEMM_TC_TILE_PP_64x256  ? "ping-pong 64x256"
            : t == KILN_GEMM_TC_TILE_128x256_C2 ? "128x256 cluster 2"
            : t == KILN_GEMM_TC_TILE_PP_128x128_C2 ? "ping-pong 128x128 cluster 2"
-                                               : "auto";
+                                               : "auto (ping-pong 128x128)";
 }
 
 /* got: bf16 bits [rows_alloc, ldc]; ref: f32 [M, N]. Returns the number of bad cells (printing the first few). */
@@ -134,7 +136,7 @@ TEST(gpu_gemm_tc_matches_cpu) {
         {771, 4096, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_AUTO},
         {771, 4096, 1024, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_128x128},
         {1000, 3072, 1024, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_AUTO},
-        {300, 384, 192, 64, 8, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_AUTO}, /* N % 256 != 0: 128x128; padded strides */
+        {300, 384, 192, 64, 8, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_AUTO}, /* N % 256 != 0; padded strides */
         {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256},
         {64, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x256}, /* fewer rows than a tile, one K block */
         {5, 128, 128, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x128},
@@ -267,8 +269,8 @@ static void time_variants(const timing_variant *vs, size_t nv, int check) {
 
 TEST(gpu_gemm_tc_timing) {
     static const timing_variant vs[] = {
-        {-1, 0}, {-1, 1}, {KILN_GEMM_TC_TILE_128x256, 0}, {KILN_GEMM_TC_TILE_128x256, 1},
-        {KILN_GEMM_TC_TILE_128x128, 0}, {KILN_GEMM_TC_TILE_128x128, 1},
+        {-1, 0}, {-1, 1}, {KILN_GEMM_TC_TILE_AUTO, 0}, {KILN_GEMM_TC_TILE_AUTO, 1}, {KILN_GEMM_TC_TILE_128x256, 0},
+        {KILN_GEMM_TC_TILE_128x256, 1}, {KILN_GEMM_TC_TILE_128x128, 0}, {KILN_GEMM_TC_TILE_128x128, 1},
     };
     time_variants(vs, sizeof vs / sizeof vs[0], 1);
 }
@@ -312,4 +314,52 @@ TEST(gpu_gemm_tc_cluster) {
         {KILN_GEMM_TC_TILE_PP_128x128_C2, 1},
     };
     time_variants(vs, sizeof vs / sizeof vs[0], 1);
+}
+
+/* cosine per row and max |a - b| (the thresholds of test_gpu_clip.c's tower checks) */
+static void tower_rows(const char *what, const float *a, const float *b, int64_t rows, int64_t d) {
+    double worst = 1, maxd = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double dot = 0, na = 0, nb = 0;
+        for (int64_t j = 0; j < d; j++) {
+            const double x = a[r * d + j], y = b[r * d + j];
+            dot += x * y, na += x * x, nb += y * y;
+            maxd = fmax(maxd, fabs(x - y));
+        }
+        const double cs = dot / sqrt(na * nb + 1e-30);
+        if (!(cs >= worst)) worst = cs;
+    }
+    printf("    %-44s worst cosine %.6f, max |diff| %.3g\n", what, worst, maxd);
+    CHECK_MSG(worst >= 0.998 && maxd <= 4e-2, "%s: worst cosine %.6f, max |diff| %.3g", what, worst, maxd);
+}
+
+/* CLIP's vision tower (L/14-shaped: 257 tokens, widths the own GEMM takes) with KILN_CLIP_GEMM=own, fc1 +
+ * quick_gelu as one own GEMM, against the CPU and against the default GPU path (cuBLASLt + the pass) */
+TEST(gpu_gemm_tc_clip_tower) {
+    clip_test_cfg c = clip_test_default;
+    c.vis_hidden = 256, c.vis_heads = 4, c.vis_inter = 1024, c.vis_layers = 3, c.image_size = 224, c.patch_size = 14;
+    c.proj_dim = 128, c.shortest_edge = 224;
+    const char *dir = test_tmpdir();
+    CHECK(clip_test_make_dir(dir, &c, 95) == 0);
+    kiln_clip *m = NULL;
+    CHECK_OK(kiln_clip_load(dir, &m));
+    if (!m) return;
+    const int64_t n = 9, S = kiln_clip_image_size(m), D = kiln_clip_dim(m);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 96);
+    float *px = gt_rand(&rng, n * 3 * S * S, 2.0f), *ce = malloc(sizeof(float) * n * D);
+    float *gd = malloc(sizeof(float) * n * D), *go = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, ce, NULL));
+    CHECK_OK(kiln_clip_set_device(m, "cuda"));
+    unsetenv("KILN_CLIP_GEMM");
+    CHECK_OK(kiln_clip_embed_images(m, px, n, gd, NULL));
+    setenv("KILN_CLIP_GEMM", "own", 1);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, go, NULL));
+    unsetenv("KILN_CLIP_GEMM");
+    tower_rows("default GPU path vs CPU", gd, ce, n, D);
+    tower_rows("KILN_CLIP_GEMM=own vs CPU", go, ce, n, D);
+    tower_rows("KILN_CLIP_GEMM=own vs default GPU path", go, gd, n, D);
+    CHECK(memcmp(go, gd, sizeof(float) * n * D) != 0); /* the own GEMM ran (one rounding fewer: other bits) */
+    kiln_clip_free(m);
+    free(px), free(ce), free(gd), free(go);
 }
