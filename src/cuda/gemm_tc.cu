@@ -4,16 +4,16 @@
 // one bf16 store.
 //
 // Structure (one persistent CTA per SM, 384 threads = three warpgroups):
-//  - warpgroup 0, the producer: one thread walks the CTA's tiles and their K blocks of 64 and issues two TMA
-//    loads per block (A: 128 rows x 64, B: BN rows x 64, each row 128 bytes, 128-byte swizzle) into a ring of
-//    STAGES shared-memory slots. `full[s]` (one arrival + the transaction bytes) says a slot has landed,
+//  - warpgroup 0, the producer: one thread walks the CTA's tiles and their K blocks of 64 and issues the TMA
+//    loads of each block (A: BM rows x 64, B: BN rows x 64, each row 128 bytes, 128-byte swizzle) into a ring
+//    of STAGES shared-memory slots. `full[s]` (one arrival + the transaction bytes) says a slot has landed,
 //    `empty[s]` (one arrival per consumer warp) says the MMAs reading it are done. Its registers are given
 //    to the consumers (setmaxnreg).
-//  - warpgroups 1 and 2, the consumers: each owns 64 rows of the 128-row tile and runs wgmma m64nBNk16 (four
-//    per K block) on the slot, keeping one wgmma group in flight: a slot is released once the group after it
-//    was issued and the one reading it has completed. The epilogue (bias, quick_gelu, bf16 rounding, guarded
-//    stores of bf16 pairs) runs from the accumulator registers while the producer already fills the ring for
-//    the CTA's next tile.
+//  - warpgroups 1 and 2, the consumers: wgmma m64nBNk16 on the slot, keeping one wgmma group in flight (a
+//    slot is released once the group after it was issued and the one reading it has completed), then the
+//    epilogue from the accumulator registers (bias, quick_gelu, bf16 rounding, guarded stores of bf16 pairs)
+//    while the producer already fills the ring for the next tile. Cooperative: both on each tile, 64 rows
+//    each; ping-pong: alternate tiles (see the kernel).
 // The tensor maps (cuTensorMapEncodeTiled) are encoded per call on the host: the driver entry point comes
 // from the CUDA runtime (cudaGetDriverEntryPointByVersion), so kiln does not link libcuda. Rows of A past M
 // are zero-filled by TMA and their outputs are not stored.
@@ -218,28 +218,35 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 //    starts tile i's MMAs only once tile i-1's were all issued, so one warpgroup's epilogue (bias,
 //    quick_gelu's MUFU work, stores) runs under the other's MMAs. The handover also keeps a waiter within one
 //    ring pass of the producer (an mbarrier parity wait two phases ahead would pass wrongly).
-// Work is dealt in units of CL tiles stacked along M (CL = 2: a cluster of two CTAs on the tiles m and m+1 of
-// one column block; each CTA loads its A and half of the shared B tile, multicast into both, so L2 serves B
-// once per pair; a slot is free again only when the consumers of both CTAs released it, so each CTA's
-// consumers arrive on both CTAs' `empty`). Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses
-// ring iterations i * KB .. i * KB + KB - 1 in every schedule, so producer and consumers agree on slots and
-// parities without sharing counters.
-template <int BM, int BN, int STAGES, bool PP, int CL, int EPI, typename BiasT>
+// Work is dealt in units of CM x CN tiles (one per CTA of a cluster of CM x CN; 1 x 1: no cluster). The CTAs
+// of a unit that share a row block of A (the same rank % CM) each load 1/CN of it and multicast it to all of
+// them, and those sharing a column block of B (the same rank / CM) 1/CM of B, so L2 serves each operand once
+// per unit instead of once per CTA (r26: the plain kernels moved ~8.3-8.5 TB/s out of L2 whatever the tile,
+// i.e. they are bound by that read). A slot is free again only when the consumers of every CTA that writes
+// into it have released it: each consumer warp arrives on the `empty` barrier of every CTA of the cluster.
+// Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses ring iterations i * KB .. i * KB + KB - 1
+// in every schedule, so producer and consumers agree on slots and parities without sharing counters.
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, bf16 *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K) {
     typedef Cfg<BM, BN, STAGES> cfg;
     constexpr int WG_ROWS = PP ? BM : BM / 2, MW = WG_ROWS / 64; // rows per consumer warpgroup, its m64 MMAs
     static_assert(WG_ROWS % 64 == 0 && MW * BN / 2 <= 128, "accumulators: at most 128 registers a thread");
-    static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
+    constexpr int CL = CM * CN;
+    static_assert(CL <= 4 && (BM / CN) % 8 == 0 && (BN / CM) % 8 == 0, "clusters of up to 4 CTAs");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * cfg::A_BYTES;
     uint64_t *full = (uint64_t *)(smem + STAGES * cfg::STAGE_BYTES), *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const int tiles_n = N / BN, units = ((M + CL * BM - 1) / (CL * BM)) * tiles_n, kblocks = K / BK;
+    const int units_n = N / (CN * BN), units = ((M + CM * BM - 1) / (CM * BM)) * units_n, kblocks = K / BK;
     const int unit0 = blockIdx.x / CL, unit_step = gridDim.x / CL;
-    const uint32_t rank = CL > 1 ? cluster_rank() : 0;
+    const uint32_t rank = CL > 1 ? cluster_rank() : 0, rm = rank % CM, rn = rank / CM;
+    // the CTAs sharing this one's A rows (rank % CM == rm) and B columns (rank / CM == rn)
+    uint16_t a_ctas = 0, b_ctas = 0;
+    for (int j = 0; j < CN; j++) a_ctas |= (uint16_t)(1u << (rm + CM * j));
+    for (int j = 0; j < CM; j++) b_ctas |= (uint16_t)(1u << (j + CM * rn));
 
     if (threadIdx.x == 0) {
         // empty: one arrival per consumer warp that reads the slot, in every CTA the slot's loads write
@@ -257,15 +264,18 @@ __global__ void __launch_bounds__(THREADS, 1)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_b) : "memory");
             uint32_t it = 0;
             for (int u = unit0; u < units; u += unit_step) {
-                const int m0 = (u / tiles_n) * CL * BM + (int)rank * BM, n0 = (u % tiles_n) * BN;
+                const int m0 = (u / units_n) * CM * BM + (int)rm * BM, n0 = ((u % units_n) * CN + (int)rn) * BN;
                 for (int kb = 0; kb < kblocks; kb++, it++) {
                     const int s = it % STAGES;
                     mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
-                    mbar_arrive_expect_tx(&full[s], cfg::STAGE_BYTES); // A + all of B, whoever loads it
-                    tma_load_2d(sa + s * cfg::A_BYTES, &tma_a, &full[s], kb * BK, m0);
-                    if constexpr (CL > 1)
-                        tma_load_2d_multicast(sb + s * cfg::B_BYTES + rank * (BN / CL) * 128, &tma_b, &full[s], kb * BK,
-                                              n0 + (int)rank * (BN / CL), (uint16_t)((1u << CL) - 1));
+                    mbar_arrive_expect_tx(&full[s], cfg::STAGE_BYTES); // all of A and B, whoever loads them
+                    if constexpr (CN > 1) // this CTA's 1/CN of the A rows, into every CTA sharing them
+                        tma_load_2d_multicast(sa + s * cfg::A_BYTES + rn * (BM / CN) * 128, &tma_a, &full[s], kb * BK,
+                                              m0 + (int)rn * (BM / CN), a_ctas);
+                    else tma_load_2d(sa + s * cfg::A_BYTES, &tma_a, &full[s], kb * BK, m0);
+                    if constexpr (CM > 1) // its 1/CM of the B columns, likewise
+                        tma_load_2d_multicast(sb + s * cfg::B_BYTES + rm * (BN / CM) * 128, &tma_b, &full[s], kb * BK,
+                                              n0 + (int)rm * (BN / CM), b_ctas);
                     else tma_load_2d(sb + s * cfg::B_BYTES, &tma_b, &full[s], kb * BK, n0);
                 }
             }
@@ -283,7 +293,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = PP ? cw : 0;; i += PP ? 2 : 1) {
         const int u = unit0 + i * unit_step;
         if (u >= units) break;
-        const int m0 = (u / tiles_n) * CL * BM + (int)rank * BM, n0 = (u % tiles_n) * BN;
+        const int m0 = (u / units_n) * CM * BM + (int)rm * BM, n0 = ((u % units_n) * CN + (int)rn) * BN;
         const bool next = u + unit_step < units;
         if (PP && i > 0) named_bar_sync(1 + cw, 256); // tile i-1's MMAs are all issued
         uint32_t it = (uint32_t)i * (uint32_t)kblocks;
@@ -376,14 +386,15 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
 
 // A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
 // another's exit), never more CTAs than tiles.
-template <int BM, int BN, int STAGES, bool PP, int CL, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, const void *bias, int M,
                    int N, int K, cudaStream_t st) {
     kiln_error *err = NULL;
     int dev = 0, sms = 0, clusters = 0;
     const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
-    const int64_t units = ((int64_t)(M + CL * BM - 1) / (CL * BM)) * (N / BN);
-    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CL, EPI, BiasT>;
+    constexpr int CL = CM * CN;
+    const int64_t units = ((int64_t)(M + CM * BM - 1) / (CM * BM)) * (N / (CN * BN));
+    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, EPI, BiasT>;
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
     CUDA_TRY(cudaGetDevice(&dev));
@@ -409,8 +420,8 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, i
         static int said; // once per kernel (KILN_LOG=debug): the grid it gets
         if (!said && kiln_log_enabled(KILN_LOG_DEBUG)) {
             said = 1;
-            kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s cluster %d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
-                     BM, BN, PP ? "ping-pong" : "cooperative", CL, STAGES, smem, cfg.gridDim.x, (long long)units, sms);
+            kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s cluster %dx%d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
+                     BM, BN, PP ? "ping-pong" : "cooperative", CM, CN, STAGES, smem, cfg.gridDim.x, (long long)units, sms);
         }
     }
     CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, (bf16 *)C, ldc, (const BiasT *)bias, M, N, K));
@@ -419,19 +430,19 @@ done:
     return err;
 }
 
-template <int BM, int BN, int STAGES, bool PP, int CL>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, cudaStream_t st) {
     switch (epi) {
     case KILN_GEMM_TC_NONE:
-        return launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
+        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
     case KILN_GEMM_TC_BIAS:
-        return bias_f32 ? launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                        : launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+        return bias_f32 ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                        : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
     case KILN_GEMM_TC_BIAS_QUICK_GELU:
         return bias_f32
-                   ? launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                   : launch<BM, BN, STAGES, PP, CL, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+                   ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
+                   : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
     }
     return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
 }
@@ -441,14 +452,15 @@ int misaligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) != 
 // AUTO = ping-pong 128x128, the fastest of r26 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096: 505-544
 // TFLOP/s with the bias, 501-527 with quick_gelu; cooperative 128x256 514-536 / 427-460). KILN_GEMM_TC_TILE
 // (read at every call) picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256,
-// 128x256c2, pp128x128c2.
+// 128x256c2, pp128x128c2, pp128x128c2x2.
 kiln_gemm_tc_tile auto_tile(void) {
     static const struct {
         const char *name;
         kiln_gemm_tc_tile tile;
     } names[] = {{"128x128", KILN_GEMM_TC_TILE_128x128},           {"128x256", KILN_GEMM_TC_TILE_128x256},
                  {"pp128x128", KILN_GEMM_TC_TILE_PP_128x128},      {"pp64x256", KILN_GEMM_TC_TILE_PP_64x256},
-                 {"128x256c2", KILN_GEMM_TC_TILE_128x256_C2},      {"pp128x128c2", KILN_GEMM_TC_TILE_PP_128x128_C2}};
+                 {"128x256c2", KILN_GEMM_TC_TILE_128x256_C2},      {"pp128x128c2", KILN_GEMM_TC_TILE_PP_128x128_C2},
+                 {"pp128x128c2x2", KILN_GEMM_TC_TILE_PP_128x128_C2x2}};
     const char *e = getenv("KILN_GEMM_TC_TILE");
     static int warned;
     if (e && *e) {
@@ -468,19 +480,23 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     CUtensorMap ta, tb;
     const int64_t lim = (int64_t)1 << 31;
     if (tile == KILN_GEMM_TC_TILE_AUTO) tile = auto_tile();
-    // the block tile: rows bm x columns bn, loaded by clusters of cl CTAs (B's box: bn / cl rows)
+    // the block tile: rows bm x columns bn per CTA; clusters of cm x cn CTAs (A's box: bm / cn rows, B's: bn / cm)
     const int bn = tile == KILN_GEMM_TC_TILE_128x256 || tile == KILN_GEMM_TC_TILE_PP_64x256 ||
                            tile == KILN_GEMM_TC_TILE_128x256_C2
                        ? 256
                        : 128;
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
-    const int cl = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ? 2 : 1;
+    const int cm = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ||
+                           tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2
+                       ? 2
+                       : 1;
+    const int cn = tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 ? 2 : 1;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
         err = kiln_errorf(KILN_EINVAL, "sizes M %lld, N %lld, K %lld out of range", (long long)M, (long long)N, (long long)K);
     else if (K % BK)
         err = kiln_errorf(KILN_EINVAL, "K = %lld is not a multiple of %d", (long long)K, BK);
-    else if (N % bn)
-        err = kiln_errorf(KILN_EINVAL, "N = %lld is not a multiple of the tile's %d columns", (long long)N, bn);
+    else if (N % (bn * cn))
+        err = kiln_errorf(KILN_EINVAL, "N = %lld is not a multiple of the tile's %d columns", (long long)N, bn * cn);
     else if (lda < K || ldb < K || ldc < N || lda % 8 || ldb % 8 || ldc % 8)
         err = kiln_errorf(KILN_EINVAL, "strides lda %lld, ldb %lld, ldc %lld: need >= K (A, B), >= N (C), multiples of 8",
                           (long long)lda, (long long)ldb, (long long)ldc);
@@ -491,16 +507,17 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     else if (bias && misaligned(bias, bias_f32 ? 8 : 4))
         err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
     if (err || M == 0) goto done;
-    if ((err = make_map(&ta, A, M, K, lda, bm, "A")) || (err = make_map(&tb, B, N, K, ldb, bn / cl, "B"))) goto done;
-#define GEMM_TC_RUN(BM_, BN_, S_, PP_, CL_) \
-    dispatch<BM_, BN_, S_, PP_, CL_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
+    if ((err = make_map(&ta, A, M, K, lda, bm / cn, "A")) || (err = make_map(&tb, B, N, K, ldb, bn / cm, "B"))) goto done;
+#define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_) \
+    dispatch<BM_, BN_, S_, PP_, CM_, CN_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
     // stages: as many as fit beside the barriers in the 227 KB of shared memory a CTA may have
     switch (tile) {
-    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1); break;
-    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1); break;
-    case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2); break;
-    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2); break;
-    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1) : GEMM_TC_RUN(128, 128, 6, false, 1); break;
+    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1, 1); break;
+    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1, 1); break;
+    case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 1); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2x2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 2); break;
+    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1) : GEMM_TC_RUN(128, 128, 6, false, 1, 1); break;
     }
 #undef GEMM_TC_RUN
 done:

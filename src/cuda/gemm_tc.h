@@ -29,7 +29,8 @@ typedef enum {
 /* The tile and schedule. 128x128, 128x256: both consumer warpgroups on each tile (64 rows each), epilogues
  * together; PP_*: "ping-pong", the two consumer warpgroups on alternate tiles (all rows each), one's epilogue
  * under the other's MMAs. AUTO: ping-pong 128x128 (the fastest on the H200 at CLIP's shapes, docs/perf.md), or
- * the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2). */
+ * the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
+ * pp128x128c2x2). */
 typedef enum {
     KILN_GEMM_TC_TILE_AUTO = 0,
     KILN_GEMM_TC_TILE_128x128,
@@ -37,7 +38,8 @@ typedef enum {
     KILN_GEMM_TC_TILE_PP_128x128,
     KILN_GEMM_TC_TILE_PP_64x256,
     KILN_GEMM_TC_TILE_128x256_C2,   /* cooperative 128x256 in clusters of 2 CTAs along M sharing B (TMA multicast) */
-    KILN_GEMM_TC_TILE_PP_128x128_C2 /* ping-pong 128x128, the same clusters */
+    KILN_GEMM_TC_TILE_PP_128x128_C2, /* ping-pong 128x128, the same clusters */
+    KILN_GEMM_TC_TILE_PP_128x128_C2x2 /* ping-pong 128x128 in clusters of 2 x 2 CTAs sharing A and B (N % 256 == 0) */
 } kiln_gemm_tc_tile;
 
 /* bias: device [N], f32 when bias_f32 else bf16; required by the BIAS epilogues. */

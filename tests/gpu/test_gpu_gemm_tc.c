@@ -35,6 +35,7 @@ static const char *tile_name(kiln_gemm_tc_tile t) {
            : t == KILN_GEMM_TC_TILE_PP_64x256  ? "ping-pong 64x256"
            : t == KILN_GEMM_TC_TILE_128x256_C2 ? "128x256 cluster 2"
            : t == KILN_GEMM_TC_TILE_PP_128x128_C2 ? "ping-pong 128x128 cluster 2"
+           : t == KILN_GEMM_TC_TILE_PP_128x128_C2x2 ? "ping-pong 128x128 cluster 2x2"
                                                : "auto (ping-pong 128x128)";
 }
 
@@ -295,8 +296,9 @@ TEST(gpu_gemm_tc_pingpong) {
     time_variants(vs, sizeof vs / sizeof vs[0], 1);
 }
 
-/* clusters of two CTAs sharing B through TMA multicast: pairs whose second tile lies past M (100 rows), odd
- * pair counts, more pairs than clusters; then the timing with the check against cuBLASLt */
+/* clusters sharing operands through TMA multicast (2 CTAs along M sharing B; 2 x 2 sharing A and B): units
+ * whose second row of tiles lies past M (100 rows), odd unit counts, more units than clusters; then the timing
+ * with the check against cuBLASLt */
 TEST(gpu_gemm_tc_cluster) {
     static const gemm_case cs[] = {
         {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
@@ -305,6 +307,10 @@ TEST(gpu_gemm_tc_cluster) {
         {100, 384, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
         {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
         {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
+        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+        {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+        {300, 768, 128, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2}, /* 3 column units */
     };
     run_cases(cs, sizeof cs / sizeof cs[0], 94);
     static const timing_variant vs[] = {
@@ -312,6 +318,8 @@ TEST(gpu_gemm_tc_cluster) {
         {KILN_GEMM_TC_TILE_128x256_C2, 1},
         {KILN_GEMM_TC_TILE_PP_128x128_C2, 0},
         {KILN_GEMM_TC_TILE_PP_128x128_C2, 1},
+        {KILN_GEMM_TC_TILE_PP_128x128_C2x2, 0},
+        {KILN_GEMM_TC_TILE_PP_128x128_C2x2, 1},
     };
     time_variants(vs, sizeof vs / sizeof vs[0], 1);
 }
