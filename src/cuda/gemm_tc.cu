@@ -228,7 +228,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 // in every schedule, so producer and consumers agree on slots and parities without sharing counters.
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
-    gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, bf16 *C,
+    gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, void *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K) {
     typedef Cfg<BM, BN, STAGES> cfg;
     constexpr int WG_ROWS = PP ? BM : BM / 2, MW = WG_ROWS / 64; // rows per consumer warpgroup, its m64 MMAs
@@ -343,9 +343,22 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 4; e++) v[e] = quick_gelu(v[e]);
                 }
-                if (r0 < M) *(__nv_bfloat162 *)(C + (int64_t)r0 * ldc + col) = __floats2bfloat162_rn(v[0], v[1]);
-                if (r0 + 8 < M)
-                    *(__nv_bfloat162 *)(C + (int64_t)(r0 + 8) * ldc + col) = __floats2bfloat162_rn(v[2], v[3]);
+                if constexpr (EPI == KILN_GEMM_TC_BIAS_ADD_F32) { // the f32 stream: read, add, write back
+                    float2 *c0p = (float2 *)((float *)C + (int64_t)r0 * ldc + col), *c1p = (float2 *)((float *)c0p + 8 * ldc);
+                    if (r0 < M) {
+                        const float2 o = *c0p;
+                        *c0p = make_float2(o.x + v[0], o.y + v[1]);
+                    }
+                    if (r0 + 8 < M) {
+                        const float2 o = *c1p;
+                        *c1p = make_float2(o.x + v[2], o.y + v[3]);
+                    }
+                } else {
+                    bf16 *Cb = (bf16 *)C;
+                    if (r0 < M) *(__nv_bfloat162 *)(Cb + (int64_t)r0 * ldc + col) = __floats2bfloat162_rn(v[0], v[1]);
+                    if (r0 + 8 < M)
+                        *(__nv_bfloat162 *)(Cb + (int64_t)(r0 + 8) * ldc + col) = __floats2bfloat162_rn(v[2], v[3]);
+                }
             }
         }
     }
@@ -387,7 +400,7 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
 // A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
 // another's exit), never more CTAs than tiles.
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
-kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, const void *bias, int M,
+kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, const void *bias, int M,
                    int N, int K, cudaStream_t st) {
     kiln_error *err = NULL;
     int dev = 0, sms = 0, clusters = 0;
@@ -424,14 +437,14 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, i
                      BM, BN, PP ? "ping-pong" : "cooperative", CM, CN, STAGES, smem, cfg.gridDim.x, (long long)units, sms);
         }
     }
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, (bf16 *)C, ldc, (const BiasT *)bias, M, N, K));
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, C, ldc, (const BiasT *)bias, M, N, K));
     CUDA_TRY(cudaGetLastError());
 done:
     return err;
 }
 
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN>
-kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
+kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, cudaStream_t st) {
     switch (epi) {
     case KILN_GEMM_TC_NONE:
@@ -443,6 +456,8 @@ kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, kiln_bf16 *C,
         return bias_f32
                    ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
                    : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+    case KILN_GEMM_TC_BIAS_ADD_F32:
+        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_ADD_F32, float>(ta, tb, C, ldc, bias, M, N, K, st);
     }
     return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
 }
@@ -474,7 +489,7 @@ kiln_gemm_tc_tile auto_tile(void) {
 } // namespace
 
 extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
-                                              int64_t lda, const kiln_bf16 *B, int64_t ldb, kiln_bf16 *C, int64_t ldc,
+                                              int64_t lda, const kiln_bf16 *B, int64_t ldb, void *C, int64_t ldc,
                                               kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream) {
     kiln_error *err = NULL;
     CUtensorMap ta, tb;
@@ -504,6 +519,8 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
         err = kiln_errorf(KILN_EINVAL, "A, B and C must be 16-byte aligned");
     else if ((epi != KILN_GEMM_TC_NONE) != (bias != NULL))
         err = kiln_errorf(KILN_EINVAL, "epilogue %d %s", (int)epi, bias ? "takes no bias" : "needs a bias");
+    else if (epi == KILN_GEMM_TC_BIAS_ADD_F32 && !bias_f32)
+        err = kiln_errorf(KILN_EINVAL, "the f32 accumulating epilogue takes an f32 bias");
     else if (bias && misaligned(bias, bias_f32 ? 8 : 4))
         err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
     if (err || M == 0) goto done;
@@ -525,7 +542,7 @@ done:
 }
 
 extern "C" kiln_error *kiln_gemm_tc_cuda(int64_t M, int64_t N, int64_t K, const kiln_bf16 *A, int64_t lda,
-                                         const kiln_bf16 *B, int64_t ldb, kiln_bf16 *C, int64_t ldc,
+                                         const kiln_bf16 *B, int64_t ldb, void *C, int64_t ldc,
                                          kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream) {
     return kiln_gemm_tc_tile_cuda(KILN_GEMM_TC_TILE_AUTO, M, N, K, A, lda, B, ldb, C, ldc, epi, bias, bias_f32, stream);
 }

@@ -1,9 +1,9 @@
 /* kiln's own Hopper (sm_90a) GEMM for the shapes where a fused epilogue saves a memory pass that cuBLASLt
  * cannot fuse (CLIP's fc1 + quick_gelu): C[M,N] = epilogue(A[M,K] · B[N,K]ᵀ), A and B bf16 row-major (B is
  * a weight stored [out, in], the "NT" layout of src/cuda/clip_gemm.cu), f32 accumulation, C bf16 with row
- * stride ldc. Tiles are loaded by TMA into 128-byte-swizzled shared memory through a multi-stage mbarrier
- * pipeline and multiplied by wgmma (src/cuda/gemm_tc.cu). Internal to the CUDA side and its GPU tests; not
- * on any default path (KILN_CLIP_GEMM=own opts CLIP's fc1 in).
+ * stride ldc (or f32, accumulated into). Tiles are loaded by TMA into 128-byte-swizzled shared memory
+ * through a multi-stage mbarrier pipeline and multiplied by wgmma (src/cuda/gemm_tc.cu). Internal to the
+ * CUDA side and its GPU tests; not on any default path (KILN_CLIP_GEMM=own opts CLIP's fc1 in).
  *
  * Requirements (else a kiln_error naming the field): K % 64 == 0, N % 128 == 0, M, N, K < 2^31; A, B, C
  * 16-byte aligned and lda, ldb, ldc multiples of 8 elements (TMA's 16-byte global strides), lda, ldb >= K,
@@ -23,7 +23,8 @@ extern "C" {
 typedef enum {
     KILN_GEMM_TC_NONE = 0,       /* C = A Bᵀ (bias must be NULL) */
     KILN_GEMM_TC_BIAS,           /* C = A Bᵀ + bias[N] */
-    KILN_GEMM_TC_BIAS_QUICK_GELU /* C = quick_gelu(A Bᵀ + bias[N]), quick_gelu(v) = v / (1 + exp(-1.702 v)) */
+    KILN_GEMM_TC_BIAS_QUICK_GELU, /* C = quick_gelu(A Bᵀ + bias[N]), quick_gelu(v) = v / (1 + exp(-1.702 v)) */
+    KILN_GEMM_TC_BIAS_ADD_F32     /* C (f32) += A Bᵀ + bias[N] (f32): a projection added into an f32 residual stream */
 } kiln_gemm_tc_epilogue;
 
 /* The tile and schedule. 128x128, 128x256: both consumer warpgroups on each tile (64 rows each), epilogues
@@ -42,13 +43,14 @@ typedef enum {
     KILN_GEMM_TC_TILE_PP_128x128_C2x2 /* ping-pong 128x128 in clusters of 2 x 2 CTAs sharing A and B (N % 256 == 0) */
 } kiln_gemm_tc_tile;
 
-/* bias: device [N], f32 when bias_f32 else bf16; required by the BIAS epilogues. */
+/* C: bf16 [M, ldc], or f32 for KILN_GEMM_TC_BIAS_ADD_F32. bias: device [N], f32 when bias_f32 else bf16 (f32
+ * for the f32 epilogue); required by every epilogue but NONE. */
 kiln_error *kiln_gemm_tc_cuda(int64_t M, int64_t N, int64_t K, const kiln_bf16 *A, int64_t lda, const kiln_bf16 *B,
-                              int64_t ldb, kiln_bf16 *C, int64_t ldc, kiln_gemm_tc_epilogue epi, const void *bias,
+                              int64_t ldb, void *C, int64_t ldc, kiln_gemm_tc_epilogue epi, const void *bias,
                               int bias_f32, void *stream);
 /* the same with the tile chosen (tests and timing compare them); a tile N does not divide is an error */
 kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
-                                   int64_t lda, const kiln_bf16 *B, int64_t ldb, kiln_bf16 *C, int64_t ldc,
+                                   int64_t lda, const kiln_bf16 *B, int64_t ldb, void *C, int64_t ldc,
                                    kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream);
 
 #ifdef __cplusplus

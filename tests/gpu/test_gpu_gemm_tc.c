@@ -371,3 +371,118 @@ TEST(gpu_gemm_tc_clip_tower) {
     kiln_clip_free(m);
     free(px), free(ce), free(gd), free(go);
 }
+
+/* f32 results (the accumulating epilogue): |got - ref| <= 1e-3 (|ref| + mean |ref|) in the window (f32
+ * sums in another order, K up to 4096: ~1e-4 at worst), the sentinel outside it */
+static int64_t gemm_check_f32(const char *what, const float *got, int64_t ldc, int64_t rows_alloc, const float *ref,
+                              int64_t M, int64_t N, float sentinel) {
+    double mean = 0, worst = 0;
+    int64_t bad = 0, stray = 0;
+    for (int64_t i = 0; i < M * N; i++) mean += fabs(ref[i]);
+    mean /= (double)(M * N > 0 ? M * N : 1);
+    for (int64_t r = 0; r < rows_alloc; r++)
+        for (int64_t c = 0; c < ldc; c++) {
+            const float g = got[r * ldc + c];
+            if (r >= M || c >= N) {
+                stray += g != sentinel;
+                continue;
+            }
+            const double ratio = fabs(g - (double)ref[r * N + c]) / (1e-3 * (fabs(ref[r * N + c]) + mean));
+            if (!(ratio <= 1.0)) {
+                if (bad < 5)
+                    printf("      bad (row %lld, col %lld): got %.8g, ref %.8g\n", (long long)r, (long long)c, g, ref[r * N + c]);
+                bad++;
+                if (ratio != ratio) worst = INFINITY;
+            }
+            if (ratio > worst) worst = ratio;
+        }
+    printf("    %-62s max |d|/tol %.3g, %lld bad of %lld, %lld stray\n", what, worst, (long long)bad, (long long)(M * N),
+           (long long)stray);
+    return bad + stray;
+}
+
+/* C (f32) += A Bᵀ + bias: the residual projections' form (CLIP's out and fc2), against the CPU on fresh inputs
+ * (tails, padded strides, every schedule), against cuBLASLt's accumulating GEMM, and timed beside it at the out
+ * (K 1024) and fc2 (K 4096) shapes of L/14 at 128 images */
+TEST(gpu_gemm_tc_f32_add) {
+    static const struct {
+        int64_t M, N, K, pad;
+        kiln_gemm_tc_tile tile;
+    } cs[] = {
+        {771, 1024, 1024, 0, KILN_GEMM_TC_TILE_AUTO},           {771, 1024, 4096, 0, KILN_GEMM_TC_TILE_128x256},
+        {300, 384, 192, 8, KILN_GEMM_TC_TILE_128x128},          {300, 512, 192, 8, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+        {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},  {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_64x256},
+    };
+    const float sentinel = -7777.0f;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 97);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const int64_t M = cs[i].M, N = cs[i].N, K = cs[i].K, ld = K + cs[i].pad, ldc = N + cs[i].pad, rows = M + 16;
+        float *a = gt_rand(&rng, M * K, 1.0f), *b = gt_rand(&rng, N * K, 2.0f / sqrtf((float)K));
+        float *bias = gt_rand(&rng, N, 1.0f), *r0 = gt_rand(&rng, M * N, 1.0f), *ref = malloc(sizeof(float) * (size_t)(M * N));
+        float *c0 = malloc(sizeof(float) * (size_t)(rows * ldc));
+        gt_round_bf16(a, M * K), gt_round_bf16(b, N * K);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < ldc; c++) c0[r * ldc + c] = r < M && c < N ? r0[r * N + c] : sentinel;
+        kiln_bf16 *da = up_padded(a, M, K, ld), *db = up_padded(b, N, K, ld);
+        float *dc = gt_up_f32(c0, rows * ldc), *dbias = gt_up_f32(bias, N);
+        kiln_linear_forward(ref, a, b, bias, M, K, N);
+        for (int64_t j = 0; j < M * N; j++) ref[j] += r0[j];
+        char what[160];
+        snprintf(what, sizeof what, "f32 += : M %lld N %lld K %lld ld %lld ldc %lld %s", (long long)M, (long long)N,
+                 (long long)K, (long long)ld, (long long)ldc, tile_name(cs[i].tile));
+        printf("    running %s\n", what);
+        fflush(stdout);
+        CHECK_OK(kiln_gemm_tc_tile_cuda(cs[i].tile, M, N, K, da, ld, db, ld, dc, ldc, KILN_GEMM_TC_BIAS_ADD_F32, dbias, 1,
+                                        NULL));
+        float *got = gt_down_f32(dc, rows * ldc);
+        CHECK_MSG(gemm_check_f32(what, got, ldc, rows, ref, M, N, sentinel) == 0, "%s: mismatches (above)", what);
+        kiln_cuda_free(da), kiln_cuda_free(db), kiln_cuda_free(dc), kiln_cuda_free(dbias);
+        free(a), free(b), free(bias), free(r0), free(ref), free(c0), free(got);
+    }
+    CHECK_ERR(kiln_gemm_tc_cuda(64, 128, 64, NULL, 64, NULL, 64, NULL, 128, KILN_GEMM_TC_BIAS_ADD_F32,
+                                (void *)16, 0, NULL),
+              "takes an f32 bias");
+
+    /* against cuBLASLt's accumulating GEMM and timed: out (K 1024) and fc2 (K 4096), M = 128 * 257, N = 1024 */
+    const int64_t M = 32896, N = 1024, Ks[] = {1024, 4096};
+    float *a = gt_rand(&rng, M * 4096, 1.0f), *b = gt_rand(&rng, N * 4096, 2.0f / 64.0f), *bias = gt_rand(&rng, N, 1.0f);
+    float *r0 = gt_rand(&rng, M * N, 1.0f);
+    kiln_bf16 *da = gt_up_bf16(a, M * 4096), *db = gt_up_bf16(b, N * 4096);
+    float *dbias = gt_up_f32(bias, N), *dl = gt_up_f32(r0, M * N), *dc = gt_up_f32(r0, M * N);
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
+    for (int k = 0; k < 2; k++) {
+        const int64_t K = Ks[k];
+        /* one accumulation each from the same start, compared */
+        CHECK_OK(kiln_clip_linear_cuda(dl, 1, da, db, dbias, M, K, N, 1, NULL));
+        CHECK_OK(kiln_gemm_tc_cuda(M, N, K, da, K, db, K, dc, N, KILN_GEMM_TC_BIAS_ADD_F32, dbias, 1, NULL));
+        float *lt = gt_down_f32(dl, M * N), *got = gt_down_f32(dc, M * N);
+        char what[96];
+        snprintf(what, sizeof what, "f32 += vs cuBLASLt at M %lld N %lld K %lld", (long long)M, (long long)N, (long long)K);
+        CHECK_MSG(gemm_check_f32(what, got, N, M, lt, M, N, sentinel) == 0, "%s", what);
+        free(lt), free(got);
+        const double flop = 2.0 * (double)M * (double)N * (double)K;
+        for (int v = 0; v < 4; v++) {
+            static const int tiles[] = {-1, KILN_GEMM_TC_TILE_AUTO, KILN_GEMM_TC_TILE_PP_128x128_C2x2,
+                                        KILN_GEMM_TC_TILE_128x256};
+            float ms = 0;
+            for (int r = -2; r < 10; r++) {
+                if (r == 0) CHECK(cudaEventRecord(e0, NULL) == cudaSuccess);
+                if (tiles[v] < 0) CHECK_OK(kiln_clip_linear_cuda(dl, 1, da, db, dbias, M, K, N, 1, NULL));
+                else
+                    CHECK_OK(kiln_gemm_tc_tile_cuda((kiln_gemm_tc_tile)tiles[v], M, N, K, da, K, db, K, dc, N,
+                                                    KILN_GEMM_TC_BIAS_ADD_F32, dbias, 1, NULL));
+            }
+            CHECK(cudaEventRecord(e1, NULL) == cudaSuccess);
+            CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+            CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
+            ms /= 10;
+            printf("    M %lld N %lld K %lld  f32 += bias  %-32s %.3f ms  %.0f TFLOP/s\n", (long long)M, (long long)N,
+                   (long long)K, tiles[v] < 0 ? "cuBLASLt" : tile_name((kiln_gemm_tc_tile)tiles[v]), ms, flop / ms * 1e-9);
+        }
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    kiln_cuda_free(da), kiln_cuda_free(db), kiln_cuda_free(dbias), kiln_cuda_free(dl), kiln_cuda_free(dc);
+    free(a), free(b), free(bias), free(r0);
+}
