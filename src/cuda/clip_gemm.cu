@@ -96,6 +96,18 @@ template <typename Y> __global__ void add_bias_rows(Y *y, const Y *b, int64_t n,
     }
 }
 
+// KILN_CLIP_GEMM=own-all: every CLIP projection the own GEMM takes goes through it (bf16 out with or without
+// the bias; f32 out accumulated with an f32 bias), the rest through cuBLASLt
+int own_all(void) {
+    const char *e = getenv("KILN_CLIP_GEMM");
+    return e && !strcmp(e, "own-all");
+}
+int own_fits(const void *y, const void *x, const void *w, const void *bias, int64_t in, int64_t out, int y_f32,
+             int accumulate) {
+    const int al = !(((uintptr_t)y | (uintptr_t)x | (uintptr_t)w) & 15) && !((uintptr_t)bias & 7);
+    return al && in % 64 == 0 && out % 128 == 0 && (y_f32 ? accumulate && bias : !accumulate);
+}
+
 } // namespace
 
 extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16 *x, const kiln_bf16 *w,
@@ -110,6 +122,14 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
     if (in <= 0 || (accumulate && !y_f32))
         return kiln_errorf(KILN_EINVAL, "CLIP linear (CUDA): %lld inputs%s", (long long)in,
                            accumulate && !y_f32 ? ", accumulating into bf16" : "");
+    if (own_all() && own_fits(y, x, w, bias, in, out, y_f32, accumulate)) {
+        err = kiln_gemm_tc_cuda(n, out, in, x, in, w, in, y, out,
+                                y_f32 ? KILN_GEMM_TC_BIAS_ADD_F32 : bias ? KILN_GEMM_TC_BIAS : KILN_GEMM_TC_NONE, bias,
+                                y_f32, stream);
+        return err ? kiln_error_wrap(err, "CLIP linear %lldx%lldx%lld (CUDA, KILN_CLIP_GEMM=own-all)", (long long)n,
+                                     (long long)out, (long long)in)
+                   : NULL;
+    }
     pthread_mutex_lock(&c_lock);
     if ((err = cplan_get(n, in, out, y_f32, bias != NULL, accumulate, al, &p))) goto done;
     if (!p->tuned && tune_on() && (err = cplan_tune(p, w, x, bias, st))) goto done;
@@ -130,7 +150,7 @@ done:
 
 extern "C" int kiln_clip_gemm_own(void) {
     const char *e = getenv("KILN_CLIP_GEMM");
-    return e && !strcmp(e, "own");
+    return e && (!strcmp(e, "own") || !strcmp(e, "own-all"));
 }
 
 // fc1 + quick_gelu as one pass over the output: kiln's own Hopper GEMM (gemm_tc.cu) with the bias and

@@ -342,7 +342,8 @@ static void tower_rows(const char *what, const float *a, const float *b, int64_t
 }
 
 /* CLIP's vision tower (L/14-shaped: 257 tokens, widths the own GEMM takes) with KILN_CLIP_GEMM=own, fc1 +
- * quick_gelu as one own GEMM, against the CPU and against the default GPU path (cuBLASLt + the pass) */
+ * quick_gelu as one own GEMM, against the CPU and against the default GPU path (cuBLASLt + the pass); then
+ * KILN_CLIP_GEMM=own-all (every projection it takes through the own GEMM) against the CPU */
 TEST(gpu_gemm_tc_clip_tower) {
     clip_test_cfg c = clip_test_default;
     c.vis_hidden = 256, c.vis_heads = 4, c.vis_inter = 1024, c.vis_layers = 3, c.image_size = 224, c.patch_size = 14;
@@ -368,8 +369,26 @@ TEST(gpu_gemm_tc_clip_tower) {
     tower_rows("KILN_CLIP_GEMM=own vs CPU", go, ce, n, D);
     tower_rows("KILN_CLIP_GEMM=own vs default GPU path", go, gd, n, D);
     CHECK(memcmp(go, gd, sizeof(float) * n * D) != 0); /* the own GEMM ran (one rounding fewer: other bits) */
+    /* every projection the own GEMM takes (qkv, out, fc1 + quick_gelu, fc2, the final projection), with the
+     * default tile and with 2 x 2 clusters; patches too */
+    const int64_t G2 = (int64_t)kiln_clip_grid(m) * kiln_clip_grid(m);
+    float *cp = malloc(sizeof(float) * n * G2 * D), *gp = malloc(sizeof(float) * n * G2 * D);
     kiln_clip_free(m);
-    free(px), free(ce), free(gd), free(go);
+    m = NULL;
+    CHECK_OK(kiln_clip_load(dir, &m));
+    if (!m) return;
+    CHECK_OK(kiln_clip_embed_images(m, px, n, ce, cp));
+    CHECK_OK(kiln_clip_set_device(m, "cuda"));
+    for (int t = 0; t < 2; t++) {
+        setenv("KILN_CLIP_GEMM", "own-all", 1);
+        if (t) setenv("KILN_GEMM_TC_TILE", "pp128x128c2x2", 1);
+        CHECK_OK(kiln_clip_embed_images(m, px, n, go, gp));
+        unsetenv("KILN_CLIP_GEMM"), unsetenv("KILN_GEMM_TC_TILE");
+        tower_rows(t ? "own-all, 2x2 clusters vs CPU" : "KILN_CLIP_GEMM=own-all vs CPU", go, ce, n, D);
+        tower_rows(t ? "own-all, 2x2 clusters, patches vs CPU" : "own-all, patches vs CPU", gp, cp, n * G2, D);
+    }
+    kiln_clip_free(m);
+    free(px), free(ce), free(gd), free(go), free(cp), free(gp);
 }
 
 /* f32 results (the accumulating epilogue): |got - ref| <= 1e-3 (|ref| + mean |ref|) in the window (f32
