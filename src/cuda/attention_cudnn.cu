@@ -359,6 +359,8 @@ struct att_plan {
     kdnn_desc cand[8];
     int64_t cand_engine[8];
     int cand_cfg[8], ncand, tuned;
+    gb *graph;         // the operation graph's descriptors, which the plan's stay tied to (freed with the plan)
+    uint64_t used;     // the plan cache's clock at its last use (the least recently used goes first)
 };
 
 static int autotune_on(void) {
@@ -366,9 +368,13 @@ static int autotune_on(void) {
     return e && *e && strcmp(e, "0") != 0;
 }
 
-#define MAX_PLANS 64
+// The plan cache: KILN_CUDNN_PLANS plans at most (default 64, the most kept at once is MAX_PLANS); past that the
+// least recently used is destroyed, so a process that meets many shapes (a test suite, CLIP over changing image
+// counts) keeps cuDNN for the shapes it uses now instead of falling back to kiln's kernels for every new one.
+#define MAX_PLANS 256
 static att_plan *plans[MAX_PLANS];
 static int nplans;
+static uint64_t plan_clock;
 static kdnn_handle handles[64]; // per device
 
 static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
@@ -614,6 +620,34 @@ static void make_plan(gb *g, att_plan *p, kdnn_handle h) {
     }
 }
 
+static int plan_cap(void) {
+    const char *e = getenv("KILN_CUDNN_PLANS");
+    const long n = e && *e ? atol(e) : 64;
+    return n < 1 ? 1 : n > MAX_PLANS ? MAX_PLANS : (int)n;
+}
+
+// Destroys the least recently used plan (its descriptors, the graph's and its device sequence lengths). Callers
+// hold the lock, and no plan is used past it: an execution enqueued earlier has taken its by-value scalars at
+// enqueue time, and cudaFree waits for the device's work before it frees the sequence lengths.
+static void plan_evict(void) {
+    int lru = 0;
+    for (int i = 1; i < nplans; i++)
+        if (plans[i]->used < plans[lru]->used) lru = i;
+    att_plan *p = plans[lru];
+    plans[lru] = plans[--nplans];
+    for (int c = 0; c < p->ncand; c++)
+        if (p->cand[c]) dn.BackendDestroyDescriptor(p->cand[c]);
+    if (p->graph) {
+        gb_free(p->graph);
+        free(p->graph);
+    }
+    if (p->seq) cudaFree(p->seq);
+    kiln_log(KILN_LOG_DEBUG, "attention: cuDNN plan cache full (KILN_CUDNN_PLANS=%d): the %s of B=%lld T=%lld H=%lld "
+             "D=%lld, least recently used, destroyed", plan_cap(), p->backward ? "backward" : "forward", (long long)p->B,
+             (long long)p->T, (long long)p->NH, (long long)p->D);
+    free(p);
+}
+
 // the cached plan for this call, built on first use; NULL with *why when cuDNN cannot run it
 static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, int backward, int nondet,
                           const char **why) {
@@ -678,14 +712,12 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
             p->tk_cap == s->tk_cap && p->NH == s->NH && p->KV == s->KV && p->D == s->D && p->window == window &&
             p->scale == s->scale && p->causal == causal && p->q_row == q_row && p->kv_row == kv_row &&
             p->o_row == o_row && p->q_seq == q_seq && p->tk == s->tk) {
+            p->used = ++plan_clock;
             if (!p->ok) *why = p->why;
             return p->ok ? p : NULL;
         }
     }
-    if (nplans == MAX_PLANS) {
-        *why = "too many attention shapes for the plan cache";
-        return NULL;
-    }
+    if (nplans >= plan_cap()) plan_evict();
     att_plan *p = (att_plan *)calloc(1, sizeof *p);
     if (!p) {
         *why = "out of host memory";
@@ -697,6 +729,7 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
     p->causal = causal, p->q_row = q_row, p->kv_row = kv_row, p->o_row = o_row, p->q_seq = q_seq, p->tk = s->tk;
     p->v_scale = s->scale, p->v_one = 1.f, p->v_win = (float)window;
     p->v_neginf = version < 91000 ? -3.402823466e38f : -INFINITY;
+    p->used = ++plan_clock;
     plans[nplans++] = p;
     gb *g = (gb *)calloc(1, sizeof *g);
     if (!g) {
@@ -704,6 +737,7 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
         *why = p->why;
         return NULL;
     }
+    p->graph = g;
     g->next_uid = 1000;
     if (!handles[dev]) {
         kdnn_status st = dn.Create(&handles[dev]);
@@ -738,11 +772,9 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
                  causal ? "" : " (no mask)", (long long)s->B, (long long)s->Tq, (long long)s->NH, (long long)s->KV,
                  (long long)s->D, (long long)window, g->err);
         gb_free(g);
-        free(g);
         *why = p->why;
         return NULL;
     }
-    free(g); // the descriptors stay alive with the plan
     p->off_sum = align256(p->ws);
     p->off_dqacc = p->off_sum + (backward ? align256(s->B * s->NH * s->Tq * 4) : 0);
     p->total = p->off_dqacc + (backward && nondet ? align256(s->B * s->NH * s->Tq * s->D * 4) : 0);

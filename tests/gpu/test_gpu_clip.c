@@ -84,6 +84,35 @@ static int cudnn_expected(void) {
     return e && *e;
 }
 
+/* The cuDNN plan cache past its size (KILN_CUDNN_PLANS=3 here, 64 by default): every new shape still runs
+ * cuDNN (the least recently used plan is destroyed to make room), right to the same tolerance as the CPU, and
+ * the first shape, evicted by then, gets a plan again. A full suite in one process met more than 64 shapes
+ * (run r27), and every shape after them ran kiln's own kernel. */
+TEST(gpu_clip_attention_cudnn_plan_cache) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 26);
+    setenv("KILN_CUDNN_PLANS", "3", 1);
+    unsetenv("KILN_CLIP_ATTN");
+    const int64_t Ts[] = {40, 48, 56, 64, 72, 40}, B = 2, heads = 2, hd = 64, H = heads * hd, stride = 3 * H;
+    for (int c = 0; c < 6; c++) {
+        const int64_t T = Ts[c];
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f), *ref = malloc(sizeof(float) * B * T * H);
+        gt_round_bf16(qkv, B * T * stride);
+        CHECK(kiln_mha_forward(ref, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0) == 0);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * T * H * 2);
+        CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
+        float *got = gt_down_bf16(dout, B * T * H);
+        const char *ran = kiln_clip_attention_last_impl();
+        char name[64];
+        snprintf(name, sizeof name, "shape %d: T=%lld (ran %s)", c + 1, (long long)T, ran);
+        GT_CLOSE(name, got, ref, B * T * H, 1e-2);
+        if (cudnn_expected()) CHECK_MSG(!strcmp(ran, "cudnn"), "%s: with a cache of 3 plans, cuDNN did not run", name);
+        kiln_cuda_free(dq), kiln_cuda_free(dout);
+        free(qkv), free(ref), free(got);
+    }
+    unsetenv("KILN_CUDNN_PLANS");
+}
+
 /* cuDNN's fused flash attention (KILN_CLIP_ATTN unset: the default) on q/k/v read in place from a fused
  * [B·T, 3H] projection, against the CPU (f32 from the same bf16 inputs) and kiln's own kernel: the shapes of
  * ViT-L/14 at 224 (257 tokens, 16 heads of 64) and 336 (577), B/16 (197, 12 heads), B/32 (50, 12 heads), and
