@@ -146,44 +146,13 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
         : "memory");
 }
 
-// D[64 x 256] += A[64 x 16] (smem, K-major) * B[256 x 16]^T (smem, K-major), f32 accumulators
-__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(scale_d)
-        : "memory");
-}
-
+// 64 x BN: BN = 256 as two m64n128 on the two 128-row halves of the B slot (16 KB apart, 1024-aligned); the
+// accumulators of columns 128..255 follow those of 0..127 in the m64n256 fragment order, so the epilogue is the
+// same (one instruction shape keeps one copy of the 64-register operand list)
 template <int BN> __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t sc) {
-    if constexpr (BN == 256) wgmma_n256(d, da, db, sc);
-    else wgmma_n128(d, da, db, sc);
+    static_assert(BN == 128 || BN == 256, "BN");
+    wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), da, db, sc);
+    if constexpr (BN == 256) wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[64]), da, db + ((128 * 128) >> 4), sc);
 }
 
 __device__ __forceinline__ float2 bias_pair(const float *b, int col) { return *(const float2 *)(b + col); }
@@ -193,6 +162,26 @@ __device__ __forceinline__ float2 bias_pair(const bf16 *b, int col) {
 // quick_gelu on the f32 accumulator: two MUFU operations (ex2, rcp) per element; __fdividef gives -0 for the
 // infinite denominator of a large negative v, as the exact division does
 __device__ __forceinline__ float quick_gelu(float v) { return __fdividef(v, 1.0f + __expf(-1.702f * v)); }
+// KILN_GEMM_TC_QGELU=tanh: v/2 (1 + tanh(0.851 v)), one MUFU operation (tanh.approx: ~5e-4 absolute in the
+// sigmoid, so ~1e-3 absolute at v ~ -4 where the exact value is ~-0.005)
+__device__ __forceinline__ float quick_gelu_tanh(float v) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.851f * v));
+    const float h = 0.5f * v;
+    return fmaf(h, t, h);
+}
+// KILN_GEMM_TC_QGELU=newton: ex2 on the MUFU, the reciprocal on the FMA pipe (an integer first guess within
+// 12%, three Newton steps: ~1e-7 relative); the exponent is capped at 2^120 so the guess stays a normal float
+__device__ __forceinline__ float quick_gelu_newton(float v) {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fminf(-2.4554670f * v, 120.0f))); // -1.702 log2(e) v
+    const float d = 1.0f + e;
+    float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
+    r = r * fmaf(-d, r, 2.0f);
+    r = r * fmaf(-d, r, 2.0f);
+    r = r * fmaf(-d, r, 2.0f);
+    return v * r;
+}
 
 // a consumer warp is done reading a slot: tell the producer of every CTA whose loads write it (lane r of the
 // warp signals the CTA of rank r, the arrivals in parallel)
@@ -207,6 +196,47 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The epilogue of one warpgroup's tile from its accumulators: in each 64-row block, thread (warp, lane) holds
+// rows r0 and r0 + 8 of its warp's 16, columns c0 + 8j + {0, 1} (r0 = the block's row of the thread, c0 = the
+// tile's column + 2 (lane % 4)); bias, quick_gelu (formula QM), bf16 pairs stored, or f32 pairs added into C.
+template <int QM, int EPI, int BN, int MW, typename BiasT>
+__device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, int64_t ldc, const BiasT *bias, int M,
+                                           int r0, int c0) {
+#pragma unroll
+    for (int mw = 0; mw < MW; mw++) {
+        const int r = r0 + mw * 64;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int col = c0 + 8 * j;
+            float v[4] = {acc[mw][4 * j], acc[mw][4 * j + 1], acc[mw][4 * j + 2], acc[mw][4 * j + 3]};
+            if constexpr (EPI != KILN_GEMM_TC_NONE) {
+                const float2 b = bias_pair(bias, col);
+                v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
+            }
+            if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    v[e] = QM == 1 ? quick_gelu_tanh(v[e]) : QM == 2 ? quick_gelu_newton(v[e]) : quick_gelu(v[e]);
+            }
+            if constexpr (EPI == KILN_GEMM_TC_BIAS_ADD_F32) { // the f32 stream: read, add, write back
+                float2 *p0 = (float2 *)((float *)C + (int64_t)r * ldc + col), *p1 = (float2 *)((float *)p0 + 8 * ldc);
+                if (r < M) {
+                    const float2 o = *p0;
+                    *p0 = make_float2(o.x + v[0], o.y + v[1]);
+                }
+                if (r + 8 < M) {
+                    const float2 o = *p1;
+                    *p1 = make_float2(o.x + v[2], o.y + v[3]);
+                }
+            } else {
+                bf16 *p0 = (bf16 *)C + (int64_t)r * ldc + col;
+                if (r < M) *(__nv_bfloat162 *)p0 = __floats2bfloat162_rn(v[0], v[1]);
+                if (r + 8 < M) *(__nv_bfloat162 *)(p0 + 8 * ldc) = __floats2bfloat162_rn(v[2], v[3]);
+            }
+        }
+    }
 }
 
 // One kernel, two schedules of the consumers (the producer is the same):
@@ -229,7 +259,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, void *C,
-                   int64_t ldc, const BiasT *bias, int M, int N, int K) {
+                   int64_t ldc, const BiasT *bias, int M, int N, int K, int qmode) {
     typedef Cfg<BM, BN, STAGES> cfg;
     constexpr int WG_ROWS = PP ? BM : BM / 2, MW = WG_ROWS / 64; // rows per consumer warpgroup, its m64 MMAs
     static_assert(WG_ROWS % 64 == 0 && MW * BN / 2 <= 128, "accumulators: at most 128 registers a thread");
@@ -326,41 +356,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
         release_slot<CL>(&empty[(it - 1) % STAGES], lane);
 
-        // epilogue: in each 64-row block, thread (warp, lane) holds rows r and r + 8 of its warp's 16, columns
-        // 8j + 2(lane % 4) + {0, 1}
-#pragma unroll
-        for (int mw = 0; mw < MW; mw++) {
-            const int r0 = m0 + (PP ? 0 : cw * 64) + mw * 64 + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                const int col = c0 + 8 * j;
-                float v[4] = {acc[mw][4 * j], acc[mw][4 * j + 1], acc[mw][4 * j + 2], acc[mw][4 * j + 3]};
-                if constexpr (EPI != KILN_GEMM_TC_NONE) {
-                    const float2 b = bias_pair(bias, col);
-                    v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
-                }
-                if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) v[e] = quick_gelu(v[e]);
-                }
-                if constexpr (EPI == KILN_GEMM_TC_BIAS_ADD_F32) { // the f32 stream: read, add, write back
-                    float2 *c0p = (float2 *)((float *)C + (int64_t)r0 * ldc + col), *c1p = (float2 *)((float *)c0p + 8 * ldc);
-                    if (r0 < M) {
-                        const float2 o = *c0p;
-                        *c0p = make_float2(o.x + v[0], o.y + v[1]);
-                    }
-                    if (r0 + 8 < M) {
-                        const float2 o = *c1p;
-                        *c1p = make_float2(o.x + v[2], o.y + v[3]);
-                    }
-                } else {
-                    bf16 *Cb = (bf16 *)C;
-                    if (r0 < M) *(__nv_bfloat162 *)(Cb + (int64_t)r0 * ldc + col) = __floats2bfloat162_rn(v[0], v[1]);
-                    if (r0 + 8 < M)
-                        *(__nv_bfloat162 *)(Cb + (int64_t)(r0 + 8) * ldc + col) = __floats2bfloat162_rn(v[2], v[3]);
-                }
-            }
-        }
+        // epilogue: the quick_gelu formula chosen once per launch (KILN_GEMM_TC_QGELU), outside the unrolled loop
+        const int r0 = m0 + (PP ? 0 : cw * 64) + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
+        if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+            if (qmode == 1) store_tile<1, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
+            else if (qmode == 2) store_tile<2, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
+            else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
+        } else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
     }
     if constexpr (CL > 1) cluster_sync();
 }
@@ -401,7 +403,7 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
 // another's exit), never more CTAs than tiles.
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, const void *bias, int M,
-                   int N, int K, cudaStream_t st) {
+                   int N, int K, int qmode, cudaStream_t st) {
     kiln_error *err = NULL;
     int dev = 0, sms = 0, clusters = 0;
     const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
@@ -437,7 +439,7 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
                      BM, BN, PP ? "ping-pong" : "cooperative", CM, CN, STAGES, smem, cfg.gridDim.x, (long long)units, sms);
         }
     }
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, C, ldc, (const BiasT *)bias, M, N, K));
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, C, ldc, (const BiasT *)bias, M, N, K, qmode));
     CUDA_TRY(cudaGetLastError());
 done:
     return err;
@@ -445,30 +447,42 @@ done:
 
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
-                     const void *bias, int bias_f32, int M, int N, int K, cudaStream_t st) {
+                     const void *bias, int bias_f32, int M, int N, int K, int qmode, cudaStream_t st) {
     switch (epi) {
     case KILN_GEMM_TC_NONE:
-        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, st);
+        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
     case KILN_GEMM_TC_BIAS:
-        return bias_f32 ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                        : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+        return bias_f32 ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
+                        : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
     case KILN_GEMM_TC_BIAS_QUICK_GELU:
         return bias_f32
-                   ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, st)
-                   : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, st);
+                   ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
+                   : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
     case KILN_GEMM_TC_BIAS_ADD_F32:
-        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_ADD_F32, float>(ta, tb, C, ldc, bias, M, N, K, st);
+        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_ADD_F32, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
     }
     return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
 }
 
 int misaligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) != 0; }
 
-// AUTO = ping-pong 128x128, the fastest of r26 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096: 505-544
-// TFLOP/s with the bias, 501-527 with quick_gelu; cooperative 128x256 514-536 / 427-460). KILN_GEMM_TC_TILE
-// (read at every call) picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256,
-// 128x256c2, pp128x128c2, pp128x128c2x2.
-kiln_gemm_tc_tile auto_tile(void) {
+// the columns of C one unit of a tile covers (a cluster of 2 x 2 covers two tiles' columns)
+int tile_cols(kiln_gemm_tc_tile t) {
+    switch (t) {
+    case KILN_GEMM_TC_TILE_128x256:
+    case KILN_GEMM_TC_TILE_PP_64x256:
+    case KILN_GEMM_TC_TILE_128x256_C2:
+    case KILN_GEMM_TC_TILE_PP_128x128_C2x2: return 256;
+    default: return 128;
+    }
+}
+
+// AUTO, from r26/r27 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096): with quick_gelu ping-pong 128x128
+// (506-534 TFLOP/s; in 2-CTA clusters 486-531, its epilogue no longer hidden), else ping-pong 128x128 in 2-CTA
+// clusters sharing B (552-630 with the bias; without clusters 490-539). KILN_GEMM_TC_TILE (read at every call)
+// picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
+// pp128x128c2x2; one whose columns do not divide N falls back to ping-pong 128x128.
+kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     static const struct {
         const char *name;
         kiln_gemm_tc_tile tile;
@@ -478,12 +492,21 @@ kiln_gemm_tc_tile auto_tile(void) {
                  {"pp128x128c2x2", KILN_GEMM_TC_TILE_PP_128x128_C2x2}};
     const char *e = getenv("KILN_GEMM_TC_TILE");
     static int warned;
+    kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_QUICK_GELU ? KILN_GEMM_TC_TILE_PP_128x128 : KILN_GEMM_TC_TILE_PP_128x128_C2;
     if (e && *e) {
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-            if (!strcmp(e, names[i].name)) return names[i].tile;
-        if (!warned) warned = 1, kiln_log(KILN_LOG_WARN, "KILN_GEMM_TC_TILE=%s is not a tile: ping-pong 128x128", e);
+        size_t i = 0;
+        while (i < sizeof names / sizeof names[0] && strcmp(e, names[i].name)) i++;
+        if (i < sizeof names / sizeof names[0]) t = names[i].tile;
+        else if (!warned) warned = 1, kiln_log(KILN_LOG_WARN, "KILN_GEMM_TC_TILE=%s is not a tile: the default", e);
     }
-    return KILN_GEMM_TC_TILE_PP_128x128;
+    return N % tile_cols(t) ? KILN_GEMM_TC_TILE_PP_128x128 : t;
+}
+
+// KILN_GEMM_TC_QGELU=tanh|newton: quick_gelu's formula in the epilogue (an experiment: exact, the default, is
+// ex2 + rcp on the MUFU; tanh one MUFU operation; newton ex2 on the MUFU and the reciprocal on the FMA pipe)
+int qmode_env(void) {
+    const char *e = getenv("KILN_GEMM_TC_QGELU");
+    return !e ? 0 : !strcmp(e, "tanh") ? 1 : !strcmp(e, "newton") ? 2 : 0;
 }
 
 } // namespace
@@ -494,18 +517,14 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     kiln_error *err = NULL;
     CUtensorMap ta, tb;
     const int64_t lim = (int64_t)1 << 31;
-    if (tile == KILN_GEMM_TC_TILE_AUTO) tile = auto_tile();
+    if (tile == KILN_GEMM_TC_TILE_AUTO) tile = auto_tile(N, epi);
     // the block tile: rows bm x columns bn per CTA; clusters of cm x cn CTAs (A's box: bm / cn rows, B's: bn / cm)
-    const int bn = tile == KILN_GEMM_TC_TILE_128x256 || tile == KILN_GEMM_TC_TILE_PP_64x256 ||
-                           tile == KILN_GEMM_TC_TILE_128x256_C2
-                       ? 256
-                       : 128;
+    const int cn = tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 ? 2 : 1, bn = tile_cols(tile) / cn;
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
     const int cm = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ||
                            tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2
                        ? 2
                        : 1;
-    const int cn = tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 ? 2 : 1;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
         err = kiln_errorf(KILN_EINVAL, "sizes M %lld, N %lld, K %lld out of range", (long long)M, (long long)N, (long long)K);
     else if (K % BK)
@@ -526,7 +545,8 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     if (err || M == 0) goto done;
     if ((err = make_map(&ta, A, M, K, lda, bm / cn, "A")) || (err = make_map(&tb, B, N, K, ldb, bn / cm, "B"))) goto done;
 #define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_) \
-    dispatch<BM_, BN_, S_, PP_, CM_, CN_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, (cudaStream_t)stream)
+    dispatch<BM_, BN_, S_, PP_, CM_, CN_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, qmode_env(), \
+                                          (cudaStream_t)stream)
     // stages: as many as fit beside the barriers in the 227 KB of shared memory a CTA may have
     switch (tile) {
     case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1, 1); break;

@@ -204,8 +204,9 @@ TEST(gpu_gemm_tc_rejects_bad_arguments) {
  * pass when act). With check set, each own result at N = 4096 is compared with cuBLASLt's (thousands of
  * tiles: several per CTA). */
 typedef struct {
-    int tile; /* a kiln_gemm_tc_tile, or -1 for cuBLASLt */
+    int tile;          /* a kiln_gemm_tc_tile, or -1 for cuBLASLt */
     int act;
+    const char *qgelu; /* KILN_GEMM_TC_QGELU for this variant (NULL: unset, the exact formula) */
 } timing_variant;
 
 static void time_variants(const timing_variant *vs, size_t nv, int check) {
@@ -233,9 +234,12 @@ static void time_variants(const timing_variant *vs, size_t nv, int check) {
         for (size_t v = 0; v < nv; v++) {
             const timing_variant *tv = &vs[v];
             const kiln_gemm_tc_epilogue epi = tv->act ? KILN_GEMM_TC_BIAS_QUICK_GELU : KILN_GEMM_TC_BIAS;
-            char name[64];
-            snprintf(name, sizeof name, "%s %s%s", tv->tile < 0 ? "cuBLASLt" : tile_name((kiln_gemm_tc_tile)tv->tile),
-                     tv->tile < 0 ? "bias" : epi_name(epi), tv->tile < 0 && tv->act ? " + quick_gelu pass" : "");
+            char name[80];
+            snprintf(name, sizeof name, "%s %s%s%s%s", tv->tile < 0 ? "cuBLASLt" : tile_name((kiln_gemm_tc_tile)tv->tile),
+                     tv->tile < 0 ? "bias" : epi_name(epi), tv->tile < 0 && tv->act ? " + quick_gelu pass" : "",
+                     tv->qgelu ? " " : "", tv->qgelu ? tv->qgelu : "");
+            if (tv->qgelu) setenv("KILN_GEMM_TC_QGELU", tv->qgelu, 1);
+            else unsetenv("KILN_GEMM_TC_QGELU");
             printf("    M %lld N %lld K %lld  %-36s ", (long long)M, (long long)N, (long long)K, name);
             fflush(stdout);
             float ms = 0;
@@ -254,9 +258,10 @@ static void time_variants(const timing_variant *vs, size_t nv, int check) {
             CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
             ms /= 10;
             printf("%.3f ms  %.0f TFLOP/s\n", ms, flop / ms * 1e-9);
+            unsetenv("KILN_GEMM_TC_QGELU");
             if (check && N == 4096 && tv->tile >= 0) {
                 uint16_t *got = down_bits(dc, M * N);
-                char what[96];
+                char what[128];
                 snprintf(what, sizeof what, "  %s vs cuBLASLt%s", name, tv->act ? " + quick_gelu pass" : "");
                 CHECK_MSG(gemm_check(what, got, N, M, lt[tv->act], M, N) == 0, "%s: mismatches at the timing size", name);
                 free(got);
@@ -270,58 +275,92 @@ static void time_variants(const timing_variant *vs, size_t nv, int check) {
 
 TEST(gpu_gemm_tc_timing) {
     static const timing_variant vs[] = {
-        {-1, 0}, {-1, 1}, {KILN_GEMM_TC_TILE_AUTO, 0}, {KILN_GEMM_TC_TILE_AUTO, 1}, {KILN_GEMM_TC_TILE_128x256, 0},
-        {KILN_GEMM_TC_TILE_128x256, 1}, {KILN_GEMM_TC_TILE_128x128, 0}, {KILN_GEMM_TC_TILE_128x128, 1},
+        {-1, 0, NULL}, {-1, 1, NULL}, {KILN_GEMM_TC_TILE_AUTO, 0, NULL}, {KILN_GEMM_TC_TILE_AUTO, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x256, 0, NULL}, {KILN_GEMM_TC_TILE_128x256, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x128, 0, NULL}, {KILN_GEMM_TC_TILE_128x128, 1, NULL},
     };
     time_variants(vs, sizeof vs / sizeof vs[0], 1);
 }
 
-/* the ping-pong schedules (consumer warpgroups on alternate tiles): the CPU cases of both tiles (tails, padded
- * strides, more tiles than SMs), then the timing at CLIP's sizes with the check against cuBLASLt */
+/* a test of schedules: its cases against the CPU, then its variants timed at CLIP's sizes (checked against
+ * cuBLASLt at N = 4096) */
+typedef struct {
+    const gemm_case *cs;
+    size_t ncases;
+    uint64_t seed;
+    const timing_variant *vs;
+    size_t nv;
+} gemm_suite;
+#define GEMM_SUITE(cases, seed, variants) {cases, sizeof cases / sizeof cases[0], seed, variants, sizeof variants / sizeof variants[0]}
+static void run_suite(const gemm_suite *su) {
+    run_cases(su->cs, su->ncases, su->seed);
+    time_variants(su->vs, su->nv, 1);
+}
+
+/* the ping-pong schedules (consumer warpgroups on alternate tiles): tails, padded strides, more tiles than SMs */
+static const gemm_case pingpong_cases[] = {
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_64x256},
+    {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_PP_128x128},
+    {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_64x256},
+    {5, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_PP_64x256},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_64x256},
+};
+static const timing_variant pingpong_variants[] = {
+    {KILN_GEMM_TC_TILE_PP_128x128, 0, NULL}, {KILN_GEMM_TC_TILE_PP_128x128, 1, NULL},
+    {KILN_GEMM_TC_TILE_PP_64x256, 0, NULL},  {KILN_GEMM_TC_TILE_PP_64x256, 1, NULL},
+};
 TEST(gpu_gemm_tc_pingpong) {
-    static const gemm_case cs[] = {
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_64x256},
-        {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_PP_128x128},
-        {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_64x256},
-        {5, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_PP_64x256},
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_64x256},
-    };
-    run_cases(cs, sizeof cs / sizeof cs[0], 93);
-    static const timing_variant vs[] = {
-        {KILN_GEMM_TC_TILE_PP_128x128, 0}, {KILN_GEMM_TC_TILE_PP_128x128, 1},
-        {KILN_GEMM_TC_TILE_PP_64x256, 0},  {KILN_GEMM_TC_TILE_PP_64x256, 1},
-    };
-    time_variants(vs, sizeof vs / sizeof vs[0], 1);
+    const gemm_suite su = GEMM_SUITE(pingpong_cases, 93, pingpong_variants);
+    run_suite(&su);
 }
 
 /* clusters sharing operands through TMA multicast (2 CTAs along M sharing B; 2 x 2 sharing A and B): units
- * whose second row of tiles lies past M (100 rows), odd unit counts, more units than clusters; then the timing
- * with the check against cuBLASLt */
+ * whose second row of tiles lies past M (100 rows), odd unit counts, more units than clusters */
+static const gemm_case cluster_cases[] = {
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
+    {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_128x256_C2},
+    {100, 384, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+    {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
+    {300, 768, 128, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2}, /* 3 column units */
+};
+static const timing_variant cluster_variants[] = {
+    {KILN_GEMM_TC_TILE_128x256_C2, 0, NULL},      {KILN_GEMM_TC_TILE_128x256_C2, 1, NULL},
+    {KILN_GEMM_TC_TILE_PP_128x128_C2, 0, NULL},   {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, NULL},
+    {KILN_GEMM_TC_TILE_PP_128x128_C2x2, 0, NULL}, {KILN_GEMM_TC_TILE_PP_128x128_C2x2, 1, NULL},
+};
 TEST(gpu_gemm_tc_cluster) {
-    static const gemm_case cs[] = {
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
-        {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_128x256_C2},
-        {100, 384, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2},
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},
-        {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
-        {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
-        {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
-        {300, 768, 128, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_PP_128x128_C2x2}, /* 3 column units */
-    };
-    run_cases(cs, sizeof cs / sizeof cs[0], 94);
-    static const timing_variant vs[] = {
-        {KILN_GEMM_TC_TILE_128x256_C2, 0},
-        {KILN_GEMM_TC_TILE_128x256_C2, 1},
-        {KILN_GEMM_TC_TILE_PP_128x128_C2, 0},
-        {KILN_GEMM_TC_TILE_PP_128x128_C2, 1},
-        {KILN_GEMM_TC_TILE_PP_128x128_C2x2, 0},
-        {KILN_GEMM_TC_TILE_PP_128x128_C2x2, 1},
-    };
-    time_variants(vs, sizeof vs / sizeof vs[0], 1);
+    const gemm_suite su = GEMM_SUITE(cluster_cases, 94, cluster_variants);
+    run_suite(&su);
+}
+
+/* KILN_GEMM_TC_QGELU=tanh|newton, quick_gelu's cheaper formulas (r27: in 2-CTA clusters the exact formula's
+ * epilogue was no longer hidden under the other warpgroup's MMAs): the same tolerance against the CPU's exact
+ * quick_gelu, and the timing beside the exact one */
+static const gemm_case qgelu_cases[] = {
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
+};
+static const timing_variant qgelu_variants[] = {
+    {KILN_GEMM_TC_TILE_PP_128x128, 1, NULL},        {KILN_GEMM_TC_TILE_PP_128x128, 1, "tanh"},
+    {KILN_GEMM_TC_TILE_PP_128x128, 1, "newton"},    {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, NULL},
+    {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "tanh"},   {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "newton"},
+};
+TEST(gpu_gemm_tc_qgelu_formulas) {
+    static const char *const modes[] = {"tanh", "newton"};
+    for (int i = 0; i < 2; i++) {
+        printf("    KILN_GEMM_TC_QGELU=%s\n", modes[i]);
+        setenv("KILN_GEMM_TC_QGELU", modes[i], 1);
+        run_cases(qgelu_cases, sizeof qgelu_cases / sizeof qgelu_cases[0], 98 + (uint64_t)i);
+        unsetenv("KILN_GEMM_TC_QGELU");
+    }
+    time_variants(qgelu_variants, sizeof qgelu_variants / sizeof qgelu_variants[0], 1);
 }
 
 /* cosine per row and max |a - b| (the thresholds of test_gpu_clip.c's tower checks) */
@@ -473,7 +512,10 @@ TEST(gpu_gemm_tc_f32_add) {
     CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
     for (int k = 0; k < 2; k++) {
         const int64_t K = Ks[k];
-        /* one accumulation each from the same start, compared */
+        /* one accumulation each from the same start, compared (r27 compared after the previous timing's
+         * accumulations, a different number on each side) */
+        CHECK_OK(kiln_cuda_copy(dl, r0, sizeof(float) * (size_t)(M * N), KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(dc, r0, sizeof(float) * (size_t)(M * N), KILN_CUDA_H2D));
         CHECK_OK(kiln_clip_linear_cuda(dl, 1, da, db, dbias, M, K, N, 1, NULL));
         CHECK_OK(kiln_gemm_tc_cuda(M, N, K, da, K, db, K, dc, N, KILN_GEMM_TC_BIAS_ADD_F32, dbias, 1, NULL));
         float *lt = gt_down_f32(dl, M * N), *got = gt_down_f32(dc, M * N);
