@@ -543,12 +543,13 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
 #define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_) \
     dispatch<BM_, BN_, S_, PP_, CM_, CN_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, qmode_env(), \
                                           (cudaStream_t)stream)
-    // stages: as many as fit beside the barriers in the 227 KB of shared memory a CTA may have
+    // stages: 192 KB of slots (the 2-CTA ping-pong 224 KB, 7 slots: a slot there also waits for the other CTA's
+    // release and multicast, a longer round trip to cover; an r28 experiment), within the 227 KB a CTA may have
     switch (tile) {
     case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1, 1); break;
     case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1, 1); break;
     case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1); break;
-    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 1); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 7, true, 2, 1); break;
     case KILN_GEMM_TC_TILE_PP_128x128_C2x2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 2); break;
     default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1) : GEMM_TC_RUN(128, 128, 6, false, 1, 1); break;
     }
