@@ -209,8 +209,9 @@ typedef struct {
     const char *qgelu; /* KILN_GEMM_TC_QGELU for this variant (NULL: unset, the exact formula) */
 } timing_variant;
 
-static void time_variants(const timing_variant *vs, size_t nv, int check) {
-    const int64_t M = 32896, K = 1024, Ns[] = {4096, 1024, 3072};
+/* M rows (32896: 128 images; CLIP runs 128 images as two chunks of 64, 16448 rows), the first nn of the widths */
+static void time_variants_m(const timing_variant *vs, size_t nv, int check, int64_t M, size_t nn) {
+    const int64_t K = 1024, Ns[] = {4096, 1024, 3072};
     kiln_rng rng;
     kiln_rng_seed(&rng, 92);
     float *a = gt_rand(&rng, M * K, 1.0f), *b = gt_rand(&rng, 4096 * K, 2.0f / 32.0f), *bias = gt_rand(&rng, 4096, 1.0f);
@@ -228,7 +229,7 @@ static void time_variants(const timing_variant *vs, size_t nv, int check) {
             for (int64_t i = 0; i < M * 4096; i++) lt[act][i] = kiln_bf16_to_f32(lb[i]);
             free(lb);
         }
-    for (size_t n = 0; n < sizeof Ns / sizeof Ns[0]; n++) {
+    for (size_t n = 0; n < nn && n < sizeof Ns / sizeof Ns[0]; n++) {
         const int64_t N = Ns[n];
         const double flop = 2.0 * (double)M * (double)N * (double)K;
         for (size_t v = 0; v < nv; v++) {
@@ -271,6 +272,18 @@ static void time_variants(const timing_variant *vs, size_t nv, int check) {
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     kiln_cuda_free(da), kiln_cuda_free(db), kiln_cuda_free(dbias), kiln_cuda_free(dc), kiln_cuda_free(dl);
     free(a), free(b), free(bias), free(lt[0]), free(lt[1]);
+}
+
+static void time_variants(const timing_variant *vs, size_t nv, int check) { time_variants_m(vs, nv, check, 32896, 3); }
+
+/* fc1 + quick_gelu at the rows CLIP's tower runs per GEMM (128 images in two chunks of 64: M = 16448) */
+TEST(gpu_gemm_tc_timing_chunk) {
+    static const timing_variant vs[] = {
+        {-1, 0, NULL}, {-1, 1, NULL}, {KILN_GEMM_TC_TILE_AUTO, 0, NULL}, {KILN_GEMM_TC_TILE_AUTO, 1, NULL},
+        {KILN_GEMM_TC_TILE_PP_128x128, 1, "tanh"}, {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, NULL},
+        {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "tanh"},
+    };
+    time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 16448, 1);
 }
 
 TEST(gpu_gemm_tc_timing) {
