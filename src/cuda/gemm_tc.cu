@@ -159,9 +159,14 @@ __device__ __forceinline__ float2 bias_pair(const float *b, int col) { return *(
 __device__ __forceinline__ float2 bias_pair(const bf16 *b, int col) {
     return __bfloat1622float2(*(const __nv_bfloat162 *)(b + col));
 }
-// quick_gelu on the f32 accumulator: two MUFU operations (ex2, rcp) per element; __fdividef gives -0 for the
-// infinite denominator of a large negative v, as the exact division does
-__device__ __forceinline__ float quick_gelu(float v) { return __fdividef(v, 1.0f + __expf(-1.702f * v)); }
+// quick_gelu on the f32 accumulator: two MUFU operations (ex2, rcp) per element, -1.702 log2(e) as one constant
+// (__expf(-1.702f * v) multiplies twice: in clusters the epilogue's instruction count shows, docs/perf.md);
+// __fdividef gives -0 for the infinite denominator of a large negative v, as the exact division does
+__device__ __forceinline__ float quick_gelu(float v) {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-2.4554670f * v));
+    return __fdividef(v, 1.0f + e);
+}
 // KILN_GEMM_TC_QGELU=tanh: v/2 (1 + tanh(0.851 v)), one MUFU operation (tanh.approx: ~5e-4 absolute in the
 // sigmoid, so ~1e-3 absolute at v ~ -4 where the exact value is ~-0.005)
 __device__ __forceinline__ float quick_gelu_tanh(float v) {
@@ -543,13 +548,13 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
 #define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_) \
     dispatch<BM_, BN_, S_, PP_, CM_, CN_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, qmode_env(), \
                                           (cudaStream_t)stream)
-    // stages: 192 KB of slots (the 2-CTA ping-pong 224 KB, 7 slots: a slot there also waits for the other CTA's
-    // release and multicast, a longer round trip to cover; an r28 experiment), within the 227 KB a CTA may have
+    // stages: 192 KB of slots, within the 227 KB a CTA may have (the 2-CTA ping-pong with 7, 224 KB, was no faster
+    // in r28: 625 / 512 TFLOP/s with the bias / quick_gelu against r27's 630 / 531 with 6)
     switch (tile) {
     case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1, 1); break;
     case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1, 1); break;
     case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1); break;
-    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 7, true, 2, 1); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 1); break;
     case KILN_GEMM_TC_TILE_PP_128x128_C2x2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 2); break;
     default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1) : GEMM_TC_RUN(128, 128, 6, false, 1, 1); break;
     }
