@@ -210,16 +210,15 @@ template <int QM, int EPI, int BN, int MW, typename BiasT>
 __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, int64_t ldc, const BiasT *bias, int M,
                                            int r0, int c0) {
 #pragma unroll
-    for (int mw = 0; mw < MW; mw++) {
-        const int r = r0 + mw * 64;
+    for (int j = 0; j < BN / 8; j++) { // columns outside: one bias load serves every 64-row block
+        const int col = c0 + 8 * j;
+        float2 b = make_float2(0.0f, 0.0f);
+        if constexpr (EPI != KILN_GEMM_TC_NONE) b = bias_pair(bias, col);
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            const int col = c0 + 8 * j;
+        for (int mw = 0; mw < MW; mw++) {
+            const int r = r0 + mw * 64;
             float v[4] = {acc[mw][4 * j], acc[mw][4 * j + 1], acc[mw][4 * j + 2], acc[mw][4 * j + 3]};
-            if constexpr (EPI != KILN_GEMM_TC_NONE) {
-                const float2 b = bias_pair(bias, col);
-                v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
-            }
+            if constexpr (EPI != KILN_GEMM_TC_NONE) v[0] += b.x, v[1] += b.y, v[2] += b.x, v[3] += b.y;
             if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
