@@ -477,9 +477,10 @@ int tile_cols(kiln_gemm_tc_tile t) {
     }
 }
 
-// AUTO, from r26/r27 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096): with quick_gelu ping-pong 128x128
-// (506-534 TFLOP/s; in 2-CTA clusters 486-531, its epilogue no longer hidden), else ping-pong 128x128 in 2-CTA
-// clusters sharing B (552-630 with the bias; without clusters 490-539). KILN_GEMM_TC_TILE (read at every call)
+// AUTO, from r26-r29 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096): with quick_gelu ping-pong 128x128
+// (r29: 514-585 TFLOP/s, 574 at the tower's M 16448 and N 4096 against cuBLASLt + the pass's 541; in 2-CTA
+// clusters within 1%, a pair's coupling for nothing), else ping-pong 128x128 in 2-CTA clusters sharing B
+// (550-630 with the bias; without clusters 490-544). KILN_GEMM_TC_TILE (read at every call)
 // picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
 // pp128x128c2x2; one whose columns do not divide N falls back to ping-pong 128x128.
 kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
