@@ -96,11 +96,12 @@ template <typename Y> __global__ void add_bias_rows(Y *y, const Y *b, int64_t n,
     }
 }
 
-// KILN_CLIP_GEMM=own-all: every CLIP projection the own GEMM takes goes through it (bf16 out with or without
-// the bias; f32 out accumulated with an f32 bias), the rest through cuBLASLt
-int own_all(void) {
+// KILN_CLIP_GEMM, read at every call (tests switch it): 0 unset (cuBLASLt), 1 "own" (fc1 + quick_gelu as one own
+// GEMM), 2 "own-all" (that, and every CLIP projection the own GEMM takes goes through it: bf16 out with or without
+// the bias; f32 out accumulated with an f32 bias; the rest through cuBLASLt)
+int own_mode(void) {
     const char *e = getenv("KILN_CLIP_GEMM");
-    return e && !strcmp(e, "own-all");
+    return !e ? 0 : !strcmp(e, "own-all") ? 2 : !strcmp(e, "own") ? 1 : 0;
 }
 int own_fits(const void *y, const void *x, const void *w, const void *bias, int64_t in, int64_t out, int y_f32,
              int accumulate) {
@@ -122,7 +123,7 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
     if (in <= 0 || (accumulate && !y_f32))
         return kiln_errorf(KILN_EINVAL, "CLIP linear (CUDA): %lld inputs%s", (long long)in,
                            accumulate && !y_f32 ? ", accumulating into bf16" : "");
-    if (own_all() && own_fits(y, x, w, bias, in, out, y_f32, accumulate)) {
+    if (own_mode() == 2 && own_fits(y, x, w, bias, in, out, y_f32, accumulate)) {
         err = kiln_gemm_tc_cuda(n, out, in, x, in, w, in, y, out,
                                 y_f32 ? KILN_GEMM_TC_BIAS_ADD_F32 : bias ? KILN_GEMM_TC_BIAS : KILN_GEMM_TC_NONE, bias,
                                 y_f32, stream);
@@ -148,10 +149,7 @@ done:
                : NULL;
 }
 
-extern "C" int kiln_clip_gemm_own(void) {
-    const char *e = getenv("KILN_CLIP_GEMM");
-    return e && (!strcmp(e, "own") || !strcmp(e, "own-all"));
-}
+extern "C" int kiln_clip_gemm_own(void) { return own_mode() != 0; }
 
 // fc1 + quick_gelu as one pass over the output: kiln's own Hopper GEMM (gemm_tc.cu) with the bias and
 // quick_gelu applied to the f32 accumulators (cuBLASLt's epilogues have no quick_gelu)
