@@ -30,6 +30,17 @@ static double rel_err(const float *a, const double *b, size_t n) {
     return mx > 0 ? md / mx : md;
 }
 
+/* max |a - b| / max |b| (NaN: infinite) */
+static double rel_err_ff(const float *a, const float *b, size_t n) {
+    double md = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > md || d != d) md = d != d ? INFINITY : d;
+        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+    }
+    return mx > 0 ? md / mx : md;
+}
+
 static void randn(float *x, size_t n, uint64_t seed, double scale) {
     kiln_rng r;
     kiln_rng_seed(&r, seed);
@@ -336,17 +347,20 @@ static void check_model(const clip_test_cfg *c, uint64_t seed) {
     for (int i = 0; i < n; i++) ref_image(&r, c, px + i * 3 * S * S, re + i * D, rp + i * G * G * D);
     double ei = rel_err(emb, re, (size_t)(n * D)), ep = rel_err(pat, rp, (size_t)(n * G * G * D));
     CHECK_MSG(ei < 1e-4 && ep < 1e-4, "image embeds rel err %g, patch embeds %g", ei, ep);
-    float *emb2 = malloc(sizeof(float) * n * D);
-    CHECK_OK(kiln_clip_embed_images(m, px, n, emb2, NULL)); /* patches are optional; same result */
-    CHECK(memcmp(emb, emb2, sizeof(float) * n * D) == 0);
-    /* pixels from kiln_clip_pixels_alloc (plain memory on the CPU): same result */
+    /* patches are optional: without them the last layer runs on the class rows only (other GEMM shapes,
+     * the same arithmetic per row) */
+    float *emb2 = malloc(sizeof(float) * n * D), *emb1 = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, emb1, NULL));
+    double e1 = rel_err_ff(emb1, emb, (size_t)(n * D));
+    CHECK_MSG(e1 <= 1e-5, "image embeds without patches vs with: rel err %g", e1);
+    /* pixels from kiln_clip_pixels_alloc (plain memory on the CPU): the same bits */
     float *apx = NULL;
     CHECK_OK(kiln_clip_pixels_alloc(m, n, &apx));
     if (apx) {
         memcpy(apx, px, sizeof(float) * n * 3 * S * S);
         memset(emb2, 0, sizeof(float) * n * D);
         CHECK_OK(kiln_clip_embed_images(m, apx, n, emb2, NULL));
-        CHECK(memcmp(emb, emb2, sizeof(float) * n * D) == 0);
+        CHECK(memcmp(emb1, emb2, sizeof(float) * n * D) == 0);
         kiln_clip_pixels_free(apx);
     }
     kiln_clip_pixels_free(NULL);
@@ -367,13 +381,13 @@ static void check_model(const clip_test_cfg *c, uint64_t seed) {
         CHECK_OK(kiln_clip_embed_images(m2, px, n, emb2, NULL));
         kiln_clip_free(m2);
     }
-    double mxe = 0;
-    for (int i = 0; i < n * D; i++) mxe = fmax(mxe, fabs(emb[i]));
+    double mxe = 0; /* every call below ran without patches: compared with the first such call (emb1) */
+    for (int i = 0; i < n * D; i++) mxe = fmax(mxe, fabs(emb1[i]));
     for (int t = 0; t < 5; t++) {
         int k = t == 4 || t % 2 ? n : 1, bad = 0;
         for (int i = 0; i < k * D; i++) {
             float v = t < 4 ? embc[t * n * D + i] : emb2[i];
-            bad += !(fabs(v - emb[i]) <= 1e-6 * mxe); /* NaN counts */
+            bad += !(fabs(v - emb1[i]) <= 1e-6 * mxe); /* NaN counts */
         }
         CHECK_MSG(bad == 0, "call %d of %d images: %d values differ from the first call's", t, k, bad);
     }
@@ -417,7 +431,7 @@ static void check_model(const clip_test_cfg *c, uint64_t seed) {
     kiln_tokenizer_free(tok);
     kiln_st_close(r.st);
     kiln_clip_free(m);
-    free(px), free(emb), free(emb2), free(pat), free(rp), free(re), free(te), free(rt);
+    free(px), free(emb), free(emb1), free(emb2), free(pat), free(rp), free(re), free(te), free(rt);
 }
 
 TEST(clip_model_matches_float64_reference) {
@@ -432,6 +446,45 @@ TEST(clip_model_gelu_bf16_legacy_eos_matches_reference) {
     c.text_hidden = 24, c.text_heads = 2, c.text_layers = 3;
     c.vis_hidden = 40, c.vis_heads = 5, c.image_size = 28, c.patch_size = 7, c.proj_dim = 12, c.shortest_edge = 28;
     check_model(&c, 200);
+}
+
+/* The vision tower's last layer on the class rows only (image embeddings without patch embeddings) against
+ * the full last layer (the same images with patch embeddings asked for): the same math, other GEMM shapes
+ * and the class query's attention by its own loop, so equal to float rounding (rel. err <= 1e-5). ViT-B/32-
+ * and L/14-like geometry (50 and 257 tokens) at tiny widths; 17 images: a full chunk of 16 and an odd one,
+ * and 5 images in one chunk. */
+TEST(clip_class_rows_last_layer_matches_full) {
+    clip_test_cfg cs[2] = {clip_test_default, clip_test_default};
+    cs[0].vis_hidden = 64, cs[0].vis_heads = 4, cs[0].vis_inter = 256, cs[0].vis_layers = 3;
+    cs[0].image_size = 224, cs[0].patch_size = 32, cs[0].shortest_edge = 224; /* B/32: 50 tokens */
+    cs[1] = cs[0];
+    cs[1].vis_heads = 2, cs[1].vis_layers = 2, cs[1].patch_size = 14; /* L/14: 257 tokens, head dim 32 */
+    for (int c = 0; c < 2; c++) {
+        const char *dir = test_join(test_tmpdir(), c ? "l14" : "b32");
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+        CHECK(system(cmd) == 0);
+        CHECK(clip_test_make_dir(dir, &cs[c], 300 + c) == 0);
+        kiln_clip *m = NULL;
+        CHECK_OK(kiln_clip_load(dir, &m));
+        if (!m) continue;
+        int64_t S = cs[c].image_size, G = S / cs[c].patch_size, D = cs[c].proj_dim;
+        const int ns[] = {17, 5};
+        for (int k = 0; k < 2; k++) {
+            int64_t n = ns[k];
+            float *px = malloc(sizeof(float) * n * 3 * S * S), *full = malloc(sizeof(float) * n * D),
+                  *pat = malloc(sizeof(float) * n * G * G * D), *cls = malloc(sizeof(float) * n * D);
+            randn(px, (size_t)(n * 3 * S * S), 310 + c * 2 + k, 1.0);
+            CHECK_OK(kiln_clip_embed_images(m, px, (int)n, full, pat));
+            CHECK_OK(kiln_clip_embed_images(m, px, (int)n, cls, NULL));
+            double e = rel_err_ff(cls, full, (size_t)(n * D));
+            printf("    %s, %lld images: class rows only vs full last layer: rel err %.3g\n", c ? "L/14-like" : "B/32-like",
+                   (long long)n, e);
+            CHECK_MSG(e <= 1e-5, "%s, %lld images: rel err %g", c ? "L/14-like" : "B/32-like", (long long)n, e);
+            free(px), free(full), free(pat), free(cls);
+        }
+        kiln_clip_free(m);
+    }
 }
 
 /* ---------------------------------------------------------------- preprocessing */

@@ -5,9 +5,10 @@
  * OpenBLAS over every token of a chunk of images at once ([B*T, H] x Wᵀ); the out and fc2 projections
  * accumulate straight into the residual stream (beta = 1, the bias added first), fc1's bias rides along
  * with the activation (quick_gelu on vector lanes, src/nn/quick_gelu.c), so no pass over the activations
- * is spent on a bias or a residual add. The rest runs on OpenMP threads. The vision tower's activation
- * buffers stay with the model between calls. KILN_CLIP_PROFILE=1 prints the wall time per op class of
- * every image call. */
+ * is spent on a bias or a residual add. When only the image embeddings are wanted (no patch embeddings), the
+ * vision tower's last layer carries the class rows only past its qkv GEMM (layer_forward's xc). The rest
+ * runs on OpenMP threads. The vision tower's activation buffers stay with the model between calls.
+ * KILN_CLIP_PROFILE=1 prints the wall time per op class of every image call. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -93,16 +94,51 @@ static void linear_residual(float *x, const float *in, const float *w, const flo
                 (int)out);
 }
 
-/* x [B, T, H] in place through one encoder layer */
+/* out [B, H]: attention of each sequence's first query (row 0: the class token) over its T keys, every
+ * head, q/k/v read in place from the fused [B*T, 3H] projection as kiln_mha_forward reads them; s: T floats
+ * of scratch per thread. The same softmax(q kᵀ · scale) v as kiln_mha_forward's row 0, by sgemv. */
+static int cls_attention(float *out, const float *qkv, int64_t B, int64_t T, int64_t heads, int64_t hd, float scale) {
+    int64_t H = heads * hd, stride = 3 * H, jobs = B * heads;
+    int fail = 0;
+#pragma omp parallel reduction(| : fail) if (jobs > 1 && T * hd * jobs > 100000)
+    {
+        float *s = malloc(sizeof(float) * (size_t)T);
+        if (!s) fail = 1;
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < jobs; j++) {
+            if (!s) continue;
+            int64_t b = j / heads, h = j % heads;
+            const float *q = qkv + b * T * stride + h * hd, *k = q + H, *v = q + 2 * H;
+            float *o = out + b * H + h * hd, mx = -INFINITY, sum = 0;
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)T, (int)hd, scale, k, (int)stride, q, 1, 0.0f, s, 1);
+            for (int64_t t = 0; t < T; t++) mx = s[t] > mx ? s[t] : mx;
+            for (int64_t t = 0; t < T; t++) sum += (s[t] = expf(s[t] - mx));
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)T, (int)hd, 1.0f / sum, v, (int)stride, s, 1, 0.0f, o, 1);
+        }
+        free(s);
+    }
+    return fail ? -1 : 0;
+}
+
+/* x [B, T, H] in place through one encoder layer. With xc (the vision tower's last layer when only the
+ * image embeddings are wanted), only the class rows (row 0 of each sequence) come out of it, into xc
+ * [B, H]: every row still feeds the keys and values (LN1 and the qkv GEMM over all B*T rows), but only
+ * the class queries attend and only the B class rows go through the out projection, LN2 and the MLP.
+ * The same arithmetic for those rows, ~1/L of the tower less work. */
 static int layer_forward(float *x, int64_t B, int64_t T, const clip_tower_cfg *c, const clip_layer *L, scratch *s,
-                         int causal, cpu_prof *p) {
+                         int causal, cpu_prof *p, float *xc) {
     int64_t n = B * T, H = c->hidden, hd = H / c->heads;
+    float scale = (float)(1.0 / sqrt((double)hd));
     kiln_layernorm_forward(s->h, x, L->ln1_w, L->ln1_b, n, H, (float)c->eps);
     tick(p, CP_LN);
     kiln_linear_forward(s->qkv, s->h, L->qkv_w, L->qkv_b, n, H, 3 * H);
     tick(p, CP_QKV);
-    if (kiln_mha_forward(s->att, s->qkv, s->qkv + H, s->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H,
-                         (float)(1.0 / sqrt((double)hd)), causal))
+    if (xc) {
+        if (cls_attention(s->att, s->qkv, B, T, c->heads, hd, scale)) return -1;
+        for (int64_t b = 0; b < B; b++) memcpy(xc + b * H, x + b * T * H, sizeof(float) * (size_t)H);
+        x = xc, n = B; /* the rest of the layer: the class rows only */
+    } else if (kiln_mha_forward(s->att, s->qkv, s->qkv + H, s->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H, scale,
+                                causal))
         return -1;
     tick(p, CP_ATTN);
     linear_residual(x, s->att, L->o_w, L->o_b, n, H, H);
@@ -139,7 +175,7 @@ static kiln_error *embed_one_text(kiln_clip *m, const char *text, float *out, fl
         for (int64_t j = 0; j < H; j++) x[t * H + j] = te[j] + pe[j];
     }
     for (int l = 0; l < c->layers; l++)
-        if (layer_forward(x, 1, T, c, &m->tl[l], s, 1, NULL)) {
+        if (layer_forward(x, 1, T, c, &m->tl[l], s, 1, NULL, NULL)) {
             free(ids);
             return kiln_errorf(KILN_ENOMEM, "CLIP text: out of memory");
         }
@@ -289,17 +325,20 @@ kiln_error *kiln_clip_embed_images(kiln_clip *m, const float *pixels, int n, flo
         tick(pf, CP_PATCH);
         kiln_layernorm_forward(x, x, m->pre_ln_w, m->pre_ln_b, B * T, H, (float)c->eps);
         tick(pf, CP_LN);
+        /* without patches the last layer computes the class rows only, into ln ([B, H], free until the
+         * post-layernorm, which then runs in place there) */
+        int cls = !patches && c->layers > 0;
         for (int l = 0; l < c->layers && !e; l++)
-            if (layer_forward(x, B, T, c, &m->vl[l], &s, 0, pf))
+            if (layer_forward(x, B, T, c, &m->vl[l], &s, 0, pf, cls && l == c->layers - 1 ? ln : NULL))
                 e = kiln_errorf(KILN_ENOMEM, "CLIP vision: out of memory");
         if (e) break;
-        /* post_layernorm: row 0 of each image is the pooled output, rows 1.. the patches (wanted or not) */
-        if (patches) kiln_layernorm_forward(ln, x, m->post_ln_w, m->post_ln_b, B * T, H, (float)c->eps);
-        else
-            for (int64_t b = 0; b < B; b++)
-                kiln_layernorm_forward(ln + b * T * H, x + b * T * H, m->post_ln_w, m->post_ln_b, 1, H, (float)c->eps);
+        /* post_layernorm: row 0 of each image is the pooled output, rows 1.. the patches */
+        if (cls) kiln_layernorm_forward(ln, ln, m->post_ln_w, m->post_ln_b, B, H, (float)c->eps);
+        else kiln_layernorm_forward(ln, x, m->post_ln_w, m->post_ln_b, B * T, H, (float)c->eps);
+        /* the pooled rows of ln: compact after the class-rows-only layer, else every T-th row */
+        int64_t prow = cls ? 1 : T;
         for (int64_t b = 0; b < B; b++) {
-            kiln_linear_forward(out + (b0 + b) * D, ln + b * T * H, m->vis_proj, NULL, 1, H, D);
+            kiln_linear_forward(out + (b0 + b) * D, ln + b * prow * H, m->vis_proj, NULL, 1, H, D);
             l2_normalize(out + (b0 + b) * D, 1, D);
             if (patches) {
                 float *pp = patches + (b0 + b) * (T - 1) * D;
