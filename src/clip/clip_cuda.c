@@ -1,11 +1,17 @@
 /* CLIP's vision tower on the GPU (kiln_clip_set_device(m, "cuda")): the weights go to the device once,
  * GEMM weights in bf16 (cuBLASLt, f32 accumulation: src/cuda/clip_gemm.cu), norms, class and position
- * embeddings in f32; the residual stream is f32 and the out/fc2 projections add into it as their GEMM's
- * epilogue (with their f32 biases); activations between ops are bf16; attention is cuDNN's fused flash
+ * embeddings in f32. The residual stream is bf16 by default, as transformers' CLIPModel in bf16 carries it
+ * (KILN_CLIP_RESIDUAL=f32: an f32 stream; read at every call): the class/position assembly and pre_layrnorm
+ * write it, the layernorms read it (statistics in f32), and the out/fc2 projections add into it as their
+ * GEMM's epilogue (C = D, beta = 1, their biases in the stream's type, one rounding per add); one tower()
+ * for both types (kiln_clip_dtype). Activations between ops are bf16; attention is cuDNN's fused flash
  * attention where the library loads (src/cuda/attention_cudnn.cu, q/k/v read in place from the fused
  * projection), else the tensor-core kernel of src/cuda/clip_attention.cu (KILN_CLIP_ATTN=cudnn|own|gemm,
- * src/cuda/clip_ops.cu). Pixels go up as f32 (the caller's, as torch uploads them) and are rounded
- * to bf16 by the patch kernel on the device.
+ * src/cuda/clip_ops.cu). Without patch embeddings (the image embeddings only) the last layer carries only
+ * the class rows past its qkv GEMM: the class query's attention over every key (src/cuda/
+ * clip_attention_cls.cu), the class rows of the stream gathered into [B, H], then the out projection, LN2
+ * and the MLP on B rows (the same math, ~1/L of the tower less work). Pixels go up as f32 (the caller's, as
+ * torch uploads them) and are rounded to bf16 by the patch kernel on the device.
  * Images run in chunks on a stream of the model's own, with a second stream for uploads: the pixels of
  * chunk c+1 travel while chunk c computes (two device slots, events between the streams). Pixels in
  * page-locked memory (kiln_clip_pixels_alloc) go up straight from the caller's buffer; pageable ones are
@@ -33,7 +39,10 @@
 
 typedef struct {
     kiln_bf16 *qkv_w, *qkv_b, *o_w, *fc1_w, *fc1_b, *fc2_w;
-    float *o_b, *fc2_b; /* f32: the biases of the GEMMs that add into the f32 residual stream */
+    /* the biases of the GEMMs that add into the residual stream, in its type: f32 or bf16 (the BIAS epilogue
+     * takes the output's type) */
+    float *o_b, *fc2_b;
+    kiln_bf16 *o_b16, *fc2_b16;
     float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
 } gpu_layer;
 
@@ -51,7 +60,9 @@ struct clip_gpu {
     cudaStream_t st, cp;          /* compute, uploads */
     cudaEvent_t up[2], used[2];   /* per pixel slot: its upload landed; the patch kernel has read it */
     int64_t cap_imgs;             /* images per chunk the buffers below hold */
-    float *px[2], *x, *nrm;       /* device */
+    kiln_clip_dtype res;          /* the residual stream's type for this call (KILN_CLIP_RESIDUAL) */
+    void *x, *xc;                 /* device: the residual stream [N, H] and its class rows [B, H] (f32-sized) */
+    float *px[2], *nrm;           /* device */
     kiln_bf16 *cols, *pe, *h, *qkv, *att, *f, *pr;
     float *stage[2];              /* page-locked pixels of one chunk (pageable callers) */
     float *hout, *hpatch;         /* page-locked embeddings: of a whole call (hout_n floats), of a chunk */
@@ -107,10 +118,11 @@ static void free_chunk_buffers(struct clip_gpu *g) {
         kiln_clip_pinned_free(g->stage[i]);
         g->px[i] = NULL, g->stage[i] = NULL;
     }
-    kiln_cuda_free(g->x), kiln_cuda_free(g->nrm), kiln_cuda_free(g->cols), kiln_cuda_free(g->pe);
+    kiln_cuda_free(g->x), kiln_cuda_free(g->xc), kiln_cuda_free(g->nrm), kiln_cuda_free(g->cols), kiln_cuda_free(g->pe);
     kiln_cuda_free(g->h), kiln_cuda_free(g->qkv), kiln_cuda_free(g->att), kiln_cuda_free(g->f), kiln_cuda_free(g->pr);
     kiln_clip_pinned_free(g->hpatch);
-    g->x = g->nrm = g->hpatch = NULL;
+    g->x = g->xc = NULL;
+    g->nrm = g->hpatch = NULL;
     g->cols = g->pe = g->h = g->qkv = g->att = g->f = g->pr = NULL;
     g->cap_imgs = 0;
 }
@@ -159,10 +171,12 @@ static kiln_error *upload(kiln_clip *m, struct clip_gpu *g) {
         KILN_TRY(up_bf16(g, s->qkv_b, (size_t)(3 * H), &d->qkv_b));
         KILN_TRY(up_bf16(g, s->o_w, (size_t)(H * H), &d->o_w));
         KILN_TRY(up_f32(g, s->o_b, (size_t)H, &d->o_b));
+        KILN_TRY(up_bf16(g, s->o_b, (size_t)H, &d->o_b16));
         KILN_TRY(up_bf16(g, s->fc1_w, (size_t)(I * H), &d->fc1_w));
         KILN_TRY(up_bf16(g, s->fc1_b, (size_t)I, &d->fc1_b));
         KILN_TRY(up_bf16(g, s->fc2_w, (size_t)(H * I), &d->fc2_w));
         KILN_TRY(up_f32(g, s->fc2_b, (size_t)H, &d->fc2_b));
+        KILN_TRY(up_bf16(g, s->fc2_b, (size_t)H, &d->fc2_b16));
         KILN_TRY(up_f32(g, s->ln1_w, (size_t)H, &d->ln1_w));
         KILN_TRY(up_f32(g, s->ln1_b, (size_t)H, &d->ln1_b));
         KILN_TRY(up_f32(g, s->ln2_w, (size_t)H, &d->ln2_w));
@@ -265,7 +279,8 @@ static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, 
         KILN_TRY(alloc_dev((void **)&g->px[1], sizeof(float) * per * (size_t)Bm));
         KILN_TRY(alloc_dev((void **)&g->cols, 2 * (size_t)(Bm * G2 * K)));
         KILN_TRY(alloc_dev((void **)&g->pe, 2 * (size_t)(Bm * G2 * H)));
-        KILN_TRY(alloc_dev((void **)&g->x, sizeof(float) * (size_t)(Nm * H)));
+        KILN_TRY(alloc_dev(&g->x, sizeof(float) * (size_t)(Nm * H)));
+        KILN_TRY(alloc_dev(&g->xc, sizeof(float) * (size_t)(Bm * H)));
         KILN_TRY(alloc_dev((void **)&g->h, 2 * (size_t)(Nm * H)));
         KILN_TRY(alloc_dev((void **)&g->qkv, 2 * (size_t)(Nm * 3 * H)));
         KILN_TRY(alloc_dev((void **)&g->att, 2 * (size_t)(Nm * H)));
@@ -303,8 +318,9 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
         }
     }
     static const char *const kinds[] = {"pageable", "page-locked", "device"};
-    fprintf(stderr, "CLIP on CUDA: %lld images in chunks of %lld, pixels %s: %.3f ms wall (%.1f images/s)%s\n",
-            (long long)n, (long long)Bm, kinds[kind], secs * 1e3, n / secs, g->nev >= P_MAXEV ? " (timeline cut short)" : "");
+    fprintf(stderr, "CLIP on CUDA: %lld images in chunks of %lld, pixels %s, %s residual stream: %.3f ms wall (%.1f images/s)%s\n",
+            (long long)n, (long long)Bm, kinds[kind], g->res == KILN_CLIP_BF16 ? "bf16" : "f32", secs * 1e3, n / secs,
+            g->nev >= P_MAXEV ? " (timeline cut short)" : "");
     for (int c = 0; c < P_NCLASS; c++) {
         char name[64];
         /* which attention ran (KILN_CLIP_ATTN: cuDNN's fused flash attention by default) */
@@ -316,54 +332,74 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
 }
 
 /* the tower over one chunk of B images whose f32 pixels are at px (device); leaves the pooled rows'
- * embeddings in g->nrm ([B, D] f32), or every token's ([B*T, D]) when all_tokens */
+ * embeddings in g->nrm ([B, D] f32), or every token's ([B*T, D]) when all_tokens. The residual stream g->x
+ * is of type g->res; without all_tokens the last layer carries only the class rows past its qkv GEMM, in
+ * g->xc ([B, H], the same type). */
 static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int64_t B, int slot, int all_tokens) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
             D = m->proj_dim, K = 3 * p * p, hd = H / c->heads, N = B * T;
     float scale = (float)(1.0 / sqrt((double)hd)), eps = (float)c->eps;
+    const kiln_clip_dtype rt = g->res, bf = KILN_CLIP_BF16;
+    const int rf = rt == KILN_CLIP_F32;
+    const size_t es = rf ? sizeof(float) : sizeof(kiln_bf16);
     void *st = g->st;
     mark(g, P_PATCH);
     KILN_TRY(kiln_clip_patchify_f32_cuda(g->cols, px, B, S, p, st));
     if (slot >= 0) KILN_TRY(cuda_err(cudaEventRecord(g->used[slot], g->st), "recording an event"));
     KILN_TRY(kiln_clip_linear_cuda(g->pe, 0, g->cols, g->patch_w, NULL, B * G2, K, H, 0, st));
-    KILN_TRY(kiln_clip_assemble_cuda(g->x, g->pe, g->cls, g->pos, B, G2, H, st));
-    KILN_TRY(kiln_layernorm_forward_f32_cuda(g->x, g->x, g->pre_w, g->pre_b, N, H, eps, st));
+    KILN_TRY(kiln_clip_assemble_x_cuda(g->x, rt, g->pe, g->cls, g->pos, B, G2, H, st));
+    KILN_TRY(kiln_clip_layernorm_cuda(g->x, rt, g->x, rt, H, g->pre_w, g->pre_b, N, H, eps, st));
     for (int l = 0; l < c->layers; l++) {
         const gpu_layer *L = &g->L[l];
+        /* the last layer without patch embeddings: after the qkv GEMM (every row's keys and values), the
+         * class rows only, r [nr, H] */
+        const int cls = !all_tokens && l == c->layers - 1;
+        void *r = cls ? g->xc : g->x;
+        const int64_t nr = cls ? B : N;
         mark(g, P_LN);
-        KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, L->ln1_w, L->ln1_b, N, H, eps, st));
+        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, g->x, rt, H, L->ln1_w, L->ln1_b, N, H, eps, st));
         mark(g, P_QKV);
         KILN_TRY(kiln_clip_linear_cuda(g->qkv, 0, g->h, L->qkv_w, L->qkv_b, N, H, 3 * H, 0, st));
         mark(g, P_ATTN);
-        KILN_TRY(kiln_mha_forward_cuda(g->att, g->qkv, g->qkv + H, g->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H, scale,
-                                       0, st));
+        if (cls) {
+            KILN_TRY(kiln_clip_attention_cls_cuda(g->att, g->qkv, g->qkv + H, g->qkv + 2 * H, B, T, c->heads, hd,
+                                                  3 * H, H, scale, st));
+            KILN_TRY(cuda_err(cudaMemcpy2DAsync(g->xc, (size_t)H * es, g->x, (size_t)(T * H) * es, (size_t)H * es,
+                                                (size_t)B, cudaMemcpyDeviceToDevice, g->st),
+                              "gathering the class rows"));
+        } else
+            KILN_TRY(kiln_mha_forward_cuda(g->att, g->qkv, g->qkv + H, g->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H,
+                                           scale, 0, st));
         mark(g, P_OUT);
-        KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->att, L->o_w, L->o_b, N, H, H, 1, st));
+        KILN_TRY(kiln_clip_linear_cuda(r, rf, g->att, L->o_w, rf ? (const void *)L->o_b : L->o_b16, nr, H, H, 1, st));
         mark(g, P_LN);
-        KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, L->ln2_w, L->ln2_b, N, H, eps, st));
+        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, r, rt, H, L->ln2_w, L->ln2_b, nr, H, eps, st));
         mark(g, P_FC1);
         /* KILN_CLIP_GEMM=own (opt-in): quick_gelu in fc1's epilogue, a GEMM of kiln's own (widths it takes) */
         if (c->act == CLIP_ACT_QUICK_GELU && kiln_clip_gemm_own() && H % 64 == 0 && I % 128 == 0)
-            KILN_TRY(kiln_clip_linear_quick_gelu_cuda(g->f, g->h, L->fc1_w, L->fc1_b, N, H, I, st));
+            KILN_TRY(kiln_clip_linear_quick_gelu_cuda(g->f, g->h, L->fc1_w, L->fc1_b, nr, H, I, st));
         else {
-            KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, N, H, I, 0, st));
+            KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, nr, H, I, 0, st));
             mark(g, P_ACT);
-            KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, N * I, st)
-                                                   : kiln_gelu_forward_cuda(g->f, g->f, N * I, st));
+            KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, nr * I, st)
+                                                   : kiln_gelu_forward_cuda(g->f, g->f, nr * I, st));
         }
         mark(g, P_FC2);
-        KILN_TRY(kiln_clip_linear_cuda(g->x, 1, g->f, L->fc2_w, L->fc2_b, N, I, H, 1, st));
+        KILN_TRY(kiln_clip_linear_cuda(r, rf, g->f, L->fc2_w, rf ? (const void *)L->fc2_b : L->fc2_b16, nr, I, H, 1,
+                                       st));
     }
     mark(g, P_POST);
     if (all_tokens) {
         /* every token through post_layernorm and the projection: row b*T is image b, the rest its patches */
-        KILN_TRY(kiln_layernorm_forward_cuda(g->h, g->x, g->post_w, g->post_b, N, H, eps, st));
+        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, g->x, rt, H, g->post_w, g->post_b, N, H, eps, st));
         KILN_TRY(kiln_clip_linear_cuda(g->pr, 0, g->h, g->proj, NULL, N, H, D, 0, st));
         KILN_TRY(kiln_l2_normalize_rows_cuda(g->nrm, g->pr, N, D, st));
     } else {
-        /* only the class tokens (every T-th row) */
-        KILN_TRY(kiln_layernorm_forward_strided_cuda(g->h, g->x, T * H, g->post_w, g->post_b, B, H, eps, st));
+        /* only the class tokens: compact in g->xc after the last layer (every T-th row of x without layers) */
+        const int cx = c->layers > 0;
+        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, cx ? g->xc : g->x, rt, cx ? H : T * H, g->post_w, g->post_b, B, H,
+                                          eps, st));
         KILN_TRY(kiln_clip_linear_cuda(g->pr, 0, g->h, g->proj, NULL, B, H, D, 0, st));
         KILN_TRY(kiln_l2_normalize_rows_cuda(g->nrm, g->pr, B, D, st));
     }
@@ -393,6 +429,16 @@ static kiln_error *stage_upload(struct clip_gpu *g, const float *pixels, int kin
     return cuda_err(cudaEventRecord(g->up[slot], g->cp), "recording an event");
 }
 
+/* KILN_CLIP_RESIDUAL, read at every call (the tests switch it): bf16 (the default: what transformers' CLIPModel
+ * in bf16 carries) or f32 */
+static kiln_error *residual_type(kiln_clip_dtype *t) {
+    const char *e = getenv("KILN_CLIP_RESIDUAL");
+    if (!e || !*e || !strcmp(e, "bf16")) *t = KILN_CLIP_BF16;
+    else if (!strcmp(e, "f32")) *t = KILN_CLIP_F32;
+    else return kiln_errorf(KILN_EINVAL, "KILN_CLIP_RESIDUAL=\"%s\": expected bf16 or f32", e);
+    return NULL;
+}
+
 static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, int64_t n, float *out, float *patches) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, D = m->proj_dim;
@@ -401,6 +447,7 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
     int64_t Bm = chunk_images(n, T), nch = (n + Bm - 1) / Bm;
     double t0 = g->prof ? wall() : 0;
     g->nev = 0;
+    KILN_TRY(residual_type(&g->res));
     KILN_TRY(ensure_buffers(m, g, Bm, kind == 0));
     if (!patches && g->hout_n < (size_t)(n * D)) {
         kiln_clip_pinned_free(g->hout);

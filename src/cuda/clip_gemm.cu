@@ -1,7 +1,8 @@
 // The linear layers of CLIP's vision tower on the GPU through cuBLASLt: y[n,out] = x[n,in] wᵀ + b, x and w
-// bf16, f32 accumulation, y bf16 (the qkv and fc1 projections) or f32 with y added in (the out and fc2
-// projections write straight into the f32 residual stream: beta = 1, so the residual add is the GEMM's
-// epilogue instead of a pass over the stream). The bias is the BIAS epilogue, in y's type. Where cuBLASLt has
+// bf16, f32 accumulation, y bf16 (the qkv and fc1 projections) or y added in (the out and fc2 projections
+// write straight into the residual stream, bf16 or f32 (KILN_CLIP_RESIDUAL): C = D, beta = 1, so the
+// residual add is the GEMM's epilogue instead of a pass over the stream, rounded once to the stream's type).
+// The bias is the BIAS epilogue, in y's type. Where cuBLASLt has
 // no fused algorithm for a shape, the plan says so and a row-broadcast kernel adds the bias after.
 // Plans (descriptors + the heuristic's algorithm, src/cuda/gemm_lt.h) are built once per shape and kept: a
 // tower repeats four shapes per chunk size. One workspace and plan table for the process, behind a lock (the
@@ -120,9 +121,7 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
     const uint32_t al[3] = {kiln_lt_align(w), kiln_lt_align(x), kiln_lt_align(y)};
     cudaStream_t st = (cudaStream_t)stream;
     if (n <= 0 || out <= 0) return NULL;
-    if (in <= 0 || (accumulate && !y_f32))
-        return kiln_errorf(KILN_EINVAL, "CLIP linear (CUDA): %lld inputs%s", (long long)in,
-                           accumulate && !y_f32 ? ", accumulating into bf16" : "");
+    if (in <= 0) return kiln_errorf(KILN_EINVAL, "CLIP linear (CUDA): %lld inputs", (long long)in);
     if (own_mode() == 2 && own_fits(y, x, w, bias, in, out, y_f32, accumulate)) {
         err = kiln_gemm_tc_cuda(n, out, in, x, in, w, in, y, out,
                                 y_f32 ? KILN_GEMM_TC_BIAS_ADD_F32 : bias ? KILN_GEMM_TC_BIAS : KILN_GEMM_TC_NONE, bias,

@@ -1,4 +1,4 @@
-// The ops of CLIP's inference on the GPU (src/clip/clip_cuda.c): layernorm (f32 residual in, bf16 out),
+// The ops of CLIP's inference on the GPU (src/clip/clip_cuda.c): layernorm (f32 or bf16 residual in, bf16 out),
 // non-causal/causal multi-head attention forward for short sequences, quick_gelu, the residual add, the
 // patch im2col, the embedding assembly (class token + patches + positions) and the L2 normalisation of
 // rows. Everything computes in f32; activations between ops are bf16 (the cuda_ops.h conventions).
@@ -14,37 +14,37 @@
 // one block per row; y = (x - mean) * rstd * w + b, statistics in f32 over the row. Rows of x are
 // x_stride apart (CLIP's pooled class tokens are every T-th row); y is contiguous and may alias x when
 // x_stride == d (each element is read and written by the same thread, after the statistics).
-template <typename Y>
-static __global__ void layernorm_fwd_kernel(Y *y, const float *x, int64_t x_stride, const float *w, const float *b,
+template <typename Y, typename X>
+static __global__ void layernorm_fwd_kernel(Y *y, const X *x, int64_t x_stride, const float *w, const float *b,
                                             int64_t n, int64_t d, float eps) {
     __shared__ float sh[32];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-        const float *xr = x + r * x_stride;
+        const X *xr = x + r * x_stride;
         float s = 0;
-        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += xr[j];
+        for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += ld(xr, j);
         const float mean = block_sum(s, sh) / (float)d;
         float v = 0;
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-            const float c = xr[j] - mean;
+            const float c = ld(xr, j) - mean;
             v += c * c;
         }
         const float rstd = rsqrtf(block_sum(v, sh) / (float)d + eps);
         for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-            st(y, r * d + j, (xr[j] - mean) * rstd * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f));
+            st(y, r * d + j, (ld(xr, j) - mean) * rstd * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f));
     }
 }
 
 // One warp per row for widths that are a multiple of 128 up to 2048 (CLIP's 768, 1024, 1280, ...): the row is
 // read once into registers as float4 (NV per lane), both statistics come from registers, and the output
 // leaves as 4-wide stores. The block-per-row kernel above re-reads the row three times.
-template <typename Y, int NV>
-static __global__ void layernorm_warp_kernel(Y *y, const float *x, int64_t x_stride, const float *w, const float *b,
+template <typename Y, typename X, int NV>
+static __global__ void layernorm_warp_kernel(Y *y, const X *x, int64_t x_stride, const float *w, const float *b,
                                              int64_t n, float eps) {
     constexpr int d = NV * 128;
     const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= n) return;
-    const float *xr = x + r * x_stride;
+    const X *xr = x + r * x_stride;
     float v[NV][4];
     float s = 0;
 #pragma unroll
@@ -74,14 +74,14 @@ static __global__ void layernorm_warp_kernel(Y *y, const float *x, int64_t x_str
     }
 }
 
-template <typename Y, int NV>
-static void layernorm_warp(Y *y, const float *x, int64_t x_stride, const float *w, const float *b, int64_t n,
+template <typename Y, typename X, int NV>
+static void layernorm_warp(Y *y, const X *x, int64_t x_stride, const float *w, const float *b, int64_t n,
                            float eps, cudaStream_t st) {
-    layernorm_warp_kernel<Y, NV><<<grid_for(n * 32, 256), 256, 0, st>>>(y, x, x_stride, w, b, n, eps);
+    layernorm_warp_kernel<Y, X, NV><<<grid_for(n * 32, 256), 256, 0, st>>>(y, x, x_stride, w, b, n, eps);
 }
 
-template <typename Y>
-static kiln_error *layernorm(Y *y, const float *x, int64_t x_stride, const float *w, const float *b, int64_t n,
+template <typename Y, typename X>
+static kiln_error *layernorm(Y *y, const X *x, int64_t x_stride, const float *w, const float *b, int64_t n,
                              int64_t d, float eps, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
@@ -91,18 +91,18 @@ static kiln_error *layernorm(Y *y, const float *x, int64_t x_stride, const float
     const bool vec = d % 128 == 0 && d <= 2048 && x_stride % 4 == 0 && aligned16(x) && aligned16(y) &&
                      (!w || aligned16(w)) && (!b || aligned16(b)) && n <= (int64_t)1048576 * 8;
     switch (vec ? d / 128 : 0) {
-    case 1: layernorm_warp<Y, 1>(y, x, x_stride, w, b, n, eps, st); break;
-    case 2: layernorm_warp<Y, 2>(y, x, x_stride, w, b, n, eps, st); break;
-    case 3: layernorm_warp<Y, 3>(y, x, x_stride, w, b, n, eps, st); break;
-    case 4: layernorm_warp<Y, 4>(y, x, x_stride, w, b, n, eps, st); break;
-    case 5: layernorm_warp<Y, 5>(y, x, x_stride, w, b, n, eps, st); break;
-    case 6: layernorm_warp<Y, 6>(y, x, x_stride, w, b, n, eps, st); break;
-    case 8: layernorm_warp<Y, 8>(y, x, x_stride, w, b, n, eps, st); break;
-    case 10: layernorm_warp<Y, 10>(y, x, x_stride, w, b, n, eps, st); break;
-    case 12: layernorm_warp<Y, 12>(y, x, x_stride, w, b, n, eps, st); break;
-    case 16: layernorm_warp<Y, 16>(y, x, x_stride, w, b, n, eps, st); break;
+    case 1: layernorm_warp<Y, X, 1>(y, x, x_stride, w, b, n, eps, st); break;
+    case 2: layernorm_warp<Y, X, 2>(y, x, x_stride, w, b, n, eps, st); break;
+    case 3: layernorm_warp<Y, X, 3>(y, x, x_stride, w, b, n, eps, st); break;
+    case 4: layernorm_warp<Y, X, 4>(y, x, x_stride, w, b, n, eps, st); break;
+    case 5: layernorm_warp<Y, X, 5>(y, x, x_stride, w, b, n, eps, st); break;
+    case 6: layernorm_warp<Y, X, 6>(y, x, x_stride, w, b, n, eps, st); break;
+    case 8: layernorm_warp<Y, X, 8>(y, x, x_stride, w, b, n, eps, st); break;
+    case 10: layernorm_warp<Y, X, 10>(y, x, x_stride, w, b, n, eps, st); break;
+    case 12: layernorm_warp<Y, X, 12>(y, x, x_stride, w, b, n, eps, st); break;
+    case 16: layernorm_warp<Y, X, 16>(y, x, x_stride, w, b, n, eps, st); break;
     default:
-        layernorm_fwd_kernel<Y><<<(int)(n < 65535 ? n : 65535), d >= 512 ? 256 : 128, 0, st>>>(y, x, x_stride, w, b,
+        layernorm_fwd_kernel<Y, X><<<(int)(n < 65535 ? n : 65535), d >= 512 ? 256 : 128, 0, st>>>(y, x, x_stride, w, b,
                                                                                                n, d, eps);
     }
     LAUNCH_CHECK("layernorm forward");
@@ -122,6 +122,16 @@ extern "C" kiln_error *kiln_layernorm_forward_strided_cuda(kiln_bf16 *y, const f
                                                            const float *w, const float *b, int64_t n, int64_t d,
                                                            float eps, void *stream) {
     return layernorm((bf16 *)y, x, x_stride, w, b, n, d, eps, stream);
+}
+// the residual stream's layernorms, its element type a parameter (f32 or bf16 in, f32 or bf16 out)
+extern "C" kiln_error *kiln_clip_layernorm_cuda(void *y, kiln_clip_dtype yt, const void *x, kiln_clip_dtype xt,
+                                                int64_t x_stride, const float *w, const float *b, int64_t n,
+                                                int64_t d, float eps, void *stream) {
+    if (xt == KILN_CLIP_BF16)
+        return yt == KILN_CLIP_BF16 ? layernorm((bf16 *)y, (const bf16 *)x, x_stride, w, b, n, d, eps, stream)
+                                    : layernorm((float *)y, (const bf16 *)x, x_stride, w, b, n, d, eps, stream);
+    return yt == KILN_CLIP_BF16 ? layernorm((bf16 *)y, (const float *)x, x_stride, w, b, n, d, eps, stream)
+                                : layernorm((float *)y, (const float *)x, x_stride, w, b, n, d, eps, stream);
 }
 
 static __global__ void quick_gelu_kernel(bf16 *y, const bf16 *x, int64_t n) {
@@ -440,26 +450,36 @@ done:
     return err;
 }
 
-// x [B, 1+G2, H] f32 = [class; patches] + positions
-static __global__ void assemble_kernel(float *x, const bf16 *patches, const float *cls, const float *pos, int64_t B,
+// x [B, 1+G2, H] = [class; patches] + positions, in the residual stream's type X (one rounding when bf16)
+template <typename X>
+static __global__ void assemble_kernel(X *x, const bf16 *patches, const float *cls, const float *pos, int64_t B,
                                        int64_t G2, int64_t H) {
     const int64_t T = G2 + 1, total = B * T * H;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t b = i / (T * H), t = (i / H) % T, j = i % H;
         const float e = t == 0 ? cls[j] : __bfloat162float(patches[(b * G2 + t - 1) * H + j]);
-        x[i] = e + pos[t * H + j];
+        st(x, i, e + pos[t * H + j]);
     }
+}
+
+extern "C" kiln_error *kiln_clip_assemble_x_cuda(void *x, kiln_clip_dtype xt, const kiln_bf16 *patches,
+                                                 const float *cls, const float *pos, int64_t B, int64_t G2, int64_t H,
+                                                 void *stream) {
+    kiln_error *err = NULL;
+    const int64_t n = B * (G2 + 1) * H;
+    const int g = grid_for(n, 256);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (n <= 0) return NULL;
+    if (xt == KILN_CLIP_BF16) assemble_kernel<<<g, 256, 0, st>>>((bf16 *)x, (const bf16 *)patches, cls, pos, B, G2, H);
+    else assemble_kernel<<<g, 256, 0, st>>>((float *)x, (const bf16 *)patches, cls, pos, B, G2, H);
+    LAUNCH_CHECK("clip embedding assembly");
+done:
+    return err;
 }
 
 extern "C" kiln_error *kiln_clip_assemble_cuda(float *x, const kiln_bf16 *patches, const float *cls, const float *pos,
                                                int64_t B, int64_t G2, int64_t H, void *stream) {
-    kiln_error *err = NULL;
-    const int64_t n = B * (G2 + 1) * H;
-    if (n <= 0) return NULL;
-    assemble_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, (const bf16 *)patches, cls, pos, B, G2, H);
-    LAUNCH_CHECK("clip embedding assembly");
-done:
-    return err;
+    return kiln_clip_assemble_x_cuda(x, KILN_CLIP_F32, patches, cls, pos, B, G2, H, stream);
 }
 
 // y [rows, d] f32 = x / |x| per row (one warp per row)

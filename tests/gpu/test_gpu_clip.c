@@ -1,10 +1,12 @@
-/* CLIP on the GPU against the CPU (f32) path: the layernorm, attention (cuDNN's fused flash attention, the
- * tensor-core kernel and the batched-GEMM path, at CLIP's sequence lengths and head dims), linear (bf16 out;
- * f32 accumulated into the residual stream) and quick_gelu ops on random inputs, then whole vision towers
- * (the transformers fixtures, and random ViT-B/32- and L/14-shaped towers with more images than one chunk)
- * with and without patch embeddings, with cuDNN's attention and with kiln's own kernel. bf16 activations and
- * weights: embeddings are compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on
- * unit vectors). With KILN_CUDNN_LIB set (the GPU machine's build script sets it) cuDNN must run every
+/* CLIP on the GPU against the CPU (f32) path: the layernorm (f32 or bf16 residual stream in), attention
+ * (cuDNN's fused flash attention, the tensor-core kernel and the batched-GEMM path, at CLIP's sequence lengths
+ * and head dims; the class token's own kernel of the last layer), linear (bf16 out; accumulated into an f32
+ * or a bf16 residual stream) and quick_gelu ops on random inputs, then whole vision towers (the transformers
+ * fixtures, and random ViT-B/32- and L/14-shaped towers with more images than one chunk) with the bf16 and the
+ * f32 residual stream (KILN_CLIP_RESIDUAL), with and without patch embeddings (without: the last layer on the
+ * class rows only), with cuDNN's attention and with kiln's own kernel. bf16 activations and weights:
+ * embeddings are compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on unit
+ * vectors); the class-rows-only last layer against the full one on the GPU closer (>= 0.9995, <= 2e-2). With KILN_CUDNN_LIB set (the GPU machine's build script sets it) cuDNN must run every
  * attention call whose head dim it takes (64 in the shaped towers). */
 #include <math.h>
 #include <stdio.h>
@@ -76,6 +78,75 @@ TEST(gpu_clip_attention_kernel_shapes) {
         kiln_cuda_free(dq), kiln_cuda_free(dout);
         free(qkv), free(ref);
     }
+}
+
+/* The class token's attention (the last layer without patch embeddings: one query per image and head over
+ * its T keys, src/cuda/clip_attention_cls.cu) against row 0 of the CPU attention (kiln_mha_forward on the same
+ * bf16 q/k/v, read in place from a fused [B·T, 3H] buffer) and row 0 of the GPU's full attention. Tolerance
+ * 1e-2 relative to the largest output, as the full attention's (bf16 output: 2^-9 relative per value). L/14
+ * (257 tokens, 16 heads of 64), L/14-336 (577), B/32 (50, 12 heads), head dims 32, 80, 128 and 256, one key,
+ * output rows 2H apart; a head dim past 256 is refused. */
+TEST(gpu_clip_attention_cls) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 27);
+    const struct {
+        int64_t B, T, heads, hd, out_mult;
+    } cs[] = {{5, 257, 16, 64, 1}, {3, 577, 16, 64, 1}, {7, 50, 12, 64, 2}, {2, 70, 3, 32, 1},
+              {2, 1, 2, 128, 1},   {2, 197, 2, 256, 1}, {3, 130, 2, 80, 2}};
+    unsetenv("KILN_CLIP_ATTN");
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int64_t B = cs[c].B, T = cs[c].T, heads = cs[c].heads, hd = cs[c].hd, H = heads * hd, stride = 3 * H,
+                      os = cs[c].out_mult * H;
+        const float scale = (float)(1.0 / sqrt((double)hd));
+        float *qkv = gt_rand(&rng, B * T * stride, 2.0f), *full = malloc(sizeof(float) * B * T * H);
+        float *ref = malloc(sizeof(float) * B * H), *got = malloc(sizeof(float) * B * H);
+        gt_round_bf16(qkv, B * T * stride);
+        CHECK(kiln_mha_forward(full, qkv, qkv + H, qkv + 2 * H, B, T, heads, hd, stride, H, scale, 0) == 0);
+        for (int64_t b = 0; b < B; b++) memcpy(ref + b * H, full + b * T * H, sizeof(float) * H);
+        kiln_bf16 *dq = gt_up_bf16(qkv, B * T * stride), *dout = gt_dev((size_t)B * os * 2),
+                  *dfull = gt_dev((size_t)B * T * H * 2);
+        CHECK_OK(kiln_clip_attention_cls_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, os, scale, NULL));
+        float *o = gt_down_bf16(dout, B * os);
+        for (int64_t b = 0; b < B; b++) memcpy(got + b * H, o + b * os, sizeof(float) * H);
+        char name[80];
+        snprintf(name, sizeof name, "cls T=%lld heads=%lld hd=%lld vs CPU", (long long)T, (long long)heads, (long long)hd);
+        GT_CLOSE(name, got, ref, B * H, 1e-2);
+        CHECK_OK(kiln_mha_forward_cuda(dfull, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, scale, 0, NULL));
+        float *gf = gt_down_bf16(dfull, B * T * H);
+        for (int64_t b = 0; b < B; b++) memcpy(ref + b * H, gf + b * T * H, sizeof(float) * H);
+        snprintf(name, sizeof name, "cls T=%lld hd=%lld vs GPU row 0 (%s)", (long long)T, (long long)hd,
+                 kiln_clip_attention_last_impl());
+        GT_CLOSE(name, got, ref, B * H, 1e-2);
+        kiln_cuda_free(dq), kiln_cuda_free(dout), kiln_cuda_free(dfull);
+        free(qkv), free(full), free(ref), free(got), free(o), free(gf);
+    }
+    kiln_bf16 *d = gt_dev(3 * 300 * 2 * 10);
+    CHECK_ERR(kiln_clip_attention_cls_cuda(d, d, d, d, 1, 10, 1, 300, 900, 300, 0.1f, NULL), "head dim");
+    kiln_cuda_free(d);
+}
+
+/* the embedding assembly x = [class; patches] + positions into an f32 and a bf16 residual stream, against the
+ * CPU's sums: f32 exact to 1e-6, bf16 one rounding (2^-9 relative per value; 4e-3 of the largest) */
+TEST(gpu_clip_assemble_f32_and_bf16) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 28);
+    const int64_t B = 3, G2 = 49, T = G2 + 1, H = 96;
+    float *pe = gt_rand(&rng, B * G2 * H, 2.0f), *cls = gt_rand(&rng, H, 1.0f), *pos = gt_rand(&rng, T * H, 1.0f);
+    float *ref = malloc(sizeof(float) * B * T * H);
+    gt_round_bf16(pe, B * G2 * H);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < H; j++)
+                ref[(b * T + t) * H + j] = (t ? pe[(b * G2 + t - 1) * H + j] : cls[j]) + pos[t * H + j];
+    kiln_bf16 *dpe = gt_up_bf16(pe, B * G2 * H), *dx16 = gt_dev((size_t)B * T * H * 2);
+    float *dcls = gt_up_f32(cls, H), *dpos = gt_up_f32(pos, T * H), *dx = gt_dev(sizeof(float) * B * T * H);
+    CHECK_OK(kiln_clip_assemble_x_cuda(dx, KILN_CLIP_F32, dpe, dcls, dpos, B, G2, H, NULL));
+    CHECK_OK(kiln_clip_assemble_x_cuda(dx16, KILN_CLIP_BF16, dpe, dcls, dpos, B, G2, H, NULL));
+    float *g32 = gt_down_f32(dx, B * T * H), *g16 = gt_down_bf16(dx16, B * T * H);
+    GT_CLOSE("assembly f32", g32, ref, B * T * H, 1e-6);
+    GT_CLOSE("assembly bf16", g16, ref, B * T * H, 4e-3);
+    kiln_cuda_free(dpe), kiln_cuda_free(dx16), kiln_cuda_free(dcls), kiln_cuda_free(dpos), kiln_cuda_free(dx);
+    free(pe), free(cls), free(pos), free(ref), free(g32), free(g16);
 }
 
 /* whether cuDNN must have run: the GPU machine's build script points KILN_CUDNN_LIB at the library */
@@ -264,7 +335,20 @@ TEST(gpu_clip_linear_and_quick_gelu) {
     CHECK_OK(kiln_clip_linear_cuda(dres, 1, dx, dw, db32, n, in, out, 1, NULL));
     float *got32 = gt_down_f32(dres, n * out);
     GT_CLOSE("linear f32 accumulate + bias", got32, ref, n * out, 1e-4);
-    CHECK_ERR(kiln_clip_linear_cuda(dy, 0, dx, dw, db, n, in, out, 1, NULL), "accumulating into bf16");
+    /* bf16 residual += x wᵀ + b (bf16 bias): the bf16 stream's epilogue, one rounding of the sum */
+    {
+        float *r16 = malloc(sizeof(float) * n * out), *ref16 = malloc(sizeof(float) * n * out);
+        memcpy(r16, r0, sizeof(float) * n * out);
+        gt_round_bf16(r16, n * out);
+        kiln_linear_forward(ref16, x, w, b, n, in, out);
+        for (int64_t i = 0; i < n * out; i++) ref16[i] += r16[i];
+        kiln_bf16 *dr16 = gt_up_bf16(r16, n * out);
+        CHECK_OK(kiln_clip_linear_cuda(dr16, 0, dx, dw, db, n, in, out, 1, NULL));
+        float *g16 = gt_down_bf16(dr16, n * out);
+        GT_CLOSE("linear bf16 accumulate + bias", g16, ref16, n * out, 1e-2);
+        kiln_cuda_free(dr16);
+        free(r16), free(ref16), free(g16);
+    }
     /* quick_gelu, vectorized (n*out a multiple of 8) and not (an odd count) */
     for (int odd = 0; odd < 2; odd++) {
         int64_t m = n * out - odd;
@@ -289,17 +373,37 @@ TEST(gpu_clip_linear_and_quick_gelu) {
         CHECK_OK(kiln_layernorm_forward_strided_cuda(dly, dlx, xs, dlw, dlb, rows, d, 1e-5f, NULL));
         float *ly = gt_down_bf16(dly, rows * d);
         GT_CLOSE(c ? "layernorm d=100 strided" : "layernorm d=1024 strided", ly, lref, rows * d, 1e-2);
-        kiln_cuda_free(dlx), kiln_cuda_free(dlw), kiln_cuda_free(dlb), kiln_cuda_free(dly);
-        free(lx), free(lw), free(lb), free(lref), free(ly);
+        /* the bf16 residual stream's layernorms (kiln_clip_layernorm_cuda): bf16 in, strided, bf16 out; then
+         * in place (contiguous), bf16 and f32 out; against the CPU on the same bf16 inputs */
+        gt_round_bf16(lx, rows * xs);
+        for (int64_t r = 0; r < rows; r++) kiln_layernorm_forward(lref + r * d, lx + r * xs, lw, lb, 1, d, 1e-5f);
+        kiln_bf16 *dlx16 = gt_up_bf16(lx, rows * xs);
+        CHECK_OK(kiln_clip_layernorm_cuda(dly, KILN_CLIP_BF16, dlx16, KILN_CLIP_BF16, xs, dlw, dlb, rows, d, 1e-5f, NULL));
+        float *ly16 = gt_down_bf16(dly, rows * d);
+        GT_CLOSE(c ? "layernorm bf16 in d=100 strided" : "layernorm bf16 in d=1024 strided", ly16, lref, rows * d, 1e-2);
+        float *lc = malloc(sizeof(float) * rows * d); /* the rows made contiguous */
+        for (int64_t r = 0; r < rows; r++) memcpy(lc + r * d, lx + r * xs, sizeof(float) * d);
+        float *dly32 = gt_dev(sizeof(float) * rows * d);
+        kiln_bf16 *dlc = gt_up_bf16(lc, rows * d);
+        CHECK_OK(kiln_clip_layernorm_cuda(dly32, KILN_CLIP_F32, dlc, KILN_CLIP_BF16, d, dlw, dlb, rows, d, 1e-5f, NULL));
+        float *ly32 = gt_down_f32(dly32, rows * d);
+        GT_CLOSE(c ? "layernorm bf16 in f32 out d=100" : "layernorm bf16 in f32 out d=1024", ly32, lref, rows * d, 1e-5);
+        CHECK_OK(kiln_clip_layernorm_cuda(dlc, KILN_CLIP_BF16, dlc, KILN_CLIP_BF16, d, dlw, dlb, rows, d, 1e-5f, NULL));
+        float *lin = gt_down_bf16(dlc, rows * d);
+        GT_CLOSE(c ? "layernorm bf16 in place d=100" : "layernorm bf16 in place d=1024", lin, lref, rows * d, 1e-2);
+        kiln_cuda_free(dlx), kiln_cuda_free(dlw), kiln_cuda_free(dlb), kiln_cuda_free(dly), kiln_cuda_free(dlx16);
+        kiln_cuda_free(dly32), kiln_cuda_free(dlc);
+        free(lx), free(lw), free(lb), free(lref), free(ly), free(ly16), free(lc), free(ly32), free(lin);
     }
     kiln_cuda_free(dx), kiln_cuda_free(dw), kiln_cuda_free(db), kiln_cuda_free(dy), kiln_cuda_free(db32);
     kiln_cuda_free(dres);
     free(x), free(w), free(b), free(r0), free(ref), free(got), free(got32);
 }
 
-/* cosine per row and max |a-b| over rows of d */
-static void compare_rows(const char *what, const float *a, const float *b, int64_t rows, int64_t d) {
-    double worst_cos = 1, maxd = 0;
+/* cosine per row, max |a-b| and max |a-b| / max |b| over rows of d: worst cosine >= min_cos, max |a-b| <= max_d */
+static void compare_rows_tol(const char *what, const float *a, const float *b, int64_t rows, int64_t d, double min_cos,
+                             double max_d) {
+    double worst_cos = 1, maxd = 0, maxb = 0;
     for (int64_t r = 0; r < rows; r++) {
         double dot = 0, na = 0, nb = 0;
         for (int64_t j = 0; j < d; j++) {
@@ -307,12 +411,19 @@ static void compare_rows(const char *what, const float *a, const float *b, int64
             na += (double)a[r * d + j] * a[r * d + j];
             nb += (double)b[r * d + j] * b[r * d + j];
             maxd = fmax(maxd, fabs(a[r * d + j] - b[r * d + j]));
+            maxb = fmax(maxb, fabs(b[r * d + j]));
         }
         double cs = dot / sqrt(na * nb + 1e-30);
         if (!(cs >= worst_cos)) worst_cos = cs;
     }
-    printf("    %-36s worst cosine %.6f, max |diff| %.3g\n", what, worst_cos, maxd);
-    CHECK_MSG(worst_cos >= 0.998 && maxd <= 4e-2, "%s: worst cosine %.6f, max |diff| %.3g", what, worst_cos, maxd);
+    printf("    %-40s worst cosine %.6f, max |diff| %.3g, max rel err %.3g\n", what, worst_cos, maxd,
+           maxb > 0 ? maxd / maxb : maxd);
+    CHECK_MSG(worst_cos >= min_cos && maxd <= max_d, "%s: worst cosine %.6f, max |diff| %.3g", what, worst_cos, maxd);
+}
+
+/* the GPU's embeddings against the CPU's: bf16 weights and activations */
+static void compare_rows(const char *what, const float *a, const float *b, int64_t rows, int64_t d) {
+    compare_rows_tol(what, a, b, rows, d, 0.998, 4e-2);
 }
 
 /* expect_cudnn: the tower's head dim is one cuDNN takes, so with KILN_CUDNN_LIB set its attention must be cuDNN's */
@@ -328,21 +439,33 @@ static void check_dir(const char *dir, int n, uint64_t seed, int expect_cudnn) {
     float *ge = malloc(sizeof(float) * n * D), *gp = malloc(sizeof(float) * n * G2 * D), *ge2 = malloc(sizeof(float) * n * D);
     CHECK_OK(kiln_clip_embed_images(m, px, n, ce, cp));
     CHECK_OK(kiln_clip_set_device(m, "cuda"));
-    /* kiln's own attention kernel first, then the default (cuDNN's where it loads) for everything below */
-    setenv("KILN_CLIP_ATTN", "own", 1);
-    CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
-    unsetenv("KILN_CLIP_ATTN");
-    printf("    attention: %s\n", kiln_clip_attention_last_impl());
-    compare_rows("image embeds, own attention", ge, ce, n, D);
-    compare_rows("patch embeds, own attention", gp, cp, n * G2, D);
-    CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
-    const char *ran = kiln_clip_attention_last_impl();
-    printf("    attention: %s\n", ran);
-    if (expect_cudnn && cudnn_expected()) CHECK_MSG(!strcmp(ran, "cudnn"), "the tower's attention ran %s", ran);
-    CHECK_OK(kiln_clip_embed_images(m, px, n, ge2, NULL)); /* the class-token-only path */
-    compare_rows("image embeds", ge, ce, n, D);
-    compare_rows("image embeds (no patches)", ge2, ce, n, D);
-    compare_rows("patch embeds", gp, cp, n * G2, D);
+    /* both residual streams (the f32 one first: the default bf16 one's results stay for the checks below) */
+    for (int rs = 0; rs < 2; rs++) {
+        setenv("KILN_CLIP_RESIDUAL", rs ? "bf16" : "f32", 1);
+        printf("    residual stream %s\n", rs ? "bf16" : "f32");
+        /* kiln's own attention kernel first, then the default (cuDNN's where it loads) */
+        setenv("KILN_CLIP_ATTN", "own", 1);
+        CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
+        unsetenv("KILN_CLIP_ATTN");
+        printf("    attention: %s\n", kiln_clip_attention_last_impl());
+        compare_rows("image embeds, own attention", ge, ce, n, D);
+        compare_rows("patch embeds, own attention", gp, cp, n * G2, D);
+        CHECK_OK(kiln_clip_embed_images(m, px, n, ge, gp));
+        const char *ran = kiln_clip_attention_last_impl();
+        printf("    attention: %s\n", ran);
+        if (expect_cudnn && cudnn_expected()) CHECK_MSG(!strcmp(ran, "cudnn"), "the tower's attention ran %s", ran);
+        CHECK_OK(kiln_clip_embed_images(m, px, n, ge2, NULL)); /* the last layer on the class rows only */
+        compare_rows("image embeds", ge, ce, n, D);
+        compare_rows("image embeds (no patches)", ge2, ce, n, D);
+        compare_rows("patch embeds", gp, cp, n * G2, D);
+        /* the class-rows-only last layer against the full one, both on the GPU: the same math; other GEMM
+         * shapes and the class token's own attention kernel round differently */
+        compare_rows_tol("no patches vs patches (GPU)", ge2, ge, n, D, 0.9995, 2e-2);
+    }
+    unsetenv("KILN_CLIP_RESIDUAL"); /* the default (bf16) below */
+    setenv("KILN_CLIP_RESIDUAL", "fp8", 1);
+    CHECK_ERR(kiln_clip_embed_images(m, px, n, ge, NULL), "KILN_CLIP_RESIDUAL");
+    unsetenv("KILN_CLIP_RESIDUAL");
     /* the same from page-locked and from device pixels (the same chunks: the bits are expected equal and
      * reported), and in chunks of 3
      * (the upload of one chunk overlapping the previous one's compute, both pixel slots reused; other GEMM
