@@ -13,7 +13,13 @@
 //    slot is released once the group after it was issued and the one reading it has completed), then the
 //    epilogue from the accumulator registers (bias, quick_gelu, bf16 rounding, guarded stores of bf16 pairs)
 //    while the producer already fills the ring for the next tile. Cooperative: both on each tile, 64 rows
-//    each; ping-pong: alternate tiles (see the kernel).
+//    each; ping-pong: alternate tiles (see the kernel). The deferred cooperative tiles (128x256d, ...) keep a
+//    tile's bf16 pre-activations in registers and run its quick_gelu and stores under the next tile's MMAs.
+// What bounds it (docs/perf.md, session 7-8): shared memory traffic per MAC. Every wgmma reads its A and B from
+// shared memory and TMA writes every slot there: ping-pong 128x128 (two m64n128 a k step) reads 96 and writes 64
+// bytes per 2048 MACs (an SM's tensor rate a clock), against the 128 bytes a clock shared memory moves; 128x256
+// with one m64n256 a warpgroup reads 80 and writes 48. The clustered ping-pong stopped at ~630 TFLOP/s (~107
+// bytes a clock) whatever the L2 traffic (pairs, 2 x 2).
 // The tensor maps (cuTensorMapEncodeTiled) are encoded per call on the host: the driver entry point comes
 // from the CUDA runtime (cudaGetDriverEntryPointByVersion), so kiln does not link libcuda. Rows of A past M
 // are zero-filled by TMA and their outputs are not stored.
@@ -123,36 +129,37 @@ template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// wgmma's accumulator operands: the register numbers in the instruction text and the C++ operands beside them
+#define WG_REGS_0_63 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_REGS_64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_F64(i) WG_F8(i), WG_F8(i + 8), WG_F8(i + 16), WG_F8(i + 24), WG_F8(i + 32), WG_F8(i + 40), WG_F8(i + 48), WG_F8(i + 56)
+
 // D[64 x 128] += A[64 x 16] (smem, K-major) * B[128 x 16]^T (smem, K-major), f32 accumulators
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, uint32_t scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS_0_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_F64(0)
+                 : "l"(da), "l"(db), "r"(scale_d)
+                 : "memory");
+}
+// D[64 x 256] += A[64 x 16] * B[256 x 16]^T: one instruction reads A once for 256 columns (two m64n128 read it
+// twice: 12 KB of shared memory per 64 x 256 x 16 step instead of 10)
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS_0_63 ", " WG_REGS_64_127
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : WG_F64(0), WG_F64(64)
+                 : "l"(da), "l"(db), "r"(scale_d)
+                 : "memory");
 }
 
-// 64 x BN: BN = 256 as two m64n128 on the two 128-row halves of the B slot (16 KB apart, 1024-aligned); the
-// accumulators of columns 128..255 follow those of 0..127 in the m64n256 fragment order, so the epilogue is the
-// same (one instruction shape keeps one copy of the 64-register operand list)
+// 64 x BN: one wgmma; the B slot's BN rows are 128 bytes each in 8-row groups 1024 bytes apart, so one
+// descriptor spans all 256 (the accumulators of m64n256 are those of two m64n128, columns 0..127 first)
 template <int BN> __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t sc) {
     static_assert(BN == 128 || BN == 256, "BN");
-    wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), da, db, sc);
-    if constexpr (BN == 256) wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[64]), da, db + ((128 * 128) >> 4), sc);
+    if constexpr (BN == 256) wgmma_n256(d, da, db, sc);
+    else wgmma_n128(d, da, db, sc);
 }
 
 __device__ __forceinline__ float2 bias_pair(const float *b, int col) { return *(const float2 *)(b + col); }
@@ -239,6 +246,65 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
     }
 }
 
+// The deferred epilogue (cooperative tiles with DEFER): a cooperative CTA's tensor cores idle while its two
+// warpgroups run their epilogues: 64 scattered bf16-pair stores a thread (each instruction 8 rows of 16 bytes: 8
+// L1 wavefronts, ~4096 a 128 x 256 tile) and quick_gelu's two MUFU operations an element (2 x 32768 at 16 a
+// clock: 4096 clocks), against 16384 clocks of MMAs at the tensor cores' peak (r26-r29: the cooperative
+// 128x256 ran at 515-534 TFLOP/s with the bias at K 1024, 684 with the f32 epilogue at K 4096). Instead a tile
+// leaves its accumulators as bf16 pairs (the bias added in f32, one rounding) in `held` registers, and the next
+// tile's k blocks apply quick_gelu to them and store them, an NCH-th after each block's MMAs are issued, while
+// the tensor cores run; exposed stay the bias add and the packing (~200 instructions a thread). quick_gelu then
+// reads the bf16-rounded pre-activation (two roundings, as cuBLASLt + the separate pass; the exact formula,
+// KILN_GEMM_TC_QGELU does not apply). The last tile's are stored after the loop.
+constexpr int NCH = 16; // k blocks a tile's stores are spread over (K = 1024: one chunk a block)
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t u) { // bf16 -> f32 is exact: the bits shifted up
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+
+// the accumulators of a 64 x BN warpgroup tile (+ bias) as bf16 pairs: held[2j] row r0, held[2j + 1] row r0 + 8,
+// columns c0 + 8j + {0, 1}
+template <int EPI, int BN, typename BiasT>
+__device__ __forceinline__ void hold_tile(const float (&acc)[BN / 2], uint32_t (&held)[BN / 4], const BiasT *bias, int c0) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        float2 b = make_float2(0.0f, 0.0f);
+        if constexpr (EPI != KILN_GEMM_TC_NONE) b = bias_pair(bias, c0 + 8 * j);
+        held[2 * j] = pack_bf16x2(acc[4 * j] + b.x, acc[4 * j + 1] + b.y);
+        held[2 * j + 1] = pack_bf16x2(acc[4 * j + 2] + b.x, acc[4 * j + 3] + b.y);
+    }
+}
+
+// chunks lo..hi-1 of the held tile: quick_gelu (exact formula) and the stores; p0 / p1 point at rows r0 / r0 + 8
+// of the tile's first column pair of the thread (NULL for rows past M). Unrolled, so every held index is constant
+// (the registers stay registers); the chunk bounds are runtime values.
+template <int EPI, int BN>
+__device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1, int lo, int hi) {
+    constexpr int JPC = BN / 8 / NCH; // column groups of 8 a chunk
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        if (c < lo || c >= hi) continue;
+#pragma unroll
+        for (int jj = 0; jj < JPC; jj++) {
+            const int j = c * JPC + jj;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t u = held[2 * j + h];
+                if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+                    const float2 f = unpack_bf16x2(u);
+                    u = pack_bf16x2(quick_gelu(f.x), quick_gelu(f.y));
+                }
+                uint32_t *p = h ? p1 : p0;
+                if (p) p[4 * j] = u; // 8 bf16 columns = 4 pairs further
+            }
+        }
+    }
+}
+
 // One kernel, two schedules of the consumers (the producer is the same):
 //  - cooperative (PP false): both consumer warpgroups work on every tile of the CTA, 64 of its BM = 128 rows
 //    each; they read the same B slot (one load of B for 128 rows). Their epilogues run together, with the
@@ -256,7 +322,7 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
 // into it have released it: each consumer warp arrives on the `empty` barrier of every CTA of the cluster.
 // Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses ring iterations i * KB .. i * KB + KB - 1
 // in every schedule, so producer and consumers agree on slots and parities without sharing counters.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, void *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K, int qmode) {
@@ -319,7 +385,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
+    // the deferred epilogue: cooperative 64-row warpgroup tiles with a bf16 output only
+    constexpr bool HOLD = DEFER && !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
     float acc[MW][BN / 2];
+    uint32_t held[HOLD ? BN / 4 : 1];
+    uint32_t *hp0 = NULL, *hp1 = NULL; // the held tile's rows r0 and r0 + 8 (NULL: past M)
+    bool holding = false;
     for (int i = PP ? cw : 0;; i += PP ? 2 : 1) {
         const int u = unit0 + i * unit_step;
         if (u >= units) break;
@@ -327,6 +398,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const bool next = u + unit_step < units;
         if (PP && i > 0) named_bar_sync(1 + cw, 256); // tile i-1's MMAs are all issued
         uint32_t it = (uint32_t)i * (uint32_t)kblocks;
+        int drained = 0; // chunks of the held tile stored so far
         for (int kb = 0; kb < kblocks; kb++, it++) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
@@ -349,6 +421,11 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
             if (kb > 0) release_slot<CL>(&empty[(it - 1) % STAGES], lane);
+            if constexpr (HOLD) { // the previous tile's next chunks, under this block's MMAs
+                const int upto = (NCH * (kb + 1) + kblocks - 1) / kblocks;
+                if (holding) drain_held<EPI, BN>(held, hp0, hp1, drained, upto);
+                drained = upto;
+            }
         }
         if (PP && next) named_bar_arrive(1 + (1 - cw), 256); // the other warpgroup may start tile i+1
         wgmma_wait<0>();
@@ -358,11 +435,19 @@ __global__ void __launch_bounds__(THREADS, 1)
 
         // epilogue: the quick_gelu formula chosen once per launch (KILN_GEMM_TC_QGELU), outside the unrolled loop
         const int r0 = m0 + (PP ? 0 : cw * 64) + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
-        if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+        if constexpr (HOLD) {
+            hold_tile<EPI, BN>(acc[0], held, bias, c0);
+            uint32_t *p = (uint32_t *)((bf16 *)C + (int64_t)r0 * ldc + c0);
+            hp0 = r0 < M ? p : NULL, hp1 = r0 + 8 < M ? p + 4 * ldc : NULL;
+            holding = true;
+        } else if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
             if (qmode == 1) store_tile<1, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
             else if (qmode == 2) store_tile<2, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
             else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
         } else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
+    }
+    if constexpr (HOLD) {
+        if (holding) drain_held<EPI, BN>(held, hp0, hp1, 0, NCH);
     }
     if constexpr (CL > 1) cluster_sync();
 }
@@ -401,7 +486,7 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
 
 // A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
 // another's exit), never more CTAs than tiles.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, const void *bias, int M,
                    int N, int K, int qmode, cudaStream_t st) {
     kiln_error *err = NULL;
@@ -409,7 +494,7 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
     const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
     constexpr int CL = CM * CN;
     const int64_t units = ((int64_t)(M + CM * BM - 1) / (CM * BM)) * (N / (CN * BN));
-    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, EPI, BiasT>;
+    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT>;
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
     CUDA_TRY(cudaGetDevice(&dev));
@@ -435,8 +520,9 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
         static int said; // once per kernel (KILN_LOG=debug): the grid it gets
         if (!said && kiln_log_enabled(KILN_LOG_DEBUG)) {
             said = 1;
-            kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s cluster %dx%d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
-                     BM, BN, PP ? "ping-pong" : "cooperative", CM, CN, STAGES, smem, cfg.gridDim.x, (long long)units, sms);
+            kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s%s cluster %dx%d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
+                     BM, BN, PP ? "ping-pong" : "cooperative", DEFER ? " deferred" : "", CM, CN, STAGES, smem,
+                     cfg.gridDim.x, (long long)units, sms);
         }
     }
     CUDA_TRY(cudaLaunchKernelEx(&cfg, kern, ta, tb, C, ldc, (const BiasT *)bias, M, N, K, qmode));
@@ -445,22 +531,18 @@ done:
     return err;
 }
 
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool D>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, int qmode, cudaStream_t st) {
+#define GEMM_TC_L(E, T) launch<BM, BN, STAGES, PP, CM, CN, D, E, T>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
     switch (epi) {
-    case KILN_GEMM_TC_NONE:
-        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_NONE, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
-    case KILN_GEMM_TC_BIAS:
-        return bias_f32 ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
-                        : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS, bf16>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
+    case KILN_GEMM_TC_NONE: return GEMM_TC_L(KILN_GEMM_TC_NONE, float);
+    case KILN_GEMM_TC_BIAS: return bias_f32 ? GEMM_TC_L(KILN_GEMM_TC_BIAS, float) : GEMM_TC_L(KILN_GEMM_TC_BIAS, bf16);
     case KILN_GEMM_TC_BIAS_QUICK_GELU:
-        return bias_f32
-                   ? launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
-                   : launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_QUICK_GELU, bf16>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
-    case KILN_GEMM_TC_BIAS_ADD_F32:
-        return launch<BM, BN, STAGES, PP, CM, CN, KILN_GEMM_TC_BIAS_ADD_F32, float>(ta, tb, C, ldc, bias, M, N, K, qmode, st);
+        return bias_f32 ? GEMM_TC_L(KILN_GEMM_TC_BIAS_QUICK_GELU, float) : GEMM_TC_L(KILN_GEMM_TC_BIAS_QUICK_GELU, bf16);
+    case KILN_GEMM_TC_BIAS_ADD_F32: return GEMM_TC_L(KILN_GEMM_TC_BIAS_ADD_F32, float);
     }
+#undef GEMM_TC_L
     return kiln_errorf(KILN_EINVAL, "unknown epilogue %d", (int)epi);
 }
 
@@ -472,7 +554,10 @@ int tile_cols(kiln_gemm_tc_tile t) {
     case KILN_GEMM_TC_TILE_128x256:
     case KILN_GEMM_TC_TILE_PP_64x256:
     case KILN_GEMM_TC_TILE_128x256_C2:
-    case KILN_GEMM_TC_TILE_PP_128x128_C2x2: return 256;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2x2:
+    case KILN_GEMM_TC_TILE_128x256_D:
+    case KILN_GEMM_TC_TILE_128x256_C2_D: return 256;
+    case KILN_GEMM_TC_TILE_128x256_C2x2_D: return 512;
     default: return 128;
     }
 }
@@ -482,7 +567,8 @@ int tile_cols(kiln_gemm_tc_tile t) {
 // clusters within 1%, a pair's coupling for nothing), else ping-pong 128x128 in 2-CTA clusters sharing B
 // (550-630 with the bias; without clusters 490-544). KILN_GEMM_TC_TILE (read at every call)
 // picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
-// pp128x128c2x2; one whose columns do not divide N falls back to ping-pong 128x128.
+// pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d; one whose columns do not divide N falls back to ping-pong
+// 128x128.
 kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     static const struct {
         const char *name;
@@ -490,7 +576,8 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     } names[] = {{"128x128", KILN_GEMM_TC_TILE_128x128},           {"128x256", KILN_GEMM_TC_TILE_128x256},
                  {"pp128x128", KILN_GEMM_TC_TILE_PP_128x128},      {"pp64x256", KILN_GEMM_TC_TILE_PP_64x256},
                  {"128x256c2", KILN_GEMM_TC_TILE_128x256_C2},      {"pp128x128c2", KILN_GEMM_TC_TILE_PP_128x128_C2},
-                 {"pp128x128c2x2", KILN_GEMM_TC_TILE_PP_128x128_C2x2}};
+                 {"pp128x128c2x2", KILN_GEMM_TC_TILE_PP_128x128_C2x2}, {"128x256d", KILN_GEMM_TC_TILE_128x256_D},
+                 {"128x256c2d", KILN_GEMM_TC_TILE_128x256_C2_D},   {"128x256c2x2d", KILN_GEMM_TC_TILE_128x256_C2x2_D}};
     const char *e = getenv("KILN_GEMM_TC_TILE");
     static int warned;
     kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_QUICK_GELU ? KILN_GEMM_TC_TILE_PP_128x128 : KILN_GEMM_TC_TILE_PP_128x128_C2;
@@ -520,10 +607,12 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     const int64_t lim = (int64_t)1 << 31;
     if (tile == KILN_GEMM_TC_TILE_AUTO) tile = auto_tile(N, epi);
     // the block tile: rows bm x columns bn per CTA; clusters of cm x cn CTAs (A's box: bm / cn rows, B's: bn / cm)
-    const int cn = tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 ? 2 : 1, bn = tile_cols(tile) / cn;
+    const int cn = tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 || tile == KILN_GEMM_TC_TILE_128x256_C2x2_D ? 2 : 1,
+              bn = tile_cols(tile) / cn;
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
     const int cm = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ||
-                           tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2
+                           tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 || tile == KILN_GEMM_TC_TILE_128x256_C2_D ||
+                           tile == KILN_GEMM_TC_TILE_128x256_C2x2_D
                        ? 2
                        : 1;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
@@ -545,18 +634,21 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
         err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
     if (err || M == 0) goto done;
     if ((err = make_map(&ta, A, M, K, lda, bm / cn, "A")) || (err = make_map(&tb, B, N, K, ldb, bn / cm, "B"))) goto done;
-#define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_) \
-    dispatch<BM_, BN_, S_, PP_, CM_, CN_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, qmode_env(), \
-                                          (cudaStream_t)stream)
+#define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_, D_) \
+    dispatch<BM_, BN_, S_, PP_, CM_, CN_, D_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, qmode_env(), \
+                                              (cudaStream_t)stream)
     // stages: 192 KB of slots, within the 227 KB a CTA may have (the 2-CTA ping-pong with 7, 224 KB, was no faster
     // in r28: 625 / 512 TFLOP/s with the bias / quick_gelu against r27's 630 / 531 with 6)
     switch (tile) {
-    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1, 1); break;
-    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1, 1); break;
-    case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1); break;
-    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 1); break;
-    case KILN_GEMM_TC_TILE_PP_128x128_C2x2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 2); break;
-    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1) : GEMM_TC_RUN(128, 128, 6, false, 1, 1); break;
+    case KILN_GEMM_TC_TILE_PP_128x128: err = GEMM_TC_RUN(128, 128, 6, true, 1, 1, false); break;
+    case KILN_GEMM_TC_TILE_PP_64x256: err = GEMM_TC_RUN(64, 256, 5, true, 1, 1, false); break;
+    case KILN_GEMM_TC_TILE_128x256_C2: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1, false); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 1, false); break;
+    case KILN_GEMM_TC_TILE_PP_128x128_C2x2: err = GEMM_TC_RUN(128, 128, 6, true, 2, 2, false); break;
+    case KILN_GEMM_TC_TILE_128x256_D: err = GEMM_TC_RUN(128, 256, 4, false, 1, 1, true); break;
+    case KILN_GEMM_TC_TILE_128x256_C2_D: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1, true); break;
+    case KILN_GEMM_TC_TILE_128x256_C2x2_D: err = GEMM_TC_RUN(128, 256, 4, false, 2, 2, true); break;
+    default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1, false) : GEMM_TC_RUN(128, 128, 6, false, 1, 1, false); break;
     }
 #undef GEMM_TC_RUN
 done:

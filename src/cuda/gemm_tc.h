@@ -31,7 +31,7 @@ typedef enum {
  * together; PP_*: "ping-pong", the two consumer warpgroups on alternate tiles (all rows each), one's epilogue
  * under the other's MMAs. AUTO: ping-pong 128x128 (the fastest on the H200 at CLIP's shapes, docs/perf.md), or
  * the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
- * pp128x128c2x2). */
+ * pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d). */
 typedef enum {
     KILN_GEMM_TC_TILE_AUTO = 0,
     KILN_GEMM_TC_TILE_128x128,
@@ -40,7 +40,13 @@ typedef enum {
     KILN_GEMM_TC_TILE_PP_64x256,
     KILN_GEMM_TC_TILE_128x256_C2,   /* cooperative 128x256 in clusters of 2 CTAs along M sharing B (TMA multicast) */
     KILN_GEMM_TC_TILE_PP_128x128_C2, /* ping-pong 128x128, the same clusters */
-    KILN_GEMM_TC_TILE_PP_128x128_C2x2 /* ping-pong 128x128 in clusters of 2 x 2 CTAs sharing A and B (N % 256 == 0) */
+    KILN_GEMM_TC_TILE_PP_128x128_C2x2, /* ping-pong 128x128 in clusters of 2 x 2 CTAs sharing A and B (N % 256 == 0) */
+    /* cooperative 128x256 with the deferred epilogue (a tile's activation and stores run under the next tile's
+     * MMAs; bf16 outputs round the pre-activation to bf16 first): alone, in 2-CTA clusters sharing B, in 2 x 2
+     * clusters sharing A and B (N % 512 == 0) */
+    KILN_GEMM_TC_TILE_128x256_D,
+    KILN_GEMM_TC_TILE_128x256_C2_D,
+    KILN_GEMM_TC_TILE_128x256_C2x2_D
 } kiln_gemm_tc_tile;
 
 /* C: bf16 [M, ldc], or f32 for KILN_GEMM_TC_BIAS_ADD_F32. bias: device [N], f32 when bias_f32 else bf16 (f32

@@ -7,7 +7,8 @@
  * Tolerance, per element: |got - ref| <= 1e-2 * (|ref| + mean |ref|). The device multiplies the same bf16
  * numbers with f32 accumulation, only in another order (differences ~1e-6 of the sum of |products|), then
  * rounds once to bf16 (<= 2^-9 |ref| ~ 2e-3 |ref|); quick_gelu's __expf adds a few f32 ulps; cuBLASLt + the
- * separate quick_gelu pass rounds twice. So the bound has a >= 4x margin, while a misplaced or missing
+ * separate quick_gelu pass and the deferred tiles (quick_gelu of the bf16-rounded pre-activation) round twice
+ * (quick_gelu' <= 1.1: <= ~4.5e-3 |ref| + 2^-9 |v| in all). So the bound has a >= 2x margin, while a misplaced or missing
  * 64-wide K block, column or row costs O(mean |ref|) (a K block of 64 of 1024 is ~25% of a typical value).
  * Outside the rows < M, columns < N window C must keep its sentinel (no stray stores).
  * gpu_gemm_tc_timing prints times only (CUDA events, 10 calls after warm-up); it asserts nothing on time. */
@@ -36,7 +37,10 @@ static const char *tile_name(kiln_gemm_tc_tile t) {
            : t == KILN_GEMM_TC_TILE_128x256_C2 ? "128x256 cluster 2"
            : t == KILN_GEMM_TC_TILE_PP_128x128_C2 ? "ping-pong 128x128 cluster 2"
            : t == KILN_GEMM_TC_TILE_PP_128x128_C2x2 ? "ping-pong 128x128 cluster 2x2"
-                                               : "auto (ping-pong 128x128)";
+           : t == KILN_GEMM_TC_TILE_128x256_D      ? "128x256 deferred"
+           : t == KILN_GEMM_TC_TILE_128x256_C2_D   ? "128x256 deferred cluster 2"
+           : t == KILN_GEMM_TC_TILE_128x256_C2x2_D ? "128x256 deferred cluster 2x2"
+                                                   : "auto";
 }
 
 /* got: bf16 bits [rows_alloc, ldc]; ref: f32 [M, N]. Returns the number of bad cells (printing the first few). */
@@ -164,8 +168,9 @@ TEST(gpu_gemm_tc_matches_cublaslt) {
         uint16_t *lb = down_bits(dl, M * N);
         for (int64_t i = 0; i < M * N; i++) lt[i] = kiln_bf16_to_f32(lb[i]);
         free(lb);
-        for (int t = 0; t < 2; t++) {
-            const kiln_gemm_tc_tile tile = t ? KILN_GEMM_TC_TILE_128x128 : KILN_GEMM_TC_TILE_128x256;
+        for (int t = 0; t < 3; t++) {
+            const kiln_gemm_tc_tile tile =
+                t == 2 ? KILN_GEMM_TC_TILE_128x256_C2_D : t ? KILN_GEMM_TC_TILE_128x128 : KILN_GEMM_TC_TILE_128x256;
             const kiln_gemm_tc_epilogue epi = act ? KILN_GEMM_TC_BIAS_QUICK_GELU : KILN_GEMM_TC_BIAS;
             CHECK_OK(kiln_gemm_tc_tile_cuda(tile, M, N, K, da, K, db, K, dc, N, epi, dbias, 0, NULL));
             uint16_t *got = down_bits(dc, M * N);
@@ -276,14 +281,31 @@ static void time_variants_m(const timing_variant *vs, size_t nv, int check, int6
 
 static void time_variants(const timing_variant *vs, size_t nv, int check) { time_variants_m(vs, nv, check, 32896, 3); }
 
-/* fc1 + quick_gelu at the rows CLIP's tower runs per GEMM (128 images in two chunks of 64: M = 16448) */
+/* fc1 (N 4096, K 1024) with the bias and with quick_gelu at the rows CLIP's tower runs per GEMM (128 images in
+ * two chunks of 64: M = 16448) and at 128 images (M = 32896): cuBLASLt (+ the quick_gelu pass) beside AUTO, the
+ * ping-pong tiles r29 ran in the tower, the cooperative 128x256 (one m64n256 wgmma a k step) and the deferred
+ * cooperative tiles; each own result compared with cuBLASLt's */
 TEST(gpu_gemm_tc_timing_chunk) {
     static const timing_variant vs[] = {
-        {-1, 0, NULL}, {-1, 1, NULL}, {KILN_GEMM_TC_TILE_AUTO, 0, NULL}, {KILN_GEMM_TC_TILE_AUTO, 1, NULL},
-        {KILN_GEMM_TC_TILE_PP_128x128, 1, "tanh"}, {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, NULL},
+        {-1, 0, NULL},
+        {-1, 1, NULL},
+        {KILN_GEMM_TC_TILE_AUTO, 0, NULL},
+        {KILN_GEMM_TC_TILE_AUTO, 1, NULL},
+        {KILN_GEMM_TC_TILE_PP_128x128, 1, NULL},
+        {KILN_GEMM_TC_TILE_PP_128x128_C2, 0, NULL},
         {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "tanh"},
+        {KILN_GEMM_TC_TILE_128x256, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x256_D, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_D, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2_D, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2x2_D, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2x2_D, 1, NULL},
     };
     time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 16448, 1);
+    time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 32896, 1);
 }
 
 TEST(gpu_gemm_tc_timing) {
@@ -350,6 +372,32 @@ static const timing_variant cluster_variants[] = {
 };
 TEST(gpu_gemm_tc_cluster) {
     const gemm_suite su = GEMM_SUITE(cluster_cases, 94, cluster_variants);
+    run_suite(&su);
+}
+
+/* the deferred cooperative tiles (a tile's quick_gelu and stores under the next tile's MMAs, spread over its k
+ * blocks): K of one k block (all 16 chunks after the first block), three (uneven chunks), 64 (blocks without a
+ * chunk); the held tile's rows past M; several tiles a CTA; 2-CTA and 2 x 2 clusters; every epilogue (f32
+ * accumulation stays immediate) */
+static const gemm_case deferred_cases[] = {
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_D},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_D},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2x2_D},
+    {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_128x256_D},
+    {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_D},
+    {5, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x256_C2_D},
+    {4000, 2048, 64, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_D},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_D},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS, 0, KILN_GEMM_TC_TILE_128x256_C2x2_D},
+    {1000, 1536, 4096, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_D},
+};
+static const timing_variant deferred_variants[] = {
+    {KILN_GEMM_TC_TILE_128x256_D, 0, NULL},      {KILN_GEMM_TC_TILE_128x256_D, 1, NULL},
+    {KILN_GEMM_TC_TILE_128x256_C2_D, 0, NULL},   {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},
+    {KILN_GEMM_TC_TILE_128x256_C2x2_D, 0, NULL}, {KILN_GEMM_TC_TILE_128x256_C2x2_D, 1, NULL},
+};
+TEST(gpu_gemm_tc_deferred) {
+    const gemm_suite su = GEMM_SUITE(deferred_cases, 99, deferred_variants);
     run_suite(&su);
 }
 
@@ -483,6 +531,7 @@ TEST(gpu_gemm_tc_f32_add) {
         {771, 1024, 1024, 0, KILN_GEMM_TC_TILE_AUTO},           {771, 1024, 4096, 0, KILN_GEMM_TC_TILE_128x256},
         {300, 384, 192, 8, KILN_GEMM_TC_TILE_128x128},          {300, 512, 192, 8, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
         {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},  {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_64x256},
+        {300, 512, 192, 8, KILN_GEMM_TC_TILE_128x256_C2_D}, /* the deferred tiles accumulate f32 immediately */
     };
     const float sentinel = -7777.0f;
     kiln_rng rng;
