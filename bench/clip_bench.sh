@@ -8,7 +8,8 @@
 # PROFILE=1 adds one kiln run per config with KILN_CLIP_PROFILE=1: time per op class (CUDA events on the
 # GPU, wall clock on the CPU) into clip_bench_$DEVICE.profile.txt.
 # Alternates the two sides for ROUNDS rounds and compares medians; checks kiln's embeddings against
-# torch's fp32 CPU embeddings of the same pixels. Needs CMake, a C compiler (nvcc for cuda) and PyTorch +
+# torch's fp32 CPU embeddings of the same pixels, and on CUDA the bf16 peer's by the same metric (the
+# precision both sides give up for bf16). Needs CMake, a C compiler (nvcc for cuda) and PyTorch +
 # transformers; cJSON/OpenBLAS come from .debs/ when the machine has no package manager.
 # CONFIGS picks the configs (default "vit-b-32 vit-l-14"). Leaves two files in $OUT (or ./bench-out):
 # clip_bench_$DEVICE.json (every measurement) and .txt.
@@ -69,7 +70,8 @@ json.dump(recs, open(f"{res}.json", "w"), indent=1)
 cuda = any(r.get("device") == "cuda" for r in recs)
 print(f"{'config':9} {'batch':>5} {'kiln img/s':>11} {'torch img/s':>12} {'ratio':>6}"
       + (f" {'kiln resident':>14} {'torch resident':>15} {'ratio':>6}" if cuda else "")
-      + f" {'kiln vs fp32 ref: rel err':>26} {'worst cos':>10}")
+      + f" {'kiln vs fp32 ref: rel err':>26} {'worst cos':>10}"
+      + (f" {'torch vs fp32 ref: rel err':>27} {'worst cos':>10}" if cuda else ""))
 for cfg in ["vit-b-32", "vit-l-14"]:
     k = [r for r in recs if r["config"] == cfg and r["side"] == "kiln"]
     t = [r for r in recs if r["config"] == cfg and r["side"] == "torch"]
@@ -83,6 +85,10 @@ for cfg in ["vit-b-32", "vit-l-14"]:
         tr = statistics.median(r["images_per_s_resident"] for r in t)
         line += f" {kr:14.2f} {tr:15.2f} {kr / tr:6.3f}"
     line += f" {max(r['rel_err_vs_ref'] for r in k):26.3g} {min(r['worst_cosine_vs_ref'] for r in k):10.6f}"
+    if cuda:  # the bf16 peer's own error against the same fp32 reference (absent: no reference then)
+        te = [r["rel_err_vs_ref"] for r in t if r.get("rel_err_vs_ref") is not None]
+        tc = [r["worst_cosine_vs_ref"] for r in t if r.get("worst_cosine_vs_ref") is not None]
+        line += f" {max(te):27.3g} {min(tc):10.6f}" if te and tc else f" {'-':>27} {'-':>10}"
     print(line)
 tv = [r for r in recs if r["side"] == "torch"]
 kv = [r for r in recs if r["side"] == "kiln"]

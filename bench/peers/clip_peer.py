@@ -11,7 +11,9 @@ fp32, same machine, same thread count, same random weights and pixels.
                                         those pixels; on the CPU in fp32 (writes DIR/torch_embeds.safetensors
                                         so kiln's numbers can be checked against it), on CUDA in bf16, timed
                                         both with the pixels already on the GPU and from host pixels to host
-                                        embeddings (what kiln's API does); prints one JSON object
+                                        embeddings (what kiln's API does); on CUDA also the bf16 embeddings'
+                                        error against DIR/torch_embeds.safetensors (the fp32 reference kiln's
+                                        side is checked against, by the same metric); prints one JSON object
 """
 import json
 import os
@@ -96,8 +98,23 @@ def timed_cuda(d, batch, iters):
 
     resident = clock(lambda: run(dev))
     roundtrip = clock(lambda: run(host.to("cuda", non_blocking=True).to(torch.bfloat16)).float().cpu())
+    # the peer's own precision, by kiln_bench_clip's metric against the same fp32 CPU reference (its first
+    # rows): max |e - ref| / max |ref| and the worst cosine per row. e: the bf16 model's projected features
+    # (as get_image_features returns them), L2-normalised in f64, so the bf16 tower is measured and not a
+    # bf16 rounding of the unit vectors (kiln's side returns f32 unit vectors)
+    rel_err = worst_cos = None
+    ref_path = os.path.join(d, "torch_embeds.safetensors")
+    if os.path.exists(ref_path):
+        ref = load_file(ref_path)["image_embeds"].double()
+        with torch.inference_mode():
+            feats = model.visual_projection(model.vision_model(pixel_values=dev).pooler_output).double().cpu()
+        n = min(ref.shape[0], feats.shape[0])
+        e, ref = feats[:n] / feats[:n].norm(dim=-1, keepdim=True), ref[:n]
+        rel_err = ((e - ref).abs().max() / ref.abs().max()).item()
+        worst_cos = torch.nn.functional.cosine_similarity(e, ref, dim=1).min().item()
     print(json.dumps({"side": "torch", "device": "cuda", "dtype": "bf16", "batch": batch, "iters": iters,
                       "images_per_s_median": batch / roundtrip, "images_per_s_resident": batch / resident,
+                      "rel_err_vs_ref": rel_err, "worst_cosine_vs_ref": worst_cos,
                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
                       "attn": getattr(model.config, "_attn_implementation", None)}))
 
