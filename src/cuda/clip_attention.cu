@@ -1,14 +1,21 @@
 // CLIP's vision attention on tensor cores: non-causal multi-head attention over short sequences (50 tokens
 // for B/32, 257 for L/14, 577 for L/14-336) read straight out of the fused qkv activations [B*T, 3H] (row
-// stride `stride`) and written into [B*T, out_stride]. Flash-style: a block owns 64 query rows of one
-// (image, head) (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async);
-// S = Q Kᵀ and O += P V run on mma.sync m16n8k16 (bf16 in, f32 accumulate) with the online softmax in
-// registers, so no T x T matrix reaches memory (the batched-GEMM path of clip_ops.cu writes S in f32 and
-// P in bf16: ~1.6 GB per L/14 layer at 128 images). P is rounded to bf16 as the mma operand, as flash
-// attention does. Keys past T are masked; query rows past T are computed on zeros and not stored.
+// stride `stride`) and written into [B*T, out_stride], with the online softmax in registers, so no T x T matrix
+// reaches memory (the batched-GEMM path of clip_ops.cu writes S in f32 and P in bf16: ~1.6 GB per L/14 layer at
+// 128 images). P is rounded to bf16 as the MMA operand, as flash attention does. Three kernels:
+//  - short sequences, hd 64 (clip_attn_wg_kernel): one block per (image, head) holding that head's whole K and
+//    V in shared memory, m64 query tiles on wgmma; L/14 at 64 images in 0.092 ms against cuDNN's 0.123 (cuDNN's
+//    128 x 128 tiles make 257 tokens 3 x 3 tiles; here keys pad to 272 and the last row is split over warps);
+//  - short sequences, hd 32 (clip_attn_short_kernel): the same block shape on mma.sync;
+//  - anything else the two do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
+//    (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async), mma.sync
+//    m16n8k16 (bf16 in, f32 accumulate). Keys past T are masked; query rows past T are computed on zeros and
+//    not stored.
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "clip_attention.cuh"
 #include "cuda_check.h"
@@ -146,6 +153,727 @@ static __global__ void __launch_bounds__(CA_THREADS)
     }
 }
 
+// ---- short sequences: one block per (image, head), that head's whole K and V in shared memory ----
+//
+// Why: cuDNN works in 128-query x 128-key tiles, so L/14's 257 tokens cost it 3 x 3 tiles for 2.01 x 2.01
+// tiles' worth of work, and the streaming kernel above re-reads K/V once per 64 queries and pays a fifth
+// 64-row block for the class token. Here a block loads K and V of its (image, head) once (cp.async, in
+// 64-key groups so the first keys are used while the rest arrive), keys padded with zeros to a multiple of
+// 16 only (257 -> 272; S skips the 8-key halves past T: 264). Each warp owns pairs of m16 query tiles
+// (32 rows; one K or V fragment load feeds both tiles' MMAs, which is what took attention_mma.cu's
+// attn_fwd_mma2 past the ldmatrix bound of one tile per warp) and its Q fragments come straight from global
+// memory into registers (no shared memory for Q). Pairs go round-robin over the warps; the pairs of the
+// last, partial round are split along the keys over all warps (L/14: rows 256..271, one valid row, over
+// 4 warps = 17 key tiles of 16 split 4/4/4/5), each slice's (max, sum, unnormalised output) goes to shared
+// memory (over K/V, done by then) and is combined there, so no warp does 1.5x the work of the others.
+// Shared memory is unpadded with an XOR swizzle of the 16-byte chunks (conflict-free ldmatrix), so a head
+// of T = 257, hd 64 takes 69.6 KB. exp2 with the scale folded into one FMA (raw scores carried as maxima).
+// Measured (H200, B = 64, T = 257, 16 heads): 0.146 ms, 118 TFLOP/s, 255 registers so 2 blocks (8 warps) an
+// SM, latency-bound (one warp an SM sub-partition ran 90 TFLOP/s, two 141); the wgmma kernel below replaced it
+// at hd 64. It runs hd 32 (and hd 64 with KILN_CLIP_ATTN_SHORT_CFG=mma).
+
+#define CS_LG 64 // keys per cp.async group
+
+// a block barrier that warps may reach from different branches (each branch with the same count of them):
+// bar.sync is .aligned, which requires every thread of the block to execute the same instruction
+static __device__ __forceinline__ void cs_bar(void) { asm volatile("barrier.sync 0;\n" ::: "memory"); }
+
+// element offset of (row r, 16-byte chunk c) in an unpadded [rows][D] bf16 array, chunks XOR-swizzled so
+// that 8 consecutive rows at one chunk index fall in 8 different 16-byte bank groups
+template <int D>
+static __device__ __forceinline__ int cs_key(int r) {
+    return D >= 64 ? r & 7 : (r >> 1) & 3; // D = 32: two rows per 128 bytes
+}
+template <int D>
+static __device__ __forceinline__ int cs_swz(int r, int c) {
+    return r * D + ((c ^ cs_key<D>(r)) << 3);
+}
+
+static __device__ __forceinline__ float cs_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// cp.async.wait_group takes an immediate: wait until at most n groups are pending (a smaller n than asked
+// for only waits longer, so counts past 7 wait for everything but 7)
+static __device__ __forceinline__ void cs_wait(int n) {
+    switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+    }
+}
+
+// the A fragments (m16 x k16 per kk) of MT query tiles from row0 on, straight from global memory; rows at
+// or past T are zeros
+template <int D, int MT>
+static __device__ __forceinline__ void cs_load_q(uint32_t (&qf)[MT][D / 16][4], const bf16 *qb, int64_t stride,
+                                                 int row0, int T, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = row0 + 16 * mt + g + 8 * hf;
+            const unsigned int *p = (const unsigned int *)(qb + (int64_t)row * stride + 2 * t);
+            const bool ok = row < T;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                qf[mt][kk][hf] = ok ? __ldg(p + kk * 8) : 0u;
+                qf[mt][kk][2 + hf] = ok ? __ldg(p + kk * 8 + 4) : 0u;
+            }
+        }
+}
+
+// One online-softmax step of MT query tiles over keys j0 .. j0 + nval - 1 (0 < nval <= BN; keys past
+// nval in this step are masked; 8-key halves and 16-key steps wholly past nval are skipped). m holds raw
+// score maxima, c = scale * log2(e); l holds this thread's partial row sums.
+template <int D, int BN, int MT>
+static __device__ __forceinline__ void cs_step(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
+                                               const uint32_t (&qf)[MT][D / 16][4], const bf16 *Ks,
+                                               const bf16 *Vs, int j0, int nval, float c, int lane) {
+    const int t = lane & 3;
+    // this lane's ldmatrix rows: K rows j0 + 16 n16 + rk, V rows j0 + 16 k16 + rv; j0 is a multiple of 16,
+    // so their swizzle keys are the lane's alone (hoisted out of the steps)
+    const int rk = (lane & 7) + ((lane >> 4) << 3), rv = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int xk = cs_key<D>(rk), xv = cs_key<D>(rv);
+    const bf16 *Kl = Ks + (j0 + rk) * D, *Vl = Vs + (j0 + rv) * D;
+    float s[MT][BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) zero_acc<BN / 8>(s[mt]);
+#pragma unroll
+    for (int n16 = 0; n16 < BN / 16; n16++) {
+        if (n16 * 16 >= nval) continue;
+        const bool hi = n16 * 16 + 8 < nval;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t bf[4];
+            ldsm_x4(bf, Kl + n16 * 16 * D + ((2 * kk + ((lane >> 3) & 1)) ^ xk) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816(s[mt][2 * n16], qf[mt][kk], bf[0], bf[1]);
+                if (hi) mma16816(s[mt][2 * n16 + 1], qf[mt][kk], bf[2], bf[3]);
+            }
+        }
+    }
+    const bool part = nval < BN;
+    float mc[MT][2], alpha[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (part && nt * 8 + 2 * t + (e & 1) >= nval) s[mt][nt][e] = -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nt][e]);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[mt][r], mx[r]); // finite: the step holds at least one key
+            alpha[mt][r] = cs_ex2((m[mt][r] - mn) * c);
+            m[mt][r] = mn;
+            mc[mt][r] = mn * c;
+        }
+    }
+    uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++) {
+            if (nt * 8 >= nval) {
+                s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+                continue;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = cs_ex2(fmaf(s[mt][nt][e], c, -mc[mt][e >> 1]));
+                s[mt][nt][e] = p;
+                rs[e >> 1] += p;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[mt][r] = l[mt][r] * alpha[mt][r] + rs[r];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[mt][dt][0] *= alpha[mt][0], o[mt][dt][1] *= alpha[mt][0];
+            o[mt][dt][2] *= alpha[mt][1], o[mt][dt][3] *= alpha[mt][1];
+        }
+        pack_a<BN>(pa[mt], s[mt]);
+    }
+#pragma unroll
+    for (int k16 = 0; k16 < BN / 16; k16++) {
+        if (k16 * 16 >= nval) continue; // p = 0 there
+#pragma unroll
+        for (int n16 = 0; n16 < D / 16; n16++) {
+            uint32_t bf[4];
+            ldsm_x4_t(bf, Vl + k16 * 16 * D + ((2 * n16 + (lane >> 4)) ^ xv) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816(o[mt][2 * n16], pa[mt][k16], bf[0], bf[1]);
+                mma16816(o[mt][2 * n16 + 1], pa[mt][k16], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+template <int D, int MT>
+static __device__ __forceinline__ void cs_init(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        zero_acc<D / 8>(o[mt]);
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+}
+
+// the rows of MT tiles from row0 on that lie before T, normalised, into out (row stride out_stride)
+template <int D, int MT>
+static __device__ __forceinline__ void cs_store(bf16 *ob, int64_t out_stride, const float (&o)[MT][D / 8][4],
+                                                const float (&l)[MT][2], int row0, int T, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            const int i = row0 + 16 * mt + g + 8 * r;
+            if (i >= T) continue;
+            const float inv = 1.f / lr;
+            bf16 *orow = ob + (int64_t)i * out_stride;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++)
+                *(__nv_bfloat162 *)(orow + dt * 8 + 2 * t) =
+                    __floats2bfloat162_rn(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+        }
+}
+
+// a key slice's partial result for 32 rows: unnormalised output [32][D + 4] f32 (+4: fewer bank conflicts
+// of the 8-byte stores), then the raw maxima [32] and the row sums [32]
+template <int D>
+static __host__ __device__ constexpr int cs_part_floats() { return 32 * (D + 4) + 64; }
+
+template <int D, int MT>
+static __device__ __forceinline__ void cs_store_part(float *P, const float (&o)[MT][D / 8][4], const float (&m)[MT][2],
+                                                     const float (&l)[MT][2], int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float *pm = P + 32 * (D + 4), *pl = pm + 32;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            const int i = 16 * mt + g + 8 * r;
+            if (t == 0) pm[i] = m[mt][r], pl[i] = lr;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++)
+                *(float2 *)(P + i * (D + 4) + dt * 8 + 2 * t) = make_float2(o[mt][dt][2 * r], o[mt][dt][2 * r + 1]);
+        }
+}
+
+// MT tiles of the pair whose first row is row0 over keys ka .. kb - 1 (all of them loaded), into o/m/l
+template <int D, int BN, int MT>
+static __device__ __forceinline__ void cs_run(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
+                                              const bf16 *qb, int64_t stride, int row0, int T, const bf16 *Ks,
+                                              const bf16 *Vs, int ka, int kb, float c, int lane) {
+    uint32_t qf[MT][D / 16][4];
+    cs_load_q<D, MT>(qf, qb, stride, row0, T, lane);
+    cs_init<D, MT>(o, m, l);
+    for (int j0 = ka; j0 < kb; j0 += BN) cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, kb - j0), c, lane);
+}
+
+// grid B * heads blocks (image-major), 32 * W threads with W = min(WMAX, pairs of 32 query rows), so every
+// warp has a pair in the first round
+template <int D, int BN, int WMAX, int MINB>
+static __global__ void __launch_bounds__(WMAX * 32, MINB)
+    clip_attn_short_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int64_t stride,
+                           int64_t out_stride, float c) {
+    extern __shared__ __align__(16) unsigned char cs_smem_buf[];
+    const int Tk = (T + 15) & ~15, nchunk = (Tk + CS_LG - 1) / CS_LG;
+    bf16 *Ks = (bf16 *)cs_smem_buf, *Vs = Ks + (size_t)Tk * D;
+    const int b = blockIdx.x / heads, h = blockIdx.x % heads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    const int64_t base = (int64_t)b * T * stride + (int64_t)h * D;
+    const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+    bf16 *ob = out + (int64_t)b * T * out_stride + (int64_t)h * D;
+    // every key chunk of K and V as its own group (rows T..Tk-1 zero: P is 0 there, and 0 * garbage could be NaN)
+    constexpr int CH = D / 8;
+    for (int ch = 0; ch < nchunk; ch++) {
+        const int r0 = ch * CS_LG, nr = min(CS_LG, Tk - r0);
+        for (int e = threadIdx.x; e < nr * CH; e += blockDim.x) {
+            const int r = r0 + e / CH, cc = e % CH;
+            const bool ok = r < T;
+            cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
+            cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
+        }
+        cp_async_commit();
+    }
+    const int npair = (T + 31) >> 5, rounds = npair / W, left = npair - rounds * W;
+    // round 0, step by step as the key chunks arrive
+    {
+        const int row0 = warp * 32;
+        if (row0 + 16 < T) {
+            float o[2][D / 8][4], m[2][2], l[2][2];
+            uint32_t qf[2][D / 16][4];
+            cs_load_q<D, 2>(qf, qb, stride, row0, T, lane);
+            cs_init<D, 2>(o, m, l);
+            for (int ch = 0; ch < nchunk; ch++) {
+                cs_wait(nchunk - 1 - ch);
+                cs_bar();
+                for (int j0 = ch * CS_LG; j0 < min(T, (ch + 1) * CS_LG); j0 += BN)
+                    cs_step<D, BN, 2>(o, m, l, qf, Ks, Vs, j0, min(BN, T - j0), c, lane);
+            }
+            cs_store<D, 2>(ob, out_stride, o, l, row0, T, lane);
+        } else {
+            float o[1][D / 8][4], m[1][2], l[1][2];
+            uint32_t qf[1][D / 16][4];
+            cs_load_q<D, 1>(qf, qb, stride, row0, T, lane);
+            cs_init<D, 1>(o, m, l);
+            for (int ch = 0; ch < nchunk; ch++) {
+                cs_wait(nchunk - 1 - ch);
+                cs_bar();
+                for (int j0 = ch * CS_LG; j0 < min(T, (ch + 1) * CS_LG); j0 += BN)
+                    cs_step<D, BN, 1>(o, m, l, qf, Ks, Vs, j0, min(BN, T - j0), c, lane);
+            }
+            cs_store<D, 1>(ob, out_stride, o, l, row0, T, lane);
+        }
+    }
+    // the other whole rounds (everything is loaded by now)
+    for (int p = warp + W; p < rounds * W; p += W) {
+        const int row0 = p * 32;
+        if (row0 + 16 < T) {
+            float o[2][D / 8][4], m[2][2], l[2][2];
+            cs_run<D, BN, 2>(o, m, l, qb, stride, row0, T, Ks, Vs, 0, T, c, lane);
+            cs_store<D, 2>(ob, out_stride, o, l, row0, T, lane);
+        } else {
+            float o[1][D / 8][4], m[1][2], l[1][2];
+            cs_run<D, BN, 1>(o, m, l, qb, stride, row0, T, Ks, Vs, 0, T, c, lane);
+            cs_store<D, 1>(ob, out_stride, o, l, row0, T, lane);
+        }
+    }
+    if (left == 0) return; // uniform over the block
+    // the last round's `left` pairs, each split along the keys into S slices of whole 16-key tiles
+    const int S = W / left, j = warp / S, sl = warp % S, nk16 = Tk >> 4;
+    const int pair = rounds * W + j, row0 = pair * 32;
+    const int ka = sl * nk16 / S * 16, kend = min(T, (sl + 1) * nk16 / S * 16);
+    float *P = (float *)cs_smem_buf + (size_t)warp * cs_part_floats<D>();
+    if (j < left && row0 + 16 < T) {
+        float o[2][D / 8][4], m[2][2], l[2][2];
+        cs_run<D, BN, 2>(o, m, l, qb, stride, row0, T, Ks, Vs, ka, kend, c, lane);
+        cs_bar(); // K and V are read by all: the partials go over them
+        cs_store_part<D, 2>(P, o, m, l, lane);
+    } else if (j < left) {
+        float o[1][D / 8][4], m[1][2], l[1][2];
+        cs_run<D, BN, 1>(o, m, l, qb, stride, row0, T, Ks, Vs, ka, kend, c, lane);
+        cs_bar();
+        cs_store_part<D, 1>(P, o, m, l, lane);
+    } else {
+        cs_bar();
+    }
+    __syncthreads();
+    // combine: out = sum_s w_s o_s / sum_s w_s l_s, w_s = exp2((m_s - max m) c), two columns a thread
+    const float *P0 = (const float *)cs_smem_buf;
+    for (int e = threadIdx.x; e < left * 32 * (D / 2); e += blockDim.x) {
+        const int jj = e / (32 * (D / 2)), r = e / (D / 2) % 32, d = e % (D / 2) * 2;
+        const int i = (rounds * W + jj) * 32 + r;
+        if (i >= T) continue;
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = fmaxf(M, P0[(size_t)(jj * S + s) * cs_part_floats<D>() + 32 * (D + 4) + r]);
+        float den = 0.f, n0 = 0.f, n1 = 0.f;
+        for (int s = 0; s < S; s++) {
+            const float *Ps = P0 + (size_t)(jj * S + s) * cs_part_floats<D>();
+            const float w = cs_ex2((Ps[32 * (D + 4) + r] - M) * c);
+            den += w * Ps[32 * (D + 4) + 32 + r];
+            const float2 x = *(const float2 *)(Ps + r * (D + 4) + d);
+            n0 += w * x.x, n1 += w * x.y;
+        }
+        const float inv = 1.f / den;
+        *(__nv_bfloat162 *)(ob + (int64_t)i * out_stride + d) = __floats2bfloat162_rn(n0 * inv, n1 * inv);
+    }
+}
+
+// ---- hd 64 on wgmma: a warpgroup per (image, head), S and O on the asynchronous tensor-core path ----
+//
+// The same block shape (K and V of the head in shared memory, the 128-byte XOR swizzle above being exactly
+// wgmma's 128-byte swizzle when the arrays start on 1024 bytes: K is the K-major B operand of S = Q Kᵀ, V the
+// MN-major B operand of O = P V), but one warpgroup runs m64 query tiles with wgmma: Q's and P's A fragments
+// in registers (mma.sync's A layout per warp), K and V read by the tensor cores from shared memory (no
+// ldmatrix). Per 64-row tile, keys in steps of 64 and a last one of NT = 16, 32 or 48 (a compile-time shape:
+// ptxas serialises wgmma whose accumulator shapes or group counts vary at run time), in FlashAttention-3's
+// order: S(j) issued, O rescaled, P(j-1)·V issued, the softmax of S(j) while P·V runs, P(j) packed once it has
+// completed. Rows past the last multiple of 64 (L/14: one) run on the mma.sync path above, split along the
+// keys over the block's warps, when they are at most 32; more than 32 make one more m64 tile with the rows
+// past T computed on zeros and not stored. One warpgroup a block (3 blocks an SM at L/14) or two sharing K
+// and V (2 blocks an SM, 128 registers), chosen by short_config below.
+//
+// Measured (H200, run r-shortattn-12 in docs/perf.md; B = 64, 16 heads, hd 64, q/k/v in place at row stride
+// 3072): T = 257 0.092 ms (189 TFLOP/s) against cuDNN's 0.123 (141); T = 256 0.075 against 0.058; B/32's
+// 128 x 50 tokens x 12 heads 0.015 against 0.033; 197 tokens 0.050 against 0.050; 577 0.376 against 0.294.
+// Not the 0.065 ms hoped for at 257: Nsight Compute (r-shortattn-7) showed the tensor pipe 25% busy, issue
+// slots 41%, 0.67 eligible warps of 2.65 per scheduler (latency-bound at 3 warpgroups an SM), and a 2.59-wave
+// tail. Tried and measured no faster: the last 16 keys inside an 80-key last step, Q rows prefetched into L2,
+// persistent blocks prefetching the next item's rows into L2 (slower), the row tail's queries staged in shared
+// memory; the row tail costs 12 us of the 92 (wg_tail).
+
+static __device__ __forceinline__ uint64_t wg_desc(const void *p) { // 128-byte swizzle, 8-row groups 1 KB apart
+    const uint32_t a = smem_u32(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// keeps the compiler from moving register reads/writes across the asynchronous wgmma boundaries
+template <int R>
+static __device__ __forceinline__ void wg_pin(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// generic-proxy writes (cp.async) made visible to the tensor cores' async-proxy reads
+static __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+// d[64 x 64] (+)= a[64 x 16] (registers) b, b from shared memory: K-major (TB 0: the rows of b are n) or
+// MN-major (TB 1: the rows of b are k)
+template <int TB>
+static __device__ __forceinline__ void wg_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+                 "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+                 "%31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB)
+                 : "memory");
+}
+// d[64 x N] (+)= a[64 x 16] b[N x 16]ᵀ, b K-major: S of a step of N keys
+#define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+template <int N>
+static __device__ __forceinline__ void wg_s(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc) {
+    if constexpr (N == 16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+                     "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                     "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0), WG_R8(8)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 48)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, "
+                     "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                     "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 80)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
+                     "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 96)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+                     "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 112)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, "
+                     "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
+                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+}
+#undef WG_R8
+
+// S = Q K[j0 .. j0 + 8 NC)ᵀ into s (issued, committed; not waited for)
+template <int NC>
+static __device__ __forceinline__ void wg_issue_s(float (&s)[NC * 4], const uint32_t (&qf)[4][4], const bf16 *Ks,
+                                                  int j0) {
+    wg_fence();
+    const bf16 *kr = Ks + j0 * 64;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_s<NC * 8>(s, qf[kk], wg_desc(kr + kk * 16), kk > 0);
+    wg_commit();
+}
+
+// the online softmax of one step of NC 8-key chunks: s (raw scores, nval of them before T) -> p in place (f32),
+// m/l updated, alpha the factor O must be scaled by before this step's P·V is added
+template <int NC>
+static __device__ __forceinline__ void wg_softmax(float (&s)[NC * 4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                  int nval, float c, int lane) {
+    const int t = lane & 3;
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (nval < NC * 8) {
+#pragma unroll
+        for (int i = 0; i < NC; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (i * 8 + 2 * t + (e & 1) >= nval) s[4 * i + e] = -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+    }
+    float mc[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]); // finite: the step holds at least one key before T
+        alpha[r] = cs_ex2((m[r] - mn) * c);
+        m[r] = mn;
+        mc[r] = mn * c;
+    }
+    float rs[4] = {0.f, 0.f, 0.f, 0.f}; // two partial sums a row: shorter dependency chains
+#pragma unroll
+    for (int i = 0; i < NC; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = cs_ex2(fmaf(s[4 * i + e], c, -mc[e >> 1]));
+            s[4 * i + e] = p;
+            rs[(e >> 1) * 2 + (i & 1)] += p;
+        }
+    l[0] = l[0] * alpha[0] + (rs[0] + rs[1]);
+    l[1] = l[1] * alpha[1] + (rs[2] + rs[3]);
+}
+
+// O *= alpha, then O += P V[j0 .. j0 + 16 N16) (issued, committed; not waited for)
+template <int N16>
+static __device__ __forceinline__ void wg_issue_pv(float (&o)[32], const uint32_t (&pa)[N16][4], const float (&alpha)[2],
+                                                   const bf16 *Vs, int j0) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        o[4 * i] *= alpha[0], o[4 * i + 1] *= alpha[0];
+        o[4 * i + 2] *= alpha[1], o[4 * i + 3] *= alpha[1];
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < N16; kk++) wg_n64<1>(o, pa[kk], wg_desc(Vs + (j0 + 16 * kk) * 64), 1);
+    wg_commit();
+}
+
+// P (f32, in s) -> the A fragments of its NC / 2 16-key steps
+template <int NC>
+static __device__ __forceinline__ void wg_pack(uint32_t (&pa)[NC / 2][4], const float (&s)[NC * 4]) {
+#pragma unroll
+    for (int kk = 0; kk < NC / 2; kk++) {
+        pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+// the first step of a tile (keys 0 .. 8 NC): S, its softmax, P
+template <int NC>
+static __device__ __forceinline__ void wg_first(float (&sc)[NC * 4], uint32_t (&pa)[NC / 2][4], float (&m)[2],
+                                                float (&l)[2], float (&alpha)[2], const uint32_t (&qf)[4][4],
+                                                const bf16 *Ks, int T, float c, int lane) {
+    wg_issue_s<NC>(sc, qf, Ks, 0);
+    wg_wait<0>();
+    wg_pin(sc);
+    wg_softmax<NC>(sc, m, l, alpha, min(NC * 8, T), c, lane);
+    wg_pack<NC>(pa, sc);
+}
+
+// a later step (8 NC keys from j0): S issued, then O rescaled and the previous step's P·V (pp: NP 16-key steps
+// from jp) issued, the softmax of S while P·V runs, P packed into pn once P·V has completed (pn may be pp)
+template <int NC, int NP>
+static __device__ __forceinline__ void wg_next(float (&sc)[NC * 4], float (&o)[32], const uint32_t (&pp)[NP][4],
+                                               uint32_t (&pn)[NC / 2][4], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], const uint32_t (&qf)[4][4], const bf16 *Ks,
+                                               const bf16 *Vs, int j0, int jp, int T, float c, int lane) {
+    wg_issue_s<NC>(sc, qf, Ks, j0);
+    wg_issue_pv<NP>(o, pp, alpha, Vs, jp);
+    wg_wait<1>();
+    wg_pin(sc);
+    wg_softmax<NC>(sc, m, l, alpha, min(NC * 8, T - j0), c, lane);
+    wg_wait<0>();
+    wg_pin(o);
+    wg_pack<NC>(pn, sc);
+}
+
+// key group ch (and those before it) in shared memory and visible to every thread and to the tensor cores
+static __device__ __forceinline__ void cs_ready(int nchunk, int ch, int &loaded) {
+    cs_wait(nchunk - 1 - ch);
+    wg_fence_proxy();
+    __syncthreads();
+    loaded = ch + 1;
+}
+
+// The last rem = T mod 64 <= 32 rows (NT / 16 m16 tiles) on mma.sync, each tile split along the keys over the
+// block's warps; the slices' (max, sum, unnormalised output) meet in shared memory over K and V. Everything is
+// loaded (a first tile waited for it, or the wait before the tiles). It costs more than its FLOPs (L/14: 12 us
+// of the 93, run r-shortattn-9/11 in docs/perf.md): every block reaches it at about the same time, so its
+// latency is not hidden; staging its queries in shared memory or one 80-key step a warp changed nothing.
+template <int NT, int WGS>
+static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int T,
+                                               const bf16 *Ks, const bf16 *Vs, unsigned char *base, float c) {
+    constexpr int D = 64, NTH = 128 * WGS, nt16 = NT / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Tk = (T + 15) & ~15, rem = T & 63;
+    const int nk16 = Tk >> 4, S = min(4 * WGS / nt16, nk16);
+    const int sl = warp % S, ka = sl * nk16 / S * 16, kend = min(T, (sl + 1) * nk16 / S * 16);
+    float *P = (float *)base + (size_t)warp * cs_part_floats<D>();
+    if (warp < nt16 * S) {
+        float o[1][D / 8][4], m[1][2], l[1][2];
+        cs_run<D, 64, 1>(o, m, l, qb, stride, (T & ~63) + 16 * (warp / S), T, Ks, Vs, ka, kend, c, lane);
+        cs_bar(); // K and V are read by all: the partials go over them
+        cs_store_part<D, 1>(P, o, m, l, lane);
+    } else {
+        cs_bar();
+    }
+    __syncthreads();
+    const float *P0 = (const float *)base;
+    for (int e = threadIdx.x; e < rem * (D / 2); e += NTH) {
+        const int r = e / (D / 2), d = e % (D / 2) * 2, i = (T & ~63) + r, rr = r & 15;
+        const float *Pt = P0 + (size_t)(r >> 4) * S * cs_part_floats<D>(); // slice 0 of the row's tile
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = fmaxf(M, Pt[(size_t)s * cs_part_floats<D>() + 32 * (D + 4) + rr]);
+        float den = 0.f, n0 = 0.f, n1 = 0.f;
+        for (int s = 0; s < S; s++) {
+            const float *Ps = Pt + (size_t)s * cs_part_floats<D>();
+            const float w = cs_ex2((Ps[32 * (D + 4) + rr] - M) * c);
+            den += w * Ps[32 * (D + 4) + 32 + rr];
+            const float2 x = *(const float2 *)(Ps + rr * (D + 4) + d);
+            n0 += w * x.x, n1 += w * x.y;
+        }
+        const float inv = 1.f / den;
+        *(__nv_bfloat162 *)(ob + (int64_t)i * out_stride + d) = __floats2bfloat162_rn(n0 * inv, n1 * inv);
+    }
+}
+
+// One (image, head) item on the block's WGS warpgroups: K and V into shared memory (base, 1024-byte aligned),
+// the m64 tiles on wgmma (tiles g, g + WGS, ... on warpgroup g), the last rem <= 32 rows on mma.sync.
+template <int NT, int WGS>
+static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T,
+                                               int heads, int64_t stride, int64_t out_stride, float c, int item,
+                                               unsigned char *base) {
+    constexpr int D = 64;
+    const int Tk = (T + 15) & ~15, nchunk = (Tk + CS_LG - 1) / CS_LG;
+    bf16 *Ks = (bf16 *)base, *Vs = Ks + (size_t)Tk * D;
+    const int b = item / heads, h = item % heads;
+    constexpr int NTH = 128 * WGS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wgi = threadIdx.x >> 7;
+    const int64_t off = (int64_t)b * T * stride + (int64_t)h * D;
+    const bf16 *qb = q + off, *kb = k + off, *vb = v + off;
+    bf16 *ob = out + (int64_t)b * T * out_stride + (int64_t)h * D;
+    constexpr int CH = D / 8;
+    const int rem = T & 63, ntile = (T >> 6) + (rem > 32), nfull = Tk >> 6;
+    for (int ch = 0; ch < nchunk; ch++) {
+        const int r0 = ch * CS_LG, nr = min(CS_LG, Tk - r0);
+        for (int e = threadIdx.x; e < nr * CH; e += NTH) {
+            const int r = r0 + e / CH, cc = e % CH;
+            const bool ok = r < T;
+            cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
+            cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
+        }
+        cp_async_commit();
+    }
+    int loaded = 0;
+    // every warpgroup's first tile waits for each group of keys as it is needed (the same barriers in each);
+    // with fewer tiles than warpgroups, everything is waited for here
+    if (ntile < WGS) {
+        cp_async_wait<0>();
+        wg_fence_proxy();
+        __syncthreads();
+        loaded = nchunk;
+    }
+    for (int tile = wgi; tile < ntile; tile += WGS) {
+        const int row0 = tile * 64 + (warp & 3) * 16;
+        uint32_t qf1[1][4][4];
+        cs_load_q<D, 1>(qf1, qb, stride, row0, T, lane);
+        const uint32_t(&qf)[4][4] = qf1[0];
+        float o[32], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[i] = 0.f;
+        // steps of 64 keys, then one of NT (a wider last step, 80 keys at L/14, measured no faster)
+        if (loaded == 0) cs_ready(nchunk, 0, loaded);
+        if (nfull == 0) { // T <= 48: one step of NT keys
+            if constexpr (NT > 0) {
+                float st[NT / 2];
+                uint32_t pl[NT / 16][4];
+                wg_first<NT / 8>(st, pl, m, l, alpha, qf, Ks, T, c, lane);
+                wg_issue_pv<NT / 16>(o, pl, alpha, Vs, 0);
+            }
+        } else {
+            float sc[32];
+            uint32_t pa[4][4];
+            wg_first<8>(sc, pa, m, l, alpha, qf, Ks, T, c, lane);
+            for (int j = 1; j < nfull; j++) {
+                if (j >= loaded) cs_ready(nchunk, j, loaded);
+                wg_next<8, 4>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 64 * j, 64 * (j - 1), T, c, lane);
+            }
+            if constexpr (NT > 0) {
+                if (nchunk > loaded) cs_ready(nchunk, nchunk - 1, loaded);
+                float st[NT / 2]; // its own registers: a wgmma of another width allocates its accumulators apart
+                uint32_t pl[NT / 16][4];
+                wg_next<NT / 8, 4>(st, o, pa, pl, m, l, alpha, qf, Ks, Vs, 64 * nfull, 64 * (nfull - 1), T, c, lane);
+                wg_issue_pv<NT / 16>(o, pl, alpha, Vs, 64 * nfull);
+            } else {
+                wg_issue_pv<4>(o, pa, alpha, Vs, 64 * (nfull - 1));
+            }
+        }
+        wg_wait<0>();
+        wg_pin(o);
+        float o1[1][D / 8][4], l1[1][2] = {{l[0], l[1]}};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o1[0][i][e] = o[4 * i + e];
+        cs_store<D, 1>(ob, out_stride, o1, l1, row0, T, lane);
+    }
+    // rows past the last multiple of 64 exist at NT = 16 and 32 only (T mod 64 in 1..32); 33..63 made a last m64 tile
+    if constexpr (NT == 16 || NT == 32)
+        wg_tail<NT, WGS>(ob, out_stride, qb, stride, T, Ks, Vs, base, c);
+}
+
+// grid B * heads blocks (image-major), 128 WGS threads (WGS warpgroups); hd 64; NT = (T rounded up to 16) mod
+// 64: the keys of the last, narrower step. One warpgroup: 3 blocks an SM (158 registers); two: 2 blocks of 2
+// warpgroups sharing K and V (128 registers)
+template <int NT, int WGS>
+static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
+    clip_attn_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int64_t stride,
+                        int64_t out_stride, float c) {
+    extern __shared__ __align__(16) unsigned char cs_smem_buf[];
+    // wgmma's swizzle is a function of the address: K and V start on 1024 bytes (the launch adds the slack)
+    unsigned char *base = cs_smem_buf + ((1024 - (smem_u32(cs_smem_buf) & 1023)) & 1023);
+    wg_item<NT, WGS>(out, q, k, v, T, heads, stride, out_stride, c, blockIdx.x, base);
+}
+
+// ---- the launchers ----
+
 static size_t smem_bytes(int D) { return sizeof(bf16) * (size_t)(CA_BM + 4 * CA_BN) * (size_t)(D + 8); }
 
 int clip_attention_supported(const void *q, const void *k, const void *v, const void *out, int64_t T, int64_t hd,
@@ -153,6 +881,93 @@ int clip_attention_supported(const void *q, const void *k, const void *v, const 
     const uintptr_t mis = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15;
     return (hd == 32 || hd == 64 || hd == 128) && T >= 1 && T <= 65535 * 64 && stride % 8 == 0 && !mis &&
            out_stride % 2 == 0 && ((uintptr_t)out & 3) == 0;
+}
+
+// Which short kernel runs and its shape. hd 64: the wgmma kernel, one warpgroup a block below 4 m64 tiles, two
+// from 4 on (run r-shortattn-8/10: equal at T = 257, 2-11% faster at 256, 320 and 577, 1.5x slower at 50 where
+// the second has no tile), one at T mod 64 in 33..48 (two would serialise their wgmma for registers). Other
+// head dims: the mma.sync kernel (4 warps, 64-key steps; hd 32 only). KILN_CLIP_ATTN_SHORT=0 sends
+// every call to the streaming kernel; KILN_CLIP_ATTN_SHORT_CFG=wg|wg2|mma forces one or two warpgroups or the
+// mma.sync kernel at hd 64 (tests/gpu compare them).
+typedef struct {
+    int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel), its warps, its keys a step
+} short_cfg;
+static int short_on(void) {
+    const char *e = getenv("KILN_CLIP_ATTN_SHORT");
+    return !(e && !strcmp(e, "0"));
+}
+static short_cfg short_config(int64_t hd, int64_t T) {
+    const char *e = getenv("KILN_CLIP_ATTN_SHORT_CFG");
+    if (hd != 64 || (e && !strcmp(e, "mma"))) return short_cfg{0, 4, 64};
+    const int64_t nt = ((T + 15) & ~(int64_t)15) & 63, ntile = (T >> 6) + ((T & 63) > 32);
+    const int two = e && !strcmp(e, "wg2") ? 1 : e && !strcmp(e, "wg") ? 0 : ntile >= 4;
+    return short_cfg{two && (nt == 0 || nt == 16) ? 2 : 1, 0, 0};
+}
+// K and V of T keys (padded to 16), or the key slices' partials, whichever is larger; the wgmma kernel: + 1 KB to
+// align K and V on 1024 bytes
+static size_t short_smem(int64_t hd, int64_t T, short_cfg c) {
+    const size_t Tk = (size_t)((T + 15) & ~(int64_t)15), kv = 2 * Tk * (size_t)hd * sizeof(bf16);
+    const int pf = hd == 32 ? cs_part_floats<32>() : cs_part_floats<64>();
+    const int64_t np = (T + 31) / 32;
+    const size_t W = c.wg ? 4 * (size_t)c.wg : (size_t)(np < c.w ? np : c.w), part = W * (size_t)pf * sizeof(float);
+    return (kv > part ? kv : part) + (c.wg ? 1024 : 0);
+}
+
+int clip_attention_short_takes(const void *q, const void *k, const void *v, const void *out, int64_t T,
+                               int64_t hd, int64_t stride, int64_t out_stride) {
+    // hd 128: two tiles' S, P and O spill at 255 registers in the mma.sync kernel; the streaming one takes it
+    if (!short_on() || hd == 128 || !clip_attention_supported(q, k, v, out, T, hd, stride, out_stride) || T > 65536)
+        return 0;
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return short_smem(hd, T, short_config(hd, T)) <= (size_t)optin;
+}
+
+template <int D, int BN>
+static cudaError_t launch_mma(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
+                              int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
+    const short_cfg c = {0, 4, BN};
+    const int64_t np = (T + 31) / 32;
+    const int W = np < 4 ? (int)np : 4;
+    const size_t sm = short_smem(D, T, c);
+    if (sm > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(clip_attn_short_kernel<D, BN, 4, 2>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (e != cudaSuccess) return e;
+    }
+    clip_attn_short_kernel<D, BN, 4, 2><<<(unsigned)(B * heads), 32 * W, sm, st>>>(
+        out, q, k, v, (int)T, (int)heads, stride, out_stride, scale * 1.4426950408889634f);
+    return cudaGetLastError();
+}
+
+template <int NT, int WGS>
+static cudaError_t launch_wg(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
+                             int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
+    const size_t sm = short_smem(64, T, short_cfg{WGS, 0, 0});
+    cudaError_t e =
+        cudaFuncSetAttribute(clip_attn_wg_kernel<NT, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    if (e != cudaSuccess) return e;
+    clip_attn_wg_kernel<NT, WGS><<<(unsigned)(B * heads), 128 * WGS, sm, st>>>(
+        out, q, k, v, (int)T, (int)heads, stride, out_stride, scale * 1.4426950408889634f);
+    return cudaGetLastError();
+}
+
+static cudaError_t launch_short(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
+                                int64_t heads, int64_t hd, int64_t stride, int64_t out_stride, float scale,
+                                cudaStream_t st) {
+    const short_cfg c = short_config(hd, T);
+    if (hd == 32) return launch_mma<32, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    if (!c.wg) return launch_mma<64, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    switch ((int)(((T + 15) & ~(int64_t)15) & 63) + c.wg) { // the last step's keys; c.wg == 2 only at 0 and 16
+    case 1: return launch_wg<0, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    case 2: return launch_wg<0, 2>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    case 17: return launch_wg<16, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    case 18: return launch_wg<16, 2>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    case 33: return launch_wg<32, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    default: return launch_wg<48, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    }
 }
 
 template <int D>
@@ -181,6 +996,11 @@ kiln_error *clip_attention_forward(kiln_bf16 *out, const kiln_bf16 *q, const kil
     if (B > 65535 || heads > 65535)
         return kiln_errorf(KILN_EUNSUPPORTED, "CLIP attention (CUDA): %lld sequences x %lld heads is beyond the grid",
                            (long long)B, (long long)heads);
+    // all queries of sequences whose K and V fit in shared memory: the short-sequence kernel
+    if (q0 == 0 && B * heads <= 2147483647 && clip_attention_short_takes(q, k, v, out, T, hd, stride, out_stride)) {
+        CUDA_TRY(launch_short(o, qq, kk, vv, B, T, heads, hd, stride, out_stride, scale, st));
+        return NULL;
+    }
     if (hd == 32) CUDA_TRY(launch<32>(o, qq, kk, vv, B, T, q0, heads, stride, out_stride, scale, st));
     else if (hd == 64) CUDA_TRY(launch<64>(o, qq, kk, vv, B, T, q0, heads, stride, out_stride, scale, st));
     else CUDA_TRY(launch<128>(o, qq, kk, vv, B, T, q0, heads, stride, out_stride, scale, st));

@@ -248,10 +248,12 @@ static __global__ void mha_ptrs_kernel(void **ptr, const bf16 *q, const bf16 *k,
 
 // Which implementation kiln_mha_forward_cuda runs, from KILN_CLIP_ATTN (read at every call: the GPU tests
 // switch it): cudnn (the default: cuDNN's fused flash attention through attention_cudnn.cu, where the library
-// loads and takes the call), own (clip_attention.cu's tensor-core kernel for non-causal calls it takes, else
-// the batched GEMMs below) or gemm (the batched GEMMs). A call cuDNN cannot run takes the own path and a debug
-// line says why, once per reason.
-enum { CA_CUDNN, CA_OWN, CA_GEMM };
+// loads and takes the call), own (clip_attention.cu's tensor-core kernels for non-causal calls they take: the
+// short-sequence kernel where a head's K and V fit in shared memory, else the streaming one; else the batched
+// GEMMs below), auto (non-causal hd 64 calls where the short-sequence kernel beats cuDNN's padded tiles run it,
+// see short_beats_cudnn; everything else as cudnn) or gemm (the batched GEMMs). A call cuDNN cannot run takes the own path and a debug line says why, once per
+// reason.
+enum { CA_CUDNN, CA_OWN, CA_GEMM, CA_AUTO };
 static const char *g_clip_attn_last = "none";
 extern "C" const char *kiln_clip_attention_last_impl(void) { return g_clip_attn_last; }
 
@@ -271,7 +273,8 @@ static int clip_attn_impl(void) {
     if (!e || !*e || !strcmp(e, "cudnn")) return CA_CUDNN;
     if (!strcmp(e, "own")) return CA_OWN;
     if (!strcmp(e, "gemm")) return CA_GEMM;
-    clip_attn_say("KILN_CLIP_ATTN is not cudnn, own or gemm; using cudnn", e);
+    if (!strcmp(e, "auto")) return CA_AUTO;
+    clip_attn_say("KILN_CLIP_ATTN is not cudnn, own, auto or gemm; using cudnn", e);
     return CA_CUDNN;
 }
 
@@ -340,6 +343,17 @@ static kiln_error *mha_cudnn(bf16 *out, const bf16 *q, const bf16 *k, const bf16
     return err;
 }
 
+// KILN_CLIP_ATTN=auto at hd 64: the short-sequence kernel where cuDNN's 128-query x 128-key tiles pad the T x T
+// work by 1.3x or more ((T rounded up to 128)² over T · (T rounded up to 16), the short kernel's own padding).
+// On the H200 (docs/perf.md, session 8, B = 64) the short kernel ran at ~0.77x cuDNN's rate where cuDNN's
+// tiles fit (T = 256: 0.075 vs 0.058 ms) and ahead where they pad: T = 257 (2.1x) 0.092 vs 0.123 ms, 320
+// (1.44x) 0.107 vs 0.123, 50 (5.1x, 128 images) 0.015 vs 0.033; even at 197 (1.6x) 0.050 vs 0.050; cuDNN ahead
+// at 577 (1.2x: 0.376 vs 0.294) and 240 (1.14x). Not yet the default: its effect in the tower is unmeasured.
+static int short_beats_cudnn(int64_t T) {
+    const double t128 = (double)((T + 127) / 128 * 128), t16 = (double)((T + 15) / 16 * 16);
+    return t128 * t128 >= 1.3 * (double)T * t16;
+}
+
 extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln_bf16 *k,
                                              const kiln_bf16 *v, int64_t B, int64_t T, int64_t heads, int64_t hd,
                                              int64_t stride, int64_t out_stride, float scale, int causal,
@@ -351,7 +365,12 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     void **ptr = NULL;
     const float one = 1.0f, zero = 0.0f;
     if (B <= 0 || T <= 0) return NULL;
-    const int impl = clip_attn_impl();
+    int impl = clip_attn_impl();
+    if (impl == CA_AUTO)
+        impl = !causal && hd == 64 && short_beats_cudnn(T) &&
+                       clip_attention_short_takes(q, k, v, out, T, hd, stride, out_stride)
+                   ? CA_OWN
+                   : CA_CUDNN;
     int64_t done = 0;
     if (impl == CA_CUDNN) {
         err = mha_cudnn((bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, B, T, heads, hd, stride,
@@ -367,7 +386,8 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     // non-causal (the vision tower): the tensor-core kernel of clip_attention.cu, unless it cannot take the
     // shape or KILN_CLIP_ATTN=gemm asks for the batched GEMMs (the comparison in tests/gpu)
     if (!causal && impl != CA_GEMM && clip_attention_supported(q, k, v, out, T, hd, stride, out_stride)) {
-        g_clip_attn_last = done ? "cudnn+own" : "own";
+        const int sh = clip_attention_short_takes(q, k, v, out, T, hd, stride, out_stride);
+        g_clip_attn_last = done ? (sh ? "cudnn+short" : "cudnn+own") : sh ? "short" : "own";
         return clip_attention_forward(out, q, k, v, B, T, 0, heads, hd, stride, out_stride, scale, stream);
     }
     g_clip_attn_last = done ? "cudnn+gemm" : "gemm";

@@ -27,8 +27,9 @@ int kiln_clip_gemm_own(void);
  * out % 128 == 0, 16-byte aligned rows) */
 kiln_error *kiln_clip_linear_quick_gelu_cuda(kiln_bf16 *y, const kiln_bf16 *x, const kiln_bf16 *w, const kiln_bf16 *bias,
                                              int64_t n, int64_t in, int64_t out, void *stream);
-/* what kiln_mha_forward_cuda's last call ran (KILN_CLIP_ATTN): "cudnn", "own", "gemm", "cudnn+own" /
- * "cudnn+gemm" (cuDNN took the first sequences only), "none" before any call */
+/* what kiln_mha_forward_cuda's last call ran (KILN_CLIP_ATTN): "cudnn", "short" (clip_attention.cu's
+ * short-sequence kernel), "own" (its streaming kernel), "gemm", "cudnn+short" / "cudnn+own" / "cudnn+gemm"
+ * (cuDNN took the first sequences only), "none" before any call */
 const char *kiln_clip_attention_last_impl(void);
 /* layernorm of rows x_stride elements apart of x (type xt) into contiguous y (type yt; may alias x when
  * x_stride == d), statistics in f32: the residual stream's layernorms in either stream type */
