@@ -15,11 +15,15 @@
 //    while the producer already fills the ring for the next tile. Cooperative: both on each tile, 64 rows
 //    each; ping-pong: alternate tiles (see the kernel). The deferred cooperative tiles (128x256d, ...) keep a
 //    tile's bf16 pre-activations in registers and run its quick_gelu and stores under the next tile's MMAs.
-// What bounds it (docs/perf.md, session 7-8): shared memory traffic per MAC. Every wgmma reads its A and B from
-// shared memory and TMA writes every slot there: ping-pong 128x128 (two m64n128 a k step) reads 96 and writes 64
-// bytes per 2048 MACs (an SM's tensor rate a clock), against the 128 bytes a clock shared memory moves; 128x256
-// with one m64n256 a warpgroup reads 80 and writes 48. The clustered ping-pong stopped at ~630 TFLOP/s (~107
-// bytes a clock) whatever the L2 traffic (pairs, 2 x 2).
+// Rates (docs/perf.md, sessions 7-8; N 4096, K 1024, M 16448 / 32896, TFLOP/s; cuBLASLt 747 / 731, + the
+// quick_gelu pass 541 / 536, r32): with the bias the deferred 128x256 in 2-CTA clusters 683 / 694 (the
+// clustered ping-pong 626 / 632, the cooperative 128x256 storing its own tile 512-541: the epilogue, not the
+// main loop, held the cooperative tiles back); bias + quick_gelu ping-pong 128x128 585 / 584 (tanh formula in
+// pairs 594 / 604), the deferred tiles 540-554 (a quick_gelu chunk per k block in the MMA warps is not hidden).
+// Why 128x256 with one m64n256 a warpgroup: every wgmma reads A and B from shared memory and TMA writes every
+// slot there; per 2048 MACs (an SM's tensor rate a clock) ping-pong 128x128 moves 96 + 64 bytes, 128x256 80 + 48,
+// against the 128 bytes a clock shared memory serves (the clustered ping-pong stopped at ~630 TFLOP/s whatever
+// its L2 traffic: pairs and 2 x 2 alike).
 // The tensor maps (cuTensorMapEncodeTiled) are encoded per call on the host: the driver entry point comes
 // from the CUDA runtime (cudaGetDriverEntryPointByVersion), so kiln does not link libcuda. Rows of A past M
 // are zero-filled by TMA and their outputs are not stored.
@@ -248,14 +252,17 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
 
 // The deferred epilogue (cooperative tiles with DEFER): a cooperative CTA's tensor cores idle while its two
 // warpgroups run their epilogues: 64 scattered bf16-pair stores a thread (each instruction 8 rows of 16 bytes: 8
-// L1 wavefronts, ~4096 a 128 x 256 tile) and quick_gelu's two MUFU operations an element (2 x 32768 at 16 a
-// clock: 4096 clocks), against 16384 clocks of MMAs at the tensor cores' peak (r26-r29: the cooperative
-// 128x256 ran at 515-534 TFLOP/s with the bias at K 1024, 684 with the f32 epilogue at K 4096). Instead a tile
-// leaves its accumulators as bf16 pairs (the bias added in f32, one rounding) in `held` registers, and the next
-// tile's k blocks apply quick_gelu to them and store them, an NCH-th after each block's MMAs are issued, while
-// the tensor cores run; exposed stay the bias add and the packing (~200 instructions a thread). quick_gelu then
-// reads the bf16-rounded pre-activation (two roundings, as cuBLASLt + the separate pass; the exact formula,
-// KILN_GEMM_TC_QGELU does not apply). The last tile's are stored after the loop.
+// L1 wavefronts) and quick_gelu's two MUFU operations an element (2 x 32768 a 128 x 256 tile at 16 a clock: 4096
+// clocks), against 16384 clocks of MMAs at the tensor cores' peak. Instead a tile leaves its accumulators as bf16
+// pairs (the bias added in f32, one rounding) in `held` registers, and the next tile's k blocks apply quick_gelu
+// to them and store them, an NCH-th after each block's wgmma group is issued and the previous slot released;
+// exposed stay the bias add and the packing (~200 instructions a thread). quick_gelu then reads the bf16-rounded
+// pre-activation (two roundings: bit for bit cuBLASLt + kiln's pass in r32; the exact formula, KILN_GEMM_TC_QGELU
+// does not apply). The last tile's are stored after the loop. r32 (N 4096, K 1024): with the bias 512 -> 671
+// TFLOP/s alone and 529 -> 683 in pairs (M 16448), the stores hidden; with quick_gelu 545 / 540, i.e. ~6000
+// clocks a tile more than the bias alone, more than the MUFU's whole 4096: the chunks' math is not hidden under
+// the queued MMAs. Not tried: the chunk between the group's issue and wait<1> (two groups queued instead of one),
+// or quick_gelu on the producer warpgroup's idle warps from a shared-memory copy of the tile.
 constexpr int NCH = 16; // k blocks a tile's stores are spread over (K = 1024: one chunk a block)
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -562,13 +569,18 @@ int tile_cols(kiln_gemm_tc_tile t) {
     }
 }
 
-// AUTO, from r26-r29 at CLIP's shapes (M 32896, K 1024, N 1024/3072/4096): with quick_gelu ping-pong 128x128
-// (r29: 514-585 TFLOP/s, 574 at the tower's M 16448 and N 4096 against cuBLASLt + the pass's 541; in 2-CTA
-// clusters within 1%, a pair's coupling for nothing), else ping-pong 128x128 in 2-CTA clusters sharing B
-// (550-630 with the bias; without clusters 490-544). KILN_GEMM_TC_TILE (read at every call)
-// picks another for timing whole workloads: 128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
-// pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d; one whose columns do not divide N falls back to ping-pong
-// 128x128.
+// AUTO, from r26-r32 at CLIP's shapes (K 1024, N 1024/3072/4096, M 16448 and 32896; TFLOP/s):
+//  - bias + quick_gelu: ping-pong 128x128, the exact formula (r32: 585 at the tower's M 16448 and N 4096,
+//    cuBLASLt + the pass 541; in 2-CTA clusters within 1%; with KILN_GEMM_TC_QGELU=tanh in pairs 594; the
+//    deferred cooperative tiles 540-545: their quick_gelu in the main loop is not hidden).
+//  - bias or none (bf16 out): the deferred cooperative 128x256 (r32: 671-694 against cuBLASLt's 731-747;
+//    ping-pong in pairs 626-632), in 2-CTA clusters sharing B where N > 1024 (N 4096: 683-694 against 671-680
+//    alone; N 3072: 683 / 662), alone at N 1024 (688 against 637 in pairs).
+//  - f32 accumulation: ping-pong 128x128 in 2-CTA clusters (the deferred tiles accumulate immediately, like the
+//    cooperative ones r29 timed at 418 against 488).
+// KILN_GEMM_TC_TILE (read at every call) picks another for timing whole workloads: 128x128, 128x256, pp128x128,
+// pp64x256, 128x256c2, pp128x128c2, pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d; one whose columns do not
+// divide N falls back to ping-pong 128x128.
 kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     static const struct {
         const char *name;
@@ -580,7 +592,10 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
                  {"128x256c2d", KILN_GEMM_TC_TILE_128x256_C2_D},   {"128x256c2x2d", KILN_GEMM_TC_TILE_128x256_C2x2_D}};
     const char *e = getenv("KILN_GEMM_TC_TILE");
     static int warned;
-    kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_QUICK_GELU ? KILN_GEMM_TC_TILE_PP_128x128 : KILN_GEMM_TC_TILE_PP_128x128_C2;
+    kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_QUICK_GELU ? KILN_GEMM_TC_TILE_PP_128x128
+                          : epi == KILN_GEMM_TC_BIAS_ADD_F32  ? KILN_GEMM_TC_TILE_PP_128x128_C2
+                          : N > 1024                          ? KILN_GEMM_TC_TILE_128x256_C2_D
+                                                              : KILN_GEMM_TC_TILE_128x256_D;
     if (e && *e) {
         size_t i = 0;
         while (i < sizeof names / sizeof names[0] && strcmp(e, names[i].name)) i++;

@@ -29,8 +29,9 @@ typedef enum {
 
 /* The tile and schedule. 128x128, 128x256: both consumer warpgroups on each tile (64 rows each), epilogues
  * together; PP_*: "ping-pong", the two consumer warpgroups on alternate tiles (all rows each), one's epilogue
- * under the other's MMAs. AUTO: ping-pong 128x128 (the fastest on the H200 at CLIP's shapes, docs/perf.md), or
- * the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
+ * under the other's MMAs. AUTO (the fastest on the H200 at CLIP's shapes, docs/perf.md): ping-pong 128x128 with
+ * quick_gelu, the deferred cooperative 128x256 (in 2-CTA clusters where N > 1024) with the bias or none, ping-pong
+ * 128x128 in 2-CTA clusters for f32 accumulation; or the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
  * pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d). */
 typedef enum {
     KILN_GEMM_TC_TILE_AUTO = 0,
@@ -42,8 +43,9 @@ typedef enum {
     KILN_GEMM_TC_TILE_PP_128x128_C2, /* ping-pong 128x128, the same clusters */
     KILN_GEMM_TC_TILE_PP_128x128_C2x2, /* ping-pong 128x128 in clusters of 2 x 2 CTAs sharing A and B (N % 256 == 0) */
     /* cooperative 128x256 with the deferred epilogue (a tile's activation and stores run under the next tile's
-     * MMAs; bf16 outputs round the pre-activation to bf16 first): alone, in 2-CTA clusters sharing B, in 2 x 2
-     * clusters sharing A and B (N % 512 == 0) */
+     * MMAs; quick_gelu reads the bf16-rounded pre-activation, exact formula, bit for bit cuBLASLt + kiln's pass in
+     * r32; f32 accumulation stays immediate): alone, in 2-CTA clusters sharing B, in 2 x 2 clusters sharing A and
+     * B (N % 512 == 0) */
     KILN_GEMM_TC_TILE_128x256_D,
     KILN_GEMM_TC_TILE_128x256_C2_D,
     KILN_GEMM_TC_TILE_128x256_C2x2_D
