@@ -12,6 +12,7 @@
 #include "kiln/fsutil.h"
 #include "kiln/image.h"
 #include "kiln/rng.h"
+#include "cis/cis_internal.h"
 #include "test.h"
 #include "clip_testutil.h"
 
@@ -56,6 +57,28 @@ static size_t count_sub(const char *s, const char *sub) {
     size_t n = 0;
     for (const char *p = s; (p = strstr(p, sub)); p += strlen(sub)) n++;
     return n;
+}
+
+/* the report's thumbnail paths (a bug read past dir's end when dir was a whole prefix of the path: "../" in
+ * debug builds) */
+TEST(cis_report_relpath) {
+    static const char *const cases[][3] = {
+        {"/r/t1", "/r/t1/img/a.png", "img/a.png"},   {"/r/t1", "/r/t10/a.png", "../t10/a.png"},
+        {"/r/t1/x", "/r/t1/img/a.png", "../img/a.png"}, {"/r/t1", "/q/a.png", "../../q/a.png"},
+        {"/", "/a.png", "a.png"},                   {"/r", "/r/a.png", "a.png"},
+        {"/r/t1/x/y", "/r/t2/a.png", "../../../t2/a.png"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char buf[4096];
+        memset(buf, 'z', sizeof buf); /* what lies past the strings must not matter */
+        char dir[256];
+        memset(dir, 'q', sizeof dir);
+        memcpy(dir, cases[c][0], strlen(cases[c][0]) + 1);
+        cis_relpath(dir, cases[c][1], buf, sizeof buf);
+        CHECK_MSG(!strcmp(buf, cases[c][2]), "%s + %s: \"%s\", expected \"%s\"", cases[c][0], cases[c][1], buf, cases[c][2]);
+    }
+    char small[6];
+    cis_relpath("/r/t1", "/r/t1/img/a.png", small, sizeof small);
+    CHECK(!strcmp(small, "img/a"));
 }
 
 TEST(cis_end_to_end) {

@@ -16,6 +16,10 @@ kiln_error *cis_jsonl_each(const char *text, size_t len, const char *ctx, cis_li
 /* Error naming the first member of obj that is not in the NULL-terminated list. */
 kiln_error *cis_check_fields(const cJSON *obj, const char *const *known, const char *ctx);
 char *cis_strdup(const char *s); /* NULL stays NULL */
+/* path relative to the directory dir (both absolute, dir without a trailing slash), e.g. the report's
+ * thumbnails relative to the page: "/r/t1" + "/r/t1/img/a.png" -> "img/a.png", + "/r/t10/a.png" -> "../t10/a.png".
+ * Truncated to cap - 1 characters. */
+void cis_relpath(const char *dir, const char *path, char *out, size_t cap);
 
 typedef struct {
     char *p;

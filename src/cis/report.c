@@ -222,16 +222,18 @@ static void table_means(cis_buf *b, const cJSON *arr, const char *by, const char
 }
 
 /* path relative to dir (both absolute), for <img src>. */
-static void relpath(const char *dir, const char *path, char *out, size_t cap) {
+void cis_relpath(const char *dir, const char *path, char *out, size_t cap) {
     size_t i = 0, common = 0;
     while (dir[i] && path[i] && dir[i] == path[i]) {
         if (dir[i] == '/') common = i + 1;
         i++;
     }
-    if (!dir[i] && path[i] == '/') common = i + 1;
+    /* dir wholly a directory prefix of path: nothing of dir remains (common is then one past dir's NUL) */
+    const int whole = !dir[i] && path[i] == '/';
+    if (whole) common = i + 1;
     out[0] = 0;
     size_t o = 0;
-    for (const char *p = dir + common; *p;) { /* one "../" per remaining component of dir */
+    for (const char *p = whole ? dir + i : dir + common; *p;) { /* one "../" per remaining component of dir */
         o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, "../");
         while (*p && *p != '/') p++;
         while (*p == '/') p++;
@@ -267,7 +269,7 @@ static void examples(cis_buf *b, const cJSON *s, const char *html_dir) {
             if (strcmp(jstr(x, "culture"), jstr(pick[i], "culture"))) continue;
             char rel[PATH_MAX + 64];
             const char *path = jstr(x, "path");
-            if (path[0] == '/' && html_dir) relpath(html_dir, path, rel, sizeof rel);
+            if (path[0] == '/' && html_dir) cis_relpath(html_dir, path, rel, sizeof rel);
             else snprintf(rel, sizeof rel, "%s", path);
             CIS_PUT(b, "<figure class=\"ex\"><img src=\"");
             cis_buf_html(b, rel);
