@@ -247,12 +247,13 @@ static __global__ void mha_ptrs_kernel(void **ptr, const bf16 *q, const bf16 *k,
 }
 
 // Which implementation kiln_mha_forward_cuda runs, from KILN_CLIP_ATTN (read at every call: the GPU tests
-// switch it): cudnn (the default: cuDNN's fused flash attention through attention_cudnn.cu, where the library
-// loads and takes the call), own (clip_attention.cu's tensor-core kernels for non-causal calls they take: the
-// short-sequence kernel where a head's K and V fit in shared memory, else the streaming one; else the batched
-// GEMMs below), auto (non-causal hd 64 calls where the short-sequence kernel beats cuDNN's padded tiles run it,
-// see short_beats_cudnn; everything else as cudnn) or gemm (the batched GEMMs). A call cuDNN cannot run takes the own path and a debug line says why, once per
-// reason.
+// switch it): auto (the default: non-causal hd 64 calls where clip_attention.cu's short-sequence kernel beats
+// cuDNN's padded 128-row tiles run it, see short_beats_cudnn — L/14's 257 tokens and B/32's 50 —, everything
+// else as cudnn; in the L/14 tower 3,213 against 3,150 img/s with cudnn, B/32 37,103 against 35,066, run r32),
+// cudnn (cuDNN's fused flash attention through attention_cudnn.cu, where the library loads and takes the call),
+// own (clip_attention.cu's tensor-core kernels for non-causal calls they take: the short-sequence kernel where a
+// head's K and V fit in shared memory, else the streaming one; else the batched GEMMs below) or gemm (the
+// batched GEMMs). A call cuDNN cannot run takes the own path and a debug line says why, once per reason.
 enum { CA_CUDNN, CA_OWN, CA_GEMM, CA_AUTO };
 static const char *g_clip_attn_last = "none";
 extern "C" const char *kiln_clip_attention_last_impl(void) { return g_clip_attn_last; }
@@ -270,24 +271,12 @@ static void clip_attn_say(const char *what, const char *why) {
 
 static int clip_attn_impl(void) {
     const char *e = getenv("KILN_CLIP_ATTN");
-    if (!e || !*e || !strcmp(e, "cudnn")) return CA_CUDNN;
+    if (!e || !*e || !strcmp(e, "auto")) return CA_AUTO;
+    if (!strcmp(e, "cudnn")) return CA_CUDNN;
     if (!strcmp(e, "own")) return CA_OWN;
     if (!strcmp(e, "gemm")) return CA_GEMM;
-    if (!strcmp(e, "auto")) return CA_AUTO;
-    clip_attn_say("KILN_CLIP_ATTN is not cudnn, own, auto or gemm; using cudnn", e);
-    return CA_CUDNN;
-}
-
-// The rows cuDNN may leave to the own kernel (KILN_CLIP_ATTN_SPLIT=1, an experiment, off by default: not yet
-// timed on a GPU): if cuDNN works in tiles of 128 queries, L/14's 257 tokens cost it a third query tile for one
-// row. Where T mod 128 is at most 8 (T > 128, no mask, a shape the own kernel takes), cuDNN then runs the first
-// T - T mod 128 queries over all T keys and clip_attention.cu's kernel the last rows (which read every key
-// and value once more). Off: cuDNN runs every row (GPU run r16b's numbers).
-static int64_t cudnn_tail(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, int64_t T, int64_t hd,
-                          int64_t stride, int64_t out_stride, int causal) {
-    const char *e = getenv("KILN_CLIP_ATTN_SPLIT");
-    if (!e || strcmp(e, "1") || causal || T <= 128 || T % 128 > 8) return 0;
-    return clip_attention_supported(q, k, v, out, T, hd, stride, out_stride) ? T % 128 : 0;
+    clip_attn_say("KILN_CLIP_ATTN is not auto, cudnn, own or gemm; using auto", e);
+    return CA_AUTO;
 }
 
 // cuDNN over the call's sequences: its plans are built per batch size (on first use, then kept), so the call
@@ -301,18 +290,13 @@ static kiln_error *mha_cudnn(bf16 *out, const bf16 *q, const bf16 *k, const bf16
         clip_attn_say("the own path runs", "q, k, v or out is not 16-byte aligned (cuDNN)");
         return NULL;
     }
-    int64_t tail = cudnn_tail(q, k, v, out, T, hd, stride, out_stride, causal);
     const att_cudnn_layout l = {causal, stride, stride, out_stride, T};
     kiln_error *err = NULL;
     while (*done < B) {
         int64_t n = 1;
         while (2 * n <= B - *done) n *= 2;
-        kiln_attn_shape s = {n, T - tail, T, T, heads, heads, hd, 0, scale};
+        kiln_attn_shape s = {n, T, T, T, heads, heads, hd, 0, scale};
         const char *why = NULL;
-        if (att_cudnn_usable(&s, &l, 0, 0, &why) && tail && !*done) {
-            clip_attn_say("cuDNN runs every row", why); // the split refused: cuDNN alone
-            tail = 0, s.Tq = T;
-        }
         if (att_cudnn_usable(&s, &l, 0, 0, &why)) {
             clip_attn_say("the own path runs", why);
             break;
@@ -329,15 +313,11 @@ static kiln_error *mha_cudnn(bf16 *out, const bf16 *q, const bf16 *k, const bf16
         }
         *done += n;
     }
-    if (tail && *done)
-        err = clip_attention_forward((kiln_bf16 *)out, (const kiln_bf16 *)q, (const kiln_bf16 *)k,
-                                     (const kiln_bf16 *)v, *done, T, T - tail, heads, hd, stride, out_stride, scale,
-                                     st);
     if (*done == B) {
         const long ver = att_cudnn_version();
         char what[128];
-        snprintf(what, sizeof what, "cuDNN %ld.%ld.%ld fused flash attention%s", ver / 10000, ver / 100 % 100,
-                 ver % 100, tail ? " (the last rows past a multiple of 128 on the own kernel)" : "");
+        snprintf(what, sizeof what, "cuDNN %ld.%ld.%ld fused flash attention", ver / 10000, ver / 100 % 100,
+                 ver % 100);
         clip_attn_say(what, NULL);
     }
     return err;
