@@ -4,9 +4,10 @@
  * (KILN_CLIP_RESIDUAL=f32: an f32 stream; read at every call): the class/position assembly and pre_layrnorm
  * write it, the layernorms read it (statistics in f32), and the out/fc2 projections add into it as their
  * GEMM's epilogue (C = D, beta = 1, their biases in the stream's type, one rounding per add); one tower()
- * for both types (kiln_clip_dtype). Activations between ops are bf16; attention is cuDNN's fused flash
- * attention where the library loads (src/cuda/attention_cudnn.cu, q/k/v read in place from the fused
- * projection), else the tensor-core kernel of src/cuda/clip_attention.cu (KILN_CLIP_ATTN=cudnn|own|gemm,
+ * for both types (kiln_clip_dtype). Activations between ops are bf16; attention reads q/k/v in place from the
+ * fused projection: kiln's short-sequence kernel (src/cuda/clip_attention.cu) where cuDNN's 128-row tiles
+ * would pad T x T by 1.3x or more (L/14's 257 tokens, B/32's 50), else cuDNN's fused flash attention where
+ * the library loads (src/cuda/attention_cudnn.cu), else kiln's kernels (KILN_CLIP_ATTN=auto|cudnn|own|gemm,
  * src/cuda/clip_ops.cu). Without patch embeddings (the image embeddings only) the last layer carries only
  * the class rows past its qkv GEMM: the class query's attention over every key (src/cuda/
  * clip_attention_cls.cu), the class rows of the stream gathered into [B, H], then the out projection, LN2
@@ -323,7 +324,7 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
             g->nev >= P_MAXEV ? " (timeline cut short)" : "");
     for (int c = 0; c < P_NCLASS; c++) {
         char name[64];
-        /* which attention ran (KILN_CLIP_ATTN: cuDNN's fused flash attention by default) */
+        /* which attention ran (KILN_CLIP_ATTN: auto by default, the short-sequence kernel or cuDNN's) */
         if (c == P_ATTN) snprintf(name, sizeof name, "%s (%s)", prof_names[c], kiln_clip_attention_last_impl());
         else snprintf(name, sizeof name, "%s", prof_names[c]);
         if (ms[c] > 0) fprintf(stderr, "  %-22s %9.3f ms %5.1f%%\n", name, ms[c], tot > 0 ? 100 * ms[c] / tot : 0);
