@@ -395,6 +395,45 @@ static __device__ __forceinline__ void cs_run(float (&o)[MT][D / 8][4], float (&
     for (int j0 = ka; j0 < kb; j0 += BN) cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, kb - j0), c, lane);
 }
 
+// One warp's pair (MT = 2 row tiles from row0; 1 where the second lies past T) over every key, stored: in round
+// 0 chunk by chunk as the key chunks land (each wait is followed by a block barrier, the same count in every
+// warp), later with everything loaded.
+template <int D, int BN, int MT>
+static __device__ __forceinline__ void cs_pair_first(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride,
+                                                     int row0, int T, const bf16 *Ks, const bf16 *Vs, int nchunk,
+                                                     float c, int lane) {
+    float o[MT][D / 8][4], m[MT][2], l[MT][2];
+    uint32_t qf[MT][D / 16][4];
+    cs_load_q<D, MT>(qf, qb, stride, row0, T, lane);
+    cs_init<D, MT>(o, m, l);
+    for (int ch = 0; ch < nchunk; ch++) {
+        cs_wait(nchunk - 1 - ch);
+        cs_bar();
+        for (int j0 = ch * CS_LG; j0 < min(T, (ch + 1) * CS_LG); j0 += BN)
+            cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, T - j0), c, lane);
+    }
+    cs_store<D, MT>(ob, out_stride, o, l, row0, T, lane);
+}
+
+template <int D, int BN, int MT>
+static __device__ __forceinline__ void cs_pair(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int row0,
+                                               int T, const bf16 *Ks, const bf16 *Vs, float c, int lane) {
+    float o[MT][D / 8][4], m[MT][2], l[MT][2];
+    cs_run<D, BN, MT>(o, m, l, qb, stride, row0, T, Ks, Vs, 0, T, c, lane);
+    cs_store<D, MT>(ob, out_stride, o, l, row0, T, lane);
+}
+
+// a key slice ka .. kb - 1 of a pair of the last round, its partial result into P once every warp is done
+// reading K and V (the partials go over them)
+template <int D, int BN, int MT>
+static __device__ __forceinline__ void cs_slice(float *P, const bf16 *qb, int64_t stride, int row0, int T,
+                                                const bf16 *Ks, const bf16 *Vs, int ka, int kb, float c, int lane) {
+    float o[MT][D / 8][4], m[MT][2], l[MT][2];
+    cs_run<D, BN, MT>(o, m, l, qb, stride, row0, T, Ks, Vs, ka, kb, c, lane);
+    cs_bar();
+    cs_store_part<D, MT>(P, o, m, l, lane);
+}
+
 // grid B * heads blocks (image-major), 32 * W threads with W = min(WMAX, pairs of 32 query rows), so every
 // warp has a pair in the first round
 template <int D, int BN, int WMAX, int MINB>
@@ -422,47 +461,13 @@ static __global__ void __launch_bounds__(WMAX * 32, MINB)
         cp_async_commit();
     }
     const int npair = (T + 31) >> 5, rounds = npair / W, left = npair - rounds * W;
-    // round 0, step by step as the key chunks arrive
-    {
-        const int row0 = warp * 32;
-        if (row0 + 16 < T) {
-            float o[2][D / 8][4], m[2][2], l[2][2];
-            uint32_t qf[2][D / 16][4];
-            cs_load_q<D, 2>(qf, qb, stride, row0, T, lane);
-            cs_init<D, 2>(o, m, l);
-            for (int ch = 0; ch < nchunk; ch++) {
-                cs_wait(nchunk - 1 - ch);
-                cs_bar();
-                for (int j0 = ch * CS_LG; j0 < min(T, (ch + 1) * CS_LG); j0 += BN)
-                    cs_step<D, BN, 2>(o, m, l, qf, Ks, Vs, j0, min(BN, T - j0), c, lane);
-            }
-            cs_store<D, 2>(ob, out_stride, o, l, row0, T, lane);
-        } else {
-            float o[1][D / 8][4], m[1][2], l[1][2];
-            uint32_t qf[1][D / 16][4];
-            cs_load_q<D, 1>(qf, qb, stride, row0, T, lane);
-            cs_init<D, 1>(o, m, l);
-            for (int ch = 0; ch < nchunk; ch++) {
-                cs_wait(nchunk - 1 - ch);
-                cs_bar();
-                for (int j0 = ch * CS_LG; j0 < min(T, (ch + 1) * CS_LG); j0 += BN)
-                    cs_step<D, BN, 1>(o, m, l, qf, Ks, Vs, j0, min(BN, T - j0), c, lane);
-            }
-            cs_store<D, 1>(ob, out_stride, o, l, row0, T, lane);
-        }
-    }
+    // round 0, step by step as the key chunks arrive (a pair with one row tile where the second lies past T)
+    if (warp * 32 + 16 < T) cs_pair_first<D, BN, 2>(ob, out_stride, qb, stride, warp * 32, T, Ks, Vs, nchunk, c, lane);
+    else cs_pair_first<D, BN, 1>(ob, out_stride, qb, stride, warp * 32, T, Ks, Vs, nchunk, c, lane);
     // the other whole rounds (everything is loaded by now)
     for (int p = warp + W; p < rounds * W; p += W) {
-        const int row0 = p * 32;
-        if (row0 + 16 < T) {
-            float o[2][D / 8][4], m[2][2], l[2][2];
-            cs_run<D, BN, 2>(o, m, l, qb, stride, row0, T, Ks, Vs, 0, T, c, lane);
-            cs_store<D, 2>(ob, out_stride, o, l, row0, T, lane);
-        } else {
-            float o[1][D / 8][4], m[1][2], l[1][2];
-            cs_run<D, BN, 1>(o, m, l, qb, stride, row0, T, Ks, Vs, 0, T, c, lane);
-            cs_store<D, 1>(ob, out_stride, o, l, row0, T, lane);
-        }
+        if (p * 32 + 16 < T) cs_pair<D, BN, 2>(ob, out_stride, qb, stride, p * 32, T, Ks, Vs, c, lane);
+        else cs_pair<D, BN, 1>(ob, out_stride, qb, stride, p * 32, T, Ks, Vs, c, lane);
     }
     if (left == 0) return; // uniform over the block
     // the last round's `left` pairs, each split along the keys into S slices of whole 16-key tiles
@@ -470,19 +475,9 @@ static __global__ void __launch_bounds__(WMAX * 32, MINB)
     const int pair = rounds * W + j, row0 = pair * 32;
     const int ka = sl * nk16 / S * 16, kend = min(T, (sl + 1) * nk16 / S * 16);
     float *P = (float *)cs_smem_buf + (size_t)warp * cs_part_floats<D>();
-    if (j < left && row0 + 16 < T) {
-        float o[2][D / 8][4], m[2][2], l[2][2];
-        cs_run<D, BN, 2>(o, m, l, qb, stride, row0, T, Ks, Vs, ka, kend, c, lane);
-        cs_bar(); // K and V are read by all: the partials go over them
-        cs_store_part<D, 2>(P, o, m, l, lane);
-    } else if (j < left) {
-        float o[1][D / 8][4], m[1][2], l[1][2];
-        cs_run<D, BN, 1>(o, m, l, qb, stride, row0, T, Ks, Vs, ka, kend, c, lane);
-        cs_bar();
-        cs_store_part<D, 1>(P, o, m, l, lane);
-    } else {
-        cs_bar();
-    }
+    if (j < left && row0 + 16 < T) cs_slice<D, BN, 2>(P, qb, stride, row0, T, Ks, Vs, ka, kend, c, lane);
+    else if (j < left) cs_slice<D, BN, 1>(P, qb, stride, row0, T, Ks, Vs, ka, kend, c, lane);
+    else cs_bar(); // the same barrier count as the slices'
     __syncthreads();
     // combine: out = sum_s w_s o_s / sum_s w_s l_s, w_s = exp2((m_s - max m) c), two columns a thread
     const float *P0 = (const float *)cs_smem_buf;
