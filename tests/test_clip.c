@@ -20,26 +20,18 @@
 #include "kiln/tokenizer.h"
 #include "test.h"
 
-static double rel_err(const float *a, const double *b, size_t n) {
+/* max |a - b| / max |b| (NaN: infinite), b given as doubles (bd) or floats (bf) */
+static double rel_err_of(const float *a, const double *bd, const float *bf, size_t n) {
     double md = 0, mx = 0;
     for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
+        const double bi = bd ? bd[i] : (double)bf[i], d = fabs((double)a[i] - bi);
         if (d > md || d != d) md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+        if (fabs(bi) > mx) mx = fabs(bi);
     }
     return mx > 0 ? md / mx : md;
 }
-
-/* max |a - b| / max |b| (NaN: infinite) */
-static double rel_err_ff(const float *a, const float *b, size_t n) {
-    double md = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (d > md || d != d) md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mx) mx = fabs(b[i]);
-    }
-    return mx > 0 ? md / mx : md;
-}
+static double rel_err(const float *a, const double *b, size_t n) { return rel_err_of(a, b, NULL, n); }
+static double rel_err_ff(const float *a, const float *b, size_t n) { return rel_err_of(a, NULL, b, n); }
 
 static void randn(float *x, size_t n, uint64_t seed, double scale) {
     kiln_rng r;
