@@ -146,8 +146,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
         float alpha[2], mu[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mx[r] = quad_max(mx[r]);
             const float mn = fmaxf(m[r], mx[r]);
             mu[r] = mn == -INFINITY ? 0.f : mn; // a row with nothing visible yet keeps p = 0
             alpha[r] = exp2f(m[r] - mu[r]);
@@ -176,8 +175,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = quad_sum(l[r]);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -296,8 +294,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
             float alpha[2], mu[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                mx[r] = quad_max(mx[r]);
                 const float mn = fmaxf(m[mt][r], mx[r]);
                 mu[r] = mn == -INFINITY ? 0.f : mn; // a row with nothing visible yet keeps p = 0
                 alpha[r] = exp2f(m[mt][r] - mu[r]);
@@ -329,8 +326,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float lr = l[mt][r];
-            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            lr = quad_sum(lr);
             const int i = r0 + 16 * mt + 8 * r;
             if (i >= a.Tq) continue;
             const float inv = lr > 0.f ? 1.f / lr : 0.f;

@@ -95,8 +95,7 @@ static __global__ void __launch_bounds__(CA_THREADS)
             float alpha[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                mx[r] = quad_max(mx[r]);
                 const float mn = fmaxf(m[r], mx[r]); // finite: every tile holds at least one key < T
                 alpha[r] = exp2f(m[r] - mn);
                 m[r] = mn;
@@ -136,8 +135,7 @@ static __global__ void __launch_bounds__(CA_THREADS)
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = quad_sum(l[r]);
     }
     const int r0 = i0 + warp * 16 + g;
     if (!active) return;
@@ -276,8 +274,7 @@ static __device__ __forceinline__ void cs_step(float (&o)[MT][D / 8][4], float (
             }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mx[r] = quad_max(mx[r]);
             const float mn = fmaxf(m[mt][r], mx[r]); // finite: the step holds at least one key
             alpha[mt][r] = cs_ex2((m[mt][r] - mn) * c);
             m[mt][r] = mn;
@@ -346,8 +343,7 @@ static __device__ __forceinline__ void cs_store(bf16 *ob, int64_t out_stride, co
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float lr = l[mt][r];
-            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            lr = quad_sum(lr);
             const int i = row0 + 16 * mt + g + 8 * r;
             if (i >= T) continue;
             const float inv = 1.f / lr;
@@ -374,8 +370,7 @@ static __device__ __forceinline__ void cs_store_part(float *P, const float (&o)[
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float lr = l[mt][r];
-            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            lr = quad_sum(lr);
             const int i = 16 * mt + g + 8 * r;
             if (t == 0) pm[i] = m[mt][r], pl[i] = lr;
 #pragma unroll
@@ -644,8 +639,7 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[NC * 4], float (&m)
     float mc[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mx[r] = quad_max(mx[r]);
         const float mn = fmaxf(m[r], mx[r]); // finite: the step holds at least one key before T
         alpha[r] = cs_ex2((m[r] - mn) * c);
         m[r] = mn;

@@ -46,6 +46,16 @@ static __device__ __forceinline__ void pack_a(uint32_t (&pa)[K / 16][4], const f
         pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
 }
+// max / sum over the four lanes that hold one accumulator row of an m16n8 tile (lanes 4g .. 4g + 3)
+static __device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+static __device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 template <int N>
 static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
 #pragma unroll
