@@ -325,8 +325,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float lr = l[mt][r];
-            lr = quad_sum(lr);
+            const float lr = quad_sum(l[mt][r]);
             const int i = r0 + 16 * mt + 8 * r;
             if (i >= a.Tq) continue;
             const float inv = lr > 0.f ? 1.f / lr : 0.f;

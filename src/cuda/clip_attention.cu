@@ -342,8 +342,7 @@ static __device__ __forceinline__ void cs_store(bf16 *ob, int64_t out_stride, co
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float lr = l[mt][r];
-            lr = quad_sum(lr);
+            const float lr = quad_sum(l[mt][r]);
             const int i = row0 + 16 * mt + g + 8 * r;
             if (i >= T) continue;
             const float inv = 1.f / lr;
@@ -369,8 +368,7 @@ static __device__ __forceinline__ void cs_store_part(float *P, const float (&o)[
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float lr = l[mt][r];
-            lr = quad_sum(lr);
+            const float lr = quad_sum(l[mt][r]);
             const int i = 16 * mt + g + 8 * r;
             if (t == 0) pm[i] = m[mt][r], pl[i] = lr;
 #pragma unroll
