@@ -13,8 +13,9 @@
  * clip_attention_cls.cu), the class rows of the stream gathered into [B, H], then the out projection, LN2
  * and the MLP on B rows (the same math, ~1/L of the tower less work). Pixels go up as f32 (the caller's, as
  * torch uploads them) and are rounded to bf16 by the patch kernel on the device.
- * Images run in chunks on a stream of the model's own, with a second stream for uploads: the pixels of
- * chunk c+1 travel while chunk c computes (two device slots, events between the streams). Pixels in
+ * Images run in chunks on two streams of the model's own, consecutive chunks on alternate streams with their
+ * own activation buffers (image embeddings only; KILN_CLIP_STREAMS=1: one), and a third stream for uploads: the
+ * pixels of chunk c+1 travel while chunk c computes (two device slots, events between the streams). Pixels in
  * page-locked memory (kiln_clip_pixels_alloc) go up straight from the caller's buffer; pageable ones are
  * first copied into a page-locked slot by OpenMP threads; pixels already on the device are used in place.
  * Embeddings come back into a page-locked buffer and are copied out at the end, so the host never waits
@@ -37,6 +38,7 @@
 #include "cuda/clip_ops.h"
 #include "kiln/cuda_ops.h"
 #include "kiln/dtype.h"
+#include "kiln/log.h"
 
 typedef struct {
     kiln_bf16 *qkv_w, *qkv_b, *o_w, *fc1_w, *fc1_b, *fc2_w;
@@ -52,19 +54,27 @@ static const char *const prof_names[P_NCLASS] = {
     "upload wait", "patch embed", "layernorm", "qkv GEMM", "attention", "out GEMM + residual",
     "fc1 GEMM", "activation", "fc2 GEMM + residual", "post LN + proj + L2"};
 
+/* one chunk's activations on the device and the stream that computes it */
+struct clip_lane {
+    cudaStream_t st;
+    void *x, *xc; /* the residual stream [N, H] and its class rows [B, H] (f32-sized) */
+    float *nrm;
+    kiln_bf16 *cols, *pe, *h, *qkv, *att, *f, *pr;
+};
+
 struct clip_gpu {
     gpu_layer *L;
     kiln_bf16 *patch_w, *proj;
     float *cls, *pos, *pre_w, *pre_b, *post_w, *post_b;
     void **allocs;
     int nallocs, cap;
-    cudaStream_t st, cp;          /* compute, uploads */
+    cudaStream_t st, cp;          /* compute (lane 0's), uploads */
     cudaEvent_t up[2], used[2];   /* per pixel slot: its upload landed; the patch kernel has read it */
     int64_t cap_imgs;             /* images per chunk the buffers below hold */
     kiln_clip_dtype res;          /* the residual stream's type for this call (KILN_CLIP_RESIDUAL) */
-    void *x, *xc;                 /* device: the residual stream [N, H] and its class rows [B, H] (f32-sized) */
-    float *px[2], *nrm;           /* device */
-    kiln_bf16 *cols, *pe, *h, *qkv, *att, *f, *pr;
+    struct clip_lane ln[2];       /* chunks in flight at once (KILN_CLIP_STREAMS): lane 1 allocated on demand */
+    int nlanes;                   /* lanes whose buffers exist */
+    float *px[2];                 /* device */
     float *stage[2];              /* page-locked pixels of one chunk (pageable callers) */
     float *hout, *hpatch;         /* page-locked embeddings: of a whole call (hout_n floats), of a chunk */
     size_t hout_n;
@@ -113,18 +123,26 @@ static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_
     return e;
 }
 
+/* a lane's activation buffers (its stream stays) */
+static void lane_free(struct clip_lane *a) {
+    kiln_cuda_free(a->x), kiln_cuda_free(a->xc), kiln_cuda_free(a->nrm), kiln_cuda_free(a->cols);
+    kiln_cuda_free(a->pe), kiln_cuda_free(a->h), kiln_cuda_free(a->qkv), kiln_cuda_free(a->att);
+    kiln_cuda_free(a->f), kiln_cuda_free(a->pr);
+    a->x = a->xc = NULL;
+    a->nrm = NULL;
+    a->cols = a->pe = a->h = a->qkv = a->att = a->f = a->pr = NULL;
+}
+
 static void free_chunk_buffers(struct clip_gpu *g) {
     for (int i = 0; i < 2; i++) {
         kiln_cuda_free(g->px[i]);
         kiln_clip_pinned_free(g->stage[i]);
         g->px[i] = NULL, g->stage[i] = NULL;
     }
-    kiln_cuda_free(g->x), kiln_cuda_free(g->xc), kiln_cuda_free(g->nrm), kiln_cuda_free(g->cols), kiln_cuda_free(g->pe);
-    kiln_cuda_free(g->h), kiln_cuda_free(g->qkv), kiln_cuda_free(g->att), kiln_cuda_free(g->f), kiln_cuda_free(g->pr);
+    for (int i = 0; i < 2; i++) lane_free(&g->ln[i]);
     kiln_clip_pinned_free(g->hpatch);
-    g->x = g->xc = NULL;
-    g->nrm = g->hpatch = NULL;
-    g->cols = g->pe = g->h = g->qkv = g->att = g->f = g->pr = NULL;
+    g->hpatch = NULL;
+    g->nlanes = 0;
     g->cap_imgs = 0;
 }
 
@@ -132,6 +150,7 @@ void kiln_clip_gpu_free(kiln_clip *m) {
     struct clip_gpu *g = m->gpu;
     if (!g) return;
     if (g->st) cudaStreamSynchronize(g->st);
+    if (g->ln[1].st) cudaStreamSynchronize(g->ln[1].st);
     if (g->cp) cudaStreamSynchronize(g->cp);
     free_chunk_buffers(g);
     kiln_clip_pinned_free(g->hout);
@@ -146,6 +165,7 @@ void kiln_clip_gpu_free(kiln_clip *m) {
     free(g->ev);
     free(g->evc);
     if (g->st) cudaStreamDestroy(g->st);
+    if (g->ln[1].st) cudaStreamDestroy(g->ln[1].st);
     if (g->cp) cudaStreamDestroy(g->cp);
     free(g->allocs);
     free(g->L);
@@ -184,6 +204,7 @@ static kiln_error *upload(kiln_clip *m, struct clip_gpu *g) {
         KILN_TRY(up_f32(g, s->ln2_b, (size_t)H, &d->ln2_b));
     }
     KILN_TRY(cuda_err(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking), "creating a stream"));
+    g->ln[0].st = g->st;
     KILN_TRY(cuda_err(cudaStreamCreateWithFlags(&g->cp, cudaStreamNonBlocking), "creating a stream"));
     for (int i = 0; i < 2; i++) {
         KILN_TRY(cuda_err(cudaEventCreateWithFlags(&g->up[i], cudaEventDisableTiming), "creating an event"));
@@ -265,30 +286,55 @@ static int64_t chunk_images(int64_t n, int64_t T) {
     return c < n ? c : n;
 }
 
+/* Consecutive chunks on two streams, each with its own activations (the default; KILN_CLIP_STREAMS=1: one
+ * stream, read at every call), so one chunk's kernels fill the SMs the other's leave idle (a GEMM's last wave,
+ * attention's, the memory-bound passes beside compute-bound ones). Same kernels on the same shapes: the same
+ * bits as one stream. Costs a second set of activation buffers (~0.45 GB for L/14 at 64 images). */
+static int clip_streams(void) {
+    const char *e = getenv("KILN_CLIP_STREAMS");
+    return e && atoi(e) == 1 ? 1 : 2;
+}
+
 static kiln_error *alloc_dev(void **p, size_t bytes) { return kiln_cuda_alloc(p, bytes ? bytes : 1); }
 
-static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, int need_stage) {
+static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, int lanes, int need_stage) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
             D = m->proj_dim, K = 3 * p * p, Nm = Bm * T;
     size_t per = (size_t)(3 * S * S);
     if (g->cap_imgs < Bm) {
         cudaStreamSynchronize(g->st);
+        if (g->ln[1].st) cudaStreamSynchronize(g->ln[1].st);
         cudaStreamSynchronize(g->cp);
         free_chunk_buffers(g);
         KILN_TRY(alloc_dev((void **)&g->px[0], sizeof(float) * per * (size_t)Bm));
         KILN_TRY(alloc_dev((void **)&g->px[1], sizeof(float) * per * (size_t)Bm));
-        KILN_TRY(alloc_dev((void **)&g->cols, 2 * (size_t)(Bm * G2 * K)));
-        KILN_TRY(alloc_dev((void **)&g->pe, 2 * (size_t)(Bm * G2 * H)));
-        KILN_TRY(alloc_dev(&g->x, sizeof(float) * (size_t)(Nm * H)));
-        KILN_TRY(alloc_dev(&g->xc, sizeof(float) * (size_t)(Bm * H)));
-        KILN_TRY(alloc_dev((void **)&g->h, 2 * (size_t)(Nm * H)));
-        KILN_TRY(alloc_dev((void **)&g->qkv, 2 * (size_t)(Nm * 3 * H)));
-        KILN_TRY(alloc_dev((void **)&g->att, 2 * (size_t)(Nm * H)));
-        KILN_TRY(alloc_dev((void **)&g->f, 2 * (size_t)(Nm * I)));
-        KILN_TRY(alloc_dev((void **)&g->pr, 2 * (size_t)(Nm * D)));
-        KILN_TRY(alloc_dev((void **)&g->nrm, sizeof(float) * (size_t)(Nm * D)));
         g->cap_imgs = Bm;
+    }
+    /* every lane holds cap_imgs images (a lane added later as large as the first) */
+    Bm = g->cap_imgs, Nm = Bm * T;
+    for (; g->nlanes < lanes; g->nlanes++) {
+        struct clip_lane *a = &g->ln[g->nlanes];
+        kiln_error *e = NULL;
+        if (!a->st) e = cuda_err(cudaStreamCreateWithFlags(&a->st, cudaStreamNonBlocking), "creating a stream");
+        if (!e) e = alloc_dev((void **)&a->cols, 2 * (size_t)(Bm * G2 * K));
+        if (!e) e = alloc_dev((void **)&a->pe, 2 * (size_t)(Bm * G2 * H));
+        if (!e) e = alloc_dev(&a->x, sizeof(float) * (size_t)(Nm * H));
+        if (!e) e = alloc_dev(&a->xc, sizeof(float) * (size_t)(Bm * H));
+        if (!e) e = alloc_dev((void **)&a->h, 2 * (size_t)(Nm * H));
+        if (!e) e = alloc_dev((void **)&a->qkv, 2 * (size_t)(Nm * 3 * H));
+        if (!e) e = alloc_dev((void **)&a->att, 2 * (size_t)(Nm * H));
+        if (!e) e = alloc_dev((void **)&a->f, 2 * (size_t)(Nm * I));
+        if (!e) e = alloc_dev((void **)&a->pr, 2 * (size_t)(Nm * D));
+        if (!e) e = alloc_dev((void **)&a->nrm, sizeof(float) * (size_t)(Nm * D));
+        if (!e) continue;
+        lane_free(a);
+        if (g->nlanes == 0) return e;
+        /* no room for a second set of activations: one stream (the caller sees g->nlanes) */
+        kiln_log(KILN_LOG_DEBUG, "CLIP on CUDA: one stream: %s", kiln_error_msg(e));
+        kiln_error_free(e);
+        cudaGetLastError();
+        break;
     }
     if (need_stage && !g->stage[0]) {
         KILN_TRY(kiln_clip_pinned_alloc((void **)&g->stage[0], sizeof(float) * per * (size_t)g->cap_imgs));
@@ -332,11 +378,12 @@ static void prof_print(struct clip_gpu *g, int64_t n, int64_t Bm, int kind, doub
     g->nev = 0;
 }
 
-/* the tower over one chunk of B images whose f32 pixels are at px (device); leaves the pooled rows'
- * embeddings in g->nrm ([B, D] f32), or every token's ([B*T, D]) when all_tokens. The residual stream g->x
- * is of type g->res; without all_tokens the last layer carries only the class rows past its qkv GEMM, in
- * g->xc ([B, H], the same type). */
-static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int64_t B, int slot, int all_tokens) {
+/* the tower over one chunk of B images whose f32 pixels are at px (device), on lane a's stream and buffers;
+ * leaves the pooled rows' embeddings in a->nrm ([B, D] f32), or every token's ([B*T, D]) when all_tokens. The
+ * residual stream a->x is of type g->res; without all_tokens the last layer carries only the class rows past its
+ * qkv GEMM, in a->xc ([B, H], the same type). */
+static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, struct clip_lane *a, const float *px, int64_t B, int slot,
+                         int all_tokens) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
             D = m->proj_dim, K = 3 * p * p, hd = H / c->heads, N = B * T;
@@ -344,65 +391,65 @@ static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, const float *px, int6
     const kiln_clip_dtype rt = g->res, bf = KILN_CLIP_BF16;
     const int rf = rt == KILN_CLIP_F32;
     const size_t es = rf ? sizeof(float) : sizeof(kiln_bf16);
-    void *st = g->st;
+    void *st = a->st;
     mark(g, P_PATCH);
-    KILN_TRY(kiln_clip_patchify_f32_cuda(g->cols, px, B, S, p, st));
-    if (slot >= 0) KILN_TRY(cuda_err(cudaEventRecord(g->used[slot], g->st), "recording an event"));
-    KILN_TRY(kiln_clip_linear_cuda(g->pe, 0, g->cols, g->patch_w, NULL, B * G2, K, H, 0, st));
-    KILN_TRY(kiln_clip_assemble_x_cuda(g->x, rt, g->pe, g->cls, g->pos, B, G2, H, st));
-    KILN_TRY(kiln_clip_layernorm_cuda(g->x, rt, g->x, rt, H, g->pre_w, g->pre_b, N, H, eps, st));
+    KILN_TRY(kiln_clip_patchify_f32_cuda(a->cols, px, B, S, p, st));
+    if (slot >= 0) KILN_TRY(cuda_err(cudaEventRecord(g->used[slot], a->st), "recording an event"));
+    KILN_TRY(kiln_clip_linear_cuda(a->pe, 0, a->cols, g->patch_w, NULL, B * G2, K, H, 0, st));
+    KILN_TRY(kiln_clip_assemble_x_cuda(a->x, rt, a->pe, g->cls, g->pos, B, G2, H, st));
+    KILN_TRY(kiln_clip_layernorm_cuda(a->x, rt, a->x, rt, H, g->pre_w, g->pre_b, N, H, eps, st));
     for (int l = 0; l < c->layers; l++) {
         const gpu_layer *L = &g->L[l];
         /* the last layer without patch embeddings: after the qkv GEMM (every row's keys and values), the
          * class rows only, r [nr, H] */
         const int cls = !all_tokens && l == c->layers - 1;
-        void *r = cls ? g->xc : g->x;
+        void *r = cls ? a->xc : a->x;
         const int64_t nr = cls ? B : N;
         mark(g, P_LN);
-        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, g->x, rt, H, L->ln1_w, L->ln1_b, N, H, eps, st));
+        KILN_TRY(kiln_clip_layernorm_cuda(a->h, bf, a->x, rt, H, L->ln1_w, L->ln1_b, N, H, eps, st));
         mark(g, P_QKV);
-        KILN_TRY(kiln_clip_linear_cuda(g->qkv, 0, g->h, L->qkv_w, L->qkv_b, N, H, 3 * H, 0, st));
+        KILN_TRY(kiln_clip_linear_cuda(a->qkv, 0, a->h, L->qkv_w, L->qkv_b, N, H, 3 * H, 0, st));
         mark(g, P_ATTN);
         if (cls) {
-            KILN_TRY(kiln_clip_attention_cls_cuda(g->att, g->qkv, g->qkv + H, g->qkv + 2 * H, B, T, c->heads, hd,
+            KILN_TRY(kiln_clip_attention_cls_cuda(a->att, a->qkv, a->qkv + H, a->qkv + 2 * H, B, T, c->heads, hd,
                                                   3 * H, H, scale, st));
-            KILN_TRY(cuda_err(cudaMemcpy2DAsync(g->xc, (size_t)H * es, g->x, (size_t)(T * H) * es, (size_t)H * es,
-                                                (size_t)B, cudaMemcpyDeviceToDevice, g->st),
+            KILN_TRY(cuda_err(cudaMemcpy2DAsync(a->xc, (size_t)H * es, a->x, (size_t)(T * H) * es, (size_t)H * es,
+                                                (size_t)B, cudaMemcpyDeviceToDevice, a->st),
                               "gathering the class rows"));
         } else
-            KILN_TRY(kiln_mha_forward_cuda(g->att, g->qkv, g->qkv + H, g->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H,
+            KILN_TRY(kiln_mha_forward_cuda(a->att, a->qkv, a->qkv + H, a->qkv + 2 * H, B, T, c->heads, hd, 3 * H, H,
                                            scale, 0, st));
         mark(g, P_OUT);
-        KILN_TRY(kiln_clip_linear_cuda(r, rf, g->att, L->o_w, rf ? (const void *)L->o_b : L->o_b16, nr, H, H, 1, st));
+        KILN_TRY(kiln_clip_linear_cuda(r, rf, a->att, L->o_w, rf ? (const void *)L->o_b : L->o_b16, nr, H, H, 1, st));
         mark(g, P_LN);
-        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, r, rt, H, L->ln2_w, L->ln2_b, nr, H, eps, st));
+        KILN_TRY(kiln_clip_layernorm_cuda(a->h, bf, r, rt, H, L->ln2_w, L->ln2_b, nr, H, eps, st));
         mark(g, P_FC1);
         /* KILN_CLIP_GEMM=own (opt-in): quick_gelu in fc1's epilogue, a GEMM of kiln's own (widths it takes) */
         if (c->act == CLIP_ACT_QUICK_GELU && kiln_clip_gemm_own() && H % 64 == 0 && I % 128 == 0)
-            KILN_TRY(kiln_clip_linear_quick_gelu_cuda(g->f, g->h, L->fc1_w, L->fc1_b, nr, H, I, st));
+            KILN_TRY(kiln_clip_linear_quick_gelu_cuda(a->f, a->h, L->fc1_w, L->fc1_b, nr, H, I, st));
         else {
-            KILN_TRY(kiln_clip_linear_cuda(g->f, 0, g->h, L->fc1_w, L->fc1_b, nr, H, I, 0, st));
+            KILN_TRY(kiln_clip_linear_cuda(a->f, 0, a->h, L->fc1_w, L->fc1_b, nr, H, I, 0, st));
             mark(g, P_ACT);
-            KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(g->f, g->f, nr * I, st)
-                                                   : kiln_gelu_forward_cuda(g->f, g->f, nr * I, st));
+            KILN_TRY(c->act == CLIP_ACT_QUICK_GELU ? kiln_quick_gelu_forward_cuda(a->f, a->f, nr * I, st)
+                                                   : kiln_gelu_forward_cuda(a->f, a->f, nr * I, st));
         }
         mark(g, P_FC2);
-        KILN_TRY(kiln_clip_linear_cuda(r, rf, g->f, L->fc2_w, rf ? (const void *)L->fc2_b : L->fc2_b16, nr, I, H, 1,
+        KILN_TRY(kiln_clip_linear_cuda(r, rf, a->f, L->fc2_w, rf ? (const void *)L->fc2_b : L->fc2_b16, nr, I, H, 1,
                                        st));
     }
     mark(g, P_POST);
     if (all_tokens) {
         /* every token through post_layernorm and the projection: row b*T is image b, the rest its patches */
-        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, g->x, rt, H, g->post_w, g->post_b, N, H, eps, st));
-        KILN_TRY(kiln_clip_linear_cuda(g->pr, 0, g->h, g->proj, NULL, N, H, D, 0, st));
-        KILN_TRY(kiln_l2_normalize_rows_cuda(g->nrm, g->pr, N, D, st));
+        KILN_TRY(kiln_clip_layernorm_cuda(a->h, bf, a->x, rt, H, g->post_w, g->post_b, N, H, eps, st));
+        KILN_TRY(kiln_clip_linear_cuda(a->pr, 0, a->h, g->proj, NULL, N, H, D, 0, st));
+        KILN_TRY(kiln_l2_normalize_rows_cuda(a->nrm, a->pr, N, D, st));
     } else {
-        /* only the class tokens: compact in g->xc after the last layer (every T-th row of x without layers) */
+        /* only the class tokens: compact in a->xc after the last layer (every T-th row of x without layers) */
         const int cx = c->layers > 0;
-        KILN_TRY(kiln_clip_layernorm_cuda(g->h, bf, cx ? g->xc : g->x, rt, cx ? H : T * H, g->post_w, g->post_b, B, H,
+        KILN_TRY(kiln_clip_layernorm_cuda(a->h, bf, cx ? a->xc : a->x, rt, cx ? H : T * H, g->post_w, g->post_b, B, H,
                                           eps, st));
-        KILN_TRY(kiln_clip_linear_cuda(g->pr, 0, g->h, g->proj, NULL, B, H, D, 0, st));
-        KILN_TRY(kiln_l2_normalize_rows_cuda(g->nrm, g->pr, B, D, st));
+        KILN_TRY(kiln_clip_linear_cuda(a->pr, 0, a->h, g->proj, NULL, B, H, D, 0, st));
+        KILN_TRY(kiln_l2_normalize_rows_cuda(a->nrm, a->pr, B, D, st));
     }
     mark(g, -1);
     return NULL;
@@ -447,9 +494,13 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
     int kind = pixels_kind(pixels);
     int64_t Bm = chunk_images(n, T), nch = (n + Bm - 1) / Bm;
     double t0 = g->prof ? wall() : 0;
+    /* two chunks in flight on two streams where there are two (image embeddings only: the patch path copies
+     * each chunk out through one page-locked buffer; the profile's timeline is one stream's) */
+    int nl = clip_streams() == 2 && nch >= 2 && !patches && !g->prof ? 2 : 1;
     g->nev = 0;
     KILN_TRY(residual_type(&g->res));
-    KILN_TRY(ensure_buffers(m, g, Bm, kind == 0));
+    KILN_TRY(ensure_buffers(m, g, Bm, nl, kind == 0));
+    if (g->nlanes < nl) nl = g->nlanes;
     if (!patches && g->hout_n < (size_t)(n * D)) {
         kiln_clip_pinned_free(g->hout);
         g->hout = NULL, g->hout_n = 0;
@@ -462,6 +513,7 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
     for (int64_t ci = 0; ci < nch; ci++) {
         int64_t b0 = ci * Bm, B = n - b0 < Bm ? n - b0 : Bm;
         int slot = (int)(ci & 1);
+        struct clip_lane *a = &g->ln[ci % nl]; /* with two lanes, lane = slot */
         const float *px = pixels + (size_t)b0 * per;
         if (kind != 2) {
             /* the next chunk's pixels travel while this one computes */
@@ -470,12 +522,12 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
                 KILN_TRY(stage_upload(g, pixels, kind, nb0, n - nb0 < Bm ? n - nb0 : Bm, per, slot ^ 1));
             }
             mark(g, P_UPLOAD);
-            KILN_TRY(cuda_err(cudaStreamWaitEvent(g->st, g->up[slot], 0), "waiting for an upload"));
+            KILN_TRY(cuda_err(cudaStreamWaitEvent(a->st, g->up[slot], 0), "waiting for an upload"));
             px = g->px[slot];
         }
-        KILN_TRY(tower(m, g, px, B, kind != 2 ? slot : -1, patches != NULL));
+        KILN_TRY(tower(m, g, a, px, B, kind != 2 ? slot : -1, patches != NULL));
         if (patches) {
-            KILN_TRY(cuda_err(cudaMemcpyAsync(g->hpatch, g->nrm, sizeof(float) * (size_t)(B * T * D),
+            KILN_TRY(cuda_err(cudaMemcpyAsync(g->hpatch, a->nrm, sizeof(float) * (size_t)(B * T * D),
                                               cudaMemcpyDeviceToHost, g->st), "downloading embeddings"));
             KILN_TRY(cuda_err(cudaStreamSynchronize(g->st), "computing embeddings"));
             for (int64_t b = 0; b < B; b++) {
@@ -483,10 +535,11 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
                 memcpy(patches + (b0 + b) * G2 * D, g->hpatch + (b * T + 1) * D, sizeof(float) * (size_t)(G2 * D));
             }
         } else {
-            KILN_TRY(cuda_err(cudaMemcpyAsync(g->hout + b0 * D, g->nrm, sizeof(float) * (size_t)(B * D),
-                                              cudaMemcpyDeviceToHost, g->st), "downloading embeddings"));
+            KILN_TRY(cuda_err(cudaMemcpyAsync(g->hout + b0 * D, a->nrm, sizeof(float) * (size_t)(B * D),
+                                              cudaMemcpyDeviceToHost, a->st), "downloading embeddings"));
         }
     }
+    if (nl == 2) KILN_TRY(cuda_err(cudaStreamSynchronize(g->ln[1].st), "computing embeddings"));
     KILN_TRY(cuda_err(cudaStreamSynchronize(g->st), "computing embeddings"));
     if (!patches) memcpy(out, g->hout, sizeof(float) * (size_t)(n * D));
     if (g->prof) prof_print(g, n, Bm, kind, wall() - t0);
@@ -501,6 +554,7 @@ kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n
         /* leave nothing in flight that reads the caller's buffers */
         cudaStreamSynchronize(g->cp);
         cudaStreamSynchronize(g->st);
+        if (g->ln[1].st) cudaStreamSynchronize(g->ln[1].st);
         cudaGetLastError();
         g->nev = 0;
     }

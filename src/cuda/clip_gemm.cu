@@ -5,8 +5,8 @@
 // The bias is the BIAS epilogue, in y's type. Where cuBLASLt has
 // no fused algorithm for a shape, the plan says so and a row-broadcast kernel adds the bias after.
 // Plans (descriptors + the heuristic's algorithm, src/cuda/gemm_lt.h) are built once per shape and kept: a
-// tower repeats four shapes per chunk size. One workspace and plan table for the process, behind a lock (the
-// model is used by one thread at a time on CUDA: include/kiln/clip.h). KILN_CLIP_GEMM_TUNE=1 times the heuristic's
+// tower repeats four shapes per chunk size. One plan table for the process and a workspace per stream, behind a
+// lock (the model is used by one thread at a time on CUDA: include/kiln/clip.h). KILN_CLIP_GEMM_TUNE=1 times the heuristic's
 // first 8 candidates once per plan (on the call's inputs, into a scratch output) and keeps the fastest;
 // off by default: two processes may then pick different algorithms (last-bit differences).
 #include <cuda_bf16.h>
@@ -28,7 +28,40 @@ enum { MAX_CPLANS = 128, TUNE_MAX = 8 };
 // has the bias epilogue (its `user` flag too: "fused").
 const size_t CWS_BYTES = 32u << 20;
 pthread_mutex_t c_lock = PTHREAD_MUTEX_INITIALIZER;
-void *c_ws;
+// One workspace per stream: GEMMs in flight on two streams at once (the tower's two chunks) must not share one.
+// Up to CWS_MAX streams; past that the device is waited for (a stream seen before may be destroyed by now) and
+// the oldest entry's workspace goes to the new stream.
+enum { CWS_MAX = 8 };
+struct cws_entry {
+    cudaStream_t st;
+    void *ws;
+};
+cws_entry c_wss[CWS_MAX];
+int n_cws, next_evict;
+
+kiln_error *cws_for(cudaStream_t st, void **ws) {
+    kiln_error *err = NULL;
+    void *p = NULL;
+    cws_entry *e = NULL;
+    for (int i = 0; i < n_cws; i++)
+        if (c_wss[i].st == st) {
+            *ws = c_wss[i].ws;
+            return NULL;
+        }
+    if (n_cws < CWS_MAX) {
+        CUDA_TRY(cudaMalloc(&p, CWS_BYTES));
+        c_wss[n_cws].st = st, c_wss[n_cws].ws = p, n_cws++;
+        *ws = p;
+        return NULL;
+    }
+    e = &c_wss[next_evict];
+    next_evict = (next_evict + 1) % CWS_MAX;
+    CUDA_TRY(cudaDeviceSynchronize());
+    e->st = st;
+    *ws = e->ws;
+done:
+    return err;
+}
 kiln_lt_plan c_plans[MAX_CPLANS];
 kiln_lt_cache c_cache = {c_plans, 0, MAX_CPLANS};
 
@@ -49,7 +82,6 @@ kiln_error *cplan_get(int64_t n, int64_t in, int64_t out, int y_f32, int bias, i
         const kiln_lt_key k0 = ckey(n, in, out, y_f32, bias, acc, 0, align);
         if ((*res = kiln_lt_cache_find(&c_cache, &k0))) return NULL;
     }
-    if (!c_ws) CUDA_TRY(cudaMalloc(&c_ws, CWS_BYTES));
     if ((err = kiln_lt_plan_create(&p, &key, CWS_BYTES, TUNE_MAX))) goto done;
     if (!p.ncand && bias) { // no fused algorithm: the plain GEMM, a kernel adds the bias
         kiln_lt_plan_destroy(&p);
@@ -75,14 +107,14 @@ int tune_on(void) {
 
 // the fastest candidate on this call's inputs: 1 warm-up + 3 timed runs each into a scratch output (so an
 // accumulating call's y is untouched); a candidate that fails is skipped
-kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void *bias, cudaStream_t st) {
+kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void *bias, void *ws, cudaStream_t st) {
     kiln_error *err = NULL;
     void *ys = NULL;
     p->tuned = 1;
     if (p->ncand < 2) return NULL;
     CUDA_TRY(cudaMalloc(&ys, (size_t)(p->key.m * p->key.n) * (p->key.c_f32 ? 4 : 2)));
     if (bias && p->user && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
-    err = kiln_lt_plan_tune(p, ys, x, w, 0.0f, c_ws, CWS_BYTES, st);
+    err = kiln_lt_plan_tune(p, ys, x, w, 0.0f, ws, CWS_BYTES, st);
 done:
     if (ys) cudaFree(ys);
     return err;
@@ -130,11 +162,13 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
                                      (long long)out, (long long)in)
                    : NULL;
     }
+    void *ws = NULL;
     pthread_mutex_lock(&c_lock);
+    if ((err = cws_for(st, &ws))) goto done;
     if ((err = cplan_get(n, in, out, y_f32, bias != NULL, accumulate, al, &p))) goto done;
-    if (!p->tuned && tune_on() && (err = cplan_tune(p, w, x, bias, st))) goto done;
+    if (!p->tuned && tune_on() && (err = cplan_tune(p, w, x, bias, ws, st))) goto done;
     if (bias && p->user && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
-    CUBLAS_TRY(kiln_lt_plan_run(p, NULL, y, x, w, beta, c_ws, CWS_BYTES, st));
+    CUBLAS_TRY(kiln_lt_plan_run(p, NULL, y, x, w, beta, ws, CWS_BYTES, st));
     if (bias && !p->user) {
         const int64_t total = n * out, blocks = (total + 255) / 256;
         const int g = (int)(blocks < 1048576 ? blocks : 1048576);
