@@ -88,6 +88,7 @@ typedef struct {
     char kind[32], detail[1024];
     int rank;
     int64_t step, bad_step;     /* bad_step: a NaN/spike step whose window is skipped (-1: none) */
+    double nan_seen;            /* monotonic time a not-yet-blamed NaN was first seen (0: none) */
 } attempt_state;
 
 /* Read what a pipe has (non-blocking); returns the bytes read. */
@@ -187,6 +188,26 @@ static void log_incident(attempt_state *a, const char *kind, int rank, int64_t s
     fflush(a->o->out);
 }
 
+/* The rank whose own gradient was not finite at `step` (its latest beat), or -1 */
+static int nan_blame(const attempt_state *a, int64_t step) {
+    for (int q = 0; q < a->o->np; q++)
+        if (a->have_hb[q] && a->hb[q].step == step && !isfinite(a->hb[q].local_grad_norm)) return q;
+    return -1;
+}
+
+/* 1 while a NaN at `step` that no rank is blamed for yet should wait for the other ranks' beats of that step:
+ * the ranks write their beats one after the other, so the first one seen (the global norm is NaN on every
+ * rank) may come before the beat of the rank that produced it. Not once the job has exited (its beats are
+ * final), and 2 s at most. */
+static int nan_wait(attempt_state *a, int64_t step) {
+    if (a->child_exited) return 0;
+    int behind = 0;
+    for (int q = 0; q < a->o->np; q++) behind |= !a->have_hb[q] || a->hb[q].step < step;
+    if (!behind) return 0;
+    if (a->nan_seen == 0) a->nan_seen = mono();
+    return mono() - a->nan_seen < 2.0;
+}
+
 /* A non-finite loss or gradient norm in a beat: the NaN incident, blaming the rank whose own
  * gradient was not finite. */
 static int check_nan(attempt_state *a) {
@@ -194,9 +215,8 @@ static int check_nan(attempt_state *a) {
     for (int r = 0; r < np; r++) {
         const kiln_heartbeat *h = &a->hb[r];
         if (!a->have_hb[r] || strcmp(h->phase, "train") || (isfinite(h->loss) && isfinite(h->grad_norm))) continue;
-        int who = -1;
-        for (int q = 0; q < np && who < 0; q++)
-            if (a->have_hb[q] && a->hb[q].step == h->step && !isfinite(a->hb[q].local_grad_norm)) who = q;
+        const int who = nan_blame(a, h->step);
+        if (who < 0 && nan_wait(a, h->step)) return 0;
         set_incident(a, "nan", who, h->step, h->step, "loss %g, gradient norm %g%s", h->loss, h->grad_norm,
                      who >= 0 ? " (this rank's own gradient was not finite)" : "");
         return 1;
@@ -231,11 +251,15 @@ static int poll_heartbeats(attempt_state *a) {
         const int64_t s = a->hb[r0].recent[i].step;
         const double loss = a->hb[r0].recent[i].loss, gn = a->hb[r0].recent[i].grad_norm;
         if (s <= a->spike_step) continue;
-        a->spike_step = s;
         if (!isfinite(loss) || !isfinite(gn)) {
-            set_incident(a, "nan", -1, s, s, "loss %g, gradient norm %g", loss, gn);
+            const int who = nan_blame(a, s);
+            if (who < 0 && nan_wait(a, s)) return 0; /* looked at again at the next poll */
+            a->spike_step = s;
+            set_incident(a, "nan", who, s, s, "loss %g, gradient norm %g%s", loss, gn,
+                         who >= 0 ? " (this rank's own gradient was not finite)" : "");
             return 1;
         }
+        a->spike_step = s;
         double z = o->spike_z > 0 ? kiln_spike_push(&a->spike, loss, o->spike_z) : 0;
         if (o->spike_z > 0 && z > o->spike_z) {
             set_incident(a, "loss-spike", -1, s, s, "loss %.6g is %.1f standard deviations above the mean of the "
@@ -620,6 +644,7 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         a.err_tail[0] = 0;
         a.mpi_rank = a.mpi_signal = a.first_dead = -1;
         a.spike_step = a.straggler_step = 0;
+        a.nan_seen = 0;
         a.kind[0] = a.detail[0] = 0;
         memset(a.have_hb, 0, (size_t)np * sizeof *a.have_hb);
         memset(a.slow_count, 0, (size_t)np * sizeof *a.slow_count);
