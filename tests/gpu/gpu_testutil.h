@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "kiln/cuda.h"
 #include "kiln/cuda_ops.h"
@@ -15,6 +16,13 @@
 #include "test.h"
 
 /* n uniform values in [-scale, scale) from rng */
+/* monotonic seconds, for the timings the GPU tests print (never assert) */
+static inline double gt_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static inline float *gt_rand(kiln_rng *rng, int64_t n, float scale) {
     float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
     for (int64_t i = 0; i < n; i++) x[i] = (float)(kiln_rng_uniform(rng) * 2.0 - 1.0) * scale;

@@ -15,7 +15,6 @@
  * The backward is also run twice and must be bit-identical (no atomics). */
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_testutil.h"
 #include "kiln/cuda_attention.h"
@@ -253,12 +252,6 @@ TEST(gpu_attention_bad_shapes) {
               "bad shape");
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The [cuda] benchmark's attention (B=4, T=4096, 8/2 heads of 128, causal; then a 1024 window) is too
  * large for the CPU reference: there kiln's tensor-core kernels and cuDNN must agree with kiln's generic
  * kernels (written independently; same tolerances), and the backward must repeat bit for bit (except
@@ -297,18 +290,18 @@ TEST(gpu_attention_bench_shape) {
                 unsetenv("KILN_ATTN_FWD_ROWS");
             CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL)); /* warm-up */
             CHECK_OK(kiln_cuda_sync());
-            double t0 = now_s();
+            double t0 = gt_now_s();
             CHECK_OK(kiln_attention_forward_cuda(d_out, d_lse, d_q, d_k, d_v, &s, NULL));
             CHECK_OK(kiln_cuda_sync());
-            double t1 = now_s();
+            double t1 = gt_now_s();
             CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
             res[var][0] = gt_down_bf16(d_out, nq), res[var][1] = gt_down_f32(d_lse, nl);
             res[var][2] = gt_down_bf16(d_dq, nq), res[var][3] = gt_down_bf16(d_dk, nk);
             res[var][4] = gt_down_bf16(d_dv, nk);
-            double t2 = now_s(); /* the second backward call: warm */
+            double t2 = gt_now_s(); /* the second backward call: warm */
             CHECK_OK(kiln_attention_backward_cuda(d_dq, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
             CHECK_OK(kiln_cuda_sync());
-            double t3 = now_s();
+            double t3 = gt_now_s();
             printf("   %-12s forward %8.3f ms (%6.1f TFLOP/s)  backward %8.3f ms (%6.1f TFLOP/s)  ran %s / %s  [info]\n",
                    names[var], (t1 - t0) * 1e3, fl / (t1 - t0) / 1e12, (t3 - t2) * 1e3,
                    2.5 * fl / (t3 - t2) / 1e12, kiln_attention_cuda_last_impl(0), kiln_attention_cuda_last_impl(1));
@@ -319,13 +312,13 @@ TEST(gpu_attention_bench_shape) {
             res[var][5] = gt_down_bf16(d_dk, nk);
             if (var == 0) { /* where the backward's time goes: dK/dV only, then dQ only (each with delta) */
                 CHECK_OK(kiln_cuda_sync());
-                double u0 = now_s();
+                double u0 = gt_now_s();
                 CHECK_OK(kiln_attention_backward_cuda(NULL, d_dk, d_dv, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
                 CHECK_OK(kiln_cuda_sync());
-                double u1 = now_s();
+                double u1 = gt_now_s();
                 CHECK_OK(kiln_attention_backward_cuda(d_dq, NULL, NULL, d_do, d_out, d_lse, d_q, d_k, d_v, &s, work, NULL));
                 CHECK_OK(kiln_cuda_sync());
-                double u2 = now_s();
+                double u2 = gt_now_s();
                 printf("   %-8s backward split: dK/dV %8.3f ms (4 GEMMs, %6.1f TFLOP/s)  dQ %8.3f ms (3 GEMMs, %6.1f "
                        "TFLOP/s)  [info]\n",
                        names[var], (u1 - u0) * 1e3, 2.0 * fl / (u1 - u0) / 1e12, (u2 - u1) * 1e3,

@@ -11,7 +11,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "clip_testutil.h"
 #include "cuda/clip_ops.h"
@@ -254,12 +253,6 @@ TEST(gpu_clip_attention_cudnn) {
     unsetenv("KILN_CLIP_ATTN");
 }
 
-static double clip_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Timings, printed and never asserted: cuDNN's forward, the default (auto: kiln's short-sequence kernel where
  * it is expected faster, else cuDNN) and the own kernels at the chunk shapes of the bench (64 L/14 images, 128
  * B/32 images) and at T = 256 beside 257 (how cuDNN's tiles meet the class token: 257 tokens are 3 tiles of 128
@@ -281,11 +274,11 @@ TEST(gpu_clip_attention_timing) {
             for (int r = 0; r < 2; r++)
                 CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
             CHECK_OK(kiln_cuda_sync());
-            const double t0 = clip_now_s();
+            const double t0 = gt_now_s();
             for (int r = 0; r < 10; r++)
                 CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
             CHECK_OK(kiln_cuda_sync());
-            const double ms = (clip_now_s() - t0) * 100;
+            const double ms = (gt_now_s() - t0) * 100;
             printf("    B=%lld T=%lld heads=%lld %-6s (ran %s): %.3f ms, %.0f TFLOP/s\n", (long long)B, (long long)T,
                    (long long)heads, impls[i], kiln_clip_attention_last_impl(), ms, fl / ms * 1e-9);
         }

@@ -13,7 +13,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/clip_ops.h"
 #include "gpu_testutil.h"
@@ -88,12 +87,6 @@ TEST(gpu_clip_attn_short_shapes) {
     unsetenv("KILN_CLIP_ATTN");
 }
 
-static double short_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Timings, printed and never asserted: cuDNN (KILN_CLIP_ATTN=cudnn), the short kernels (the default choice, one
  * or two warpgroups forced, the mma.sync kernel) and the streaming kernel (KILN_CLIP_ATTN_SHORT=0) at the bench's
  * chunk shapes (64 L/14 images at 224 and 336, 128 B/32 images), B/16's 197 tokens, and T = 256 beside 257.
@@ -122,11 +115,11 @@ TEST(gpu_clip_attn_short_timing) {
             for (int r = 0; r < 3; r++)
                 CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
             CHECK_OK(kiln_cuda_sync());
-            const double t0 = short_now_s();
+            const double t0 = gt_now_s();
             for (int r = 0; r < 20; r++)
                 CHECK_OK(kiln_mha_forward_cuda(dout, dq, dq + H, dq + 2 * H, B, T, heads, hd, stride, H, 0.125f, 0, NULL));
             CHECK_OK(kiln_cuda_sync());
-            const double ms = (short_now_s() - t0) * 1e3 / 20;
+            const double ms = (gt_now_s() - t0) * 1e3 / 20;
             printf("    B=%lld T=%lld heads=%lld %-10s (ran %s): %.4f ms, %.0f TFLOP/s\n", (long long)B, (long long)T,
                    (long long)heads, impls[i].label, kiln_clip_attention_last_impl(), ms, fl / ms * 1e-9);
         }

@@ -264,13 +264,6 @@ TEST(gpu_ops_cca_conv_tensor_cores) {
  * f32 4 written, 4 read twice; x 2 read by dw0; dq / dk 2 written) + the dw1 partials (one f32 copy of w1 per
  * 512 steps of a sequence, written and read); then each pass of one call by CUDA events (kiln_cca_conv_profile_cuda)
  * beside its own bytes. Times printed, never asserted. */
-#include <time.h>
-static double conv_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 TEST(gpu_ops_cca_conv_couple_timing) {
     const int64_t B = 4, T = 4096, NH = 8, KV = 2, D = 128, k0 = 2, k1 = 2;
     const int64_t Q = NH * D, K = KV * D, C = Q + K, N = B * T, M = T + k1 - 1, nm = B * M * C, n1 = C * D * k1;
@@ -291,10 +284,10 @@ TEST(gpu_ops_cca_conv_couple_timing) {
     /* the copy rate: dmid's size, read + written */
     CHECK_OK(kiln_cuda_copy(cp, dmid, (size_t)nm * 4, KILN_CUDA_D2D));
     CHECK_OK(kiln_cuda_sync());
-    double t0 = conv_now();
+    double t0 = gt_now_s();
     for (int i = 0; i < it; i++) CHECK_OK(kiln_cuda_copy(cp, dmid, (size_t)nm * 4, KILN_CUDA_D2D));
     CHECK_OK(kiln_cuda_sync());
-    const double rate = 8.0 * nm / ((conv_now() - t0) / it) / 1e9; /* GB/s */
+    const double rate = 8.0 * nm / ((gt_now_s() - t0) / it) / 1e9; /* GB/s */
     const double fb = 10.0 * N * C, bb = 24.0 * N * C + 2.0 * 4 * (B * ((T + 511) / 512)) * n1;
     printf("    device copy %.0f GB/s: bounds forward %.1f us (%.0f MB), backward %.1f us (%.0f MB)\n", rate,
            fb / rate / 1e3, fb / 1e6, bb / rate / 1e3, bb / 1e6);
@@ -304,7 +297,7 @@ TEST(gpu_ops_cca_conv_couple_timing) {
             for (int i = 0; i <= it; i++) {
                 if (i == 1) {
                     CHECK_OK(kiln_cuda_sync());
-                    t0 = conv_now();
+                    t0 = gt_now_s();
                 }
                 if (pass == 0)
                     CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, NULL));
@@ -313,7 +306,7 @@ TEST(gpu_ops_cca_conv_couple_timing) {
                                                                 w1, &s, NH, KV, NULL));
             }
             CHECK_OK(kiln_cuda_sync());
-            us[pass] = (conv_now() - t0) / it * 1e6;
+            us[pass] = (gt_now_s() - t0) / it * 1e6;
         }
         printf("    cca_conv + couple forward %7.1f us %5.0f GB/s %.2fx the bound; backward %7.1f us "
                "%5.0f GB/s %.2fx\n", us[0], fb / us[0] / 1e3, us[0] / (fb / rate / 1e3), us[1],

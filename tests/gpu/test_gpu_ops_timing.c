@@ -4,16 +4,9 @@
  * time (the correctness tests are the other test_gpu_ops files); it checks only that every call succeeds. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_testutil.h"
 #include "kiln/nn.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* a device buffer of n floats (or bf16) holding a repeated block of random values in [-scale, scale) */
 #define BLOCK 65536
@@ -36,10 +29,10 @@ static void *fill_dev(kiln_rng *rng, int64_t n, int bf16, float scale) {
         CHECK_OK(call);                                                                                    \
         CHECK_OK(kiln_cuda_sync());                                                                        \
         const int it_ = 5;                                                                                 \
-        double t0_ = now_s();                                                                              \
+        double t0_ = gt_now_s();                                                                              \
         for (int i_ = 0; i_ < it_; i_++) CHECK_OK(call);                                                   \
         CHECK_OK(kiln_cuda_sync());                                                                        \
-        double us_ = (now_s() - t0_) / it_ * 1e6;                                                          \
+        double us_ = (gt_now_s() - t0_) / it_ * 1e6;                                                          \
         printf("    %-34s %9.1f us  %7.0f GB/s\n", (name), us_, (double)(bytes) / (us_ * 1e3));             \
     } while (0)
 

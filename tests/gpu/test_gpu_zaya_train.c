@@ -228,12 +228,6 @@ done:
  * each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter, + 4 for each gradient it
  * also zeroes: all but the experts'; the norm: 4), next to a device-to-device copy on the same GPU (the memory
  * bound), for each AdamW kernel and launch geometry. Printed for docs/perf.md; nothing here asserts on time. */
-#include <time.h>
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 static void fill_random(kiln_rng *rng, float *d, size_t n, float scale) {
     enum { BLK = 1 << 22 };
     float *h = gt_rand(rng, BLK, scale);
@@ -279,10 +273,10 @@ TEST(gpu_zaya_opt_step_timing) {
         CHECK_OK(kiln_cuda_alloc((void **)&st, nd * 4));
         CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
         CHECK_OK(kiln_cuda_sync());
-        double t0 = now_s();
+        double t0 = gt_now_s();
         for (int i = 0; i < it; i++) CHECK_OK(kiln_cuda_copy(st, dg, nd * 4, KILN_CUDA_D2D));
         CHECK_OK(kiln_cuda_sync());
-        const double cms = (now_s() - t0) / it * 1e3, rate = 8.0 * nd / (cms * 1e6); /* GB/s */
+        const double cms = (gt_now_s() - t0) / it * 1e3, rate = 8.0 * nd / (cms * 1e6); /* GB/s */
         kiln_cuda_free(st);
         printf("    device copy of the gradients %8.2f ms  %6.0f GB/s (read + written): AdamW's bound %.2f ms (30 B/param), "
                "the norm's %.2f ms (4), the memset's %.2f ms (4, written)\n", cms, rate, 30 * P / (rate * 1e6),
@@ -307,13 +301,13 @@ TEST(gpu_zaya_opt_step_timing) {
                     for (int i = 0; i <= it; i++) {
                         if (i == 1) { /* the first is a warm-up */
                             CHECK_OK(kiln_zaya_cuda_sync(g));
-                            t0 = now_s();
+                            t0 = gt_now_s();
                         }
                         if (zero) CHECK_OK(kiln_zaya_cuda_opt_step_zeroing(o, 0.5f, &hp, 1e-4, step++));
                         else CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, step++, 1));
                     }
                     CHECK_OK(kiln_zaya_cuda_sync(g));
-                    const double ms = (now_s() - t0) / it * 1e3;
+                    const double ms = (gt_now_s() - t0) / it * 1e3;
                     printf("    optimizer step (AdamW, scale + bf16 copy%s) [%-10s hints %d] %8.2f ms  %6.0f GB/s "
                            "(%.2f B/param)  %.3fx the copy bound\n", zero ? " + zeroing" : "", grids[gi], hints, ms,
                            bytes / (ms * 1e6), bytes / P, ms / (bytes / (rate * 1e6)));
@@ -325,26 +319,26 @@ TEST(gpu_zaya_opt_step_timing) {
         double sq = 0;
         CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, nd, &sq));
         const int it = 5;
-        double t0 = now_s();
+        double t0 = gt_now_s();
         for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_sumsq(g, dg, nd, &sq));
-        const double ms = (now_s() - t0) / it * 1e3;
+        const double ms = (gt_now_s() - t0) / it * 1e3;
         printf("    gradient norm (sum of squares to the host) %8.2f ms  %6.0f GB/s (4 B/param)\n", ms, 4 * P / (ms * 1e6));
         /* the trainer's gradient zeroing when the optimizer does not do it (a memset at write speed) */
         CHECK_OK(kiln_zaya_cuda_grads_zero(g));
         CHECK_OK(kiln_zaya_cuda_sync(g));
-        t0 = now_s();
+        t0 = gt_now_s();
         for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_grads_zero(g));
         CHECK_OK(kiln_zaya_cuda_sync(g));
-        const double zms = (now_s() - t0) / it * 1e3;
+        const double zms = (gt_now_s() - t0) / it * 1e3;
         printf("    gradient zeroing (cudaMemsetAsync) %8.2f ms  %6.0f GB/s (written)\n", zms, 4.0 * nd / (zms * 1e6));
         /* the trainer's: only the gradients the backward adds to (a memset per run of such tensors) */
-        t0 = now_s();
+        t0 = gt_now_s();
         for (int i = 0; i < it; i++) CHECK_OK(kiln_zaya_cuda_grads_zero_added(g));
         CHECK_OK(kiln_zaya_cuda_sync(g));
         double za = 0;
         for (int i = 0; i < m->nparams; i++)
             if (!kiln_zaya_cuda_grad_overwritten(g, i)) za += 4.0 * (double)m->params[i].numel;
-        const double ams = (now_s() - t0) / it * 1e3;
+        const double ams = (gt_now_s() - t0) / it * 1e3;
         printf("    gradient zeroing, the added gradients only (memsets) %8.2f ms  %6.0f GB/s (%.2f GB written)\n", ams,
                za / (ams * 1e6), za / 1e9);
     }
@@ -366,11 +360,11 @@ TEST(gpu_zaya_opt_step_timing) {
                 CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, (kiln_ns_precision)pr, ws, NULL)); /* warm-up */
                 CHECK_OK(kiln_cuda_sync());
                 const int it = pr == KILN_NS_FP32 ? 1 : 3;
-                double t0 = now_s();
+                double t0 = gt_now_s();
                 for (int i = 0; i < it; i++)
                     CHECK_OK(kiln_zaya_newton_schulz_cuda(x, E, rows, cols, 5, (kiln_ns_precision)pr, ws, NULL));
                 CHECK_OK(kiln_cuda_sync());
-                const double ms = (now_s() - t0) / it * 1e3;
+                const double ms = (gt_now_s() - t0) / it * 1e3;
                 printf("    Newton-Schulz (5 steps, %s) 16 x [%lld, %lld] %-7s %8.2f ms  %6.1f TFLOP/s\n",
                        kiln_ns_precision_name((kiln_ns_precision)pr), (long long)rows, (long long)cols, grp[gi].name, ms,
                        flop / (ms * 1e9));
@@ -441,12 +435,12 @@ TEST(gpu_zaya_opt_step_muon_timing) {
         kiln_error *e = kiln_zaya_cuda_opt_step(mo, dg, 0, 0.5f, &mh, 1e-4, 1, 1); /* warm-up (cuBLASLt plans) */
         if (!e) e = kiln_zaya_cuda_sync(g);
         const int it = pr == KILN_NS_FP32 ? 1 : 3;
-        double t0 = now_s();
+        double t0 = gt_now_s();
         for (int i = 0; i < it && !e; i++) e = kiln_zaya_cuda_opt_step(mo, dg, 0, 0.5f, &mh, 1e-4, 2 + i, 1);
         if (!e) e = kiln_zaya_cuda_sync(g);
         if (!e)
             printf("    optimizer step (Muon, Newton-Schulz in %s, + AdamW) %8.2f ms\n",
-                   kiln_ns_precision_name((kiln_ns_precision)pr), (now_s() - t0) / it * 1e3);
+                   kiln_ns_precision_name((kiln_ns_precision)pr), (gt_now_s() - t0) / it * 1e3);
         ok = !e;
         CHECK_OK(e);
     }
