@@ -123,6 +123,13 @@ static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_
     return e;
 }
 
+/* wait for everything queued on the model's streams (both lanes', the uploads'); errors are the caller's to clear */
+static void sync_streams(struct clip_gpu *g) {
+    if (g->cp) cudaStreamSynchronize(g->cp);
+    for (int i = 0; i < 2; i++)
+        if (g->ln[i].st) cudaStreamSynchronize(g->ln[i].st);
+}
+
 /* a lane's activation buffers (its stream stays) */
 static void lane_free(struct clip_lane *a) {
     kiln_cuda_free(a->x), kiln_cuda_free(a->xc), kiln_cuda_free(a->nrm), kiln_cuda_free(a->cols);
@@ -149,9 +156,7 @@ static void free_chunk_buffers(struct clip_gpu *g) {
 void kiln_clip_gpu_free(kiln_clip *m) {
     struct clip_gpu *g = m->gpu;
     if (!g) return;
-    if (g->st) cudaStreamSynchronize(g->st);
-    if (g->ln[1].st) cudaStreamSynchronize(g->ln[1].st);
-    if (g->cp) cudaStreamSynchronize(g->cp);
+    sync_streams(g);
     free_chunk_buffers(g);
     kiln_clip_pinned_free(g->hout);
     for (int i = 0; i < g->nallocs; i++) kiln_cuda_free(g->allocs[i]);
@@ -303,9 +308,7 @@ static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, 
             D = m->proj_dim, K = 3 * p * p, Nm = Bm * T;
     size_t per = (size_t)(3 * S * S);
     if (g->cap_imgs < Bm) {
-        cudaStreamSynchronize(g->st);
-        if (g->ln[1].st) cudaStreamSynchronize(g->ln[1].st);
-        cudaStreamSynchronize(g->cp);
+        sync_streams(g);
         free_chunk_buffers(g);
         KILN_TRY(alloc_dev((void **)&g->px[0], sizeof(float) * per * (size_t)Bm));
         KILN_TRY(alloc_dev((void **)&g->px[1], sizeof(float) * per * (size_t)Bm));
@@ -552,9 +555,7 @@ kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n
     kiln_error *e = embed(m, g, pixels, n, out, patches);
     if (e) {
         /* leave nothing in flight that reads the caller's buffers */
-        cudaStreamSynchronize(g->cp);
-        cudaStreamSynchronize(g->st);
-        if (g->ln[1].st) cudaStreamSynchronize(g->ln[1].st);
+        sync_streams(g);
         cudaGetLastError();
         g->nev = 0;
     }
