@@ -14,7 +14,7 @@
  * and the MLP on B rows (the same math, ~1/L of the tower less work). Pixels go up as f32 (the caller's, as
  * torch uploads them) and are rounded to bf16 by the patch kernel on the device.
  * Images run in chunks on two streams of the model's own, consecutive chunks on alternate streams with their
- * own activation buffers (image embeddings only; KILN_CLIP_STREAMS=1: one), and a third stream for uploads: the
+ * own activation buffers (image embeddings only; KILN_CLIP_STREAMS=N: 1 to 4), and one more for uploads: the
  * pixels of chunk c+1 travel while chunk c computes (two device slots, events between the streams). Pixels in
  * page-locked memory (kiln_clip_pixels_alloc) go up straight from the caller's buffer; pageable ones are
  * first copied into a page-locked slot by OpenMP threads; pixels already on the device are used in place.
@@ -55,6 +55,7 @@ static const char *const prof_names[P_NCLASS] = {
     "fc1 GEMM", "activation", "fc2 GEMM + residual", "post LN + proj + L2"};
 
 /* one chunk's activations on the device and the stream that computes it */
+enum { CLIP_LANES_MAX = 4 };
 struct clip_lane {
     cudaStream_t st;
     void *x, *xc; /* the residual stream [N, H] and its class rows [B, H] (f32-sized) */
@@ -72,7 +73,7 @@ struct clip_gpu {
     cudaEvent_t up[2], used[2];   /* per pixel slot: its upload landed; the patch kernel has read it */
     int64_t cap_imgs;             /* images per chunk the buffers below hold */
     kiln_clip_dtype res;          /* the residual stream's type for this call (KILN_CLIP_RESIDUAL) */
-    struct clip_lane ln[2];       /* chunks in flight at once (KILN_CLIP_STREAMS): lane 1 allocated on demand */
+    struct clip_lane ln[CLIP_LANES_MAX]; /* chunks in flight at once (KILN_CLIP_STREAMS): lanes 1.. on demand */
     int nlanes;                   /* lanes whose buffers exist */
     float *px[2];                 /* device */
     float *stage[2];              /* page-locked pixels of one chunk (pageable callers) */
@@ -126,7 +127,7 @@ static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_
 /* wait for everything queued on the model's streams (both lanes', the uploads'); errors are the caller's to clear */
 static void sync_streams(struct clip_gpu *g) {
     if (g->cp) cudaStreamSynchronize(g->cp);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < CLIP_LANES_MAX; i++)
         if (g->ln[i].st) cudaStreamSynchronize(g->ln[i].st);
 }
 
@@ -146,7 +147,7 @@ static void free_chunk_buffers(struct clip_gpu *g) {
         kiln_clip_pinned_free(g->stage[i]);
         g->px[i] = NULL, g->stage[i] = NULL;
     }
-    for (int i = 0; i < 2; i++) lane_free(&g->ln[i]);
+    for (int i = 0; i < CLIP_LANES_MAX; i++) lane_free(&g->ln[i]);
     kiln_clip_pinned_free(g->hpatch);
     g->hpatch = NULL;
     g->nlanes = 0;
@@ -170,7 +171,8 @@ void kiln_clip_gpu_free(kiln_clip *m) {
     free(g->ev);
     free(g->evc);
     if (g->st) cudaStreamDestroy(g->st);
-    if (g->ln[1].st) cudaStreamDestroy(g->ln[1].st);
+    for (int i = 1; i < CLIP_LANES_MAX; i++)
+        if (g->ln[i].st) cudaStreamDestroy(g->ln[i].st);
     if (g->cp) cudaStreamDestroy(g->cp);
     free(g->allocs);
     free(g->L);
@@ -291,13 +293,15 @@ static int64_t chunk_images(int64_t n, int64_t T) {
     return c < n ? c : n;
 }
 
-/* Consecutive chunks on two streams, each with its own activations (the default; KILN_CLIP_STREAMS=1: one
- * stream, read at every call), so one chunk's kernels fill the SMs the other's leave idle (a GEMM's last wave,
- * attention's, the memory-bound passes beside compute-bound ones). Same kernels on the same shapes: the same
- * bits as one stream. Costs a second set of activation buffers (~0.45 GB for L/14 at 64 images). */
+/* Consecutive chunks on two streams, each with its own activations (the default; KILN_CLIP_STREAMS=N, 1 to
+ * CLIP_LANES_MAX, read at every call), so one chunk's kernels fill the SMs the other's leave idle (a GEMM's
+ * last wave, attention's, the memory-bound passes beside compute-bound ones). Same kernels on the same
+ * shapes: the same bits as one stream. Costs a set of activation buffers a stream (~0.45 GB for L/14 at 64
+ * images). */
 static int clip_streams(void) {
     const char *e = getenv("KILN_CLIP_STREAMS");
-    return e && atoi(e) == 1 ? 1 : 2;
+    int n = e && *e ? atoi(e) : 2;
+    return n < 1 ? 1 : n > CLIP_LANES_MAX ? CLIP_LANES_MAX : n;
 }
 
 static kiln_error *alloc_dev(void **p, size_t bytes) { return kiln_cuda_alloc(p, bytes ? bytes : 1); }
@@ -333,7 +337,7 @@ static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, 
         if (!e) continue;
         lane_free(a);
         if (g->nlanes == 0) return e;
-        /* no room for a second set of activations: one stream (the caller sees g->nlanes) */
+        /* no room for another set of activations: fewer streams (the caller sees g->nlanes) */
         kiln_log(KILN_LOG_DEBUG, "CLIP on CUDA: one stream: %s", kiln_error_msg(e));
         kiln_error_free(e);
         cudaGetLastError();
@@ -497,9 +501,10 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
     int kind = pixels_kind(pixels);
     int64_t Bm = chunk_images(n, T), nch = (n + Bm - 1) / Bm;
     double t0 = g->prof ? wall() : 0;
-    /* two chunks in flight on two streams where there are two (image embeddings only: the patch path copies
-     * each chunk out through one page-locked buffer; the profile's timeline is one stream's) */
-    int nl = clip_streams() == 2 && nch >= 2 && !patches && !g->prof ? 2 : 1;
+    /* chunks in flight on as many streams as asked and there are chunks (image embeddings only: the patch
+     * path copies each chunk out through one page-locked buffer; the profile's timeline is one stream's) */
+    int nl = patches || g->prof ? 1 : clip_streams();
+    if (nl > nch) nl = (int)nch;
     g->nev = 0;
     KILN_TRY(residual_type(&g->res));
     KILN_TRY(ensure_buffers(m, g, Bm, nl, kind == 0));
@@ -542,7 +547,7 @@ static kiln_error *embed(kiln_clip *m, struct clip_gpu *g, const float *pixels, 
                                               cudaMemcpyDeviceToHost, a->st), "downloading embeddings"));
         }
     }
-    if (nl == 2) KILN_TRY(cuda_err(cudaStreamSynchronize(g->ln[1].st), "computing embeddings"));
+    for (int i = 1; i < nl; i++) KILN_TRY(cuda_err(cudaStreamSynchronize(g->ln[i].st), "computing embeddings"));
     KILN_TRY(cuda_err(cudaStreamSynchronize(g->st), "computing embeddings"));
     if (!patches) memcpy(out, g->hout, sizeof(float) * (size_t)(n * D));
     if (g->prof) prof_print(g, n, Bm, kind, wall() - t0);

@@ -3,7 +3,7 @@
  * and head dims; the class token's own kernel of the last layer), linear (bf16 out; accumulated into an f32
  * or a bf16 residual stream) and quick_gelu ops on random inputs, then whole vision towers (the transformers
  * fixtures, and random ViT-B/32- and L/14-shaped towers with more images than one chunk; chunks on one stream
- * and on two) with the bf16 and the f32 residual stream (KILN_CLIP_RESIDUAL), with and without patch embeddings (without: the last layer on the
+ * and on two to four) with the bf16 and the f32 residual stream (KILN_CLIP_RESIDUAL), with and without patch embeddings (without: the last layer on the
  * class rows only), with cuDNN's attention and with kiln's own kernel. bf16 activations and weights:
  * embeddings are compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on unit
  * vectors); the class-rows-only last layer against the full one on the GPU closer (>= 0.9995, <= 2e-2). With KILN_CUDNN_LIB set (the GPU machine's build script sets it) cuDNN must run every
@@ -497,18 +497,21 @@ static void check_dir(const char *dir, int n, uint64_t seed, int expect_cudnn) {
         setenv("KILN_CLIP_STREAMS", "1", 1);
         CHECK_OK(kiln_clip_embed_images(m, pin, n, ge3, NULL));
         compare_rows("chunks of 3, one stream, page-locked", ge3, ce, n, D);
-        /* consecutive chunks on two streams (the default; KILN_CLIP_STREAMS=2): the same kernels on the same
-         * shapes, so the same bits as one stream; a workspace or buffer shared between the streams would not
-         * keep them */
+        /* consecutive chunks on two streams (the default), three and four (KILN_CLIP_STREAMS): the same kernels
+         * on the same shapes, so the same bits as one stream; a workspace or buffer shared between the streams
+         * would not keep them */
         float *ge4 = malloc(sizeof(float) * n * D);
-        setenv("KILN_CLIP_STREAMS", "2", 1);
-        for (int pl = 0; pl < 2; pl++) {
-            memset(ge4, 0, sizeof(float) * n * D);
-            CHECK_OK(kiln_clip_embed_images(m, pl ? px : pin, n, ge4, NULL));
-            compare_rows(pl ? "chunks of 3, two streams, pageable" : "chunks of 3, two streams", ge4, ce, n, D);
-            CHECK_MSG(!memcmp(ge4, ge3, sizeof(float) * n * D), "two streams (%s pixels): other bits than one",
-                      pl ? "pageable" : "page-locked");
-        }
+        const char *lanes[] = {"2", "3", "4"};
+        for (int v = 0; v < 3; v++)
+            for (int pl = 0; pl < 2; pl++) {
+                char what[96];
+                setenv("KILN_CLIP_STREAMS", lanes[v], 1);
+                snprintf(what, sizeof what, "chunks of 3, %s streams%s", lanes[v], pl ? ", pageable" : "");
+                memset(ge4, 0, sizeof(float) * n * D);
+                CHECK_OK(kiln_clip_embed_images(m, pl ? px : pin, n, ge4, NULL));
+                compare_rows(what, ge4, ce, n, D);
+                CHECK_MSG(!memcmp(ge4, ge3, sizeof(float) * n * D), "%s: other bits than one stream", what);
+            }
         unsetenv("KILN_CLIP_STREAMS");
         free(ge4);
         memset(ge3, 0, sizeof(float) * n * D);
