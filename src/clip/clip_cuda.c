@@ -431,7 +431,8 @@ static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, struct clip_lane *a, 
         mark(g, P_LN);
         KILN_TRY(kiln_clip_layernorm_cuda(a->h, bf, r, rt, H, L->ln2_w, L->ln2_b, nr, H, eps, st));
         mark(g, P_FC1);
-        /* KILN_CLIP_GEMM=own (opt-in): quick_gelu in fc1's epilogue, a GEMM of kiln's own (widths it takes) */
+        /* quick_gelu in fc1's epilogue, a GEMM of kiln's own (the default on Hopper, widths it takes;
+         * KILN_CLIP_GEMM=cublaslt: cuBLASLt, then the pass) */
         if (c->act == CLIP_ACT_QUICK_GELU && kiln_clip_gemm_own() && H % 64 == 0 && I % 128 == 0)
             KILN_TRY(kiln_clip_linear_quick_gelu_cuda(a->f, a->h, L->fc1_w, L->fc1_b, nr, H, I, st));
         else {

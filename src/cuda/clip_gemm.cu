@@ -129,12 +129,28 @@ template <typename Y> __global__ void add_bias_rows(Y *y, const Y *b, int64_t n,
     }
 }
 
-// KILN_CLIP_GEMM, read at every call (tests switch it): 0 unset (cuBLASLt), 1 "own" (fc1 + quick_gelu as one own
-// GEMM), 2 "own-all" (that, and every CLIP projection the own GEMM takes goes through it: bf16 out with or without
-// the bias; f32 out accumulated with an f32 bias; the rest through cuBLASLt)
+// KILN_CLIP_GEMM, read at every call (tests switch it): 1 "own" (fc1 + quick_gelu as one own GEMM: the default
+// where the device is a Hopper, sm_90, the own GEMM's only target), 0 "cublaslt" (cuBLASLt, then a quick_gelu
+// pass), 2 "own-all" (fc1 as with "own", and every CLIP projection the own GEMM takes through it: bf16 out with
+// or without the bias; f32 out accumulated with an f32 bias; the rest through cuBLASLt). Why fc1 by default:
+// +1.5% img/s on ViT-L/14 in the tower (session 10, runs r1-r3 in docs/perf.md) though the own main loop runs
+// below cuBLASLt's rate, since the quick_gelu pass over the 4096-wide activations is gone.
+int hopper(void) {
+    static int h = -1;
+    if (h < 0) {
+        int dev = 0, major = 0;
+        h = cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9;
+        cudaGetLastError();
+    }
+    return h;
+}
 int own_mode(void) {
     const char *e = getenv("KILN_CLIP_GEMM");
-    return !e ? 0 : !strcmp(e, "own-all") ? 2 : !strcmp(e, "own") ? 1 : 0;
+    if (e && !strcmp(e, "own-all")) return 2;
+    if (e && !strcmp(e, "own")) return 1;
+    if (e && !strcmp(e, "cublaslt")) return 0;
+    return hopper();
 }
 int own_fits(const void *y, const void *x, const void *w, const void *bias, int64_t in, int64_t out, int y_f32,
              int accumulate) {

@@ -18,10 +18,11 @@ typedef enum { KILN_CLIP_F32 = 0, KILN_CLIP_BF16 = 1 } kiln_clip_dtype;
  * adds into y (C = D, beta = 1: the residual stream's add as the GEMM's epilogue, one rounding to y's type). */
 kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16 *x, const kiln_bf16 *w, const void *bias,
                                   int64_t n, int64_t in, int64_t out, int accumulate, void *stream);
-/* KILN_CLIP_GEMM=own (read at every call; off by default): 1 when CLIP's fc1 + quick_gelu run as one GEMM of
- * kiln's own with quick_gelu in its epilogue (src/cuda/gemm_tc.cu) instead of cuBLASLt + a quick_gelu pass.
- * KILN_CLIP_GEMM=own-all: that, and kiln_clip_linear_cuda runs every projection the own GEMM takes through it
- * (bf16 out with or without the bias; f32 out accumulated with an f32 bias; in % 64, out % 128). */
+/* 1 when CLIP's fc1 + quick_gelu run as one GEMM of kiln's own with quick_gelu in its epilogue
+ * (src/cuda/gemm_tc.cu) instead of cuBLASLt + a quick_gelu pass: the default on a Hopper (sm_90) device;
+ * KILN_CLIP_GEMM (read at every call) =own forces it, =cublaslt turns it off, =own-all: that, and
+ * kiln_clip_linear_cuda runs every projection the own GEMM takes through it (bf16 out with or without the
+ * bias; f32 out accumulated with an f32 bias; in % 64, out % 128). */
 int kiln_clip_gemm_own(void);
 /* y[n,out] = quick_gelu(x[n,in] wᵀ + bias) in that one GEMM: x, w, y and bias bf16 (in % 64 == 0,
  * out % 128 == 0, 16-byte aligned rows) */

@@ -3,7 +3,7 @@
  * a weight stored [out, in], the "NT" layout of src/cuda/clip_gemm.cu), f32 accumulation, C bf16 with row
  * stride ldc (or f32, accumulated into). Tiles are loaded by TMA into 128-byte-swizzled shared memory
  * through a multi-stage mbarrier pipeline and multiplied by wgmma (src/cuda/gemm_tc.cu). Internal to the
- * CUDA side and its GPU tests; not on any default path (KILN_CLIP_GEMM=own opts CLIP's fc1 in).
+ * CUDA side, its GPU tests and CLIP's fc1 + quick_gelu (the default on Hopper; KILN_CLIP_GEMM=cublaslt opts out).
  *
  * Requirements (else a kiln_error naming the field): K % 64 == 0, N % 128 == 0, M, N, K < 2^31; A, B, C
  * 16-byte aligned and lda, ldb, ldc multiples of 8 elements (TMA's 16-byte global strides), lda, ldb >= K,

@@ -441,8 +441,8 @@ static void tower_rows(const char *what, const float *a, const float *b, int64_t
     CHECK_MSG(worst >= 0.998 && maxd <= 4e-2, "%s: worst cosine %.6f, max |diff| %.3g", what, worst, maxd);
 }
 
-/* CLIP's vision tower (L/14-shaped: 257 tokens, widths the own GEMM takes) with KILN_CLIP_GEMM=own, fc1 +
- * quick_gelu as one own GEMM, against the CPU and against the default GPU path (cuBLASLt + the pass); then
+/* CLIP's vision tower (L/14-shaped: 257 tokens, widths the own GEMM takes) with KILN_CLIP_GEMM=own (the
+ * default here), fc1 + quick_gelu as one own GEMM, against the CPU and against cuBLASLt + the pass; then
  * KILN_CLIP_GEMM=own-all (every projection it takes through the own GEMM) against the CPU */
 TEST(gpu_gemm_tc_clip_tower) {
     clip_test_cfg c = clip_test_default;
@@ -460,15 +460,20 @@ TEST(gpu_gemm_tc_clip_tower) {
     float *gd = malloc(sizeof(float) * n * D), *go = malloc(sizeof(float) * n * D);
     CHECK_OK(kiln_clip_embed_images(m, px, n, ce, NULL));
     CHECK_OK(kiln_clip_set_device(m, "cuda"));
-    unsetenv("KILN_CLIP_GEMM");
+    setenv("KILN_CLIP_GEMM", "cublaslt", 1);
     CHECK_OK(kiln_clip_embed_images(m, px, n, gd, NULL));
     setenv("KILN_CLIP_GEMM", "own", 1);
     CHECK_OK(kiln_clip_embed_images(m, px, n, go, NULL));
     unsetenv("KILN_CLIP_GEMM");
-    tower_rows("default GPU path vs CPU", gd, ce, n, D);
+    tower_rows("cuBLASLt + the pass vs CPU", gd, ce, n, D);
     tower_rows("KILN_CLIP_GEMM=own vs CPU", go, ce, n, D);
-    tower_rows("KILN_CLIP_GEMM=own vs default GPU path", go, gd, n, D);
+    tower_rows("KILN_CLIP_GEMM=own vs cuBLASLt + the pass", go, gd, n, D);
     CHECK(memcmp(go, gd, sizeof(float) * n * D) != 0); /* the own GEMM ran (one rounding fewer: other bits) */
+    /* the default on this (Hopper) machine is the own GEMM: the same bits as KILN_CLIP_GEMM=own */
+    float *gdef = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, gdef, NULL));
+    CHECK_MSG(!memcmp(gdef, go, sizeof(float) * n * D), "the default is not KILN_CLIP_GEMM=own's bits");
+    free(gdef);
     /* every projection the own GEMM takes (qkv, out, fc1 + quick_gelu, fc2, the final projection), with the
      * default tile and with 2 x 2 clusters; patches too */
     const int64_t G2 = (int64_t)kiln_clip_grid(m) * kiln_clip_grid(m);
