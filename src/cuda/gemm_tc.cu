@@ -8,7 +8,8 @@
 //    loads of each block (A: BM rows x 64, B: BN rows x 64, each row 128 bytes, 128-byte swizzle) into a ring
 //    of STAGES shared-memory slots. `full[s]` (one arrival + the transaction bytes) says a slot has landed,
 //    `empty[s]` (one arrival per consumer warp) says the MMAs reading it are done. Its registers are given
-//    to the consumers (setmaxnreg).
+//    to the consumers (setmaxnreg). With the epilogue-warps tiles (128x256e, an experiment) its warps 1-3 run
+//    the consumers' epilogues from a shared-memory copy of each tile.
 //  - warpgroups 1 and 2, the consumers: wgmma m64nBNk16 on the slot, keeping one wgmma group in flight (a
 //    slot is released once the group after it was issued and the one reading it has completed), then the
 //    epilogue from the accumulator registers (bias, quick_gelu, bf16 rounding, guarded stores of bf16 pairs)
@@ -312,6 +313,52 @@ __device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint3
     }
 }
 
+// The epilogue warps (DEFER 2, cooperative tiles with a bf16 output): the deferred epilogue above still runs
+// quick_gelu on the MMA warps between their k blocks, where it is not hidden (540-554 TFLOP/s against 671-694 with
+// the bias alone, r32). Here the consumers leave a tile's bias-added bf16 pairs in a shared-memory buffer (BM x BN,
+// 64 KB at 128 x 256: 3 pipeline slots instead of 4) and go on to the next tile's MMAs; warps 1-3 of the
+// producer warpgroup, idle otherwise, apply quick_gelu (the exact formula, on the bf16 pre-activation as the
+// deferred tiles do) and store 16 bytes a thread, coalesced rows. Two mbarriers hand the buffer over: `ef`
+// (every consumer thread arrives after its writes) and `ee` (every epilogue thread after its reads).
+// The buffer is row-major, 2 * BN bytes a row, 16-byte chunks XOR-swizzled by row % 8: a consumer warp's 4-byte
+// writes (8 rows x 4 column pairs) and an epilogue warp's 16-byte reads (one row) are both conflict-free.
+constexpr int EW_THREADS = 96; // warps 1-3 of the producer warpgroup
+template <int BM, int BN> constexpr size_t EW_EXTRA() { return (size_t)BM * BN * 2 + 16 + 128; }
+__device__ __forceinline__ uint32_t ew_off(int row, int col, int BN) { // byte offset of (row, even col)
+    return (uint32_t)row * (uint32_t)(2 * BN) + ((uint32_t)((col >> 3) ^ (row & 7)) << 4) + (uint32_t)(col & 7) * 2;
+}
+// a consumer thread's accumulators (+ bias) into the buffer: rows rr, rr + 8 of the tile, columns cc + 8j + {0, 1}
+template <int EPI, int BN, typename BiasT>
+__device__ __forceinline__ void ew_stage(const float (&acc)[BN / 2], uint8_t *buf, const BiasT *bias, int n0, int rr,
+                                         int cc) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const int col = cc + 8 * j;
+        float2 b = make_float2(0.0f, 0.0f);
+        if constexpr (EPI != KILN_GEMM_TC_NONE) b = bias_pair(bias, n0 + col);
+        *(uint32_t *)(buf + ew_off(rr, col, BN)) = pack_bf16x2(acc[4 * j] + b.x, acc[4 * j + 1] + b.y);
+        *(uint32_t *)(buf + ew_off(rr + 8, col, BN)) = pack_bf16x2(acc[4 * j + 2] + b.x, acc[4 * j + 3] + b.y);
+    }
+}
+// the epilogue threads' share of one staged tile: quick_gelu and the stores of rows below M
+template <int EPI, int BM, int BN>
+__device__ __forceinline__ void ew_drain(const uint8_t *buf, bf16 *C, int64_t ldc, int M, int m0, int n0, int t) {
+    constexpr int CPR = BN / 8; // 16-byte chunks a row
+    for (int c = t; c < BM * CPR; c += EW_THREADS) {
+        const int row = c / CPR, ch = c % CPR;
+        uint4 v = *(const uint4 *)(buf + (uint32_t)row * (2 * BN) + ((uint32_t)(ch ^ (row & 7)) << 4));
+        if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+            uint32_t *w = &v.x;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = unpack_bf16x2(w[e]);
+                w[e] = pack_bf16x2(quick_gelu(f.x), quick_gelu(f.y));
+            }
+        }
+        if (m0 + row < M) *(uint4 *)(C + (int64_t)(m0 + row) * ldc + n0 + ch * 8) = v;
+    }
+}
+
 // One kernel, two schedules of the consumers (the producer is the same):
 //  - cooperative (PP false): both consumer warpgroups work on every tile of the CTA, 64 of its BM = 128 rows
 //    each; they read the same B slot (one load of B for 128 rows). Their epilogues run together, with the
@@ -329,7 +376,7 @@ __device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint3
 // into it have released it: each consumer warp arrives on the `empty` barrier of every CTA of the cluster.
 // Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses ring iterations i * KB .. i * KB + KB - 1
 // in every schedule, so producer and consumers agree on slots and parities without sharing counters.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int DEFER, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, void *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K, int qmode) {
@@ -342,7 +389,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * cfg::A_BYTES;
     uint64_t *full = (uint64_t *)(smem + STAGES * cfg::STAGE_BYTES), *empty = full + STAGES;
+    // the epilogue warps' handover barriers and tile buffer (DEFER 2; within EW_EXTRA's bytes past the slots)
+    uint64_t *ef = empty + STAGES, *ee = ef + 1;
+    uint8_t *ebuf = (uint8_t *)(((uintptr_t)(ee + 1) + 127) & ~(uintptr_t)127);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    constexpr int WG_ROWS_ = PP ? BM : BM / 2;
+    // the epilogue warps: cooperative 64-row warpgroup tiles with a bf16 output only
+    constexpr bool EWARPS = DEFER == 2 && !PP && WG_ROWS_ == 64 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
+    // with them, registers move from the consumers to the producer warpgroup (its epilogue loop)
+    constexpr int PREGS = EWARPS ? 64 : PRODUCER_REGS, CREGS = EWARPS ? 216 : CONSUMER_REGS; // 128*64 + 256*216 <= 64K
     const int units_n = N / (CN * BN), units = ((M + CM * BM - 1) / (CM * BM)) * units_n, kblocks = K / BK;
     const int unit0 = blockIdx.x / CL, unit_step = gridDim.x / CL;
     const uint32_t rank = CL > 1 ? cluster_rank() : 0, rm = rank % CM, rn = rank / CM;
@@ -354,6 +409,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         // empty: one arrival per consumer warp that reads the slot, in every CTA the slot's loads write
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], (PP ? 4 : 8) * CL);
+        if constexpr (EWARPS) mbar_init(ef, 256), mbar_init(ee, EW_THREADS);
         // the barriers' initialisation visible to the other threads and to the TMA unit (async proxy)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -361,7 +417,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     else __syncthreads();
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PREGS));
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_a) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_b) : "memory");
@@ -382,6 +438,16 @@ __global__ void __launch_bounds__(THREADS, 1)
                     else tma_load_2d(sb + s * cfg::B_BYTES, &tma_b, &full[s], kb * BK, n0);
                 }
             }
+        } else if (EWARPS && tid >= 32) {
+            // the epilogue warps: the CTA's tiles in the consumers' order, one staged tile at a time
+            for (int i = 0;; i++) {
+                const int u = unit0 + i * unit_step;
+                if (u >= units) break;
+                const int m0 = (u / units_n) * CM * BM + (int)rm * BM, n0 = ((u % units_n) * CN + (int)rn) * BN;
+                mbar_wait(ef, (uint32_t)i & 1);
+                ew_drain<EPI, BM, BN>(ebuf, (bf16 *)C, ldc, M, m0, n0, tid - 32);
+                mbar_arrive(ee);
+            }
         }
         if constexpr (CL > 1) {
             __syncwarp();
@@ -390,10 +456,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CREGS));
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
     // the deferred epilogue: cooperative 64-row warpgroup tiles with a bf16 output only
-    constexpr bool HOLD = DEFER && !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
+    constexpr bool HOLD = DEFER == 1 && !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
     float acc[MW][BN / 2];
     uint32_t held[HOLD ? BN / 4 : 1];
     uint32_t *hp0 = NULL, *hp1 = NULL; // the held tile's rows r0 and r0 + 8 (NULL: past M)
@@ -442,7 +508,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 
         // epilogue: the quick_gelu formula chosen once per launch (KILN_GEMM_TC_QGELU), outside the unrolled loop
         const int r0 = m0 + (PP ? 0 : cw * 64) + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
-        if constexpr (HOLD) {
+        if constexpr (EWARPS) {
+            // the buffer is free once the epilogue warps have read the previous tile (a fresh barrier: at once)
+            mbar_wait(ee, ((uint32_t)i & 1) ^ 1);
+            ew_stage<EPI, BN>(acc[0], ebuf, bias, n0, cw * 64 + warp * 16 + lane / 4, 2 * (lane % 4));
+            mbar_arrive(ef);
+        } else if constexpr (HOLD) {
             hold_tile<EPI, BN>(acc[0], held, bias, c0);
             uint32_t *p = (uint32_t *)((bf16 *)C + (int64_t)r0 * ldc + c0);
             hp0 = r0 < M ? p : NULL, hp1 = r0 + 8 < M ? p + 4 * ldc : NULL;
@@ -493,12 +564,12 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
 
 // A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
 // another's exit), never more CTAs than tiles.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int DEFER, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, const void *bias, int M,
                    int N, int K, int qmode, cudaStream_t st) {
     kiln_error *err = NULL;
     int dev = 0, sms = 0, clusters = 0;
-    const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
+    const size_t smem = Cfg<BM, BN, STAGES>::SMEM + (DEFER == 2 ? EW_EXTRA<BM, BN>() : 0);
     constexpr int CL = CM * CN;
     const int64_t units = ((int64_t)(M + CM * BM - 1) / (CM * BM)) * (N / (CN * BN));
     auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT>;
@@ -528,7 +599,8 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
         if (!said && kiln_log_enabled(KILN_LOG_DEBUG)) {
             said = 1;
             kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s%s cluster %dx%d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
-                     BM, BN, PP ? "ping-pong" : "cooperative", DEFER ? " deferred" : "", CM, CN, STAGES, smem,
+                     BM, BN, PP ? "ping-pong" : "cooperative", DEFER == 2 ? " epilogue warps" : DEFER ? " deferred" : "",
+                     CM, CN, STAGES, smem,
                      cfg.gridDim.x, (long long)units, sms);
         }
     }
@@ -538,7 +610,7 @@ done:
     return err;
 }
 
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool D>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int D>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, int qmode, cudaStream_t st) {
 #define GEMM_TC_L(E, T) launch<BM, BN, STAGES, PP, CM, CN, D, E, T>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
@@ -563,7 +635,9 @@ int tile_cols(kiln_gemm_tc_tile t) {
     case KILN_GEMM_TC_TILE_128x256_C2:
     case KILN_GEMM_TC_TILE_PP_128x128_C2x2:
     case KILN_GEMM_TC_TILE_128x256_D:
-    case KILN_GEMM_TC_TILE_128x256_C2_D: return 256;
+    case KILN_GEMM_TC_TILE_128x256_C2_D:
+    case KILN_GEMM_TC_TILE_128x256_E:
+    case KILN_GEMM_TC_TILE_128x256_C2_E: return 256;
     case KILN_GEMM_TC_TILE_128x256_C2x2_D: return 512;
     default: return 128;
     }
@@ -579,7 +653,8 @@ int tile_cols(kiln_gemm_tc_tile t) {
 //  - f32 accumulation: ping-pong 128x128 in 2-CTA clusters (the deferred tiles accumulate immediately, like the
 //    cooperative ones r29 timed at 418 against 488).
 // KILN_GEMM_TC_TILE (read at every call) picks another for timing whole workloads: 128x128, 128x256, pp128x128,
-// pp64x256, 128x256c2, pp128x128c2, pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d; one whose columns do not
+// pp64x256, 128x256c2, pp128x128c2, pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d, 128x256e, 128x256c2e
+// (the epilogue warps: an experiment, not run on the device yet); one whose columns do not
 // divide N falls back to ping-pong 128x128.
 kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     static const struct {
@@ -589,7 +664,8 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
                  {"pp128x128", KILN_GEMM_TC_TILE_PP_128x128},      {"pp64x256", KILN_GEMM_TC_TILE_PP_64x256},
                  {"128x256c2", KILN_GEMM_TC_TILE_128x256_C2},      {"pp128x128c2", KILN_GEMM_TC_TILE_PP_128x128_C2},
                  {"pp128x128c2x2", KILN_GEMM_TC_TILE_PP_128x128_C2x2}, {"128x256d", KILN_GEMM_TC_TILE_128x256_D},
-                 {"128x256c2d", KILN_GEMM_TC_TILE_128x256_C2_D},   {"128x256c2x2d", KILN_GEMM_TC_TILE_128x256_C2x2_D}};
+                 {"128x256c2d", KILN_GEMM_TC_TILE_128x256_C2_D},   {"128x256c2x2d", KILN_GEMM_TC_TILE_128x256_C2x2_D},
+                 {"128x256e", KILN_GEMM_TC_TILE_128x256_E},        {"128x256c2e", KILN_GEMM_TC_TILE_128x256_C2_E}};
     const char *e = getenv("KILN_GEMM_TC_TILE");
     static int warned;
     kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_QUICK_GELU ? KILN_GEMM_TC_TILE_PP_128x128
@@ -627,7 +703,7 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
     const int cm = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ||
                            tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 || tile == KILN_GEMM_TC_TILE_128x256_C2_D ||
-                           tile == KILN_GEMM_TC_TILE_128x256_C2x2_D
+                           tile == KILN_GEMM_TC_TILE_128x256_C2x2_D || tile == KILN_GEMM_TC_TILE_128x256_C2_E
                        ? 2
                        : 1;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
@@ -663,6 +739,9 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     case KILN_GEMM_TC_TILE_128x256_D: err = GEMM_TC_RUN(128, 256, 4, false, 1, 1, true); break;
     case KILN_GEMM_TC_TILE_128x256_C2_D: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1, true); break;
     case KILN_GEMM_TC_TILE_128x256_C2x2_D: err = GEMM_TC_RUN(128, 256, 4, false, 2, 2, true); break;
+    // the epilogue warps' 64 KB buffer leaves room for 3 slots (208 KB in all)
+    case KILN_GEMM_TC_TILE_128x256_E: err = GEMM_TC_RUN(128, 256, 3, false, 1, 1, 2); break;
+    case KILN_GEMM_TC_TILE_128x256_C2_E: err = GEMM_TC_RUN(128, 256, 3, false, 2, 1, 2); break;
     default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1, false) : GEMM_TC_RUN(128, 128, 6, false, 1, 1, false); break;
     }
 #undef GEMM_TC_RUN

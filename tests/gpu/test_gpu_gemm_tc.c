@@ -40,6 +40,8 @@ static const char *tile_name(kiln_gemm_tc_tile t) {
            : t == KILN_GEMM_TC_TILE_128x256_D      ? "128x256 deferred"
            : t == KILN_GEMM_TC_TILE_128x256_C2_D   ? "128x256 deferred cluster 2"
            : t == KILN_GEMM_TC_TILE_128x256_C2x2_D ? "128x256 deferred cluster 2x2"
+           : t == KILN_GEMM_TC_TILE_128x256_E      ? "128x256 epilogue warps"
+           : t == KILN_GEMM_TC_TILE_128x256_C2_E   ? "128x256 epilogue warps cluster 2"
                                                    : "auto";
 }
 
@@ -303,6 +305,10 @@ TEST(gpu_gemm_tc_timing_chunk) {
         {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},
         {KILN_GEMM_TC_TILE_128x256_C2x2_D, 0, NULL},
         {KILN_GEMM_TC_TILE_128x256_C2x2_D, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x256_E, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_E, 1, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2_E, 0, NULL},
+        {KILN_GEMM_TC_TILE_128x256_C2_E, 1, NULL},
     };
     time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 16448, 1);
     time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 32896, 1);
@@ -398,6 +404,29 @@ static const timing_variant deferred_variants[] = {
 };
 TEST(gpu_gemm_tc_deferred) {
     const gemm_suite su = GEMM_SUITE(deferred_cases, 99, deferred_variants);
+    run_suite(&su);
+}
+
+/* the epilogue warps (a tile's bias-added pre-activations staged in shared memory, quick_gelu and the stores by
+ * three warps of the producer warpgroup under the next tile's MMAs): K of one k block, three, 64; tiles past M
+ * (100, 5 rows), several tiles a CTA, 2-CTA clusters, every bf16 epilogue */
+static const gemm_case ewarp_cases[] = {
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_E},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_E},
+    {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_128x256_E},
+    {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_E},
+    {5, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x256_E},
+    {4000, 2048, 64, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_E},
+    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_E},
+    {1000, 1536, 4096, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_E},
+};
+static const timing_variant ewarp_variants[] = {
+    {KILN_GEMM_TC_TILE_128x256_C2_D, 0, NULL}, {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},
+    {KILN_GEMM_TC_TILE_128x256_E, 0, NULL},    {KILN_GEMM_TC_TILE_128x256_E, 1, NULL},
+    {KILN_GEMM_TC_TILE_128x256_C2_E, 0, NULL}, {KILN_GEMM_TC_TILE_128x256_C2_E, 1, NULL},
+};
+TEST(gpu_gemm_tc_epilogue_warps) {
+    const gemm_suite su = GEMM_SUITE(ewarp_cases, 100, ewarp_variants);
     run_suite(&su);
 }
 
@@ -537,6 +566,7 @@ TEST(gpu_gemm_tc_f32_add) {
         {300, 384, 192, 8, KILN_GEMM_TC_TILE_128x128},          {300, 512, 192, 8, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
         {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},  {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_64x256},
         {300, 512, 192, 8, KILN_GEMM_TC_TILE_128x256_C2_D}, /* the deferred tiles accumulate f32 immediately */
+        {300, 512, 192, 8, KILN_GEMM_TC_TILE_128x256_E},    /* so do the epilogue warps' (their loop is off) */
     };
     const float sentinel = -7777.0f;
     kiln_rng rng;
