@@ -338,7 +338,7 @@ static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, 
         lane_free(a);
         if (g->nlanes == 0) return e;
         /* no room for another set of activations: fewer streams (the caller sees g->nlanes) */
-        kiln_log(KILN_LOG_DEBUG, "CLIP on CUDA: one stream: %s", kiln_error_msg(e));
+        kiln_log(KILN_LOG_DEBUG, "CLIP on CUDA: %d stream(s) of the %d asked: %s", g->nlanes, lanes, kiln_error_msg(e));
         kiln_error_free(e);
         cudaGetLastError();
         break;

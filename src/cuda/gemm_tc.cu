@@ -393,9 +393,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t *ef = empty + STAGES, *ee = ef + 1;
     uint8_t *ebuf = (uint8_t *)(((uintptr_t)(ee + 1) + 127) & ~(uintptr_t)127);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    constexpr int WG_ROWS_ = PP ? BM : BM / 2;
-    // the epilogue warps: cooperative 64-row warpgroup tiles with a bf16 output only
-    constexpr bool EWARPS = DEFER == 2 && !PP && WG_ROWS_ == 64 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
+    // the deferred epilogues (held in registers: DEFER 1; epilogue warps: DEFER 2) take cooperative 64-row
+    // warpgroup tiles with a bf16 output only
+    constexpr bool COOP_BF16 = !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
+    constexpr bool EWARPS = DEFER == 2 && COOP_BF16;
     // with them, registers move from the consumers to the producer warpgroup (its epilogue loop)
     constexpr int PREGS = EWARPS ? 64 : PRODUCER_REGS, CREGS = EWARPS ? 216 : CONSUMER_REGS; // 128*64 + 256*216 <= 64K
     const int units_n = N / (CN * BN), units = ((M + CM * BM - 1) / (CM * BM)) * units_n, kblocks = K / BK;
@@ -458,8 +459,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CREGS));
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
-    // the deferred epilogue: cooperative 64-row warpgroup tiles with a bf16 output only
-    constexpr bool HOLD = DEFER == 1 && !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
+    constexpr bool HOLD = DEFER == 1 && COOP_BF16;
     float acc[MW][BN / 2];
     uint32_t held[HOLD ? BN / 4 : 1];
     uint32_t *hp0 = NULL, *hp1 = NULL; // the held tile's rows r0 and r0 + 8 (NULL: past M)
