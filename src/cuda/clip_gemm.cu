@@ -132,9 +132,9 @@ template <typename Y> __global__ void add_bias_rows(Y *y, const Y *b, int64_t n,
 // KILN_CLIP_GEMM, read at every call (tests switch it): 1 "own" (fc1 + quick_gelu as one own GEMM: the default
 // where the device is a Hopper, sm_90, the own GEMM's only target), 0 "cublaslt" (cuBLASLt, then a quick_gelu
 // pass), 2 "own-all" (fc1 as with "own", and every CLIP projection the own GEMM takes through it: bf16 out with
-// or without the bias; f32 out accumulated with an f32 bias; the rest through cuBLASLt). Why fc1 by default:
-// +1.5% img/s on ViT-L/14 in the tower (session 10, runs r1-r3 in docs/perf.md) though the own main loop runs
-// below cuBLASLt's rate, since the quick_gelu pass over the 4096-wide activations is gone.
+// or without the bias; f32 out accumulated with an f32 bias; the rest through cuBLASLt). Why fc1 by default: the
+// quick_gelu pass over the 4096-wide activations is gone, and the own deferred tile runs fc1 + quick_gelu at 643-654
+// TFLOP/s against cuBLASLt + the pass's 530-539 (session 11; docs/perf.md): ViT-L/14's tower +5% over cuBLASLt.
 int hopper(void) {
     static int h = -1;
     if (h < 0) {

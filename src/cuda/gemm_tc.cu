@@ -8,19 +8,17 @@
 //    loads of each block (A: BM rows x 64, B: BN rows x 64, each row 128 bytes, 128-byte swizzle) into a ring
 //    of STAGES shared-memory slots. `full[s]` (one arrival + the transaction bytes) says a slot has landed,
 //    `empty[s]` (one arrival per consumer warp) says the MMAs reading it are done. Its registers are given
-//    to the consumers (setmaxnreg). With the epilogue-warps tiles (128x256e, an experiment) its warps 1-3 run
-//    the consumers' epilogues from a shared-memory copy of each tile.
+//    to the consumers (setmaxnreg).
 //  - warpgroups 1 and 2, the consumers: wgmma m64nBNk16 on the slot, keeping one wgmma group in flight (a
 //    slot is released once the group after it was issued and the one reading it has completed), then the
 //    epilogue from the accumulator registers (bias, quick_gelu, bf16 rounding, guarded stores of bf16 pairs)
 //    while the producer already fills the ring for the next tile. Cooperative: both on each tile, 64 rows
 //    each; ping-pong: alternate tiles (see the kernel). The deferred cooperative tiles (128x256d, ...) keep a
 //    tile's bf16 pre-activations in registers and run its quick_gelu and stores under the next tile's MMAs.
-// Rates (docs/perf.md, sessions 7-8; N 4096, K 1024, M 16448 / 32896, TFLOP/s; cuBLASLt 747 / 731, + the
-// quick_gelu pass 541 / 536, r32): with the bias the deferred 128x256 in 2-CTA clusters 683 / 694 (the
-// clustered ping-pong 626 / 632, the cooperative 128x256 storing its own tile 512-541: the epilogue, not the
-// main loop, held the cooperative tiles back); bias + quick_gelu ping-pong 128x128 585 / 584 (tanh formula in
-// pairs 594 / 604), the deferred tiles 540-554 (a quick_gelu chunk per k block in the MMA warps is not hidden).
+// Rates (docs/perf.md, session 11 run r4; N 4096, K 1024, M 16448 / 32896, TFLOP/s; cuBLASLt 728 / 712, + the
+// quick_gelu pass 539 / 530): the deferred 128x256 in 2-CTA clusters with the bias 705 / 717, with quick_gelu
+// 643 / 654 (the ping-pong 128x128 that AUTO took for it until then 573 / 580; the cooperative 128x256 storing its
+// own tile 512-546: the epilogue, not the main loop, holds the cooperative tiles back).
 // Why 128x256 with one m64n256 a warpgroup: every wgmma reads A and B from shared memory and TMA writes every
 // slot there; per 2048 MACs (an SM's tensor rate a clock) ping-pong 128x128 moves 96 + 64 bytes, 128x256 80 + 48,
 // against the 128 bytes a clock shared memory serves (the clustered ping-pong stopped at ~630 TFLOP/s whatever
@@ -256,14 +254,17 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
 // L1 wavefronts) and quick_gelu's two MUFU operations an element (2 x 32768 a 128 x 256 tile at 16 a clock: 4096
 // clocks), against 16384 clocks of MMAs at the tensor cores' peak. Instead a tile leaves its accumulators as bf16
 // pairs (the bias added in f32, one rounding) in `held` registers, and the next tile's k blocks apply quick_gelu
-// to them and store them, an NCH-th after each block's wgmma group is issued and the previous slot released;
+// to them and store them, an NCH-th after each block's wgmma group is issued (two groups queued under it);
 // exposed stay the bias add and the packing (~200 instructions a thread). quick_gelu then reads the bf16-rounded
 // pre-activation (two roundings: bit for bit cuBLASLt + kiln's pass in r32; the exact formula, KILN_GEMM_TC_QGELU
 // does not apply). The last tile's are stored after the loop. r32 (N 4096, K 1024): with the bias 512 -> 671
-// TFLOP/s alone and 529 -> 683 in pairs (M 16448), the stores hidden; with quick_gelu 545 / 540, i.e. ~6000
-// clocks a tile more than the bias alone, more than the MUFU's whole 4096: the chunks' math is not hidden under
-// the queued MMAs. Not tried: the chunk between the group's issue and wait<1> (two groups queued instead of one),
-// or quick_gelu on the producer warpgroup's idle warps from a shared-memory copy of the tile.
+// TFLOP/s alone and 529 -> 683 in pairs (M 16448); with quick_gelu only 545 / 540. Session 11 (r-s11, Nsight
+// Compute on the pair tile at M 32896): the chunk ran after wait<1>, under one queued group; the chunk bounds took
+// a runtime integer division every k block; and the drain, an unrolled `if (c in range)` over 16 chunks, sent
+// every k block through 16 compare-and-branch steps landing on 16 chunks' code (instruction-fetch stalls: 12% of
+// the MMA warps' samples; 36% more cycles than with the bias). Chunk before wait<1>, bounds counted up, a switch:
+// with quick_gelu 634 / 643 TFLOP/s (M 16448) and 647 / 654 (M 32896); with the bias 685 / 705 and 700 / 717
+// (cuBLASLt 728 / 712 in the same run).
 constexpr int NCH = 16; // k blocks a tile's stores are spread over (K = 1024: one chunk a block)
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -287,75 +288,43 @@ __device__ __forceinline__ void hold_tile(const float (&acc)[BN / 2], uint32_t (
     }
 }
 
-// chunks lo..hi-1 of the held tile: quick_gelu (exact formula) and the stores; p0 / p1 point at rows r0 / r0 + 8
-// of the tile's first column pair of the thread (NULL for rows past M). Unrolled, so every held index is constant
-// (the registers stay registers); the chunk bounds are runtime values.
-template <int EPI, int BN>
-__device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1, int lo, int hi) {
+// chunk c of the held tile: quick_gelu (exact formula) and the stores; p0 / p1 point at rows r0 / r0 + 8 of the
+// tile's first column pair of the thread (NULL for rows past M). C is a template parameter so every held index is
+// a constant (the registers stay registers).
+template <int EPI, int BN, int C>
+__device__ __forceinline__ void drain_chunk(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1) {
     constexpr int JPC = BN / 8 / NCH; // column groups of 8 a chunk
 #pragma unroll
-    for (int c = 0; c < NCH; c++) {
-        if (c < lo || c >= hi) continue;
+    for (int jj = 0; jj < JPC; jj++) {
+        const int j = C * JPC + jj;
 #pragma unroll
-        for (int jj = 0; jj < JPC; jj++) {
-            const int j = c * JPC + jj;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t u = held[2 * j + h];
-                if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
-                    const float2 f = unpack_bf16x2(u);
-                    u = pack_bf16x2(quick_gelu(f.x), quick_gelu(f.y));
-                }
-                uint32_t *p = h ? p1 : p0;
-                if (p) p[4 * j] = u; // 8 bf16 columns = 4 pairs further
+        for (int h = 0; h < 2; h++) {
+            uint32_t u = held[2 * j + h];
+            if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+                const float2 f = unpack_bf16x2(u);
+                u = pack_bf16x2(quick_gelu(f.x), quick_gelu(f.y));
             }
+            uint32_t *p = h ? p1 : p0;
+            if (p) p[4 * j] = u; // 8 bf16 columns = 4 pairs further
         }
     }
 }
-
-// The epilogue warps (DEFER 2, cooperative tiles with a bf16 output): the deferred epilogue above still runs
-// quick_gelu on the MMA warps between their k blocks, where it is not hidden (540-554 TFLOP/s against 671-694 with
-// the bias alone, r32). Here the consumers leave a tile's bias-added bf16 pairs in a shared-memory buffer (BM x BN,
-// 64 KB at 128 x 256: 3 pipeline slots instead of 4) and go on to the next tile's MMAs; warps 1-3 of the
-// producer warpgroup, idle otherwise, apply quick_gelu (the exact formula, on the bf16 pre-activation as the
-// deferred tiles do) and store 16 bytes a thread, coalesced rows. Two mbarriers hand the buffer over: `ef`
-// (every consumer thread arrives after its writes) and `ee` (every epilogue thread after its reads).
-// The buffer is row-major, 2 * BN bytes a row, 16-byte chunks XOR-swizzled by row % 8: a consumer warp's 4-byte
-// writes (8 rows x 4 column pairs) and an epilogue warp's 16-byte reads (one row) are both conflict-free.
-constexpr int EW_THREADS = 96; // warps 1-3 of the producer warpgroup
-template <int BM, int BN> constexpr size_t EW_EXTRA() { return (size_t)BM * BN * 2 + 16 + 128; }
-__device__ __forceinline__ uint32_t ew_off(int row, int col, int BN) { // byte offset of (row, even col)
-    return (uint32_t)row * (uint32_t)(2 * BN) + ((uint32_t)((col >> 3) ^ (row & 7)) << 4) + (uint32_t)(col & 7) * 2;
-}
-// a consumer thread's accumulators (+ bias) into the buffer: rows rr, rr + 8 of the tile, columns cc + 8j + {0, 1}
-template <int EPI, int BN, typename BiasT>
-__device__ __forceinline__ void ew_stage(const float (&acc)[BN / 2], uint8_t *buf, const BiasT *bias, int n0, int rr,
-                                         int cc) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const int col = cc + 8 * j;
-        float2 b = make_float2(0.0f, 0.0f);
-        if constexpr (EPI != KILN_GEMM_TC_NONE) b = bias_pair(bias, n0 + col);
-        *(uint32_t *)(buf + ew_off(rr, col, BN)) = pack_bf16x2(acc[4 * j] + b.x, acc[4 * j + 1] + b.y);
-        *(uint32_t *)(buf + ew_off(rr + 8, col, BN)) = pack_bf16x2(acc[4 * j + 2] + b.x, acc[4 * j + 3] + b.y);
-    }
-}
-// the epilogue threads' share of one staged tile: quick_gelu and the stores of rows below M
-template <int EPI, int BM, int BN>
-__device__ __forceinline__ void ew_drain(const uint8_t *buf, bf16 *C, int64_t ldc, int M, int m0, int n0, int t) {
-    constexpr int CPR = BN / 8; // 16-byte chunks a row
-    for (int c = t; c < BM * CPR; c += EW_THREADS) {
-        const int row = c / CPR, ch = c % CPR;
-        uint4 v = *(const uint4 *)(buf + (uint32_t)row * (2 * BN) + ((uint32_t)(ch ^ (row & 7)) << 4));
-        if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
-            uint32_t *w = &v.x;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 f = unpack_bf16x2(w[e]);
-                w[e] = pack_bf16x2(quick_gelu(f.x), quick_gelu(f.y));
-            }
+// chunks lo..hi-1 (runtime bounds). A switch, not an unrolled loop of `if (c in range)`: r-s11 (ncu, fc1's shape)
+// showed that chain's 16 compare-and-branch steps a k block, each landing on another chunk's code, stalled the
+// MMA warps on instruction fetch (12% of their samples, none with the bias alone); a switch jumps to the one
+// chunk a k block drains.
+template <int EPI, int BN>
+__device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1, int lo, int hi) {
+    static_assert(NCH == 16, "drain_held's cases");
+    for (int c = lo; c < hi; c++) {
+#define DRAIN_CASE(n)                                                                                                     \
+    case n: drain_chunk<EPI, BN, n>(held, p0, p1); break;
+        switch (c) {
+            DRAIN_CASE(0) DRAIN_CASE(1) DRAIN_CASE(2) DRAIN_CASE(3) DRAIN_CASE(4) DRAIN_CASE(5) DRAIN_CASE(6)
+            DRAIN_CASE(7) DRAIN_CASE(8) DRAIN_CASE(9) DRAIN_CASE(10) DRAIN_CASE(11) DRAIN_CASE(12) DRAIN_CASE(13)
+            DRAIN_CASE(14) DRAIN_CASE(15)
         }
-        if (m0 + row < M) *(uint4 *)(C + (int64_t)(m0 + row) * ldc + n0 + ch * 8) = v;
+#undef DRAIN_CASE
     }
 }
 
@@ -376,7 +345,7 @@ __device__ __forceinline__ void ew_drain(const uint8_t *buf, bf16 *C, int64_t ld
 // into it have released it: each consumer warp arrives on the `empty` barrier of every CTA of the cluster.
 // Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses ring iterations i * KB .. i * KB + KB - 1
 // in every schedule, so producer and consumers agree on slots and parities without sharing counters.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int DEFER, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, void *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K, int qmode) {
@@ -389,16 +358,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + STAGES * cfg::A_BYTES;
     uint64_t *full = (uint64_t *)(smem + STAGES * cfg::STAGE_BYTES), *empty = full + STAGES;
-    // the epilogue warps' handover barriers and tile buffer (DEFER 2; within EW_EXTRA's bytes past the slots)
-    uint64_t *ef = empty + STAGES, *ee = ef + 1;
-    uint8_t *ebuf = (uint8_t *)(((uintptr_t)(ee + 1) + 127) & ~(uintptr_t)127);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    // the deferred epilogues (held in registers: DEFER 1; epilogue warps: DEFER 2) take cooperative 64-row
-    // warpgroup tiles with a bf16 output only
-    constexpr bool COOP_BF16 = !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
-    constexpr bool EWARPS = DEFER == 2 && COOP_BF16;
-    // with them, registers move from the consumers to the producer warpgroup (its epilogue loop)
-    constexpr int PREGS = EWARPS ? 64 : PRODUCER_REGS, CREGS = EWARPS ? 216 : CONSUMER_REGS; // 128*64 + 256*216 <= 64K
     const int units_n = N / (CN * BN), units = ((M + CM * BM - 1) / (CM * BM)) * units_n, kblocks = K / BK;
     const int unit0 = blockIdx.x / CL, unit_step = gridDim.x / CL;
     const uint32_t rank = CL > 1 ? cluster_rank() : 0, rm = rank % CM, rn = rank / CM;
@@ -410,7 +370,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         // empty: one arrival per consumer warp that reads the slot, in every CTA the slot's loads write
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], (PP ? 4 : 8) * CL);
-        if constexpr (EWARPS) mbar_init(ef, 256), mbar_init(ee, EW_THREADS);
         // the barriers' initialisation visible to the other threads and to the TMA unit (async proxy)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -418,7 +377,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     else __syncthreads();
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PREGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (tid == 0) {
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_a) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tma_b) : "memory");
@@ -439,16 +398,6 @@ __global__ void __launch_bounds__(THREADS, 1)
                     else tma_load_2d(sb + s * cfg::B_BYTES, &tma_b, &full[s], kb * BK, n0);
                 }
             }
-        } else if (EWARPS && tid >= 32) {
-            // the epilogue warps: the CTA's tiles in the consumers' order, one staged tile at a time
-            for (int i = 0;; i++) {
-                const int u = unit0 + i * unit_step;
-                if (u >= units) break;
-                const int m0 = (u / units_n) * CM * BM + (int)rm * BM, n0 = ((u % units_n) * CN + (int)rn) * BN;
-                mbar_wait(ef, (uint32_t)i & 1);
-                ew_drain<EPI, BM, BN>(ebuf, (bf16 *)C, ldc, M, m0, n0, tid - 32);
-                mbar_arrive(ee);
-            }
         }
         if constexpr (CL > 1) {
             __syncwarp();
@@ -457,9 +406,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CREGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
-    constexpr bool HOLD = DEFER == 1 && COOP_BF16;
+    // the deferred epilogue takes cooperative 64-row warpgroup tiles with a bf16 output only
+    constexpr bool HOLD = DEFER && !PP && MW == 1 && EPI != KILN_GEMM_TC_BIAS_ADD_F32;
     float acc[MW][BN / 2];
     uint32_t held[HOLD ? BN / 4 : 1];
     uint32_t *hp0 = NULL, *hp1 = NULL; // the held tile's rows r0 and r0 + 8 (NULL: past M)
@@ -471,7 +421,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         const bool next = u + unit_step < units;
         if (PP && i > 0) named_bar_sync(1 + cw, 256); // tile i-1's MMAs are all issued
         uint32_t it = (uint32_t)i * (uint32_t)kblocks;
-        int drained = 0; // chunks of the held tile stored so far
+        // chunks of the held tile stored so far; after block kb, ceil(NCH (kb + 1) / kblocks) of them, counted up
+        // without a division (r-s11: a runtime division a k block sat among the MMA warps' instructions)
+        int drained = 0, upto = 0, uk = 0, num = 0; // uk = upto * kblocks, num = NCH * (kb + 1)
         for (int kb = 0; kb < kblocks; kb++, it++) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
@@ -489,16 +441,19 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
 #pragma unroll
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
+            if constexpr (HOLD) {
+                // the previous tile's next chunks, while this block's group and the previous one are queued (after
+                // wait<1>, as until r-s11, only this block's group covered them)
+                num += NCH;
+                while (uk < num) uk += kblocks, upto++;
+                if (holding) drain_held<EPI, BN>(held, hp0, hp1, drained, upto);
+                drained = upto;
+            }
             // the previous block's group has completed: its slot goes back to the producer(s)
             wgmma_wait<1>();
 #pragma unroll
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
             if (kb > 0) release_slot<CL>(&empty[(it - 1) % STAGES], lane);
-            if constexpr (HOLD) { // the previous tile's next chunks, under this block's MMAs
-                const int upto = (NCH * (kb + 1) + kblocks - 1) / kblocks;
-                if (holding) drain_held<EPI, BN>(held, hp0, hp1, drained, upto);
-                drained = upto;
-            }
         }
         if (PP && next) named_bar_arrive(1 + (1 - cw), 256); // the other warpgroup may start tile i+1
         wgmma_wait<0>();
@@ -508,12 +463,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
         // epilogue: the quick_gelu formula chosen once per launch (KILN_GEMM_TC_QGELU), outside the unrolled loop
         const int r0 = m0 + (PP ? 0 : cw * 64) + warp * 16 + lane / 4, c0 = n0 + 2 * (lane % 4);
-        if constexpr (EWARPS) {
-            // the buffer is free once the epilogue warps have read the previous tile (a fresh barrier: at once)
-            mbar_wait(ee, ((uint32_t)i & 1) ^ 1);
-            ew_stage<EPI, BN>(acc[0], ebuf, bias, n0, cw * 64 + warp * 16 + lane / 4, 2 * (lane % 4));
-            mbar_arrive(ef);
-        } else if constexpr (HOLD) {
+        if constexpr (HOLD) {
             hold_tile<EPI, BN>(acc[0], held, bias, c0);
             uint32_t *p = (uint32_t *)((bf16 *)C + (int64_t)r0 * ldc + c0);
             hp0 = r0 < M ? p : NULL, hp1 = r0 + 8 < M ? p + 4 * ldc : NULL;
@@ -564,12 +514,12 @@ kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t
 
 // A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
 // another's exit), never more CTAs than tiles.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int DEFER, int EPI, typename BiasT>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
 kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, const void *bias, int M,
                    int N, int K, int qmode, cudaStream_t st) {
     kiln_error *err = NULL;
     int dev = 0, sms = 0, clusters = 0;
-    const size_t smem = Cfg<BM, BN, STAGES>::SMEM + (DEFER == 2 ? EW_EXTRA<BM, BN>() : 0);
+    const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
     constexpr int CL = CM * CN;
     const int64_t units = ((int64_t)(M + CM * BM - 1) / (CM * BM)) * (N / (CN * BN));
     auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT>;
@@ -599,7 +549,7 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
         if (!said && kiln_log_enabled(KILN_LOG_DEBUG)) {
             said = 1;
             kiln_log(KILN_LOG_DEBUG, "gemm_tc %dx%d %s%s cluster %dx%d, %d stages, %zu B shared: %u CTAs for %lld units (%d SMs)",
-                     BM, BN, PP ? "ping-pong" : "cooperative", DEFER == 2 ? " epilogue warps" : DEFER ? " deferred" : "",
+                     BM, BN, PP ? "ping-pong" : "cooperative", DEFER ? " deferred" : "",
                      CM, CN, STAGES, smem,
                      cfg.gridDim.x, (long long)units, sms);
         }
@@ -610,7 +560,7 @@ done:
     return err;
 }
 
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, int D>
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool D>
 kiln_error *dispatch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_t ldc, kiln_gemm_tc_epilogue epi,
                      const void *bias, int bias_f32, int M, int N, int K, int qmode, cudaStream_t st) {
 #define GEMM_TC_L(E, T) launch<BM, BN, STAGES, PP, CM, CN, D, E, T>(ta, tb, C, ldc, bias, M, N, K, qmode, st)
@@ -635,27 +585,23 @@ int tile_cols(kiln_gemm_tc_tile t) {
     case KILN_GEMM_TC_TILE_128x256_C2:
     case KILN_GEMM_TC_TILE_PP_128x128_C2x2:
     case KILN_GEMM_TC_TILE_128x256_D:
-    case KILN_GEMM_TC_TILE_128x256_C2_D:
-    case KILN_GEMM_TC_TILE_128x256_E:
-    case KILN_GEMM_TC_TILE_128x256_C2_E: return 256;
+    case KILN_GEMM_TC_TILE_128x256_C2_D: return 256;
     case KILN_GEMM_TC_TILE_128x256_C2x2_D: return 512;
     default: return 128;
     }
 }
 
-// AUTO, from r26-r32 at CLIP's shapes (K 1024, N 1024/3072/4096, M 16448 and 32896; TFLOP/s):
-//  - bias + quick_gelu: ping-pong 128x128, the exact formula (r32: 585 at the tower's M 16448 and N 4096,
-//    cuBLASLt + the pass 541; in 2-CTA clusters within 1%; with KILN_GEMM_TC_QGELU=tanh in pairs 594; the
-//    deferred cooperative tiles 540-545: their quick_gelu in the main loop is not hidden).
-//  - bias or none (bf16 out): the deferred cooperative 128x256 (r32: 671-694 against cuBLASLt's 731-747;
-//    ping-pong in pairs 626-632), in 2-CTA clusters sharing B where N > 1024 (N 4096: 683-694 against 671-680
-//    alone; N 3072: 683 / 662), alone at N 1024 (688 against 637 in pairs).
+// AUTO, from CLIP's shapes (K 1024, N 1024/3072/4096, M 16448 and 32896; TFLOP/s; session 11 run r4 unless said):
+//  - bf16 out (bias + quick_gelu, bias, none): the deferred cooperative 128x256, in 2-CTA clusters sharing B where
+//    N > 1024 (N 4096 with quick_gelu: 643 / 654 against 634 / 647 alone; N 3072 649 / 640; with the bias 705 / 717
+//    against 685 / 700), alone at N 1024 (618 against 602 in pairs with quick_gelu, 674 against 651 with the bias).
+//    With quick_gelu it replaced the ping-pong 128x128 (573 / 580): L/14's tower 3,306-3,355 img/s against
+//    3,176-3,214 (r4).
 //  - f32 accumulation: ping-pong 128x128 in 2-CTA clusters (the deferred tiles accumulate immediately, like the
 //    cooperative ones r29 timed at 418 against 488).
 // KILN_GEMM_TC_TILE (read at every call) picks another for timing whole workloads: 128x128, 128x256, pp128x128,
-// pp64x256, 128x256c2, pp128x128c2, pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d, 128x256e, 128x256c2e
-// (the epilogue warps: an experiment, not run on the device yet); one whose columns do not
-// divide N falls back to ping-pong 128x128.
+// pp64x256, 128x256c2, pp128x128c2, pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d;
+// one whose columns do not divide N falls back to ping-pong 128x128.
 kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     static const struct {
         const char *name;
@@ -664,14 +610,12 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
                  {"pp128x128", KILN_GEMM_TC_TILE_PP_128x128},      {"pp64x256", KILN_GEMM_TC_TILE_PP_64x256},
                  {"128x256c2", KILN_GEMM_TC_TILE_128x256_C2},      {"pp128x128c2", KILN_GEMM_TC_TILE_PP_128x128_C2},
                  {"pp128x128c2x2", KILN_GEMM_TC_TILE_PP_128x128_C2x2}, {"128x256d", KILN_GEMM_TC_TILE_128x256_D},
-                 {"128x256c2d", KILN_GEMM_TC_TILE_128x256_C2_D},   {"128x256c2x2d", KILN_GEMM_TC_TILE_128x256_C2x2_D},
-                 {"128x256e", KILN_GEMM_TC_TILE_128x256_E},        {"128x256c2e", KILN_GEMM_TC_TILE_128x256_C2_E}};
+                 {"128x256c2d", KILN_GEMM_TC_TILE_128x256_C2_D},   {"128x256c2x2d", KILN_GEMM_TC_TILE_128x256_C2x2_D}};
     const char *e = getenv("KILN_GEMM_TC_TILE");
     static int warned;
-    kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_QUICK_GELU ? KILN_GEMM_TC_TILE_PP_128x128
-                          : epi == KILN_GEMM_TC_BIAS_ADD_F32  ? KILN_GEMM_TC_TILE_PP_128x128_C2
-                          : N > 1024                          ? KILN_GEMM_TC_TILE_128x256_C2_D
-                                                              : KILN_GEMM_TC_TILE_128x256_D;
+    kiln_gemm_tc_tile t = epi == KILN_GEMM_TC_BIAS_ADD_F32 ? KILN_GEMM_TC_TILE_PP_128x128_C2
+                          : N > 1024                         ? KILN_GEMM_TC_TILE_128x256_C2_D
+                                                             : KILN_GEMM_TC_TILE_128x256_D;
     if (e && *e) {
         size_t i = 0;
         while (i < sizeof names / sizeof names[0] && strcmp(e, names[i].name)) i++;
@@ -703,7 +647,7 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     const int bm = tile == KILN_GEMM_TC_TILE_PP_64x256 ? 64 : 128;
     const int cm = tile == KILN_GEMM_TC_TILE_128x256_C2 || tile == KILN_GEMM_TC_TILE_PP_128x128_C2 ||
                            tile == KILN_GEMM_TC_TILE_PP_128x128_C2x2 || tile == KILN_GEMM_TC_TILE_128x256_C2_D ||
-                           tile == KILN_GEMM_TC_TILE_128x256_C2x2_D || tile == KILN_GEMM_TC_TILE_128x256_C2_E
+                           tile == KILN_GEMM_TC_TILE_128x256_C2x2_D
                        ? 2
                        : 1;
     if (M < 0 || N <= 0 || K <= 0 || M >= lim || N >= lim || K >= lim)
@@ -739,9 +683,6 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     case KILN_GEMM_TC_TILE_128x256_D: err = GEMM_TC_RUN(128, 256, 4, false, 1, 1, true); break;
     case KILN_GEMM_TC_TILE_128x256_C2_D: err = GEMM_TC_RUN(128, 256, 4, false, 2, 1, true); break;
     case KILN_GEMM_TC_TILE_128x256_C2x2_D: err = GEMM_TC_RUN(128, 256, 4, false, 2, 2, true); break;
-    // the epilogue warps' 64 KB buffer leaves room for 3 slots (208 KB in all)
-    case KILN_GEMM_TC_TILE_128x256_E: err = GEMM_TC_RUN(128, 256, 3, false, 1, 1, 2); break;
-    case KILN_GEMM_TC_TILE_128x256_C2_E: err = GEMM_TC_RUN(128, 256, 3, false, 2, 1, 2); break;
     default: err = bn == 256 ? GEMM_TC_RUN(128, 256, 4, false, 1, 1, false) : GEMM_TC_RUN(128, 128, 6, false, 1, 1, false); break;
     }
 #undef GEMM_TC_RUN

@@ -29,10 +29,10 @@ typedef enum {
 
 /* The tile and schedule. 128x128, 128x256: both consumer warpgroups on each tile (64 rows each), epilogues
  * together; PP_*: "ping-pong", the two consumer warpgroups on alternate tiles (all rows each), one's epilogue
- * under the other's MMAs. AUTO (the fastest on the H200 at CLIP's shapes, docs/perf.md): ping-pong 128x128 with
- * quick_gelu, the deferred cooperative 128x256 (in 2-CTA clusters where N > 1024) with the bias or none, ping-pong
- * 128x128 in 2-CTA clusters for f32 accumulation; or the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2, pp128x128c2,
- * pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d, 128x256e, 128x256c2e). */
+ * under the other's MMAs. AUTO (the fastest on the H200 at CLIP's shapes, docs/perf.md): the deferred cooperative
+ * 128x256 (in 2-CTA clusters where N > 1024) with a bf16 output, ping-pong 128x128 in 2-CTA clusters for f32
+ * accumulation; or the one KILN_GEMM_TC_TILE names (128x128, 128x256, pp128x128, pp64x256, 128x256c2,
+ * pp128x128c2, pp128x128c2x2, 128x256d, 128x256c2d, 128x256c2x2d). */
 typedef enum {
     KILN_GEMM_TC_TILE_AUTO = 0,
     KILN_GEMM_TC_TILE_128x128,
@@ -48,12 +48,7 @@ typedef enum {
      * B (N % 512 == 0) */
     KILN_GEMM_TC_TILE_128x256_D,
     KILN_GEMM_TC_TILE_128x256_C2_D,
-    KILN_GEMM_TC_TILE_128x256_C2x2_D,
-    /* cooperative 128x256 with epilogue warps (an experiment): a tile's bias-added bf16 pre-activations go to a
-     * shared-memory buffer, and three warps of the producer warpgroup apply quick_gelu and store them while the
-     * MMA warpgroups start the next tile (3 pipeline slots); alone and in 2-CTA clusters sharing B */
-    KILN_GEMM_TC_TILE_128x256_E,
-    KILN_GEMM_TC_TILE_128x256_C2_E
+    KILN_GEMM_TC_TILE_128x256_C2x2_D
 } kiln_gemm_tc_tile;
 
 /* C: bf16 [M, ldc], or f32 for KILN_GEMM_TC_BIAS_ADD_F32. bias: device [N], f32 when bias_f32 else bf16 (f32

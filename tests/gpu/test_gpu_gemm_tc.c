@@ -40,8 +40,6 @@ static const char *tile_name(kiln_gemm_tc_tile t) {
            : t == KILN_GEMM_TC_TILE_128x256_D      ? "128x256 deferred"
            : t == KILN_GEMM_TC_TILE_128x256_C2_D   ? "128x256 deferred cluster 2"
            : t == KILN_GEMM_TC_TILE_128x256_C2x2_D ? "128x256 deferred cluster 2x2"
-           : t == KILN_GEMM_TC_TILE_128x256_E      ? "128x256 epilogue warps"
-           : t == KILN_GEMM_TC_TILE_128x256_C2_E   ? "128x256 epilogue warps cluster 2"
                                                    : "auto";
 }
 
@@ -305,10 +303,6 @@ TEST(gpu_gemm_tc_timing_chunk) {
         {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},
         {KILN_GEMM_TC_TILE_128x256_C2x2_D, 0, NULL},
         {KILN_GEMM_TC_TILE_128x256_C2x2_D, 1, NULL},
-        {KILN_GEMM_TC_TILE_128x256_E, 0, NULL},
-        {KILN_GEMM_TC_TILE_128x256_E, 1, NULL},
-        {KILN_GEMM_TC_TILE_128x256_C2_E, 0, NULL},
-        {KILN_GEMM_TC_TILE_128x256_C2_E, 1, NULL},
     };
     time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 16448, 1);
     time_variants_m(vs, sizeof vs / sizeof vs[0], 1, 32896, 1);
@@ -407,29 +401,6 @@ TEST(gpu_gemm_tc_deferred) {
     run_suite(&su);
 }
 
-/* the epilogue warps (a tile's bias-added pre-activations staged in shared memory, quick_gelu and the stores by
- * three warps of the producer warpgroup under the next tile's MMAs): K of one k block, three, 64; tiles past M
- * (100, 5 rows), several tiles a CTA, 2-CTA clusters, every bf16 epilogue */
-static const gemm_case ewarp_cases[] = {
-    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_E},
-    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_E},
-    {300, 512, 192, 8, 24, KILN_GEMM_TC_BIAS, 1, KILN_GEMM_TC_TILE_128x256_E},
-    {100, 512, 192, 8, 24, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_E},
-    {5, 256, 64, 0, 0, KILN_GEMM_TC_NONE, 0, KILN_GEMM_TC_TILE_128x256_E},
-    {4000, 2048, 64, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_E},
-    {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_E},
-    {1000, 1536, 4096, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_C2_E},
-};
-static const timing_variant ewarp_variants[] = {
-    {KILN_GEMM_TC_TILE_128x256_C2_D, 0, NULL}, {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},
-    {KILN_GEMM_TC_TILE_128x256_E, 0, NULL},    {KILN_GEMM_TC_TILE_128x256_E, 1, NULL},
-    {KILN_GEMM_TC_TILE_128x256_C2_E, 0, NULL}, {KILN_GEMM_TC_TILE_128x256_C2_E, 1, NULL},
-};
-TEST(gpu_gemm_tc_epilogue_warps) {
-    const gemm_suite su = GEMM_SUITE(ewarp_cases, 100, ewarp_variants);
-    run_suite(&su);
-}
-
 /* KILN_GEMM_TC_QGELU=tanh|newton, quick_gelu's cheaper formulas (r27: in 2-CTA clusters the exact formula's
  * epilogue was no longer hidden under the other warpgroup's MMAs): the same tolerance against the CPU's exact
  * quick_gelu, and the timing beside the exact one */
@@ -493,11 +464,19 @@ TEST(gpu_gemm_tc_clip_tower) {
     CHECK_OK(kiln_clip_embed_images(m, px, n, gd, NULL));
     setenv("KILN_CLIP_GEMM", "own", 1);
     CHECK_OK(kiln_clip_embed_images(m, px, n, go, NULL));
-    unsetenv("KILN_CLIP_GEMM");
     tower_rows("cuBLASLt + the pass vs CPU", gd, ce, n, D);
     tower_rows("KILN_CLIP_GEMM=own vs CPU", go, ce, n, D);
     tower_rows("KILN_CLIP_GEMM=own vs cuBLASLt + the pass", go, gd, n, D);
-    CHECK(memcmp(go, gd, sizeof(float) * n * D) != 0); /* the own GEMM ran (one rounding fewer: other bits) */
+    /* the tower takes the own GEMM's tile: the default (deferred) tile rounds the pre-activation to bf16 before
+     * quick_gelu as cuBLASLt + the pass does; the ping-pong tile applies it to the f32 accumulators (one rounding
+     * fewer), so its bits differ from cuBLASLt's path */
+    setenv("KILN_GEMM_TC_TILE", "pp128x128", 1);
+    float *gpp = malloc(sizeof(float) * n * D);
+    CHECK_OK(kiln_clip_embed_images(m, px, n, gpp, NULL));
+    unsetenv("KILN_CLIP_GEMM"), unsetenv("KILN_GEMM_TC_TILE");
+    tower_rows("own, ping-pong 128x128 vs CPU", gpp, ce, n, D);
+    CHECK(memcmp(gpp, gd, sizeof(float) * n * D) != 0);
+    free(gpp);
     /* the default on this (Hopper) machine is the own GEMM: the same bits as KILN_CLIP_GEMM=own */
     float *gdef = malloc(sizeof(float) * n * D);
     CHECK_OK(kiln_clip_embed_images(m, px, n, gdef, NULL));
@@ -566,7 +545,6 @@ TEST(gpu_gemm_tc_f32_add) {
         {300, 384, 192, 8, KILN_GEMM_TC_TILE_128x128},          {300, 512, 192, 8, KILN_GEMM_TC_TILE_PP_128x128_C2x2},
         {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_128x128_C2},  {4000, 1024, 256, 0, KILN_GEMM_TC_TILE_PP_64x256},
         {300, 512, 192, 8, KILN_GEMM_TC_TILE_128x256_C2_D}, /* the deferred tiles accumulate f32 immediately */
-        {300, 512, 192, 8, KILN_GEMM_TC_TILE_128x256_E},    /* so do the epilogue warps' (their loop is off) */
     };
     const float sentinel = -7777.0f;
     kiln_rng rng;
