@@ -197,6 +197,10 @@ __device__ __forceinline__ float quick_gelu_newton(float v) {
     r = r * fmaf(-d, r, 2.0f);
     return v * r;
 }
+// the formula QM (KILN_GEMM_TC_QGELU: 0 exact, 1 tanh, 2 newton)
+template <int QM> __device__ __forceinline__ float quick_gelu_qm(float v) {
+    return QM == 1 ? quick_gelu_tanh(v) : QM == 2 ? quick_gelu_newton(v) : quick_gelu(v);
+}
 
 // a consumer warp is done reading a slot: tell the producer of every CTA whose loads write it (lane r of the
 // warp signals the CTA of rank r, the arrivals in parallel)
@@ -232,7 +236,7 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
             if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    v[e] = QM == 1 ? quick_gelu_tanh(v[e]) : QM == 2 ? quick_gelu_newton(v[e]) : quick_gelu(v[e]);
+                    v[e] = quick_gelu_qm<QM>(v[e]);
             }
             if constexpr (EPI == KILN_GEMM_TC_BIAS_ADD_F32) {
                 // the f32 stream: one reduction per pair, done in L2 (r27's load-add-store waited on each load:
@@ -249,22 +253,21 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
     }
 }
 
-// The deferred epilogue (cooperative tiles with DEFER): a cooperative CTA's tensor cores idle while its two
-// warpgroups run their epilogues: 64 scattered bf16-pair stores a thread (each instruction 8 rows of 16 bytes: 8
-// L1 wavefronts) and quick_gelu's two MUFU operations an element (2 x 32768 a 128 x 256 tile at 16 a clock: 4096
-// clocks), against 16384 clocks of MMAs at the tensor cores' peak. Instead a tile leaves its accumulators as bf16
-// pairs (the bias added in f32, one rounding) in `held` registers, and the next tile's k blocks apply quick_gelu
-// to them and store them, an NCH-th after each block's wgmma group is issued (two groups queued under it);
-// exposed stay the bias add and the packing (~200 instructions a thread). quick_gelu then reads the bf16-rounded
-// pre-activation (two roundings: bit for bit cuBLASLt + kiln's pass in r32; the exact formula, KILN_GEMM_TC_QGELU
-// does not apply). The last tile's are stored after the loop. r32 (N 4096, K 1024): with the bias 512 -> 671
-// TFLOP/s alone and 529 -> 683 in pairs (M 16448); with quick_gelu only 545 / 540. Session 11 (r-s11, Nsight
-// Compute on the pair tile at M 32896): the chunk ran after wait<1>, under one queued group; the chunk bounds took
-// a runtime integer division every k block; and the drain, an unrolled `if (c in range)` over 16 chunks, sent
-// every k block through 16 compare-and-branch steps landing on 16 chunks' code (instruction-fetch stalls: 12% of
-// the MMA warps' samples; 36% more cycles than with the bias). Chunk before wait<1>, bounds counted up, a switch:
-// with quick_gelu 634 / 643 TFLOP/s (M 16448) and 647 / 654 (M 32896); with the bias 685 / 705 and 700 / 717
-// (cuBLASLt 728 / 712 in the same run).
+// The deferred epilogue (cooperative tiles with DEFER): a cooperative CTA's tensor cores idle while its two warpgroups
+// run their epilogues: 64 scattered bf16-pair stores a thread (each instruction 8 rows of 16 bytes: 8 L1 wavefronts)
+// and quick_gelu's two MUFU operations an element (2 x 32768 a 128 x 256 tile at 16 a clock: 4096 clocks), against
+// 16384 clocks of MMAs at the tensor cores' peak. Instead a tile leaves its accumulators as bf16 pairs (the bias added
+// in f32, one rounding) in `held` registers, and the next tile's k blocks apply quick_gelu to them and store them, an
+// NCH-th after each block's wgmma group is issued (two groups queued under it); exposed stay the bias add and the
+// packing (~200 instructions a thread). quick_gelu then reads the bf16-rounded pre-activation (two roundings: bit for
+// bit cuBLASLt + kiln's pass in r32 with the exact formula; KILN_GEMM_TC_QGELU picks another). The last tile's are
+// stored after the loop. r32 (N 4096, K 1024): with the bias 512 -> 671 TFLOP/s alone and 529 -> 683 in pairs (M
+// 16448); with quick_gelu only 545 / 540. Session 11 (r-s11, Nsight Compute on the pair tile at M 32896): the chunk ran
+// after wait<1>, under one queued group; the chunk bounds took a runtime integer division every k block; and the drain,
+// an unrolled `if (c in range)` over 16 chunks, sent every k block through 16 compare-and-branch steps landing on 16
+// chunks' code (instruction-fetch stalls: 12% of the MMA warps' samples; 36% more cycles than with the bias). Chunk
+// before wait<1>, bounds counted up, a switch: with quick_gelu 634 / 643 TFLOP/s (M 16448) and 647 / 654 (M 32896);
+// with the bias 685 / 705 and 700 / 717 (cuBLASLt 728 / 712 in the same run).
 constexpr int NCH = 16; // k blocks a tile's stores are spread over (K = 1024: one chunk a block)
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -288,10 +291,10 @@ __device__ __forceinline__ void hold_tile(const float (&acc)[BN / 2], uint32_t (
     }
 }
 
-// chunk c of the held tile: quick_gelu (exact formula) and the stores; p0 / p1 point at rows r0 / r0 + 8 of the
+// chunk c of the held tile: quick_gelu (formula QM) and the stores; p0 / p1 point at rows r0 / r0 + 8 of the
 // tile's first column pair of the thread (NULL for rows past M). C is a template parameter so every held index is
 // a constant (the registers stay registers).
-template <int EPI, int BN, int C>
+template <int QM, int EPI, int BN, int C>
 __device__ __forceinline__ void drain_chunk(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1) {
     constexpr int JPC = BN / 8 / NCH; // column groups of 8 a chunk
 #pragma unroll
@@ -302,7 +305,7 @@ __device__ __forceinline__ void drain_chunk(const uint32_t (&held)[BN / 4], uint
             uint32_t u = held[2 * j + h];
             if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
                 const float2 f = unpack_bf16x2(u);
-                u = pack_bf16x2(quick_gelu(f.x), quick_gelu(f.y));
+                u = pack_bf16x2(quick_gelu_qm<QM>(f.x), quick_gelu_qm<QM>(f.y));
             }
             uint32_t *p = h ? p1 : p0;
             if (p) p[4 * j] = u; // 8 bf16 columns = 4 pairs further
@@ -313,12 +316,12 @@ __device__ __forceinline__ void drain_chunk(const uint32_t (&held)[BN / 4], uint
 // showed that chain's 16 compare-and-branch steps a k block, each landing on another chunk's code, stalled the
 // MMA warps on instruction fetch (12% of their samples, none with the bias alone); a switch jumps to the one
 // chunk a k block drains.
-template <int EPI, int BN>
+template <int QM, int EPI, int BN>
 __device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1, int lo, int hi) {
     static_assert(NCH == 16, "drain_held's cases");
     for (int c = lo; c < hi; c++) {
 #define DRAIN_CASE(n)                                                                                                     \
-    case n: drain_chunk<EPI, BN, n>(held, p0, p1); break;
+    case n: drain_chunk<QM, EPI, BN, n>(held, p0, p1); break;
         switch (c) {
             DRAIN_CASE(0) DRAIN_CASE(1) DRAIN_CASE(2) DRAIN_CASE(3) DRAIN_CASE(4) DRAIN_CASE(5) DRAIN_CASE(6)
             DRAIN_CASE(7) DRAIN_CASE(8) DRAIN_CASE(9) DRAIN_CASE(10) DRAIN_CASE(11) DRAIN_CASE(12) DRAIN_CASE(13)
@@ -345,7 +348,9 @@ __device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint3
 // into it have released it: each consumer warp arrives on the `empty` barrier of every CTA of the cluster.
 // Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses ring iterations i * KB .. i * KB + KB - 1
 // in every schedule, so producer and consumers agree on slots and parities without sharing counters.
-template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
+// QM: the held tiles' quick_gelu formula, a template parameter (one drain switch a kernel: the three formulas as
+// run-time branches in one kernel spilled registers); the other tiles choose theirs from qmode once per tile.
+template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT, int QM>
 __global__ void __launch_bounds__(THREADS, 1)
     gemm_tc_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b, void *C,
                    int64_t ldc, const BiasT *bias, int M, int N, int K, int qmode) {
@@ -446,7 +451,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 // wait<1>, as until r-s11, only this block's group covered them)
                 num += NCH;
                 while (uk < num) uk += kblocks, upto++;
-                if (holding) drain_held<EPI, BN>(held, hp0, hp1, drained, upto);
+                if (holding) drain_held<QM, EPI, BN>(held, hp0, hp1, drained, upto);
                 drained = upto;
             }
             // the previous block's group has completed: its slot goes back to the producer(s)
@@ -475,7 +480,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         } else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
     }
     if constexpr (HOLD) {
-        if (holding) drain_held<EPI, BN>(held, hp0, hp1, 0, NCH);
+        if (holding) drain_held<QM, EPI, BN>(held, hp0, hp1, 0, NCH);
     }
     if constexpr (CL > 1) cluster_sync();
 }
@@ -522,7 +527,11 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
     const size_t smem = Cfg<BM, BN, STAGES>::SMEM;
     constexpr int CL = CM * CN;
     const int64_t units = ((int64_t)(M + CM * BM - 1) / (CM * BM)) * (N / (CN * BN));
-    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT>;
+    auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT, 0>;
+    if constexpr (DEFER && EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
+        if (qmode == 1) kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT, 1>;
+        else if (qmode == 2) kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT, 2>;
+    }
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
     CUDA_TRY(cudaGetDevice(&dev));

@@ -407,11 +407,15 @@ TEST(gpu_gemm_tc_deferred) {
 static const gemm_case qgelu_cases[] = {
     {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
     {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
+    {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_128x256_D}, /* the held tiles' drain */
+    {1000, 1536, 4096, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_D},
 };
 static const timing_variant qgelu_variants[] = {
     {KILN_GEMM_TC_TILE_PP_128x128, 1, NULL},        {KILN_GEMM_TC_TILE_PP_128x128, 1, "tanh"},
     {KILN_GEMM_TC_TILE_PP_128x128, 1, "newton"},    {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, NULL},
     {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "tanh"},   {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "newton"},
+    {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},      {KILN_GEMM_TC_TILE_128x256_C2_D, 1, "tanh"},
+    {KILN_GEMM_TC_TILE_128x256_C2_D, 1, "newton"},
 };
 TEST(gpu_gemm_tc_qgelu_formulas) {
     static const char *const modes[] = {"tanh", "newton"};
