@@ -262,7 +262,7 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
 // packing (~200 instructions a thread). quick_gelu then reads the bf16-rounded pre-activation (two roundings: bit for
 // bit cuBLASLt + kiln's pass in r32 with the exact formula; KILN_GEMM_TC_QGELU picks another). The last tile's are
 // stored after the loop. r32 (N 4096, K 1024): with the bias 512 -> 671 TFLOP/s alone and 529 -> 683 in pairs (M
-// 16448); with quick_gelu only 545 / 540. Session 11 (r-s11, Nsight Compute on the pair tile at M 32896): the chunk ran
+// 16448); with quick_gelu only 545 / 540. Session 11 (r3, Nsight Compute on the pair tile at M 32896): the chunk ran
 // after wait<1>, under one queued group; the chunk bounds took a runtime integer division every k block; and the drain,
 // an unrolled `if (c in range)` over 16 chunks, sent every k block through 16 compare-and-branch steps landing on 16
 // chunks' code (instruction-fetch stalls: 12% of the MMA warps' samples; 36% more cycles than with the bias). Chunk
@@ -312,9 +312,9 @@ __device__ __forceinline__ void drain_chunk(const uint32_t (&held)[BN / 4], uint
         }
     }
 }
-// chunks lo..hi-1 (runtime bounds). A switch, not an unrolled loop of `if (c in range)`: r-s11 (ncu, fc1's shape)
+// chunks lo..hi-1 (runtime bounds). A switch, not an unrolled loop of `if (c in range)`: session 11 r3 (ncu, fc1's shape)
 // showed that chain's 16 compare-and-branch steps a k block, each landing on another chunk's code, stalled the
-// MMA warps on instruction fetch (12% of their samples, none with the bias alone); a switch jumps to the one
+// MMA warps on instruction fetch (12% of their samples; 3% with the bias alone); a switch jumps to the one
 // chunk a k block drains.
 template <int QM, int EPI, int BN>
 __device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint32_t *p0, uint32_t *p1, int lo, int hi) {
@@ -427,7 +427,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (PP && i > 0) named_bar_sync(1 + cw, 256); // tile i-1's MMAs are all issued
         uint32_t it = (uint32_t)i * (uint32_t)kblocks;
         // chunks of the held tile stored so far; after block kb, ceil(NCH (kb + 1) / kblocks) of them, counted up
-        // without a division (r-s11: a runtime division a k block sat among the MMA warps' instructions)
+        // without a division (session 11 r3: a runtime division a k block sat among the MMA warps' instructions)
         int drained = 0, upto = 0, uk = 0, num = 0; // uk = upto * kblocks, num = NCH * (kb + 1)
         for (int kb = 0; kb < kblocks; kb++, it++) {
             const int s = it % STAGES;
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int mw = 0; mw < MW; mw++) fence_acc(acc[mw]);
             if constexpr (HOLD) {
                 // the previous tile's next chunks, while this block's group and the previous one are queued (after
-                // wait<1>, as until r-s11, only this block's group covered them)
+                // wait<1>, as before session 11, only this block's group covered them)
                 num += NCH;
                 while (uk < num) uk += kblocks, upto++;
                 if (holding) drain_held<QM, EPI, BN>(held, hp0, hp1, drained, upto);
@@ -635,7 +635,9 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
 }
 
 // KILN_GEMM_TC_QGELU=tanh|newton: quick_gelu's formula in the epilogue (an experiment: exact, the default, is
-// ex2 + rcp on the MUFU; tanh one MUFU operation; newton ex2 on the MUFU and the reciprocal on the FMA pipe)
+// ex2 + rcp on the MUFU; tanh one MUFU operation; newton ex2 on the MUFU and the reciprocal on the FMA pipe).
+// Session 11 r5, the deferred pair tile at M 32896, N 4096: exact 656, tanh 689 (L/14's tower +1%, but B/32's
+// embeddings further from fp32 than the peer's in session 10), newton 583 TFLOP/s (its held-tile kernels spill).
 int qmode_env(void) {
     const char *e = getenv("KILN_GEMM_TC_QGELU");
     return !e ? 0 : !strcmp(e, "tanh") ? 1 : !strcmp(e, "newton") ? 2 : 0;
