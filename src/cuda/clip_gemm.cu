@@ -200,8 +200,9 @@ done:
 
 extern "C" int kiln_clip_gemm_own(void) { return own_mode() != 0; }
 
-// fc1 + quick_gelu as one pass over the output: kiln's own Hopper GEMM (gemm_tc.cu) with the bias and
-// quick_gelu applied to the f32 accumulators (cuBLASLt's epilogues have no quick_gelu)
+// fc1 + quick_gelu as one pass over the output: kiln's own Hopper GEMM (gemm_tc.cu) with the bias and quick_gelu
+// in its epilogue (cuBLASLt's epilogues have no quick_gelu). Its default tile rounds the bias-added pre-activation
+// to bf16 before quick_gelu, as cuBLASLt + the separate pass does.
 extern "C" kiln_error *kiln_clip_linear_quick_gelu_cuda(kiln_bf16 *y, const kiln_bf16 *x, const kiln_bf16 *w,
                                                         const kiln_bf16 *bias, int64_t n, int64_t in, int64_t out,
                                                         void *stream) {
