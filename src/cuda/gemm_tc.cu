@@ -185,21 +185,11 @@ __device__ __forceinline__ float quick_gelu_tanh(float v) {
     const float h = 0.5f * v;
     return fmaf(h, t, h);
 }
-// KILN_GEMM_TC_QGELU=newton: ex2 on the MUFU, the reciprocal on the FMA pipe (an integer first guess within
-// 12%, three Newton steps: ~1e-7 relative); the exponent is capped at 2^120 so the guess stays a normal float
-__device__ __forceinline__ float quick_gelu_newton(float v) {
-    float e;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fminf(-2.4554670f * v, 120.0f))); // -1.702 log2(e) v
-    const float d = 1.0f + e;
-    float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
-    r = r * fmaf(-d, r, 2.0f);
-    r = r * fmaf(-d, r, 2.0f);
-    r = r * fmaf(-d, r, 2.0f);
-    return v * r;
-}
-// the formula QM (KILN_GEMM_TC_QGELU: 0 exact, 1 tanh, 2 newton)
+// the formula QM (KILN_GEMM_TC_QGELU: 0 exact, 1 tanh). Measured and removed (docs/perf.md): the reciprocal on the
+// FMA pipe by Newton steps (session 11: its held-tile kernels spilled, 583 TFLOP/s against the exact 656) and the
+// exponentials of a pair as one f16x2 MUFU operation (session 12: 593 against 620 at N 3072, the conversions cost more)
 template <int QM> __device__ __forceinline__ float quick_gelu_qm(float v) {
-    return QM == 1 ? quick_gelu_tanh(v) : QM == 2 ? quick_gelu_newton(v) : quick_gelu(v);
+    return QM == 1 ? quick_gelu_tanh(v) : quick_gelu(v);
 }
 
 // a consumer warp is done reading a slot: tell the producer of every CTA whose loads write it (lane r of the
@@ -348,7 +338,7 @@ __device__ __forceinline__ void drain_held(const uint32_t (&held)[BN / 4], uint3
 // into it have released it: each consumer warp arrives on the `empty` barrier of every CTA of the cluster.
 // Tile i of the CTA (unit blockIdx.x / CL + i * gridDim.x / CL) uses ring iterations i * KB .. i * KB + KB - 1
 // in every schedule, so producer and consumers agree on slots and parities without sharing counters.
-// QM: the held tiles' quick_gelu formula, a template parameter (one drain switch a kernel: the three formulas as
+// QM: the held tiles' quick_gelu formula, a template parameter (one drain switch a kernel: the formulas as
 // run-time branches in one kernel spilled registers); the other tiles choose theirs from qmode once per tile.
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT, int QM>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -475,7 +465,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             holding = true;
         } else if constexpr (EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
             if (qmode == 1) store_tile<1, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
-            else if (qmode == 2) store_tile<2, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
             else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
         } else store_tile<0, EPI, BN, MW>(acc, C, ldc, bias, M, r0, c0);
     }
@@ -530,7 +519,6 @@ kiln_error *launch(const CUtensorMap &ta, const CUtensorMap &tb, void *C, int64_
     auto kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT, 0>;
     if constexpr (DEFER && EPI == KILN_GEMM_TC_BIAS_QUICK_GELU) {
         if (qmode == 1) kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT, 1>;
-        else if (qmode == 2) kern = gemm_tc_kernel<BM, BN, STAGES, PP, CM, CN, DEFER, EPI, BiasT, 2>;
     }
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
@@ -634,13 +622,12 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     return N % tile_cols(t) ? KILN_GEMM_TC_TILE_PP_128x128 : t;
 }
 
-// KILN_GEMM_TC_QGELU=tanh|newton: quick_gelu's formula in the epilogue (an experiment: exact, the default, is
-// ex2 + rcp on the MUFU; tanh one MUFU operation; newton ex2 on the MUFU and the reciprocal on the FMA pipe).
-// Session 11 r5, the deferred pair tile at M 32896, N 4096: exact 656, tanh 689 (L/14's tower +1%, but B/32's
-// embeddings further from fp32 than the peer's in session 10), newton 583 TFLOP/s (its held-tile kernels spill).
+// KILN_GEMM_TC_QGELU=tanh: quick_gelu's formula in the epilogue (an experiment: exact, the default, is ex2 + rcp on
+// the MUFU; tanh one MUFU operation). Session 11 r5, the deferred pair tile at M 32896, N 4096: exact 656, tanh 689
+// TFLOP/s (L/14's tower +1%, but B/32's embeddings further from fp32 than the peer's in session 10).
 int qmode_env(void) {
     const char *e = getenv("KILN_GEMM_TC_QGELU");
-    return !e ? 0 : !strcmp(e, "tanh") ? 1 : !strcmp(e, "newton") ? 2 : 0;
+    return e && !strcmp(e, "tanh");
 }
 
 } // namespace
