@@ -624,7 +624,9 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
 
 // KILN_GEMM_TC_QGELU=tanh: quick_gelu's formula in the epilogue (an experiment: exact, the default, is ex2 + rcp on
 // the MUFU; tanh one MUFU operation). Session 11 r5, the deferred pair tile at M 32896, N 4096: exact 656, tanh 689
-// TFLOP/s (L/14's tower +1%, but B/32's embeddings further from fp32 than the peer's in session 10).
+// TFLOP/s, L/14's tower +1%; session 12 r2: +0% in the tower (3,401 / 3,389 against 3,390 / 3,400 img/s), its
+// embeddings as close to fp32 as the exact formula's (L/14 1.22e-2 against 1.14e-2, B/32 9.17e-3 against 9.73e-3;
+// session 10's ping-pong tile with tanh on the f32 accumulators: B/32 1.17e-2, above the peer's 1.02e-2).
 int qmode_env(void) {
     const char *e = getenv("KILN_GEMM_TC_QGELU");
     return e && !strcmp(e, "tanh");
