@@ -11,6 +11,9 @@
 # torch's fp32 CPU embeddings of the same pixels, and on CUDA the bf16 peer's by the same metric (the
 # precision both sides give up for bf16). Needs CMake, a C compiler (nvcc for cuda) and PyTorch +
 # transformers; cJSON/OpenBLAS come from .debs/ when the machine has no package manager.
+# On CUDA each side then runs once more for longer (ITERS_POWER calls, default 100; POWER=0 skips it) under
+# bench/peers/gpu_power.py: the power draw and SM clock it ran at. A sustained load on this GPU meets the
+# board's power limit, the driver then lowers the clock, so the two sides also compete on energy per image.
 # CONFIGS picks the configs (default "vit-b-32 vit-l-14"). Leaves two files in $OUT (or ./bench-out):
 # clip_bench_$DEVICE.json (every measurement) and .txt.
 set -euo pipefail
@@ -38,6 +41,7 @@ res="$out/clip_bench_$device"
 : > "$res.json.tmp"
 : > "$res.txt"
 [ -n "${PROFILE:-}" ] && : > "$res.profile.txt"
+: > "$res.power.jsonl"
 log() { echo "$@" | tee -a "$res.txt"; }
 log "# $(date -u +%F) $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $threads threads, device $device, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}"
 tag() { python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(config='$1', round=$2, threads=$threads); print(json.dumps(d))"; }
@@ -56,6 +60,23 @@ for cfg in ${CONFIGS:-vit-b-32 vit-l-14}; do
     "$B" --clip "$d" --pixels "$d/pixels.safetensors" --batch "$batch" --iters "$iters" --device "$device" \
       --ref "$d/torch_embeds.safetensors" | tag "$cfg" "$r" >> "$res.json.tmp"
   done
+  if [ "$device" = cuda ] && [ "${POWER:-1}" != 0 ]; then
+    pit=${ITERS_POWER:-100}
+    python3 bench/peers/gpu_power.py "$res.power.jsonl" "$cfg torch" -- \
+      python3 bench/peers/clip_peer.py time "$d" "$batch" "$pit" "$threads" "$device" | tag "$cfg" 0 > "$work/power_torch.json"
+    python3 bench/peers/gpu_power.py "$res.power.jsonl" "$cfg kiln" -- \
+      "$B" --clip "$d" --pixels "$d/pixels.safetensors" --batch "$batch" --iters "$pit" --device "$device" | tag "$cfg" 0 > "$work/power_kiln.json"
+    python3 - "$res.power.jsonl" "$work/power_torch.json" "$work/power_kiln.json" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for side_file, rec in zip(sys.argv[2:], recs[-2:]):
+    d = json.loads(open(side_file).read())
+    rec.update(config=d["config"], side=d["side"], batch=d["batch"], images_per_s_median=d["images_per_s_median"])
+    if rec.get("power_mean_w"):
+        rec["joules_per_image"] = rec["power_mean_w"] / d["images_per_s_median"]
+open(sys.argv[1], "w").write("".join(json.dumps(r) + "\n" for r in recs))
+PY
+  fi
   if [ -n "${PROFILE:-}" ]; then
     echo "## $cfg batch $batch" >> "$res.profile.txt"
     KILN_CLIP_PROFILE=1 "$B" --clip "$d" --pixels "$d/pixels.safetensors" --batch "$batch" --iters 1 --device "$device" \
@@ -90,6 +111,18 @@ for cfg in ["vit-b-32", "vit-l-14"]:
         tc = [r["worst_cosine_vs_ref"] for r in t if r.get("worst_cosine_vs_ref") is not None]
         line += f" {max(te):27.3g} {min(tc):10.6f}" if te and tc else f" {'-':>27} {'-':>10}"
     print(line)
+pw = [json.loads(l) for l in open(f"{res}.power.jsonl") if l.strip()]
+if pw:
+    print(f"power (a longer run of each side): {'config':9} {'side':5} {'img/s':>9} {'W mean':>7} {'SM MHz':>7} "
+          f"{'capped':>7} {'J/image':>8}")
+    for p in pw:
+        if not p.get("busy_samples"):
+            print(f"{'':35}{p.get('label', '?')}: no busy samples"); continue
+        print(f"{'':35}{p['config']:9} {p['side']:5} {p['images_per_s_median']:9.1f} {p['power_mean_w']:7.0f} "
+              f"{p['sm_clock_mean_mhz']:7.0f} {100 * p['power_capped_share']:6.0f}% {p['joules_per_image']:8.4f}")
+    for r in recs:  # each measurement's file keeps its config's power lines
+        r["power"] = [p for p in pw if p.get("config") == r["config"] and p.get("side") == r["side"]]
+    json.dump(recs, open(f"{res}.json", "w"), indent=1)
 tv = [r for r in recs if r["side"] == "torch"]
 kv = [r for r in recs if r["side"] == "kiln"]
 print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if cuda and tv else "")
@@ -97,3 +130,4 @@ print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if
          f"vector ops {kv[0].get('simd', '?')}" if kv else ""))
 PY
 rm -f "$res.json.tmp"
+[ -s "$res.power.jsonl" ] || rm -f "$res.power.jsonl"

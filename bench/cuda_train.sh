@@ -43,11 +43,16 @@ rm -rf "$out/kiln_run"
 extra=()
 [ "${RECOMPUTE:-0}" = 1 ] && extra+=(--recompute)
 echo "== kiln train --device cuda ($steps steps)"
-KILN_CUDA_PROFILE=1 ./build-gpu/kiln train --config "$cfg" "${extra[@]}" 2>&1 | tee "$out/kiln_train.log"
+# both sides under bench/peers/gpu_power.py: the power draw and SM clock each ran at (this GPU lowers its clock
+# when a sustained load meets the board's power limit)
+: > "$out/cuda_train_power.jsonl"
+python3 bench/peers/gpu_power.py "$out/cuda_train_power.jsonl" kiln -- \
+  env KILN_CUDA_PROFILE=1 ./build-gpu/kiln train --config "$cfg" "${extra[@]}" 2>&1 | tee "$out/kiln_train.log"
 
 if [ "${SKIP_PEER:-0}" != 1 ]; then
   echo "== peer: HF transformers ZayaForCausalLM (bench/peers/hf_zaya_train.py 8)"
-  python3 bench/peers/hf_zaya_train.py 8 2>&1 | tee "$out/peer.log"
+  python3 bench/peers/gpu_power.py "$out/cuda_train_power.jsonl" peer -- \
+    python3 bench/peers/hf_zaya_train.py 8 2>&1 | tee "$out/peer.log"
 fi
 
 python3 - "$out" "$cfg" <<'PY'
@@ -91,7 +96,8 @@ kiln = {"tokens_per_s": tps, "ms_per_step": 1000 * B * T / tps, "mfu_exact": tps
         "params_active": active, "loss_last": rows[-1]["loss"]}
 peer = None
 try:
-    peer = json.loads(open(f"{out}/peer.log").read().strip().splitlines()[-1])
+    # the peer's result is its last JSON line (the power sampler's summary may follow it)
+    peer = json.loads([l for l in open(f"{out}/peer.log").read().splitlines() if l.startswith("{")][-1])
 except Exception as ex:
     print(f"(no peer result: {ex})")
 print("\n# [cuda] benchmark: hidden 2048, 8 hybrid layers, 16 experts top-1, moe_intermediate 2048, 8q/2kv x 128,")
@@ -106,7 +112,19 @@ if peer:
     print(f"params: kiln total {total/1e6:.0f}M active {active/1e6:.0f}M; peer total {peer['total_params']/1e6:.0f}M "
           f"active {peer['active_params']/1e6:.0f}M")
 print(f"FLOPs/token: exact {exact/1e9:.2f} G (matmuls, fwd x3), the peer's count {peer_way/1e9:.2f} G")
-json.dump({"kiln": kiln, "peer": peer}, open(f"{out}/cuda_train.json", "w"), indent=1)
+# each side's whole process under the sampler (warm-up and start-up included; the busy samples only)
+power = {}
+try:
+    for l in open(f"{out}/cuda_train_power.jsonl"):
+        p = json.loads(l)
+        power[p["label"]] = p
+        if p.get("busy_samples"):
+            print(f"power {p['label']}: {p['power_mean_w']:.0f} W mean of {p['busy_samples']} busy samples (limit "
+                  f"{p['power_limit_w']:.0f}), SM clock {p['sm_clock_mean_mhz']:.0f} MHz mean, power-capped in "
+                  f"{100 * p['power_capped_share']:.0f}% of them")
+except OSError:
+    pass
+json.dump({"kiln": kiln, "peer": peer, "power": power}, open(f"{out}/cuda_train.json", "w"), indent=1)
 print(f"-> {out}/cuda_train.json")
 PY
 
