@@ -69,11 +69,13 @@ for cfg in ${CONFIGS:-vit-b-32 vit-l-14}; do
     python3 - "$res.power.jsonl" "$work/power_torch.json" "$work/power_kiln.json" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-for side_file, rec in zip(sys.argv[2:], recs[-2:]):
+for side_file in sys.argv[2:]:  # each side's long run: its rate beside its power line (labelled "config side")
     d = json.loads(open(side_file).read())
-    rec.update(config=d["config"], side=d["side"], batch=d["batch"], images_per_s_median=d["images_per_s_median"])
-    if rec.get("power_mean_w"):
-        rec["joules_per_image"] = rec["power_mean_w"] / d["images_per_s_median"]
+    for rec in recs:
+        if rec["label"] == f"{d['config']} {d['side']}":
+            rec.update(config=d["config"], side=d["side"], batch=d["batch"], images_per_s_median=d["images_per_s_median"])
+            if rec.get("power_mean_w"):
+                rec["joules_per_image"] = rec["power_mean_w"] / d["images_per_s_median"]
 open(sys.argv[1], "w").write("".join(json.dumps(r) + "\n" for r in recs))
 PY
   fi

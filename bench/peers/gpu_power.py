@@ -14,13 +14,15 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 FIELDS = ("power.draw", "power.limit", "clocks.sm", "clocks_event_reasons.active")
 OLD_REASONS = "clocks_throttle_reasons.active"  # the same field's name before driver 535
 
 
-def sampler():
+def sampler(sink):
+    """nvidia-smi writing a line every 50 ms into sink (a file: a pipe left unread would fill and stall it)"""
     if shutil.which("nvidia-smi") is None:
         return None
     for reasons in (FIELDS[3], OLD_REASONS):
@@ -29,7 +31,7 @@ def sampler():
                                capture_output=True, text=True)
         if probe.returncode == 0:
             return subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu={q}", "--format=csv,noheader,nounits",
-                                     "-lms", "50"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                     "-lms", "50"], stdout=sink, stderr=subprocess.DEVNULL)
     return None
 
 
@@ -57,17 +59,20 @@ def main():
     if len(sys.argv) < 5 or sys.argv[3] != "--":
         sys.exit("usage: gpu_power.py OUT.jsonl LABEL -- command [args...]")
     path, label, cmd = sys.argv[1], sys.argv[2], sys.argv[4:]
-    s = sampler()
-    t0 = time.time()
-    rc = subprocess.call(cmd)
-    wall = time.time() - t0
-    res = {"label": label, "wall_s": wall}
-    if s is None:
-        res["samples"] = 0
-        res["note"] = "nvidia-smi gave no power readings"
-    else:
-        s.terminate()
-        res.update(summarise(s.communicate()[0].splitlines()))
+    with tempfile.TemporaryFile("w+") as sink:
+        s = sampler(sink)
+        t0 = time.time()
+        rc = subprocess.call(cmd)
+        wall = time.time() - t0
+        res = {"label": label, "wall_s": wall}
+        if s is None:
+            res["samples"] = 0
+            res["note"] = "nvidia-smi gave no power readings"
+        else:
+            s.terminate()
+            s.wait()
+            sink.seek(0)
+            res.update(summarise(sink.read().splitlines()))
     with open(path, "a") as f:
         f.write(json.dumps(res) + "\n")
     if res.get("busy_samples"):
