@@ -143,31 +143,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
                 s[nt][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
-        float alpha[2], mu[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = quad_max(mx[r]);
-            const float mn = fmaxf(m[r], mx[r]);
-            mu[r] = mn == -INFINITY ? 0.f : mn; // a row with nothing visible yet keeps p = 0
-            alpha[r] = exp2f(m[r] - mu[r]);
-            m[r] = mn;
-        }
-        float rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[nt][e] - mu[e >> 1]);
-                s[nt][e] = p;
-                rs[e >> 1] += p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
-        }
+        online_softmax_m16<BN, D / 8>(s, mx, m, l, o);
         uint32_t pa[BN / 16][4];
         pack_a<BN>(pa, s);
         warp_mm_pb<BN, D>(o, pa, Vc, LD);
@@ -291,31 +267,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
                     s[mt][nt][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
-            float alpha[2], mu[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = quad_max(mx[r]);
-                const float mn = fmaxf(m[mt][r], mx[r]);
-                mu[r] = mn == -INFINITY ? 0.f : mn; // a row with nothing visible yet keeps p = 0
-                alpha[r] = exp2f(m[mt][r] - mu[r]);
-                m[mt][r] = mn;
-            }
-            float rs[2] = {0.f, 0.f};
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[mt][nt][e] - mu[e >> 1]);
-                    s[mt][nt][e] = p;
-                    rs[e >> 1] += p;
-                }
-#pragma unroll
-            for (int r = 0; r < 2; r++) l[mt][r] = l[mt][r] * alpha[r] + rs[r];
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                o[mt][dt][0] *= alpha[0], o[mt][dt][1] *= alpha[0];
-                o[mt][dt][2] *= alpha[1], o[mt][dt][3] *= alpha[1];
-            }
+            online_softmax_m16<BN, D / 8>(s[mt], mx, m[mt], l[mt], o[mt]);
             pack_a<BN>(pa[mt], s[mt]);
         }
         warp_mm_pb_m<MT, BN, D>(o, pa, Vc, LD);

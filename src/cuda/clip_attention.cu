@@ -92,30 +92,7 @@ static __global__ void __launch_bounds__(CA_THREADS)
                     s[nt][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
-            float alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = quad_max(mx[r]);
-                const float mn = fmaxf(m[r], mx[r]); // finite: every tile holds at least one key < T
-                alpha[r] = exp2f(m[r] - mn);
-                m[r] = mn;
-            }
-            float rs[2] = {0.f, 0.f};
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[nt][e] - m[e >> 1]);
-                    s[nt][e] = p;
-                    rs[e >> 1] += p;
-                }
-#pragma unroll
-            for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-                o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
-            }
+            online_softmax_m16<BN, D / 8, false>(s, mx, m, l, o); // every tile holds at least one key < T
             uint32_t pa[BN / 16][4];
             pack_a<BN>(pa, s);
             // o[16 x D] += P[16 x BN] V[BN x D]
@@ -536,22 +513,12 @@ static __device__ __forceinline__ void wg_pin(float (&d)[R]) {
 static __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 #define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-// d[64 x 64] (+)= a[64 x 16] (registers) b, b from shared memory: K-major (TB 0: the rows of b are n) or
-// MN-major (TB 1: the rows of b are k)
-template <int TB>
-static __device__ __forceinline__ void wg_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
-                 "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
-                 "%31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                 : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB)
-                 : "memory");
-}
-// d[64 x N] (+)= a[64 x 16] b[N x 16]ᵀ, b K-major: S of a step of N keys
-#define WG_R8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-template <int N>
+// d[64 x N] (+)= a[64 x 16] (registers) b, b from shared memory: K-major (TB 0: the rows of b are n; S of a step
+// of N keys, b = K) or MN-major (TB 1, N = 64: the rows of b are k; P V, b = V). One asm a width: the accumulator
+// count is part of the instruction's operand list.
+template <int N, int TB = 0>
 static __device__ __forceinline__ void wg_s(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc) {
+    static_assert(TB == 0 || N == 64, "MN-major b only at N = 64");
     if constexpr (N == 16)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
@@ -576,31 +543,12 @@ static __device__ __forceinline__ void wg_s(float (&d)[N / 2], const uint32_t (&
     else if constexpr (N == 64)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                     "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                      : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB)
                      : "memory");
-    else if constexpr (N == 80)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
-                     "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
-                     : "memory");
-    else if constexpr (N == 96)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
-                     "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
-                     : "memory");
-    else if constexpr (N == 112)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, "
-                     "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
-                     : "memory");
+    else
+        static_assert(N == 16, "S steps of 16, 32, 48 or 64 keys");
 }
 #undef WG_R8
 
@@ -667,7 +615,7 @@ static __device__ __forceinline__ void wg_issue_pv(float (&o)[32], const uint32_
     }
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < N16; kk++) wg_n64<1>(o, pa[kk], wg_desc(Vs + (j0 + 16 * kk) * 64), 1);
+    for (int kk = 0; kk < N16; kk++) wg_s<64, 1>(o, pa[kk], wg_desc(Vs + (j0 + 16 * kk) * 64), 1);
     wg_commit();
 }
 

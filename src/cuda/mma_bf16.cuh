@@ -56,6 +56,42 @@ static __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The online-softmax update of one m16 tile for this thread's two rows (r = 0: row g, 1: row g + 8). s holds
+// the tile's scores in log2 units (masked keys -INFINITY) and mx this thread's maxima of them; the running
+// maxima m, sums l and output o (DN n8 tiles) are moved to the new maxima, and s becomes p = exp2(s - m). With
+// EMPTY_ROWS, a row that has seen no visible key yet (causal or windowed masks) keeps p = 0 and its state;
+// callers whose every tile holds a visible key for every row leave it out (one select less a row: CLIP's hd 128
+// streaming kernel spills 8 bytes with it).
+template <int BN, int DN, bool EMPTY_ROWS = true>
+static __device__ __forceinline__ void online_softmax_m16(float (&s)[BN / 8][4], float (&mx)[2], float (&m)[2],
+                                                          float (&l)[2], float (&o)[DN][4]) {
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = quad_max(mx[r]);
+        const float mn = fmaxf(m[r], mx[r]);
+        mu[r] = EMPTY_ROWS && mn == -INFINITY ? 0.f : mn;
+        alpha[r] = exp2f(m[r] - mu[r]);
+        m[r] = mn;
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = exp2f(s[nt][e] - mu[e >> 1]);
+            s[nt][e] = p;
+            rs[e >> 1] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+    for (int dt = 0; dt < DN; dt++) {
+        o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
+    }
+}
+
 template <int N>
 static __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
 #pragma unroll
