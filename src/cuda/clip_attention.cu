@@ -517,7 +517,7 @@ static __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.pr
 // of N keys, b = K) or MN-major (TB 1, N = 64: the rows of b are k; P V, b = V). One asm a width: the accumulator
 // count is part of the instruction's operand list.
 template <int N, int TB = 0>
-static __device__ __forceinline__ void wg_s(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc) {
+static __device__ __forceinline__ void wg_mma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc) {
     static_assert(TB == 0 || N == 64, "MN-major b only at N = 64");
     if constexpr (N == 16)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
@@ -559,7 +559,7 @@ static __device__ __forceinline__ void wg_issue_s(float (&s)[NC * 4], const uint
     wg_fence();
     const bf16 *kr = Ks + j0 * 64;
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_s<NC * 8>(s, qf[kk], wg_desc(kr + kk * 16), kk > 0);
+    for (int kk = 0; kk < 4; kk++) wg_mma<NC * 8>(s, qf[kk], wg_desc(kr + kk * 16), kk > 0);
     wg_commit();
 }
 
@@ -615,7 +615,7 @@ static __device__ __forceinline__ void wg_issue_pv(float (&o)[32], const uint32_
     }
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < N16; kk++) wg_s<64, 1>(o, pa[kk], wg_desc(Vs + (j0 + 16 * kk) * 64), 1);
+    for (int kk = 0; kk < N16; kk++) wg_mma<64, 1>(o, pa[kk], wg_desc(Vs + (j0 + 16 * kk) * 64), 1);
     wg_commit();
 }
 
