@@ -52,28 +52,34 @@ static inline void ck_split(const char *dir, const char *name, uint64_t ntok, ui
     free(tok);
 }
 
-/* The returned path lives until the next call. */
-static inline const char *ck_data(void) {
+/* Synthetic token shards under a fresh temporary directory: a train split of 40,000 tokens and, with val, a val
+ * split of 4,000. The returned path lives until the next call. */
+static inline const char *ck_data_splits(int val) {
     static char keep[1024];
     snprintf(keep, sizeof keep, "%s", test_tmpdir());
     const char *dir = keep;
+    const int ns = val ? 2 : 1;
     kiln_data_index ix = {0};
     ix.version = KILN_DATA_INDEX_VERSION;
     ix.tokenizer_path = "none";
     ix.vocab_size = CK_VOCAB;
     ix.eos_id = -1;
     ix.token_bytes = 2;
-    ix.nsplits = 1;
-    kiln_data_split_info sp[1];
+    ix.nsplits = ns;
+    kiln_data_split_info sp[2];
     memset(sp, 0, sizeof sp);
     ck_split(dir, "train", 40000, 1, &sp[0]);
+    if (val) ck_split(dir, "val", 4000, 2, &sp[1]);
     ix.splits = sp;
     CHECK_OK(kiln_data_index_write(dir, &ix));
-    free(sp[0].name);
-    free(sp[0].shards[0].file);
-    free(sp[0].shards);
+    for (int i = 0; i < ns; i++) {
+        free(sp[i].name);
+        free(sp[i].shards[0].file);
+        free(sp[i].shards);
+    }
     return dir;
 }
+static inline const char *ck_data(void) { return ck_data_splits(0); }
 
 /* A config file for a tiny model; hidden: the model width; extra: more fields for "run". */
 static inline const char *ck_config(const char *data, const char *out, int64_t steps, int64_t accum, int hidden,

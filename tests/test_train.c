@@ -16,83 +16,14 @@
 #include "ckpt_testutil.h"
 #include "test.h"
 
-#define VOCAB 64
-_Static_assert(VOCAB == CK_VOCAB, "the synthetic shards (ckpt_testutil.h) have CK_VOCAB tokens");
-
-static const char *synth_data(void) {
-    const char *dir = test_tmpdir();
-    kiln_data_index ix = {0};
-    ix.version = KILN_DATA_INDEX_VERSION;
-    ix.tokenizer_path = "none";
-    ix.vocab_size = VOCAB;
-    ix.eos_id = -1;
-    ix.token_bytes = 2;
-    ix.nsplits = 2;
-    kiln_data_split_info sp[2];
-    memset(sp, 0, sizeof sp);
-    ck_split(dir, "train", 40000, 1, &sp[0]);
-    ck_split(dir, "val", 4000, 2, &sp[1]);
-    ix.splits = sp;
-    CHECK_OK(kiln_data_index_write(dir, &ix));
-    for (int i = 0; i < 2; i++) {
-        free(sp[i].name);
-        free(sp[i].shards[0].file);
-        free(sp[i].shards);
-    }
-    return dir;
-}
-
-/* A config file for a tiny model on the synthetic data. extra: more JSON fields for "run". */
-static const char *write_config(const char *data, const char *out, int64_t steps, int64_t accum, const char *extra) {
-    static char path[8][1024];
-    static int k;
-    char *p = path[k++ & 7];
-    snprintf(p, sizeof path[0], "%s/cfg.json", test_tmpdir());
-    char text[4096];
-    snprintf(text, sizeof text,
-             "{\"model\": {\"vocab_size\": %d, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-             " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"moe_intermediate_size\": 32,"
-             " \"router_hidden_size\": 16, \"eos_token_id\": null},"
-             " \"data\": {\"dir\": \"%s\", \"seq_len\": 32, \"micro_batch\": 4, \"grad_accum\": %lld},"
-             " \"optim\": {\"lr\": 0.01, \"min_lr\": 0.001, \"warmup\": 5},"
-             " \"run\": {\"steps\": %lld, \"out_dir\": \"%s\", \"log_every\": 1, \"eval_every\": 0, \"threads\": 1%s%s}}",
-             VOCAB, data, (long long)accum, (long long)steps, out, extra ? ", " : "", extra ? extra : "");
-    CHECK_OK(kiln_write_file_atomic(p, text, strlen(text)));
-    return p;
-}
-
-/* Losses per step from metrics.jsonl. */
-static int read_losses(const char *out, double *loss, int cap) {
-    char path[1200], *text = NULL;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    if (kiln_read_file(path, &text, &len)) return 0;
-    int n = 0;
-    for (char *p = text; (p = strstr(p, "\"step\":")) && n < cap;) {
-        int step = atoi(p + 7);
-        char *l = strstr(p, "\"loss\":");
-        if (l && step >= 1 && step <= cap) loss[step - 1] = atof(l + 7), n = step > n ? step : n;
-        p += 7;
-    }
-    free(text);
-    return n;
-}
-
-static int run_kiln(const char *args) {
-    char out[16384];
-    int rc = test_run_kiln(args, out, sizeof out);
-    if (rc) printf("    kiln %s -> %d\n%s\n", args, rc, out);
-    return rc;
-}
-
 TEST(train_loss_falls) {
-    const char *data = synth_data(), *out = test_tmpdir();
-    const char *cfg = write_config(data, out, 40, 1, NULL);
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
+    const char *cfg = ck_config(data, out, 40, 1, 32, NULL);
     char args[2048];
     snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
-    CHECK(run_kiln(args) == 0);
+    CHECK(ck_kiln(args) == 0);
     double loss[40] = {0};
-    CHECK(read_losses(out, loss, 40) == 40);
+    CHECK(ck_losses(out, loss, 40) == 40);
     double first = (loss[0] + loss[1]) / 2, last = (loss[38] + loss[39]) / 2;
     CHECK_MSG(last < first - 0.5, "loss %.3f -> %.3f", first, last);
     /* the saved model loads as a HF ZAYA directory */
@@ -105,22 +36,22 @@ TEST(train_loss_falls) {
 
 
 TEST(train_resume_is_bit_identical) {
-    const char *data = synth_data(), *a = test_tmpdir(), *b = test_tmpdir();
+    const char *data = ck_data_splits(1), *a = test_tmpdir(), *b = test_tmpdir();
     char args[2048];
-    const char *ca = write_config(data, a, 12, 2, "\"ckpt_every\": 4");
+    const char *ca = ck_config(data, a, 12, 2, 32, "\"ckpt_every\": 4");
     snprintf(args, sizeof args, "train --config '%s' --quiet", ca);
-    CHECK(run_kiln(args) == 0);
-    const char *cb = write_config(data, b, 12, 2, "\"ckpt_every\": 4");
+    CHECK(ck_kiln(args) == 0);
+    const char *cb = ck_config(data, b, 12, 2, 32, "\"ckpt_every\": 4");
     snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 5", cb); /* stops at 5, saves */
-    CHECK(run_kiln(args) == 0);
+    CHECK(ck_kiln(args) == 0);
     snprintf(args, sizeof args, "train --config '%s' --quiet --resume --stop-after 2", cb); /* 5 -> 7 */
-    CHECK(run_kiln(args) == 0);
+    CHECK(ck_kiln(args) == 0);
     snprintf(args, sizeof args, "train --config '%s' --quiet --resume", cb); /* 7 -> 12 */
-    CHECK(run_kiln(args) == 0);
+    CHECK(ck_kiln(args) == 0);
     CHECK_MSG(ck_same_model(a, b), "resumed weights differ from uninterrupted");
     double la[12] = {0}, lb[12] = {0};
-    read_losses(a, la, 12);
-    read_losses(b, lb, 12);
+    ck_losses(a, la, 12);
+    ck_losses(b, lb, 12);
     for (int i = 0; i < 12; i++) CHECK_MSG(la[i] == lb[i], "step %d: loss %.9g vs %.9g", i + 1, la[i], lb[i]);
     /* keep_last = 2: only the two newest checkpoints remain */
     char p[1300];
@@ -137,12 +68,12 @@ static int have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1"
 TEST(train_two_ranks_match_one_rank_with_accumulation) {
     CHECK_MSG(have_mpirun(), "mpirun not found: install openmpi-bin");
     if (!have_mpirun()) return;
-    const char *data = synth_data(), *one = test_tmpdir(), *two = test_tmpdir();
+    const char *data = ck_data_splits(1), *one = test_tmpdir(), *two = test_tmpdir();
     char args[4096];
-    const char *c1 = write_config(data, one, 20, 2, NULL);
+    const char *c1 = ck_config(data, one, 20, 2, 32, NULL);
     snprintf(args, sizeof args, "train --config '%s' --quiet", c1);
-    CHECK(run_kiln(args) == 0);
-    const char *c2 = write_config(data, two, 20, 1, NULL);
+    CHECK(ck_kiln(args) == 0);
+    const char *c2 = ck_config(data, two, 20, 1, 32, NULL);
     char cmd[8192], out[16384];
     snprintf(cmd, sizeof cmd,
              /* OpenMPI's dlopened components leak by design and unload before LeakSanitizer reports,
@@ -153,8 +84,8 @@ TEST(train_two_ranks_match_one_rank_with_accumulation) {
     int rc = test_run_shell(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "mpirun -np 2 failed (%d): %s", rc, out);
     double l1[20] = {0}, l2[20] = {0};
-    CHECK(read_losses(one, l1, 20) == 20);
-    CHECK(read_losses(two, l2, 20) == 20);
+    CHECK(ck_losses(one, l1, 20) == 20);
+    CHECK(ck_losses(two, l2, 20) == 20);
     double worst = 0;
     for (int i = 0; i < 20; i++) worst = fmax(worst, fabs(l1[i] - l2[i]) / fabs(l1[i]));
     CHECK_MSG(worst <= 1e-5, "1 rank x 2 accumulation vs 2 ranks: worst relative loss difference %.3g", worst);
@@ -164,11 +95,11 @@ TEST(train_two_ranks_match_one_rank_with_accumulation) {
 /* A file-size limit makes the checkpoint write fail: the run stops with a message naming the
  * checkpoint, and the previous checkpoint is intact and resumable. */
 TEST(train_full_disk_keeps_previous_checkpoint) {
-    const char *data = synth_data(), *out = test_tmpdir();
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
     char args[2048];
-    const char *cfg = write_config(data, out, 4, 1, "\"ckpt_every\": 2");
+    const char *cfg = ck_config(data, out, 4, 1, 32, "\"ckpt_every\": 2");
     snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 2", cfg);
-    CHECK(run_kiln(args) == 0);
+    CHECK(ck_kiln(args) == 0);
     char cmd[4096], text[8192];
     /* a checkpoint shard is ~200 KB: 64 KB of file size fails it */
     snprintf(cmd, sizeof cmd, "ulimit -f 64; '%s' train --config '%s' --quiet --resume 2>&1", KILN_BINARY, cfg);
@@ -181,27 +112,27 @@ TEST(train_full_disk_keeps_previous_checkpoint) {
     snprintf(ck, sizeof ck, "%s/ckpt/step_00000004", out);
     CHECK(access(ck, F_OK) != 0);
     snprintf(args, sizeof args, "train --config '%s' --quiet --resume", cfg);
-    CHECK(run_kiln(args) == 0); /* and the run finishes from step 2 once there is room */
+    CHECK(ck_kiln(args) == 0); /* and the run finishes from step 2 once there is room */
 }
 
 /* Ctrl-C: the run saves at the end of the step and exits 130; --resume finishes it. */
 TEST(train_sigint_saves_and_resumes) {
-    const char *data = synth_data(), *out = test_tmpdir();
-    const char *cfg = write_config(data, out, 100000, 1, "\"ckpt_every\": 0");
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
+    const char *cfg = ck_config(data, out, 100000, 1, 32, "\"ckpt_every\": 0");
     int st = ck_train_until_sigint(cfg, out, 200);
     CHECK_MSG(st == 130, "exit status %d", st);
     char latest[1300];
     double loss[4096];
-    int steps = read_losses(out, loss, 4096);
+    int steps = ck_losses(out, loss, 4096);
     snprintf(latest, sizeof latest, "%s/ckpt/step_%08d/COMMITTED", out, steps);
     CHECK_MSG(steps > 0 && access(latest, F_OK) == 0, "no checkpoint at step %d after SIGINT", steps);
 }
 
 TEST(train_bad_data) {
-    const char *data = synth_data(), *out = test_tmpdir();
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
     char args[2048], text[4096];
     /* a model whose vocabulary is smaller than the shards' */
-    const char *cfg = write_config(data, out, 2, 1, NULL);
+    const char *cfg = ck_config(data, out, 2, 1, 32, NULL);
     char *t = NULL;
     size_t len = 0;
     CHECK_OK(kiln_read_file(cfg, &t, &len));
@@ -214,7 +145,7 @@ TEST(train_bad_data) {
     snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
     CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "tokenizer does not match"));
     /* a corrupted shard */
-    cfg = write_config(data, out, 2, 1, NULL);
+    cfg = ck_config(data, out, 2, 1, 32, NULL);
     char shard[1200];
     snprintf(shard, sizeof shard, "%s/train_000000.bin", data);
     FILE *f = fopen(shard, "r+b");
@@ -230,11 +161,11 @@ TEST(train_bad_data) {
 /* kiln ckpt verify/inspect, and a bit flip in the newest checkpoint: detected, and --resume falls
  * back to the previous one. */
 TEST(train_ckpt_verify_and_corrupt_newest) {
-    const char *data = synth_data(), *out = test_tmpdir();
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
     char args[2048], text[16384];
-    const char *cfg = write_config(data, out, 6, 1, "\"ckpt_every\": 2, \"keep_last\": 3");
+    const char *cfg = ck_config(data, out, 6, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 3");
     snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 4", cfg);
-    CHECK(run_kiln(args) == 0); /* checkpoints at 2 and 4 */
+    CHECK(ck_kiln(args) == 0); /* checkpoints at 2 and 4 */
     snprintf(args, sizeof args, "ckpt verify '%s'", out);
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "2 checkpoints, 0 invalid"), "%s", text);
     snprintf(args, sizeof args, "ckpt inspect '%s/ckpt/step_00000004'", out);
