@@ -89,6 +89,10 @@ python3 - "$res" <<'PY' | tee -a "$res.txt"
 import json, statistics, sys
 res = sys.argv[1]
 recs = [json.loads(l) for l in open(f"{res}.json.tmp") if l.strip()]
+pw = [json.loads(l) for l in open(f"{res}.power.jsonl") if l.strip()]
+for r in recs:  # each measurement keeps its config and side's power lines (the longer runs on CUDA)
+    if pw:
+        r["power"] = [p for p in pw if p.get("config") == r["config"] and p.get("side") == r["side"]]
 json.dump(recs, open(f"{res}.json", "w"), indent=1)
 cuda = any(r.get("device") == "cuda" for r in recs)
 print(f"{'config':9} {'batch':>5} {'kiln img/s':>11} {'torch img/s':>12} {'ratio':>6}"
@@ -113,7 +117,6 @@ for cfg in ["vit-b-32", "vit-l-14"]:
         tc = [r["worst_cosine_vs_ref"] for r in t if r.get("worst_cosine_vs_ref") is not None]
         line += f" {max(te):27.3g} {min(tc):10.6f}" if te and tc else f" {'-':>27} {'-':>10}"
     print(line)
-pw = [json.loads(l) for l in open(f"{res}.power.jsonl") if l.strip()]
 if pw:
     print(f"power (a longer run of each side): {'config':9} {'side':5} {'img/s':>9} {'W mean':>7} {'SM MHz':>7} "
           f"{'capped':>7} {'J/image':>8}")
@@ -122,9 +125,6 @@ if pw:
             print(f"{'':35}{p.get('label', '?')}: no busy samples"); continue
         print(f"{'':35}{p['config']:9} {p['side']:5} {p['images_per_s_median']:9.1f} {p['power_mean_w']:7.0f} "
               f"{p['sm_clock_mean_mhz']:7.0f} {100 * p['power_capped_share']:6.0f}% {p['joules_per_image']:8.4f}")
-    for r in recs:  # each measurement's file keeps its config's power lines
-        r["power"] = [p for p in pw if p.get("config") == r["config"] and p.get("side") == r["side"]]
-    json.dump(recs, open(f"{res}.json", "w"), indent=1)
 tv = [r for r in recs if r["side"] == "torch"]
 kv = [r for r in recs if r["side"] == "kiln"]
 print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if cuda and tv else "")
