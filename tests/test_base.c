@@ -293,19 +293,32 @@ TEST(log_level_names) {
     CHECK(kiln_log_level_parse(NULL, &l) == -1);
 }
 
-TEST(progress_plain_lines) {
+/* What was written to the temporary file f, as a string in buf (closes f); returns its length. */
+static size_t read_back(FILE *f, char *buf, size_t cap) {
+    rewind(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return n;
+}
+
+/* A progress line for `what` (total, unit; drawn as on a terminal when tty) written to a temporary
+ * file, updated to each of 1..total and finished twice (the second finish must be a no-op); its
+ * output in buf. Returns the output's length. */
+static size_t progress_run(const char *what, uint64_t total, const char *unit, int tty, char *buf, size_t cap) {
     FILE *f = tmpfile();
     kiln_progress p;
     unsetenv("KILN_PROGRESS");
-    kiln_progress_start_to(&p, "train", 1000, "step", f, 0);
-    for (uint64_t i = 1; i <= 1000; i++) kiln_progress_update(&p, i);
+    kiln_progress_start_to(&p, what, total, unit, f, tty);
+    for (uint64_t i = 1; i <= total; i++) kiln_progress_update(&p, i);
     kiln_progress_finish(&p);
-    kiln_progress_finish(&p); /* second finish is a no-op */
-    char buf[4096] = {0};
-    rewind(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    kiln_progress_finish(&p);
+    return read_back(f, buf, cap);
+}
+
+TEST(progress_plain_lines) {
+    char buf[4096];
+    progress_run("train", 1000, "step", 0, buf, sizeof buf);
     /* A fast loop in a log gets just the final line. */
     CHECK_MSG(count_str(buf, "\n") == 1, "got '%s'", buf);
     CHECK_MSG(strncmp(buf, "train: 1000/1000 step (100.0%), ", 32) == 0, "got '%s'", buf);
@@ -313,29 +326,18 @@ TEST(progress_plain_lines) {
     CHECK(!strchr(buf, '\r'));
 
     /* unknown total */
-    f = tmpfile();
+    FILE *f = tmpfile();
+    kiln_progress p;
     kiln_progress_start_to(&p, "tokens", 0, "tok", f, 0);
     kiln_progress_update(&p, 12345);
     kiln_progress_finish(&p);
-    rewind(f);
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    read_back(f, buf, sizeof buf);
     CHECK_MSG(strncmp(buf, "tokens: 12345 tok, ", 19) == 0 && !strstr(buf, "eta"), "got '%s'", buf);
 }
 
 TEST(progress_tty_redraws_in_place) {
-    FILE *f = tmpfile();
-    kiln_progress p;
-    unsetenv("KILN_PROGRESS");
-    kiln_progress_start_to(&p, "load", 4, "file", f, 1);
-    for (uint64_t i = 1; i <= 4; i++) kiln_progress_update(&p, i);
-    kiln_progress_finish(&p);
-    char buf[4096] = {0};
-    rewind(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    char buf[4096];
+    size_t n = progress_run("load", 4, "file", 1, buf, sizeof buf);
     /* first update drawn at once, the rest throttled, then the final line */
     CHECK_MSG(count_str(buf, "\r") >= 2 && count_str(buf, "\r") <= 5, "got '%s'", buf);
     CHECK(strstr(buf, "\rload [######..................] 1/4 file") != NULL);

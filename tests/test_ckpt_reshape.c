@@ -115,6 +115,19 @@ static void copy_tree(const char *from, const char *to) {
     CHECK(system(cmd) == 0);
 }
 
+/* Reshapes a copy of checkpoint src (at to/name) whose manifest has its first `from` replaced by
+ * `into` to to/c for `world` ranks: whether that fails naming `want` (text gets the output). */
+static int reshape_patched(const char *src, const char *to, const char *name, const char *from, const char *into,
+                           int world, const char *want, char *text, size_t cap) {
+    char bad[1300], man[1400], args[4096];
+    snprintf(bad, sizeof bad, "%s/%s", to, name);
+    copy_tree(src, bad);
+    snprintf(man, sizeof man, "%s/manifest.json", bad);
+    patch_file(man, from, into);
+    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size %d", bad, to, world);
+    return contains(args, want, text, cap);
+}
+
 TEST(ckpt_reshape_bad_input) {
     char data[1024], run[1024], to[1024], args[4096], text[16384], src[1300], bad[1300];
     dir_copy(data, sizeof data, ck_data());
@@ -133,34 +146,17 @@ TEST(ckpt_reshape_bad_input) {
     /* never over an existing checkpoint */
     CHECK(contains(args, "already exists", text, sizeof text));
     /* a manifest that does not match its shards: the recorded size and checksum */
-    snprintf(bad, sizeof bad, "%s/m1", to);
-    copy_tree(src, bad);
-    char man[1400];
-    snprintf(man, sizeof man, "%s/manifest.json", bad);
-    patch_file(man, "\"bytes\":\t", "\"bytes\":\t1");
-    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 1", bad, to);
-    CHECK(contains(args, "rank_00000.safetensors", text, sizeof text) && strstr(text, "manifest says"));
+    CHECK(reshape_patched(src, to, "m1", "\"bytes\":\t", "\"bytes\":\t1", 1, "rank_00000.safetensors", text,
+                          sizeof text) && strstr(text, "manifest says"));
     /* ... or its tensor list (another optimizer-state size than the shard holds) */
-    snprintf(bad, sizeof bad, "%s/m2", to);
-    copy_tree(src, bad);
-    snprintf(man, sizeof man, "%s/manifest.json", bad);
-    patch_file(man, "\"state_numel\":\t", "\"state_numel\":\t7");
-    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 1", bad, to);
-    CHECK(contains(args, "optimizer-state floats", text, sizeof text));
+    CHECK(reshape_patched(src, to, "m2", "\"state_numel\":\t", "\"state_numel\":\t7", 1, "optimizer-state floats",
+                          text, sizeof text));
     /* ... or a world size its shards do not have */
-    snprintf(bad, sizeof bad, "%s/m3", to);
-    copy_tree(src, bad);
-    snprintf(man, sizeof man, "%s/manifest.json", bad);
-    patch_file(man, "\"world_size\":\t1", "\"world_size\":\t2");
-    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 1", bad, to);
-    CHECK(contains(args, "one position per rank", text, sizeof text));
+    CHECK(reshape_patched(src, to, "m3", "\"world_size\":\t1", "\"world_size\":\t2", 1, "one position per rank",
+                          text, sizeof text));
     /* positions saved for other data than the config's data directory holds */
-    snprintf(bad, sizeof bad, "%s/m5", to);
-    copy_tree(src, bad);
-    snprintf(man, sizeof man, "%s/manifest.json", bad);
-    patch_file(man, "\"fingerprint\":\t\"", "\"fingerprint\":\t\"1");
-    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 3", bad, to);
-    CHECK(contains(args, "not the data this checkpoint was trained on", text, sizeof text));
+    CHECK(reshape_patched(src, to, "m5", "\"fingerprint\":\t\"", "\"fingerprint\":\t\"1", 3,
+                          "not the data this checkpoint was trained on", text, sizeof text));
     /* a missing shard */
     snprintf(bad, sizeof bad, "%s/m4", to);
     copy_tree(src, bad);

@@ -44,6 +44,18 @@ static void randn(float *x, size_t n, uint64_t seed, double scale) {
 /* the vector ISAs the ops may run (src/nn/simd.h); each test below runs in every one this CPU has */
 static const char *const clip_isas[] = {"generic", "avx2", "avx512"};
 
+/* y = layernorm(x) * w + b over rows of d, eps 1e-5, in float64 */
+static void ref_ln(double *y, const double *x, const double *w, const double *b, int n, int d) {
+    for (int i = 0; i < n; i++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < d; j++) m += x[i * d + j];
+        m /= d;
+        for (int j = 0; j < d; j++) v += (x[i * d + j] - m) * (x[i * d + j] - m);
+        v /= d;
+        for (int j = 0; j < d; j++) y[i * d + j] = (x[i * d + j] - m) / sqrt(v + 1e-5) * w[j] + b[j];
+    }
+}
+
 static void check_layernorm(void) {
     int64_t n = 7, d = 301;
     float *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d), *b = malloc(sizeof(float) * d),
@@ -54,14 +66,11 @@ static void check_layernorm(void) {
     randn(w, (size_t)d, 2, 1.0);
     randn(b, (size_t)d, 3, 1.0);
     kiln_layernorm_forward(y, x, w, b, n, d, 1e-5f);
-    for (int64_t i = 0; i < n; i++) {
-        double m = 0, v = 0;
-        for (int64_t j = 0; j < d; j++) m += x[i * d + j];
-        m /= d;
-        for (int64_t j = 0; j < d; j++) v += (x[i * d + j] - m) * (x[i * d + j] - m);
-        v /= d;
-        for (int64_t j = 0; j < d; j++) ref[i * d + j] = (x[i * d + j] - m) / sqrt(v + 1e-5) * w[j] + b[j];
-    }
+    double *in = malloc(sizeof(double) * (n + 2) * d); /* x, w and b as doubles, for ref_ln */
+    for (int64_t i = 0; i < n * d; i++) in[i] = x[i];
+    for (int64_t j = 0; j < d; j++) in[n * d + j] = w[j], in[(n + 1) * d + j] = b[j];
+    ref_ln(ref, in, in + n * d, in + (n + 1) * d, (int)n, (int)d);
+    free(in);
     CHECK(rel_err(y, ref, (size_t)(n * d)) < 1e-6);
     kiln_layernorm_forward(x, x, w, b, n, d, 1e-5f); /* in place */
     CHECK(memcmp(x, y, sizeof(float) * n * d) == 0);
@@ -192,17 +201,6 @@ static double *W(ref_model *r, const char *fmt, ...) {
     for (int64_t i = 0; i < t->numel; i++) d[i] = f[i];
     free(f);
     return d;
-}
-
-static void ref_ln(double *y, const double *x, const double *w, const double *b, int n, int d) {
-    for (int i = 0; i < n; i++) {
-        double m = 0, v = 0;
-        for (int j = 0; j < d; j++) m += x[i * d + j];
-        m /= d;
-        for (int j = 0; j < d; j++) v += (x[i * d + j] - m) * (x[i * d + j] - m);
-        v /= d;
-        for (int j = 0; j < d; j++) y[i * d + j] = (x[i * d + j] - m) / sqrt(v + 1e-5) * w[j] + b[j];
-    }
 }
 
 /* y[n,o] = x[n,i] w[o,i]^T + b */
@@ -550,30 +548,33 @@ static void rewrite(const char *path, const char *from, const char *to) {
     free(d);
 }
 
+/* With the first `from` in the file at path replaced by `to`, loading dir fails naming want; path is
+ * restored after. */
+static void load_fails_with(const char *dir, const char *path, const char *from, const char *to, const char *want) {
+    kiln_clip *m = NULL;
+    rewrite(path, from, to);
+    CHECK_ERR(kiln_clip_load(dir, &m), want);
+    rewrite(path, to, from);
+}
+
 TEST(clip_load_errors_name_the_problem) {
     const char *dir = test_tmpdir();
     kiln_clip *m = NULL;
     CHECK_ERR(kiln_clip_load(dir, &m), "config.json");
     CHECK(clip_test_make_dir(dir, &clip_test_default, 3) == 0);
-    const char *cfg = test_join(dir, "config.json");
-    rewrite(cfg, "\"model_type\":\"clip\"", "\"model_type\":\"siglip\"");
-    CHECK_ERR(kiln_clip_load(dir, &m), "model_type is \"siglip\", not \"clip\"");
-    rewrite(cfg, "\"model_type\":\"siglip\"", "\"model_type\":\"clip\"");
-    rewrite(cfg, "\"num_hidden_layers\":2", "\"num_hidden_layers\":3"); /* text tower: one layer too many */
-    CHECK_ERR(kiln_clip_load(dir, &m), "tensor 'text_model.encoder.layers.2.layer_norm1.weight' is missing");
-    rewrite(cfg, "\"num_hidden_layers\":3", "\"num_hidden_layers\":1");
-    CHECK_ERR(kiln_clip_load(dir, &m), "unexpected tensor 'text_model.encoder.layers.1.");
-    rewrite(cfg, "\"num_hidden_layers\":1", "\"num_hidden_layers\":2");
-    rewrite(cfg, "\"projection_dim\":16", "\"projection_dim\":17");
-    CHECK_ERR(kiln_clip_load(dir, &m), "tensor 'text_projection.weight' has shape [16,32], config.json says [17,32]");
-    rewrite(cfg, "\"projection_dim\":17", "\"projection_dim\":16");
-    const char *pre = test_join(dir, "preprocessor_config.json");
-    rewrite(pre, "\"height\":32,\"width\":32", "\"height\":30,\"width\":32");
-    CHECK_ERR(kiln_clip_load(dir, &m), "the processor makes 32x30 images, vision_config.image_size is 32");
-    rewrite(pre, "\"height\":30,\"width\":32", "\"height\":32,\"width\":32");
-    rewrite(pre, "\"resample\":3", "\"resample\":2");
-    CHECK_ERR(kiln_clip_load(dir, &m), "resample 2 is not supported");
-    rewrite(pre, "\"resample\":2", "\"resample\":3");
+    const char *cfg = test_join(dir, "config.json"), *pre = test_join(dir, "preprocessor_config.json");
+    load_fails_with(dir, cfg, "\"model_type\":\"clip\"", "\"model_type\":\"siglip\"",
+                    "model_type is \"siglip\", not \"clip\"");
+    /* the text tower's (the first) layer count: one layer too many, one too few */
+    load_fails_with(dir, cfg, "\"num_hidden_layers\":2", "\"num_hidden_layers\":3",
+                    "tensor 'text_model.encoder.layers.2.layer_norm1.weight' is missing");
+    load_fails_with(dir, cfg, "\"num_hidden_layers\":2", "\"num_hidden_layers\":1",
+                    "unexpected tensor 'text_model.encoder.layers.1.");
+    load_fails_with(dir, cfg, "\"projection_dim\":16", "\"projection_dim\":17",
+                    "tensor 'text_projection.weight' has shape [16,32], config.json says [17,32]");
+    load_fails_with(dir, pre, "\"height\":32,\"width\":32", "\"height\":30,\"width\":32",
+                    "the processor makes 32x30 images, vision_config.image_size is 32");
+    load_fails_with(dir, pre, "\"resample\":3", "\"resample\":2", "resample 2 is not supported");
     CHECK_OK(kiln_clip_load(dir, &m));
     /* devices: "cpu" always works; "cuda" works or says why (no CUDA build, no device) */
     CHECK_OK(kiln_clip_set_device(m, "cpu"));

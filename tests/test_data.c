@@ -180,6 +180,12 @@ static void expect_error_at(const char *path, const char *needle, int line) {
     kiln_error_free(e);
 }
 #define EXPECT_ERROR(path, needle) expect_error_at(path, needle, __LINE__)
+/* Write the n bytes at b to path, then expect as above. */
+static void expect_bytes_error_at(const char *path, const void *b, size_t n, const char *needle, int line) {
+    spit(path, b, n);
+    expect_error_at(path, needle, line);
+}
+#define EXPECT_BYTES_ERROR(path, b, n, needle) expect_bytes_error_at(path, b, n, needle, __LINE__)
 
 TEST(data_shard_every_truncation_fails) {
     const char *dir = test_tmpdir(), *path = test_join(dir, "t.bin");
@@ -197,8 +203,7 @@ TEST(data_shard_every_truncation_fails) {
     /* one byte too many */
     unsigned char *big = calloc(n + 1, 1);
     if (b) memcpy(big, b, n);
-    spit(path, big, n + 1);
-    EXPECT_ERROR(path, "wrong size: file is 75 bytes, the header implies 74");
+    EXPECT_BYTES_ERROR(path, big, n + 1, "wrong size: file is 75 bytes, the header implies 74");
     free(big);
     free(b);
 }
@@ -206,16 +211,12 @@ TEST(data_shard_every_truncation_fails) {
 TEST(data_shard_bad_magic) {
     const char *dir = test_tmpdir(), *path = test_join(dir, "foreign.bin");
     const char *text = "This is a plain text file, certainly not a shard; it is long enough to hold a header.\n";
-    spit(path, text, strlen(text));
-    EXPECT_ERROR(path, "not a kiln token shard (bad magic)");
+    EXPECT_BYTES_ERROR(path, text, strlen(text), "not a kiln token shard (bad magic)");
     /* a safetensors file: 8-byte length then JSON */
     unsigned char st[64] = {16, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
-    spit(path, st, sizeof st);
-    EXPECT_ERROR(path, "not a kiln token shard (bad magic)");
-    spit(path, "KILNTOX", 7); /* short and wrong */
-    EXPECT_ERROR(path, "bad magic");
-    spit(path, "KILN", 4); /* short but a prefix of the magic: truncated */
-    EXPECT_ERROR(path, "truncated");
+    EXPECT_BYTES_ERROR(path, st, sizeof st, "not a kiln token shard (bad magic)");
+    EXPECT_BYTES_ERROR(path, "KILNTOX", 7, "bad magic"); /* short and wrong */
+    EXPECT_BYTES_ERROR(path, "KILN", 4, "truncated"); /* short but a prefix of the magic: truncated */
     EXPECT_ERROR(test_join(dir, "missing.bin"), "cannot open");
     EXPECT_ERROR(dir, "not a regular file");
 }
@@ -226,30 +227,23 @@ TEST(data_shard_versions_and_widths) {
     unsigned char *b = small_shard(dir, &n);
     if (!b) return;
     b[8] = 2;
-    spit(path, b, n);
-    EXPECT_ERROR(path, "shard format version 2 is newer than this kiln reads (version 1)");
+    EXPECT_BYTES_ERROR(path, b, n, "shard format version 2 is newer than this kiln reads (version 1)");
     b[8] = 0;
-    spit(path, b, n);
-    EXPECT_ERROR(path, "invalid shard format version 0");
+    EXPECT_BYTES_ERROR(path, b, n, "invalid shard format version 0");
     b[8] = 1;
     b[12] = 3;
-    spit(path, b, n);
-    EXPECT_ERROR(path, "token width 3 bytes; expected 2 or 4");
+    EXPECT_BYTES_ERROR(path, b, n, "token width 3 bytes; expected 2 or 4");
     b[12] = 4;
-    spit(path, b, n);
-    EXPECT_ERROR(path, "token width 4 bytes does not match vocab size 100 (expected 2)");
+    EXPECT_BYTES_ERROR(path, b, n, "token width 4 bytes does not match vocab size 100 (expected 2)");
     b[12] = 2;
     put_u64(b + 32, 0);
-    spit(path, b, n);
-    EXPECT_ERROR(path, "vocab size 0");
+    EXPECT_BYTES_ERROR(path, b, n, "vocab size 0");
     put_u64(b + 32, 100);
     put_u64(b + 16, UINT64_MAX / 2); /* token count whose size overflows */
-    spit(path, b, n);
-    EXPECT_ERROR(path, "file is 74 bytes");
+    EXPECT_BYTES_ERROR(path, b, n, "file is 74 bytes");
     put_u64(b + 16, 5);
     put_u64(b + 24, 6); /* more documents than tokens */
-    spit(path, b, n);
-    EXPECT_ERROR(path, "6 documents but only 5 tokens");
+    EXPECT_BYTES_ERROR(path, b, n, "6 documents but only 5 tokens");
     free(b);
 }
 
@@ -260,13 +254,11 @@ TEST(data_shard_flipped_byte_fails_checksum) {
     if (!b) return;
     for (size_t pos = 48; pos < 58; pos++) {
         b[pos] ^= 0x01;
-        spit(path, b, n);
-        EXPECT_ERROR(path, "checksum mismatch");
+        EXPECT_BYTES_ERROR(path, b, n, "checksum mismatch");
         b[pos] ^= 0x01;
     }
     b[44] ^= 0x80; /* the stored checksum itself */
-    spit(path, b, n);
-    EXPECT_ERROR(path, "checksum mismatch");
+    EXPECT_BYTES_ERROR(path, b, n, "checksum mismatch");
     free(b);
 }
 
@@ -277,8 +269,7 @@ TEST(data_shard_token_outside_vocab) {
     if (!b) return;
     b[48 + 2 * 3] = 100; /* token 3 := 100 = vocab size, with a matching checksum */
     put_u64(b + 40, kiln_fnv1a64(KILN_FNV1A64_INIT, b + 48, 10));
-    spit(path, b, n);
-    EXPECT_ERROR(path, "token 100 at position 3 is outside the vocabulary (size 100)");
+    EXPECT_BYTES_ERROR(path, b, n, "token 100 at position 3 is outside the vocabulary (size 100)");
     free(b);
 }
 
@@ -288,11 +279,9 @@ TEST(data_shard_bad_offsets) {
     unsigned char *b = small_shard(dir, &n);
     if (!b) return;
     put_u64(b + 66, 0); /* second start == first */
-    spit(path, b, n);
-    EXPECT_ERROR(path, "document offsets not increasing at document 1");
+    EXPECT_BYTES_ERROR(path, b, n, "document offsets not increasing at document 1");
     put_u64(b + 66, 5);
-    spit(path, b, n);
-    EXPECT_ERROR(path, "document 1 starts at 5, not below the token count 5");
+    EXPECT_BYTES_ERROR(path, b, n, "document 1 starts at 5, not below the token count 5");
     free(b);
 }
 

@@ -119,110 +119,101 @@ static kiln_error *get_str(const cJSON *o, const char *f, const char **out, cons
     return kiln_json_get_string(o, f, out, dflt, req, ctx);
 }
 
-static kiln_error *load_comm(report *r, int fi, const cJSON *sec, const char *path) {
-    const cJSON *it;
-    int idx = 0;
-    cJSON_ArrayForEach(it, sec) {
-        char ctx[1200];
-        snprintf(ctx, sizeof ctx, "%s: comm[%d]", path, idx++);
-        if (!cJSON_IsObject(it)) return kiln_errorf(KILN_EFORMAT, "%s: must be an object", ctx);
-        comm_rec c = {.file = fi};
-        KILN_TRY(get_str(it, "backend", &c.backend, "?", 0, ctx));
-        KILN_TRY(get_str(it, "collective", &c.collective, NULL, 1, ctx));
-        KILN_TRY(get_str(it, "dtype", &c.dtype, "?", 0, ctx));
-        KILN_TRY(kiln_json_get_int(it, "ranks", &c.ranks, 0, 1, ctx));
-        const cJSON *ip = cJSON_GetObjectItemCaseSensitive(it, "inplace");
-        if (cJSON_IsBool(ip)) c.inplace = cJSON_IsTrue(ip);
-        else if (cJSON_IsNumber(ip)) c.inplace = ip->valuedouble != 0;
-        else if (ip && !cJSON_IsNull(ip))
-            return kiln_errorf(KILN_EFORMAT, "%s: field 'inplace' must be a boolean or number, got %s", ctx,
-                               kiln_json_type_name(ip));
-        KILN_TRY(get_num(it, "bytes", &c.bytes, 0, 1, ctx));
-        KILN_TRY(get_num(it, "count", &c.count, 0, 0, ctx));
-        KILN_TRY(get_num(it, "time_us_min", &c.tmin, NAN, 0, ctx));
-        KILN_TRY(get_num(it, "time_us_avg", &c.tavg, NAN, 0, ctx));
-        KILN_TRY(get_num(it, "time_us_max", &c.tmax, NAN, 0, ctx));
-        KILN_TRY(get_num(it, "algbw_gbs", &c.algbw, NAN, 0, ctx));
-        KILN_TRY(get_num(it, "busbw_gbs", &c.busbw, 0, 1, ctx));
-        KILN_TRY(get_num(it, "wrong", &c.wrong, NAN, 0, ctx)); /* null: unchecked */
-        if (!(c.bytes > 0)) return kiln_errorf(KILN_EFORMAT, "%s: field 'bytes' must be > 0", ctx);
-        if (c.ranks < 1) return kiln_errorf(KILN_EFORMAT, "%s: field 'ranks' must be >= 1", ctx);
-        comm_rec *nv = grow(r->c, r->nc, sizeof *nv);
-        if (!nv) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
-        r->c = nv;
-        r->c[r->nc++] = c;
-    }
+/* Appends rec to the record array arr holding n records; out of memory is an error naming ctx (returned
+ * from the calling loader, like KILN_TRY). A macro: the four record types share no array type. */
+#define PUSH_REC(arr, n, rec, ctx)                                    \
+    do {                                                              \
+        void *nv_ = grow((arr), (n), sizeof *(arr));                  \
+        if (!nv_) return kiln_errorf(KILN_ENOMEM, "%s", (ctx));       \
+        (arr) = nv_;                                                  \
+        (arr)[(n)++] = (rec);                                         \
+    } while (0)
+
+/* Each load_* reads one record of profile fi from the object it (ctx names it in messages) and appends
+ * it to r. */
+static kiln_error *load_comm(report *r, int fi, const cJSON *it, const char *ctx) {
+    comm_rec c = {.file = fi};
+    KILN_TRY(get_str(it, "backend", &c.backend, "?", 0, ctx));
+    KILN_TRY(get_str(it, "collective", &c.collective, NULL, 1, ctx));
+    KILN_TRY(get_str(it, "dtype", &c.dtype, "?", 0, ctx));
+    KILN_TRY(kiln_json_get_int(it, "ranks", &c.ranks, 0, 1, ctx));
+    const cJSON *ip = cJSON_GetObjectItemCaseSensitive(it, "inplace");
+    if (cJSON_IsBool(ip)) c.inplace = cJSON_IsTrue(ip);
+    else if (cJSON_IsNumber(ip)) c.inplace = ip->valuedouble != 0;
+    else if (ip && !cJSON_IsNull(ip))
+        return kiln_errorf(KILN_EFORMAT, "%s: field 'inplace' must be a boolean or number, got %s", ctx,
+                           kiln_json_type_name(ip));
+    KILN_TRY(get_num(it, "bytes", &c.bytes, 0, 1, ctx));
+    KILN_TRY(get_num(it, "count", &c.count, 0, 0, ctx));
+    KILN_TRY(get_num(it, "time_us_min", &c.tmin, NAN, 0, ctx));
+    KILN_TRY(get_num(it, "time_us_avg", &c.tavg, NAN, 0, ctx));
+    KILN_TRY(get_num(it, "time_us_max", &c.tmax, NAN, 0, ctx));
+    KILN_TRY(get_num(it, "algbw_gbs", &c.algbw, NAN, 0, ctx));
+    KILN_TRY(get_num(it, "busbw_gbs", &c.busbw, 0, 1, ctx));
+    KILN_TRY(get_num(it, "wrong", &c.wrong, NAN, 0, ctx)); /* null: unchecked */
+    if (!(c.bytes > 0)) return kiln_errorf(KILN_EFORMAT, "%s: field 'bytes' must be > 0", ctx);
+    if (c.ranks < 1) return kiln_errorf(KILN_EFORMAT, "%s: field 'ranks' must be >= 1", ctx);
+    PUSH_REC(r->c, r->nc, c, ctx);
     return NULL;
 }
 
-static kiln_error *load_gemm(report *r, int fi, const cJSON *sec, const char *path) {
-    const cJSON *it;
-    int idx = 0;
-    cJSON_ArrayForEach(it, sec) {
-        char ctx[1200];
-        snprintf(ctx, sizeof ctx, "%s: gemm[%d]", path, idx++);
-        if (!cJSON_IsObject(it)) return kiln_errorf(KILN_EFORMAT, "%s: must be an object", ctx);
-        gemm_rec g = {.file = fi};
-        KILN_TRY(get_str(it, "backend", &g.backend, "?", 0, ctx));
-        KILN_TRY(get_str(it, "dtype", &g.dtype, "?", 0, ctx));
-        KILN_TRY(get_str(it, "label", &g.label, "", 0, ctx));
-        KILN_TRY(get_str(it, "layout", &g.layout, "", 0, ctx));
-        KILN_TRY(kiln_json_get_int(it, "m", &g.m, 0, 1, ctx));
-        KILN_TRY(kiln_json_get_int(it, "n", &g.n, 0, 1, ctx));
-        KILN_TRY(kiln_json_get_int(it, "k", &g.k, 0, 1, ctx));
-        KILN_TRY(get_num(it, "count", &g.count, 1, 0, ctx));
-        KILN_TRY(get_num(it, "time_us", &g.time_us, NAN, 0, ctx));
-        KILN_TRY(get_num(it, "tflops", &g.tflops, 0, 1, ctx));
-        if (g.m < 1 || g.n < 1 || g.k < 1) return kiln_errorf(KILN_EFORMAT, "%s: fields 'm', 'n', 'k' must be >= 1", ctx);
-        gemm_rec *nv = grow(r->g, r->ng, sizeof *nv);
-        if (!nv) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
-        r->g = nv;
-        r->g[r->ng++] = g;
-    }
+static kiln_error *load_gemm(report *r, int fi, const cJSON *it, const char *ctx) {
+    gemm_rec g = {.file = fi};
+    KILN_TRY(get_str(it, "backend", &g.backend, "?", 0, ctx));
+    KILN_TRY(get_str(it, "dtype", &g.dtype, "?", 0, ctx));
+    KILN_TRY(get_str(it, "label", &g.label, "", 0, ctx));
+    KILN_TRY(get_str(it, "layout", &g.layout, "", 0, ctx));
+    KILN_TRY(kiln_json_get_int(it, "m", &g.m, 0, 1, ctx));
+    KILN_TRY(kiln_json_get_int(it, "n", &g.n, 0, 1, ctx));
+    KILN_TRY(kiln_json_get_int(it, "k", &g.k, 0, 1, ctx));
+    KILN_TRY(get_num(it, "count", &g.count, 1, 0, ctx));
+    KILN_TRY(get_num(it, "time_us", &g.time_us, NAN, 0, ctx));
+    KILN_TRY(get_num(it, "tflops", &g.tflops, 0, 1, ctx));
+    if (g.m < 1 || g.n < 1 || g.k < 1) return kiln_errorf(KILN_EFORMAT, "%s: fields 'm', 'n', 'k' must be >= 1", ctx);
+    PUSH_REC(r->g, r->ng, g, ctx);
     return NULL;
 }
 
-static kiln_error *load_membw(report *r, int fi, const cJSON *sec, const char *path) {
-    const cJSON *it;
-    int idx = 0;
-    cJSON_ArrayForEach(it, sec) {
-        char ctx[1200];
-        snprintf(ctx, sizeof ctx, "%s: membw[%d]", path, idx++);
-        if (!cJSON_IsObject(it)) return kiln_errorf(KILN_EFORMAT, "%s: must be an object", ctx);
-        membw_rec m = {.file = fi};
-        KILN_TRY(get_str(it, "device", &m.device, "cpu", 0, ctx));
-        KILN_TRY(get_str(it, "kernel", &m.kernel, NULL, 1, ctx));
-        KILN_TRY(get_num(it, "bytes_per_array", &m.bytes, 0, 1, ctx));
-        KILN_TRY(get_num(it, "threads", &m.threads, 0, 0, ctx));
-        KILN_TRY(get_num(it, "gbs_best", &m.best, 0, 1, ctx));
-        KILN_TRY(get_num(it, "gbs_avg", &m.avg, NAN, 0, ctx));
-        if (!(m.bytes > 0)) return kiln_errorf(KILN_EFORMAT, "%s: field 'bytes_per_array' must be > 0", ctx);
-        membw_rec *nv = grow(r->m, r->nm, sizeof *nv);
-        if (!nv) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
-        r->m = nv;
-        r->m[r->nm++] = m;
-    }
+static kiln_error *load_membw(report *r, int fi, const cJSON *it, const char *ctx) {
+    membw_rec m = {.file = fi};
+    KILN_TRY(get_str(it, "device", &m.device, "cpu", 0, ctx));
+    KILN_TRY(get_str(it, "kernel", &m.kernel, NULL, 1, ctx));
+    KILN_TRY(get_num(it, "bytes_per_array", &m.bytes, 0, 1, ctx));
+    KILN_TRY(get_num(it, "threads", &m.threads, 0, 0, ctx));
+    KILN_TRY(get_num(it, "gbs_best", &m.best, 0, 1, ctx));
+    KILN_TRY(get_num(it, "gbs_avg", &m.avg, NAN, 0, ctx));
+    if (!(m.bytes > 0)) return kiln_errorf(KILN_EFORMAT, "%s: field 'bytes_per_array' must be > 0", ctx);
+    PUSH_REC(r->m, r->nm, m, ctx);
     return NULL;
 }
 
-static kiln_error *load_io(report *r, int fi, const cJSON *sec, const char *path) {
-    const cJSON *it;
+static kiln_error *load_io(report *r, int fi, const cJSON *it, const char *ctx) {
+    io_rec x = {.file = fi};
+    KILN_TRY(get_str(it, "test", &x.test, NULL, 1, ctx));
+    KILN_TRY(get_num(it, "bytes", &x.bytes, 0, 1, ctx));
+    KILN_TRY(get_num(it, "threads", &x.threads, 1, 0, ctx));
+    KILN_TRY(get_num(it, "seconds", &x.seconds, 0, 1, ctx));
+    KILN_TRY(get_num(it, "gbs", &x.gbs, 0, 1, ctx));
+    KILN_TRY(get_num(it, "vs_seq_write", &x.vs_seq_write, NAN, 0, ctx));
+    PUSH_REC(r->io, r->nio, x, ctx);
+    return NULL;
+}
+
+/* The optional section `name` of profile fi: an array of objects, each loaded by load_rec with
+ * "PATH: NAME[i]" for its messages. Sets *any when the section is there. */
+static kiln_error *load_section(report *r, int fi, const char *name,
+                                kiln_error *(*load_rec)(report *, int, const cJSON *, const char *), int *any) {
+    const char *path = r->p[fi].path;
+    const cJSON *sec, *it;
+    KILN_TRY(kiln_json_get_array(r->p[fi].root, name, &sec, 0, path));
+    if (!sec) return NULL;
+    *any = 1;
     int idx = 0;
     cJSON_ArrayForEach(it, sec) {
         char ctx[1200];
-        snprintf(ctx, sizeof ctx, "%s: io[%d]", path, idx++);
+        snprintf(ctx, sizeof ctx, "%s: %s[%d]", path, name, idx++);
         if (!cJSON_IsObject(it)) return kiln_errorf(KILN_EFORMAT, "%s: must be an object", ctx);
-        io_rec x = {.file = fi};
-        KILN_TRY(get_str(it, "test", &x.test, NULL, 1, ctx));
-        KILN_TRY(get_num(it, "bytes", &x.bytes, 0, 1, ctx));
-        KILN_TRY(get_num(it, "threads", &x.threads, 1, 0, ctx));
-        KILN_TRY(get_num(it, "seconds", &x.seconds, 0, 1, ctx));
-        KILN_TRY(get_num(it, "gbs", &x.gbs, 0, 1, ctx));
-        KILN_TRY(get_num(it, "vs_seq_write", &x.vs_seq_write, NAN, 0, ctx));
-        io_rec *nv = grow(r->io, r->nio, sizeof *nv);
-        if (!nv) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
-        r->io = nv;
-        r->io[r->nio++] = x;
+        KILN_TRY(load_rec(r, fi, it, ctx));
     }
     return NULL;
 }
@@ -246,16 +237,11 @@ static kiln_error *load_profile(report *r, int fi) {
     const char *s;
     KILN_TRY(kiln_json_get_string(root, "bench", &s, "", 0, path));
     KILN_TRY(kiln_json_get_string(root, "date", &s, "", 0, path));
-    const cJSON *sec;
     int any = 0;
-    KILN_TRY(kiln_json_get_array(root, "comm", &sec, 0, path));
-    if (sec) { any = 1; KILN_TRY(load_comm(r, fi, sec, path)); }
-    KILN_TRY(kiln_json_get_array(root, "gemm", &sec, 0, path));
-    if (sec) { any = 1; KILN_TRY(load_gemm(r, fi, sec, path)); }
-    KILN_TRY(kiln_json_get_array(root, "membw", &sec, 0, path));
-    if (sec) { any = 1; KILN_TRY(load_membw(r, fi, sec, path)); }
-    KILN_TRY(kiln_json_get_array(root, "io", &sec, 0, path));
-    if (sec) { any = 1; KILN_TRY(load_io(r, fi, sec, path)); }
+    KILN_TRY(load_section(r, fi, "comm", load_comm, &any));
+    KILN_TRY(load_section(r, fi, "gemm", load_gemm, &any));
+    KILN_TRY(load_section(r, fi, "membw", load_membw, &any));
+    KILN_TRY(load_section(r, fi, "io", load_io, &any));
     if (!any) fprintf(stderr, "kiln bench report: warning: %s has no comm, gemm, membw or io section\n", path);
     return NULL;
 }
