@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops_common.cuh"
+#include "cca_conv_gemm.cuh"
 
 #define CHUNK_T 512  // time steps per partial sum of the weight gradients
 
@@ -32,6 +32,107 @@ static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist
     }
 }
 
+// the grouped stage's tiles: GT x GT outputs, K in steps of GK (grp_gemm_kernel); WT x WT, steps of KT (dw1)
+#define GT 64
+#define GK 32
+#define WT 64
+#define KT 32
+
+// element (r, c) of a shared tile, addressed as the kernel declares it: a 2D array (the SIMT kernels) or a flat
+// buffer of pitch ld (the tensor-core kernels, whose operand tiles and epilogue tile share one buffer); one
+// form for both changed the SIMT kernels' address arithmetic
+template <int P> static __device__ __forceinline__ float &tile_at(float (*a)[P], int r, int c, int) { return a[r][c]; }
+static __device__ __forceinline__ float &tile_at(float *a, int r, int c, int ld) { return a[r * ld + c]; }
+
+// acc[p][q] += a[p] b[q]: the SIMT kernels' 4 x 4 outputs a thread, one K index
+static __device__ __forceinline__ void outer4(float (&acc)[4][4], const float *a, const float *b) {
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[p][q] += a[p] * b[q];
+}
+
+// One (sequence, group) block of the grouped forward / input-gradient GEMM, shared by grp_gemm_kernel and
+// tc::gemm_kernel (the same GT x GT tiles and GK steps of K): its place in the problem, and the staging of a K
+// step into shared memory: A [GT x GK] at sa, B [GK x GT] at sw (pitches lda, ldb: tile_at), nt threads.
+template <int MODE> struct grp_tile {
+    int C, T, k1, M, cg, K, R, r0, n0;
+    int64_t b, g0;
+    const float *midb, *wg;
+    const bf16 *dyb;
+    __device__ __forceinline__ grp_tile(const float *mid, const bf16 *dy, const float *w1, const kiln_conv_shape &s) {
+        C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), K = cg * k1;
+        R = MODE == 0 ? T : M, r0 = blockIdx.x * GT, n0 = blockIdx.y * GT;
+        b = blockIdx.z / s.groups, g0 = (blockIdx.z % s.groups) * (int64_t)cg;
+        midb = MODE == 0 ? mid + b * M * C + g0 : NULL;
+        dyb = MODE == 1 ? dy + b * T * C + g0 : NULL;
+        wg = w1 + g0 * cg * k1;
+    }
+    template <typename TA, typename TW>
+    __device__ __forceinline__ void stage(int k0, int *tj, int *tc, TA sa, int lda, TW sw, int ldb, int nt) const {
+        conv_k_table<GK>(tj, tc, k0, K, cg);
+        for (int e = threadIdx.x; e < GT * GK; e += nt) { // A: K fastest (contiguous channels)
+            const int rr = e / GK, kl = e % GK, r = r0 + rr, j = tj[kl], c = tc[kl];
+            float v = 0.0f;
+            if (r < R && j >= 0) {
+                if (MODE == 0) v = midb[(r + j) * C + c];
+                else if (r - j >= 0 && r - j < T) v = __bfloat162float(dyb[(r - j) * C + c]);
+            }
+            tile_at(sa, rr, kl, lda) = v;
+        }
+        for (int e = threadIdx.x; e < GT * GK; e += nt) {
+            // forward: K fastest (w1[co, i, j] is contiguous in i); input: columns fastest (contiguous in ci)
+            const int kl = MODE == 0 ? e % GK : e / GT, nl = MODE == 0 ? e / GK : e % GT;
+            const int n = n0 + nl, j = tj[kl], c = tc[kl];
+            float v = 0.0f;
+            if (j >= 0 && n < cg) v = MODE == 0 ? wg[(n * cg + c) * k1 + j] : wg[(c * cg + n) * k1 + j];
+            tile_at(sw, kl, nl, ldb) = v;
+        }
+    }
+    // output (r, n) of this block: y (bf16, v with the bias) or dmid
+    __device__ __forceinline__ void put(void *out, int r, int n, float v) const {
+        if (MODE == 0) ((bf16 *)out + b * T * C + g0)[r * C + n] = __float2bfloat16_rn(v);
+        else ((float *)out + b * M * C + g0)[r * C + n] = v;
+    }
+};
+
+// One block of the grouped weight gradient, shared by grp_bwd_w_kernel and tc::dw1_kernel: a WT x WT tile
+// (outputs co0.., columns col0.. in w1's (i, j) order) of group blockIdx.z over the steps [t0, t1) of chunk
+// blockIdx.y, and the staging of KT steps of dy and of mid (shifted by each column's tap; pitch ld: tile_at).
+struct dw1_tile {
+    int C, T, k1, M, cg, nc, co0, col0, t0, t1;
+    int64_t ne, chunk, b, g0;
+    const bf16 *dyb;
+    const float *midb;
+    __device__ __forceinline__ dw1_tile(const bf16 *dy, const float *mid, const kiln_conv_shape &s,
+                                        int64_t chunks_per_seq) {
+        C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), nc = cg * k1;
+        ne = s.C * nc;
+        const int col_tiles = (nc + WT - 1) / WT;
+        co0 = (blockIdx.x / col_tiles) * WT, col0 = (blockIdx.x % col_tiles) * WT;
+        chunk = blockIdx.y, b = chunk / chunks_per_seq;
+        t0 = (int)(chunk % chunks_per_seq) * CHUNK_T, t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T;
+        g0 = (int64_t)blockIdx.z * cg;
+        dyb = dy + b * T * C + g0;
+        midb = mid + b * M * C + g0;
+    }
+    // moff[c]: column (i, j) of the tile -> offset of mid[t + j, g0 + i] from mid[t, g0] (-1 past nc)
+    __device__ __forceinline__ void offsets(int *moff) const {
+        if (threadIdx.x < WT) {
+            const int col = col0 + threadIdx.x;
+            moff[threadIdx.x] = col < nc ? (col % k1) * C + col / k1 : -1;
+        }
+    }
+    template <typename TS>
+    __device__ __forceinline__ void stage(int ts, const int *moff, TS sdy, TS smid, int ld, int nt) const {
+        for (int e = threadIdx.x; e < KT * WT; e += nt) {
+            const int kt = e / WT, c = e % WT, t = ts + kt, co = co0 + c, off = moff[c];
+            tile_at(sdy, kt, c, ld) = t < t1 && co < cg ? __bfloat162float(dyb[t * C + co]) : 0.0f;
+            tile_at(smid, kt, c, ld) = t < t1 && off >= 0 ? midb[t * C + off] : 0.0f;
+        }
+    }
+};
+
 // The grouped stage as one small GEMM per (sequence, group), K = (j, i) in the CPU's order (j outer):
 //   forward (MODE 0):  y[t, co]    = b1[co] + sum_{j,i} mid[t+j, g0+i] w1[g0+co, i, j]        rows t < T
 //   input   (MODE 1):  dmid[u, ci] = sum_{j,co} dy[u-j, g0+co] w1[g0+co, ci, j] (0 <= u-j < T)  rows u < M
@@ -39,53 +140,24 @@ static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist
 // columns tx + 16q: conflict-free shared reads), K staged 32 at a time. Indices within one (sequence,
 // group) are 32-bit and K's (j, i) split comes from a table per step: integer division by a runtime value
 // would cost more than the FMAs.
-#define GT 64
-#define GK 32
 template <int MODE>
 static __global__ void __launch_bounds__(256)
     grp_gemm_kernel(void *out, const float *mid, const bf16 *dy, const float *w1, const float *b1, kiln_conv_shape s) {
     __shared__ float sa[GT][GK + 1];
     __shared__ float sw[GK][GT + 1];
     __shared__ int tj[GK], tc[GK];
-    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), K = cg * k1;
-    const int R = MODE == 0 ? T : M, r0 = blockIdx.x * GT, n0 = blockIdx.y * GT;
-    const int64_t b = blockIdx.z / s.groups, g0 = (blockIdx.z % s.groups) * (int64_t)cg;
-    const float *midb = MODE == 0 ? mid + b * M * C + g0 : NULL;
-    const bf16 *dyb = MODE == 1 ? dy + b * T * C + g0 : NULL;
-    const float *wg = w1 + g0 * cg * k1;
+    const grp_tile<MODE> g(mid, dy, w1, s);
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4];
 #pragma unroll
     for (int p = 0; p < 4; p++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const int n = n0 + tx + 16 * q;
-            acc[p][q] = MODE == 0 && n < cg ? b1[g0 + n] : 0.0f;
+            const int n = g.n0 + tx + 16 * q;
+            acc[p][q] = MODE == 0 && n < g.cg ? b1[g.g0 + n] : 0.0f;
         }
-    for (int k0 = 0; k0 < K; k0 += GK) {
-        if (threadIdx.x < GK) {
-            const int kk = k0 + threadIdx.x;
-            tj[threadIdx.x] = kk < K ? kk / cg : -1;
-            tc[threadIdx.x] = kk < K ? kk % cg : 0;
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < GT * GK; e += 256) { // A: K fastest (contiguous channels)
-            const int rr = e / GK, kl = e % GK, r = r0 + rr, j = tj[kl], c = tc[kl];
-            float v = 0.0f;
-            if (r < R && j >= 0) {
-                if (MODE == 0) v = midb[(r + j) * C + c];
-                else if (r - j >= 0 && r - j < T) v = __bfloat162float(dyb[(r - j) * C + c]);
-            }
-            sa[rr][kl] = v;
-        }
-        for (int e = threadIdx.x; e < GT * GK; e += 256) {
-            // forward: K fastest (w1[co, i, j] is contiguous in i); input: columns fastest (contiguous in ci)
-            const int kl = MODE == 0 ? e % GK : e / GT, nl = MODE == 0 ? e / GK : e % GT;
-            const int n = n0 + nl, j = tj[kl], c = tc[kl];
-            float v = 0.0f;
-            if (j >= 0 && n < cg) v = MODE == 0 ? wg[(n * cg + c) * k1 + j] : wg[(c * cg + n) * k1 + j];
-            sw[kl][nl] = v;
-        }
+    for (int k0 = 0; k0 < g.K; k0 += GK) {
+        g.stage(k0, tj, tc, sa, 0, sw, 0, 256);
         __syncthreads();
 #pragma unroll 8
         for (int kl = 0; kl < GK; kl++) {
@@ -94,74 +166,7 @@ static __global__ void __launch_bounds__(256)
             for (int p = 0; p < 4; p++) av[p] = sa[ty + 16 * p][kl];
 #pragma unroll
             for (int q = 0; q < 4; q++) wv[q] = sw[kl][tx + 16 * q];
-#pragma unroll
-            for (int p = 0; p < 4; p++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) acc[p][q] += av[p] * wv[q];
-        }
-        __syncthreads();
-    }
-    if (MODE == 0) {
-        bf16 *yb = (bf16 *)out + b * T * C + g0;
-#pragma unroll
-        for (int p = 0; p < 4; p++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int r = r0 + ty + 16 * p, n = n0 + tx + 16 * q;
-                if (r < R && n < cg) yb[r * C + n] = __float2bfloat16_rn(acc[p][q]);
-            }
-    } else {
-        float *db = (float *)out + b * M * C + g0;
-#pragma unroll
-        for (int p = 0; p < 4; p++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int r = r0 + ty + 16 * p, n = n0 + tx + 16 * q;
-                if (r < R && n < cg) db[r * C + n] = acc[p][q];
-            }
-    }
-}
-
-// dw1 of one group over one chunk is a small GEMM: [cg outputs] x [cg*k1 (i, j) columns] summed over
-// the chunk's steps t of dy[b,t,co] mid[b,t+j,g0+i]. grid (output tiles, chunks, groups): a 64 x 64 tile
-// per block, 4 x 4 per thread, steps staged 32 at a time in shared memory. part[chunk, e], e = (co, i, j).
-#define WT 64
-#define KT 32
-static __global__ void __launch_bounds__(256)
-    grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s, int64_t chunks_per_seq) {
-    __shared__ __align__(16) float sdy[KT][WT];
-    __shared__ __align__(16) float smid[KT][WT];
-    __shared__ int moff[WT];
-    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), nc = cg * k1;
-    const int64_t ne = s.C * nc;
-    const int col_tiles = (nc + WT - 1) / WT, co0 = (blockIdx.x / col_tiles) * WT, col0 = (blockIdx.x % col_tiles) * WT;
-    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq;
-    const int t0 = (int)(chunk % chunks_per_seq) * CHUNK_T, t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T;
-    const int64_t g0 = (int64_t)blockIdx.z * cg;
-    const bf16 *dyb = dy + b * T * C + g0;
-    const float *midb = mid + b * M * C + g0;
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    if (threadIdx.x < WT) { // column (i, j) of the tile -> offset of mid[t + j, g0 + i] from mid[t, g0]
-        const int col = col0 + threadIdx.x;
-        moff[threadIdx.x] = col < nc ? (col % k1) * C + col / k1 : -1;
-    }
-    __syncthreads();
-    float acc[4][4] = {};
-    for (int ts = t0; ts < t1; ts += KT) {
-        for (int e = threadIdx.x; e < KT * WT; e += 256) {
-            const int kt = e / WT, c = e % WT, t = ts + kt, co = co0 + c, off = moff[c];
-            sdy[kt][c] = t < t1 && co < cg ? __bfloat162float(dyb[t * C + co]) : 0.0f;
-            smid[kt][c] = t < t1 && off >= 0 ? midb[t * C + off] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll 8
-        for (int kt = 0; kt < KT; kt++) {
-            const float4 a = *(const float4 *)&sdy[kt][ty * 4], m = *(const float4 *)&smid[kt][tx * 4];
-            const float av[4] = {a.x, a.y, a.z, a.w}, mv[4] = {m.x, m.y, m.z, m.w};
-#pragma unroll
-            for (int p = 0; p < 4; p++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) acc[p][q] += av[p] * mv[q];
+            outer4(acc, av, wv);
         }
         __syncthreads();
     }
@@ -169,8 +174,41 @@ static __global__ void __launch_bounds__(256)
     for (int p = 0; p < 4; p++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const int co = co0 + ty * 4 + p, col = col0 + tx * 4 + q;
-            if (co < cg && col < nc) part[chunk * ne + (g0 + co) * nc + col] = acc[p][q];
+            const int r = g.r0 + ty + 16 * p, n = g.n0 + tx + 16 * q;
+            if (r < g.R && n < g.cg) g.put(out, r, n, acc[p][q]);
+        }
+}
+
+// dw1 of one group over one chunk is a small GEMM: [cg outputs] x [cg*k1 (i, j) columns] summed over
+// the chunk's steps t of dy[b,t,co] mid[b,t+j,g0+i]. grid (output tiles, chunks, groups): a 64 x 64 tile
+// per block, 4 x 4 per thread, steps staged 32 at a time in shared memory. part[chunk, e], e = (co, i, j).
+static __global__ void __launch_bounds__(256)
+    grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s, int64_t chunks_per_seq) {
+    __shared__ __align__(16) float sdy[KT][WT];
+    __shared__ __align__(16) float smid[KT][WT];
+    __shared__ int moff[WT];
+    const dw1_tile w(dy, mid, s, chunks_per_seq);
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    w.offsets(moff);
+    __syncthreads();
+    float acc[4][4] = {};
+    for (int ts = w.t0; ts < w.t1; ts += KT) {
+        w.stage(ts, moff, sdy, smid, 0, 256);
+        __syncthreads();
+#pragma unroll 8
+        for (int kt = 0; kt < KT; kt++) {
+            const float4 a = *(const float4 *)&sdy[kt][ty * 4], m = *(const float4 *)&smid[kt][tx * 4];
+            const float av[4] = {a.x, a.y, a.z, a.w}, mv[4] = {m.x, m.y, m.z, m.w};
+            outer4(acc, av, mv);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int co = w.co0 + ty * 4 + p, col = w.col0 + tx * 4 + q;
+            if (co < w.cg && col < w.nc) part[w.chunk * w.ne + (w.g0 + co) * w.nc + col] = acc[p][q];
         }
 }
 

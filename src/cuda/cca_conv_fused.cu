@@ -12,11 +12,10 @@
 // accumulation. The convolution weight w1 (f32 master) is split as hi + lo (both bf16) and both halves
 // are multiplied, so the weight keeps ~16 significant bits; dy and mid are bf16 already (exact operands).
 // Weight gradients: per-block partials, then the fixed-order colsum_add: bit-identical runs.
-#include <mma.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops_common.cuh"
+#include "cca_conv_gemm.cuh"
 
 namespace ccaf {
 using namespace nvcuda;
@@ -183,10 +182,7 @@ static __global__ void __launch_bounds__(128)
     const float *wg = w1 + (int64_t)g0 * cg * k1;
     const int warp = threadIdx.x / 32, wy = warp / 2, wx = warp % 2;
     facc acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma_zero(acc);
     const bf16 zero = b(0.0f);
     for (int kb = 0; kb < K; kb += FK) {
         if (FAST) {
@@ -208,12 +204,7 @@ static __global__ void __launch_bounds__(128)
                 *(uint4 *)(sbl + kl * LDB + q * 8) = *(const uint4 *)(wrl + (int64_t)kl * cg + q * 8);
             }
         } else {
-            if (threadIdx.x < FK) {
-                const int kk = kb + threadIdx.x;
-                tj[threadIdx.x] = kk < K ? kk / cg : -1;
-                tc[threadIdx.x] = kk < K ? kk % cg : 0;
-            }
-            __syncthreads();
+            conv_k_table<FK>(tj, tc, kb, K, cg);
             for (int e = threadIdx.x; e < FT * FK; e += 128) { // A: K fastest (contiguous channels)
                 const int rr = e / FK, kl = e % FK, r = r0 + rr, j = tj[kl], c = tc[kl];
                 bf16 v = zero;
@@ -255,12 +246,7 @@ static __global__ void __launch_bounds__(128)
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(sc + (wy * 32 + i * 16) * LDC + wx * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
-    __syncthreads();
+    wmma_store_tile<LDC>(sc, acc, wy, wx);
     const int G = NH / KV;
     for (int e = threadIdx.x; e < FT * FT; e += 128) {
         const int rr = e / FT, nl = e % FT, r = r0 + rr, n = n0 + nl;
@@ -305,6 +291,19 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Stage st of a two-buffer pipeline (grp128_kernel, dw1_128_kernel; stage 0's loads issued before the loop):
+// stage st + 1's loads issued by load(st + 1, buffer) to be in flight during stage st's MMAs, stage st's landed,
+// then a barrier: every thread's copies are visible
+template <typename L> static __device__ __forceinline__ void pipeline_stage(int st, int stages, L &load) {
+    if (st + 1 < stages) {
+        load(st + 1, (st + 1) & 1);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 template <int MODE>
 static __global__ void __launch_bounds__(256, 2)
     grp128_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *xq, const bf16 *xk,
@@ -345,19 +344,10 @@ static __global__ void __launch_bounds__(256, 2)
         cp_async_commit();
     };
     facc acc[2][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma_zero(acc);
     load(0, 0);
     for (int st = 0; st < stages; st++) {
-        if (st + 1 < stages) {
-            load(st + 1, (st + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_stage(st, stages, load);
         const bf16 *sa = (const bf16 *)(smem128 + (st & 1) * STAGE_BYTES), *sbh = sa + BT * LDA,
                    *sbl = sbh + FK * LDB2;
 #pragma unroll
@@ -458,20 +448,11 @@ static __global__ void __launch_bounds__(256, 2)
         cp_async_commit();
     };
     facc acc[2][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma_zero(acc);
     float bacc = 0.0f;
     if (stages > 0) load(0, 0);
     for (int st = 0; st < stages; st++) {
-        if (st + 1 < stages) {
-            load(st + 1, (st + 1) & 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_stage(st, stages, load);
         const bf16 *sdy = (const bf16 *)(smem1 + (st & 1) * STAGE1_BYTES), *smid = sdy + FK * LDB2;
         if (do_b && threadIdx.x < BT)
             for (int kt = 0; kt < FK; kt++) bacc += f(sdy[kt * LDB2 + threadIdx.x]);
@@ -539,10 +520,7 @@ static __global__ void __launch_bounds__(128)
         moff[threadIdx.x] = col >= nc ? -1 : FAST ? (col / cg) * C + col % cg : (col % k1) * C + col / k1;
     }
     facc acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma_zero(acc);
     float bacc = 0.0f;
     const bf16 zero = b(0.0f);
     __syncthreads();
@@ -585,12 +563,7 @@ static __global__ void __launch_bounds__(128)
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(sc + (wy * 32 + i * 16) * LDC + wx * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
-    __syncthreads();
+    wmma_store_tile<LDC>(sc, acc, wy, wx);
     for (int e = threadIdx.x; e < FT * FT; e += 128) {
         const int rr = e / FT, cl = e % FT, co = co0 + rr, col = col0 + cl;
         if (co < cg && col < nc) part[(int64_t)chunk * ne + (int64_t)(g0 + co) * nc + col] = sc[rr * LDC + cl];

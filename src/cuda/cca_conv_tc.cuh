@@ -31,6 +31,23 @@ template <typename FA> static __device__ __forceinline__ void mma3(facc &c, FA &
 #define LDA (TCK + 4)
 #define LDB (TCT + 4)
 #define LDC (TCT + 4)
+static_assert(TCT == GT && TCK == GK && TCT == WT && TCK == KT, "grp_tile / dw1_tile stage the SIMT kernels' tiles");
+
+// The operands of 8 of a K step for a warp's 32 x 32 quarter of the tile, split hi + lo: A fragment i at a(i)
+// (row-major FA: [rows x K], column-major: [K x rows]), pitch lda; B fragment j at sb + j * 16 (pitch LDB).
+// The MMAs stay in the kernels: a helper holding the accumulators changed their register order in the PTX and
+// ptxas's allocation (gemm_kernel<0>: 126 -> 128 registers).
+template <typename FA, typename AT>
+static __device__ __forceinline__ void load_k8(FA (&ah)[2], FA (&al)[2], fb_row (&bh)[2], fb_row (&bl)[2], AT a,
+                                               int lda, const float *sb) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        wmma::load_matrix_sync(ah[i], a(i), lda);
+        split(ah[i], al[i]);
+        wmma::load_matrix_sync(bh[i], sb + i * 16, LDB);
+        split(bh[i], bl[i]);
+    }
+}
 
 // MODE 0 forward (y bf16), MODE 1 input gradient (dmid f32); grid as grp_gemm_kernel; 128 threads = 4 warps,
 // each a 32 x 32 quarter of the tile
@@ -40,53 +57,19 @@ static __global__ void __launch_bounds__(128)
     __shared__ __align__(32) float smem[TCT * LDC > TCT * LDA + TCK * LDB ? TCT * LDC : TCT * LDA + TCK * LDB];
     __shared__ int tj[TCK], tc[TCK];
     float *sa = smem, *sw = smem + TCT * LDA, *sc = smem;
-    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), K = cg * k1;
-    const int R = MODE == 0 ? T : M, r0 = blockIdx.x * TCT, n0 = blockIdx.y * TCT;
-    const int64_t b = blockIdx.z / s.groups, g0 = (blockIdx.z % s.groups) * (int64_t)cg;
-    const float *midb = MODE == 0 ? mid + b * M * C + g0 : NULL;
-    const bf16 *dyb = MODE == 1 ? dy + b * T * C + g0 : NULL;
-    const float *wg = w1 + g0 * cg * k1;
+    const grp_tile<MODE> g(mid, dy, w1, s);
     const int warp = threadIdx.x / 32, wy = warp / 2, wx = warp % 2;
     facc acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    for (int k0 = 0; k0 < K; k0 += TCK) {
-        if (threadIdx.x < TCK) {
-            const int kk = k0 + threadIdx.x;
-            tj[threadIdx.x] = kk < K ? kk / cg : -1;
-            tc[threadIdx.x] = kk < K ? kk % cg : 0;
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < TCT * TCK; e += 128) {
-            const int rr = e / TCK, kl = e % TCK, r = r0 + rr, j = tj[kl], c = tc[kl];
-            float v = 0.0f;
-            if (r < R && j >= 0) {
-                if (MODE == 0) v = midb[(r + j) * C + c];
-                else if (r - j >= 0 && r - j < T) v = __bfloat162float(dyb[(r - j) * C + c]);
-            }
-            sa[rr * LDA + kl] = v;
-        }
-        for (int e = threadIdx.x; e < TCT * TCK; e += 128) {
-            const int kl = MODE == 0 ? e % TCK : e / TCT, nl = MODE == 0 ? e / TCK : e % TCT;
-            const int n = n0 + nl, j = tj[kl], c = tc[kl];
-            float v = 0.0f;
-            if (j >= 0 && n < cg) v = MODE == 0 ? wg[(n * cg + c) * k1 + j] : wg[(c * cg + n) * k1 + j];
-            sw[kl * LDB + nl] = v;
-        }
+    wmma_zero(acc);
+    for (int k0 = 0; k0 < g.K; k0 += TCK) {
+        g.stage(k0, tj, tc, sa, LDA, sw, LDB, 128);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < TCK; kk += 8) {
             fa_row ah[2], al[2];
             fb_row bh[2], bl[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                wmma::load_matrix_sync(ah[i], sa + (wy * 32 + i * 16) * LDA + kk, LDA);
-                split(ah[i], al[i]);
-                wmma::load_matrix_sync(bh[i], sw + kk * LDB + wx * 32 + i * 16, LDB);
-                split(bh[i], bl[i]);
-            }
+            const auto a = [&](int i) { return sa + (wy * 32 + i * 16) * LDA + kk; };
+            load_k8(ah, al, bh, bl, a, LDA, sw + kk * LDB + wx * 32);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -94,17 +77,14 @@ static __global__ void __launch_bounds__(128)
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(sc + (wy * 32 + i * 16) * LDC + wx * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
-    __syncthreads();
+    wmma_store_tile<LDC>(sc, acc, wy, wx);
     for (int e = threadIdx.x; e < TCT * TCT; e += 128) {
-        const int rr = e / TCT, nl = e % TCT, r = r0 + rr, n = n0 + nl;
-        if (r >= R || n >= cg) continue;
-        if (MODE == 0) ((bf16 *)out)[(b * T + r) * C + g0 + n] = __float2bfloat16_rn(b1[g0 + n] + sc[rr * LDC + nl]);
-        else ((float *)out)[(b * M + r) * C + g0 + n] = sc[rr * LDC + nl];
+        const int rr = e / TCT, nl = e % TCT, r = g.r0 + rr, n = g.n0 + nl;
+        if (r >= g.R || n >= g.cg) continue;
+        // (not grp_tile::put: its per-block base pointer, hoisted, would live through the K loop here)
+        if (MODE == 0)
+            ((bf16 *)out)[(g.b * g.T + r) * g.C + g.g0 + n] = __float2bfloat16_rn(b1[g.g0 + n] + sc[rr * LDC + nl]);
+        else ((float *)out)[(g.b * g.M + r) * g.C + g.g0 + n] = sc[rr * LDC + nl];
     }
 }
 
@@ -115,43 +95,21 @@ static __global__ void __launch_bounds__(128)
     __shared__ __align__(32) float smem[2 * TCK * LDB > TCT * LDC ? 2 * TCK * LDB : TCT * LDC];
     __shared__ int moff[TCT];
     float *sdy = smem, *smid = smem + TCK * LDB, *sc = smem;
-    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = (int)(s.C / s.groups), nc = cg * k1;
-    const int64_t ne = s.C * nc;
-    const int col_tiles = (nc + TCT - 1) / TCT, co0 = (blockIdx.x / col_tiles) * TCT, col0 = (blockIdx.x % col_tiles) * TCT;
-    const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq;
-    const int t0 = (int)(chunk % chunks_per_seq) * CHUNK_T, t1 = t0 + CHUNK_T < T ? t0 + CHUNK_T : T;
-    const int64_t g0 = (int64_t)blockIdx.z * cg;
-    const bf16 *dyb = dy + b * T * C + g0;
-    const float *midb = mid + b * M * C + g0;
+    const dw1_tile w(dy, mid, s, chunks_per_seq);
     const int warp = threadIdx.x / 32, wy = warp / 2, wx = warp % 2;
-    if (threadIdx.x < TCT) {
-        const int col = col0 + threadIdx.x;
-        moff[threadIdx.x] = col < nc ? (col % k1) * C + col / k1 : -1;
-    }
+    w.offsets(moff);
     facc acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma_zero(acc);
     __syncthreads();
-    for (int ts = t0; ts < t1; ts += TCK) {
-        for (int e = threadIdx.x; e < TCK * TCT; e += 128) {
-            const int kt = e / TCT, c = e % TCT, t = ts + kt, co = co0 + c, off = moff[c];
-            sdy[kt * LDB + c] = t < t1 && co < cg ? __bfloat162float(dyb[t * C + co]) : 0.0f;
-            smid[kt * LDB + c] = t < t1 && off >= 0 ? midb[t * C + off] : 0.0f;
-        }
+    for (int ts = w.t0; ts < w.t1; ts += TCK) {
+        w.stage(ts, moff, sdy, smid, LDB, 128);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < TCK; kk += 8) {
             fa_col ah[2], al[2];
             fb_row bh[2], bl[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                wmma::load_matrix_sync(ah[i], sdy + kk * LDB + wy * 32 + i * 16, LDB);
-                split(ah[i], al[i]);
-                wmma::load_matrix_sync(bh[i], smid + kk * LDB + wx * 32 + i * 16, LDB);
-                split(bh[i], bl[i]);
-            }
+            const auto a = [&](int i) { return sdy + kk * LDB + wy * 32 + i * 16; };
+            load_k8(ah, al, bh, bl, a, LDB, smid + kk * LDB + wx * 32);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -159,15 +117,10 @@ static __global__ void __launch_bounds__(128)
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(sc + (wy * 32 + i * 16) * LDC + wx * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
-    __syncthreads();
+    wmma_store_tile<LDC>(sc, acc, wy, wx);
     for (int e = threadIdx.x; e < TCT * TCT; e += 128) {
-        const int rr = e / TCT, cl = e % TCT, co = co0 + rr, col = col0 + cl;
-        if (co < cg && col < nc) part[chunk * ne + (g0 + co) * nc + col] = sc[rr * LDC + cl];
+        const int rr = e / TCT, cl = e % TCT, co = w.co0 + rr, col = w.col0 + cl;
+        if (co < w.cg && col < w.nc) part[w.chunk * w.ne + (w.g0 + co) * w.nc + col] = sc[rr * LDC + cl];
     }
 }
 } // namespace tc
