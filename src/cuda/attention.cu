@@ -29,6 +29,40 @@
 #define GTHREADS 256
 #define BWR 16    // query rows per chunk in the dK/dV kernel: 8 warps x 2 rows
 
+// ---- steps that the generic kernels share ----
+typedef bf16 KeyTile[GKSTR]; // one row of a key tile in shared memory
+// K and V rows j0 .. j0 + GK - 1 of KV head kh into ks and vs (rows >= tk zero), by the whole block
+static __device__ __forceinline__ void load_kv_tile(KeyTile *ks, KeyTile *vs, const bf16 *k, const bf16 *v,
+                                                    const AttnDims &a, int b, int kh, int j0) {
+    const int D = a.D;
+    for (int e = threadIdx.x; e < GK * D; e += GTHREADS) {
+        int r = e / D, d = e % D, j = j0 + r;
+        int64_t off = (((int64_t)b * a.tk_cap + j) * a.KV + kh) * D + d;
+        bool ok = j < a.tk;
+        ks[r][d] = ok ? k[off] : __float2bfloat16(0.f);
+        vs[r][d] = ok ? v[off] : __float2bfloat16(0.f);
+    }
+}
+// acc (columns lane + 32c of one row) += sum over the tile's keys jj of w_jj x[jj], where lane jj holds w_jj
+static __device__ __forceinline__ void warp_row_axpy(float (&acc)[4], float w, const KeyTile *x, int lane, int D) {
+    for (int jj = 0; jj < GK; jj++) {
+        float wj = __shfl_sync(0xffffffffu, w, jj);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int d = lane + 32 * c;
+            if (d < D) acc[c] += wj * __bfloat162float(x[jj][d]);
+        }
+    }
+}
+// row o (columns lane + 32c) = acc * mul, rounded to bf16
+static __device__ __forceinline__ void store_row(bf16 *o, const float (&acc)[4], float mul, int lane, int D) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        int d = lane + 32 * c;
+        if (d < D) o[d] = __float2bfloat16(acc[c] * mul);
+    }
+}
+
 // ---- generic forward: grid (query tiles, NH, B) ----
 static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, float *lse, const bf16 *q,
                                                                     const bf16 *k, const bf16 *v, AttnDims a) {
@@ -41,9 +75,7 @@ static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, f
         int r = e / D, d = e % D, i = i0 + r;
         qs[r][d] = i < a.Tq ? q[(((int64_t)b * a.Tq + i) * a.NH + h) * D + d] : __float2bfloat16(0.f);
     }
-    const int ilast = min(i0 + GQ, a.Tq) - 1;
-    int jlo, jhi;
-    att_key_range(a, a.q_pos0 + i0, a.q_pos0 + ilast, &jlo, &jhi);
+    const AttQBlock qb = att_q_block(a, i0, GQ);
 
     float m[GRPW], l[GRPW], acc[GRPW][4];
 #pragma unroll
@@ -52,15 +84,9 @@ static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, f
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[rr][c] = 0.f;
     }
-    for (int j0 = jlo / GK * GK; j0 <= jhi; j0 += GK) {
+    for (int j0 = qb.jlo / GK * GK; j0 <= qb.jhi; j0 += GK) {
         __syncthreads();
-        for (int e = tid; e < GK * D; e += GTHREADS) {
-            int r = e / D, d = e % D, j = j0 + r;
-            int64_t off = (((int64_t)b * a.tk_cap + j) * a.KV + kh) * D + d;
-            bool ok = j < a.tk;
-            ks[r][d] = ok ? k[off] : __float2bfloat16(0.f);
-            vs[r][d] = ok ? v[off] : __float2bfloat16(0.f);
-        }
+        load_kv_tile(ks, vs, k, v, a, b, kh, j0);
         __syncthreads();
         float s[GRPW];
 #pragma unroll
@@ -84,14 +110,7 @@ static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, f
             m[rr] = mn;
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[rr][c] *= alpha;
-            for (int jj = 0; jj < GK; jj++) {
-                float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    int d = lane + 32 * c;
-                    if (d < D) acc[rr][c] += pj * __bfloat162float(vs[jj][d]);
-                }
-            }
+            warp_row_axpy(acc[rr], p, vs, lane, D);
         }
     }
 #pragma unroll
@@ -99,12 +118,7 @@ static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, f
         const int i = i0 + warp * GRPW + rr;
         if (i >= a.Tq) continue;
         float inv = l[rr] > 0.f ? 1.f / l[rr] : 0.f;
-        bf16 *o = out + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int d = lane + 32 * c;
-            if (d < D) o[d] = __float2bfloat16(acc[rr][c] * inv);
-        }
+        store_row(out + (((int64_t)b * a.Tq + i) * a.NH + h) * D, acc[rr], inv, lane, D);
         if (lane == 0 && lse) lse[((int64_t)b * a.NH + h) * a.Tq + i] = (m[rr] + log2f(l[rr])) * ATT_LN2;
     }
 }
@@ -150,18 +164,10 @@ static __global__ void __launch_bounds__(GTHREADS) attn_bwd_dq_generic(bf16 *dq,
 #pragma unroll
         for (int c = 0; c < 4; c++) acc[rr][c] = 0.f;
     }
-    const int ilast = min(i0 + GQ, a.Tq) - 1;
-    int jlo, jhi;
-    att_key_range(a, a.q_pos0 + i0, a.q_pos0 + ilast, &jlo, &jhi);
-    for (int j0 = jlo / GK * GK; j0 <= jhi; j0 += GK) {
+    const AttQBlock qb = att_q_block(a, i0, GQ);
+    for (int j0 = qb.jlo / GK * GK; j0 <= qb.jhi; j0 += GK) {
         __syncthreads();
-        for (int e = tid; e < GK * D; e += GTHREADS) {
-            int r = e / D, d = e % D, j = j0 + r;
-            int64_t off = (((int64_t)b * a.tk_cap + j) * a.KV + kh) * D + d;
-            bool ok = j < a.tk;
-            ks[r][d] = ok ? k[off] : __float2bfloat16(0.f);
-            vs[r][d] = ok ? v[off] : __float2bfloat16(0.f);
-        }
+        load_kv_tile(ks, vs, k, v, a, b, kh, j0);
         __syncthreads();
         float s[GRPW], dp[GRPW];
 #pragma unroll
@@ -181,26 +187,14 @@ static __global__ void __launch_bounds__(GTHREADS) attn_bwd_dq_generic(bf16 *dq,
             const bool vis = i < a.Tq && att_visible(a, a.q_pos0 + i, j);
             float p = vis ? exp2f(s[rr] * a.scale_log2 - lse2[rr]) : 0.f;
             float ds = p * (dp[rr] - dl[rr]);
-            for (int jj = 0; jj < GK; jj++) {
-                float dsj = __shfl_sync(0xffffffffu, ds, jj);
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    int d = lane + 32 * c;
-                    if (d < D) acc[rr][c] += dsj * __bfloat162float(ks[jj][d]);
-                }
-            }
+            warp_row_axpy(acc[rr], ds, ks, lane, D);
         }
     }
 #pragma unroll
     for (int rr = 0; rr < GRPW; rr++) {
         const int i = i0 + warp * GRPW + rr;
         if (i >= a.Tq) continue;
-        bf16 *o = dq + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int d = lane + 32 * c;
-            if (d < D) o[d] = __float2bfloat16(acc[rr][c] * a.scale);
-        }
+        store_row(dq + (((int64_t)b * a.Tq + i) * a.NH + h) * D, acc[rr], a.scale, lane, D);
     }
 }
 
@@ -220,13 +214,7 @@ static __global__ void __launch_bounds__(GTHREADS) attn_bwd_dkdv_generic(bf16 *d
     __shared__ float lse2s[BWR], dls[BWR];
     const int b = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * GK;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, D = a.D;
-    for (int e = tid; e < GK * D; e += GTHREADS) {
-        int r = e / D, d = e % D, j = j0 + r;
-        int64_t off = (((int64_t)b * a.tk_cap + j) * a.KV + kh) * D + d;
-        bool ok = j < a.tk;
-        ks[r][d] = ok ? k[off] : __float2bfloat16(0.f);
-        vs[r][d] = ok ? v[off] : __float2bfloat16(0.f);
-    }
+    load_kv_tile(ks, vs, k, v, a, b, kh, j0);
     float dka[GK * ATT_DMAX / GTHREADS], dva[GK * ATT_DMAX / GTHREADS];
 #pragma unroll
     for (int c = 0; c < GK * ATT_DMAX / GTHREADS; c++) dka[c] = dva[c] = 0.f;

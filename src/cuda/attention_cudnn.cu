@@ -330,6 +330,27 @@ static void gb_reshape(gb *g, kdnn_desc x, kdnn_desc y, const char *what) {
     gb_fin(g, op, what);
     gb_op(g, op);
 }
+// A new virtual tensor (dtype, dims, strides) = mode(x [, b]) computed in f32, or = the reduction rop of x: the
+// tensor is made first, then the op (the order every graph of this file makes them in)
+static kdnn_desc gb_pw_new(gb *g, int mode, int dtype, kdnn_desc x, kdnn_desc b, const int64_t dims[4],
+                           const int64_t strides[4], const char *what) {
+    kdnn_desc y = gb_tensor(g, 0, dtype, dims, strides, 0, what);
+    gb_pw(g, mode, KF_FLOAT, x, b, NULL, y, -1, what);
+    return y;
+}
+static kdnn_desc gb_red_new(gb *g, int rop, kdnn_desc x, const int64_t dims[4], const int64_t strides[4],
+                            const char *what) {
+    kdnn_desc y = gb_tensor(g, 0, KF_FLOAT, dims, strides, 0, what);
+    gb_red(g, rop, x, y, what);
+    return y;
+}
+// a new virtual f32 tensor (dims, strides) = a·b, with gb_mm's overrides m, n, k
+static kdnn_desc gb_mm_new(gb *g, kdnn_desc a, kdnn_desc b, const int64_t dims[4], const int64_t strides[4],
+                           kdnn_desc m, kdnn_desc n, kdnn_desc k, const char *what) {
+    kdnn_desc c = gb_tensor(g, 0, KF_FLOAT, dims, strides, 0, what);
+    gb_mm(g, a, b, c, m, n, k, what);
+    return c;
+}
 
 // ---- the plans ----
 // uids of the tensors that live outside the graph
@@ -439,30 +460,39 @@ static void build_forward(gb *g, att_plan *p) {
     kdnn_desc v = gb_tensor(g, U_V, KF_BF16, Vd, Vs, 0, "V");
     kdnn_desc o = gb_tensor(g, U_O, KF_BF16, Qd, Os, 0, "O");
     kdnn_desc st = gb_tensor(g, U_STATS, KF_FLOAT, R, Rs, 0, "stats");
-    kdnn_desc s0 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "Q.K^T");
-    gb_mm(g, q, kt, s0, NULL, NULL, NULL, "Q.K^T");
+    kdnn_desc s0 = gb_mm_new(g, q, kt, S, Ss, NULL, NULL, NULL, "Q.K^T");
     kdnn_desc sc = gb_scalar(g, U_SCALE, KF_FLOAT, "scale");
-    kdnn_desc s1 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "scores x scale");
-    gb_pw(g, KP_MUL, KF_FLOAT, s0, sc, NULL, s1, -1, "scores x scale");
+    kdnn_desc s1 = gb_pw_new(g, KP_MUL, KF_FLOAT, s0, sc, S, Ss, "scores x scale");
     kdnn_desc s2 = p->causal ? gb_masks(g, s1, S, Ss, p->window) : s1;
-    kdnn_desc mx = gb_tensor(g, 0, KF_FLOAT, R, Rs, 0, "row max");
-    gb_red(g, KR_MAX, s2, mx, "row max");
-    kdnn_desc sub = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "scores - max");
-    gb_pw(g, KP_SUB, KF_FLOAT, s2, mx, NULL, sub, -1, "scores - max");
-    kdnn_desc ex = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "exp");
-    gb_pw(g, KP_EXP, KF_FLOAT, sub, NULL, NULL, ex, -1, "exp");
-    kdnn_desc sum = gb_tensor(g, 0, KF_FLOAT, R, Rs, 0, "row sum");
-    gb_red(g, KR_ADD, ex, sum, "row sum");
-    kdnn_desc lg = gb_tensor(g, 0, KF_FLOAT, R, Rs, 0, "log sum");
-    gb_pw(g, KP_LOG, KF_FLOAT, sum, NULL, NULL, lg, -1, "log sum");
+    kdnn_desc mx = gb_red_new(g, KR_MAX, s2, R, Rs, "row max");
+    kdnn_desc sub = gb_pw_new(g, KP_SUB, KF_FLOAT, s2, mx, S, Ss, "scores - max");
+    kdnn_desc ex = gb_pw_new(g, KP_EXP, KF_FLOAT, sub, NULL, S, Ss, "exp");
+    kdnn_desc sum = gb_red_new(g, KR_ADD, ex, R, Rs, "row sum");
+    kdnn_desc lg = gb_pw_new(g, KP_LOG, KF_FLOAT, sum, NULL, R, Rs, "log sum");
     gb_pw(g, KP_ADD, KF_FLOAT, mx, lg, NULL, st, -1, "stats = max + log sum");
-    kdnn_desc pr = gb_tensor(g, 0, KF_BF16, S, Ss, 0, "probabilities");
-    gb_pw(g, KP_DIV, KF_FLOAT, ex, sum, NULL, pr, -1, "probabilities");
+    kdnn_desc pr = gb_pw_new(g, KP_DIV, KF_BF16, ex, sum, S, Ss, "probabilities");
     gb_mm(g, pr, v, o, NULL, NULL, NULL, "P.V");
     p->uids[p->nuid++] = U_Q, p->uids[p->nuid++] = U_K, p->uids[p->nuid++] = U_V, p->uids[p->nuid++] = U_O;
     p->uids[p->nuid++] = U_STATS, p->uids[p->nuid++] = U_SCALE;
     if (p->causal) p->uids[p->nuid++] = U_NEGINF1;
     if (p->window > 0) p->uids[p->nuid++] = U_WIN, p->uids[p->nuid++] = U_NEGINF2;
+}
+
+// y = xᵀ·r, a K or V gradient: x [B,H,T,T] (P or dS) reshaped into its bf16 transpose, the product made per
+// query head and summed over each KV head's group when there are groups (GQA); what: the names of the
+// transpose, the product, the per-head gradient and the sum
+static void gb_grad_kv(gb *g, kdnn_desc x, kdnn_desc r, kdnn_desc y, bool group, const int64_t S[4],
+                       const int64_t STs[4], const int64_t Full[4], const int64_t Fulls[4], kdnn_desc seqq,
+                       kdnn_desc seqkv, const char *const what[4]) {
+    kdnn_desc xt = gb_tensor(g, 0, KF_BF16, S, STs, 0, what[0]);
+    gb_reshape(g, x, xt, what[0]);
+    if (!group) {
+        gb_mm(g, xt, r, y, seqkv, NULL, seqq, what[1]);
+    } else {
+        kdnn_desc yf = gb_tensor(g, 0, KF_BF16, Full, Fulls, 0, what[2]);
+        gb_mm(g, xt, r, yf, seqkv, NULL, seqq, what[1]);
+        gb_red(g, KR_ADD, yf, y, what[3]);
+    }
 }
 
 static void build_backward(gb *g, att_plan *p) {
@@ -490,54 +520,30 @@ static void build_backward(gb *g, att_plan *p) {
         seqkv = gb_tensor(g, U_SEQKV, KF_INT32, Ld, Ls, 0, "seq_len_kv");
     }
     // row sums of dO·O (the softmax backward's correction), kept in kiln's workspace
-    kdnn_desc doo = gb_tensor(g, 0, KF_FLOAT, Qd, dOOs, 0, "dO x O");
-    gb_pw(g, KP_MUL, KF_FLOAT, dO, o, NULL, doo, -1, "dO x O");
-    kdnn_desc rs = gb_tensor(g, 0, KF_FLOAT, R, Rs, 0, "sum dO x O");
-    gb_red(g, KR_ADD, doo, rs, "sum dO x O");
+    kdnn_desc doo = gb_pw_new(g, KP_MUL, KF_FLOAT, dO, o, Qd, dOOs, "dO x O");
+    kdnn_desc rs = gb_red_new(g, KR_ADD, doo, R, Rs, "sum dO x O");
     kdnn_desc one = gb_scalar(g, U_ONE, KF_FLOAT, "one");
     kdnn_desc sum = gb_tensor(g, U_SUM, KF_FLOAT, R, Rs, 0, "softmax sum");
     gb_pw(g, KP_MUL, KF_FLOAT, rs, one, NULL, sum, -1, "softmax sum");
     // P = exp(S·scale - lse), masked
-    kdnn_desc s0 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "Q.K^T");
-    gb_mm(g, q, kt, s0, seqq, seqkv, NULL, "Q.K^T");
+    kdnn_desc s0 = gb_mm_new(g, q, kt, S, Ss, seqq, seqkv, NULL, "Q.K^T");
     kdnn_desc sc = gb_scalar(g, U_SCALE, KF_FLOAT, "scale");
-    kdnn_desc s1 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "scores x scale");
-    gb_pw(g, KP_MUL, KF_FLOAT, s0, sc, NULL, s1, -1, "scores x scale");
-    kdnn_desc s2 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "scores - stats");
-    gb_pw(g, KP_SUB, KF_FLOAT, s1, st, NULL, s2, -1, "scores - stats");
+    kdnn_desc s1 = gb_pw_new(g, KP_MUL, KF_FLOAT, s0, sc, S, Ss, "scores x scale");
+    kdnn_desc s2 = gb_pw_new(g, KP_SUB, KF_FLOAT, s1, st, S, Ss, "scores - stats");
     if (p->seq) s2 = gb_padding(g, s2, S, Ss, seqq, seqkv);
     kdnn_desc s3 = gb_masks(g, s2, S, Ss, p->window);
-    kdnn_desc e = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "P");
-    gb_pw(g, KP_EXP, KF_FLOAT, s3, NULL, NULL, e, -1, "P");
+    kdnn_desc e = gb_pw_new(g, KP_EXP, KF_FLOAT, s3, NULL, S, Ss, "P");
     // dV = Pᵀ·dO (summed over each KV head's group)
-    kdnn_desc pt = gb_tensor(g, 0, KF_BF16, S, STs, 0, "P^T");
-    gb_reshape(g, e, pt, "P^T");
-    if (H == KV) {
-        gb_mm(g, pt, dO, dV, seqkv, NULL, seqq, "P^T.dO");
-    } else {
-        kdnn_desc dvf = gb_tensor(g, 0, KF_BF16, Full, Fulls, 0, "dV per query head");
-        gb_mm(g, pt, dO, dvf, seqkv, NULL, seqq, "P^T.dO");
-        gb_red(g, KR_ADD, dvf, dV, "dV group sum");
-    }
+    static const char *const dv_what[4] = {"P^T", "P^T.dO", "dV per query head", "dV group sum"};
+    gb_grad_kv(g, e, dO, dV, H != KV, S, STs, Full, Fulls, seqq, seqkv, dv_what);
     // dS = P·(dO·Vᵀ - sum)·scale
-    kdnn_desc dp = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "dO.V^T");
-    gb_mm(g, dO, vt, dp, seqq, seqkv, NULL, "dO.V^T");
-    kdnn_desc d1 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "dP - sum");
-    gb_pw(g, KP_SUB, KF_FLOAT, dp, sum, NULL, d1, -1, "dP - sum");
-    kdnn_desc d2 = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "x P");
-    gb_pw(g, KP_MUL, KF_FLOAT, d1, e, NULL, d2, -1, "x P");
-    kdnn_desc ds = gb_tensor(g, 0, KF_FLOAT, S, Ss, 0, "dS");
-    gb_pw(g, KP_MUL, KF_FLOAT, d2, sc, NULL, ds, -1, "dS");
+    kdnn_desc dp = gb_mm_new(g, dO, vt, S, Ss, seqq, seqkv, NULL, "dO.V^T");
+    kdnn_desc d1 = gb_pw_new(g, KP_SUB, KF_FLOAT, dp, sum, S, Ss, "dP - sum");
+    kdnn_desc d2 = gb_pw_new(g, KP_MUL, KF_FLOAT, d1, e, S, Ss, "x P");
+    kdnn_desc ds = gb_pw_new(g, KP_MUL, KF_FLOAT, d2, sc, S, Ss, "dS");
     // dK = dSᵀ·Q (summed over each group)
-    kdnn_desc dst = gb_tensor(g, 0, KF_BF16, S, STs, 0, "dS^T");
-    gb_reshape(g, ds, dst, "dS^T");
-    if (H == KV) {
-        gb_mm(g, dst, q, dK, seqkv, NULL, seqq, "dS^T.Q");
-    } else {
-        kdnn_desc dkf = gb_tensor(g, 0, KF_BF16, Full, Fulls, 0, "dK per query head");
-        gb_mm(g, dst, q, dkf, seqkv, NULL, seqq, "dS^T.Q");
-        gb_red(g, KR_ADD, dkf, dK, "dK group sum");
-    }
+    static const char *const dk_what[4] = {"dS^T", "dS^T.Q", "dK per query head", "dK group sum"};
+    gb_grad_kv(g, ds, q, dK, H != KV, S, STs, Full, Fulls, seqq, seqkv, dk_what);
     // dQ = dS·K
     kdnn_desc k = gb_tensor(g, 0, KF_FLOAT, KVd, KVs, 0, "K");
     gb_reshape(g, kt, k, "K from K^T");

@@ -28,6 +28,18 @@ static __device__ __forceinline__ void att_key_range(const AttnDims &a, int p0, 
     *jlo = a.window ? max(0, p0 - a.window + 1) : 0;
     *jhi = p1;
 }
+// the query rows i0 .. i0 + rows - 1 of a block (those < Tq): the positions of the first and last, and the keys
+// [jlo, jhi] that some of them can see
+struct AttQBlock {
+    int pmin, pmax, jlo, jhi;
+};
+static __device__ __forceinline__ AttQBlock att_q_block(const AttnDims &a, int i0, int rows) {
+    AttQBlock r;
+    const int ilast = min(i0 + rows, a.Tq) - 1;
+    r.pmin = a.q_pos0 + i0, r.pmax = a.q_pos0 + ilast;
+    att_key_range(a, r.pmin, r.pmax, &r.jlo, &r.jhi);
+    return r;
+}
 // query rows [*ilo, *ihi] (indices into Tq) that see some key of j0..j1; empty when *ilo > *ihi
 static __device__ __forceinline__ void att_query_range(const AttnDims &a, int j0, int j1, int *ilo, int *ihi) {
     int plo = max(j0, a.q_pos0), phi = a.window ? min(j1 + a.window - 1, a.tk - 1) : a.tk - 1;

@@ -21,6 +21,22 @@
 
 #define MMA_THREADS 128
 
+// One k-step (columns k0 .. k0 + 15 of A) of acc[16 x N] += A B for A's fragment af, B read from shared memory
+// with ldmatrix (one x4 load feeds two m16n8 tiles): B given as Bᵀ [N x K] row-major (BT), or as B [K x N]
+// row-major (transposed load).
+template <int N, bool BT>
+static __device__ __forceinline__ void mma_kstep(float (&acc)[N / 8][4], const uint32_t (&af)[4], const bf16 *Bs,
+                                                 int ldb, int k0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n0 = 0; n0 < N; n0 += 16) {
+        uint32_t bf[4];
+        if constexpr (BT) ldsm_x4(bf, Bs + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8);
+        else ldsm_x4_t(bf, Bs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8);
+        mma16816(acc[n0 / 8], af, bf[0], bf[1]);
+        mma16816(acc[n0 / 8 + 1], af, bf[2], bf[3]);
+    }
+}
 // acc[16 x N] += A[16 x K] Bᵀ, A the warp's 16 rows at As, B [N x K] at Bs (both row-major in smem).
 template <int N, int K>
 static __device__ __forceinline__ void warp_mm_abt(float (&acc)[N / 8][4], const bf16 *As, int lda, const bf16 *Bs,
@@ -30,30 +46,22 @@ static __device__ __forceinline__ void warp_mm_abt(float (&acc)[N / 8][4], const
     for (int k0 = 0; k0 < K; k0 += 16) {
         uint32_t af[4];
         ldsm_x4(af, As + (lane & 15) * lda + k0 + (lane >> 4) * 8);
-#pragma unroll
-        for (int n0 = 0; n0 < N; n0 += 16) {
-            uint32_t bf[4];
-            ldsm_x4(bf, Bs + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8);
-            mma16816(acc[n0 / 8], af, bf[0], bf[1]);
-            mma16816(acc[n0 / 8 + 1], af, bf[2], bf[3]);
-        }
+        mma_kstep<N, true>(acc, af, Bs, ldb, k0);
     }
+}
+// acc[16 x N] += A Bᵀ with A's fragments already in registers (K/16 k-steps)
+template <int N, int K>
+static __device__ __forceinline__ void warp_mm_rbt(float (&acc)[N / 8][4], const uint32_t (&af)[K / 16][4],
+                                                   const bf16 *Bs, int ldb) {
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) mma_kstep<N, true>(acc, af[k0 / 16], Bs, ldb, k0);
 }
 // acc[16 x N] += P[16 x K] B, P as A fragments in registers, B [K x N] row-major at Bs.
 template <int K, int N>
 static __device__ __forceinline__ void warp_mm_pb(float (&acc)[N / 8][4], const uint32_t (&pa)[K / 16][4],
                                                   const bf16 *Bs, int ldb) {
-    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) {
-#pragma unroll
-        for (int n0 = 0; n0 < N; n0 += 16) {
-            uint32_t bf[4];
-            ldsm_x4_t(bf, Bs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8);
-            mma16816(acc[n0 / 8], pa[k0 / 16], bf[0], bf[1]);
-            mma16816(acc[n0 / 8 + 1], pa[k0 / 16], bf[2], bf[3]);
-        }
-    }
+    for (int k0 = 0; k0 < K; k0 += 16) mma_kstep<N, false>(acc, pa[k0 / 16], Bs, ldb, k0);
 }
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0));
@@ -66,24 +74,57 @@ static __device__ __forceinline__ void load_rows_async(float *xs, float *ys, con
     if (r < ROWS) cp_async4(xs + r, r < nvalid ? x + off + r : x, r < nvalid);
     else if (r < 2 * ROWS) cp_async4(ys + r - ROWS, r - ROWS < nvalid ? y + off + r - ROWS : y, r - ROWS < nvalid);
 }
-// acc[16 x N] += A Bᵀ with A's fragments already in registers (K/16 k-steps)
-template <int N, int K>
-static __device__ __forceinline__ void warp_mm_rbt(float (&acc)[N / 8][4], const uint32_t (&af)[K / 16][4],
-                                                   const bf16 *Bs, int ldb) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) {
-#pragma unroll
-        for (int n0 = 0; n0 < N; n0 += 16) {
-            uint32_t bf[4];
-            ldsm_x4(bf, Bs + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8);
-            mma16816(acc[n0 / 8], af[k0 / 16], bf[0], bf[1]);
-            mma16816(acc[n0 / 8 + 1], af[k0 / 16], bf[2], bf[3]);
-        }
-    }
-}
 static __device__ __forceinline__ void store_bf16x2(bf16 *p, float lo, float hi) {
     *(__nv_bfloat162 *)p = __floats2bfloat162_rn(lo, hi);
+}
+
+// row (this thread's D/8 column pairs of accumulator row r: 0 for g, 1 for g + 8) = acc * mul, rounded to bf16
+template <int D>
+static __device__ __forceinline__ void store_acc_row(bf16 *row, const float (&acc)[D / 8][4], int r, int t, float mul) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++)
+        store_bf16x2(row + dt * 8 + 2 * t, acc[dt][2 * r] * mul, acc[dt][2 * r + 1] * mul);
+}
+// forward output row i: accumulator row r of o over its softmax sum l (quad-summed), and its lse from the max m
+template <int D>
+static __device__ __forceinline__ void store_out_row(bf16 *out, float *lse, const AttnDims &a, int b, int h, int i,
+                                                     int t, const float (&o)[D / 8][4], int r, float m, float l) {
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    store_acc_row<D>(out + (((int64_t)b * a.Tq + i) * a.NH + h) * D, o, r, t, inv);
+    if (t == 0 && lse) lse[((int64_t)b * a.NH + h) * a.Tq + i] = (m + log2f(l)) * ATT_LN2;
+}
+
+// One m16 tile of scores to log2 units, the keys a row may not see -INFINITY (when need_mask), and the maxima of
+// this thread's two rows into mx. pos(e): the position of the query row of accumulator element e; each kernel
+// keeps its own expression for it (one common expression changed the code ptxas emits for the other kernel).
+template <int BN, typename Pos>
+static __device__ __forceinline__ void scale_mask_max(float (&s)[BN / 8][4], float (&mx)[2], const AttnDims &a, int j0,
+                                                      int t, Pos pos, bool need_mask) {
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = j0 + nt * 8 + 2 * t + (e & 1);
+            float x = s[nt][e] * a.scale_log2;
+            if (need_mask && !att_visible(a, pos(e), j)) x = -INFINITY;
+            s[nt][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+}
+// row 0 of KV head kh of sequence b in x [B, tk_cap, KV, D] (the K and V caches)
+template <int D>
+static __device__ __forceinline__ const bf16 *kv_head(const bf16 *x, const AttnDims &a, int b, int kh) {
+    return x + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
+}
+// K and V rows j .. j + BN - 1 of one KV head (kb, vb: its row 0; rows >= tk zero) into buffer buf of the
+// double-buffered tiles Ks, Vs (2 x BN rows of D + 8 each)
+template <int D, int BN>
+static __device__ __forceinline__ void load_kv_async(bf16 *Ks, bf16 *Vs, int buf, const bf16 *kb, const bf16 *vb, int j,
+                                                     int64_t kstride, int tk, const bf16 *k, const bf16 *v) {
+    constexpr int LD = D + 8;
+    load_tile_async<D, BN, MMA_THREADS>(Ks + buf * BN * LD, LD, kb + j * kstride, kstride, tk - j, k);
+    load_tile_async<D, BN, MMA_THREADS>(Vs + buf * BN * LD, LD, vb + j * kstride, kstride, tk - j, v);
 }
 
 // ---- forward: grid (query tiles, NH, B), the last query tiles (the most keys) first ----
@@ -98,51 +139,30 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
     load_tile_async<D, BM, MMA_THREADS>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
 
-    const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
-    int jlo, jhi;
-    att_key_range(a, pmin, pmax, &jlo, &jhi);
+    const AttQBlock qb = att_q_block(a, i0, BM);
     const int r0 = i0 + warp * 16 + g; // this thread's rows: r0 and r0 + 8
     const int p0 = a.q_pos0 + r0, p1 = p0 + 8;
 
     float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     zero_acc<D / 8>(o);
-    const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
-    const int jstart = jlo / BN * BN;
-    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
-    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    const bf16 *kb = kv_head<D>(k, a, b, kh), *vb = kv_head<D>(v, a, b, kh);
+    const int jstart = qb.jlo / BN * BN;
+    load_kv_async<D, BN>(Ks, Vs, 0, kb, vb, jstart, kstride, a.tk, k, v);
     cp_async_commit();
     uint32_t qf[D / 16][4];
-    for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
+    for (int j0 = jstart, it = 0; j0 <= qb.jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
-        if (nj <= jhi) {
-            load_tile_async<D, BN, MMA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
-            load_tile_async<D, BN, MMA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
-        }
+        if (nj <= qb.jhi) load_kv_async<D, BN>(Ks, Vs, cur ^ 1, kb, vb, nj, kstride, a.tk, k, v);
+        cp_async_next_tile();
+        if (it == 0) ldsm_a16<D>(qf, Qs, warp * 16, LD);
         const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
         float s[BN / 8][4];
         zero_acc<BN / 8>(s);
         warp_mm_rbt<BN, D>(s, qf, Kc, LD);
         // masking is needed only on tiles that reach past the block's first row or into the window edge
-        const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = j0 + nt * 8 + 2 * t + (e & 1), p = e < 2 ? p0 : p1;
-                float x = s[nt][e] * a.scale_log2;
-                if (need_mask && !att_visible(a, p, j)) x = -INFINITY;
-                s[nt][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
+        const bool need_mask = j0 + BN - 1 > qb.pmin || (a.window && j0 <= qb.pmax - a.window);
+        float mx[2];
+        scale_mask_max<BN>(s, mx, a, j0, t, [&](int e) { return e < 2 ? p0 : p1; }, need_mask);
         online_softmax_m16<BN, D / 8>(s, mx, m, l, o);
         uint32_t pa[BN / 16][4];
         pack_a<BN>(pa, s);
@@ -157,11 +177,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, fl
     for (int r = 0; r < 2; r++) {
         const int i = r0 + 8 * r;
         if (i >= a.Tq) continue;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        bf16 *orow = out + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) store_bf16x2(orow + dt * 8 + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-        if (t == 0 && lse) lse[((int64_t)b * a.NH + h) * a.Tq + i] = (m[r] + log2f(l[r])) * ATT_LN2;
+        store_out_row<D>(out, lse, a, b, h, i, t, o, r, m[r], l[r]);
     }
 }
 
@@ -220,9 +236,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
     const int64_t qstride = (int64_t)a.NH * D, kstride = (int64_t)a.KV * D;
     load_tile_async<D, BM, MMA_THREADS>(Qs, LD, q + (((int64_t)b * a.Tq + i0) * a.NH + h) * D, qstride, a.Tq - i0, q);
 
-    const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
-    int jlo, jhi;
-    att_key_range(a, pmin, pmax, &jlo, &jhi);
+    const AttQBlock qb = att_q_block(a, i0, BM);
     const int r0 = i0 + warp * 16 * MT + g; // this thread's rows: r0 + 16 mt + 8 r
     const int p0 = a.q_pos0 + r0;
 
@@ -233,40 +247,25 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
         m[mt][0] = m[mt][1] = -INFINITY;
         l[mt][0] = l[mt][1] = 0.f;
     }
-    const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
-    const int jstart = jlo / BN * BN;
-    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
-    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    const bf16 *kb = kv_head<D>(k, a, b, kh), *vb = kv_head<D>(v, a, b, kh);
+    const int jstart = qb.jlo / BN * BN;
+    load_kv_async<D, BN>(Ks, Vs, 0, kb, vb, jstart, kstride, a.tk, k, v);
     cp_async_commit();
-    for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
+    for (int j0 = jstart, it = 0; j0 <= qb.jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
-        if (nj <= jhi) {
-            load_tile_async<D, BN, MMA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
-            load_tile_async<D, BN, MMA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        if (nj <= qb.jhi) load_kv_async<D, BN>(Ks, Vs, cur ^ 1, kb, vb, nj, kstride, a.tk, k, v);
+        cp_async_next_tile();
         const bf16 *Kc = Ks + cur * BN * LD, *Vc = Vs + cur * BN * LD;
         float s[MT][BN / 8][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) zero_acc<BN / 8>(s[mt]);
         warp_mm_abt_m<MT, BN, D>(s, Qs + warp * 16 * MT * LD, LD, Kc, LD);
-        const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
+        const bool need_mask = j0 + BN - 1 > qb.pmin || (a.window && j0 <= qb.pmax - a.window);
         uint32_t pa[MT][BN / 16][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int j = j0 + nt * 8 + 2 * t + (e & 1), p = p0 + 16 * mt + 8 * (e >> 1);
-                    float x = s[mt][nt][e] * a.scale_log2;
-                    if (need_mask && !att_visible(a, p, j)) x = -INFINITY;
-                    s[mt][nt][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                }
+            float mx[2];
+            scale_mask_max<BN>(s[mt], mx, a, j0, t, [&](int e) { return p0 + 16 * mt + 8 * (e >> 1); }, need_mask);
             online_softmax_m16<BN, D / 8>(s[mt], mx, m[mt], l[mt], o[mt]);
             pack_a<BN>(pa[mt], s[mt]);
         }
@@ -280,12 +279,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, f
             const float lr = quad_sum(l[mt][r]);
             const int i = r0 + 16 * mt + 8 * r;
             if (i >= a.Tq) continue;
-            const float inv = lr > 0.f ? 1.f / lr : 0.f;
-            bf16 *orow = out + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++)
-                store_bf16x2(orow + dt * 8 + 2 * t, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-            if (t == 0 && lse) lse[((int64_t)b * a.NH + h) * a.Tq + i] = (m[mt][r] + log2f(lr)) * ATT_LN2;
+            store_out_row<D>(out, lse, a, b, h, i, t, o[mt], r, m[mt][r], lr);
         }
 }
 
@@ -304,9 +298,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     load_tile_async<D, BM, MMA_THREADS>(Qs, LD, q + qoff, qstride, a.Tq - i0, q);
     load_tile_async<D, BM, MMA_THREADS>(dOs, LD, dout + qoff, qstride, a.Tq - i0, dout);
 
-    const int ilast = min(i0 + BM, a.Tq) - 1, pmin = a.q_pos0 + i0, pmax = a.q_pos0 + ilast;
-    int jlo, jhi;
-    att_key_range(a, pmin, pmax, &jlo, &jhi);
+    const AttQBlock qb = att_q_block(a, i0, BM);
     const int r0 = i0 + warp * 16 + g;
     const int p0 = a.q_pos0 + r0, p1 = p0 + 8;
     float lse2[2], dl[2];
@@ -319,22 +311,18 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     }
     float acc[D / 8][4];
     zero_acc<D / 8>(acc);
-    const bf16 *kb = k + ((int64_t)b * a.tk_cap * a.KV + kh) * D, *vb = v + ((int64_t)b * a.tk_cap * a.KV + kh) * D;
-    const int jstart = jlo / BN * BN;
-    load_tile_async<D, BN, MMA_THREADS>(Ks, LD, kb + jstart * kstride, kstride, a.tk - jstart, k);
-    load_tile_async<D, BN, MMA_THREADS>(Vs, LD, vb + jstart * kstride, kstride, a.tk - jstart, v);
+    const bf16 *kb = kv_head<D>(k, a, b, kh), *vb = kv_head<D>(v, a, b, kh);
+    const int jstart = qb.jlo / BN * BN;
+    load_kv_async<D, BN>(Ks, Vs, 0, kb, vb, jstart, kstride, a.tk, k, v);
     cp_async_commit();
     uint32_t qf[D / 16][4], dof[D / 16][4];
-    for (int j0 = jstart, it = 0; j0 <= jhi; j0 += BN, it++) {
+    for (int j0 = jstart, it = 0; j0 <= qb.jhi; j0 += BN, it++) {
         const int cur = it & 1, nj = j0 + BN;
-        if (nj <= jhi) {
-            load_tile_async<D, BN, MMA_THREADS>(Ks + (cur ^ 1) * BN * LD, LD, kb + nj * kstride, kstride, a.tk - nj, k);
-            load_tile_async<D, BN, MMA_THREADS>(Vs + (cur ^ 1) * BN * LD, LD, vb + nj * kstride, kstride, a.tk - nj, v);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        if (it == 0) { // the warp's Q and dO rows stay in registers for every key tile
+        if (nj <= qb.jhi) load_kv_async<D, BN>(Ks, Vs, cur ^ 1, kb, vb, nj, kstride, a.tk, k, v);
+        cp_async_next_tile();
+        // the warp's Q and dO rows stay in registers for every key tile (one loop for both: two ldsm_a16 calls
+        // would reorder the ldmatrix loads and change the code)
+        if (it == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
@@ -347,7 +335,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
         zero_acc<BN / 8>(dp);
         warp_mm_rbt<BN, D>(s, qf, Kc, LD);
         warp_mm_rbt<BN, D>(dp, dof, Vc, LD);
-        const bool need_mask = j0 + BN - 1 > pmin || (a.window && j0 <= pmax - a.window);
+        const bool need_mask = j0 + BN - 1 > qb.pmin || (a.window && j0 <= qb.pmax - a.window);
 #pragma unroll
         for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
@@ -366,10 +354,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, 
     for (int r = 0; r < 2; r++) {
         const int i = r0 + 8 * r;
         if (i >= a.Tq) continue;
-        bf16 *row = dq + (((int64_t)b * a.Tq + i) * a.NH + h) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
-            store_bf16x2(row + dt * 8 + 2 * t, acc[dt][2 * r] * a.scale, acc[dt][2 * r + 1] * a.scale);
+        store_acc_row<D>(dq + (((int64_t)b * a.Tq + i) * a.NH + h) * D, acc, r, t, a.scale);
     }
 }
 
@@ -416,9 +401,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
             load_rows_async<BQ>(lses + (cur ^ 1) * BQ, dls + (cur ^ 1) * BQ, lse, delta,
                                 ((int64_t)b * a.NH + nh) * a.Tq + nc0, ihi + 1 - nc0);
         }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        cp_async_next_tile();
         const bf16 *Qc = Qs + cur * BQ * LD, *dOc = dOs + cur * BQ * LD;
         const float *lsec = lses + cur * BQ, *dlcur = dls + cur * BQ;
         float st[BQ / 8][4], dpt[BQ / 8][4];
@@ -449,6 +432,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
         const int j = jr0 + 8 * r;
         if (j >= a.tk) continue;
         const int64_t off = (((int64_t)b * a.tk_cap + j) * a.KV + kh) * D;
+        // one loop for both (two store_acc_row calls would reorder the stores and change the code)
 #pragma unroll
         for (int dt = 0; dt < D / 8; dt++) {
             if (dk) store_bf16x2(dk + off + dt * 8 + 2 * t, dka[dt][2 * r] * a.scale, dka[dt][2 * r + 1] * a.scale);

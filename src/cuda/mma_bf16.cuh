@@ -23,6 +23,14 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const __nv_bf
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
 }
+// the A fragments of rows row0 .. row0 + 15 (all K columns) of a row-major tile in shared memory (row stride ld),
+// for a warp that keeps them in registers across several MMAs
+template <int K>
+static __device__ __forceinline__ void ldsm_a16(uint32_t (&af)[K / 16][4], const __nv_bfloat16 *As, int row0, int ld) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) ldsm_x4(af[kk], As + (row0 + (lane & 15)) * ld + kk * 16 + (lane >> 4) * 8);
+}
 // c[16 x 8] += a[16 x 16] b[16 x 8], bf16 in, f32 accumulators
 static __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -105,6 +113,13 @@ static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.
 template <int N>
 static __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// the step of a double-buffered loop: commit the copies just issued (the next tile), wait until only they are in
+// flight (the current tile has landed) and make the current tile visible to the whole block
+static __device__ __forceinline__ void cp_async_next_tile(void) {
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
 }
 // ROWS rows of D bf16 from global (row stride `stride` elements) into shared memory (row stride ld) by a
 // block of THREADS threads, 16 bytes a copy (D a multiple of 8, 16-byte aligned rows); rows at or past
