@@ -9,6 +9,88 @@
 
 #define WARPS 4
 
+// norm? then rope? of one head vector v staged in shared memory (sh: dim floats; ss: this lane's sum of squares of
+// its elements), stored as bf16 at yv; inv[v] saved when norm. Both forward kernels run exactly this, so they give
+// the same bits.
+template <bool NORM, bool ROPE, int V>
+static __device__ __forceinline__ void qk_fwd_vec(bf16 *yv, float *sh, float ss, int64_t v, float *inv, const float *temp,
+                                                  const float *inv_freq, int64_t t, int64_t heads, int64_t dim,
+                                                  int64_t half, int64_t pos0, float scale, float eps, int lane) {
+    if (NORM) {
+        ss = warp_sum(ss);
+        const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
+        if (lane == 0 && inv) inv[v] = (float)iv;
+        const float f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
+        for (int64_t j = lane * V; j < dim; j += 32 * V)
+#pragma unroll
+            for (int k = 0; k < V; k++) sh[j + k] *= f;
+    }
+    __syncwarp();
+    if (ROPE) {
+        const float pos = (float)(pos0 + (v / heads) % t);
+        for (int64_t i = lane; i < half; i += 32) {
+            const float ang = pos * inv_freq[i], c = cosf(ang), s = sinf(ang);
+            const float x1 = sh[i], x2 = sh[i + half];
+            sh[i] = x1 * c - x2 * s;
+            sh[i + half] = x2 * c + x1 * s;
+        }
+        __syncwarp();
+    }
+    for (int64_t j = lane * V; j < dim; j += 32 * V) {
+        float o[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) o[k] = sh[j + k];
+        stv<V>(yv, j, o);
+    }
+}
+
+// dx = norm'(rope⁻¹(dy)) of one head vector v whose dy is staged in shared memory (sh, rotated in place); ldx(j, xe)
+// loads x's elements j .. j+V-1 (from global memory or from a staged copy). dtp[v] = the vector's term of dtemp.
+// Both backward kernels run exactly this, so they give the same bits.
+template <bool NORM, bool ROPE, int V, typename LX>
+static __device__ __forceinline__ void qk_bwd_vec(bf16 *dxv, float *dtp, float *sh, LX ldx, int64_t v,
+                                                  const float *temp, const float *inv, const float *inv_freq, int64_t t,
+                                                  int64_t heads, int64_t dim, int64_t half, int64_t pos0, float scale,
+                                                  float eps, int lane) {
+    float o[V], xe[V];
+    if (ROPE) { // the rotation's adjoint: rotate by the opposite angle
+        const float pos = (float)(pos0 + (v / heads) % t);
+        for (int64_t i = lane; i < half; i += 32) {
+            const float ang = pos * inv_freq[i], c = cosf(ang), s = -sinf(ang);
+            const float g1 = sh[i], g2 = sh[i + half];
+            sh[i] = g1 * c - g2 * s;
+            sh[i + half] = g2 * c + g1 * s;
+        }
+        __syncwarp();
+    }
+    if (NORM) {
+        float dot = 0;
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+            ldx(j, xe);
+#pragma unroll
+            for (int k = 0; k < V; k++) dot += sh[j + k] * xe[k];
+        }
+        dot = warp_sum(dot);
+        const double iv = inv[v], tt = temp ? temp[v % heads] : 1.0;
+        if (dtp && lane == 0) dtp[v] = (float)(scale * iv * dot);
+        const float f = (float)(scale * iv * tt);
+        const int clamped = (1.0 / iv) <= eps;
+        const float c = clamped ? 0.0f : (float)(dot * iv * iv);
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+            ldx(j, xe);
+#pragma unroll
+            for (int k = 0; k < V; k++) o[k] = f * (sh[j + k] - c * xe[k]);
+            stv<V>(dxv, j, o);
+        }
+    } else {
+        for (int64_t j = lane * V; j < dim; j += 32 * V) {
+#pragma unroll
+            for (int k = 0; k < V; k++) o[k] = sh[j + k];
+            stv<V>(dxv, j, o);
+        }
+    }
+}
+
 // y (may equal x) = rope?(norm?(x)); inv saved when norm. Lane-owned elements j = lane*V + 32*V*k (V = 4:
 // 8-byte accesses), staged in shared memory; RoPE's pairs are rotated in place there, then stored.
 template <bool NORM, bool ROPE, int V>
@@ -28,32 +110,8 @@ static __global__ void qk_fwd_kernel(bf16 *y, float *inv, const bf16 *x, const f
 #pragma unroll
             for (int k = 0; k < V; k++) sh[j + k] = e[k], ss += e[k] * e[k];
         }
-        if (NORM) {
-            ss = warp_sum(ss);
-            const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
-            if (lane == 0 && inv) inv[v] = (float)iv;
-            const float f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
-            for (int64_t j = lane * V; j < dim; j += 32 * V)
-#pragma unroll
-                for (int k = 0; k < V; k++) sh[j + k] *= f;
-        }
-        __syncwarp();
-        if (ROPE) {
-            const float pos = (float)(pos0 + (v / heads) % t);
-            for (int64_t i = lane; i < half; i += 32) {
-                const float ang = pos * inv_freq[i], c = cosf(ang), s = sinf(ang);
-                const float x1 = sh[i], x2 = sh[i + half];
-                sh[i] = x1 * c - x2 * s;
-                sh[i + half] = x2 * c + x1 * s;
-            }
-            __syncwarp();
-        }
-        bf16 *yv = y + v * dim;
-        for (int64_t j = lane * V; j < dim; j += 32 * V) {
-#pragma unroll
-            for (int k = 0; k < V; k++) e[k] = sh[j + k];
-            stv<V>(yv, j, e);
-        }
+        qk_fwd_vec<NORM, ROPE, V>(y + v * dim, sh, ss, v, inv, temp, inv_freq, t, heads, dim, half, pos0, scale, eps,
+                                  lane);
     }
 }
 
@@ -64,10 +122,10 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
                                      int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *sh = shm + w * dim, e[V], xe[V];
+    float *sh = shm + w * dim, e[V];
     const int64_t nvec = rows * heads, half = rot_dim / 2;
     for (int64_t v = blockIdx.x * (int64_t)WARPS + w; v < nvec; v += (int64_t)gridDim.x * WARPS) {
-        const bf16 *gv = dy + v * dim;
+        const bf16 *gv = dy + v * dim, *xv = x + v * dim;
         __syncwarp();
         for (int64_t j = lane * V; j < dim; j += 32 * V) {
             ldv<V>(gv, j, e);
@@ -75,44 +133,9 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
             for (int k = 0; k < V; k++) sh[j + k] = e[k];
         }
         __syncwarp();
-        if (ROPE) { // the rotation's adjoint: rotate by the opposite angle
-            const float pos = (float)(pos0 + (v / heads) % t);
-            for (int64_t i = lane; i < half; i += 32) {
-                const float ang = pos * inv_freq[i], c = cosf(ang), s = -sinf(ang);
-                const float g1 = sh[i], g2 = sh[i + half];
-                sh[i] = g1 * c - g2 * s;
-                sh[i + half] = g2 * c + g1 * s;
-            }
-            __syncwarp();
-        }
-        bf16 *dxv = dx + v * dim;
-        if (NORM) {
-            const bf16 *xv = x + v * dim;
-            float dot = 0;
-            for (int64_t j = lane * V; j < dim; j += 32 * V) {
-                ldv<V>(xv, j, xe);
-#pragma unroll
-                for (int k = 0; k < V; k++) dot += sh[j + k] * xe[k];
-            }
-            dot = warp_sum(dot);
-            const double iv = inv[v], tt = temp ? temp[v % heads] : 1.0;
-            if (dtp && lane == 0) dtp[v] = (float)(scale * iv * dot);
-            const float f = (float)(scale * iv * tt);
-            const int clamped = (1.0 / iv) <= eps;
-            const float c = clamped ? 0.0f : (float)(dot * iv * iv);
-            for (int64_t j = lane * V; j < dim; j += 32 * V) {
-                ldv<V>(xv, j, xe);
-#pragma unroll
-                for (int k = 0; k < V; k++) e[k] = f * (sh[j + k] - c * xe[k]);
-                stv<V>(dxv, j, e);
-            }
-        } else {
-            for (int64_t j = lane * V; j < dim; j += 32 * V) {
-#pragma unroll
-                for (int k = 0; k < V; k++) e[k] = sh[j + k];
-                stv<V>(dxv, j, e);
-            }
-        }
+        qk_bwd_vec<NORM, ROPE, V>(
+            dx + v * dim, dtp, sh, [&](int64_t j, float (&xe)[V]) { ldv<V>(xv, j, xe); }, v, temp, inv, inv_freq, t,
+            heads, dim, half, pos0, scale, eps, lane);
     }
 }
 
@@ -123,6 +146,7 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
 // [cuda] shape, so the kernels ran at a quarter of their bytes' rate. The backward stages x too (read once).
 #define QK_NV 4
 #define QK_BATCH_DIM 256
+
 template <bool NORM, bool ROPE, int V>
 static __global__ void qk_fwd_nv_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
                                         int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
@@ -144,38 +168,13 @@ static __global__ void qk_fwd_nv_kernel(bf16 *y, float *inv, const bf16 *x, cons
         }
         for (int n = 0; n < QK_NV && v0 + n < nvec; n++) {
             const int64_t v = v0 + n;
-            float *sh = shw + n * dim;
-            if (NORM) {
-                float ss = 0;
+            float *sh = shw + n * dim, ss = 0;
+            if (NORM)
                 for (int64_t j = lane * V; j < dim; j += 32 * V)
 #pragma unroll
                     for (int k = 0; k < V; k++) ss += sh[j + k] * sh[j + k];
-                ss = warp_sum(ss);
-                const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
-                if (lane == 0 && inv) inv[v] = (float)iv;
-                const float f = (float)(scale * iv * (temp ? temp[v % heads] : 1.0f));
-                for (int64_t j = lane * V; j < dim; j += 32 * V)
-#pragma unroll
-                    for (int k = 0; k < V; k++) sh[j + k] *= f;
-            }
-            __syncwarp();
-            if (ROPE) {
-                const float pos = (float)(pos0 + (v / heads) % t);
-                for (int64_t i = lane; i < half; i += 32) {
-                    const float ang = pos * inv_freq[i], c = cosf(ang), s = sinf(ang);
-                    const float x1 = sh[i], x2 = sh[i + half];
-                    sh[i] = x1 * c - x2 * s;
-                    sh[i + half] = x2 * c + x1 * s;
-                }
-                __syncwarp();
-            }
-            bf16 *yv = y + v * dim;
-            for (int64_t j = lane * V; j < dim; j += 32 * V) {
-                float o[V];
-#pragma unroll
-                for (int k = 0; k < V; k++) o[k] = sh[j + k];
-                stv<V>(yv, j, o);
-            }
+            qk_fwd_vec<NORM, ROPE, V>(y + v * dim, sh, ss, v, inv, temp, inv_freq, t, heads, dim, half, pos0, scale,
+                                      eps, lane);
         }
     }
 }
@@ -211,43 +210,14 @@ static __global__ void qk_bwd_nv_kernel(bf16 *dx, float *dtp, const bf16 *dy, co
         __syncwarp();
         for (int n = 0; n < QK_NV && v0 + n < nvec; n++) {
             const int64_t v = v0 + n;
-            float *sh = shw + n * dim;
             const float *xs = shx + n * dim;
-            if (ROPE) { // the rotation's adjoint: rotate by the opposite angle
-                const float pos = (float)(pos0 + (v / heads) % t);
-                for (int64_t i = lane; i < half; i += 32) {
-                    const float ang = pos * inv_freq[i], c = cosf(ang), s = -sinf(ang);
-                    const float g1 = sh[i], g2 = sh[i + half];
-                    sh[i] = g1 * c - g2 * s;
-                    sh[i + half] = g2 * c + g1 * s;
-                }
-                __syncwarp();
-            }
-            bf16 *dxv = dx + v * dim;
-            float o[V];
-            if (NORM) {
-                float dot = 0;
-                for (int64_t j = lane * V; j < dim; j += 32 * V)
+            qk_bwd_vec<NORM, ROPE, V>(
+                dx + v * dim, dtp, shw + n * dim,
+                [&](int64_t j, float (&xe)[V]) {
 #pragma unroll
-                    for (int k = 0; k < V; k++) dot += sh[j + k] * xs[j + k];
-                dot = warp_sum(dot);
-                const double iv = inv[v], tt = temp ? temp[v % heads] : 1.0;
-                if (dtp && lane == 0) dtp[v] = (float)(scale * iv * dot);
-                const float f = (float)(scale * iv * tt);
-                const int clamped = (1.0 / iv) <= eps;
-                const float c = clamped ? 0.0f : (float)(dot * iv * iv);
-                for (int64_t j = lane * V; j < dim; j += 32 * V) {
-#pragma unroll
-                    for (int k = 0; k < V; k++) o[k] = f * (sh[j + k] - c * xs[j + k]);
-                    stv<V>(dxv, j, o);
-                }
-            } else {
-                for (int64_t j = lane * V; j < dim; j += 32 * V) {
-#pragma unroll
-                    for (int k = 0; k < V; k++) o[k] = sh[j + k];
-                    stv<V>(dxv, j, o);
-                }
-            }
+                    for (int k = 0; k < V; k++) xe[k] = xs[j + k];
+                },
+                v, temp, inv, inv_freq, t, heads, dim, half, pos0, scale, eps, lane);
         }
     }
 }

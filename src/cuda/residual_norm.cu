@@ -30,133 +30,222 @@ static __device__ __forceinline__ float join_add(float y, float x, float xb, flo
     return __fmaf_rn(__fadd_rn(x, xb), xs, y);
 }
 
-// a thread's units: unit k covers columns (threadIdx.x + k*blockDim.x)*V .. +V-1
+// A thread's units: unit k covers columns (threadIdx.x + k*blockDim.x)*V .. +V-1. The plain kernels read a row
+// from global memory and the *_pipe kernels from a ring stage; both run the helpers below on it, so the two give
+// the same bits.
+template <int V> static __device__ __forceinline__ int unit_col(int k) { return (threadIdx.x + k * blockDim.x) * V; }
+
+// v = a per-channel vector's units (zeros where src is NULL or past d)
+template <int V, int NV> static __device__ __forceinline__ void ld_chan(float (&v)[NV][V], const float *src, int d) {
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int j = unit_col<V>(k);
+#pragma unroll
+        for (int q = 0; q < V; q++) v[k][q] = 0.0f;
+        if (src && j < d) ldv<V>(src, j, v[k]);
+    }
+}
+
+template <int NP, int V, int NV> static __device__ __forceinline__ void zero_acc(float (&acc)[NP][NV][V]) {
+#pragma unroll
+    for (int i = 0; i < NP; i++)
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+#pragma unroll
+            for (int q = 0; q < V; q++) acc[i][k][q] = 0.0f;
+}
+
+// this block's partials: part [NP][chunks][d], row blockIdx.x of each
+template <int NP, int V, int NV>
+static __device__ __forceinline__ void store_parts(float *part, const float (&acc)[NP][NV][V], int64_t chunks, int d) {
+#pragma unroll
+    for (int i = 0; i < NP; i++)
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int j = unit_col<V>(k);
+            if (j < d) stv<V>(part + ((int64_t)i * chunks + blockIdx.x) * d, j, acc[i][k]);
+        }
+}
+
+// unit j of the join y = (a + ab)*as + (x + xb)*xs of one row (ar, xr: its a and x; as NULL: y is a itself, bit
+// for bit, which kiln_rmsnorm_forward_cuda runs; hx false: no second term, xr unread)
+template <typename TA, int V>
+static __device__ __forceinline__ void join_unit(float (&yv)[V], const TA *ar, const float *ab, const float *as, bool hx,
+                                                 const float *xr, const float *xb, const float *xs, int j) {
+    float bv[V], sv[V];
+    ldv<V>(ar, j, yv);
+    if (as) {
+        ldv<V>(as, j, sv);
+        if (ab) ldv<V>(ab, j, bv);
+        else
+#pragma unroll
+            for (int q = 0; q < V; q++) bv[q] = 0.0f;
+#pragma unroll
+        for (int q = 0; q < V; q++) yv[q] = join_first(yv[q], bv[q], sv[q]);
+    }
+    if (hx) {
+        float xv[V];
+        ldv<V>(xr, j, xv), ldv<V>(xs, j, sv);
+        if (xb) ldv<V>(xb, j, bv);
+        else
+#pragma unroll
+            for (int q = 0; q < V; q++) bv[q] = 0.0f;
+#pragma unroll
+        for (int q = 0; q < V; q++) yv[q] = join_add(yv[q], xv[q], bv[q], sv[q]);
+    }
+}
+
+// the forward's row r (ar, xr: its a and x): the join of every unit (stored to y when given), then
+// ln = w * (y * rstd) (when ln is given). The outputs' null tests are on the kernel's own arguments: tests on
+// derived row pointers cost the ring kernel ~15% (session 14).
+template <typename TA, int V, int NV>
+static __device__ __forceinline__ void fwd_row(float *y, bf16 *ln, float *rstd, int64_t r, const TA *ar,
+                                               const float *ab, const float *as, bool hx, const float *xr,
+                                               const float *xb, const float *xs, const float *w, int d, float eps,
+                                               float *sh) {
+    float yv[NV][V], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int j = unit_col<V>(k);
+        if (j >= d) continue;
+        join_unit<TA, V>(yv[k], ar, ab, as, hx, xr, xb, xs, j);
+        if (y) stv<V>(y + r * d, j, yv[k]);
+#pragma unroll
+        for (int q = 0; q < V; q++) ss += yv[k][q] * yv[k][q];
+    }
+    if (!ln) return;
+    ss = block_sum(ss, sh);
+    const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
+    if (rstd && threadIdx.x == 0) rstd[r] = rs;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int j = unit_col<V>(k);
+        if (j >= d) continue;
+        float wv[V], ov[V];
+        ldv<V>(w, j, wv);
+#pragma unroll
+        for (int q = 0; q < V; q++) ov[q] = wv[q] * (yv[k][q] * rs);
+        stv<V>(ln + r * d, j, ov);
+    }
+}
+
+// the norm backward's first pass over a unit: this thread's part of sum(g * w * y), and dw's partial g * y * rstd
+template <int V>
+static __device__ __forceinline__ void norm_dot_unit(float &dot, float (&dw)[V], const float (&gv)[V],
+                                                     const float (&wv)[V], const float (&yv)[V], float rs) {
+#pragma unroll
+    for (int q = 0; q < V; q++) {
+        dot += gv[q] * wv[q] * yv[q];
+        dw[q] = __fadd_rn(dw[q], __fmul_rn(gv[q], __fmul_rn(yv[q], rs)));
+    }
+}
+
+// The residual-norm backward's per-channel vectors, held in registers for a whole chunk of rows
+template <int V, int NV> struct bwd_chan {
+    float w[NV][V], us[NV][V], ub[NV][V], as[NV][V], ab[NV][V], xs[NV][V], xb[NV][V];
+};
+template <int V, int NV>
+static __device__ __forceinline__ void ld_bwd_chan(bwd_chan<V, NV> &c, const kiln_residual_norm_bwd &p, int d) {
+    ld_chan<V, NV>(c.w, p.w, d), ld_chan<V, NV>(c.us, p.ups, d), ld_chan<V, NV>(c.as, p.as, d);
+    ld_chan<V, NV>(c.xs, p.xs, d), ld_chan<V, NV>(c.ub, p.upb, d), ld_chan<V, NV>(c.ab, p.ab, d);
+    ld_chan<V, NV>(c.xb, p.xb, d);
+}
+
+// unit k of the residual-norm backward's output pass (c: the norm's dot term): g = dup*ups + rmsnorm_bwd(dln),
+// da = g*as and dx = g*xs stored at column j of dar / dxr, six partials (dw's is the first pass's) accumulated.
+// part indices: 0 dupb, 1 dups, 2 dw, 3 dab, 4 das, 5 dxb, 6 dxs.
+template <int V, int NV>
+static __device__ __forceinline__ void bwd_unit(float (&acc)[NPART][NV][V], const bwd_chan<V, NV> &ch, int k,
+                                                const float (&du)[V], const float (&av)[V], const float (&xv)[V],
+                                                const float (&yv)[V], const float (&gv)[V], float rs, float c,
+                                                bf16 *dar, float *dxr, int j) {
+    float dav[V], dxv[V];
+#pragma unroll
+    for (int q = 0; q < V; q++) {
+        const float gu = __fmul_rn(du[q], ch.us[k][q]);
+        acc[0][k][q] = __fadd_rn(acc[0][k][q], gu);
+        acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[q], __fadd_rn(yv[q], ch.ub[k][q])));
+        const float g = gu + (rs * gv[q] * ch.w[k][q] - c * yv[q]);
+        dav[q] = __fmul_rn(g, ch.as[k][q]);
+        dxv[q] = __fmul_rn(g, ch.xs[k][q]);
+        acc[3][k][q] = __fadd_rn(acc[3][k][q], dav[q]);
+        acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[q], ch.ab[k][q])));
+        acc[5][k][q] = __fadd_rn(acc[5][k][q], dxv[q]);
+        acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[q], ch.xb[k][q])));
+    }
+    stv<V>(dar, j, dav);
+    stv<V>(dxr, j, dxv);
+}
+
+// unit k of the norm-join backward's output pass: g = gin + rmsnorm_bwd(dln) and da = g*as stored at column j of
+// goutr / dar; partials 1 dab, 2 das accumulated (0, dw, is the first pass's)
+template <int V, int NV>
+static __device__ __forceinline__ void nj_unit(float (&acc)[3][NV][V], int k, const float (&gi)[V],
+                                               const float (&av)[V], const float (&yv)[V], const float (&gv)[V],
+                                               const float (&wv)[V], const float (&asv)[V], const float (&abv)[V],
+                                               float rs, float c, float *goutr, float *dar, int j) {
+    float gt[V], dav[V];
+#pragma unroll
+    for (int q = 0; q < V; q++) {
+        gt[q] = gi[q] + (rs * gv[q] * wv[q] - c * yv[q]);
+        dav[q] = __fmul_rn(gt[q], asv[q]);
+        acc[1][k][q] = __fadd_rn(acc[1][k][q], dav[q]);
+        acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gt[q], __fadd_rn(av[q], abv[q])));
+    }
+    stv<V>(goutr, j, gt);
+    stv<V>(dar, j, dav);
+}
+
+// the norm's dot term after the block's sum: c = sum(g * w * y) * rstd^3 / d
+static __device__ __forceinline__ float norm_c(float dot, float rs, int d, float *sh) {
+    dot = block_sum(dot, sh);
+    return dot * rs * rs * rs / (float)d;
+}
+
 template <typename TA, int V, int NV>
 static __global__ void __launch_bounds__(THREADS)
     fwd_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
                const float *xb, const float *xs, const float *w, int64_t n, int d, float eps) {
     __shared__ float sh[32];
-    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-        float yv[NV][V], ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
-            if (j >= d) continue;
-            float bv[V], sv[V];
-            ldv<V>(a + r * d, j, yv[k]);
-            if (as) { // without a scale y is a itself, bit for bit (what kiln_rmsnorm_forward_cuda runs)
-                ldv<V>(as, j, sv);
-                if (ab) ldv<V>(ab, j, bv);
-                else
-#pragma unroll
-                    for (int q = 0; q < V; q++) bv[q] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < V; q++) yv[k][q] = join_first(yv[k][q], bv[q], sv[q]);
-            }
-            if (x) {
-                float xv[V];
-                ldv<V>(x + r * d, j, xv), ldv<V>(xs, j, sv);
-                if (xb) ldv<V>(xb, j, bv);
-                else
-#pragma unroll
-                    for (int q = 0; q < V; q++) bv[q] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < V; q++) yv[k][q] = join_add(yv[k][q], xv[q], bv[q], sv[q]);
-            }
-            if (y) stv<V>(y + r * d, j, yv[k]);
-#pragma unroll
-            for (int q = 0; q < V; q++) ss += yv[k][q] * yv[k][q];
-        }
-        if (!ln) continue;
-        ss = block_sum(ss, sh);
-        const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
-        if (rstd && threadIdx.x == 0) rstd[r] = rs;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
-            if (j >= d) continue;
-            float wv[V], ov[V];
-            ldv<V>(w, j, wv);
-#pragma unroll
-            for (int q = 0; q < V; q++) ov[q] = wv[q] * (yv[k][q] * rs);
-            stv<V>(ln + r * d, j, ov);
-        }
-    }
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
+        fwd_row<TA, V, NV>(y, ln, rstd, r, a + r * d, ab, as, x != NULL, x ? x + r * d : x, xb, xs, w, d, eps, sh);
 }
 
-// block c: rows [c*rows_per, ...); part [NPART][chunks][d]: 0 dupb, 1 dups, 2 dw, 3 dab, 4 das, 5 dxb, 6 dxs.
-// The per-channel vectors stay in registers for the whole chunk; a row's five inputs are loaded together
-// before its reduction, so each row costs one memory latency.
+// block c: rows [c*rows_per, ...); part [NPART][chunks][d] (bwd_unit's order). The per-channel vectors stay in
+// registers for the whole chunk; a row's five inputs are loaded together before its reduction, so each row costs
+// one memory latency.
 template <int V, int NV>
 static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_bwd p, float *part, int64_t n, int d,
                                                              int64_t rows_per, int64_t chunks) {
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     const bf16 *dln = (const bf16 *)p.dln, *a = (const bf16 *)p.a;
-    float acc[NPART][NV][V], wv[NV][V], us[NV][V], ub[NV][V], asv[NV][V], abv[NV][V], xsv[NV][V], xbv[NV][V];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int j = (threadIdx.x + k * blockDim.x) * V;
-#pragma unroll
-        for (int q = 0; q < V; q++) {
-#pragma unroll
-            for (int i = 0; i < NPART; i++) acc[i][k][q] = 0.0f;
-            wv[k][q] = us[k][q] = ub[k][q] = asv[k][q] = abv[k][q] = xsv[k][q] = xbv[k][q] = 0.0f;
-        }
-        if (j >= d) continue;
-        ldv<V>(p.w, j, wv[k]), ldv<V>(p.ups, j, us[k]), ldv<V>(p.as, j, asv[k]), ldv<V>(p.xs, j, xsv[k]);
-        if (p.upb) ldv<V>(p.upb, j, ub[k]);
-        if (p.ab) ldv<V>(p.ab, j, abv[k]);
-        if (p.xb) ldv<V>(p.xb, j, xbv[k]);
-    }
+    float acc[NPART][NV][V];
+    bwd_chan<V, NV> ch;
+    zero_acc(acc);
+    ld_bwd_chan(ch, p, d);
     for (int64_t r = r0; r < r1; r++) {
         const float rs = p.rstd[r];
         float yv[NV][V], gv[NV][V], du[NV][V], av[NV][V], xv[NV][V], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
+            const int j = unit_col<V>(k);
             if (j >= d) continue;
             ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(p.dup + r * d, j, du[k]);
             if (p.dln_f32) ldv<V>(p.dln_f32 + r * d, j, gv[k]);
             else ldv<V>(dln + r * d, j, gv[k]);
             ldv<V>(a + r * d, j, av[k]), ldv<V>(p.x + r * d, j, xv[k]);
-#pragma unroll
-            for (int q = 0; q < V; q++) {
-                dot += gv[k][q] * wv[k][q] * yv[k][q];
-                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
-            }
+            norm_dot_unit<V>(dot, acc[2][k], gv[k], ch.w[k], yv[k], rs);
         }
-        dot = block_sum(dot, sh);
-        const float c = dot * rs * rs * rs / (float)d;
+        const float c = norm_c(dot, rs, d, sh);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
-            if (j >= d) continue;
-            float dav[V], dxv[V];
-#pragma unroll
-            for (int q = 0; q < V; q++) {
-                const float gu = __fmul_rn(du[k][q], us[k][q]);
-                acc[0][k][q] = __fadd_rn(acc[0][k][q], gu);
-                acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[k][q], __fadd_rn(yv[k][q], ub[k][q])));
-                const float g = gu + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
-                dav[q] = __fmul_rn(g, asv[k][q]);
-                dxv[q] = __fmul_rn(g, xsv[k][q]);
-                acc[3][k][q] = __fadd_rn(acc[3][k][q], dav[q]);
-                acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[k][q], abv[k][q])));
-                acc[5][k][q] = __fadd_rn(acc[5][k][q], dxv[q]);
-                acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[k][q], xbv[k][q])));
-            }
-            stv<V>((bf16 *)p.da + r * d, j, dav);
-            stv<V>(p.dx + r * d, j, dxv);
+            const int j = unit_col<V>(k);
+            if (j < d) bwd_unit<V, NV>(acc, ch, k, du[k], av[k], xv[k], yv[k], gv[k], rs, c, (bf16 *)p.da + r * d,
+                                       p.dx + r * d, j);
         }
     }
-#pragma unroll
-    for (int i = 0; i < NPART; i++)
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
-            if (j < d) stv<V>(part + ((int64_t)i * chunks + blockIdx.x) * d, j, acc[i][k]);
-        }
+    store_parts(part, acc, chunks, d);
 }
 
 // The backward of an RMSNorm ln = rmsnorm(y) over a join's output y = (a + ab)*as + ..., for the join's
@@ -169,61 +258,32 @@ static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_b
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     const bf16 *dln = (const bf16 *)p.dln;
     float acc[3][NV][V], wv[NV][V], asv[NV][V], abv[NV][V];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int j = (threadIdx.x + k * blockDim.x) * V;
-#pragma unroll
-        for (int q = 0; q < V; q++) {
-            acc[0][k][q] = acc[1][k][q] = acc[2][k][q] = 0.0f;
-            wv[k][q] = asv[k][q] = abv[k][q] = 0.0f;
-        }
-        if (j >= d) continue;
-        ldv<V>(p.w, j, wv[k]), ldv<V>(p.as, j, asv[k]);
-        if (p.ab) ldv<V>(p.ab, j, abv[k]);
-    }
+    zero_acc(acc);
+    ld_chan(wv, p.w, d), ld_chan(asv, p.as, d), ld_chan(abv, p.ab, d);
     for (int64_t r = r0; r < r1; r++) {
         const float rs = p.rstd[r];
         float yv[NV][V], gv[NV][V], gi[NV][V], av[NV][V], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
+            const int j = unit_col<V>(k);
             if (j >= d) continue;
             ldv<V>(p.y + r * d, j, yv[k]), ldv<V>(dln + r * d, j, gv[k]), ldv<V>(p.a + r * d, j, av[k]);
             if (p.gin) ldv<V>(p.gin + r * d, j, gi[k]);
             else
 #pragma unroll
                 for (int q = 0; q < V; q++) gi[k][q] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < V; q++) {
-                dot += gv[k][q] * wv[k][q] * yv[k][q];
-                acc[0][k][q] = __fadd_rn(acc[0][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
-            }
+            norm_dot_unit<V>(dot, acc[0][k], gv[k], wv[k], yv[k], rs);
         }
-        dot = block_sum(dot, sh);
-        const float c = dot * rs * rs * rs / (float)d;
+        const float c = norm_c(dot, rs, d, sh);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
-            if (j >= d) continue;
-            float gt[V], dav[V];
-#pragma unroll
-            for (int q = 0; q < V; q++) {
-                gt[q] = gi[k][q] + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
-                dav[q] = __fmul_rn(gt[q], asv[k][q]);
-                acc[1][k][q] = __fadd_rn(acc[1][k][q], dav[q]);
-                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gt[q], __fadd_rn(av[k][q], abv[k][q])));
-            }
-            stv<V>(p.gout + r * d, j, gt);
-            stv<V>(p.da + r * d, j, dav);
+            const int j = unit_col<V>(k);
+            if (j < d)
+                nj_unit<V, NV>(acc, k, gi[k], av[k], yv[k], gv[k], wv[k], asv[k], abv[k], rs, c, p.gout + r * d,
+                               p.da + r * d, j);
         }
     }
-#pragma unroll
-    for (int i = 0; i < 3; i++)
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * V;
-            if (j < d) stv<V>(part + ((int64_t)i * chunks + blockIdx.x) * d, j, acc[i][k]);
-        }
+    store_parts(part, acc, chunks, d);
 }
 
 // ---- the pipelined kernels (V = 4: 16-byte f32 / 8-byte bf16 units; d % 4 == 0, rows 16-byte aligned) ----
@@ -231,7 +291,7 @@ static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_b
 static inline int round16(int64_t b) { return (int)((b + 15) / 16 * 16); }
 
 // Forward: rows r = blockIdx.x + i*gridDim.x of a resident grid; a stage holds the row's x (f32, when given)
-// then a (TA). The arithmetic of fwd_kernel. Three blocks per SM (at most 42 registers a thread).
+// then a (TA). Three blocks per SM (at most 42 registers a thread).
 template <typename TA, int NV>
 static __global__ void __launch_bounds__(THREADS, 3)
     fwd_pipe_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
@@ -245,7 +305,7 @@ static __global__ void __launch_bounds__(THREADS, 3)
             unsigned char *b = ring + (size_t)s * stage;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                const int j = (threadIdx.x + k * blockDim.x) * 4;
+                const int j = unit_col<4>(k);
                 if (j >= d) continue;
                 if (x) cp_async<16>(b + (size_t)j * 4, x + r * d + j);
                 cp_async<4 * sizeof(TA)>(b + ao + (size_t)j * sizeof(TA), a + r * d + j);
@@ -260,50 +320,8 @@ static __global__ void __launch_bounds__(THREADS, 3)
         load(r + (PS - 1) * G, (i + PS - 1) % PS);
         __pipeline_wait_prior(PS - 1); // this row's group is complete
         const unsigned char *b = ring + (size_t)(i % PS) * stage;
-        float yv[NV][4], ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
-            if (j >= d) continue;
-            float bv[4], sv[4];
-            ldv<4>((const TA *)(b + ao), j, yv[k]);
-            if (as) {
-                ldv<4>(as, j, sv);
-                if (ab) ldv<4>(ab, j, bv);
-                else
-#pragma unroll
-                    for (int q = 0; q < 4; q++) bv[q] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < 4; q++) yv[k][q] = join_first(yv[k][q], bv[q], sv[q]);
-            }
-            if (x) {
-                float xv[4];
-                ldv<4>((const float *)b, j, xv), ldv<4>(xs, j, sv);
-                if (xb) ldv<4>(xb, j, bv);
-                else
-#pragma unroll
-                    for (int q = 0; q < 4; q++) bv[q] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < 4; q++) yv[k][q] = join_add(yv[k][q], xv[q], bv[q], sv[q]);
-            }
-            if (y) stv<4>(y + r * d, j, yv[k]);
-#pragma unroll
-            for (int q = 0; q < 4; q++) ss += yv[k][q] * yv[k][q];
-        }
-        if (!ln) continue;
-        ss = block_sum(ss, sh);
-        const float rs = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));
-        if (rstd && threadIdx.x == 0) rstd[r] = rs;
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
-            if (j >= d) continue;
-            float wv[4], ov[4];
-            ldv<4>(w, j, wv);
-#pragma unroll
-            for (int q = 0; q < 4; q++) ov[q] = wv[q] * (yv[k][q] * rs);
-            stv<4>(ln + r * d, j, ov);
-        }
+        fwd_row<TA, 4, NV>(y, ln, rstd, r, (const TA *)(b + ao), ab, as, x != NULL, (const float *)b, xb, xs, w, d, eps,
+                           sh);
     }
 }
 
@@ -324,7 +342,7 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
             unsigned char *b = ring + (size_t)s * stage;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                const int j = (threadIdx.x + k * blockDim.x) * 4;
+                const int j = unit_col<4>(k);
                 if (j >= d) continue;
                 cp_async<16>(b + (size_t)j * 4, p.dup + r * d + j);
                 cp_async<16>(b + xo + (size_t)j * 4, p.x + r * d + j);
@@ -337,22 +355,10 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
     };
 #pragma unroll
     for (int s = 0; s < PS - 1; s++) load(r0 + s, s);
-    float acc[NPART][NV][4], wv[NV][4], us[NV][4], ub[NV][4], asv[NV][4], abv[NV][4], xsv[NV][4], xbv[NV][4];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int j = (threadIdx.x + k * blockDim.x) * 4;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-#pragma unroll
-            for (int i = 0; i < NPART; i++) acc[i][k][q] = 0.0f;
-            wv[k][q] = us[k][q] = ub[k][q] = asv[k][q] = abv[k][q] = xsv[k][q] = xbv[k][q] = 0.0f;
-        }
-        if (j >= d) continue;
-        ldv<4>(p.w, j, wv[k]), ldv<4>(p.ups, j, us[k]), ldv<4>(p.as, j, asv[k]), ldv<4>(p.xs, j, xsv[k]);
-        if (p.upb) ldv<4>(p.upb, j, ub[k]);
-        if (p.ab) ldv<4>(p.ab, j, abv[k]);
-        if (p.xb) ldv<4>(p.xb, j, xbv[k]);
-    }
+    float acc[NPART][NV][4];
+    bwd_chan<4, NV> ch;
+    zero_acc(acc);
+    ld_bwd_chan(ch, p, d);
     int i = 0;
     for (int64_t r = r0; r < r1; r++, i++) {
         load(r + PS - 1, (i + PS - 1) % PS);
@@ -362,51 +368,28 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
         float yv[NV][4], gv[NV][4], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            const int j = unit_col<4>(k);
             if (j >= d) continue;
             float av[4], xv[4];
             if constexpr (DLN32) ldv<4>((const float *)(b + go), j, gv[k]);
             else ldv<4>((const bf16 *)(b + go), j, gv[k]);
             ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                yv[k][q] = join_add(join_first(av[q], abv[k][q], asv[k][q]), xv[q], xbv[k][q], xsv[k][q]);
-                dot += gv[k][q] * wv[k][q] * yv[k][q];
-                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
-            }
+            for (int q = 0; q < 4; q++)
+                yv[k][q] = join_add(join_first(av[q], ch.ab[k][q], ch.as[k][q]), xv[q], ch.xb[k][q], ch.xs[k][q]);
+            norm_dot_unit<4>(dot, acc[2][k], gv[k], ch.w[k], yv[k], rs);
         }
-        dot = block_sum(dot, sh);
-        const float c = dot * rs * rs * rs / (float)d;
+        const float c = norm_c(dot, rs, d, sh);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            const int j = unit_col<4>(k);
             if (j >= d) continue;
-            float dav[4], dxv[4], du[4], av[4], xv[4];
+            float du[4], av[4], xv[4];
             ldv<4>((const float *)b, j, du), ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float gu = __fmul_rn(du[q], us[k][q]);
-                acc[0][k][q] = __fadd_rn(acc[0][k][q], gu);
-                acc[1][k][q] = __fadd_rn(acc[1][k][q], __fmul_rn(du[q], __fadd_rn(yv[k][q], ub[k][q])));
-                const float g = gu + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
-                dav[q] = __fmul_rn(g, asv[k][q]);
-                dxv[q] = __fmul_rn(g, xsv[k][q]);
-                acc[3][k][q] = __fadd_rn(acc[3][k][q], dav[q]);
-                acc[4][k][q] = __fadd_rn(acc[4][k][q], __fmul_rn(g, __fadd_rn(av[q], abv[k][q])));
-                acc[5][k][q] = __fadd_rn(acc[5][k][q], dxv[q]);
-                acc[6][k][q] = __fadd_rn(acc[6][k][q], __fmul_rn(g, __fadd_rn(xv[q], xbv[k][q])));
-            }
-            stv<4>((bf16 *)p.da + r * d, j, dav);
-            stv<4>(p.dx + r * d, j, dxv);
+            bwd_unit<4, NV>(acc, ch, k, du, av, xv, yv[k], gv[k], rs, c, (bf16 *)p.da + r * d, p.dx + r * d, j);
         }
     }
-#pragma unroll
-    for (int q = 0; q < NPART; q++)
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
-            if (j < d) stv<4>(part + ((int64_t)q * chunks + blockIdx.x) * d, j, acc[q][k]);
-        }
+    store_parts(part, acc, chunks, d);
 }
 
 // The norm + join backward (nj_bwd_kernel's outputs and arithmetic) through the ring. A stage: y f32, a f32,
@@ -423,7 +406,7 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
             unsigned char *b = ring + (size_t)s * stage;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                const int j = (threadIdx.x + k * blockDim.x) * 4;
+                const int j = unit_col<4>(k);
                 if (j >= d) continue;
                 cp_async<16>(b + (size_t)j * 4, p.y + r * d + j);
                 cp_async<16>(b + ao + (size_t)j * 4, p.a + r * d + j);
@@ -436,18 +419,8 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
 #pragma unroll
     for (int s = 0; s < PS - 1; s++) load(r0 + s, s);
     float acc[3][NV][4], wv[NV][4], asv[NV][4], abv[NV][4];
-#pragma unroll
-    for (int k = 0; k < NV; k++) {
-        const int j = (threadIdx.x + k * blockDim.x) * 4;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            acc[0][k][q] = acc[1][k][q] = acc[2][k][q] = 0.0f;
-            wv[k][q] = asv[k][q] = abv[k][q] = 0.0f;
-        }
-        if (j >= d) continue;
-        ldv<4>(p.w, j, wv[k]), ldv<4>(p.as, j, asv[k]);
-        if (p.ab) ldv<4>(p.ab, j, abv[k]);
-    }
+    zero_acc(acc);
+    ld_chan(wv, p.w, d), ld_chan(asv, p.as, d), ld_chan(abv, p.ab, d);
     int i = 0;
     for (int64_t r = r0; r < r1; r++, i++) {
         load(r + PS - 1, (i + PS - 1) % PS);
@@ -457,45 +430,26 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
         float yv[NV][4], gv[NV][4], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            const int j = unit_col<4>(k);
             if (j >= d) continue;
             ldv<4>((const float *)b, j, yv[k]), ldv<4>((const bf16 *)(b + go), j, gv[k]);
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                dot += gv[k][q] * wv[k][q] * yv[k][q];
-                acc[0][k][q] = __fadd_rn(acc[0][k][q], __fmul_rn(gv[k][q], __fmul_rn(yv[k][q], rs)));
-            }
+            norm_dot_unit<4>(dot, acc[0][k], gv[k], wv[k], yv[k], rs);
         }
-        dot = block_sum(dot, sh);
-        const float c = dot * rs * rs * rs / (float)d;
+        const float c = norm_c(dot, rs, d, sh);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
+            const int j = unit_col<4>(k);
             if (j >= d) continue;
-            float gt[4], dav[4], av[4], gi[4];
+            float av[4], gi[4];
             ldv<4>((const float *)(b + ao), j, av);
             if (p.gin) ldv<4>((const float *)(b + io), j, gi);
             else
 #pragma unroll
                 for (int q = 0; q < 4; q++) gi[q] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                gt[q] = gi[q] + (rs * gv[k][q] * wv[k][q] - c * yv[k][q]);
-                dav[q] = __fmul_rn(gt[q], asv[k][q]);
-                acc[1][k][q] = __fadd_rn(acc[1][k][q], dav[q]);
-                acc[2][k][q] = __fadd_rn(acc[2][k][q], __fmul_rn(gt[q], __fadd_rn(av[q], abv[k][q])));
-            }
-            stv<4>(p.gout + r * d, j, gt);
-            stv<4>(p.da + r * d, j, dav);
+            nj_unit<4, NV>(acc, k, gi, av, yv[k], gv[k], wv[k], asv[k], abv[k], rs, c, p.gout + r * d, p.da + r * d, j);
         }
     }
-#pragma unroll
-    for (int q = 0; q < 3; q++)
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = (threadIdx.x + k * blockDim.x) * 4;
-            if (j < d) stv<4>(part + ((int64_t)q * chunks + blockIdx.x) * d, j, acc[q][k]);
-        }
+    store_parts(part, acc, chunks, d);
 }
 
 // dynamic shared memory must be allowed per kernel (and device: set at every launch) whenever it and the
