@@ -14,6 +14,9 @@
 # On CUDA each side then runs once more for longer (ITERS_POWER calls, default 100; POWER=0 skips it) under
 # bench/peers/gpu_power.py: the power draw and SM clock it ran at. A sustained load on this GPU meets the
 # board's power limit, the driver then lowers the clock, so the two sides also compete on energy per image.
+# Then the tower's GEMMs alone run the same way (bench/peers/clip_gemm_floor.py, torch/cuBLAS, FLOOR_SECONDS,
+# default 8): their joules per image are a floor under both sides, so the peer's J/image over the floor's bounds
+# kiln's ratio at the limit, and kiln's J/image over the floor's is what its attention, norms and glue cost.
 # CONFIGS picks the configs (default "vit-b-32 vit-l-14"). Leaves two files in $OUT (or ./bench-out):
 # clip_bench_$DEVICE.json (every measurement) and .txt.
 set -euo pipefail
@@ -66,11 +69,18 @@ for cfg in ${CONFIGS:-vit-b-32 vit-l-14}; do
       python3 bench/peers/clip_peer.py time "$d" "$batch" "$pit" "$threads" "$device" | tag "$cfg" 0 > "$work/power_torch.json"
     python3 bench/peers/gpu_power.py "$res.power.jsonl" "$cfg kiln" -- \
       "$B" --clip "$d" --pixels "$d/pixels.safetensors" --batch "$batch" --iters "$pit" --device "$device" | tag "$cfg" 0 > "$work/power_kiln.json"
-    python3 - "$res.power.jsonl" "$work/power_torch.json" "$work/power_kiln.json" <<'PY'
+    # the floor is context, not the benchmark: a failure there leaves the rest of the results
+    python3 bench/peers/gpu_power.py "$res.power.jsonl" "$cfg floor" -- \
+      python3 bench/peers/clip_gemm_floor.py "$d" "$batch" "${FLOOR_SECONDS:-8}" | tag "$cfg" 0 > "$work/power_floor.json" \
+      || { echo "clip_bench: the GEMM-floor run failed" >&2; : > "$work/power_floor.json"; }
+    python3 - "$res.power.jsonl" "$work/power_torch.json" "$work/power_kiln.json" "$work/power_floor.json" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 for side_file in sys.argv[2:]:  # each side's long run: its rate beside its power line (labelled "config side")
-    d = json.loads(open(side_file).read())
+    text = open(side_file).read()
+    if not text.strip():
+        continue
+    d = json.loads(text)
     for rec in recs:
         if rec["label"] == f"{d['config']} {d['side']}":
             rec.update(config=d["config"], side=d["side"], batch=d["batch"], images_per_s_median=d["images_per_s_median"])
@@ -93,6 +103,8 @@ pw = [json.loads(l) for l in open(f"{res}.power.jsonl") if l.strip()]
 for r in recs:  # each measurement keeps its config and side's power lines (the longer runs on CUDA)
     if pw:
         r["power"] = [p for p in pw if p.get("config") == r["config"] and p.get("side") == r["side"]]
+recs += [dict(config=p["config"], side="floor", batch=p.get("batch"), images_per_s_median=p.get("images_per_s_median"),
+              power=[p]) for p in pw if p.get("side") == "floor"]  # the GEMMs-alone runs, with their power line
 json.dump(recs, open(f"{res}.json", "w"), indent=1)
 cuda = any(r.get("device") == "cuda" for r in recs)
 print(f"{'config':9} {'batch':>5} {'kiln img/s':>11} {'torch img/s':>12} {'ratio':>6}"
@@ -121,10 +133,22 @@ if pw:
     print(f"power (a longer run of each side): {'config':9} {'side':5} {'img/s':>9} {'W mean':>7} {'SM MHz':>7} "
           f"{'capped':>7} {'J/image':>8}")
     for p in pw:
-        if not p.get("busy_samples"):
-            print(f"{'':35}{p.get('label', '?')}: no busy samples"); continue
+        if not p.get("busy_samples") or not p.get("images_per_s_median"):
+            print(f"{'':35}{p.get('label', '?')}: " + ("no busy samples" if p.get("images_per_s_median") else "no rate")); continue
         print(f"{'':35}{p['config']:9} {p['side']:5} {p['images_per_s_median']:9.1f} {p['power_mean_w']:7.0f} "
               f"{p['sm_clock_mean_mhz']:7.0f} {100 * p['power_capped_share']:6.0f}% {p['joules_per_image']:8.4f}")
+    for cfg in ["vit-b-32", "vit-l-14"]:  # what the GEMMs alone leave: the bound at the power limit
+        j = {p["side"]: p["joules_per_image"] for p in pw if p.get("config") == cfg and p.get("joules_per_image")}
+        capped = {p["side"]: p.get("power_capped_share", 0) for p in pw if p.get("config") == cfg}
+        if "floor" in j and "torch" in j:
+            line = (f"{cfg}: at the power limit kiln / torch <= torch J/image / GEMM-floor J/image = "
+                    f"{j['torch'] / j['floor']:.2f}")
+            if capped.get("torch", 0) < 0.5:  # a side below the limit is bound by time, not energy
+                line += " (the peer ran below the limit here: not a bound on this run)"
+            if "kiln" in j:
+                line += (f"; kiln spends {j['kiln'] - j['floor']:.4f} J/image ({100 * (j['kiln'] - j['floor']) / j['kiln']:.0f}%)"
+                         " beyond its GEMMs (attention, norms, glue)")
+            print(line)
 tv = [r for r in recs if r["side"] == "torch"]
 kv = [r for r in recs if r["side"] == "kiln"]
 print(f"torch {tv[0].get('torch') if tv else '?'}" + (f", {tv[0].get('gpu')}" if cuda and tv else "")
