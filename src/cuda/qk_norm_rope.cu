@@ -125,7 +125,7 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
     float *sh = shm + w * dim, e[V];
     const int64_t nvec = rows * heads, half = rot_dim / 2;
     for (int64_t v = blockIdx.x * (int64_t)WARPS + w; v < nvec; v += (int64_t)gridDim.x * WARPS) {
-        const bf16 *gv = dy + v * dim, *xv = x + v * dim;
+        const bf16 *gv = dy + v * dim, *xv = NORM ? x + v * dim : x; // x may be NULL without the norm
         __syncwarp();
         for (int64_t j = lane * V; j < dim; j += 32 * V) {
             ldv<V>(gv, j, e);
