@@ -7,9 +7,15 @@
 // Plans (descriptors + the heuristic's algorithm, src/cuda/gemm_lt.h) are built once per shape and kept: a
 // tower repeats four shapes per chunk size. One plan table for the process and a workspace per stream, behind a
 // lock (the model is used by one thread at a time on CUDA: include/kiln/clip.h). KILN_CLIP_GEMM_TUNE=1 times the heuristic's
-// first 8 candidates once per plan (on the call's inputs, into a scratch output) and keeps the fastest;
-// off by default: two processes may then pick different algorithms (last-bit differences).
+// first 16 candidates once per plan (on the call's inputs, into a scratch output: 3 calls each) and keeps the
+// fastest; KILN_CLIP_GEMM_TUNE=sustained times each for ~0.2 s instead, long enough for a power-capped GPU to
+// settle at the clock that candidate's power draw allows (a tower's steady state), so the pick is the one with
+// the most FLOPs per joule there; KILN_CLIP_GEMM_TUNE_LOG=1 prints every candidate's time to stderr.
+// Off by default: two processes may then pick different algorithms (last-bit differences), and neither paid on
+// the H200 (session 15, docs/perf.md: the heuristic's first pick was the fastest sustained for qkv and fc2; the
+// out projection's best ran 7% faster alone and left the tower's rate unchanged).
 #include <cuda_bf16.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +27,7 @@
 
 namespace {
 
-enum { MAX_CPLANS = 128, TUNE_MAX = 8 };
+enum { MAX_CPLANS = 128, TUNE_MAX = 16 };
 
 // Plans are src/cuda/gemm_lt.h's: row-major y[n,out] = x[n,in] wᵀ is its C[m,n] = A Bᵀ with m = n rows,
 // A = x, B = w (NT). The key's tag is 2 * accumulate + (a bias was asked for); key.bias says whether the plan
@@ -100,13 +106,14 @@ done:
     return err;
 }
 
+// 0 off, 1 a few calls a candidate, 2 sustained
 int tune_on(void) {
     const char *e = getenv("KILN_CLIP_GEMM_TUNE");
-    return e && *e && strcmp(e, "0");
+    return !(e && *e && strcmp(e, "0")) ? 0 : !strcmp(e, "sustained") ? 2 : 1;
 }
 
-// the fastest candidate on this call's inputs: 1 warm-up + 3 timed runs each into a scratch output (so an
-// accumulating call's y is untouched); a candidate that fails is skipped
+// the fastest candidate on this call's inputs: 1 warm-up + 3 timed runs each (sustained: ~0.2 s at 600
+// TFLOP/s) into a scratch output (so an accumulating call's y is untouched); a candidate that fails is skipped
 kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void *bias, void *ws, cudaStream_t st) {
     kiln_error *err = NULL;
     void *ys = NULL;
@@ -114,7 +121,12 @@ kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void
     if (p->ncand < 2) return NULL;
     CUDA_TRY(cudaMalloc(&ys, (size_t)(p->key.m * p->key.n) * (p->key.c_f32 ? 4 : 2)));
     if (bias && p->user && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
-    err = kiln_lt_plan_tune(p, ys, x, w, 0.0f, ws, CWS_BYTES, st);
+    {
+        const double flop = 2.0 * (double)p->key.m * (double)p->key.n * (double)p->key.k;
+        const int calls = tune_on() == 2 ? (int)fmin(20000.0, fmax(3.0, 0.2 * 600e12 / flop)) : 3;
+        const char *lg = getenv("KILN_CLIP_GEMM_TUNE_LOG");
+        err = kiln_lt_plan_tune_n(p, ys, x, w, 0.0f, ws, CWS_BYTES, st, calls, lg && *lg && strcmp(lg, "0") ? stderr : NULL);
+    }
 done:
     if (ys) cudaFree(ys);
     return err;

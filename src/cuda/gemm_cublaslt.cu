@@ -324,6 +324,24 @@ cublasStatus_t kiln_lt_plan_run(const kiln_lt_plan *p, const cublasLtMatmulAlgo_
 
 kiln_error *kiln_lt_plan_tune(kiln_lt_plan *p, void *c, const void *a, const void *b, float beta, void *ws,
                               size_t ws_bytes, cudaStream_t st) {
+    return kiln_lt_plan_tune_n(p, c, a, b, beta, ws, ws_bytes, st, 3, NULL);
+}
+
+// a candidate's configuration as cuBLASLt reports it (for the tuning log)
+static void algo_describe(const cublasLtMatmulAlgo_t *a, char *buf, size_t n) {
+    int id = -1;
+    uint32_t tile = 0, stages = 0, splitk = 0, cluster = 0;
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster, &w);
+    snprintf(buf, n, "algo %d tile %u stages %u splitk %u cluster %u", id, tile, stages, splitk, cluster);
+}
+
+kiln_error *kiln_lt_plan_tune_n(kiln_lt_plan *p, void *c, const void *a, const void *b, float beta, void *ws,
+                                size_t ws_bytes, cudaStream_t st, int calls, FILE *log) {
     kiln_error *err = NULL;
     cudaEvent_t ev[2] = {NULL, NULL};
     float best = -1.0f;
@@ -335,7 +353,7 @@ kiln_error *kiln_lt_plan_tune(kiln_lt_plan *p, void *c, const void *a, const voi
     for (int i = 0; i < p->ncand; i++) {
         cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
         float ms = 0;
-        for (int r = 0; r < 4 && s == CUBLAS_STATUS_SUCCESS; r++) {
+        for (int r = 0; r <= calls && s == CUBLAS_STATUS_SUCCESS; r++) {
             if (r == 1) CUDA_TRY(cudaEventRecord(ev[0], st));
             s = kiln_lt_plan_run(p, &p->cand[i], c, a, b, beta, ws, ws_bytes, st);
         }
@@ -343,9 +361,18 @@ kiln_error *kiln_lt_plan_tune(kiln_lt_plan *p, void *c, const void *a, const voi
         CUDA_TRY(cudaEventSynchronize(ev[1]));
         if (s != CUBLAS_STATUS_SUCCESS) continue; // not for these sizes
         CUDA_TRY(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (log) {
+            char d[128];
+            const double fl = 2.0 * (double)p->cm * (double)p->cn * (double)p->ck * (p->cbatch > 0 ? p->cbatch : 1);
+            algo_describe(&p->cand[i], d, sizeof d);
+            fprintf(log, "lt tune %lldx%lldx%lld candidate %d (%s): %.4f ms a call over %d, %.1f TFLOP/s\n",
+                    (long long)p->cm, (long long)p->cn, (long long)p->ck, i, d, ms / calls, calls,
+                    fl * calls / (ms * 1e-3) / 1e12);
+        }
         if (best < 0 || ms < best) best = ms, besti = i;
     }
     p->algo = p->cand[besti];
+    if (log) fprintf(log, "lt tune: candidate %d kept\n", besti);
 done:
     if (ev[0]) cudaEventDestroy(ev[0]);
     if (ev[1]) cudaEventDestroy(ev[1]);

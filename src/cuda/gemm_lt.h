@@ -11,6 +11,7 @@
 #define KILN_CUDA_GEMM_LT_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cuda_check.h"
 
@@ -74,6 +75,10 @@ cublasStatus_t kiln_lt_plan_run(const kiln_lt_plan *p, const cublasLtMatmulAlgo_
  * that fail are skipped. Synchronizes the stream. Sets p->tuned. */
 kiln_error *kiln_lt_plan_tune(kiln_lt_plan *p, void *c, const void *a, const void *b, float beta, void *ws,
                               size_t ws_bytes, cudaStream_t st);
+/* the same with `calls` timed calls a candidate after one warm-up, each candidate's time (and its tile, stages,
+ * split-K and cluster shape) written to log when not NULL */
+kiln_error *kiln_lt_plan_tune_n(kiln_lt_plan *p, void *c, const void *a, const void *b, float beta, void *ws,
+                                size_t ws_bytes, cudaStream_t st, int calls, FILE *log);
 
 kiln_lt_plan *kiln_lt_cache_find(kiln_lt_cache *c, const kiln_lt_key *key);
 /* moves *p into the table (p is zeroed) and returns its place */

@@ -4,10 +4,10 @@
  * projection, out [B·T, H]. Sequence lengths: L/14 (257: one row past 4 m64 tiles, split along the keys over the
  * warps), 256 (no remainder), B/32 (50: one m64 tile, rows past T on zeros), L/14-336 (577: 9 tiles and a row),
  * 17 and 1 (no m64 tile), 197, 289, 300, 40, 80, 100 (every kind of last key step: 16, 32, 48 keys or none, and
- * 1..32 or 33..63 rows past the last multiple of 64); odd head counts; head dims 64, 32 and 128 (128: the
- * streaming kernel); each kernel choice of KILN_CLIP_ATTN_SHORT_CFG. Inputs of two magnitudes: the scores of
- * the larger ones (standard deviation ~20 after scaling) move the row maxima between key steps and between key
- * slices, which the rescaling and the slices' combination must get right. Tolerance as
+ * 1..32 or 33..63 rows past the last multiple of 64), 65 and 129 (one row past one or two tiles); odd head counts;
+ * head dims 64, 32 and 128 (128: the streaming kernel); each kernel choice of KILN_CLIP_ATTN_SHORT_CFG. Inputs of
+ * two magnitudes: the scores of the larger ones (standard deviation ~20 after scaling) move the row maxima between
+ * key steps and between key slices, which the rescaling and the slices' combination must get right. Tolerance as
  * tests/gpu/test_gpu_clip.c's attention: max |gpu - cpu| / max |cpu| <= 1e-2 (bf16 output, P rounded to bf16
  * before P·V). Shapes the kernels do not take must fall back to the streaming kernel with the same answers. */
 #include <math.h>
@@ -43,7 +43,8 @@ static const struct {
     int64_t B, T, heads, hd;
 } short_shapes[] = {{2, 257, 3, 64}, {2, 256, 3, 64}, {3, 50, 5, 64},  {2, 577, 3, 64},  {2, 17, 3, 64},
                     {3, 1, 1, 64},   {2, 197, 5, 64}, {2, 289, 3, 64}, {2, 300, 1, 64},  {2, 40, 3, 64},
-                    {2, 80, 3, 64},  {2, 100, 3, 64}, {2, 257, 3, 32}, {2, 50, 3, 32},   {2, 257, 3, 128}};
+                    {2, 80, 3, 64},  {2, 100, 3, 64}, {2, 257, 3, 32}, {2, 50, 3, 32},   {2, 257, 3, 128},
+                    {2, 65, 3, 64},  {2, 129, 3, 64}};
 
 TEST(gpu_clip_attn_short_shapes) {
     kiln_rng rng;
