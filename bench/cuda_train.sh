@@ -7,7 +7,11 @@
 # counted the peer's way AND exactly), peak memory, the ratio, and kiln's per-op time of one step.
 # Data: the built-in corpus tokenized by kiln (token ids < 2048 of the model's 50304; the step's work does
 # not depend on the ids). Env: STEPS (default 12; the first 3 are warm-up and not timed), OUT (default
-# bench-out), RECOMPUTE=1 (activation recomputation), SKIP_PEER=1, SKIP_MOE=1 (no grouped-GEMM bench at the end).
+# bench-out), RECOMPUTE=1 (activation recomputation), SKIP_PEER=1, SKIP_MOE=1 (no grouped-GEMM bench at the end),
+# FLOOR=0 (no step floor). The step floor (bench/peers/zaya_step_floor.py, FLOOR_SECONDS, default 8): the step's
+# matmuls and attention through cuBLAS/SDPA and AdamW's memory traffic as copies, under the same power sampler. A
+# sustained load meets this board's power limit, so that time is a floor under any implementation's step at the
+# limit: the peer's step time over it bounds the ratio, and kiln's step minus it is what kiln's other passes cost.
 # KILN_OPT_OVERLAP=1 in the environment runs kiln's optimizer step beside the next forward (an experiment).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +57,15 @@ if [ "${SKIP_PEER:-0}" != 1 ]; then
   echo "== peer: HF transformers ZayaForCausalLM (bench/peers/hf_zaya_train.py 8)"
   python3 bench/peers/gpu_power.py "$out/cuda_train_power.jsonl" peer -- \
     python3 bench/peers/hf_zaya_train.py 8 2>&1 | tee "$out/peer.log"
+fi
+
+rm -f "$out/step_floor.json"
+if [ "${FLOOR:-1}" != 0 ]; then
+  echo "== step floor: the step's matmuls + attention (cuBLAS, SDPA) and AdamW's traffic alone (bench/peers/zaya_step_floor.py)"
+  # context, not the benchmark: a failure leaves the rest of the results
+  python3 bench/peers/gpu_power.py "$out/cuda_train_power.jsonl" floor -- \
+    python3 bench/peers/zaya_step_floor.py "${FLOOR_SECONDS:-8}" "$cfg" > "$out/step_floor.json" \
+    || { echo "(the step-floor run failed)"; rm -f "$out/step_floor.json"; }
 fi
 
 python3 - "$out" "$cfg" <<'PY'
@@ -124,7 +137,20 @@ try:
                   f"{100 * p['power_capped_share']:.0f}% of them")
 except OSError:
     pass
-json.dump({"kiln": kiln, "peer": peer, "power": power}, open(f"{out}/cuda_train.json", "w"), indent=1)
+floor = None
+try:
+    floor = json.loads(open(f"{out}/step_floor.json").read().strip().splitlines()[-1])
+    fm = floor["ms_per_step"]
+    print(f"step floor (cuBLAS/SDPA tensor work {floor['tensor_ms_per_step']:.1f} ms at {floor['tensor_tflops']:.0f} "
+          f"TFLOP/s + AdamW's traffic {floor['optimizer_traffic_ms_per_step']:.1f} ms at "
+          f"{floor['optimizer_tb_per_s']:.2f} TB/s): {fm:.1f} ms a step")
+    if peer:
+        print(f"at that floor kiln / peer <= {peer['ms_per_step'] / fm:.2f}x; 6x needs {peer['ms_per_step'] / 6:.1f} ms "
+              f"a step, {peer['ms_per_step'] / 6 - fm:.1f} ms beyond the floor; kiln spends {kiln['ms_per_step'] - fm:.1f} "
+              f"ms beyond it (norms, convolutions, routing, loss, glue, and its kernels' distance from cuBLAS/SDPA)")
+except (OSError, ValueError, KeyError, IndexError) as ex:
+    print(f"(no step floor: {ex})")
+json.dump({"kiln": kiln, "peer": peer, "power": power, "step_floor": floor}, open(f"{out}/cuda_train.json", "w"), indent=1)
 print(f"-> {out}/cuda_train.json")
 PY
 
