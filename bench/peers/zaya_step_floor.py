@@ -53,7 +53,8 @@ def main():
     def rnd(*s):
         return (torch.randn(*s, device=dev, dtype=torch.float32, generator=g) * 0.02).to(dt)
 
-    lin = shapes(m) + [("lm_head", H, V)]
+    layer = shapes(m)
+    lin = layer + [("lm_head", H, V)]
     widest = max(max(i, o) for _, i, o in lin)
     x, dy = rnd(N, widest), rnd(N, widest)
     ws = {n: rnd(o, i) for n, i, o in lin}
@@ -63,7 +64,7 @@ def main():
     k, v = rnd(B, KV, T, D).requires_grad_(), rnd(B, KV, T, D).requires_grad_()
     do = rnd(B, NH, T, D)
     # AdamW's traffic: parameters as kiln counts them (embedding tied with the head; the experts' full weights)
-    params = V * H + L * sum(i * o for n, i, o in shapes(m) if n not in ("gate_up", "down")) \
+    params = V * H + L * sum(i * o for n, i, o in layer if n not in ("gate_up", "down")) \
         + L * m["num_experts"] * 3 * H * m["moe_intermediate_size"]
     opt_bytes = 30 * params
     buf = 1 << 30  # 1 GiB copies: a copy moves twice its size
@@ -77,7 +78,7 @@ def main():
 
     def tensor_work():
         for _ in range(L):
-            for n, i, o in shapes(m):
+            for n, i, o in layer:
                 linear3(n, i, o, N)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != NH)
             out.backward(do)
@@ -87,7 +88,7 @@ def main():
         for _ in range(ncopy):
             dst.copy_(src)
 
-    mm_flops = 6.0 * N * (L * sum(i * o for _, i, o in shapes(m)) + H * V)
+    mm_flops = 6.0 * N * (L * sum(i * o for _, i, o in layer) + H * V)
     attn_flops = L * 3.5 * 4.0 * B * NH * D * T * (T + 1) / 2  # forward QKᵀ, PV over the causal half; backward 2.5x
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
     for _ in range(2):
