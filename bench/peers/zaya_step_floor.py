@@ -16,8 +16,8 @@ grouped GEMM over 16 experts is no cheaper), the tied LM head — and causal GQA
 through torch's SDPA (flash), plus AdamW's memory traffic (30 bytes a parameter: w, g, m, v read; w, m, v and the
 bf16 copy written) as device copies of the same byte count. Not included: the CCA convolutions (0.7% of the
 FLOPs), norms, residual scaling, routing glue, embedding and cross-entropy. Prints one JSON line: the step's time
-in the loop (tensor work and optimizer traffic separately, CUDA events), the matmul FLOPs and their rate, and the
-peer's step time that 6x would need for reference.
+in the loop (tensor work and optimizer traffic separately, CUDA events), the matmul and attention FLOPs, their
+rate, and the traffic's rate; bench/cuda_train.sh sets it beside both sides' steps.
 """
 import json
 import sys
@@ -25,7 +25,7 @@ import time
 
 
 def shapes(m):
-    """(name, rows, in, out) of every linear of one layer, for `m` the config's model section"""
+    """(name, in, out) of every linear of one layer, for `m` the config's model section"""
     H, R, E, I = m["hidden_size"], m["router_hidden_size"], m["num_experts"], m["moe_intermediate_size"]
     Q, K = m["num_attention_heads"] * m["head_dim"], m["num_key_value_heads"] * m["head_dim"]
     return [("in_proj", H, Q + 2 * K), ("o_proj", Q, H), ("router0", H, R), ("router1", R, R), ("router2", R, R),
