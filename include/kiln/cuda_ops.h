@@ -468,9 +468,10 @@ kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q, const kiln
 kiln_error *kiln_quick_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream);
 /* x f32 += y bf16 (a residual add) */
 kiln_error *kiln_add_bf16_cuda(float *x, const kiln_bf16 *y, int64_t n, void *stream);
-/* CLIP's patch embedding input: cols bf16 [B*G*G, 3*p*p] from pixels bf16 [B,3,S,S], G = S/p */
-kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const kiln_bf16 *pixels, int64_t B, int64_t S, int64_t p,
-                                    void *stream);
+/* CLIP's patch embedding input: cols bf16 [B*G*G, 3*p*p] (rows ld >= 3*p*p apart, the columns past 3*p*p
+ * zero) from pixels bf16 [B,3,S,S], G = S/p */
+kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, int64_t ld, const kiln_bf16 *pixels, int64_t B, int64_t S,
+                                    int64_t p, void *stream);
 /* page-locked host memory (cudaMallocHost) for staging uploads; free with kiln_clip_pinned_free */
 kiln_error *kiln_clip_pinned_alloc(void **p, size_t bytes);
 void kiln_clip_pinned_free(void *p);

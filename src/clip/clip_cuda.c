@@ -111,10 +111,14 @@ static kiln_error *up_f32(struct clip_gpu *g, const float *src, size_t n, float 
     return kiln_cuda_copy(p, src, n * sizeof(float), KILN_CUDA_H2D);
 }
 
-static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_bf16 **dst) {
-    uint16_t *h = malloc(n * sizeof(uint16_t));
+/* src [rows, cols] as bf16 [rows, ld], the columns past cols zero */
+static kiln_error *up_bf16_rows(struct clip_gpu *g, const float *src, size_t rows, size_t cols, size_t ld,
+                                kiln_bf16 **dst) {
+    const size_t n = rows * ld;
+    uint16_t *h = calloc(n ? n : 1, sizeof(uint16_t));
     if (!h) return kiln_errorf(KILN_ENOMEM, "CLIP on CUDA: out of host memory");
-    for (size_t i = 0; i < n; i++) h[i] = kiln_f32_to_bf16(src[i]);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < cols; i++) h[r * ld + i] = kiln_f32_to_bf16(src[r * cols + i]);
     void *p = NULL;
     kiln_error *e = kiln_cuda_alloc(&p, n * sizeof(uint16_t));
     if (!e) e = track(g, p);
@@ -123,6 +127,14 @@ static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_
     if (!e) *dst = p;
     return e;
 }
+
+static kiln_error *up_bf16(struct clip_gpu *g, const float *src, size_t n, kiln_bf16 **dst) {
+    return up_bf16_rows(g, src, 1, n, n, dst);
+}
+
+/* the patch GEMM's K (3 p p) rounded up to 16: rows of 16-byte multiples, which cuBLASLt's fast kernels need (L/14:
+ * 588 -> 592) */
+static int64_t patch_ld(int64_t p) { return (3 * p * p + 15) / 16 * 16; }
 
 /* wait for everything queued on the model's streams (both lanes', the uploads'); errors are the caller's to clear */
 static void sync_streams(struct clip_gpu *g) {
@@ -184,7 +196,7 @@ static kiln_error *upload(kiln_clip *m, struct clip_gpu *g) {
     const clip_tower_cfg *c = &m->vision;
     int64_t H = c->hidden, I = c->inter, p = c->patch_size, G = c->image_size / p, D = m->proj_dim;
     if (!(g->L = calloc((size_t)c->layers, sizeof *g->L))) return kiln_errorf(KILN_ENOMEM, "CLIP on CUDA: out of memory");
-    KILN_TRY(up_bf16(g, m->patch_w, (size_t)(H * 3 * p * p), &g->patch_w));
+    KILN_TRY(up_bf16_rows(g, m->patch_w, (size_t)H, (size_t)(3 * p * p), (size_t)patch_ld(p), &g->patch_w));
     KILN_TRY(up_bf16(g, m->vis_proj, (size_t)(D * H), &g->proj));
     KILN_TRY(up_f32(g, m->class_emb, (size_t)H, &g->cls));
     KILN_TRY(up_f32(g, m->vpos_emb, (size_t)((G * G + 1) * H), &g->pos));
@@ -309,7 +321,7 @@ static kiln_error *alloc_dev(void **p, size_t bytes) { return kiln_cuda_alloc(p,
 static kiln_error *ensure_buffers(kiln_clip *m, struct clip_gpu *g, int64_t Bm, int lanes, int need_stage) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
-            D = m->proj_dim, K = 3 * p * p, Nm = Bm * T;
+            D = m->proj_dim, K = patch_ld(p), Nm = Bm * T;
     size_t per = (size_t)(3 * S * S);
     if (g->cap_imgs < Bm) {
         sync_streams(g);
@@ -393,14 +405,14 @@ static kiln_error *tower(kiln_clip *m, struct clip_gpu *g, struct clip_lane *a, 
                          int all_tokens) {
     const clip_tower_cfg *c = &m->vision;
     int64_t S = c->image_size, p = c->patch_size, G2 = (S / p) * (S / p), T = G2 + 1, H = c->hidden, I = c->inter,
-            D = m->proj_dim, K = 3 * p * p, hd = H / c->heads, N = B * T;
+            D = m->proj_dim, K = patch_ld(p), hd = H / c->heads, N = B * T;
     float scale = (float)(1.0 / sqrt((double)hd)), eps = (float)c->eps;
     const kiln_clip_dtype rt = g->res, bf = KILN_CLIP_BF16;
     const int rf = rt == KILN_CLIP_F32;
     const size_t es = rf ? sizeof(float) : sizeof(kiln_bf16);
     void *st = a->st;
     mark(g, P_PATCH);
-    KILN_TRY(kiln_clip_patchify_f32_cuda(a->cols, px, B, S, p, st));
+    KILN_TRY(kiln_clip_patchify_f32_cuda(a->cols, K, px, B, S, p, st));
     if (slot >= 0) KILN_TRY(cuda_err(cudaEventRecord(g->used[slot], a->st), "recording an event"));
     KILN_TRY(kiln_clip_linear_cuda(a->pe, 0, a->cols, g->patch_w, NULL, B * G2, K, H, 0, st));
     KILN_TRY(kiln_clip_assemble_x_cuda(a->x, rt, a->pe, g->cls, g->pos, B, G2, H, st));

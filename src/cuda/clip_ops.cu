@@ -401,44 +401,48 @@ done:
     return err ? kiln_error_wrap(err, "attention forward (CUDA)") : NULL;
 }
 
-// cols [B*G*G, 3*p*p] from pixels [B,3,S,S] (bf16, or f32 rounded to bf16 here): the conv's im2col in the
-// weight's [c][ky][kx] order. One block a patch, 32-bit index math per element: an element-wise grid spent its
+// cols [B*G*G, 3*p*p] (rows ld apart, the columns past 3*p*p zeroed) from pixels [B,3,S,S] (bf16, or f32 rounded
+// to bf16 here): the conv's im2col in the weight's [c][ky][kx] order. Why ld: L/14's 588 columns make rows
+// 1,176 bytes apart, off the 16-byte alignment cuBLASLt's fast kernels need (the patch GEMM ran at 176 TFLOP/s,
+// session 15); the tower pads them to 592. One block a patch, 32-bit index math per element: an element-wise grid spent its
 // time in 64-bit divisions (the tower's whole patch embedding, these kernels with the patch GEMM and the
 // pre-layernorm, took 0.70 ms per 128 L/14 images, several times what its bytes and FLOPs need).
 template <typename P>
-static __global__ void patchify_kernel(bf16 *cols, const P *px, int64_t G2, int G, int S, int p) {
+static __global__ void patchify_kernel(bf16 *cols, int lda, const P *px, int64_t G2, int G, int S, int p) {
     const int64_t row = blockIdx.x, b = row / G2;
     const int g = (int)(row - b * G2), gy = g / G, gx = g - gy * G, pp = p * p, K = 3 * pp;
     const P *src = px + b * 3 * (int64_t)S * S + (int64_t)(gy * p) * S + gx * p;
-    bf16 *dst = cols + row * K;
-    for (int kk = threadIdx.x; kk < K; kk += blockDim.x) {
+    bf16 *dst = cols + row * lda;
+    for (int kk = threadIdx.x; kk < lda; kk += blockDim.x) {
         const int c = kk / pp, r = kk - c * pp, ky = r / p, kx = r - ky * p;
-        dst[kk] = __float2bfloat16_rn(ld(src, (int64_t)c * S * S + ky * S + kx));
+        dst[kk] = kk < K ? __float2bfloat16_rn(ld(src, (int64_t)c * S * S + ky * S + kx)) : __float2bfloat16_rn(0.0f);
     }
 }
 
 template <typename P>
-static kiln_error *patchify(kiln_bf16 *cols, const P *pixels, int64_t B, int64_t S, int64_t p, void *stream,
-                            const char *what) {
+static kiln_error *patchify(kiln_bf16 *cols, int64_t ld, const P *pixels, int64_t B, int64_t S, int64_t p,
+                            void *stream, const char *what) {
     kiln_error *err = NULL;
-    const int64_t G = S / p, rows = B * G * G;
+    const int64_t G = p > 0 ? S / p : 0, rows = B * G * G;
     if (rows <= 0) return NULL;
     if (rows > INT32_MAX) return kiln_errorf(KILN_EINVAL, "%s: %lld patches (at most %d)", what, (long long)rows, INT32_MAX);
-    patchify_kernel<<<(unsigned)rows, 128, 0, (cudaStream_t)stream>>>((bf16 *)cols, pixels, G * G, (int)G, (int)S,
-                                                                      (int)p);
+    if (ld < 3 * p * p || ld > INT32_MAX)
+        return kiln_errorf(KILN_EINVAL, "%s: row stride %lld for %lld columns", what, (long long)ld, (long long)(3 * p * p));
+    patchify_kernel<<<(unsigned)rows, 128, 0, (cudaStream_t)stream>>>((bf16 *)cols, (int)ld, pixels, G * G, (int)G,
+                                                                      (int)S, (int)p);
     LAUNCH_CHECK(what);
 done:
     return err;
 }
 
-extern "C" kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S,
-                                                   int64_t p, void *stream) {
-    return patchify(cols, pixels, B, S, p, stream, "patchify (f32 pixels)");
+extern "C" kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, int64_t ld, const float *pixels, int64_t B,
+                                                   int64_t S, int64_t p, void *stream) {
+    return patchify(cols, ld, pixels, B, S, p, stream, "patchify (f32 pixels)");
 }
 
-extern "C" kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, const kiln_bf16 *pixels, int64_t B, int64_t S,
-                                               int64_t p, void *stream) {
-    return patchify(cols, (const bf16 *)pixels, B, S, p, stream, "patchify");
+extern "C" kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, int64_t ld, const kiln_bf16 *pixels, int64_t B,
+                                               int64_t S, int64_t p, void *stream) {
+    return patchify(cols, ld, (const bf16 *)pixels, B, S, p, stream, "patchify");
 }
 
 // x [B, 1+G2, H] = [class; patches] + positions, in the residual stream's type X (one rounding when bf16); one

@@ -47,8 +47,8 @@ kiln_error *kiln_clip_attention_cls_cuda(kiln_bf16 *out, const kiln_bf16 *q, con
                                          int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride,
                                          int64_t out_stride, float scale, void *stream);
 /* kiln_clip_patchify_cuda from f32 pixels [B,3,S,S] (rounded to bf16 on the device) */
-kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, const float *pixels, int64_t B, int64_t S, int64_t p,
-                                        void *stream);
+kiln_error *kiln_clip_patchify_f32_cuda(kiln_bf16 *cols, int64_t ld, const float *pixels, int64_t B, int64_t S,
+                                        int64_t p, void *stream);
 
 #ifdef __cplusplus
 }

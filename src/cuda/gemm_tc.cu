@@ -177,8 +177,9 @@ __device__ __forceinline__ float quick_gelu(float v) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-2.4554670f * v));
     return __fdividef(v, 1.0f + e);
 }
-// KILN_GEMM_TC_QGELU=tanh: v/2 (1 + tanh(0.851 v)), one MUFU operation (tanh.approx: ~5e-4 absolute in the
-// sigmoid, so ~1e-3 absolute at v ~ -4 where the exact value is ~-0.005)
+// The default formula (KILN_GEMM_TC_QGELU=tanh; =exact picks the one above): v/2 (1 + tanh(0.851 v)), the same
+// function, one MUFU operation (tanh.approx: ~5e-4 absolute in the sigmoid, so ~1e-3 absolute at v ~ -4 where the
+// exact value is ~-0.005)
 __device__ __forceinline__ float quick_gelu_tanh(float v) {
     float t;
     asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.851f * v));
@@ -250,7 +251,7 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
 // in f32, one rounding) in `held` registers, and the next tile's k blocks apply quick_gelu to them and store them, an
 // NCH-th after each block's wgmma group is issued (two groups queued under it); exposed stay the bias add and the
 // packing (~200 instructions a thread). quick_gelu then reads the bf16-rounded pre-activation (two roundings: bit for
-// bit cuBLASLt + kiln's pass in r32 with the exact formula; KILN_GEMM_TC_QGELU picks another). The last tile's are
+// bit cuBLASLt + kiln's pass in r32 with the exact formula; KILN_GEMM_TC_QGELU picks the formula). The last tile's are
 // stored after the loop. r32 (N 4096, K 1024): with the bias 512 -> 671 TFLOP/s alone and 529 -> 683 in pairs (M
 // 16448); with quick_gelu only 545 / 540. Session 11 (r3, Nsight Compute on the pair tile at M 32896): the chunk ran
 // after wait<1>, under one queued group; the chunk bounds took a runtime integer division every k block; and the drain,
@@ -622,14 +623,17 @@ kiln_gemm_tc_tile auto_tile(int64_t N, kiln_gemm_tc_epilogue epi) {
     return N % tile_cols(t) ? KILN_GEMM_TC_TILE_PP_128x128 : t;
 }
 
-// KILN_GEMM_TC_QGELU=tanh: quick_gelu's formula in the epilogue (an experiment: exact, the default, is ex2 + rcp on
-// the MUFU; tanh one MUFU operation). Session 11 r5, the deferred pair tile at M 32896, N 4096: exact 656, tanh 689
-// TFLOP/s, L/14's tower +1%; session 12 r2: +0% in the tower (3,401 / 3,389 against 3,390 / 3,400 img/s), its
-// embeddings as close to fp32 as the exact formula's (L/14 1.22e-2 against 1.14e-2, B/32 9.17e-3 against 9.73e-3;
-// session 10's ping-pong tile with tanh on the f32 accumulators: B/32 1.17e-2, above the peer's 1.02e-2).
+// quick_gelu's formula in the epilogue: tanh (one MUFU operation), the default since session 17, or
+// KILN_GEMM_TC_QGELU=exact (ex2 + rcp on the MUFU). The deferred pair tile at M 32896, N 4096: exact 656-660, tanh
+// 689-692 TFLOP/s (sessions 11, 17). L/14's tower, alternating on one lease: +1% (session 11), +0% (12), +0.6-0.9%
+// (14), +1.3% and +1.4% (17: 3,459 against 3,415 and 3,366 against 3,319 img/s, three rounds each). Embeddings
+// against fp32: L/14 1.22e-2 against the exact formula's 1.14e-2, B/32 9.17e-3 against 9.73e-3, both below the
+// peer's bf16 (1.36e-2, 1.02e-2). Session 10's ping-pong tile with tanh on the f32 accumulators (not a default tile
+// any more) gave B/32 1.17e-2. A bf16x2 tanh on the held pairs (session 17, `tanh2`: four instructions a pair)
+// was no faster (661 TFLOP/s, the held kernels spilled) and 1.9x over the kernel tests' tolerance: not kept.
 int qmode_env(void) {
     const char *e = getenv("KILN_GEMM_TC_QGELU");
-    return e && !strcmp(e, "tanh");
+    return !(e && !strcmp(e, "exact"));
 }
 
 } // namespace

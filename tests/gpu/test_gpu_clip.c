@@ -8,6 +8,7 @@
  * embeddings are compared by cosine similarity per row (>= 0.998) and max |difference| (<= 4e-2 on unit
  * vectors); the class-rows-only last layer against the full one on the GPU closer (>= 0.9995, <= 2e-2). With KILN_CUDNN_LIB set (the GPU machine's build script sets it) cuDNN must run every
  * attention call whose head dim it takes (64 in the shaped towers). */
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -149,35 +150,40 @@ TEST(gpu_clip_assemble_f32_and_bf16) {
 }
 
 /* the patch im2col from f32 and bf16 pixels against a CPU loop in the weight's [c][ky][kx] order: exact (one
- * rounding to bf16 of each pixel), at B/32's, L/14's and B/16's patch sizes and an odd one */
+ * rounding to bf16 of each pixel), at B/32's, L/14's and B/16's patch sizes and an odd one, rows padded to 16
+ * columns with zeros (as the tower runs them) and a wider stride (the pad columns start as NaN) */
 TEST(gpu_clip_patchify_f32_and_bf16) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 29);
     const int64_t shapes[][3] = {{2, 64, 32}, {3, 56, 14}, {2, 48, 16}, {5, 21, 7}}; /* B, S, p */
-    for (int c = 0; c < 4; c++) {
-        const int64_t B = shapes[c][0], S = shapes[c][1], p = shapes[c][2], G = S / p, K = 3 * p * p, n = B * G * G * K;
-        float *px = gt_rand(&rng, B * 3 * S * S, 2.0f), *ref = malloc(sizeof(float) * n);
+    for (int c = 0; c < 8; c++) {
+        const int64_t B = shapes[c / 2][0], S = shapes[c / 2][1], p = shapes[c / 2][2], G = S / p, K = 3 * p * p,
+                      ld = c % 2 ? K + 24 : (K + 15) / 16 * 16, n = B * G * G * ld;
+        float *px = gt_rand(&rng, B * 3 * S * S, 2.0f), *ref = calloc((size_t)n, sizeof(float));
         for (int64_t b = 0; b < B; b++)
             for (int64_t g = 0; g < G * G; g++)
                 for (int64_t k = 0; k < K; k++) {
                     const int64_t ch = k / (p * p), ky = k / p % p, kx = k % p;
                     const float v = px[((b * 3 + ch) * S + g / G * p + ky) * S + g % G * p + kx];
-                    ref[(b * G * G + g) * K + k] = kiln_bf16_to_f32(kiln_f32_to_bf16(v));
+                    ref[(b * G * G + g) * ld + k] = kiln_bf16_to_f32(kiln_f32_to_bf16(v));
                 }
         float *dpx = gt_up_f32(px, B * 3 * S * S);
         kiln_bf16 *dpx16 = gt_up_bf16(px, B * 3 * S * S), *dcols = gt_dev((size_t)n * 2);
-        CHECK_OK(kiln_clip_patchify_f32_cuda(dcols, dpx, B, S, p, NULL));
+        CHECK(cudaMemset(dcols, 0xFF, (size_t)n * 2) == cudaSuccess); /* NaN: the pad columns must be written */
+        CHECK_OK(kiln_clip_patchify_f32_cuda(dcols, ld, dpx, B, S, p, NULL));
         float *g32 = gt_down_bf16(dcols, n);
-        CHECK_OK(kiln_clip_patchify_cuda(dcols, dpx16, B, S, p, NULL));
+        CHECK(cudaMemset(dcols, 0xFF, (size_t)n * 2) == cudaSuccess);
+        CHECK_OK(kiln_clip_patchify_cuda(dcols, ld, dpx16, B, S, p, NULL));
         float *g16 = gt_down_bf16(dcols, n);
-        char name[64];
-        snprintf(name, sizeof name, "patchify f32 S=%lld p=%lld", (long long)S, (long long)p);
+        char name[80];
+        snprintf(name, sizeof name, "patchify f32 S=%lld p=%lld ld=%lld", (long long)S, (long long)p, (long long)ld);
         GT_CLOSE(name, g32, ref, n, 0);
-        snprintf(name, sizeof name, "patchify bf16 S=%lld p=%lld", (long long)S, (long long)p);
+        snprintf(name, sizeof name, "patchify bf16 S=%lld p=%lld ld=%lld", (long long)S, (long long)p, (long long)ld);
         GT_CLOSE(name, g16, ref, n, 0);
         kiln_cuda_free(dpx), kiln_cuda_free(dpx16), kiln_cuda_free(dcols);
         free(px), free(ref), free(g32), free(g16);
     }
+    CHECK_ERR(kiln_clip_patchify_cuda(NULL, 3 * 14 * 14 - 1, NULL, 1, 28, 14, NULL), "row stride");
 }
 
 /* whether cuDNN must have run: the GPU machine's build script points KILN_CUDNN_LIB at the library */

@@ -211,7 +211,7 @@ TEST(gpu_gemm_tc_rejects_bad_arguments) {
 typedef struct {
     int tile;          /* a kiln_gemm_tc_tile, or -1 for cuBLASLt */
     int act;
-    const char *qgelu; /* KILN_GEMM_TC_QGELU for this variant (NULL: unset, the exact formula) */
+    const char *qgelu; /* KILN_GEMM_TC_QGELU for this variant (NULL: unset, the default tanh formula) */
 } timing_variant;
 
 /* M rows (32896: 128 images; CLIP runs 128 images as two chunks of 64, 16448 rows), the first nn of the widths */
@@ -401,9 +401,9 @@ TEST(gpu_gemm_tc_deferred) {
     run_suite(&su);
 }
 
-/* KILN_GEMM_TC_QGELU=tanh, quick_gelu's cheaper formula (r27: in 2-CTA clusters the exact formula's epilogue was
- * no longer hidden under the other warpgroup's MMAs): the same tolerance against the CPU's exact quick_gelu, and
- * the timing beside the exact one */
+/* quick_gelu's two formulas (tanh, the default since session 17, and KILN_GEMM_TC_QGELU=exact; r27: in 2-CTA
+ * clusters the exact formula's epilogue was no longer hidden under the other warpgroup's MMAs): each under the same
+ * tolerance against the CPU's exact quick_gelu, and their timings side by side */
 static const gemm_case qgelu_cases[] = {
     {771, 1024, 1024, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 0, KILN_GEMM_TC_TILE_PP_128x128},
     {4000, 2048, 256, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_PP_128x128_C2},
@@ -411,14 +411,17 @@ static const gemm_case qgelu_cases[] = {
     {1000, 1536, 4096, 0, 0, KILN_GEMM_TC_BIAS_QUICK_GELU, 1, KILN_GEMM_TC_TILE_128x256_C2_D},
 };
 static const timing_variant qgelu_variants[] = {
-    {KILN_GEMM_TC_TILE_PP_128x128, 1, NULL},    {KILN_GEMM_TC_TILE_PP_128x128, 1, "tanh"},
-    {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, NULL}, {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "tanh"},
-    {KILN_GEMM_TC_TILE_128x256_C2_D, 1, NULL},  {KILN_GEMM_TC_TILE_128x256_C2_D, 1, "tanh"},
+    {KILN_GEMM_TC_TILE_PP_128x128, 1, "exact"},    {KILN_GEMM_TC_TILE_PP_128x128, 1, "tanh"},
+    {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "exact"}, {KILN_GEMM_TC_TILE_PP_128x128_C2, 1, "tanh"},
+    {KILN_GEMM_TC_TILE_128x256_C2_D, 1, "exact"},  {KILN_GEMM_TC_TILE_128x256_C2_D, 1, "tanh"},
 };
 TEST(gpu_gemm_tc_qgelu_formulas) {
-    printf("    KILN_GEMM_TC_QGELU=tanh\n");
-    setenv("KILN_GEMM_TC_QGELU", "tanh", 1);
-    run_cases(qgelu_cases, sizeof qgelu_cases / sizeof qgelu_cases[0], 98);
+    static const char *const formulas[] = {"tanh", "exact"};
+    for (int f = 0; f < 2; f++) {
+        printf("    KILN_GEMM_TC_QGELU=%s\n", formulas[f]);
+        setenv("KILN_GEMM_TC_QGELU", formulas[f], 1);
+        run_cases(qgelu_cases, sizeof qgelu_cases / sizeof qgelu_cases[0], 98 + f);
+    }
     unsetenv("KILN_GEMM_TC_QGELU");
     time_variants(qgelu_variants, sizeof qgelu_variants / sizeof qgelu_variants[0], 1);
 }
