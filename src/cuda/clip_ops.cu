@@ -404,9 +404,9 @@ done:
 // cols [B*G*G, 3*p*p] (rows ld apart, the columns past 3*p*p zeroed) from pixels [B,3,S,S] (bf16, or f32 rounded
 // to bf16 here): the conv's im2col in the weight's [c][ky][kx] order. Why ld: L/14's 588 columns make rows
 // 1,176 bytes apart, off the 16-byte alignment cuBLASLt's fast kernels need (the patch GEMM ran at 176 TFLOP/s,
-// session 15); the tower pads them to 592. One block a patch, 32-bit index math per element: an element-wise grid spent its
-// time in 64-bit divisions (the tower's whole patch embedding, these kernels with the patch GEMM and the
-// pre-layernorm, took 0.70 ms per 128 L/14 images, several times what its bytes and FLOPs need).
+// session 15); the tower pads them to 592. One block a patch, 32-bit index math per element: an element-wise
+// grid spent its time in 64-bit divisions (the tower's whole patch embedding, these kernels with the patch GEMM
+// and the pre-layernorm, took 0.70 ms per 128 L/14 images, several times what its bytes and FLOPs need).
 template <typename P>
 static __global__ void patchify_kernel(bf16 *cols, int lda, const P *px, int64_t G2, int G, int S, int p) {
     const int64_t row = blockIdx.x, b = row / G2;
