@@ -12,6 +12,7 @@
 #include "kiln/json.h"
 #include "kiln/log.h"
 #include "kiln/progress.h"
+#include "kiln/tune_cache.h"
 #include "test.h"
 
 
@@ -254,6 +255,98 @@ static int count_str(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
     return n;
+}
+
+TEST(fs_mkdirs_makes_parents) {
+    const char *dir = test_tmpdir();
+    struct stat sb;
+    CHECK_OK(kiln_mkdirs(test_join(dir, "a/b//c/")));
+    CHECK(stat(test_join(dir, "a/b/c"), &sb) == 0 && S_ISDIR(sb.st_mode));
+    CHECK_OK(kiln_mkdirs(test_join(dir, "a/b/c"))); /* existing: fine */
+    put(test_join(dir, "file"), "x");
+    CHECK_ERR(kiln_mkdirs(test_join(dir, "file/d")), "file/d: cannot create");
+    CHECK_ERR(kiln_mkdirs(""), "empty directory name");
+    char *got = NULL;
+    size_t n = 0;
+    kiln_error *e = kiln_read_file(test_join(dir, "nope"), &got, &n);
+    CHECK(e && kiln_error_code(e) == KILN_ENOTFOUND);
+    kiln_error_free(e);
+}
+
+/* ---- the tuning cache ---- */
+
+static long cache_get(const char *path, const char *key, int *found) {
+    long v = -12345;
+    CHECK_OK(kiln_tune_cache_get(path, key, &v, found));
+    return v;
+}
+
+TEST(tune_cache_stores_replaces_and_keeps_order) {
+    const char *path = test_join(test_tmpdir(), "t.txt");
+    int found = 1;
+    cache_get(path, "a", &found);
+    CHECK(!found); /* no file yet: not an error */
+    CHECK_OK(kiln_tune_cache_put(path, "a|1 2 3", 1));
+    CHECK_OK(kiln_tune_cache_put(path, "b|H200 lt 130000", 2));
+    CHECK_OK(kiln_tune_cache_put(path, "a|1 2 3", -3)); /* replaced, moved last */
+    CHECK(cache_get(path, "a|1 2 3", &found) == -3 && found);
+    CHECK(cache_get(path, "b|H200 lt 130000", &found) == 2 && found);
+    cache_get(path, "a|1 2", &found); /* a prefix of a key is another key */
+    CHECK(!found);
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(path, &text, &n));
+    CHECK_MSG(text && !strcmp(text, "b|H200 lt 130000\t2\na|1 2 3\t-3\n"), "file: [%s]", text ? text : "");
+    free(text);
+}
+
+TEST(tune_cache_skips_damaged_lines) {
+    const char *path = test_join(test_tmpdir(), "t.txt");
+    put(path, "garbage without a tab\nk\tnot a number\nk\t7\n\tno key 3\nz\t12x\nother\t5");
+    int found = 0;
+    CHECK(cache_get(path, "k", &found) == 7 && found);
+    CHECK(cache_get(path, "other", &found) == 5 && found); /* the last line without its newline */
+    cache_get(path, "z", &found);
+    CHECK(!found);
+    CHECK_OK(kiln_tune_cache_put(path, "new", 9)); /* the store drops what does not parse */
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(path, &text, &n));
+    CHECK_MSG(text && !strcmp(text, "k\t7\nother\t5\nnew\t9\n"), "file: [%s]", text ? text : "");
+    free(text);
+    CHECK_ERR(kiln_tune_cache_put(path, "a\tb", 1), "tab or a line break");
+    CHECK_ERR(kiln_tune_cache_put(path, "", 1), "empty key");
+    long v = 0;
+    CHECK_ERR(kiln_tune_cache_get(test_tmpdir(), "k", &v, &found), "Is a directory");
+}
+
+TEST(tune_cache_path_from_the_environment) {
+    const char *dir = test_tmpdir();
+    char *saved[3] = {NULL, NULL, NULL};
+    const char *names[3] = {"KILN_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+    for (int i = 0; i < 3; i++)
+        if (getenv(names[i])) saved[i] = strdup(getenv(names[i]));
+    char *p = NULL;
+    struct stat sb;
+    setenv("KILN_CACHE_DIR", test_join(dir, "k/c"), 1);
+    CHECK_OK(kiln_tune_cache_path("f.txt", &p));
+    CHECK(p && !strcmp(p, test_join(dir, "k/c/f.txt")) && stat(test_join(dir, "k/c"), &sb) == 0);
+    free(p);
+    unsetenv("KILN_CACHE_DIR");
+    setenv("XDG_CACHE_HOME", test_join(dir, "x"), 1);
+    CHECK_OK(kiln_tune_cache_path("f.txt", &p));
+    CHECK(p && !strcmp(p, test_join(dir, "x/kiln/f.txt")));
+    free(p);
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", test_join(dir, "h"), 1);
+    CHECK_OK(kiln_tune_cache_path("f.txt", &p));
+    CHECK(p && !strcmp(p, test_join(dir, "h/.cache/kiln/f.txt")));
+    free(p);
+    unsetenv("HOME");
+    CHECK_ERR(kiln_tune_cache_path("f.txt", &p), "none of KILN_CACHE_DIR");
+    CHECK(p == NULL);
+    for (int i = 0; i < 3; i++)
+        if (saved[i]) setenv(names[i], saved[i], 1), free(saved[i]);
 }
 
 TEST(log_levels_and_tags) {

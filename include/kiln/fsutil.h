@@ -23,7 +23,8 @@ extern "C" {
 
 /* Read a whole file into a malloc'd buffer. *data gets one extra NUL byte
  * after the contents (not counted in *len) so text can be used as a C string.
- * On error *data is NULL and *len is 0. Free *data with free(). */
+ * On error *data is NULL and *len is 0 (KILN_ENOTFOUND when the file does not
+ * exist). Free *data with free(). */
 kiln_error *kiln_read_file(const char *path, char **data, size_t *len);
 
 /* Open path read-only for mapping; it must be a regular file. *fd gets the open
@@ -44,6 +45,8 @@ char *kiln_path_join(const char *dir, const char *name);
 
 /* Create one directory level (an existing one is fine). */
 kiln_error *kiln_mkdir(const char *path);
+/* Create a directory and its missing parents (mkdir -p). */
+kiln_error *kiln_mkdirs(const char *path);
 /* fsync a file or a directory by name (a directory: so that renames inside it are durable). */
 kiln_error *kiln_fsync_path(const char *path);
 /* Remove a file or a directory tree, best effort (temporary and rejected checkpoint directories). */

@@ -21,7 +21,8 @@ kiln_error *kiln_read_file(const char *path, char **data, size_t *len) {
     *data = NULL;
     *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0)
+        return kiln_errorf(errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
     /* The size from fstat is only a first guess: read until EOF so that files
      * that change size under us, and pipes or /proc files (size 0), work. */
     struct stat sb;
@@ -356,6 +357,22 @@ kiln_error *kiln_write_file_atomic(const char *path, const void *data, size_t le
 kiln_error *kiln_mkdir(const char *path) {
     if (mkdir(path, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
     return NULL;
+}
+
+kiln_error *kiln_mkdirs(const char *path) {
+    char *p = strdup(path ? path : "");
+    kiln_error *e = NULL;
+    if (!p) return kiln_errorf(KILN_ENOMEM, "%s: out of memory", path);
+    if (!*p) e = kiln_errorf(KILN_EINVAL, "an empty directory name");
+    for (char *s = p + 1; !e && *s; s++) /* each parent, then the whole path */
+        if (*s == '/' && s[-1] != '/') {
+            *s = 0;
+            e = kiln_mkdir(p);
+            *s = '/';
+        }
+    if (!e) e = kiln_mkdir(p);
+    free(p);
+    return e;
 }
 
 kiln_error *kiln_fsync_path(const char *path) {

@@ -10,10 +10,11 @@
 // first 16 candidates once per plan (on the call's inputs, into a scratch output: 3 calls each) and keeps the
 // fastest; KILN_CLIP_GEMM_TUNE=sustained times each for ~0.2 s instead, long enough for a power-capped GPU to
 // settle at the clock that candidate's power draw allows (a tower's steady state), so the pick is the one with
-// the most FLOPs per joule there; KILN_CLIP_GEMM_TUNE_LOG=1 prints every candidate's time to stderr.
-// Off by default: two processes may then pick different algorithms (last-bit differences), and neither paid on
-// the H200 (session 15, docs/perf.md: the heuristic's first pick was the fastest sustained for qkv and fc2; the
-// out projection's best ran 7% faster alone and left the tower's rate unchanged).
+// the most FLOPs per joule there; KILN_CLIP_GEMM_TUNE_LOG=1 prints every candidate's time to stderr;
+// KILN_CLIP_GEMM_TUNE=cached makes the sustained pick of each large shape once per machine and keeps it in the
+// tuning cache (cplan_cached). Off by default: timed picks may differ between processes (last-bit differences)
+// and cost ~8 s at a process's first L/14 call; session 15 saw no gain in the tower, session 17 +0.5% (3,371
+// against 3,353 img/s, docs/perf.md).
 #include <cuda_bf16.h>
 #include <math.h>
 #include <pthread.h>
@@ -24,6 +25,8 @@
 #include "cuda_check.h"
 #include "gemm_lt.h"
 #include "gemm_tc.h"
+#include "kiln/log.h"
+#include "kiln/tune_cache.h"
 
 namespace {
 
@@ -106,15 +109,16 @@ done:
     return err;
 }
 
-// 0 off, 1 a few calls a candidate, 2 sustained
+// 0 off, 1 a few calls a candidate, 2 sustained, 3 cached (cplan_cached)
 int tune_on(void) {
     const char *e = getenv("KILN_CLIP_GEMM_TUNE");
-    return !(e && *e && strcmp(e, "0")) ? 0 : !strcmp(e, "sustained") ? 2 : 1;
+    return !(e && *e && strcmp(e, "0")) ? 0 : !strcmp(e, "sustained") ? 2 : !strcmp(e, "cached") ? 3 : 1;
 }
 
 // the fastest candidate on this call's inputs: 1 warm-up + 3 timed runs each (sustained: ~0.2 s at 600
 // TFLOP/s) into a scratch output (so an accumulating call's y is untouched); a candidate that fails is skipped
-kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void *bias, void *ws, cudaStream_t st) {
+kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void *bias, void *ws, cudaStream_t st,
+                       int sustained) {
     kiln_error *err = NULL;
     void *ys = NULL;
     p->tuned = 1;
@@ -123,12 +127,69 @@ kiln_error *cplan_tune(kiln_lt_plan *p, const void *w, const void *x, const void
     if (bias && p->user && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
     {
         const double flop = 2.0 * (double)p->key.m * (double)p->key.n * (double)p->key.k;
-        const int calls = tune_on() == 2 ? (int)fmin(20000.0, fmax(3.0, 0.2 * 600e12 / flop)) : 3;
+        const int calls = sustained ? (int)fmin(20000.0, fmax(3.0, 0.2 * 600e12 / flop)) : 3;
         const char *lg = getenv("KILN_CLIP_GEMM_TUNE_LOG");
         err = kiln_lt_plan_tune_n(p, ys, x, w, 0.0f, ws, CWS_BYTES, st, calls, lg && *lg && strcmp(lg, "0") ? stderr : NULL);
     }
 done:
     if (ys) cudaFree(ys);
+    return err;
+}
+
+// The tuning cache's key of a plan: this GPU (name, SMs, compute capability), cuBLASLt's version and everything
+// the heuristic's candidate list depends on (the plan's key; the workspace is always CWS_BYTES), with the list's
+// length. The value is the index of the sustained pick in that list.
+void cache_key(const kiln_lt_plan *p, char *key, size_t cap) {
+    cudaDeviceProp prop;
+    int dev = 0;
+    memset(&prop, 0, sizeof prop);
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) cudaGetLastError();
+    for (char *s = prop.name; *s; s++)
+        if (*s == '\t' || *s == '\n' || *s == '|') *s = ' ';
+    const kiln_lt_key *k = &p->key;
+    snprintf(key, cap, "clip_gemm 1|%s|%d SMs|sm_%d%d|cublasLt %zu|%lld %lld %lld %d %d %d %d %d %u %u %u|%d", prop.name,
+             prop.multiProcessorCount, prop.major, prop.minor, cublasLtGetVersion(), (long long)k->m, (long long)k->n,
+             (long long)k->k, k->ta, k->tb, k->c_f32, k->bias, k->tag, k->align[0], k->align[1], k->align[2], p->ncand);
+}
+
+void cache_warn(kiln_error *e) {
+    static int warned;
+    if (!warned) {
+        warned = 1;
+        kiln_log(KILN_LOG_WARN, "CLIP GEMM tuning cache: %s (the picks are timed again)", kiln_error_msg(e));
+    }
+    kiln_error_free(e);
+}
+
+// KILN_CLIP_GEMM_TUNE=cached: a large shape's sustained pick (>= 1e10 FLOP a call: L/14's and B/32's chunks), made
+// once per machine and kept in the tuning cache (include/kiln/tune_cache.h, file clip_gemm_tune.txt), so later
+// processes skip the ~0.2 s a candidate and make the same pick (the same bits); smaller shapes keep the
+// heuristic's first. A cache that cannot be read or written costs a warning and the timing, never the call.
+kiln_error *cplan_cached(kiln_lt_plan *p, const void *w, const void *x, const void *bias, void *ws, cudaStream_t st) {
+    const double flop = 2.0 * (double)p->key.m * (double)p->key.n * (double)p->key.k;
+    char key[512], *path = NULL;
+    long idx = -1;
+    int found = 0;
+    kiln_error *err = NULL, *e;
+    p->tuned = 1;
+    if (p->ncand < 2 || flop < 1e10) return NULL;
+    cache_key(p, key, sizeof key);
+    e = kiln_tune_cache_path("clip_gemm_tune.txt", &path);
+    if (!e) e = kiln_tune_cache_get(path, key, &idx, &found);
+    if (e) cache_warn(e), found = 0;
+    if (found && idx >= 0 && idx < p->ncand) {
+        p->algo = p->cand[idx];
+        free(path);
+        return NULL;
+    }
+    kiln_log(KILN_LOG_INFO, "timing cuBLASLt's %d candidates for %lldx%lldx%lld on this GPU (once: kept in %s)", p->ncand,
+             (long long)p->key.m, (long long)p->key.n, (long long)p->key.k, path ? path : "no cache");
+    err = cplan_tune(p, w, x, bias, ws, st, 1);
+    idx = -1;
+    for (int i = 0; i < p->ncand && !err; i++)
+        if (!memcmp(&p->algo, &p->cand[i], sizeof p->algo)) idx = i;
+    if (!err && path && idx >= 0 && (e = kiln_tune_cache_put(path, key, idx))) cache_warn(e);
+    free(path);
     return err;
 }
 
@@ -194,7 +255,9 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
     pthread_mutex_lock(&c_lock);
     if ((err = cws_for(st, &ws))) goto done;
     if ((err = cplan_get(n, in, out, y_f32, bias != NULL, accumulate, al, &p))) goto done;
-    if (!p->tuned && tune_on() && (err = cplan_tune(p, w, x, bias, ws, st))) goto done;
+    if (!p->tuned && tune_on() &&
+        (err = tune_on() == 3 ? cplan_cached(p, w, x, bias, ws, st) : cplan_tune(p, w, x, bias, ws, st, tune_on() == 2)))
+        goto done;
     if (bias && p->user && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
     CUBLAS_TRY(kiln_lt_plan_run(p, NULL, y, x, w, beta, ws, CWS_BYTES, st));
     if (bias && !p->user) {

@@ -12,12 +12,15 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "clip_testutil.h"
 #include "cuda/clip_ops.h"
 #include "gpu_testutil.h"
 #include "kiln/clip.h"
+#include "kiln/fsutil.h"
 #include "kiln/nn.h"
+#include "kiln/tune_cache.h"
 
 TEST(gpu_clip_layernorm_and_attention_ops) {
     kiln_rng rng;
@@ -324,6 +327,83 @@ TEST(gpu_clip_attention_timing) {
         kiln_cuda_free(dq), kiln_cuda_free(dout);
         free(qkv);
     }
+}
+
+/* the line of the tuning cache whose key holds "|m 1024 1024 " (the plan's m n k), copied into line (its key
+ * only: up to the tab); 0 when there is none */
+static int cache_line(const char *path, int64_t m, char *line, size_t cap, long *value) {
+    char *text = NULL, want[64];
+    size_t len = 0;
+    int hit = 0;
+    snprintf(want, sizeof want, "|%lld 1024 1024 ", (long long)m);
+    if (kiln_read_file(path, &text, &len)) return 0;
+    for (char *l = text, *next; l && *l && !hit; l = next) {
+        next = strchr(l, '\n');
+        if (next) *next++ = 0;
+        char *tab = strchr(l, '\t');
+        if (tab && strstr(l, want) && (size_t)(tab - l) < cap) {
+            memcpy(line, l, (size_t)(tab - l)), line[tab - l] = 0;
+            *value = strtol(tab + 1, NULL, 10);
+            hit = 1;
+        }
+    }
+    free(text);
+    return hit;
+}
+
+/* KILN_CLIP_GEMM_TUNE=cached: a large shape (>= 1e10 FLOP) is timed once and its pick stored in the tuning cache
+ * (here under a fresh KILN_CACHE_DIR); a stored pick in range is used without timing or rewriting the file (same
+ * inode); one out of range is timed again and replaced. Every result against the CPU. */
+TEST(gpu_clip_linear_tuning_cache) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 31);
+    const int64_t in = 1024, out = 1024, rows[3] = {8192, 8320, 8448}, nmax = 8448;
+    float *x = gt_rand(&rng, nmax * in, 1.0f), *w = gt_rand(&rng, out * in, 0.05f), *b = gt_rand(&rng, out, 1.0f);
+    float *ref = malloc(sizeof(float) * nmax * out);
+    gt_round_bf16(x, nmax * in), gt_round_bf16(w, out * in), gt_round_bf16(b, out);
+    kiln_linear_forward(ref, x, w, b, nmax, in, out);
+    kiln_bf16 *dx = gt_up_bf16(x, nmax * in), *dw = gt_up_bf16(w, out * in), *db = gt_up_bf16(b, out);
+    kiln_bf16 *dy = gt_dev((size_t)(nmax * out) * 2);
+    const char *dir = test_join(test_tmpdir(), "cache"), *path = test_join(dir, "clip_gemm_tune.txt");
+    char pathbuf[1024], key[600], key2[600];
+    snprintf(pathbuf, sizeof pathbuf, "%s", path);
+    setenv("KILN_CACHE_DIR", dir, 1);
+    setenv("KILN_CLIP_GEMM_TUNE", "cached", 1);
+    long v = -1, v2 = -1;
+    struct stat s0, s1;
+    /* 1: timed and stored */
+    CHECK_OK(kiln_clip_linear_cuda(dy, 0, dx, dw, db, rows[0], in, out, 0, NULL));
+    float *got = gt_down_bf16(dy, rows[0] * out);
+    GT_CLOSE("linear, cached pick (timed)", got, ref, rows[0] * out, 1e-2);
+    free(got);
+    CHECK_MSG(cache_line(pathbuf, rows[0], key, sizeof key, &v) && v >= 0 && v < 16, "no valid line for m %lld in %s",
+              (long long)rows[0], pathbuf);
+    printf("    stored: %s -> candidate %ld\n", key, v);
+    /* 2: the next shape's key stored out of range, 3: a valid pick stored: the key of 1 with m replaced */
+    char *m0 = strstr(key, "|8192 1024 1024 ");
+    CHECK(m0 != NULL);
+    if (m0) {
+        for (int r = 1; r < 3; r++) {
+            snprintf(key2, sizeof key2, "%.*s|%lld%s", (int)(m0 - key), key, (long long)rows[r], m0 + 5);
+            CHECK_OK(kiln_tune_cache_put(pathbuf, key2, r == 1 ? 99 : v));
+        }
+        CHECK(stat(pathbuf, &s0) == 0);
+        CHECK_OK(kiln_clip_linear_cuda(dy, 0, dx, dw, db, rows[2], in, out, 0, NULL)); /* the stored pick */
+        CHECK(stat(pathbuf, &s1) == 0 && s1.st_ino == s0.st_ino);
+        got = gt_down_bf16(dy, rows[2] * out);
+        GT_CLOSE("linear, cached pick (read)", got, ref, rows[2] * out, 1e-2);
+        free(got);
+        CHECK_OK(kiln_clip_linear_cuda(dy, 0, dx, dw, db, rows[1], in, out, 0, NULL)); /* 99: timed again */
+        CHECK(cache_line(pathbuf, rows[1], key2, sizeof key2, &v2) && v2 >= 0 && v2 < 16);
+        CHECK(stat(pathbuf, &s1) == 0 && s1.st_ino != s0.st_ino);
+        got = gt_down_bf16(dy, rows[1] * out);
+        GT_CLOSE("linear, cached pick (re-timed)", got, ref, rows[1] * out, 1e-2);
+        free(got);
+    }
+    unsetenv("KILN_CLIP_GEMM_TUNE");
+    unsetenv("KILN_CACHE_DIR");
+    kiln_cuda_free(dx), kiln_cuda_free(dw), kiln_cuda_free(db), kiln_cuda_free(dy);
+    free(x), free(w), free(b), free(ref);
 }
 
 TEST(gpu_clip_linear_and_quick_gelu) {
