@@ -31,27 +31,32 @@ kiln_error *kiln_tune_cache_path(const char *name, char **path) {
     return e;
 }
 
-/* the value of a "key<TAB>value" line when the line is one (the line NUL-terminated, without its newline) */
-static int parse_line(const char *line, const char *key, long *value) {
-    const char *tab = strchr(line, '\t');
-    const size_t kl = strlen(key);
-    if (!tab || (size_t)(tab - line) != kl || memcmp(line, key, kl)) return 0;
-    char *end = NULL;
-    errno = 0;
-    const long v = strtol(tab + 1, &end, 10);
-    if (errno || end == tab + 1 || *end) return 0;
-    *value = v;
-    return 1;
-}
-
-/* whether a line has the cache's shape (key, tab, an integer): the lines a store keeps */
-static int well_formed(const char *line) {
+/* A "key<TAB>integer" line (NUL-terminated, without its newline): its key's length and value; 0 when the line is
+ * not one (no tab, an empty key, not an integer). */
+static int parse_line(const char *line, size_t *klen, long *value) {
     const char *tab = strchr(line, '\t');
     if (!tab || tab == line) return 0;
     char *end = NULL;
     errno = 0;
-    (void)strtol(tab + 1, &end, 10);
-    return !errno && end != tab + 1 && !*end;
+    const long v = strtol(tab + 1, &end, 10);
+    if (errno || end == tab + 1 || *end) return 0;
+    *klen = (size_t)(tab - line), *value = v;
+    return 1;
+}
+
+static int is_key(const char *line, size_t klen, const char *key) { return klen == strlen(key) && !memcmp(line, key, klen); }
+
+/* out[n..] = data[0..len), growing out */
+static kiln_error *append(char **out, size_t *n, size_t *cap, const char *data, size_t len) {
+    if (*n + len > *cap) {
+        const size_t c = 2 * (*n + len) + 256;
+        char *o = realloc(*out, c);
+        if (!o) return kiln_errorf(KILN_ENOMEM, "tuning cache: out of memory");
+        *out = o, *cap = c;
+    }
+    memcpy(*out + *n, data, len);
+    *n += len;
+    return NULL;
 }
 
 static kiln_error *read_text(const char *path, char **text, int *missing) {
@@ -76,46 +81,35 @@ kiln_error *kiln_tune_cache_get(const char *path, const char *key, long *value, 
     for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
+        size_t kl;
         long v;
-        if (parse_line(line, key, &v)) *value = v, *found = 1; /* the last line of a key wins */
+        if (parse_line(line, &kl, &v) && is_key(line, kl, key)) *value = v, *found = 1; /* the last line of a key wins */
     }
     free(text);
     return NULL;
 }
 
 kiln_error *kiln_tune_cache_put(const char *path, const char *key, long value) {
-    char *text = NULL, *out = NULL;
+    char *text = NULL, *out = NULL, mine[32];
     int missing = 0;
     size_t n = 0, cap = 0;
     kiln_error *e = check_key(key);
     if (!e) e = read_text(path, &text, &missing);
-    if (e) return kiln_error_wrap(e, "tuning cache %s", path);
-    char mine[64];
-    snprintf(mine, sizeof mine, "\t%ld\n", value);
     /* the other keys' well-formed lines in their order, then this key's */
-    for (char *line = text, *next; line && *line && !e; line = next) {
+    for (char *line = text, *next; !e && line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
+        size_t kl;
         long v;
-        if (!well_formed(line) || parse_line(line, key, &v)) continue;
-        const size_t l = strlen(line) + 1;
-        if (n + l + 1 > cap) {
-            char *o = realloc(out, cap = 2 * (n + l) + 256);
-            if (!o) e = kiln_errorf(KILN_ENOMEM, "tuning cache %s: out of memory", path);
-            else out = o;
-        }
-        if (!e) memcpy(out + n, line, l - 1), out[n + l - 1] = '\n', n += l;
+        if (!parse_line(line, &kl, &v) || is_key(line, kl, key)) continue;
+        const size_t l = strlen(line);
+        line[l] = '\n'; /* back over the NUL (the last line's is read_file's extra byte) */
+        e = append(&out, &n, &cap, line, l + 1);
     }
-    const size_t kl = strlen(key), ml = strlen(mine);
-    if (!e && n + kl + ml + 1 > cap) {
-        char *o = realloc(out, cap = n + kl + ml + 1);
-        if (!o) e = kiln_errorf(KILN_ENOMEM, "tuning cache %s: out of memory", path);
-        else out = o;
-    }
-    if (!e) {
-        memcpy(out + n, key, kl), memcpy(out + n + kl, mine, ml), n += kl + ml;
-        e = kiln_write_file_atomic(path, out, n);
-    }
+    snprintf(mine, sizeof mine, "\t%ld\n", value);
+    if (!e) e = append(&out, &n, &cap, key, strlen(key));
+    if (!e) e = append(&out, &n, &cap, mine, strlen(mine));
+    if (!e) e = kiln_write_file_atomic(path, out, n);
     free(text);
     free(out);
     return e;

@@ -252,11 +252,12 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
                    : NULL;
     }
     void *ws = NULL;
+    int tm;
     pthread_mutex_lock(&c_lock);
     if ((err = cws_for(st, &ws))) goto done;
     if ((err = cplan_get(n, in, out, y_f32, bias != NULL, accumulate, al, &p))) goto done;
-    if (!p->tuned && tune_on() &&
-        (err = tune_on() == 3 ? cplan_cached(p, w, x, bias, ws, st) : cplan_tune(p, w, x, bias, ws, st, tune_on() == 2)))
+    if (!p->tuned && (tm = tune_on()) &&
+        (err = tm == 3 ? cplan_cached(p, w, x, bias, ws, st) : cplan_tune(p, w, x, bias, ws, st, tm == 2)))
         goto done;
     if (bias && p->user && (err = kiln_lt_plan_set_bias(p, bias))) goto done;
     CUBLAS_TRY(kiln_lt_plan_run(p, NULL, y, x, w, beta, ws, CWS_BYTES, st));
