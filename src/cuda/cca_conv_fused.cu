@@ -788,8 +788,6 @@ static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t
     return NULL;
 }
 
-// KILN_CCA_TILE=64 keeps heads of 128 channels on grp_kernel's 64 x 64 tiles (a comparison; grp128_kernel
-// otherwise)
 // The grouped GEMMs' weight: hi + lo by default (~16 significant bits); KILN_CCA_W1=bf16 multiplies w1's bf16
 // rounding alone, as every other GEMM weight of the model and the reference's autocast conv1d do: half the MMAs
 // and weight loads (fwd 200 -> 164 us, bwd 403 -> 363 us a call at issue [cuda]'s shape; 0.5 ms of a training
@@ -800,6 +798,8 @@ static int w1_lo(void) {
     return !(e && !strcmp(e, "bf16"));
 }
 
+// KILN_CCA_TILE=64 keeps heads of 128 channels on grp_kernel's 64 x 64 tiles (a comparison; grp128_kernel
+// otherwise)
 static int use_tile128(int64_t cg) {
     const char *e = getenv("KILN_CCA_TILE");
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
