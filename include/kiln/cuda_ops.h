@@ -82,6 +82,9 @@ typedef struct {
                    * scratch, xe or act (KILN_EXPERTS_DW_DEFER=0 overrides: joined as before) */
     int dx_write; /* 1: the backward WRITES dx (=) instead of adding to it, so the caller need not zero it first
                    * (the trainer: the experts are the first writer of their input's gradient) */
+    int dw_bf16;  /* 1 (needs dw_write): dwgu/dwdn are bf16 arrays, each weight gradient rounded to bf16 once as
+                   * the GEMM writes it, as the reference's autocast rounds the gradient of its bf16 weight copy
+                   * (half the bytes for the GEMM's write and for every later read: norm, optimizer) */
 } kiln_experts_cuda_scratch;
 /* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
  * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
@@ -102,8 +105,8 @@ kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const ki
                                       const kiln_bf16 *wdn, void *stream);
 /* As kiln_experts_backward after kiln_experts_forward_cuda on the same x: dx [N,H] += (f32; = when w->dx_write); dgate [N*top]
  * = (f32, 0 for skipped slots); dwgu [E,2I,H], dwdn [E,H,I] += (f32 master gradients, grouped GEMMs with
- * f32 output; = when w->dw_write). dout [N,H] f32. */
-kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu, float *dwdn,
+ * f32 output; = when w->dw_write; bf16 and = when w->dw_bf16). dout [N,H] f32. */
+kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, void *dwgu, void *dwdn,
                                        const float *dout, const kiln_bf16 *wgu, const kiln_bf16 *wdn,
                                        kiln_experts_cuda_scratch *w, void *stream);
 /* the stream waits for the weight gradients a dw_defer backward left running (a no-op when none are) */
@@ -325,10 +328,13 @@ kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *state, int64_t
  * w, g and w_bf16, and its state (m then v) at element offset soff of state. create uploads the table once
  * (and a work list of fixed chunks); step runs kiln_adamw_step_cuda's arithmetic on every tensor with the
  * gradient multiplied by gscale in f32 first (g itself is only read). keep_g: a zeroing step (zero_g below)
- * leaves this tensor's gradient as it is (its next writer overwrites it: the experts' weights). */
+ * leaves this tensor's gradient as it is (its next writer overwrites it: the experts' weights). g_bf16 (needs
+ * keep_g and off a multiple of 4): the tensor's gradient is n bf16 values from bf16 element 2 off of g, the first
+ * half of its f32 slot (the experts' bf16 weight gradients, kiln_experts_cuda_scratch.dw_bf16): the same update as
+ * an f32 gradient holding those values, to the bit. */
 typedef struct {
     int64_t off, soff, n;
-    int decay, keep_g;
+    int decay, keep_g, g_bf16;
 } kiln_adamw_tensor;
 typedef struct kiln_adamw_multi kiln_adamw_multi;
 kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int count, kiln_adamw_multi **out);
@@ -438,6 +444,19 @@ kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, i
 /* x *= s (n floats); out (device, one double) = sum of x^2 in f64, a fixed-order reduction */
 kiln_error *kiln_zaya_scale_cuda(float *x, int64_t n, float s, void *stream);
 kiln_error *kiln_zaya_sumsq_cuda(double *out, const float *x, int64_t n, void *stream);
+/* The sum of squares (f64, a fixed-order reduction) of a buffer in segments, some f32, some bf16 (the trainer's
+ * gradient with the experts' bf16 weight gradients): segment k is n elements from float offset off of x, read as
+ * floats, or (bf16) as the bf16 array that starts there. create uploads a fixed work list (chunks of 2^18
+ * elements); run writes the sum to out (device, one double): the same bits every run. One run at a time a plan
+ * (its partials are its own). */
+typedef struct {
+    int64_t off, n;
+    int bf16;
+} kiln_sumsq_seg;
+typedef struct kiln_sumsq_plan kiln_sumsq_plan;
+kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int count, kiln_sumsq_plan **out);
+void kiln_sumsq_plan_free(kiln_sumsq_plan *p);
+kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const float *x, void *stream);
 /* Muon's Newton-Schulz iteration on `mats` f32 matrices x [mats, rows, cols] in place, as
  * kiln_newton_schulz (normalisation included), through strided-batched GEMMs (the Gram matrix on the short
  * side, no transposes) in `prec`: KILN_NS_FP32 strict f32 cuBLAS (the CPU's arithmetic), KILN_NS_TF32 or

@@ -48,6 +48,19 @@ void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g);
  * expert that got no rows) instead of adding to it: the experts' weights (their grouped weight-gradient GEMMs with
  * beta = 0). Zeroing those is wasted work. */
 int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i);
+/* The experts' weight gradients in bf16 (on = 1; off by default): each backward after a zeroing writes them
+ * rounded to bf16 once, as the reference's autocast rounds the gradient of its bf16 weight copy, into the first
+ * half of their f32 slots (kiln_zaya_cuda_grad_bf16 says which tensors). Half the bytes for the GEMMs' writes,
+ * the norm's and the optimizer's reads (91% of the [cuda] model's parameters). kiln_zaya_cuda_grad_sumsq,
+ * kiln_zaya_cuda_download_grads and an optimizer made after this call (kiln_zaya_cuda_opt_create, AdamW only on
+ * those tensors) read them as bf16; a backward that would add to them (a second micro-batch) fails. Whoever reads
+ * kiln_zaya_cuda_grads as f32 throughout (a reduce-scatter over ranks, Muon) would read them wrong: the trainer
+ * turns this on only with one rank, one micro-batch a step and AdamW on the experts. */
+kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on);
+int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i);
+/* out (device, one double) = the sum of squares of the whole gradient, f32 and bf16 tensors as they are stored;
+ * queued on the model's stream */
+kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out);
 /* kiln_zaya_cuda_grads_zero for the next backward: zeroes only the gradients it adds to (one memset per run of such
  * tensors), not those it overwrites (kiln_zaya_cuda_grad_overwritten): 0.6 of 7 GB at the [cuda] size. The next
  * backward gives the same gradients as after kiln_zaya_cuda_grads_zero. */

@@ -383,15 +383,21 @@ done:
     return err;
 }
 
-extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, float *dwgu,
-                                                  float *dwdn, const float *dout, const kiln_bf16 *wgu,
+extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, float *dx, float *dgate, void *dwgu,
+                                                  void *dwdn, const float *dout, const kiln_bf16 *wgu,
                                                   const kiln_bf16 *wdn, kiln_experts_cuda_scratch *w, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
+    if (w->dw_bf16 && !w->dw_write)
+        return kiln_errorf(KILN_EINVAL, "experts backward: bf16 weight gradients (dw_bf16) are written, not added to: "
+                           "set dw_write too");
     const int64_t E = x->E, H = x->H, I = x->inter, N = x->N, top = x->top, S = x->nslots;
     if (S != x->exp_off_host[E])
         return kiln_errorf(KILN_EINVAL, "experts backward: %lld slots but the forward's offsets say %d (run "
                            "kiln_experts_forward_cuda on this struct first)", (long long)S, x->exp_off_host[E]);
+    // the weight gradients' element: f32 (added to or written), or bf16 (written)
+    const int dw_f32 = !w->dw_bf16;
+    const size_t dwe = dw_f32 ? sizeof(float) : 2;
     const char *dv = getenv("KILN_EXPERTS_DW_DEFER");
     const int defer = w->dw_defer && !(dv && !strcmp(dv, "0"));
     // weight gradients a previous call left running read and write buffers this call may reuse
@@ -399,8 +405,8 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
     if (!S) { // no rows: written gradients are empty sums
         if (w->dx_write && dx && N) CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(N * H) * sizeof(float), st));
-        if (w->dw_write && dwgu) CUDA_TRY(cudaMemsetAsync(dwgu, 0, (size_t)(E * 2 * I * H) * sizeof(float), st));
-        if (w->dw_write && dwdn) CUDA_TRY(cudaMemsetAsync(dwdn, 0, (size_t)(E * H * I) * sizeof(float), st));
+        if (w->dw_write && dwgu) CUDA_TRY(cudaMemsetAsync(dwgu, 0, (size_t)(E * 2 * I * H) * dwe, st));
+        if (w->dw_write && dwdn) CUDA_TRY(cudaMemsetAsync(dwdn, 0, (size_t)(E * H * I) * dwe, st));
         goto done;
     }
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 0, st));
@@ -422,7 +428,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
         goto done;
     if (!defer && dwdn &&
-        (err = kiln_grouped_gemm_cuda(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write, NULL,
+        (err = kiln_grouped_gemm_cuda(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write, NULL,
                                       stream)))
         goto done;
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_BWD, 0, st));
@@ -444,14 +450,14 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         // both weight gradients on the side streams, left running: the caller's stream goes on with the gated
         // sum's dx and whatever follows (the router's backward) while they fill the SMs around it; the caller
         // joins (kiln_experts_backward_join_cuda) before dye/dgu/act/xe are reused or the gradients read
-        if (dwdn && (err = kiln_grouped_gemm_cuda_async(dwdn, 1, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN",
+        if (dwdn && (err = kiln_grouped_gemm_cuda_async(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN",
                                                         !w->dw_write, stream)))
             goto done;
-        if (dwgu && (err = kiln_grouped_gemm_cuda_async(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN",
+        if (dwgu && (err = kiln_grouped_gemm_cuda_async(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN",
                                                         !w->dw_write, stream)))
             goto done;
     } else if (dwgu &&
-               (err = kiln_grouped_gemm_cuda(dwgu, 1, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", !w->dw_write,
+               (err = kiln_grouped_gemm_cuda(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", !w->dw_write,
                                              NULL, stream))) {
         goto done;
     }

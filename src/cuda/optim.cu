@@ -47,7 +47,9 @@ enum { AWS_THREADS = 128, AW_TILE = 4 * AWS_THREADS, AW_STAGES = 3 };
 struct adamw_seg {
     int64_t off, soff, n; // element offset of w, g, bf16 w; of m in the state (v follows at soff + n); count
     int decay, flags;     // flags: 1 = m, 2 = v at a 16-byte offset in the state; 4 = w/g at a 16-byte offset;
-                          // 8 = keep the gradient (a zeroing step leaves it: its next writer overwrites it)
+                          // 8 = keep the gradient (a zeroing step leaves it: its next writer overwrites it);
+                          // 16 = the gradient is bf16: the n elements from bf16 element 2 off of g (the first
+                          // half of its f32 slot), 8-byte aligned
 };
 
 struct adamw_args {
@@ -127,8 +129,21 @@ template <int V, bool CS> __device__ __forceinline__ void st4_bf16(bf16 *p, int 
     }
 }
 
-// elements [c0, c1) of tensor s (at most a chunk: 32-bit indices from the chunk's start, fewer registers)
-template <int VW, int VM, int VV, bool ZG, bool CS>
+// 4 bf16 gradient elements at p[i] (cnt of them in the tensor) as floats: one 8-byte access when all 4 are there
+__device__ __forceinline__ void ld4_gbf16(const bf16 *p, int i, int cnt, float *o) {
+    if (cnt == 4) {
+        const uint2 q = *(const uint2 *)(p + i);
+        const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&q.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&q.y);
+        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = j < cnt ? __bfloat162float(p[i + j]) : 0.0f;
+    }
+}
+
+// elements [c0, c1) of tensor s (at most a chunk: 32-bit indices from the chunk's start, fewer registers); GB: the
+// gradient is bf16 (a template parameter: a run-time branch in the loop cost the kernel 12 registers, a block an SM)
+template <int VW, int VM, int VV, bool ZG, bool CS, bool GB = false>
 __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
     float *w = k.w + s.off + c0, *m = k.state + s.soff + c0, *v = m + s.n, *g = k.g + s.off + c0;
     bf16 *wb = k.wb ? k.wb + s.off + c0 : NULL;
@@ -137,7 +152,8 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
     for (int i = 4 * (int)threadIdx.x; i < len; i += 4 * AW_THREADS) {
         const int cnt = len - i < 4 ? len - i : 4;
         float gv[4], wv[4], mv[4], vv[4];
-        ld4<VW, CS>(g, i, cnt, gv);
+        if constexpr (GB) ld4_gbf16((const bf16 *)k.g + 2 * s.off + c0, i, cnt, gv);
+        else ld4<VW, CS>(g, i, cnt, gv);
         ld4<VW, CS>(w, i, cnt, wv);
         ld4<VM, CS>(m, i, cnt, mv);
         ld4<VV, CS>(v, i, cnt, vv);
@@ -159,8 +175,10 @@ __device__ __forceinline__ int2 adamw_item(const adamw_args &k, int c) {
 }
 
 // Work items blockIdx.x, + gridDim.x, ...: one each when the grid has a block per item, a stride of the grid
-// when it is persistent. The next item's entry is loaded before the current one is updated.
-template <bool ZG, bool CS> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+// when it is persistent. The next item's entry is loaded before the current one is updated. GB: every item's
+// gradient is bf16 (the table's bf16-gradient tensors are a work list and a launch of their own: the branch
+// inside one kernel cost it 12 registers, a block an SM).
+template <bool ZG, bool CS, bool GB> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
     const unsigned nwork = (unsigned)k.nwork;
     unsigned c = blockIdx.x; // c + gridDim.x < 2^32: both are below 2^31
     if (c >= nwork) return;
@@ -173,7 +191,10 @@ template <bool ZG, bool CS> __global__ void __launch_bounds__(AW_THREADS) adamw_
         // the alignment is uniform over the item: one branch picks the vector width of each stream
         const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
                    vv = vw && k.vec_state && (s.flags & 2);
-        if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS>(k, s, c0, c1);
+        if constexpr (GB) { // the scalar path where w or the state is not vector-aligned
+            if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, true>(k, s, c0, c1);
+            else adamw_chunk<1, 1, 1, ZG, CS, true>(k, s, c0, c1);
+        } else if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS>(k, s, c0, c1);
         else if (vm) adamw_chunk<4, 4, 1, ZG, CS>(k, s, c0, c1);
         else if (vv) adamw_chunk<4, 1, 4, ZG, CS>(k, s, c0, c1);
         else if (vw) adamw_chunk<4, 1, 1, ZG, CS>(k, s, c0, c1);
@@ -196,23 +217,24 @@ struct aw_pos {
     unsigned c;
     int sub, len;           // tile; elements of the item (at most a chunk)
     int64_t off, moff, n;   // the item's first element in w, g, bf16 w; in the state (m; v at + n)
-    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v, 16 keep the gradient
+    int64_t gb;             // a bf16 gradient's: its first element's index in g read as bf16
+    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v, 16 keep the gradient, 32 bf16 gradient
 };
 
 __device__ __forceinline__ void aw_pos_item(const adamw_args &k, aw_pos &q, unsigned c) {
     q.c = c, q.sub = 0;
     if (c >= (unsigned)k.nwork) { // past the block's last item: nothing to copy or compute
-        q.len = 0, q.off = q.moff = q.n = 0, q.flags = 0;
+        q.len = 0, q.off = q.moff = q.n = q.gb = 0, q.flags = 0;
         return;
     }
     const int2 wk = adamw_item(k, (int)c);
     const adamw_seg s = k.work ? k.segs[wk.x] : k.one;
     const int64_t c0 = (int64_t)wk.y * AW_CHUNK;
     q.len = (int)(s.n - c0 < AW_CHUNK ? s.n - c0 : AW_CHUNK);
-    q.off = s.off + c0, q.moff = s.soff + c0, q.n = s.n;
+    q.off = s.off + c0, q.moff = s.soff + c0, q.n = s.n, q.gb = 2 * s.off + c0;
     const bool vw = k.vec && (s.flags & 4);
     q.flags = (s.decay ? 1 : 0) | (vw ? 2 : 0) | (vw && k.vec_state && (s.flags & 1) ? 4 : 0) |
-              (vw && k.vec_state && (s.flags & 2) ? 8 : 0) | (s.flags & 8 ? 16 : 0);
+              (vw && k.vec_state && (s.flags & 2) ? 8 : 0) | (s.flags & 8 ? 16 : 0) | (s.flags & 16 ? 32 : 0);
 }
 __device__ __forceinline__ void aw_pos_next(const adamw_args &k, aw_pos &q) {
     if (++q.sub * AW_TILE >= q.len) aw_pos_item(k, q, q.c + gridDim.x);
@@ -242,7 +264,13 @@ __device__ __forceinline__ void aw_issue(const adamw_args &k, const aw_pos &q, f
         if (cnt > 0) {
             float *d = (float *)&sm[0][threadIdx.x];
             const int stride = 4 * AWS_THREADS; // floats between the streams' rows
-            aw_cp4<CS>(d, k.g + q.off + e, cnt, q.flags & 2, pol);
+            if (q.flags & 32) { // 4 bf16 (8 bytes; those past cnt zero-filled)
+                const unsigned ds = (unsigned)__cvta_generic_to_shared(d);
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(ds), "l"((const bf16 *)k.g + q.gb + e),
+                             "r"(2 * cnt) : "memory");
+            } else {
+                aw_cp4<CS>(d, k.g + q.off + e, cnt, q.flags & 2, pol);
+            }
             aw_cp4<CS>(d + stride, k.w + q.off + e, cnt, q.flags & 2, pol);
             aw_cp4<CS>(d + 2 * stride, k.state + q.moff + e, cnt, q.flags & 4, pol);
             aw_cp4<CS>(d + 3 * stride, k.state + q.moff + q.n + e, cnt, q.flags & 8, pol);
@@ -267,6 +295,10 @@ __device__ __forceinline__ void aw_consume(const adamw_args &k, const aw_pos &q,
     const float4 a = sm[0][threadIdx.x], b = sm[1][threadIdx.x], c = sm[2][threadIdx.x], d = sm[3][threadIdx.x];
     float gv[4] = {a.x, a.y, a.z, a.w}, wv[4] = {b.x, b.y, b.z, b.w}, mv[4] = {c.x, c.y, c.z, c.w},
           vv[4] = {d.x, d.y, d.z, d.w};
+    if (q.flags & 32) { // the first 8 bytes hold 4 bf16
+        const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&a.x), hi = __bfloat1622float2(*(const __nv_bfloat162 *)&a.y);
+        gv[0] = lo.x, gv[1] = lo.y, gv[2] = hi.x, gv[3] = hi.y;
+    }
     const bool vw = q.flags & 2;
     if (ZG && !(q.flags & 16)) {
         const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -363,42 +395,45 @@ template <typename F> int64_t adamw_resident(F f, int threads, bool staged, int6
     return (int64_t)sms * per;
 }
 
-template <bool ZG, bool CS> kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, cudaStream_t st) {
+template <bool ZG, bool CS, bool GB> kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, cudaStream_t st) {
     kiln_error *err = NULL;
     static int64_t res_direct, res_staged;
-    if (grid_kind == AW_STAGED) {
+    if (grid_kind == AW_STAGED) { // one kernel for both gradient types (a run-time flag: 62-64 registers either way)
         const int64_t r = adamw_resident(adamw_staged_kernel<ZG, CS>, AWS_THREADS, true, &res_staged);
         adamw_staged_kernel<ZG, CS><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AWS_THREADS, 0, st>>>(k);
     } else {
-        const int64_t r = grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS>, AW_THREADS, false, &res_direct) : 0;
-        adamw_multi_kernel<ZG, CS><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
+        const int64_t r =
+            grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS, GB>, AW_THREADS, false, &res_direct) : 0;
+        adamw_multi_kernel<ZG, CS, GB><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
     }
     LAUNCH_CHECK("adamw step");
 done:
     return err;
 }
 
-// k.nwork items (at least one)
-kiln_error *adamw_launch(const adamw_args &k, bool zg, const adamw_variant &v, cudaStream_t st) {
-    if (zg) return v.hints ? adamw_launch_t<true, true>(k, v.grid, st) : adamw_launch_t<true, false>(k, v.grid, st);
-    return v.hints ? adamw_launch_t<false, true>(k, v.grid, st) : adamw_launch_t<false, false>(k, v.grid, st);
+// k.nwork items (at least one), all with f32 gradients or (gb) all with bf16 ones
+kiln_error *adamw_launch(const adamw_args &k, bool zg, bool gb, const adamw_variant &v, cudaStream_t st) {
+    if (gb) return v.hints ? adamw_launch_t<false, true, true>(k, v.grid, st) : adamw_launch_t<false, false, true>(k, v.grid, st);
+    if (zg) return v.hints ? adamw_launch_t<true, true, false>(k, v.grid, st) : adamw_launch_t<true, false, false>(k, v.grid, st);
+    return v.hints ? adamw_launch_t<false, true, false>(k, v.grid, st) : adamw_launch_t<false, false, false>(k, v.grid, st);
 }
 
 } // namespace
 
+// Two work lists: the chunks of the tensors with f32 gradients (list 0) and of those with bf16 ones (list 1),
+// each in tensor order; a step launches each list's chunks of its tensors.
 struct kiln_adamw_multi {
-    adamw_seg *segs; // device
-    int2 *work;      // device
-    int64_t blocks;  // work items (chunks)
+    adamw_seg *segs;    // device
+    int2 *work[2];      // device
+    int64_t blocks[2];  // work items (chunks) of each list
     int count;
-    int64_t *first; // host: tensor i's chunks are work[first[i] .. first[i + 1])
+    int64_t *first[2];  // host: tensor i's chunks in list l are work[l][first[l][i] .. first[l][i + 1])
 };
 
 extern "C" void kiln_adamw_multi_free(kiln_adamw_multi *p) {
     if (!p) return;
     cudaFree(p->segs);
-    cudaFree(p->work);
-    free(p->first);
+    for (int l = 0; l < 2; l++) cudaFree(p->work[l]), free(p->first[l]);
     free(p);
 }
 
@@ -409,7 +444,8 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
     int2 *hw = NULL;
     int64_t blocks = 0;
     *out = NULL;
-    if (!p || !hs || !(p->first = (int64_t *)calloc((size_t)count + 1, sizeof *p->first))) {
+    if (!p || !hs || !(p->first[0] = (int64_t *)calloc((size_t)count + 1, sizeof(int64_t))) ||
+        !(p->first[1] = (int64_t *)calloc((size_t)count + 1, sizeof(int64_t)))) {
         err = kiln_errorf(KILN_ENOMEM, "adamw: a table of %d tensors", count);
         goto done;
     }
@@ -420,9 +456,15 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
                               (long long)t[i].off, (long long)t[i].soff, (long long)t[i].n);
             goto done;
         }
+        if (t[i].g_bf16 && (!t[i].keep_g || t[i].off % 4)) {
+            err = kiln_errorf(KILN_EINVAL, "adamw: tensor %d: a bf16 gradient must be kept by a zeroing step (keep_g: its "
+                              "writer overwrites it) and start at an offset that is a multiple of 4 (%lld)", i,
+                              (long long)t[i].off);
+            goto done;
+        }
         hs[i].off = t[i].off, hs[i].soff = t[i].soff, hs[i].n = t[i].n, hs[i].decay = t[i].decay != 0;
         hs[i].flags = (t[i].soff % 4 == 0 ? 1 : 0) | ((t[i].soff + t[i].n) % 4 == 0 ? 2 : 0) | (t[i].off % 4 == 0 ? 4 : 0) |
-                      (t[i].keep_g ? 8 : 0);
+                      (t[i].keep_g ? 8 : 0) | (t[i].g_bf16 ? 16 : 0);
         blocks += (t[i].n + AW_CHUNK - 1) / AW_CHUNK;
     }
     if (blocks > INT32_MAX) {
@@ -433,41 +475,25 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
         err = kiln_errorf(KILN_ENOMEM, "adamw: a work list of %lld chunks", (long long)blocks);
         goto done;
     }
-    blocks = 0;
-    for (int i = 0; i < count; i++) {
-        p->first[i] = blocks;
-        for (int64_t c = 0; c * AW_CHUNK < t[i].n; c++) hw[blocks++] = make_int2(i, (int)c);
-    }
-    p->first[count] = blocks;
-    p->blocks = blocks;
     CUDA_TRY(cudaMalloc((void **)&p->segs, ((size_t)count + 1) * sizeof *hs));
-    CUDA_TRY(cudaMalloc((void **)&p->work, (size_t)(blocks + 1) * sizeof *hw));
     CUDA_TRY(cudaMemcpy(p->segs, hs, (size_t)count * sizeof *hs, cudaMemcpyHostToDevice));
-    if (blocks) CUDA_TRY(cudaMemcpy(p->work, hw, (size_t)blocks * sizeof *hw, cudaMemcpyHostToDevice));
+    for (int l = 0; l < 2; l++) {
+        int64_t nb = 0;
+        for (int i = 0; i < count; i++) {
+            p->first[l][i] = nb;
+            if ((t[i].g_bf16 != 0) != l) continue;
+            for (int64_t c = 0; c * AW_CHUNK < t[i].n; c++) hw[nb++] = make_int2(i, (int)c);
+        }
+        p->first[l][count] = nb;
+        p->blocks[l] = nb;
+        CUDA_TRY(cudaMalloc((void **)&p->work[l], (size_t)(nb + 1) * sizeof *hw));
+        if (nb) CUDA_TRY(cudaMemcpy(p->work[l], hw, (size_t)nb * sizeof *hw, cudaMemcpyHostToDevice));
+    }
 done:
     free(hs);
     free(hw);
     if (err) kiln_adamw_multi_free(p);
     else *out = p;
-    return err;
-}
-
-extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, float *w, const float *g, float *state,
-                                                  float gscale, const kiln_optim_hparams *hp, double lr, int64_t t,
-                                                  kiln_bf16 *w_bf16, void *stream) {
-    kiln_error *err = NULL;
-    adamw_args k;
-    adamw_variant v;
-    memset(&k, 0, sizeof k);
-    KILN_TRY(adamw_variant_get(&v));
-    if (!p->blocks) return NULL;
-    KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
-    k.segs = p->segs, k.work = p->work, k.nwork = (int)p->blocks;
-    k.w = w, k.g = (float *)g, k.state = state, k.wb = (bf16 *)w_bf16; // g: read only (no zeroing)
-    k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
-    k.vec_state = aligned16(state);
-    err = adamw_launch(k, false, v, (cudaStream_t)stream);
-    if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }
 
@@ -482,24 +508,34 @@ extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *
     if (t0 < 0 || t1 > p->count || t0 > t1)
         return kiln_errorf(KILN_EINVAL, "adamw step: tensors %d..%d of a table of %d", t0, t1 - 1, p->count);
     KILN_TRY(adamw_variant_get(&v));
-    const int64_t b0 = p->first[t0], nb = p->first[t1] - b0;
-    if (!nb) return NULL;
+    if (p->first[0][t1] == p->first[0][t0] && p->first[1][t1] == p->first[1][t0]) return NULL;
+    if (p->first[1][t1] > p->first[1][t0] && ((uintptr_t)g & 7))
+        return kiln_errorf(KILN_EINVAL, "adamw step: bf16 gradients need an 8-byte aligned gradient buffer");
     KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
-    // the same chunks as the whole launch's, from work[b0]: each element sees the same arithmetic
     k.segs = p->segs;
     k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state);
-    // at most max_blocks chunks a launch: a launch's blocks not yet running wait in the block scheduler, where a
-    // stream beside this one (of greater priority or not) finds them ahead of its own
-    const int64_t step = max_blocks > 0 ? max_blocks : nb;
-    for (int64_t b = 0; b < nb && !err; b += step) {
-        k.work = p->work + b0 + b;
-        k.nwork = (int)(nb - b < step ? nb - b : step);
-        err = adamw_launch(k, zero_g != 0, v, (cudaStream_t)stream);
+    // each list's chunks of these tensors, as in the whole launch: each element sees the same arithmetic. At most
+    // max_blocks chunks a launch: a launch's blocks not yet running wait in the block scheduler, where a stream
+    // beside this one (of greater priority or not) finds them ahead of its own
+    for (int l = 0; l < 2 && !err; l++) {
+        const int64_t b0 = p->first[l][t0], nb = p->first[l][t1] - b0, step = max_blocks > 0 ? max_blocks : nb;
+        for (int64_t b = 0; b < nb && !err; b += step) {
+            k.work = p->work[l] + b0 + b;
+            k.nwork = (int)(nb - b < step ? nb - b : step);
+            err = adamw_launch(k, zero_g != 0, l == 1, v, (cudaStream_t)stream);
+        }
     }
     if (err) err = kiln_error_wrap(err, "adamw step (tensors %d..%d)", t0, t1 - 1);
     return err;
+}
+
+extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, float *w, const float *g, float *state,
+                                                  float gscale, const kiln_optim_hparams *hp, double lr, int64_t t,
+                                                  kiln_bf16 *w_bf16, void *stream) {
+    // g: read only (no zeroing)
+    return kiln_adamw_multi_step_range_cuda(p, 0, p->count, w, (float *)g, state, gscale, hp, lr, t, w_bf16, 0, 0, stream);
 }
 
 // the gradient multiplied by gscale on the way in (f32, the rounding of the separate scale pass it replaces)
@@ -562,7 +598,7 @@ extern "C" kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *sta
     k.vec_state = aligned16(state) && aligned16(state + n);
     adamw_variant v;
     KILN_TRY(adamw_variant_get(&v));
-    err = adamw_launch(k, false, v, (cudaStream_t)stream);
+    err = adamw_launch(k, false, false, v, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }

@@ -150,3 +150,109 @@ done:
     if (part) cudaFreeAsync(part, s);
     return err;
 }
+
+// ---- the sum of squares over segments, f32 or bf16 (the gradient with the experts' bf16 weight gradients) ----
+// A fixed work list of chunks of SQ_CHUNK elements (a block each, its partial in its slot), then the partials
+// summed in order by sumsq_final_kernel: the same bits every run of a plan. Each square in f64, as above.
+enum { SQ_CHUNK = 1 << 18, SQ_THREADS = 256 };
+struct sq_item {
+    int64_t start; // the chunk's first element: a float index of x, or (bf16) an index of x read as bf16
+    int n, bf16;
+};
+static __device__ __forceinline__ double sq_bf16x2(uint32_t u) {
+    const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&u);
+    return (double)f.x * f.x + (double)f.y * f.y;
+}
+static __global__ void __launch_bounds__(SQ_THREADS) sumsq_items_kernel(double *part, const float *x, const sq_item *items) {
+    __shared__ double sh[32];
+    const sq_item q = items[blockIdx.x];
+    double s = 0;
+    int i = 0; // elements before i are taken by the vector loop
+    if (q.bf16) {
+        const bf16 *p = (const bf16 *)x + q.start;
+        if (((uintptr_t)p & 15) == 0) {
+            i = q.n / 8 * 8;
+            for (int j = 8 * (int)threadIdx.x; j < i; j += 8 * SQ_THREADS) {
+                const uint4 v = *(const uint4 *)(p + j);
+                s += sq_bf16x2(v.x) + sq_bf16x2(v.y) + sq_bf16x2(v.z) + sq_bf16x2(v.w);
+            }
+        }
+        for (int j = i + (int)threadIdx.x; j < q.n; j += SQ_THREADS) {
+            const float f = __bfloat162float(p[j]);
+            s += (double)f * f;
+        }
+    } else {
+        const float *p = x + q.start;
+        if (((uintptr_t)p & 15) == 0) {
+            i = q.n / 4 * 4;
+            for (int j = 4 * (int)threadIdx.x; j < i; j += 4 * SQ_THREADS) {
+                const float4 v = *(const float4 *)(p + j);
+                s += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+            }
+        }
+        for (int j = i + (int)threadIdx.x; j < q.n; j += SQ_THREADS) s += (double)p[j] * p[j];
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+struct kiln_sumsq_plan {
+    sq_item *items; // device
+    double *part;   // device, one per item
+    int nitems;
+};
+
+extern "C" void kiln_sumsq_plan_free(kiln_sumsq_plan *p) {
+    if (!p) return;
+    cudaFree(p->items);
+    cudaFree(p->part);
+    free(p);
+}
+
+extern "C" kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int count, kiln_sumsq_plan **out) {
+    kiln_error *err = NULL;
+    *out = NULL;
+    int64_t n = 0;
+    for (int k = 0; k < count; k++) {
+        if (segs[k].off < 0 || segs[k].n < 0)
+            return kiln_errorf(KILN_EINVAL, "sum of squares: segment %d at %lld, %lld elements", k, (long long)segs[k].off,
+                               (long long)segs[k].n);
+        n += (segs[k].n + SQ_CHUNK - 1) / SQ_CHUNK;
+    }
+    if (n > INT32_MAX / 2) return kiln_errorf(KILN_EINVAL, "sum of squares: %lld chunks is too many", (long long)n);
+    kiln_sumsq_plan *p = (kiln_sumsq_plan *)calloc(1, sizeof *p);
+    sq_item *h = (sq_item *)malloc((size_t)(n + 1) * sizeof *h);
+    if (!p || !h) {
+        free(p), free(h);
+        return kiln_errorf(KILN_ENOMEM, "sum of squares: a work list of %lld chunks", (long long)n);
+    }
+    int m = 0;
+    for (int k = 0; k < count; k++)
+        for (int64_t c = 0; c < segs[k].n; c += SQ_CHUNK)
+            h[m++] = sq_item{(segs[k].bf16 ? 2 * segs[k].off : segs[k].off) + c,
+                             (int)(segs[k].n - c < SQ_CHUNK ? segs[k].n - c : SQ_CHUNK), segs[k].bf16 != 0};
+    p->nitems = m;
+    CUDA_TRY(cudaMalloc((void **)&p->items, (size_t)(m + 1) * sizeof *h));
+    CUDA_TRY(cudaMalloc((void **)&p->part, (size_t)(m + 1) * sizeof(double)));
+    if (m) CUDA_TRY(cudaMemcpy(p->items, h, (size_t)m * sizeof *h, cudaMemcpyHostToDevice));
+done:
+    free(h);
+    if (err) kiln_sumsq_plan_free(p);
+    else *out = p;
+    return err;
+}
+
+extern "C" kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const float *x, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (!p->nitems) {
+        CUDA_TRY(cudaMemsetAsync(out, 0, sizeof *out, s));
+        return NULL;
+    }
+    sumsq_items_kernel<<<(unsigned)p->nitems, SQ_THREADS, 0, s>>>(p->part, x, p->items);
+    LAUNCH_CHECK("sum of squares (segments)");
+    sumsq_final_kernel<<<1, 1024, 0, s>>>(out, p->part, p->nitems);
+    LAUNCH_CHECK("sum of squares (segments)");
+done:
+    return err;
+}

@@ -35,6 +35,9 @@ kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
 int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
+kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) { (void)g, (void)on; NOCUDA; }
+int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
+kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) { (void)g, (void)out; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { (void)g; return 0; }
@@ -142,6 +145,8 @@ struct kiln_zaya_cuda {
     int logits_valid, layers_fresh;
     int loss_valid;        /* g->loss holds the last batch's mean loss */
     int grads_zeroed;      /* no backward since kiln_zaya_cuda_grads_zero: the experts write their dW (beta = 0) */
+    int xg16;              /* the experts' weight gradients in bf16 (kiln_zaya_cuda_set_expert_grads_bf16) */
+    kiln_sumsq_plan *gsq;  /* the gradient's sum of squares over its f32 and bf16 segments (xg16) */
     gscratch s;
     void *arena, *sarena;
     size_t arena_bytes, sarena_bytes;
@@ -323,6 +328,7 @@ void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     if (!g) return;
     if (g->ostream) cudaStreamSynchronize(g->ostream);
     if (g->stream) cudaStreamSynchronize(g->stream);
+    kiln_sumsq_plan_free(g->gsq);
     kiln_cuda_free(g->w);
     kiln_cuda_free(g->g);
     kiln_cuda_free(g->wb);
@@ -533,9 +539,20 @@ kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
     KILN_TRY(opt_join(g));
     CU(cudaStreamSynchronize(g->stream));
-    for (int i = 0; i < g->m->nparams; i++)
-        CU(cudaMemcpy(grad + g->m->params[i].offset, g->g + g->poff[i], (size_t)g->m->params[i].numel * sizeof(float),
-                      cudaMemcpyDeviceToHost));
+    for (int i = 0; i < g->m->nparams; i++) {
+        float *d = grad + g->m->params[i].offset;
+        const size_t n = (size_t)g->m->params[i].numel;
+        if (!kiln_zaya_cuda_grad_bf16(g, i)) {
+            CU(cudaMemcpy(d, g->g + g->poff[i], n * sizeof(float), cudaMemcpyDeviceToHost));
+            continue;
+        }
+        uint16_t *h = malloc(n * 2);
+        if (!h) return kiln_errorf(KILN_ENOMEM, "gradient of %s: %zu bf16 values", g->m->params[i].name, n);
+        const cudaError_t ce = cudaMemcpy(h, g->g + g->poff[i], n * 2, cudaMemcpyDeviceToHost);
+        for (size_t j = 0; j < n && ce == cudaSuccess; j++) d[j] = kiln_bf16_to_f32(h[j]);
+        free(h);
+        CU(ce);
+    }
     return NULL;
 }
 
@@ -556,6 +573,41 @@ int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) {
         if ((g->G.layers[l].gate_up && p == g->G.layers[l].gate_up) || (g->G.layers[l].down && p == g->G.layers[l].down))
             return 1;
     return 0;
+}
+
+int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { return g->xg16 && kiln_zaya_cuda_grad_overwritten(g, i); }
+
+kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
+    KILN_TRY(opt_join(g));
+    kiln_sumsq_plan_free(g->gsq);
+    g->gsq = NULL, g->xg16 = 0;
+    if (!on) return NULL;
+    const int n = g->m->nparams;
+    kiln_sumsq_seg *seg = calloc((size_t)n + 1, sizeof *seg);
+    if (!seg) return kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+    int ns = 0;
+    g->xg16 = 1;
+    for (int i = 0; i < n;) { /* runs of f32 tensors (with the zero padding between them), each bf16 tensor alone */
+        if (kiln_zaya_cuda_grad_bf16(g, i)) {
+            seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], g->m->params[i].numel, 1};
+            i++;
+            continue;
+        }
+        int j = i + 1;
+        while (j < n && !kiln_zaya_cuda_grad_bf16(g, j)) j++;
+        seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], (int64_t)(g->poff[j] - g->poff[i]), 0};
+        i = j;
+    }
+    kiln_error *e = kiln_sumsq_plan_create(seg, ns, &g->gsq);
+    free(seg);
+    if (e) g->xg16 = 0;
+    return e;
+}
+
+kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) {
+    KILN_TRY(opt_join(g));
+    if (g->gsq) return kiln_sumsq_plan_run(g->gsq, out, g->g, g->stream);
+    return kiln_zaya_sumsq_cuda(out, g->g, (int64_t)g->numel_dev, g->stream);
 }
 
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) {
@@ -958,7 +1010,11 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     /* experts: the first writer of dln2f (dx_write: no zeroing pass, no read-back) */
     kiln_experts_cuda ex = {N, H, I, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, L->nslots, L->xe, L->gu, L->act, L->ye};
-    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1};
+    if (g->xg16 && !g->grads_zeroed)
+        return kiln_errorf(KILN_EINVAL, "layer %lld backward: the experts' weight gradients are bf16 and written once "
+                           "per zeroing; a second backward would add to them (one micro-batch a step, or turn "
+                           "kiln_zaya_cuda_set_expert_grads_bf16 off)", (long long)li);
+    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16};
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */

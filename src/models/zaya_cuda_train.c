@@ -76,7 +76,9 @@ kiln_error *kiln_zaya_cuda_sumsq(kiln_zaya_cuda *g, const float *x, size_t n, do
     cudaStream_t st = (cudaStream_t)kiln_zaya_cuda_stream(g);
     if (cudaMallocAsync((void **)&d, sizeof *d, st) != cudaSuccess)
         return kiln_errorf(KILN_EIO, "gradient norm: no device memory for the sum");
-    kiln_error *e = kiln_zaya_sumsq_cuda(d, x, (int64_t)n, st);
+    /* the whole gradient as stored (its experts' weights may be bf16), else n floats */
+    kiln_error *e = x == kiln_zaya_cuda_grads(g) && n == kiln_zaya_cuda_numel(g) ? kiln_zaya_cuda_grad_sumsq(g, d)
+                                                                                 : kiln_zaya_sumsq_cuda(d, x, (int64_t)n, st);
     if (!e && cudaMemcpyAsync(out, d, sizeof *out, cudaMemcpyDeviceToHost, st) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "gradient norm: copying the sum to the host failed");
     cudaFreeAsync(d, st);
@@ -116,7 +118,13 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
         const size_t off = kiln_zaya_cuda_param_offset(g, i) - kiln_zaya_cuda_param_offset(g, first); /* in the shard */
         if (op[i].kind == KILN_OPT_ADAMW) /* a zeroing step leaves the gradients the next backward overwrites */
             aw[naw++] = (kiln_adamw_tensor){(int64_t)off, (int64_t)o->nstate, op[i].numel, op[i].decay,
-                                            kiln_zaya_cuda_grad_overwritten(g, i)};
+                                            kiln_zaya_cuda_grad_overwritten(g, i), kiln_zaya_cuda_grad_bf16(g, i)};
+        else if (kiln_zaya_cuda_grad_bf16(g, i)) {
+            free(aw), free(gid);
+            kiln_zaya_cuda_opt_free(o);
+            return kiln_errorf(KILN_EINVAL, "optimizer on CUDA: tensor %d has a bf16 gradient, which only AdamW reads "
+                               "(turn kiln_zaya_cuda_set_expert_grads_bf16 off for Muon on the experts)", i);
+        }
         o->nstate += (size_t)kiln_optim_state_numel(&op[i]);
         if (op[i].kind != KILN_OPT_MUON) continue;
         if ((size_t)op[i].numel > umax) umax = (size_t)op[i].numel;

@@ -115,6 +115,8 @@ static int g_dw_defer;
 /* 1: the backward writes dx (kiln_experts_cuda_scratch.dx_write): the device's dx starts from random values that
  * must vanish, the CPU's from zero */
 static int g_dx_write;
+/* 1 (with g_dw_write): the weight gradients in bf16 (kiln_experts_cuda_scratch.dw_bf16) */
+static int g_dw_bf16;
 
 /* forward and backward against the CPU op; returns nothing, checks inside */
 static void experts_case(const ex_case *c, uint64_t seed) {
@@ -139,17 +141,21 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
     kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
                                    gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write,
-                                   g_dw_defer, g_dx_write};
+                                   g_dw_defer, g_dx_write, g_dw_bf16};
     kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
     float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
-    float *d_dgate = gt_dev((size_t)S * 4), *d_dwgu = gt_up_f32(dwgu, nw), *d_dwdn = gt_up_f32(dwdn, nd);
+    float *d_dgate = gt_dev((size_t)S * 4);
+    /* bf16 weight gradients start as random bf16 values that must vanish too */
+    void *d_dwgu = g_dw_bf16 ? (void *)gt_up_bf16(dwgu, nw) : (void *)gt_up_f32(dwgu, nw);
+    void *d_dwdn = g_dw_bf16 ? (void *)gt_up_bf16(dwdn, nd) : (void *)gt_up_f32(dwdn, nd);
     if (g_dw_write) memset(dwgu, 0, (size_t)nw * sizeof *dwgu), memset(dwdn, 0, (size_t)nd * sizeof *dwdn);
     if (g_dx_write) memset(dx, 0, (size_t)(N * H) * sizeof *dx);
     CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
     CHECK_OK(kiln_experts_backward_cuda(&x, d_dx, d_dgate, d_dwgu, d_dwdn, d_dout, d_wgu, d_wdn, &w, NULL));
     CHECK_OK(kiln_experts_backward_join_cuda(NULL));
     float *g_out = gt_down_f32(d_out, N * H), *g_dx = gt_down_f32(d_dx, N * H), *g_dgate = gt_down_f32(d_dgate, S);
-    float *g_dwgu = gt_down_f32(d_dwgu, nw), *g_dwdn = gt_down_f32(d_dwdn, nd);
+    float *g_dwgu = g_dw_bf16 ? gt_down_bf16(d_dwgu, nw) : gt_down_f32(d_dwgu, nw);
+    float *g_dwdn = g_dw_bf16 ? gt_down_bf16(d_dwdn, nd) : gt_down_f32(d_dwdn, nd);
 
     /* the CPU reference */
     int32_t *off = malloc((size_t)(E + 1) * 4), *fill = malloc((size_t)E * 4), *st = malloc((size_t)S * 4);
@@ -167,8 +173,10 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     GT_CLOSE("experts out", g_out, out, N * H, 2e-2);
     GT_CLOSE(g_dx_write ? "experts dx (=)" : "experts dx (+=)", g_dx, dx, N * H, 2e-2);
     GT_CLOSE("experts dgate", g_dgate, dgate, S, 2e-2);
-    GT_CLOSE(g_dw_write ? "experts dwgu (=, f32)" : "experts dwgu (+=, f32)", g_dwgu, dwgu, nw, 2e-2);
-    GT_CLOSE(g_dw_write ? "experts dwdn (=, f32)" : "experts dwdn (+=, f32)", g_dwdn, dwdn, nd, 2e-2);
+    GT_CLOSE(g_dw_bf16 ? "experts dwgu (=, bf16)" : g_dw_write ? "experts dwgu (=, f32)" : "experts dwgu (+=, f32)", g_dwgu,
+             dwgu, nw, 2e-2);
+    GT_CLOSE(g_dw_bf16 ? "experts dwdn (=, bf16)" : g_dw_write ? "experts dwdn (=, f32)" : "experts dwdn (+=, f32)", g_dwdn,
+             dwdn, nd, 2e-2);
     int64_t nonzero = 0;
     for (int64_t s = 0; s < S; s++) nonzero += choice[s] == E && g_dgate[s] != 0.0f;
     CHECK_MSG(nonzero == 0, "%lld skipped slots got a gate gradient", (long long)nonzero);
@@ -224,6 +232,27 @@ TEST(gpu_experts_dw_write) {
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
 }
 
+/* dw_bf16: the weight gradients written in bf16 (the trainer's default on one rank), on every path and deferred
+ * (an empty expert's become zero; everything skipped: all zero); adding to bf16 gradients is refused */
+TEST(gpu_experts_dw_bf16) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {40, 4, 2, 16, 8, 1.0, -1}};
+    const char *const *paths = kiln_grouped_gemm_paths();
+    g_dw_write = 1, g_dw_bf16 = 1;
+    for (int p = 0; paths[p]; p++) {
+        printf("  path %s\n", paths[p]);
+        CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
+        for (int d = 0; d < 2; d++) {
+            g_dw_defer = d;
+            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 1700 + i);
+        }
+    }
+    g_dw_write = 0, g_dw_bf16 = 0, g_dw_defer = 0;
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    kiln_experts_cuda x = {0};
+    kiln_experts_cuda_scratch w = {NULL, NULL, NULL, NULL, 0, 0, 0, 1};
+    CHECK_ERR(kiln_experts_backward_cuda(&x, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &w, NULL), "dw_write");
+}
+
 /* dx_write: dx written, not accumulated (the trainer's call), on the default path and the per-expert loop; every
  * slot skipped: dx becomes zero */
 TEST(gpu_experts_dx_write) {
@@ -275,7 +304,7 @@ static void experts_deterministic(void) {
         x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
         /* the second run also writes dx over random values (dx_write): the same bits as adding onto zeros */
         kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r};
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r, 0};
         float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(r ? dout : zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
         float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
         CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));

@@ -111,7 +111,7 @@ TEST(gpu_ops_adamw_multi) {
     kiln_adamw_tensor tab[NT];
     int64_t nw = 0, ns = 0;
     for (int i = 0; i < NT; i++) {
-        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, 0};
+        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, 0, 0};
         nw += (sizes[i] + 63) / 64 * 64;
         ns += 2 * sizes[i];
     }
@@ -164,7 +164,7 @@ TEST(gpu_ops_adamw_multi) {
             bad += gwb[j] != kiln_bf16_to_f32(kiln_f32_to_bf16(gw1[j]));
     CHECK_MSG(bad == 0, "%lld bf16 weights differ from the rounding of the f32 weights", (long long)bad);
     CHECK_ERR(kiln_adamw_multi_step_cuda(p, w1, dg, st1, 1.0f, &hp, 1e-3, 0, NULL, NULL), "step 0");
-    kiln_adamw_tensor badt = {0, 0, -1, 0, 0};
+    kiln_adamw_tensor badt = {0, 0, -1, 0, 0, 0};
     kiln_adamw_multi *q = NULL;
     CHECK_ERR(kiln_adamw_multi_create(&badt, 1, &q), "tensor 0");
     kiln_adamw_multi_free(p);
@@ -189,7 +189,7 @@ static void adamw_variants_case(int shift) {
     kiln_adamw_tensor tab[NT];
     int64_t nw = 0, ns = 0;
     for (int i = 0; i < NT; i++) {
-        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, i % 4 == 2}; /* keep_g: its gradient never zeroed */
+        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, i % 4 == 2, 0}; /* keep_g: its gradient never zeroed */
         nw += (sizes[i] + 63) / 64 * 64;
         ns += 2 * sizes[i];
     }
@@ -283,4 +283,90 @@ static void adamw_variants_case(int shift) {
 TEST(gpu_ops_adamw_variants) {
     adamw_variants_case(0);
     adamw_variants_case(1);
+}
+
+/* Gradients in bf16 (kiln_adamw_tensor.g_bf16: the experts' weight gradients, written rounded by their GEMMs):
+ * bf16 values in the first half of the tensors' f32 slots give the same bits as f32 gradients holding the same
+ * values, in every kernel, with and without the zeroing (which keeps them: they are keep_g), with the bases
+ * 16-byte aligned (vectors) and shifted by two floats (w and the state scalar, the bf16 gradient's 8-byte copies
+ * still aligned). A bf16 gradient without keep_g, or at an offset that is not a multiple of 4, is refused. */
+static void adamw_bf16_case(int shift) {
+    kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    static const int64_t sizes[] = {3000001, 5, 4096, 8190, 1, 70001};
+    enum { NT = sizeof sizes / sizeof *sizes };
+    kiln_adamw_tensor tf[NT], tb[NT];
+    int64_t nw = 0, ns = 0;
+    for (int i = 0; i < NT; i++) {
+        tf[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 2, 1, 0};
+        tb[i] = tf[i], tb[i].g_bf16 = i != 1; /* one f32 gradient among them */
+        tb[i].keep_g = tb[i].g_bf16;
+        nw += (sizes[i] + 63) / 64 * 64;
+        ns += 2 * sizes[i];
+    }
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 71 + shift);
+    float *w0 = gt_rand(&rng, nw, 1.0f), *gs[2], *gm[2];
+    for (int t = 0; t < 2; t++) {
+        gs[t] = gt_rand(&rng, nw, t ? 1e-3f : 1.0f);
+        gt_round_bf16(gs[t], nw);
+        gm[t] = calloc((size_t)nw, sizeof(float)); /* the mixed layout */
+        for (int i = 0; i < NT; i++) {
+            if (!tb[i].g_bf16) {
+                memcpy(gm[t] + tb[i].off, gs[t] + tb[i].off, (size_t)sizes[i] * sizeof(float));
+                continue;
+            }
+            uint16_t *h = (uint16_t *)(gm[t] + tb[i].off);
+            for (int64_t j = 0; j < sizes[i]; j++) h[j] = kiln_f32_to_bf16(gs[t][tb[i].off + j]);
+        }
+    }
+    kiln_adamw_multi *pf = NULL, *pb = NULL;
+    CHECK_OK(kiln_adamw_multi_create(tf, NT, &pf));
+    CHECK_OK(kiln_adamw_multi_create(tb, NT, &pb));
+    float *dw = gt_dev((size_t)(nw + 4) * 4), *dst = gt_dev((size_t)(ns + 4) * 4), *dg = gt_dev((size_t)(nw + 4) * 4);
+    kiln_bf16 *dwb = gt_dev((size_t)(nw + 8) * 2);
+    float *zst = calloc((size_t)ns, sizeof *zst), *ref_w = NULL, *ref_s = NULL;
+    static const char *grids[] = {"chunks", "persistent", "staged"};
+    for (int run = 0; run < 1 + 3 * 2 * 2 && pf && pb; run++) { /* run 0: f32 gradients; then grid x hints x zeroing */
+        const int gi = run ? (run - 1) / 4 : 0, hints = run ? (run - 1) / 2 % 2 : 0, zero = run ? (run - 1) % 2 : 0;
+        setenv("KILN_ADAMW_GRID", grids[gi], 1);
+        setenv("KILN_ADAMW_HINTS", hints ? "1" : "0", 1);
+        CHECK_OK(kiln_cuda_copy(dw + shift, w0, (size_t)nw * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(dst + shift, zst, (size_t)ns * 4, KILN_CUDA_H2D));
+        for (int t = 0; t < 2; t++) {
+            CHECK_OK(kiln_cuda_copy(dg + shift, run ? gm[t] : gs[t], (size_t)nw * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_adamw_multi_step_range_cuda(run ? pb : pf, 0, NT, dw + shift, dg + shift, dst + shift, 0.37f,
+                                                      &hp, 1e-3 * (t + 1), t + 1, dwb + shift, zero, 0, NULL));
+        }
+        float *hw = gt_down_f32(dw + shift, nw), *hs = gt_down_f32(dst + shift, ns), *hg = gt_down_f32(dg + shift, nw);
+        if (!run) {
+            ref_w = hw, ref_s = hs;
+        } else {
+            const int64_t a = diff_bits(hw, ref_w, nw), b = diff_bits(hs, ref_s, ns);
+            int64_t moved = 0; /* the bf16 gradients are kept even by a zeroing step */
+            for (int i = 0; i < NT; i++)
+                for (int64_t j = tb[i].off; j < tb[i].off + (tb[i].g_bf16 ? (sizes[i] + 1) / 2 : sizes[i]); j++)
+                    moved += tb[i].g_bf16 ? hg[j] != gm[1][j] : hg[j] != (zero ? 0.0f : gm[1][j]);
+            CHECK_MSG(a == 0 && b == 0 && moved == 0, "bf16 gradients, %s, hints %d, zeroing %d (shift %d): w %lld, m/v %lld "
+                      "bits differ from f32 gradients of the same values; %lld gradient words wrong after the step",
+                      grids[gi], hints, zero, shift, (long long)a, (long long)b, (long long)moved);
+            free(hw), free(hs);
+        }
+        free(hg);
+    }
+    unsetenv("KILN_ADAMW_GRID");
+    unsetenv("KILN_ADAMW_HINTS");
+    kiln_adamw_tensor bad = {4, 0, 10, 0, 1, 1}, bad2 = {0, 0, 10, 0, 0, 1};
+    kiln_adamw_multi *q = NULL;
+    bad.off = 6;
+    CHECK_ERR(kiln_adamw_multi_create(&bad, 1, &q), "multiple of 4");
+    CHECK_ERR(kiln_adamw_multi_create(&bad2, 1, &q), "keep_g");
+    kiln_adamw_multi_free(pf), kiln_adamw_multi_free(pb);
+    kiln_cuda_free(dw), kiln_cuda_free(dst), kiln_cuda_free(dg), kiln_cuda_free(dwb);
+    free(ref_w), free(ref_s), free(w0), free(zst);
+    for (int t = 0; t < 2; t++) free(gs[t]), free(gm[t]);
+}
+
+TEST(gpu_ops_adamw_bf16_gradients) {
+    adamw_bf16_case(0);
+    adamw_bf16_case(2);
 }

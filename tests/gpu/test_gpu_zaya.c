@@ -254,6 +254,74 @@ TEST(gpu_zaya_random_d64) { random_model(64, 48, 5, 1, 0, 1); }
 TEST(gpu_zaya_random_d128_top2) { random_model(128, 33, 5, 2, 1, 0); }
 TEST(gpu_zaya_random_16_experts) { random_model(64, 24, 16, 1, 0, 0); }
 
+/* The experts' weight gradients in bf16 (kiln_zaya_cuda_set_expert_grads_bf16, the trainer's default on one
+ * rank): on the many_experts fixture, every other tensor's gradient has the same bits as with f32 expert
+ * gradients, the experts' are those gradients rounded to bf16 (within 2^-8 of each value's magnitude, plus the
+ * GEMM's own last-bit noise), the gradient's sum of squares is the host's f64 sum of what download_grads gives,
+ * and a second backward without a zeroing is refused. */
+TEST(gpu_zaya_expert_grads_bf16) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/many_experts", test_src_path("tests/fixtures/zaya"));
+    kiln_zaya *m = NULL;
+    int64_t *ids = NULL, B = 0, T = 0;
+    CHECK_OK(kiln_zaya_load_dir(dir, &m));
+    CHECK_OK(zaya_fixture_read_ids(dir, &ids, &B, &T));
+    if (!m || !ids) {
+        kiln_zaya_free(m), free(ids);
+        return;
+    }
+    float *gr[2] = {malloc(m->numel * sizeof(float)), malloc(m->numel * sizeof(float))};
+    double ss = -1;
+    int nbf = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        kiln_zaya_cuda *g = NULL;
+        CHECK_OK(kiln_zaya_cuda_create(m, B, T, 0, &g));
+        if (!g) break;
+        CHECK_OK(kiln_zaya_cuda_set_expert_grads_bf16(g, mode));
+        CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+        CHECK_OK(kiln_zaya_cuda_forward(g, ids, NULL));
+        CHECK_OK(kiln_zaya_cuda_backward(g));
+        CHECK_OK(kiln_zaya_cuda_download_grads(g, gr[mode]));
+        if (mode) {
+            double *d = NULL;
+            CHECK_OK(kiln_cuda_alloc((void **)&d, sizeof *d));
+            CHECK_OK(kiln_zaya_cuda_grad_sumsq(g, d));
+            CHECK_OK(kiln_zaya_cuda_sync(g));
+            CHECK_OK(kiln_cuda_copy(&ss, d, sizeof ss, KILN_CUDA_D2H));
+            kiln_cuda_free(d);
+            for (int i = 0; i < m->nparams; i++) nbf += kiln_zaya_cuda_grad_bf16(g, i);
+            CHECK_OK(kiln_zaya_cuda_forward(g, ids, NULL));
+            CHECK_ERR(kiln_zaya_cuda_backward(g), "bf16");
+        }
+        kiln_zaya_cuda_free(g);
+    }
+    CHECK_MSG(nbf == 2 * (int)m->cfg.num_layers, "%d tensors with bf16 gradients, want the experts' two a layer", nbf);
+    double want = 0;
+    int64_t same_bad = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const kiln_param_info *p = &m->params[i];
+        const float *a = gr[0] + p->offset, *b = gr[1] + p->offset;
+        const int ex = strstr(p->name, "experts") != NULL;
+        double mx = 0;
+        for (int64_t j = 0; j < p->numel; j++) mx = fmax(mx, fabs(a[j]));
+        for (int64_t j = 0; j < p->numel; j++) {
+            want += (double)b[j] * b[j];
+            if (!ex) same_bad += memcmp(&a[j], &b[j], sizeof(float)) != 0;
+            else CHECK_MSG(fabs(b[j] - a[j]) <= fabs(a[j]) / 256 + 1e-5 * mx, "grad.%s[%lld]: bf16 %.9g, f32 %.9g", p->name,
+                           (long long)j, b[j], a[j]);
+            if (b[j] != kiln_bf16_to_f32(kiln_f32_to_bf16(b[j])) && ex) {
+                CHECK_MSG(0, "grad.%s[%lld] = %.9g is not a bf16 value", p->name, (long long)j, b[j]);
+                break;
+            }
+        }
+    }
+    CHECK_MSG(same_bad == 0, "%lld gradient elements outside the experts differ between the two modes", (long long)same_bad);
+    CHECK_MSG(fabs(ss - want) <= 1e-12 * want, "sum of squares %.17g, host %.17g", ss, want);
+    printf("    %d bf16 tensors; sum of squares %.6g (host %.6g)\n", nbf, ss, want);
+    free(gr[0]), free(gr[1]), free(ids);
+    kiln_zaya_free(m);
+}
+
 /* kiln logits --device cuda --grads: the contract's file, within the GPU tolerances of the HF truth. */
 TEST(gpu_zaya_cli_logits_cuda) {
     char dir[1024], args[4096], out[8192], outp[600], ep[1100];

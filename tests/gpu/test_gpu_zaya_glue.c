@@ -120,3 +120,58 @@ TEST(gpu_zaya_glue_counts_scale_sumsq) {
     free(ch), free(x), free(sx);
     kiln_cuda_free(d_ch), kiln_cuda_free(d_cnt), kiln_cuda_free(d_x), kiln_cuda_free(d_ss);
 }
+
+/* The sum of squares over f32 and bf16 segments (kiln_sumsq_plan: the gradient with the experts' bf16 weight
+ * gradients) against the host's f64 sum of the same values: segments at 64-float offsets as the model lays them
+ * out, sizes that are not multiples of a vector or of a chunk (2^18), one of several chunks, an empty one, and x
+ * shifted by one float (every access scalar); the same bits on a second run. */
+TEST(gpu_zaya_glue_sumsq_segments) {
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 77);
+    static const int64_t sizes[] = {1000003, 7, 600000, 0, 262144, 65, 3};
+    static const int isbf[] = {0, 1, 1, 0, 1, 0, 1};
+    enum { NS = sizeof sizes / sizeof *sizes };
+    kiln_sumsq_seg seg[NS];
+    int64_t nf = 0;
+    for (int k = 0; k < NS; k++) {
+        seg[k] = (kiln_sumsq_seg){nf, sizes[k], isbf[k]};
+        nf += (sizes[k] + 63) / 64 * 64;
+    }
+    float *v = gt_rand(&rng, nf, 3.0f), *buf = calloc((size_t)nf + 1, sizeof(float));
+    double want = 0;
+    for (int k = 0; k < NS; k++) {
+        if (!isbf[k]) {
+            memcpy(buf + seg[k].off, v + seg[k].off, (size_t)sizes[k] * sizeof(float));
+            for (int64_t j = 0; j < sizes[k]; j++) want += (double)v[seg[k].off + j] * v[seg[k].off + j];
+            continue;
+        }
+        uint16_t *h = (uint16_t *)(buf + seg[k].off);
+        for (int64_t j = 0; j < sizes[k]; j++) {
+            h[j] = kiln_f32_to_bf16(v[seg[k].off + j]);
+            const double f = kiln_bf16_to_f32(h[j]);
+            want += f * f;
+        }
+        for (int64_t j = (sizes[k] + 1) / 2; j < sizes[k]; j++) buf[seg[k].off + j] = 1e30f; /* the slot's unused half */
+    }
+    kiln_sumsq_plan *p = NULL;
+    CHECK_OK(kiln_sumsq_plan_create(seg, NS, &p));
+    float *d = gt_dev((size_t)(nf + 1) * sizeof(float));
+    double *d_ss = gt_dev(sizeof(double));
+    for (int shift = 0; shift < 2 && p; shift++) {
+        CHECK_OK(kiln_cuda_copy(d + shift, buf, (size_t)nf * sizeof(float), KILN_CUDA_H2D));
+        double ss[2] = {0, 0};
+        for (int r = 0; r < 2; r++) {
+            CHECK_OK(kiln_sumsq_plan_run(p, d_ss, d + shift, NULL));
+            CHECK_OK(kiln_cuda_sync());
+            CHECK_OK(kiln_cuda_copy(&ss[r], d_ss, sizeof(double), KILN_CUDA_D2H));
+        }
+        CHECK_MSG(fabs(ss[0] - want) <= 1e-12 * want, "shift %d: sum of squares %.17g vs %.17g", shift, ss[0], want);
+        CHECK_MSG(ss[0] == ss[1], "shift %d: sum of squares not repeatable", shift);
+    }
+    kiln_sumsq_seg bad = {-1, 4, 0};
+    kiln_sumsq_plan *q = NULL;
+    CHECK_ERR(kiln_sumsq_plan_create(&bad, 1, &q), "segment 0");
+    kiln_sumsq_plan_free(p);
+    kiln_cuda_free(d), kiln_cuda_free(d_ss);
+    free(v), free(buf);
+}
