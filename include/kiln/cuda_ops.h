@@ -457,6 +457,10 @@ typedef struct kiln_sumsq_plan kiln_sumsq_plan;
 kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int count, kiln_sumsq_plan **out);
 void kiln_sumsq_plan_free(kiln_sumsq_plan *p);
 kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const float *x, void *stream);
+/* run in pieces: the partial sums of segments [k0, k1) (on any stream: each chunk's has a slot of its own), then
+ * total sums every chunk's partial in order, once all are done: the same bits as run */
+kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0, int k1, const float *x, void *stream);
+kiln_error *kiln_sumsq_plan_total(const kiln_sumsq_plan *p, double *out, void *stream);
 /* Muon's Newton-Schulz iteration on `mats` f32 matrices x [mats, rows, cols] in place, as
  * kiln_newton_schulz (normalisation included), through strided-batched GEMMs (the Gram matrix on the short
  * side, no transposes) in `prec`: KILN_NS_FP32 strict f32 cuBLAS (the CPU's arithmetic), KILN_NS_TF32 or

@@ -199,13 +199,15 @@ static __global__ void __launch_bounds__(SQ_THREADS) sumsq_items_kernel(double *
 struct kiln_sumsq_plan {
     sq_item *items; // device
     double *part;   // device, one per item
-    int nitems;
+    int nitems, count;
+    int *first;     // host: segment k's items are [first[k], first[k + 1])
 };
 
 extern "C" void kiln_sumsq_plan_free(kiln_sumsq_plan *p) {
     if (!p) return;
     cudaFree(p->items);
     cudaFree(p->part);
+    free(p->first);
     free(p);
 }
 
@@ -222,16 +224,20 @@ extern "C" kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int co
     if (n > INT32_MAX / 2) return kiln_errorf(KILN_EINVAL, "sum of squares: %lld chunks is too many", (long long)n);
     kiln_sumsq_plan *p = (kiln_sumsq_plan *)calloc(1, sizeof *p);
     sq_item *h = (sq_item *)malloc((size_t)(n + 1) * sizeof *h);
-    if (!p || !h) {
+    if (!p || !h || !(p->first = (int *)malloc(((size_t)count + 1) * sizeof(int)))) {
+        if (p) free(p->first);
         free(p), free(h);
         return kiln_errorf(KILN_ENOMEM, "sum of squares: a work list of %lld chunks", (long long)n);
     }
     int m = 0;
-    for (int k = 0; k < count; k++)
+    for (int k = 0; k < count; k++) {
+        p->first[k] = m;
         for (int64_t c = 0; c < segs[k].n; c += SQ_CHUNK)
             h[m++] = sq_item{(segs[k].bf16 ? 2 * segs[k].off : segs[k].off) + c,
                              (int)(segs[k].n - c < SQ_CHUNK ? segs[k].n - c : SQ_CHUNK), segs[k].bf16 != 0};
-    p->nitems = m;
+    }
+    p->first[count] = m;
+    p->nitems = m, p->count = count;
     CUDA_TRY(cudaMalloc((void **)&p->items, (size_t)(m + 1) * sizeof *h));
     CUDA_TRY(cudaMalloc((void **)&p->part, (size_t)(m + 1) * sizeof(double)));
     if (m) CUDA_TRY(cudaMemcpy(p->items, h, (size_t)m * sizeof *h, cudaMemcpyHostToDevice));
@@ -242,17 +248,31 @@ done:
     return err;
 }
 
-extern "C" kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const float *x, void *stream) {
+extern "C" kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0, int k1, const float *x, void *stream) {
+    kiln_error *err = NULL;
+    if (k0 < 0 || k1 > p->count || k0 > k1)
+        return kiln_errorf(KILN_EINVAL, "sum of squares: segments %d..%d of %d", k0, k1 - 1, p->count);
+    const int i0 = p->first[k0], ni = p->first[k1] - i0;
+    if (ni) sumsq_items_kernel<<<(unsigned)ni, SQ_THREADS, 0, (cudaStream_t)stream>>>(p->part + i0, x, p->items + i0);
+    LAUNCH_CHECK("sum of squares (segments)");
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_sumsq_plan_total(const kiln_sumsq_plan *p, double *out, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t s = (cudaStream_t)stream;
     if (!p->nitems) {
         CUDA_TRY(cudaMemsetAsync(out, 0, sizeof *out, s));
         return NULL;
     }
-    sumsq_items_kernel<<<(unsigned)p->nitems, SQ_THREADS, 0, s>>>(p->part, x, p->items);
-    LAUNCH_CHECK("sum of squares (segments)");
     sumsq_final_kernel<<<1, 1024, 0, s>>>(out, p->part, p->nitems);
     LAUNCH_CHECK("sum of squares (segments)");
 done:
     return err;
+}
+
+extern "C" kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const float *x, void *stream) {
+    KILN_TRY(kiln_sumsq_plan_partial(p, 0, p->count, x, stream));
+    return kiln_sumsq_plan_total(p, out, stream);
 }

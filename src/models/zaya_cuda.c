@@ -147,6 +147,10 @@ struct kiln_zaya_cuda {
     int grads_zeroed;      /* no backward since kiln_zaya_cuda_grads_zero: the experts write their dW (beta = 0) */
     int xg16;              /* the experts' weight gradients in bf16 (kiln_zaya_cuda_set_expert_grads_bf16) */
     kiln_sumsq_plan *gsq;  /* the gradient's sum of squares over its f32 and bf16 segments (xg16) */
+    int nseg, *xseg;       /* its segments; layer l's two expert tensors are segments xseg[2l], xseg[2l + 1] */
+    unsigned char *seg_queued; /* a segment's partial sums are queued on nstream since the last backward began */
+    cudaStream_t nstream;  /* the experts' partial sums of squares, beside the rest of the backward */
+    cudaEvent_t nsq_ev, nsq_done;
     gscratch s;
     void *arena, *sarena;
     size_t arena_bytes, sarena_bytes;
@@ -324,11 +328,21 @@ static void sample_memory(struct kiln_zaya_cuda *g) {
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > g->used_high) g->used_high = tot - fr;
 }
 
+/* the sum of squares' plan, its side stream and events (kiln_zaya_cuda_set_expert_grads_bf16) */
+static void expert_sumsq_free(kiln_zaya_cuda *g) {
+    if (g->nstream) cudaStreamSynchronize(g->nstream), cudaStreamDestroy(g->nstream);
+    if (g->nsq_ev) cudaEventDestroy(g->nsq_ev);
+    if (g->nsq_done) cudaEventDestroy(g->nsq_done);
+    kiln_sumsq_plan_free(g->gsq);
+    free(g->xseg), free(g->seg_queued);
+    g->nstream = NULL, g->nsq_ev = g->nsq_done = NULL, g->gsq = NULL, g->xseg = NULL, g->seg_queued = NULL, g->nseg = 0;
+}
+
 void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     if (!g) return;
     if (g->ostream) cudaStreamSynchronize(g->ostream);
     if (g->stream) cudaStreamSynchronize(g->stream);
-    kiln_sumsq_plan_free(g->gsq);
+    expert_sumsq_free(g);
     kiln_cuda_free(g->w);
     kiln_cuda_free(g->g);
     kiln_cuda_free(g->wb);
@@ -560,6 +574,7 @@ kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
     KILN_TRY(opt_join(g));
     CU(cudaMemsetAsync(g->g, 0, g->numel_dev * sizeof(float), g->stream));
     g->grads_zeroed = 1;
+    if (g->seg_queued) memset(g->seg_queued, 0, (size_t)g->nseg);
     return NULL;
 }
 /* The padding between tensors is never written (the backward writes tensors only): zero since the first memset. */
@@ -577,18 +592,34 @@ int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) {
 
 int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { return g->xg16 && kiln_zaya_cuda_grad_overwritten(g, i); }
 
+/* The sum of squares of a gradient with bf16 expert tensors runs as a plan of segments: runs of f32 tensors
+ * (with the zero padding between them) and each bf16 tensor alone. A layer's expert segments get their partial
+ * sums on a side stream as soon as the backward has joined their weight-gradient GEMMs (queue_expert_sumsq), so
+ * 7/8 of those bytes (the [cuda] config) are read while the backward goes on; kiln_zaya_cuda_grad_sumsq runs the
+ * other segments and the total: the same bits as the whole plan at once. */
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
     KILN_TRY(opt_join(g));
-    kiln_sumsq_plan_free(g->gsq);
-    g->gsq = NULL, g->xg16 = 0;
+    CU(cudaStreamSynchronize(g->stream));
+    expert_sumsq_free(g);
+    g->xg16 = 0;
     if (!on) return NULL;
     const int n = g->m->nparams;
+    const int64_t nl = g->m->cfg.num_layers;
     kiln_sumsq_seg *seg = calloc((size_t)n + 1, sizeof *seg);
-    if (!seg) return kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+    g->xseg = malloc((size_t)(2 * nl + 1) * sizeof *g->xseg);
+    if (!seg || !g->xseg) {
+        free(seg);
+        expert_sumsq_free(g);
+        return kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+    }
+    for (int64_t k = 0; k < 2 * nl; k++) g->xseg[k] = -1;
     int ns = 0;
     g->xg16 = 1;
-    for (int i = 0; i < n;) { /* runs of f32 tensors (with the zero padding between them), each bf16 tensor alone */
+    for (int i = 0; i < n;) {
         if (kiln_zaya_cuda_grad_bf16(g, i)) {
+            const float *p = g->g + g->poff[i];
+            for (int64_t l = 0; l < nl; l++)
+                if (p == g->G.layers[l].gate_up || p == g->G.layers[l].down) g->xseg[2 * l + (p == g->G.layers[l].down)] = ns;
             seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], g->m->params[i].numel, 1};
             i++;
             continue;
@@ -600,14 +631,50 @@ kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
     }
     kiln_error *e = kiln_sumsq_plan_create(seg, ns, &g->gsq);
     free(seg);
-    if (e) g->xg16 = 0;
+    if (!e && !(g->seg_queued = calloc((size_t)ns + 1, 1))) e = kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+    if (!e && (cudaStreamCreateWithFlags(&g->nstream, cudaStreamNonBlocking) != cudaSuccess ||
+               cudaEventCreateWithFlags(&g->nsq_ev, cudaEventDisableTiming) != cudaSuccess ||
+               cudaEventCreateWithFlags(&g->nsq_done, cudaEventDisableTiming) != cudaSuccess))
+        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: a stream for the gradient's sum of squares");
+    g->nseg = ns;
+    if (e) {
+        expert_sumsq_free(g);
+        g->xg16 = 0;
+    }
     return e;
+}
+
+/* Layer l's expert weight gradients are complete in the model's stream order from here on: their partial sums of
+ * squares on nstream. */
+static kiln_error *queue_expert_sumsq(kiln_zaya_cuda *g, int64_t l) {
+    if (!g->gsq) return NULL;
+    CU(cudaEventRecord(g->nsq_ev, g->stream));
+    CU(cudaStreamWaitEvent(g->nstream, g->nsq_ev, 0));
+    for (int h = 0; h < 2; h++) {
+        const int k = g->xseg[2 * l + h];
+        if (k < 0 || g->seg_queued[k]) continue;
+        KILN_TRY(kiln_sumsq_plan_partial(g->gsq, k, k + 1, g->g, g->nstream));
+        g->seg_queued[k] = 1;
+    }
+    return NULL;
 }
 
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) {
     KILN_TRY(opt_join(g));
-    if (g->gsq) return kiln_sumsq_plan_run(g->gsq, out, g->g, g->stream);
-    return kiln_zaya_sumsq_cuda(out, g->g, (int64_t)g->numel_dev, g->stream);
+    if (!g->gsq) return kiln_zaya_sumsq_cuda(out, g->g, (int64_t)g->numel_dev, g->stream);
+    CU(cudaEventRecord(g->nsq_done, g->nstream)); /* the partials queued during the backward */
+    CU(cudaStreamWaitEvent(g->stream, g->nsq_done, 0));
+    for (int k = 0; k < g->nseg;) { /* the rest, in runs */
+        if (g->seg_queued[k]) {
+            k++;
+            continue;
+        }
+        int j = k + 1;
+        while (j < g->nseg && !g->seg_queued[j]) j++;
+        KILN_TRY(kiln_sumsq_plan_partial(g->gsq, k, j, g->g, g->stream));
+        k = j;
+    }
+    return kiln_sumsq_plan_total(g->gsq, out, g->stream);
 }
 
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) {
@@ -1017,6 +1084,8 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16};
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
+    /* it joined the previous (next higher) layer's deferred weight gradients first */
+    if (li + 1 < c->num_layers) KILN_TRY(queue_expert_sumsq(g, li + 1));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
     Z(s->dprobs, N * E1 * 4);
     OP(g, "pointwise + glue bwd", kiln_route_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
@@ -1091,6 +1160,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     cudaStream_t st = g->stream;
     if (!g->logits_valid) return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: backward without a forward");
     KILN_TRY(opt_join(g)); /* the forward joined already; the gradients are written from here on */
+    if (g->seg_queued) memset(g->seg_queued, 0, (size_t)g->nseg);
     /* loss -> logits (the gradient overwrites them; the same pass gives the loss, bit for bit the forward's) ->
      * lm_head -> final norm */
     OP(g, "cross-entropy bwd", kiln_cross_entropy_cuda(g->logits, NULL, g->loss, g->logits, g->ids, B, T, V, st));
@@ -1143,6 +1213,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     OP(g, "embedding bwd", kiln_embedding_backward_cuda(g->G.embed, s->dx0, g->ids, N, H, c->pad_token_id, st));
     /* the first layer's expert weight gradients, left running beside the joins and the embedding's backward */
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_join_cuda(st));
+    if (c->num_layers) KILN_TRY(queue_expert_sumsq(g, 0));
     CU(cudaStreamSynchronize(st));
     sample_memory(g);
     return NULL;

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime.h>
+
 #include "gpu_testutil.h"
 
 static float *dn_bf16_f(const kiln_bf16 *d, int64_t n) { return gt_down_bf16(d, n); }
@@ -167,6 +169,20 @@ TEST(gpu_zaya_glue_sumsq_segments) {
         }
         CHECK_MSG(fabs(ss[0] - want) <= 1e-12 * want, "shift %d: sum of squares %.17g vs %.17g", shift, ss[0], want);
         CHECK_MSG(ss[0] == ss[1], "shift %d: sum of squares not repeatable", shift);
+        /* in pieces: segments 2..4 on a stream of their own, the rest on the default stream, then the total */
+        cudaStream_t side = NULL;
+        CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+        CHECK_OK(kiln_sumsq_plan_partial(p, 2, 5, d + shift, side));
+        CHECK_OK(kiln_sumsq_plan_partial(p, 0, 2, d + shift, NULL));
+        CHECK_OK(kiln_sumsq_plan_partial(p, 5, NS, d + shift, NULL));
+        CHECK_OK(kiln_cuda_sync());
+        CHECK_OK(kiln_sumsq_plan_total(p, d_ss, NULL));
+        CHECK_OK(kiln_cuda_sync());
+        double sp = 0;
+        CHECK_OK(kiln_cuda_copy(&sp, d_ss, sizeof sp, KILN_CUDA_D2H));
+        CHECK_MSG(sp == ss[0], "shift %d: in pieces %.17g, at once %.17g", shift, sp, ss[0]);
+        CHECK_ERR(kiln_sumsq_plan_partial(p, 3, NS + 1, d, NULL), "segments");
+        cudaStreamDestroy(side);
     }
     kiln_sumsq_seg bad = {-1, 4, 0};
     kiln_sumsq_plan *q = NULL;
