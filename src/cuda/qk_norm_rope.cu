@@ -1,8 +1,9 @@
 // ZAYA's QK norm (head vectors to L2 norm `scale`, times the per-KV-head temperature) and partial RoPE
-// (HF rotate-half), forward and backward, separately (the CPU ops' twins) and fused in one pass. A warp
-// per head vector (four a warp up to QK_BATCH_DIM), staged in shared memory so that RoPE's pairs
-// (i, i + rot_dim/2) meet. The temperature's gradient is one value per vector, then a fixed-order sum per
-// head: deterministic.
+// (HF rotate-half), forward and backward, separately (the CPU ops' twins) and fused in one pass. Head dims
+// that are multiples of 32 up to 256 (ZAYA's 128): four vectors a warp side by side, eight lanes each (the g8
+// kernels); other dims up to QK_BATCH_DIM four a warp one after another, wider ones one a warp; RoPE's pairs
+// (i, i + rot_dim/2) meet in shared memory. The temperature's gradient is one value per vector, then a
+// fixed-order sum per head: deterministic.
 #include <stdlib.h>
 
 #include "ops_common.cuh"
@@ -222,11 +223,124 @@ static __global__ void qk_bwd_nv_kernel(bf16 *dx, float *dtp, const bf16 *dy, co
     }
 }
 
-// Head vectors up to QK_BATCH_DIM (ZAYA's default 128) go four a warp; wider ones (up to 2048) one a warp: four
+// Head dims that are multiples of 32 up to 256 (ZAYA's 128): four head vectors a warp side by side, eight lanes
+// each (lane l8 of a group owns the 4-element chunks l8*4 + 32 j, 8-byte accesses). The nv kernels above walk
+// their four vectors one after another, each through the whole dependent chain (a 32-lane sum, an f64 square
+// root and division, 64-bit index divisions, sin/cos): at the [cuda] shape they issued ~3x the instructions
+// their bytes need and ran at ~1 TB/s. Here the four chains run in the same instructions, the sums take three
+// shuffles, and the indices are 32-bit (nvec < 2^31). The same formulas; sums in another order (not the bits
+// of the nv kernels). The RoPE pairs meet in shared memory, rows padded by 8 floats (no bank conflicts).
+#define G8_PAD 8
+static int aligned8(const void *p) { return ((uintptr_t)p & 7) == 0; }
+template <int E> static __device__ __forceinline__ void g8_load(float (&e)[E], const bf16 *p, int l8, bool ok) {
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) {
+        if (ok) ldv<4>(p, l8 * 4 + 32 * j, e + 4 * j);
+        else e[4 * j] = e[4 * j + 1] = e[4 * j + 2] = e[4 * j + 3] = 0.0f;
+    }
+}
+template <int E> static __device__ __forceinline__ void g8_store(bf16 *p, const float (&e)[E], int l8) {
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) stv<4>(p, l8 * 4 + 32 * j, e + 4 * j);
+}
+static __device__ __forceinline__ float g8_sum(float v) { // over the 8 lanes of a group
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v + __shfl_xor_sync(0xffffffffu, v, 4);
+}
+// RoPE on the vector's first rot_dim = 2 half elements (through sh) at position pos; SIGN -1: the adjoint
+template <int E, int SIGN>
+static __device__ __forceinline__ void g8_rope(float (&e)[E], float *sh, const float *inv_freq, float pos, int half,
+                                               int l8) {
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) stv<4>(sh, l8 * 4 + 32 * j, e + 4 * j);
+    __syncwarp();
+    for (int i = l8; i < half; i += 8) {
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        if (SIGN < 0) s = -s;
+        const float x1 = sh[i], x2 = sh[i + half];
+        sh[i] = x1 * c - x2 * s;
+        sh[i + half] = x2 * c + x1 * s;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < E / 4; j++) ldv<4>(sh, l8 * 4 + 32 * j, e + 4 * j);
+    __syncwarp(); // the next vector's staging overwrites sh
+}
+
+template <bool NORM, bool ROPE, int E>
+static __global__ void __launch_bounds__(32 * WARPS)
+    qk_fwd_g8_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq, int nvec, int t,
+                     int heads, int half, int pos0, float scale, float eps) {
+    extern __shared__ __align__(16) float shm[];
+    constexpr int dim = 8 * E;
+    const int lane = threadIdx.x & 31, l8 = lane & 7;
+    float *sh = shm + (threadIdx.x >> 3) * (dim + G8_PAD);
+    for (int v0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * 4; v0 < nvec; v0 += gridDim.x * WARPS * 4) {
+        const int v = v0 + (lane >> 3);
+        const bool ok = v < nvec;
+        float e[E];
+        g8_load<E>(e, x + (int64_t)v * dim, l8, ok);
+        if (NORM) {
+            float ss = 0;
+#pragma unroll
+            for (int k = 0; k < E; k++) ss += e[k] * e[k];
+            ss = g8_sum(ss);
+            const double nrm = sqrt((double)ss), iv = 1.0 / (nrm > eps ? nrm : (double)eps);
+            if (ok && l8 == 0 && inv) inv[v] = (float)iv;
+            const float f = (float)(scale * iv * (temp && ok ? temp[v % heads] : 1.0f));
+#pragma unroll
+            for (int k = 0; k < E; k++) e[k] *= f;
+        }
+        if (ROPE) g8_rope<E, 1>(e, sh, inv_freq, (float)(pos0 + (v / heads) % t), half, l8);
+        if (ok) g8_store<E>(y + (int64_t)v * dim, e, l8);
+    }
+}
+
+template <bool NORM, bool ROPE, int E>
+static __global__ void __launch_bounds__(32 * WARPS)
+    qk_bwd_g8_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp, const float *inv,
+                     const float *inv_freq, int nvec, int t, int heads, int half, int pos0, float scale, float eps) {
+    extern __shared__ __align__(16) float shm[];
+    constexpr int dim = 8 * E;
+    const int lane = threadIdx.x & 31, l8 = lane & 7;
+    float *sh = shm + (threadIdx.x >> 3) * (dim + G8_PAD);
+    for (int v0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * 4; v0 < nvec; v0 += gridDim.x * WARPS * 4) {
+        const int v = v0 + (lane >> 3);
+        const bool ok = v < nvec;
+        float e[E], xe[E];
+        g8_load<E>(e, dy + (int64_t)v * dim, l8, ok);
+        if (NORM) g8_load<E>(xe, x + (int64_t)v * dim, l8, ok); // both loads in flight before the rotation
+        if (ROPE) g8_rope<E, -1>(e, sh, inv_freq, (float)(pos0 + (v / heads) % t), half, l8);
+        if (NORM) {
+            float dot = 0;
+#pragma unroll
+            for (int k = 0; k < E; k++) dot += e[k] * xe[k];
+            dot = g8_sum(dot);
+            const double iv = ok ? inv[v] : 1.0, tt = temp && ok ? temp[v % heads] : 1.0;
+            if (dtp && ok && l8 == 0) dtp[v] = (float)(scale * iv * dot);
+            const float f = (float)(scale * iv * tt);
+            const float c = (1.0 / iv) <= eps ? 0.0f : (float)(dot * iv * iv);
+#pragma unroll
+            for (int k = 0; k < E; k++) e[k] = f * (e[k] - c * xe[k]);
+        }
+        if (ok) g8_store<E>(dx + (int64_t)v * dim, e, l8);
+    }
+}
+
+// the grouped kernels' head dims (multiples of 32 up to 256) and index range
+static int qk_g8(int64_t nvec, int64_t t, int64_t heads, int64_t dim, int64_t pos0, const void *a, const void *b,
+                 const void *c) {
+    return dim % 32 == 0 && dim <= 256 && nvec < 2147483647 - 64 && t < 2147483647 && heads < 2147483647 &&
+           pos0 >= 0 && pos0 + t < 2147483647 && aligned8(a) && aligned8(b) && (!c || aligned8(c));
+}
+static size_t g8_smem(bool rope, int64_t dim) { return rope ? WARPS * 4 * (size_t)(dim + G8_PAD) * sizeof(float) : 0; }
+#define G8_DIMS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+
+// Other head vectors up to QK_BATCH_DIM go four a warp (the nv kernels); wider ones (up to 2048) one a warp: four
 // at 2048 would stage 4 warps x 4 vectors x 2048 floats (x2 backward: 256 KB) in a block's shared memory.
 static int qk_batch(int64_t dim) { return dim <= QK_BATCH_DIM; }
-
-static int aligned8(const void *p) { return ((uintptr_t)p & 7) == 0; }
 
 static kiln_error *check_shape(const char *op, int64_t heads, int64_t dim, int64_t rot_dim) {
     if (dim > 2048 || rot_dim > dim || rot_dim < 0 || heads <= 0)
@@ -242,7 +356,20 @@ static kiln_error *qk_fwd(const char *op, bf16 *y, float *inv, const bf16 *x, co
     kiln_error *err = NULL;
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
-    if (qk_batch(dim) && dim % 4 == 0 && aligned8(y) && aligned8(x))
+    if (qk_g8(rows * heads, t > 0 ? t : 1, heads, dim, pos0, y, x, NULL)) {
+        const int nvec = (int)(rows * heads);
+        switch (dim / 32) {
+#define G8_FWD(X)                                                                                                     \
+    case X:                                                                                                           \
+        qk_fwd_g8_kernel<NORM, ROPE, 4 * X><<<grid_for((nvec + 3) / 4, WARPS), 32 * WARPS, g8_smem(ROPE, dim),    \
+                                             (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, nvec,            \
+                                                                     (int)(t > 0 ? t : 1), (int)heads,           \
+                                                                     (int)(rot_dim / 2), (int)pos0, scale, eps); \
+        break;
+            G8_DIMS(G8_FWD)
+#undef G8_FWD
+        }
+    } else if (qk_batch(dim) && dim % 4 == 0 && aligned8(y) && aligned8(x))
         qk_fwd_nv_kernel<NORM, ROPE, 4><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
                                           WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream>>>(
             y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
@@ -273,7 +400,19 @@ static kiln_error *qk_bwd(const char *op, bf16 *dx, float *dt, const bf16 *dy, c
     if (rows <= 0 || dim <= 0) return NULL;
     KILN_TRY(check_shape(op, heads, dim, rot_dim));
     if (NORM && dt) CUDA_TRY(kiln_ops_scratch((void **)&dtp, (size_t)(rows * heads) * sizeof(float), st));
-    if (qk_batch(dim) && dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
+    if (qk_g8(rows * heads, t > 0 ? t : 1, heads, dim, pos0, dx, dy, NORM ? x : NULL)) {
+        const int nvec = (int)(rows * heads);
+        switch (dim / 32) {
+#define G8_BWD(X)                                                                                                     \
+    case X:                                                                                                           \
+        qk_bwd_g8_kernel<NORM, ROPE, 4 * X><<<grid_for((nvec + 3) / 4, WARPS), 32 * WARPS, g8_smem(ROPE, dim), st>>>( \
+            dx, dtp, dy, x, temp, inv, inv_freq, nvec, (int)(t > 0 ? t : 1), (int)heads, (int)(rot_dim / 2),           \
+            (int)pos0, scale, eps);                                                                                   \
+        break;
+            G8_DIMS(G8_BWD)
+#undef G8_BWD
+        }
+    } else if (qk_batch(dim) && dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
         qk_bwd_nv_kernel<NORM, ROPE, 4><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
                                           WARPS * 2 * QK_NV * dim * sizeof(float), st>>>(
             dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);

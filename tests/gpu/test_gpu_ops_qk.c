@@ -5,8 +5,9 @@
  *   inv (f32): 1e-5; dt, a sum over all tokens of one head: 3e-5 (f32 terms, another order).
  * Shapes include odd head dims, a partial rotary dim, long positions (4096 steps: f32 angles as the
  * reference computes them); a separate case has zero vectors (the norm clamped at eps, where the map is
- * linear with a gain of scale/eps: those vectors would dominate max |ref| of a larger case). Head dims up to 256
- * run four head vectors a warp, the wider ones (320, 301) one a warp. */
+ * linear with a gain of scale/eps: those vectors would dominate max |ref| of a larger case). Head dims that are
+ * multiples of 32 up to 256 run four head vectors a warp side by side (64, 128, 96, 256, 32; vector counts not a
+ * multiple of four), other dims up to 256 four a warp one after another (33), wider ones one a warp (320, 301). */
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,8 @@ typedef struct {
 
 static const qk_shape shapes[] = {
     {2, 50, 3, 64, 0.5, 7}, {1, 4096, 2, 128, 0.5, 0}, {3, 17, 5, 33, 1.0, 100}, {2, 300, 8, 128, 0.25, 0},
-    {2, 9, 2, 320, 0.5, 5}, {1, 7, 3, 301, 1.0, 0}};
+    {2, 9, 2, 320, 0.5, 5}, {1, 7, 3, 301, 1.0, 0}, {1, 7, 3, 96, 1.0, 3}, {2, 33, 2, 256, 0.25, 0},
+    {3, 11, 5, 32, 0.5, 9}};
 
 static float *dev_inv_freq(const qk_shape *s, int64_t *rot_dim) {
     float inv_freq[1024];
