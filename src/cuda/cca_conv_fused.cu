@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cca_conv_gemm.cuh"
+#include "mma_bf16.cuh"
 
 namespace ccaf {
 using namespace nvcuda;
@@ -282,16 +283,6 @@ static __global__ void __launch_bounds__(128)
 #define STAGE_BYTES (BT * LDA * 2 + 2 * FK * LDB2 * 2)
 #define SMEM128 (2 * STAGE_BYTES)
 
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    const int n = valid ? 16 : 0; // 0: the 16 bytes are zero-filled, src not read
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Stage st of a two-buffer pipeline (grp128_kernel, dw1_128_kernel; stage 0's loads issued before the loop):
 // stage st + 1's loads issued by load(st + 1, buffer) to be in flight during stage st's MMAs, stage st's landed,
 // then a barrier: every thread's copies are visible
@@ -414,6 +405,116 @@ static __global__ void __launch_bounds__(256, 2)
                 st_bf<8>(kpre + row * Kc + jh * cg + n, v);
             }
         }
+}
+
+// The input-gradient GEMM (grp128_kernel's MODE 1) for heads of exactly 128 channels (ZAYA's), persistent:
+// grp128_kernel's blocks each read their group's whole B (w1's hi and lo halves, 2 x 64 KB at two taps) beside
+// 64 KB of A for 128 x 128 outputs: three times A's bytes through the L2 and into the SMs. Here a block keeps
+// one group's B in shared memory and streams A (dy, 128 rows x 64 of K a chunk, three buffers, cp.async) through
+// the group's row tiles: `bpg` blocks a group, tiles part, part + bpg, ... of (sequence, row tile). 8 warps of
+// 32 x 64, raw mma.sync (ldmatrix; B transposed from its [k][n] rows), dmid stored from the accumulators.
+// Measured (session 19, [cuda] shape): 99 us against grp128_kernel's 150. The forward's twin (the coupling in its
+// epilogue) took 208 us against grp128_kernel's 170 and was dropped: one block an SM leaves the epilogue's loads of
+// q and k nothing to hide behind, where grp128_kernel's two blocks an SM overlap one's epilogue with the other's MMAs.
+#define PK 64              // K per chunk of A
+#define PLDA (PK + 8)      // bf16 pitches: ldmatrix rows 16 bytes apart in different banks
+#define PLDB (128 + 8)
+#define PSTAGES 3
+static size_t grpp_smem(int64_t K, bool lo) {
+    return (size_t)K * PLDB * 2 * (lo ? 2 : 1) + (size_t)PSTAGES * 128 * PLDA * 2;
+}
+
+template <bool LO>
+static __global__ void __launch_bounds__(256, 1)
+    grpp_bwd_kernel(float *dmid, const bf16 *dqp, const bf16 *dkp, const bf16 *wh, const bf16 *wl, kiln_conv_shape s,
+                    int NH, int KV, int bpg) {
+    extern __shared__ __align__(128) unsigned char smp[];
+    constexpr int cg = 128;
+    const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, K = cg * k1, KC = K / PK;
+    const int tps = (M + 127) / 128, ntiles = (int)s.B * tps;
+    const int g = blockIdx.x / bpg, part = blockIdx.x % bpg;
+    if (g >= (int)s.groups) return;
+    const int g0 = g * cg, ld = g < NH ? NH * cg : KV * cg;
+    bf16 *sbh = (bf16 *)smp, *sbl = sbh + K * PLDB, *sa0 = LO ? sbl + K * PLDB : sbl;
+    {   // B, once: rows kk of the group's [K][128] hi (and lo)
+        const bf16 *wrh = wh + (int64_t)g * K * cg, *wrl = wl + (int64_t)g * K * cg;
+        for (int e = threadIdx.x; e < K * (cg / 8); e += 256) {
+            const int kk = e / (cg / 8), q = e % (cg / 8);
+            cp_async16(sbh + kk * PLDB + q * 8, wrh + (int64_t)kk * cg + q * 8, true);
+            if (LO) cp_async16(sbl + kk * PLDB + q * 8, wrl + (int64_t)kk * cg + q * 8, true);
+        }
+        cp_async_commit();
+    }
+    const int mine = part < ntiles ? (ntiles - part + bpg - 1) / bpg : 0, nq = mine * KC;
+    // chunk qi of this block's stream (tile part + (qi / KC) * bpg, K chunk qi % KC) into buffer qi % PSTAGES:
+    // dmid[u] = sum_j dy[u - j] w1[., ., j] over 0 <= u - j < T
+    auto issue = [&](int qi) {
+        if (qi < nq) {
+            const int ti = part + (qi / KC) * bpg, kb = (qi % KC) * PK, j = kb / cg, c0 = kb % cg;
+            const int bb = ti / tps, r0 = (ti % tps) * 128;
+            bf16 *sa = sa0 + (qi % PSTAGES) * 128 * PLDA;
+            const bf16 *src = (g < NH ? dqp + g0 : dkp + (g - NH) * cg) + (int64_t)bb * T * ld + c0;
+            for (int e = threadIdx.x; e < 128 * (PK / 8); e += 256) {
+                const int rr = e / (PK / 8), q = e % (PK / 8), r = r0 + rr;
+                const bool ok = r < M && r - j >= 0 && r - j < T;
+                cp_async16(sa + rr * PLDA + q * 8, ok ? src + (int64_t)(r - j) * ld + q * 8 : src, ok);
+            }
+        }
+        cp_async_commit(); // an empty group past the end keeps the wait counts uniform
+    };
+    issue(0);
+    issue(1);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wy = warp / 2, wx = warp % 2;
+    float acc[2][8][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++) zero_acc<8>(acc[i]);
+    for (int qi = 0; qi < nq; qi++) {
+        cp_async_wait<1>(); // chunk qi (and B) landed for this thread's copies ...
+        __syncthreads();    // ... and everyone's; every warp is past chunk qi - 1, whose buffer the next issue fills
+        issue(qi + 2);
+        const bf16 *sa = sa0 + (qi % PSTAGES) * 128 * PLDA;
+        const int kc = qi % KC;
+#pragma unroll
+        for (int kk = 0; kk < PK; kk += 16) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                ldsm_x4(af[i], sa + (wy * 32 + i * 16 + (lane & 15)) * PLDA + kk + (lane >> 4) * 8);
+            const int kr = kc * PK + kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int n0 = 0; n0 < 64; n0 += 16) {
+                uint32_t bh[4], bl[4];
+                ldsm_x4_t(bh, sbh + kr * PLDB + wx * 64 + n0 + (lane >> 4) * 8);
+                if (LO) ldsm_x4_t(bl, sbl + kr * PLDB + wx * 64 + n0 + (lane >> 4) * 8);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    if (LO) {
+                        mma16816(acc[i][n0 / 8], af[i], bl[0], bl[1]);
+                        mma16816(acc[i][n0 / 8 + 1], af[i], bl[2], bl[3]);
+                    }
+                    mma16816(acc[i][n0 / 8], af[i], bh[0], bh[1]);
+                    mma16816(acc[i][n0 / 8 + 1], af[i], bh[2], bh[3]);
+                }
+            }
+        }
+        if (kc < KC - 1) continue;
+        // the tile's dmid: this thread's rows wy*32 + i*16 + lane/4 (+ 8), columns wx*64 + nt*8 + (lane%4)*2
+        const int ti = part + (qi / KC) * bpg, bb = ti / tps, r0 = (ti % tps) * 128;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + wy * 32 + i * 16 + (lane >> 2) + h * 8;
+                if (r >= M) continue;
+                float *o = dmid + ((int64_t)bb * M + r) * C + g0 + wx * 64 + (lane & 3) * 2;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+                    *(float2 *)(o + nt * 8) = make_float2(acc[i][nt][2 * h], acc[i][nt][2 * h + 1]);
+            }
+#pragma unroll
+        for (int i = 0; i < 2; i++) zero_acc<8>(acc[i]);
+    }
+    cp_async_wait<0>();
 }
 
 // dw1 (+ db1) partials as dw1_kernel<true> (columns in (j, i) order) for heads of a multiple of 128: a block
@@ -804,6 +905,20 @@ static int use_tile128(int64_t cg) {
     const char *e = getenv("KILN_CCA_TILE");
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
 }
+// the input-gradient GEMM of heads of exactly 128 channels goes to the persistent grpp_bwd_kernel when its shared
+// memory fits (two taps with w1's hi and lo: 190 KB), `bpg` blocks a group filling the SMs; KILN_CCA_TILE=128
+// keeps grp128_kernel (and =64 grp_kernel), for comparison
+static int use_persistent(int64_t cg, int64_t k1, int64_t groups, int *bpg) {
+    const char *e = getenv("KILN_CCA_TILE");
+    int dev, optin, nsm;
+    if (cg != 128 || (e && (!strcmp(e, "64") || !strcmp(e, "128"))) || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        grpp_smem(cg * k1, w1_lo()) > (size_t)optin || groups > 65535)
+        return 0;
+    *bpg = nsm / groups > 1 ? (int)(nsm / groups) : 1;
+    return 1;
+}
 
 // w1 split for the FAST grouped GEMMs: scratch of 2 x C*cg*k1 bf16 (hi, then lo)
 template <int MODE>
@@ -932,7 +1047,15 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         }
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 0, st));
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
-        if (t128) {
+        int bpg;
+        if (fast && use_persistent(cg, k1, s->groups, &bpg)) {
+            CUDA_TRY(split_w1<1>(&wh, w1, s, st));
+            auto kern = w1_lo() ? grpp_bwd_kernel<true> : grpp_bwd_kernel<false>;
+            const size_t sm = grpp_smem(cg * k1, w1_lo());
+            CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            kern<<<(unsigned)(s->groups * bpg), 256, sm, st>>>(dmid, (const bf16 *)dqpre, (const bf16 *)dkpre, wh,
+                                                               wh + ne1, *s, (int)NH, (int)KV, bpg);
+        } else if (t128) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp128_kernel<1, true> : grp128_kernel<1, false>;
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));

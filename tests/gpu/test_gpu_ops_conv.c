@@ -18,7 +18,8 @@
  *   cg*k1 terms of an output or the steps of a weight gradient, ~u/sqrt(3) of the result's spread) and
  *   qpre/kpre add their own rounding; db1, dw0, db0 1e-4 (f32 sums of exact or f32 terms).
  * Shapes: the model's heads (8 query / 2 KV of 128, kernels 2 and 2) over more than one dw1 chunk and with two
- * sequences (the pipelined 128 x 128 kernels; again on the 64 x 64 tiles with KILN_CCA_TILE=64), head dim 64
+ * sequences (the pipelined 128 x 128 kernels and the persistent input-gradient one; again on the 128 x 128 tiles
+ * alone with KILN_CCA_TILE=128 and on the 64 x 64 tiles with KILN_CCA_TILE=64), head dim 64
  * with kernels 1 and 3 (64 x 64 vector path, K across taps), and odd shapes (element path): G = 1, G = 6 with
  * k1 = 1; depthwise kernels of 3 and 4 taps on 16-byte paths, and of 5 taps (past the 16-byte depthwise kernels'
  * 4: the element kernels). Bitwise repeatable weight gradients. */
@@ -251,9 +252,16 @@ TEST(gpu_ops_cca_conv_couple_fused_w1_bf16) {
     unsetenv("KILN_CCA_W1");
 }
 
-/* heads of 128 on the 64 x 64 tiles (KILN_CCA_TILE=64) instead of the pipelined 128 x 128 kernels */
+/* heads of 128 on the 64 x 64 tiles (KILN_CCA_TILE=64) instead of the pipelined and persistent kernels */
 TEST(gpu_ops_cca_conv_couple_fused_tile64) {
     setenv("KILN_CCA_TILE", "64", 1);
+    fused_cases(2);
+    unsetenv("KILN_CCA_TILE");
+}
+
+/* heads of 128 on the pipelined 128 x 128 tiles (KILN_CCA_TILE=128) instead of the persistent input-gradient kernel */
+TEST(gpu_ops_cca_conv_couple_fused_tile128) {
+    setenv("KILN_CCA_TILE", "128", 1);
     fused_cases(2);
     unsetenv("KILN_CCA_TILE");
 }
