@@ -415,7 +415,8 @@ static __global__ void __launch_bounds__(256, 2)
 // 32 x 64, raw mma.sync (ldmatrix; B transposed from its [k][n] rows), dmid stored from the accumulators.
 // Measured (session 19, [cuda] shape): 99 us against grp128_kernel's 150. The forward's twin (the coupling in its
 // epilogue) took 208 us against grp128_kernel's 170 and was dropped: one block an SM leaves the epilogue's loads of
-// q and k nothing to hide behind, where grp128_kernel's two blocks an SM overlap one's epilogue with the other's MMAs.
+// q and k nothing to hide behind, where grp128_kernel's two blocks an SM overlap one's epilogue with the other's MMAs
+// (those rows prefetched into L1 under the tile's last K chunk: 217 us, no better).
 #define PK 64              // K per chunk of A
 #define PLDA (PK + 8)      // bf16 pitches: ldmatrix rows 16 bytes apart in different banks
 #define PLDB (128 + 8)
