@@ -1049,7 +1049,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 0, st));
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
         int bpg;
-        if (fast && use_persistent(cg, k1, s->groups, &bpg)) {
+        if (fast && aligned16(dmid) && use_persistent(cg, k1, s->groups, &bpg)) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grpp_bwd_kernel<true> : grpp_bwd_kernel<false>;
             const size_t sm = grpp_smem(cg * k1, w1_lo());
