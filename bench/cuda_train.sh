@@ -13,6 +13,8 @@
 # sustained load meets this board's power limit, so that time is a floor under any implementation's step at the
 # limit: the peer's step time over it bounds the ratio, and kiln's step minus it is what kiln's other passes cost.
 # KILN_OPT_OVERLAP=1 in the environment runs kiln's optimizer step beside the next forward (an experiment).
+# TRACE=1: after the timed run, a second kiln run of 6 steps under bench/kernel_trace.sh (CUPTI, no CUDA events):
+# the GPU's idle gaps, the streams' overlap and every kernel's time in its last two steps, in OUT/trace/report.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"
@@ -52,6 +54,18 @@ echo "== kiln train --device cuda ($steps steps)"
 : > "$out/cuda_train_power.jsonl"
 python3 bench/peers/gpu_power.py "$out/cuda_train_power.jsonl" kiln -- \
   env KILN_CUDA_PROFILE=1 ./build-gpu/kiln train --config "$cfg" "${extra[@]}" 2>&1 | tee "$out/kiln_train.log"
+
+if [ "${TRACE:-0}" = 1 ]; then
+  echo "== kernel trace of kiln's steps (bench/kernel_trace.sh)"
+  rm -rf "$out/kiln_run"
+  python3 - "$cfg" "$out/trace_config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["run"]["steps"] = 6
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+  bash bench/kernel_trace.sh "$out/trace" --steps 2 -- ./build-gpu/kiln train --config "$out/trace_config.json" --quiet \
+    || echo "(the kernel trace failed)"
+fi
 
 if [ "${SKIP_PEER:-0}" != 1 ]; then
   echo "== peer: HF transformers ZayaForCausalLM (bench/peers/hf_zaya_train.py 8)"
