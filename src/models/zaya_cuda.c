@@ -134,6 +134,12 @@ struct kiln_zaya_cuda {
                               * 256-byte boundary in f32 and 128 in bf16, as the GEMMs and vector loads want;
                               * the padding stays zero) and the padded total */
     float *bal;            /* [layers, E1] */
+    /* pinned host staging, so that uploading the balancing biases and reading the routing counts do not wait for
+     * the whole queue: the biases' upload is queued behind the optimizer step, and the host goes on to the next
+     * step's launches while that runs (bal_ev: the last upload has read the staging buffer) */
+    float *bal_stage;
+    int64_t *counts_stage;
+    cudaEvent_t bal_ev;
     float *inv_freq[2];
     kiln_zaya_ptrs W, G;   /* device pointers into w and g */
     glayer *L;
@@ -348,6 +354,9 @@ void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     kiln_cuda_free(g->wb);
     free(g->poff);
     kiln_cuda_free(g->bal);
+    if (g->bal_stage) cudaFreeHost(g->bal_stage);
+    if (g->counts_stage) cudaFreeHost(g->counts_stage);
+    if (g->bal_ev) cudaEventDestroy(g->bal_ev);
     kiln_cuda_free(g->inv_freq[0]);
     kiln_cuda_free(g->inv_freq[1]);
     kiln_cuda_free(g->arena);
@@ -465,6 +474,12 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     if (!e) e = kiln_cuda_alloc((void **)&g->g, nw * sizeof(float));
     if (!e) e = kiln_cuda_alloc((void **)&g->wb, nw * sizeof(bf));
     if (!e) e = kiln_cuda_alloc((void **)&g->bal, (size_t)(Lc * E1 + 1) * sizeof(float));
+    if (!e && (cudaHostAlloc((void **)&g->bal_stage, (size_t)(Lc * E1 + 1) * sizeof(float), cudaHostAllocDefault) !=
+                   cudaSuccess ||
+               cudaHostAlloc((void **)&g->counts_stage, (size_t)(Lc * E1 + 1) * sizeof(int64_t), cudaHostAllocDefault) !=
+                   cudaSuccess ||
+               cudaEventCreateWithFlags(&g->bal_ev, cudaEventDisableTiming) != cudaSuccess))
+        e = kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: pinned staging for the balancing biases and routing counts");
     for (int t = 0; t < 2 && !e; t++) {
         int64_t nf = m->rot_dim[t] / 2;
         e = kiln_cuda_alloc((void **)&g->inv_freq[t], (size_t)(nf + 1) * sizeof(float));
@@ -533,11 +548,16 @@ kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {
     return NULL;
 }
 
+/* Queued on the model's stream, after whatever is queued there (the optimizer step): the caller's buffer is
+ * copied into the pinned staging first, so the host neither waits for the queue nor keeps the caller's
+ * buffer; only a previous upload still reading the staging is waited for (normally long done). */
 kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias) {
     const kiln_zaya_config *c = &g->m->cfg;
-    CU(cudaMemcpyAsync(g->bal, bias, (size_t)(c->num_layers * (c->num_experts + 1)) * sizeof(float),
-                       cudaMemcpyHostToDevice, g->stream));
-    CU(cudaStreamSynchronize(g->stream));
+    const size_t n = (size_t)(c->num_layers * (c->num_experts + 1));
+    CU(cudaEventSynchronize(g->bal_ev));
+    memcpy(g->bal_stage, bias, n * sizeof(float));
+    CU(cudaMemcpyAsync(g->bal, g->bal_stage, n * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    CU(cudaEventRecord(g->bal_ev, g->stream));
     return NULL;
 }
 
@@ -1042,15 +1062,12 @@ kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *logits) {
 kiln_error *kiln_zaya_cuda_route_counts(kiln_zaya_cuda *g, int64_t *counts) {
     const kiln_zaya_config *c = &g->m->cfg;
     const size_t n = (size_t)(c->num_layers * (c->num_experts + 1));
-    int64_t *h = malloc((n ? n : 1) * sizeof *h);
-    if (!h) return kiln_errorf(KILN_ENOMEM, "route counts");
-    kiln_error *e = NULL;
-    if (cudaStreamSynchronize(g->stream) != cudaSuccess ||
-        cudaMemcpy(h, g->counts, n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess)
-        e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: copying the routing counts failed");
-    for (size_t i = 0; !e && i < n; i++) counts[i] += h[i];
-    free(h);
-    return e;
+    /* on the model's stream into pinned memory: one wait, no round trip through the legacy stream */
+    if (cudaMemcpyAsync(g->counts_stage, g->counts, n * sizeof(int64_t), cudaMemcpyDeviceToHost, g->stream) != cudaSuccess ||
+        cudaStreamSynchronize(g->stream) != cudaSuccess)
+        return kiln_errorf(KILN_EIO, "ZAYA on CUDA: copying the routing counts failed");
+    for (size_t i = 0; i < n; i++) counts[i] += g->counts_stage[i];
+    return NULL;
 }
 
 /* ---------- backward ---------- */
