@@ -216,9 +216,11 @@ TEST(gpu_ops_softmax) {
 TEST(gpu_ops_gelu_swiglu) {
     static const struct {
         int64_t n, inter;
-    } shapes[] = {{16, 2048}, {1000, 257}, {3, 1}, {4096, 256}};
+    } shapes[] = {{16, 2048}, {1000, 257}, {3, 1}, {4096, 256}, {999, 257}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 15);
+    /* GELU's 8-wide kernels take 16-byte aligned buffers of any length (999*257 leaves a tail of 7); one element
+     * past the base (below) takes the one-element kernels */
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int64_t n = shapes[si].n, I = shapes[si].inter, m = n * I;
         printf("  n=%lld inter=%lld\n", (long long)n, (long long)I);
@@ -234,6 +236,14 @@ TEST(gpu_ops_gelu_swiglu) {
         float *gy = gt_down_bf16(dyo, m), *gdx = gt_down_bf16(ddx, m);
         GT_CLOSE("gelu y", gy, y, m, TOL_BF16);
         GT_CLOSE("gelu dx", gdx, dx, m, TOL_BF16);
+        if (m > 1) { /* unaligned: the same values from the second element on */
+            CHECK_OK(kiln_gelu_forward_cuda(dyo + 1, dxi + 1, m - 1, NULL));
+            CHECK_OK(kiln_gelu_backward_cuda(ddx + 1, ddy + 1, dxi + 1, m - 1, NULL));
+            float *uy = gt_down_bf16(dyo, m), *udx = gt_down_bf16(ddx, m);
+            GT_CLOSE("gelu y (unaligned)", uy + 1, y + 1, m - 1, TOL_BF16);
+            GT_CLOSE("gelu dx (unaligned)", udx + 1, dx + 1, m - 1, TOL_BF16);
+            free(uy), free(udx);
+        }
         /* SwiGLU over [n, 2I] */
         float *gu = gt_rand(&rng, 2 * m, 4.0f);
         gt_round_bf16(gu, 2 * m);
