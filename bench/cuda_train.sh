@@ -14,7 +14,8 @@
 # limit: the peer's step time over it bounds the ratio, and kiln's step minus it is what kiln's other passes cost.
 # KILN_OPT_OVERLAP=1 in the environment runs kiln's optimizer step beside the next forward (an experiment).
 # TRACE=1: after the timed run, a second kiln run of 6 steps under bench/kernel_trace.sh (CUPTI, no CUDA events):
-# the GPU's idle gaps, the streams' overlap and every kernel's time in its last two steps, in OUT/trace/report.txt.
+# the GPU's idle gaps, the streams' overlap and every kernel's time in its last two steps, in OUT/trace/report.txt
+# (report.html: the last step as an SVG timeline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}; mkdir -p "$out"

@@ -2,9 +2,10 @@
 # A kernel timeline of one command on the GPU machine, without Nsight Systems (bench/kernel_trace.c):
 #   bench/kernel_trace.sh OUT_DIR [--marker REGEX] [--steps N] -- COMMAND [ARGS...]
 # builds OUT_DIR/libkiln_kernel_trace.so against a CUPTI found on the machine (CUPTI_ROOT, the CUDA toolkit's, or
-# the PyTorch wheels'), runs COMMAND under it, and writes OUT_DIR/trace.csv, OUT_DIR/report.txt and
-# OUT_DIR/report.json (bench/kernel_trace_report.py: idle gaps, overlap and per-kernel time of the last windows
-# between marker kernels; the default marker 'adamw' makes a window one training step). Example:
+# the PyTorch wheels'), runs COMMAND under it, and writes OUT_DIR/trace.csv, OUT_DIR/report.txt,
+# OUT_DIR/report.json and OUT_DIR/report.html (bench/kernel_trace_report.py: idle gaps, overlap and per-kernel
+# and per-category time of the last windows between marker kernels, the last one as an SVG timeline; the
+# default marker 'adamw' makes a window one training step). Example:
 #   bench/kernel_trace.sh /tmp/kt -- ./build-gpu/kiln train --device cuda ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,5 +47,6 @@ gcc -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -I"$inc" -DKT_KERNEL="$kk" 
 rc=0
 CUDA_INJECTION64_PATH=$(realpath "$so") KILN_TRACE_OUT=$out/trace.csv "$@" || rc=$?
 echo "kernel_trace: command exited $rc; $(wc -l < "$out/trace.csv") records in $out/trace.csv" >&2
-python3 bench/kernel_trace_report.py "$out/trace.csv" --json "$out/report.json" "${report_args[@]}" | tee "$out/report.txt"
+python3 bench/kernel_trace_report.py "$out/trace.csv" --json "$out/report.json" --html "$out/report.html" "${report_args[@]}" \
+  | tee "$out/report.txt"
 exit "$rc"

@@ -5,15 +5,19 @@ reports, for the last steps of a training run (or any window between two marker 
   - the window's wall time, the time the GPU ran anything (union of all records), its idle time and the
     longest idle gaps with the records on either side;
   - the time two or more records ran at once (the side streams' overlap);
-  - per kernel: calls and summed duration, largest first.
+  - per kernel and per category (GEMM, attention, optimizer, norms, memsets and copies, other passes): calls
+    and summed duration, largest first;
+  - with --html: one self-contained page with the last window as an SVG timeline (a lane per stream, a bar
+    per record coloured by category, its name and time on hover, the GPU's idle gaps marked) and the tables.
 
-  bench/kernel_trace_report.py trace.csv [--marker REGEX] [--steps N] [--top N] [--json OUT]
+  bench/kernel_trace_report.py trace.csv [--marker REGEX] [--steps N] [--top N] [--json OUT] [--html OUT]
 
 A window ends where the last of a run of marker kernels ends (default 'adamw': the trainer's optimizer,
-the last kernels of a step); a run is the markers closer than 1 ms to each other.
+the last kernels of a step); a run is the markers closer than --merge-ms (default 1 ms) to each other.
 """
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -52,6 +56,24 @@ def short(name):
     return s if len(s) <= 90 else s[:87] + "..."
 
 
+# category of a record by its (demangled, shortened) name; the first pattern that matches
+CATEGORIES = [
+    ("GEMM", "#3b6fb6", re.compile(r"^nvjet|cutlass|gemm|splitKreduce|Kernel2|matmul(?!_dq)", re.I)),
+    ("attention", "#8e44ad", re.compile(r"sdpa|fmha|attn|attention|matmul_dq|dot_do_o", re.I)),
+    ("optimizer", "#c0392b", re.compile(r"adamw|muon|sumsq", re.I)),
+    ("norms", "#27ae60", re.compile(r"^rn::|rmsnorm|layernorm|l2norm|qk_(fwd|bwd)", re.I)),
+    ("memset / copy", "#7f8c8d", re.compile(r"^memset|^memcpy")),
+    ("other passes", "#e67e22", re.compile(r"")),
+]
+
+
+def category(name):
+    for c, _, rx in CATEGORIES:
+        if rx.search(name):
+            return c
+    return CATEGORIES[-1][0]
+
+
 def load(path):
     recs, apis = [], []  # (start, end, stream, kind, name); (start, end, thread, name)
     with open(path) as f:
@@ -71,7 +93,7 @@ def load(path):
     return recs, apis
 
 
-def windows(recs, names, marker, gap_ns=1_000_000):
+def windows(recs, names, marker, gap_ns):
     """(t0, t1) of each step: from the end of one run of marker kernels to the end of the next"""
     rx = re.compile(marker)
     ends, last = [], None
@@ -126,9 +148,12 @@ def analyse(recs, apis, names, t0, t1, top):
         c = per.setdefault(key, [0, 0])
         c[0] += 1
         c[1] += e - s
-    streams = {}
-    for s, e, st, *_ in inw:
+    streams, cats = {}, {}
+    for s, e, st, k, n in inw:
         streams[st] = streams.get(st, 0) + e - s
+        c = cats.setdefault(category(short(names[n]) if k == "kernel" else n), [0, 0])
+        c[0] += 1
+        c[1] += e - s
     gaps.sort(reverse=True)
     return {
         "wall_ms": (t1 - t0) / 1e6,
@@ -145,6 +170,9 @@ def analyse(recs, apis, names, t0, t1, top):
         "host_api_ms": api_totals(apis, t0, t1),
         "streams_ms": {str(k): v / 1e6 for k, v in sorted(streams.items(), key=lambda kv: -kv[1])},
         "kernels": [{"name": k, "calls": c, "ms": t / 1e6} for k, (c, t) in sorted(per.items(), key=lambda kv: -kv[1][1])],
+        "categories": [{"name": k, "calls": c, "ms": t / 1e6} for k, (c, t) in sorted(cats.items(), key=lambda kv: -kv[1][1])],
+        "gaps": [((g[3] - t0) / 1e6, g[0] / 1e6) for g in gaps],
+        "timeline": [((s - t0) / 1e6, (e - s) / 1e6, st, short(names[n]) if k == "kernel" else n) for s, e, st, k, n in inw],
     }
 
 
@@ -157,13 +185,76 @@ def api_totals(apis, t0, t1):
     return {k: v / 1e6 for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
 
 
+def esc(t):
+    return str(t).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def html_page(r, title, px_per_ms):
+    """one window as an SVG timeline (a lane per stream, most busy first; idle gaps in red above) and the tables"""
+    lanes = list(r["streams_ms"].keys())
+    colour = {c: col for c, col, _ in CATEGORIES}
+    left, lane_h, top = 70, 16, 44
+    width = left + int(r["wall_ms"] * px_per_ms) + 20
+    height = top + lane_h * len(lanes) + 30
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="10">'
+           % (width, height)]
+    step = 1 if r["wall_ms"] <= 20 else 5 if r["wall_ms"] <= 200 else 50
+    t = 0.0
+    while t <= r["wall_ms"] + 1e-9:
+        x = left + t * px_per_ms
+        out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>' % (x, top - 6, x, height - 24))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%g ms</text>' % (x, height - 10, t))
+        t += step
+    out.append('<text x="4" y="%d">idle</text>' % (top - 14))
+    for at, ms in r["gaps"]:
+        out.append('<rect class="gap" x="%.2f" y="%d" width="%.2f" height="8" fill="#e74c3c"><title>idle %.1f us at %.3f ms'
+                   '</title></rect>' % (left + at * px_per_ms, top - 22, max(ms * px_per_ms, 0.5), ms * 1e3, at))
+    for i, st in enumerate(lanes):
+        y = top + i * lane_h
+        out.append('<text x="4" y="%d">stream %s</text>' % (y + 11, esc(st)))
+    index = {st: i for i, st in enumerate(lanes)}
+    for at, ms, st, name in r["timeline"]:
+        y = top + index[str(st)] * lane_h
+        out.append('<rect class="rec" x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s: %.1f us at %.3f ms'
+                   '</title></rect>' % (left + at * px_per_ms, y + 1, max(ms * px_per_ms, 0.3), lane_h - 2,
+                                        colour[category(name)], esc(name), ms * 1e3, at))
+    out.append("</svg>")
+    legend = " ".join('<span style="background:%s;color:#fff;padding:1px 6px;margin-right:4px">%s</span>' % (col, c)
+                      for c, col, _ in CATEGORIES)
+
+    def table(rows, head):
+        h = "".join("<th>%s</th>" % x for x in head)
+        b = "".join("<tr><td>%s</td><td>%d</td><td>%.3f</td><td>%.1f%%</td></tr>"
+                    % (esc(x["name"]), x["calls"], x["ms"], 100 * x["ms"] / r["wall_ms"]) for x in rows)
+        return "<table><tr>%s</tr>%s</table>" % (h, b)
+
+    gaps = "".join("<tr><td>%.1f</td><td>%.3f</td><td>%s</td><td>%s</td><td>%s</td></tr>"
+                   % (g["us"], g["at_ms"], esc(g["after"]), esc(g["before"]), esc("; ".join(g["host"])))
+                   for g in r["longest_gaps"][:20])
+    return """<!DOCTYPE html><html><head><meta charset="utf-8"><title>%s</title><style>
+body{font-family:sans-serif;margin:16px} table{border-collapse:collapse;margin:8px 0 16px} td,th{border:1px solid #ccc;
+padding:2px 6px;font-size:12px;text-align:left} .tl{overflow-x:auto;border:1px solid #ccc}</style></head><body>
+<h1>%s</h1><p id="summary">wall %.2f ms, GPU busy %.2f ms, idle %.2f ms (%d gaps over 5 us: %.2f ms); %d records summing
+%.2f ms, %.2f ms of it overlapped.</p><p>%s</p><div class="tl">%s</div>
+<h2>By category</h2>%s<h2>Longest idle gaps</h2><table><tr><th>us</th><th>at ms</th><th>after</th><th>before</th>
+<th>host calls in it</th></tr>%s</table><h2>By kernel</h2>%s</body></html>
+""" % (esc(title), esc(title), r["wall_ms"], r["busy_ms"], r["idle_ms"], r["gaps_over_5us"], r["idle_in_gaps_over_5us_ms"],
+       r["records"], r["summed_ms"], r["overlap_ms"], legend, "\n".join(out),
+       table(r["categories"], ["category", "records", "ms", "share of wall"]), gaps,
+       table(r["kernels"], ["kernel", "calls", "ms", "share of wall"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv")
     ap.add_argument("--marker", default="adamw")
     ap.add_argument("--steps", type=int, default=2, help="report the last N windows")
+    ap.add_argument("--merge-ms", type=float, default=1.0,
+                    help="marker kernels closer than this end one window together (default 1)")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--json")
+    ap.add_argument("--html", help="the last window as an SVG timeline with the tables")
+    ap.add_argument("--px-per-ms", type=float, default=40.0, help="the timeline's scale (default 40)")
     a = ap.parse_args()
     recs, apis = load(a.csv)
     if not recs:
@@ -171,7 +262,7 @@ def main():
     names = demangle([r[4] for r in recs if r[3] == "kernel"])
     for r in recs:
         names.setdefault(r[4], r[4])
-    ws = windows(recs, names, a.marker)
+    ws = windows(recs, names, a.marker, int(a.merge_ms * 1e6))
     if not ws:
         span = (recs[0][0], max(r[1] for r in recs))
         print("no two runs of marker kernels /%s/: the whole trace is one window" % a.marker)
@@ -194,12 +285,19 @@ def main():
         if r["host_api_ms"]:
             print("host time in CUDA calls (ms): " +
                   ", ".join("%s %.2f" % kv for kv in list(r["host_api_ms"].items())[:12]))
+        print("by category (ms of records): " + ", ".join("%s %.2f" % (c["name"], c["ms"]) for c in r["categories"]))
         print("%-92s %6s %9s %6s" % ("kernel", "calls", "ms", "share"))
         for k in r["kernels"][:a.top]:
             print("%-92s %6d %9.3f %5.1f%%" % (k["name"], k["calls"], k["ms"], 100 * k["ms"] / r["wall_ms"]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump([{k: v for k, v in r.items() if k not in ("timeline", "gaps")} for r in res], f, indent=1)
+    if a.html:
+        r = res[-1]
+        page = html_page(r, "%s: window %d of %d" % (a.csv, r["window"], len(ws)), a.px_per_ms)
+        with open(a.html + ".tmp", "w") as f:
+            f.write(page)
+        os.replace(a.html + ".tmp", a.html)
 
 
 if __name__ == "__main__":
