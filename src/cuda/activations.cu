@@ -64,9 +64,6 @@ static int grid8(int64_t n) {
     const int64_t b = ((n >> 3) + 255) / 256;
     return (int)(b < 1 ? 1 : b > 132 * 8 ? 132 * 8 : b);
 }
-static bool all16(const void *a, const void *b, const void *c) {
-    return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15);
-}
 
 static __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
 
@@ -98,7 +95,7 @@ static int row_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64
 extern "C" kiln_error *kiln_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    if (all16(y, x, x)) gelu_fwd8_kernel<<<grid8(n), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
+    if (aligned16(y) && aligned16(x)) gelu_fwd8_kernel<<<grid8(n), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
     else gelu_fwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
     LAUNCH_CHECK("gelu forward");
 done:
@@ -108,7 +105,7 @@ extern "C" kiln_error *kiln_gelu_backward_cuda(kiln_bf16 *dx, const kiln_bf16 *d
                                                void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    if (all16(dx, dy, x))
+    if (aligned16(dx) && aligned16(dy) && aligned16(x))
         gelu_bwd8_kernel<<<grid8(n), 256, 0, (cudaStream_t)stream>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, n);
     else
         gelu_bwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)dx, (const bf16 *)dy,
