@@ -197,9 +197,9 @@ static __device__ __forceinline__ void nj_unit(float (&acc)[3][NV][V], int k, co
 }
 
 // the norm's dot term after the block's sum: c = sum(g * w * y) * rstd^3 / d
+static __device__ __forceinline__ float norm_c_of(float dot, float rs, int d) { return dot * rs * rs * rs / (float)d; }
 static __device__ __forceinline__ float norm_c(float dot, float rs, int d, float *sh) {
-    dot = block_sum(dot, sh);
-    return dot * rs * rs * rs / (float)d;
+    return norm_c_of(block_sum(dot, sh), rs, d);
 }
 
 template <typename TA, int V, int NV>
@@ -325,16 +325,41 @@ static __global__ void __launch_bounds__(THREADS, 3)
     }
 }
 
+// The norm's dot terms of R rows summed over the block together, one barrier for all R (sh: [2][R][32],
+// half `half` this call; the caller alternates halves, so a warp writing this call's half cannot overwrite the
+// half a slower warp still reads from the previous call). Each row's sum in block_sum's order: the same bits.
+template <int R>
+static __device__ __forceinline__ void block_sum_rows(float (&v)[R], float *sh, int half) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float *h = sh + half * R * 32;
+#pragma unroll
+    for (int u = 0; u < R; u++) v[u] = warp_sum(v[u]);
+    if (lane == 0)
+#pragma unroll
+        for (int u = 0; u < R; u++) h[u * 32 + w] = v[u];
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < R; u++) v[u] = warp_sum(lane < nw ? h[u * 32 + lane] : 0.0f);
+}
+
+// The ring of the backward kernels: PS stages of one row each, rows taken R at a time. Every load commits one
+// group (empty ones too), so after the prologue's PS - R and the R committed before a step's wait, waiting
+// until PS - R groups are pending leaves the step's R rows complete. A thread reads only the columns it
+// loaded, so the ring itself needs no barrier: a stage is refilled by the thread that read it a step before.
+// R = 2 gives the block's 16 warps two rows of independent work between barriers: the backward runs one block
+// an SM, so with one row a step each row's reduction left the SM waiting at a barrier (66% of the copy rate at
+// the model's width, session 20; two rows a step: 75%, session 21).
+
 // Backward of the join + norm + the next join's side (bwd_kernel's outputs and arithmetic), block c over rows
 // [c*rows_per, ...). A stage: dup f32, x f32, dln (f32 or bf16), a bf16. y is not read: it is the join of a and
 // x, recomputed with the forward's roundings (p.y is left unread). Its registers (the seven partials and seven
-// per-channel vectors) allow one block per SM, so its ring is deeper (PS = 5 where it fits: four rows, ~110 KB
-// at the model's width, in flight per SM).
-template <int NV, bool DLN32, int PS>
+// per-channel vectors) allow one block per SM, so its ring is deep (PS = 6 with R = 2 where it fits: four rows,
+// ~100 KB at the model's width, in flight per SM, while two are reduced).
+template <int NV, bool DLN32, int PS, int R>
 static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_norm_bwd p, float *part, int64_t n,
                                                                   int d, int64_t rows_per, int64_t chunks, int stage) {
     extern __shared__ __align__(16) unsigned char ring[];
-    __shared__ float sh[32];
+    __shared__ float sh[2 * R * 32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     const int xo = d * 4, go = d * 8, ao = d * 8 + d * (DLN32 ? 4 : 2);
     auto load = [&](int64_t r, int s) {
@@ -354,39 +379,55 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
         __pipeline_commit();
     };
 #pragma unroll
-    for (int s = 0; s < PS - 1; s++) load(r0 + s, s);
+    for (int s = 0; s < PS - R; s++) load(r0 + s, s);
     float acc[NPART][NV][4];
     bwd_chan<4, NV> ch;
     zero_acc(acc);
     ld_bwd_chan(ch, p, d);
     int i = 0;
-    for (int64_t r = r0; r < r1; r++, i++) {
-        load(r + PS - 1, (i + PS - 1) % PS);
-        const float rs = p.rstd[r];
-        __pipeline_wait_prior(PS - 1);
-        const unsigned char *b = ring + (size_t)(i % PS) * stage;
-        float yv[NV][4], gv[NV][4], dot = 0.0f;
+    for (int64_t r = r0; r < r1; r += R, i += R) {
+        float rs[R], yv[R][NV][4], gv[R][NV][4], dot[R];
 #pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = unit_col<4>(k);
-            if (j >= d) continue;
-            float av[4], xv[4];
-            if constexpr (DLN32) ldv<4>((const float *)(b + go), j, gv[k]);
-            else ldv<4>((const bf16 *)(b + go), j, gv[k]);
-            ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                yv[k][q] = join_add(join_first(av[q], ch.ab[k][q], ch.as[k][q]), xv[q], ch.xb[k][q], ch.xs[k][q]);
-            norm_dot_unit<4>(dot, acc[2][k], gv[k], ch.w[k], yv[k], rs);
+        for (int u = 0; u < R; u++) {
+            load(r + PS - R + u, (i + PS - R + u) % PS);
+            rs[u] = r + u < r1 ? p.rstd[r + u] : 0.0f;
         }
-        const float c = norm_c(dot, rs, d, sh);
+        __pipeline_wait_prior(PS - R);
 #pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int j = unit_col<4>(k);
-            if (j >= d) continue;
-            float du[4], av[4], xv[4];
-            ldv<4>((const float *)b, j, du), ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
-            bwd_unit<4, NV>(acc, ch, k, du, av, xv, yv[k], gv[k], rs, c, (bf16 *)p.da + r * d, p.dx + r * d, j);
+        for (int u = 0; u < R; u++) {
+            dot[u] = 0.0f;
+            if (r + u >= r1) continue; // the chunk's last step may hold fewer rows (uniform over the block)
+            const unsigned char *b = ring + (size_t)((i + u) % PS) * stage;
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int j = unit_col<4>(k);
+                if (j >= d) continue;
+                float av[4], xv[4];
+                if constexpr (DLN32) ldv<4>((const float *)(b + go), j, gv[u][k]);
+                else ldv<4>((const bf16 *)(b + go), j, gv[u][k]);
+                ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    yv[u][k][q] = join_add(join_first(av[q], ch.ab[k][q], ch.as[k][q]), xv[q], ch.xb[k][q], ch.xs[k][q]);
+                norm_dot_unit<4>(dot[u], acc[2][k], gv[u][k], ch.w[k], yv[u][k], rs[u]);
+            }
+        }
+        block_sum_rows<R>(dot, sh, (i / R) & 1);
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            if (r + u >= r1) continue;
+            const unsigned char *b = ring + (size_t)((i + u) % PS) * stage;
+            const float c = norm_c_of(dot[u], rs[u], d);
+#pragma unroll
+            for (int k = 0; k < NV; k++) {
+                const int j = unit_col<4>(k);
+                if (j >= d) continue;
+                float du[4], av[4], xv[4];
+                ldv<4>((const float *)b, j, du), ldv<4>((const bf16 *)(b + ao), j, av);
+                ldv<4>((const float *)(b + xo), j, xv);
+                bwd_unit<4, NV>(acc, ch, k, du, av, xv, yv[u][k], gv[u][k], rs[u], c, (bf16 *)p.da + (r + u) * d,
+                                p.dx + (r + u) * d, j);
+            }
         }
     }
     store_parts(part, acc, chunks, d);
@@ -523,24 +564,31 @@ static cudaError_t fwd_pipe(int nv, int threads, cudaStream_t st, float *y, bf16
     return nv == 1 ? fwd_pipe_nv<TA, 1>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps)
                    : fwd_pipe_nv<TA, 2>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps);
 }
-template <int NV, bool DLN32, int S>
+template <int NV, bool DLN32, int S, int R>
 static cudaError_t bwd_pipe_s(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
                               int d, int64_t rows_per, int64_t chunks, int stage) {
     const size_t smem = (size_t)S * stage;
-    auto kern = bwd_pipe_kernel<NV, DLN32, S>;
+    auto kern = bwd_pipe_kernel<NV, DLN32, S, R>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
     kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
     return cudaGetLastError();
 }
-enum { BWD_PS = 5, RING_MAX = 200 * 1024 };
+// The backward's ring: two rows a step in PS2 stages where one unit a thread leaves the registers for it (NV 2
+// would spill) and the stages fit; else one row a step in BWD_PS stages, else PS. Deeper rings gave nothing:
+// with two rows a step, 6 or 8 stages ran alike (session 21), as did 3 to 6 for the forward and 3 to 7 for the
+// norm + join backward (which stays at one row a step: two gave it nothing).
+enum { BWD_PS = 5, PS2 = 6, RING_MAX = 200 * 1024 };
 template <int NV, bool DLN32>
 static cudaError_t bwd_pipe_nv(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
                                int d, int64_t rows_per, int64_t chunks) {
     const int stage = round16((int64_t)d * (4 + 4 + (DLN32 ? 4 : 2) + 2));
+    if constexpr (NV == 1)
+        if ((int64_t)PS2 * stage <= RING_MAX)
+            return bwd_pipe_s<NV, DLN32, PS2, 2>(threads, st, p, part, n, d, rows_per, chunks, stage);
     return (int64_t)BWD_PS * stage <= RING_MAX
-               ? bwd_pipe_s<NV, DLN32, BWD_PS>(threads, st, p, part, n, d, rows_per, chunks, stage)
-               : bwd_pipe_s<NV, DLN32, PS>(threads, st, p, part, n, d, rows_per, chunks, stage);
+               ? bwd_pipe_s<NV, DLN32, BWD_PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage)
+               : bwd_pipe_s<NV, DLN32, PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage);
 }
 template <int NV>
 static cudaError_t nj_pipe_nv(int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part, int64_t n, int d,
