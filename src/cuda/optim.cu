@@ -4,9 +4,10 @@
 //
 // AdamW is one launch for all of a rank's tensors (kiln_adamw_multi): a device table of the tensors and a
 // work list of fixed chunks of 4096 elements, 4 consecutive elements per thread with 16-byte accesses where the
-// addresses allow, the gradient's scale (the mean over micro-batches and ranks, and the clip) applied on the
-// way in, the bf16 copy written on the way out: w, g, m, v read once, w, m, v, bf16 w written once (30 bytes a
-// parameter, the least this update can move); with zero_g, zeros written over the gradient as it is read (34
+// addresses allow (two such groups at a time in the default launch over bf16 gradients: adamw_chunk), the
+// gradient's scale (the mean over micro-batches and ranks, and the clip) applied on the way in, the bf16 copy
+// written on the way out: w, g, m, v read once, w, m, v, bf16 w written once (30 bytes a parameter, the least
+// this update can move); with zero_g, zeros written over the gradient as it is read (34
 // bytes: the trainer's separate 4-byte zeroing pass folded in), except in tensors whose next writer overwrites
 // them (keep_g: the experts' weights, 91% of the [cuda] model's parameters, whose weight gradients the first
 // backward after a zeroing writes with beta = 0). The element arithmetic never depends on how
@@ -141,33 +142,70 @@ __device__ __forceinline__ void ld4_gbf16(const bf16 *p, int i, int cnt, float *
     }
 }
 
+// one group: elements i .. i+cnt-1 (cnt <= 4) of a chunk whose w, m, v, g and bf16 w start at the pointers given
+template <int VW, int VM, int VV, bool ZG, bool CS, bool GB>
+__device__ __forceinline__ void adamw_group(const adamw_args &k, const adamw_seg &s, const bf16 *gb, float *w, float *m,
+                                            float *v, float *g, bf16 *wb, float wd, int i, int cnt) {
+    float gv[4], wv[4], mv[4], vv[4];
+    if constexpr (GB) ld4_gbf16(gb, i, cnt, gv);
+    else ld4<VW, CS>(g, i, cnt, gv);
+    ld4<VW, CS>(w, i, cnt, wv);
+    ld4<VM, CS>(m, i, cnt, mv);
+    ld4<VV, CS>(v, i, cnt, vv);
+    if (ZG && !(s.flags & 8)) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
+        const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        st4<VW, false>(g, i, cnt, zero);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[j], mv[j], vv[j], wv[j]);
+    st4<VW, CS>(w, i, cnt, wv);
+    st4<VM, CS>(m, i, cnt, mv);
+    st4<VV, CS>(v, i, cnt, vv);
+    if (wb) st4_bf16<VW, CS>(wb, i, cnt, wv);
+}
+
 // elements [c0, c1) of tensor s (at most a chunk: 32-bit indices from the chunk's start, fewer registers); GB: the
-// gradient is bf16 (a template parameter: a run-time branch in the loop cost the kernel 12 registers, a block an SM)
-template <int VW, int VM, int VV, bool ZG, bool CS, bool GB = false>
+// gradient is bf16 (a template parameter: a run-time branch in the loop cost the kernel 12 registers, a block an SM).
+// U > 1: U groups of 4 a thread at a time while all U are whole, every group's loads issued before any arithmetic.
+// A thread holds its loads in registers until it computes, so what is in flight on an SM is its threads x the
+// bytes of the groups they load together: a bf16-gradient group is 56 bytes (64 with f32 gradients), and with one
+// group a thread the bf16 launch ran at 3.65 TB/s in the step (session 20's trace). Two (58 -> 64 registers: still
+// 4 blocks an SM) took the step's AdamW from 13.66 to 13.07-13.10 ms (session 21). The read-only step only, and
+// only over bf16 gradients: with f32 ones two groups take 88 registers, half the blocks an SM, the same bytes.
+template <int VW, int VM, int VV, bool ZG, bool CS, bool GB = false, int U = 1>
 __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
     float *w = k.w + s.off + c0, *m = k.state + s.soff + c0, *v = m + s.n, *g = k.g + s.off + c0;
+    const bf16 *gb = (const bf16 *)k.g + 2 * s.off + c0; // GB: the gradient's bf16 elements (unread otherwise)
     bf16 *wb = k.wb ? k.wb + s.off + c0 : NULL;
     const float wd = s.decay ? k.wd : 0.0f;
     const int len = (int)(c1 - c0);
-    for (int i = 4 * (int)threadIdx.x; i < len; i += 4 * AW_THREADS) {
-        const int cnt = len - i < 4 ? len - i : 4;
-        float gv[4], wv[4], mv[4], vv[4];
-        if constexpr (GB) ld4_gbf16((const bf16 *)k.g + 2 * s.off + c0, i, cnt, gv);
-        else ld4<VW, CS>(g, i, cnt, gv);
-        ld4<VW, CS>(w, i, cnt, wv);
-        ld4<VM, CS>(m, i, cnt, mv);
-        ld4<VV, CS>(v, i, cnt, vv);
-        if (ZG && !(s.flags & 8)) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
-            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            st4<VW, false>(g, i, cnt, zero);
-        }
+    constexpr int S = 4 * AW_THREADS; // a pass of the block
+    int i = 4 * (int)threadIdx.x;
+    if constexpr (U > 1) {
+        static_assert(!ZG, "several groups a thread: the read-only step only");
+        for (; i + (U - 1) * S + 4 <= len; i += U * S) {
+            float gv[U][4], wv[U][4], mv[U][4], vv[U][4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[j], mv[j], vv[j], wv[j]);
-        st4<VW, CS>(w, i, cnt, wv);
-        st4<VM, CS>(m, i, cnt, mv);
-        st4<VV, CS>(v, i, cnt, vv);
-        if (wb) st4_bf16<VW, CS>(wb, i, cnt, wv);
+            for (int u = 0; u < U; u++) {
+                if constexpr (GB) ld4_gbf16(gb, i + u * S, 4, gv[u]);
+                else ld4<VW, CS>(g, i + u * S, 4, gv[u]);
+                ld4<VW, CS>(w, i + u * S, 4, wv[u]);
+                ld4<VM, CS>(m, i + u * S, 4, mv[u]);
+                ld4<VV, CS>(v, i + u * S, 4, vv[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[u][j], mv[u][j], vv[u][j], wv[u][j]);
+                st4<VW, CS>(w, i + u * S, 4, wv[u]);
+                st4<VM, CS>(m, i + u * S, 4, mv[u]);
+                st4<VV, CS>(v, i + u * S, 4, vv[u]);
+                if (wb) st4_bf16<VW, CS>(wb, i + u * S, 4, wv[u]);
+            }
+        }
     }
+    for (; i < len; i += S) // U = 1: every group; U > 1: the chunk's last (fewer than U whole ones, a partial one)
+        adamw_group<VW, VM, VV, ZG, CS, GB>(k, s, gb, w, m, v, g, wb, wd, i, len - i < 4 ? len - i : 4);
 }
 
 __device__ __forceinline__ int2 adamw_item(const adamw_args &k, int c) {
@@ -178,7 +216,8 @@ __device__ __forceinline__ int2 adamw_item(const adamw_args &k, int c) {
 // when it is persistent. The next item's entry is loaded before the current one is updated. GB: every item's
 // gradient is bf16 (the table's bf16-gradient tensors are a work list and a launch of their own: the branch
 // inside one kernel cost it 12 registers, a block an SM).
-template <bool ZG, bool CS, bool GB> __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+template <bool ZG, bool CS, bool GB, int U = 1>
+__global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
     const unsigned nwork = (unsigned)k.nwork;
     unsigned c = blockIdx.x; // c + gridDim.x < 2^32: both are below 2^31
     if (c >= nwork) return;
@@ -192,13 +231,13 @@ template <bool ZG, bool CS, bool GB> __global__ void __launch_bounds__(AW_THREAD
         const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
                    vv = vw && k.vec_state && (s.flags & 2);
         if constexpr (GB) { // the scalar path where w or the state is not vector-aligned
-            if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, true>(k, s, c0, c1);
-            else adamw_chunk<1, 1, 1, ZG, CS, true>(k, s, c0, c1);
-        } else if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS>(k, s, c0, c1);
-        else if (vm) adamw_chunk<4, 4, 1, ZG, CS>(k, s, c0, c1);
-        else if (vv) adamw_chunk<4, 1, 4, ZG, CS>(k, s, c0, c1);
-        else if (vw) adamw_chunk<4, 1, 1, ZG, CS>(k, s, c0, c1);
-        else adamw_chunk<1, 1, 1, ZG, CS>(k, s, c0, c1);
+            if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, true, U>(k, s, c0, c1);
+            else adamw_chunk<1, 1, 1, ZG, CS, true, U>(k, s, c0, c1);
+        } else if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, false, U>(k, s, c0, c1);
+        else if (vm) adamw_chunk<4, 4, 1, ZG, CS, false, U>(k, s, c0, c1);
+        else if (vv) adamw_chunk<4, 1, 4, ZG, CS, false, U>(k, s, c0, c1);
+        else if (vw) adamw_chunk<4, 1, 1, ZG, CS, false, U>(k, s, c0, c1);
+        else adamw_chunk<1, 1, 1, ZG, CS, false, U>(k, s, c0, c1);
         if (cn >= nwork) break;
         c = cn, wk = wn;
     }
@@ -404,6 +443,13 @@ template <bool ZG, bool CS, bool GB> kiln_error *adamw_launch_t(const adamw_args
     } else {
         const int64_t r =
             grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS, GB>, AW_THREADS, false, &res_direct) : 0;
+        // the default (a block a chunk, no hints) over bf16 gradients: two groups a thread (adamw_chunk)
+        if constexpr (GB && !ZG && !CS)
+            if (grid_kind == AW_CHUNKS) {
+                adamw_multi_kernel<ZG, CS, GB, 2><<<(unsigned)k.nwork, AW_THREADS, 0, st>>>(k);
+                LAUNCH_CHECK("adamw step");
+                return NULL;
+            }
         adamw_multi_kernel<ZG, CS, GB><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
     }
     LAUNCH_CHECK("adamw step");
