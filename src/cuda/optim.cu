@@ -142,26 +142,29 @@ __device__ __forceinline__ void ld4_gbf16(const bf16 *p, int i, int cnt, float *
     }
 }
 
-// one group: elements i .. i+cnt-1 (cnt <= 4) of a chunk whose w, m, v, g and bf16 w start at the pointers given
-template <int VW, int VM, int VV, bool ZG, bool CS, bool GB>
-__device__ __forceinline__ void adamw_group(const adamw_args &k, const adamw_seg &s, const bf16 *gb, float *w, float *m,
-                                            float *v, float *g, bf16 *wb, float wd, int i, int cnt) {
-    float gv[4], wv[4], mv[4], vv[4];
-    if constexpr (GB) ld4_gbf16(gb, i, cnt, gv);
-    else ld4<VW, CS>(g, i, cnt, gv);
-    ld4<VW, CS>(w, i, cnt, wv);
-    ld4<VM, CS>(m, i, cnt, mv);
-    ld4<VV, CS>(v, i, cnt, vv);
-    if (ZG && !(s.flags & 8)) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
-        const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        st4<VW, false>(g, i, cnt, zero);
-    }
+// A group: elements i .. i+cnt-1 (cnt <= 4) of a chunk whose w, m, v, g (gb: as bf16) and bf16 w start at the
+// pointers given. Its loads, then its update and stores (apart, so that a thread can load several groups first).
+struct aw_group {
+    float g[4], w[4], m[4], v[4];
+};
+template <int VW, int VM, int VV, bool CS, bool GB>
+__device__ __forceinline__ void aw_group_load(aw_group &e, const bf16 *gb, const float *w, const float *m,
+                                              const float *v, const float *g, int i, int cnt) {
+    if constexpr (GB) ld4_gbf16(gb, i, cnt, e.g);
+    else ld4<VW, CS>(g, i, cnt, e.g);
+    ld4<VW, CS>(w, i, cnt, e.w);
+    ld4<VM, CS>(m, i, cnt, e.m);
+    ld4<VV, CS>(v, i, cnt, e.v);
+}
+template <int VW, int VM, int VV, bool CS>
+__device__ __forceinline__ void aw_group_update(const adamw_args &k, aw_group &e, float *w, float *m, float *v,
+                                                bf16 *wb, float wd, int i, int cnt) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[j], mv[j], vv[j], wv[j]);
-    st4<VW, CS>(w, i, cnt, wv);
-    st4<VM, CS>(m, i, cnt, mv);
-    st4<VV, CS>(v, i, cnt, vv);
-    if (wb) st4_bf16<VW, CS>(wb, i, cnt, wv);
+    for (int j = 0; j < 4; j++) adamw_elem(k, wd, e.g[j], e.m[j], e.v[j], e.w[j]);
+    st4<VW, CS>(w, i, cnt, e.w);
+    st4<VM, CS>(m, i, cnt, e.m);
+    st4<VV, CS>(v, i, cnt, e.v);
+    if (wb) st4_bf16<VW, CS>(wb, i, cnt, e.w);
 }
 
 // elements [c0, c1) of tensor s (at most a chunk: 32-bit indices from the chunk's start, fewer registers); GB: the
@@ -184,28 +187,23 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
     if constexpr (U > 1) {
         static_assert(!ZG, "several groups a thread: the read-only step only");
         for (; i + (U - 1) * S + 4 <= len; i += U * S) {
-            float gv[U][4], wv[U][4], mv[U][4], vv[U][4];
+            aw_group e[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if constexpr (GB) ld4_gbf16(gb, i + u * S, 4, gv[u]);
-                else ld4<VW, CS>(g, i + u * S, 4, gv[u]);
-                ld4<VW, CS>(w, i + u * S, 4, wv[u]);
-                ld4<VM, CS>(m, i + u * S, 4, mv[u]);
-                ld4<VV, CS>(v, i + u * S, 4, vv[u]);
-            }
+            for (int u = 0; u < U; u++) aw_group_load<VW, VM, VV, CS, GB>(e[u], gb, w, m, v, g, i + u * S, 4);
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) adamw_elem(k, wd, gv[u][j], mv[u][j], vv[u][j], wv[u][j]);
-                st4<VW, CS>(w, i + u * S, 4, wv[u]);
-                st4<VM, CS>(m, i + u * S, 4, mv[u]);
-                st4<VV, CS>(v, i + u * S, 4, vv[u]);
-                if (wb) st4_bf16<VW, CS>(wb, i + u * S, 4, wv[u]);
-            }
+            for (int u = 0; u < U; u++) aw_group_update<VW, VM, VV, CS>(k, e[u], w, m, v, wb, wd, i + u * S, 4);
         }
     }
-    for (; i < len; i += S) // U = 1: every group; U > 1: the chunk's last (fewer than U whole ones, a partial one)
-        adamw_group<VW, VM, VV, ZG, CS, GB>(k, s, gb, w, m, v, g, wb, wd, i, len - i < 4 ? len - i : 4);
+    for (; i < len; i += S) { // U = 1: every group; U > 1: the chunk's last (fewer than U whole ones, a partial one)
+        const int cnt = len - i < 4 ? len - i : 4;
+        aw_group e;
+        aw_group_load<VW, VM, VV, CS, GB>(e, gb, w, m, v, g, i, cnt);
+        if (ZG && !(s.flags & 8)) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
+            const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            st4<VW, false>(g, i, cnt, zero);
+        }
+        aw_group_update<VW, VM, VV, CS>(k, e, w, m, v, wb, wd, i, cnt);
+    }
 }
 
 __device__ __forceinline__ int2 adamw_item(const adamw_args &k, int c) {
