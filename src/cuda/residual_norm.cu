@@ -342,7 +342,7 @@ static __device__ __forceinline__ void block_sum_rows(float (&v)[R], float *sh, 
     for (int u = 0; u < R; u++) v[u] = warp_sum(lane < nw ? h[u * 32 + lane] : 0.0f);
 }
 
-// The ring of the backward kernels: PS stages of one row each, rows taken R at a time. Every load commits one
+// bwd_pipe_kernel's ring: PS stages of one row each, rows taken R at a time. Every load commits one
 // group (empty ones too), so after the prologue's PS - R and the R committed before a step's wait, waiting
 // until PS - R groups are pending leaves the step's R rows complete. A thread reads only the columns it
 // loaded, so the ring itself needs no barrier: a stage is refilled by the thread that read it a step before.
