@@ -187,7 +187,7 @@ size_t kiln_attention_backward_cuda_work(const kiln_attn_shape *s);
 /* ==== end cudaattn ==== */
 
 /* ==== row-wise and pointwise ops, the loss and the optimizers (src/cuda/{embedding,rmsnorm,scale_shift,
- * activations,softmax,qk_norm_rope,cross_entropy,optim,cca_conv,cca_couple,value_shift}.cu; tests in
+ * activations,softmax,router_head,qk_norm_rope,cross_entropy,optim,cca_conv,cca_couple,value_shift}.cu; tests in
  * tests/gpu/test_gpu_ops*.c) ====
  * Dtypes follow the training recipe: the residual stream, saved statistics, norms' and convolutions'
  * weights, biases, scales and every weight gradient are f32; activations are bf16. Gradient outputs in
@@ -282,6 +282,12 @@ kiln_error *kiln_swiglu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *gu, int64_t 
 kiln_error *kiln_swiglu_backward_cuda(kiln_bf16 *dgu, const kiln_bf16 *dy, const kiln_bf16 *gu, int64_t n,
                                       int64_t inter, void *stream);
 
+/* The router's head (src/cuda/router_head.cu): probs [n,e] = softmax(a wᵀ) with a bf16 [n,r], w bf16 [e,r], f32
+ * sums, and logits [n,e] f32 too unless NULL: one pass for up to 32 classes (softmax.cu's arithmetic on the
+ * logits), the GEMM and the softmax below otherwise. Its backward is softmax_backward, the bf16 cast and
+ * kiln_linear_backward_ex_cuda. */
+kiln_error *kiln_router_head_forward_cuda(float *logits, float *probs, const kiln_bf16 *a, const kiln_bf16 *w,
+                                          int64_t n, int64_t r, int64_t e, void *stream);
 /* softmax over rows of d, f32 (router probabilities: routing decisions are taken on them, and the
  * tensors are small), one warp per row. Backward: dx +=. */
 kiln_error *kiln_softmax_forward_cuda(float *y, const float *x, int64_t n, int64_t d, void *stream);

@@ -40,13 +40,7 @@ static __device__ __forceinline__ bf16 b(float v) { return __float2bfloat16_rn(v
 // V consecutive bf16 at p (V = 8: one 16-byte access) as f32, and back
 template <int V> static __device__ __forceinline__ void ld_bf(const bf16 *p, float *o) {
     if constexpr (V == 8) {
-        const uint4 q = *(const uint4 *)p;
-        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&q;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 t = __bfloat1622float2(h[k]);
-            o[2 * k] = t.x, o[2 * k + 1] = t.y;
-        }
+        ld8_bf16(p, o);
     } else {
 #pragma unroll
         for (int k = 0; k < V; k++) o[k] = f(p[k]);

@@ -52,6 +52,16 @@ template <int V> static __device__ __forceinline__ void stv(bf16 *p, int64_t i, 
         p[i] = __float2bfloat16_rn(o[0]);
     }
 }
+// 8 consecutive bf16 at p (16-byte aligned; global or shared memory) as f32: one 16-byte access
+static __device__ __forceinline__ void ld8_bf16(const bf16 *p, float *o) {
+    const uint4 q = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&q;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 t = __bfloat1622float2(h[k]);
+        o[2 * k] = t.x, o[2 * k + 1] = t.y;
+    }
+}
 static inline int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 static __device__ __forceinline__ float warp_sum(float v) {

@@ -95,7 +95,7 @@ typedef struct {
     bf *rdown, *rn;      /* [N,R] */
     float *rn_r;
     bf *f1, *a1, *f2, *a2; /* [N,R] */
-    float *rlogits, *rprobs; /* [N,E1] */
+    float *rprobs;       /* [N,E1] */
     int32_t *choice;     /* [S] */
     float *gate;         /* [S] */
     int32_t *exp_off, *exp_off_host, *slot_tok, *slot_k, *tok_slot;
@@ -255,7 +255,6 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     L->a1 = TB(b, N * R);
     L->f2 = TB(b, N * R);
     L->a2 = TB(b, N * R);
-    L->rlogits = TF(b, N * E1);
     L->rprobs = TF(b, N * E1);
     L->choice = TI(b, S);
     L->gate = TF(b, S);
@@ -956,8 +955,9 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     OP(g, "pointwise + glue fwd", kiln_gelu_forward_cuda(L->a1, L->f1, N * R, st));
     OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->f2, L->a1, BF(g, W->r_fc2_w), BF(g, W->r_fc2_b), N, R, R, st));
     OP(g, "pointwise + glue fwd", kiln_gelu_forward_cuda(L->a2, L->f2, N * R, st));
-    OP(g, "linear (cuBLASLt) fwd", kiln_gemm_bf16_cuda(L->rlogits, 1, L->a2, BF(g, W->r_out_w), N, E1, R, "NT", 0, st));
-    OP(g, "pointwise + glue fwd", kiln_softmax_forward_cuda(L->rprobs, L->rlogits, N, E1, st));
+    /* out_proj and the softmax in one pass (the logits are not kept: the backward reads the probabilities) */
+    OP(g, "pointwise + glue fwd",
+       kiln_router_head_forward_cuda(NULL, L->rprobs, L->a2, BF(g, W->r_out_w), N, R, E1, st));
     OP(g, "pointwise + glue fwd", kiln_route_topk_cuda(L->choice, L->gate, L->rprobs, g->bal + li * E1, N, E1, top, st));
     /* ZayaExperts (the optimizer's slice of the experts and the post-MLP scales, the layer's last tensors) */
     KILN_TRY(opt_need(g, W->mlp_rb));

@@ -36,6 +36,12 @@ static void *fill_dev(kiln_rng *rng, int64_t n, int bf16, float scale) {
         printf("    %-34s %9.1f us  %7.0f GB/s\n", (name), us_, (double)(bytes) / (us_ * 1e3));             \
     } while (0)
 
+/* the router's head as its two unfused ops (cuBLASLt, softmax.cu), beside kiln_router_head_forward_cuda */
+static kiln_error *rh_unfused(float *lg, float *pr, const kiln_bf16 *a, const kiln_bf16 *w, int64_t n) {
+    KILN_TRY(kiln_gemm_bf16_cuda(lg, 1, a, w, n, 17, 256, "NT", 0, NULL));
+    return kiln_softmax_forward_cuda(pr, lg, n, 17, NULL);
+}
+
 TEST(gpu_ops_timing_model_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 61);
@@ -138,6 +144,15 @@ TEST(gpu_ops_timing_model_shapes) {
     /* router: GELU over [N, 256], softmax over [N, 17] */
     TIME("gelu forward [N,256]", N * 256 * 4.0, kiln_gelu_forward_cuda(yb, dyb, N * 256, NULL));
     TIME("softmax forward [N,17]", N * 17 * 8.0, kiln_softmax_forward_cuda(yf, x, N, 17, NULL));
+    { /* the router's head, a2 [N,256] -> 17 classes, against its two unfused ops (bytes: a2 read, probs written;
+       * the unfused pair also writes and reads the logits) */
+        kiln_bf16 *w17 = fill_dev(&rng, 17 * 256, 1, 0.1f);
+        float *lg = gt_dev((size_t)(N * 17) * 4), *pr = gt_dev((size_t)(N * 17) * 4);
+        TIME("router head fwd (one pass)", N * 256 * 2.0 + N * 17 * 4.0,
+             kiln_router_head_forward_cuda(NULL, pr, yb, w17, N, 256, 17, NULL));
+        TIME("router head fwd (GEMM + softmax)", N * 256 * 2.0 + N * 17 * 12.0, rh_unfused(lg, pr, yb, w17, N));
+        kiln_cuda_free(w17), kiln_cuda_free(lg), kiln_cuda_free(pr);
+    }
     /* QK norm + RoPE on the query heads */
     {
         float invf[64];
