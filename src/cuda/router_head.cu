@@ -96,14 +96,14 @@ __global__ void __launch_bounds__(RH_THREADS) rh_fwd_kernel(float *logits, float
     }
 }
 
-// rh_fwd_kernel takes the shape and its tile fits a block's shared memory (opted in past 48 KB)
-template <typename K> cudaError_t rh_fits(K kern, int64_t r, int64_t e, bool *fits) {
+// rh_fwd_kernel's tile fits a block's shared memory (opted in past 48 KB)
+cudaError_t fwd_fits(int64_t r, int64_t e, bool *fits) {
     int dev, optin;
     *fits = false;
     cudaError_t st = cudaGetDevice(&dev);
     if (st == cudaSuccess) st = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (st != cudaSuccess || rh_smem(r, e) > (size_t)optin) return st;
-    st = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rh_smem(r, e));
+    st = cudaFuncSetAttribute(rh_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rh_smem(r, e));
     *fits = st == cudaSuccess;
     return st;
 }
@@ -123,7 +123,7 @@ extern "C" kiln_error *kiln_router_head_forward_cuda(float *logits, float *probs
     if (n <= 0 || r <= 0 || e <= 0) return NULL;
     if (!probs || !a || !w) return kiln_errorf(KILN_EINVAL, "router head forward: probs, a and w are required");
     bool fits = false;
-    if (fast_shape(r, e, a, w)) CUDA_TRY(rh_fits(rh_fwd_kernel, r, e, &fits));
+    if (fast_shape(r, e, a, w)) CUDA_TRY(fwd_fits(r, e, &fits));
     if (!fits) { // the unfused ops
         float *lg = logits;
         if (!lg) {
