@@ -148,25 +148,33 @@ static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const
 #define QK_NV 4
 #define QK_BATCH_DIM 256
 
+// Elements j..j+V-1 of the QK_NV vectors from v0 on into their rows of sh: all the loads first, then the stores
+// (a vector past nvec is neither read nor used; its row of sh is left as it was)
+template <int V>
+static __device__ __forceinline__ void qk_stage_nv(float *sh, const bf16 *src, int64_t v0, int64_t nvec, int64_t dim,
+                                                   int64_t j) {
+    float e[QK_NV][V];
+#pragma unroll
+    for (int n = 0; n < QK_NV; n++)
+        if (v0 + n < nvec) ldv<V>(src + (v0 + n) * dim, j, e[n]);
+#pragma unroll
+    for (int n = 0; n < QK_NV; n++)
+        if (v0 + n < nvec)
+#pragma unroll
+            for (int k = 0; k < V; k++) sh[n * dim + j + k] = e[n][k];
+}
+
 template <bool NORM, bool ROPE, int V>
 static __global__ void qk_fwd_nv_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
                                         int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
                                         int64_t pos0, float scale, float eps) {
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *shw = shm + w * QK_NV * dim, e[QK_NV][V];
+    float *shw = shm + w * QK_NV * dim;
     const int64_t nvec = rows * heads, half = rot_dim / 2;
     for (int64_t v0 = (blockIdx.x * (int64_t)WARPS + w) * QK_NV; v0 < nvec; v0 += (int64_t)gridDim.x * WARPS * QK_NV) {
         __syncwarp();
-        for (int64_t j = lane * V; j < dim; j += 32 * V) {
-#pragma unroll
-            for (int n = 0; n < QK_NV; n++)
-                if (v0 + n < nvec) ldv<V>(x + (v0 + n) * dim, j, e[n]);
-#pragma unroll
-            for (int n = 0; n < QK_NV; n++)
-#pragma unroll
-                for (int k = 0; k < V; k++) shw[n * dim + j + k] = e[n][k];
-        }
+        for (int64_t j = lane * V; j < dim; j += 32 * V) qk_stage_nv<V>(shw, x, v0, nvec, dim, j);
         for (int n = 0; n < QK_NV && v0 + n < nvec; n++) {
             const int64_t v = v0 + n;
             float *sh = shw + n * dim, ss = 0;
@@ -186,27 +194,13 @@ static __global__ void qk_bwd_nv_kernel(bf16 *dx, float *dtp, const bf16 *dy, co
                                         int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float *shw = shm + w * 2 * QK_NV * dim, *shx = shw + QK_NV * dim, e[QK_NV][V];
+    float *shw = shm + w * 2 * QK_NV * dim, *shx = shw + QK_NV * dim;
     const int64_t nvec = rows * heads, half = rot_dim / 2;
     for (int64_t v0 = (blockIdx.x * (int64_t)WARPS + w) * QK_NV; v0 < nvec; v0 += (int64_t)gridDim.x * WARPS * QK_NV) {
         __syncwarp();
         for (int64_t j = lane * V; j < dim; j += 32 * V) {
-#pragma unroll
-            for (int n = 0; n < QK_NV; n++)
-                if (v0 + n < nvec) ldv<V>(dy + (v0 + n) * dim, j, e[n]);
-#pragma unroll
-            for (int n = 0; n < QK_NV; n++)
-#pragma unroll
-                for (int k = 0; k < V; k++) shw[n * dim + j + k] = e[n][k];
-            if (NORM) {
-#pragma unroll
-                for (int n = 0; n < QK_NV; n++)
-                    if (v0 + n < nvec) ldv<V>(x + (v0 + n) * dim, j, e[n]);
-#pragma unroll
-                for (int n = 0; n < QK_NV; n++)
-#pragma unroll
-                    for (int k = 0; k < V; k++) shx[n * dim + j + k] = e[n][k];
-            }
+            qk_stage_nv<V>(shw, dy, v0, nvec, dim, j);
+            if (NORM) qk_stage_nv<V>(shx, x, v0, nvec, dim, j);
         }
         __syncwarp();
         for (int n = 0; n < QK_NV && v0 + n < nvec; n++) {

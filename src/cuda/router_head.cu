@@ -34,13 +34,10 @@ __device__ __forceinline__ void rh_stage(bf16 *as, float *ws, const bf16 *a, con
     }
     cp_async_commit();
     for (int i = threadIdx.x; i < e * ch; i += RH_THREADS) {
-        const uint4 q = *(const uint4 *)(w + (int64_t)i * 8);
-        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&q;
-        float4 lo, hi;
-        float2 f = __bfloat1622float2(h[0]);
-        lo.x = f.x, lo.y = f.y, f = __bfloat1622float2(h[1]), lo.z = f.x, lo.w = f.y;
-        f = __bfloat1622float2(h[2]), hi.x = f.x, hi.y = f.y, f = __bfloat1622float2(h[3]), hi.z = f.x, hi.w = f.y;
-        *(float4 *)(ws + i * 8) = lo, *(float4 *)(ws + i * 8 + 4) = hi;
+        float f[8];
+        ld8_bf16(w + (int64_t)i * 8, f);
+        *(float4 *)(ws + i * 8) = make_float4(f[0], f[1], f[2], f[3]);
+        *(float4 *)(ws + i * 8 + 4) = make_float4(f[4], f[5], f[6], f[7]);
     }
 }
 

@@ -42,6 +42,23 @@ static kiln_error *rh_unfused(float *lg, float *pr, const kiln_bf16 *a, const ki
     return kiln_softmax_forward_cuda(pr, lg, n, 17, NULL);
 }
 
+/* linears over the same input x [n,in] whose weights are the row blocks of w (outs[i] rows each), outputs and
+ * biases side by side (each output block contiguous, as separate tensors would be) */
+static kiln_error *cca_proj_forward(kiln_bf16 *y, const kiln_bf16 *x, const kiln_bf16 *w, const kiln_bf16 *b,
+                                    int64_t n, int64_t in, const int64_t *outs, int k) {
+    for (int64_t i = 0, o = 0; i < k; o += outs[i++])
+        KILN_TRY(kiln_linear_forward_cuda(y + n * o, x, w + o * in, b + o, n, in, outs[i], NULL));
+    return NULL;
+}
+/* their backward as the model's: the first writes dx, the others add to it */
+static kiln_error *cca_proj_backward(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy, const kiln_bf16 *x,
+                                     const kiln_bf16 *w, int64_t n, int64_t in, const int64_t *outs, int k) {
+    for (int64_t i = 0, o = 0; i < k; o += outs[i++])
+        KILN_TRY(kiln_linear_backward_ex_cuda(dx, dw + o * in, db + o, dy + n * o, x, w + o * in, n, in, outs[i],
+                                              i ? 0 : KILN_LINEAR_DX_WRITE, NULL));
+    return NULL;
+}
+
 TEST(gpu_ops_timing_model_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 61);
@@ -152,6 +169,22 @@ TEST(gpu_ops_timing_model_shapes) {
              kiln_router_head_forward_cuda(NULL, pr, yb, w17, N, 256, 17, NULL));
         TIME("router head fwd (GEMM + softmax)", N * 256 * 2.0 + N * 17 * 12.0, rh_unfused(lg, pr, yb, w17, N));
         kiln_cuda_free(w17), kiln_cuda_free(lg), kiln_cuda_free(pr);
+    }
+    /* CCA's four projections of ln1 (q 1024, k 256, the two value halves 128 each) as the model runs them, and
+     * as one GEMM of 1536 outputs (what packing their weights would give; bytes: x, w, y once) */
+    {
+        const int64_t P = NH * D + KV * D + KV * D, outs[4] = {NH * D, KV * D, KV * D / 2, KV * D / 2};
+        kiln_bf16 *pw = fill_dev(&rng, P * H, 1, 0.02f), *pb = fill_dev(&rng, P, 1, 0.02f), *py = fill_dev(&rng, N * P, 1, 1.0f);
+        kiln_bf16 *pdy = fill_dev(&rng, N * P, 1, 0.1f), *pdx = fill_dev(&rng, N * H, 1, 0.0f);
+        float *pdw = fill_dev(&rng, P * H, 0, 0.0f), *pdb = fill_dev(&rng, P, 0, 0.0f);
+        const double fb = N * H * 2.0 + P * H * 2.0 + N * P * 2.0;
+        TIME("q,k,vd,vc linears fwd (4 GEMMs)", fb, cca_proj_forward(py, yb, pw, pb, N, H, outs, 4));
+        const int64_t one[1] = {P};
+        TIME("q,k,vd,vc linears fwd (1 GEMM)", fb, cca_proj_forward(py, yb, pw, pb, N, H, one, 1));
+        TIME("q,k,vd,vc linears bwd (4 GEMMs)", fb * 2, cca_proj_backward(pdx, pdw, pdb, pdy, yb, pw, N, H, outs, 4));
+        TIME("q,k,vd,vc linears bwd (1 GEMM)", fb * 2, cca_proj_backward(pdx, pdw, pdb, pdy, yb, pw, N, H, one, 1));
+        kiln_cuda_free(pw), kiln_cuda_free(pb), kiln_cuda_free(py), kiln_cuda_free(pdy), kiln_cuda_free(pdx);
+        kiln_cuda_free(pdw), kiln_cuda_free(pdb);
     }
     /* QK norm + RoPE on the query heads */
     {
