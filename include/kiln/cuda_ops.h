@@ -383,20 +383,22 @@ kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, f
                                         void *stream);
 /* The training path's convolutions fused with the coupling below (src/cuda/cca_conv_fused.cu), for the
  * model's layout: groups = NH + KV heads of D = C/groups channels; the input x = [q | k] given as the
- * projections' outputs q bf16 [N,NH*D] and k bf16 [N,KV*D]; no history.
- * Forward: mid bf16 [B,T+k1-1,C] saved; qpre [N,NH*D], kpre [N,KV*D] bf16 = the convolution output plus the
- * coupling (one rounding). Backward from dqpre / dkpre: dq [N,NH*D], dk [N,KV*D] bf16 written (required) = the
- * coupling's adjoint plus the convolution's input gradient; dw0, db0, dw1, db1 f32 += (nullable); dmid f32
- * workspace [B,T+k1-1,C]. bf16 tensor cores (w1 split hi + lo), deterministic weight gradients. */
+ * projections' outputs q bf16 [N,NH*D] and k bf16 [N,KV*D], their rows ldq and ldk elements apart (0: NH*D and
+ * KV*D, each its own tensor; wider where q and k are columns of one packed projection output); no history.
+ * Forward: mid bf16 [B,T+k1-1,C] saved; qpre [N,NH*D], kpre [N,KV*D] bf16 (dense) = the convolution output plus
+ * the coupling (one rounding). Backward from dqpre / dkpre (dense): dq, dk bf16 written (required) in q's and k's
+ * layout (rows ldq and ldk apart) = the coupling's adjoint plus the convolution's input gradient; dw0, db0, dw1,
+ * db1 f32 += (nullable); dmid f32 workspace [B,T+k1-1,C]. bf16 tensor cores (w1 split hi + lo), deterministic
+ * weight gradients. */
 kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid, const kiln_bf16 *q,
                                               const kiln_bf16 *k, const float *w0, const float *b0, const float *w1,
                                               const float *b1, const kiln_conv_shape *s, int64_t NH, int64_t KV,
-                                              void *stream);
+                                              int64_t ldq, int64_t ldk, void *stream);
 kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, float *dw0, float *db0, float *dw1,
                                                float *db1, float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre,
                                                const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *mid,
                                                const float *w0, const float *w1, const kiln_conv_shape *s, int64_t NH,
-                                               int64_t KV, void *stream);
+                                               int64_t KV, int64_t ldq, int64_t ldk, void *stream);
 /* The fused convolutions' passes timed by CUDA events (off by default: no events), as kiln_experts_profile_cuda:
  * (1) records around each pass of every later call, (0) stops; _read waits for the last recorded call of each pass
  * and gives its microseconds (-1: not run since profiling started). */
@@ -423,12 +425,12 @@ kiln_error *kiln_cca_couple_backward_cuda(kiln_bf16 *dqp, kiln_bf16 *dkp, kiln_b
                                           const kiln_bf16 *dk, const kiln_bf16 *dqk, int64_t N, int64_t NH, int64_t KV,
                                           int64_t D, void *stream);
 /* CCA's value shift (training, no decode cache): v bf16 [B*T, 2*Kh] = [vc[b,t] | vd[b,t-1]], vd at t = -1 being
- * bvd (f32 [Kh], NULL: zeros). Backward: dvc, dvd bf16 [B*T, Kh] written (nullable), dbvd f32 += the first
- * tokens' delayed halves (nullable). */
+ * bvd (f32 [Kh], NULL: zeros); vc's and vd's rows ld elements apart (0: Kh). Backward: dvc, dvd bf16 [B*T, Kh]
+ * (rows ld apart) written (nullable), dbvd f32 += the first tokens' delayed halves (nullable). */
 kiln_error *kiln_value_shift_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd, const float *bvd,
-                                          int64_t B, int64_t T, int64_t Kh, void *stream);
+                                          int64_t B, int64_t T, int64_t Kh, int64_t ld, void *stream);
 kiln_error *kiln_value_shift_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv, int64_t B,
-                                           int64_t T, int64_t Kh, void *stream);
+                                           int64_t T, int64_t Kh, int64_t ld, void *stream);
 /* ==== end of the row-wise and pointwise ops ==== */
 
 /* ==== cudamodel: the ZAYA model's own glue (src/cuda/zaya_glue.cu; used by src/models/zaya_cuda.c) ====

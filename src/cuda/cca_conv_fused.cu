@@ -59,17 +59,19 @@ template <int V> static __device__ __forceinline__ void st_bf(bf16 *p, const flo
     }
 }
 
-// channel c of token row (b*T + t) of the convolution input x = [q | k], read where the projections wrote it
-static __device__ __forceinline__ const bf16 *xat(const bf16 *q, const bf16 *k, int64_t row, int c, int Q, int Kc) {
-    return c < Q ? q + row * Q + c : k + row * Kc + (c - Q);
+// channel c of token row (b*T + t) of the convolution input x = [q | k], read where the projections wrote it:
+// q's rows ldq elements apart, k's ldk (Q and Kc when each is its own tensor; wider when q and k are columns of
+// one packed projection output)
+static __device__ __forceinline__ const bf16 *xat(const bf16 *q, const bf16 *k, int64_t row, int c, int Q, int ldq,
+                                                  int ldk) {
+    return c < Q ? q + row * ldq + c : k + row * ldk + (c - Q);
 }
 
 // mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c] (xp: x after P zero rows), u < M; a thread per element. The
 // shapes dw_fwd_rows_kernel does not take: channels not in 16-byte vectors, more than 4 taps, unaligned weights.
 static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
-                                     kiln_conv_shape s, int Q) {
+                                     kiln_conv_shape s, int Q, int ldq, int ldk) {
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, P = (int)(s.k0 - 1 + s.k1 - 1), M = T + (int)s.k1 - 1;
-    const int Kc = C - Q;
     const int64_t total = s.B * (int64_t)M * C;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = e / C, bb = row / M;
@@ -78,7 +80,7 @@ static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, 
         for (int j = 0; j < k0; j++) {
             const int up = u + j;
             if (up < P) continue;
-            acc += w0[c * k0 + j] * f(*xat(xq, xk, bb * T + up - P, c, Q, Kc));
+            acc += w0[c * k0 + j] * f(*xat(xq, xk, bb * T + up - P, c, Q, ldq, ldk));
         }
         mid[row * C + c] = b(acc);
     }
@@ -93,9 +95,9 @@ static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, 
 #define DWF_ROWS 16
 template <int K0>
 static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
-                                          kiln_conv_shape s, int Q) {
+                                          kiln_conv_shape s, int Q, int ldq, int ldk) {
     const int C = (int)s.C, T = (int)s.T, P = K0 - 1 + (int)s.k1 - 1, M = T + (int)s.k1 - 1;
-    const int cv = C / 8, Kc = C - Q, strips = (M + DWF_ROWS - 1) / DWF_ROWS;
+    const int cv = C / 8, strips = (M + DWF_ROWS - 1) / DWF_ROWS;
     const int64_t total = s.B * (int64_t)strips * cv;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t sr = e / cv, bb = sr / strips;
@@ -109,7 +111,7 @@ static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 
 #pragma unroll
         for (int j = 0; j < K0 - 1; j++) {
             const int up = u0 + j;
-            if (up >= P && up - P < T) ld_bf<8>(xat(xq, xk, bb * T + up - P, c, Q, Kc), xw[j + 1]);
+            if (up >= P && up - P < T) ld_bf<8>(xat(xq, xk, bb * T + up - P, c, Q, ldq, ldk), xw[j + 1]);
         }
 #pragma unroll 4 // several rows' loads in flight
         for (int u = u0; u < u1; u++) {
@@ -118,7 +120,7 @@ static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 
 #pragma unroll
                 for (int k = 0; k < 8; k++) xw[j][k] = xw[j + 1][k];
             const int un = u + K0 - 1; // the row entering the window (never past T: u < M = T + k1 - 1, un - P < T)
-            if (un >= P) ld_bf<8>(xat(xq, xk, bb * T + un - P, c, Q, Kc), xw[K0 - 1]);
+            if (un >= P) ld_bf<8>(xat(xq, xk, bb * T + un - P, c, Q, ldq, ldk), xw[K0 - 1]);
             float acc[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) acc[k] = bv[k];
@@ -162,7 +164,8 @@ template <int MODE, bool FAST, bool LO>
 static __global__ void __launch_bounds__(128)
     grp_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *xq, const bf16 *xk, const bf16 *dqp,
                const bf16 *dkp,
-               const float *w1, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s, int NH, int KV) {
+               const float *w1, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s, int NH, int KV,
+               int ldq, int ldk) {
     constexpr int AB = FT * LDA * 2 + 2 * FK * LDB * 2, CB = FT * LDC * 4;
     __shared__ __align__(128) unsigned char smem[AB > CB ? AB : CB];
     __shared__ int tj[FK], tc[FK];
@@ -254,7 +257,7 @@ static __global__ void __launch_bounds__(128)
         // the coupling (zaya_forward.c): qpre = conv + (q + k of the KV head)/2, kpre = conv + their group mean
         const float v = sc[rr * LDC + nl] + b1[g0 + n];
         const int64_t row = (int64_t)bb * T + r;
-        const bf16 *q = xq + row * Q, *k = xk + row * Kc;
+        const bf16 *q = xq + row * ldq, *k = xk + row * ldk;
         if (g < NH) {
             const float qres = (f(q[g0 + n]) + f(k[(g / G) * cg + n])) * 0.5f;
             qpre[row * Q + g0 + n] = b(v + qres);
@@ -294,7 +297,7 @@ template <int MODE, bool LO>
 static __global__ void __launch_bounds__(256, 2)
     grp128_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *xq, const bf16 *xk,
                   const bf16 *dqp, const bf16 *dkp, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s,
-                  int NH, int KV) {
+                  int NH, int KV, int ldq, int ldk) {
     extern __shared__ __align__(128) unsigned char smem128[];
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, K = cg * k1;
     const int Q = NH * cg, Kc = KV * cg;
@@ -378,7 +381,7 @@ static __global__ void __launch_bounds__(256, 2)
                 continue;
             }
             const int64_t row = (int64_t)bb * T + r;
-            const bf16 *q = xq + row * Q, *kk = xk + row * Kc;
+            const bf16 *q = xq + row * ldq, *kk = xk + row * ldk;
             float t0[8], t1[8];
             if (g < NH) {
                 ld_bf<8>(q + g0 + n, t0), ld_bf<8>(kk + (g / G) * cg + n, t1);
@@ -690,7 +693,8 @@ static __global__ void dw1_sum_kernel(float *dw1, const float *part, int64_t chu
 // cca_couple.cu's kernel (no atomics). grid B * chunks per sequence.
 static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float *pb0, const float *dmid,
                                             const bf16 *xq, const bf16 *xk, const float *w0, const bf16 *dqp,
-                                            const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int cps) {
+                                            const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int cps, int ldq,
+                                            int ldk) {
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
     const int D = C / (int)s.groups, Q = NH * D, Kc = KV * D, G = NH / KV;
     const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
@@ -707,7 +711,7 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
                     for (int u = u0; u < u1; u++) {
                         const float gv = dmb[u * C + c];
                         accb += gv;
-                        if (u + jj >= P) acc += gv * f(*xat(xq, xk, (int64_t)bb * T + u + jj - P, c, Q, Kc));
+                        if (u + jj >= P) acc += gv * f(*xat(xq, xk, (int64_t)bb * T + u + jj - P, c, Q, ldq, ldk));
                     }
                     if (p0) p0[(int64_t)blockIdx.x * C * k0 + c * k0 + jj] = acc;
                     if (jj == 0 && pb0) pb0[(int64_t)blockIdx.x * C + c] = accb;
@@ -727,10 +731,10 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
                 }
                 if (m < G) {
                     const float half = 0.5f * (f(dqp[row * Q + c]) + dkg);
-                    dq[row * Q + c] = b(half + dx);
+                    dq[row * ldq + c] = b(half + dx);
                     sk += half;
                 } else {
-                    dk[row * Kc + j * D + d] = b(sk + dx);
+                    dk[row * ldk + j * D + d] = b(sk + dx);
                 }
             }
         }
@@ -743,9 +747,9 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
 // coupling's adjoint.
 template <int K0>
 static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float *dmid, const bf16 *xq, const bf16 *xk,
-                                             kiln_conv_shape s, int Q, int cps) {
+                                             kiln_conv_shape s, int Q, int cps, int ldq, int ldk) {
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
-    const int Kc = C - Q, bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
+    const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
     const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M;
     const float *dmb = dmid + (int64_t)bb * M * C;
     for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
@@ -754,7 +758,7 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float 
 #pragma unroll
         for (int jj = 0; jj < K0 - 1; jj++) {
             const int up = u0 + jj;
-            if (up >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + up - P, c, Q, Kc), xw[jj + 1]);
+            if (up >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + up - P, c, Q, ldq, ldk), xw[jj + 1]);
         }
 #pragma unroll 4
         for (int u = u0; u < u1; u++) {
@@ -762,7 +766,7 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float 
             for (int jj = 0; jj < K0 - 1; jj++)
 #pragma unroll
                 for (int k = 0; k < 8; k++) xw[jj][k] = xw[jj + 1][k];
-            if (u + K0 - 1 >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + u + K0 - 1 - P, c, Q, Kc), xw[K0 - 1]);
+            if (u + K0 - 1 >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + u + K0 - 1 - P, c, Q, ldq, ldk), xw[K0 - 1]);
             float gv[8];
             ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
 #pragma unroll
@@ -794,7 +798,7 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float 
 #define DXR 2
 template <int K0>
 static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
-                                              const bf16 *dkp, kiln_conv_shape s, int NH, int KV) {
+                                              const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int ldq, int ldk) {
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
     const int D = C / (int)s.groups, D8 = D / 8, Q = NH * D, Kc = KV * D, G = NH / KV;
     const int strips = (T + DXR - 1) / DXR;
@@ -840,11 +844,11 @@ static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *d
                         o[k] = half + dx[k];
                         sk[r][k] += half;
                     }
-                    st_bf<8>(dq + row * Q + c, o);
+                    st_bf<8>(dq + row * ldq + c, o);
                 } else {
 #pragma unroll
                     for (int k = 0; k < 8; k++) o[k] = sk[r][k] + dx[k];
-                    st_bf<8>(dk + row * Kc + j * D + d, o);
+                    st_bf<8>(dk + row * ldk + j * D + d, o);
                 }
             }
         }
@@ -867,7 +871,8 @@ extern "C" kiln_error *kiln_cca_conv_profile_read_cuda(double us[KILN_CCA_NPASS]
     return pass_profile_read(g_cca_prof, us, "cca_conv pass profile");
 }
 
-static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t NH, int64_t KV) {
+static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t NH, int64_t KV, int64_t *ldq,
+                               int64_t *ldk) {
     if (s->B <= 0 || s->T <= 0 || s->C <= 0 || s->groups <= 0 || s->k0 <= 0 || s->k1 <= 0 || s->C % s->groups ||
         NH <= 0 || KV <= 0 || NH % KV || NH + KV != s->groups)
         return kiln_errorf(KILN_EINVAL,
@@ -881,8 +886,16 @@ static kiln_error *check_fused(const char *op, const kiln_conv_shape *s, int64_t
     if (s->B * s->groups > 65535)
         return kiln_errorf(KILN_EINVAL, "%s: %lld sequences x %lld groups exceed the launch grid", op, (long long)s->B,
                            (long long)s->groups);
+    const int64_t cg = s->C / s->groups;
+    if (!*ldq) *ldq = NH * cg;
+    if (!*ldk) *ldk = KV * cg;
+    if (*ldq < NH * cg || *ldk < KV * cg || (s->B * s->T - 1) * (*ldq > *ldk ? *ldq : *ldk) + s->C >= INT32_MAX)
+        return kiln_errorf(KILN_EINVAL, "%s: row strides ldq=%lld (q has %lld channels), ldk=%lld (k has %lld)", op,
+                           (long long)*ldq, (long long)(NH * cg), (long long)*ldk, (long long)(KV * cg));
     return NULL;
 }
+// 16-byte vectors along rows ld elements apart
+static int rows16(const void *p, int64_t ld) { return aligned16(p) && ld % 8 == 0; }
 
 // The grouped GEMMs' weight: hi + lo by default (~16 significant bits); KILN_CCA_W1=bf16 multiplies w1's bf16
 // rounding alone, as every other GEMM weight of the model and the reference's autocast conv1d do: half the MMAs
@@ -928,34 +941,34 @@ static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s
 extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid,
                                                          const kiln_bf16 *q, const kiln_bf16 *k, const float *w0,
                                                          const float *b0, const float *w1, const float *b1,
-                                                         const kiln_conv_shape *s,
-                                                         int64_t NH, int64_t KV, void *stream) {
+                                                         const kiln_conv_shape *s, int64_t NH, int64_t KV,
+                                                         int64_t ldq, int64_t ldk, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     bf16 *wh = NULL;
-    KILN_TRY(check_fused("cca_conv_couple forward", s, NH, KV));
+    KILN_TRY(check_fused("cca_conv_couple forward", s, NH, KV, &ldq, &ldk));
     {
         const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups, ne = s->C * cg * s->k1;
         const int64_t Q = NH * cg;
-        const int vec = s->C % 8 == 0 && Q % 8 == 0 && aligned16(mid) && aligned16(q) && aligned16(k);
+        const int vec = s->C % 8 == 0 && Q % 8 == 0 && aligned16(mid) && rows16(q, ldq) && rows16(k, ldk);
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 0, st));
         const int64_t strips = s->B * ((M + DWF_ROWS - 1) / DWF_ROWS) * (s->C / 8);
         const int rows = vec && aligned16(w0) && aligned16(b0) && s->k0 <= 4;
         if (rows && s->k0 == 1)
             dw_fwd_rows_kernel<1><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q);
+                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else if (rows && s->k0 == 2)
             dw_fwd_rows_kernel<2><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q);
+                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else if (rows && s->k0 == 3)
             dw_fwd_rows_kernel<3><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q);
+                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else if (rows)
             dw_fwd_rows_kernel<4><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q);
+                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else
             dw_fwd_kernel<<<grid_for(s->B * M * s->C, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q);
+                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 1, st));
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 0, st));
@@ -966,16 +979,19 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));
             const dim3 g128((unsigned)((s->T + BT - 1) / BT), (unsigned)(cg / BT), (unsigned)(s->B * s->groups));
             kern<<<g128, 256, SMEM128, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
-                                             (const bf16 *)k, NULL, NULL, wh, wh + ne, b1, *s, (int)NH, (int)KV);
+                                             (const bf16 *)k, NULL, NULL, wh, wh + ne, b1, *s, (int)NH, (int)KV,
+                                             (int)ldq, (int)ldk);
         } else if (vec && cg % FT == 0) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp_kernel<0, true, true> : grp_kernel<0, true, false>;
             kern<<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
-                                       (const bf16 *)k, NULL, NULL, w1, wh, wh + ne, b1, *s, (int)NH, (int)KV);
+                                       (const bf16 *)k, NULL, NULL, w1, wh, wh + ne, b1, *s, (int)NH, (int)KV,
+                                       (int)ldq, (int)ldk);
         } else {
             auto kern = w1_lo() ? grp_kernel<0, false, true> : grp_kernel<0, false, false>;
             kern<<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
-                                       (const bf16 *)k, NULL, NULL, w1, NULL, NULL, b1, *s, (int)NH, (int)KV);
+                                       (const bf16 *)k, NULL, NULL, w1, NULL, NULL, b1, *s, (int)NH, (int)KV,
+                                       (int)ldq, (int)ldk);
         }
         LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 1, st));
@@ -990,12 +1006,12 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                                                           const kiln_bf16 *dkpre, const kiln_bf16 *q, const kiln_bf16 *k,
                                                           const kiln_bf16 *mid, const float *w0, const float *w1,
                                                           const kiln_conv_shape *s, int64_t NH, int64_t KV,
-                                                          void *stream) {
+                                                          int64_t ldq, int64_t ldk, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     float *p1 = NULL, *pb1 = NULL, *p0 = NULL, *pb0 = NULL;
     bf16 *wh = NULL;
-    KILN_TRY(check_fused("cca_conv_couple backward", s, NH, KV));
+    KILN_TRY(check_fused("cca_conv_couple backward", s, NH, KV, &ldq, &ldk));
     if (!dq || !dk || !dmid) return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: dq, dk and dmid are required");
     {
         const int64_t B = s->B, T = s->T, C = s->C, k0 = s->k0, k1 = s->k1, M = T + k1 - 1, cg = C / s->groups;
@@ -1056,16 +1072,16 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));
             const dim3 g128((unsigned)((M + BT - 1) / BT), (unsigned)(cg / BT), (unsigned)(B * s->groups));
             kern<<<g128, 256, SMEM128, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
-                                             (const bf16 *)dkpre, wh, wh + ne1, NULL, *s, (int)NH, (int)KV);
+                                             (const bf16 *)dkpre, wh, wh + ne1, NULL, *s, (int)NH, (int)KV, 0, 0);
         } else if (fast) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp_kernel<1, true, true> : grp_kernel<1, true, false>;
             kern<<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre, (const bf16 *)dkpre, w1,
-                                       wh, wh + ne1, NULL, *s, (int)NH, (int)KV);
+                                       wh, wh + ne1, NULL, *s, (int)NH, (int)KV, 0, 0);
         } else {
             auto kern = w1_lo() ? grp_kernel<1, false, true> : grp_kernel<1, false, false>;
             kern<<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre, (const bf16 *)dkpre, w1,
-                                       NULL, NULL, NULL, *s, (int)NH, (int)KV);
+                                       NULL, NULL, NULL, *s, (int)NH, (int)KV, 0, 0);
         }
         LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 1, st));
@@ -1073,41 +1089,45 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         const int64_t kvd = KV * cg, Q = NH * cg;
         // 16-byte accesses and the taps as a template argument; the other shapes (and more than 4 taps) through
         // dw_bwd_couple_kernel, one pass for both
-        if (cg % 8 == 0 && k0 <= 4 && aligned16(dq) && aligned16(dk) && aligned16(dqpre) && aligned16(dkpre) &&
-            aligned16(q) && aligned16(k) && aligned16(dmid) && aligned16(pb0) && aligned16(w0)) {
+        if (cg % 8 == 0 && k0 <= 4 && rows16(dq, ldq) && rows16(dk, ldk) && aligned16(dqpre) && aligned16(dkpre) &&
+            rows16(q, ldq) && rows16(k, ldk) && aligned16(dmid) && aligned16(pb0) && aligned16(w0)) {
             if (p0 || pb0) {
                 CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 0, st));
                 const int64_t c8 = C / 8;
                 const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
                 if (k0 == 1)
-                    dw0_part8_taps_kernel<1><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
-                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                    dw0_part8_taps_kernel<1><<<(unsigned)(B * cps0), threads, 0, st>>>(
+                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
                 else if (k0 == 2)
-                    dw0_part8_taps_kernel<2><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
-                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                    dw0_part8_taps_kernel<2><<<(unsigned)(B * cps0), threads, 0, st>>>(
+                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
                 else if (k0 == 3)
-                    dw0_part8_taps_kernel<3><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
-                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                    dw0_part8_taps_kernel<3><<<(unsigned)(B * cps0), threads, 0, st>>>(
+                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
                 else
-                    dw0_part8_taps_kernel<4><<<(unsigned)(B * cps0), threads, 0, st>>>(p0, pb0, dmid, (const bf16 *)q,
-                                                                                      (const bf16 *)k, *s, (int)Q, (int)cps0);
+                    dw0_part8_taps_kernel<4><<<(unsigned)(B * cps0), threads, 0, st>>>(
+                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
                 LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
                 CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 1, st));
             }
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
             const int64_t nx = B * ((T + DXR - 1) / DXR) * kvd / 8;
             if (k0 == 1)
-                dx_couple8_rows_kernel<1><<<grid_for(nx, 256), 256, 0, st>>>(
-                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+                dx_couple8_rows_kernel<1><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
+                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
             else if (k0 == 2)
-                dx_couple8_rows_kernel<2><<<grid_for(nx, 256), 256, 0, st>>>(
-                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+                dx_couple8_rows_kernel<2><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
+                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
             else if (k0 == 3)
-                dx_couple8_rows_kernel<3><<<grid_for(nx, 256), 256, 0, st>>>(
-                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+                dx_couple8_rows_kernel<3><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
+                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
             else
-                dx_couple8_rows_kernel<4><<<grid_for(nx, 256), 256, 0, st>>>(
-                    (bf16 *)dq, (bf16 *)dk, dmid, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s, (int)NH, (int)KV);
+                dx_couple8_rows_kernel<4><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
+                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
+                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
             LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
         } else {
@@ -1115,7 +1135,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
             dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(
                 (bf16 *)dq, (bf16 *)dk, p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, w0, (const bf16 *)dqpre,
-                (const bf16 *)dkpre, *s, (int)NH, (int)KV, (int)cps0);
+                (const bf16 *)dkpre, *s, (int)NH, (int)KV, (int)cps0, (int)ldq, (int)ldk);
             LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
         }

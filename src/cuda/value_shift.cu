@@ -5,21 +5,22 @@
 #include "ops_common.cuh"
 
 static __global__ void vshift_fwd_kernel(bf16 *v, const bf16 *vc, const bf16 *vd, const float *bvd, int64_t B, int64_t T,
-                                         int64_t Kh) {
+                                         int64_t Kh, int64_t ld) {
     const int64_t total = B * T * Kh;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bt = e / Kh, j = e % Kh, t = bt % T;
-        v[bt * 2 * Kh + j] = vc[e];
-        v[bt * 2 * Kh + Kh + j] = t > 0 ? vd[e - Kh] : __float2bfloat16_rn(bvd ? bvd[j] : 0.0f);
+        v[bt * 2 * Kh + j] = vc[bt * ld + j];
+        v[bt * 2 * Kh + Kh + j] = t > 0 ? vd[(bt - 1) * ld + j] : __float2bfloat16_rn(bvd ? bvd[j] : 0.0f);
     }
 }
 
-static __global__ void vshift_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh) {
+static __global__ void vshift_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh,
+                                         int64_t ld) {
     const int64_t total = B * T * Kh;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bt = e / Kh, j = e % Kh, t = bt % T;
-        if (dvc) dvc[e] = dv[bt * 2 * Kh + j];
-        if (dvd) dvd[e] = t < T - 1 ? dv[(bt + 1) * 2 * Kh + Kh + j] : __float2bfloat16_rn(0.0f);
+        if (dvc) dvc[bt * ld + j] = dv[bt * 2 * Kh + j];
+        if (dvd) dvd[bt * ld + j] = t < T - 1 ? dv[(bt + 1) * 2 * Kh + Kh + j] : __float2bfloat16_rn(0.0f);
     }
 }
 
@@ -32,24 +33,33 @@ static __global__ void vshift_bias_kernel(float *dbvd, const bf16 *dv, int64_t B
 }
 
 extern "C" kiln_error *kiln_value_shift_forward_cuda(kiln_bf16 *v, const kiln_bf16 *vc, const kiln_bf16 *vd,
-                                                     const float *bvd, int64_t B, int64_t T, int64_t Kh, void *stream) {
+                                                     const float *bvd, int64_t B, int64_t T, int64_t Kh, int64_t ld,
+                                                     void *stream) {
     kiln_error *err = NULL;
     if (B <= 0 || T <= 0 || Kh <= 0) return NULL;
+    if (!ld) ld = Kh;
+    if (ld < Kh)
+        return kiln_errorf(KILN_EINVAL, "value_shift forward: row stride %lld < %lld channels", (long long)ld,
+                           (long long)Kh);
     vshift_fwd_kernel<<<grid_for(B * T * Kh, 256), 256, 0, (cudaStream_t)stream>>>(
-        (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh);
+        (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh, ld);
     LAUNCH_CHECK("value_shift forward");
 done:
     return err;
 }
 
 extern "C" kiln_error *kiln_value_shift_backward_cuda(kiln_bf16 *dvc, kiln_bf16 *dvd, float *dbvd, const kiln_bf16 *dv,
-                                                      int64_t B, int64_t T, int64_t Kh, void *stream) {
+                                                      int64_t B, int64_t T, int64_t Kh, int64_t ld, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     if (B <= 0 || T <= 0 || Kh <= 0) return NULL;
+    if (!ld) ld = Kh;
+    if (ld < Kh)
+        return kiln_errorf(KILN_EINVAL, "value_shift backward: row stride %lld < %lld channels", (long long)ld,
+                           (long long)Kh);
     if (dvc || dvd) {
         vshift_bwd_kernel<<<grid_for(B * T * Kh, 256), 256, 0, st>>>((bf16 *)dvc, (bf16 *)dvd, (const bf16 *)dv, B, T,
-                                                                     Kh);
+                                                                     Kh, ld);
         LAUNCH_CHECK("value_shift backward");
     }
     if (dbvd) {

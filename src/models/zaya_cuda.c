@@ -81,11 +81,12 @@ typedef struct {
     bf *ln1;             /* [N,H] */
     float *ln1_r;        /* [N] (one per layer also when recomputing: the backward of layer l's ln1 runs after
                           * layer l-1 is recomputed, fused with that layer's MLP join) */
-    bf *q, *k;           /* [N,Q], [N,K] the q/k projections: the convolution input [q | k] */
+    bf *qkv;             /* [N,Q+2K] CCA's four projections of ln1: q, k (the convolution input [q | k]) and
+                          * the value's current and delayed halves, in proj_view's layout */
     bf *mid;             /* [B,T+k1-1,C] the depthwise convolution's output */
     bf *qpre, *kpre;     /* [N,Q], [N,K] the convolutions plus the q/k coupling */
     float *qinv, *kinv;  /* [N,NH], [N,KV] */
-    bf *qr, *kr, *v, *vd;/* [N,Q], [N,K], [N,K], [N,K/2] */
+    bf *qr, *kr, *v;     /* [N,Q], [N,K], [N,K] */
     bf *att;             /* [N,Q] */
     float *lse;          /* [B,NH,T] */
     bf *o;               /* [N,H] o_proj output (the residual join's first input) */
@@ -114,9 +115,9 @@ typedef struct {
     bf *dlogitb;                                       /* [N,E1] */
     bf *da2, *df2, *da1, *df1, *drn, *dxn, *drs;       /* [N,R] */
     float *carry_a, *carry_b, *prod;                   /* [N,R] f32 */
-    bf *datt, *dqr, *dqpre, *dq;                       /* [N,Q] */
-    bf *dkr, *dv, *dkpre, *dk;                         /* [N,K] */
-    bf *dvc, *dvdd;                                    /* [N,K/2] */
+    bf *datt, *dqr, *dqpre;                            /* [N,Q] */
+    bf *dkr, *dv, *dkpre;                              /* [N,K] */
+    bf *dqkv;                                          /* [N,Q+2K] the four projections' gradients (proj_view) */
     float *dmid;                                       /* [B,T+k1-1,C] */
     float *dx0;                                        /* [N,H] */
     void *attn_work;
@@ -128,6 +129,7 @@ struct kiln_zaya_cuda {
     int recompute;
     cudaStream_t stream;   /* the model's (the greatest priority) */
     cudaStream_t ostream;  /* the overlapped optimizer's (the least priority) */
+    int proj_separate;     /* KILN_CCA_PROJ=separate: CCA's four projections as four GEMMs (proj_view) */
     float *w, *g;          /* f32 master parameters and gradients, numel_dev each */
     bf *wb;                /* bf16 copy, the same element offsets */
     size_t *poff, numel_dev; /* each tensor's device offset (64-element aligned: every tensor starts on a
@@ -232,8 +234,7 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     const int64_t Q = NH * D, K = KV * D, C = Q + K, R = c->router_hidden, E1 = c->num_experts + 1;
     const int64_t S = N * c->top_k, I = c->moe_intermediate;
     L->ln1 = TB(b, N * H);
-    L->q = TB(b, N * Q);
-    L->k = TB(b, N * K);
+    L->qkv = TB(b, N * (Q + 2 * K));
     L->mid = TB(b, B * (T + c->cca_time1 - 1) * C);
     L->qpre = TB(b, N * Q);
     L->kpre = TB(b, N * K);
@@ -242,7 +243,6 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     L->qr = TB(b, N * Q);
     L->kr = TB(b, N * K);
     L->v = TB(b, N * K);
-    L->vd = TB(b, N * K / 2);
     L->att = TB(b, N * Q);
     L->lse = TF(b, B * NH * T);
     L->o = TB(b, N * H);
@@ -308,9 +308,9 @@ static void scratch_layout(struct kiln_zaya_cuda *g, dbump *b, size_t attn_work)
     s->da2 = TB(b, N * R), s->df2 = TB(b, N * R), s->da1 = TB(b, N * R), s->df1 = TB(b, N * R);
     s->drn = TB(b, N * R), s->dxn = TB(b, N * R), s->drs = TB(b, N * R);
     s->carry_a = TF(b, N * R), s->carry_b = TF(b, N * R), s->prod = TF(b, N * R);
-    s->datt = TB(b, N * Q), s->dqr = TB(b, N * Q), s->dqpre = TB(b, N * Q), s->dq = TB(b, N * Q);
-    s->dkr = TB(b, N * K), s->dv = TB(b, N * K), s->dkpre = TB(b, N * K), s->dk = TB(b, N * K);
-    s->dvc = TB(b, N * K / 2), s->dvdd = TB(b, N * K / 2);
+    s->datt = TB(b, N * Q), s->dqr = TB(b, N * Q), s->dqpre = TB(b, N * Q);
+    s->dkr = TB(b, N * K), s->dv = TB(b, N * K), s->dkpre = TB(b, N * K);
+    s->dqkv = TB(b, N * (Q + 2 * K));
     s->dmid = TF(b, B * (T + c->cca_time1 - 1) * C);
     s->attn_work = take(b, (int64_t)attn_work, 1);
 }
@@ -319,6 +319,42 @@ static kiln_attn_shape attn_shape(const kiln_zaya_config *c, int64_t B, int64_t 
     return (kiln_attn_shape){B, T, T, T, c->num_heads, c->num_kv_heads, c->head_dim,
                              type == KILN_LAYER_HYBRID_SLIDING ? c->sliding_window : 0,
                              1.0f / sqrtf((float)c->head_dim)};
+}
+
+/* CCA's four projections of ln1 (q [Q], k [K], the value's current and delayed halves [K/2] each). Where their
+ * weights and gradients are one block in that order and none has a bias (ZAYA's default: attention_bias
+ * false), they run as one projection of Q + 2K outputs: one GEMM forward, one for dx and one for dW backward,
+ * where four cost 170 + 477 us a layer at issue [cuda]'s shape against 137 + 291 (run s23r1, docs/perf.md);
+ * their outputs are then columns of one [N, Q+2K] buffer, rows Q+2K apart, and the convolution and the value
+ * shift read and write them there. Otherwise (biases; or KILN_CCA_PROJ=separate, for comparison) four tensors
+ * one after another in the same buffer. */
+typedef struct {
+    bf *q, *k, *vc, *vd;
+    int64_t ldq, ldk, ldv; /* row strides */
+    int packed;
+} proj_view;
+
+static int proj_packed(const kiln_zaya_cuda *g, int64_t li) {
+    const kiln_zaya_config *c = &g->m->cfg;
+    const kiln_zaya_layer_ptrs *W = &g->W.layers[li], *G = &g->G.layers[li];
+    const int64_t H = c->hidden_size, Q = c->num_heads * c->head_dim, K = c->num_kv_heads * c->head_dim;
+    return !g->proj_separate && !W->bq && !W->bk && !W->bvc && !W->bvd && W->wk == W->wq + Q * H &&
+           W->wvc == W->wk + K * H && W->wvd == W->wvc + K / 2 * H && G->wk == G->wq + Q * H &&
+           G->wvc == G->wk + K * H && G->wvd == G->wvc + K / 2 * H;
+}
+
+static proj_view proj_view_of(const kiln_zaya_cuda *g, int64_t li, bf *base) {
+    const kiln_zaya_config *c = &g->m->cfg;
+    const int64_t N = g->B * g->T, Q = c->num_heads * c->head_dim, K = c->num_kv_heads * c->head_dim;
+    proj_view v = {.q = base, .packed = proj_packed(g, li)};
+    if (v.packed) {
+        v.k = base + Q, v.vc = v.k + K, v.vd = v.vc + K / 2;
+        v.ldq = v.ldk = v.ldv = Q + 2 * K;
+    } else {
+        v.k = base + N * Q, v.vc = v.k + N * K, v.vd = v.vc + N * K / 2;
+        v.ldq = Q, v.ldk = K, v.ldv = K / 2;
+    }
+    return v;
 }
 
 #define CU(call)                                                                                          \
@@ -438,8 +474,13 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     if (c->num_heads % c->num_kv_heads || (c->num_kv_heads * c->head_dim) % 2)
         return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: heads %lld / kv heads %lld / head dim %lld unsupported",
                            (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim);
+    const char *proj = getenv("KILN_CCA_PROJ");
+    if (proj && *proj && strcmp(proj, "packed") && strcmp(proj, "separate"))
+        return kiln_errorf(KILN_EINVAL, "KILN_CCA_PROJ=%s: expected packed (the default where the weights allow) or "
+                           "separate", proj);
     struct kiln_zaya_cuda *g = calloc(1, sizeof *g);
     if (!g) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA");
+    g->proj_separate = proj && !strcmp(proj, "separate");
     g->m = m;
     g->B = B;
     g->T = T;
@@ -923,16 +964,21 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     /* input_layernorm (unless the previous residual join did it) */
     if (!ln1_done) OP(g, "RMSNorm fwd", kiln_rmsnorm_forward_cuda(L->ln1, L->ln1_r, L->x, W->ln1, N, H, eps, st));
     /* ZayaCCAProjection: q and k stay where the projections write them, the convolution reads both */
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
+    const proj_view pv = proj_view_of(g, li, L->qkv);
+    if (pv.packed) {
+        OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(pv.q, L->ln1, BF(g, W->wq), NULL, N, H, Q + 2 * K, st));
+    } else {
+        OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(pv.q, L->ln1, BF(g, W->wq), BF(g, W->bq), N, H, Q, st));
+        OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(pv.k, L->ln1, BF(g, W->wk), BF(g, W->bk), N, H, K, st));
+        OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(pv.vc, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
+        OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(pv.vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
+    }
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
     /* the convolutions and the q/k residual coupling, one fused op (bf16 tensor cores) */
-    OP(g, "CCA convolutions fwd", kiln_cca_conv_couple_forward_cuda(L->qpre, L->kpre, L->mid, L->q, L->k, W->conv0_w, W->conv0_b,
-                                                                    W->conv1_w, W->conv1_b, &cs, NH, KV, st));
-    /* value: current half and the previous token's delayed projection (att is scratch here) */
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->vd, L->ln1, BF(g, W->wvd), BF(g, W->bvd), N, H, K / 2, st));
-    OP(g, "linear (cuBLASLt) fwd", kiln_linear_forward_cuda(L->att, L->ln1, BF(g, W->wvc), BF(g, W->bvc), N, H, K / 2, st));
-    OP(g, "pointwise + glue fwd", kiln_value_shift_forward_cuda(L->v, L->att, L->vd, W->bvd, B, T, K / 2, st));
+    OP(g, "CCA convolutions fwd", kiln_cca_conv_couple_forward_cuda(L->qpre, L->kpre, L->mid, pv.q, pv.k, W->conv0_w, W->conv0_b,
+                                                                    W->conv1_w, W->conv1_b, &cs, NH, KV, pv.ldq, pv.ldk, st));
+    /* value: current half and the previous token's delayed projection */
+    OP(g, "pointwise + glue fwd", kiln_value_shift_forward_cuda(L->v, pv.vc, pv.vd, W->bvd, B, T, K / 2, pv.ldv, st));
     /* ZayaQKNorm, then partial RoPE (one fused pass each) */
     OP(g, "QK norm + RoPE fwd", kiln_qk_norm_rope_forward_cuda(L->qr, L->qinv, L->qpre, NULL, g->inv_freq[type], B, T, NH, D,
                                             m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
@@ -1144,10 +1190,14 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     OP(g, "attention (flash) bwd", kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
                                           s->attn_work, st));
     /* value */
-    OP(g, "pointwise + glue bwd", kiln_value_shift_backward_cuda(s->dvc, s->dvdd, Gd->bvd, s->dv, B, T, K / 2, st));
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->dln1, Gd->wvc, Gd->bvc, s->dvc, L->ln1, BF(g, W->wvc), N, H, K / 2,
-                                                                KILN_LINEAR_DX_WRITE, st));
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, s->dvdd, L->ln1, BF(g, W->wvd), N, H, K / 2, st));
+    const proj_view pv = proj_view_of(g, li, L->qkv), dp = proj_view_of(g, li, s->dqkv);
+    OP(g, "pointwise + glue bwd", kiln_value_shift_backward_cuda(dp.vc, dp.vd, Gd->bvd, s->dv, B, T, K / 2, dp.ldv, st));
+    if (!dp.packed) {
+        OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->dln1, Gd->wvc, Gd->bvc, dp.vc, L->ln1, BF(g, W->wvc), N, H,
+                                                                    K / 2, KILN_LINEAR_DX_WRITE, st));
+        OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wvd, Gd->bvd, dp.vd, L->ln1, BF(g, W->wvd), N, H, K / 2,
+                                                                 st));
+    }
     /* RoPE and the QK norm */
     OP(g, "QK norm + RoPE bwd", kiln_qk_norm_rope_backward_cuda(s->dqpre, NULL, s->dqr, L->qpre, NULL, L->qinv, g->inv_freq[type], B, T,
                                              NH, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
@@ -1155,11 +1205,16 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                              B, T, KV, D, m->rot_dim[type], 0, sqrtf((float)D), FLT_EPSILON, st));
     /* the convolutions and the residual coupling, one fused op: dq/dk = the coupling's adjoint + the conv's dx */
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
-    OP(g, "CCA convolutions bwd", kiln_cca_conv_couple_backward_cuda(s->dq, s->dk, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b,
-                                                                     s->dmid, s->dqpre, s->dkpre, L->q, L->k, L->mid, W->conv0_w,
-                                                                     W->conv1_w, &cs, NH, KV, st));
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, s->dq, L->ln1, BF(g, W->wq), N, H, Q, st));
-    OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, s->dk, L->ln1, BF(g, W->wk), N, H, K, st));
+    OP(g, "CCA convolutions bwd", kiln_cca_conv_couple_backward_cuda(dp.q, dp.k, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b,
+                                                                     s->dmid, s->dqpre, s->dkpre, pv.q, pv.k, L->mid, W->conv0_w,
+                                                                     W->conv1_w, &cs, NH, KV, pv.ldq, pv.ldk, st));
+    if (dp.packed) { /* the first gradient of ln1 here: written */
+        OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->dln1, Gd->wq, NULL, dp.q, L->ln1, BF(g, W->wq), N, H,
+                                                                    Q + 2 * K, KILN_LINEAR_DX_WRITE, st));
+    } else {
+        OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wq, Gd->bq, dp.q, L->ln1, BF(g, W->wq), N, H, Q, st));
+        OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dln1, Gd->wk, Gd->bk, dp.k, L->ln1, BF(g, W->wk), N, H, K, st));
+    }
     /* the experts' weight gradients ran on their side streams beside the rest of this layer (dw_defer). With
      * recomputation the re-run forward of layer l-1 rewrites the shared xe and act they read, so the stream waits
      * for them here (timed as the experts' stall); otherwise their last wave also runs beside the residual join

@@ -225,8 +225,11 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
 
     /* ---- GEMMs ---- */
     const char *lf = "linear (cuBLASLt) fwd", *lb = "linear (cuBLASLt) bwd";
+    /* CCA's four projections (q, k, the value halves): one GEMM of Q + 2K outputs without biases (zaya_cuda.c's
+     * proj_view), four with */
     const int64_t outs[9] = {Q, K, K / 2, K / 2, H, R, R, R, E1}, ins[9] = {H, H, H, H, Q, H, R, R, R};
-    for (int i = 0; i < 9; i++) linear(p, r, lf, lb, A * Ld * fw, A * Ld, N, outs[i], ins[i]);
+    if (!s->attention_bias) linear(p, r, lf, lb, A * Ld * fw, A * Ld, N, Q + 2 * K, H);
+    for (int i = s->attention_bias ? 0 : 4; i < 9; i++) linear(p, r, lf, lb, A * Ld * fw, A * Ld, N, outs[i], ins[i]);
     linear(p, r, "LM head (cuBLASLt) fwd", "LM head (cuBLASLt) bwd", A, A, N, V, H);
 
     /* ---- attention ---- */

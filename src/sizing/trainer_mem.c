@@ -109,15 +109,15 @@ static double layer_bytes(const kiln_size_shape *s, double B, double T) {
     const double E1 = (double)s->experts + 1, S = N * (double)s->top_k, I = (double)s->expert_inter;
     double b = 0;
     b += piece(N * H, 2);                                                     /* ln1 */
-    b += piece(N * Q, 2) + piece(N * K, 2);                                   /* q, k: the convolution's input */
+    b += piece(N * (Q + 2 * K), 2);                                           /* qkv: the four projections */
     b += piece(B * (T + (double)s->cca_time1 - 1) * C, 2);                    /* mid */
     b += piece(N * Q, 2) + piece(N * K, 2);                                   /* qpre, kpre */
     b += piece(N * NH, 4) + piece(N * KV, 4);                                 /* qinv, kinv */
-    b += piece(N * Q, 2) + piece(N * K, 2) + piece(N * K, 2) + piece(N * K / 2, 2); /* qr, kr, v, vd */
+    b += piece(N * Q, 2) + piece(N * K, 2) + piece(N * K, 2);                 /* qr, kr, v */
     b += piece(N * Q, 2) + piece(B * NH * T, 4);                              /* att, lse */
     b += piece(N * H, 2) + piece(N * H, 4) + piece(N * H, 2) + piece(N, 4);   /* o, res1, ln2, its rstd */
     b += piece(N * R, 2) + piece(N, 4) + 4 * piece(N * R, 2);                 /* rn, its rstd, f1 a1 f2 a2 */
-    b += 2 * piece(N * E1, 4);                                                /* router logits, probs */
+    b += piece(N * E1, 4);                                                    /* router probabilities */
     b += piece(S, 4) + piece(S, 4) + piece(E1 + 1, 4) + 3 * piece(S, 4);      /* choice gate offsets slots */
     b += piece(S * H, 2) + piece(S * 2 * I, 2) + piece(S * I, 2) + piece(S * H, 2); /* xe gu act ye */
     b += piece(N * H, 4);                                                     /* moe */
@@ -141,7 +141,7 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
     w += piece(S * H, 2) + piece(S * I, 2) + piece(S * 2 * I, 2) + piece(S * H, 2) + piece(S, 4);
     w += 2 * piece(N * E1, 4) + piece(N * E1, 2);
     w += 7 * piece(N * R, 2) + 3 * piece(N * R, 4);
-    w += 4 * piece(N * Q, 2) + 4 * piece(N * K, 2) + 2 * piece(N * K / 2, 2);
+    w += 3 * piece(N * Q, 2) + 3 * piece(N * K, 2) + piece(N * (Q + 2 * K), 2);
     w += piece(B * (T + (double)s->cca_time1 - 1) * C, 4);
     w += piece(B * (double)s->heads * T * 4, 1); /* kiln_attention_backward_cuda_work */
     *scratch = w;

@@ -22,7 +22,9 @@
  * alone with KILN_CCA_TILE=128 and on the 64 x 64 tiles with KILN_CCA_TILE=64), head dim 64
  * with kernels 1 and 3 (64 x 64 vector path, K across taps), and odd shapes (element path): G = 1, G = 6 with
  * k1 = 1; depthwise kernels of 3 and 4 taps on 16-byte paths, and of 5 taps (past the 16-byte depthwise kernels'
- * 4: the element kernels). Bitwise repeatable weight gradients. */
+ * 4: the element kernels). Bitwise repeatable weight gradients. q and k (and dq, dk) also as columns of one
+ * packed buffer: rows Q + 2K apart (the model's packed projections; bit for bit the dense layout's results,
+ * the other columns untouched) and Q + K + 1 apart (odd: the element kernels, at the tolerances above). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,9 +197,9 @@ static void fused_cases(size_t ncases) {
         float *gw0 = gt_up_f32(w0, C * k0), *gb0 = gt_up_f32(b0, C), *gw1 = gt_up_f32(w1, n1), *gb1 = gt_up_f32(b1, C);
         float *gdmid = gt_dev((size_t)nm * 4), *gdw0 = gt_up_f32(dw00, C * k0), *gdb0 = gt_up_f32(db00, C);
         float *gdw1 = gt_up_f32(dw10, n1), *gdb1 = gt_up_f32(db10, C);
-        CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, NULL));
+        CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, 0, 0, NULL));
         CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
-                                                    gw0, gw1, &s, NH, KV, NULL));
+                                                    gw0, gw1, &s, NH, KV, 0, 0, NULL));
         float *hmid = gt_down_bf16(gmid, nm), *hqpre = gt_down_bf16(gqpre, N * Q), *hkpre = gt_down_bf16(gkpre, N * K);
         float *hdq = gt_down_bf16(gdq, N * Q), *hdk = gt_down_bf16(gdk, N * K), *hdmid = gt_down_f32(gdmid, nm);
         float *hdw0 = gt_down_f32(gdw0, C * k0), *hdb0 = gt_down_f32(gdb0, C), *hdw1 = gt_down_f32(gdw1, n1);
@@ -218,13 +220,69 @@ static void fused_cases(size_t ncases) {
         CHECK_OK(kiln_cuda_copy(gdw1, dw10, (size_t)n1 * 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
-                                                    gw0, gw1, &s, NH, KV, NULL));
+                                                    gw0, gw1, &s, NH, KV, 0, 0, NULL));
         float *r_dq = gt_down_bf16(gdq, N * Q), *r_dk = gt_down_bf16(gdk, N * K), *r_dw0 = gt_down_f32(gdw0, C * k0);
         float *r_db0 = gt_down_f32(gdb0, C), *r_dw1 = gt_down_f32(gdw1, n1), *r_db1 = gt_down_f32(gdb1, C);
         CHECK_MSG(!memcmp(r_dq, hdq, (size_t)(N * Q) * 4) && !memcmp(r_dk, hdk, (size_t)(N * K) * 4) &&
                       !memcmp(r_dw0, hdw0, (size_t)(C * k0) * 4) && !memcmp(r_db0, hdb0, (size_t)C * 4) &&
                       !memcmp(r_dw1, hdw1, (size_t)n1 * 4) && !memcmp(r_db1, hdb1, (size_t)C * 4),
                   "fused cca_conv backward differs between two runs");
+        /* q and k as columns of one packed projection output (the model's layout: [q | k | v halves], rows
+         * Q + 2K apart, and dq / dk written into the same layout): the same kernels, so the same bits as
+         * above, and the other columns untouched; then rows Q + K + 1 apart (odd: the element kernels), against
+         * the reference at the tolerances above */
+        for (int lt = 0; lt < 2; lt++) {
+            const int64_t P = lt == 0 ? Q + 2 * K : Q + K + 1;
+            float *xp = gt_rand(&rng, N * P, 1.0f), *fill = gt_rand(&rng, N * P, 1.0f);
+            gt_round_bf16(fill, N * P);
+            for (int64_t n = 0; n < N; n++) memcpy(xp + n * P, x + n * C, (size_t)C * 4);
+            kiln_bf16 *gxp = gt_up_bf16(xp, N * P), *gdp = gt_up_bf16(fill, N * P);
+            CHECK_OK(kiln_cuda_copy(gdw0, dw00, (size_t)(C * k0) * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdb0, db00, (size_t)C * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdw1, dw10, (size_t)n1 * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxp, gxp + Q, gw0, gb0, gw1, gb1, &s, NH, KV,
+                                                       P, P, NULL));
+            CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxp,
+                                                        gxp + Q, gmid, gw0, gw1, &s, NH, KV, P, P, NULL));
+            float *pmid = gt_down_bf16(gmid, nm), *pqpre = gt_down_bf16(gqpre, N * Q), *pkpre = gt_down_bf16(gkpre, N * K);
+            float *pd = gt_down_bf16(gdp, N * P), *pdw0 = gt_down_f32(gdw0, C * k0), *pdb0 = gt_down_f32(gdb0, C);
+            float *pdw1 = gt_down_f32(gdw1, n1), *pdb1 = gt_down_f32(gdb1, C);
+            float *pdq = malloc((size_t)(N * Q) * 4), *pdk = malloc((size_t)(N * K) * 4);
+            int others = 1;
+            for (int64_t n = 0; n < N; n++) {
+                memcpy(pdq + n * Q, pd + n * P, (size_t)Q * 4);
+                memcpy(pdk + n * K, pd + n * P + Q, (size_t)K * 4);
+                others &= !memcmp(pd + n * P + C, fill + n * P + C, (size_t)(P - C) * 4);
+            }
+            printf("    q and k in rows %lld apart\n", (long long)P);
+            CHECK_MSG(others, "rows %lld apart: the columns past q and k were written", (long long)P);
+            if (lt == 0) {
+                CHECK_MSG(!memcmp(pmid, hmid, (size_t)nm * 4) && !memcmp(pqpre, hqpre, (size_t)(N * Q) * 4) &&
+                              !memcmp(pkpre, hkpre, (size_t)(N * K) * 4) && !memcmp(pdq, hdq, (size_t)(N * Q) * 4) &&
+                              !memcmp(pdk, hdk, (size_t)(N * K) * 4) && !memcmp(pdw0, hdw0, (size_t)(C * k0) * 4) &&
+                              !memcmp(pdb0, hdb0, (size_t)C * 4) && !memcmp(pdw1, hdw1, (size_t)n1 * 4) &&
+                              !memcmp(pdb1, hdb1, (size_t)C * 4),
+                          "rows %lld apart: results differ from the dense layout's", (long long)P);
+            } else {
+                GT_CLOSE("strided mid (bf16)", pmid, mid, nm, 5e-3);
+                GT_CLOSE("strided qpre", pqpre, qpre, N * Q, 1e-2);
+                GT_CLOSE("strided kpre", pkpre, kpre, N * K, 1e-2);
+                GT_CLOSE("strided dq", pdq, dq, N * Q, tol_dx);
+                GT_CLOSE("strided dk", pdk, dk, N * K, tol_dx);
+                GT_CLOSE("strided dw0 (+=)", pdw0, dw0, C * k0, tol_dw0);
+                GT_CLOSE("strided db0 (+=)", pdb0, db0, C, tol_dw0);
+                GT_CLOSE("strided dw1 (+=)", pdw1, dw1, n1, 1e-2);
+                GT_CLOSE("strided db1 (+=)", pdb1, db1, C, 1e-4);
+            }
+            kiln_cuda_free(gxp), kiln_cuda_free(gdp);
+            free(xp), free(fill), free(pmid), free(pqpre), free(pkpre), free(pd), free(pdw0), free(pdb0), free(pdw1);
+            free(pdb1), free(pdq), free(pdk);
+        }
+        /* a row stride below the channels it holds: an error */
+        CHECK_ERR(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, Q - 1,
+                                                    0, NULL),
+                  "row strides");
         kiln_cuda_free(gxq), kiln_cuda_free(gxk), free(xq), free(xk), kiln_cuda_free(gdqp), kiln_cuda_free(gdkp), kiln_cuda_free(gmid), kiln_cuda_free(gqpre);
         kiln_cuda_free(gkpre), kiln_cuda_free(gdq), kiln_cuda_free(gdk), kiln_cuda_free(gw0), kiln_cuda_free(gb0);
         kiln_cuda_free(gw1), kiln_cuda_free(gb1), kiln_cuda_free(gdmid), kiln_cuda_free(gdw0), kiln_cuda_free(gdb0);
@@ -241,7 +299,7 @@ TEST(gpu_ops_cca_conv_couple_fused) {
     fused_cases(99);
     /* groups that are not heads + kv heads: an error naming the op */
     kiln_conv_shape bad = {1, 4, 12, 3, 2, 2};
-    CHECK_ERR(kiln_cca_conv_couple_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, 1, 1, NULL),
+    CHECK_ERR(kiln_cca_conv_couple_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bad, 1, 1, 0, 0, NULL),
               "cca_conv_couple forward");
 }
 
@@ -321,10 +379,10 @@ TEST(gpu_ops_cca_conv_couple_timing) {
                     t0 = gt_now_s();
                 }
                 if (pass == 0)
-                    CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, NULL));
+                    CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, 0, 0, NULL));
                 else
                     CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0,
-                                                                w1, &s, NH, KV, NULL));
+                                                                w1, &s, NH, KV, 0, 0, NULL));
             }
             CHECK_OK(kiln_cuda_sync());
             us[pass] = (gt_now_s() - t0) / it * 1e6;
@@ -340,9 +398,9 @@ TEST(gpu_ops_cca_conv_couple_timing) {
                                                6.0 * N * C, 6.0 * N * C, 8.0 * N * C, 0};
             double pu[KILN_CCA_NPASS];
             CHECK_OK(kiln_cca_conv_profile_cuda(1));
-            CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, NULL));
+            CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, 0, 0, NULL));
             CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0, w1, &s,
-                                                        NH, KV, NULL));
+                                                        NH, KV, 0, 0, NULL));
             CHECK_OK(kiln_cca_conv_profile_read_cuda(pu));
             CHECK_OK(kiln_cca_conv_profile_cuda(0));
             for (int p = 0; p < KILN_CCA_NPASS; p++) CHECK_MSG(pu[p] >= 0, "pass %s was not recorded", pname[p]);

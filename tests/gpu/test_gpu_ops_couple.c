@@ -124,14 +124,40 @@ TEST(gpu_ops_value_shift) {
         kiln_bf16 *gvc = gt_up_bf16(vc, N * Kh), *gvd = gt_up_bf16(vd, N * Kh), *gdv = gt_up_bf16(dv, N * 2 * Kh);
         kiln_bf16 *gv = gt_dev((size_t)(N * 2 * Kh) * 2), *gdvc = gt_dev((size_t)(N * Kh) * 2), *gdvd = gt_dev((size_t)(N * Kh) * 2);
         float *gb = bvd ? gt_up_f32(bvd, Kh) : NULL, *gdb = gt_up_f32(db0, Kh);
-        CHECK_OK(kiln_value_shift_forward_cuda(gv, gvc, gvd, gb, B, T, Kh, NULL));
-        CHECK_OK(kiln_value_shift_backward_cuda(gdvc, gdvd, bvd ? gdb : NULL, gdv, B, T, Kh, NULL));
+        CHECK_OK(kiln_value_shift_forward_cuda(gv, gvc, gvd, gb, B, T, Kh, 0, NULL));
+        CHECK_OK(kiln_value_shift_backward_cuda(gdvc, gdvd, bvd ? gdb : NULL, gdv, B, T, Kh, 0, NULL));
         float *hv = gt_down_bf16(gv, N * 2 * Kh), *hdvc = gt_down_bf16(gdvc, N * Kh), *hdvd = gt_down_bf16(gdvd, N * Kh);
         float *hdb = gt_down_f32(gdb, Kh);
         GT_CLOSE("value_shift v", hv, v, N * 2 * Kh, 0.0);
         GT_CLOSE("value_shift dvc", hdvc, dvc, N * Kh, 0.0);
         GT_CLOSE("value_shift dvd", hdvd, dvd, N * Kh, 0.0);
         GT_CLOSE("value_shift dbvd (+=)", hdb, db, Kh, 0.0);
+        { /* vc and vd as two column blocks of one buffer, rows 2 Kh + 3 apart (as the model's packed projections):
+           * the same values, the columns around them untouched */
+            const int64_t ld = 2 * Kh + 3;
+            float *p = gt_rand(&rng, N * ld, 1.0f);
+            gt_round_bf16(p, N * ld);
+            for (int64_t n = 0; n < N; n++) {
+                memcpy(p + n * ld + 1, vc + n * Kh, (size_t)Kh * 4);
+                memcpy(p + n * ld + 1 + Kh, vd + n * Kh, (size_t)Kh * 4);
+            }
+            kiln_bf16 *gp = gt_up_bf16(p, N * ld), *gdp = gt_up_bf16(p, N * ld);
+            CHECK_OK(kiln_value_shift_forward_cuda(gv, gp + 1, gp + 1 + Kh, gb, B, T, Kh, ld, NULL));
+            CHECK_OK(kiln_value_shift_backward_cuda(gdp + 1, gdp + 1 + Kh, NULL, gdv, B, T, Kh, ld, NULL));
+            float *sv = gt_down_bf16(gv, N * 2 * Kh), *sd = gt_down_bf16(gdp, N * ld);
+            int ok = 1;
+            for (int64_t n = 0; n < N; n++) {
+                ok &= !memcmp(sd + n * ld + 1, dvc + n * Kh, (size_t)Kh * 4);
+                ok &= !memcmp(sd + n * ld + 1 + Kh, dvd + n * Kh, (size_t)Kh * 4);
+                ok &= sd[n * ld] == p[n * ld] && sd[n * ld + 2 * Kh + 1] == p[n * ld + 2 * Kh + 1] &&
+                      sd[n * ld + 2 * Kh + 2] == p[n * ld + 2 * Kh + 2];
+            }
+            GT_CLOSE("value_shift v (rows ld apart)", sv, v, N * 2 * Kh, 0.0);
+            CHECK_MSG(ok, "value_shift backward, rows %lld apart: dvc / dvd differ or other columns were written",
+                      (long long)ld);
+            CHECK_ERR(kiln_value_shift_forward_cuda(gv, gp, gp, gb, B, T, Kh, Kh - 1, NULL), "row stride");
+            kiln_cuda_free(gp), kiln_cuda_free(gdp), free(p), free(sv), free(sd);
+        }
         kiln_cuda_free(gvc), kiln_cuda_free(gvd), kiln_cuda_free(gdv), kiln_cuda_free(gv), kiln_cuda_free(gdvc);
         kiln_cuda_free(gdvd), kiln_cuda_free(gb), kiln_cuda_free(gdb);
         free(vc), free(vd), free(dv), free(bvd), free(db0), free(v), free(dvc), free(dvd), free(db), free(hv), free(hdvc);
