@@ -132,25 +132,26 @@ TEST(gpu_ops_value_shift) {
         GT_CLOSE("value_shift dvc", hdvc, dvc, N * Kh, 0.0);
         GT_CLOSE("value_shift dvd", hdvd, dvd, N * Kh, 0.0);
         GT_CLOSE("value_shift dbvd (+=)", hdb, db, Kh, 0.0);
-        { /* vc and vd as two column blocks of one buffer, rows 2 Kh + 3 apart (as the model's packed projections):
+        { /* vc and vd as two column blocks of one buffer (as the model's packed projections), rows 2 Kh + 16 apart
+           * from column 8 (16-byte vectors where Kh allows) or 2 Kh + 3 apart from column 1 (element by element):
            * the same values, the columns around them untouched */
-            const int64_t ld = 2 * Kh + 3;
+            const int64_t c0 = Kh % 8 ? 1 : 8, ld = 2 * Kh + (Kh % 8 ? 3 : 16);
             float *p = gt_rand(&rng, N * ld, 1.0f);
             gt_round_bf16(p, N * ld);
             for (int64_t n = 0; n < N; n++) {
-                memcpy(p + n * ld + 1, vc + n * Kh, (size_t)Kh * 4);
-                memcpy(p + n * ld + 1 + Kh, vd + n * Kh, (size_t)Kh * 4);
+                memcpy(p + n * ld + c0, vc + n * Kh, (size_t)Kh * 4);
+                memcpy(p + n * ld + c0 + Kh, vd + n * Kh, (size_t)Kh * 4);
             }
             kiln_bf16 *gp = gt_up_bf16(p, N * ld), *gdp = gt_up_bf16(p, N * ld);
-            CHECK_OK(kiln_value_shift_forward_cuda(gv, gp + 1, gp + 1 + Kh, gb, B, T, Kh, ld, NULL));
-            CHECK_OK(kiln_value_shift_backward_cuda(gdp + 1, gdp + 1 + Kh, NULL, gdv, B, T, Kh, ld, NULL));
+            CHECK_OK(kiln_value_shift_forward_cuda(gv, gp + c0, gp + c0 + Kh, gb, B, T, Kh, ld, NULL));
+            CHECK_OK(kiln_value_shift_backward_cuda(gdp + c0, gdp + c0 + Kh, NULL, gdv, B, T, Kh, ld, NULL));
             float *sv = gt_down_bf16(gv, N * 2 * Kh), *sd = gt_down_bf16(gdp, N * ld);
             int ok = 1;
             for (int64_t n = 0; n < N; n++) {
-                ok &= !memcmp(sd + n * ld + 1, dvc + n * Kh, (size_t)Kh * 4);
-                ok &= !memcmp(sd + n * ld + 1 + Kh, dvd + n * Kh, (size_t)Kh * 4);
-                ok &= sd[n * ld] == p[n * ld] && sd[n * ld + 2 * Kh + 1] == p[n * ld + 2 * Kh + 1] &&
-                      sd[n * ld + 2 * Kh + 2] == p[n * ld + 2 * Kh + 2];
+                ok &= !memcmp(sd + n * ld + c0, dvc + n * Kh, (size_t)Kh * 4);
+                ok &= !memcmp(sd + n * ld + c0 + Kh, dvd + n * Kh, (size_t)Kh * 4);
+                for (int64_t j = 0; j < ld; j++)
+                    if (j < c0 || j >= c0 + 2 * Kh) ok &= sd[n * ld + j] == p[n * ld + j];
             }
             GT_CLOSE("value_shift v (rows ld apart)", sv, v, N * 2 * Kh, 0.0);
             CHECK_MSG(ok, "value_shift backward, rows %lld apart: dvc / dvd differ or other columns were written",

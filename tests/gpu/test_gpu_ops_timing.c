@@ -183,6 +183,14 @@ TEST(gpu_ops_timing_model_shapes) {
         TIME("q,k,vd,vc linears fwd (1 GEMM)", fb, cca_proj_forward(py, yb, pw, pb, N, H, one, 1));
         TIME("q,k,vd,vc linears bwd (4 GEMMs)", fb * 2, cca_proj_backward(pdx, pdw, pdb, pdy, yb, pw, N, H, outs, 4));
         TIME("q,k,vd,vc linears bwd (1 GEMM)", fb * 2, cca_proj_backward(pdx, pdw, pdb, pdy, yb, pw, N, H, one, 1));
+        /* the value shift reading / writing the value halves where the packed GEMM puts them */
+        kiln_bf16 *pv = fill_dev(&rng, N * KV * D, 1, 1.0f);
+        const int64_t Kh = KV * D / 2, o = NH * D + KV * D;
+        TIME("value shift fwd (packed layout)", N * Kh * 8.0,
+             kiln_value_shift_forward_cuda(pv, py + o, py + o + Kh, NULL, B, T, Kh, P, NULL));
+        TIME("value shift bwd (packed layout)", N * Kh * 8.0,
+             kiln_value_shift_backward_cuda(pdy + o, pdy + o + Kh, NULL, pv, B, T, Kh, P, NULL));
+        kiln_cuda_free(pv);
         kiln_cuda_free(pw), kiln_cuda_free(pb), kiln_cuda_free(py), kiln_cuda_free(pdy), kiln_cuda_free(pdx);
         kiln_cuda_free(pdw), kiln_cuda_free(pdb);
     }
