@@ -100,7 +100,8 @@ kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *stream);
 /* out [N,H] (f32, overwritten) = sum over each token's slots, in k order, of gate * SwiGLU expert(in):
  * dispatch, gather (bf16), one grouped GEMM for every expert's gate_up, SwiGLU, one grouped GEMM for down,
  * the gated sum per token (no atomics). in [N,H], wgu [E,2I,H], wdn [E,H,I] bf16. Synchronizes the stream
- * once (the counts). */
+ * once (the counts). out NULL: no gated sum (x->ye, gate and tok_slot hold it; for top-1 routing
+ * kiln_residual_norm_forward_gather_cuda forms it as it reads it). */
 kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *out, const kiln_bf16 *in, const kiln_bf16 *wgu,
                                       const kiln_bf16 *wdn, void *stream);
 /* As kiln_experts_backward after kiln_experts_forward_cuda on the same x: dx [N,H] += (f32; = when w->dx_write); dgate [N*top]
@@ -238,6 +239,16 @@ kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd
                                             const kiln_bf16 *a_bf16, const float *ab, const float *as, const float *x,
                                             const float *xb, const float *xs, const float *w, int64_t n, int64_t d,
                                             float eps, void *stream);
+/* The same join with a gathered: row r of a is gate[r] * rows[slot[r]] (bf16 rows of d; slot -1: zeros), the
+ * experts' gated combine for top-1 routing formed as the row is read, bit for bit kiln_experts_forward_cuda's
+ * combine followed by the call above (no [n,d] f32 MoE output written and read back). Rows of the 16-byte ring
+ * kernel only: kiln_residual_norm_gather_ok(d) (d % 4 == 0, at most 4096) and 16-byte aligned arrays, else
+ * KILN_EUNSUPPORTED. */
+int kiln_residual_norm_gather_ok(int64_t d);
+kiln_error *kiln_residual_norm_forward_gather_cuda(float *y, kiln_bf16 *ln, float *rstd, const kiln_bf16 *rows,
+                                                   const int32_t *slot, const float *gate, const float *ab,
+                                                   const float *as, const float *x, const float *xb, const float *xs,
+                                                   const float *w, int64_t n, int64_t d, float eps, void *stream);
 /* Its backward, given y's other consumer z = ... + (y + upb)*ups (the next join) and z's gradient dup:
  *   g = dup*ups + rmsnorm_bwd(dln); da = bf16(g*as), dx = g*xs WRITTEN;
  *   += (each nullable): dupb = sum dup*ups, dups = sum dup*(y + upb), dw = sum dln*y*rstd, dab = sum g*as,
@@ -272,6 +283,9 @@ typedef struct {
     const float *a, *ab, *as;      /* the join's first input [n,d], its shift (nullable) and scale [d] */
     float *dab, *das;
     float *da;                     /* [n,d] */
+    const kiln_bf16 *a_rows;       /* or (a NULL) a gathered as kiln_residual_norm_forward_gather_cuda's: row r is */
+    const int32_t *a_slot;         /* a_gate[r] * a_rows[a_slot[r]] (-1: zeros); the same row limits */
+    const float *a_gate;
 } kiln_norm_join_bwd;
 kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p, int64_t n, int64_t d, void *stream);
 

@@ -352,7 +352,7 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
         goto done;
     }
     S = x->nslots = x->exp_off_host[E];
-    if (N && !S) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * H) * sizeof(float), st));
+    if (out && N && !S) CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(N * H) * sizeof(float), st));
     if (!S) goto done;
     if ((err = kiln_grouped_gemm_cuda(x->gu, 0, x->xe, wgu, x->exp_off_host, E, 0, 2 * I, H, "NT", 0, NULL, stream)))
         goto done;
@@ -367,6 +367,7 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_FWD, 1, st));
     if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
         goto done;
+    if (!out) goto done; // the caller forms the gated sum where it reads it (kiln_residual_norm_forward_gather_cuda)
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 0, st));
     if (vec8_rows(H, out, out, x->ye, x->ye))
         combine_kernel<8><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);

@@ -180,6 +180,10 @@ static inline cudaError_t colsum_add_multi(float *const *outs, int np, const flo
 template <int BYTES> static __device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
     __pipeline_memcpy_async(smem, gmem, BYTES);
 }
+// the same, or BYTES zeros into smem (nothing read from gmem) when zero
+template <int BYTES> static __device__ __forceinline__ void cp_async_zf(void *smem, const void *gmem, bool zero) {
+    __pipeline_memcpy_async(smem, gmem, BYTES, zero ? BYTES : 0);
+}
 
 // Blocks of `threads` that fit on the device at once with `smem` dynamic shared memory each, at most `work`
 // (a persistent grid; 1 when the queries fail).

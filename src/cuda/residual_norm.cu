@@ -69,11 +69,16 @@ static __device__ __forceinline__ void store_parts(float *part, const float (&ac
 
 // unit j of the join y = (a + ab)*as + (x + xb)*xs of one row (ar, xr: its a and x; as NULL: y is a itself, bit
 // for bit, which kiln_rmsnorm_forward_cuda runs; hx false: no second term, xr unread)
-template <typename TA, int V>
+// GA: a is gate * ar (the experts' combine for top-1 routing, its one rounding: gate * ye added to a zero sum)
+template <typename TA, int V, bool GA = false>
 static __device__ __forceinline__ void join_unit(float (&yv)[V], const TA *ar, const float *ab, const float *as, bool hx,
-                                                 const float *xr, const float *xb, const float *xs, int j) {
+                                                 const float *xr, const float *xb, const float *xs, int j,
+                                                 float ga = 0.0f) {
     float bv[V], sv[V];
     ldv<V>(ar, j, yv);
+    if (GA)
+#pragma unroll
+        for (int q = 0; q < V; q++) yv[q] = __fmaf_rn(ga, yv[q], 0.0f);
     if (as) {
         ldv<V>(as, j, sv);
         if (ab) ldv<V>(ab, j, bv);
@@ -98,17 +103,17 @@ static __device__ __forceinline__ void join_unit(float (&yv)[V], const TA *ar, c
 // the forward's row r (ar, xr: its a and x): the join of every unit (stored to y when given), then
 // ln = w * (y * rstd) (when ln is given). The outputs' null tests are on the kernel's own arguments: tests on
 // derived row pointers cost the ring kernel ~15% (session 14).
-template <typename TA, int V, int NV>
+template <typename TA, int V, int NV, bool GA = false>
 static __device__ __forceinline__ void fwd_row(float *y, bf16 *ln, float *rstd, int64_t r, const TA *ar,
                                                const float *ab, const float *as, bool hx, const float *xr,
                                                const float *xb, const float *xs, const float *w, int d, float eps,
-                                               float *sh) {
+                                               float *sh, float ga = 0.0f) {
     float yv[NV][V], ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int j = unit_col<V>(k);
         if (j >= d) continue;
-        join_unit<TA, V>(yv[k], ar, ab, as, hx, xr, xb, xs, j);
+        join_unit<TA, V, GA>(yv[k], ar, ab, as, hx, xr, xb, xs, j, ga);
         if (y) stv<V>(y + r * d, j, yv[k]);
 #pragma unroll
         for (int q = 0; q < V; q++) ss += yv[k][q] * yv[k][q];
@@ -291,11 +296,13 @@ static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_b
 static inline int round16(int64_t b) { return (int)((b + 15) / 16 * 16); }
 
 // Forward: rows r = blockIdx.x + i*gridDim.x of a resident grid; a stage holds the row's x (f32, when given)
-// then a (TA). Three blocks per SM (at most 42 registers a thread).
-template <typename TA, int NV>
+// then a (TA). Three blocks per SM (at most 42 registers a thread). GA: row r of a is gate[r] * a[slot[r]] (a: the
+// experts' outputs ye, one slot a token; slot -1: zeros), the combine's product formed here instead of read.
+template <typename TA, int NV, bool GA = false>
 static __global__ void __launch_bounds__(THREADS, 3)
     fwd_pipe_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
-                    const float *xb, const float *xs, const float *w, int64_t n, int d, float eps, int stage) {
+                    const float *xb, const float *xs, const float *w, int64_t n, int d, float eps, int stage,
+                    const int32_t *slot = NULL, const float *gate = NULL) {
     extern __shared__ __align__(16) unsigned char ring[];
     __shared__ float sh[32];
     const int64_t G = gridDim.x;
@@ -308,7 +315,13 @@ static __global__ void __launch_bounds__(THREADS, 3)
                 const int j = unit_col<4>(k);
                 if (j >= d) continue;
                 if (x) cp_async<16>(b + (size_t)j * 4, x + r * d + j);
-                cp_async<4 * sizeof(TA)>(b + ao + (size_t)j * sizeof(TA), a + r * d + j);
+                if (GA) {
+                    const int32_t sr = slot[r]; // a skipped token's a: zero-filled, nothing read
+                    cp_async_zf<4 * sizeof(TA)>(b + ao + (size_t)j * sizeof(TA), a + (sr >= 0 ? (int64_t)sr * d + j : 0),
+                                                sr < 0);
+                } else {
+                    cp_async<4 * sizeof(TA)>(b + ao + (size_t)j * sizeof(TA), a + r * d + j);
+                }
             }
         }
         __pipeline_commit(); // empty groups too: the count of groups stays one per row
@@ -320,8 +333,9 @@ static __global__ void __launch_bounds__(THREADS, 3)
         load(r + (PS - 1) * G, (i + PS - 1) % PS);
         __pipeline_wait_prior(PS - 1); // this row's group is complete
         const unsigned char *b = ring + (size_t)(i % PS) * stage;
-        fwd_row<TA, 4, NV>(y, ln, rstd, r, (const TA *)(b + ao), ab, as, x != NULL, (const float *)b, xb, xs, w, d, eps,
-                           sh);
+        const float ga = GA ? (slot[r] >= 0 ? gate[r] : 0.0f) : 0.0f; // a skipped token's gate is not its own
+        fwd_row<TA, 4, NV, GA>(y, ln, rstd, r, (const TA *)(b + ao), ab, as, x != NULL, (const float *)b, xb, xs, w, d,
+                               eps, sh, ga);
     }
 }
 
@@ -433,15 +447,16 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
     store_parts(part, acc, chunks, d);
 }
 
-// The norm + join backward (nj_bwd_kernel's outputs and arithmetic) through the ring. A stage: y f32, a f32,
-// gin f32 (when given), dln bf16.
-template <int NV>
+// The norm + join backward (nj_bwd_kernel's outputs and arithmetic) through the ring. A stage: y f32, a f32
+// (GA: the gathered bf16 row, p.a_rows[p.a_slot[r]], times p.a_gate[r] as the forward's fwd_pipe_kernel<.., true>
+// formed it), gin f32 (when given), dln bf16.
+template <int NV, bool GA = false>
 static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_bwd p, float *part, int64_t n, int d,
                                                                  int64_t rows_per, int64_t chunks, int stage) {
     extern __shared__ __align__(16) unsigned char ring[];
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
-    const int ao = d * 4, io = d * 8, go = p.gin ? d * 12 : d * 8;
+    const int ao = d * 4, io = ao + d * (GA ? 2 : 4), go = p.gin ? io + d * 4 : io;
     auto load = [&](int64_t r, int s) {
         if (r < r1) {
             unsigned char *b = ring + (size_t)s * stage;
@@ -450,7 +465,13 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
                 const int j = unit_col<4>(k);
                 if (j >= d) continue;
                 cp_async<16>(b + (size_t)j * 4, p.y + r * d + j);
-                cp_async<16>(b + ao + (size_t)j * 4, p.a + r * d + j);
+                if (GA) {
+                    const int32_t sr = p.a_slot[r];
+                    cp_async_zf<8>(b + ao + (size_t)j * 2, (const bf16 *)p.a_rows + (sr >= 0 ? (int64_t)sr * d + j : 0),
+                                   sr < 0);
+                } else {
+                    cp_async<16>(b + ao + (size_t)j * 4, p.a + r * d + j);
+                }
                 if (p.gin) cp_async<16>(b + io + (size_t)j * 4, p.gin + r * d + j);
                 cp_async<8>(b + go + (size_t)j * 2, (const bf16 *)p.dln + r * d + j);
             }
@@ -468,6 +489,7 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
         const float rs = p.rstd[r];
         __pipeline_wait_prior(PS - 1);
         const unsigned char *b = ring + (size_t)(i % PS) * stage;
+        const float ga = GA ? (p.a_slot[r] >= 0 ? p.a_gate[r] : 0.0f) : 0.0f;
         float yv[NV][4], gv[NV][4], dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
@@ -482,7 +504,13 @@ static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_
             const int j = unit_col<4>(k);
             if (j >= d) continue;
             float av[4], gi[4];
-            ldv<4>((const float *)(b + ao), j, av);
+            if (GA) {
+                ldv<4>((const bf16 *)(b + ao), j, av);
+#pragma unroll
+                for (int q = 0; q < 4; q++) av[q] = __fmaf_rn(ga, av[q], 0.0f);
+            } else {
+                ldv<4>((const float *)(b + ao), j, av);
+            }
             if (p.gin) ldv<4>((const float *)(b + io), j, gi);
             else
 #pragma unroll
@@ -544,17 +572,18 @@ static void launch_bwd(int nv, int grid, int threads, cudaStream_t st, const kil
 }
 
 // the pipelined kernels' launches (nv: units per thread, 1 or 2)
-template <typename TA, int NV>
+template <typename TA, int NV, bool GA = false>
 static cudaError_t fwd_pipe_nv(int threads, cudaStream_t st, float *y, bf16 *ln, float *rstd, const TA *a,
                                const float *ab, const float *as, const float *x, const float *xb, const float *xs,
-                               const float *w, int64_t n, int d, float eps) {
+                               const float *w, int64_t n, int d, float eps, const int32_t *slot = NULL,
+                               const float *gate = NULL) {
     const int stage = round16((int64_t)d * ((x ? 4 : 0) + (int)sizeof(TA)));
     const size_t smem = (size_t)PS * stage;
-    auto kern = fwd_pipe_kernel<TA, NV>;
+    auto kern = fwd_pipe_kernel<TA, NV, GA>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
     kern<<<resident_grid(kern, threads, smem, n), threads, smem, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps,
-                                                                       stage);
+                                                                       stage, slot, gate);
     return cudaGetLastError();
 }
 template <typename TA>
@@ -590,12 +619,12 @@ static cudaError_t bwd_pipe_nv(int threads, cudaStream_t st, const kiln_residual
                ? bwd_pipe_s<NV, DLN32, BWD_PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage)
                : bwd_pipe_s<NV, DLN32, PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage);
 }
-template <int NV>
+template <int NV, bool GA>
 static cudaError_t nj_pipe_nv(int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part, int64_t n, int d,
                               int64_t rows_per, int64_t chunks) {
-    const int stage = round16((int64_t)d * (4 + 4 + (p.gin ? 4 : 0) + 2));
+    const int stage = round16((int64_t)d * (4 + (GA ? 2 : 4) + (p.gin ? 4 : 0) + 2));
     const size_t smem = (size_t)PS * stage;
-    auto kern = nj_pipe_kernel<NV>;
+    auto kern = nj_pipe_kernel<NV, GA>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
     kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
@@ -647,6 +676,36 @@ done:
     return err;
 }
 
+extern "C" int kiln_residual_norm_gather_ok(int64_t d) { return d > 0 && d % 4 == 0 && d <= 4 * THREADS * PIPE_NV; }
+
+extern "C" kiln_error *kiln_residual_norm_forward_gather_cuda(float *y, kiln_bf16 *ln, float *rstd, const kiln_bf16 *rows,
+                                                              const int32_t *slot, const float *gate, const float *ab,
+                                                              const float *as, const float *x, const float *xb,
+                                                              const float *xs, const float *w, int64_t n, int64_t d,
+                                                              float eps, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    if (n <= 0 || d <= 0) return NULL;
+    if (!rows || !slot || !gate || (x && (!xs || !as)) || (ab && !as) || (ln && !w))
+        return kiln_errorf(KILN_EINVAL, "residual_norm forward (gathered a): rows, slot and gate, as with ab or x, xs "
+                                        "with x and w with ln are required");
+    if (!kiln_residual_norm_gather_ok(d) || !(aligned16(y) && aligned16(ln) && aligned16(rows) && aligned16(ab) &&
+                                              aligned16(as) && aligned16(x) && aligned16(xb) && aligned16(xs) &&
+                                              aligned16(w)))
+        return kiln_errorf(KILN_EUNSUPPORTED, "residual_norm forward (gathered a): rows of at most %d columns, a "
+                           "multiple of 4, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
+    int threads, nv;
+    shape_for(d, 4, &threads, &nv);
+    const cudaError_t e =
+        nv == 1 ? fwd_pipe_nv<bf16, 1, true>(threads, st, y, (bf16 *)ln, rstd, (const bf16 *)rows, ab, as, x, xb, xs, w,
+                                             n, (int)d, eps, slot, gate)
+                : fwd_pipe_nv<bf16, 2, true>(threads, st, y, (bf16 *)ln, rstd, (const bf16 *)rows, ab, as, x, xb, xs, w,
+                                             n, (int)d, eps, slot, gate);
+    if (e != cudaSuccess)
+        return kiln_errorf(KILN_EIO, "residual_norm forward (gathered a): kernel launch failed: %s",
+                           cudaGetErrorString(e));
+    return NULL;
+}
+
 extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm_bwd *p, int64_t n, int64_t d,
                                                         void *stream) {
     kiln_error *err = NULL;
@@ -693,22 +752,31 @@ extern "C" kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p,
     cudaStream_t st = (cudaStream_t)stream;
     float *part = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    if (!p->gout || !p->dln || !p->y || !p->w || !p->rstd || !p->a || !p->as || !p->da)
-        return kiln_errorf(KILN_EINVAL, "norm_join backward: gout, dln, y, w, rstd, a, as and da are required");
+    const int ga = p->a_rows != NULL;
+    if (!p->gout || !p->dln || !p->y || !p->w || !p->rstd || (!p->a) == !ga || (ga && (!p->a_slot || !p->a_gate)) ||
+        !p->as || !p->da)
+        return kiln_errorf(KILN_EINVAL, "norm_join backward: gout, dln, y, w, rstd, exactly one of a / a_rows (with "
+                                        "a_slot and a_gate), as and da are required");
     const int vec = d % 4 == 0 && aligned16(p->gin) && aligned16(p->gout) && aligned16(p->dln) && aligned16(p->y) &&
-                    aligned16(p->w) && aligned16(p->a) && aligned16(p->ab) && aligned16(p->as) && aligned16(p->da);
+                    aligned16(p->w) && aligned16(p->a) && aligned16(p->ab) && aligned16(p->as) && aligned16(p->da) &&
+                    aligned16(p->a_rows);
     int threads, nv;
     shape_for(d, vec ? 4 : 1, &threads, &nv);
     if (!nv)
         return kiln_errorf(KILN_EINVAL, "norm_join backward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
+    if (ga && !(vec && nv <= PIPE_NV))
+        return kiln_errorf(KILN_EUNSUPPORTED, "norm_join backward: a gathered from a_rows needs rows of at most %d "
+                           "columns, a multiple of 4, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
     {
         const int pipe = vec && nv <= PIPE_NV;
         const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(3 * chunks * d) * sizeof(float), st));
         if (pipe)
-            CUDA_TRY(nv == 1 ? nj_pipe_nv<1>(threads, st, *p, part, n, (int)d, rows_per, chunks)
-                             : nj_pipe_nv<2>(threads, st, *p, part, n, (int)d, rows_per, chunks));
+            CUDA_TRY(ga ? (nv == 1 ? nj_pipe_nv<1, true>(threads, st, *p, part, n, (int)d, rows_per, chunks)
+                                   : nj_pipe_nv<2, true>(threads, st, *p, part, n, (int)d, rows_per, chunks))
+                        : (nv == 1 ? nj_pipe_nv<1, false>(threads, st, *p, part, n, (int)d, rows_per, chunks)
+                                   : nj_pipe_nv<2, false>(threads, st, *p, part, n, (int)d, rows_per, chunks)));
         else if (vec) launch_nj<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         else launch_nj<1>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         LAUNCH_CHECK("norm_join backward");

@@ -102,7 +102,7 @@ typedef struct {
     int32_t *exp_off, *exp_off_host, *slot_tok, *slot_k, *tok_slot;
     int64_t nslots;
     bf *xe, *gu, *act, *ye; /* [S,H], [S,2I], [S,I], [S,H] */
-    float *moe;          /* [N,H] */
+    float *moe;          /* [N,H] the experts' gated sum; NULL where the MLP join forms it from ye (moe_gather) */
 } glayer;
 
 /* One backward's scratch, reused by every layer. */
@@ -130,6 +130,7 @@ struct kiln_zaya_cuda {
     cudaStream_t stream;   /* the model's (the greatest priority) */
     cudaStream_t ostream;  /* the overlapped optimizer's (the least priority) */
     int proj_separate;     /* KILN_CCA_PROJ=separate: CCA's four projections as four GEMMs (proj_view) */
+    int moe_gather;        /* top-1: the MLP join reads the experts' rows ye through tok_slot and gate (no moe) */
     float *w, *g;          /* f32 master parameters and gradients, numel_dev each */
     bf *wb;                /* bf16 copy, the same element offsets */
     size_t *poff, numel_dev; /* each tensor's device offset (64-element aligned: every tensor starts on a
@@ -229,7 +230,7 @@ static void *take(dbump *b, int64_t n, size_t elem) {
 #define TB(b, n) ((bf *)take((b), (n), sizeof(bf)))
 #define TI(b, n) ((int32_t *)take((b), (n), sizeof(int32_t)))
 
-static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer *L, dbump *b) {
+static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, int moe, glayer *L, dbump *b) {
     const int64_t N = B * T, H = c->hidden_size, NH = c->num_heads, KV = c->num_kv_heads, D = c->head_dim;
     const int64_t Q = NH * D, K = KV * D, C = Q + K, R = c->router_hidden, E1 = c->num_experts + 1;
     const int64_t S = N * c->top_k, I = c->moe_intermediate;
@@ -266,7 +267,7 @@ static void layer_layout(const kiln_zaya_config *c, int64_t B, int64_t T, glayer
     L->gu = TB(b, S * 2 * I);
     L->act = TB(b, S * I);
     L->ye = TB(b, S * H);
-    L->moe = TF(b, N * H);
+    L->moe = moe ? TF(b, N * H) : NULL;
 }
 
 /* Per-layer inputs always; the rest per layer, or one shared set when recomputing. */
@@ -284,7 +285,7 @@ static void arena_layout(struct kiln_zaya_cuda *g, dbump *b) {
     for (int64_t l = 0; l < c->num_layers; l++) {
         glayer *L = &g->L[l];
         int32_t *host_off = L->exp_off_host;
-        if (l == 0 || !g->recompute) layer_layout(c, g->B, g->T, L, b);
+        if (l == 0 || !g->recompute) layer_layout(c, g->B, g->T, !g->moe_gather, L, b);
         else *L = g->L[0];
         L->exp_off_host = host_off;
         L->x = TF(b, N * H);
@@ -474,6 +475,12 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     if (c->num_heads % c->num_kv_heads || (c->num_kv_heads * c->head_dim) % 2)
         return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: heads %lld / kv heads %lld / head dim %lld unsupported",
                            (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim);
+    /* KILN_MOE_COMBINE=separate: the experts' gated sum as its own pass into moe (a comparison) */
+    const char *comb = getenv("KILN_MOE_COMBINE");
+    if (comb && *comb && strcmp(comb, "fused") && strcmp(comb, "separate"))
+        return kiln_errorf(KILN_EINVAL, "KILN_MOE_COMBINE=%s: expected fused (the default for top-1 routing) or "
+                           "separate", comb);
+    const int moe_separate = comb && !strcmp(comb, "separate");
     const char *proj = getenv("KILN_CCA_PROJ");
     if (proj && *proj && strcmp(proj, "packed") && strcmp(proj, "separate"))
         return kiln_errorf(KILN_EINVAL, "KILN_CCA_PROJ=%s: expected packed (the default where the weights allow) or "
@@ -481,6 +488,7 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     struct kiln_zaya_cuda *g = calloc(1, sizeof *g);
     if (!g) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA");
     g->proj_separate = proj && !strcmp(proj, "separate");
+    g->moe_gather = c->top_k == 1 && kiln_residual_norm_gather_ok(c->hidden_size) && !moe_separate;
     g->m = m;
     g->B = B;
     g->T = T;
@@ -1010,13 +1018,21 @@ static kiln_error *layer_forward(kiln_zaya_cuda *g, int64_t li, glayer *L, const
     kiln_experts_cuda ex = {N, H, c->moe_intermediate, E, top, L->choice, L->gate, L->exp_off, L->exp_off_host,
                             L->slot_tok, L->slot_k, L->tok_slot, 0, L->xe, L->gu, L->act, L->ye};
     OP(g, "experts (dispatch + grouped GEMMs) fwd", kiln_experts_forward_cuda(&ex, L->moe, L->ln2, BF(g, W->gate_up), BF(g, W->down), st));
+    /* (with moe_gather, L->moe is NULL: no gated sum here; the join below forms it from ye) */
     L->nslots = ex.nslots;
     /* post_mlp_residual_scale, and the norm that reads the output where given (the next layer's
      * input_layernorm or the final norm: the optimizer's next slice) */
     if (next) KILN_TRY(opt_need(g, next->w));
-    OP(g, "residual + RMSNorm fwd", kiln_residual_norm_forward_cuda(out, next ? next->y : NULL, next ? next->rstd : NULL, L->moe,
-                                                                    NULL, W->mlp_hb, W->mlp_hs, L->res1, W->mlp_rb, W->mlp_rs,
-                                                                    next ? next->w : NULL, N, H, eps, st));
+    if (g->moe_gather)
+        OP(g, "residual + RMSNorm fwd",
+           kiln_residual_norm_forward_gather_cuda(out, next ? next->y : NULL, next ? next->rstd : NULL, L->ye, L->tok_slot,
+                                                  L->gate, W->mlp_hb, W->mlp_hs, L->res1, W->mlp_rb, W->mlp_rs,
+                                                  next ? next->w : NULL, N, H, eps, st));
+    else
+        OP(g, "residual + RMSNorm fwd",
+           kiln_residual_norm_forward_cuda(out, next ? next->y : NULL, next ? next->rstd : NULL, L->moe, NULL, W->mlp_hb,
+                                           W->mlp_hs, L->res1, W->mlp_rb, W->mlp_rs, next ? next->w : NULL, N, H, eps,
+                                           st));
     return NULL;
 }
 
@@ -1224,6 +1240,13 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     return NULL;
 }
 
+/* the MLP join's first input for the norm + join backward: layer L's gated expert rows where the forward formed
+ * them as it read them (moe_gather), else its moe */
+static void moe_join_input(const kiln_zaya_cuda *g, const glayer *L, kiln_norm_join_bwd *p) {
+    if (!g->moe_gather) return;
+    p->a = NULL, p->a_rows = L->ye, p->a_slot = L->tok_slot, p->a_gate = L->gate;
+}
+
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     const kiln_zaya *m = g->m;
     const kiln_zaya_config *c = &m->cfg;
@@ -1256,6 +1279,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
                              .dw = g->G.norm, .a = nl ? g->L[nl - 1].moe : g->x0, .ab = nl ? Wl->mlp_hb : g->W.in_bias,
                              .as = nl ? Wl->mlp_hs : g->W.in_scale, .dab = nl ? Gl->mlp_hb : g->G.in_bias,
                              .das = nl ? Gl->mlp_hs : g->G.in_scale, .da = nl ? s->dmoe : s->dx0};
+    if (nl) moe_join_input(g, &g->L[nl - 1], &fj);
     OP(g, "residual + RMSNorm bwd", kiln_norm_join_backward_cuda(&fj, N, H, st));
     for (int64_t l = nl - 1; l >= 0; l--) {
         glayer *L = &g->L[l];
@@ -1272,6 +1296,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
                                  .ab = l > 0 ? Wp->mlp_hb : g->W.in_bias, .as = l > 0 ? Wp->mlp_hs : g->W.in_scale,
                                  .dab = l > 0 ? Gp->mlp_hb : g->G.in_bias, .das = l > 0 ? Gp->mlp_hs : g->G.in_scale,
                                  .da = l > 0 ? s->dmoe : s->dx0};
+        if (l > 0) moe_join_input(g, &g->L[l - 1], &nj);
         OP(g, "residual + RMSNorm bwd", kiln_norm_join_backward_cuda(&nj, N, H, st));
         float *t = s->dres;
         s->dres = s->dnext;

@@ -120,7 +120,11 @@ static double layer_bytes(const kiln_size_shape *s, double B, double T) {
     b += piece(N * E1, 4);                                                    /* router probabilities */
     b += piece(S, 4) + piece(S, 4) + piece(E1 + 1, 4) + 3 * piece(S, 4);      /* choice gate offsets slots */
     b += piece(S * H, 2) + piece(S * 2 * I, 2) + piece(S * I, 2) + piece(S * H, 2); /* xe gu act ye */
-    b += piece(N * H, 4);                                                     /* moe */
+    /* moe: the experts' gated sum, f32, unless the MLP join forms it from ye (top-1 routing, rows the residual
+     * norm's ring takes: kiln_residual_norm_gather_ok; KILN_MOE_COMBINE=separate keeps it) */
+    const char *comb = getenv("KILN_MOE_COMBINE");
+    const int gather = s->top_k == 1 && s->hidden % 4 == 0 && s->hidden <= 4096 && !(comb && !strcmp(comb, "separate"));
+    if (!gather) b += piece(N * H, 4);
     return b;
 }
 

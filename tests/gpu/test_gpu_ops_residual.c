@@ -250,3 +250,88 @@ TEST(gpu_ops_scale_shift_backward_write) {
         free(hdx), free(hdb), free(hds);
     }
 }
+
+/* The MLP join with its first input gathered (kiln_residual_norm_forward_gather_cuda and kiln_norm_join_bwd's
+ * a_rows): row r of a = gate[r] * rows[slot[r]] (bf16 rows, slot -1: zeros), the experts' top-1 gated sum, against
+ * the same ops given that sum as an f32 [n,d] array (formed here as the combine forms it: gate * row added to a
+ * zero sum): the same bits for every output. Rows permuted and some skipped; the model's widths (one and two
+ * units a thread); a width past the ring kernels refused. */
+TEST(gpu_ops_residual_norm_gathered) {
+    static const struct {
+        int64_t n, d;
+    } cases[] = {{700, 2048}, {257, 4096}, {1999, 2048}, {64, 512}};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 84);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int64_t n = cases[ci].n, d = cases[ci].d, nd = n * d, S = n - n / 5;
+        printf("  n=%lld d=%lld, %lld rows\n", (long long)n, (long long)d, (long long)S);
+        float *rows = gt_rand(&rng, S * d, 2.0f), *gate = gt_rand(&rng, n, 1.0f), *x = gt_rand(&rng, nd, 2.0f);
+        float *ab = gt_rand(&rng, d, 0.5f), *as = gt_rand(&rng, d, 1.5f), *xb = gt_rand(&rng, d, 0.5f);
+        float *xs = gt_rand(&rng, d, 1.5f), *w = gt_rand(&rng, d, 0.5f), *dln = gt_rand(&rng, nd, 1.0f);
+        float *gin = gt_rand(&rng, nd, 1.0f), *a = malloc((size_t)nd * 4);
+        gt_round_bf16(rows, S * d), gt_round_bf16(dln, nd);
+        int32_t *slot = malloc((size_t)n * sizeof *slot);
+        /* slots: every row once, in a shuffled order; the remaining tokens skipped (-1) */
+        for (int64_t r = 0; r < n; r++) slot[r] = r < S ? (int32_t)r : -1;
+        for (int64_t r = n - 1; r > 0; r--) {
+            const int64_t k = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)(r + 1));
+            const int32_t t = slot[r];
+            slot[r] = slot[k], slot[k] = t;
+        }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = 0; j < d; j++) {
+                float acc = 0.0f;
+                if (slot[r] >= 0) acc = fmaf(gate[r], rows[(int64_t)slot[r] * d + j], acc);
+                a[r * d + j] = acc;
+            }
+        kiln_bf16 *grows = gt_up_bf16(rows, S * d), *gln = gt_dev((size_t)nd * 2), *gdln = gt_up_bf16(dln, nd);
+        float *ggate = gt_up_f32(gate, n), *gx = gt_up_f32(x, nd), *ga = gt_up_f32(a, nd), *gab = gt_up_f32(ab, d);
+        float *gas = gt_up_f32(as, d), *gxb = gt_up_f32(xb, d), *gxs = gt_up_f32(xs, d), *gw = gt_up_f32(w, d);
+        float *gy = gt_dev((size_t)nd * 4), *grs = gt_dev((size_t)n * 4);
+        int32_t *gslot = gt_dev((size_t)n * sizeof *gslot);
+        CHECK_OK(kiln_cuda_copy(gslot, slot, (size_t)n * sizeof *slot, KILN_CUDA_H2D));
+        /* forward: the join of a given whole, then gathered */
+        CHECK_OK(kiln_residual_norm_forward_cuda(gy, gln, grs, ga, NULL, gab, gas, gx, gxb, gxs, gw, n, d, 1e-5f, NULL));
+        float *y1 = gt_down_f32(gy, nd), *l1 = gt_down_bf16(gln, nd), *r1 = gt_down_f32(grs, n);
+        CHECK_OK(kiln_cuda_copy(gy, gin, (size_t)nd * 4, KILN_CUDA_H2D)); /* overwritten below */
+        CHECK_OK(kiln_residual_norm_forward_gather_cuda(gy, gln, grs, grows, gslot, ggate, gab, gas, gx, gxb, gxs, gw, n,
+                                                        d, 1e-5f, NULL));
+        float *y2 = gt_down_f32(gy, nd), *l2 = gt_down_bf16(gln, nd), *r2 = gt_down_f32(grs, n);
+        CHECK_MSG(!memcmp(y1, y2, (size_t)nd * 4) && !memcmp(l1, l2, (size_t)nd * 4) && !memcmp(r1, r2, (size_t)n * 4),
+                  "d=%lld: the gathered join's forward differs from the join of the whole sum", (long long)d);
+        /* backward: the norm + join backward (y from the forward above), a given whole, then gathered */
+        float *gout = gt_dev((size_t)nd * 4), *gda = gt_dev((size_t)nd * 4), *gg = gt_up_f32(gin, nd);
+        float *gdw = gt_dev((size_t)d * 4), *gdab = gt_dev((size_t)d * 4), *gdas = gt_dev((size_t)d * 4);
+        float *o[2][5];
+        for (int mode = 0; mode < 2; mode++) { /* the weight gradients from the same values (ab's) each time */
+            CHECK_OK(kiln_cuda_copy(gdw, ab, (size_t)d * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdab, ab, (size_t)d * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_cuda_copy(gdas, ab, (size_t)d * 4, KILN_CUDA_H2D));
+            kiln_norm_join_bwd p = {.gin = gg, .gout = gout, .dln = gdln, .y = gy, .w = gw, .rstd = grs, .dw = gdw,
+                                    .a = mode ? NULL : ga, .ab = gab, .as = gas, .dab = gdab, .das = gdas, .da = gda,
+                                    .a_rows = mode ? grows : NULL, .a_slot = mode ? gslot : NULL,
+                                    .a_gate = mode ? ggate : NULL};
+            CHECK_OK(kiln_norm_join_backward_cuda(&p, n, d, NULL));
+            o[mode][0] = gt_down_f32(gout, nd), o[mode][1] = gt_down_f32(gda, nd), o[mode][2] = gt_down_f32(gdw, d);
+            o[mode][3] = gt_down_f32(gdab, d), o[mode][4] = gt_down_f32(gdas, d);
+        }
+        const int64_t sz[5] = {nd, nd, d, d, d};
+        static const char *what[5] = {"g", "da", "dw", "dab", "das"};
+        for (int k = 0; k < 5; k++) {
+            CHECK_MSG(!memcmp(o[0][k], o[1][k], (size_t)sz[k] * 4), "d=%lld: the gathered norm_join's %s differs",
+                      (long long)d, what[k]);
+            free(o[0][k]), free(o[1][k]);
+        }
+        kiln_cuda_free(grows), kiln_cuda_free(gln), kiln_cuda_free(gdln), kiln_cuda_free(ggate), kiln_cuda_free(gx);
+        kiln_cuda_free(ga), kiln_cuda_free(gab), kiln_cuda_free(gas), kiln_cuda_free(gxb), kiln_cuda_free(gxs);
+        kiln_cuda_free(gw), kiln_cuda_free(gy), kiln_cuda_free(grs), kiln_cuda_free(gslot), kiln_cuda_free(gout);
+        kiln_cuda_free(gda), kiln_cuda_free(gg), kiln_cuda_free(gdw), kiln_cuda_free(gdab), kiln_cuda_free(gdas);
+        free(rows), free(gate), free(x), free(ab), free(as), free(xb), free(xs), free(w), free(dln), free(gin), free(a);
+        free(slot), free(y1), free(l1), free(r1), free(y2), free(l2), free(r2);
+    }
+    CHECK(!kiln_residual_norm_gather_ok(8192) && !kiln_residual_norm_gather_ok(1001) && kiln_residual_norm_gather_ok(2048));
+    CHECK_ERR(kiln_residual_norm_forward_gather_cuda((float *)16, NULL, NULL, (const kiln_bf16 *)16, (const int32_t *)16,
+                                                     (const float *)16, NULL, NULL, NULL, NULL, NULL, NULL, 1, 8192, 1e-5f,
+                                                     NULL),
+              "gathered a");
+}

@@ -253,12 +253,15 @@ static void random_model(int64_t D, int64_t T, int64_t E, int64_t top, int tie, 
 TEST(gpu_zaya_random_d64) { random_model(64, 48, 5, 1, 0, 1); }
 TEST(gpu_zaya_random_d128_top2) { random_model(128, 33, 5, 2, 1, 0); }
 TEST(gpu_zaya_random_16_experts) { random_model(64, 24, 16, 1, 0, 0); }
-/* without biases CCA's four projections run as one GEMM over their packed weights (zaya_cuda.c's proj_view);
- * the same model through the four separate GEMMs */
-TEST(gpu_zaya_random_16_experts_proj_separate) {
+/* without biases CCA's four projections run as one GEMM over their packed weights (zaya_cuda.c's proj_view), and
+ * with top-1 routing the MLP join forms the experts' gated sum from their rows (moe_gather); the same model
+ * through the four separate GEMMs and the separate gated sum */
+TEST(gpu_zaya_random_16_experts_separate_passes) {
     setenv("KILN_CCA_PROJ", "separate", 1);
+    setenv("KILN_MOE_COMBINE", "separate", 1);
     random_model(64, 24, 16, 1, 0, 0);
     unsetenv("KILN_CCA_PROJ");
+    unsetenv("KILN_MOE_COMBINE");
 }
 
 /* The experts' weight gradients in bf16 (kiln_zaya_cuda_set_expert_grads_bf16, the trainer's default on one
