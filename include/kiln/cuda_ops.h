@@ -298,10 +298,16 @@ kiln_error *kiln_swiglu_backward_cuda(kiln_bf16 *dgu, const kiln_bf16 *dy, const
 
 /* The router's head (src/cuda/router_head.cu): probs [n,e] = softmax(a wᵀ) with a bf16 [n,r], w bf16 [e,r], f32
  * sums, and logits [n,e] f32 too unless NULL: one pass for up to 32 classes (softmax.cu's arithmetic on the
- * logits), the GEMM and the softmax below otherwise. Its backward is softmax_backward, the bf16 cast and
- * kiln_linear_backward_ex_cuda. */
+ * logits), the GEMM and the softmax below otherwise. Its backward: kiln_router_head_dlogits_cuda, then
+ * kiln_linear_backward_ex_cuda with them. */
 kiln_error *kiln_router_head_forward_cuda(float *logits, float *probs, const kiln_bf16 *a, const kiln_bf16 *w,
                                           int64_t n, int64_t r, int64_t e, void *stream);
+/* The logits' gradient, bf16 [n,e] written: the softmax backward (probs [n,e]) of the gate's gradient dgate
+ * [n*top] placed at the token's chosen classes choice [n*top] (the skip class e-1 and choices out of range get
+ * none); one pass for up to 32 classes, the same bits as kiln_route_gate_backward_cuda and kiln_softmax_backward_cuda
+ * onto zeros and kiln_f32_to_bf16_cuda, which run otherwise. */
+kiln_error *kiln_router_head_dlogits_cuda(kiln_bf16 *dlogits, const float *dgate, const int32_t *choice,
+                                          const float *probs, int64_t n, int64_t e, int64_t top, void *stream);
 /* softmax over rows of d, f32 (router probabilities: routing decisions are taken on them, and the
  * tensors are small), one warp per row. Backward: dx +=. */
 kiln_error *kiln_softmax_forward_cuda(float *y, const float *x, int64_t n, int64_t d, void *stream);

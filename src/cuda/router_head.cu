@@ -7,9 +7,11 @@
 // probabilities' arithmetic is softmax.cu's (a warp per token, one class a lane), so they match it bit for bit on
 // the same logits. Shapes it does not take (more than 32 classes, r not a multiple of 8, rows not 16-byte aligned,
 // a tile past the shared memory) go through the GEMM and softmax.cu.
-// The backward stays four ops in src/models/zaya_cuda.c: a one-pass backward (dlogit, da = dlogit w and dw's
-// per-tile partials from the same shared tiles) took 62-74 us against their 47-51 (runs s22r7-r8): its da reads w
-// at full shared-memory bandwidth, 1.1 MB a tile.
+// The backward: the logits' gradient in one pass (kiln_router_head_dlogits_cuda: the gate's gradient at the chosen
+// classes, softmax.cu's backward and the bf16 cast, where two memsets and three kernels ran), then
+// kiln_linear_backward_ex_cuda. A one-pass backward through the GEMMs too (dlogit, da = dlogit w and dw's per-tile
+// partials from the same shared tiles) took 62-74 us against their 47-51 (runs s22r7-r8): its da reads w at full
+// shared-memory bandwidth, 1.1 MB a tile.
 #include "mma_bf16.cuh"
 #include "ops_common.cuh"
 
@@ -109,7 +111,55 @@ bool fast_shape(int64_t r, int64_t e, const void *a, const void *w) {
     return e >= 1 && e <= 32 && r >= 8 && r % 8 == 0 && r <= 8192 && aligned16(a) && aligned16(w);
 }
 
+// a warp per token, a class a lane (e <= 32): dy = the gate's gradient at the token's chosen non-skip classes
+// (router.cu's gate_bwd_kernel onto zeros), then softmax_bwd_kernel's arithmetic onto zeros and the bf16 rounding
+// of convert.cu: the same bits as those ops
+__global__ void rh_dlogit_kernel(bf16 *dl, const float *dgate, const int32_t *choice, const float *y, int64_t n, int e,
+                                 int top) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); t < n; t += warps) {
+        float dy = 0.0f, yv = 0.0f;
+        for (int k = 0; k < top; k++) {
+            const int32_t c = choice[t * top + k];
+            if (c == lane && c < e - 1) dy += dgate[t * top + k];
+        }
+        float dot = 0;
+        if (lane < e) yv = y[t * e + lane], dot += dy * yv;
+        dot = warp_sum(dot);
+        float dx = 0;
+        dx += yv * (dy - dot);
+        if (lane < e) dl[t * e + lane] = __float2bfloat16_rn(dx);
+    }
+}
+
 } // namespace
+
+extern "C" kiln_error *kiln_router_head_dlogits_cuda(kiln_bf16 *dlogits, const float *dgate, const int32_t *choice,
+                                                     const float *probs, int64_t n, int64_t e, int64_t top,
+                                                     void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    float *scratch = NULL;
+    if (n <= 0) return NULL;
+    if (!dlogits || !dgate || !choice || !probs || e < 2 || top < 1 || top > e)
+        return kiln_errorf(KILN_EINVAL, "router head dlogits: dlogits, dgate, choice and probs, 2+ classes and top_k "
+                                        "in 1..classes are required (classes %lld, top_k %lld)", (long long)e,
+                           (long long)top);
+    if (e > 32) { // the three ops
+        CUDA_TRY(kiln_ops_scratch((void **)&scratch, (size_t)(2 * n * e) * sizeof(float), st));
+        CUDA_TRY(cudaMemsetAsync(scratch, 0, (size_t)(2 * n * e) * sizeof(float), st));
+        if (!(err = kiln_route_gate_backward_cuda(scratch, dgate, choice, n, e, top, stream)) &&
+            !(err = kiln_softmax_backward_cuda(scratch + n * e, scratch, probs, n, e, stream)))
+            err = kiln_f32_to_bf16_cuda(dlogits, scratch + n * e, n * e, stream);
+        goto done;
+    }
+    rh_dlogit_kernel<<<grid_for(n, 8), 256, 0, st>>>((bf16 *)dlogits, dgate, choice, probs, n, (int)e, (int)top);
+    LAUNCH_CHECK("router head dlogits");
+done:
+    if (scratch) cudaFreeAsync(scratch, st);
+    return err;
+}
 
 extern "C" kiln_error *kiln_router_head_forward_cuda(float *logits, float *probs, const kiln_bf16 *a,
                                                      const kiln_bf16 *w, int64_t n, int64_t r, int64_t e,

@@ -111,7 +111,6 @@ typedef struct {
     bf *dob, *dln1, *dhn;                              /* [N,H] bf16 */
     bf *dye, *dact, *dgu, *dxe;                        /* experts */
     float *dgate;                                      /* [S] */
-    float *dprobs, *dlogit;                            /* [N,E1] */
     bf *dlogitb;                                       /* [N,E1] */
     bf *da2, *df2, *da1, *df1, *drn, *dxn, *drs;       /* [N,R] */
     float *carry_a, *carry_b, *prod;                   /* [N,R] f32 */
@@ -305,7 +304,7 @@ static void scratch_layout(struct kiln_zaya_cuda *g, dbump *b, size_t attn_work)
     s->dob = TB(b, N * H), s->dln1 = TB(b, N * H), s->dhn = TB(b, N * H);
     s->dye = TB(b, S * H), s->dact = TB(b, S * I), s->dgu = TB(b, S * 2 * I), s->dxe = TB(b, S * H);
     s->dgate = TF(b, S);
-    s->dprobs = TF(b, N * E1), s->dlogit = TF(b, N * E1), s->dlogitb = TB(b, N * E1);
+    s->dlogitb = TB(b, N * E1);
     s->da2 = TB(b, N * R), s->df2 = TB(b, N * R), s->da1 = TB(b, N * R), s->df1 = TB(b, N * R);
     s->drn = TB(b, N * R), s->dxn = TB(b, N * R), s->drs = TB(b, N * R);
     s->carry_a = TF(b, N * R), s->carry_b = TF(b, N * R), s->prod = TF(b, N * R);
@@ -1166,11 +1165,7 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     /* it joined the previous (next higher) layer's deferred weight gradients first */
     if (li + 1 < c->num_layers) KILN_TRY(queue_expert_sumsq(g, li + 1));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */
-    Z(s->dprobs, N * E1 * 4);
-    OP(g, "pointwise + glue bwd", kiln_route_gate_backward_cuda(s->dprobs, s->dgate, L->choice, N, E1, top, st));
-    Z(s->dlogit, N * E1 * 4);
-    OP(g, "pointwise + glue bwd", kiln_softmax_backward_cuda(s->dlogit, s->dprobs, L->rprobs, N, E1, st));
-    OP(g, "pointwise + glue fwd", kiln_f32_to_bf16_cuda(s->dlogitb, s->dlogit, N * E1, st));
+    OP(g, "pointwise + glue bwd", kiln_router_head_dlogits_cuda(s->dlogitb, s->dgate, L->choice, L->rprobs, N, E1, top, st));
     /* the first gradient of an input writes it (KILN_LINEAR_DX_WRITE: no zeroing pass, no read-back) */
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->da2, Gd->r_out_w, NULL, s->dlogitb, L->a2, BF(g, W->r_out_w), N, R, E1,
                                                                 KILN_LINEAR_DX_WRITE, st));

@@ -143,7 +143,7 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
     /* scratch_layout() */
     double w = 5 * piece(N * H, 4) + 3 * piece(N * H, 2);
     w += piece(S * H, 2) + piece(S * I, 2) + piece(S * 2 * I, 2) + piece(S * H, 2) + piece(S, 4);
-    w += 2 * piece(N * E1, 4) + piece(N * E1, 2);
+    w += piece(N * E1, 2); /* the router's logit gradient */
     w += 7 * piece(N * R, 2) + 3 * piece(N * R, 4);
     w += 3 * piece(N * Q, 2) + 3 * piece(N * K, 2) + piece(N * (Q + 2 * K), 2);
     w += piece(B * (T + (double)s->cca_time1 - 1) * C, 4);

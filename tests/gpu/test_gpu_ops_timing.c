@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime.h>
+
 #include "gpu_testutil.h"
 #include "kiln/nn.h"
 
@@ -57,6 +59,19 @@ static kiln_error *cca_proj_backward(kiln_bf16 *dx, float *dw, float *db, const 
         KILN_TRY(kiln_linear_backward_ex_cuda(dx, dw + o * in, db + o, dy + n * o, x, w + o * in, n, in, outs[i],
                                               i ? 0 : KILN_LINEAR_DX_WRITE, NULL));
     return NULL;
+}
+
+/* the router backward's logit gradient as the model ran it before kiln_router_head_dlogits_cuda (tmp: 2 n*17 f32 of
+ * scratch) */
+static kiln_error *rh_dlogits_ops(kiln_bf16 *dl, float *tmp, const float *dgate, const int32_t *ch, const float *pr,
+                                  int64_t n) {
+    if (cudaMemsetAsync(tmp, 0, (size_t)(n * 17) * 4, 0) != cudaSuccess)
+        return kiln_errorf(KILN_EIO, "memset");
+    KILN_TRY(kiln_route_gate_backward_cuda(tmp, dgate, ch, n, 17, 1, NULL));
+    if (cudaMemsetAsync(tmp + n * 17, 0, (size_t)(n * 17) * 4, 0) != cudaSuccess)
+        return kiln_errorf(KILN_EIO, "memset");
+    KILN_TRY(kiln_softmax_backward_cuda(tmp + n * 17, tmp, pr, n, 17, NULL));
+    return kiln_f32_to_bf16_cuda(dl, tmp + n * 17, n * 17, NULL);
 }
 
 TEST(gpu_ops_timing_model_shapes) {
@@ -168,6 +183,16 @@ TEST(gpu_ops_timing_model_shapes) {
         TIME("router head fwd (one pass)", N * 256 * 2.0 + N * 17 * 4.0,
              kiln_router_head_forward_cuda(NULL, pr, yb, w17, N, 256, 17, NULL));
         TIME("router head fwd (GEMM + softmax)", N * 256 * 2.0 + N * 17 * 12.0, rh_unfused(lg, pr, yb, w17, N));
+        /* its backward's logit gradient: one pass, and the ops it replaced (two zeroings, the gate's gradient,
+         * softmax.cu's backward, the bf16 cast); top-1 choices spread over the classes */
+        int32_t *ch_h = malloc((size_t)N * sizeof *ch_h), *ch = gt_dev((size_t)N * sizeof *ch);
+        for (int64_t i = 0; i < N; i++) ch_h[i] = (int32_t)(i % 17);
+        CHECK_OK(kiln_cuda_copy(ch, ch_h, (size_t)N * sizeof *ch, KILN_CUDA_H2D));
+        kiln_bf16 *dlb = gt_dev((size_t)(N * 17) * 2);
+        TIME("router dlogits (one pass)", N * 17 * 6.0 + N * 8.0,
+             kiln_router_head_dlogits_cuda(dlb, dxf, ch, pr, N, 17, 1, NULL));
+        TIME("router dlogits (5 ops)", N * 17 * 30.0 + N * 8.0, rh_dlogits_ops(dlb, yf, dxf, ch, pr, N));
+        kiln_cuda_free(dlb), kiln_cuda_free(ch), free(ch_h);
         kiln_cuda_free(w17), kiln_cuda_free(lg), kiln_cuda_free(pr);
     }
     /* CCA's four projections of ln1 (q 1024, k 256, the two value halves 128 each) as the model runs them, and
