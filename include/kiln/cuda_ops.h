@@ -242,7 +242,7 @@ kiln_error *kiln_residual_norm_forward_cuda(float *y, kiln_bf16 *ln, float *rstd
 /* The same join with a gathered: row r of a is gate[r] * rows[slot[r]] (bf16 rows of d; slot -1: zeros), the
  * experts' gated combine for top-1 routing formed as the row is read, bit for bit kiln_experts_forward_cuda's
  * combine followed by the call above (no [n,d] f32 MoE output written and read back). Rows of the 16-byte ring
- * kernel only: kiln_residual_norm_gather_ok(d) (d % 4 == 0, at most 4096) and 16-byte aligned arrays, else
+ * kernel only: kiln_residual_norm_gather_ok(d) (d % 8 == 0, at most 4096) and 16-byte aligned arrays, else
  * KILN_EUNSUPPORTED. */
 int kiln_residual_norm_gather_ok(int64_t d);
 kiln_error *kiln_residual_norm_forward_gather_cuda(float *y, kiln_bf16 *ln, float *rstd, const kiln_bf16 *rows,

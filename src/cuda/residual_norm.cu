@@ -676,7 +676,8 @@ done:
     return err;
 }
 
-extern "C" int kiln_residual_norm_gather_ok(int64_t d) { return d > 0 && d % 4 == 0 && d <= 4 * THREADS * PIPE_NV; }
+// d % 8: the norm + join backward's stage keeps the gathered bf16 row between two f32 ones, 16-byte aligned
+extern "C" int kiln_residual_norm_gather_ok(int64_t d) { return d > 0 && d % 8 == 0 && d <= 4 * THREADS * PIPE_NV; }
 
 extern "C" kiln_error *kiln_residual_norm_forward_gather_cuda(float *y, kiln_bf16 *ln, float *rstd, const kiln_bf16 *rows,
                                                               const int32_t *slot, const float *gate, const float *ab,
@@ -692,7 +693,7 @@ extern "C" kiln_error *kiln_residual_norm_forward_gather_cuda(float *y, kiln_bf1
                                               aligned16(as) && aligned16(x) && aligned16(xb) && aligned16(xs) &&
                                               aligned16(w)))
         return kiln_errorf(KILN_EUNSUPPORTED, "residual_norm forward (gathered a): rows of at most %d columns, a "
-                           "multiple of 4, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
+                           "multiple of 8, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
     int threads, nv;
     shape_for(d, 4, &threads, &nv);
     const cudaError_t e =
@@ -765,9 +766,9 @@ extern "C" kiln_error *kiln_norm_join_backward_cuda(const kiln_norm_join_bwd *p,
     if (!nv)
         return kiln_errorf(KILN_EINVAL, "norm_join backward: rows of %lld columns exceed %d", (long long)d,
                            (vec ? 4 : 1) * THREADS * MAXNV);
-    if (ga && !(vec && nv <= PIPE_NV))
+    if (ga && !(vec && nv <= PIPE_NV && kiln_residual_norm_gather_ok(d)))
         return kiln_errorf(KILN_EUNSUPPORTED, "norm_join backward: a gathered from a_rows needs rows of at most %d "
-                           "columns, a multiple of 4, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
+                           "columns, a multiple of 8, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
     {
         const int pipe = vec && nv <= PIPE_NV;
         const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;

@@ -123,7 +123,7 @@ static double layer_bytes(const kiln_size_shape *s, double B, double T) {
     /* moe: the experts' gated sum, f32, unless the MLP join forms it from ye (top-1 routing, rows the residual
      * norm's ring takes: kiln_residual_norm_gather_ok; KILN_MOE_COMBINE=separate keeps it) */
     const char *comb = getenv("KILN_MOE_COMBINE");
-    const int gather = s->top_k == 1 && s->hidden % 4 == 0 && s->hidden <= 4096 && !(comb && !strcmp(comb, "separate"));
+    const int gather = s->top_k == 1 && s->hidden % 8 == 0 && s->hidden <= 4096 && !(comb && !strcmp(comb, "separate"));
     if (!gather) b += piece(N * H, 4);
     return b;
 }

@@ -329,7 +329,8 @@ TEST(gpu_ops_residual_norm_gathered) {
         free(rows), free(gate), free(x), free(ab), free(as), free(xb), free(xs), free(w), free(dln), free(gin), free(a);
         free(slot), free(y1), free(l1), free(r1), free(y2), free(l2), free(r2);
     }
-    CHECK(!kiln_residual_norm_gather_ok(8192) && !kiln_residual_norm_gather_ok(1001) && kiln_residual_norm_gather_ok(2048));
+    CHECK(!kiln_residual_norm_gather_ok(8192) && !kiln_residual_norm_gather_ok(1001) &&
+          !kiln_residual_norm_gather_ok(1004) && kiln_residual_norm_gather_ok(2048));
     CHECK_ERR(kiln_residual_norm_forward_gather_cuda((float *)16, NULL, NULL, (const kiln_bf16 *)16, (const int32_t *)16,
                                                      (const float *)16, NULL, NULL, NULL, NULL, NULL, NULL, 1, 8192, 1e-5f,
                                                      NULL),
