@@ -586,12 +586,13 @@ static cudaError_t fwd_pipe_nv(int threads, cudaStream_t st, float *y, bf16 *ln,
                                                                        stage, slot, gate);
     return cudaGetLastError();
 }
-template <typename TA>
+template <typename TA, bool GA = false>
 static cudaError_t fwd_pipe(int nv, int threads, cudaStream_t st, float *y, bf16 *ln, float *rstd, const TA *a,
                             const float *ab, const float *as, const float *x, const float *xb, const float *xs,
-                            const float *w, int64_t n, int d, float eps) {
-    return nv == 1 ? fwd_pipe_nv<TA, 1>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps)
-                   : fwd_pipe_nv<TA, 2>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps);
+                            const float *w, int64_t n, int d, float eps, const int32_t *slot = NULL,
+                            const float *gate = NULL) {
+    return nv == 1 ? fwd_pipe_nv<TA, 1, GA>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps, slot, gate)
+                   : fwd_pipe_nv<TA, 2, GA>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps, slot, gate);
 }
 template <int NV, bool DLN32, int S, int R>
 static cudaError_t bwd_pipe_s(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
@@ -696,11 +697,8 @@ extern "C" kiln_error *kiln_residual_norm_forward_gather_cuda(float *y, kiln_bf1
                            "multiple of 8, 16-byte aligned (d = %lld)", 4 * THREADS * PIPE_NV, (long long)d);
     int threads, nv;
     shape_for(d, 4, &threads, &nv);
-    const cudaError_t e =
-        nv == 1 ? fwd_pipe_nv<bf16, 1, true>(threads, st, y, (bf16 *)ln, rstd, (const bf16 *)rows, ab, as, x, xb, xs, w,
-                                             n, (int)d, eps, slot, gate)
-                : fwd_pipe_nv<bf16, 2, true>(threads, st, y, (bf16 *)ln, rstd, (const bf16 *)rows, ab, as, x, xb, xs, w,
-                                             n, (int)d, eps, slot, gate);
+    const cudaError_t e = fwd_pipe<bf16, true>(nv, threads, st, y, (bf16 *)ln, rstd, (const bf16 *)rows, ab, as, x, xb,
+                                                xs, w, n, (int)d, eps, slot, gate);
     if (e != cudaSuccess)
         return kiln_errorf(KILN_EIO, "residual_norm forward (gathered a): kernel launch failed: %s",
                            cudaGetErrorString(e));
