@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cca_conv_gemm.cuh"
+#include "cca_conv_wg.h"
 #include "mma_bf16.cuh"
 
 namespace ccaf {
@@ -913,6 +914,13 @@ static int use_tile128(int64_t cg) {
     const char *e = getenv("KILN_CCA_TILE");
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
 }
+// the forward's grouped GEMM of heads of exactly 128 channels goes to the wgmma kernel (cca_conv_wg.cu) where it
+// takes the call; KILN_CCA_TILE=128 keeps grp128_kernel (and =64 grp_kernel), for comparison, and
+// KILN_CCA_FWD=wmma grp128_kernel in the forward alone (the backward's kernels unchanged: A/B timing of the step)
+static int use_wgmma(int64_t cg) {
+    const char *e = getenv("KILN_CCA_TILE"), *f = getenv("KILN_CCA_FWD");
+    return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, "wmma"));
+}
 // the input-gradient GEMM of heads of exactly 128 channels goes to the persistent grpp_bwd_kernel when its shared
 // memory fits (two taps with w1's hi and lo: 190 KB), `bpg` blocks a group filling the SMs; KILN_CCA_TILE=128
 // keeps grp128_kernel (and =64 grp_kernel), for comparison
@@ -973,7 +981,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 1, st));
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 0, st));
         const dim3 grid((unsigned)((s->T + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(s->B * s->groups));
-        if (vec && use_tile128(cg) && aligned16(qpre) && aligned16(kpre)) {
+        if (vec && use_wgmma(cg) && kiln_cca_grp_fwd_wg_ok(s, NH, KV, mid, q, ldq, k, ldk, qpre, kpre, w1_lo())) {
+            if ((err = kiln_cca_grp_fwd_wg(qpre, kpre, mid, q, ldq, k, ldk, w1, b1, s, NH, KV, w1_lo(), st))) goto done;
+        } else if (vec && use_tile128(cg) && aligned16(qpre) && aligned16(kpre)) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp128_kernel<0, true> : grp128_kernel<0, false>;
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));

@@ -37,8 +37,11 @@
 #include "cuda_check.h"
 #include "gemm_tc.h"
 #include "kiln/log.h"
+#include "wgmma.cuh"
 
 namespace {
+
+using namespace kwg;
 
 typedef __nv_bfloat16 bf16;
 
@@ -52,36 +55,6 @@ template <int BM, int BN, int STAGES> struct Cfg {
     static constexpr size_t SMEM = (size_t)STAGES * STAGE_BYTES + 2 * STAGES * sizeof(uint64_t) + 1024;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// the producer's arrival, announcing the bytes the TMA loads will complete on this barrier
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-// wait until the phase of parity `parity` has completed (a fresh barrier counts its "previous" phase, parity
-// 1, as complete: the producer's first pass over the ring does not wait)
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    const uint32_t a = smem_u32(bar);
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-// a 2-D box of the tensor map at (c0 = column/K, c1 = row) into shared memory, completing on bar
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
-                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-                 : "memory");
-}
 
 // the same box written at this offset into the shared memory of every CTA of the cluster in ctas (a bit per
 // rank), completing on the barrier at bar's offset in each of them
@@ -112,50 +85,6 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// wgmma's shared-memory matrix descriptor for a K-major tile written by TMA with the 128-byte swizzle: rows
-// of 128 bytes, 8-row groups 1024 bytes apart (the stride byte offset); the leading byte offset is unused
-// for swizzled K-major layouts (set to 1 as the encoding's "none"). Bits: 0-13 address >> 4, 16-29 LBO >> 4,
-// 32-45 SBO >> 4, 62-63 swizzle (1 = 128 bytes). The slot is 1024-byte aligned, so the base offset is 0;
-// the 16-wide K steps inside the 128-byte row advance the address by 32 bytes.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma boundaries
-template <int R> __device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// wgmma's accumulator operands: the register numbers in the instruction text and the C++ operands beside them
-#define WG_REGS_0_63 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define WG_REGS_64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define WG_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WG_F64(i) WG_F8(i), WG_F8(i + 8), WG_F8(i + 16), WG_F8(i + 24), WG_F8(i + 32), WG_F8(i + 40), WG_F8(i + 48), WG_F8(i + 56)
-
-// D[64 x 128] += A[64 x 16] (smem, K-major) * B[128 x 16]^T (smem, K-major), f32 accumulators
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, uint32_t scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS_0_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WG_F64(0)
-                 : "l"(da), "l"(db), "r"(scale_d)
-                 : "memory");
-}
-// D[64 x 256] += A[64 x 16] * B[256 x 16]^T: one instruction reads A once for 256 columns (two m64n128 read it
-// twice: 12 KB of shared memory per 64 x 256 x 16 step instead of 10)
-__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS_0_63 ", " WG_REGS_64_127
-                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : WG_F64(0), WG_F64(64)
-                 : "l"(da), "l"(db), "r"(scale_d)
-                 : "memory");
-}
 
 // 64 x BN: one wgmma; the B slot's BN rows are 128 bytes each in 8-row groups 1024 bytes apart, so one
 // descriptor spans all 256 (the accumulators of m64n256 are those of two m64n128, columns 0..127 first)
@@ -477,36 +406,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 // ---- host side ----
 
-pthread_once_t encode_once = PTHREAD_ONCE_INIT;
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
-cudaError_t encode_err;
-cudaDriverEntryPointQueryResult encode_q;
-
-void encode_load(void) {
-    void *fn = NULL;
-    encode_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &encode_q);
-    if (encode_err == cudaSuccess && encode_q == cudaDriverEntryPointSuccess) encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-}
-
-// a bf16 matrix [rows, cols] with row stride ld (elements) read in boxes of box_rows x 64, 128-byte swizzle,
-// out-of-range rows zero-filled
-kiln_error *make_map(CUtensorMap *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld, int box_rows,
-                     const char *name) {
-    pthread_once(&encode_once, encode_load);
-    if (!encode_fn)
-        return kiln_errorf(KILN_EUNSUPPORTED, "cuTensorMapEncodeTiled is not available from the driver (%s, query %d)",
-                           cudaGetErrorString(encode_err), (int)encode_q);
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode_fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, estr,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return kiln_errorf(KILN_EINVAL, "cuTensorMapEncodeTiled(%s: %lld x %lld, ld %lld, box %d x %d): CUresult %d", name,
-                           (long long)rows, (long long)cols, (long long)ld, box_rows, BK, (int)r);
-    return NULL;
-}
-
 // A persistent grid: one CTA per SM (clusters: as many as can be resident at once, so no CTA waits for
 // another's exit), never more CTAs than tiles.
 template <int BM, int BN, int STAGES, bool PP, int CM, int CN, bool DEFER, int EPI, typename BiasT>
@@ -638,6 +537,34 @@ int qmode_env(void) {
 
 } // namespace
 
+static pthread_once_t encode_once = PTHREAD_ONCE_INIT;
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
+static cudaError_t encode_err;
+static cudaDriverEntryPointQueryResult encode_q;
+
+static void encode_load(void) {
+    void *fn = NULL;
+    encode_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &encode_q);
+    if (encode_err == cudaSuccess && encode_q == cudaDriverEntryPointSuccess) encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+extern "C" kiln_error *kiln_tma_map_bf16(void *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld,
+                                         int box_rows, const char *name) {
+    pthread_once(&encode_once, encode_load);
+    if (!encode_fn)
+        return kiln_errorf(KILN_EUNSUPPORTED, "cuTensorMapEncodeTiled is not available from the driver (%s, query %d)",
+                           cudaGetErrorString(encode_err), (int)encode_q);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode_fn((CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box,
+                                 estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return kiln_errorf(KILN_EINVAL, "cuTensorMapEncodeTiled(%s: %lld x %lld, ld %lld, box %d x %d): CUresult %d", name,
+                           (long long)rows, (long long)cols, (long long)ld, box_rows, BK, (int)r);
+    return NULL;
+}
+
 extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
                                               int64_t lda, const kiln_bf16 *B, int64_t ldb, void *C, int64_t ldc,
                                               kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream) {
@@ -672,7 +599,7 @@ extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M,
     else if (bias && misaligned(bias, bias_f32 ? 8 : 4))
         err = kiln_errorf(KILN_EINVAL, "the bias must be aligned to two of its elements");
     if (err || M == 0) goto done;
-    if ((err = make_map(&ta, A, M, K, lda, bm / cn, "A")) || (err = make_map(&tb, B, N, K, ldb, bn / cm, "B"))) goto done;
+    if ((err = kiln_tma_map_bf16(&ta, A, M, K, lda, bm / cn, "A")) || (err = kiln_tma_map_bf16(&tb, B, N, K, ldb, bn / cm, "B"))) goto done;
 #define GEMM_TC_RUN(BM_, BN_, S_, PP_, CM_, CN_, D_) \
     dispatch<BM_, BN_, S_, PP_, CM_, CN_, D_>(ta, tb, C, ldc, epi, bias, bias_f32, (int)M, (int)N, (int)K, qmode_env(), \
                                               (cudaStream_t)stream)

@@ -61,6 +61,13 @@ kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N,
                                    int64_t lda, const kiln_bf16 *B, int64_t ldb, void *C, int64_t ldc,
                                    kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream);
 
+/* A CUtensorMap (map: 64 bytes, 64-byte aligned) over the bf16 matrix [rows, cols] with row stride ld elements,
+ * read in boxes of box_rows x 64 columns into 128-byte-swizzled shared memory, rows and columns out of range
+ * zero-filled (TMA's rule); cols and ld multiples of 8, p 16-byte aligned. The driver's encoder is looked up
+ * through the CUDA runtime (no link to libcuda). Shared by gemm_tc.cu and cca_conv_wg.cu. */
+kiln_error *kiln_tma_map_bf16(void *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld, int box_rows,
+                              const char *name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@
  * 4: the element kernels). Bitwise repeatable weight gradients. q and k (and dq, dk) also as columns of one
  * packed buffer: rows Q + 2K apart (the model's packed projections; bit for bit the dense layout's results,
  * the other columns untouched) and Q + K + 1 apart (odd: the element kernels, at the tolerances above). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -310,18 +311,82 @@ TEST(gpu_ops_cca_conv_couple_fused_w1_bf16) {
     unsetenv("KILN_CCA_W1");
 }
 
-/* heads of 128 on the 64 x 64 tiles (KILN_CCA_TILE=64) instead of the pipelined and persistent kernels */
+/* heads of 128 on the 64 x 64 tiles (KILN_CCA_TILE=64) instead of the wgmma forward and the persistent input
+ * gradient */
 TEST(gpu_ops_cca_conv_couple_fused_tile64) {
     setenv("KILN_CCA_TILE", "64", 1);
     fused_cases(2);
     unsetenv("KILN_CCA_TILE");
 }
 
-/* heads of 128 on the pipelined 128 x 128 tiles (KILN_CCA_TILE=128) instead of the persistent input-gradient kernel */
+/* heads of 128 on the pipelined 128 x 128 wmma tiles (KILN_CCA_TILE=128) instead of the wgmma forward and the
+ * persistent input gradient */
 TEST(gpu_ops_cca_conv_couple_fused_tile128) {
     setenv("KILN_CCA_TILE", "128", 1);
     fused_cases(2);
     unsetenv("KILN_CCA_TILE");
+}
+
+/* bf16 values a and b at most one bf16 rounding step apart, or (outputs that cancel to near zero, where the f32
+ * sums' different orders show) 3e-5 apart: ~256 terms of O(1) summed in f32, 2^-24 each */
+static int within_ulp(float a, float b) {
+    const float m = fabsf(a) > fabsf(b) ? fabsf(a) : fabsf(b);
+    int e;
+    frexpf(m, &e); /* m = f * 2^e, f in [0.5, 1): the bf16 step at m is 2^(e - 8) */
+    return fabsf(a - b) <= ldexpf(1.0f, e - 8) || fabsf(a - b) <= 3e-5f;
+}
+
+/* The forward's wgmma kernel (cca_conv_wg.cu: heads of 128 on sm_90, the default there) against grp128_kernel
+ * (KILN_CCA_TILE=128) on the same inputs. Both multiply w1 as hi + lo (or its bf16 rounding alone) with f32
+ * accumulation and differ only in the order of the sums, so each bf16 output agrees within one rounding step
+ * (or 3e-5 where the sum cancels):
+ * 4, 3 and 1 q heads a kv head, sequences ending inside the 128-row tiles, b1 and the coupling, q and k as
+ * columns of one packed buffer. Then the depthwise output, which both paths share, bit for bit. */
+TEST(gpu_ops_cca_conv_couple_fused_wgmma) {
+    static const struct {
+        int64_t B, T, NH, KV;
+    } cases[] = {{3, 333, 8, 2}, {2, 260, 3, 1}, {1, 129, 4, 4}};
+    const int64_t D = 128, k0 = 2, k1 = 2;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 57);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (int w1m = 0; w1m < 2; w1m++) {
+            const int64_t B = cases[ci].B, T = cases[ci].T, NH = cases[ci].NH, KV = cases[ci].KV;
+            const int64_t Q = NH * D, K = KV * D, C = Q + K, N = B * T, P = Q + 2 * K, nm = B * (T + k1 - 1) * C;
+            const kiln_conv_shape s = {B, T, C, NH + KV, k0, k1};
+            if (w1m) setenv("KILN_CCA_W1", "bf16", 1);
+            printf("  B=%lld T=%lld heads=%lld kv=%lld, w1 %s\n", (long long)B, (long long)T, (long long)NH,
+                   (long long)KV, w1m ? "bf16" : "hi + lo");
+            float *xp = gt_rand(&rng, N * P, 1.0f), *w0 = gt_rand(&rng, C * k0, 0.7f), *b0 = gt_rand(&rng, C, 0.3f);
+            float *w1 = gt_rand(&rng, C * D * k1, 1.0f / sqrtf((float)(D * k1))), *b1 = gt_rand(&rng, C, 0.3f);
+            kiln_bf16 *gxp = gt_up_bf16(xp, N * P), *gmid[2], *gq[2], *gk[2];
+            float *gw0 = gt_up_f32(w0, C * k0), *gb0 = gt_up_f32(b0, C), *gw1 = gt_up_f32(w1, C * D * k1);
+            float *gb1 = gt_up_f32(b1, C), *hq[2], *hk[2], *hm[2];
+            for (int v = 0; v < 2; v++) { /* v = 0: the default (wgmma); 1: grp128_kernel */
+                gmid[v] = gt_dev((size_t)nm * 2), gq[v] = gt_dev((size_t)(N * Q) * 2), gk[v] = gt_dev((size_t)(N * K) * 2);
+                if (v) setenv("KILN_CCA_TILE", "128", 1);
+                CHECK_OK(kiln_cca_conv_couple_forward_cuda(gq[v], gk[v], gmid[v], gxp, gxp + Q, gw0, gb0, gw1, gb1, &s,
+                                                           NH, KV, P, P, NULL));
+                unsetenv("KILN_CCA_TILE");
+                hq[v] = gt_down_bf16(gq[v], N * Q), hk[v] = gt_down_bf16(gk[v], N * K), hm[v] = gt_down_bf16(gmid[v], nm);
+            }
+            unsetenv("KILN_CCA_W1");
+            int64_t far = 0, same = 0;
+            for (int64_t i = 0; i < N * Q; i++) far += !within_ulp(hq[0][i], hq[1][i]), same += hq[0][i] == hq[1][i];
+            for (int64_t i = 0; i < N * K; i++) far += !within_ulp(hk[0][i], hk[1][i]), same += hk[0][i] == hk[1][i];
+            printf("    qpre / kpre: %lld of %lld identical, %lld more than one bf16 step apart\n", (long long)same,
+                   (long long)(N * C), (long long)far);
+            CHECK_MSG(far == 0, "wgmma against wmma: %lld outputs more than one bf16 step apart", (long long)far);
+            CHECK_MSG(same > N * C / 2, "wgmma against wmma: only %lld of %lld outputs identical", (long long)same,
+                      (long long)(N * C));
+            CHECK_MSG(!memcmp(hm[0], hm[1], (size_t)nm * 4), "the depthwise output differs between the paths");
+            for (int v = 0; v < 2; v++) {
+                kiln_cuda_free(gmid[v]), kiln_cuda_free(gq[v]), kiln_cuda_free(gk[v]);
+                free(hq[v]), free(hk[v]), free(hm[v]);
+            }
+            kiln_cuda_free(gxp), kiln_cuda_free(gw0), kiln_cuda_free(gb0), kiln_cuda_free(gw1), kiln_cuda_free(gb1);
+            free(xp), free(w0), free(b0), free(w1), free(b1);
+        }
 }
 
 TEST(gpu_ops_cca_conv) {
@@ -390,6 +455,20 @@ TEST(gpu_ops_cca_conv_couple_timing) {
         printf("    cca_conv + couple forward %7.1f us %5.0f GB/s %.2fx the bound; backward %7.1f us "
                "%5.0f GB/s %.2fx\n", us[0], fb / us[0] / 1e3, us[0] / (fb / rate / 1e3), us[1],
                bb / us[1] / 1e3, us[1] / (bb / rate / 1e3));
+        { /* the forward on grp128_kernel (KILN_CCA_TILE=128), the wmma kernel the wgmma one replaced */
+            setenv("KILN_CCA_TILE", "128", 1);
+            for (int i = 0; i <= it; i++) {
+                if (i == 1) {
+                    CHECK_OK(kiln_cuda_sync());
+                    t0 = gt_now_s();
+                }
+                CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, 0, 0, NULL));
+            }
+            CHECK_OK(kiln_cuda_sync());
+            unsetenv("KILN_CCA_TILE");
+            const double u = (gt_now_s() - t0) / it * 1e6;
+            printf("    cca_conv + couple forward with KILN_CCA_TILE=128 (wmma) %7.1f us\n", u);
+        }
         { /* each pass of one more call, by CUDA events: time, its bytes (per row and channel, N x C of them), rate */
             static const char *pname[KILN_CCA_NPASS] = {"depthwise fwd (x -> mid)", "grouped fwd + coupling",
                                                          "dw1 / db1 (partials + sums)", "grouped bwd (-> dmid f32)",

@@ -1,0 +1,274 @@
+// CCA's grouped convolution forward on Hopper's wgmma, with the conv bias and the q/k coupling in its epilogue:
+// cca_conv_fused.cu's grp128_kernel<0> for heads of exactly 128 channels (ZAYA's), persistent. The contract
+// is kiln_cca_grp_fwd_wg in cca_conv_wg.h.
+//
+// Why: grp128_kernel (wmma fragments through registers, two blocks an SM, w1 re-read from L2 by every block) ran
+// at ~120 TFLOP/s with w1 as hi + lo: latency-bound, its tensor pipe 21% busy (docs/perf.md, session 22 r4;
+// session 23 r3: 168 us a call at issue [cuda]'s shape, 4.5x its bytes' bound). Here, one CTA an SM with three
+// warpgroups, as gemm_tc.cu:
+//  - `bpg` CTAs a group. A CTA loads its group's w1 once by TMA (K-major rows [n][j*128 + i], hi rows then lo
+//    rows: 128 KB at k1 = 2) and keeps it in shared memory, then walks the group's 128-row tiles of mid (tile
+//    part, part + bpg, ...);
+//  - warpgroup 0's one thread streams each tile's A through a 4-slot ring: K block kb is tap j = kb*64 / 128,
+//    channels c0 = kb*64 % 128, i.e. the box of mid at (row r0 + j, column g*128 + c0): a shifted row start
+//    is all the convolution needs (rows past the tensor read as zeros; the rows u >= T of a sequence are
+//    computed and not stored);
+//  - warpgroups 1 and 2 take 64 rows each: wgmma m64n256k16 over w1's [hi | lo] rows (A read once for both
+//    halves, summed in the epilogue), or m64n128k16 over its bf16 rounding alone (KILN_CCA_W1=bf16);
+//  - the epilogue's inputs (q and k pairs of the thread's outputs, or for k heads the f32 sum over the group's
+//    q heads, precomputed by ksum_kernel in the order grp128_kernel sums them) are loaded into registers before
+//    the tile's MMAs: their latency hides under them (the wmma kernel's persistent twin, session 19, waited on
+//    them after its MMAs: 208 us).
+// Accumulation: f32 in the tensor cores; hi and lo in separate accumulators summed at the end (not the wmma
+// kernel's interleaved order: the same products, rounded differently, within the op's tolerances).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cca_conv_wg.h"
+#include "gemm_tc.h"
+#include "ops_common.cuh"
+#include "wgmma.cuh"
+
+namespace ccawg {
+using namespace kwg;
+
+constexpr int CG = 128;      // channels a head: the group's output columns (N) and input channels
+constexpr int BM = 128;      // mid rows a tile, 64 a consumer warpgroup
+constexpr int BKW = 64;      // K a block: one 128-byte swizzle row of bf16
+constexpr int STAGES = 4;    // A's ring
+constexpr int THREADS = 384; // producer + two consumer warpgroups
+constexpr int A_BYTES = BM * BKW * 2;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+
+// shared memory: w1 (kb blocks of NB rows x 128 bytes), A's ring, the barriers (2 STAGES + 1, 16-byte rounded), the
+// group's conv bias (128 f32); + 1024 for the swizzle's alignment
+static size_t smem_bytes(int kb, bool lo) {
+    return (size_t)kb * (lo ? 256 : 128) * 128 + (size_t)STAGES * A_BYTES + (2 * STAGES + 2) * sizeof(uint64_t) +
+           CG * sizeof(float) + 1024;
+}
+
+static __device__ __forceinline__ float2 unpack2(uint32_t u) { // bf16 pair -> f32 (exact: the bits shifted up)
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+
+template <bool LO>
+static __global__ void __launch_bounds__(THREADS, 1)
+    grp_fwd_wg_kernel(const __grid_constant__ CUtensorMap tm_mid, const __grid_constant__ CUtensorMap tm_w,
+                      bf16 *__restrict__ qpre, bf16 *__restrict__ kpre, const bf16 *__restrict__ xq,
+                      const bf16 *__restrict__ xk, const float *__restrict__ ksum, const float *__restrict__ b1, int nseq, int T,
+                      int M, int kblocks, int groups, int NH, int KV, int ldq, int ldk, int bpg) {
+    constexpr int NB = LO ? 256 : 128, B_BLOCK = NB * 128;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sb = smem, *sa = smem + kblocks * B_BLOCK;
+    uint64_t *full = (uint64_t *)(sa + STAGES * A_BYTES), *empty = full + STAGES, *wfull = empty + STAGES;
+    // the bias in shared memory: read by the epilogue between its global stores (a global read there could not be
+    // hoisted above them, and each waited on L1: 46% of the warps' stalls in session 24 r2)
+    float *sbias = (float *)(full + 2 * STAGES + 2);
+    const int g = blockIdx.x / bpg, part = blockIdx.x % bpg, g0 = g * CG;
+    const int rows = nseq * M, ntiles = (rows + BM - 1) / BM;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
+        mbar_init(wfull, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (threadIdx.x < CG) sbias[threadIdx.x] = b1 && g < groups ? b1[g0 + threadIdx.x] : 0.0f;
+    __syncthreads();
+    if (g >= groups) return;
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (tid == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tm_mid) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tm_w) : "memory");
+            mbar_arrive_expect_tx(wfull, (uint32_t)(kblocks * B_BLOCK));
+            for (int kb = 0; kb < kblocks; kb++) {
+                tma_load_2d(sb + kb * B_BLOCK, &tm_w, wfull, kb * BKW, g0);
+                if (LO) tma_load_2d(sb + kb * B_BLOCK + CG * 128, &tm_w, wfull, kb * BKW, groups * CG + g0);
+            }
+            uint32_t it = 0;
+            for (int ti = part; ti < ntiles; ti += bpg)
+                for (int kb = 0; kb < kblocks; kb++, it++) {
+                    const int s = it % STAGES, j = kb * BKW / CG, c0 = kb * BKW % CG;
+                    mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
+                    mbar_arrive_expect_tx(&full[s], A_BYTES);
+                    tma_load_2d(sa + s * A_BYTES, &tm_mid, &full[s], g0 + c0, ti * BM + j);
+                }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int cw = wg - 1, warp = tid / 32, lane = tid % 32, cb = 2 * (lane & 3);
+    const int G = NH / KV, Q = NH * CG, Kc = KV * CG;
+    const bool qhead = g < NH;
+    float acc[NB / 2];
+    uint32_t pre[2][16][2]; // the epilogue's inputs: (q, k) bf16 pairs, or a k head's f32 sum pair
+    mbar_wait(wfull, 0);
+    uint32_t it = 0;
+    for (int ti = part; ti < ntiles; ti += bpg) {
+        // this thread's output rows: r and r + 8 of the tile (mid rows, flat over the sequences), as token rows
+        int64_t tok[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int fr = ti * BM + cw * 64 + warp * 16 + lane / 4 + 8 * h, bb = fr / M, u = fr - bb * M;
+            tok[h] = fr < rows && u < T ? (int64_t)bb * T + u : -1;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (tok[h] < 0) continue;
+            if (qhead) {
+                const bf16 *qr = xq + tok[h] * ldq + g0 + cb, *kr = xk + tok[h] * ldk + (g / G) * CG + cb;
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+                    pre[h][j][0] = *(const uint32_t *)(qr + 8 * j), pre[h][j][1] = *(const uint32_t *)(kr + 8 * j);
+            } else {
+                const float *sr = ksum + tok[h] * Kc + (g - NH) * CG + cb;
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const float2 v = *(const float2 *)(sr + 8 * j);
+                    pre[h][j][0] = __float_as_uint(v.x), pre[h][j][1] = __float_as_uint(v.y);
+                }
+            }
+        }
+        for (int kb = 0; kb < kblocks; kb++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            const uint32_t a_addr = smem_u32(sa + s * A_BYTES + cw * 64 * 128), b_addr = smem_u32(sb + kb * B_BLOCK);
+            fence_acc(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BKW / 16; kk++) { // the tile's first MMA overwrites the accumulators (scale-d 0)
+                if constexpr (LO)
+                    wgmma_n256(acc, sw128_desc(a_addr + kk * 32), sw128_desc(b_addr + kk * 32), kb > 0 || kk > 0);
+                else
+                    wgmma_n128(acc, sw128_desc(a_addr + kk * 32), sw128_desc(b_addr + kk * 32), kb > 0 || kk > 0);
+            }
+            wgmma_commit();
+            fence_acc(acc);
+            wgmma_wait<1>(); // the previous block's group has completed: its slot goes back to the producer
+            fence_acc(acc);
+            if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        fence_acc(acc);
+        if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        // epilogue: row tok[h], columns 8j + cb + {0, 1} of the head; acc[4j + 2h + e] (+ the lo half's, 64 on)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (tok[h] < 0) continue;
+            bf16 *o = qhead ? qpre + tok[h] * Q + g0 + cb : kpre + tok[h] * Kc + (g - NH) * CG + cb;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                if constexpr (LO) v0 += acc[64 + 4 * j + 2 * h], v1 += acc[64 + 4 * j + 2 * h + 1];
+                const float2 bv = *(const float2 *)(sbias + 8 * j + cb);
+                if (qhead) {
+                    const float2 t0 = unpack2(pre[h][j][0]), t1 = unpack2(pre[h][j][1]);
+                    v0 = v0 + bv.x + (t0.x + t1.x) * 0.5f, v1 = v1 + bv.y + (t0.y + t1.y) * 0.5f;
+                } else {
+                    v0 = v0 + bv.x + __uint_as_float(pre[h][j][0]) / (float)G;
+                    v1 = v1 + bv.y + __uint_as_float(pre[h][j][1]) / (float)G;
+                }
+                *(__nv_bfloat162 *)(o + 8 * j) = __floats2bfloat162_rn(v0, v1);
+            }
+        }
+    }
+}
+
+// The k heads' coupling input: ks[t, jh*128 + n] = sum over the group's q heads m of (q[t, (jh*G + m)*128 + n]
+// + k[t, jh*128 + n]) * 0.5, from 0, m ascending (grp128_kernel's order); 8 channels a thread
+static __global__ void ksum_kernel(float *ks, const bf16 *xq, const bf16 *xk, int64_t N, int KV, int G, int ldq, int ldk) {
+    const int Kc = KV * CG, cv = Kc / 8;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < N * cv; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = e / cv;
+        const int c = (int)(e - t * cv) * 8, jh = c / CG, n = c % CG;
+        float kv[8], qv[8], sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        ld8_bf16(xk + t * ldk + c, kv);
+        for (int m = 0; m < G; m++) {
+            ld8_bf16(xq + t * ldq + (jh * G + m) * CG + n, qv);
+#pragma unroll
+            for (int i = 0; i < 8; i++) sum[i] += (qv[i] + kv[i]) * 0.5f;
+        }
+        float4 *o = (float4 *)(ks + t * Kc + c);
+        o[0] = make_float4(sum[0], sum[1], sum[2], sum[3]), o[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+    }
+}
+
+// w1 [C, 128, k1] (f32) as the kernel's B: rows g*128 + n, columns j*128 + i (K-major), w1[g*128 + n, i, j] rounded
+// to bf16 (hi), and from groups*128 on the remainder's rounding (lo)
+static __global__ void w1_kmajor_kernel(bf16 *wk, const float *w1, int groups, int k1, int lo) {
+    const int K = CG * k1;
+    const int64_t total = (int64_t)groups * CG * K;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / K;
+        const int kk = (int)(e - row * K), j = kk / CG, i = kk % CG;
+        const float v = w1[(row * CG + i) * k1 + j];
+        const bf16 hi = __float2bfloat16_rn(v);
+        wk[e] = hi;
+        if (lo) wk[total + e] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    }
+}
+
+} // namespace ccawg
+
+using namespace ccawg;
+
+extern "C" int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *mid, const void *q,
+                                      int64_t ldq, const void *k, int64_t ldk, const void *qpre, const void *kpre,
+                                      int lo) {
+    int dev, major, optin;
+    if (s->C / s->groups != CG || s->C % s->groups || (CG * s->k1) % BKW || s->B * (s->T + s->k1 - 1) >= INT32_MAX ||
+        ((uintptr_t)mid & 15) || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) || ldq % 8 || ldk % 8 || s->C % 8 ||
+        ((uintptr_t)qpre & 3) || ((uintptr_t)kpre & 3) || NH % KV)
+        return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return smem_bytes((int)(CG * s->k1 / BKW), lo != 0) <= (size_t)optin;
+}
+
+extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *mid, const kiln_bf16 *q,
+                                           int64_t ldq, const kiln_bf16 *k, int64_t ldk, const float *w1,
+                                           const float *b1, const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo,
+                                           void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    bf16 *wk = NULL;
+    float *ks = NULL;
+    CUtensorMap tm_mid, tm_w;
+    const int64_t M = s->T + s->k1 - 1, N = s->B * s->T, K = CG * s->k1, ne = s->C * K;
+    const int kblocks = (int)(K / BKW), G = (int)(NH / KV);
+    int dev, nsm;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_TRY(kiln_ops_scratch((void **)&wk, (size_t)(lo ? 2 : 1) * ne * sizeof(bf16), st));
+    CUDA_TRY(kiln_ops_scratch((void **)&ks, (size_t)N * KV * CG * sizeof(float), st));
+    w1_kmajor_kernel<<<grid_for(ne, 256), 256, 0, st>>>(wk, w1, (int)s->groups, (int)s->k1, lo);
+    LAUNCH_CHECK("cca_conv_couple forward (w1, K-major)");
+    ksum_kernel<<<grid_for(N * KV * CG / 8, 256), 256, 0, st>>>(ks, (const bf16 *)q, (const bf16 *)k, N, (int)KV, G,
+                                                                (int)ldq, (int)ldk);
+    LAUNCH_CHECK("cca_conv_couple forward (k heads' coupling sums)");
+    if ((err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")) ||
+        (err = kiln_tma_map_bf16(&tm_w, (const kiln_bf16 *)wk, (lo ? 2 : 1) * s->C, K, K, CG, "w1")))
+        goto done;
+    {
+        const int bpg = nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
+        const size_t smem = smem_bytes(kblocks, lo != 0);
+        auto kern = lo ? grp_fwd_wg_kernel<true> : grp_fwd_wg_kernel<false>;
+        CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<(unsigned)(s->groups * bpg), THREADS, smem, st>>>(
+            tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, (const bf16 *)q, (const bf16 *)k, ks, b1, (int)s->B, (int)s->T,
+            (int)M, kblocks, (int)s->groups, (int)NH, (int)KV, (int)ldq, (int)ldk, bpg);
+        LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling, wgmma)");
+    }
+done:
+    if (wk) cudaFreeAsync(wk, st);
+    if (ks) cudaFreeAsync(ks, st);
+    return err;
+}
