@@ -921,7 +921,13 @@ static int use_wgmma(int64_t cg) {
     const char *e = getenv("KILN_CCA_TILE"), *f = getenv("KILN_CCA_FWD");
     return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, "wmma"));
 }
-// the input-gradient GEMM of heads of exactly 128 channels goes to the persistent grpp_bwd_kernel when its shared
+// the input-gradient GEMM of heads of exactly 128 channels goes to the wgmma kernel too where it takes the call;
+// KILN_CCA_BWD=mma keeps the persistent mma.sync grpp_bwd_kernel below (and KILN_CCA_TILE=128 / 64 the tiles)
+static int use_wgmma_bwd(int64_t cg) {
+    const char *e = getenv("KILN_CCA_TILE"), *f = getenv("KILN_CCA_BWD");
+    return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, "mma"));
+}
+// otherwise the input-gradient GEMM of heads of exactly 128 channels goes to the persistent grpp_bwd_kernel when its shared
 // memory fits (two taps with w1's hi and lo: 190 KB), `bpg` blocks a group filling the SMs; KILN_CCA_TILE=128
 // keeps grp128_kernel (and =64 grp_kernel), for comparison
 static int use_persistent(int64_t cg, int64_t k1, int64_t groups, int *bpg) {
@@ -1069,7 +1075,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 0, st));
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
         int bpg;
-        if (fast && aligned16(dmid) && use_persistent(cg, k1, s->groups, &bpg)) {
+        if (fast && use_wgmma_bwd(cg) && kiln_cca_grp_bwd_wg_ok(s, NH, KV, dmid, dqpre, dkpre, w1_lo())) {
+            if ((err = kiln_cca_grp_bwd_wg(dmid, dqpre, dkpre, w1, s, NH, KV, w1_lo(), st))) goto done;
+        } else if (fast && aligned16(dmid) && use_persistent(cg, k1, s->groups, &bpg)) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grpp_bwd_kernel<true> : grpp_bwd_kernel<false>;
             const size_t sm = grpp_smem(cg * k1, w1_lo());

@@ -54,12 +54,18 @@ static __device__ __forceinline__ float2 unpack2(uint32_t u) { // bf16 pair -> f
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
 }
 
-template <bool LO>
+// MODE 0, the forward: tiles of 128 mid rows flat over the sequences (tm_a0: mid, 2-D), tap j the box's row start
+// + j, the epilogue above. MODE 1, the input gradient dmid[u, n] = sum_{j,co} dy[u - j, co] w1[g*128 + co, n, j]
+// (u < M): tiles of 128 rows of one sequence (tps a sequence), A from dqpre (tm_a0) or dkpre (tm_a1), 3-D maps
+// [sequence][T][channels] whose row start u0 - j may be negative or run past T (zeros: the convolution's edges);
+// the epilogue stores dmid's f32 pairs.
+template <int MODE, bool LO>
 static __global__ void __launch_bounds__(THREADS, 1)
-    grp_fwd_wg_kernel(const __grid_constant__ CUtensorMap tm_mid, const __grid_constant__ CUtensorMap tm_w,
-                      bf16 *__restrict__ qpre, bf16 *__restrict__ kpre, const bf16 *__restrict__ xq,
-                      const bf16 *__restrict__ xk, const float *__restrict__ ksum, const float *__restrict__ b1, int nseq, int T,
-                      int M, int kblocks, int groups, int NH, int KV, int ldq, int ldk, int bpg) {
+    grp_wg_kernel(const __grid_constant__ CUtensorMap tm_a0, const __grid_constant__ CUtensorMap tm_a1,
+                  const __grid_constant__ CUtensorMap tm_w, bf16 *__restrict__ qpre, bf16 *__restrict__ kpre,
+                  float *__restrict__ dmid, const bf16 *__restrict__ xq, const bf16 *__restrict__ xk,
+                  const float *__restrict__ ksum, const float *__restrict__ b1, int nseq, int T, int M, int kblocks,
+                  int groups, int NH, int KV, int ldq, int ldk, int bpg) {
     constexpr int NB = LO ? 256 : 128, B_BLOCK = NB * 128;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -69,21 +75,23 @@ static __global__ void __launch_bounds__(THREADS, 1)
     // hoisted above them, and each waited on L1: 46% of the warps' stalls in session 24 r2)
     float *sbias = (float *)(full + 2 * STAGES + 2);
     const int g = blockIdx.x / bpg, part = blockIdx.x % bpg, g0 = g * CG;
-    const int rows = nseq * M, ntiles = (rows + BM - 1) / BM;
+    const int rows = nseq * M, tps = (M + BM - 1) / BM, ntiles = MODE == 0 ? (rows + BM - 1) / BM : nseq * tps;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
         mbar_init(wfull, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (threadIdx.x < CG) sbias[threadIdx.x] = b1 && g < groups ? b1[g0 + threadIdx.x] : 0.0f;
+    if (MODE == 0 && threadIdx.x < CG) sbias[threadIdx.x] = b1 && g < groups ? b1[g0 + threadIdx.x] : 0.0f;
     __syncthreads();
     if (g >= groups) return;
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (tid == 0) {
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tm_mid) : "memory");
+            const CUtensorMap *tm_a = MODE == 1 && g >= NH ? &tm_a1 : &tm_a0;
+            const int a_col = MODE == 1 && g >= NH ? (g - NH) * CG : g0; // the head's first column in A's matrix
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)tm_a) : "memory");
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tm_w) : "memory");
             mbar_arrive_expect_tx(wfull, (uint32_t)(kblocks * B_BLOCK));
             for (int kb = 0; kb < kblocks; kb++) {
@@ -96,7 +104,8 @@ static __global__ void __launch_bounds__(THREADS, 1)
                     const int s = it % STAGES, j = kb * BKW / CG, c0 = kb * BKW % CG;
                     mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
                     mbar_arrive_expect_tx(&full[s], A_BYTES);
-                    tma_load_2d(sa + s * A_BYTES, &tm_mid, &full[s], g0 + c0, ti * BM + j);
+                    if constexpr (MODE == 0) tma_load_2d(sa + s * A_BYTES, tm_a, &full[s], a_col + c0, ti * BM + j);
+                    else tma_load_3d(sa + s * A_BYTES, tm_a, &full[s], a_col + c0, (ti % tps) * BM - j, ti / tps);
                 }
         }
         return;
@@ -112,15 +121,21 @@ static __global__ void __launch_bounds__(THREADS, 1)
     uint32_t it = 0;
     for (int ti = part; ti < ntiles; ti += bpg) {
         // this thread's output rows: r and r + 8 of the tile (mid rows, flat over the sequences), as token rows
+        // (MODE 1: rows u0 + ..., u0 = (ti % tps) * 128 of sequence ti / tps, valid below M)
         int64_t tok[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int fr = ti * BM + cw * 64 + warp * 16 + lane / 4 + 8 * h, bb = fr / M, u = fr - bb * M;
-            tok[h] = fr < rows && u < T ? (int64_t)bb * T + u : -1;
+            if constexpr (MODE == 0) {
+                const int fr = ti * BM + cw * 64 + warp * 16 + lane / 4 + 8 * h, bb = fr / M, u = fr - bb * M;
+                tok[h] = fr < rows && u < T ? (int64_t)bb * T + u : -1;
+            } else {
+                const int u = (ti % tps) * BM + cw * 64 + warp * 16 + lane / 4 + 8 * h;
+                tok[h] = u < M ? (int64_t)(ti / tps) * M + u : -1; // dmid's row
+            }
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            if (tok[h] < 0) continue;
+            if (MODE == 1 || tok[h] < 0) continue;
             if (qhead) {
                 const bf16 *qr = xq + tok[h] * ldq + g0 + cb, *kr = xk + tok[h] * ldk + (g / G) * CG + cb;
 #pragma unroll
@@ -161,6 +176,16 @@ static __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (tok[h] < 0) continue;
+            if constexpr (MODE == 1) {
+                float *o = dmid + tok[h] * (groups * CG) + g0 + cb;
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                    if constexpr (LO) v0 += acc[64 + 4 * j + 2 * h], v1 += acc[64 + 4 * j + 2 * h + 1];
+                    *(float2 *)(o + 8 * j) = make_float2(v0, v1);
+                }
+                continue;
+            }
             bf16 *o = qhead ? qpre + tok[h] * Q + g0 + cb : kpre + tok[h] * Kc + (g - NH) * CG + cb;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
@@ -199,38 +224,95 @@ static __global__ void ksum_kernel(float *ks, const bf16 *xq, const bf16 *xk, in
     }
 }
 
-// w1 [C, 128, k1] (f32) as the kernel's B: rows g*128 + n, columns j*128 + i (K-major), w1[g*128 + n, i, j] rounded
-// to bf16 (hi), and from groups*128 on the remainder's rounding (lo)
-static __global__ void w1_kmajor_kernel(bf16 *wk, const float *w1, int groups, int k1, int lo) {
+// w1 [C, 128, k1] (f32) as the kernel's B, K-major: row g*128 + n, column j*128 + i holds w1[g*128 + n, i, j]
+// (MODE 0: output n, input channel i) or w1[g*128 + i, n, j] (MODE 1, the transpose within the head: input
+// gradient n, output channel i), rounded to bf16 (hi), and from groups*128 rows on the remainder's rounding (lo)
+template <int MODE> static __global__ void w1_kmajor_kernel(bf16 *wk, const float *w1, int groups, int k1, int lo) {
     const int K = CG * k1;
     const int64_t total = (int64_t)groups * CG * K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = e / K;
         const int kk = (int)(e - row * K), j = kk / CG, i = kk % CG;
-        const float v = w1[(row * CG + i) * k1 + j];
+        const int64_t g = row / CG, n = row % CG;
+        const float v = MODE == 0 ? w1[(row * CG + i) * k1 + j] : w1[((g * CG + i) * CG + n) * k1 + j];
         const bf16 hi = __float2bfloat16_rn(v);
         wk[e] = hi;
         if (lo) wk[total + e] = __float2bfloat16_rn(v - __bfloat162float(hi));
     }
 }
 
+// w1 in its MODE layout into stream-ordered scratch, then the tensor map of it
+static kiln_error *w1_operand(bf16 **wk, CUtensorMap *tm_w, const float *w1, const kiln_conv_shape *s, int mode,
+                              int lo, cudaStream_t st) {
+    kiln_error *err = NULL;
+    const int64_t K = CG * s->k1, ne = s->C * K;
+    CUDA_TRY(kiln_ops_scratch((void **)wk, (size_t)(lo ? 2 : 1) * ne * sizeof(bf16), st));
+    if (mode == 0) w1_kmajor_kernel<0><<<grid_for(ne, 256), 256, 0, st>>>(*wk, w1, (int)s->groups, (int)s->k1, lo);
+    else w1_kmajor_kernel<1><<<grid_for(ne, 256), 256, 0, st>>>(*wk, w1, (int)s->groups, (int)s->k1, lo);
+    LAUNCH_CHECK("cca_conv_couple (w1, K-major)");
+    err = kiln_tma_map_bf16(tm_w, (const kiln_bf16 *)*wk, (lo ? 2 : 1) * s->C, K, K, CG, "w1");
+done:
+    return err;
+}
+
+// the kernel for (MODE, LO), its shared memory granted; `bpg` CTAs a group: one CTA an SM
+template <int MODE>
+static kiln_error *launch(const CUtensorMap &a0, const CUtensorMap &a1, const CUtensorMap &tw, bf16 *qpre, bf16 *kpre,
+                          float *dmid, const bf16 *q, const bf16 *k, const float *ks, const float *b1,
+                          const kiln_conv_shape *s, int64_t NH, int64_t KV, int64_t ldq, int64_t ldk, int lo,
+                          cudaStream_t st) {
+    kiln_error *err = NULL;
+    int dev, nsm;
+    const int kblocks = (int)(CG * s->k1 / BKW);
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    {
+        const int bpg = nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
+        const size_t smem = smem_bytes(kblocks, lo != 0);
+        auto kern = lo ? grp_wg_kernel<MODE, true> : grp_wg_kernel<MODE, false>;
+        CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kern<<<(unsigned)(s->groups * bpg), THREADS, smem, st>>>(a0, a1, tw, qpre, kpre, dmid, q, k, ks, b1, (int)s->B,
+                                                                 (int)s->T, (int)(s->T + s->k1 - 1), kblocks,
+                                                                 (int)s->groups, (int)NH, (int)KV, (int)ldq, (int)ldk, bpg);
+        LAUNCH_CHECK(MODE == 0 ? "cca_conv_couple forward (grouped + coupling, wgmma)"
+                               : "cca_conv_couple backward (grouped input gradient, wgmma)");
+    }
+done:
+    return err;
+}
+
 } // namespace ccawg
 
 using namespace ccawg;
 
-extern "C" int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *mid, const void *q,
-                                      int64_t ldq, const void *k, int64_t ldk, const void *qpre, const void *kpre,
-                                      int lo) {
+// the shapes and device both directions take: 128 channels a head, whole K blocks, sm_90 with the shared memory
+static int wg_device_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo) {
     int dev, major, optin;
     if (s->C / s->groups != CG || s->C % s->groups || (CG * s->k1) % BKW || s->B * (s->T + s->k1 - 1) >= INT32_MAX ||
-        ((uintptr_t)mid & 15) || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) || ldq % 8 || ldk % 8 || s->C % 8 ||
-        ((uintptr_t)qpre & 3) || ((uintptr_t)kpre & 3) || NH % KV)
+        NH % KV || NH + KV != s->groups)
         return 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
         return 0;
     return smem_bytes((int)(CG * s->k1 / BKW), lo != 0) <= (size_t)optin;
+}
+
+extern "C" int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *mid, const void *q,
+                                      int64_t ldq, const void *k, int64_t ldk, const void *qpre, const void *kpre,
+                                      int lo) {
+    if (((uintptr_t)mid & 15) || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) || ldq % 8 || ldk % 8 || s->C % 8 ||
+        ((uintptr_t)qpre & 3) || ((uintptr_t)kpre & 3))
+        return 0;
+    return wg_device_ok(s, NH, KV, lo);
+}
+
+extern "C" int kiln_cca_grp_bwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dmid,
+                                      const void *dqpre, const void *dkpre, int lo) {
+    if (((uintptr_t)dmid & 7) || ((uintptr_t)dqpre & 15) || ((uintptr_t)dkpre & 15) || s->B > 65535 ||
+        s->T >= INT32_MAX / 2)
+        return 0;
+    return wg_device_ok(s, NH, KV, lo);
 }
 
 extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *mid, const kiln_bf16 *q,
@@ -242,33 +324,34 @@ extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, con
     bf16 *wk = NULL;
     float *ks = NULL;
     CUtensorMap tm_mid, tm_w;
-    const int64_t M = s->T + s->k1 - 1, N = s->B * s->T, K = CG * s->k1, ne = s->C * K;
-    const int kblocks = (int)(K / BKW), G = (int)(NH / KV);
-    int dev, nsm;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_TRY(kiln_ops_scratch((void **)&wk, (size_t)(lo ? 2 : 1) * ne * sizeof(bf16), st));
+    const int64_t M = s->T + s->k1 - 1, N = s->B * s->T;
     CUDA_TRY(kiln_ops_scratch((void **)&ks, (size_t)N * KV * CG * sizeof(float), st));
-    w1_kmajor_kernel<<<grid_for(ne, 256), 256, 0, st>>>(wk, w1, (int)s->groups, (int)s->k1, lo);
-    LAUNCH_CHECK("cca_conv_couple forward (w1, K-major)");
-    ksum_kernel<<<grid_for(N * KV * CG / 8, 256), 256, 0, st>>>(ks, (const bf16 *)q, (const bf16 *)k, N, (int)KV, G,
-                                                                (int)ldq, (int)ldk);
+    ksum_kernel<<<grid_for(N * KV * CG / 8, 256), 256, 0, st>>>(ks, (const bf16 *)q, (const bf16 *)k, N, (int)KV,
+                                                                (int)(NH / KV), (int)ldq, (int)ldk);
     LAUNCH_CHECK("cca_conv_couple forward (k heads' coupling sums)");
-    if ((err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")) ||
-        (err = kiln_tma_map_bf16(&tm_w, (const kiln_bf16 *)wk, (lo ? 2 : 1) * s->C, K, K, CG, "w1")))
+    if ((err = w1_operand(&wk, &tm_w, w1, s, 0, lo, st)) ||
+        (err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")) ||
+        (err = launch<0>(tm_mid, tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)q, (const bf16 *)k, ks, b1,
+                         s, NH, KV, ldq, ldk, lo, st)))
         goto done;
-    {
-        const int bpg = nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
-        const size_t smem = smem_bytes(kblocks, lo != 0);
-        auto kern = lo ? grp_fwd_wg_kernel<true> : grp_fwd_wg_kernel<false>;
-        CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        kern<<<(unsigned)(s->groups * bpg), THREADS, smem, st>>>(
-            tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, (const bf16 *)q, (const bf16 *)k, ks, b1, (int)s->B, (int)s->T,
-            (int)M, kblocks, (int)s->groups, (int)NH, (int)KV, (int)ldq, (int)ldk, bpg);
-        LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling, wgmma)");
-    }
 done:
     if (wk) cudaFreeAsync(wk, st);
     if (ks) cudaFreeAsync(ks, st);
+    return err;
+}
+
+extern "C" kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre, const float *w1,
+                                           const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    bf16 *wk = NULL;
+    CUtensorMap tm_q, tm_k, tm_w;
+    if ((err = w1_operand(&wk, &tm_w, w1, s, 1, lo, st)) ||
+        (err = kiln_tma_map_bf16_3d(&tm_q, dqpre, s->B, s->T, NH * CG, NH * CG, BM, "dqpre")) ||
+        (err = kiln_tma_map_bf16_3d(&tm_k, dkpre, s->B, s->T, KV * CG, KV * CG, BM, "dkpre")) ||
+        (err = launch<1>(tm_q, tm_k, tm_w, NULL, NULL, dmid, NULL, NULL, NULL, NULL, s, NH, KV, 0, 0, lo, st)))
+        goto done;
+done:
+    if (wk) cudaFreeAsync(wk, st);
     return err;
 }

@@ -1,5 +1,6 @@
-/* CCA's grouped convolution forward on wgmma (src/cuda/cca_conv_wg.cu), internal to the CUDA side: the grouped
- * stage of kiln_cca_conv_couple_forward_cuda for heads of exactly 128 channels on sm_90:
+/* CCA's grouped convolution on wgmma (src/cuda/cca_conv_wg.cu), internal to the CUDA side: the grouped stage of
+ * kiln_cca_conv_couple_forward_cuda (and its input gradient in the backward) for heads of exactly 128 channels on
+ * sm_90. Forward:
  *   qpre[t, g*128 + n] (g < NH) or kpre[t, (g-NH)*128 + n] = b1 + sum_{j,i} mid[t+j, g*128 + i] w1[g*128 + n, i, j]
  *                                                          + the q/k coupling,
  * mid [B, T + k1 - 1, C] (the depthwise stage's output), q and k rows ldq / ldk elements apart, w1 [C, 128, k1]
@@ -21,6 +22,15 @@ int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, con
                            const void *k, int64_t ldk, const void *qpre, const void *kpre, int lo);
 kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *mid, const kiln_bf16 *q, int64_t ldq,
                                 const kiln_bf16 *k, int64_t ldk, const float *w1, const float *b1,
+                                const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream);
+
+/* The backward's grouped stage, its input gradient, on the same kernel: dmid [B, T + k1 - 1, C] (f32, written) with
+ * dmid[u, g*128 + n] = sum_{j,co} dy[u - j, g*128 + co] w1[g*128 + co, n, j] over 0 <= u - j < T, dy of head g
+ * read from dqpre [B*T, NH*128] (g < NH) or dkpre [B*T, KV*128] (dense bf16). The _ok test: the forward's shape and
+ * device conditions, 16-byte aligned dqpre / dkpre, 8-byte aligned dmid. */
+int kiln_cca_grp_bwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dmid, const void *dqpre,
+                           const void *dkpre, int lo);
+kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre, const float *w1,
                                 const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream);
 
 #ifdef __cplusplus

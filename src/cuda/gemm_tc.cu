@@ -548,21 +548,33 @@ static void encode_load(void) {
     if (encode_err == cudaSuccess && encode_q == cudaDriverEntryPointSuccess) encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
 
-extern "C" kiln_error *kiln_tma_map_bf16(void *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld,
-                                         int box_rows, const char *name) {
+// the bf16 tensor map of rank 2 ([rows, cols]) or 3 (batch such matrices rows * ld elements apart)
+static kiln_error *tma_map(void *map, cuuint32_t rank, const kiln_bf16 *p, int64_t batch, int64_t rows, int64_t cols,
+                           int64_t ld, int box_rows, const char *name) {
     pthread_once(&encode_once, encode_load);
     if (!encode_fn)
         return kiln_errorf(KILN_EUNSUPPORTED, "cuTensorMapEncodeTiled is not available from the driver (%s, query %d)",
                            cudaGetErrorString(encode_err), (int)encode_q);
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode_fn((CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box,
-                                 estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)batch},
+                     strides[2] = {(cuuint64_t)ld * 2, (cuuint64_t)(ld * rows) * 2};
+    const cuuint32_t box[3] = {BK, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
+    const CUresult r = encode_fn((CUtensorMap *)map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, (void *)p, dims, strides,
+                                 box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        return kiln_errorf(KILN_EINVAL, "cuTensorMapEncodeTiled(%s: %lld x %lld, ld %lld, box %d x %d): CUresult %d", name,
-                           (long long)rows, (long long)cols, (long long)ld, box_rows, BK, (int)r);
+        return kiln_errorf(KILN_EINVAL, "cuTensorMapEncodeTiled(%s: %lld x %lld x %lld, ld %lld, box %d x %d): CUresult %d",
+                           name, (long long)batch, (long long)rows, (long long)cols, (long long)ld, box_rows, BK, (int)r);
     return NULL;
+}
+
+extern "C" kiln_error *kiln_tma_map_bf16(void *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld,
+                                         int box_rows, const char *name) {
+    return tma_map(map, 2, p, 1, rows, cols, ld, box_rows, name);
+}
+
+extern "C" kiln_error *kiln_tma_map_bf16_3d(void *map, const kiln_bf16 *p, int64_t batch, int64_t rows, int64_t cols,
+                                            int64_t ld, int box_rows, const char *name) {
+    return tma_map(map, 3, p, batch, rows, cols, ld, box_rows, name);
 }
 
 extern "C" kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,

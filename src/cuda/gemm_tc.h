@@ -67,6 +67,11 @@ kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N,
  * through the CUDA runtime (no link to libcuda). Shared by gemm_tc.cu and cca_conv_wg.cu. */
 kiln_error *kiln_tma_map_bf16(void *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld, int box_rows,
                               const char *name);
+/* the same over a batch of such matrices, rows * ld elements apart: rank 3 (a batch of one too: the kernel's
+ * 3-D loads need it), the box one matrix at a time, coordinates (column, row, matrix); rows out of range,
+ * negative ones too, read as zeros */
+kiln_error *kiln_tma_map_bf16_3d(void *map, const kiln_bf16 *p, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                                 int box_rows, const char *name);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,14 @@ static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap 
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
                  : "memory");
 }
+// a 3-D box at (c0 = column, c1 = row, c2 = matrix of a batch), completing on bar; coordinates out of range (a
+// negative row too) read as zeros
+static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                                   int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
 
 // wgmma's shared-memory matrix descriptor for a K-major tile written by TMA with the 128-byte swizzle: rows
 // of 128 bytes, 8-row groups 1024 bytes apart (the stride byte offset); the leading byte offset is unused

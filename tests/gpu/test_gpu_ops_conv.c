@@ -337,7 +337,7 @@ static int within_ulp(float a, float b) {
 }
 
 /* The forward's wgmma kernel (cca_conv_wg.cu: heads of 128 on sm_90, the default there) against grp128_kernel
- * (KILN_CCA_TILE=128) on the same inputs. Both multiply w1 as hi + lo (or its bf16 rounding alone) with f32
+ * (KILN_CCA_TILE=128) on the same inputs, and the backward's grouped input gradient against grpp_bwd_kernel. Both multiply w1 as hi + lo (or its bf16 rounding alone) with f32
  * accumulation and differ only in the order of the sums, so each bf16 output agrees within one rounding step
  * (or 3e-5 where the sum cancels):
  * 4, 3 and 1 q heads a kv head, sequences ending inside the 128-row tiles, b1 and the coupling, q and k as
@@ -380,6 +380,28 @@ TEST(gpu_ops_cca_conv_couple_fused_wgmma) {
             CHECK_MSG(same > N * C / 2, "wgmma against wmma: only %lld of %lld outputs identical", (long long)same,
                       (long long)(N * C));
             CHECK_MSG(!memcmp(hm[0], hm[1], (size_t)nm * 4), "the depthwise output differs between the paths");
+            { /* the backward's grouped input gradient (dmid, f32): wgmma against the persistent mma.sync kernel
+               * (KILN_CCA_BWD=mma); f32 sums of ~256 O(1) products in two orders: within 2e-5 */
+                float *dyq = gt_rand(&rng, N * Q, 1.0f), *dyk = gt_rand(&rng, N * K, 1.0f), *hd[2];
+                kiln_bf16 *gdyq = gt_up_bf16(dyq, N * Q), *gdyk = gt_up_bf16(dyk, N * K);
+                kiln_bf16 *gdp = gt_dev((size_t)(N * P) * 2); /* dq, dk: columns of the packed layout, as q and k */
+                float *gdm = gt_dev((size_t)nm * 4);
+                if (w1m) setenv("KILN_CCA_W1", "bf16", 1);
+                for (int v = 0; v < 2; v++) {
+                    if (v) setenv("KILN_CCA_BWD", "mma", 1);
+                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, NULL, NULL, gdm, gdyq, gdyk,
+                                                                gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P, NULL));
+                    unsetenv("KILN_CCA_BWD");
+                    hd[v] = gt_down_f32(gdm, nm);
+                }
+                unsetenv("KILN_CCA_W1");
+                double worst = 0;
+                for (int64_t i = 0; i < nm; i++) worst = fmax(worst, fabs((double)hd[0][i] - hd[1][i]));
+                printf("    dmid: largest difference %.3g\n", worst);
+                CHECK_MSG(worst <= 2e-5, "wgmma against mma.sync: dmid %.3g apart", worst);
+                kiln_cuda_free(gdyq), kiln_cuda_free(gdyk), kiln_cuda_free(gdp), kiln_cuda_free(gdm);
+                free(dyq), free(dyk), free(hd[0]), free(hd[1]);
+            }
             for (int v = 0; v < 2; v++) {
                 kiln_cuda_free(gmid[v]), kiln_cuda_free(gq[v]), kiln_cuda_free(gk[v]);
                 free(hq[v]), free(hk[v]), free(hm[v]);
