@@ -1,24 +1,28 @@
-// CCA's grouped convolution forward on Hopper's wgmma, with the conv bias and the q/k coupling in its epilogue:
-// cca_conv_fused.cu's grp128_kernel<0> for heads of exactly 128 channels (ZAYA's), persistent. The contract
-// is kiln_cca_grp_fwd_wg in cca_conv_wg.h.
+// CCA's grouped convolution on Hopper's wgmma for heads of exactly 128 channels (ZAYA's), persistent, in both of
+// the training path's directions (the contract is in cca_conv_wg.h):
+//  - the forward with the conv bias and the q/k coupling in its epilogue (cca_conv_fused.cu's grp128_kernel<0>);
+//  - the backward's input gradient dmid (its grpp_bwd_kernel): the same kernel with dy for A (MODE 1).
 //
 // Why: grp128_kernel (wmma fragments through registers, two blocks an SM, w1 re-read from L2 by every block) ran
 // at ~120 TFLOP/s with w1 as hi + lo: latency-bound, its tensor pipe 21% busy (docs/perf.md, session 22 r4;
-// session 23 r3: 168 us a call at issue [cuda]'s shape, 4.5x its bytes' bound). Here, one CTA an SM with three
+// session 23 r3: 168 us a call at issue [cuda]'s shape, 4.5x its bytes' bound); here 98 us with its helper
+// kernels, and the input gradient 52 us against the mma.sync kernel's 99 (session 24). One CTA an SM with three
 // warpgroups, as gemm_tc.cu:
 //  - `bpg` CTAs a group. A CTA loads its group's w1 once by TMA (K-major rows [n][j*128 + i], hi rows then lo
-//    rows: 128 KB at k1 = 2) and keeps it in shared memory, then walks the group's 128-row tiles of mid (tile
-//    part, part + bpg, ...);
+//    rows: 128 KB at k1 = 2) and keeps it in shared memory, then walks the group's 128-row tiles (tile part,
+//    part + bpg, ...);
 //  - warpgroup 0's one thread streams each tile's A through a 4-slot ring: K block kb is tap j = kb*64 / 128,
-//    channels c0 = kb*64 % 128, i.e. the box of mid at (row r0 + j, column g*128 + c0): a shifted row start
-//    is all the convolution needs (rows past the tensor read as zeros; the rows u >= T of a sequence are
-//    computed and not stored);
+//    channels c0 = kb*64 % 128, i.e. the box at row r0 + j (forward: of mid) or r0 - j (input gradient: of dy):
+//    a shifted row start is all the convolution needs (rows out of the tensor read as zeros; the forward's rows
+//    u >= T of a sequence are computed and not stored);
 //  - warpgroups 1 and 2 take 64 rows each: wgmma m64n256k16 over w1's [hi | lo] rows (A read once for both
 //    halves, summed in the epilogue), or m64n128k16 over its bf16 rounding alone (KILN_CCA_W1=bf16);
-//  - the epilogue's inputs (q and k pairs of the thread's outputs, or for k heads the f32 sum over the group's
-//    q heads, precomputed by ksum_kernel in the order grp128_kernel sums them) are loaded into registers before
-//    the tile's MMAs: their latency hides under them (the wmma kernel's persistent twin, session 19, waited on
-//    them after its MMAs: 208 us).
+//  - the forward's epilogue inputs (q and k pairs of the thread's outputs, or for k heads the f32 sum over the
+//    group's q heads, precomputed by ksum_kernel in the order grp128_kernel sums them) are loaded into registers
+//    before the tile's MMAs: their latency hides under them (the wmma kernel's persistent twin, session 19,
+//    waited on them after its MMAs: 208 us), and the bias comes from shared memory.
+// Measured and not kept (session 24, docs/perf.md): 16-byte epilogue accesses through quad transposes, ping-pong
+// warpgroups on 64-row tiles, the coupling sums written by the depthwise pass: none faster.
 // Accumulation: f32 in the tensor cores; hi and lo in separate accumulators summed at the end (not the wmma
 // kernel's interleaved order: the same products, rounded differently, within the op's tolerances).
 #include <cuda.h>
@@ -329,11 +333,10 @@ extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, con
     ksum_kernel<<<grid_for(N * KV * CG / 8, 256), 256, 0, st>>>(ks, (const bf16 *)q, (const bf16 *)k, N, (int)KV,
                                                                 (int)(NH / KV), (int)ldq, (int)ldk);
     LAUNCH_CHECK("cca_conv_couple forward (k heads' coupling sums)");
-    if ((err = w1_operand(&wk, &tm_w, w1, s, 0, lo, st)) ||
-        (err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")) ||
-        (err = launch<0>(tm_mid, tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)q, (const bf16 *)k, ks, b1,
-                         s, NH, KV, ldq, ldk, lo, st)))
-        goto done;
+    if (!(err = w1_operand(&wk, &tm_w, w1, s, 0, lo, st)) &&
+        !(err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")))
+        err = launch<0>(tm_mid, tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)q, (const bf16 *)k, ks, b1,
+                        s, NH, KV, ldq, ldk, lo, st);
 done:
     if (wk) cudaFreeAsync(wk, st);
     if (ks) cudaFreeAsync(ks, st);
@@ -346,12 +349,10 @@ extern "C" kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, 
     cudaStream_t st = (cudaStream_t)stream;
     bf16 *wk = NULL;
     CUtensorMap tm_q, tm_k, tm_w;
-    if ((err = w1_operand(&wk, &tm_w, w1, s, 1, lo, st)) ||
-        (err = kiln_tma_map_bf16_3d(&tm_q, dqpre, s->B, s->T, NH * CG, NH * CG, BM, "dqpre")) ||
-        (err = kiln_tma_map_bf16_3d(&tm_k, dkpre, s->B, s->T, KV * CG, KV * CG, BM, "dkpre")) ||
-        (err = launch<1>(tm_q, tm_k, tm_w, NULL, NULL, dmid, NULL, NULL, NULL, NULL, s, NH, KV, 0, 0, lo, st)))
-        goto done;
-done:
+    if (!(err = w1_operand(&wk, &tm_w, w1, s, 1, lo, st)) &&
+        !(err = kiln_tma_map_bf16_3d(&tm_q, dqpre, s->B, s->T, NH * CG, NH * CG, BM, "dqpre")) &&
+        !(err = kiln_tma_map_bf16_3d(&tm_k, dkpre, s->B, s->T, KV * CG, KV * CG, BM, "dkpre")))
+        err = launch<1>(tm_q, tm_k, tm_w, NULL, NULL, dmid, NULL, NULL, NULL, NULL, s, NH, KV, 0, 0, lo, st);
     if (wk) cudaFreeAsync(wk, st);
     return err;
 }
