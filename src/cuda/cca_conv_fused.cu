@@ -914,22 +914,17 @@ static int use_tile128(int64_t cg) {
     const char *e = getenv("KILN_CCA_TILE");
     return cg % BT == 0 && !(e && !strcmp(e, "64"));
 }
-// the forward's grouped GEMM of heads of exactly 128 channels goes to the wgmma kernel (cca_conv_wg.cu) where it
-// takes the call; KILN_CCA_TILE=128 keeps grp128_kernel (and =64 grp_kernel), for comparison, and
-// KILN_CCA_FWD=wmma grp128_kernel in the forward alone (the backward's kernels unchanged: A/B timing of the step)
-static int use_wgmma(int64_t cg) {
-    const char *e = getenv("KILN_CCA_TILE"), *f = getenv("KILN_CCA_FWD");
-    return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, "wmma"));
+// the grouped GEMMs of heads of exactly 128 channels (the forward's, and the backward's input gradient) go to the
+// wgmma kernel (cca_conv_wg.cu) where it takes the call. For comparison: KILN_CCA_TILE=128 / 64 keep the tile
+// kernels in both directions; `var`=`off` one direction's previous kernel alone, the other unchanged (A/B timing
+// of the step): KILN_CCA_FWD=wmma grp128_kernel, KILN_CCA_BWD=mma grpp_bwd_kernel
+static int use_wgmma(int64_t cg, const char *var, const char *off) {
+    const char *e = getenv("KILN_CCA_TILE"), *f = getenv(var);
+    return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, off));
 }
-// the input-gradient GEMM of heads of exactly 128 channels goes to the wgmma kernel too where it takes the call;
-// KILN_CCA_BWD=mma keeps the persistent mma.sync grpp_bwd_kernel below (and KILN_CCA_TILE=128 / 64 the tiles)
-static int use_wgmma_bwd(int64_t cg) {
-    const char *e = getenv("KILN_CCA_TILE"), *f = getenv("KILN_CCA_BWD");
-    return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, "mma"));
-}
-// otherwise the input-gradient GEMM of heads of exactly 128 channels goes to the persistent grpp_bwd_kernel when its shared
-// memory fits (two taps with w1's hi and lo: 190 KB), `bpg` blocks a group filling the SMs; KILN_CCA_TILE=128
-// keeps grp128_kernel (and =64 grp_kernel), for comparison
+// otherwise the input-gradient GEMM of heads of exactly 128 channels goes to the persistent grpp_bwd_kernel when
+// its shared memory fits (two taps with w1's hi and lo: 190 KB), `bpg` blocks a group filling the SMs;
+// KILN_CCA_TILE=128 keeps grp128_kernel (and =64 grp_kernel), for comparison
 static int use_persistent(int64_t cg, int64_t k1, int64_t groups, int *bpg) {
     const char *e = getenv("KILN_CCA_TILE");
     int dev, optin, nsm;
@@ -987,7 +982,8 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 1, st));
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 0, st));
         const dim3 grid((unsigned)((s->T + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(s->B * s->groups));
-        if (vec && use_wgmma(cg) && kiln_cca_grp_fwd_wg_ok(s, NH, KV, mid, q, ldq, k, ldk, qpre, kpre, w1_lo())) {
+        if (vec && use_wgmma(cg, "KILN_CCA_FWD", "wmma") &&
+            kiln_cca_grp_fwd_wg_ok(s, NH, KV, mid, q, ldq, k, ldk, qpre, kpre, w1_lo())) {
             if ((err = kiln_cca_grp_fwd_wg(qpre, kpre, mid, q, ldq, k, ldk, w1, b1, s, NH, KV, w1_lo(), st))) goto done;
         } else if (vec && use_tile128(cg) && aligned16(qpre) && aligned16(kpre)) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
@@ -1075,7 +1071,8 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 0, st));
         const dim3 grid((unsigned)((M + FT - 1) / FT), (unsigned)((cg + FT - 1) / FT), (unsigned)(B * s->groups));
         int bpg;
-        if (fast && use_wgmma_bwd(cg) && kiln_cca_grp_bwd_wg_ok(s, NH, KV, dmid, dqpre, dkpre, w1_lo())) {
+        if (fast && use_wgmma(cg, "KILN_CCA_BWD", "mma") &&
+            kiln_cca_grp_bwd_wg_ok(s, NH, KV, dmid, dqpre, dkpre, w1_lo())) {
             if ((err = kiln_cca_grp_bwd_wg(dmid, dqpre, dkpre, w1, s, NH, KV, w1_lo(), st))) goto done;
         } else if (fast && aligned16(dmid) && use_persistent(cg, k1, s->groups, &bpg)) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
