@@ -54,9 +54,6 @@ static size_t smem_bytes(int kb, bool lo) {
            CG * sizeof(float) + 1024;
 }
 
-static __device__ __forceinline__ float2 unpack2(uint32_t u) { // bf16 pair -> f32 (exact: the bits shifted up)
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
-}
 
 // MODE 0, the forward: tiles of 128 mid rows flat over the sequences (tm_a0: mid, 2-D), tap j the box's row start
 // + j, the epilogue above. MODE 1, the input gradient dmid[u, n] = sum_{j,co} dy[u - j, co] w1[g*128 + co, n, j]
@@ -197,7 +194,7 @@ static __global__ void __launch_bounds__(THREADS, 1)
                 if constexpr (LO) v0 += acc[64 + 4 * j + 2 * h], v1 += acc[64 + 4 * j + 2 * h + 1];
                 const float2 bv = *(const float2 *)(sbias + 8 * j + cb);
                 if (qhead) {
-                    const float2 t0 = unpack2(pre[h][j][0]), t1 = unpack2(pre[h][j][1]);
+                    const float2 t0 = unpack_bf16x2(pre[h][j][0]), t1 = unpack_bf16x2(pre[h][j][1]);
                     v0 = v0 + bv.x + (t0.x + t1.x) * 0.5f, v1 = v1 + bv.y + (t0.y + t1.y) * 0.5f;
                 } else {
                     v0 = v0 + bv.x + __uint_as_float(pre[h][j][0]) / (float)G;

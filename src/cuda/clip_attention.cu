@@ -20,6 +20,7 @@
 #include "clip_attention.cuh"
 #include "cuda_check.h"
 #include "mma_bf16.cuh"
+#include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -493,22 +494,12 @@ static __global__ void __launch_bounds__(WMAX * 32, MINB)
 // persistent blocks prefetching the next item's rows into L2 (slower), the row tail's queries staged in shared
 // memory; the row tail costs 12 us of the 92 (wg_tail).
 
-static __device__ __forceinline__ uint64_t wg_desc(const void *p) { // 128-byte swizzle, 8-row groups 1 KB apart
-    const uint32_t a = smem_u32(p);
-    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// keeps the compiler from moving register reads/writes across the asynchronous wgmma boundaries
-template <int R>
-static __device__ __forceinline__ void wg_pin(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
+// wgmma's descriptor of a 128-byte-swizzled tile (8-row groups 1 KB apart), its fences and waits: wgmma.cuh's
+static __device__ __forceinline__ uint64_t wg_desc(const void *p) { return kwg::sw128_desc(smem_u32(p)); }
+using kwg::wgmma_commit;
+using kwg::wgmma_fence;
+using kwg::wgmma_wait;
+using kwg::fence_acc;
 // generic-proxy writes (cp.async) made visible to the tensor cores' async-proxy reads
 static __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -556,11 +547,11 @@ static __device__ __forceinline__ void wg_mma(float (&d)[N / 2], const uint32_t 
 template <int NC>
 static __device__ __forceinline__ void wg_issue_s(float (&s)[NC * 4], const uint32_t (&qf)[4][4], const bf16 *Ks,
                                                   int j0) {
-    wg_fence();
+    wgmma_fence();
     const bf16 *kr = Ks + j0 * 64;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wg_mma<NC * 8>(s, qf[kk], wg_desc(kr + kk * 16), kk > 0);
-    wg_commit();
+    wgmma_commit();
 }
 
 // the online softmax of one step of NC 8-key chunks: s (raw scores, nval of them before T) -> p in place (f32),
@@ -613,10 +604,10 @@ static __device__ __forceinline__ void wg_issue_pv(float (&o)[32], const uint32_
         o[4 * i] *= alpha[0], o[4 * i + 1] *= alpha[0];
         o[4 * i + 2] *= alpha[1], o[4 * i + 3] *= alpha[1];
     }
-    wg_fence();
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < N16; kk++) wg_mma<64, 1>(o, pa[kk], wg_desc(Vs + (j0 + 16 * kk) * 64), 1);
-    wg_commit();
+    wgmma_commit();
 }
 
 // P (f32, in s) -> the A fragments of its NC / 2 16-key steps
@@ -637,8 +628,8 @@ static __device__ __forceinline__ void wg_first(float (&sc)[NC * 4], uint32_t (&
                                                 float (&l)[2], float (&alpha)[2], const uint32_t (&qf)[4][4],
                                                 const bf16 *Ks, int T, float c, int lane) {
     wg_issue_s<NC>(sc, qf, Ks, 0);
-    wg_wait<0>();
-    wg_pin(sc);
+    wgmma_wait<0>();
+    fence_acc(sc);
     wg_softmax<NC>(sc, m, l, alpha, min(NC * 8, T), c, lane);
     wg_pack<NC>(pa, sc);
 }
@@ -652,11 +643,11 @@ static __device__ __forceinline__ void wg_next(float (&sc)[NC * 4], float (&o)[3
                                                const bf16 *Vs, int j0, int jp, int T, float c, int lane) {
     wg_issue_s<NC>(sc, qf, Ks, j0);
     wg_issue_pv<NP>(o, pp, alpha, Vs, jp);
-    wg_wait<1>();
-    wg_pin(sc);
+    wgmma_wait<1>();
+    fence_acc(sc);
     wg_softmax<NC>(sc, m, l, alpha, min(NC * 8, T - j0), c, lane);
-    wg_wait<0>();
-    wg_pin(o);
+    wgmma_wait<0>();
+    fence_acc(o);
     wg_pack<NC>(pn, sc);
 }
 
@@ -780,8 +771,8 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
                 wg_issue_pv<4>(o, pa, alpha, Vs, 64 * (nfull - 1));
             }
         }
-        wg_wait<0>();
-        wg_pin(o);
+        wgmma_wait<0>();
+        fence_acc(o);
         float o1[1][D / 8][4], l1[1][2] = {{l[0], l[1]}};
 #pragma unroll
         for (int i = 0; i < 8; i++)

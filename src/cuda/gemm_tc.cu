@@ -190,13 +190,6 @@ __device__ __forceinline__ void store_tile(float (&acc)[MW][BN / 2], void *C, in
 // with the bias 685 / 705 and 700 / 717 (cuBLASLt 728 / 712 in the same run).
 constexpr int NCH = 16; // k blocks a tile's stores are spread over (K = 1024: one chunk a block)
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-__device__ __forceinline__ float2 unpack_bf16x2(uint32_t u) { // bf16 -> f32 is exact: the bits shifted up
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
-}
 
 // the accumulators of a 64 x BN warpgroup tile (+ bias) as bf16 pairs: held[2j] row r0, held[2j + 1] row r0 + 8,
 // columns c0 + 8j + {0, 1}

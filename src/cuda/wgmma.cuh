@@ -1,11 +1,13 @@
 // Hopper's asynchronous pieces shared by kiln's own wgmma kernels (gemm_tc.cu: the GEMM with fused epilogues;
 // cca_conv_wg.cu: CCA's grouped convolution): mbarriers, TMA 2-D loads into 128-byte-swizzled shared memory,
-// wgmma's shared-memory descriptors and its m64n128k16 / m64n256k16 bf16 instructions with f32 accumulators.
+// wgmma's shared-memory descriptors and its m64n128k16 / m64n256k16 bf16 instructions with f32 accumulators;
+// the epilogues' bf16 pairs.
 // sm_90a only (wgmma, setmaxnreg); the host encodes the tensor maps (kiln_tma_map_bf16, gemm_tc.h).
 #ifndef KILN_CUDA_WGMMA_CUH
 #define KILN_CUDA_WGMMA_CUH
 
 #include <cuda.h>
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 namespace kwg {
@@ -92,6 +94,15 @@ static __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, 
                  : WG_F64(0), WG_F64(64)
                  : "l"(da), "l"(db), "r"(scale_d)
                  : "memory");
+}
+
+// two f32 as a bf16 pair (round to nearest even), and back (exact: the bits shifted up)
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+static __device__ __forceinline__ float2 unpack_bf16x2(uint32_t u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
 }
 
 } // namespace kwg
