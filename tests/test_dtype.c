@@ -117,6 +117,43 @@ TEST(bf16_round_to_nearest_even) {
     CHECK(kiln_bf16_to_f32(0xc040) == -3.0f);
 }
 
+/* The split master: (hi, lo) gives the f32 back bit for bit, and hi is the nearest bf16 (ties toward zero, so it
+ * differs from kiln_f32_to_bf16 only at exact ties). Every hi for a spread of low halves, including the ties, the
+ * carries into the exponent, subnormals, the top of the range and the specials. */
+TEST(f32_split_join_exact) {
+    static const uint16_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff, 0x1234, 0xc3a5};
+    long bad_join = 0, bad_round = 0, ties = 0;
+    for (uint32_t top = 0; top <= 0xffff; top++)
+        for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) {
+            const uint32_t u = top << 16 | lows[j];
+            const float f = from_bits(u);
+            uint16_t hi = 0, lo = 0;
+            kiln_f32_split(f, &hi, &lo);
+            const float back = kiln_f32_join(hi, lo);
+            if (isnan(f)) {
+                bad_join += !isnan(back) || !bf_is_nan(hi);
+                continue;
+            }
+            bad_join += bits(back) != u;
+            const uint16_t rne = kiln_f32_to_bf16(f);
+            if (lows[j] == 0x8000) { /* a tie: toward zero, the top half */
+                ties += rne != hi;
+                bad_round += hi != (uint16_t)top;
+            } else {
+                bad_round += hi != rne;
+            }
+        }
+    CHECK_MSG(bad_join == 0, "%ld values not joined back bit for bit", bad_join);
+    CHECK_MSG(bad_round == 0, "%ld values not rounded to the nearest bf16", bad_round);
+    CHECK(ties > 0); /* ties to even and ties toward zero do differ (half of the ties) */
+    CHECK(kiln_f32_join(0x7f80, 0x9000) == from_bits(0x7f7f9000)); /* the top finite values rounded up to inf */
+    uint16_t hi, lo;
+    kiln_f32_split(from_bits(0x3f808000), &hi, &lo);
+    CHECK(hi == 0x3f80 && lo == 0x8000);
+    kiln_f32_split(from_bits(0xbf818000), &hi, &lo); /* a tie whose even neighbour is away from zero */
+    CHECK(hi == 0xbf81 && kiln_f32_to_bf16(from_bits(0xbf818000)) == 0xbf82);
+}
+
 TEST(bf16_nan_preserved) {
     /* A signalling NaN whose payload sits only in the low 16 bits would
      * become infinity if simply truncated. */

@@ -25,6 +25,11 @@ size_t kiln_dtype_size(kiln_dtype dt);
 
 float kiln_bf16_to_f32(uint16_t h);
 uint16_t kiln_f32_to_bf16(float f); /* round to nearest even, NaN preserved */
+/* f as (hi, lo): hi f rounded to bf16 to nearest, ties toward zero; lo f's low 16 bits. kiln_f32_join(hi, lo) is f
+ * bit for bit (a NaN: a NaN). The CUDA trainer keeps the experts' f32 master weights so (kiln_f32_split_cuda): hi is
+ * the bf16 copy its GEMMs read, so an update moves 4 bytes of weight instead of 6. */
+void kiln_f32_split(float f, uint16_t *hi, uint16_t *lo);
+float kiln_f32_join(uint16_t hi, uint16_t lo);
 float kiln_f16_to_f32(uint16_t h);
 uint16_t kiln_f32_to_f16(float f);
 

@@ -78,6 +78,25 @@ uint16_t kiln_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* ---- an f32 as bf16 + its low half (the GPU trainer's split master weights) ----
+ * hi is f rounded to bf16 to nearest with ties toward zero, lo is f's low 16 bits. The nearest rounding only ever
+ * keeps f's top half or adds one to it, and which it did follows from lo alone (lo > 0x8000: it added one) except at
+ * an exact tie, where ties-to-even would need the lost bit: ties toward zero keep the top half, so (hi, lo) gives f
+ * back exactly. */
+void kiln_f32_split(float f, uint16_t *hi, uint16_t *lo) {
+    const uint32_t u = f32_bits(f);
+    const uint16_t top = (uint16_t)(u >> 16), low = (uint16_t)u;
+    if ((u & 0x7fffffffu) > 0x7f800000u) *hi = (uint16_t)(top | 0x0040u); /* NaN: quiet, as kiln_f32_to_bf16 */
+    else *hi = (uint16_t)(top + (low > 0x8000u)); /* carries into the exponent as they should; up to inf at the top */
+    *lo = low;
+}
+
+float kiln_f32_join(uint16_t hi, uint16_t lo) {
+    const int nan = (hi & 0x7f80u) == 0x7f80u && (hi & 0x007fu);
+    const uint16_t top = (uint16_t)(nan ? hi : hi - (lo > 0x8000u)); /* a NaN comes back a NaN */
+    return f32_from_bits((uint32_t)top << 16 | lo);
+}
+
 /* ---- IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits ---- */
 
 float kiln_f16_to_f32(uint16_t h) {
