@@ -378,6 +378,16 @@ kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, 
                                              float *state, float gscale, const kiln_optim_hparams *hp, double lr,
                                              int64_t t, kiln_bf16 *w_bf16, int zero_g, int64_t max_blocks,
                                              void *stream);
+/* Split weights (the CUDA trainer's experts, KILN_SPLIT_MASTER): the f32 weights of a tensor held as their bf16 copy
+ * hi (kiln_f32_split: to nearest, ties toward zero) and their low 16 bits lo, which together are the f32 bit for bit;
+ * AdamW then reads and writes 4 bytes of weight an element instead of reading 4 and writing 6. Layout: chunks of
+ * 4096 elements, a chunk's lo in the first half of its own f32 slots (AdamW's chunks; no room outside w). split:
+ * w f32 [n] -> hi into w_bf16, lo into w; join: the reverse, w f32 again (w_bf16 only read). w 16-byte aligned,
+ * w_bf16 8-byte aligned. set_split: the table's bf16-gradient tensors are split (every step needs w_bf16); the
+ * caller keeps them so between steps (split before, join before anything else reads w). */
+kiln_error *kiln_f32_split_cuda(float *w, kiln_bf16 *w_bf16, int64_t n, void *stream);
+kiln_error *kiln_f32_join_cuda(float *w, const kiln_bf16 *w_bf16, int64_t n, void *stream);
+void kiln_adamw_multi_set_split(kiln_adamw_multi *p, int on);
 /* Muon's pieces around the Newton-Schulz GEMMs, as kiln_muon_step does them in f32 for p->mats matrices:
  * momentum (state = mu*state + g; u = g + mu*state, Nesterov), the normalisation u /= |u|_F + 1e-7 per
  * matrix (sum of squares in f64, fixed order), and the update w = w - wd*w - lr*0.2*sqrt(max(rows,cols))*u

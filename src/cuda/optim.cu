@@ -33,6 +33,9 @@
 //     evict-first policy), since nothing is read twice; slower on the H200 (above).
 // The zeroing step (zero_g) cost the direct kernel 2.4 ms more than its 0.6 GB of zeros (r23: 16.25 ms), so the
 // one-rank trainer zeroes with memsets instead (kiln_zaya_cuda_grads_zero_added).
+// Split weights (kiln_adamw_multi_set_split, session 25): the bf16-gradient tensors' f32 weights held as their bf16
+// copy + their low 16 bits (kiln_f32_split), so the update reads and writes 4 bytes of weight instead of reading 4 and
+// writing 6 (26 bytes a parameter with a bf16 gradient instead of 28): 12.76 -> 12.22 ms at the [cuda] size.
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,29 +145,77 @@ __device__ __forceinline__ void ld4_gbf16(const bf16 *p, int i, int cnt, float *
     }
 }
 
+// Split masters (kiln_adamw_multi_set_split, kiln_f32_split_cuda): an f32 weight held as hi, its bf16 copy (rounded
+// to nearest, ties toward zero), and lo, its low 16 bits, which a chunk of AW_CHUNK elements keeps in the first half
+// of its own f32 slots. kiln_f32_split / kiln_f32_join (src/base/dtype.c), the same integer steps.
+__device__ __forceinline__ void f32_split(float f, unsigned short &hi, unsigned short &lo) {
+    const unsigned u = __float_as_uint(f);
+    const unsigned short top = (unsigned short)(u >> 16);
+    lo = (unsigned short)u;
+    hi = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)(top | 0x0040u) : (unsigned short)(top + (lo > 0x8000u));
+}
+__device__ __forceinline__ float f32_join(unsigned short hi, unsigned short lo) {
+    const bool nan = (hi & 0x7f80u) == 0x7f80u && (hi & 0x007fu);
+    const unsigned short top = nan ? hi : (unsigned short)(hi - (lo > 0x8000u));
+    return __uint_as_float((unsigned)top << 16 | lo);
+}
+// 4 split weights at hb[i], lo[i] (cnt of them): one 8-byte access each when V = 4 and all 4 are there
+template <int V, bool CS>
+__device__ __forceinline__ void ld4_split(const unsigned short *hb, const unsigned short *lo, int i, int cnt, float *o) {
+    if (V == 4 && cnt == 4) {
+        uint2 h, l;
+        if constexpr (CS) h = __ldcs((const uint2 *)(hb + i)), l = __ldcs((const uint2 *)(lo + i));
+        else h = *(const uint2 *)(hb + i), l = *(const uint2 *)(lo + i);
+        o[0] = f32_join((unsigned short)h.x, (unsigned short)l.x), o[1] = f32_join((unsigned short)(h.x >> 16), (unsigned short)(l.x >> 16));
+        o[2] = f32_join((unsigned short)h.y, (unsigned short)l.y), o[3] = f32_join((unsigned short)(h.y >> 16), (unsigned short)(l.y >> 16));
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = j < cnt ? f32_join(hb[i + j], lo[i + j]) : 0.0f;
+    }
+}
+template <int V, bool CS>
+__device__ __forceinline__ void st4_split(unsigned short *hb, unsigned short *lo, int i, int cnt, const float *o) {
+    unsigned short h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) f32_split(o[j], h[j], l[j]);
+    if (V == 4 && cnt == 4) {
+        const uint2 hv = make_uint2(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16),
+                    lv = make_uint2(l[0] | (unsigned)l[1] << 16, l[2] | (unsigned)l[3] << 16);
+        if constexpr (CS) __stcs((uint2 *)(hb + i), hv), __stcs((uint2 *)(lo + i), lv);
+        else *(uint2 *)(hb + i) = hv, *(uint2 *)(lo + i) = lv;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (j < cnt) hb[i + j] = h[j], lo[i + j] = l[j];
+    }
+}
+
 // A group: elements i .. i+cnt-1 (cnt <= 4) of a chunk whose w, m, v, g (gb: as bf16) and bf16 w start at the
-// pointers given. Its loads, then its update and stores (apart, so that a thread can load several groups first).
+// pointers given (SP: w split, its low halves where w points, its high halves the bf16 w). Its loads, then its
+// update and stores (apart, so that a thread can load several groups first).
 struct aw_group {
     float g[4], w[4], m[4], v[4];
 };
-template <int VW, int VM, int VV, bool CS, bool GB>
+template <int VW, int VM, int VV, bool CS, bool GB, bool SP = false>
 __device__ __forceinline__ void aw_group_load(aw_group &e, const bf16 *gb, const float *w, const float *m,
-                                              const float *v, const float *g, int i, int cnt) {
+                                              const float *v, const float *g, const bf16 *wb, int i, int cnt) {
     if constexpr (GB) ld4_gbf16(gb, i, cnt, e.g);
     else ld4<VW, CS>(g, i, cnt, e.g);
-    ld4<VW, CS>(w, i, cnt, e.w);
+    if constexpr (SP) ld4_split<VW, CS>((const unsigned short *)wb, (const unsigned short *)w, i, cnt, e.w);
+    else ld4<VW, CS>(w, i, cnt, e.w);
     ld4<VM, CS>(m, i, cnt, e.m);
     ld4<VV, CS>(v, i, cnt, e.v);
 }
-template <int VW, int VM, int VV, bool CS>
+template <int VW, int VM, int VV, bool CS, bool SP = false>
 __device__ __forceinline__ void aw_group_update(const adamw_args &k, aw_group &e, float *w, float *m, float *v,
                                                 bf16 *wb, float wd, int i, int cnt) {
 #pragma unroll
     for (int j = 0; j < 4; j++) adamw_elem(k, wd, e.g[j], e.m[j], e.v[j], e.w[j]);
-    st4<VW, CS>(w, i, cnt, e.w);
+    if constexpr (SP) st4_split<VW, CS>((unsigned short *)wb, (unsigned short *)w, i, cnt, e.w);
+    else st4<VW, CS>(w, i, cnt, e.w);
     st4<VM, CS>(m, i, cnt, e.m);
     st4<VV, CS>(v, i, cnt, e.v);
-    if (wb) st4_bf16<VW, CS>(wb, i, cnt, e.w);
+    if (!SP && wb) st4_bf16<VW, CS>(wb, i, cnt, e.w);
 }
 
 // elements [c0, c1) of tensor s (at most a chunk: 32-bit indices from the chunk's start, fewer registers); GB: the
@@ -175,7 +226,8 @@ __device__ __forceinline__ void aw_group_update(const adamw_args &k, aw_group &e
 // group a thread the bf16 launch ran at 3.65 TB/s in the step (session 20's trace). Two (58 -> 64 registers: still
 // 4 blocks an SM) took the step's AdamW from 13.66 to 13.07-13.10 ms (session 21). The read-only step only, and
 // only over bf16 gradients: with f32 ones two groups take 88 registers, half the blocks an SM, the same bytes.
-template <int VW, int VM, int VV, bool ZG, bool CS, bool GB = false, int U = 1>
+// SP: the weights are split (w points at the chunk's low halves, wb at their high halves; wb is never NULL then).
+template <int VW, int VM, int VV, bool ZG, bool CS, bool GB = false, int U = 1, bool SP = false>
 __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
     float *w = k.w + s.off + c0, *m = k.state + s.soff + c0, *v = m + s.n, *g = k.g + s.off + c0;
     const bf16 *gb = (const bf16 *)k.g + 2 * s.off + c0; // GB: the gradient's bf16 elements (unread otherwise)
@@ -189,20 +241,20 @@ __device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg
         for (; i + (U - 1) * S + 4 <= len; i += U * S) {
             aw_group e[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) aw_group_load<VW, VM, VV, CS, GB>(e[u], gb, w, m, v, g, i + u * S, 4);
+            for (int u = 0; u < U; u++) aw_group_load<VW, VM, VV, CS, GB, SP>(e[u], gb, w, m, v, g, wb, i + u * S, 4);
 #pragma unroll
-            for (int u = 0; u < U; u++) aw_group_update<VW, VM, VV, CS>(k, e[u], w, m, v, wb, wd, i + u * S, 4);
+            for (int u = 0; u < U; u++) aw_group_update<VW, VM, VV, CS, SP>(k, e[u], w, m, v, wb, wd, i + u * S, 4);
         }
     }
     for (; i < len; i += S) { // U = 1: every group; U > 1: the chunk's last (fewer than U whole ones, a partial one)
         const int cnt = len - i < 4 ? len - i : 4;
         aw_group e;
-        aw_group_load<VW, VM, VV, CS, GB>(e, gb, w, m, v, g, i, cnt);
+        aw_group_load<VW, VM, VV, CS, GB, SP>(e, gb, w, m, v, g, wb, i, cnt);
         if (ZG && !(s.flags & 8)) { // a plain store: zeros from the zero register (the .cs form wants 4 registers of 0)
             const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             st4<VW, false>(g, i, cnt, zero);
         }
-        aw_group_update<VW, VM, VV, CS>(k, e, w, m, v, wb, wd, i, cnt);
+        aw_group_update<VW, VM, VV, CS, SP>(k, e, w, m, v, wb, wd, i, cnt);
     }
 }
 
@@ -214,8 +266,10 @@ __device__ __forceinline__ int2 adamw_item(const adamw_args &k, int c) {
 // when it is persistent. The next item's entry is loaded before the current one is updated. GB: every item's
 // gradient is bf16 (the table's bf16-gradient tensors are a work list and a launch of their own: the branch
 // inside one kernel cost it 12 registers, a block an SM).
-template <bool ZG, bool CS, bool GB, int U = 1>
-__global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+// SP (with GB only): the bf16-gradient tensors' weights are split (adamw_split_kernel), with vector accesses
+// throughout (SPV: every split tensor and the state aligned; the host checks) or none.
+template <bool ZG, bool CS, bool GB, int U, bool SP, bool SPV = false>
+__device__ __forceinline__ void adamw_multi_body(const adamw_args &k) {
     const unsigned nwork = (unsigned)k.nwork;
     unsigned c = blockIdx.x; // c + gridDim.x < 2^32: both are below 2^31
     if (c >= nwork) return;
@@ -228,7 +282,10 @@ __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_arg
         // the alignment is uniform over the item: one branch picks the vector width of each stream
         const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
                    vv = vw && k.vec_state && (s.flags & 2);
-        if constexpr (GB) { // the scalar path where w or the state is not vector-aligned
+        if constexpr (SP) { // one path only: with both, ptxas held to 64 registers spilled 84 bytes, not 12
+            if constexpr (SPV) adamw_chunk<4, 4, 4, ZG, CS, true, U, true>(k, s, c0, c1);
+            else adamw_chunk<1, 1, 1, ZG, CS, true, U, true>(k, s, c0, c1);
+        } else if constexpr (GB) { // the scalar path where w or the state is not vector-aligned
             if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, true, U>(k, s, c0, c1);
             else adamw_chunk<1, 1, 1, ZG, CS, true, U>(k, s, c0, c1);
         } else if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, false, U>(k, s, c0, c1);
@@ -239,6 +296,17 @@ __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_arg
         if (cn >= nwork) break;
         c = cn, wk = wn;
     }
+}
+template <bool ZG, bool CS, bool GB, int U = 1>
+__global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+    adamw_multi_body<ZG, CS, GB, U, false>(k);
+}
+// Split weights, held to 64 registers (4 blocks an SM, as the f32 weights' kernel): left alone, ptxas gives the
+// two-group vector kernel 80 (3 blocks an SM). At 64 it spills 12 bytes and took 12.22 ms at the [cuda] size against
+// the f32 weights' 12.76 (session 25 r3); with the scalar path in the same kernel it spilled 84 and took 12.95 (r2).
+template <bool CS, int U, bool SPV>
+__global__ void __launch_bounds__(AW_THREADS, 4) adamw_split_kernel(const adamw_args k) {
+    adamw_multi_body<false, CS, true, U, true, SPV>(k);
 }
 
 // ---- the staged kernel: loads through shared memory, two tiles ahead ----
@@ -432,34 +500,66 @@ template <typename F> int64_t adamw_resident(F f, int threads, bool staged, int6
     return (int64_t)sms * per;
 }
 
-template <bool ZG, bool CS, bool GB> kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, cudaStream_t st) {
+// SP: split weights (spv: with vector accesses)
+template <bool ZG, bool CS, bool GB, bool SP = false>
+kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, bool spv, cudaStream_t st) {
     kiln_error *err = NULL;
     static int64_t res_direct, res_staged;
+    if (SP && grid_kind == AW_STAGED) // the staged kernel copies f32 weights: it has no split form
+        return kiln_errorf(KILN_EINVAL, "adamw step: KILN_ADAMW_GRID=staged does not take split weights "
+                           "(KILN_SPLIT_MASTER=0 keeps them f32)");
     if (grid_kind == AW_STAGED) { // one kernel for both gradient types (a run-time flag: 62-64 registers either way)
         const int64_t r = adamw_resident(adamw_staged_kernel<ZG, CS>, AWS_THREADS, true, &res_staged);
         adamw_staged_kernel<ZG, CS><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AWS_THREADS, 0, st>>>(k);
     } else {
-        const int64_t r =
-            grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS, GB>, AW_THREADS, false, &res_direct) : 0;
-        // the default (a block a chunk, no hints) over bf16 gradients: two groups a thread (adamw_chunk)
-        if constexpr (GB && !ZG && !CS)
-            if (grid_kind == AW_CHUNKS) {
-                adamw_multi_kernel<ZG, CS, GB, 2><<<(unsigned)k.nwork, AW_THREADS, 0, st>>>(k);
-                LAUNCH_CHECK("adamw step");
-                return NULL;
-            }
-        adamw_multi_kernel<ZG, CS, GB><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
+        if constexpr (SP) {
+            // the default (a block a chunk, no hints, every stream aligned): two groups a thread
+            if constexpr (!CS)
+                if (grid_kind == AW_CHUNKS && spv) {
+                    adamw_split_kernel<CS, 2, true><<<(unsigned)k.nwork, AW_THREADS, 0, st>>>(k);
+                    LAUNCH_CHECK("adamw step");
+                    return NULL;
+                }
+            static int64_t res_vec, res_scalar;
+            const int64_t r = grid_kind != AW_PERSISTENT ? 0
+                              : spv ? adamw_resident(adamw_split_kernel<CS, 1, true>, AW_THREADS, false, &res_vec)
+                                    : adamw_resident(adamw_split_kernel<CS, 1, false>, AW_THREADS, false, &res_scalar);
+            const unsigned grid = (unsigned)(r > 0 && r < k.nwork ? r : k.nwork);
+            if (spv) adamw_split_kernel<CS, 1, true><<<grid, AW_THREADS, 0, st>>>(k);
+            else adamw_split_kernel<CS, 1, false><<<grid, AW_THREADS, 0, st>>>(k);
+        } else {
+            const int64_t r =
+                grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS, GB>, AW_THREADS, false, &res_direct) : 0;
+            // the default (a block a chunk, no hints) over bf16 gradients: two groups a thread (adamw_chunk)
+            if constexpr (GB && !ZG && !CS)
+                if (grid_kind == AW_CHUNKS) {
+                    adamw_multi_kernel<ZG, CS, GB, 2><<<(unsigned)k.nwork, AW_THREADS, 0, st>>>(k);
+                    LAUNCH_CHECK("adamw step");
+                    return NULL;
+                }
+            adamw_multi_kernel<ZG, CS, GB><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
+        }
     }
     LAUNCH_CHECK("adamw step");
 done:
     return err;
 }
 
-// k.nwork items (at least one), all with f32 gradients or (gb) all with bf16 ones
-kiln_error *adamw_launch(const adamw_args &k, bool zg, bool gb, const adamw_variant &v, cudaStream_t st) {
-    if (gb) return v.hints ? adamw_launch_t<false, true, true>(k, v.grid, st) : adamw_launch_t<false, false, true>(k, v.grid, st);
-    if (zg) return v.hints ? adamw_launch_t<true, true, false>(k, v.grid, st) : adamw_launch_t<true, false, false>(k, v.grid, st);
-    return v.hints ? adamw_launch_t<false, true, false>(k, v.grid, st) : adamw_launch_t<false, false, false>(k, v.grid, st);
+// k.nwork items (at least one), all with f32 gradients or (gb) all with bf16 ones (sp: and split weights, spv: all
+// of them and the state aligned for vector accesses)
+kiln_error *adamw_launch(const adamw_args &k, bool zg, bool gb, bool sp, bool spv, const adamw_variant &v,
+                         cudaStream_t st) {
+    if (gb && sp)
+        return v.hints ? adamw_launch_t<false, true, true, true>(k, v.grid, spv, st)
+                       : adamw_launch_t<false, false, true, true>(k, v.grid, spv, st);
+    if (gb)
+        return v.hints ? adamw_launch_t<false, true, true>(k, v.grid, false, st)
+                       : adamw_launch_t<false, false, true>(k, v.grid, false, st);
+    if (zg)
+        return v.hints ? adamw_launch_t<true, true, false>(k, v.grid, false, st)
+                       : adamw_launch_t<true, false, false>(k, v.grid, false, st);
+    return v.hints ? adamw_launch_t<false, true, false>(k, v.grid, false, st)
+                   : adamw_launch_t<false, false, false>(k, v.grid, false, st);
 }
 
 } // namespace
@@ -472,7 +572,11 @@ struct kiln_adamw_multi {
     int64_t blocks[2];  // work items (chunks) of each list
     int count;
     int64_t *first[2];  // host: tensor i's chunks in list l are work[l][first[l][i] .. first[l][i + 1])
+    int split;          // the bf16-gradient tensors' weights are split (kiln_adamw_multi_set_split)
+    int gb_vec;         // every bf16-gradient tensor's w, m and v at 16-byte offsets
 };
+
+extern "C" void kiln_adamw_multi_set_split(kiln_adamw_multi *p, int on) { p->split = on != 0; }
 
 extern "C" void kiln_adamw_multi_free(kiln_adamw_multi *p) {
     if (!p) return;
@@ -494,6 +598,7 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
         goto done;
     }
     p->count = count;
+    p->gb_vec = 1;
     for (int i = 0; i < count; i++) {
         if (t[i].n < 0 || t[i].off < 0 || t[i].soff < 0) {
             err = kiln_errorf(KILN_EINVAL, "adamw: tensor %d: offset %lld, state offset %lld, %lld elements", i,
@@ -510,6 +615,7 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
         hs[i].flags = (t[i].soff % 4 == 0 ? 1 : 0) | ((t[i].soff + t[i].n) % 4 == 0 ? 2 : 0) | (t[i].off % 4 == 0 ? 4 : 0) |
                       (t[i].keep_g ? 8 : 0) | (t[i].g_bf16 ? 16 : 0);
         blocks += (t[i].n + AW_CHUNK - 1) / AW_CHUNK;
+        if (t[i].g_bf16 && hs[i].flags % 8 != 7) p->gb_vec = 0;
     }
     if (blocks > INT32_MAX) {
         err = kiln_errorf(KILN_EINVAL, "adamw: %lld chunks of %d elements is too many", (long long)blocks, AW_CHUNK);
@@ -555,6 +661,8 @@ extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *
     if (p->first[0][t1] == p->first[0][t0] && p->first[1][t1] == p->first[1][t0]) return NULL;
     if (p->first[1][t1] > p->first[1][t0] && ((uintptr_t)g & 7))
         return kiln_errorf(KILN_EINVAL, "adamw step: bf16 gradients need an 8-byte aligned gradient buffer");
+    if (p->first[1][t1] > p->first[1][t0] && p->split && (!w_bf16 || ((uintptr_t)w_bf16 & 1)))
+        return kiln_errorf(KILN_EINVAL, "adamw step: split weights need their bf16 copy (the step's w_bf16)");
     KILN_TRY(adamw_args_init(&k, hp, lr, t, gscale));
     k.segs = p->segs;
     k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
@@ -568,7 +676,8 @@ extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *
         for (int64_t b = 0; b < nb && !err; b += step) {
             k.work = p->work[l] + b0 + b;
             k.nwork = (int)(nb - b < step ? nb - b : step);
-            err = adamw_launch(k, zero_g != 0, l == 1, v, (cudaStream_t)stream);
+            err = adamw_launch(k, zero_g != 0, l == 1, l == 1 && p->split, k.vec && k.vec_state && p->gb_vec, v,
+                               (cudaStream_t)stream);
         }
     }
     if (err) err = kiln_error_wrap(err, "adamw step (tensors %d..%d)", t0, t1 - 1);
@@ -580,6 +689,58 @@ extern "C" kiln_error *kiln_adamw_multi_step_cuda(const kiln_adamw_multi *p, flo
                                                   kiln_bf16 *w_bf16, void *stream) {
     // g: read only (no zeroing)
     return kiln_adamw_multi_step_range_cuda(p, 0, p->count, w, (float *)g, state, gscale, hp, lr, t, w_bf16, 0, 0, stream);
+}
+
+namespace {
+// Split masters' layout changes, a block a chunk of AW_CHUNK elements (AdamW's chunks: a chunk's low halves lie in
+// its own slots), 16 elements a thread. TO_SPLIT: w f32 -> hi into hb, lo into the chunk's first half; else the
+// reverse (hb only read). A chunk's reads and writes overlap, so every thread's reads come before the barrier and
+// every write after it; no other block touches the chunk.
+template <bool TO_SPLIT>
+__global__ void __launch_bounds__(AW_THREADS) f32_split_kernel(float *w, unsigned short *hb, int64_t n) {
+    constexpr int P = AW_CHUNK / (4 * AW_THREADS);
+    const int64_t c0 = (int64_t)blockIdx.x * AW_CHUNK;
+    const int len = (int)(n - c0 < AW_CHUNK ? n - c0 : AW_CHUNK);
+    float *wc = w + c0;
+    unsigned short *lo = (unsigned short *)wc, *hc = hb + c0;
+    float x[P][4];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = 4 * (int)threadIdx.x + p * 4 * AW_THREADS, cnt = len - i < 4 ? (len - i > 0 ? len - i : 0) : 4;
+        if constexpr (TO_SPLIT) ld4<4, false>(wc, i, cnt, x[p]);
+        else ld4_split<4, false>(hc, lo, i, cnt, x[p]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int i = 4 * (int)threadIdx.x + p * 4 * AW_THREADS, cnt = len - i < 4 ? (len - i > 0 ? len - i : 0) : 4;
+        if constexpr (TO_SPLIT) st4_split<4, false>(hc, lo, i, cnt, x[p]);
+        else st4<4, false>(wc, i, cnt, x[p]);
+    }
+}
+
+template <bool TO_SPLIT> kiln_error *f32_split_launch(float *w, kiln_bf16 *w_bf16, int64_t n, void *stream) {
+    kiln_error *err = NULL;
+    const char *what = TO_SPLIT ? "split weights (f32 -> bf16 + low halves)" : "split weights (bf16 + low halves -> f32)";
+    if (n <= 0) return NULL;
+    if (((uintptr_t)w & 15) || ((uintptr_t)w_bf16 & 7))
+        return kiln_errorf(KILN_EINVAL, "%s: the f32 weights must be 16-byte aligned and their bf16 copy 8-byte "
+                           "aligned", what);
+    if ((n + AW_CHUNK - 1) / AW_CHUNK > INT32_MAX) return kiln_errorf(KILN_EINVAL, "%s: %lld elements", what, (long long)n);
+    f32_split_kernel<TO_SPLIT><<<(unsigned)((n + AW_CHUNK - 1) / AW_CHUNK), AW_THREADS, 0, (cudaStream_t)stream>>>(
+        w, (unsigned short *)w_bf16, n);
+    LAUNCH_CHECK(what);
+done:
+    return err;
+}
+
+} // namespace
+
+extern "C" kiln_error *kiln_f32_split_cuda(float *w, kiln_bf16 *w_bf16, int64_t n, void *stream) {
+    return f32_split_launch<true>(w, w_bf16, n, stream);
+}
+extern "C" kiln_error *kiln_f32_join_cuda(float *w, const kiln_bf16 *w_bf16, int64_t n, void *stream) {
+    return f32_split_launch<false>(w, (kiln_bf16 *)w_bf16, n, stream);
 }
 
 // the gradient multiplied by gscale on the way in (f32, the rounding of the separate scale pass it replaces)
@@ -642,7 +803,7 @@ extern "C" kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *sta
     k.vec_state = aligned16(state) && aligned16(state + n);
     adamw_variant v;
     KILN_TRY(adamw_variant_get(&v));
-    err = adamw_launch(k, false, false, v, (cudaStream_t)stream);
+    err = adamw_launch(k, false, false, false, false, v, (cudaStream_t)stream);
     if (err) err = kiln_error_wrap(err, "adamw step");
     return err;
 }

@@ -4,6 +4,7 @@
  * checked through kiln_muon_step with zero Newton-Schulz steps, where the orthogonalisation reduces to
  * the normalisation the device does (the GEMMs belong to cuBLASLt). The bf16 copy of the weights must
  * equal the host's rounding of the f32 weights exactly. */
+#include <math.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
@@ -369,4 +370,159 @@ static void adamw_bf16_case(int shift) {
 TEST(gpu_ops_adamw_bf16_gradients) {
     adamw_bf16_case(0);
     adamw_bf16_case(2);
+}
+
+/* Split masters (kiln_f32_split_cuda, kiln_adamw_multi_set_split): the device's split and join give the CPU's
+ * kiln_f32_split / kiln_f32_join bits for every bf16 top half with a spread of low halves (ties, carries, the specials);
+ * then AdamW over split weights, in every kernel that takes them, gives after a join the same f32 weights and state,
+ * bit for bit, as over f32 weights, and the bf16 copy is the split's rounding of those weights (an f32 tensor beside
+ * them keeps its own rounding). The staged kernel and a split step without the bf16 copy are refused. */
+static const uint16_t split_lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff, 0x1234, 0xc3a5};
+
+static void down_split(const float *dw, const kiln_bf16 *dwb, int64_t n, uint16_t *hi, uint16_t *lo) {
+    uint16_t *h = malloc((size_t)n * 2), *l = malloc((size_t)(n + 1) * 4);
+    CHECK_OK(kiln_cuda_copy(h, dwb, (size_t)n * 2, KILN_CUDA_D2H));
+    CHECK_OK(kiln_cuda_copy(l, dw, (size_t)n * 4, KILN_CUDA_D2H));
+    for (int64_t j = 0; j < n; j++) { /* chunk c's low halves: the first half of its own f32 slots */
+        const int64_t c = j / 4096;
+        hi[j] = h[j], lo[j] = l[2 * c * 4096 + (j - c * 4096)];
+    }
+    free(h), free(l);
+}
+
+TEST(gpu_ops_f32_split_join) {
+    enum { NL = sizeof split_lows / sizeof *split_lows };
+    const int64_t n = 65536 * NL;
+    uint32_t *u = malloc((size_t)n * 4);
+    for (int64_t top = 0; top < 65536; top++)
+        for (int j = 0; j < NL; j++) u[top * NL + j] = (uint32_t)top << 16 | split_lows[j];
+    float *dw = gt_dev((size_t)n * 4);
+    kiln_bf16 *dwb = gt_dev((size_t)n * 2);
+    uint16_t *hi = malloc((size_t)n * 2), *lo = malloc((size_t)n * 2);
+    CHECK_OK(kiln_cuda_copy(dw, u, (size_t)n * 4, KILN_CUDA_H2D));
+    CHECK_OK(kiln_f32_split_cuda(dw, dwb, n, NULL));
+    down_split(dw, dwb, n, hi, lo);
+    int64_t bad = 0, back = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f;
+        uint16_t h, l;
+        memcpy(&f, u + i, 4);
+        kiln_f32_split(f, &h, &l);
+        bad += h != hi[i] || l != lo[i];
+    }
+    CHECK_OK(kiln_f32_join_cuda(dw, dwb, n, NULL));
+    uint32_t *v = malloc((size_t)n * 4);
+    CHECK_OK(kiln_cuda_copy(v, dw, (size_t)n * 4, KILN_CUDA_D2H));
+    for (int64_t i = 0; i < n; i++) {
+        float a, b;
+        memcpy(&a, u + i, 4), memcpy(&b, v + i, 4);
+        back += isnan(a) ? !isnan(b) : u[i] != v[i];
+    }
+    CHECK_MSG(bad == 0, "%lld of %lld split halves differ from kiln_f32_split's", (long long)bad, (long long)n);
+    CHECK_MSG(back == 0, "%lld of %lld values not joined back", (long long)back, (long long)n);
+    CHECK_ERR(kiln_f32_split_cuda(dw + 2, dwb, 100, NULL), "16-byte");
+    kiln_cuda_free(dw), kiln_cuda_free(dwb);
+    free(u), free(v), free(hi), free(lo);
+}
+
+/* vec: sizes that keep every tensor's state 16-byte aligned (the kernel with vector accesses; the experts'), else
+ * some that do not (the scalar one) */
+static void adamw_split_case(int vec) {
+    kiln_optim_hparams hp = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    static const int64_t odd[] = {3000001, 5, 4096, 8190, 1, 70001}, even[] = {3000000, 5, 4096, 8192, 4, 70004};
+    enum { NT = sizeof odd / sizeof *odd };
+    const int64_t *sizes = vec ? even : odd;
+    kiln_adamw_tensor tb[NT];
+    int64_t nw = 0, ns = 0;
+    for (int i = 0; i < NT; i++) {
+        tb[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 2, i != 1, i != 1}; /* one f32 tensor among them */
+        nw += (sizes[i] + 63) / 64 * 64;
+        ns += (2 * sizes[i] + 3) / 4 * 4;
+    }
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 83 + vec);
+    float *w0 = gt_rand(&rng, nw, 1.0f), *gm[2];
+    for (int t = 0; t < 2; t++) { /* bf16 gradients in the first half of their slots; f32 for tensor 1 */
+        float *gs = gt_rand(&rng, nw, t ? 1e-3f : 1.0f);
+        gm[t] = calloc((size_t)nw, sizeof(float));
+        for (int i = 0; i < NT; i++) {
+            if (!tb[i].g_bf16) {
+                memcpy(gm[t] + tb[i].off, gs + tb[i].off, (size_t)sizes[i] * sizeof(float));
+                continue;
+            }
+            uint16_t *h = (uint16_t *)(gm[t] + tb[i].off);
+            for (int64_t j = 0; j < sizes[i]; j++) h[j] = kiln_f32_to_bf16(gs[tb[i].off + j]);
+        }
+        free(gs);
+    }
+    kiln_adamw_multi *pb = NULL;
+    CHECK_OK(kiln_adamw_multi_create(tb, NT, &pb));
+    float *dw = gt_dev((size_t)nw * 4), *dst = gt_dev((size_t)ns * 4), *dg = gt_dev((size_t)nw * 4);
+    kiln_bf16 *dwb = gt_dev((size_t)nw * 2);
+    float *zst = calloc((size_t)ns, sizeof *zst), *ref_w = NULL, *ref_s = NULL;
+    static const struct { const char *grid; int hints, zero; } runs[] = {
+        {"chunks", 0, 0}, /* f32 weights: the reference */
+        {"chunks", 0, 0}, {"chunks", 1, 0}, {"chunks", 0, 1}, {"persistent", 0, 0}, {"persistent", 1, 1},
+    };
+    for (size_t run = 0; run < sizeof runs / sizeof *runs && pb; run++) {
+        setenv("KILN_ADAMW_GRID", runs[run].grid, 1);
+        setenv("KILN_ADAMW_HINTS", runs[run].hints ? "1" : "0", 1);
+        CHECK_OK(kiln_cuda_copy(dw, w0, (size_t)nw * 4, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(dst, zst, (size_t)ns * 4, KILN_CUDA_H2D));
+        kiln_adamw_multi_set_split(pb, run > 0);
+        for (int i = 0; i < NT && run; i++)
+            if (tb[i].g_bf16) CHECK_OK(kiln_f32_split_cuda(dw + tb[i].off, dwb + tb[i].off, sizes[i], NULL));
+        for (int t = 0; t < 2; t++) {
+            CHECK_OK(kiln_cuda_copy(dg, gm[t], (size_t)nw * 4, KILN_CUDA_H2D));
+            CHECK_OK(kiln_adamw_multi_step_range_cuda(pb, 0, NT, dw, dg, dst, 0.37f, &hp, 1e-3 * (t + 1), t + 1, dwb,
+                                                      runs[run].zero, 0, NULL));
+        }
+        uint16_t *hi = NULL, *lo = NULL;
+        if (run) { /* the split halves as the step left them, then f32 again */
+            hi = malloc((size_t)nw * 2), lo = malloc((size_t)nw * 2);
+            for (int i = 0; i < NT; i++)
+                if (tb[i].g_bf16) down_split(dw + tb[i].off, dwb + tb[i].off, sizes[i], hi + tb[i].off, lo + tb[i].off);
+            for (int i = 0; i < NT; i++)
+                if (tb[i].g_bf16) CHECK_OK(kiln_f32_join_cuda(dw + tb[i].off, dwb + tb[i].off, sizes[i], NULL));
+        }
+        float *hw = gt_down_f32(dw, nw), *hs = gt_down_f32(dst, ns);
+        if (!run) {
+            ref_w = hw, ref_s = hs;
+            continue;
+        }
+        const int64_t a = diff_bits(hw, ref_w, nw), b = diff_bits(hs, ref_s, ns);
+        int64_t split_bad = 0, copy_bad = 0, ties = 0;
+        float *wbf = gt_down_bf16(dwb, nw);
+        for (int i = 0; i < NT; i++)
+            for (int64_t j = tb[i].off; j < tb[i].off + sizes[i]; j++) {
+                uint16_t h, l;
+                kiln_f32_split(ref_w[j], &h, &l);
+                if (tb[i].g_bf16) {
+                    split_bad += h != hi[j] || l != lo[j];
+                    ties += kiln_f32_to_bf16(ref_w[j]) != h;
+                }
+                copy_bad += wbf[j] != kiln_bf16_to_f32(tb[i].g_bf16 ? h : kiln_f32_to_bf16(ref_w[j]));
+            }
+        CHECK_MSG(a == 0 && b == 0 && split_bad == 0 && copy_bad == 0, "split weights (%s), %s, hints %d, zeroing %d: w "
+                  "%lld, m/v %lld bits differ from f32 weights; %lld split halves, %lld bf16 copies wrong",
+                  vec ? "vector" : "scalar", runs[run].grid, runs[run].hints, runs[run].zero, (long long)a, (long long)b,
+                  (long long)split_bad, (long long)copy_bad);
+        if (run == 1) printf("    %lld bf16 weights at an exact tie (toward zero, not to even)\n", (long long)ties);
+        free(hw), free(hs), free(wbf), free(hi), free(lo);
+    }
+    setenv("KILN_ADAMW_GRID", "staged", 1);
+    kiln_adamw_multi_set_split(pb, 1);
+    if (pb) CHECK_ERR(kiln_adamw_multi_step_range_cuda(pb, 0, NT, dw, dg, dst, 1.0f, &hp, 1e-3, 3, dwb, 0, 0, NULL), "staged");
+    unsetenv("KILN_ADAMW_GRID");
+    unsetenv("KILN_ADAMW_HINTS");
+    if (pb) CHECK_ERR(kiln_adamw_multi_step_range_cuda(pb, 0, NT, dw, dg, dst, 1.0f, &hp, 1e-3, 3, NULL, 0, 0, NULL), "bf16 copy");
+    kiln_adamw_multi_free(pb);
+    kiln_cuda_free(dw), kiln_cuda_free(dst), kiln_cuda_free(dg), kiln_cuda_free(dwb);
+    free(ref_w), free(ref_s), free(w0), free(zst);
+    for (int t = 0; t < 2; t++) free(gm[t]);
+}
+
+TEST(gpu_ops_adamw_split_master) {
+    adamw_split_case(1);
+    adamw_split_case(0);
 }
