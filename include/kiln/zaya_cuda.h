@@ -36,7 +36,8 @@ kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias
 /* Device -> host: master parameters / gradients (numel floats each). */
 kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w);
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad);
-/* Re-derive the bf16 copy from the f32 master parameters (after an optimizer step that did not). */
+/* Re-derive the bf16 copy from the f32 master parameters (after an optimizer step that did not); split masters
+ * (below) are joined first and split again after. */
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g);
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g);
 /* Work queued on the model's stream since the last backward leaves every gradient element zero but those of the
@@ -58,6 +59,17 @@ int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i);
  * turns this on only with one rank, one micro-batch a step and AdamW on the experts. */
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on);
 int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i);
+/* Split master weights (on = 1; off by default; needs the bf16 expert gradients above): those tensors' f32 masters
+ * held as their bf16 copy + their low 16 bits (kiln_f32_split_cuda: the same f32 values bit for bit, the bf16 copy
+ * rounded to nearest with ties toward zero), so that AdamW moves 26 bytes an element instead of 28. The optimizer
+ * (kiln_zaya_cuda_opt_*) updates them split; whoever reads kiln_zaya_cuda_params as f32 first calls
+ * kiln_zaya_cuda_master_f32 (download_params and the checkpoint snapshot do), and the next step splits them again
+ * (kiln_zaya_cuda_master_split, a pass over them each way). The trainer turns it on with one rank
+ * (KILN_SPLIT_MASTER=0: off). */
+kiln_error *kiln_zaya_cuda_set_master_split(kiln_zaya_cuda *g, int on);
+int kiln_zaya_cuda_master_is_split(const kiln_zaya_cuda *g);
+kiln_error *kiln_zaya_cuda_master_f32(kiln_zaya_cuda *g);
+kiln_error *kiln_zaya_cuda_master_split(kiln_zaya_cuda *g);
 /* out (device, one double) = the sum of squares of the whole gradient, f32 and bf16 tensors as they are stored;
  * queued on the model's stream */
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out);
@@ -71,7 +83,7 @@ kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g);
  * tensor i of m->params lives at kiln_zaya_cuda_param_offset(g, i); i = nparams gives the total. */
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g);
 size_t kiln_zaya_cuda_param_offset(const kiln_zaya_cuda *g, int i);
-float *kiln_zaya_cuda_params(kiln_zaya_cuda *g);
+float *kiln_zaya_cuda_params(kiln_zaya_cuda *g); /* f32 throughout only after kiln_zaya_cuda_master_f32 */
 uint16_t *kiln_zaya_cuda_params_bf16(kiln_zaya_cuda *g);
 float *kiln_zaya_cuda_grads(kiln_zaya_cuda *g);
 /* The model's stream, made to wait first for any optimizer step still running on the optimizer's stream

@@ -36,6 +36,10 @@ kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
 int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) { (void)g, (void)on; NOCUDA; }
+kiln_error *kiln_zaya_cuda_set_master_split(kiln_zaya_cuda *g, int on) { (void)g, (void)on; NOCUDA; }
+int kiln_zaya_cuda_master_is_split(const kiln_zaya_cuda *g) { (void)g; return 0; }
+kiln_error *kiln_zaya_cuda_master_f32(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_master_split(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) { (void)g, (void)out; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
@@ -154,6 +158,8 @@ struct kiln_zaya_cuda {
     int loss_valid;        /* g->loss holds the last batch's mean loss */
     int grads_zeroed;      /* no backward since kiln_zaya_cuda_grads_zero: the experts write their dW (beta = 0) */
     int xg16;              /* the experts' weight gradients in bf16 (kiln_zaya_cuda_set_expert_grads_bf16) */
+    int wsplit;            /* the experts' master weights kept split (kiln_zaya_cuda_set_master_split) */
+    int wsplit_now;        /* and they are split now (not joined back to f32 for a reader of w) */
     kiln_sumsq_plan *gsq;  /* the gradient's sum of squares over its f32 and bf16 segments (xg16) */
     int nseg, *xseg;       /* its segments; layer l's two expert tensors are segments xseg[2l], xseg[2l + 1] */
     unsigned char *seg_queued; /* a segment's partial sums are queued on nstream since the last backward began */
@@ -580,9 +586,47 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
 
 static kiln_error *opt_join(kiln_zaya_cuda *g);
 
-kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) {
+/* Split masters: the experts' tensors (those with bf16 gradients) between their f32 form and the split one,
+ * queued on the model's stream. Splitting also rewrites their bf16 copy (the split's rounding). */
+static kiln_error *master_convert(kiln_zaya_cuda *g, int to_split) {
     KILN_TRY(opt_join(g));
-    return kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->numel_dev, g->stream);
+    for (int i = 0; i < g->m->nparams; i++) {
+        if (!kiln_zaya_cuda_grad_bf16(g, i)) continue;
+        float *w = g->w + g->poff[i];
+        bf *wb = g->wb + g->poff[i];
+        const int64_t n = g->m->params[i].numel;
+        kiln_error *e = to_split ? kiln_f32_split_cuda(w, wb, n, g->stream) : kiln_f32_join_cuda(w, wb, n, g->stream);
+        if (e) return kiln_error_wrap(e, "%s", g->m->params[i].name);
+    }
+    g->wsplit_now = to_split;
+    return NULL;
+}
+
+kiln_error *kiln_zaya_cuda_master_f32(kiln_zaya_cuda *g) { return g->wsplit_now ? master_convert(g, 0) : NULL; }
+kiln_error *kiln_zaya_cuda_master_split(kiln_zaya_cuda *g) {
+    return g->wsplit && !g->wsplit_now ? master_convert(g, 1) : NULL;
+}
+int kiln_zaya_cuda_master_is_split(const kiln_zaya_cuda *g) { return g->wsplit; }
+
+kiln_error *kiln_zaya_cuda_set_master_split(kiln_zaya_cuda *g, int on) {
+    if (!on) {
+        KILN_TRY(kiln_zaya_cuda_master_f32(g));
+        g->wsplit = 0;
+        return NULL;
+    }
+    if (!g->xg16)
+        return kiln_errorf(KILN_EINVAL, "split master weights: they are the experts' with bf16 gradients, which are off "
+                           "(kiln_zaya_cuda_set_expert_grads_bf16)");
+    g->wsplit = 1;
+    return kiln_zaya_cuda_master_split(g);
+}
+
+/* All of it from the f32 masters, rounded to nearest even; then the split tensors' copy (and their split) again,
+ * rounded as their optimizer step rounds it: a resumed run reads the same bf16 weights as one that went on. */
+kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) {
+    KILN_TRY(kiln_zaya_cuda_master_f32(g));
+    KILN_TRY(kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->numel_dev, g->stream));
+    return kiln_zaya_cuda_master_split(g);
 }
 
 kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {
@@ -590,6 +634,7 @@ kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {
     for (int i = 0; i < g->m->nparams; i++)
         CU(cudaMemcpyAsync(g->w + g->poff[i], w + g->m->params[i].offset, (size_t)g->m->params[i].numel * sizeof(float),
                            cudaMemcpyHostToDevice, g->stream));
+    g->wsplit_now = 0; /* every slot f32 again */
     KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
     CU(cudaStreamSynchronize(g->stream));
     return NULL;
@@ -610,6 +655,7 @@ kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *bias
 
 kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
     KILN_TRY(opt_join(g));
+    KILN_TRY(kiln_zaya_cuda_master_f32(g));
     CU(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < g->m->nparams; i++)
         CU(cudaMemcpy(w + g->m->params[i].offset, g->w + g->poff[i], (size_t)g->m->params[i].numel * sizeof(float),
@@ -666,6 +712,7 @@ int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { return g->xg16 &&
  * other segments and the total: the same bits as the whole plan at once. */
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
     KILN_TRY(opt_join(g));
+    KILN_TRY(kiln_zaya_cuda_set_master_split(g, 0)); /* its tensors are these */
     CU(cudaStreamSynchronize(g->stream));
     expert_sumsq_free(g);
     g->xg16 = 0;

@@ -205,6 +205,7 @@ static int device_alloc(kiln_zaya_cuda_snap *s, kiln_snap_place place) {
 }
 
 kiln_error *kiln_zaya_cuda_snap_take(kiln_zaya_cuda_snap *s, int copy, kiln_snap_place place) {
+    KILN_TRY(kiln_zaya_cuda_master_f32(s->g)); /* split masters joined (the next step splits them again) */
     cudaStream_t model = (cudaStream_t)kiln_zaya_cuda_stream(s->g);
     const float *pw = kiln_zaya_cuda_params(s->g) + s->param_off, *ps = kiln_zaya_cuda_opt_state(s->o);
     const size_t pb = s->nparam * sizeof(float), sb = s->nstate * sizeof(float);

@@ -202,6 +202,17 @@ kiln_error *kiln_zaya_cuda_opt_state_download(kiln_zaya_cuda_opt *o, float *stat
     return NULL;
 }
 
+/* Split master weights (kiln_zaya_cuda_set_master_split): split before AdamW reads them, and its table told so. */
+static kiln_error *opt_split(kiln_zaya_cuda_opt *o, int write_bf16) {
+    const int sp = kiln_zaya_cuda_master_is_split(o->g);
+    if (sp && !write_bf16)
+        return kiln_errorf(KILN_EINVAL, "optimizer step: split master weights need the step to write their bf16 copy "
+                           "(one rank)");
+    if (sp) KILN_TRY(kiln_zaya_cuda_master_split(o->g));
+    kiln_adamw_multi_set_split(o->adamw, sp);
+    return NULL;
+}
+
 /* AdamW's tensors in one launch; Muon's a group at a time: each member's momentum into the group's update
  * buffer, one batched Newton-Schulz, each member's update. The gradient's scale is applied as each kernel
  * reads it, so gshard is read once and never written. */
@@ -214,6 +225,7 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
     if (shard_off != kiln_zaya_cuda_param_offset(o->g, o->first))
         return kiln_errorf(KILN_EINVAL, "optimizer step: the gradient shard starts at element %zu, the first owned "
                            "tensor at %zu", shard_off, kiln_zaya_cuda_param_offset(o->g, o->first));
+    KILN_TRY(opt_split(o, write_bf16));
     KILN_TRY(kiln_adamw_multi_step_cuda(o->adamw, w + shard_off, gshard, o->state, scale, hp, lr, t,
                                         write_bf16 ? wb + shard_off : NULL, st));
     for (int k = 0; k < o->nmg; k++) {
@@ -265,6 +277,7 @@ kiln_error *kiln_zaya_cuda_opt_step_zeroing(kiln_zaya_cuda_opt *o, float scale, 
                            o->last - o->first - o->naw);
     kiln_zaya_cuda *g = o->g;
     void *st = kiln_zaya_cuda_stream(g);
+    KILN_TRY(opt_split(o, 1));
     KILN_TRY(kiln_adamw_multi_step_range_cuda(o->adamw, 0, o->naw, kiln_zaya_cuda_params(g), kiln_zaya_cuda_grads(g),
                                               o->state, scale, hp, lr, t, kiln_zaya_cuda_params_bf16(g), 1, 0, st));
     kiln_zaya_cuda_grads_mark_zero(g);
@@ -284,6 +297,7 @@ kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scal
     const int *first = NULL;
     const int n = kiln_zaya_cuda_overlap_slices(g, &first);
     void *st = NULL;
+    KILN_TRY(opt_split(o, 1)); /* on the model's stream, which the optimizer's waits for */
     KILN_TRY(kiln_zaya_cuda_overlap_begin(g, &st));
     kiln_error *e = NULL;
     float *w = kiln_zaya_cuda_params(g), *gr = kiln_zaya_cuda_grads(g);

@@ -141,6 +141,13 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
         if (kiln_zaya_cuda_grad_overwritten(t->gpu, i) && t->op[i].kind != KILN_OPT_ADAMW) xg16 = 0;
     if (xg16) KILN_TRY(kiln_zaya_cuda_set_expert_grads_bf16(t->gpu, 1));
     kiln_log(KILN_LOG_DEBUG, "the experts' weight gradients in %s", xg16 ? "bf16" : "f32");
+    /* Their f32 master weights split (KILN_SPLIT_MASTER=1, the default where the bf16 gradients are on; =0 keeps
+     * them f32): held as the bf16 copy the GEMMs read plus the low 16 bits, the same f32 values bit for bit, so
+     * AdamW reads and writes 4 bytes of weight an element instead of reading 4 and writing 6 (kiln_f32_split). */
+    const char *sm = getenv("KILN_SPLIT_MASTER");
+    if (sm && *sm && strcmp(sm, "0") && strcmp(sm, "1"))
+        return kiln_errorf(KILN_EINVAL, "KILN_SPLIT_MASTER=%s: expected 1 (the default) or 0", sm);
+    if (xg16 && !(sm && !strcmp(sm, "0"))) KILN_TRY(kiln_zaya_cuda_set_master_split(t->gpu, 1));
     KILN_TRY(kiln_zaya_cuda_opt_create(t->gpu, t->op, t->part.first[comm->rank], t->part.first[comm->rank + 1], &t->gopt));
     t->dcounts = calloc((size_t)comm->size, sizeof *t->dcounts);
     t->ddispls = calloc((size_t)comm->size, sizeof *t->ddispls);

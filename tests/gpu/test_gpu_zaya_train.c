@@ -342,6 +342,41 @@ TEST(gpu_zaya_opt_step_timing) {
         printf("    gradient zeroing, the added gradients only (memsets) %8.2f ms  %6.0f GB/s (%.2f GB written)\n", ams,
                za / (ams * 1e6), za / 1e9);
     }
+    { /* The trainer's step on one rank: the experts' gradients in bf16 (91% of the parameters: 28 bytes a parameter
+       * there, 30 elsewhere), with their master weights f32 and split (26 bytes there), alternating. The gradient
+       * words 0x3c3c3c3c: 0.0115 read as f32 or as bf16 (random f32 words read as bf16 halves would hold NaNs). */
+        kiln_zaya_cuda_opt_free(o);
+        o = NULL;
+        CHECK_OK(kiln_zaya_cuda_set_expert_grads_bf16(g, 1));
+        CHECK_OK(kiln_zaya_cuda_opt_create(g, op, 0, m->nparams, &o));
+        enum { BLK = 1 << 22 };
+        uint32_t *c = malloc((size_t)BLK * 4);
+        for (int i = 0; i < BLK && c; i++) c[i] = 0x3c3c3c3cu;
+        for (size_t i = 0; i < nd && c; i += BLK) CHECK_OK(kiln_cuda_copy(dg + i, c, (nd - i < BLK ? nd - i : BLK) * 4, KILN_CUDA_H2D));
+        free(c);
+        double xp = 0;
+        for (int i = 0; i < m->nparams; i++)
+            if (kiln_zaya_cuda_grad_bf16(g, i)) xp += (double)m->params[i].numel;
+        const int it = 5;
+        int64_t step = 1;
+        for (int rep = 0; rep < 2 && o; rep++)
+            for (int sp = 0; sp < 2; sp++) {
+                CHECK_OK(kiln_zaya_cuda_set_master_split(g, sp));
+                double t0 = 0;
+                for (int i = 0; i <= it; i++) {
+                    if (i == 1) { /* the first is a warm-up (and, split, the pass that splits them) */
+                        CHECK_OK(kiln_zaya_cuda_sync(g));
+                        t0 = gt_now_s();
+                    }
+                    CHECK_OK(kiln_zaya_cuda_opt_step(o, dg, 0, 0.5f, &hp, 1e-4, step++, 1));
+                }
+                CHECK_OK(kiln_zaya_cuda_sync(g));
+                const double ms = (gt_now_s() - t0) / it * 1e3, bytes = (sp ? 26 : 28) * xp + 30 * (P - xp);
+                printf("    optimizer step (AdamW, bf16 expert gradients, %s masters) %8.2f ms  %6.0f GB/s (%.2f B/param)\n",
+                       sp ? "split" : "f32  ", ms, bytes / (ms * 1e6), bytes / P);
+            }
+        CHECK_OK(kiln_zaya_cuda_set_master_split(g, 0));
+    }
     { /* Muon's Newton-Schulz at this model in each precision (optim.muon_ns_precision), per batched group: one
        * expert tensor's 16 gate_up matrices [4096, 2048] (tall) and its 16 down matrices [2048, 2048], 5 steps
        * (per matrix and step 2 r^2 k + 2 r^3 + 2 rows cols r FLOPs, r the short side, k the long) */
