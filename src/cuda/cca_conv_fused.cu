@@ -917,7 +917,7 @@ static int use_tile128(int64_t cg) {
 // the grouped GEMMs of heads of exactly 128 channels (the forward's, and the backward's input gradient) go to the
 // wgmma kernel (cca_conv_wg.cu) where it takes the call. For comparison: KILN_CCA_TILE=128 / 64 keep the tile
 // kernels in both directions; `var`=`off` one direction's previous kernel alone, the other unchanged (A/B timing
-// of the step): KILN_CCA_FWD=wmma grp128_kernel, KILN_CCA_BWD=mma grpp_bwd_kernel
+// of the step): KILN_CCA_FWD=wmma grp128_kernel, KILN_CCA_BWD=mma grpp_bwd_kernel, KILN_CCA_DW1=wmma dw1_128_kernel
 static int use_wgmma(int64_t cg, const char *var, const char *off) {
     const char *e = getenv("KILN_CCA_TILE"), *f = getenv(var);
     return cg == 128 && !(e && (!strcmp(e, "64") || !strcmp(e, "128"))) && !(f && !strcmp(f, off));
@@ -1034,12 +1034,17 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: %lld sequences of %lld steps", (long long)B,
                                (long long)T);
         const int t128 = fast && use_tile128(cg) && aligned16(dmid);
+        // dw1 on wgmma: `wparts` partials (one per CTA), else B * cpsw chunks' (KILN_CCA_DW1=wmma: dw1_128_kernel)
+        const int wparts = fast && (dw1 || db1) && use_wgmma(cg, "KILN_CCA_DW1", "wmma")
+                               ? kiln_cca_dw1_wg_parts(s, NH, KV, dqpre, dkpre, mid)
+                               : 0;
         const int64_t cpsw = t128 ? (T + W1_CHUNK128 - 1) / W1_CHUNK128 : cps1; // dw1's chunks per sequence
+        const int64_t nparts = wparts ? wparts : B * cpsw;
         if (B * cpsw > 65535)
             return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: %lld sequences of %lld steps", (long long)B,
                                (long long)T);
-        if (dw1 || db1) CUDA_TRY(kiln_ops_scratch((void **)&p1, (size_t)(B * cpsw * ne1) * sizeof(float), st));
-        if (db1) CUDA_TRY(kiln_ops_scratch((void **)&pb1, (size_t)(B * cpsw * C) * sizeof(float), st));
+        if (dw1 || db1) CUDA_TRY(kiln_ops_scratch((void **)&p1, (size_t)(nparts * ne1) * sizeof(float), st));
+        if (db1) CUDA_TRY(kiln_ops_scratch((void **)&pb1, (size_t)(nparts * C) * sizeof(float), st));
         if (dw0) CUDA_TRY(kiln_ops_scratch((void **)&p0, (size_t)(B * cps0 * C * k0) * sizeof(float), st));
         if (db0) CUDA_TRY(kiln_ops_scratch((void **)&pb0, (size_t)(B * cps0 * C) * sizeof(float), st));
         // the grouped stage: weights (+ bias), then its input gradient
@@ -1047,7 +1052,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DW1, 0, st));
             const int64_t tiles = ((cg + FT - 1) / FT) * ((cg * k1 + FT - 1) / FT);
             const dim3 grid((unsigned)tiles, (unsigned)(B * cps1), (unsigned)s->groups);
-            if (t128) {
+            if (wparts) {
+                if ((err = kiln_cca_dw1_wg(p1, pb1, wparts, dqpre, dkpre, mid, s, NH, KV, st))) goto done;
+            } else if (t128) {
                 CUDA_TRY(cudaFuncSetAttribute(dw1_128_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128W));
                 const dim3 gw((unsigned)((cg / BT) * (cg * k1 / BT)), (unsigned)(B * cpsw), (unsigned)s->groups);
                 dw1_128_kernel<<<gw, 256, SMEM128W, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
@@ -1060,12 +1067,12 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
                                                         (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
             LAUNCH_CHECK("cca_conv_couple backward (grouped weights)");
             if (dw1 && fast) {
-                dw1_sum_kernel<<<grid_for(ne1, 256), 256, 0, st>>>(dw1, p1, B * cpsw, C, (int)cg, (int)k1);
+                dw1_sum_kernel<<<grid_for(ne1, 256), 256, 0, st>>>(dw1, p1, nparts, C, (int)cg, (int)k1);
                 LAUNCH_CHECK("cca_conv_couple backward (grouped weights, sum)");
             } else if (dw1) {
-                CUDA_TRY(colsum_add(dw1, p1, B * cpsw, ne1, st));
+                CUDA_TRY(colsum_add(dw1, p1, nparts, ne1, st));
             }
-            if (db1) CUDA_TRY(colsum_add(db1, pb1, B * cpsw, C, st));
+            if (db1) CUDA_TRY(colsum_add(db1, pb1, nparts, C, st));
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DW1, 1, st));
         }
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 0, st));

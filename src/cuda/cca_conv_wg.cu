@@ -1,7 +1,10 @@
 // CCA's grouped convolution on Hopper's wgmma for heads of exactly 128 channels (ZAYA's), persistent, in both of
 // the training path's directions (the contract is in cca_conv_wg.h):
 //  - the forward with the conv bias and the q/k coupling in its epilogue (cca_conv_fused.cu's grp128_kernel<0>);
-//  - the backward's input gradient dmid (its grpp_bwd_kernel): the same kernel with dy for A (MODE 1).
+//  - the backward's input gradient dmid (its grpp_bwd_kernel): the same kernel with dy for A (MODE 1);
+//  - the backward's weight and bias gradients dw1, db1 as per-CTA partials (its dw1_128_kernel): dw1_wg_kernel
+//    below, both operands MN-major (session 25: 112 -> 45 us a call at issue [cuda]'s shape, partials and sums
+//    included).
 //
 // Why: grp128_kernel (wmma fragments through registers, two blocks an SM, w1 re-read from L2 by every block) ran
 // at ~120 TFLOP/s with w1 as hi + lo: latency-bound, its tensor pipe 21% busy (docs/perf.md, session 22 r4;
@@ -206,6 +209,116 @@ static __global__ void __launch_bounds__(THREADS, 1)
     }
 }
 
+// ---- the grouped weights' gradient (and the conv bias's) ----
+// dw1 partials for heads of 128 and k1 = 2: P[part][g*128 + co][j*128 + i] = sum over the part's steps (b, u) of
+// dy[b, u, g*128 + co] * mid[b, u + j, g*128 + i], and Pb[part][g*128 + co] = sum of dy[b, u, g*128 + co]: a GEMM of
+// M = co, N = (j, i), K = the head's B*T steps, split into `bpg` parts of whole 64-step blocks (one CTA each; the
+// partials are summed in part order after: dw1_sum_kernel). Both operands are MN-major in memory (dy rows hold co,
+// mid rows hold i), so TMA loads [64 steps x 64 channels] boxes and wgmma reads them transposed: A = dy's two
+// 64-channel boxes (a consumer warpgroup each), B = mid's four boxes (tap j = 0, 1 x channel halves) 8 KB apart, i.e.
+// N = 256 in one m64n256k16. db1 rides along as an m64n8k16 against a tile of ones. Steps u >= T of a sequence read
+// dy as zeros (3-D maps), so they add nothing.
+constexpr int W1_BK = 64;                    // steps a K block
+constexpr int W1_STAGES = 4;
+constexpr int W1_A_BYTES = 2 * W1_BK * 128;  // dy: 2 boxes of 64 steps x 128 bytes
+constexpr int W1_B_BYTES = 4 * W1_BK * 128;  // mid: 4 boxes
+constexpr int W1_BOX = W1_BK * 128;          // one box: 8 KB, the MN blocks' stride (LBO)
+constexpr int W1_ONES = 512;                 // bytes of bf16 ones for db1's B operand
+
+static size_t w1_smem_bytes() {
+    return (size_t)W1_STAGES * (W1_A_BYTES + W1_B_BYTES) + 2 * W1_STAGES * sizeof(uint64_t) + W1_ONES + 1024;
+}
+
+static __global__ void __launch_bounds__(THREADS, 1)
+    dw1_wg_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                  const __grid_constant__ CUtensorMap tm_mid, float *__restrict__ part, float *__restrict__ partb,
+                  int nseq, int T, int groups, int NH, int bpg) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = smem, *sbm = smem + W1_STAGES * W1_A_BYTES;
+    uint64_t *full = (uint64_t *)(sbm + W1_STAGES * W1_B_BYTES), *empty = full + W1_STAGES;
+    uint32_t *ones = (uint32_t *)(empty + W1_STAGES);
+    const int g = blockIdx.x / bpg, pi = blockIdx.x % bpg, g0 = g * CG, C = groups * CG;
+    const int bps = (T + W1_BK - 1) / W1_BK, nk = nseq * bps; // K blocks a sequence, of the head
+    const int kb0 = (int)((int64_t)nk * pi / bpg), kb1 = (int)((int64_t)nk * (pi + 1) / bpg);
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < W1_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (threadIdx.x < W1_ONES / 4) ones[threadIdx.x] = 0x3F803F80u; // bf16 1.0 pairs
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the ones, for wgmma's reads
+    __syncthreads();
+    if (g >= groups) return;
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (tid == 0) {
+            const CUtensorMap *tm_a = g < NH ? &tm_q : &tm_k;
+            const int a_col = g < NH ? g0 : (g - NH) * CG;
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)tm_a) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tm_mid) : "memory");
+            uint32_t it = 0;
+            for (int kb = kb0; kb < kb1; kb++, it++) {
+                const int s = it % W1_STAGES, b = kb / bps, u0 = (kb % bps) * W1_BK;
+                mbar_wait(&empty[s], ((it / W1_STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], W1_A_BYTES + W1_B_BYTES);
+                uint8_t *a = sa + s * W1_A_BYTES, *bm = sbm + s * W1_B_BYTES;
+                for (int h = 0; h < 2; h++) tma_load_3d(a + h * W1_BOX, tm_a, &full[s], a_col + h * 64, u0, b);
+                for (int j = 0; j < 2; j++)
+                    for (int h = 0; h < 2; h++)
+                        tma_load_3d(bm + (2 * j + h) * W1_BOX, &tm_mid, &full[s], g0 + h * 64, u0 + j, b);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int cw = wg - 1, warp = tid / 32, lane = tid % 32, cb = 2 * (lane & 3);
+    float acc[128], accb[4];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) accb[i] = 0.0f;
+    const uint64_t d_ones = plain_desc(smem_u32(ones), 128, 256);
+    uint32_t it = 0;
+    for (int kb = kb0; kb < kb1; kb++, it++) {
+        const int s = it % W1_STAGES;
+        mbar_wait(&full[s], (it / W1_STAGES) & 1);
+        const uint32_t a_addr = smem_u32(sa + s * W1_A_BYTES + cw * W1_BOX), b_addr = smem_u32(sbm + s * W1_B_BYTES);
+        fence_acc(acc);
+        fence_acc(accb);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < W1_BK / 16; kk++) { // 16 steps: two 8-row groups, 2 KB
+            const uint64_t da = sw128_mn_desc(a_addr + kk * 2048, W1_BOX, 1024);
+            wgmma_n256_mn(acc, da, sw128_mn_desc(b_addr + kk * 2048, W1_BOX, 1024), 1);
+            wgmma_n8_mna(accb, da, d_ones, 1);
+        }
+        wgmma_commit();
+        fence_acc(acc);
+        fence_acc(accb);
+        wgmma_wait<1>(); // the previous block's group has completed: its slot goes back to the producer
+        fence_acc(acc);
+        fence_acc(accb);
+        if (kb > kb0 && lane == 0) mbar_arrive(&empty[(it - 1) % W1_STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    fence_acc(accb);
+    // (no slot to release: the producer is done)
+    // acc[4j + 2h + e]: row co = cw*64 + warp*16 + lane/4 + 8h, column 8j + cb + e (j < 32: tap j / 16)
+    const int64_t ne = (int64_t)C * 2 * CG;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int co = cw * 64 + warp * 16 + lane / 4 + 8 * h;
+        float *o = part + (int64_t)pi * ne + (int64_t)(g0 + co) * (2 * CG) + cb;
+#pragma unroll
+        for (int j = 0; j < 32; j++) *(float2 *)(o + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        if (partb && cb == 0) partb[(int64_t)pi * C + g0 + co] = accb[2 * h];
+    }
+}
+
 // The k heads' coupling input: ks[t, jh*128 + n] = sum over the group's q heads m of (q[t, (jh*G + m)*128 + n]
 // + k[t, jh*128 + n]) * 0.5, from 0, m ascending (grp128_kernel's order); 8 channels a thread
 static __global__ void ksum_kernel(float *ks, const bf16 *xq, const bf16 *xk, int64_t N, int KV, int G, int ldq, int ldk) {
@@ -337,6 +450,42 @@ extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, con
 done:
     if (wk) cudaFreeAsync(wk, st);
     if (ks) cudaFreeAsync(ks, st);
+    return err;
+}
+
+extern "C" int kiln_cca_dw1_wg_parts(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dqpre,
+                                     const void *dkpre, const void *mid) {
+    int dev, major, optin, nsm;
+    if (s->C / s->groups != CG || s->C % s->groups || s->k1 != 2 || NH % KV || NH + KV != s->groups ||
+        ((uintptr_t)dqpre & 15) || ((uintptr_t)dkpre & 15) || ((uintptr_t)mid & 15) || s->B > 65535 ||
+        s->T >= INT32_MAX / 2 || s->B * ((s->T + W1_BK - 1) / W1_BK) >= INT32_MAX / 65536)
+        return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        w1_smem_bytes() > (size_t)optin)
+        return 0;
+    return nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
+}
+
+extern "C" kiln_error *kiln_cca_dw1_wg(float *part, float *partb, int parts, const kiln_bf16 *dqpre,
+                                      const kiln_bf16 *dkpre, const kiln_bf16 *mid, const kiln_conv_shape *s, int64_t NH,
+                                      int64_t KV, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    CUtensorMap tm_q, tm_k, tm_mid;
+    const int64_t M = s->T + s->k1 - 1;
+    if (!(err = kiln_tma_map_bf16_3d(&tm_q, dqpre, s->B, s->T, NH * CG, NH * CG, W1_BK, "dqpre")) &&
+        !(err = kiln_tma_map_bf16_3d(&tm_k, dkpre, s->B, s->T, KV * CG, KV * CG, W1_BK, "dkpre")) &&
+        !(err = kiln_tma_map_bf16_3d(&tm_mid, mid, s->B, M, s->C, s->C, W1_BK, "mid"))) {
+        const size_t smem = w1_smem_bytes();
+        CUDA_TRY(cudaFuncSetAttribute(dw1_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        dw1_wg_kernel<<<(unsigned)(s->groups * parts), THREADS, smem, st>>>(tm_q, tm_k, tm_mid, part, partb, (int)s->B,
+                                                                           (int)s->T, (int)s->groups, (int)NH, parts);
+        LAUNCH_CHECK("cca_conv_couple backward (grouped weights, wgmma)");
+    }
+done:
     return err;
 }
 

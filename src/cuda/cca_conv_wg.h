@@ -33,6 +33,16 @@ int kiln_cca_grp_bwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, con
 kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre, const float *w1,
                                 const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream);
 
+/* The backward's grouped weights' gradient as partials, for heads of 128 and k1 = 2: part [parts][C][2*128] f32 with
+ * part[p][g*128 + co][j*128 + i] = the sum over part p's steps of dy[b, u, g*128 + co] * mid[b, u + j, g*128 + i]
+ * (the (j, i) column order of dw1_128_kernel, which dw1_sum_kernel reorders while summing the parts in order), and
+ * partb [parts][C] (nullable) the sums of dy. _parts: 0 where the call is not taken, else how many parts (a CTA
+ * each: one an SM over the groups). dqpre, dkpre as above; mid [B, T + 1, C] bf16, 16-byte aligned. */
+int kiln_cca_dw1_wg_parts(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dqpre, const void *dkpre,
+                          const void *mid);
+kiln_error *kiln_cca_dw1_wg(float *part, float *partb, int parts, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre,
+                            const kiln_bf16 *mid, const kiln_conv_shape *s, int64_t NH, int64_t KV, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

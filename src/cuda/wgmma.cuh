@@ -1,7 +1,7 @@
 // Hopper's asynchronous pieces shared by kiln's own wgmma kernels (gemm_tc.cu: the GEMM with fused epilogues;
-// cca_conv_wg.cu: CCA's grouped convolution): mbarriers, TMA 2-D loads into 128-byte-swizzled shared memory,
-// wgmma's shared-memory descriptors and its m64n128k16 / m64n256k16 bf16 instructions with f32 accumulators;
-// the epilogues' bf16 pairs.
+// cca_conv_wg.cu: CCA's grouped convolution and its weights' gradient; clip_attention.cu): mbarriers, TMA 2-D and
+// 3-D loads into 128-byte-swizzled shared memory, wgmma's shared-memory descriptors (K-major, MN-major, unswizzled)
+// and its m64n128k16 / m64n256k16 / m64n8k16 bf16 instructions with f32 accumulators; the epilogues' bf16 pairs.
 // sm_90a only (wgmma, setmaxnreg); the host encodes the tensor maps (kiln_tma_map_bf16, gemm_tc.h).
 #ifndef KILN_CUDA_WGMMA_CUH
 #define KILN_CUDA_WGMMA_CUH
@@ -92,6 +92,35 @@ static __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, 
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS_0_63 ", " WG_REGS_64_127
                  "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
                  : WG_F64(0), WG_F64(64)
+                 : "l"(da), "l"(db), "r"(scale_d)
+                 : "memory");
+}
+
+// The same for MN-major operands (the element contiguous along M or N, as TMA writes a row-major [K][MN] box of
+// 64 MN elements): 8-row K groups SBO bytes apart, 64-element MN blocks LBO bytes apart (the canonical layout
+// ((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)) in elements), the 128-byte swizzle
+static __device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+// an unswizzled operand of 16-byte core rows (LBO between K's core matrices, SBO between MN's)
+static __device__ __forceinline__ uint64_t plain_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+// D[64 x 256] += A[64 x 16] * B[16 x 256], both MN-major (imm-trans-a = imm-trans-b = 1)
+static __device__ __forceinline__ void wgmma_n256_mn(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS_0_63 ", " WG_REGS_64_127
+                 "}, %128, %129, p, 1, 1, 1, 1;\n}\n"
+                 : WG_F64(0), WG_F64(64)
+                 : "l"(da), "l"(db), "r"(scale_d)
+                 : "memory");
+}
+// D[64 x 8] += A[64 x 16] (MN-major) * B[8 x 16] (K-major)
+static __device__ __forceinline__ void wgmma_n8_mna(float (&d)[4], uint64_t da, uint64_t db, uint32_t scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "l"(da), "l"(db), "r"(scale_d)
                  : "memory");
 }

@@ -399,6 +399,35 @@ TEST(gpu_ops_cca_conv_couple_fused_wgmma) {
                 for (int64_t i = 0; i < nm; i++) worst = fmax(worst, fabs((double)hd[0][i] - hd[1][i]));
                 printf("    dmid: largest difference %.3g\n", worst);
                 CHECK_MSG(worst <= 2e-5, "wgmma against mma.sync: dmid %.3g apart", worst);
+                /* the grouped weights' and bias's gradients (dw1, db1 f32, added to): wgmma (partials of whole
+                 * 64-step blocks, one a CTA) against dw1_128_kernel (KILN_CCA_DW1=wmma: chunks of 512 steps); sums of
+                 * B*T O(1) products in f32 partials, then f64: within 1e-5 of the sum's scale, relative */
+                const int64_t n1 = C * D * k1;
+                float *dw1[2], *db1[2];
+                float *gdw1 = gt_dev((size_t)n1 * 4), *gdb1 = gt_dev((size_t)C * 4), *z1 = calloc((size_t)n1, 4);
+                for (int v = 0; v < 2; v++) {
+                    if (v) setenv("KILN_CCA_DW1", "wmma", 1);
+                    CHECK_OK(kiln_cuda_copy(gdw1, z1, (size_t)n1 * 4, KILN_CUDA_H2D));
+                    CHECK_OK(kiln_cuda_copy(gdb1, z1, (size_t)C * 4, KILN_CUDA_H2D));
+                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, gdw1, gdb1, gdm, gdyq, gdyk,
+                                                                gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P, NULL));
+                    unsetenv("KILN_CCA_DW1");
+                    dw1[v] = gt_down_f32(gdw1, n1), db1[v] = gt_down_f32(gdb1, C);
+                }
+                double w_scale = 0, w_worst = 0, b_scale = 0, b_worst = 0;
+                for (int64_t i = 0; i < n1; i++)
+                    w_scale = fmax(w_scale, fabs(dw1[1][i])), w_worst = fmax(w_worst, fabs((double)dw1[0][i] - dw1[1][i]));
+                for (int64_t i = 0; i < C; i++)
+                    b_scale = fmax(b_scale, fabs(db1[1][i])), b_worst = fmax(b_worst, fabs((double)db1[0][i] - db1[1][i]));
+                printf("    dw1: largest difference %.3g (largest value %.3g); db1: %.3g (%.3g)\n", w_worst, w_scale,
+                       b_worst, b_scale);
+                CHECK_MSG(w_scale > 0 && w_worst <= 1e-5 * w_scale, "wgmma against wmma: dw1 %.3g apart (scale %.3g)",
+                          w_worst, w_scale);
+                CHECK_MSG(b_scale > 0 && b_worst <= 1e-5 * b_scale, "wgmma against wmma: db1 %.3g apart (scale %.3g)",
+                          b_worst, b_scale);
+                kiln_cuda_free(gdw1), kiln_cuda_free(gdb1);
+                free(z1);
+                for (int v = 0; v < 2; v++) free(dw1[v]), free(db1[v]);
                 kiln_cuda_free(gdyq), kiln_cuda_free(gdyk), kiln_cuda_free(gdp), kiln_cuda_free(gdm);
                 free(dyq), free(dyk), free(hd[0]), free(hd[1]);
             }
@@ -428,7 +457,7 @@ TEST(gpu_ops_cca_conv_tensor_cores) {
  * Bytes a call, per (row, channel): forward 10 (x read twice, by the depthwise pass and by the coupling, 2 each;
  * mid 2 written, 2 read; qpre / kpre 2 written); backward 24 (dy 2 read by dw1, 2 by dmid's GEMM, 2 by the coupling's adjoint; mid 2 read by dw1; dmid
  * f32 4 written, 4 read twice; x 2 read by dw0; dq / dk 2 written) + the dw1 partials (one f32 copy of w1 per
- * 512 steps of a sequence, written and read); then each pass of one call by CUDA events (kiln_cca_conv_profile_cuda)
+ * 512 steps of a sequence, written and read, on dw1_128_kernel; ~one per SM on the wgmma kernel); then each pass of one call by CUDA events (kiln_cca_conv_profile_cuda)
  * beside its own bytes. Times printed, never asserted. */
 TEST(gpu_ops_cca_conv_couple_timing) {
     const int64_t B = 4, T = 4096, NH = 8, KV = 2, D = 128, k0 = 2, k1 = 2;
@@ -491,11 +520,26 @@ TEST(gpu_ops_cca_conv_couple_timing) {
             const double u = (gt_now_s() - t0) / it * 1e6;
             printf("    cca_conv + couple forward with KILN_CCA_TILE=128 (wmma) %7.1f us\n", u);
         }
+        { /* the backward with dw1 on dw1_128_kernel (KILN_CCA_DW1=wmma), the kernel the wgmma one replaced */
+            setenv("KILN_CCA_DW1", "wmma", 1);
+            for (int i = 0; i <= it; i++) {
+                if (i == 1) {
+                    CHECK_OK(kiln_cuda_sync());
+                    t0 = gt_now_s();
+                }
+                CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0,
+                                                            w1, &s, NH, KV, 0, 0, NULL));
+            }
+            CHECK_OK(kiln_cuda_sync());
+            unsetenv("KILN_CCA_DW1");
+            const double u = (gt_now_s() - t0) / it * 1e6;
+            printf("    cca_conv + couple backward with KILN_CCA_DW1=wmma %7.1f us\n", u);
+        }
         { /* each pass of one more call, by CUDA events: time, its bytes (per row and channel, N x C of them), rate */
             static const char *pname[KILN_CCA_NPASS] = {"depthwise fwd (x -> mid)", "grouped fwd + coupling",
                                                          "dw1 / db1 (partials + sums)", "grouped bwd (-> dmid f32)",
                                                          "dw0 / db0 partials", "dx + coupling adjoint", "dw0 / db0 sums"};
-            const double pb[KILN_CCA_NPASS] = {4.0 * N * C, 6.0 * N * C, 4.0 * N * C + 2.0 * 4 * (B * ((T + 511) / 512)) * n1,
+            const double pb[KILN_CCA_NPASS] = {4.0 * N * C, 6.0 * N * C, 4.0 * N * C /* + its partials */,
                                                6.0 * N * C, 6.0 * N * C, 8.0 * N * C, 0};
             double pu[KILN_CCA_NPASS];
             CHECK_OK(kiln_cca_conv_profile_cuda(1));
