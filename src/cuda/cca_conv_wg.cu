@@ -292,7 +292,7 @@ static __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < W1_BK / 16; kk++) { // 16 steps: two 8-row groups, 2 KB
             const uint64_t da = sw128_mn_desc(a_addr + kk * 2048, W1_BOX, 1024);
-            wgmma_n256_mn(acc, da, sw128_mn_desc(b_addr + kk * 2048, W1_BOX, 1024), 1);
+            wgmma_n256<1>(acc, da, sw128_mn_desc(b_addr + kk * 2048, W1_BOX, 1024), 1);
             wgmma_n8_mna(accb, da, d_ones, 1);
         }
         wgmma_commit();

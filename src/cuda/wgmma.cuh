@@ -86,18 +86,20 @@ static __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, u
                  : "memory");
 }
 // D[64 x 256] += A[64 x 16] * B[256 x 16]^T: one instruction reads A once for 256 columns (two m64n128 read it
-// twice: 12 KB of shared memory per 64 x 256 x 16 step instead of 10)
+// twice: 12 KB of shared memory per 64 x 256 x 16 step instead of 10). MN = 1: both operands MN-major instead
+// (imm-trans-a = imm-trans-b = 1; sw128_mn_desc below)
+template <int MN = 0>
 static __device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS_0_63 ", " WG_REGS_64_127
-                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 "}, %128, %129, p, 1, 1, %131, %131;\n}\n"
                  : WG_F64(0), WG_F64(64)
-                 : "l"(da), "l"(db), "r"(scale_d)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(MN)
                  : "memory");
 }
 
-// The same for MN-major operands (the element contiguous along M or N, as TMA writes a row-major [K][MN] box of
-// 64 MN elements): 8-row K groups SBO bytes apart, 64-element MN blocks LBO bytes apart (the canonical layout
+// sw128_desc's twin for MN-major operands (the elements contiguous along M or N, as TMA writes a row-major [K][MN]
+// box of 64 MN elements): 8-row K groups SBO bytes apart, 64-element MN blocks LBO bytes apart (the canonical layout
 // ((8,8,m),(8,k)) : ((1,8,LBO),(64,SBO)) in elements), the 128-byte swizzle
 static __device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
@@ -106,15 +108,6 @@ static __device__ __forceinline__ uint64_t sw128_mn_desc(uint32_t addr, uint32_t
 // an unswizzled operand of 16-byte core rows (LBO between K's core matrices, SBO between MN's)
 static __device__ __forceinline__ uint64_t plain_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-// D[64 x 256] += A[64 x 16] * B[16 x 256], both MN-major (imm-trans-a = imm-trans-b = 1)
-static __device__ __forceinline__ void wgmma_n256_mn(float (&d)[128], uint64_t da, uint64_t db, uint32_t scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS_0_63 ", " WG_REGS_64_127
-                 "}, %128, %129, p, 1, 1, 1, 1;\n}\n"
-                 : WG_F64(0), WG_F64(64)
-                 : "l"(da), "l"(db), "r"(scale_d)
-                 : "memory");
 }
 // D[64 x 8] += A[64 x 16] (MN-major) * B[8 x 16] (K-major)
 static __device__ __forceinline__ void wgmma_n8_mna(float (&d)[4], uint64_t da, uint64_t db, uint32_t scale_d) {
