@@ -286,6 +286,21 @@ TEST(gpu_ops_adamw_variants) {
     adamw_variants_case(1);
 }
 
+/* The gradient buffer the step reads for table t of nt tensors: tensor i's values from gs at its offset, as f32, or
+ * (g_bf16) rounded to bf16 in the first half of its f32 slots */
+static float *mixed_grads(const float *gs, const kiln_adamw_tensor *t, int nt, int64_t nw) {
+    float *gm = calloc((size_t)nw, sizeof(float));
+    for (int i = 0; i < nt && gm; i++) {
+        if (!t[i].g_bf16) {
+            memcpy(gm + t[i].off, gs + t[i].off, (size_t)t[i].n * sizeof(float));
+            continue;
+        }
+        uint16_t *h = (uint16_t *)(gm + t[i].off);
+        for (int64_t j = 0; j < t[i].n; j++) h[j] = kiln_f32_to_bf16(gs[t[i].off + j]);
+    }
+    return gm;
+}
+
 /* Gradients in bf16 (kiln_adamw_tensor.g_bf16: the experts' weight gradients, written rounded by their GEMMs):
  * bf16 values in the first half of the tensors' f32 slots give the same bits as f32 gradients holding the same
  * values, in every kernel, with and without the zeroing (which keeps them: they are keep_g), with the bases
@@ -310,15 +325,7 @@ static void adamw_bf16_case(int shift) {
     for (int t = 0; t < 2; t++) {
         gs[t] = gt_rand(&rng, nw, t ? 1e-3f : 1.0f);
         gt_round_bf16(gs[t], nw);
-        gm[t] = calloc((size_t)nw, sizeof(float)); /* the mixed layout */
-        for (int i = 0; i < NT; i++) {
-            if (!tb[i].g_bf16) {
-                memcpy(gm[t] + tb[i].off, gs[t] + tb[i].off, (size_t)sizes[i] * sizeof(float));
-                continue;
-            }
-            uint16_t *h = (uint16_t *)(gm[t] + tb[i].off);
-            for (int64_t j = 0; j < sizes[i]; j++) h[j] = kiln_f32_to_bf16(gs[t][tb[i].off + j]);
-        }
+        gm[t] = mixed_grads(gs[t], tb, NT, nw);
     }
     kiln_adamw_multi *pf = NULL, *pb = NULL;
     CHECK_OK(kiln_adamw_multi_create(tf, NT, &pf));
@@ -444,15 +451,7 @@ static void adamw_split_case(int vec) {
     float *w0 = gt_rand(&rng, nw, 1.0f), *gm[2];
     for (int t = 0; t < 2; t++) { /* bf16 gradients in the first half of their slots; f32 for tensor 1 */
         float *gs = gt_rand(&rng, nw, t ? 1e-3f : 1.0f);
-        gm[t] = calloc((size_t)nw, sizeof(float));
-        for (int i = 0; i < NT; i++) {
-            if (!tb[i].g_bf16) {
-                memcpy(gm[t] + tb[i].off, gs + tb[i].off, (size_t)sizes[i] * sizeof(float));
-                continue;
-            }
-            uint16_t *h = (uint16_t *)(gm[t] + tb[i].off);
-            for (int64_t j = 0; j < sizes[i]; j++) h[j] = kiln_f32_to_bf16(gs[tb[i].off + j]);
-        }
+        gm[t] = mixed_grads(gs, tb, NT, nw);
         free(gs);
     }
     kiln_adamw_multi *pb = NULL;
