@@ -56,6 +56,8 @@ static size_t smem_bytes(int kb, bool lo) {
     return (size_t)kb * (lo ? 256 : 128) * 128 + (size_t)STAGES * A_BYTES + (2 * STAGES + 2) * sizeof(uint64_t) +
            CG * sizeof(float) + 1024;
 }
+// the forward's and the input gradient's shared memory: w1 (hi + lo, or hi) and A's ring
+static size_t grp_smem(const kiln_conv_shape *s, int lo) { return smem_bytes((int)(CG * s->k1 / BKW), lo != 0); }
 
 
 // MODE 0, the forward: tiles of 128 mid rows flat over the sequences (tm_a0: mid, 2-D), tap j the box's row start
@@ -382,7 +384,7 @@ static kiln_error *launch(const CUtensorMap &a0, const CUtensorMap &a1, const CU
     CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     {
         const int bpg = nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
-        const size_t smem = smem_bytes(kblocks, lo != 0);
+        const size_t smem = grp_smem(s, lo);
         auto kern = lo ? grp_wg_kernel<MODE, true> : grp_wg_kernel<MODE, false>;
         CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         kern<<<(unsigned)(s->groups * bpg), THREADS, smem, st>>>(a0, a1, tw, qpre, kpre, dmid, q, k, ks, b1, (int)s->B,
@@ -399,8 +401,9 @@ done:
 
 using namespace ccawg;
 
-// the shapes and device both directions take: 128 channels a head, whole K blocks, sm_90 with the shared memory
-static int wg_device_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo) {
+// the shapes and device every kernel here takes: 128 channels a head, whole K blocks, sm_90 with `smem` bytes of
+// shared memory for a CTA
+static int wg_device_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, size_t smem) {
     int dev, major, optin;
     if (s->C / s->groups != CG || s->C % s->groups || (CG * s->k1) % BKW || s->B * (s->T + s->k1 - 1) >= INT32_MAX ||
         NH % KV || NH + KV != s->groups)
@@ -409,7 +412,7 @@ static int wg_device_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
         return 0;
-    return smem_bytes((int)(CG * s->k1 / BKW), lo != 0) <= (size_t)optin;
+    return smem <= (size_t)optin;
 }
 
 extern "C" int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *mid, const void *q,
@@ -418,7 +421,7 @@ extern "C" int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int6
     if (((uintptr_t)mid & 15) || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) || ldq % 8 || ldk % 8 || s->C % 8 ||
         ((uintptr_t)qpre & 3) || ((uintptr_t)kpre & 3))
         return 0;
-    return wg_device_ok(s, NH, KV, lo);
+    return wg_device_ok(s, NH, KV, grp_smem(s, lo));
 }
 
 extern "C" int kiln_cca_grp_bwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dmid,
@@ -426,7 +429,7 @@ extern "C" int kiln_cca_grp_bwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int6
     if (((uintptr_t)dmid & 7) || ((uintptr_t)dqpre & 15) || ((uintptr_t)dkpre & 15) || s->B > 65535 ||
         s->T >= INT32_MAX / 2)
         return 0;
-    return wg_device_ok(s, NH, KV, lo);
+    return wg_device_ok(s, NH, KV, grp_smem(s, lo));
 }
 
 extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf16 *mid, const kiln_bf16 *q,
@@ -455,16 +458,11 @@ done:
 
 extern "C" int kiln_cca_dw1_wg_parts(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dqpre,
                                      const void *dkpre, const void *mid) {
-    int dev, major, optin, nsm;
-    if (s->C / s->groups != CG || s->C % s->groups || s->k1 != 2 || NH % KV || NH + KV != s->groups ||
-        ((uintptr_t)dqpre & 15) || ((uintptr_t)dkpre & 15) || ((uintptr_t)mid & 15) || s->B > 65535 ||
-        s->T >= INT32_MAX / 2 || s->B * ((s->T + W1_BK - 1) / W1_BK) >= INT32_MAX / 65536)
-        return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        w1_smem_bytes() > (size_t)optin)
+    int dev, nsm;
+    if (s->k1 != 2 || ((uintptr_t)dqpre & 15) || ((uintptr_t)dkpre & 15) || ((uintptr_t)mid & 15) || s->B > 65535 ||
+        s->T >= INT32_MAX / 2 || s->B * ((s->T + W1_BK - 1) / W1_BK) >= INT32_MAX / 65536 ||
+        !wg_device_ok(s, NH, KV, w1_smem_bytes()) || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return 0;
     return nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
 }
