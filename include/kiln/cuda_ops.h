@@ -418,14 +418,17 @@ kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, float *db0, f
  * Forward: mid bf16 [B,T+k1-1,C] saved; qpre [N,NH*D], kpre [N,KV*D] bf16 (dense) = the convolution output plus
  * the coupling (one rounding). Backward from dqpre / dkpre (dense): dq, dk bf16 written (required) in q's and k's
  * layout (rows ldq and ldk apart) = the coupling's adjoint plus the convolution's input gradient; dw0, db0, dw1,
- * db1 f32 += (nullable); dmid f32 workspace [B,T+k1-1,C]. bf16 tensor cores (w1 split hi + lo), deterministic
- * weight gradients. */
+ * db1 f32 += (nullable); dmid a workspace of [B,T+k1-1,C] f32 that holds the grouped stage's input gradient on
+ * return: as bf16 (its first half; the reference's autocast keeps this gradient bf16) where the wgmma kernels
+ * take the call, else f32; *dmid_bf16 (nullable) says which (KILN_CCA_DMID=f32: always f32). bf16 tensor cores
+ * (w1 split hi + lo), deterministic weight gradients. */
 kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *kpre, kiln_bf16 *mid, const kiln_bf16 *q,
                                               const kiln_bf16 *k, const float *w0, const float *b0, const float *w1,
                                               const float *b1, const kiln_conv_shape *s, int64_t NH, int64_t KV,
                                               int64_t ldq, int64_t ldk, void *stream);
 kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, float *dw0, float *db0, float *dw1,
-                                               float *db1, float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre,
+                                               float *db1, float *dmid, int *dmid_bf16, const kiln_bf16 *dqpre,
+                                               const kiln_bf16 *dkpre,
                                                const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *mid,
                                                const float *w0, const float *w1, const kiln_conv_shape *s, int64_t NH,
                                                int64_t KV, int64_t ldq, int64_t ldk, void *stream);

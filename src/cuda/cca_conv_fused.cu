@@ -746,13 +746,16 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
 // in one pass over the block's rows with the input rows in a sliding window (a pass over dmid per tap, 32 rows x
 // C f32 = 160 KB a block, was more than L2 keeps for 516 blocks at once); and dx_couple8_rows_kernel's dx + the
 // coupling's adjoint.
-template <int K0>
-static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float *dmid, const bf16 *xq, const bf16 *xk,
+// Both read dmid as TD: f32, or bf16 where the grouped stage's wgmma kernel stored it so (16-byte loads of 8).
+static __device__ __forceinline__ void ld8(const float *p, float *o) { ldv<4>(p, 0, o), ldv<4>(p, 4, o + 4); }
+static __device__ __forceinline__ void ld8(const bf16 *p, float *o) { ld8_bf16(p, o); }
+template <int K0, typename TD>
+static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const TD *dmid, const bf16 *xq, const bf16 *xk,
                                              kiln_conv_shape s, int Q, int cps, int ldq, int ldk) {
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
     const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
     const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M;
-    const float *dmb = dmid + (int64_t)bb * M * C;
+    const TD *dmb = dmid + (int64_t)bb * M * C;
     for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
         float acc[K0][8] = {}, accb[8] = {0, 0, 0, 0, 0, 0, 0, 0}, xw[K0][8] = {};
         // xw[jj] = x row u + jj - P (when that is >= 0), starting at u0
@@ -769,7 +772,7 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float 
                 for (int k = 0; k < 8; k++) xw[jj][k] = xw[jj + 1][k];
             if (u + K0 - 1 >= P) ld_bf<8>(xat(xq, xk, (int64_t)bb * T + u + K0 - 1 - P, c, Q, ldq, ldk), xw[K0 - 1]);
             float gv[8];
-            ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
+            ld8(dmb + (int64_t)u * C + c, gv);
 #pragma unroll
             for (int k = 0; k < 8; k++) accb[k] += gv[k];
 #pragma unroll
@@ -797,8 +800,8 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const float 
 // per token (addresses 64 bytes apart across a warp: 16 cache lines a load instruction). Per token the same sums
 // in the same order as dw_bwd_couple_kernel (dx over the taps jj = 0, 1, ...; sk over m = 0, 1, ...).
 #define DXR 2
-template <int K0>
-static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *dmid, const float *w0, const bf16 *dqp,
+template <int K0, typename TD>
+static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const TD *dmid, const float *w0, const bf16 *dqp,
                                               const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int ldq, int ldk) {
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
     const int D = C / (int)s.groups, D8 = D / 8, Q = NH * D, Kc = KV * D, G = NH / KV;
@@ -809,7 +812,7 @@ static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *d
         const int rem = (int)(e - sr * (KV * D8)), j = rem / D8, d = (rem % D8) * 8;
         const int64_t bb = sr / strips;
         const int t0 = (int)(sr - bb * strips) * DXR, nt = T - t0 < DXR ? T - t0 : DXR;
-        const float *dmb = dmid + bb * M * C;
+        const TD *dmb = dmid + bb * M * C;
         float sk[DXR][8];
 #pragma unroll
         for (int r = 0; r < DXR; r++)
@@ -831,7 +834,7 @@ static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const float *d
                     const int u = t + P - jj;
                     if (u < 0 || u >= M) continue;
                     float gv[8];
-                    ldv<4>(dmb + (int64_t)u * C + c, 0, gv), ldv<4>(dmb + (int64_t)u * C + c + 4, 0, gv + 4);
+                    ld8(dmb + (int64_t)u * C + c, gv);
 #pragma unroll
                     for (int k = 0; k < 8; k++) dx[k] += gv[k] * wv[k * K0 + jj];
                 }
@@ -906,6 +909,15 @@ static int rows16(const void *p, int64_t ld) { return aligned16(p) && ld % 8 == 
 static int w1_lo(void) {
     const char *e = getenv("KILN_CCA_W1");
     return !(e && !strcmp(e, "bf16"));
+}
+
+// The backward's dmid (the grouped stage's input gradient, written once and read by the depthwise stage's two
+// passes) in bf16 where the wgmma kernel writes it and the 16-byte kernels read it: one rounding of an f32 sum,
+// as the reference's autocast conv1d keeps this gradient; 12 -> 6 bytes an element (session 26).
+// KILN_CCA_DMID=f32 keeps it f32.
+static int dmid_bf16_on(void) {
+    const char *e = getenv("KILN_CCA_DMID");
+    return !(e && !strcmp(e, "f32"));
 }
 
 // KILN_CCA_TILE=64 keeps heads of 128 channels on grp_kernel's 64 x 64 tiles (a comparison; grp128_kernel
@@ -1013,8 +1025,51 @@ done:
     return err;
 }
 
+// The depthwise stage's backward through its 16-byte kernels, the taps as a template argument: dw0 / db0 partials
+// (when p0 or pb0), then dx + the coupling's adjoint; dmid as TD (f32, or bf16 from the wgmma input gradient)
+template <int K0, typename TD>
+static kiln_error *depthwise_bwd8_k(bf16 *dq, bf16 *dk, float *p0, float *pb0, const TD *dmid, const bf16 *q,
+                                    const bf16 *k, const float *w0, const bf16 *dqpre, const bf16 *dkpre,
+                                    const kiln_conv_shape *s, int64_t NH, int64_t KV, int64_t cps0, int64_t ldq,
+                                    int64_t ldk, cudaStream_t st) {
+    kiln_error *err = NULL;
+    const int64_t C = s->C, cg = C / s->groups, Q = NH * cg;
+    if (p0 || pb0) {
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 0, st));
+        const int64_t c8 = C / 8;
+        const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
+        dw0_part8_taps_kernel<K0, TD><<<(unsigned)(s->B * cps0), threads, 0, st>>>(p0, pb0, dmid, q, k, *s, (int)Q,
+                                                                                   (int)cps0, (int)ldq, (int)ldk);
+        LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
+        CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 1, st));
+    }
+    CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
+    {
+        const int64_t nx = s->B * ((s->T + DXR - 1) / DXR) * KV * cg / 8;
+        dx_couple8_rows_kernel<K0, TD><<<grid_for(nx, 256), 256, 0, st>>>(dq, dk, dmid, w0, dqpre, dkpre, *s, (int)NH,
+                                                                          (int)KV, (int)ldq, (int)ldk);
+        LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
+    }
+    CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
+done:
+    return err;
+}
+template <typename TD>
+static kiln_error *depthwise_bwd8(bf16 *dq, bf16 *dk, float *p0, float *pb0, const TD *dmid, const bf16 *q,
+                                  const bf16 *k, const float *w0, const bf16 *dqpre, const bf16 *dkpre,
+                                  const kiln_conv_shape *s, int64_t NH, int64_t KV, int64_t cps0, int64_t ldq,
+                                  int64_t ldk, cudaStream_t st) {
+    switch (s->k0) {
+    case 1: return depthwise_bwd8_k<1>(dq, dk, p0, pb0, dmid, q, k, w0, dqpre, dkpre, s, NH, KV, cps0, ldq, ldk, st);
+    case 2: return depthwise_bwd8_k<2>(dq, dk, p0, pb0, dmid, q, k, w0, dqpre, dkpre, s, NH, KV, cps0, ldq, ldk, st);
+    case 3: return depthwise_bwd8_k<3>(dq, dk, p0, pb0, dmid, q, k, w0, dqpre, dkpre, s, NH, KV, cps0, ldq, ldk, st);
+    default: return depthwise_bwd8_k<4>(dq, dk, p0, pb0, dmid, q, k, w0, dqpre, dkpre, s, NH, KV, cps0, ldq, ldk, st);
+    }
+}
+
 extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, float *dw0, float *db0,
-                                                          float *dw1, float *db1, float *dmid, const kiln_bf16 *dqpre,
+                                                          float *dw1, float *db1, float *dmid, int *dmid_bf16,
+                                                          const kiln_bf16 *dqpre,
                                                           const kiln_bf16 *dkpre, const kiln_bf16 *q, const kiln_bf16 *k,
                                                           const kiln_bf16 *mid, const float *w0, const float *w1,
                                                           const kiln_conv_shape *s, int64_t NH, int64_t KV,
@@ -1025,6 +1080,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
     bf16 *wh = NULL;
     KILN_TRY(check_fused("cca_conv_couple backward", s, NH, KV, &ldq, &ldk));
     if (!dq || !dk || !dmid) return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: dq, dk and dmid are required");
+    if (dmid_bf16) *dmid_bf16 = 0;
     {
         const int64_t B = s->B, T = s->T, C = s->C, k0 = s->k0, k1 = s->k1, M = T + k1 - 1, cg = C / s->groups;
         const int64_t cps1 = (T + W1_CHUNK - 1) / W1_CHUNK, cps0 = (M + DW_ROWS - 1) / DW_ROWS;
@@ -1034,6 +1090,11 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             return kiln_errorf(KILN_EINVAL, "cca_conv_couple backward: %lld sequences of %lld steps", (long long)B,
                                (long long)T);
         const int t128 = fast && use_tile128(cg) && aligned16(dmid);
+        // the depthwise stage through 16-byte accesses with the taps a template argument (depthwise_bwd8); the other
+        // shapes (and more than 4 taps) through dw_bwd_couple_kernel, one pass for both
+        const int vec8 = cg % 8 == 0 && k0 <= 4 && rows16(dq, ldq) && rows16(dk, ldk) && aligned16(dqpre) &&
+                         aligned16(dkpre) && rows16(q, ldq) && rows16(k, ldk) && aligned16(dmid) && aligned16(w0);
+        int dbf = 0; // dmid stored as bf16
         // dw1 on wgmma: `wparts` partials (one per CTA), else B * cpsw chunks' (KILN_CCA_DW1=wmma: dw1_128_kernel)
         const int wparts = fast && (dw1 || db1) && use_wgmma(cg, "KILN_CCA_DW1", "wmma")
                                ? kiln_cca_dw1_wg_parts(s, NH, KV, dqpre, dkpre, mid)
@@ -1080,7 +1141,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         int bpg;
         if (fast && use_wgmma(cg, "KILN_CCA_BWD", "mma") &&
             kiln_cca_grp_bwd_wg_ok(s, NH, KV, dmid, dqpre, dkpre, w1_lo())) {
-            if ((err = kiln_cca_grp_bwd_wg(dmid, dqpre, dkpre, w1, s, NH, KV, w1_lo(), st))) goto done;
+            // dmid in bf16 where the depthwise stage's 16-byte kernels read it (KILN_CCA_DMID=f32: f32)
+            dbf = vec8 && dmid_bf16_on();
+            if ((err = kiln_cca_grp_bwd_wg(dmid, dbf, dqpre, dkpre, w1, s, NH, KV, w1_lo(), st))) goto done;
         } else if (fast && aligned16(dmid) && use_persistent(cg, k1, s->groups, &bpg)) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grpp_bwd_kernel<true> : grpp_bwd_kernel<false>;
@@ -1108,50 +1171,15 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 1, st));
         // the depthwise stage and the coupling
-        const int64_t kvd = KV * cg, Q = NH * cg;
-        // 16-byte accesses and the taps as a template argument; the other shapes (and more than 4 taps) through
-        // dw_bwd_couple_kernel, one pass for both
-        if (cg % 8 == 0 && k0 <= 4 && rows16(dq, ldq) && rows16(dk, ldk) && aligned16(dqpre) && aligned16(dkpre) &&
-            rows16(q, ldq) && rows16(k, ldk) && aligned16(dmid) && aligned16(pb0) && aligned16(w0)) {
-            if (p0 || pb0) {
-                CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 0, st));
-                const int64_t c8 = C / 8;
-                const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
-                if (k0 == 1)
-                    dw0_part8_taps_kernel<1><<<(unsigned)(B * cps0), threads, 0, st>>>(
-                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
-                else if (k0 == 2)
-                    dw0_part8_taps_kernel<2><<<(unsigned)(B * cps0), threads, 0, st>>>(
-                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
-                else if (k0 == 3)
-                    dw0_part8_taps_kernel<3><<<(unsigned)(B * cps0), threads, 0, st>>>(
-                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
-                else
-                    dw0_part8_taps_kernel<4><<<(unsigned)(B * cps0), threads, 0, st>>>(
-                        p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, *s, (int)Q, (int)cps0, (int)ldq, (int)ldk);
-                LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
-                CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 1, st));
-            }
-            CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
-            const int64_t nx = B * ((T + DXR - 1) / DXR) * kvd / 8;
-            if (k0 == 1)
-                dx_couple8_rows_kernel<1><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
-                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
-            else if (k0 == 2)
-                dx_couple8_rows_kernel<2><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
-                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
-            else if (k0 == 3)
-                dx_couple8_rows_kernel<3><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
-                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
-            else
-                dx_couple8_rows_kernel<4><<<grid_for(nx, 256), 256, 0, st>>>((bf16 *)dq, (bf16 *)dk, dmid, w0,
-                                                                                (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                                                *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
-            LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
-            CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
+        const int64_t kvd = KV * cg;
+        if (vec8) {
+            if ((err = dbf ? depthwise_bwd8((bf16 *)dq, (bf16 *)dk, p0, pb0, (const bf16 *)dmid, (const bf16 *)q,
+                                            (const bf16 *)k, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, s, NH, KV,
+                                            cps0, ldq, ldk, st)
+                           : depthwise_bwd8((bf16 *)dq, (bf16 *)dk, p0, pb0, (const float *)dmid, (const bf16 *)q,
+                                            (const bf16 *)k, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, s, NH, KV,
+                                            cps0, ldq, ldk, st)))
+                goto done;
         } else {
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
             const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
@@ -1167,6 +1195,7 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         if (dw0) CUDA_TRY(colsum_add_multi(&dw0, 1, p0, B * cps0, C * k0, st));
         if (db0) CUDA_TRY(colsum_add_multi(&db0, 1, pb0, B * cps0, C, st));
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0_SUM, 1, st));
+        if (dmid_bf16) *dmid_bf16 = dbf;
     }
 done:
     if (wh) cudaFreeAsync(wh, st);

@@ -1,7 +1,8 @@
 // CCA's grouped convolution on Hopper's wgmma for heads of exactly 128 channels (ZAYA's), persistent, in both of
 // the training path's directions (the contract is in cca_conv_wg.h):
 //  - the forward with the conv bias and the q/k coupling in its epilogue (cca_conv_fused.cu's grp128_kernel<0>);
-//  - the backward's input gradient dmid (its grpp_bwd_kernel): the same kernel with dy for A (MODE 1);
+//  - the backward's input gradient dmid (its grpp_bwd_kernel): the same kernel with dy for A (MODE 1), stored as
+//    f32 or bf16 (session 26: bf16 where the depthwise stage's 16-byte kernels read it);
 //  - the backward's weight and bias gradients dw1, db1 as per-CTA partials (its dw1_128_kernel): dw1_wg_kernel
 //    below, both operands MN-major (session 25: 112 -> 45 us a call at issue [cuda]'s shape, partials and sums
 //    included).
@@ -64,12 +65,13 @@ static size_t grp_smem(const kiln_conv_shape *s, int lo) { return smem_bytes((in
 // + j, the epilogue above. MODE 1, the input gradient dmid[u, n] = sum_{j,co} dy[u - j, co] w1[g*128 + co, n, j]
 // (u < M): tiles of 128 rows of one sequence (tps a sequence), A from dqpre (tm_a0) or dkpre (tm_a1), 3-D maps
 // [sequence][T][channels] whose row start u0 - j may be negative or run past T (zeros: the convolution's edges);
-// the epilogue stores dmid's f32 pairs.
-template <int MODE, bool LO>
+// the epilogue stores dmid's pairs as TD: f32, or bf16 (one rounding of the f32 sum, as the reference's autocast
+// keeps this gradient: half the bytes written here and read twice by the depthwise stage's backward).
+template <int MODE, bool LO, typename TD = float>
 static __global__ void __launch_bounds__(THREADS, 1)
     grp_wg_kernel(const __grid_constant__ CUtensorMap tm_a0, const __grid_constant__ CUtensorMap tm_a1,
                   const __grid_constant__ CUtensorMap tm_w, bf16 *__restrict__ qpre, bf16 *__restrict__ kpre,
-                  float *__restrict__ dmid, const bf16 *__restrict__ xq, const bf16 *__restrict__ xk,
+                  TD *__restrict__ dmid, const bf16 *__restrict__ xq, const bf16 *__restrict__ xk,
                   const float *__restrict__ ksum, const float *__restrict__ b1, int nseq, int T, int M, int kblocks,
                   int groups, int NH, int KV, int ldq, int ldk, int bpg) {
     constexpr int NB = LO ? 256 : 128, B_BLOCK = NB * 128;
@@ -183,12 +185,13 @@ static __global__ void __launch_bounds__(THREADS, 1)
         for (int h = 0; h < 2; h++) {
             if (tok[h] < 0) continue;
             if constexpr (MODE == 1) {
-                float *o = dmid + tok[h] * (groups * CG) + g0 + cb;
+                TD *o = dmid + tok[h] * (groups * CG) + g0 + cb;
 #pragma unroll
                 for (int j = 0; j < 16; j++) {
                     float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
                     if constexpr (LO) v0 += acc[64 + 4 * j + 2 * h], v1 += acc[64 + 4 * j + 2 * h + 1];
-                    *(float2 *)(o + 8 * j) = make_float2(v0, v1);
+                    if constexpr (sizeof(TD) == 2) *(__nv_bfloat162 *)(o + 8 * j) = __floats2bfloat162_rn(v0, v1);
+                    else *(float2 *)(o + 8 * j) = make_float2(v0, v1);
                 }
                 continue;
             }
@@ -372,9 +375,9 @@ done:
 }
 
 // the kernel for (MODE, LO), its shared memory granted; `bpg` CTAs a group: one CTA an SM
-template <int MODE>
+template <int MODE, typename TD = float>
 static kiln_error *launch(const CUtensorMap &a0, const CUtensorMap &a1, const CUtensorMap &tw, bf16 *qpre, bf16 *kpre,
-                          float *dmid, const bf16 *q, const bf16 *k, const float *ks, const float *b1,
+                          TD *dmid, const bf16 *q, const bf16 *k, const float *ks, const float *b1,
                           const kiln_conv_shape *s, int64_t NH, int64_t KV, int64_t ldq, int64_t ldk, int lo,
                           cudaStream_t st) {
     kiln_error *err = NULL;
@@ -385,7 +388,7 @@ static kiln_error *launch(const CUtensorMap &a0, const CUtensorMap &a1, const CU
     {
         const int bpg = nsm / (int)s->groups > 1 ? nsm / (int)s->groups : 1;
         const size_t smem = grp_smem(s, lo);
-        auto kern = lo ? grp_wg_kernel<MODE, true> : grp_wg_kernel<MODE, false>;
+        auto kern = lo ? grp_wg_kernel<MODE, true, TD> : grp_wg_kernel<MODE, false, TD>;
         CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         kern<<<(unsigned)(s->groups * bpg), THREADS, smem, st>>>(a0, a1, tw, qpre, kpre, dmid, q, k, ks, b1, (int)s->B,
                                                                  (int)s->T, (int)(s->T + s->k1 - 1), kblocks,
@@ -448,8 +451,8 @@ extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, con
     LAUNCH_CHECK("cca_conv_couple forward (k heads' coupling sums)");
     if (!(err = w1_operand(&wk, &tm_w, w1, s, 0, lo, st)) &&
         !(err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")))
-        err = launch<0>(tm_mid, tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)q, (const bf16 *)k, ks, b1,
-                        s, NH, KV, ldq, ldk, lo, st);
+        err = launch<0, float>(tm_mid, tm_mid, tm_w, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)q, (const bf16 *)k,
+                               ks, b1, s, NH, KV, ldq, ldk, lo, st);
 done:
     if (wk) cudaFreeAsync(wk, st);
     if (ks) cudaFreeAsync(ks, st);
@@ -487,8 +490,9 @@ done:
     return err;
 }
 
-extern "C" kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre, const float *w1,
-                                           const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream) {
+extern "C" kiln_error *kiln_cca_grp_bwd_wg(void *dmid, int dmid_bf16, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre,
+                                           const float *w1, const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo,
+                                           void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     bf16 *wk = NULL;
@@ -496,7 +500,10 @@ extern "C" kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, 
     if (!(err = w1_operand(&wk, &tm_w, w1, s, 1, lo, st)) &&
         !(err = kiln_tma_map_bf16_3d(&tm_q, dqpre, s->B, s->T, NH * CG, NH * CG, BM, "dqpre")) &&
         !(err = kiln_tma_map_bf16_3d(&tm_k, dkpre, s->B, s->T, KV * CG, KV * CG, BM, "dkpre")))
-        err = launch<1>(tm_q, tm_k, tm_w, NULL, NULL, dmid, NULL, NULL, NULL, NULL, s, NH, KV, 0, 0, lo, st);
+        err = dmid_bf16 ? launch<1>(tm_q, tm_k, tm_w, NULL, NULL, (bf16 *)dmid, NULL, NULL, NULL, NULL, s, NH, KV, 0, 0,
+                                    lo, st)
+                        : launch<1>(tm_q, tm_k, tm_w, NULL, NULL, (float *)dmid, NULL, NULL, NULL, NULL, s, NH, KV, 0, 0,
+                                    lo, st);
     if (wk) cudaFreeAsync(wk, st);
     return err;
 }

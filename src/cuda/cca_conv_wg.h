@@ -24,14 +24,15 @@ kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, const kiln_bf1
                                 const kiln_bf16 *k, int64_t ldk, const float *w1, const float *b1,
                                 const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream);
 
-/* The backward's grouped stage, its input gradient, on the same kernel: dmid [B, T + k1 - 1, C] (f32, written) with
+/* The backward's grouped stage, its input gradient, on the same kernel: dmid [B, T + k1 - 1, C] (written: f32, or
+ * bf16 when dmid_bf16, one rounding of the f32 sum) with
  * dmid[u, g*128 + n] = sum_{j,co} dy[u - j, g*128 + co] w1[g*128 + co, n, j] over 0 <= u - j < T, dy of head g
  * read from dqpre [B*T, NH*128] (g < NH) or dkpre [B*T, KV*128] (dense bf16). The _ok test: the forward's shape and
  * device conditions, 16-byte aligned dqpre / dkpre, 8-byte aligned dmid. */
 int kiln_cca_grp_bwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *dmid, const void *dqpre,
                            const void *dkpre, int lo);
-kiln_error *kiln_cca_grp_bwd_wg(float *dmid, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre, const float *w1,
-                                const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream);
+kiln_error *kiln_cca_grp_bwd_wg(void *dmid, int dmid_bf16, const kiln_bf16 *dqpre, const kiln_bf16 *dkpre,
+                                const float *w1, const kiln_conv_shape *s, int64_t NH, int64_t KV, int lo, void *stream);
 
 /* The backward's grouped weights' gradient as partials, for heads of 128 and k1 = 2: part [parts][C][2*128] f32 with
  * part[p][g*128 + co][j*128 + i] = the sum over part p's steps of dy[b, u, g*128 + co] * mid[b, u + j, g*128 + i]

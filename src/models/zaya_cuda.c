@@ -1264,7 +1264,7 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     /* the convolutions and the residual coupling, one fused op: dq/dk = the coupling's adjoint + the conv's dx */
     kiln_conv_shape cs = {B, T, C, NH + KV, c->cca_time0, c->cca_time1};
     OP(g, "CCA convolutions bwd", kiln_cca_conv_couple_backward_cuda(dp.q, dp.k, Gd->conv0_w, Gd->conv0_b, Gd->conv1_w, Gd->conv1_b,
-                                                                     s->dmid, s->dqpre, s->dkpre, pv.q, pv.k, L->mid, W->conv0_w,
+                                                                     s->dmid, NULL, s->dqpre, s->dkpre, pv.q, pv.k, L->mid, W->conv0_w,
                                                                      W->conv1_w, &cs, NH, KV, pv.ldq, pv.ldk, st));
     if (dp.packed) { /* the first gradient of ln1 here: written */
         OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->dln1, Gd->wq, NULL, dp.q, L->ln1, BF(g, W->wq), N, H,

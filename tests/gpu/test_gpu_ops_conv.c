@@ -14,6 +14,9 @@
  *   as hi + lo bf16, ~16 significant bits); dmid 1e-4 (f32 from those operands); with KILN_CCA_W1=bf16 (w1's
  *   bf16 rounding alone: 2^-9 relative a weight, random over the cg*k1 terms of an output; run s16r6 measured
  *   dmid 2.1e-3, dq/dk 3.5e-3, dw0/db0 2.4e-3) dmid 5e-3, dq, dk 1e-2 and dw0, db0 (sums over dmid) 1e-2;
+ *   with dmid stored in bf16 (the wgmma path's default: one more rounding, 2^-9 relative, of dmid and of what is
+ *   summed from it; session 26 measured dmid 2.4e-3, dq/dk 4.1e-3, dw0/db0 1.9e-3) dmid 5e-3 (1e-2 with w1 in
+ *   bf16), dq, dk, dw0, db0 1e-2;
  *   qpre, kpre and dw1 1e-2: they multiply the bf16-rounded mid (2^-8 relative per term, random over the
  *   cg*k1 terms of an output or the steps of a weight gradient, ~u/sqrt(3) of the result's spread) and
  *   qpre/kpre add their own rounding; db1, dw0, db0 1e-4 (f32 sums of exact or f32 terms).
@@ -153,7 +156,6 @@ static void fused_cases(size_t ncases) {
     /* the grouped GEMMs' weight: hi + lo (the default) or its bf16 rounding alone (KILN_CCA_W1=bf16) */
     const char *w1m = getenv("KILN_CCA_W1");
     const int hilo = !(w1m && !strcmp(w1m, "bf16"));
-    const double tol_dmid = hilo ? 1e-4 : 5e-3, tol_dx = hilo ? 5e-3 : 1e-2, tol_dw0 = hilo ? 1e-4 : 1e-2;
     kiln_rng rng;
     kiln_rng_seed(&rng, 52);
     for (size_t ci = 0; ci < ncases && ci < sizeof cases / sizeof *cases; ci++) {
@@ -199,10 +201,20 @@ static void fused_cases(size_t ncases) {
         float *gdmid = gt_dev((size_t)nm * 4), *gdw0 = gt_up_f32(dw00, C * k0), *gdb0 = gt_up_f32(db00, C);
         float *gdw1 = gt_up_f32(dw10, n1), *gdb1 = gt_up_f32(db10, C);
         CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxq, gxk, gw0, gb0, gw1, gb1, &s, NH, KV, 0, 0, NULL));
-        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
-                                                    gw0, gw1, &s, NH, KV, 0, 0, NULL));
+        int dbf = -1;
+        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, &dbf, gdqp, gdkp, gxq, gxk,
+                                                    gmid, gw0, gw1, &s, NH, KV, 0, 0, NULL));
+        CHECK_MSG(dbf == 0 || dbf == 1, "dmid's type was not reported");
+        CHECK_MSG(!(dbf && getenv("KILN_CCA_DMID") && !strcmp(getenv("KILN_CCA_DMID"), "f32")),
+                  "dmid in bf16 under KILN_CCA_DMID=f32");
+        /* dmid in bf16 (where the wgmma kernels take the call): one more rounding, 2^-9 relative, of dmid and of
+         * what is summed from it (dq, dk through dx; dw0, db0) */
+        const double tol_dmid = dbf ? (hilo ? 5e-3 : 1e-2) : (hilo ? 1e-4 : 5e-3);
+        const double tol_dx = hilo && !dbf ? 5e-3 : 1e-2, tol_dw0 = hilo && !dbf ? 1e-4 : 1e-2;
+        printf("    dmid %s\n", dbf ? "bf16" : "f32");
         float *hmid = gt_down_bf16(gmid, nm), *hqpre = gt_down_bf16(gqpre, N * Q), *hkpre = gt_down_bf16(gkpre, N * K);
-        float *hdq = gt_down_bf16(gdq, N * Q), *hdk = gt_down_bf16(gdk, N * K), *hdmid = gt_down_f32(gdmid, nm);
+        float *hdq = gt_down_bf16(gdq, N * Q), *hdk = gt_down_bf16(gdk, N * K);
+        float *hdmid = dbf ? gt_down_bf16((const kiln_bf16 *)gdmid, nm) : gt_down_f32(gdmid, nm);
         float *hdw0 = gt_down_f32(gdw0, C * k0), *hdb0 = gt_down_f32(gdb0, C), *hdw1 = gt_down_f32(gdw1, n1);
         float *hdb1 = gt_down_f32(gdb1, C);
         GT_CLOSE("fused mid (bf16)", hmid, mid, nm, 5e-3);
@@ -220,8 +232,8 @@ static void fused_cases(size_t ncases) {
         CHECK_OK(kiln_cuda_copy(gdb0, db00, (size_t)C * 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_cuda_copy(gdw1, dw10, (size_t)n1 * 4, KILN_CUDA_H2D));
         CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
-        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxq, gxk, gmid,
-                                                    gw0, gw1, &s, NH, KV, 0, 0, NULL));
+        CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdq, gdk, gdw0, gdb0, gdw1, gdb1, gdmid, NULL, gdqp, gdkp, gxq, gxk,
+                                                    gmid, gw0, gw1, &s, NH, KV, 0, 0, NULL));
         float *r_dq = gt_down_bf16(gdq, N * Q), *r_dk = gt_down_bf16(gdk, N * K), *r_dw0 = gt_down_f32(gdw0, C * k0);
         float *r_db0 = gt_down_f32(gdb0, C), *r_dw1 = gt_down_f32(gdw1, n1), *r_db1 = gt_down_f32(gdb1, C);
         CHECK_MSG(!memcmp(r_dq, hdq, (size_t)(N * Q) * 4) && !memcmp(r_dk, hdk, (size_t)(N * K) * 4) &&
@@ -244,7 +256,8 @@ static void fused_cases(size_t ncases) {
             CHECK_OK(kiln_cuda_copy(gdb1, db10, (size_t)C * 4, KILN_CUDA_H2D));
             CHECK_OK(kiln_cca_conv_couple_forward_cuda(gqpre, gkpre, gmid, gxp, gxp + Q, gw0, gb0, gw1, gb1, &s, NH, KV,
                                                        P, P, NULL));
-            CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, gdw0, gdb0, gdw1, gdb1, gdmid, gdqp, gdkp, gxp,
+            int pbf = -1;
+            CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, gdw0, gdb0, gdw1, gdb1, gdmid, &pbf, gdqp, gdkp, gxp,
                                                         gxp + Q, gmid, gw0, gw1, &s, NH, KV, P, P, NULL));
             float *pmid = gt_down_bf16(gmid, nm), *pqpre = gt_down_bf16(gqpre, N * Q), *pkpre = gt_down_bf16(gkpre, N * K);
             float *pd = gt_down_bf16(gdp, N * P), *pdw0 = gt_down_f32(gdw0, C * k0), *pdb0 = gt_down_f32(gdb0, C);
@@ -256,7 +269,8 @@ static void fused_cases(size_t ncases) {
                 memcpy(pdk + n * K, pd + n * P + Q, (size_t)K * 4);
                 others &= !memcmp(pd + n * P + C, fill + n * P + C, (size_t)(P - C) * 4);
             }
-            printf("    q and k in rows %lld apart\n", (long long)P);
+            printf("    q and k in rows %lld apart, dmid %s\n", (long long)P, pbf ? "bf16" : "f32");
+            CHECK_MSG(lt == 1 || pbf == dbf, "rows %lld apart: dmid's type differs from the dense layout's", (long long)P);
             CHECK_MSG(others, "rows %lld apart: the columns past q and k were written", (long long)P);
             if (lt == 0) {
                 CHECK_MSG(!memcmp(pmid, hmid, (size_t)nm * 4) && !memcmp(pqpre, hqpre, (size_t)(N * Q) * 4) &&
@@ -265,7 +279,8 @@ static void fused_cases(size_t ncases) {
                               !memcmp(pdb0, hdb0, (size_t)C * 4) && !memcmp(pdw1, hdw1, (size_t)n1 * 4) &&
                               !memcmp(pdb1, hdb1, (size_t)C * 4),
                           "rows %lld apart: results differ from the dense layout's", (long long)P);
-            } else {
+            } else { /* the element kernels: dmid f32, at most the tolerances above */
+                CHECK_MSG(pbf == 0, "rows %lld apart: dmid in bf16 on the element kernels", (long long)P);
                 GT_CLOSE("strided mid (bf16)", pmid, mid, nm, 5e-3);
                 GT_CLOSE("strided qpre", pqpre, qpre, N * Q, 1e-2);
                 GT_CLOSE("strided kpre", pkpre, kpre, N * K, 1e-2);
@@ -309,6 +324,13 @@ TEST(gpu_ops_cca_conv_couple_fused_w1_bf16) {
     setenv("KILN_CCA_W1", "bf16", 1);
     fused_cases(99);
     unsetenv("KILN_CCA_W1");
+}
+
+/* dmid kept in f32 on the wgmma path (KILN_CCA_DMID=f32), at the f32 tolerances */
+TEST(gpu_ops_cca_conv_couple_fused_dmid_f32) {
+    setenv("KILN_CCA_DMID", "f32", 1);
+    fused_cases(2);
+    unsetenv("KILN_CCA_DMID");
 }
 
 /* heads of 128 on the 64 x 64 tiles (KILN_CCA_TILE=64) instead of the wgmma forward and the persistent input
@@ -387,17 +409,30 @@ TEST(gpu_ops_cca_conv_couple_fused_wgmma) {
                 kiln_bf16 *gdp = gt_dev((size_t)(N * P) * 2); /* dq, dk: columns of the packed layout, as q and k */
                 float *gdm = gt_dev((size_t)nm * 4);
                 if (w1m) setenv("KILN_CCA_W1", "bf16", 1);
+                setenv("KILN_CCA_DMID", "f32", 1);
                 for (int v = 0; v < 2; v++) {
                     if (v) setenv("KILN_CCA_BWD", "mma", 1);
-                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, NULL, NULL, gdm, gdyq, gdyk,
-                                                                gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P, NULL));
+                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, NULL, NULL, gdm, NULL, gdyq,
+                                                                gdyk, gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P,
+                                                                NULL));
                     unsetenv("KILN_CCA_BWD");
                     hd[v] = gt_down_f32(gdm, nm);
                 }
+                unsetenv("KILN_CCA_DMID");
+                /* the default, dmid in bf16: the same kernel's f32 sums, each rounded once to nearest (bit for bit) */
+                int dbf = 0;
+                CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, NULL, NULL, gdm, &dbf, gdyq, gdyk,
+                                                            gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P, NULL));
                 unsetenv("KILN_CCA_W1");
+                CHECK_MSG(dbf == 1, "the wgmma input gradient did not store dmid in bf16");
+                float *hdb = gt_down_bf16((const kiln_bf16 *)gdm, nm), *hdr = malloc((size_t)nm * 4);
+                memcpy(hdr, hd[0], (size_t)nm * 4);
+                gt_round_bf16(hdr, nm);
+                CHECK_MSG(!memcmp(hdb, hdr, (size_t)nm * 4), "dmid in bf16 is not the f32 dmid rounded to nearest");
+                free(hdb), free(hdr);
                 double worst = 0;
                 for (int64_t i = 0; i < nm; i++) worst = fmax(worst, fabs((double)hd[0][i] - hd[1][i]));
-                printf("    dmid: largest difference %.3g\n", worst);
+                printf("    dmid: largest difference %.3g; bf16 dmid = the f32 one rounded\n", worst);
                 CHECK_MSG(worst <= 2e-5, "wgmma against mma.sync: dmid %.3g apart", worst);
                 /* the grouped weights' and bias's gradients (dw1, db1 f32, added to): wgmma (partials of whole
                  * 64-step blocks, one a CTA) against dw1_128_kernel (KILN_CCA_DW1=wmma: chunks of 512 steps); sums of
@@ -409,8 +444,9 @@ TEST(gpu_ops_cca_conv_couple_fused_wgmma) {
                     if (v) setenv("KILN_CCA_DW1", "wmma", 1);
                     CHECK_OK(kiln_cuda_copy(gdw1, z1, (size_t)n1 * 4, KILN_CUDA_H2D));
                     CHECK_OK(kiln_cuda_copy(gdb1, z1, (size_t)C * 4, KILN_CUDA_H2D));
-                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, gdw1, gdb1, gdm, gdyq, gdyk,
-                                                                gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P, NULL));
+                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(gdp, gdp + Q, NULL, NULL, gdw1, gdb1, gdm, NULL, gdyq,
+                                                                gdyk, gxp, gxp + Q, gmid[0], gw0, gw1, &s, NH, KV, P, P,
+                                                                NULL));
                     unsetenv("KILN_CCA_DW1");
                     dw1[v] = gt_down_f32(gdw1, n1), db1[v] = gt_down_f32(gdb1, C);
                 }
@@ -455,10 +491,11 @@ TEST(gpu_ops_cca_conv_tensor_cores) {
 /* The fused convolutions at issue [cuda]'s benchmark shape (4 sequences of 4096 tokens, 8 query / 2 KV heads of 128,
  * kernels 2 and 2: N = 16384 rows of C = 1280 channels), beside a device copy of N x C f32 (the memory bound).
  * Bytes a call, per (row, channel): forward 10 (x read twice, by the depthwise pass and by the coupling, 2 each;
- * mid 2 written, 2 read; qpre / kpre 2 written); backward 24 (dy 2 read by dw1, 2 by dmid's GEMM, 2 by the coupling's adjoint; mid 2 read by dw1; dmid
- * f32 4 written, 4 read twice; x 2 read by dw0; dq / dk 2 written) + the dw1 partials (one f32 copy of w1 per
- * 512 steps of a sequence, written and read, on dw1_128_kernel; ~one per SM on the wgmma kernel); then each pass of one call by CUDA events (kiln_cca_conv_profile_cuda)
- * beside its own bytes. Times printed, never asserted. */
+ * mid 2 written, 2 read; qpre / kpre 2 written); backward 18 with dmid in bf16, 24 in f32 (dy 2 read by dw1, 2 by
+ * dmid's GEMM, 2 by the coupling's adjoint; mid 2 read by dw1; dmid written once and read twice, 2 or 4 bytes each
+ * time; x 2 read by dw0; dq / dk 2 written) + the dw1 partials (one f32 copy of w1 per 512 steps of a sequence,
+ * written and read, on dw1_128_kernel; ~one per SM on the wgmma kernel); then each pass of one call by CUDA events
+ * (kiln_cca_conv_profile_cuda) beside its own bytes. Times printed, never asserted. */
 TEST(gpu_ops_cca_conv_couple_timing) {
     const int64_t B = 4, T = 4096, NH = 8, KV = 2, D = 128, k0 = 2, k1 = 2;
     const int64_t Q = NH * D, K = KV * D, C = Q + K, N = B * T, M = T + k1 - 1, nm = B * M * C, n1 = C * D * k1;
@@ -483,7 +520,12 @@ TEST(gpu_ops_cca_conv_couple_timing) {
     for (int i = 0; i < it; i++) CHECK_OK(kiln_cuda_copy(cp, dmid, (size_t)nm * 4, KILN_CUDA_D2D));
     CHECK_OK(kiln_cuda_sync());
     const double rate = 8.0 * nm / ((gt_now_s() - t0) / it) / 1e9; /* GB/s */
-    const double fb = 10.0 * N * C, bb = 24.0 * N * C + 2.0 * 4 * (B * ((T + 511) / 512)) * n1;
+    int dbf = 0; /* dmid's type in the default call */
+    CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, &dbf, dqp, dkp, q, k, mid, w0, w1, &s,
+                                                NH, KV, 0, 0, NULL));
+    const double dmb = dbf ? 2.0 : 4.0; /* dmid's bytes an element */
+    const double fb = 10.0 * N * C, bb = (12.0 + 3 * dmb) * N * C + 2.0 * 4 * (B * ((T + 511) / 512)) * n1;
+    printf("    dmid in %s\n", dbf ? "bf16" : "f32");
     printf("    device copy %.0f GB/s: bounds forward %.1f us (%.0f MB), backward %.1f us (%.0f MB)\n", rate,
            fb / rate / 1e3, fb / 1e6, bb / rate / 1e3, bb / 1e6);
     {
@@ -497,8 +539,8 @@ TEST(gpu_ops_cca_conv_couple_timing) {
                 if (pass == 0)
                     CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, 0, 0, NULL));
                 else
-                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0,
-                                                                w1, &s, NH, KV, 0, 0, NULL));
+                    CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, NULL, dqp, dkp, q, k,
+                                                                mid, w0, w1, &s, NH, KV, 0, 0, NULL));
             }
             CHECK_OK(kiln_cuda_sync());
             us[pass] = (gt_now_s() - t0) / it * 1e6;
@@ -520,32 +562,35 @@ TEST(gpu_ops_cca_conv_couple_timing) {
             const double u = (gt_now_s() - t0) / it * 1e6;
             printf("    cca_conv + couple forward with KILN_CCA_TILE=128 (wmma) %7.1f us\n", u);
         }
-        { /* the backward with dw1 on dw1_128_kernel (KILN_CCA_DW1=wmma), the kernel the wgmma one replaced */
-            setenv("KILN_CCA_DW1", "wmma", 1);
+        /* the backward with dw1 on dw1_128_kernel (KILN_CCA_DW1=wmma), the kernel the wgmma one replaced; with
+         * dmid in f32 (KILN_CCA_DMID=f32) */
+        static const char *const alt[2][2] = {{"KILN_CCA_DW1", "wmma"}, {"KILN_CCA_DMID", "f32"}};
+        for (int a = 0; a < 2; a++) {
+            setenv(alt[a][0], alt[a][1], 1);
             for (int i = 0; i <= it; i++) {
                 if (i == 1) {
                     CHECK_OK(kiln_cuda_sync());
                     t0 = gt_now_s();
                 }
-                CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0,
-                                                            w1, &s, NH, KV, 0, 0, NULL));
+                CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, NULL, dqp, dkp, q, k, mid,
+                                                            w0, w1, &s, NH, KV, 0, 0, NULL));
             }
             CHECK_OK(kiln_cuda_sync());
-            unsetenv("KILN_CCA_DW1");
+            unsetenv(alt[a][0]);
             const double u = (gt_now_s() - t0) / it * 1e6;
-            printf("    cca_conv + couple backward with KILN_CCA_DW1=wmma %7.1f us\n", u);
+            printf("    cca_conv + couple backward with %s=%s %7.1f us\n", alt[a][0], alt[a][1], u);
         }
         { /* each pass of one more call, by CUDA events: time, its bytes (per row and channel, N x C of them), rate */
             static const char *pname[KILN_CCA_NPASS] = {"depthwise fwd (x -> mid)", "grouped fwd + coupling",
-                                                         "dw1 / db1 (partials + sums)", "grouped bwd (-> dmid f32)",
+                                                         "dw1 / db1 (partials + sums)", "grouped bwd (-> dmid)",
                                                          "dw0 / db0 partials", "dx + coupling adjoint", "dw0 / db0 sums"};
             const double pb[KILN_CCA_NPASS] = {4.0 * N * C, 6.0 * N * C, 4.0 * N * C /* + its partials */,
-                                               6.0 * N * C, 6.0 * N * C, 8.0 * N * C, 0};
+                                               (2.0 + dmb) * N * C, (2.0 + dmb) * N * C, (4.0 + dmb) * N * C, 0};
             double pu[KILN_CCA_NPASS];
             CHECK_OK(kiln_cca_conv_profile_cuda(1));
             CHECK_OK(kiln_cca_conv_couple_forward_cuda(qpre, kpre, mid, q, k, w0, b0, w1, b1, &s, NH, KV, 0, 0, NULL));
-            CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, dqp, dkp, q, k, mid, w0, w1, &s,
-                                                        NH, KV, 0, 0, NULL));
+            CHECK_OK(kiln_cca_conv_couple_backward_cuda(dq, dk, dw0, db0, dw1, db1, dmid, NULL, dqp, dkp, q, k, mid, w0,
+                                                        w1, &s, NH, KV, 0, 0, NULL));
             CHECK_OK(kiln_cca_conv_profile_read_cuda(pu));
             CHECK_OK(kiln_cca_conv_profile_cuda(0));
             for (int p = 0; p < KILN_CCA_NPASS; p++) CHECK_MSG(pu[p] >= 0, "pass %s was not recorded", pname[p]);

@@ -249,16 +249,16 @@ TEST(gpu_ops_timing_model_shapes) {
             TIME("cca_conv + couple fwd (fused)", N * C * 10.0,
                  kiln_cca_conv_couple_forward_cuda(qkp, qkp + nq, midb, qk, qk + nq, w0, b0, w1, b1, &cs, NH, KV, 0, 0, NULL));
             TIME("cca_conv + couple bwd (fused)", N * C * 20.0,
-                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, g0, gb0, g1, gb1, dmid, conv, conv + nq, qk, qk + nq,
+                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, g0, gb0, g1, gb1, dmid, NULL, conv, conv + nq, qk, qk + nq,
                                                     midb, w0, w1, &cs, NH, KV, 0, 0, NULL));
             TIME("  fused bwd without weight grads", N * C * 14.0,
-                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, NULL, NULL, NULL, NULL, dmid, conv, conv + nq, qk,
+                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, NULL, NULL, NULL, NULL, dmid, NULL, conv, conv + nq, qk,
                                                     qk + nq, midb, w0, w1, &cs, NH, KV, 0, 0, NULL));
             setenv("KILN_CCA_TILE", "64", 1); /* the 64 x 64 tiles, for comparison */
             TIME("cca_conv + couple fwd (64x64 tiles)", N * C * 10.0,
                  kiln_cca_conv_couple_forward_cuda(qkp, qkp + nq, midb, qk, qk + nq, w0, b0, w1, b1, &cs, NH, KV, 0, 0, NULL));
             TIME("cca_conv + couple bwd (64x64 tiles)", N * C * 20.0,
-                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, g0, gb0, g1, gb1, dmid, conv, conv + nq, qk, qk + nq,
+                 kiln_cca_conv_couple_backward_cuda(dqk, dqk + nq, g0, gb0, g1, gb1, dmid, NULL, conv, conv + nq, qk, qk + nq,
                                                     midb, w0, w1, &cs, NH, KV, 0, 0, NULL));
             unsetenv("KILN_CCA_TILE");
             kiln_cuda_free(midb), kiln_cuda_free(qkp);
