@@ -13,6 +13,8 @@
 # sustained load meets this board's power limit, so that time is a floor under any implementation's step at the
 # limit: the peer's step time over it bounds the ratio, and kiln's step minus it is what kiln's other passes cost.
 # KILN_OPT_OVERLAP=1 in the environment runs kiln's optimizer step beside the next forward (an experiment).
+# DETERMINISTIC=0: kiln with run.deterministic false (cuDNN's atomic-dQ attention backward, as the peer's PyTorch;
+# runs are then not bit-identical); the default keeps kiln's default, bit-identical runs.
 # TRACE=1: after the timed run, a second kiln run of 6 steps under bench/kernel_trace.sh (CUPTI, no CUDA events):
 # the GPU's idle gaps, the streams' overlap and every kernel's time in its last two steps, in OUT/trace/report.txt
 # (report.html: the last step as an SVG timeline).
@@ -30,9 +32,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 test -f runs/default/data/index.json
 
 cfg="$out/cuda_train_config.json"
-python3 - "$cfg" "$steps" "$out/kiln_run" <<'PY'
+python3 - "$cfg" "$steps" "$out/kiln_run" "${DETERMINISTIC:-1}" <<'PY'
 import json, sys
-path, steps, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path, steps, run, det = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] != "0"
 L = 8
 cfg = {
     "model": {"vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": L, "layer_types": ["hybrid"] * L,
@@ -42,7 +44,7 @@ cfg = {
     "data": {"dir": "runs/default/data", "seq_len": 4096, "micro_batch": 4, "grad_accum": 1},
     "optim": {"muon": False, "lr": 1e-4, "min_lr": 1e-5, "warmup": 2},
     "run": {"steps": steps, "log_every": 1, "eval_every": 0, "ckpt_every": 0, "save_final": False,
-            "device": "cuda", "out_dir": run},
+            "device": "cuda", "out_dir": run, "deterministic": det},
 }
 json.dump(cfg, open(path, "w"), indent=1)
 PY

@@ -184,6 +184,13 @@ kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16
                                          const kiln_bf16 *out, const float *lse, const kiln_bf16 *q,
                                          const kiln_bf16 *k, const kiln_bf16 *v, const kiln_attn_shape *s, void *work,
                                          void *stream);
+/* The same with atomic_dq = 1: where no implementation was chosen (KILN_ATTENTION unset, no
+ * kiln_attention_cuda_set_impl), cuDNN runs its faster backward whose dQ accumulates with float atomics (as
+ * PyTorch's), so two runs differ in the last bits; 0 is kiln_attention_backward_cuda. */
+kiln_error *kiln_attention_backward_ex_cuda(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16 *dv, const kiln_bf16 *dout,
+                                            const kiln_bf16 *out, const float *lse, const kiln_bf16 *q,
+                                            const kiln_bf16 *k, const kiln_bf16 *v, const kiln_attn_shape *s,
+                                            void *work, int atomic_dq, void *stream);
 size_t kiln_attention_backward_cuda_work(const kiln_attn_shape *s);
 /* ==== end cudaattn ==== */
 

@@ -36,6 +36,7 @@ typedef struct {
     char skip_steps[1024]; /* steps whose data is consumed without training: "9-12,40" */
     char device[1024];     /* "cpu" or "cuda" (one GPU per rank) */
     int recompute;         /* cuda: keep only each layer's input, recompute the rest in backward */
+    int deterministic;     /* cuda: bit-identical runs (1); 0: cuDNN's atomic-dQ attention backward */
     int save_final;        /* write the final checkpoint and model/ (0: benchmarks) */
 } kiln_train_config;
 

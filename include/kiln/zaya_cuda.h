@@ -4,7 +4,8 @@
  * Precision (issue [cuda]): f32 master parameters in the CPU model's flat layout (so kiln_zaya_bind's
  * per-layer pointers work on the device base), a bf16 copy of them for the GEMMs, f32 gradients in the
  * same layout, the residual stream in f32, activations between ops in bf16, math in f32. Weight
- * gradients are deterministic (fixed-order reductions): two runs on the same data give the same bits.
+ * gradients are deterministic (fixed-order reductions): two runs on the same data give the same bits
+ * (unless kiln_zaya_cuda_set_deterministic(g, 0) lets cuDNN's attention backward use float atomics).
  *
  * The activation arena is sized once for (B, T). With recompute on, only each layer's input (and its
  * router state, which the next layer reads) is kept; backward re-runs each layer's forward first.
@@ -28,6 +29,10 @@ typedef struct kiln_zaya_cuda kiln_zaya_cuda;
  * parameters and balancing biases. m must outlive it (its config and parameter table are used). */
 kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out);
 void kiln_zaya_cuda_free(kiln_zaya_cuda *g);
+/* Bit-identical runs (on = 1, the default: every reduction in a fixed order, cuDNN's deterministic attention
+ * backward) or not (0: cuDNN's attention backward accumulates dQ with float atomics, as PyTorch's does; ~1.5%
+ * faster at issue [cuda]'s size, docs/perf.md session 26). $KILN_ATTENTION, where set, decides instead. */
+void kiln_zaya_cuda_set_deterministic(kiln_zaya_cuda *g, int on);
 
 /* Host -> device: the master parameters (m->w, all numel floats) and their bf16 copy. */
 kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w);

@@ -309,6 +309,10 @@ static kiln_error *att_dims(const kiln_attn_shape *s, AttnDims *a, const char *o
 enum { IMPL_ENV = -1, IMPL_OWN = 0, IMPL_CUDNN = 1, IMPL_CUDNN_NONDET = 2 };
 #define IMPL_DEFAULT IMPL_CUDNN
 static int impl_set = IMPL_ENV;
+static int impl_chosen(void) { // a choice made by set_impl or $KILN_ATTENTION (else the default)
+    const char *e = getenv("KILN_ATTENTION");
+    return impl_set != IMPL_ENV || (e && *e);
+}
 static int impl_parse(const char *n) {
     if (!strcmp(n, "own")) return IMPL_OWN;
     if (!strcmp(n, "cudnn")) return IMPL_CUDNN;
@@ -359,9 +363,10 @@ static const char *last_impl[2] = {"own", "own"};
 extern "C" const char *kiln_attention_cuda_last_impl(int backward) { return last_impl[backward != 0]; }
 
 // whether cuDNN runs this call (else kiln's kernels, with the reason said once)
-static bool att_use_cudnn(const kiln_attn_shape *s, int backward, bool ptrs_ok, int *nondet) {
+// atomic_dq: the caller allows cuDNN's atomic-dQ backward where nobody chose an implementation
+static bool att_use_cudnn(const kiln_attn_shape *s, int backward, bool ptrs_ok, int *nondet, int atomic_dq = 0) {
     int impl = impl_now();
-    *nondet = impl == IMPL_CUDNN_NONDET;
+    *nondet = impl == IMPL_CUDNN_NONDET || (backward && atomic_dq && impl == IMPL_CUDNN && !impl_chosen());
     last_impl[backward] = "own";
     if (impl == IMPL_OWN) {
         att_say(backward, "kiln's flash kernels", "KILN_ATTENTION=own");
@@ -440,6 +445,14 @@ extern "C" kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk
                                                     const kiln_bf16 *dout, const kiln_bf16 *out, const float *lse,
                                                     const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
                                                     const kiln_attn_shape *s, void *work, void *stream) {
+    return kiln_attention_backward_ex_cuda(dq, dk, dv, dout, out, lse, q, k, v, s, work, 0, stream);
+}
+
+extern "C" kiln_error *kiln_attention_backward_ex_cuda(kiln_bf16 *dq, kiln_bf16 *dk, kiln_bf16 *dv,
+                                                       const kiln_bf16 *dout, const kiln_bf16 *out, const float *lse,
+                                                       const kiln_bf16 *q, const kiln_bf16 *k, const kiln_bf16 *v,
+                                                       const kiln_attn_shape *s, void *work, int atomic_dq,
+                                                       void *stream) {
     AttnDims a;
     kiln_error *err = att_dims(s, &a, "kiln_attention_backward_cuda");
     if (err) return err;
@@ -454,7 +467,7 @@ extern "C" kiln_error *kiln_attention_backward_cuda(kiln_bf16 *dq, kiln_bf16 *dk
         att_use_cudnn(s, 1,
                       dq && dk && dv && aligned16(dq) && aligned16(dk) && aligned16(dv) && aligned16(dout) &&
                           aligned16(out) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(lse),
-                      &nondet)) {
+                      &nondet, atomic_dq)) {
         int ran = 0;
         err = att_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, s, nondet, st, &ran);
         if (err || ran) return err;

@@ -34,6 +34,7 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *d) { (void)g
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
+void kiln_zaya_cuda_set_deterministic(kiln_zaya_cuda *g, int on) { (void)g, (void)on; }
 int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) { (void)g, (void)on; NOCUDA; }
 kiln_error *kiln_zaya_cuda_set_master_split(kiln_zaya_cuda *g, int on) { (void)g, (void)on; NOCUDA; }
@@ -130,6 +131,7 @@ struct kiln_zaya_cuda {
     const kiln_zaya *m;
     int64_t B, T;
     int recompute;
+    int deterministic; /* bit-identical runs (1, the default); 0: cuDNN's atomic-dQ attention backward */
     cudaStream_t stream;   /* the model's (the greatest priority) */
     cudaStream_t ostream;  /* the overlapped optimizer's (the least priority) */
     int proj_separate;     /* KILN_CCA_PROJ=separate: CCA's four projections as four GEMMs (proj_view) */
@@ -385,6 +387,8 @@ static void expert_sumsq_free(kiln_zaya_cuda *g) {
     g->nstream = NULL, g->nsq_ev = g->nsq_done = NULL, g->gsq = NULL, g->xseg = NULL, g->seg_queued = NULL, g->nseg = 0;
 }
 
+void kiln_zaya_cuda_set_deterministic(kiln_zaya_cuda *g, int on) { g->deterministic = on != 0; }
+
 void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     if (!g) return;
     if (g->ostream) cudaStreamSynchronize(g->ostream);
@@ -498,6 +502,7 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     g->B = B;
     g->T = T;
     g->recompute = recompute;
+    g->deterministic = 1;
     kiln_error *e = NULL;
     const int64_t Lc = c->num_layers, E1 = c->num_experts + 1;
     g->L = calloc((size_t)(Lc ? Lc : 1), sizeof *g->L);
@@ -1245,8 +1250,8 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->datt, Gd->wo, Gd->bo, s->dob, L->att, BF(g, W->wo), N, Q, H,
                                                                 KILN_LINEAR_DX_WRITE, st));
     kiln_attn_shape as = attn_shape(c, B, T, type);
-    OP(g, "attention (flash) bwd", kiln_attention_backward_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v, &as,
-                                          s->attn_work, st));
+    OP(g, "attention (flash) bwd", kiln_attention_backward_ex_cuda(s->dqr, s->dkr, s->dv, s->datt, L->att, L->lse, L->qr, L->kr, L->v,
+                                                                   &as, s->attn_work, !g->deterministic, st));
     /* value */
     const proj_view pv = proj_view_of(g, li, L->qkv), dp = proj_view_of(g, li, s->dqkv);
     OP(g, "pointwise + glue bwd", kiln_value_shift_backward_cuda(dp.vc, dp.vd, Gd->bvd, s->dv, B, T, K / 2, dp.ldv, st));

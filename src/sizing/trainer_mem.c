@@ -13,7 +13,9 @@
  *  - the ops' pool (the report's "ops' pool peak"): the stream-ordered temporaries, of which one is large:
  *    cuDNN's attention backward workspace when cuDNN runs it (KILN_ATTENTION, default cudnn), its dP
  *    [B, heads, T, T] in bf16 plus kiln's row sums (deterministic), or the f32 dQ accumulator
- *    (cudnn-nondet); past KILN_CUDNN_WORKSPACE_MB (default 4096) the trainer runs kiln's kernels instead.
+ *    (cudnn-nondet; also what the trainer's run.deterministic false runs, which this estimate, from the
+ *    environment alone, does not see: it counts the default's larger dP); past KILN_CUDNN_WORKSPACE_MB
+ *    (default 4096) the trainer runs kiln's kernels instead.
  *  - backward scratch: one set of gradient buffers reused by every layer, and the attention backward's
  *    per-row workspace (B·heads·T floats).
  * What the CUDA runtime holds besides (context, cuBLAS workspaces, the ops' stream-ordered pool) is a

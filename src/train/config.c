@@ -68,6 +68,9 @@ static const field fields[] = {
     {"run", "device", F_STR, O(device), "\"cpu\" or \"cuda\" (one GPU per rank; NCCL between ranks)"},
     {"run", "recompute", F_BOOL, O(recompute), "cuda: activation recomputation (keep each layer's input, "
                                                "re-run its forward in backward)"},
+    {"run", "deterministic", F_BOOL, O(deterministic),
+     "cuda: bit-identical runs and resumes (true); false lets cuDNN's attention backward accumulate dQ with float "
+     "atomics, as PyTorch's does (~1.5% faster; $KILN_ATTENTION, where set, decides instead)"},
     {"run", "save_final", F_BOOL, O(save_final), "write the final checkpoint and model/ (false: a benchmark run)"},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
@@ -118,6 +121,7 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->threads = 0;
     snprintf(c->device, sizeof c->device, "cpu");
     c->recompute = 0;
+    c->deterministic = 1;
     c->save_final = 1;
 }
 

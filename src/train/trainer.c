@@ -127,6 +127,7 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
         return kiln_errorf(KILN_EINVAL, "run.device cuda with %d ranks needs the NCCL backend (the %s backend moves host "
                            "memory)", comm->size, comm->backend);
     KILN_TRY(kiln_zaya_cuda_create(t->m, c->micro_batch, c->seq_len, c->recompute, &t->gpu));
+    kiln_zaya_cuda_set_deterministic(t->gpu, c->deterministic);
     /* The experts' weight gradients in bf16 (KILN_EXPERT_GRADS=bf16, the default where it applies; =f32 keeps
      * them f32): rounded once as their GEMMs write them, as the reference's autocast rounds them, which halves
      * 91% of the gradient's bytes for the GEMMs, the norm and AdamW (~10 GB a step at the [cuda] size). It

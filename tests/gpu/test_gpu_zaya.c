@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "gpu_testutil.h"
+#include "kiln/cuda_attention.h"
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
@@ -60,12 +61,15 @@ static double routing_margin(const kiln_zaya *m, const kiln_zaya_acts *a, int64_
     return margin;
 }
 
-/* GPU forward + backward of m on ids; logits [B*T*V] and grads [numel] to the host. */
+/* GPU forward + backward of m on ids; logits [B*T*V] and grads [numel] to the host. g_nondet: the model made
+ * non-deterministic (kiln_zaya_cuda_set_deterministic(g, 0)) */
+static int g_nondet;
 static void gpu_run(kiln_zaya *m, const int64_t *ids, int64_t B, int64_t T, int recompute, float *logits, float *grads,
                     double *loss, int64_t *counts) {
     kiln_zaya_cuda *g = NULL;
     CHECK_OK(kiln_zaya_cuda_create(m, B, T, recompute, &g));
     if (!g) return;
+    if (g_nondet) kiln_zaya_cuda_set_deterministic(g, 0);
     CHECK_OK(kiln_zaya_cuda_forward(g, ids, loss));
     if (logits) CHECK_OK(kiln_zaya_cuda_logits(g, logits));
     if (counts) CHECK_OK(kiln_zaya_cuda_route_counts(g, counts));
@@ -251,6 +255,16 @@ static void random_model(int64_t D, int64_t T, int64_t E, int64_t top, int tie, 
 }
 
 TEST(gpu_zaya_random_d64) { random_model(64, 48, 5, 1, 0, 1); }
+/* the model made non-deterministic (run.deterministic false): cuDNN's attention backward with atomic dQ, where
+ * cuDNN runs; the same tolerances against the CPU (the atomics change the order of f32 sums, not their terms) */
+TEST(gpu_zaya_random_nondeterministic) {
+    g_nondet = 1;
+    random_model(128, 33, 5, 2, 1, 0);
+    g_nondet = 0;
+    const char *ran = kiln_attention_cuda_last_impl(1);
+    printf("    attention backward: %s\n", ran);
+    CHECK_MSG(!strcmp(ran, "cudnn-nondet") || !strcmp(ran, "own"), "the backward ran %s", ran);
+}
 TEST(gpu_zaya_random_d128_top2) { random_model(128, 33, 5, 2, 1, 0); }
 TEST(gpu_zaya_random_16_experts) { random_model(64, 24, 16, 1, 0, 0); }
 /* without biases CCA's four projections run as one GEMM over their packed weights (zaya_cuda.c's proj_view), and
