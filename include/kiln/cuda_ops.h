@@ -264,7 +264,11 @@ typedef struct {
     const float *y;                /* [n,d] the join's output (read only by the element kernels: the 16-byte path
                                     * recomputes it from a and x with the forward's roundings) */
     const kiln_bf16 *dln;          /* [n,d] gradient of ln = rmsnorm(y) ... */
-    const float *dln_f32;          /* ... or the same in f32 (exactly one of the two) */
+    const float *dln_f32;          /* ... or the same in f32 ... */
+    const kiln_bf16 *dln_rows;     /* ... or the sum of two bf16 gradients in f32 (exactly one of the three): row */
+    const int32_t *dln_slot;       /* r is dln_rows[dln_slot[r]] (slot -1: zeros; the experts' input gradient in */
+    const kiln_bf16 *dln_add;      /* slot order, top-1) + dln_add[r] ([n,d], nullable); ring kernels only
+                                    * (kiln_residual_norm_gather_ok(d), 16-byte aligned), else KILN_EUNSUPPORTED */
     const float *w, *rstd;         /* the norm's weight [d], saved 1/rms [n] */
     float *dw;
     const float *dup, *upb, *ups;  /* gradient of z [n,d]; the next join's shift (nullable) and scale for y */

@@ -369,13 +369,17 @@ static __device__ __forceinline__ void block_sum_rows(float (&v)[R], float *sh, 
 // x, recomputed with the forward's roundings (p.y is left unread). Its registers (the seven partials and seven
 // per-channel vectors) allow one block per SM, so its ring is deep (PS = 6 with R = 2 where it fits: four rows,
 // ~100 KB at the model's width, in flight per SM, while two are reduced).
-template <int NV, bool DLN32, int PS, int R>
+// DM, dln's form: 0 bf16, 1 f32, 2 (DLN_PAIR) two bf16 gradients summed in f32 as the stage is read: the experts'
+// input gradient gathered from its slot-order rows (dln_rows[dln_slot[r]], top-1) + dln_add (the router's), so
+// neither the [n,d] f32 combine nor the f32 read-add-write of the router's GEMM exists (session 26).
+enum { DLN_BF16 = 0, DLN_F32 = 1, DLN_PAIR = 2 };
+template <int NV, int DM, int PS, int R>
 static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_norm_bwd p, float *part, int64_t n,
                                                                   int d, int64_t rows_per, int64_t chunks, int stage) {
     extern __shared__ __align__(16) unsigned char ring[];
     __shared__ float sh[2 * R * 32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
-    const int xo = d * 4, go = d * 8, ao = d * 8 + d * (DLN32 ? 4 : 2);
+    const int xo = d * 4, go = d * 8, ao = d * 8 + d * (DM == DLN_BF16 ? 2 : 4);
     auto load = [&](int64_t r, int s) {
         if (r < r1) {
             unsigned char *b = ring + (size_t)s * stage;
@@ -385,8 +389,17 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
                 if (j >= d) continue;
                 cp_async<16>(b + (size_t)j * 4, p.dup + r * d + j);
                 cp_async<16>(b + xo + (size_t)j * 4, p.x + r * d + j);
-                if constexpr (DLN32) cp_async<16>(b + go + (size_t)j * 4, p.dln_f32 + r * d + j);
-                else cp_async<8>(b + go + (size_t)j * 2, (const bf16 *)p.dln + r * d + j);
+                if constexpr (DM == DLN_F32) {
+                    cp_async<16>(b + go + (size_t)j * 4, p.dln_f32 + r * d + j);
+                } else if constexpr (DM == DLN_PAIR) { // the gathered row, then the added one (zeros where absent)
+                    const int32_t sr = p.dln_slot[r];
+                    cp_async_zf<8>(b + go + (size_t)j * 2,
+                                   (const bf16 *)p.dln_rows + (sr >= 0 ? (int64_t)sr * d + j : 0), sr < 0);
+                    cp_async_zf<8>(b + go + (size_t)(d + j) * 2, (const bf16 *)p.dln_add + (p.dln_add ? r * d + j : 0),
+                                   !p.dln_add);
+                } else {
+                    cp_async<8>(b + go + (size_t)j * 2, (const bf16 *)p.dln + r * d + j);
+                }
                 cp_async<8>(b + ao + (size_t)j * 2, (const bf16 *)p.a + r * d + j);
             }
         }
@@ -417,8 +430,16 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
                 const int j = unit_col<4>(k);
                 if (j >= d) continue;
                 float av[4], xv[4];
-                if constexpr (DLN32) ldv<4>((const float *)(b + go), j, gv[u][k]);
-                else ldv<4>((const bf16 *)(b + go), j, gv[u][k]);
+                if constexpr (DM == DLN_F32) {
+                    ldv<4>((const float *)(b + go), j, gv[u][k]);
+                } else if constexpr (DM == DLN_PAIR) {
+                    float gr[4], ga[4];
+                    ldv<4>((const bf16 *)(b + go), j, gr), ldv<4>((const bf16 *)(b + go) + d, j, ga);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) gv[u][k][q] = __fadd_rn(gr[q], ga[q]);
+                } else {
+                    ldv<4>((const bf16 *)(b + go), j, gv[u][k]);
+                }
                 ldv<4>((const bf16 *)(b + ao), j, av), ldv<4>((const float *)(b + xo), j, xv);
 #pragma unroll
                 for (int q = 0; q < 4; q++)
@@ -594,11 +615,11 @@ static cudaError_t fwd_pipe(int nv, int threads, cudaStream_t st, float *y, bf16
     return nv == 1 ? fwd_pipe_nv<TA, 1, GA>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps, slot, gate)
                    : fwd_pipe_nv<TA, 2, GA>(threads, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps, slot, gate);
 }
-template <int NV, bool DLN32, int S, int R>
+template <int NV, int DM, int S, int R>
 static cudaError_t bwd_pipe_s(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
                               int d, int64_t rows_per, int64_t chunks, int stage) {
     const size_t smem = (size_t)S * stage;
-    auto kern = bwd_pipe_kernel<NV, DLN32, S, R>;
+    auto kern = bwd_pipe_kernel<NV, DM, S, R>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
     kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
@@ -609,16 +630,22 @@ static cudaError_t bwd_pipe_s(int threads, cudaStream_t st, const kiln_residual_
 // with two rows a step, 6 or 8 stages ran alike (session 21), as did 3 to 6 for the forward and 3 to 7 for the
 // norm + join backward (which stays at one row a step: two gave it nothing).
 enum { BWD_PS = 5, PS2 = 6, RING_MAX = 200 * 1024 };
-template <int NV, bool DLN32>
+template <int NV, int DM>
 static cudaError_t bwd_pipe_nv(int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part, int64_t n,
                                int d, int64_t rows_per, int64_t chunks) {
-    const int stage = round16((int64_t)d * (4 + 4 + (DLN32 ? 4 : 2) + 2));
+    const int stage = round16((int64_t)d * (4 + 4 + (DM == DLN_BF16 ? 2 : 4) + 2));
     if constexpr (NV == 1)
         if ((int64_t)PS2 * stage <= RING_MAX)
-            return bwd_pipe_s<NV, DLN32, PS2, 2>(threads, st, p, part, n, d, rows_per, chunks, stage);
+            return bwd_pipe_s<NV, DM, PS2, 2>(threads, st, p, part, n, d, rows_per, chunks, stage);
     return (int64_t)BWD_PS * stage <= RING_MAX
-               ? bwd_pipe_s<NV, DLN32, BWD_PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage)
-               : bwd_pipe_s<NV, DLN32, PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage);
+               ? bwd_pipe_s<NV, DM, BWD_PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage)
+               : bwd_pipe_s<NV, DM, PS, 1>(threads, st, p, part, n, d, rows_per, chunks, stage);
+}
+template <int DM>
+static cudaError_t bwd_pipe(int nv, int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part,
+                            int64_t n, int d, int64_t rows_per, int64_t chunks) {
+    return nv == 1 ? bwd_pipe_nv<1, DM>(threads, st, p, part, n, d, rows_per, chunks)
+                   : bwd_pipe_nv<2, DM>(threads, st, p, part, n, d, rows_per, chunks);
 }
 template <int NV, bool GA>
 static cudaError_t nj_pipe_nv(int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part, int64_t n, int d,
@@ -711,12 +738,13 @@ extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm
     cudaStream_t st = (cudaStream_t)stream;
     float *part = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    if (!p->y || (!p->dln) == (!p->dln_f32) || !p->w || !p->rstd || !p->dup || !p->ups || !p->a || !p->as || !p->x ||
+    if (!p->y || (p->dln != NULL) + (p->dln_f32 != NULL) + (p->dln_rows != NULL) != 1 ||
+        (p->dln_rows && !p->dln_slot) || !p->w || !p->rstd || !p->dup || !p->ups || !p->a || !p->as || !p->x ||
         !p->xs || !p->da || !p->dx)
-        return kiln_errorf(KILN_EINVAL, "residual_norm backward: y, exactly one of dln / dln_f32, w, rstd, dup, ups, "
-                                        "a, as, x, xs, da and dx are required");
+        return kiln_errorf(KILN_EINVAL, "residual_norm backward: y, exactly one of dln / dln_f32 / dln_rows (with "
+                                        "dln_slot), w, rstd, dup, ups, a, as, x, xs, da and dx are required");
     const int vec = d % 4 == 0 && aligned16(p->y) && aligned16(p->dln) && aligned16(p->dln_f32) && aligned16(p->w) &&
-                    aligned16(p->dup) &&
+                    aligned16(p->dln_rows) && aligned16(p->dln_add) && aligned16(p->dup) &&
                     aligned16(p->upb) && aligned16(p->ups) && aligned16(p->a) && aligned16(p->ab) &&
                     aligned16(p->as) && aligned16(p->x) && aligned16(p->xb) && aligned16(p->xs) &&
                     aligned16(p->da) && aligned16(p->dx);
@@ -727,14 +755,17 @@ extern "C" kiln_error *kiln_residual_norm_backward_cuda(const kiln_residual_norm
                            (vec ? 4 : 1) * THREADS * MAXNV);
     {
         const int pipe = vec && nv <= PIPE_NV;
+        if (p->dln_rows && (!pipe || !kiln_residual_norm_gather_ok(d)))
+            return kiln_errorf(KILN_EUNSUPPORTED, "residual_norm backward: a gathered dln (dln_rows) needs rows of the "
+                                                  "16-byte ring kernel (d %% 8 == 0, at most 4096, aligned), not d = %lld",
+                               (long long)d);
         const int64_t rows_per = chunk_rows(n, pipe ? PIPE_CHUNKS : 512), chunks = (n + rows_per - 1) / rows_per;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(NPART * chunks * d) * sizeof(float), st));
         if (pipe) {
-            const int di = (int)d, f32 = p->dln_f32 != NULL;
-            CUDA_TRY(nv == 1 ? (f32 ? bwd_pipe_nv<1, true>(threads, st, *p, part, n, di, rows_per, chunks)
-                                    : bwd_pipe_nv<1, false>(threads, st, *p, part, n, di, rows_per, chunks))
-                             : (f32 ? bwd_pipe_nv<2, true>(threads, st, *p, part, n, di, rows_per, chunks)
-                                    : bwd_pipe_nv<2, false>(threads, st, *p, part, n, di, rows_per, chunks)));
+            const int di = (int)d;
+            CUDA_TRY(p->dln_rows  ? bwd_pipe<DLN_PAIR>(nv, threads, st, *p, part, n, di, rows_per, chunks)
+                     : p->dln_f32 ? bwd_pipe<DLN_F32>(nv, threads, st, *p, part, n, di, rows_per, chunks)
+                                  : bwd_pipe<DLN_BF16>(nv, threads, st, *p, part, n, di, rows_per, chunks));
         } else if (vec) launch_bwd<4>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         else launch_bwd<1>(nv, (int)chunks, threads, st, *p, part, n, (int)d, rows_per, chunks);
         LAUNCH_CHECK("residual_norm backward");

@@ -136,6 +136,9 @@ struct kiln_zaya_cuda {
     cudaStream_t ostream;  /* the overlapped optimizer's (the least priority) */
     int proj_separate;     /* KILN_CCA_PROJ=separate: CCA's four projections as four GEMMs (proj_view) */
     int moe_gather;        /* top-1: the MLP join reads the experts' rows ye through tok_slot and gate (no moe) */
+    int dln2_pair;         /* with moe_gather: ln2's backward reads the experts' input-gradient rows dxe through
+                            * tok_slot and the router's bf16 one beside them (no f32 dln2 combined and added into;
+                            * KILN_MOE_DLN=f32 keeps that) */
     float *w, *g;          /* f32 master parameters and gradients, numel_dev each */
     bf *wb;                /* bf16 copy, the same element offsets */
     size_t *poff, numel_dev; /* each tensor's device offset (64-element aligned: every tensor starts on a
@@ -498,6 +501,8 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
     if (!g) return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA");
     g->proj_separate = proj && !strcmp(proj, "separate");
     g->moe_gather = c->top_k == 1 && kiln_residual_norm_gather_ok(c->hidden_size) && !moe_separate;
+    const char *mdln = getenv("KILN_MOE_DLN");
+    g->dln2_pair = g->moe_gather && !(mdln && !strcmp(mdln, "f32"));
     g->m = m;
     g->B = B;
     g->T = T;
@@ -1212,7 +1217,8 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                            "per zeroing; a second backward would add to them (one micro-batch a step, or turn "
                            "kiln_zaya_cuda_set_expert_grads_bf16 off)", (long long)li);
     kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16};
-    OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
+    /* dln2_pair: no dx here; ln2's backward reads the rows dxe (slot order) through tok_slot */
+    OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, g->dln2_pair ? NULL : s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
     /* it joined the previous (next higher) layer's deferred weight gradients first */
     if (li + 1 < c->num_layers) KILN_TRY(queue_expert_sumsq(g, li + 1));
@@ -1233,13 +1239,21 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
                                                   s->dxn, carry_in, has_prev ? prev_rdown : NULL,
                                                   has_prev ? W->r_state_scale : NULL, N, R, st));
     if (!has_prev && carry_out) Z(carry_out, N * R * 4);
-    /* r_down: its input gradient accumulates in f32 onto the experts' (no bf16 copy of dln2) */
-    OP(g, "linear (cuBLASLt) bwd", kiln_gemm_bf16_cuda(s->dln2f, 1, s->drs, BF(g, W->r_down_w), N, H, R, "NN", 1, st));
+    /* r_down: its input gradient accumulates in f32 onto the experts' (no bf16 copy of dln2); with dln2_pair it is
+     * written in bf16 (as the reference's autocast rounds it) into dln2f's first half, and ln2's backward adds the
+     * two as it reads them */
+    kiln_bf16 *dln2b = (kiln_bf16 *)s->dln2f;
+    if (g->dln2_pair)
+        OP(g, "linear (cuBLASLt) bwd", kiln_gemm_bf16_cuda(dln2b, 0, s->drs, BF(g, W->r_down_w), N, H, R, "NN", 0, st));
+    else
+        OP(g, "linear (cuBLASLt) bwd", kiln_gemm_bf16_cuda(s->dln2f, 1, s->drs, BF(g, W->r_down_w), N, H, R, "NN", 1, st));
     OP(g, "linear (cuBLASLt) bwd", kiln_linear_backward_cuda(NULL, Gd->r_down_w, Gd->r_down_b, s->drs, L->ln2, BF(g, W->r_down_w), N, H,
                                        R, st));
     /* post_attention_layernorm, post_attention_residual_scale and the MLP residual's res1 side, one pass:
      * dres1 = dout*mlp_rs + the norm's backward; dob = bf16(dres1*attn_hs), dnext = dres1*attn_rs (written) */
-    const kiln_residual_norm_bwd rb = {.y = L->res1, .dln_f32 = s->dln2f, .w = W->ln2, .rstd = L->ln2_r, .dw = Gd->ln2,
+    const kiln_residual_norm_bwd rb = {.y = L->res1, .dln_f32 = g->dln2_pair ? NULL : s->dln2f,
+                                       .dln_rows = g->dln2_pair ? s->dxe : NULL, .dln_slot = L->tok_slot,
+                                       .dln_add = g->dln2_pair ? dln2b : NULL, .w = W->ln2, .rstd = L->ln2_r, .dw = Gd->ln2,
                                        .dup = dout, .upb = W->mlp_rb, .ups = W->mlp_rs, .dupb = Gd->mlp_rb,
                                        .dups = Gd->mlp_rs, .a = L->o, .ab = W->attn_hb, .as = W->attn_hs,
                                        .dab = Gd->attn_hb, .das = Gd->attn_hs, .da = s->dob, .x = L->x,

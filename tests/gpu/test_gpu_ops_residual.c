@@ -336,3 +336,76 @@ TEST(gpu_ops_residual_norm_gathered) {
                                                      NULL),
               "gathered a");
 }
+
+/* The join + norm backward with dln given as two bf16 gradients (the model's ln2 under top-1 routing: the experts'
+ * input-gradient rows in slot order, gathered through the token's slot, plus the router's), summed in f32 as the
+ * ring reads them, against the same backward fed their f32 sum: every output bit for bit (the same kernel, dln's
+ * f32 value the same). Without the added one; rows past the ring's 4096 columns refused. */
+TEST(gpu_ops_residual_norm_backward_gathered_dln) {
+    static const struct {
+        int64_t n, d;
+        int add;
+    } cases[] = {{700, 2048, 1}, {1999, 2048, 1}, {257, 4096, 1}, {300, 2048, 0}, {64, 512, 1}};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 86);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int64_t n = cases[ci].n, d = cases[ci].d, nd = n * d, S = n - n / 6;
+        printf("  n=%lld d=%lld, %lld rows%s\n", (long long)n, (long long)d, (long long)S, cases[ci].add ? " + added" : "");
+        float *rows = gt_rand(&rng, S * d, 1.0f), *add = gt_rand(&rng, nd, 0.5f), *dsum = malloc((size_t)nd * 4);
+        float *a = gt_rand(&rng, nd, 2.0f), *x = gt_rand(&rng, nd, 2.0f), *dup = gt_rand(&rng, nd, 1.0f);
+        float *v = gt_rand(&rng, 7 * d, 1.0f), *rs = gt_rand(&rng, n, 0.2f);
+        gt_round_bf16(rows, S * d), gt_round_bf16(add, nd), gt_round_bf16(a, nd);
+        for (int64_t r = 0; r < n; r++) rs[r] += 1.0f;
+        int32_t *slot = malloc((size_t)n * sizeof *slot);
+        for (int64_t r = 0; r < n; r++) slot[r] = r < S ? (int32_t)r : -1;
+        for (int64_t r = n - 1; r > 0; r--) {
+            const int64_t k = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)(r + 1));
+            const int32_t t = slot[r];
+            slot[r] = slot[k], slot[k] = t;
+        }
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = 0; j < d; j++) {
+                const float g = slot[r] >= 0 ? rows[(int64_t)slot[r] * d + j] : 0.0f;
+                dsum[r * d + j] = cases[ci].add ? g + add[r * d + j] : g;
+            }
+        kiln_bf16 *grows = gt_up_bf16(rows, S * d), *gadd = gt_up_bf16(add, nd), *ga = gt_up_bf16(a, nd);
+        kiln_bf16 *gda = gt_dev((size_t)nd * 2);
+        float *gsum = gt_up_f32(dsum, nd), *gx = gt_up_f32(x, nd), *gdup = gt_up_f32(dup, nd), *gv = gt_up_f32(v, 7 * d);
+        float *grs = gt_up_f32(rs, n), *gy = gt_dev((size_t)nd * 4), *gdx = gt_dev((size_t)nd * 4), *gp[7];
+        int32_t *gslot = gt_dev((size_t)n * sizeof *gslot);
+        CHECK_OK(kiln_cuda_copy(gslot, slot, (size_t)n * sizeof *slot, KILN_CUDA_H2D));
+        CHECK_OK(kiln_cuda_copy(gy, x, (size_t)nd * 4, KILN_CUDA_H2D)); /* y: read by the element kernels only */
+        for (int i = 0; i < 7; i++) gp[i] = gt_dev((size_t)d * 4);
+        float *o[2][9];
+        for (int mode = 0; mode < 2; mode++) {
+            for (int i = 0; i < 7; i++) CHECK_OK(kiln_cuda_copy(gp[i], v + (size_t)i * d, (size_t)d * 4, KILN_CUDA_H2D));
+            kiln_residual_norm_bwd p = {.y = gy, .w = gv, .rstd = grs, .dw = gp[0], .dup = gdup, .upb = gv + d,
+                                        .ups = gv + 2 * d, .dupb = gp[1], .dups = gp[2], .a = ga, .ab = gv + 3 * d,
+                                        .as = gv + 4 * d, .dab = gp[3], .das = gp[4], .da = gda, .x = gx,
+                                        .xb = gv + 5 * d, .xs = gv + 6 * d, .dxb = gp[5], .dxs = gp[6], .dx = gdx};
+            if (mode) p.dln_rows = grows, p.dln_slot = gslot, p.dln_add = cases[ci].add ? gadd : NULL;
+            else p.dln_f32 = gsum;
+            CHECK_OK(kiln_residual_norm_backward_cuda(&p, n, d, NULL));
+            o[mode][0] = gt_down_bf16(gda, nd), o[mode][1] = gt_down_f32(gdx, nd);
+            for (int i = 0; i < 7; i++) o[mode][2 + i] = gt_down_f32(gp[i], d);
+        }
+        for (int k = 0; k < 9; k++) {
+            CHECK_MSG(!memcmp(o[0][k], o[1][k], (size_t)(k < 2 ? nd : d) * 4),
+                      "n=%lld d=%lld: output %d differs between the gathered dln and its f32 sum", (long long)n,
+                      (long long)d, k);
+            free(o[0][k]), free(o[1][k]);
+        }
+        kiln_cuda_free(grows), kiln_cuda_free(gadd), kiln_cuda_free(ga), kiln_cuda_free(gda), kiln_cuda_free(gsum);
+        kiln_cuda_free(gx), kiln_cuda_free(gdup), kiln_cuda_free(gv), kiln_cuda_free(grs), kiln_cuda_free(gy);
+        kiln_cuda_free(gdx), kiln_cuda_free(gslot);
+        for (int i = 0; i < 7; i++) kiln_cuda_free(gp[i]);
+        free(rows), free(add), free(dsum), free(a), free(x), free(dup), free(v), free(rs), free(slot);
+    }
+    { /* rows wider than the ring takes: refused, naming the field */
+        kiln_residual_norm_bwd p = {.y = (float *)16, .dln_rows = (kiln_bf16 *)16, .dln_slot = (int32_t *)16,
+                                    .w = (float *)16, .rstd = (float *)16, .dup = (float *)16, .ups = (float *)16,
+                                    .a = (kiln_bf16 *)16, .as = (float *)16, .x = (float *)16, .xs = (float *)16,
+                                    .da = (kiln_bf16 *)16, .dx = (float *)16};
+        CHECK_ERR(kiln_residual_norm_backward_cuda(&p, 4, 8192, NULL), "dln_rows");
+    }
+}
