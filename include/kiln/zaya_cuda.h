@@ -30,8 +30,8 @@ typedef struct kiln_zaya_cuda kiln_zaya_cuda;
 kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out);
 void kiln_zaya_cuda_free(kiln_zaya_cuda *g);
 /* Bit-identical runs (on = 1, the default: every reduction in a fixed order, cuDNN's deterministic attention
- * backward) or not (0: cuDNN's attention backward accumulates dQ with float atomics, as PyTorch's does; ~1.5%
- * faster at issue [cuda]'s size, docs/perf.md session 26). $KILN_ATTENTION, where set, decides instead. */
+ * backward) or not (0: cuDNN's attention backward accumulates dQ with float atomics, as PyTorch's does; 0-1.5%
+ * faster at issue [cuda]'s size by run, docs/perf.md session 26). $KILN_ATTENTION, where set, decides instead. */
 void kiln_zaya_cuda_set_deterministic(kiln_zaya_cuda *g, int on);
 
 /* Host -> device: the master parameters (m->w, all numel floats) and their bf16 copy. */

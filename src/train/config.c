@@ -70,7 +70,7 @@ static const field fields[] = {
                                                "re-run its forward in backward)"},
     {"run", "deterministic", F_BOOL, O(deterministic),
      "cuda: bit-identical runs and resumes (true); false lets cuDNN's attention backward accumulate dQ with float "
-     "atomics, as PyTorch's does (~1.5% faster; $KILN_ATTENTION, where set, decides instead)"},
+     "atomics, as PyTorch's does (0-1.5% faster by run; $KILN_ATTENTION, where set, decides instead)"},
     {"run", "save_final", F_BOOL, O(save_final), "write the final checkpoint and model/ (false: a benchmark run)"},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])

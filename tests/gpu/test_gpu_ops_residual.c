@@ -256,6 +256,18 @@ TEST(gpu_ops_scale_shift_backward_write) {
  * the same ops given that sum as an f32 [n,d] array (formed here as the combine forms it: gate * row added to a
  * zero sum): the same bits for every output. Rows permuted and some skipped; the model's widths (one and two
  * units a thread); a width past the ring kernels refused. */
+/* slots of n tokens: each of S rows once, in a shuffled order; the remaining tokens skipped (-1) */
+static int32_t *shuffled_slots(kiln_rng *rng, int64_t n, int64_t S) {
+    int32_t *slot = malloc((size_t)n * sizeof *slot);
+    for (int64_t r = 0; r < n; r++) slot[r] = r < S ? (int32_t)r : -1;
+    for (int64_t r = n - 1; r > 0; r--) {
+        const int64_t k = (int64_t)(kiln_rng_u64(rng) % (uint64_t)(r + 1));
+        const int32_t t = slot[r];
+        slot[r] = slot[k], slot[k] = t;
+    }
+    return slot;
+}
+
 TEST(gpu_ops_residual_norm_gathered) {
     static const struct {
         int64_t n, d;
@@ -270,14 +282,7 @@ TEST(gpu_ops_residual_norm_gathered) {
         float *xs = gt_rand(&rng, d, 1.5f), *w = gt_rand(&rng, d, 0.5f), *dln = gt_rand(&rng, nd, 1.0f);
         float *gin = gt_rand(&rng, nd, 1.0f), *a = malloc((size_t)nd * 4);
         gt_round_bf16(rows, S * d), gt_round_bf16(dln, nd);
-        int32_t *slot = malloc((size_t)n * sizeof *slot);
-        /* slots: every row once, in a shuffled order; the remaining tokens skipped (-1) */
-        for (int64_t r = 0; r < n; r++) slot[r] = r < S ? (int32_t)r : -1;
-        for (int64_t r = n - 1; r > 0; r--) {
-            const int64_t k = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)(r + 1));
-            const int32_t t = slot[r];
-            slot[r] = slot[k], slot[k] = t;
-        }
+        int32_t *slot = shuffled_slots(&rng, n, S);
         for (int64_t r = 0; r < n; r++)
             for (int64_t j = 0; j < d; j++) {
                 float acc = 0.0f;
@@ -356,13 +361,7 @@ TEST(gpu_ops_residual_norm_backward_gathered_dln) {
         float *v = gt_rand(&rng, 7 * d, 1.0f), *rs = gt_rand(&rng, n, 0.2f);
         gt_round_bf16(rows, S * d), gt_round_bf16(add, nd), gt_round_bf16(a, nd);
         for (int64_t r = 0; r < n; r++) rs[r] += 1.0f;
-        int32_t *slot = malloc((size_t)n * sizeof *slot);
-        for (int64_t r = 0; r < n; r++) slot[r] = r < S ? (int32_t)r : -1;
-        for (int64_t r = n - 1; r > 0; r--) {
-            const int64_t k = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)(r + 1));
-            const int32_t t = slot[r];
-            slot[r] = slot[k], slot[k] = t;
-        }
+        int32_t *slot = shuffled_slots(&rng, n, S);
         for (int64_t r = 0; r < n; r++)
             for (int64_t j = 0; j < d; j++) {
                 const float g = slot[r] >= 0 ? rows[(int64_t)slot[r] * d + j] : 0.0f;
