@@ -308,11 +308,7 @@ static kiln_error *att_dims(const kiln_attn_shape *s, AttnDims *a, const char *o
 // dQ accumulates with atomics: runs are not bit-identical) or own.
 enum { IMPL_ENV = -1, IMPL_OWN = 0, IMPL_CUDNN = 1, IMPL_CUDNN_NONDET = 2 };
 #define IMPL_DEFAULT IMPL_CUDNN
-static int impl_set = IMPL_ENV;
-static int impl_chosen(void) { // a choice made by set_impl or $KILN_ATTENTION (else the default)
-    const char *e = getenv("KILN_ATTENTION");
-    return impl_set != IMPL_ENV || (e && *e);
-}
+static int impl_set = IMPL_ENV, env_chosen; // env_chosen: $KILN_ATTENTION was set when impl_now first read it
 static int impl_parse(const char *n) {
     if (!strcmp(n, "own")) return IMPL_OWN;
     if (!strcmp(n, "cudnn")) return IMPL_CUDNN;
@@ -324,7 +320,8 @@ static int impl_now(void) {
     static int from_env = -3;
     if (from_env == -3) {
         const char *e = getenv("KILN_ATTENTION");
-        from_env = e && *e ? impl_parse(e) : IMPL_DEFAULT;
+        env_chosen = e && *e;
+        from_env = env_chosen ? impl_parse(e) : IMPL_DEFAULT;
         if (from_env == -2) {
             kiln_log(KILN_LOG_WARN, "KILN_ATTENTION=%s: expected own, cudnn or cudnn-nondet; using %s", e,
                      IMPL_DEFAULT == IMPL_OWN ? "own" : "cudnn");
@@ -333,6 +330,8 @@ static int impl_now(void) {
     }
     return from_env;
 }
+// a choice made by set_impl or $KILN_ATTENTION, else the default (after impl_now)
+static int impl_chosen(void) { return impl_set != IMPL_ENV || env_chosen; }
 
 extern "C" kiln_error *kiln_attention_cuda_set_impl(const char *name) {
     if (!name) {
