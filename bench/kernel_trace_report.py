@@ -5,8 +5,8 @@ reports, for the last steps of a training run (or any window between two marker 
   - the window's wall time, the time the GPU ran anything (union of all records), its idle time and the
     longest idle gaps with the records on either side;
   - the time two or more records ran at once (the side streams' overlap);
-  - per kernel and per category (GEMM, attention, optimizer, norms, memsets and copies, other passes): calls
-    and summed duration, largest first;
+  - per kernel (memsets by size, copies by kind: many zeroings of one size stand out) and per category (GEMM,
+    attention, optimizer, norms, memsets and copies, other passes): calls and summed duration, largest first;
   - with --html: one self-contained page with the last window as an SVG timeline (a lane per stream, a bar
     per record coloured by category, its name and time on hover, the GPU's idle gaps marked) and the tables.
 
@@ -144,7 +144,7 @@ def analyse(recs, apis, names, t0, t1, top):
     total = sum(e - s for s, e, *_ in inw)
     per = {}
     for s, e, _, k, n in inw:
-        key = short(names[n]) if k == "kernel" else n.split(" ")[0]
+        key = short(names[n]) if k == "kernel" else n  # "memset 8388608 B", "memcpy kind 2"
         c = per.setdefault(key, [0, 0])
         c[0] += 1
         c[1] += e - s

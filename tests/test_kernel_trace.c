@@ -81,6 +81,9 @@ TEST(kernel_trace_report_windows_gaps_overlap) {
         CHECK(opt && fabs(jnum(opt, "ms") - 0.010) < 1e-9); /* the window's own marker, not the one before it */
         cJSON *ks = cJSON_GetObjectItem(w, "kernels");
         CHECK(cJSON_GetArraySize(ks) == 6); /* 4 kernels, the memset, the copy */
+        cJSON *ms = by_name(ks, "memset 4096 B"), *cp = by_name(ks, "memcpy kind 2"); /* by size, by kind */
+        CHECK(ms && jnum(ms, "calls") == 1 && fabs(jnum(ms, "ms") - 0.002) < 1e-9);
+        CHECK(cp && jnum(cp, "calls") == 1);
     }
     cJSON_Delete(j);
     free(text);
