@@ -85,6 +85,8 @@ typedef struct {
     int dw_bf16;  /* 1 (needs dw_write): dwgu/dwdn are bf16 arrays, each weight gradient rounded to bf16 once as
                    * the GEMM writes it, as the reference's autocast rounds the gradient of its bf16 weight copy
                    * (half the bytes for the GEMM's write and for every later read: norm, optimizer) */
+    int dw_keep_empty; /* 1 (with dw_write): an expert without rows keeps whatever its dwgu/dwdn held (not zeroed);
+                        * the caller treats them as zero from exp_off_host (the trainer's zero mask) */
 } kiln_experts_cuda_scratch;
 /* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
  * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
@@ -148,6 +150,8 @@ kiln_error *kiln_experts_profile_read_cuda(double us[KILN_EXPERTS_NPASS]);
  * the bits within a process, not across processes; off by default). The
  * cuBLASLt paths keep their own workspaces: calls from different caller streams must not overlap (the
  * trainer has one compute stream). */
+enum { KILN_GG_WRITE = 0, KILN_GG_ADD = 1, KILN_GG_WRITE_KEEP_EMPTY = 2 }; /* `accumulate`: = (TN: empty experts
+    * zeroed), +=, or = with an empty expert's C_e (TN) left as it is */
 kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
                                    int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
                                    int *looped, void *stream);
@@ -372,7 +376,13 @@ kiln_error *kiln_adamw_step_cuda(float *w, const float *g, float *state, int64_t
 typedef struct {
     int64_t off, soff, n;
     int decay, keep_g, g_bf16;
+    /* zbit1 > 0 (with g_bf16): the tensor is groups of zn elements (zn a multiple of KILN_ADAMW_CHUNK, n a multiple
+     * of zn), and group j's gradient is zero, unread and unwritten, wherever bit zbit1 - 1 + j of the step's zero
+     * mask (kiln_adamw_multi_set_zero_mask) is set: the experts without rows, whose weight gradients nothing wrote */
+    int zbit1;
+    int64_t zn;
 } kiln_adamw_tensor;
+enum { KILN_ADAMW_CHUNK = 4096 }; /* AdamW's chunk of elements (its work item) */
 typedef struct kiln_adamw_multi kiln_adamw_multi;
 kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int count, kiln_adamw_multi **out);
 void kiln_adamw_multi_free(kiln_adamw_multi *p);
@@ -399,6 +409,9 @@ kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *p, int t0, 
 kiln_error *kiln_f32_split_cuda(float *w, kiln_bf16 *w_bf16, int64_t n, void *stream);
 kiln_error *kiln_f32_join_cuda(float *w, const kiln_bf16 *w_bf16, int64_t n, void *stream);
 void kiln_adamw_multi_set_split(kiln_adamw_multi *p, int on);
+/* The zero mask of the table's zbit1 tensors (device, one bit a group; NULL: every gradient is read), read by every
+ * later step until set again. */
+void kiln_adamw_multi_set_zero_mask(kiln_adamw_multi *p, const uint32_t *mask);
 /* Muon's pieces around the Newton-Schulz GEMMs, as kiln_muon_step does them in f32 for p->mats matrices:
  * momentum (state = mu*state + g; u = g + mu*state, Nesterov), the normalisation u /= |u|_F + 1e-7 per
  * matrix (sum of squares in f64, fixed order), and the update w = w - wd*w - lr*0.2*sqrt(max(rows,cols))*u
@@ -504,6 +517,7 @@ kiln_error *kiln_zaya_sumsq_cuda(double *out, const float *x, int64_t n, void *s
 typedef struct {
     int64_t off, n;
     int bf16;
+    int zbit1; /* > 0: the segment is zero, unread, wherever bit zbit1 - 1 of the plan's zero mask is set */
 } kiln_sumsq_seg;
 typedef struct kiln_sumsq_plan kiln_sumsq_plan;
 kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int count, kiln_sumsq_plan **out);
@@ -513,6 +527,11 @@ kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const flo
  * total sums every chunk's partial in order, once all are done: the same bits as run */
 kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0, int k1, const float *x, void *stream);
 kiln_error *kiln_sumsq_plan_total(const kiln_sumsq_plan *p, double *out, void *stream);
+/* dst[0..n) (device) = src[0..n) (host), queued on stream: the values travel as kernel parameters, so src may
+ * change as soon as the call returns (no staging buffer to keep alive) */
+kiln_error *kiln_words_set_cuda(uint32_t *dst, const uint32_t *src, int64_t n, void *stream);
+/* the zero mask the zbit1 segments are checked against (device; NULL: none), read by the later partial sums */
+void kiln_sumsq_plan_set_zero_mask(kiln_sumsq_plan *p, const uint32_t *mask);
 /* Muon's Newton-Schulz iteration on `mats` f32 matrices x [mats, rows, cols] in place, as
  * kiln_newton_schulz (normalisation included), through strided-batched GEMMs (the Gram matrix on the short
  * side, no transposes) in `prec`: KILN_NS_FP32 strict f32 cuBLAS (the CPU's arithmetic), KILN_NS_TF32 or

@@ -64,6 +64,17 @@ int kiln_zaya_cuda_grad_overwritten(const kiln_zaya_cuda *g, int i);
  * turns this on only with one rank, one micro-batch a step and AdamW on the experts. */
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on);
 int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i);
+/* With the bf16 expert gradients on (and each expert's gate_up and down a whole number of KILN_ADAMW_CHUNK
+ * elements; KILN_EMPTY_EXPERTS=clear turns it off), an expert that got no rows in a backward keeps whatever its
+ * weight gradient held: nothing clears it (a 24 MB pass an expert at the [cuda] size; the first steps route
+ * ~40 of 128 expert-layers nothing), and the step's zero mask (device, bit l*E + e; NULL when off) says it is
+ * zero. kiln_zaya_cuda_grad_sumsq and an optimizer made after the switch read zeros there instead;
+ * kiln_zaya_cuda_download_grads first clears them in memory, as kiln_zaya_cuda_grads_clear_empty does for
+ * any other reader of kiln_zaya_cuda_grads. grad_zero_groups: tensor i's first mask bit + 1 (0: none) and its
+ * elements a bit (zn). */
+kiln_error *kiln_zaya_cuda_grads_clear_empty(kiln_zaya_cuda *g);
+const uint32_t *kiln_zaya_cuda_zero_mask(const kiln_zaya_cuda *g);
+int kiln_zaya_cuda_grad_zero_groups(const kiln_zaya_cuda *g, int i, int64_t *zn);
 /* Split master weights (on = 1; off by default; needs the bf16 expert gradients above): those tensors' f32 masters
  * held as their bf16 copy + their low 16 bits (kiln_f32_split_cuda: the same f32 values bit for bit, the bf16 copy
  * rounded to nearest with ties toward zero), so that AdamW moves 26 bytes an element instead of 28. The optimizer

@@ -399,15 +399,17 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     // the weight gradients' element: f32 (added to or written), or bf16 (written)
     const int dw_f32 = !w->dw_bf16;
     const size_t dwe = dw_f32 ? sizeof(float) : 2;
+    // the weight gradients' GEMMs: =, += or = with the empty experts left to the caller
+    const int dwmode = !w->dw_write ? KILN_GG_ADD : w->dw_keep_empty ? KILN_GG_WRITE_KEEP_EMPTY : KILN_GG_WRITE;
     const char *dv = getenv("KILN_EXPERTS_DW_DEFER");
     const int defer = w->dw_defer && !(dv && !strcmp(dv, "0"));
     // weight gradients a previous call left running read and write buffers this call may reuse
     if ((err = kiln_grouped_gemm_join(stream))) goto done;
     if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
-    if (!S) { // no rows: written gradients are empty sums
+    if (!S) { // no rows: written gradients are empty sums (kept as they are for dw_keep_empty)
         if (w->dx_write && dx && N) CUDA_TRY(cudaMemsetAsync(dx, 0, (size_t)(N * H) * sizeof(float), st));
-        if (w->dw_write && dwgu) CUDA_TRY(cudaMemsetAsync(dwgu, 0, (size_t)(E * 2 * I * H) * dwe, st));
-        if (w->dw_write && dwdn) CUDA_TRY(cudaMemsetAsync(dwdn, 0, (size_t)(E * H * I) * dwe, st));
+        if (w->dw_write && !w->dw_keep_empty && dwgu) CUDA_TRY(cudaMemsetAsync(dwgu, 0, (size_t)(E * 2 * I * H) * dwe, st));
+        if (w->dw_write && !w->dw_keep_empty && dwdn) CUDA_TRY(cudaMemsetAsync(dwdn, 0, (size_t)(E * H * I) * dwe, st));
         goto done;
     }
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 0, st));
@@ -429,7 +431,7 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     if ((err = kiln_grouped_gemm_cuda(w->dact, 0, w->dye, wdn, x->exp_off_host, E, 0, I, H, "NN", 0, NULL, stream)))
         goto done;
     if (!defer && dwdn &&
-        (err = kiln_grouped_gemm_cuda(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", !w->dw_write, NULL,
+        (err = kiln_grouped_gemm_cuda(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN", dwmode, NULL,
                                       stream)))
         goto done;
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_BWD, 0, st));
@@ -452,13 +454,13 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         // sum's dx and whatever follows (the router's backward) while they fill the SMs around it; the caller
         // joins (kiln_experts_backward_join_cuda) before dye/dgu/act/xe are reused or the gradients read
         if (dwdn && (err = kiln_grouped_gemm_cuda_async(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN",
-                                                        !w->dw_write, stream)))
+                                                        dwmode, stream)))
             goto done;
         if (dwgu && (err = kiln_grouped_gemm_cuda_async(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN",
-                                                        !w->dw_write, stream)))
+                                                        dwmode, stream)))
             goto done;
     } else if (dwgu &&
-               (err = kiln_grouped_gemm_cuda(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", !w->dw_write,
+               (err = kiln_grouped_gemm_cuda(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", dwmode,
                                              NULL, stream))) {
         goto done;
     }

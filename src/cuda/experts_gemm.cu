@@ -577,6 +577,12 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1, solo = DEFAULT_SOLO;
     job *js = NULL;
     if (looped) *looped = 0;
+    if (accumulate < KILN_GG_WRITE || accumulate > KILN_GG_WRITE_KEEP_EMPTY)
+        return kiln_errorf(KILN_EINVAL, "grouped GEMM: accumulate %d, expected 0 (=), 1 (+=) or 2 (=, empty experts "
+                           "kept)", accumulate);
+    // keep_empty: an expert without rows is the caller's to treat as zero (TN), its C_e left as it is
+    const int keep_empty = accumulate == KILN_GG_WRITE_KEEP_EMPTY;
+    accumulate = accumulate == KILN_GG_ADD;
     if (!(tn || nt || nn))
         return kiln_errorf(KILN_EINVAL, "grouped GEMM: layout '%s', expected NT, NN or TN", layout ? layout : "(null)");
     if (E < 1 || m < 0 || n < 1 || (!tn && k < 1) || (tn && m < 1) || n > INT32_MAX || k > INT32_MAX || m > INT32_MAX)
@@ -599,8 +605,8 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     // an expert without rows: its weight gradient is an empty sum. Where the GEMMs run on side streams the clearing
     // does too (a job of its own), beside the other experts' GEMMs, and with defer beside whatever the caller's
     // stream does next: under concentrated routing most experts may be empty, 48 MB of f32 each at the [cuda] size.
-    zero_jobs = tn && !accumulate && (path == P_LT_STREAMS || path == P_LT_MIXED) && ns > 1;
-    if (tn && !accumulate && !zero_jobs)
+    zero_jobs = tn && !accumulate && !keep_empty && (path == P_LT_STREAMS || path == P_LT_MIXED) && ns > 1;
+    if (tn && !accumulate && !keep_empty && !zero_jobs)
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
                 CUDA_TRY(cudaMemsetAsync((char *)c + (size_t)(e * m * n) * ce, 0, (size_t)(m * n) * ce, st));

@@ -54,7 +54,10 @@ struct adamw_seg {
                           // 8 = keep the gradient (a zeroing step leaves it: its next writer overwrites it);
                           // 16 = the gradient is bf16: the n elements from bf16 element 2 off of g (the first
                           // half of its f32 slot), 8-byte aligned
+    int zbit1, zper;      // zbit1 > 0 (bf16 gradients): chunk c's gradient is zero, unread, where bit
+                          // zbit1 - 1 + c / zper of the zero mask is set (an expert without rows: zper chunks)
 };
+static_assert((int)AW_CHUNK == (int)KILN_ADAMW_CHUNK, "the header's chunk is the kernels'");
 
 struct adamw_args {
     const adamw_seg *segs;
@@ -67,7 +70,16 @@ struct adamw_args {
     double b1, one_b1, b2, one_b2, c1, c2, eps, lr;
     float wd, gscale;
     int vec, vec_state; // the bases allow vector accesses (w, g, bf16 w / the state)
+    const uint32_t *zmask; // the zero mask (kiln_adamw_multi_set_zero_mask; NULL: none)
+    const bf16 *zeros;     // AW_CHUNK bf16 zeros, read instead of a zero chunk's gradient (from L2)
 };
+
+// whether work item {s, c}'s bf16 gradient is zero by the mask (one load a chunk)
+__device__ __forceinline__ bool adamw_zero_chunk(const adamw_args &k, const adamw_seg &s, int c) {
+    if (!s.zbit1 || !k.zmask) return false;
+    const int b = s.zbit1 - 1 + c / s.zper;
+    return (__ldg(&k.zmask[b >> 5]) >> (b & 31)) & 1u;
+}
 
 // one element: kiln_adamw_step's expression with its roundings, the gradient scaled first in f32. The
 // kernel is bound by memory, not by the f64 units: dividing by the bias corrections through a host
@@ -227,10 +239,13 @@ __device__ __forceinline__ void aw_group_update(const adamw_args &k, aw_group &e
 // 4 blocks an SM) took the step's AdamW from 13.66 to 13.07-13.10 ms (session 21). The read-only step only, and
 // only over bf16 gradients: with f32 ones two groups take 88 registers, half the blocks an SM, the same bytes.
 // SP: the weights are split (w points at the chunk's low halves, wb at their high halves; wb is never NULL then).
+// zc (GB): the chunk's gradient is zero (the zero mask): read from k.zeros instead.
 template <int VW, int VM, int VV, bool ZG, bool CS, bool GB = false, int U = 1, bool SP = false>
-__device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1) {
+__device__ __forceinline__ void adamw_chunk(const adamw_args &k, const adamw_seg &s, int64_t c0, int64_t c1,
+                                            bool zc = false) {
     float *w = k.w + s.off + c0, *m = k.state + s.soff + c0, *v = m + s.n, *g = k.g + s.off + c0;
-    const bf16 *gb = (const bf16 *)k.g + 2 * s.off + c0; // GB: the gradient's bf16 elements (unread otherwise)
+    // GB: the gradient's bf16 elements (unread otherwise)
+    const bf16 *gb = zc ? k.zeros : (const bf16 *)k.g + 2 * s.off + c0;
     bf16 *wb = k.wb ? k.wb + s.off + c0 : NULL;
     const float wd = s.decay ? k.wd : 0.0f;
     const int len = (int)(c1 - c0);
@@ -283,11 +298,13 @@ __device__ __forceinline__ void adamw_multi_body(const adamw_args &k) {
         const bool vw = k.vec && (s.flags & 4), vm = vw && k.vec_state && (s.flags & 1),
                    vv = vw && k.vec_state && (s.flags & 2);
         if constexpr (SP) { // one path only: with both, ptxas held to 64 registers spilled 84 bytes, not 12
-            if constexpr (SPV) adamw_chunk<4, 4, 4, ZG, CS, true, U, true>(k, s, c0, c1);
-            else adamw_chunk<1, 1, 1, ZG, CS, true, U, true>(k, s, c0, c1);
+            const bool zc = adamw_zero_chunk(k, s, wk.y);
+            if constexpr (SPV) adamw_chunk<4, 4, 4, ZG, CS, true, U, true>(k, s, c0, c1, zc);
+            else adamw_chunk<1, 1, 1, ZG, CS, true, U, true>(k, s, c0, c1, zc);
         } else if constexpr (GB) { // the scalar path where w or the state is not vector-aligned
-            if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, true, U>(k, s, c0, c1);
-            else adamw_chunk<1, 1, 1, ZG, CS, true, U>(k, s, c0, c1);
+            const bool zc = adamw_zero_chunk(k, s, wk.y);
+            if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, true, U>(k, s, c0, c1, zc);
+            else adamw_chunk<1, 1, 1, ZG, CS, true, U>(k, s, c0, c1, zc);
         } else if (vm && vv) adamw_chunk<4, 4, 4, ZG, CS, false, U>(k, s, c0, c1);
         else if (vm) adamw_chunk<4, 4, 1, ZG, CS, false, U>(k, s, c0, c1);
         else if (vv) adamw_chunk<4, 1, 4, ZG, CS, false, U>(k, s, c0, c1);
@@ -323,7 +340,8 @@ struct aw_pos {
     int sub, len;           // tile; elements of the item (at most a chunk)
     int64_t off, moff, n;   // the item's first element in w, g, bf16 w; in the state (m; v at + n)
     int64_t gb;             // a bf16 gradient's: its first element's index in g read as bf16
-    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v, 16 keep the gradient, 32 bf16 gradient
+    int flags;              // 1 decay, 2 w/g/bf16 w vector-aligned, 4 m, 8 v, 16 keep the gradient, 32 bf16 gradient,
+                            // 64 a zero bf16 gradient (the zero mask: k.zeros read instead)
 };
 
 __device__ __forceinline__ void aw_pos_item(const adamw_args &k, aw_pos &q, unsigned c) {
@@ -339,7 +357,8 @@ __device__ __forceinline__ void aw_pos_item(const adamw_args &k, aw_pos &q, unsi
     q.off = s.off + c0, q.moff = s.soff + c0, q.n = s.n, q.gb = 2 * s.off + c0;
     const bool vw = k.vec && (s.flags & 4);
     q.flags = (s.decay ? 1 : 0) | (vw ? 2 : 0) | (vw && k.vec_state && (s.flags & 1) ? 4 : 0) |
-              (vw && k.vec_state && (s.flags & 2) ? 8 : 0) | (s.flags & 8 ? 16 : 0) | (s.flags & 16 ? 32 : 0);
+              (vw && k.vec_state && (s.flags & 2) ? 8 : 0) | (s.flags & 8 ? 16 : 0) | (s.flags & 16 ? 32 : 0) |
+              (s.flags & 16 && adamw_zero_chunk(k, s, wk.y) ? 64 : 0);
 }
 __device__ __forceinline__ void aw_pos_next(const adamw_args &k, aw_pos &q) {
     if (++q.sub * AW_TILE >= q.len) aw_pos_item(k, q, q.c + gridDim.x);
@@ -371,8 +390,8 @@ __device__ __forceinline__ void aw_issue(const adamw_args &k, const aw_pos &q, f
             const int stride = 4 * AWS_THREADS; // floats between the streams' rows
             if (q.flags & 32) { // 4 bf16 (8 bytes; those past cnt zero-filled)
                 const unsigned ds = (unsigned)__cvta_generic_to_shared(d);
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(ds), "l"((const bf16 *)k.g + q.gb + e),
-                             "r"(2 * cnt) : "memory");
+                const bf16 *src = q.flags & 64 ? k.zeros + e : (const bf16 *)k.g + q.gb + e;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(ds), "l"(src), "r"(2 * cnt) : "memory");
             } else {
                 aw_cp4<CS>(d, k.g + q.off + e, cnt, q.flags & 2, pol);
             }
@@ -574,13 +593,17 @@ struct kiln_adamw_multi {
     int64_t *first[2];  // host: tensor i's chunks in list l are work[l][first[l][i] .. first[l][i + 1])
     int split;          // the bf16-gradient tensors' weights are split (kiln_adamw_multi_set_split)
     int gb_vec;         // every bf16-gradient tensor's w, m and v at 16-byte offsets
+    const uint32_t *zmask; // kiln_adamw_multi_set_zero_mask's
+    bf16 *zeros;        // AW_CHUNK zeros (device) where a tensor has a zero mask bit
 };
 
 extern "C" void kiln_adamw_multi_set_split(kiln_adamw_multi *p, int on) { p->split = on != 0; }
+extern "C" void kiln_adamw_multi_set_zero_mask(kiln_adamw_multi *p, const uint32_t *mask) { p->zmask = mask; }
 
 extern "C" void kiln_adamw_multi_free(kiln_adamw_multi *p) {
     if (!p) return;
     cudaFree(p->segs);
+    cudaFree(p->zeros);
     for (int l = 0; l < 2; l++) cudaFree(p->work[l]), free(p->first[l]);
     free(p);
 }
@@ -611,7 +634,19 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
                               (long long)t[i].off);
             goto done;
         }
+        if (t[i].zbit1 && (t[i].zbit1 < 0 || !t[i].g_bf16 || t[i].zn <= 0 || t[i].zn % AW_CHUNK || t[i].n % t[i].zn ||
+                           t[i].zn / AW_CHUNK > INT32_MAX)) {
+            err = kiln_errorf(KILN_EINVAL, "adamw: tensor %d: zero-mask groups (bit %d) of %lld elements: they need a bf16 "
+                              "gradient, a whole number of chunks of %d each and a whole number of them in its %lld",
+                              i, t[i].zbit1 - 1, (long long)t[i].zn, AW_CHUNK, (long long)t[i].n);
+            goto done;
+        }
         hs[i].off = t[i].off, hs[i].soff = t[i].soff, hs[i].n = t[i].n, hs[i].decay = t[i].decay != 0;
+        hs[i].zbit1 = t[i].zbit1, hs[i].zper = t[i].zbit1 ? (int)(t[i].zn / AW_CHUNK) : 1;
+        if (t[i].zbit1 && !p->zeros) {
+            CUDA_TRY(cudaMalloc((void **)&p->zeros, AW_CHUNK * sizeof(bf16)));
+            CUDA_TRY(cudaMemset(p->zeros, 0, AW_CHUNK * sizeof(bf16)));
+        }
         hs[i].flags = (t[i].soff % 4 == 0 ? 1 : 0) | ((t[i].soff + t[i].n) % 4 == 0 ? 2 : 0) | (t[i].off % 4 == 0 ? 4 : 0) |
                       (t[i].keep_g ? 8 : 0) | (t[i].g_bf16 ? 16 : 0);
         blocks += (t[i].n + AW_CHUNK - 1) / AW_CHUNK;
@@ -668,6 +703,7 @@ extern "C" kiln_error *kiln_adamw_multi_step_range_cuda(const kiln_adamw_multi *
     k.w = w, k.g = g, k.state = state, k.wb = (bf16 *)w_bf16;
     k.vec = aligned16(w) && aligned16(g) && ((uintptr_t)w_bf16 & 7) == 0;
     k.vec_state = aligned16(state);
+    k.zmask = p->zmask, k.zeros = p->zeros;
     // each list's chunks of these tensors, as in the whole launch: each element sees the same arithmetic. At most
     // max_blocks chunks a launch: a launch's blocks not yet running wait in the block scheduler, where a stream
     // beside this one (of greater priority or not) finds them ahead of its own

@@ -188,6 +188,25 @@ done:
     return err;
 }
 
+// ---- host words into device memory in stream order, as kernel parameters (the experts' zero mask) ----
+enum { WS_WORDS = 256 };
+struct words_arg { uint32_t v[WS_WORDS]; };
+static __global__ void words_set_kernel(uint32_t *dst, words_arg a, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = a.v[i];
+}
+extern "C" kiln_error *kiln_words_set_cuda(uint32_t *dst, const uint32_t *src, int64_t n, void *stream) {
+    kiln_error *err = NULL;
+    for (int64_t i = 0; i < n; i += WS_WORDS) {
+        words_arg a;
+        const int m = (int)(n - i < WS_WORDS ? n - i : WS_WORDS);
+        memcpy(a.v, src + i, (size_t)m * sizeof *src);
+        words_set_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(dst + i, a, m);
+        LAUNCH_CHECK("words to the device");
+    }
+done:
+    return err;
+}
+
 // ---- the sum of squares over segments, f32 or bf16 (the gradient with the experts' bf16 weight gradients) ----
 // A fixed work list of chunks of SQ_CHUNK elements (a block each, its partial in its slot), then the partials
 // summed in order by sumsq_final_kernel: the same bits every run of a plan. Each square in f64, as above.
@@ -195,14 +214,20 @@ enum { SQ_CHUNK = 1 << 18, SQ_THREADS = 256 };
 struct sq_item {
     int64_t start; // the chunk's first element: a float index of x, or (bf16) an index of x read as bf16
     int n, bf16;
+    int zbit1;     // > 0: the chunk is zero (its partial 0, nothing read) where bit zbit1 - 1 of the mask is set
 };
 static __device__ __forceinline__ double sq_bf16x2(uint32_t u) {
     const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&u);
     return (double)f.x * f.x + (double)f.y * f.y;
 }
-static __global__ void __launch_bounds__(SQ_THREADS) sumsq_items_kernel(double *part, const float *x, const sq_item *items) {
+static __global__ void __launch_bounds__(SQ_THREADS) sumsq_items_kernel(double *part, const float *x, const sq_item *items,
+                                                                        const uint32_t *zmask) {
     __shared__ double sh[32];
     const sq_item q = items[blockIdx.x];
+    if (q.zbit1 && zmask && ((zmask[(q.zbit1 - 1) >> 5] >> ((q.zbit1 - 1) & 31)) & 1u)) {
+        if (threadIdx.x == 0) part[blockIdx.x] = 0.0;
+        return;
+    }
     double s = 0;
     int i = 0; // elements before i are taken by the vector loop
     if (q.bf16) {
@@ -238,7 +263,10 @@ struct kiln_sumsq_plan {
     double *part;   // device, one per item
     int nitems, count;
     int *first;     // host: segment k's items are [first[k], first[k + 1])
+    const uint32_t *zmask; // kiln_sumsq_plan_set_zero_mask's (device)
 };
+
+extern "C" void kiln_sumsq_plan_set_zero_mask(kiln_sumsq_plan *p, const uint32_t *mask) { p->zmask = mask; }
 
 extern "C" void kiln_sumsq_plan_free(kiln_sumsq_plan *p) {
     if (!p) return;
@@ -253,7 +281,7 @@ extern "C" kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int co
     *out = NULL;
     int64_t n = 0;
     for (int k = 0; k < count; k++) {
-        if (segs[k].off < 0 || segs[k].n < 0)
+        if (segs[k].off < 0 || segs[k].n < 0 || segs[k].zbit1 < 0)
             return kiln_errorf(KILN_EINVAL, "sum of squares: segment %d at %lld, %lld elements", k, (long long)segs[k].off,
                                (long long)segs[k].n);
         n += (segs[k].n + SQ_CHUNK - 1) / SQ_CHUNK;
@@ -271,7 +299,8 @@ extern "C" kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int co
         p->first[k] = m;
         for (int64_t c = 0; c < segs[k].n; c += SQ_CHUNK)
             h[m++] = sq_item{(segs[k].bf16 ? 2 * segs[k].off : segs[k].off) + c,
-                             (int)(segs[k].n - c < SQ_CHUNK ? segs[k].n - c : SQ_CHUNK), segs[k].bf16 != 0};
+                             (int)(segs[k].n - c < SQ_CHUNK ? segs[k].n - c : SQ_CHUNK), segs[k].bf16 != 0,
+                             segs[k].zbit1};
     }
     p->first[count] = m;
     p->nitems = m, p->count = count;
@@ -290,7 +319,7 @@ extern "C" kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0,
     if (k0 < 0 || k1 > p->count || k0 > k1)
         return kiln_errorf(KILN_EINVAL, "sum of squares: segments %d..%d of %d", k0, k1 - 1, p->count);
     const int i0 = p->first[k0], ni = p->first[k1] - i0;
-    if (ni) sumsq_items_kernel<<<(unsigned)ni, SQ_THREADS, 0, (cudaStream_t)stream>>>(p->part + i0, x, p->items + i0);
+    if (ni) sumsq_items_kernel<<<(unsigned)ni, SQ_THREADS, 0, (cudaStream_t)stream>>>(p->part + i0, x, p->items + i0, p->zmask);
     LAUNCH_CHECK("sum of squares (segments)");
 done:
     return err;

@@ -54,6 +54,9 @@ kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss) { (void)g, (void)ids, (void)loss; NOCUDA; }
 kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *l) { (void)g, (void)l; NOCUDA; }
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_grads_clear_empty(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+const uint32_t *kiln_zaya_cuda_zero_mask(const kiln_zaya_cuda *g) { (void)g; return NULL; }
+int kiln_zaya_cuda_grad_zero_groups(const kiln_zaya_cuda *g, int i, int64_t *zn) { (void)g, (void)i; *zn = 0; return 0; }
 kiln_error *kiln_zaya_cuda_loss(kiln_zaya_cuda *g, double *loss) { (void)g, (void)loss; NOCUDA; }
 int kiln_zaya_cuda_overlap_slices(const kiln_zaya_cuda *g, const int **first) { (void)g; *first = NULL; return 0; }
 kiln_error *kiln_zaya_cuda_overlap_begin(kiln_zaya_cuda *g, void **stream) { (void)g; *stream = NULL; NOCUDA; }
@@ -166,7 +169,14 @@ struct kiln_zaya_cuda {
     int wsplit;            /* the experts' master weights kept split (kiln_zaya_cuda_set_master_split) */
     int wsplit_now;        /* and they are split now (not joined back to f32 for a reader of w) */
     kiln_sumsq_plan *gsq;  /* the gradient's sum of squares over its f32 and bf16 segments (xg16) */
-    int nseg, *xseg;       /* its segments; layer l's two expert tensors are segments xseg[2l], xseg[2l + 1] */
+    int nseg, *xseg;       /* its segments; layer l's two expert tensors are segments xseg[2l], xseg[2l + 1] (the
+                            * first of xsegn each: one, or with xkeep one an expert) */
+    int xsegn;
+    /* xkeep (with xg16): an expert without rows keeps its stale weight gradient (no clearing pass): the step's zero
+     * mask, bit l*E + e, says which are zero, and the gradient's sum of squares and AdamW read zeros there instead.
+     * zmask: device, zwords words; zhost: the host's copy; zany: some bit is set. KILN_EMPTY_EXPERTS=clear: off. */
+    int xkeep, zwords, zany;
+    uint32_t *zmask, *zhost;
     unsigned char *seg_queued; /* a segment's partial sums are queued on nstream since the last backward began */
     cudaStream_t nstream;  /* the experts' partial sums of squares, beside the rest of the backward */
     cudaEvent_t nsq_ev, nsq_done;
@@ -388,6 +398,9 @@ static void expert_sumsq_free(kiln_zaya_cuda *g) {
     kiln_sumsq_plan_free(g->gsq);
     free(g->xseg), free(g->seg_queued);
     g->nstream = NULL, g->nsq_ev = g->nsq_done = NULL, g->gsq = NULL, g->xseg = NULL, g->seg_queued = NULL, g->nseg = 0;
+    kiln_cuda_free(g->zmask);
+    free(g->zhost);
+    g->zmask = g->zhost = NULL, g->xkeep = g->zwords = g->zany = 0;
 }
 
 void kiln_zaya_cuda_set_deterministic(kiln_zaya_cuda *g, int on) { g->deterministic = on != 0; }
@@ -673,8 +686,73 @@ kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) {
     return NULL;
 }
 
+/* ---- the experts without rows (xkeep): their weight gradients unwritten, zero by the step's mask ---- */
+
+/* The mask to the device in the model's stream order (kernel parameters: no staging buffer to keep alive). */
+static kiln_error *zero_mask_upload(kiln_zaya_cuda *g) {
+    return kiln_words_set_cuda(g->zmask, g->zhost, g->zwords, g->stream);
+}
+
+static kiln_error *zero_mask_clear(kiln_zaya_cuda *g) {
+    if (!g->zany) return NULL;
+    memset(g->zhost, 0, (size_t)g->zwords * sizeof *g->zhost);
+    g->zany = 0;
+    return zero_mask_upload(g);
+}
+
+/* The backward about to run writes every expert's weight gradient but those without rows in the forward's
+ * routing (exp_off_host): those are the step's zero bits. */
+static kiln_error *zero_mask_from_routing(kiln_zaya_cuda *g) {
+    if (!g->xkeep) return NULL;
+    const int64_t E = g->m->cfg.num_experts, nl = g->m->cfg.num_layers;
+    const int had = g->zany;
+    memset(g->zhost, 0, (size_t)g->zwords * sizeof *g->zhost);
+    g->zany = 0;
+    for (int64_t l = 0; l < nl; l++)
+        for (int64_t e = 0; e < E; e++)
+            if (g->L[l].exp_off_host[e + 1] == g->L[l].exp_off_host[e]) {
+                const int64_t b = l * E + e;
+                g->zhost[b >> 5] |= 1u << (b & 31);
+                g->zany = 1;
+            }
+    return g->zany || had ? zero_mask_upload(g) : NULL;
+}
+
+kiln_error *kiln_zaya_cuda_grads_clear_empty(kiln_zaya_cuda *g) {
+    if (!g->zany) return NULL;
+    KILN_TRY(opt_join(g));
+    const int64_t E = g->m->cfg.num_experts, nl = g->m->cfg.num_layers, H = g->m->cfg.hidden_size,
+                  I = g->m->cfg.moe_intermediate;
+    for (int64_t l = 0; l < nl; l++)
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t b = l * E + e;
+            if (!((g->zhost[b >> 5] >> (b & 31)) & 1u)) continue;
+            /* bf16 elements from the tensors' f32 slots' start (kiln_zaya_cuda_set_expert_grads_bf16) */
+            CU(cudaMemsetAsync((uint16_t *)g->G.layers[l].gate_up + e * 2 * I * H, 0, (size_t)(2 * I * H) * 2, g->stream));
+            CU(cudaMemsetAsync((uint16_t *)g->G.layers[l].down + e * H * I, 0, (size_t)(H * I) * 2, g->stream));
+        }
+    return zero_mask_clear(g);
+}
+
+const uint32_t *kiln_zaya_cuda_zero_mask(const kiln_zaya_cuda *g) { return g->xkeep ? g->zmask : NULL; }
+
+int kiln_zaya_cuda_grad_zero_groups(const kiln_zaya_cuda *g, int i, int64_t *zn) {
+    *zn = 0;
+    if (!g->xkeep || i < 0 || i >= g->m->nparams) return 0;
+    const int64_t E = g->m->cfg.num_experts, H = g->m->cfg.hidden_size, I = g->m->cfg.moe_intermediate;
+    const float *p = g->g + g->poff[i];
+    for (int64_t l = 0; l < g->m->cfg.num_layers; l++) {
+        if (p == g->G.layers[l].gate_up) *zn = 2 * I * H;
+        else if (p == g->G.layers[l].down) *zn = H * I;
+        else continue;
+        return (int)(l * E) + 1;
+    }
+    return 0;
+}
+
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
     KILN_TRY(opt_join(g));
+    KILN_TRY(kiln_zaya_cuda_grads_clear_empty(g));
     CU(cudaStreamSynchronize(g->stream));
     for (int i = 0; i < g->m->nparams; i++) {
         float *d = grad + g->m->params[i].offset;
@@ -696,6 +774,7 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad) {
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) {
     KILN_TRY(opt_join(g));
     CU(cudaMemsetAsync(g->g, 0, g->numel_dev * sizeof(float), g->stream));
+    KILN_TRY(zero_mask_clear(g));
     g->grads_zeroed = 1;
     if (g->seg_queued) memset(g->seg_queued, 0, (size_t)g->nseg);
     return NULL;
@@ -722,45 +801,72 @@ int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { return g->xg16 &&
  * other segments and the total: the same bits as the whole plan at once. */
 kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
     KILN_TRY(opt_join(g));
+    KILN_TRY(kiln_zaya_cuda_grads_clear_empty(g)); /* the mask goes with the plan */
     KILN_TRY(kiln_zaya_cuda_set_master_split(g, 0)); /* its tensors are these */
     CU(cudaStreamSynchronize(g->stream));
     expert_sumsq_free(g);
     g->xg16 = 0;
     if (!on) return NULL;
+    const char *ke = getenv("KILN_EMPTY_EXPERTS");
+    if (ke && *ke && strcmp(ke, "keep") && strcmp(ke, "clear"))
+        return kiln_errorf(KILN_EINVAL, "KILN_EMPTY_EXPERTS=%s: expected keep (the default) or clear", ke);
     const int n = g->m->nparams;
-    const int64_t nl = g->m->cfg.num_layers;
-    kiln_sumsq_seg *seg = calloc((size_t)n + 1, sizeof *seg);
+    const int64_t nl = g->m->cfg.num_layers, E = g->m->cfg.num_experts, H = g->m->cfg.hidden_size,
+                  I = g->m->cfg.moe_intermediate;
+    kiln_error *e = NULL;
+    int ns = 0;
+    kiln_sumsq_seg *seg = calloc((size_t)(n + 1) * (size_t)(E + 1), sizeof *seg);
     g->xseg = malloc((size_t)(2 * nl + 1) * sizeof *g->xseg);
     if (!seg || !g->xseg) {
-        free(seg);
-        expert_sumsq_free(g);
-        return kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+        e = kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+        goto done;
     }
     for (int64_t k = 0; k < 2 * nl; k++) g->xseg[k] = -1;
-    int ns = 0;
     g->xg16 = 1;
+    /* xkeep where AdamW's chunks never straddle two experts (KILN_ADAMW_CHUNK); an expert a segment of the sum
+     * wherever its bf16 start is a float offset (H*I even), with or without xkeep: the sum's chunks, and so its
+     * bits, are the same either way */
+    g->xkeep = !(ke && !strcmp(ke, "clear")) && (H * I) % KILN_ADAMW_CHUNK == 0;
+    g->xsegn = (H * I) % 2 == 0 ? (int)E : 1;
+    if (g->xkeep) {
+        g->zwords = (int)((nl * E + 31) / 32) + 1;
+        if (!(g->zhost = calloc((size_t)g->zwords, sizeof *g->zhost))) e = kiln_errorf(KILN_ENOMEM, "the experts' zero mask");
+        if (!e) e = kiln_cuda_alloc((void **)&g->zmask, (size_t)g->zwords * sizeof *g->zmask);
+        if (!e) e = zero_mask_upload(g);
+        if (e) goto done;
+    }
     for (int i = 0; i < n;) {
         if (kiln_zaya_cuda_grad_bf16(g, i)) {
             const float *p = g->g + g->poff[i];
             for (int64_t l = 0; l < nl; l++)
                 if (p == g->G.layers[l].gate_up || p == g->G.layers[l].down) g->xseg[2 * l + (p == g->G.layers[l].down)] = ns;
-            seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], g->m->params[i].numel, 1};
+            int64_t zn = 0;
+            const int zb = kiln_zaya_cuda_grad_zero_groups(g, i, &zn); /* 0 without xkeep */
+            if (g->xsegn == 1) { /* the tensor whole */
+                seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], g->m->params[i].numel, 1, 0};
+            } else { /* an expert a segment */
+                zn = g->m->params[i].numel / E;
+                for (int64_t x = 0; x < E; x++)
+                    seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i] + x * zn / 2, zn, 1, zb ? zb + (int)x : 0};
+            }
             i++;
             continue;
         }
         int j = i + 1;
         while (j < n && !kiln_zaya_cuda_grad_bf16(g, j)) j++;
-        seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], (int64_t)(g->poff[j] - g->poff[i]), 0};
+        seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], (int64_t)(g->poff[j] - g->poff[i]), 0, 0};
         i = j;
     }
-    kiln_error *e = kiln_sumsq_plan_create(seg, ns, &g->gsq);
-    free(seg);
+    e = kiln_sumsq_plan_create(seg, ns, &g->gsq);
+    if (!e) kiln_sumsq_plan_set_zero_mask(g->gsq, kiln_zaya_cuda_zero_mask(g));
     if (!e && !(g->seg_queued = calloc((size_t)ns + 1, 1))) e = kiln_errorf(KILN_ENOMEM, "the gradient's segments");
     if (!e && (cudaStreamCreateWithFlags(&g->nstream, cudaStreamNonBlocking) != cudaSuccess ||
                cudaEventCreateWithFlags(&g->nsq_ev, cudaEventDisableTiming) != cudaSuccess ||
                cudaEventCreateWithFlags(&g->nsq_done, cudaEventDisableTiming) != cudaSuccess))
         e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: a stream for the gradient's sum of squares");
     g->nseg = ns;
+done:
+    free(seg);
     if (e) {
         expert_sumsq_free(g);
         g->xg16 = 0;
@@ -777,8 +883,8 @@ static kiln_error *queue_expert_sumsq(kiln_zaya_cuda *g, int64_t l) {
     for (int h = 0; h < 2; h++) {
         const int k = g->xseg[2 * l + h];
         if (k < 0 || g->seg_queued[k]) continue;
-        KILN_TRY(kiln_sumsq_plan_partial(g->gsq, k, k + 1, g->g, g->nstream));
-        g->seg_queued[k] = 1;
+        KILN_TRY(kiln_sumsq_plan_partial(g->gsq, k, k + g->xsegn, g->g, g->nstream));
+        memset(g->seg_queued + k, 1, (size_t)g->xsegn);
     }
     return NULL;
 }
@@ -1216,7 +1322,7 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
         return kiln_errorf(KILN_EINVAL, "layer %lld backward: the experts' weight gradients are bf16 and written once "
                            "per zeroing; a second backward would add to them (one micro-batch a step, or turn "
                            "kiln_zaya_cuda_set_expert_grads_bf16 off)", (long long)li);
-    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16};
+    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16, g->xkeep};
     /* dln2_pair: no dx here; ln2's backward reads the rows dxe (slot order) through tok_slot */
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, g->dln2_pair ? NULL : s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
@@ -1317,6 +1423,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     if (!g->logits_valid) return kiln_errorf(KILN_EINVAL, "ZAYA on CUDA: backward without a forward");
     KILN_TRY(opt_join(g)); /* the forward joined already; the gradients are written from here on */
     if (g->seg_queued) memset(g->seg_queued, 0, (size_t)g->nseg);
+    KILN_TRY(zero_mask_from_routing(g));
     /* loss -> logits (the gradient overwrites them; the same pass gives the loss, bit for bit the forward's) ->
      * lm_head -> final norm */
     OP(g, "cross-entropy bwd", kiln_cross_entropy_cuda(g->logits, NULL, g->loss, g->logits, g->ids, B, T, V, st));

@@ -76,9 +76,11 @@ kiln_error *kiln_zaya_cuda_sumsq(kiln_zaya_cuda *g, const float *x, size_t n, do
     cudaStream_t st = (cudaStream_t)kiln_zaya_cuda_stream(g);
     if (cudaMallocAsync((void **)&d, sizeof *d, st) != cudaSuccess)
         return kiln_errorf(KILN_EIO, "gradient norm: no device memory for the sum");
-    /* the whole gradient as stored (its experts' weights may be bf16), else n floats */
-    kiln_error *e = x == kiln_zaya_cuda_grads(g) && n == kiln_zaya_cuda_numel(g) ? kiln_zaya_cuda_grad_sumsq(g, d)
-                                                                                 : kiln_zaya_sumsq_cuda(d, x, (int64_t)n, st);
+    /* the whole gradient as stored (its experts' weights may be bf16; those without rows zero by the mask), else
+     * n floats as they lie in memory */
+    const int whole = x == kiln_zaya_cuda_grads(g) && n == kiln_zaya_cuda_numel(g);
+    kiln_error *e = whole ? NULL : kiln_zaya_cuda_grads_clear_empty(g);
+    if (!e) e = whole ? kiln_zaya_cuda_grad_sumsq(g, d) : kiln_zaya_sumsq_cuda(d, x, (int64_t)n, st);
     if (!e && cudaMemcpyAsync(out, d, sizeof *out, cudaMemcpyDeviceToHost, st) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "gradient norm: copying the sum to the host failed");
     cudaFreeAsync(d, st);
@@ -116,9 +118,11 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     for (int i = first; i < last; i++) {
         o->soff[i - first] = o->nstate;
         const size_t off = kiln_zaya_cuda_param_offset(g, i) - kiln_zaya_cuda_param_offset(g, first); /* in the shard */
+        int64_t zn = 0;
+        const int zb = kiln_zaya_cuda_grad_zero_groups(g, i, &zn); /* an expert without rows: its gradient is zero */
         if (op[i].kind == KILN_OPT_ADAMW) /* a zeroing step leaves the gradients the next backward overwrites */
             aw[naw++] = (kiln_adamw_tensor){(int64_t)off, (int64_t)o->nstate, op[i].numel, op[i].decay,
-                                            kiln_zaya_cuda_grad_overwritten(g, i), kiln_zaya_cuda_grad_bf16(g, i)};
+                                            kiln_zaya_cuda_grad_overwritten(g, i), kiln_zaya_cuda_grad_bf16(g, i), zb, zn};
         else if (kiln_zaya_cuda_grad_bf16(g, i)) {
             free(aw), free(gid);
             kiln_zaya_cuda_opt_free(o);
@@ -167,6 +171,7 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!e && cudaMemset(o->state, 0, (o->nstate + 1) * sizeof(float)) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "optimizer on CUDA: clearing the state");
     if (!e) e = kiln_adamw_multi_create(aw, naw, &o->adamw);
+    if (!e) kiln_adamw_multi_set_zero_mask(o->adamw, kiln_zaya_cuda_zero_mask(g));
     /* the state's memset and the AdamW tables' uploads ran on the legacy stream, which the model's non-blocking
      * stream does not wait for (and an upload from pageable memory may return before its data lands): without
      * this the first step could read the tables before they arrive */

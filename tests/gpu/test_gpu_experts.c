@@ -117,6 +117,8 @@ static int g_dw_defer;
 static int g_dx_write;
 /* 1 (with g_dw_write): the weight gradients in bf16 (kiln_experts_cuda_scratch.dw_bf16) */
 static int g_dw_bf16;
+/* 1 (with g_dw_write): an expert without rows keeps its weight gradients as they were (dw_keep_empty) */
+static int g_dw_keep;
 
 /* forward and backward against the CPU op; returns nothing, checks inside */
 static void experts_case(const ex_case *c, uint64_t seed) {
@@ -141,13 +143,19 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
     kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
                                    gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write,
-                                   g_dw_defer, g_dx_write, g_dw_bf16};
+                                   g_dw_defer, g_dx_write, g_dw_bf16, g_dw_keep};
     kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
     float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
     float *d_dgate = gt_dev((size_t)S * 4);
     /* bf16 weight gradients start as random bf16 values that must vanish too */
     void *d_dwgu = g_dw_bf16 ? (void *)gt_up_bf16(dwgu, nw) : (void *)gt_up_f32(dwgu, nw);
     void *d_dwdn = g_dw_bf16 ? (void *)gt_up_bf16(dwdn, nd) : (void *)gt_up_f32(dwdn, nd);
+    /* dw_keep_empty: what the device held, as it held it */
+    float *kgu = g_dw_keep ? malloc((size_t)nw * sizeof *kgu) : NULL, *kdn = g_dw_keep ? malloc((size_t)nd * sizeof *kdn) : NULL;
+    if (kgu && kdn) {
+        memcpy(kgu, dwgu, (size_t)nw * sizeof *kgu), memcpy(kdn, dwdn, (size_t)nd * sizeof *kdn);
+        if (g_dw_bf16) gt_round_bf16(kgu, nw), gt_round_bf16(kdn, nd);
+    }
     if (g_dw_write) memset(dwgu, 0, (size_t)nw * sizeof *dwgu), memset(dwdn, 0, (size_t)nd * sizeof *dwdn);
     if (g_dx_write) memset(dx, 0, (size_t)(N * H) * sizeof *dx);
     CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
@@ -168,6 +176,14 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     kiln_experts_scratch cw = {dye, dact, dgu, dxe};
     kiln_experts_forward(&cx, out, in, wgu, wdn);
     kiln_experts_backward(&cx, dx, dgate, dwgu, dwdn, dout, wgu, wdn, &cw);
+    for (int64_t e = 0; e < E && kgu && kdn; e++) { /* dw_keep_empty: the experts without rows as they were */
+        int64_t rows = 0;
+        for (int64_t q = 0; q < S; q++) rows += choice[q] == e;
+        if (rows) continue;
+        memcpy(dwgu + e * 2 * I * H, kgu + e * 2 * I * H, (size_t)(2 * I * H) * sizeof *dwgu);
+        memcpy(dwdn + e * H * I, kdn + e * H * I, (size_t)(H * I) * sizeof *dwdn);
+    }
+    free(kgu), free(kdn);
 
     CHECK_MSG(x.nslots == cx.nslots, "nslots %lld, CPU %lld", (long long)x.nslots, (long long)cx.nslots);
     GT_CLOSE("experts out", g_out, out, N * H, 2e-2);
@@ -180,7 +196,7 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     int64_t nonzero = 0;
     for (int64_t s = 0; s < S; s++) nonzero += choice[s] == E && g_dgate[s] != 0.0f;
     CHECK_MSG(nonzero == 0, "%lld skipped slots got a gate gradient", (long long)nonzero);
-    if (c->empty >= 0) { /* an expert without tokens keeps its gradient exactly (written: exactly zero) */
+    if (c->empty >= 0) { /* an expert without tokens keeps its gradient exactly (written: exactly zero; kept: as it was) */
         int64_t moved = 0;
         for (int64_t i = 0; i < 2 * I * H; i++) moved += g_dwgu[c->empty * 2 * I * H + i] != dwgu[c->empty * 2 * I * H + i];
         for (int64_t i = 0; i < H * I; i++) moved += g_dwdn[c->empty * H * I + i] != dwdn[c->empty * H * I + i];
@@ -249,8 +265,28 @@ TEST(gpu_experts_dw_bf16) {
     g_dw_write = 0, g_dw_bf16 = 0, g_dw_defer = 0;
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
     kiln_experts_cuda x = {0};
-    kiln_experts_cuda_scratch w = {NULL, NULL, NULL, NULL, 0, 0, 0, 1};
+    kiln_experts_cuda_scratch w = {NULL, NULL, NULL, NULL, 0, 0, 0, 1, 0};
     CHECK_ERR(kiln_experts_backward_cuda(&x, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &w, NULL), "dw_write");
+}
+
+/* dw_keep_empty (the trainer's with its zero mask): bf16 weight gradients written, an empty expert's left exactly as
+ * they were (random bf16 values), on every path and deferred; everything skipped: all left as they were */
+TEST(gpu_experts_dw_keep_empty) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {64, 4, 1, 32, 48, 0.25, 2},
+                          {40, 4, 2, 16, 8, 1.0, -1}};
+    const char *const *paths = kiln_grouped_gemm_paths();
+    g_dw_write = 1, g_dw_bf16 = 1, g_dw_keep = 1;
+    for (int p = 0; paths[p]; p++) {
+        printf("  path %s\n", paths[p]);
+        CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
+        for (int d = 0; d < 2; d++) {
+            g_dw_defer = d;
+            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 2300 + i);
+        }
+    }
+    g_dw_write = 0, g_dw_bf16 = 0, g_dw_keep = 0, g_dw_defer = 0;
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 0, NULL, NULL, NULL, 1, 1, 1, 1, "TN", 3, NULL, NULL), "accumulate 3");
 }
 
 /* dx_write: dx written, not accumulated (the trainer's call), on the default path and the per-expert loop; every
@@ -304,7 +340,7 @@ static void experts_deterministic(void) {
         x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
         /* the second run also writes dx over random values (dx_write): the same bits as adding onto zeros */
         kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r, 0};
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r, 0, 0};
         float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(r ? dout : zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
         float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
         CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));

@@ -112,7 +112,7 @@ TEST(gpu_ops_adamw_multi) {
     kiln_adamw_tensor tab[NT];
     int64_t nw = 0, ns = 0;
     for (int i = 0; i < NT; i++) {
-        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, 0, 0};
+        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, 0, 0, 0, 0};
         nw += (sizes[i] + 63) / 64 * 64;
         ns += 2 * sizes[i];
     }
@@ -165,7 +165,7 @@ TEST(gpu_ops_adamw_multi) {
             bad += gwb[j] != kiln_bf16_to_f32(kiln_f32_to_bf16(gw1[j]));
     CHECK_MSG(bad == 0, "%lld bf16 weights differ from the rounding of the f32 weights", (long long)bad);
     CHECK_ERR(kiln_adamw_multi_step_cuda(p, w1, dg, st1, 1.0f, &hp, 1e-3, 0, NULL, NULL), "step 0");
-    kiln_adamw_tensor badt = {0, 0, -1, 0, 0, 0};
+    kiln_adamw_tensor badt = {0, 0, -1, 0, 0, 0, 0, 0};
     kiln_adamw_multi *q = NULL;
     CHECK_ERR(kiln_adamw_multi_create(&badt, 1, &q), "tensor 0");
     kiln_adamw_multi_free(p);
@@ -190,7 +190,7 @@ static void adamw_variants_case(int shift) {
     kiln_adamw_tensor tab[NT];
     int64_t nw = 0, ns = 0;
     for (int i = 0; i < NT; i++) {
-        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, i % 4 == 2, 0}; /* keep_g: its gradient never zeroed */
+        tab[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 3 != 1, i % 4 == 2, 0, 0, 0}; /* keep_g: its gradient never zeroed */
         nw += (sizes[i] + 63) / 64 * 64;
         ns += 2 * sizes[i];
     }
@@ -313,7 +313,7 @@ static void adamw_bf16_case(int shift) {
     kiln_adamw_tensor tf[NT], tb[NT];
     int64_t nw = 0, ns = 0;
     for (int i = 0; i < NT; i++) {
-        tf[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 2, 1, 0};
+        tf[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 2, 1, 0, 0, 0};
         tb[i] = tf[i], tb[i].g_bf16 = i != 1; /* one f32 gradient among them */
         tb[i].keep_g = tb[i].g_bf16;
         nw += (sizes[i] + 63) / 64 * 64;
@@ -363,7 +363,7 @@ static void adamw_bf16_case(int shift) {
     }
     unsetenv("KILN_ADAMW_GRID");
     unsetenv("KILN_ADAMW_HINTS");
-    kiln_adamw_tensor bad = {4, 0, 10, 0, 1, 1}, bad2 = {0, 0, 10, 0, 0, 1};
+    kiln_adamw_tensor bad = {4, 0, 10, 0, 1, 1, 0, 0}, bad2 = {0, 0, 10, 0, 0, 1, 0, 0};
     kiln_adamw_multi *q = NULL;
     bad.off = 6;
     CHECK_ERR(kiln_adamw_multi_create(&bad, 1, &q), "multiple of 4");
@@ -442,7 +442,7 @@ static void adamw_split_case(int vec) {
     kiln_adamw_tensor tb[NT];
     int64_t nw = 0, ns = 0;
     for (int i = 0; i < NT; i++) {
-        tb[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 2, i != 1, i != 1}; /* one f32 tensor among them */
+        tb[i] = (kiln_adamw_tensor){nw, ns, sizes[i], i % 2, i != 1, i != 1, 0, 0}; /* one f32 tensor among them */
         nw += (sizes[i] + 63) / 64 * 64;
         ns += (2 * sizes[i] + 3) / 4 * 4;
     }

@@ -136,7 +136,7 @@ TEST(gpu_zaya_glue_sumsq_segments) {
     kiln_sumsq_seg seg[NS];
     int64_t nf = 0;
     for (int k = 0; k < NS; k++) {
-        seg[k] = (kiln_sumsq_seg){nf, sizes[k], isbf[k]};
+        seg[k] = (kiln_sumsq_seg){nf, sizes[k], isbf[k], 0};
         nf += (sizes[k] + 63) / 64 * 64;
     }
     float *v = gt_rand(&rng, nf, 3.0f), *buf = calloc((size_t)nf + 1, sizeof(float));
@@ -184,7 +184,7 @@ TEST(gpu_zaya_glue_sumsq_segments) {
         CHECK_ERR(kiln_sumsq_plan_partial(p, 3, NS + 1, d, NULL), "segments");
         cudaStreamDestroy(side);
     }
-    kiln_sumsq_seg bad = {-1, 4, 0};
+    kiln_sumsq_seg bad = {-1, 4, 0, 0};
     kiln_sumsq_plan *q = NULL;
     CHECK_ERR(kiln_sumsq_plan_create(&bad, 1, &q), "segment 0");
     kiln_sumsq_plan_free(p);

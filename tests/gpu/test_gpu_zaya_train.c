@@ -223,6 +223,128 @@ done:
     kiln_zaya_free(m);
 }
 
+/* Experts without rows (KILN_EMPTY_EXPERTS=keep, the default with bf16 expert gradients): nothing clears their
+ * weight gradients; the step's zero mask makes the gradient's sum of squares and AdamW read zeros there. Three
+ * trainer-like steps (the added gradients zeroed, forward, backward, sum of squares, AdamW on split masters) from
+ * the same model, its gradient buffer first filled with 0x3c3c3c3c words (0.0115 as bf16 halves: a stale value
+ * that is not zero): every step's sum of squares, the f32 weights, their bf16 copy, the optimizer state and the
+ * downloaded gradients are bit for bit those with the experts cleared (=clear), under each AdamW kernel
+ * (KILN_ADAMW_GRID); in each step some expert got no rows, and with =keep its gradient in memory is still stale. */
+TEST(gpu_zaya_empty_experts) {
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 64, c.hidden_size = 64, c.num_layers = 2, c.num_heads = 2, c.num_kv_heads = 1, c.head_dim = 16;
+    c.num_experts = 16, c.top_k = 1, c.moe_intermediate = 64, c.router_hidden = 16; /* H*I = 4096: one AdamW chunk */
+    c.layer_types[0] = c.layer_types[1] = KILN_LAYER_HYBRID;
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    if (!m) return;
+    kiln_zaya_init_random(m, 11);
+    enum { B = 1, T = 24, STEPS = 3 };
+    const int64_t L = c.num_layers, E = c.num_experts, E1 = E + 1;
+    kiln_optim_hparams hp = {0.9, 0.95, 1e-8, 0.1, 0.95, 5, 0, KILN_NS_FP32};
+    kiln_opt_param *op = calloc((size_t)m->nparams, sizeof *op);
+    kiln_optim_classify(m, &hp, op);
+    int64_t ids[STEPS][B * T];
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 21);
+    for (int t = 0; t < STEPS; t++)
+        for (int i = 0; i < B * T; i++) ids[t][i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)c.vocab_size);
+    static const char *grids[] = {"chunks", "persistent", "staged"};
+    float *ref_w = NULL, *ref_wb = NULL, *ref_st = NULL, *ref_g = NULL;
+    double ref_ss[STEPS];
+    size_t nd = 0, nst = 0;
+    for (int gi = 0; gi < 3; gi++)
+        for (int keep = 0; keep < 2; keep++) {
+            if (!keep) { /* each grid against its own cleared run (split and f32 masters round their bf16 copies'
+                          * ties differently) */
+                free(ref_w), free(ref_g), free(ref_st), free(ref_wb);
+                ref_w = ref_g = ref_st = ref_wb = NULL;
+            }
+            /* the staged kernel has no split form: f32 masters there */
+            const int split = strcmp(grids[gi], "staged") != 0;
+            setenv("KILN_ADAMW_GRID", grids[gi], 1);
+            setenv("KILN_EMPTY_EXPERTS", keep ? "keep" : "clear", 1);
+            kiln_zaya_cuda *g = NULL;
+            kiln_zaya_cuda_opt *o = NULL;
+            CHECK_OK(kiln_zaya_cuda_create(m, B, T, 0, &g));
+            if (g) CHECK_OK(kiln_zaya_cuda_set_expert_grads_bf16(g, 1));
+            if (g) CHECK_OK(kiln_zaya_cuda_set_master_split(g, split));
+            if (g) CHECK_OK(kiln_zaya_cuda_opt_create(g, op, 0, m->nparams, &o));
+            if (!g || !o) {
+                kiln_zaya_cuda_opt_free(o), kiln_zaya_cuda_free(g);
+                break;
+            }
+            CHECK_MSG((kiln_zaya_cuda_zero_mask(g) != NULL) == keep, "grid %s, %s: zero mask %p", grids[gi],
+                      keep ? "keep" : "clear", (const void *)kiln_zaya_cuda_zero_mask(g));
+            nd = kiln_zaya_cuda_numel(g);
+            nst = kiln_zaya_cuda_opt_state_numel(o);
+            uint32_t *junk = malloc(nd * 4);
+            for (size_t i = 0; i < nd && junk; i++) junk[i] = 0x3c3c3c3cu;
+            if (junk) CHECK_OK(kiln_cuda_copy(kiln_zaya_cuda_grads(g), junk, nd * 4, KILN_CUDA_H2D));
+            free(junk);
+            double ss[STEPS];
+            int stale_seen = 0;
+            for (int t = 0; t < STEPS; t++) {
+                int64_t counts[2 * 17] = {0};
+                CHECK_OK(kiln_zaya_cuda_grads_zero_added(g));
+                CHECK_OK(kiln_zaya_cuda_forward(g, ids[t], NULL));
+                CHECK_OK(kiln_zaya_cuda_route_counts(g, counts));
+                CHECK_OK(kiln_zaya_cuda_backward(g));
+                CHECK_OK(kiln_zaya_cuda_sumsq(g, kiln_zaya_cuda_grads(g), nd, &ss[t]));
+                int empty = 0;
+                for (int64_t l = 0; l < L; l++)
+                    for (int64_t e = 0; e < E; e++) {
+                        if (counts[l * E1 + e]) continue;
+                        empty++;
+                        if (!keep || stale_seen) continue;
+                        /* its gate_up gradient's first bf16 values, as they lie in memory */
+                        int k = 0;
+                        for (int i = 0; i < m->nparams; i++)
+                            if (kiln_zaya_cuda_grad_bf16(g, i) && k++ == 2 * l) {
+                                uint16_t h[8];
+                                const size_t at = 2 * kiln_zaya_cuda_param_offset(g, i) + (size_t)(e * 2 * 64 * 64);
+                                CHECK_OK(kiln_zaya_cuda_sync(g));
+                                CHECK_OK(kiln_cuda_copy(h, (const uint16_t *)kiln_zaya_cuda_grads(g) + at, sizeof h,
+                                                        KILN_CUDA_D2H));
+                                stale_seen = h[0] == 0x3c3c && h[7] == 0x3c3c;
+                            }
+                    }
+                CHECK_MSG(empty > 0 && empty < L * E, "step %d: %d of %lld experts without rows", t + 1, empty,
+                          (long long)(L * E));
+                CHECK_OK(kiln_zaya_cuda_opt_step(o, kiln_zaya_cuda_grads(g), 0, 0.5f, &hp, 1e-2, t + 1, 1));
+            }
+            if (keep) CHECK_MSG(stale_seen, "grid %s: no empty expert's gradient was left stale in memory", grids[gi]);
+            float *w = malloc(m->numel * sizeof *w), *gr = malloc(m->numel * sizeof *gr);
+            float *st = calloc(nst + 1, sizeof *st);
+            CHECK_OK(kiln_zaya_cuda_download_params(g, w));
+            CHECK_OK(kiln_zaya_cuda_download_grads(g, gr));
+            CHECK_OK(kiln_zaya_cuda_opt_state_download(o, st));
+            float *wb = gt_down_bf16((const kiln_bf16 *)kiln_zaya_cuda_params_bf16(g), (int64_t)nd);
+            if (!ref_w) {
+                ref_w = w, ref_g = gr, ref_st = st, ref_wb = wb;
+                memcpy(ref_ss, ss, sizeof ss);
+                printf("    grid %s: sums of squares %.6g %.6g %.6g\n", grids[gi], ss[0], ss[1], ss[2]);
+            } else {
+                const char *how = keep ? "keep" : "clear";
+                for (int t = 0; t < STEPS; t++)
+                    CHECK_MSG(!memcmp(&ss[t], &ref_ss[t], sizeof ss[t]), "grid %s, %s, step %d: sum of squares %.17g, "
+                              "cleared %.17g", grids[gi], how, t + 1, ss[t], ref_ss[t]);
+                CHECK_MSG(!memcmp(w, ref_w, m->numel * sizeof *w), "grid %s, %s: weights differ", grids[gi], how);
+                CHECK_MSG(!memcmp(gr, ref_g, m->numel * sizeof *gr), "grid %s, %s: gradients differ", grids[gi], how);
+                CHECK_MSG(!memcmp(st, ref_st, nst * sizeof *st), "grid %s, %s: optimizer state differs", grids[gi], how);
+                CHECK_MSG(!memcmp(wb, ref_wb, nd * sizeof *wb), "grid %s, %s: bf16 weights differ", grids[gi], how);
+                free(w), free(gr), free(st), free(wb);
+            }
+            kiln_zaya_cuda_opt_free(o);
+            kiln_zaya_cuda_free(g);
+        }
+    unsetenv("KILN_ADAMW_GRID");
+    unsetenv("KILN_EMPTY_EXPERTS");
+    free(ref_w), free(ref_g), free(ref_st), free(ref_wb), free(op);
+    kiln_zaya_free(m);
+}
+
 /* The optimizer step and the gradient norm at issue [cuda]'s benchmark size (hidden 2048, 8 hybrid layers, 16
  * experts of 2048, vocab 50304 tied: 1764M parameters, AdamW): milliseconds a step and the bandwidth of the bytes
  * each must move (AdamW: w, g, m, v read, w, m, v, bf16 w written, 30 bytes a parameter, + 4 for each gradient it
