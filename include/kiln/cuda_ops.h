@@ -135,8 +135,8 @@ kiln_error *kiln_experts_profile_read_cuda(double us[KILN_EXPERTS_NPASS]);
  *   "NN": C[rows of e, n] = A[rows of e, k] B_e,  B_e = b + e*k*n stored [k,n]  (input gradient)
  *   "TN": C_e[m,n] (+)= A[rows of e, m]ᵀ B[rows of e, n], C_e = c + e*m*n; k is unused (the weight
  *         gradients: the reduction runs over the expert's m_e rows)
- * C is bf16 or f32 (c_f32); accumulate adds to C. Experts without rows cost nothing (TN: C_e is zeroed,
- * or left as it is when accumulating). *looped (nullable) is set when the experts ran as one GEMM each.
+ * C is bf16 or f32 (c_f32); accumulate (KILN_GG_*): 0 writes C, 1 adds to it, 2 writes it but for the experts
+ * without rows. Experts without rows cost nothing (TN: C_e is zeroed, or left as it is with 1 or 2). *looped (nullable) is set when the experts ran as one GEMM each.
  * How it runs is the process's "path" (src/cuda/experts_gemm.cu; bench/moe_gpu.sh measures each against
  * one dense GEMM): "grouped" (cublasGemmGroupedBatchedEx; one cublasGemmEx per expert where cuBLAS refuses
  * the types or the pointers are not 16-byte aligned), "lt_loop" (a cuBLASLt GEMM per expert), "lt_streams"
