@@ -171,7 +171,6 @@ kiln_error *kiln_zaya_cuda_opt_create(kiln_zaya_cuda *g, const kiln_opt_param *o
     if (!e && cudaMemset(o->state, 0, (o->nstate + 1) * sizeof(float)) != cudaSuccess)
         e = kiln_errorf(KILN_EIO, "optimizer on CUDA: clearing the state");
     if (!e) e = kiln_adamw_multi_create(aw, naw, &o->adamw);
-    if (!e) kiln_adamw_multi_set_zero_mask(o->adamw, kiln_zaya_cuda_zero_mask(g));
     /* the state's memset and the AdamW tables' uploads ran on the legacy stream, which the model's non-blocking
      * stream does not wait for (and an upload from pageable memory may return before its data lands): without
      * this the first step could read the tables before they arrive */
@@ -231,6 +230,8 @@ kiln_error *kiln_zaya_cuda_opt_step(kiln_zaya_cuda_opt *o, float *gshard, size_t
         return kiln_errorf(KILN_EINVAL, "optimizer step: the gradient shard starts at element %zu, the first owned "
                            "tensor at %zu", shard_off, kiln_zaya_cuda_param_offset(o->g, o->first));
     KILN_TRY(opt_split(o, write_bf16));
+    /* the zero mask describes the model's own gradients only (another buffer is read as it is) */
+    kiln_adamw_multi_set_zero_mask(o->adamw, gshard == kiln_zaya_cuda_grads(o->g) ? kiln_zaya_cuda_zero_mask(o->g) : NULL);
     KILN_TRY(kiln_adamw_multi_step_cuda(o->adamw, w + shard_off, gshard, o->state, scale, hp, lr, t,
                                         write_bf16 ? wb + shard_off : NULL, st));
     for (int k = 0; k < o->nmg; k++) {
@@ -283,6 +284,7 @@ kiln_error *kiln_zaya_cuda_opt_step_zeroing(kiln_zaya_cuda_opt *o, float scale, 
     kiln_zaya_cuda *g = o->g;
     void *st = kiln_zaya_cuda_stream(g);
     KILN_TRY(opt_split(o, 1));
+    kiln_adamw_multi_set_zero_mask(o->adamw, kiln_zaya_cuda_zero_mask(g));
     KILN_TRY(kiln_adamw_multi_step_range_cuda(o->adamw, 0, o->naw, kiln_zaya_cuda_params(g), kiln_zaya_cuda_grads(g),
                                               o->state, scale, hp, lr, t, kiln_zaya_cuda_params_bf16(g), 1, 0, st));
     kiln_zaya_cuda_grads_mark_zero(g);
@@ -303,6 +305,7 @@ kiln_error *kiln_zaya_cuda_opt_step_overlapped(kiln_zaya_cuda_opt *o, float scal
     const int n = kiln_zaya_cuda_overlap_slices(g, &first);
     void *st = NULL;
     KILN_TRY(opt_split(o, 1)); /* on the model's stream, which the optimizer's waits for */
+    kiln_adamw_multi_set_zero_mask(o->adamw, kiln_zaya_cuda_zero_mask(g));
     KILN_TRY(kiln_zaya_cuda_overlap_begin(g, &st));
     kiln_error *e = NULL;
     float *w = kiln_zaya_cuda_params(g), *gr = kiln_zaya_cuda_grads(g);
