@@ -44,8 +44,9 @@ kiln_error *kiln_linear_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, const kil
 kiln_error *kiln_linear_backward_cuda(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy, const kiln_bf16 *x,
                                       const kiln_bf16 *w, int64_t n, int64_t in, int64_t out, void *stream);
 /* The same with flags: KILN_LINEAR_DX_WRITE writes dx (=, no zeroing pass needed and no read-back) instead of
- * adding to it. KILN_LINEAR_BWD=old runs the previous path (src/cuda/linear.cu). */
-enum { KILN_LINEAR_DX_WRITE = 1 };
+ * adding to it, KILN_LINEAR_DW_WRITE likewise dw (the first writer of a gradient: the LM head's weight, whose
+ * backward comes first). KILN_LINEAR_BWD=old runs the previous path (src/cuda/linear.cu). */
+enum { KILN_LINEAR_DX_WRITE = 1, KILN_LINEAR_DW_WRITE = 2 };
 kiln_error *kiln_linear_backward_ex_cuda(kiln_bf16 *dx, float *dw, float *db, const kiln_bf16 *dy, const kiln_bf16 *x,
                                          const kiln_bf16 *w, int64_t n, int64_t in, int64_t out, unsigned flags,
                                          void *stream);

@@ -90,8 +90,9 @@ kiln_error *kiln_zaya_cuda_master_split(kiln_zaya_cuda *g);
  * queued on the model's stream */
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out);
 /* kiln_zaya_cuda_grads_zero for the next backward: zeroes only the gradients it adds to (one memset per run of such
- * tensors), not those it overwrites (kiln_zaya_cuda_grad_overwritten): 0.6 of 7 GB at the [cuda] size. The next
- * backward gives the same gradients as after kiln_zaya_cuda_grads_zero. */
+ * tensors), not those it overwrites (kiln_zaya_cuda_grad_overwritten, and the LM head's weight, whose GEMM comes
+ * first and writes it): 0.2 of 7 GB at the [cuda] size. The next backward gives the same gradients as after
+ * kiln_zaya_cuda_grads_zero. */
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g);
 
 /* Device buffers: f32 master parameters, their bf16 copy, f32 grads, kiln_zaya_cuda_numel elements each,

@@ -307,11 +307,11 @@ extern "C" kiln_error *kiln_linear_backward_ex_cuda(kiln_bf16 *dx, float *dw, fl
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     int old = 0, locked = 0;
-    const int dx_write = (flags & KILN_LINEAR_DX_WRITE) != 0;
+    const int dx_write = (flags & KILN_LINEAR_DX_WRITE) != 0, dw_write = (flags & KILN_LINEAR_DW_WRITE) != 0;
     if (n < 0 || in < 1 || out < 1)
         return kiln_errorf(KILN_EINVAL, "linear backward: n=%lld in=%lld out=%lld", (long long)n, (long long)in,
                            (long long)out);
-    if (flags & ~(unsigned)KILN_LINEAR_DX_WRITE)
+    if (flags & ~(unsigned)(KILN_LINEAR_DX_WRITE | KILN_LINEAR_DW_WRITE))
         return kiln_errorf(KILN_EINVAL, "linear backward: unknown flags 0x%x", flags);
     if ((err = bwd_old(&old))) return err;
     if (n == 0) return NULL;
@@ -322,7 +322,11 @@ extern "C" kiln_error *kiln_linear_backward_ex_cuda(kiln_bf16 *dx, float *dw, fl
         // dx[n,in] (+)= dy w
         if ((err = gemm_locked(dx, 0, dy, w, NULL, n, in, out, 0, 0, dx_write && !old ? 0.0f : 1.0f, st))) goto done;
     }
-    if (dw && (err = gemm_locked(dw, 1, dy, x, NULL, out, in, n, 1, 0, 1.0f, st))) goto done; // dw[out,in] += dyᵀ x
+    if (dw) {
+        if (dw_write && old) CUDA_TRY(cudaMemsetAsync(dw, 0, (size_t)(out * in) * 4, st));
+        // dw[out,in] (+)= dyᵀ x
+        if ((err = gemm_locked(dw, 1, dy, x, NULL, out, in, n, 1, 0, dw_write && !old ? 0.0f : 1.0f, st))) goto done;
+    }
     if (db && (err = colsum(db, (const __nv_bfloat16 *)dy, n, out, old, st))) goto done;
 done:
     if (locked) pthread_mutex_unlock(&g_lock);

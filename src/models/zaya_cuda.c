@@ -907,16 +907,23 @@ kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) {
     return kiln_sumsq_plan_total(g->gsq, out, g->stream);
 }
 
+/* The tensors whose gradient the first backward after a zeroing writes before anything adds to it: the experts'
+ * weights (kiln_zaya_cuda_grad_overwritten) and the LM head's weight, whose GEMM is the backward's first (a tied
+ * embedding's backward adds into it last). */
+static int grad_first_written(const kiln_zaya_cuda *g, int i) {
+    return kiln_zaya_cuda_grad_overwritten(g, i) || (g->G.lm_head_w && g->g + g->poff[i] == g->G.lm_head_w);
+}
+
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) {
     KILN_TRY(opt_join(g));
     const int n = g->m->nparams;
     for (int i = 0; i < n;) { /* runs of tensors the backward adds to, with the padding between them */
-        if (kiln_zaya_cuda_grad_overwritten(g, i)) {
+        if (grad_first_written(g, i)) {
             i++;
             continue;
         }
         int j = i + 1;
-        while (j < n && !kiln_zaya_cuda_grad_overwritten(g, j)) j++;
+        while (j < n && !grad_first_written(g, j)) j++;
         CU(cudaMemsetAsync(g->g + g->poff[i], 0, (g->poff[j] - g->poff[i]) * sizeof(float), g->stream));
         i = j;
     }
@@ -1429,9 +1436,11 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     OP(g, "cross-entropy bwd", kiln_cross_entropy_cuda(g->logits, NULL, g->loss, g->logits, g->ids, B, T, V, st));
     g->logits_valid = 0;
     g->loss_valid = 1;
-    Z(s->dhn, N * H * 2);
-    OP(g, "LM head (cuBLASLt) bwd", kiln_linear_backward_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
-                                       BF(g, g->W.lm_head_w), N, H, V, st));
+    /* the first writer of dhn, and after a zeroing of its weight's gradient (grads_first_written: the tied
+     * embedding's backward adds into it last) */
+    OP(g, "LM head (cuBLASLt) bwd", kiln_linear_backward_ex_cuda(s->dhn, g->G.lm_head_w, g->G.lm_head_b, g->logits, g->hn,
+                                       BF(g, g->W.lm_head_w), N, H, V,
+                                       KILN_LINEAR_DX_WRITE | (g->grads_zeroed ? KILN_LINEAR_DW_WRITE : 0), st));
     /* Each norm's backward runs with the join that made its input (norm_join): the final norm with the last
      * layer's MLP join (its MoE side: dmoe), layer l's input_layernorm with layer l-1's, the first with the
      * input scale/bias (dx0). With recomputation layer l-1 is re-run before layer l's ln1 backward (it needs

@@ -30,10 +30,12 @@ static float *up_f(const float *x, int64_t n, int off, void **base) {
     return d;
 }
 
-/* dx_write: KILN_LINEAR_DX_WRITE (dx written, its starting values ignored) */
-static void linear_case_full(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed, int off, int dx_write) {
-    printf("  n=%lld in=%lld out=%lld bias=%d offset=%d dx_write=%d KILN_LINEAR_BWD=%s\n", (long long)n, (long long)in,
-           (long long)out, bias, off, dx_write, getenv("KILN_LINEAR_BWD") ? getenv("KILN_LINEAR_BWD") : "(unset)");
+/* wr: KILN_LINEAR_DX_WRITE and/or KILN_LINEAR_DW_WRITE (dx / dw written, their starting values ignored) */
+static void linear_case_full(int64_t n, int64_t in, int64_t out, int bias, uint64_t seed, int off, int wr) {
+    const int dx_write = (wr & KILN_LINEAR_DX_WRITE) != 0, dw_write = (wr & KILN_LINEAR_DW_WRITE) != 0;
+    printf("  n=%lld in=%lld out=%lld bias=%d offset=%d dx_write=%d dw_write=%d KILN_LINEAR_BWD=%s\n", (long long)n,
+           (long long)in, (long long)out, bias, off, dx_write, dw_write,
+           getenv("KILN_LINEAR_BWD") ? getenv("KILN_LINEAR_BWD") : "(unset)");
     kiln_rng rng;
     kiln_rng_seed(&rng, seed);
     float *x = gt_rand(&rng, n * in, 1.0f), *w = gt_rand(&rng, out * in, 1.0f / sqrtf((float)in));
@@ -54,13 +56,14 @@ static void linear_case_full(int64_t n, int64_t in, int64_t out, int bias, uint6
     float *gy = gt_down_bf16(d_y, n * out);
     GT_CLOSE("linear y", gy, y, n * out, 1e-2);
 
-    if (dx_write) memset(dx0, 0, (size_t)(n * in) * sizeof *dx0); /* the device's dx keeps its nonzero start */
+    /* the device's dx and dw keep their nonzero starts */
+    if (dx_write) memset(dx0, 0, (size_t)(n * in) * sizeof *dx0);
+    if (dw_write) memset(dw0, 0, (size_t)(out * in) * sizeof *dw0);
     kiln_linear_backward(dx0, dw0, bias ? db0 : NULL, dy, x, w, n, in, out);
-    CHECK_OK(kiln_linear_backward_ex_cuda(d_dx, d_dw, bias ? d_db : NULL, d_dy, d_x, d_w, n, in, out,
-                                          dx_write ? KILN_LINEAR_DX_WRITE : 0, NULL));
+    CHECK_OK(kiln_linear_backward_ex_cuda(d_dx, d_dw, bias ? d_db : NULL, d_dy, d_x, d_w, n, in, out, (unsigned)wr, NULL));
     float *gdx = gt_down_bf16(d_dx, n * in), *gdw = gt_down_f32(d_dw, out * in), *gdb = gt_down_f32(d_db, out);
     GT_CLOSE(dx_write ? "linear dx (=)" : "linear dx (+=)", gdx, dx0, n * in, 1e-2);
-    GT_CLOSE("linear dw (+=, f32)", gdw, dw0, out * in, 2e-3);
+    GT_CLOSE(dw_write ? "linear dw (=, f32)" : "linear dw (+=, f32)", gdw, dw0, out * in, 2e-3);
     if (bias) GT_CLOSE("linear db (+=, f32)", gdb, db0, out, 1e-4);
 
     for (int i = 0; i < 8; i++) kiln_cuda_free(bs[i]);
@@ -83,7 +86,7 @@ TEST(gpu_linear_fwd_bwd) {
     linear_case(333, 2048, 96, 1, 6);  /* y and dx reduce over 2048 */
 }
 
-/* The backward's other paths against the CPU: dx written (KILN_LINEAR_DX_WRITE); dW of few output tiles over
+/* The backward's other paths against the CPU: dx and/or dw written (KILN_LINEAR_DX_WRITE, _DW_WRITE); dW of few output tiles over
  * many rows (the trainer's k / v / router shapes, scaled down; f32 outputs not a multiple of 4); db over more
  * rows than 256 blocks of 64 (taller blocks), 8 columns a load and 1; the same at 2-byte aligned offsets; and
  * all of it again through KILN_LINEAR_BWD=old. */
@@ -97,6 +100,8 @@ TEST(gpu_linear_bwd_paths) {
         linear_case_full(70000, 8, 24, 1, 25, 0, 0);    /* db: 280 rows a block */
         linear_case_full(4096, 256, 128, 1, 26, 1, 1);  /* 2-byte aligned: db's 1-column loads */
         linear_case_full(2048, 96, 2048, 1, 27, 8, 0);  /* db 2048 wide, 16-byte aligned */
+        linear_case_full(1000, 256, 700, 0, 28, 0, KILN_LINEAR_DX_WRITE | KILN_LINEAR_DW_WRITE); /* the LM head's */
+        linear_case_full(300, 129, 65, 1, 29, 1, KILN_LINEAR_DW_WRITE);
         unsetenv("KILN_LINEAR_BWD");
     }
     setenv("KILN_LINEAR_BWD", "fast", 1);
