@@ -250,20 +250,25 @@ TEST(gpu_experts_dw_write) {
 
 /* dw_bf16: the weight gradients written in bf16 (the trainer's default on one rank), on every path and deferred
  * (an empty expert's become zero; everything skipped: all zero); adding to bf16 gradients is refused */
-TEST(gpu_experts_dw_bf16) {
-    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {40, 4, 2, 16, 8, 1.0, -1}};
+/* bf16 weight gradients written (keep: an empty expert's kept), the cases on every path, deferred and not */
+static void dw_bf16_cases(const ex_case *cs, size_t n, int keep, uint64_t seed) {
     const char *const *paths = kiln_grouped_gemm_paths();
-    g_dw_write = 1, g_dw_bf16 = 1;
+    g_dw_write = 1, g_dw_bf16 = 1, g_dw_keep = keep;
     for (int p = 0; paths[p]; p++) {
         printf("  path %s\n", paths[p]);
         CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
         for (int d = 0; d < 2; d++) {
             g_dw_defer = d;
-            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 1700 + i);
+            for (size_t i = 0; i < n; i++) experts_case(&cs[i], seed + i);
         }
     }
-    g_dw_write = 0, g_dw_bf16 = 0, g_dw_defer = 0;
+    g_dw_write = 0, g_dw_bf16 = 0, g_dw_keep = 0, g_dw_defer = 0;
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+}
+
+TEST(gpu_experts_dw_bf16) {
+    const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {40, 4, 2, 16, 8, 1.0, -1}};
+    dw_bf16_cases(cs, sizeof cs / sizeof cs[0], 0, 1700);
     kiln_experts_cuda x = {0};
     kiln_experts_cuda_scratch w = {NULL, NULL, NULL, NULL, 0, 0, 0, 1, 0};
     CHECK_ERR(kiln_experts_backward_cuda(&x, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &w, NULL), "dw_write");
@@ -274,18 +279,7 @@ TEST(gpu_experts_dw_bf16) {
 TEST(gpu_experts_dw_keep_empty) {
     const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {64, 4, 1, 32, 48, 0.25, 2},
                           {40, 4, 2, 16, 8, 1.0, -1}};
-    const char *const *paths = kiln_grouped_gemm_paths();
-    g_dw_write = 1, g_dw_bf16 = 1, g_dw_keep = 1;
-    for (int p = 0; paths[p]; p++) {
-        printf("  path %s\n", paths[p]);
-        CHECK_OK(kiln_grouped_gemm_set_path(paths[p]));
-        for (int d = 0; d < 2; d++) {
-            g_dw_defer = d;
-            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) experts_case(&cs[i], 2300 + i);
-        }
-    }
-    g_dw_write = 0, g_dw_bf16 = 0, g_dw_keep = 0, g_dw_defer = 0;
-    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    dw_bf16_cases(cs, sizeof cs / sizeof cs[0], 1, 2300);
     CHECK_ERR(kiln_grouped_gemm_cuda(NULL, 0, NULL, NULL, NULL, 1, 1, 1, 1, "TN", 3, NULL, NULL), "accumulate 3");
 }
 
