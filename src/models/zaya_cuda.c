@@ -840,14 +840,14 @@ kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
             const float *p = g->g + g->poff[i];
             for (int64_t l = 0; l < nl; l++)
                 if (p == g->G.layers[l].gate_up || p == g->G.layers[l].down) g->xseg[2 * l + (p == g->G.layers[l].down)] = ns;
-            int64_t zn = 0;
-            const int zb = kiln_zaya_cuda_grad_zero_groups(g, i, &zn); /* 0 without xkeep */
             if (g->xsegn == 1) { /* the tensor whole */
                 seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i], g->m->params[i].numel, 1, 0};
-            } else { /* an expert a segment */
-                zn = g->m->params[i].numel / E;
+            } else { /* an expert a segment, with its zero-mask bit under xkeep */
+                const int64_t ne = g->m->params[i].numel / E;
+                int64_t zn;
+                const int zb = kiln_zaya_cuda_grad_zero_groups(g, i, &zn); /* 0 without xkeep (else zn = ne) */
                 for (int64_t x = 0; x < E; x++)
-                    seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i] + x * zn / 2, zn, 1, zb ? zb + (int)x : 0};
+                    seg[ns++] = (kiln_sumsq_seg){(int64_t)g->poff[i] + x * ne / 2, ne, 1, zb ? zb + (int)x : 0};
             }
             i++;
             continue;
