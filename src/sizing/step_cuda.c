@@ -325,9 +325,9 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     KILN_TRY(kiln_size_cuda_memory_train(s, t, 0, &cm));
     const double G = (double)t->gpus, padded = (double)cm.numel_padded;
     /* the step's gradient zeroing (KILN_OPT_ZERO_GRADS=1, the trainer's default): every gradient but the
-     * experts' weights, which their first backward GEMM of the step writes instead of adding to */
-    const double expert_w = Ld * (double)s->experts * 3.0 * (double)I * (double)H;
-    mem(p, r, zs, 1, 4 * fmax(padded - expert_w, 0));
+     * experts' weights and the LM head's, which their first backward GEMM of the step writes instead of adding to */
+    const double written = Ld * (double)s->experts * 3.0 * (double)I * (double)H + (double)V * (double)H;
+    mem(p, r, zs, 1, 4 * fmax(padded - written, 0));
     mem(p, r, "gradient norm", 1, 4 * padded / G);
     const char *oname = t->muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)";
     /* the clip scale (x *= s over the shard: read + write), then tensor by tensor */
