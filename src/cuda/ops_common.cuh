@@ -63,6 +63,8 @@ static __device__ __forceinline__ void ld8_bf16(const bf16 *p, float *o) {
     }
 }
 static inline int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+// bit b of a device bit mask (the trainer's zero mask of experts without rows: AdamW, the gradient's sum of squares)
+static __device__ __forceinline__ bool mask_bit(const uint32_t *m, int b) { return (__ldg(&m[b >> 5]) >> (b & 31)) & 1u; }
 
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

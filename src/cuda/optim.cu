@@ -76,9 +76,7 @@ struct adamw_args {
 
 // whether work item {s, c}'s bf16 gradient is zero by the mask (one load a chunk)
 __device__ __forceinline__ bool adamw_zero_chunk(const adamw_args &k, const adamw_seg &s, int c) {
-    if (!s.zbit1 || !k.zmask) return false;
-    const int b = s.zbit1 - 1 + c / s.zper;
-    return (__ldg(&k.zmask[b >> 5]) >> (b & 31)) & 1u;
+    return s.zbit1 && k.zmask && mask_bit(k.zmask, s.zbit1 - 1 + c / s.zper);
 }
 
 // one element: kiln_adamw_step's expression with its roundings, the gradient scaled first in f32. The

@@ -224,7 +224,7 @@ static __global__ void __launch_bounds__(SQ_THREADS) sumsq_items_kernel(double *
                                                                         const uint32_t *zmask) {
     __shared__ double sh[32];
     const sq_item q = items[blockIdx.x];
-    if (q.zbit1 && zmask && ((zmask[(q.zbit1 - 1) >> 5] >> ((q.zbit1 - 1) & 31)) & 1u)) {
+    if (q.zbit1 && zmask && mask_bit(zmask, q.zbit1 - 1)) {
         if (threadIdx.x == 0) part[blockIdx.x] = 0.0;
         return;
     }
