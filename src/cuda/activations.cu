@@ -1,5 +1,6 @@
 // Exact GELU (the router MLP) and SwiGLU (the experts) over bf16, computed in f32.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 #define KILN_SQRT1_2 0.70710678118654752440f
 #define KILN_INV_SQRT_2PI 0.39894228040143267794f
@@ -12,10 +13,12 @@ static __device__ __forceinline__ float gelu_grad(float v, float d) {
 
 // One element a thread, for buffers that are not 16-byte aligned
 static __global__ void gelu_fwd_kernel(bf16 *y, const bf16 *x, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16_rn(gelu_f(__bfloat162float(x[i])));
 }
 static __global__ void gelu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dx[i] = __float2bfloat16_rn(gelu_grad(__bfloat162float(x[i]), __bfloat162float(dy[i])));
 }
@@ -24,6 +27,7 @@ static __global__ void gelu_bwd_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, 
 // The router's [16384, 256] took 14 us forward and 29 us backward one element a thread (16,384 blocks of little
 // work each, two-byte accesses; bench/kernel_trace.sh in docs/perf.md), for 8 and 24 MB of traffic.
 static __global__ void __launch_bounds__(256) gelu_fwd8_kernel(bf16 *y, const bf16 *x, int64_t n) {
+    pdl_wait();
     const int64_t n8 = n >> 3, stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     for (int64_t i = t; i < n8; i += stride) {
@@ -40,6 +44,7 @@ static __global__ void __launch_bounds__(256) gelu_fwd8_kernel(bf16 *y, const bf
     if (t < (n & 7)) y[(n8 << 3) + t] = __float2bfloat16_rn(gelu_f(__bfloat162float(x[(n8 << 3) + t])));
 }
 static __global__ void __launch_bounds__(256) gelu_bwd8_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, int64_t n) {
+    pdl_wait();
     const int64_t n8 = n >> 3, stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     for (int64_t i = t; i < n8; i += stride) {
@@ -69,6 +74,7 @@ static __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f
 
 // a row of [n, inter] per block iteration (gu rows are [gate | up]), channels across the threads
 static __global__ void swiglu_fwd_kernel(bf16 *y, const bf16 *gu, int64_t n, int64_t inter) {
+    pdl_wait();
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const bf16 *g = gu + r * 2 * inter, *u = g + inter;
         for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
@@ -78,6 +84,7 @@ static __global__ void swiglu_fwd_kernel(bf16 *y, const bf16 *gu, int64_t n, int
     }
 }
 static __global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dy, const bf16 *gu, int64_t n, int64_t inter) {
+    pdl_wait();
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const bf16 *g = gu + r * 2 * inter, *u = g + inter;
         bf16 *dg = dgu + r * 2 * inter, *du = dg + inter;
@@ -95,8 +102,9 @@ static int row_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64
 extern "C" kiln_error *kiln_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x, int64_t n, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    if (aligned16(y) && aligned16(x)) gelu_fwd8_kernel<<<grid8(n), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
-    else gelu_fwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
+    if (aligned16(y) && aligned16(x)) kiln_launch(gelu_fwd8_kernel, grid8(n), 256, 0, (cudaStream_t)stream, (bf16 *)y,
+                                                  (const bf16 *)x, n);
+    else kiln_launch(gelu_fwd_kernel, grid_for(n, 256), 256, 0, (cudaStream_t)stream, (bf16 *)y, (const bf16 *)x, n);
     LAUNCH_CHECK("gelu forward");
 done:
     return err;
@@ -106,10 +114,11 @@ extern "C" kiln_error *kiln_gelu_backward_cuda(kiln_bf16 *dx, const kiln_bf16 *d
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
     if (aligned16(dx) && aligned16(dy) && aligned16(x))
-        gelu_bwd8_kernel<<<grid8(n), 256, 0, (cudaStream_t)stream>>>((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, n);
+        kiln_launch(gelu_bwd8_kernel, grid8(n), 256, 0, (cudaStream_t)stream, (bf16 *)dx, (const bf16 *)dy,
+                    (const bf16 *)x, n);
     else
-        gelu_bwd_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)dx, (const bf16 *)dy,
-                                                                            (const bf16 *)x, n);
+        kiln_launch(gelu_bwd_kernel, grid_for(n, 256), 256, 0, (cudaStream_t)stream, (bf16 *)dx, (const bf16 *)dy,
+                    (const bf16 *)x, n);
     LAUNCH_CHECK("gelu backward");
 done:
     return err;
@@ -118,8 +127,8 @@ extern "C" kiln_error *kiln_swiglu_forward_cuda(kiln_bf16 *y, const kiln_bf16 *g
                                                 void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || inter <= 0) return NULL;
-    swiglu_fwd_kernel<<<(int)(n < 65535 ? n : 65535), row_threads(inter), 0, (cudaStream_t)stream>>>(
-        (bf16 *)y, (const bf16 *)gu, n, inter);
+    kiln_launch(swiglu_fwd_kernel, (int)(n < 65535 ? n : 65535), row_threads(inter), 0, (cudaStream_t)stream,
+                (bf16 *)y, (const bf16 *)gu, n, inter);
     LAUNCH_CHECK("swiglu forward");
 done:
     return err;
@@ -128,8 +137,8 @@ extern "C" kiln_error *kiln_swiglu_backward_cuda(kiln_bf16 *dgu, const kiln_bf16
                                                  int64_t inter, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || inter <= 0) return NULL;
-    swiglu_bwd_kernel<<<(int)(n < 65535 ? n : 65535), row_threads(inter), 0, (cudaStream_t)stream>>>(
-        (bf16 *)dgu, (const bf16 *)dy, (const bf16 *)gu, n, inter);
+    kiln_launch(swiglu_bwd_kernel, (int)(n < 65535 ? n : 65535), row_threads(inter), 0, (cudaStream_t)stream,
+                (bf16 *)dgu, (const bf16 *)dy, (const bf16 *)gu, n, inter);
     LAUNCH_CHECK("swiglu backward");
 done:
     return err;

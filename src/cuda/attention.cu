@@ -21,6 +21,7 @@
 #include "kiln/cuda_attention.h"
 #include "kiln/cuda_ops.h"
 #include "kiln/log.h"
+#include "launch.cuh"
 
 #define GQ 32     // query rows per block of the generic kernels: 8 warps x 4 rows
 #define GK 32     // keys per tile: one key per lane
@@ -66,6 +67,7 @@ static __device__ __forceinline__ void store_row(bf16 *o, const float (&acc)[4],
 // ---- generic forward: grid (query tiles, NH, B) ----
 static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, float *lse, const bf16 *q,
                                                                     const bf16 *k, const bf16 *v, AttnDims a) {
+    pdl_wait();
     __shared__ bf16 qs[GQ][ATT_DMAX];
     __shared__ bf16 ks[GK][GKSTR];
     __shared__ bf16 vs[GK][GKSTR];
@@ -125,6 +127,7 @@ static __global__ void __launch_bounds__(GTHREADS) attn_fwd_generic(bf16 *out, f
 
 // ---- backward preprocessing: delta[b,h,i] = sum_d dout * out (= sum_j p_j dp_j), one warp per row ----
 static __global__ void attn_bwd_delta(float *delta, const bf16 *dout, const bf16 *out, AttnDims a) {
+    pdl_wait();
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     const int64_t rows = (int64_t)a.B * a.Tq * a.NH;
@@ -142,6 +145,7 @@ static __global__ void attn_bwd_delta(float *delta, const bf16 *dout, const bf16
 static __global__ void __launch_bounds__(GTHREADS) attn_bwd_dq_generic(bf16 *dq, const bf16 *dout, const float *lse,
                                                                        const float *delta, const bf16 *q, const bf16 *k,
                                                                        const bf16 *v, AttnDims a) {
+    pdl_wait();
     __shared__ bf16 qs[GQ][ATT_DMAX];
     __shared__ bf16 dos[GQ][ATT_DMAX];
     __shared__ bf16 ks[GK][GKSTR];
@@ -205,6 +209,7 @@ static __global__ void __launch_bounds__(GTHREADS) attn_bwd_dkdv_generic(bf16 *d
                                                                          const float *lse, const float *delta,
                                                                          const bf16 *q, const bf16 *k,
                                                                          const bf16 *v, AttnDims a) {
+    pdl_wait();
     __shared__ bf16 ks[GK][GKSTR];
     __shared__ bf16 vs[GK][GKSTR];
     __shared__ bf16 qc[BWR][ATT_DMAX];
@@ -432,8 +437,8 @@ extern "C" kiln_error *kiln_attention_forward_cuda(kiln_bf16 *out, float *lse, c
         if (err) return err;
     } else {
         dim3 grid((a.Tq + GQ - 1) / GQ, a.NH, a.B);
-        attn_fwd_generic<<<grid, GTHREADS, 0, st>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
-                                                    (const bf16 *)v, a);
+        kiln_launch(attn_fwd_generic, grid, GTHREADS, 0, st, (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
+                    (const bf16 *)v, a);
     }
     CUDA_TRY(cudaGetLastError());
 done:
@@ -475,7 +480,8 @@ extern "C" kiln_error *kiln_attention_backward_ex_cuda(kiln_bf16 *dq, kiln_bf16 
     float *delta = (float *)work;
     {
         int64_t rows = (int64_t)a.B * a.Tq * a.NH;
-        attn_bwd_delta<<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(delta, (const bf16 *)dout, (const bf16 *)out, a);
+        kiln_launch(attn_bwd_delta, (unsigned)((rows + 7) / 8), 256, 0, st, delta, (const bf16 *)dout,
+                    (const bf16 *)out, a);
         CUDA_TRY(cudaGetLastError());
     }
     if (!att_force_generic() && att_mma_supported(a) && aligned16(dq) && aligned16(dk) && aligned16(dv) &&
@@ -486,14 +492,14 @@ extern "C" kiln_error *kiln_attention_backward_ex_cuda(kiln_bf16 *dq, kiln_bf16 
     } else {
         if (dk || dv) {
             dim3 grid((a.tk + GK - 1) / GK, a.KV, a.B);
-            attn_bwd_dkdv_generic<<<grid, GTHREADS, 0, st>>>((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, lse, delta,
-                                                             (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a);
+            kiln_launch(attn_bwd_dkdv_generic, grid, GTHREADS, 0, st, (bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, lse,
+                        delta, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a);
             CUDA_TRY(cudaGetLastError());
         }
         if (dq) {
             dim3 grid((a.Tq + GQ - 1) / GQ, a.NH, a.B);
-            attn_bwd_dq_generic<<<grid, GTHREADS, 0, st>>>((bf16 *)dq, (const bf16 *)dout, lse, delta,
-                                                           (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a);
+            kiln_launch(attn_bwd_dq_generic, grid, GTHREADS, 0, st, (bf16 *)dq, (const bf16 *)dout, lse, delta,
+                        (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a);
         }
     }
     CUDA_TRY(cudaGetLastError());

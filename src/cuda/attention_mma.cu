@@ -18,6 +18,7 @@
 #include "attention_impl.cuh"
 #include "cuda_check.h"
 #include "mma_bf16.cuh"
+#include "launch.cuh"
 
 #define MMA_THREADS 128
 
@@ -131,6 +132,7 @@ static __device__ __forceinline__ void load_kv_async(bf16 *Ks, bf16 *Vs, int buf
 template <int D>
 static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                                                    const bf16 *v, AttnDims a) {
+    pdl_wait();
     constexpr int BM = 64, BN = 64, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
     bf16 *Qs = (bf16 *)att_smem, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; // K, V: two buffers each
@@ -227,6 +229,7 @@ static __device__ __forceinline__ void warp_mm_pb_m(float (&acc)[MT][N / 8][4], 
 template <int D>
 static __global__ void __launch_bounds__(MMA_THREADS) attn_fwd_mma2(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                                                     const bf16 *v, AttnDims a) {
+    pdl_wait();
     // 32-key tiles at D = 128 keep S, P and O of two m-tiles in 255 registers without spilling
     constexpr int MT = 2, BM = 64 * MT, BN = D == 128 ? 32 : 64, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
@@ -288,6 +291,7 @@ template <int D>
 static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dq_mma(bf16 *dq, const bf16 *dout, const float *lse,
                                                                       const float *delta, const bf16 *q, const bf16 *k,
                                                                       const bf16 *v, AttnDims a) {
+    pdl_wait();
     constexpr int BM = 64, BN = 64, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
     bf16 *Qs = (bf16 *)att_smem, *dOs = Qs + BM * LD, *Ks = dOs + BM * LD, *Vs = Ks + 2 * BN * LD;
@@ -364,6 +368,7 @@ static __global__ void __launch_bounds__(MMA_THREADS) attn_bwd_dkdv_mma(bf16 *dk
                                                                         const float *lse, const float *delta,
                                                                         const bf16 *q, const bf16 *k, const bf16 *v,
                                                                         AttnDims a) {
+    pdl_wait();
     constexpr int BN = 64, BQ = 32, LD = D + 8;
     extern __shared__ __align__(16) unsigned char att_smem[];
     bf16 *Ks = (bf16 *)att_smem, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *dOs = Qs + 2 * BQ * LD; // Q, dO: 2 buffers
@@ -463,10 +468,10 @@ static kiln_error *fwd_launch(bf16 *out, float *lse, const bf16 *q, const bf16 *
     const dim3 grid((a.Tq + bm - 1) / bm, a.NH, a.B);
     if (bm == 128) {
         CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma2<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        attn_fwd_mma2<D><<<grid, MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
+        kiln_launch(attn_fwd_mma2<D>, grid, MMA_THREADS, smem, st, out, lse, q, k, v, a);
     } else {
         CUDA_TRY(cudaFuncSetAttribute(attn_fwd_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        attn_fwd_mma<D><<<grid, MMA_THREADS, smem, st>>>(out, lse, q, k, v, a);
+        kiln_launch(attn_fwd_mma<D>, grid, MMA_THREADS, smem, st, out, lse, q, k, v, a);
     }
     CUDA_TRY(cudaGetLastError());
 done:
@@ -481,15 +486,15 @@ static kiln_error *bwd_launch(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, co
         // K, V, then Q and dO double-buffered, then lse and delta double-buffered
         const int smem = (2 * 64 + 2 * 2 * 32) * (D + 8) * (int)sizeof(bf16) + 2 * 2 * 32 * (int)sizeof(float);
         CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dkdv_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        attn_bwd_dkdv_mma<D><<<dim3((a.tk + 63) / 64, a.KV, a.B), MMA_THREADS, smem, st>>>(dk, dv, dout, lse, delta, q,
-                                                                                             k, v, a);
+        kiln_launch(attn_bwd_dkdv_mma<D>, dim3((a.tk + 63) / 64, a.KV, a.B), MMA_THREADS, smem, st, dk, dv, dout, lse,
+                    delta, q, k, v, a);
         CUDA_TRY(cudaGetLastError());
     }
     if (dq) {
         const int smem = (2 * 64 + 2 * 2 * 64) * (D + 8) * (int)sizeof(bf16); // Q, dO, then K and V double-buffered
         CUDA_TRY(cudaFuncSetAttribute(attn_bwd_dq_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        attn_bwd_dq_mma<D><<<dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st>>>(dq, dout, lse, delta, q, k, v,
-                                                                                           a);
+        kiln_launch(attn_bwd_dq_mma<D>, dim3((a.Tq + 63) / 64, a.NH, a.B), MMA_THREADS, smem, st, dq, dout, lse,
+                    delta, q, k, v, a);
         CUDA_TRY(cudaGetLastError());
     }
 done:

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cca_conv_gemm.cuh"
+#include "launch.cuh"
 
 #define CHUNK_T 512  // time steps per partial sum of the weight gradients
 
@@ -21,6 +22,7 @@ static __device__ __forceinline__ float xp_at(const bf16 *x, const bf16 *hist, i
 // mid[b,u,c] = b0[c] + sum_j w0[c,j] xp[b,u+j,c], u < M = T+k1-1: a row (b, u) per block iteration
 static __global__ void dw_fwd_kernel(float *mid, const bf16 *x, const bf16 *hist, const float *w0, const float *b0,
                                      kiln_conv_shape s) {
+    pdl_wait();
     const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1;
     for (int64_t row = blockIdx.x; row < s.B * M; row += gridDim.x) {
         const int64_t b = row / M, u = row - b * M;
@@ -143,6 +145,7 @@ struct dw1_tile {
 template <int MODE>
 static __global__ void __launch_bounds__(256)
     grp_gemm_kernel(void *out, const float *mid, const bf16 *dy, const float *w1, const float *b1, kiln_conv_shape s) {
+    pdl_wait();
     __shared__ float sa[GT][GK + 1];
     __shared__ float sw[GK][GT + 1];
     __shared__ int tj[GK], tc[GK];
@@ -184,6 +187,7 @@ static __global__ void __launch_bounds__(256)
 // per block, 4 x 4 per thread, steps staged 32 at a time in shared memory. part[chunk, e], e = (co, i, j).
 static __global__ void __launch_bounds__(256)
     grp_bwd_w_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s, int64_t chunks_per_seq) {
+    pdl_wait();
     __shared__ __align__(16) float sdy[KT][WT];
     __shared__ __align__(16) float smid[KT][WT];
     __shared__ int moff[WT];
@@ -217,6 +221,7 @@ static __global__ void __launch_bounds__(256)
 template <typename TA>
 static __global__ void chunk_colsum_kernel(float *part, const TA *a, int64_t rows_per_seq, int64_t C,
                                            int64_t chunks_per_seq) {
+    pdl_wait();
     const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int64_t chunk = blockIdx.y, b = chunk / chunks_per_seq, r0 = (chunk % chunks_per_seq) * CHUNK_T;
@@ -229,6 +234,7 @@ static __global__ void chunk_colsum_kernel(float *part, const TA *a, int64_t row
 // grid (entry blocks, chunks): part[chunk, c*k0+j] = sum over u in the chunk of dmid[b,u,c] xp[b,u+j,c]
 static __global__ void dw_bwd_w_kernel(float *part, const float *dmid, const bf16 *x, const bf16 *hist,
                                        kiln_conv_shape s, int64_t chunks_per_seq) {
+    pdl_wait();
     const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1, ne = C * k0;
     const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (e >= ne) return;
@@ -242,6 +248,7 @@ static __global__ void dw_bwd_w_kernel(float *part, const float *dmid, const bf1
 
 // dx[b,t,c] = sum_j dmid[b, t+P-j, c] w0[c,j] over 0 <= t+P-j < M: a row (b, t) per block iteration
 static __global__ void dw_bwd_data_kernel(bf16 *dx, const float *dmid, const float *w0, kiln_conv_shape s) {
+    pdl_wait();
     const int64_t C = s.C, T = s.T, k0 = s.k0, P = (s.k0 - 1) + (s.k1 - 1), M = T + s.k1 - 1;
     for (int64_t row = blockIdx.x; row < s.B * T; row += gridDim.x) {
         const int64_t b = row / T, t = row - b * T;
@@ -287,12 +294,12 @@ extern "C" kiln_error *kiln_cca_conv_forward_cuda(kiln_bf16 *y, float *mid, cons
     KILN_TRY(check_conv("cca_conv forward", s));
     {
         const int64_t M = s->T + s->k1 - 1, cg = s->C / s->groups;
-        dw_fwd_kernel<<<(int)(s->B * M < 65535 ? s->B * M : 65535), 256, 0, st>>>(mid, (const bf16 *)x,
-                                                                                   (const bf16 *)hist, w0, b0, *s);
+        kiln_launch(dw_fwd_kernel, (int)(s->B * M < 65535 ? s->B * M : 65535), 256, 0, st, mid, (const bf16 *)x,
+                    (const bf16 *)hist, w0, b0, *s);
         LAUNCH_CHECK("cca_conv forward (depthwise)");
         const dim3 grid((unsigned)((s->T + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT), (unsigned)(s->B * s->groups));
-        if (use_tensor_cores()) tc::gemm_kernel<0><<<grid, 128, 0, st>>>(y, mid, NULL, w1, b1, *s);
-        else grp_gemm_kernel<0><<<grid, 256, 0, st>>>(y, mid, NULL, w1, b1, *s);
+        if (use_tensor_cores()) kiln_launch(tc::gemm_kernel<0>, grid, 128, 0, st, y, mid, NULL, w1, b1, *s);
+        else kiln_launch(grp_gemm_kernel<0>, grid, 256, 0, st, y, mid, NULL, w1, b1, *s);
         LAUNCH_CHECK("cca_conv forward (grouped)");
     }
 done:
@@ -323,36 +330,37 @@ extern "C" kiln_error *kiln_cca_conv_backward_cuda(kiln_bf16 *dx, float *dw0, fl
         if (dw1) {
             const int64_t tiles = ((cg + WT - 1) / WT) * ((cg * k1 + WT - 1) / WT);
             const dim3 grid((unsigned)tiles, (unsigned)(B * cps_t), (unsigned)s->groups);
-            if (tcore) tc::dw1_kernel<<<grid, 128, 0, st>>>(part, (const bf16 *)dy, mid, *s, cps_t);
-            else grp_bwd_w_kernel<<<grid, 256, 0, st>>>(part, (const bf16 *)dy, mid, *s, cps_t);
+            if (tcore) kiln_launch(tc::dw1_kernel, grid, 128, 0, st, part, (const bf16 *)dy, mid, *s, cps_t);
+            else kiln_launch(grp_bwd_w_kernel, grid, 256, 0, st, part, (const bf16 *)dy, mid, *s, cps_t);
             LAUNCH_CHECK("cca_conv backward (grouped weights)");
             CUDA_TRY(colsum_add(dw1, part, B * cps_t, ne1, st));
         }
         if (db1) {
-            chunk_colsum_kernel<bf16><<<dim3((unsigned)((C + 255) / 256), (unsigned)(B * cps_t)), 256, 0, st>>>(
-                part, (const bf16 *)dy, T, C, cps_t);
+            kiln_launch(chunk_colsum_kernel<bf16>, dim3((unsigned)((C + 255) / 256), (unsigned)(B * cps_t)), 256, 0,
+                        st, part, (const bf16 *)dy, T, C, cps_t);
             LAUNCH_CHECK("cca_conv backward (grouped bias)");
             CUDA_TRY(colsum_add(db1, part, B * cps_t, C, st));
         }
         const dim3 grid((unsigned)((M + GT - 1) / GT), (unsigned)((cg + GT - 1) / GT), (unsigned)(B * s->groups));
-        if (tcore) tc::gemm_kernel<1><<<grid, 128, 0, st>>>(dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
-        else grp_gemm_kernel<1><<<grid, 256, 0, st>>>(dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
+        if (tcore) kiln_launch(tc::gemm_kernel<1>, grid, 128, 0, st, dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
+        else kiln_launch(grp_gemm_kernel<1>, grid, 256, 0, st, dmid, NULL, (const bf16 *)dy, w1, NULL, *s);
         LAUNCH_CHECK("cca_conv backward (grouped input)");
         // depthwise stage
         if (dw0) {
-            dw_bwd_w_kernel<<<dim3((unsigned)((ne0 + 255) / 256), (unsigned)(B * cps_m)), 256, 0, st>>>(
-                part, dmid, (const bf16 *)x, (const bf16 *)hist, *s, cps_m);
+            kiln_launch(dw_bwd_w_kernel, dim3((unsigned)((ne0 + 255) / 256), (unsigned)(B * cps_m)), 256, 0, st, part,
+                        dmid, (const bf16 *)x, (const bf16 *)hist, *s, cps_m);
             LAUNCH_CHECK("cca_conv backward (depthwise weights)");
             CUDA_TRY(colsum_add(dw0, part, B * cps_m, ne0, st));
         }
         if (db0) {
-            chunk_colsum_kernel<float><<<dim3((unsigned)((C + 255) / 256), (unsigned)(B * cps_m)), 256, 0, st>>>(
-                part, dmid, M, C, cps_m);
+            kiln_launch(chunk_colsum_kernel<float>, dim3((unsigned)((C + 255) / 256), (unsigned)(B * cps_m)), 256, 0,
+                        st, part, dmid, M, C, cps_m);
             LAUNCH_CHECK("cca_conv backward (depthwise bias)");
             CUDA_TRY(colsum_add(db0, part, B * cps_m, C, st));
         }
         if (dx) {
-            dw_bwd_data_kernel<<<(int)(B * T < 65535 ? B * T : 65535), 256, 0, st>>>((bf16 *)dx, dmid, w0, *s);
+            kiln_launch(dw_bwd_data_kernel, (int)(B * T < 65535 ? B * T : 65535), 256, 0, st, (bf16 *)dx, dmid, w0,
+                        *s);
             LAUNCH_CHECK("cca_conv backward (input)");
         }
     }

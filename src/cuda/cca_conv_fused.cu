@@ -19,6 +19,7 @@
 #include "cca_conv_gemm.cuh"
 #include "cca_conv_wg.h"
 #include "mma_bf16.cuh"
+#include "launch.cuh"
 
 namespace ccaf {
 using namespace nvcuda;
@@ -72,6 +73,7 @@ static __device__ __forceinline__ const bf16 *xat(const bf16 *q, const bf16 *k, 
 // shapes dw_fwd_rows_kernel does not take: channels not in 16-byte vectors, more than 4 taps, unaligned weights.
 static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
                                      kiln_conv_shape s, int Q, int ldq, int ldk) {
+    pdl_wait();
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, P = (int)(s.k0 - 1 + s.k1 - 1), M = T + (int)s.k1 - 1;
     const int64_t total = s.B * (int64_t)M * C;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -97,6 +99,7 @@ static __global__ void dw_fwd_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, 
 template <int K0>
 static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 *xk, const float *w0, const float *b0,
                                           kiln_conv_shape s, int Q, int ldq, int ldk) {
+    pdl_wait();
     const int C = (int)s.C, T = (int)s.T, P = K0 - 1 + (int)s.k1 - 1, M = T + (int)s.k1 - 1;
     const int cv = C / 8, strips = (M + DWF_ROWS - 1) / DWF_ROWS;
     const int64_t total = s.B * (int64_t)strips * cv;
@@ -141,6 +144,7 @@ static __global__ void dw_fwd_rows_kernel(bf16 *mid, const bf16 *xq, const bf16 
 //   MODE 1 (input gradient): wt[g][j*cg + co][n] = w1[g0+co, n, j]
 template <int MODE>
 static __global__ void w1_split_kernel(bf16 *wh, bf16 *wl, const float *w1, int groups, int cg, int k1) {
+    pdl_wait();
     const int K = cg * k1;
     const int64_t total = (int64_t)groups * K * cg;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -167,6 +171,7 @@ static __global__ void __launch_bounds__(128)
                const bf16 *dkp,
                const float *w1, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s, int NH, int KV,
                int ldq, int ldk) {
+    pdl_wait();
     constexpr int AB = FT * LDA * 2 + 2 * FK * LDB * 2, CB = FT * LDC * 4;
     __shared__ __align__(128) unsigned char smem[AB > CB ? AB : CB];
     __shared__ int tj[FK], tc[FK];
@@ -299,6 +304,7 @@ static __global__ void __launch_bounds__(256, 2)
     grp128_kernel(bf16 *qpre, bf16 *kpre, float *dmid, const bf16 *mid, const bf16 *xq, const bf16 *xk,
                   const bf16 *dqp, const bf16 *dkp, const bf16 *wh, const bf16 *wl, const float *b1, kiln_conv_shape s,
                   int NH, int KV, int ldq, int ldk) {
+    pdl_wait();
     extern __shared__ __align__(128) unsigned char smem128[];
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, K = cg * k1;
     const int Q = NH * cg, Kc = KV * cg;
@@ -427,6 +433,7 @@ template <bool LO>
 static __global__ void __launch_bounds__(256, 1)
     grpp_bwd_kernel(float *dmid, const bf16 *dqp, const bf16 *dkp, const bf16 *wh, const bf16 *wl, kiln_conv_shape s,
                     int NH, int KV, int bpg) {
+    pdl_wait();
     extern __shared__ __align__(128) unsigned char smp[];
     constexpr int cg = 128;
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, K = cg * k1, KC = K / PK;
@@ -524,6 +531,7 @@ static __global__ void __launch_bounds__(256, 1)
 static __global__ void __launch_bounds__(256, 2)
     dw1_128_kernel(float *part, float *partb, const bf16 *dqp, const bf16 *dkp, const bf16 *mid, kiln_conv_shape s,
                    int NH, int KV, int cps) {
+    pdl_wait();
     extern __shared__ __align__(128) unsigned char smem1[];
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, M = T + k1 - 1, cg = C / (int)s.groups, nc = cg * k1;
     const int Q = NH * cg, Kc = KV * cg;
@@ -600,6 +608,7 @@ template <bool FAST>
 static __global__ void __launch_bounds__(128)
     dw1_kernel(float *part, float *partb, const bf16 *dqp, const bf16 *dkp, const bf16 *mid, kiln_conv_shape s, int NH,
                int KV, int cps) {
+    pdl_wait();
     constexpr int AB = 2 * FK * LDB * 2, CB = FT * LDC * 4;
     __shared__ __align__(128) unsigned char smem[AB > CB ? AB : CB];
     __shared__ int moff[FT];
@@ -676,6 +685,7 @@ static __global__ void __launch_bounds__(128)
 // dw1[co, i, j] += the chunks' partials at (co, j, i) (dw1_kernel<true>'s order), summed in chunk order in
 // f64: the fixed order of colsum_add, one thread per weight
 static __global__ void dw1_sum_kernel(float *dw1, const float *part, int64_t chunks, int64_t C, int cg, int k1) {
+    pdl_wait();
     const int64_t nc = (int64_t)cg * k1, ne = C * nc;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < ne; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t co = e / nc;
@@ -696,6 +706,7 @@ static __global__ void dw_bwd_couple_kernel(bf16 *dq, bf16 *dk, float *p0, float
                                             const bf16 *xq, const bf16 *xk, const float *w0, const bf16 *dqp,
                                             const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int cps, int ldq,
                                             int ldk) {
+    pdl_wait();
     const int C = (int)s.C, T = (int)s.T, k0 = (int)s.k0, k1 = (int)s.k1, P = k0 - 1 + k1 - 1, M = T + k1 - 1;
     const int D = C / (int)s.groups, Q = NH * D, Kc = KV * D, G = NH / KV;
     const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
@@ -752,6 +763,7 @@ static __device__ __forceinline__ void ld8(const bf16 *p, float *o) { ld8_bf16(p
 template <int K0, typename TD>
 static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const TD *dmid, const bf16 *xq, const bf16 *xk,
                                              kiln_conv_shape s, int Q, int cps, int ldq, int ldk) {
+    pdl_wait();
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
     const int bb = blockIdx.x / cps, u0 = (blockIdx.x % cps) * DW_ROWS;
     const int u1 = u0 + DW_ROWS < M ? u0 + DW_ROWS : M;
@@ -803,6 +815,7 @@ static __global__ void dw0_part8_taps_kernel(float *p0, float *pb0, const TD *dm
 template <int K0, typename TD>
 static __global__ void dx_couple8_rows_kernel(bf16 *dq, bf16 *dk, const TD *dmid, const float *w0, const bf16 *dqp,
                                               const bf16 *dkp, kiln_conv_shape s, int NH, int KV, int ldq, int ldk) {
+    pdl_wait();
     const int C = (int)s.C, T = (int)s.T, k1 = (int)s.k1, P = K0 - 1 + k1 - 1, M = T + k1 - 1;
     const int D = C / (int)s.groups, D8 = D / 8, Q = NH * D, Kc = KV * D, G = NH / KV;
     const int strips = (T + DXR - 1) / DXR;
@@ -955,7 +968,8 @@ static cudaError_t split_w1(bf16 **wh, const float *w1, const kiln_conv_shape *s
     const int64_t cg = s->C / s->groups, ne = s->C * cg * s->k1;
     cudaError_t e = kiln_ops_scratch((void **)wh, (size_t)(2 * ne) * sizeof(bf16), st);
     if (e != cudaSuccess) return e;
-    w1_split_kernel<MODE><<<grid_for(ne, 256), 256, 0, st>>>(*wh, *wh + ne, w1, (int)s->groups, (int)cg, (int)s->k1);
+    kiln_launch(w1_split_kernel<MODE>, grid_for(ne, 256), 256, 0, st, *wh, *wh + ne, w1, (int)s->groups, (int)cg,
+                (int)s->k1);
     return cudaGetLastError();
 }
 
@@ -976,20 +990,20 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
         const int64_t strips = s->B * ((M + DWF_ROWS - 1) / DWF_ROWS) * (s->C / 8);
         const int rows = vec && aligned16(w0) && aligned16(b0) && s->k0 <= 4;
         if (rows && s->k0 == 1)
-            dw_fwd_rows_kernel<1><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
+            kiln_launch(dw_fwd_rows_kernel<1>, grid_for(strips, 256), 256, 0, st, (bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else if (rows && s->k0 == 2)
-            dw_fwd_rows_kernel<2><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
+            kiln_launch(dw_fwd_rows_kernel<2>, grid_for(strips, 256), 256, 0, st, (bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else if (rows && s->k0 == 3)
-            dw_fwd_rows_kernel<3><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
+            kiln_launch(dw_fwd_rows_kernel<3>, grid_for(strips, 256), 256, 0, st, (bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else if (rows)
-            dw_fwd_rows_kernel<4><<<grid_for(strips, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
+            kiln_launch(dw_fwd_rows_kernel<4>, grid_for(strips, 256), 256, 0, st, (bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         else
-            dw_fwd_kernel<<<grid_for(s->B * M * s->C, 256), 256, 0, st>>>((bf16 *)mid, (const bf16 *)q, (const bf16 *)k,
-                                                                        w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
+            kiln_launch(dw_fwd_kernel, grid_for(s->B * M * s->C, 256), 256, 0, st, (bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, w0, b0, *s, (int)Q, (int)ldq, (int)ldk);
         LAUNCH_CHECK("cca_conv_couple forward (depthwise)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW_FWD, 1, st));
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 0, st));
@@ -1002,20 +1016,18 @@ extern "C" kiln_error *kiln_cca_conv_couple_forward_cuda(kiln_bf16 *qpre, kiln_b
             auto kern = w1_lo() ? grp128_kernel<0, true> : grp128_kernel<0, false>;
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));
             const dim3 g128((unsigned)((s->T + BT - 1) / BT), (unsigned)(cg / BT), (unsigned)(s->B * s->groups));
-            kern<<<g128, 256, SMEM128, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
-                                             (const bf16 *)k, NULL, NULL, wh, wh + ne, b1, *s, (int)NH, (int)KV,
-                                             (int)ldq, (int)ldk);
+            kiln_launch(kern, g128, 256, SMEM128, st, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid,
+                        (const bf16 *)q, (const bf16 *)k, NULL, NULL, wh, wh + ne, b1, *s, (int)NH, (int)KV, (int)ldq,
+                        (int)ldk);
         } else if (vec && cg % FT == 0) {
             CUDA_TRY(split_w1<0>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp_kernel<0, true, true> : grp_kernel<0, true, false>;
-            kern<<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
-                                       (const bf16 *)k, NULL, NULL, w1, wh, wh + ne, b1, *s, (int)NH, (int)KV,
-                                       (int)ldq, (int)ldk);
+            kiln_launch(kern, grid, 128, 0, st, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, NULL, NULL, w1, wh, wh + ne, b1, *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
         } else {
             auto kern = w1_lo() ? grp_kernel<0, false, true> : grp_kernel<0, false, false>;
-            kern<<<grid, 128, 0, st>>>((bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
-                                       (const bf16 *)k, NULL, NULL, w1, NULL, NULL, b1, *s, (int)NH, (int)KV,
-                                       (int)ldq, (int)ldk);
+            kiln_launch(kern, grid, 128, 0, st, (bf16 *)qpre, (bf16 *)kpre, NULL, (const bf16 *)mid, (const bf16 *)q,
+                        (const bf16 *)k, NULL, NULL, w1, NULL, NULL, b1, *s, (int)NH, (int)KV, (int)ldq, (int)ldk);
         }
         LAUNCH_CHECK("cca_conv_couple forward (grouped + coupling)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_FWD, 1, st));
@@ -1038,16 +1050,16 @@ static kiln_error *depthwise_bwd8_k(bf16 *dq, bf16 *dk, float *p0, float *pb0, c
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 0, st));
         const int64_t c8 = C / 8;
         const int threads = c8 >= 256 ? 256 : (int)((c8 + 31) / 32 * 32);
-        dw0_part8_taps_kernel<K0, TD><<<(unsigned)(s->B * cps0), threads, 0, st>>>(p0, pb0, dmid, q, k, *s, (int)Q,
-                                                                                   (int)cps0, (int)ldq, (int)ldk);
+        kiln_launch(dw0_part8_taps_kernel<K0, TD>, (unsigned)(s->B * cps0), threads, 0, st, p0, pb0, dmid, q, k, *s,
+                    (int)Q, (int)cps0, (int)ldq, (int)ldk);
         LAUNCH_CHECK("cca_conv_couple backward (depthwise weights)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_DW0, 1, st));
     }
     CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
     {
         const int64_t nx = s->B * ((s->T + DXR - 1) / DXR) * KV * cg / 8;
-        dx_couple8_rows_kernel<K0, TD><<<grid_for(nx, 256), 256, 0, st>>>(dq, dk, dmid, w0, dqpre, dkpre, *s, (int)NH,
-                                                                          (int)KV, (int)ldq, (int)ldk);
+        kiln_launch(dx_couple8_rows_kernel<K0, TD>, grid_for(nx, 256), 256, 0, st, dq, dk, dmid, w0, dqpre, dkpre, *s,
+                    (int)NH, (int)KV, (int)ldq, (int)ldk);
         LAUNCH_CHECK("cca_conv_couple backward (input + coupling)");
     }
     CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
@@ -1118,17 +1130,17 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             } else if (t128) {
                 CUDA_TRY(cudaFuncSetAttribute(dw1_128_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128W));
                 const dim3 gw((unsigned)((cg / BT) * (cg * k1 / BT)), (unsigned)(B * cpsw), (unsigned)s->groups);
-                dw1_128_kernel<<<gw, 256, SMEM128W, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                          (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cpsw);
+                kiln_launch(dw1_128_kernel, gw, 256, SMEM128W, st, p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
+                            (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cpsw);
             } else if (fast)
-                dw1_kernel<true><<<grid, 128, 0, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                       (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
+                kiln_launch(dw1_kernel<true>, grid, 128, 0, st, p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
+                            (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
             else
-                dw1_kernel<false><<<grid, 128, 0, st>>>(p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
-                                                        (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
+                kiln_launch(dw1_kernel<false>, grid, 128, 0, st, p1, pb1, (const bf16 *)dqpre, (const bf16 *)dkpre,
+                            (const bf16 *)mid, *s, (int)NH, (int)KV, (int)cps1);
             LAUNCH_CHECK("cca_conv_couple backward (grouped weights)");
             if (dw1 && fast) {
-                dw1_sum_kernel<<<grid_for(ne1, 256), 256, 0, st>>>(dw1, p1, nparts, C, (int)cg, (int)k1);
+                kiln_launch(dw1_sum_kernel, grid_for(ne1, 256), 256, 0, st, dw1, p1, nparts, C, (int)cg, (int)k1);
                 LAUNCH_CHECK("cca_conv_couple backward (grouped weights, sum)");
             } else if (dw1) {
                 CUDA_TRY(colsum_add(dw1, p1, nparts, ne1, st));
@@ -1149,24 +1161,24 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
             auto kern = w1_lo() ? grpp_bwd_kernel<true> : grpp_bwd_kernel<false>;
             const size_t sm = grpp_smem(cg * k1, w1_lo());
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            kern<<<(unsigned)(s->groups * bpg), 256, sm, st>>>(dmid, (const bf16 *)dqpre, (const bf16 *)dkpre, wh,
-                                                               wh + ne1, *s, (int)NH, (int)KV, bpg);
+            kiln_launch(kern, (unsigned)(s->groups * bpg), 256, sm, st, dmid, (const bf16 *)dqpre,
+                        (const bf16 *)dkpre, wh, wh + ne1, *s, (int)NH, (int)KV, bpg);
         } else if (t128) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp128_kernel<1, true> : grp128_kernel<1, false>;
             CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM128));
             const dim3 g128((unsigned)((M + BT - 1) / BT), (unsigned)(cg / BT), (unsigned)(B * s->groups));
-            kern<<<g128, 256, SMEM128, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
-                                             (const bf16 *)dkpre, wh, wh + ne1, NULL, *s, (int)NH, (int)KV, 0, 0);
+            kiln_launch(kern, g128, 256, SMEM128, st, NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
+                        (const bf16 *)dkpre, wh, wh + ne1, NULL, *s, (int)NH, (int)KV, 0, 0);
         } else if (fast) {
             CUDA_TRY(split_w1<1>(&wh, w1, s, st));
             auto kern = w1_lo() ? grp_kernel<1, true, true> : grp_kernel<1, true, false>;
-            kern<<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre, (const bf16 *)dkpre, w1,
-                                       wh, wh + ne1, NULL, *s, (int)NH, (int)KV, 0, 0);
+            kiln_launch(kern, grid, 128, 0, st, NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
+                        (const bf16 *)dkpre, w1, wh, wh + ne1, NULL, *s, (int)NH, (int)KV, 0, 0);
         } else {
             auto kern = w1_lo() ? grp_kernel<1, false, true> : grp_kernel<1, false, false>;
-            kern<<<grid, 128, 0, st>>>(NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre, (const bf16 *)dkpre, w1,
-                                       NULL, NULL, NULL, *s, (int)NH, (int)KV, 0, 0);
+            kiln_launch(kern, grid, 128, 0, st, NULL, NULL, dmid, NULL, NULL, NULL, (const bf16 *)dqpre,
+                        (const bf16 *)dkpre, w1, NULL, NULL, NULL, *s, (int)NH, (int)KV, 0, 0);
         }
         LAUNCH_CHECK("cca_conv_couple backward (grouped input)");
         CUDA_TRY(cca_mark(KILN_CCA_PASS_GRP_BWD, 1, st));
@@ -1183,9 +1195,9 @@ extern "C" kiln_error *kiln_cca_conv_couple_backward_cuda(kiln_bf16 *dq, kiln_bf
         } else {
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 0, st));
             const int threads = kvd >= 256 ? 256 : (int)((kvd + 31) / 32 * 32);
-            dw_bwd_couple_kernel<<<(unsigned)(B * cps0), threads, 0, st>>>(
-                (bf16 *)dq, (bf16 *)dk, p0, pb0, dmid, (const bf16 *)q, (const bf16 *)k, w0, (const bf16 *)dqpre,
-                (const bf16 *)dkpre, *s, (int)NH, (int)KV, (int)cps0, (int)ldq, (int)ldk);
+            kiln_launch(dw_bwd_couple_kernel, (unsigned)(B * cps0), threads, 0, st, (bf16 *)dq, (bf16 *)dk, p0, pb0,
+                        dmid, (const bf16 *)q, (const bf16 *)k, w0, (const bf16 *)dqpre, (const bf16 *)dkpre, *s,
+                        (int)NH, (int)KV, (int)cps0, (int)ldq, (int)ldk);
             LAUNCH_CHECK("cca_conv_couple backward (depthwise + coupling)");
             CUDA_TRY(cca_mark(KILN_CCA_PASS_DX, 1, st));
         }

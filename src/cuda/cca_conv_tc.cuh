@@ -4,6 +4,7 @@
 // relative) at a fraction of the SIMT FMA time. Same tiles and the same K order as the SIMT kernels of
 // cca_conv.cu; included there only.
 #include <mma.h>
+#include "launch.cuh"
 
 namespace tc {
 using namespace nvcuda;
@@ -54,6 +55,7 @@ static __device__ __forceinline__ void load_k8(FA (&ah)[2], FA (&al)[2], fb_row 
 template <int MODE>
 static __global__ void __launch_bounds__(128)
     gemm_kernel(void *out, const float *mid, const bf16 *dy, const float *w1, const float *b1, kiln_conv_shape s) {
+    pdl_wait();
     __shared__ __align__(32) float smem[TCT * LDC > TCT * LDA + TCK * LDB ? TCT * LDC : TCT * LDA + TCK * LDB];
     __shared__ int tj[TCK], tc[TCK];
     float *sa = smem, *sw = smem + TCT * LDA, *sc = smem;
@@ -92,6 +94,7 @@ static __global__ void __launch_bounds__(128)
 // staged K x M: a column-major A) times mid shifted (K x N)
 static __global__ void __launch_bounds__(128)
     dw1_kernel(float *part, const bf16 *dy, const float *mid, kiln_conv_shape s, int64_t chunks_per_seq) {
+    pdl_wait();
     __shared__ __align__(32) float smem[2 * TCK * LDB > TCT * LDC ? 2 * TCK * LDB : TCT * LDC];
     __shared__ int moff[TCT];
     float *sdy = smem, *smid = smem + TCK * LDB, *sc = smem;

@@ -39,6 +39,7 @@
 #include "gemm_tc.h"
 #include "ops_common.cuh"
 #include "wgmma.cuh"
+#include "launch.cuh"
 
 namespace ccawg {
 using namespace kwg;
@@ -74,6 +75,7 @@ static __global__ void __launch_bounds__(THREADS, 1)
                   TD *__restrict__ dmid, const bf16 *__restrict__ xq, const bf16 *__restrict__ xk,
                   const float *__restrict__ ksum, const float *__restrict__ b1, int nseq, int T, int M, int kblocks,
                   int groups, int NH, int KV, int ldq, int ldk, int bpg) {
+    pdl_wait();
     constexpr int NB = LO ? 256 : 128, B_BLOCK = NB * 128;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -238,6 +240,7 @@ static __global__ void __launch_bounds__(THREADS, 1)
     dw1_wg_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_mid, float *__restrict__ part, float *__restrict__ partb,
                   int nseq, int T, int groups, int NH, int bpg) {
+    pdl_wait();
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sbm = smem + W1_STAGES * W1_A_BYTES;
@@ -327,6 +330,7 @@ static __global__ void __launch_bounds__(THREADS, 1)
 // The k heads' coupling input: ks[t, jh*128 + n] = sum over the group's q heads m of (q[t, (jh*G + m)*128 + n]
 // + k[t, jh*128 + n]) * 0.5, from 0, m ascending (grp128_kernel's order); 8 channels a thread
 static __global__ void ksum_kernel(float *ks, const bf16 *xq, const bf16 *xk, int64_t N, int KV, int G, int ldq, int ldk) {
+    pdl_wait();
     const int Kc = KV * CG, cv = Kc / 8;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < N * cv; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = e / cv;
@@ -347,6 +351,7 @@ static __global__ void ksum_kernel(float *ks, const bf16 *xq, const bf16 *xk, in
 // (MODE 0: output n, input channel i) or w1[g*128 + i, n, j] (MODE 1, the transpose within the head: input
 // gradient n, output channel i), rounded to bf16 (hi), and from groups*128 rows on the remainder's rounding (lo)
 template <int MODE> static __global__ void w1_kmajor_kernel(bf16 *wk, const float *w1, int groups, int k1, int lo) {
+    pdl_wait();
     const int K = CG * k1;
     const int64_t total = (int64_t)groups * CG * K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -366,8 +371,9 @@ static kiln_error *w1_operand(bf16 **wk, CUtensorMap *tm_w, const float *w1, con
     kiln_error *err = NULL;
     const int64_t K = CG * s->k1, ne = s->C * K;
     CUDA_TRY(kiln_ops_scratch((void **)wk, (size_t)(lo ? 2 : 1) * ne * sizeof(bf16), st));
-    if (mode == 0) w1_kmajor_kernel<0><<<grid_for(ne, 256), 256, 0, st>>>(*wk, w1, (int)s->groups, (int)s->k1, lo);
-    else w1_kmajor_kernel<1><<<grid_for(ne, 256), 256, 0, st>>>(*wk, w1, (int)s->groups, (int)s->k1, lo);
+    if (mode == 0) kiln_launch(w1_kmajor_kernel<0>, grid_for(ne, 256), 256, 0, st, *wk, w1, (int)s->groups,
+                               (int)s->k1, lo);
+    else kiln_launch(w1_kmajor_kernel<1>, grid_for(ne, 256), 256, 0, st, *wk, w1, (int)s->groups, (int)s->k1, lo);
     LAUNCH_CHECK("cca_conv_couple (w1, K-major)");
     err = kiln_tma_map_bf16(tm_w, (const kiln_bf16 *)*wk, (lo ? 2 : 1) * s->C, K, K, CG, "w1");
 done:
@@ -390,9 +396,9 @@ static kiln_error *launch(const CUtensorMap &a0, const CUtensorMap &a1, const CU
         const size_t smem = grp_smem(s, lo);
         auto kern = lo ? grp_wg_kernel<MODE, true, TD> : grp_wg_kernel<MODE, false, TD>;
         CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        kern<<<(unsigned)(s->groups * bpg), THREADS, smem, st>>>(a0, a1, tw, qpre, kpre, dmid, q, k, ks, b1, (int)s->B,
-                                                                 (int)s->T, (int)(s->T + s->k1 - 1), kblocks,
-                                                                 (int)s->groups, (int)NH, (int)KV, (int)ldq, (int)ldk, bpg);
+        kiln_launch(kern, (unsigned)(s->groups * bpg), THREADS, smem, st, a0, a1, tw, qpre, kpre, dmid, q, k, ks, b1,
+                    (int)s->B, (int)s->T, (int)(s->T + s->k1 - 1), kblocks, (int)s->groups, (int)NH, (int)KV,
+                    (int)ldq, (int)ldk, bpg);
         LAUNCH_CHECK(MODE == 0 ? "cca_conv_couple forward (grouped + coupling, wgmma)"
                                : "cca_conv_couple backward (grouped input gradient, wgmma)");
     }
@@ -446,8 +452,8 @@ extern "C" kiln_error *kiln_cca_grp_fwd_wg(kiln_bf16 *qpre, kiln_bf16 *kpre, con
     CUtensorMap tm_mid, tm_w;
     const int64_t M = s->T + s->k1 - 1, N = s->B * s->T;
     CUDA_TRY(kiln_ops_scratch((void **)&ks, (size_t)N * KV * CG * sizeof(float), st));
-    ksum_kernel<<<grid_for(N * KV * CG / 8, 256), 256, 0, st>>>(ks, (const bf16 *)q, (const bf16 *)k, N, (int)KV,
-                                                                (int)(NH / KV), (int)ldq, (int)ldk);
+    kiln_launch(ksum_kernel, grid_for(N * KV * CG / 8, 256), 256, 0, st, ks, (const bf16 *)q, (const bf16 *)k, N,
+                (int)KV, (int)(NH / KV), (int)ldq, (int)ldk);
     LAUNCH_CHECK("cca_conv_couple forward (k heads' coupling sums)");
     if (!(err = w1_operand(&wk, &tm_w, w1, s, 0, lo, st)) &&
         !(err = kiln_tma_map_bf16(&tm_mid, mid, s->B * M, s->C, s->C, BM, "mid")))
@@ -482,8 +488,8 @@ extern "C" kiln_error *kiln_cca_dw1_wg(float *part, float *partb, int parts, con
         !(err = kiln_tma_map_bf16_3d(&tm_mid, mid, s->B, M, s->C, s->C, W1_BK, "mid"))) {
         const size_t smem = w1_smem_bytes();
         CUDA_TRY(cudaFuncSetAttribute(dw1_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        dw1_wg_kernel<<<(unsigned)(s->groups * parts), THREADS, smem, st>>>(tm_q, tm_k, tm_mid, part, partb, (int)s->B,
-                                                                           (int)s->T, (int)s->groups, (int)NH, parts);
+        kiln_launch(dw1_wg_kernel, (unsigned)(s->groups * parts), THREADS, smem, st, tm_q, tm_k, tm_mid, part, partb,
+                    (int)s->B, (int)s->T, (int)s->groups, (int)NH, parts);
         LAUNCH_CHECK("cca_conv_couple backward (grouped weights, wgmma)");
     }
 done:

@@ -4,9 +4,11 @@
 // coupling's adjoint plus the convolution's input gradient. One thread per (token, KV head, channel), which
 // owns the G query channels of that group: no atomics, the CPU's order of additions.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 static __global__ void couple_fwd_kernel(bf16 *qpre, bf16 *kpre, const bf16 *conv, const bf16 *qk, int64_t N, int64_t NH,
                                          int64_t KV, int64_t D) {
+    pdl_wait();
     const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV, total = N * K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t n = e / K, jd = e % K, j = jd / D, d = jd % D;
@@ -24,6 +26,7 @@ static __global__ void couple_fwd_kernel(bf16 *qpre, bf16 *kpre, const bf16 *con
 
 static __global__ void couple_bwd_kernel(bf16 *dqp, bf16 *dkp, bf16 *dconv, const bf16 *dq, const bf16 *dk,
                                          const bf16 *dqk, int64_t N, int64_t NH, int64_t KV, int64_t D) {
+    pdl_wait();
     const int64_t Q = NH * D, K = KV * D, C = Q + K, G = NH / KV, total = N * K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t n = e / K, jd = e % K, j = jd / D, d = jd % D;
@@ -55,8 +58,8 @@ extern "C" kiln_error *kiln_cca_couple_forward_cuda(kiln_bf16 *qpre, kiln_bf16 *
     kiln_error *err = NULL;
     KILN_TRY(check("cca_couple forward", N, NH, KV, D));
     if (N == 0) return NULL;
-    couple_fwd_kernel<<<grid_for(N * KV * D, 256), 256, 0, (cudaStream_t)stream>>>(
-        (bf16 *)qpre, (bf16 *)kpre, (const bf16 *)conv, (const bf16 *)qk, N, NH, KV, D);
+    kiln_launch(couple_fwd_kernel, grid_for(N * KV * D, 256), 256, 0, (cudaStream_t)stream, (bf16 *)qpre,
+                (bf16 *)kpre, (const bf16 *)conv, (const bf16 *)qk, N, NH, KV, D);
     LAUNCH_CHECK("cca_couple forward");
 done:
     return err;
@@ -68,8 +71,8 @@ extern "C" kiln_error *kiln_cca_couple_backward_cuda(kiln_bf16 *dqp, kiln_bf16 *
     kiln_error *err = NULL;
     KILN_TRY(check("cca_couple backward", N, NH, KV, D));
     if (N == 0 || (!dqp && !dkp && !dconv)) return NULL;
-    couple_bwd_kernel<<<grid_for(N * KV * D, 256), 256, 0, (cudaStream_t)stream>>>(
-        (bf16 *)dqp, (bf16 *)dkp, (bf16 *)dconv, (const bf16 *)dq, (const bf16 *)dk, (const bf16 *)dqk, N, NH, KV, D);
+    kiln_launch(couple_bwd_kernel, grid_for(N * KV * D, 256), 256, 0, (cudaStream_t)stream, (bf16 *)dqp, (bf16 *)dkp,
+                (bf16 *)dconv, (const bf16 *)dq, (const bf16 *)dk, (const bf16 *)dqk, N, NH, KV, D);
     LAUNCH_CHECK("cca_couple backward");
 done:
     return err;

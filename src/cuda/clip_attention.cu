@@ -21,6 +21,7 @@
 #include "cuda_check.h"
 #include "mma_bf16.cuh"
 #include "wgmma.cuh"
+#include "launch.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -33,6 +34,7 @@ template <int D>
 static __global__ void __launch_bounds__(CA_THREADS)
     clip_attn_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int q0, int64_t stride,
                      int64_t out_stride, float scale_log2) {
+    pdl_wait();
     constexpr int BM = CA_BM, BN = CA_BN, LD = D + 8; // +8 bf16 per row: conflict-free ldmatrix
     extern __shared__ __align__(16) unsigned char ca_smem_buf[];
     bf16 *Qs = (bf16 *)ca_smem_buf, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD;
@@ -411,6 +413,7 @@ template <int D, int BN, int WMAX, int MINB>
 static __global__ void __launch_bounds__(WMAX * 32, MINB)
     clip_attn_short_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int64_t stride,
                            int64_t out_stride, float c) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char cs_smem_buf[];
     const int Tk = (T + 15) & ~15, nchunk = (Tk + CS_LG - 1) / CS_LG;
     bf16 *Ks = (bf16 *)cs_smem_buf, *Vs = Ks + (size_t)Tk * D;
@@ -792,6 +795,7 @@ template <int NT, int WGS>
 static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
     clip_attn_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int64_t stride,
                         int64_t out_stride, float c) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char cs_smem_buf[];
     // wgmma's swizzle is a function of the address: K and V start on 1024 bytes (the launch adds the slack)
     unsigned char *base = cs_smem_buf + ((1024 - (smem_u32(cs_smem_buf) & 1023)) & 1023);
@@ -863,8 +867,8 @@ static cudaError_t launch_mma(bf16 *out, const bf16 *q, const bf16 *k, const bf1
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (e != cudaSuccess) return e;
     }
-    clip_attn_short_kernel<D, BN, 4, 2><<<(unsigned)(B * heads), 32 * W, sm, st>>>(
-        out, q, k, v, (int)T, (int)heads, stride, out_stride, scale * 1.4426950408889634f);
+    kiln_launch(clip_attn_short_kernel<D, BN, 4, 2>, (unsigned)(B * heads), 32 * W, sm, st, out, q, k, v, (int)T,
+                (int)heads, stride, out_stride, scale * 1.4426950408889634f);
     return cudaGetLastError();
 }
 
@@ -875,8 +879,8 @@ static cudaError_t launch_wg(bf16 *out, const bf16 *q, const bf16 *k, const bf16
     cudaError_t e =
         cudaFuncSetAttribute(clip_attn_wg_kernel<NT, WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (e != cudaSuccess) return e;
-    clip_attn_wg_kernel<NT, WGS><<<(unsigned)(B * heads), 128 * WGS, sm, st>>>(
-        out, q, k, v, (int)T, (int)heads, stride, out_stride, scale * 1.4426950408889634f);
+    kiln_launch(clip_attn_wg_kernel<NT, WGS>, (unsigned)(B * heads), 128 * WGS, sm, st, out, q, k, v, (int)T,
+                (int)heads, stride, out_stride, scale * 1.4426950408889634f);
     return cudaGetLastError();
 }
 
@@ -905,8 +909,8 @@ static cudaError_t launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
         if (e != cudaSuccess) return e;
     }
     const dim3 grid((unsigned)((T - q0 + CA_BM - 1) / CA_BM), (unsigned)heads, (unsigned)B);
-    clip_attn_kernel<D><<<grid, CA_THREADS, sm, st>>>(out, q, k, v, (int)T, (int)q0, stride, out_stride,
-                                                      scale * 1.4426950408889634f);
+    kiln_launch(clip_attn_kernel<D>, grid, CA_THREADS, sm, st, out, q, k, v, (int)T, (int)q0, stride, out_stride,
+                scale * 1.4426950408889634f);
     return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 
 #include "clip_ops.h"
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -26,6 +27,7 @@ __device__ float block_max(float v, float *sh) {
 // shared memory: q [hd], scores [T], partial outputs [blockDim], reductions [32]
 __global__ void attention_cls_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads,
                                      int hd, int64_t stride, int64_t out_stride, float scale) {
+    pdl_wait();
     extern __shared__ float sm[];
     float *qs = sm, *s = qs + hd, *part = s + T, *red = part + blockDim.x;
     const int b = blockIdx.x / heads, h = blockIdx.x % heads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5,
@@ -78,9 +80,9 @@ extern "C" kiln_error *kiln_clip_attention_cls_cuda(kiln_bf16 *out, const kiln_b
     if (smem > 48 * 1024 || B * heads > 2147483647)
         return kiln_errorf(KILN_EUNSUPPORTED, "class-token attention (CUDA): %lld tokens x %lld sequences is beyond "
                            "this kernel", (long long)T, (long long)(B * heads));
-    attention_cls_kernel<<<(int)(B * heads), threads, smem, (cudaStream_t)stream>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (int)T, (int)heads, (int)hd, stride,
-        out_stride, scale);
+    kiln_launch(attention_cls_kernel, (int)(B * heads), threads, smem, (cudaStream_t)stream, (bf16 *)out,
+                (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (int)T, (int)heads, (int)hd, stride, out_stride,
+                scale);
     LAUNCH_CHECK("class-token attention");
 done:
     return err;

@@ -27,6 +27,7 @@
 #include "gemm_tc.h"
 #include "kiln/log.h"
 #include "kiln/tune_cache.h"
+#include "launch.cuh"
 
 namespace {
 
@@ -195,6 +196,7 @@ kiln_error *cplan_cached(kiln_lt_plan *p, const void *w, const void *x, const vo
 
 // y[r, :] += b (the bias when no fused algorithm exists)
 template <typename Y> __global__ void add_bias_rows(Y *y, const Y *b, int64_t n, int64_t out) {
+    pdl_wait();
     const int64_t total = n * out;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         if constexpr (sizeof(Y) == 4) y[i] += b[i % out];
@@ -264,8 +266,9 @@ extern "C" kiln_error *kiln_clip_linear_cuda(void *y, int y_f32, const kiln_bf16
     if (bias && !p->user) {
         const int64_t total = n * out, blocks = (total + 255) / 256;
         const int g = (int)(blocks < 1048576 ? blocks : 1048576);
-        if (y_f32) add_bias_rows<float><<<g, 256, 0, st>>>((float *)y, (const float *)bias, n, out);
-        else add_bias_rows<__nv_bfloat16><<<g, 256, 0, st>>>((__nv_bfloat16 *)y, (const __nv_bfloat16 *)bias, n, out);
+        if (y_f32) kiln_launch(add_bias_rows<float>, g, 256, 0, st, (float *)y, (const float *)bias, n, out);
+        else kiln_launch(add_bias_rows<__nv_bfloat16>, g, 256, 0, st, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)bias,
+                         n, out);
         CUDA_TRY(cudaGetLastError());
     }
 done:

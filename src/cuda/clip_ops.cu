@@ -10,6 +10,7 @@
 #include "clip_ops.h"
 #include "kiln/log.h"
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 // one block per row; y = (x - mean) * rstd * w + b, statistics in f32 over the row. Rows of x are
 // x_stride apart (CLIP's pooled class tokens are every T-th row); y is contiguous and may alias x when
@@ -17,6 +18,7 @@
 template <typename Y, typename X>
 static __global__ void layernorm_fwd_kernel(Y *y, const X *x, int64_t x_stride, const float *w, const float *b,
                                             int64_t n, int64_t d, float eps) {
+    pdl_wait();
     __shared__ float sh[32];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const X *xr = x + r * x_stride;
@@ -40,6 +42,7 @@ static __global__ void layernorm_fwd_kernel(Y *y, const X *x, int64_t x_stride, 
 template <typename Y, typename X, int NV>
 static __global__ void layernorm_warp_kernel(Y *y, const X *x, int64_t x_stride, const float *w, const float *b,
                                              int64_t n, float eps) {
+    pdl_wait();
     constexpr int d = NV * 128;
     const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -77,7 +80,7 @@ static __global__ void layernorm_warp_kernel(Y *y, const X *x, int64_t x_stride,
 template <typename Y, typename X, int NV>
 static void layernorm_warp(Y *y, const X *x, int64_t x_stride, const float *w, const float *b, int64_t n,
                            float eps, cudaStream_t st) {
-    layernorm_warp_kernel<Y, X, NV><<<grid_for(n * 32, 256), 256, 0, st>>>(y, x, x_stride, w, b, n, eps);
+    kiln_launch(layernorm_warp_kernel<Y, X, NV>, grid_for(n * 32, 256), 256, 0, st, y, x, x_stride, w, b, n, eps);
 }
 
 template <typename Y, typename X>
@@ -102,8 +105,8 @@ static kiln_error *layernorm(Y *y, const X *x, int64_t x_stride, const float *w,
     case 12: layernorm_warp<Y, X, 12>(y, x, x_stride, w, b, n, eps, st); break;
     case 16: layernorm_warp<Y, X, 16>(y, x, x_stride, w, b, n, eps, st); break;
     default:
-        layernorm_fwd_kernel<Y, X><<<(int)(n < 65535 ? n : 65535), d >= 512 ? 256 : 128, 0, st>>>(y, x, x_stride, w, b,
-                                                                                               n, d, eps);
+        kiln_launch(layernorm_fwd_kernel<Y, X>, (int)(n < 65535 ? n : 65535), d >= 512 ? 256 : 128, 0, st, y, x,
+                    x_stride, w, b, n, d, eps);
     }
     LAUNCH_CHECK("layernorm forward");
 done:
@@ -135,6 +138,7 @@ extern "C" kiln_error *kiln_clip_layernorm_cuda(void *y, kiln_clip_dtype yt, con
 }
 
 static __global__ void quick_gelu_kernel(bf16 *y, const bf16 *x, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = __bfloat162float(x[i]);
         y[i] = __float2bfloat16_rn(v / (1.0f + expf(-1.702f * v)));
@@ -143,6 +147,7 @@ static __global__ void quick_gelu_kernel(bf16 *y, const bf16 *x, int64_t n) {
 
 // 8 elements (16 bytes) per thread and step
 static __global__ void quick_gelu8_kernel(uint4 *y, const uint4 *x, int64_t n8) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
         uint4 u = x[i];
         __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
@@ -159,14 +164,17 @@ extern "C" kiln_error *kiln_quick_gelu_forward_cuda(kiln_bf16 *y, const kiln_bf1
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
     if (n % 8 == 0 && aligned16(x) && aligned16(y))
-        quick_gelu8_kernel<<<grid_for(n / 8, 256), 256, 0, (cudaStream_t)stream>>>((uint4 *)y, (const uint4 *)x, n / 8);
-    else quick_gelu_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)y, (const bf16 *)x, n);
+        kiln_launch(quick_gelu8_kernel, grid_for(n / 8, 256), 256, 0, (cudaStream_t)stream, (uint4 *)y,
+                    (const uint4 *)x, n / 8);
+    else kiln_launch(quick_gelu_kernel, grid_for(n, 256), 256, 0, (cudaStream_t)stream, (bf16 *)y, (const bf16 *)x,
+                     n);
     LAUNCH_CHECK("quick_gelu forward");
 done:
     return err;
 }
 
 static __global__ void add_bf16_kernel(float *x, const bf16 *y, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] += __bfloat162float(y[i]);
 }
@@ -174,7 +182,7 @@ static __global__ void add_bf16_kernel(float *x, const bf16 *y, int64_t n) {
 extern "C" kiln_error *kiln_add_bf16_cuda(float *x, const kiln_bf16 *y, int64_t n, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    add_bf16_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, (const bf16 *)y, n);
+    kiln_launch(add_bf16_kernel, grid_for(n, 256), 256, 0, (cudaStream_t)stream, x, (const bf16 *)y, n);
     LAUNCH_CHECK("residual add");
 done:
     return err;
@@ -192,6 +200,7 @@ static cublasHandle_t g_clip_blas;
 // one warp per row of S; each lane holds NC scores in registers (NC * 32 >= T)
 template <int NC>
 static __global__ void softmax_rows_kernel(bf16 *p, const float *s, int64_t rows, int64_t T, int causal) {
+    pdl_wait();
     const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -222,18 +231,19 @@ static __global__ void softmax_rows_kernel(bf16 *p, const float *s, int64_t rows
 
 static void softmax_rows(bf16 *p, const float *s, int64_t rows, int64_t T, int causal, cudaStream_t st) {
     const int g = grid_for(rows * 32, 256);
-    if (T <= 64) softmax_rows_kernel<2><<<g, 256, 0, st>>>(p, s, rows, T, causal);
-    else if (T <= 128) softmax_rows_kernel<4><<<g, 256, 0, st>>>(p, s, rows, T, causal);
-    else if (T <= 256) softmax_rows_kernel<8><<<g, 256, 0, st>>>(p, s, rows, T, causal);
-    else if (T <= 384) softmax_rows_kernel<12><<<g, 256, 0, st>>>(p, s, rows, T, causal);
-    else if (T <= 608) softmax_rows_kernel<19><<<g, 256, 0, st>>>(p, s, rows, T, causal);
-    else softmax_rows_kernel<SOFTMAX_TMAX / 32><<<g, 256, 0, st>>>(p, s, rows, T, causal);
+    if (T <= 64) kiln_launch(softmax_rows_kernel<2>, g, 256, 0, st, p, s, rows, T, causal);
+    else if (T <= 128) kiln_launch(softmax_rows_kernel<4>, g, 256, 0, st, p, s, rows, T, causal);
+    else if (T <= 256) kiln_launch(softmax_rows_kernel<8>, g, 256, 0, st, p, s, rows, T, causal);
+    else if (T <= 384) kiln_launch(softmax_rows_kernel<12>, g, 256, 0, st, p, s, rows, T, causal);
+    else if (T <= 608) kiln_launch(softmax_rows_kernel<19>, g, 256, 0, st, p, s, rows, T, causal);
+    else kiln_launch(softmax_rows_kernel<SOFTMAX_TMAX / 32>, g, 256, 0, st, p, s, rows, T, causal);
 }
 
 // the per-(sequence, head) pointers of the two batched GEMMs, written on the device (no host round trip)
 static __global__ void mha_ptrs_kernel(void **ptr, const bf16 *q, const bf16 *k, const bf16 *v, float *S, bf16 *P,
                                        bf16 *out, int64_t B, int64_t T, int64_t heads, int64_t hd, int64_t stride,
                                        int64_t out_stride) {
+    pdl_wait();
     const int64_t nb = B * heads;
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < nb; j += (int64_t)gridDim.x * blockDim.x) {
         const int64_t b = j / heads, h = j % heads;
@@ -379,8 +389,8 @@ extern "C" kiln_error *kiln_mha_forward_cuda(kiln_bf16 *out, const kiln_bf16 *q,
     CUDA_TRY(cudaMallocAsync((void **)&S, sizeof(float) * (size_t)(nb * T * T), st));
     CUDA_TRY(cudaMallocAsync((void **)&P, 2 * (size_t)(nb * T * T), st));
     CUDA_TRY(cudaMallocAsync((void **)&ptr, sizeof(void *) * (size_t)(6 * nb), st));
-    mha_ptrs_kernel<<<grid_for(nb, 256), 256, 0, st>>>(ptr, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, S, P,
-                                                       (bf16 *)out, B, T, heads, hd, stride, out_stride);
+    kiln_launch(mha_ptrs_kernel, grid_for(nb, 256), 256, 0, st, ptr, (const bf16 *)q, (const bf16 *)k,
+                (const bf16 *)v, S, P, (bf16 *)out, B, T, heads, hd, stride, out_stride);
     LAUNCH_CHECK("attention pointer table");
     // row-major S = scale * Q Kᵀ is column-major Sᵀ = K Qᵀ: A = K (as [hd x T], transposed), B = Q
     CUBLAS_TRY(cublasGemmBatchedEx(g_clip_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)T, (int)T, (int)hd, &scale,
@@ -409,6 +419,7 @@ done:
 // and the pre-layernorm, took 0.70 ms per 128 L/14 images, several times what its bytes and FLOPs need).
 template <typename P>
 static __global__ void patchify_kernel(bf16 *cols, int lda, const P *px, int64_t G2, int G, int S, int p) {
+    pdl_wait();
     const int64_t row = blockIdx.x, b = row / G2;
     const int g = (int)(row - b * G2), gy = g / G, gx = g - gy * G, pp = p * p, K = 3 * pp;
     const P *src = px + b * 3 * (int64_t)S * S + (int64_t)(gy * p) * S + gx * p;
@@ -428,8 +439,8 @@ static kiln_error *patchify(kiln_bf16 *cols, int64_t ld, const P *pixels, int64_
     if (rows > INT32_MAX) return kiln_errorf(KILN_EINVAL, "%s: %lld patches (at most %d)", what, (long long)rows, INT32_MAX);
     if (ld < 3 * p * p || ld > INT32_MAX)
         return kiln_errorf(KILN_EINVAL, "%s: row stride %lld for %lld columns", what, (long long)ld, (long long)(3 * p * p));
-    patchify_kernel<<<(unsigned)rows, 128, 0, (cudaStream_t)stream>>>((bf16 *)cols, (int)ld, pixels, G * G, (int)G,
-                                                                      (int)S, (int)p);
+    kiln_launch(patchify_kernel<P>, (unsigned)rows, 128, 0, (cudaStream_t)stream, (bf16 *)cols, (int)ld, pixels,
+                G * G, (int)G, (int)S, (int)p);
     LAUNCH_CHECK(what);
 done:
     return err;
@@ -450,6 +461,7 @@ extern "C" kiln_error *kiln_clip_patchify_cuda(kiln_bf16 *cols, int64_t ld, cons
 template <typename X>
 static __global__ void assemble_kernel(X *x, const bf16 *patches, const float *cls, const float *pos, int64_t G2,
                                        int H) {
+    pdl_wait();
     const int64_t row = blockIdx.x, b = row / (G2 + 1);
     const int t = (int)(row - b * (G2 + 1));
     const float *pr = pos + (int64_t)t * H;
@@ -469,8 +481,10 @@ extern "C" kiln_error *kiln_clip_assemble_x_cuda(void *x, kiln_clip_dtype xt, co
         return kiln_errorf(KILN_EINVAL, "clip embedding assembly: %lld rows of %lld (at most %d each)", (long long)rows,
                            (long long)H, INT32_MAX);
     if (xt == KILN_CLIP_BF16)
-        assemble_kernel<<<(unsigned)rows, 256, 0, st>>>((bf16 *)x, (const bf16 *)patches, cls, pos, G2, (int)H);
-    else assemble_kernel<<<(unsigned)rows, 256, 0, st>>>((float *)x, (const bf16 *)patches, cls, pos, G2, (int)H);
+        kiln_launch(assemble_kernel<bf16>, (unsigned)rows, 256, 0, st, (bf16 *)x, (const bf16 *)patches, cls, pos, G2,
+                    (int)H);
+    else kiln_launch(assemble_kernel<float>, (unsigned)rows, 256, 0, st, (float *)x, (const bf16 *)patches, cls, pos,
+                     G2, (int)H);
     LAUNCH_CHECK("clip embedding assembly");
 done:
     return err;
@@ -483,6 +497,7 @@ extern "C" kiln_error *kiln_clip_assemble_cuda(float *x, const kiln_bf16 *patche
 
 // y [rows, d] f32 = x / |x| per row (one warp per row)
 static __global__ void l2norm_rows_kernel(float *y, const bf16 *x, int64_t rows, int64_t d) {
+    pdl_wait();
     const int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -500,7 +515,8 @@ extern "C" kiln_error *kiln_l2_normalize_rows_cuda(float *y, const kiln_bf16 *x,
                                                    void *stream) {
     kiln_error *err = NULL;
     if (rows <= 0) return NULL;
-    l2norm_rows_kernel<<<grid_for(rows * 32, 256), 256, 0, (cudaStream_t)stream>>>(y, (const bf16 *)x, rows, d);
+    kiln_launch(l2norm_rows_kernel, grid_for(rows * 32, 256), 256, 0, (cudaStream_t)stream, y, (const bf16 *)x, rows,
+                d);
     LAUNCH_CHECK("l2 normalize rows");
 done:
     return err;

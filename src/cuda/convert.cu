@@ -3,12 +3,15 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
+#include "launch.cuh"
 
 static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *y, const float *x, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16_rn(x[i]);
 }
 static __global__ void bf16_to_f32_kernel(float *y, const __nv_bfloat16 *x, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __bfloat162float(x[i]);
 }
@@ -28,7 +31,7 @@ done:
 extern "C" kiln_error *kiln_f32_to_bf16_cuda(kiln_bf16 *y, const float *x, int64_t n, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    f32_to_bf16_kernel<<<blocks_for(n), 256, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)y, x, n);
+    kiln_launch(f32_to_bf16_kernel, blocks_for(n), 256, 0, (cudaStream_t)stream, (__nv_bfloat16 *)y, x, n);
     CUDA_TRY(cudaGetLastError());
 done:
     return err;
@@ -37,7 +40,7 @@ done:
 extern "C" kiln_error *kiln_bf16_to_f32_cuda(float *y, const kiln_bf16 *x, int64_t n, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    bf16_to_f32_kernel<<<blocks_for(n), 256, 0, (cudaStream_t)stream>>>(y, (const __nv_bfloat16 *)x, n);
+    kiln_launch(bf16_to_f32_kernel, blocks_for(n), 256, 0, (cudaStream_t)stream, y, (const __nv_bfloat16 *)x, n);
     CUDA_TRY(cudaGetLastError());
 done:
     return err;

@@ -8,6 +8,7 @@
 // the row in global memory) stays for the rows ce_smem_kernel does not take: V past CE_SMEM_MAX / 2, V not a
 // multiple of 8 or logits not 16-byte aligned (its scalar path).
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 #define CE_THREADS 512
 #define CE_SMEM_MAX (200 * 1024) // a row held in shared memory (one block per SM from ~113 KB up)
@@ -61,6 +62,7 @@ static __device__ __forceinline__ uint4 pack8(const float *v) {
 static __global__ void __launch_bounds__(CE_THREADS)
     ce_kernel(bf16 *dlogits, float *loss_tok, const bf16 *logits, const int64_t *ids, int64_t B, int64_t T, int64_t V,
               float inv_count, int vec) {
+    pdl_wait();
     __shared__ float shm[32], shs[32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int64_t r = blockIdx.x; r < B * T; r += gridDim.x) {
@@ -137,6 +139,7 @@ static __global__ void __launch_bounds__(CE_THREADS)
 static __global__ void __launch_bounds__(CE_THREADS)
     ce_smem_kernel(bf16 *dlogits, float *loss_tok, const bf16 *logits, const int64_t *ids, int64_t B, int64_t T,
                    int64_t V, float inv_count) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char ce_ring[];
     uint4 *row_s = (uint4 *)ce_ring;
     __shared__ float shm[32], shs[32];
@@ -205,6 +208,7 @@ static __global__ void __launch_bounds__(CE_THREADS)
 
 // loss = sum of loss_tok over the B*T rows (ignored rows hold 0) / count, in a fixed order
 static __global__ void ce_mean_kernel(float *loss, const float *loss_tok, int64_t n, double inv_count) {
+    pdl_wait();
     __shared__ double sh[32];
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += loss_tok[i];
@@ -235,15 +239,15 @@ extern "C" kiln_error *kiln_cross_entropy_cuda(kiln_bf16 *dlogits, float *loss_t
                                       cudaSharedmemCarveoutMaxShared));
         // at every size: the dynamic and the static shared memory together may pass the default 48 KB
         CUDA_TRY(cudaFuncSetAttribute(ce_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ce_smem_kernel<<<resident_grid(ce_smem_kernel, CE_THREADS, smem, rows), CE_THREADS, smem, st>>>(
-            (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count));
+        kiln_launch(ce_smem_kernel, resident_grid(ce_smem_kernel, CE_THREADS, smem, rows), CE_THREADS, smem, st,
+                    (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count));
     } else {
-        ce_kernel<<<(int)(rows < 1048576 ? rows : 1048576), CE_THREADS, 0, st>>>(
-            (bf16 *)dlogits, tok, (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count), vec);
+        kiln_launch(ce_kernel, (int)(rows < 1048576 ? rows : 1048576), CE_THREADS, 0, st, (bf16 *)dlogits, tok,
+                    (const bf16 *)logits, ids, B, T, V, (float)(1.0 / (double)count), vec);
     }
     LAUNCH_CHECK("cross_entropy");
     if (loss) {
-        ce_mean_kernel<<<1, 1024, 0, st>>>(loss, tok, rows, 1.0 / (double)count);
+        kiln_launch(ce_mean_kernel, 1, 1024, 0, st, loss, tok, rows, 1.0 / (double)count);
         LAUNCH_CHECK("cross_entropy mean");
     }
 done:

@@ -12,9 +12,11 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 static __global__ void embedding_fwd_kernel(float *y, const float *table, const int64_t *ids, int64_t n, int64_t d,
                                             int vec) {
+    pdl_wait();
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const float *src = table + ids[r] * d;
         float *dst = y + r * d;
@@ -30,6 +32,7 @@ static __global__ void embedding_fwd_kernel(float *y, const float *table, const 
 
 // keys for the sort: ids as 32-bit unsigned (vocabularies are far below 2^32), values: positions
 static __global__ void embedding_keys_kernel(uint32_t *keys, int32_t *pos, const int64_t *ids, int64_t n) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         keys[i] = (uint32_t)ids[i];
         pos[i] = (int32_t)i;
@@ -43,6 +46,7 @@ enum { SEG_THREADS = 256, SEG_U = 64, SEG_POS = 512, SEG_LONG = 64 };
 // in no particular order (integer atomics; the order changes no sum). The long ones are worked on first.
 static __global__ void embedding_segments_kernel(int32_t *segl, int32_t *segs, int *cnt, const uint32_t *keys,
                                                  int64_t n, int64_t pad) {
+    pdl_wait();
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
         const uint32_t id = keys[k];
         if ((k > 0 && keys[k - 1] == id) || (pad >= 0 && (int64_t)id == pad)) continue;
@@ -65,6 +69,7 @@ static __global__ void embedding_segments_kernel(int32_t *segl, int32_t *segs, i
 static __global__ void __launch_bounds__(SEG_THREADS)
     embedding_seg_sum_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
                              const int32_t *segl, const int *cnt, unsigned long long *next, int64_t d, int nslice) {
+    pdl_wait();
     __shared__ int32_t ps[SEG_POS];
     __shared__ unsigned long long wsh;
     const int64_t items = (int64_t)cnt[0] * nslice;
@@ -106,6 +111,7 @@ static __global__ void __launch_bounds__(SEG_THREADS)
 static __global__ void __launch_bounds__(SEG_THREADS)
     embedding_short_kernel(float *dtable, const float *dy, const uint32_t *keys, const int32_t *pos,
                            const int32_t *segs, const int *cnt, int64_t d) {
+    pdl_wait();
     __shared__ int32_t ps[SEG_LONG];
     const int c = blockIdx.x;
     if (c >= cnt[1]) return; // the same for the whole block
@@ -133,7 +139,8 @@ extern "C" kiln_error *kiln_embedding_forward_cuda(float *y, const float *table,
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
     const int vec = (d & 3) == 0 && ((uintptr_t)y & 15) == 0 && ((uintptr_t)table & 15) == 0; // 16-byte rows
-    embedding_fwd_kernel<<<(int)(n < 65535 ? n : 65535), 256, 0, (cudaStream_t)stream>>>(y, table, ids, n, d, vec);
+    kiln_launch(embedding_fwd_kernel, (int)(n < 65535 ? n : 65535), 256, 0, (cudaStream_t)stream, y, table, ids, n, d,
+                vec);
     LAUNCH_CHECK("embedding forward");
 done:
     return err;
@@ -158,7 +165,7 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     CUDA_TRY(kiln_ops_scratch((void **)&pos, (size_t)n * 4, st));
     CUDA_TRY(kiln_ops_scratch((void **)&spos, (size_t)n * 4, st));
     CUDA_TRY(kiln_ops_scratch(&tmp, tmp_bytes ? tmp_bytes : 1, st));
-    embedding_keys_kernel<<<grid_for(n, 256), 256, 0, st>>>(keys, pos, ids, n);
+    kiln_launch(embedding_keys_kernel, grid_for(n, 256), 256, 0, st, keys, pos, ids, n);
     LAUNCH_CHECK("embedding backward (keys)");
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, (int)n, 0, 32, st));
     // scratch: the two counts, the work counter (8-byte aligned), then the two lists of n segments each
@@ -167,14 +174,14 @@ extern "C" kiln_error *kiln_embedding_backward_cuda(float *dtable, const float *
     next = (unsigned long long *)(seg + 4);
     segl = seg + 8, segs = segl + 2 * n;
     CUDA_TRY(cudaMemsetAsync(seg, 0, 8 * sizeof(int32_t), st));
-    embedding_segments_kernel<<<grid_for(n, 256), 256, 0, st>>>(segl, segs, cnt, skeys, n, pad);
+    kiln_launch(embedding_segments_kernel, grid_for(n, 256), 256, 0, st, segl, segs, cnt, skeys, n, pad);
     LAUNCH_CHECK("embedding backward (segments)");
     // the long segments first (the longest chains), then the short ones, one block each (up to n blocks)
-    embedding_seg_sum_kernel<<<resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, n * nslice), SEG_THREADS, 0,
-                               st>>>(dtable, dy, skeys, spos, segl, cnt, next, d, (int)nslice);
+    kiln_launch(embedding_seg_sum_kernel, resident_grid(embedding_seg_sum_kernel, SEG_THREADS, 0, n * nslice),
+                SEG_THREADS, 0, st, dtable, dy, skeys, spos, segl, cnt, next, d, (int)nslice);
     LAUNCH_CHECK("embedding backward (long segments)");
-    embedding_short_kernel<<<(int)(n < INT32_MAX ? n : INT32_MAX), SEG_THREADS, 0, st>>>(dtable, dy, skeys, spos, segs,
-                                                                                         cnt, d);
+    kiln_launch(embedding_short_kernel, (int)(n < INT32_MAX ? n : INT32_MAX), SEG_THREADS, 0, st, dtable, dy, skeys,
+                spos, segs, cnt, d);
     LAUNCH_CHECK("embedding backward");
 done:
     if (seg) cudaFreeAsync(seg, st);

@@ -23,6 +23,7 @@
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -32,6 +33,7 @@ __device__ __forceinline__ float bf(__nv_bfloat16 v) { return __bfloat162float(v
 // before the host knows how many were routed), 8 bf16 (16 bytes) per load where rows allow it
 __global__ void gather_kernel(__nv_bfloat16 *xe, const __nv_bfloat16 *in, const int32_t *slot_tok, const int32_t *nslots,
                               int64_t H, int vec) {
+    pdl_wait();
     const int64_t s = blockIdx.x;
     if (s >= *nslots) return;
     const __nv_bfloat16 *src = in + (int64_t)slot_tok[s] * H;
@@ -49,6 +51,7 @@ __device__ __forceinline__ float sigmoidf_(float g) { return 1.0f / (1.0f + __ex
 // The fallback for widths that are not a multiple of 8 (swiglu_fwd8_kernel below is the usual one).
 template <int P>
 __global__ void swiglu_fwd_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *gu, int64_t rows, int64_t I) {
+    pdl_wait();
     const int64_t IP = I / P, n = rows * IP;
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = t / IP, j = (t - r * IP) * P;
@@ -68,6 +71,7 @@ __global__ void swiglu_fwd_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *gu, i
 template <int P>
 __global__ void swiglu_bwd_kernel(__nv_bfloat16 *dgu, const __nv_bfloat16 *dact, const __nv_bfloat16 *gu, int64_t rows,
                                   int64_t I) {
+    pdl_wait();
     const int64_t IP = I / P, n = rows * IP;
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = t / IP, j = (t - r * IP) * P;
@@ -100,6 +104,7 @@ union bf8 {
 };
 
 __global__ void swiglu_fwd8_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *gu, int64_t I) {
+    pdl_wait();
     const int64_t r = blockIdx.x, I8 = I / 8;
     const int4 *g = (const int4 *)(gu + r * 2 * I), *u = (const int4 *)(gu + r * 2 * I + I);
     int4 *a = (int4 *)(act + r * I);
@@ -115,6 +120,7 @@ __global__ void swiglu_fwd8_kernel(__nv_bfloat16 *act, const __nv_bfloat16 *gu, 
 }
 
 __global__ void swiglu_bwd8_kernel(__nv_bfloat16 *dgu, const __nv_bfloat16 *dact, const __nv_bfloat16 *gu, int64_t I) {
+    pdl_wait();
     const int64_t r = blockIdx.x, I8 = I / 8;
     const int4 *g = (const int4 *)(gu + r * 2 * I), *u = (const int4 *)(gu + r * 2 * I + I);
     const int4 *d = (const int4 *)(dact + r * I);
@@ -194,6 +200,7 @@ template <int V> __device__ __forceinline__ void store_f(float *p, const float *
 template <int V>
 __global__ void combine_kernel(float *out, const __nv_bfloat16 *ye, const float *gate, const int32_t *tok_slot,
                                int64_t H, int64_t top) {
+    pdl_wait();
     const int64_t n = blockIdx.x;
     for (int64_t h = threadIdx.x * V; h < H; h += blockDim.x * V) {
         float acc[V], v[V];
@@ -215,6 +222,7 @@ __global__ void combine_kernel(float *out, const __nv_bfloat16 *ye, const float 
 template <int V>
 __global__ void combine_dx_kernel(float *dx, const __nv_bfloat16 *dxe, const int32_t *tok_slot, int64_t H, int64_t top,
                                   int write) {
+    pdl_wait();
     const int64_t n = blockIdx.x;
     for (int64_t h = threadIdx.x * V; h < H; h += blockDim.x * V) {
         float acc[V], v[V], d[V];
@@ -242,6 +250,7 @@ template <int V>
 __global__ void dye_dgate_kernel(__nv_bfloat16 *dye, float *dgate, const float *dout, const __nv_bfloat16 *ye,
                                  const float *gate, const int32_t *slot_tok, const int32_t *slot_k, int64_t H,
                                  int64_t top) {
+    pdl_wait();
     __shared__ float red[DG_THREADS / 32];
     const int64_t s = blockIdx.x, n = slot_tok[s], gi = n * top + slot_k[s];
     const float g = gate[gi];
@@ -336,9 +345,8 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     CUDA_TRY(cudaEventRecord(g_stage_ev, st));
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_GATHER, 0, st));
     if (N * top) {
-        gather_kernel<<<(unsigned)(N * top), 128, 0, st>>>((__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in, x->slot_tok,
-                                                           x->exp_off + E, H,
-                                                           !(H & 7) && !(((uintptr_t)in | (uintptr_t)x->xe) & 15));
+        kiln_launch(gather_kernel, (unsigned)(N * top), 128, 0, st, (__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in,
+                    x->slot_tok, x->exp_off + E, H, !(H & 7) && !(((uintptr_t)in | (uintptr_t)x->xe) & 15));
         CUDA_TRY(cudaGetLastError());
     }
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_GATHER, 1, st));
@@ -358,11 +366,14 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
         goto done;
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_FWD, 0, st));
     if (vec8_ok(I, x->act, x->gu, x->gu))
-        swiglu_fwd8_kernel<<<(unsigned)S, SWIGLU8_THREADS, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, I);
+        kiln_launch(swiglu_fwd8_kernel, (unsigned)S, SWIGLU8_THREADS, 0, st, (__nv_bfloat16 *)x->act,
+                    (const __nv_bfloat16 *)x->gu, I);
     else if (pairs(I, x->act, x->gu, x->gu))
-        swiglu_fwd_kernel<2><<<grid_for(S * I / 2), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
+        kiln_launch(swiglu_fwd_kernel<2>, grid_for(S * I / 2), 256, 0, st, (__nv_bfloat16 *)x->act,
+                    (const __nv_bfloat16 *)x->gu, S, I);
     else
-        swiglu_fwd_kernel<1><<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)x->act, (const __nv_bfloat16 *)x->gu, S, I);
+        kiln_launch(swiglu_fwd_kernel<1>, grid_for(S * I), 256, 0, st, (__nv_bfloat16 *)x->act,
+                    (const __nv_bfloat16 *)x->gu, S, I);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_FWD, 1, st));
     if ((err = kiln_grouped_gemm_cuda(x->ye, 0, x->act, wdn, x->exp_off_host, E, 0, H, I, "NT", 0, NULL, stream)))
@@ -370,11 +381,14 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     if (!out) goto done; // the caller forms the gated sum where it reads it (kiln_residual_norm_forward_gather_cuda)
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 0, st));
     if (vec8_rows(H, out, out, x->ye, x->ye))
-        combine_kernel<8><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+        kiln_launch(combine_kernel<8>, (unsigned)N, 256, 0, st, out, (const __nv_bfloat16 *)x->ye, x->gate,
+                    x->tok_slot, H, top);
     else if (vec4_ok(H, out, out, x->ye, x->ye))
-        combine_kernel<4><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+        kiln_launch(combine_kernel<4>, (unsigned)N, 256, 0, st, out, (const __nv_bfloat16 *)x->ye, x->gate,
+                    x->tok_slot, H, top);
     else
-        combine_kernel<1><<<(unsigned)N, 256, 0, st>>>(out, (const __nv_bfloat16 *)x->ye, x->gate, x->tok_slot, H, top);
+        kiln_launch(combine_kernel<1>, (unsigned)N, 256, 0, st, out, (const __nv_bfloat16 *)x->ye, x->gate,
+                    x->tok_slot, H, top);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 1, st));
 done:
@@ -414,17 +428,14 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     }
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 0, st));
     if (vec8_rows(H, dout, dout, w->dye, x->ye))
-        dye_dgate_kernel<8><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
-                                                                 (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
-                                                                 x->slot_k, H, top);
+        kiln_launch(dye_dgate_kernel<8>, (unsigned)S, DG_THREADS, 0, st, (__nv_bfloat16 *)w->dye, dgate, dout,
+                    (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok, x->slot_k, H, top);
     else if (vec4_ok(H, dout, dout, w->dye, x->ye))
-        dye_dgate_kernel<4><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
-                                                                 (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
-                                                                 x->slot_k, H, top);
+        kiln_launch(dye_dgate_kernel<4>, (unsigned)S, DG_THREADS, 0, st, (__nv_bfloat16 *)w->dye, dgate, dout,
+                    (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok, x->slot_k, H, top);
     else
-        dye_dgate_kernel<1><<<(unsigned)S, DG_THREADS, 0, st>>>((__nv_bfloat16 *)w->dye, dgate, dout,
-                                                                 (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok,
-                                                                 x->slot_k, H, top);
+        kiln_launch(dye_dgate_kernel<1>, (unsigned)S, DG_THREADS, 0, st, (__nv_bfloat16 *)w->dye, dgate, dout,
+                    (const __nv_bfloat16 *)x->ye, x->gate, x->slot_tok, x->slot_k, H, top);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DYE_DGATE, 1, st));
     // down: dact = dye wdn_e, dwdn_e += dyeᵀ act (deferred: after gate_up's dX, see below)
@@ -436,14 +447,14 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
         goto done;
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_BWD, 0, st));
     if (vec8_ok(I, w->dgu, w->dact, x->gu))
-        swiglu_bwd8_kernel<<<(unsigned)S, SWIGLU8_THREADS, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
-                                                                    (const __nv_bfloat16 *)x->gu, I);
+        kiln_launch(swiglu_bwd8_kernel, (unsigned)S, SWIGLU8_THREADS, 0, st, (__nv_bfloat16 *)w->dgu,
+                    (const __nv_bfloat16 *)w->dact, (const __nv_bfloat16 *)x->gu, I);
     else if (pairs(I, w->dgu, w->dact, x->gu))
-        swiglu_bwd_kernel<2><<<grid_for(S * I / 2), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
-                                                                  (const __nv_bfloat16 *)x->gu, S, I);
+        kiln_launch(swiglu_bwd_kernel<2>, grid_for(S * I / 2), 256, 0, st, (__nv_bfloat16 *)w->dgu,
+                    (const __nv_bfloat16 *)w->dact, (const __nv_bfloat16 *)x->gu, S, I);
     else
-        swiglu_bwd_kernel<1><<<grid_for(S * I), 256, 0, st>>>((__nv_bfloat16 *)w->dgu, (const __nv_bfloat16 *)w->dact,
-                                                              (const __nv_bfloat16 *)x->gu, S, I);
+        kiln_launch(swiglu_bwd_kernel<1>, grid_for(S * I), 256, 0, st, (__nv_bfloat16 *)w->dgu,
+                    (const __nv_bfloat16 *)w->dact, (const __nv_bfloat16 *)x->gu, S, I);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_SWIGLU_BWD, 1, st));
     // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
@@ -467,14 +478,14 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     if (dx) {
         CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE_DX, 0, st));
         if (vec8_rows(H, dx, dx, w->dxe, w->dxe))
-            combine_dx_kernel<8><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
-                                                              w->dx_write);
+            kiln_launch(combine_dx_kernel<8>, (unsigned)N, 256, 0, st, dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot,
+                        H, top, w->dx_write);
         else if (vec4_ok(H, dx, dx, w->dxe, w->dxe))
-            combine_dx_kernel<4><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
-                                                              w->dx_write);
+            kiln_launch(combine_dx_kernel<4>, (unsigned)N, 256, 0, st, dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot,
+                        H, top, w->dx_write);
         else
-            combine_dx_kernel<1><<<(unsigned)N, 256, 0, st>>>(dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot, H, top,
-                                                              w->dx_write);
+            kiln_launch(combine_dx_kernel<1>, (unsigned)N, 256, 0, st, dx, (const __nv_bfloat16 *)w->dxe, x->tok_slot,
+                        H, top, w->dx_write);
         CUDA_TRY(cudaGetLastError());
         CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE_DX, 1, st));
     }

@@ -33,6 +33,7 @@
 #include "gemm_lt.h"
 #include "kiln/cuda_ops.h"
 #include "kiln/log.h"
+#include "launch.cuh"
 
 namespace {
 
@@ -370,6 +371,7 @@ struct ptr_pack {
     int n, off;
 };
 __global__ void put_ptrs_kernel(void **d, const ptr_pack pk) {
+    pdl_wait();
     for (int i = threadIdx.x; i < pk.n; i += blockDim.x) d[pk.off + i] = (void *)pk.v[i];
 }
 kiln_error *put_ptrs(void **d, const void *const *h, int64_t n, cudaStream_t st) {
@@ -378,7 +380,7 @@ kiln_error *put_ptrs(void **d, const void *const *h, int64_t n, cudaStream_t st)
     for (int64_t o = 0; o < n; o += PTR_PACK) {
         pk.n = (int)(n - o < PTR_PACK ? n - o : PTR_PACK), pk.off = (int)o;
         memcpy(pk.v, h + o, (size_t)pk.n * sizeof *h);
-        put_ptrs_kernel<<<1, 128, 0, st>>>(d, pk);
+        kiln_launch(put_ptrs_kernel, 1, 128, 0, st, d, pk);
         CUDA_TRY(cudaGetLastError());
     }
 done:

@@ -11,6 +11,7 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda.h"
+#include "launch.cuh"
 
 extern "C" kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out) {
     static const struct { const char *n; kiln_cuda_gemm_type t; } types[] = {
@@ -25,6 +26,7 @@ extern "C" kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gem
 }
 
 __global__ void fill_kernel(void *p, size_t n, int elem, unsigned seed) {
+    pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         unsigned h = (unsigned)i * 2654435761u ^ seed;
         float v = (float)(h % 1000u) * 1e-3f - 0.5f;
@@ -74,8 +76,8 @@ extern "C" kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int
     CUDA_TRY(cudaMalloc(&B, (size_t)k * n * elem));
     CUDA_TRY(cudaMalloc(&C, (size_t)m * n * out_elem));
     CUDA_TRY(cudaMalloc(&ws, ws_bytes));
-    fill_kernel<<<1024, 256>>>(A, (size_t)m * k, elem, t == KILN_CUDA_BF16 ? 1u : 2u);
-    fill_kernel<<<1024, 256>>>(B, (size_t)k * n, elem, t == KILN_CUDA_BF16 ? 3u : 4u);
+    kiln_launch(fill_kernel, 1024, 256, 0, 0, A, (size_t)m * k, elem, t == KILN_CUDA_BF16 ? 1u : 2u);
+    kiln_launch(fill_kernel, 1024, 256, 0, 0, B, (size_t)k * n, elem, t == KILN_CUDA_BF16 ? 3u : 4u);
     CUDA_TRY(cudaGetLastError());
     CUBLAS_TRY(cublasLtCreate(&lt));
     CUBLAS_TRY(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F));

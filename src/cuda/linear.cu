@@ -26,6 +26,7 @@
 #include "gemm_lt.h"
 #include "kiln/cuda_ops.h"
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -96,6 +97,7 @@ kiln_error *gemm(void *c, int c_f32, const void *a, const void *b, const void *b
 // thread per column adds the partials in chunk order: the same bits every run, no atomics. (KILN_LINEAR_BWD=old)
 enum { DB_ROWS = 256, DB_THREADS = 128 };
 __global__ void colsum_partial(float *part, const __nv_bfloat16 *dy, int64_t n, int64_t out, int vec) {
+    pdl_wait();
     const int64_t o = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 2, r0 = (int64_t)blockIdx.y * DB_ROWS;
     if (o >= out) return;
     const int64_t r1 = r0 + DB_ROWS < n ? r0 + DB_ROWS : n;
@@ -115,6 +117,7 @@ __global__ void colsum_partial(float *part, const __nv_bfloat16 *dy, int64_t n, 
     if (o + 1 < out) part[blockIdx.y * out + o + 1] = s1;
 }
 __global__ void colsum_final(float *db, const float *part, int64_t chunks, int64_t out) {
+    pdl_wait();
     const int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (o >= out) return;
     float s = 0;
@@ -129,6 +132,7 @@ enum { CS_LANES = 8, CS_COLS = 32 };
 template <int V>
 __global__ void __launch_bounds__(CS_LANES * CS_COLS) colsum2_partial(float *part, const __nv_bfloat16 *dy, int64_t n,
                                                                       int64_t out, int64_t rows) {
+    pdl_wait();
     __shared__ float sh[CS_LANES][CS_COLS * V];
     const int lane = threadIdx.y, ct = threadIdx.x;
     const int64_t o = ((int64_t)blockIdx.x * CS_COLS + ct) * V, r0 = (int64_t)blockIdx.y * rows;
@@ -171,6 +175,7 @@ __global__ void __launch_bounds__(CS_LANES * CS_COLS) colsum2_partial(float *par
 // in order
 __global__ void __launch_bounds__(CS_LANES * CS_COLS) colsum2_final(float *db, const float *part, int64_t chunks,
                                                                     int64_t out) {
+    pdl_wait();
     __shared__ float sh[CS_LANES][CS_COLS];
     const int lane = threadIdx.y, ct = threadIdx.x;
     const int64_t o = (int64_t)blockIdx.x * CS_COLS + ct;
@@ -196,9 +201,9 @@ kiln_error *colsum(float *db, const __nv_bfloat16 *dy, int64_t n, int64_t out, i
         const int64_t chunks = (n + DB_ROWS - 1) / DB_ROWS;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * out) * sizeof(float), st));
         dim3 grid((unsigned)((out + 2 * DB_THREADS - 1) / (2 * DB_THREADS)), (unsigned)chunks);
-        colsum_partial<<<grid, DB_THREADS, 0, st>>>(part, dy, n, out, !(out & 1) && !((uintptr_t)dy & 3));
+        kiln_launch(colsum_partial, grid, DB_THREADS, 0, st, part, dy, n, out, !(out & 1) && !((uintptr_t)dy & 3));
         CUDA_TRY(cudaGetLastError());
-        colsum_final<<<(unsigned)((out + 255) / 256), 256, 0, st>>>(db, part, chunks, out);
+        kiln_launch(colsum_final, (unsigned)((out + 255) / 256), 256, 0, st, db, part, chunks, out);
         CUDA_TRY(cudaGetLastError());
     } else {
         // rows per block: 64, or more (a multiple of the lanes) so that there are at most 256 chunks (an LM
@@ -210,10 +215,10 @@ kiln_error *colsum(float *db, const __nv_bfloat16 *dy, int64_t n, int64_t out, i
         const int V = vec8 ? 8 : 1;
         CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(chunks * out) * sizeof(float), st));
         const dim3 block(CS_COLS, CS_LANES), grid((unsigned)((out + CS_COLS * V - 1) / (CS_COLS * V)), (unsigned)chunks);
-        if (vec8) colsum2_partial<8><<<grid, block, 0, st>>>(part, dy, n, out, rows);
-        else colsum2_partial<1><<<grid, block, 0, st>>>(part, dy, n, out, rows);
+        if (vec8) kiln_launch(colsum2_partial<8>, grid, block, 0, st, part, dy, n, out, rows);
+        else kiln_launch(colsum2_partial<1>, grid, block, 0, st, part, dy, n, out, rows);
         CUDA_TRY(cudaGetLastError());
-        colsum2_final<<<(unsigned)((out + CS_COLS - 1) / CS_COLS), block, 0, st>>>(db, part, chunks, out);
+        kiln_launch(colsum2_final, (unsigned)((out + CS_COLS - 1) / CS_COLS), block, 0, st, db, part, chunks, out);
         CUDA_TRY(cudaGetLastError());
     }
 done:
@@ -223,6 +228,7 @@ done:
 
 // y[r,:] = b for every row
 __global__ void fill_rows(__nv_bfloat16 *y, const __nv_bfloat16 *b, int64_t n, int64_t out) {
+    pdl_wait();
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
         for (int64_t o = threadIdx.x; o < out; o += blockDim.x) y[r * out + o] = b[o];
 }
@@ -291,7 +297,8 @@ extern "C" kiln_error *kiln_linear_forward_cuda(kiln_bf16 *y, const kiln_bf16 *x
     // a bias inside a flat bf16 weight buffer (2-byte aligned) faults or is refused. Such a bias is written
     // into y first and the GEMM adds onto it (beta = 1): still one rounding of the f32 sum.
     if (b && ((uintptr_t)b & 15)) {
-        fill_rows<<<(unsigned)(n < 65535 ? n : 65535), 256, 0, st>>>((__nv_bfloat16 *)y, (const __nv_bfloat16 *)b, n, out);
+        kiln_launch(fill_rows, (unsigned)(n < 65535 ? n : 65535), 256, 0, st, (__nv_bfloat16 *)y,
+                    (const __nv_bfloat16 *)b, n, out);
         CUDA_TRY(cudaGetLastError());
         err = gemm(y, 0, x, w, NULL, n, out, in, 0, 1, 1.0f, st);
     } else {

@@ -11,6 +11,7 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
+#include "launch.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -109,6 +110,7 @@ static inline int grid_for(int64_t n, int threads) {
 // out[j] += sum over i < m of in[i*d + j], the rows summed by a fixed tree in one block per column: the
 // second stage of every deterministic weight-gradient reduction (per-chunk partials, then this).
 static __global__ void colsum_add_kernel(float *out, const float *in, int64_t m, int64_t d) {
+    pdl_wait();
     __shared__ double sh[32];
     for (int64_t j = blockIdx.x; j < d; j += gridDim.x) {
         double s = 0;
@@ -119,6 +121,7 @@ static __global__ void colsum_add_kernel(float *out, const float *in, int64_t m,
 }
 // many columns, few rows: one thread per column summing its rows in order (coalesced across the threads)
 static __global__ void colsum_add_wide_kernel(float *out, const float *in, int64_t m, int64_t d) {
+    pdl_wait();
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < d; j += (int64_t)gridDim.x * blockDim.x) {
         double s = 0;
         for (int64_t i = 0; i < m; i++) s += in[i * d + j];
@@ -129,10 +132,10 @@ static inline cudaError_t colsum_add(float *out, const float *in, int64_t m, int
     if (d <= 0) return cudaSuccess;
     if (d >= 8192 && m <= 128) {
         const int64_t blocks = (d + 255) / 256;
-        colsum_add_wide_kernel<<<(int)(blocks < 65535 ? blocks : 65535), 256, 0, st>>>(out, in, m, d);
+        kiln_launch(colsum_add_wide_kernel, (int)(blocks < 65535 ? blocks : 65535), 256, 0, st, out, in, m, d);
     } else {
         const int threads = m >= 256 ? 256 : m > 32 ? 128 : 32;
-        colsum_add_kernel<<<(int)(d < 65535 ? d : 65535), threads, 0, st>>>(out, in, m, d);
+        kiln_launch(colsum_add_kernel, (int)(d < 65535 ? d : 65535), threads, 0, st, out, in, m, d);
     }
     return cudaGetLastError();
 }
@@ -145,6 +148,7 @@ struct colsum_outs {
     float *p[8];
 };
 static __global__ void __launch_bounds__(256) colsum_multi_kernel(colsum_outs outs, const float *part, int64_t m, int64_t d) {
+    pdl_wait();
     __shared__ double sh[8][33];
     float *out = outs.p[blockIdx.y];
     if (!out) return; // the same for the whole block
@@ -170,7 +174,8 @@ static inline cudaError_t colsum_add_multi(float *const *outs, int np, const flo
     int any = 0;
     for (int i = 0; i < np && i < 8; i++) o.p[i] = outs[i], any |= outs[i] != NULL;
     if (d <= 0 || m <= 0 || !any) return cudaSuccess;
-    colsum_multi_kernel<<<dim3((unsigned)((d + 31) / 32), (unsigned)(np < 8 ? np : 8)), 256, 0, st>>>(o, part, m, d);
+    kiln_launch(colsum_multi_kernel, dim3((unsigned)((d + 31) / 32), (unsigned)(np < 8 ? np : 8)), 256, 0, st, o,
+                part, m, d);
     return cudaGetLastError();
 }
 

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -314,6 +315,7 @@ __device__ __forceinline__ void adamw_multi_body(const adamw_args &k) {
 }
 template <bool ZG, bool CS, bool GB, int U = 1>
 __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_args k) {
+    pdl_wait();
     adamw_multi_body<ZG, CS, GB, U, false>(k);
 }
 // Split weights, held to 64 registers (4 blocks an SM, as the f32 weights' kernel): left alone, ptxas gives the
@@ -321,6 +323,7 @@ __global__ void __launch_bounds__(AW_THREADS) adamw_multi_kernel(const adamw_arg
 // the f32 weights' 12.76 (session 25 r3); with the scalar path in the same kernel it spilled 84 and took 12.95 (r2).
 template <bool CS, int U, bool SPV>
 __global__ void __launch_bounds__(AW_THREADS, 4) adamw_split_kernel(const adamw_args k) {
+    pdl_wait();
     adamw_multi_body<false, CS, true, U, true, SPV>(k);
 }
 
@@ -439,6 +442,7 @@ __device__ __forceinline__ void aw_consume(const adamw_args &k, const aw_pos &q,
 }
 
 template <bool ZG, bool CS> __global__ void __launch_bounds__(AWS_THREADS) adamw_staged_kernel(const adamw_args k) {
+    pdl_wait();
     __shared__ float4 sm[AW_STAGES][4][AWS_THREADS]; // [stage][g, w, m, v][thread]: 24 KB
     uint64_t pol = 0;
     if constexpr (CS) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
@@ -527,13 +531,14 @@ kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, bool spv, cudaStr
                            "(KILN_SPLIT_MASTER=0 keeps them f32)");
     if (grid_kind == AW_STAGED) { // one kernel for both gradient types (a run-time flag: 62-64 registers either way)
         const int64_t r = adamw_resident(adamw_staged_kernel<ZG, CS>, AWS_THREADS, true, &res_staged);
-        adamw_staged_kernel<ZG, CS><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AWS_THREADS, 0, st>>>(k);
+        kiln_launch(adamw_staged_kernel<ZG, CS>, (unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AWS_THREADS, 0, st,
+                    k);
     } else {
         if constexpr (SP) {
             // the default (a block a chunk, no hints, every stream aligned): two groups a thread
             if constexpr (!CS)
                 if (grid_kind == AW_CHUNKS && spv) {
-                    adamw_split_kernel<CS, 2, true><<<(unsigned)k.nwork, AW_THREADS, 0, st>>>(k);
+                    kiln_launch(adamw_split_kernel<CS, 2, true>, (unsigned)k.nwork, AW_THREADS, 0, st, k);
                     LAUNCH_CHECK("adamw step");
                     return NULL;
                 }
@@ -542,19 +547,20 @@ kiln_error *adamw_launch_t(const adamw_args &k, int grid_kind, bool spv, cudaStr
                               : spv ? adamw_resident(adamw_split_kernel<CS, 1, true>, AW_THREADS, false, &res_vec)
                                     : adamw_resident(adamw_split_kernel<CS, 1, false>, AW_THREADS, false, &res_scalar);
             const unsigned grid = (unsigned)(r > 0 && r < k.nwork ? r : k.nwork);
-            if (spv) adamw_split_kernel<CS, 1, true><<<grid, AW_THREADS, 0, st>>>(k);
-            else adamw_split_kernel<CS, 1, false><<<grid, AW_THREADS, 0, st>>>(k);
+            if (spv) kiln_launch(adamw_split_kernel<CS, 1, true>, grid, AW_THREADS, 0, st, k);
+            else kiln_launch(adamw_split_kernel<CS, 1, false>, grid, AW_THREADS, 0, st, k);
         } else {
             const int64_t r =
                 grid_kind == AW_PERSISTENT ? adamw_resident(adamw_multi_kernel<ZG, CS, GB>, AW_THREADS, false, &res_direct) : 0;
             // the default (a block a chunk, no hints) over bf16 gradients: two groups a thread (adamw_chunk)
             if constexpr (GB && !ZG && !CS)
                 if (grid_kind == AW_CHUNKS) {
-                    adamw_multi_kernel<ZG, CS, GB, 2><<<(unsigned)k.nwork, AW_THREADS, 0, st>>>(k);
+                    kiln_launch(adamw_multi_kernel<ZG, CS, GB, 2>, (unsigned)k.nwork, AW_THREADS, 0, st, k);
                     LAUNCH_CHECK("adamw step");
                     return NULL;
                 }
-            adamw_multi_kernel<ZG, CS, GB><<<(unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0, st>>>(k);
+            kiln_launch(adamw_multi_kernel<ZG, CS, GB>, (unsigned)(r > 0 && r < k.nwork ? r : k.nwork), AW_THREADS, 0,
+                        st, k);
         }
     }
     LAUNCH_CHECK("adamw step");
@@ -732,6 +738,7 @@ namespace {
 // every write after it; no other block touches the chunk.
 template <bool TO_SPLIT>
 __global__ void __launch_bounds__(AW_THREADS) f32_split_kernel(float *w, unsigned short *hb, int64_t n) {
+    pdl_wait();
     constexpr int P = AW_CHUNK / (4 * AW_THREADS);
     const int64_t c0 = (int64_t)blockIdx.x * AW_CHUNK;
     const int len = (int)(n - c0 < AW_CHUNK ? n - c0 : AW_CHUNK);
@@ -761,8 +768,8 @@ template <bool TO_SPLIT> kiln_error *f32_split_launch(float *w, kiln_bf16 *w_bf1
         return kiln_errorf(KILN_EINVAL, "%s: the f32 weights must be 16-byte aligned and their bf16 copy 8-byte "
                            "aligned", what);
     if ((n + AW_CHUNK - 1) / AW_CHUNK > INT32_MAX) return kiln_errorf(KILN_EINVAL, "%s: %lld elements", what, (long long)n);
-    f32_split_kernel<TO_SPLIT><<<(unsigned)((n + AW_CHUNK - 1) / AW_CHUNK), AW_THREADS, 0, (cudaStream_t)stream>>>(
-        w, (unsigned short *)w_bf16, n);
+    kiln_launch(f32_split_kernel<TO_SPLIT>, (unsigned)((n + AW_CHUNK - 1) / AW_CHUNK), AW_THREADS, 0,
+                (cudaStream_t)stream, w, (unsigned short *)w_bf16, n);
     LAUNCH_CHECK(what);
 done:
     return err;
@@ -779,6 +786,7 @@ extern "C" kiln_error *kiln_f32_join_cuda(float *w, const kiln_bf16 *w_bf16, int
 
 // the gradient multiplied by gscale on the way in (f32, the rounding of the separate scale pass it replaces)
 static __global__ void muon_momentum_kernel(float *m, float *u, const float *g, int64_t n, float mu, float gscale) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float gi = __fmul_rn(g[i], gscale), mi = __fadd_rn(__fmul_rn(mu, m[i]), gi);
         m[i] = mi;
@@ -789,6 +797,7 @@ static __global__ void muon_momentum_kernel(float *m, float *u, const float *g, 
 #define NRM_CHUNK 65536
 // grid (chunks, mats): part[mat * chunks + chunk] = sum of squares over the chunk, in f64
 static __global__ void muon_sumsq_kernel(double *part, const float *u, int64_t mn, int64_t chunks) {
+    pdl_wait();
     __shared__ double sh[32];
     const int64_t mat = blockIdx.y, c = blockIdx.x, i0 = c * NRM_CHUNK, i1 = i0 + NRM_CHUNK < mn ? i0 + NRM_CHUNK : mn;
     const float *um = u + mat * mn;
@@ -799,6 +808,7 @@ static __global__ void muon_sumsq_kernel(double *part, const float *u, int64_t m
 }
 // one thread per matrix: inv = 1 / (|u|_F + 1e-7), the chunks summed in order
 static __global__ void muon_inv_kernel(float *inv, const double *part, int64_t mats, int64_t chunks) {
+    pdl_wait();
     const int64_t mat = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (mat >= mats) return;
     double s = 0;
@@ -806,6 +816,7 @@ static __global__ void muon_inv_kernel(float *inv, const double *part, int64_t m
     inv[mat] = (float)(1.0 / (sqrt(s) + 1e-7));
 }
 static __global__ void muon_scale_kernel(float *u, const float *inv, int64_t mn) {
+    pdl_wait();
     const float f = inv[blockIdx.y];
     float *um = u + blockIdx.y * mn;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < mn; i += (int64_t)gridDim.x * blockDim.x)
@@ -813,6 +824,7 @@ static __global__ void muon_scale_kernel(float *u, const float *inv, int64_t mn)
 }
 
 static __global__ void muon_update_kernel(float *w, const float *u, int64_t n, float wd, float lrs, bf16 *wb) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float wi = w[i];
         const float nw = __fsub_rn(__fsub_rn(wi, __fmul_rn(wd, wi)), __fmul_rn(lrs, u[i]));
@@ -846,8 +858,8 @@ extern "C" kiln_error *kiln_muon_momentum_scaled_cuda(float *state, float *u, co
                                                       const kiln_optim_hparams *hp, float gscale, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0) return NULL;
-    muon_momentum_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(state, u, g, n, (float)hp->muon_momentum,
-                                                                           gscale);
+    kiln_launch(muon_momentum_kernel, grid_for(n, 256), 256, 0, (cudaStream_t)stream, state, u, g, n,
+                (float)hp->muon_momentum, gscale);
     LAUNCH_CHECK("muon momentum");
 done:
     return err;
@@ -871,11 +883,11 @@ extern "C" kiln_error *kiln_muon_normalize_cuda(float *u, const kiln_opt_param *
     if (bx > 4096) bx = 4096;
     CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(mats * chunks) * sizeof(double), st));
     CUDA_TRY(kiln_ops_scratch((void **)&inv, (size_t)mats * sizeof(float), st));
-    muon_sumsq_kernel<<<dim3((unsigned)chunks, (unsigned)mats), 256, 0, st>>>(part, u, mn, chunks);
+    kiln_launch(muon_sumsq_kernel, dim3((unsigned)chunks, (unsigned)mats), 256, 0, st, part, u, mn, chunks);
     LAUNCH_CHECK("muon normalize (sums)");
-    muon_inv_kernel<<<(int)((mats + 127) / 128), 128, 0, st>>>(inv, part, mats, chunks);
+    kiln_launch(muon_inv_kernel, (int)((mats + 127) / 128), 128, 0, st, inv, part, mats, chunks);
     LAUNCH_CHECK("muon normalize (norms)");
-    muon_scale_kernel<<<dim3((unsigned)bx, (unsigned)mats), 256, 0, st>>>(u, inv, mn);
+    kiln_launch(muon_scale_kernel, dim3((unsigned)bx, (unsigned)mats), 256, 0, st, u, inv, mn);
     LAUNCH_CHECK("muon normalize (scale)");
 done:
     if (part) cudaFreeAsync(part, st);
@@ -891,7 +903,7 @@ extern "C" kiln_error *kiln_muon_update_cuda(float *w, const float *u, const kil
     const float wd = p->decay ? (float)(lr * hp->weight_decay) : 0.0f;
     const float lrs = (float)lr * scale; // the CPU's ((float)lr * scale) * u[i], left to right
     if (n <= 0) return NULL;
-    muon_update_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(w, u, n, wd, lrs, (bf16 *)w_bf16);
+    kiln_launch(muon_update_kernel, grid_for(n, 256), 256, 0, (cudaStream_t)stream, w, u, n, wd, lrs, (bf16 *)w_bf16);
     LAUNCH_CHECK("muon update");
 done:
     return err;

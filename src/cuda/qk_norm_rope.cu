@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 #define WARPS 4
 
@@ -98,6 +99,7 @@ template <bool NORM, bool ROPE, int V>
 static __global__ void qk_fwd_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
                                      int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
                                      int64_t pos0, float scale, float eps) {
+    pdl_wait();
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *sh = shm + w * dim, e[V];
@@ -121,6 +123,7 @@ template <bool NORM, bool ROPE, int V>
 static __global__ void qk_bwd_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp,
                                      const float *inv, const float *inv_freq, int64_t rows, int64_t t, int64_t heads,
                                      int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
+    pdl_wait();
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *sh = shm + w * dim, e[V];
@@ -168,6 +171,7 @@ template <bool NORM, bool ROPE, int V>
 static __global__ void qk_fwd_nv_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq,
                                         int64_t rows, int64_t t, int64_t heads, int64_t dim, int64_t rot_dim,
                                         int64_t pos0, float scale, float eps) {
+    pdl_wait();
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *shw = shm + w * QK_NV * dim;
@@ -192,6 +196,7 @@ template <bool NORM, bool ROPE, int V>
 static __global__ void qk_bwd_nv_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp,
                                         const float *inv, const float *inv_freq, int64_t rows, int64_t t, int64_t heads,
                                         int64_t dim, int64_t rot_dim, int64_t pos0, float scale, float eps) {
+    pdl_wait();
     extern __shared__ __align__(16) float shm[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float *shw = shm + w * 2 * QK_NV * dim, *shx = shw + QK_NV * dim;
@@ -267,6 +272,7 @@ template <bool NORM, bool ROPE, int E>
 static __global__ void __launch_bounds__(32 * WARPS)
     qk_fwd_g8_kernel(bf16 *y, float *inv, const bf16 *x, const float *temp, const float *inv_freq, int nvec, int t,
                      int heads, int half, int pos0, float scale, float eps) {
+    pdl_wait();
     extern __shared__ __align__(16) float shm[];
     constexpr int dim = 8 * E;
     const int lane = threadIdx.x & 31, l8 = lane & 7;
@@ -296,6 +302,7 @@ template <bool NORM, bool ROPE, int E>
 static __global__ void __launch_bounds__(32 * WARPS)
     qk_bwd_g8_kernel(bf16 *dx, float *dtp, const bf16 *dy, const bf16 *x, const float *temp, const float *inv,
                      const float *inv_freq, int nvec, int t, int heads, int half, int pos0, float scale, float eps) {
+    pdl_wait();
     extern __shared__ __align__(16) float shm[];
     constexpr int dim = 8 * E;
     const int lane = threadIdx.x & 31, l8 = lane & 7;
@@ -355,30 +362,29 @@ static kiln_error *qk_fwd(const char *op, bf16 *y, float *inv, const bf16 *x, co
         switch (dim / 32) {
 #define G8_FWD(X)                                                                                                     \
     case X:                                                                                                           \
-        qk_fwd_g8_kernel<NORM, ROPE, 4 * X><<<grid_for((nvec + 3) / 4, WARPS), 32 * WARPS, g8_smem(ROPE, dim),    \
-                                             (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, nvec,            \
-                                                                     (int)(t > 0 ? t : 1), (int)heads,           \
-                                                                     (int)(rot_dim / 2), (int)pos0, scale, eps); \
+        kiln_launch(qk_fwd_g8_kernel<NORM, ROPE, 4 * X>, grid_for((nvec + 3) / 4, WARPS), 32 * WARPS,                 \
+                    g8_smem(ROPE, dim), (cudaStream_t)stream, y, inv, x, temp, inv_freq, nvec,                        \
+                    (int)(t > 0 ? t : 1), (int)heads, (int)(rot_dim / 2), (int)pos0, scale, eps);                     \
         break;
             G8_DIMS(G8_FWD)
 #undef G8_FWD
         }
     } else if (qk_batch(dim) && dim % 4 == 0 && aligned8(y) && aligned8(x))
-        qk_fwd_nv_kernel<NORM, ROPE, 4><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
-                                          WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream>>>(
-            y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_fwd_nv_kernel<NORM, ROPE, 4>, grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                    WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream, y, inv, x, temp, inv_freq, rows,
+                    t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     else if (qk_batch(dim))
-        qk_fwd_nv_kernel<NORM, ROPE, 1><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
-                                          WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream>>>(
-            y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_fwd_nv_kernel<NORM, ROPE, 1>, grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                    WARPS * QK_NV * dim * sizeof(float), (cudaStream_t)stream, y, inv, x, temp, inv_freq, rows,
+                    t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     else if (dim % 4 == 0 && aligned8(y) && aligned8(x))
-        qk_fwd_kernel<NORM, ROPE, 4><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
-                                       (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads,
-                                                               dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_fwd_kernel<NORM, ROPE, 4>, grid_for(rows * heads, WARPS), 32 * WARPS,
+                    WARPS * dim * sizeof(float), (cudaStream_t)stream, y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1,
+                    heads, dim, rot_dim, pos0, scale, eps);
     else
-        qk_fwd_kernel<NORM, ROPE, 1><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float),
-                                       (cudaStream_t)stream>>>(y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1, heads,
-                                                               dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_fwd_kernel<NORM, ROPE, 1>, grid_for(rows * heads, WARPS), 32 * WARPS,
+                    WARPS * dim * sizeof(float), (cudaStream_t)stream, y, inv, x, temp, inv_freq, rows, t > 0 ? t : 1,
+                    heads, dim, rot_dim, pos0, scale, eps);
     LAUNCH_CHECK(op);
 done:
     return err;
@@ -399,27 +405,29 @@ static kiln_error *qk_bwd(const char *op, bf16 *dx, float *dt, const bf16 *dy, c
         switch (dim / 32) {
 #define G8_BWD(X)                                                                                                     \
     case X:                                                                                                           \
-        qk_bwd_g8_kernel<NORM, ROPE, 4 * X><<<grid_for((nvec + 3) / 4, WARPS), 32 * WARPS, g8_smem(ROPE, dim), st>>>( \
-            dx, dtp, dy, x, temp, inv, inv_freq, nvec, (int)(t > 0 ? t : 1), (int)heads, (int)(rot_dim / 2),           \
-            (int)pos0, scale, eps);                                                                                   \
+        kiln_launch(qk_bwd_g8_kernel<NORM, ROPE, 4 * X>, grid_for((nvec + 3) / 4, WARPS), 32 * WARPS,                 \
+                    g8_smem(ROPE, dim), st, dx, dtp, dy, x, temp, inv, inv_freq, nvec, (int)(t > 0 ? t : 1),          \
+                    (int)heads, (int)(rot_dim / 2), (int)pos0, scale, eps);                                           \
         break;
             G8_DIMS(G8_BWD)
 #undef G8_BWD
         }
     } else if (qk_batch(dim) && dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
-        qk_bwd_nv_kernel<NORM, ROPE, 4><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
-                                          WARPS * 2 * QK_NV * dim * sizeof(float), st>>>(
-            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_bwd_nv_kernel<NORM, ROPE, 4>, grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                    WARPS * 2 * QK_NV * dim * sizeof(float), st, dx, dtp, dy, x, temp, inv, inv_freq, rows,
+                    t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     else if (qk_batch(dim))
-        qk_bwd_nv_kernel<NORM, ROPE, 1><<<grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
-                                          WARPS * 2 * QK_NV * dim * sizeof(float), st>>>(
-            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_bwd_nv_kernel<NORM, ROPE, 1>, grid_for((rows * heads + QK_NV - 1) / QK_NV, WARPS), 32 * WARPS,
+                    WARPS * 2 * QK_NV * dim * sizeof(float), st, dx, dtp, dy, x, temp, inv, inv_freq, rows,
+                    t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
     else if (dim % 4 == 0 && aligned8(dx) && aligned8(dy) && aligned8(x))
-        qk_bwd_kernel<NORM, ROPE, 4><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
-            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_bwd_kernel<NORM, ROPE, 4>, grid_for(rows * heads, WARPS), 32 * WARPS,
+                    WARPS * dim * sizeof(float), st, dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads,
+                    dim, rot_dim, pos0, scale, eps);
     else
-        qk_bwd_kernel<NORM, ROPE, 1><<<grid_for(rows * heads, WARPS), 32 * WARPS, WARPS * dim * sizeof(float), st>>>(
-            dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads, dim, rot_dim, pos0, scale, eps);
+        kiln_launch(qk_bwd_kernel<NORM, ROPE, 1>, grid_for(rows * heads, WARPS), 32 * WARPS,
+                    WARPS * dim * sizeof(float), st, dx, dtp, dy, x, temp, inv, inv_freq, rows, t > 0 ? t : 1, heads,
+                    dim, rot_dim, pos0, scale, eps);
     LAUNCH_CHECK(op);
     if (dtp) CUDA_TRY(colsum_add(dt, dtp, rows, heads, st));
 done:

@@ -18,6 +18,7 @@
 // of 4 or unaligned rows) go through fwd_kernel, bwd_kernel and nj_bwd_kernel: the same arithmetic, one row in
 // flight per block.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 namespace rn {
 enum { MAXNV = 8, THREADS = 512, NPART = 7, PS = 3, PIPE_NV = 2 };
@@ -211,6 +212,7 @@ template <typename TA, int V, int NV>
 static __global__ void __launch_bounds__(THREADS)
     fwd_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
                const float *xb, const float *xs, const float *w, int64_t n, int d, float eps) {
+    pdl_wait();
     __shared__ float sh[32];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x)
         fwd_row<TA, V, NV>(y, ln, rstd, r, a + r * d, ab, as, x != NULL, x ? x + r * d : x, xb, xs, w, d, eps, sh);
@@ -222,6 +224,7 @@ static __global__ void __launch_bounds__(THREADS)
 template <int V, int NV>
 static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_bwd p, float *part, int64_t n, int d,
                                                              int64_t rows_per, int64_t chunks) {
+    pdl_wait();
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     const bf16 *dln = (const bf16 *)p.dln, *a = (const bf16 *)p.a;
@@ -259,6 +262,7 @@ static __global__ void __launch_bounds__(THREADS) bwd_kernel(kiln_residual_norm_
 template <int V, int NV>
 static __global__ void __launch_bounds__(THREADS) nj_bwd_kernel(kiln_norm_join_bwd p, float *part, int64_t n, int d,
                                                                 int64_t rows_per, int64_t chunks) {
+    pdl_wait();
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     const bf16 *dln = (const bf16 *)p.dln;
@@ -303,6 +307,7 @@ static __global__ void __launch_bounds__(THREADS, 3)
     fwd_pipe_kernel(float *y, bf16 *ln, float *rstd, const TA *a, const float *ab, const float *as, const float *x,
                     const float *xb, const float *xs, const float *w, int64_t n, int d, float eps, int stage,
                     const int32_t *slot = NULL, const float *gate = NULL) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char ring[];
     __shared__ float sh[32];
     const int64_t G = gridDim.x;
@@ -376,6 +381,7 @@ enum { DLN_BF16 = 0, DLN_F32 = 1, DLN_PAIR = 2 };
 template <int NV, int DM, int PS, int R>
 static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_norm_bwd p, float *part, int64_t n,
                                                                   int d, int64_t rows_per, int64_t chunks, int stage) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char ring[];
     __shared__ float sh[2 * R * 32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
@@ -474,6 +480,7 @@ static __global__ void __launch_bounds__(THREADS) bwd_pipe_kernel(kiln_residual_
 template <int NV, bool GA = false>
 static __global__ void __launch_bounds__(THREADS) nj_pipe_kernel(kiln_norm_join_bwd p, float *part, int64_t n, int d,
                                                                  int64_t rows_per, int64_t chunks, int stage) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char ring[];
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
@@ -565,30 +572,34 @@ static void launch_fwd(int nv, int grid, int threads, cudaStream_t st, float *y,
                        const float *ab, const float *as, const float *x, const float *xb, const float *xs,
                        const float *w, int64_t n, int d, float eps) {
     switch (nv) {
-    case 1: fwd_kernel<TA, V, 1><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
-    case 2: fwd_kernel<TA, V, 2><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
-    case 4: fwd_kernel<TA, V, 4><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
-    default: fwd_kernel<TA, V, MAXNV><<<grid, threads, 0, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps); break;
+    case 1: kiln_launch(fwd_kernel<TA, V, 1>, grid, threads, 0, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d,
+                        eps); break;
+    case 2: kiln_launch(fwd_kernel<TA, V, 2>, grid, threads, 0, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d,
+                        eps); break;
+    case 4: kiln_launch(fwd_kernel<TA, V, 4>, grid, threads, 0, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d,
+                        eps); break;
+    default: kiln_launch(fwd_kernel<TA, V, MAXNV>, grid, threads, 0, st, y, ln, rstd, a, ab, as, x, xb, xs, w, n, d,
+                         eps); break;
     }
 }
 template <int V>
 static void launch_nj(int nv, int grid, int threads, cudaStream_t st, const kiln_norm_join_bwd &p, float *part,
                       int64_t n, int d, int64_t rows_per, int64_t chunks) {
     switch (nv) {
-    case 1: nj_bwd_kernel<V, 1><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
-    case 2: nj_bwd_kernel<V, 2><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
-    case 4: nj_bwd_kernel<V, 4><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
-    default: nj_bwd_kernel<V, MAXNV><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    case 1: kiln_launch(nj_bwd_kernel<V, 1>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
+    case 2: kiln_launch(nj_bwd_kernel<V, 2>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
+    case 4: kiln_launch(nj_bwd_kernel<V, 4>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
+    default: kiln_launch(nj_bwd_kernel<V, MAXNV>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
     }
 }
 template <int V>
 static void launch_bwd(int nv, int grid, int threads, cudaStream_t st, const kiln_residual_norm_bwd &p, float *part,
                        int64_t n, int d, int64_t rows_per, int64_t chunks) {
     switch (nv) {
-    case 1: bwd_kernel<V, 1><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
-    case 2: bwd_kernel<V, 2><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
-    case 4: bwd_kernel<V, 4><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
-    default: bwd_kernel<V, MAXNV><<<grid, threads, 0, st>>>(p, part, n, d, rows_per, chunks); break;
+    case 1: kiln_launch(bwd_kernel<V, 1>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
+    case 2: kiln_launch(bwd_kernel<V, 2>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
+    case 4: kiln_launch(bwd_kernel<V, 4>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
+    default: kiln_launch(bwd_kernel<V, MAXNV>, grid, threads, 0, st, p, part, n, d, rows_per, chunks); break;
     }
 }
 
@@ -603,8 +614,8 @@ static cudaError_t fwd_pipe_nv(int threads, cudaStream_t st, float *y, bf16 *ln,
     auto kern = fwd_pipe_kernel<TA, NV, GA>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
-    kern<<<resident_grid(kern, threads, smem, n), threads, smem, st>>>(y, ln, rstd, a, ab, as, x, xb, xs, w, n, d, eps,
-                                                                       stage, slot, gate);
+    kiln_launch(kern, resident_grid(kern, threads, smem, n), threads, smem, st, y, ln, rstd, a, ab, as, x, xb, xs, w,
+                n, d, eps, stage, slot, gate);
     return cudaGetLastError();
 }
 template <typename TA, bool GA = false>
@@ -622,7 +633,7 @@ static cudaError_t bwd_pipe_s(int threads, cudaStream_t st, const kiln_residual_
     auto kern = bwd_pipe_kernel<NV, DM, S, R>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
-    kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
+    kiln_launch(kern, (int)chunks, threads, smem, st, p, part, n, d, rows_per, chunks, stage);
     return cudaGetLastError();
 }
 // The backward's ring: two rows a step in PS2 stages where one unit a thread leaves the registers for it (NV 2
@@ -655,7 +666,7 @@ static cudaError_t nj_pipe_nv(int threads, cudaStream_t st, const kiln_norm_join
     auto kern = nj_pipe_kernel<NV, GA>;
     cudaError_t e = allow_smem(kern, smem);
     if (e != cudaSuccess) return e;
-    kern<<<(int)chunks, threads, smem, st>>>(p, part, n, d, rows_per, chunks, stage);
+    kiln_launch(kern, (int)chunks, threads, smem, st, p, part, n, d, rows_per, chunks, stage);
     return cudaGetLastError();
 }
 // chunks of rows for the pipelined backward: ~264 (two per SM of an H200; a fixed count, so that the weight

@@ -4,11 +4,13 @@
 // accesses) keep the row and the partials in registers (rmsnorm_bwd_reg_kernel); wider or unaligned ones
 // go through memory.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 // V = 4: rows walked in 16-byte (f32) / 8-byte (bf16) accesses (d % 4 == 0, aligned rows)
 template <typename TX, int V>
 static __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const TX *x, const float *w, int64_t n, int64_t d,
                                           float eps) {
+    pdl_wait();
     __shared__ float sh[32];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const TX *xr = x + r * d;
@@ -34,6 +36,7 @@ static __global__ void rmsnorm_fwd_kernel(bf16 *y, float *rstd, const TX *x, con
 template <typename TX, typename TDX, int V>
 static __global__ void rmsnorm_bwd_kernel(TDX *dx, float *dwp, const bf16 *dy, const TX *x, const float *w,
                                           const float *rstd, int64_t n, int64_t d, int64_t rows_per) {
+    pdl_wait();
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     float *part = dwp ? dwp + blockIdx.x * d : NULL;
@@ -85,6 +88,7 @@ template <typename TX, typename TDX, int V, int NV>
 static __global__ void __launch_bounds__(512)
     rmsnorm_bwd_reg_kernel(TDX *dx, float *dwp, const bf16 *dy, const TX *x, const float *w, const float *rstd,
                            int64_t n, int d, int64_t rows_per) {
+    pdl_wait();
     __shared__ float sh[32];
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
     float pw[NV][V], wv[NV][V];
@@ -144,6 +148,7 @@ enum { NARROW_MAX = 512 };
 template <int U>
 static __global__ void __launch_bounds__(256)
     rmsnorm_fwd_warp_kernel(bf16 *y, float *rstd, const bf16 *x, const float *w, int64_t n, int d, float eps) {
+    pdl_wait();
     const int lane = threadIdx.x & 31, nu = d / 4;
     const int64_t step = (int64_t)gridDim.x * 8;
     for (int64_t r = blockIdx.x * (int64_t)8 + (threadIdx.x >> 5); r < n; r += step) {
@@ -177,6 +182,7 @@ template <int U>
 static __global__ void __launch_bounds__(256)
     rmsnorm_bwd_warp_kernel(bf16 *dx, float *dwp, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                             int64_t n, int d, int64_t rows_per) {
+    pdl_wait();
     __shared__ float sp[8][NARROW_MAX];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nu = d / 4;
     const int64_t r0 = blockIdx.x * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
@@ -247,13 +253,18 @@ static kiln_error *rmsnorm_fwd(bf16 *y, float *rstd, const TX *x, const float *w
     if (U) {
         const int g8 = (int)((n + 7) / 8 < 1048576 ? (n + 7) / 8 : 1048576);
         const bf16 *xb = (const bf16 *)x;
-        if (U == 1) rmsnorm_fwd_warp_kernel<1><<<g8, 256, 0, (cudaStream_t)stream>>>(y, rstd, xb, w, n, (int)d, eps);
-        else if (U == 2) rmsnorm_fwd_warp_kernel<2><<<g8, 256, 0, (cudaStream_t)stream>>>(y, rstd, xb, w, n, (int)d, eps);
-        else rmsnorm_fwd_warp_kernel<4><<<g8, 256, 0, (cudaStream_t)stream>>>(y, rstd, xb, w, n, (int)d, eps);
+        if (U == 1) kiln_launch(rmsnorm_fwd_warp_kernel<1>, g8, 256, 0, (cudaStream_t)stream, y, rstd, xb, w, n,
+                                (int)d, eps);
+        else if (U == 2) kiln_launch(rmsnorm_fwd_warp_kernel<2>, g8, 256, 0, (cudaStream_t)stream, y, rstd, xb, w, n,
+                                     (int)d, eps);
+        else kiln_launch(rmsnorm_fwd_warp_kernel<4>, g8, 256, 0, (cudaStream_t)stream, y, rstd, xb, w, n, (int)d,
+                         eps);
     } else if (d % 4 == 0 && aligned16(y) && aligned16(x) && aligned16(w))
-        rmsnorm_fwd_kernel<TX, 4><<<grid, threads_for_row(d / 4), 0, (cudaStream_t)stream>>>(y, rstd, x, w, n, d, eps);
+        kiln_launch(rmsnorm_fwd_kernel<TX, 4>, grid, threads_for_row(d / 4), 0, (cudaStream_t)stream, y, rstd, x, w,
+                    n, d, eps);
     else
-        rmsnorm_fwd_kernel<TX, 1><<<grid, threads_for_row(d), 0, (cudaStream_t)stream>>>(y, rstd, x, w, n, d, eps);
+        kiln_launch(rmsnorm_fwd_kernel<TX, 1>, grid, threads_for_row(d), 0, (cudaStream_t)stream, y, rstd, x, w, n, d,
+                    eps);
     LAUNCH_CHECK("rmsnorm forward");
 done:
     return err;
@@ -280,9 +291,12 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
         bf16 *dxb = (bf16 *)dx;
         const bf16 *xb = (const bf16 *)x;
         if (dw) CUDA_TRY(kiln_ops_scratch((void **)&part, (size_t)(nc * d) * sizeof(float), st));
-        if (U == 1) rmsnorm_bwd_warp_kernel<1><<<(int)nc, 256, 0, st>>>(dxb, part, (const bf16 *)dy, xb, w, rstd, n, (int)d, rp);
-        else if (U == 2) rmsnorm_bwd_warp_kernel<2><<<(int)nc, 256, 0, st>>>(dxb, part, (const bf16 *)dy, xb, w, rstd, n, (int)d, rp);
-        else rmsnorm_bwd_warp_kernel<4><<<(int)nc, 256, 0, st>>>(dxb, part, (const bf16 *)dy, xb, w, rstd, n, (int)d, rp);
+        if (U == 1) kiln_launch(rmsnorm_bwd_warp_kernel<1>, (int)nc, 256, 0, st, dxb, part, (const bf16 *)dy, xb, w,
+                                rstd, n, (int)d, rp);
+        else if (U == 2) kiln_launch(rmsnorm_bwd_warp_kernel<2>, (int)nc, 256, 0, st, dxb, part, (const bf16 *)dy, xb,
+                                     w, rstd, n, (int)d, rp);
+        else kiln_launch(rmsnorm_bwd_warp_kernel<4>, (int)nc, 256, 0, st, dxb, part, (const bf16 *)dy, xb, w, rstd, n,
+                         (int)d, rp);
         LAUNCH_CHECK("rmsnorm backward");
         if (dw) CUDA_TRY(colsum_add_multi(&dw, 1, part, nc, d, st));
         goto done;
@@ -291,17 +305,20 @@ static kiln_error *rmsnorm_bwd(TDX *dx, float *dw, const bf16 *dy, const TX *x, 
     if (vec && nv <= 4) { // registers hold the row: the common widths
         const int di = (int)d;
         if (nv == 1)
-            rmsnorm_bwd_reg_kernel<TX, TDX, 4, 1><<<(int)chunks, threads, 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n, di, rows_per);
+            kiln_launch(rmsnorm_bwd_reg_kernel<TX, TDX, 4, 1>, (int)chunks, threads, 0, st, dx, part,
+                        (const bf16 *)dy, x, w, rstd, n, di, rows_per);
         else if (nv == 2)
-            rmsnorm_bwd_reg_kernel<TX, TDX, 4, 2><<<(int)chunks, threads, 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n, di, rows_per);
+            kiln_launch(rmsnorm_bwd_reg_kernel<TX, TDX, 4, 2>, (int)chunks, threads, 0, st, dx, part,
+                        (const bf16 *)dy, x, w, rstd, n, di, rows_per);
         else
-            rmsnorm_bwd_reg_kernel<TX, TDX, 4, 4><<<(int)chunks, threads, 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd, n, di, rows_per);
+            kiln_launch(rmsnorm_bwd_reg_kernel<TX, TDX, 4, 4>, (int)chunks, threads, 0, st, dx, part,
+                        (const bf16 *)dy, x, w, rstd, n, di, rows_per);
     } else if (vec)
-        rmsnorm_bwd_kernel<TX, TDX, 4><<<(int)chunks, threads_for_row(d / 4), 0, st>>>(dx, part, (const bf16 *)dy, x, w,
-                                                                                     rstd, n, d, rows_per);
+        kiln_launch(rmsnorm_bwd_kernel<TX, TDX, 4>, (int)chunks, threads_for_row(d / 4), 0, st, dx, part,
+                    (const bf16 *)dy, x, w, rstd, n, d, rows_per);
     else
-        rmsnorm_bwd_kernel<TX, TDX, 1><<<(int)chunks, threads_for_row(d), 0, st>>>(dx, part, (const bf16 *)dy, x, w, rstd,
-                                                                                 n, d, rows_per);
+        kiln_launch(rmsnorm_bwd_kernel<TX, TDX, 1>, (int)chunks, threads_for_row(d), 0, st, dx, part,
+                    (const bf16 *)dy, x, w, rstd, n, d, rows_per);
     LAUNCH_CHECK("rmsnorm backward");
     if (dw) CUDA_TRY(colsum_add(dw, part, chunks, d, st));
 done:

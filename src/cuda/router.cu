@@ -7,6 +7,7 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
+#include "launch.cuh"
 
 namespace {
 
@@ -16,6 +17,7 @@ __device__ __forceinline__ int bin_of(int32_t c, int32_t E) { return c >= 0 && c
 
 // cnt[bin * nblk + blk] for bins 0..E+1 (E = skip, E+1 = out of range)
 __global__ void hist_kernel(int32_t *cnt, const int32_t *choice, int64_t S, int32_t E, int nblk) {
+    pdl_wait();
     extern __shared__ int32_t h[];
     for (int i = threadIdx.x; i < E + 2; i += blockDim.x) h[i] = 0;
     __syncthreads();
@@ -28,6 +30,7 @@ __global__ void hist_kernel(int32_t *cnt, const int32_t *choice, int64_t S, int3
 // One block: per-bin totals, an exclusive scan over the experts (bins 0..E-1), then every (expert, chunk)
 // count is replaced by that chunk's first slot. exp_off[E] = routed slots, exp_off[E+1] = bad choices.
 __global__ void scan_kernel(int32_t *cnt, int32_t *exp_off, int32_t E, int nblk) {
+    pdl_wait();
     extern __shared__ int32_t tot[];
     for (int e = threadIdx.x; e < E + 2; e += blockDim.x) {
         int32_t t = 0;
@@ -59,6 +62,7 @@ __global__ void scan_kernel(int32_t *cnt, int32_t *exp_off, int32_t E, int nblk)
 
 __global__ void scatter_kernel(int32_t *slot_tok, int32_t *slot_k, int32_t *tok_slot, const int32_t *cnt,
                                const int32_t *choice, int64_t S, int32_t E, int32_t top, int nblk) {
+    pdl_wait();
     extern __shared__ int32_t base[];
     const int lane = threadIdx.x;
     for (int e = lane; e < E; e += 32) base[e] = cnt[(int64_t)e * nblk + blockIdx.x];
@@ -92,6 +96,7 @@ __global__ void scatter_kernel(int32_t *slot_tok, int32_t *slot_k, int32_t *tok_
 enum { TOPK_WARPS = 8, TOPK_MAX_PER_LANE = 32 };
 __global__ void topk_kernel(int32_t *choice, float *gate, const float *probs, const float *bias, int64_t n, int e1,
                             int top) {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t t = (int64_t)blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
     if (t >= n) return; // whole warps leave together: t is the same for every lane of a warp
@@ -120,6 +125,7 @@ __global__ void topk_kernel(int32_t *choice, float *gate, const float *probs, co
 // dprobs[t, choice] += dgate: a token's choices are distinct, so no two threads touch one element
 __global__ void gate_bwd_kernel(float *dprobs, const float *dgate, const int32_t *choice, int64_t n, int64_t e1,
                                 int64_t top) {
+    pdl_wait();
     const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (i >= n * top) return;
     const int32_t e = choice[i];
@@ -135,8 +141,8 @@ extern "C" kiln_error *kiln_route_topk_cuda(int32_t *choice, float *gate, const 
         return kiln_errorf(KILN_EINVAL, "route top-k: n=%lld classes=%lld top_k=%lld (need 2..%d classes, top_k in "
                            "1..classes)", (long long)n, (long long)e1, (long long)top, 32 * TOPK_MAX_PER_LANE);
     if (!n) return NULL;
-    topk_kernel<<<(unsigned)((n + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, 0, (cudaStream_t)stream>>>(
-        choice, gate, probs, bias, n, (int)e1, (int)top);
+    kiln_launch(topk_kernel, (unsigned)((n + TOPK_WARPS - 1) / TOPK_WARPS), 32 * TOPK_WARPS, 0, (cudaStream_t)stream,
+                choice, gate, probs, bias, n, (int)e1, (int)top);
     CUDA_TRY(cudaGetLastError());
 done:
     return err ? kiln_error_wrap(err, "route top-k") : NULL;
@@ -149,8 +155,8 @@ extern "C" kiln_error *kiln_route_gate_backward_cuda(float *dprobs, const float 
         return kiln_errorf(KILN_EINVAL, "route gate backward: n=%lld classes=%lld top_k=%lld", (long long)n,
                            (long long)e1, (long long)top);
     if (!n) return NULL;
-    gate_bwd_kernel<<<(unsigned)((n * top + 255) / 256), 256, 0, (cudaStream_t)stream>>>(dprobs, dgate, choice, n, e1,
-                                                                                         top);
+    kiln_launch(gate_bwd_kernel, (unsigned)((n * top + 255) / 256), 256, 0, (cudaStream_t)stream, dprobs, dgate,
+                choice, n, e1, top);
     CUDA_TRY(cudaGetLastError());
 done:
     return err ? kiln_error_wrap(err, "route gate backward") : NULL;
@@ -172,12 +178,12 @@ extern "C" kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *st
         goto done;
     }
     CUDA_TRY(cudaMallocAsync((void **)&cnt, (size_t)(E + 2) * nblk * sizeof(int32_t), st));
-    hist_kernel<<<nblk, 256, sh, st>>>(cnt, x->choice, S, E, nblk);
+    kiln_launch(hist_kernel, nblk, 256, sh, st, cnt, x->choice, S, E, nblk);
     CUDA_TRY(cudaGetLastError());
-    scan_kernel<<<1, 256, sh, st>>>(cnt, x->exp_off, E, nblk);
+    kiln_launch(scan_kernel, 1, 256, sh, st, cnt, x->exp_off, E, nblk);
     CUDA_TRY(cudaGetLastError());
-    scatter_kernel<<<nblk, 32, sh, st>>>(x->slot_tok, x->slot_k, x->tok_slot, cnt, x->choice, S, E, (int32_t)x->top,
-                                         nblk);
+    kiln_launch(scatter_kernel, nblk, 32, sh, st, x->slot_tok, x->slot_k, x->tok_slot, cnt, x->choice, S, E,
+                (int32_t)x->top, nblk);
     CUDA_TRY(cudaGetLastError());
 done:
     if (cnt) cudaFreeAsync(cnt, st);

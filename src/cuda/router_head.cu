@@ -14,6 +14,7 @@
 // shared-memory bandwidth, 1.1 MB a tile.
 #include "mma_bf16.cuh"
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -54,6 +55,7 @@ __device__ __forceinline__ void lds8f(const float *p, float *o) {
 // softmax of softmax_fwd_kernel
 __global__ void __launch_bounds__(RH_THREADS) rh_fwd_kernel(float *logits, float *probs, const bf16 *a, const bf16 *w,
                                                             int64_t n, int r, int e) {
+    pdl_wait();
     extern __shared__ __align__(16) unsigned char rh_sm[];
     bf16 *as = (bf16 *)rh_sm;
     float *ws = (float *)(rh_sm + (size_t)RH_T * (r + 8) * 2), *lg = ws + e * r;
@@ -116,6 +118,7 @@ bool fast_shape(int64_t r, int64_t e, const void *a, const void *w) {
 // of convert.cu: the same bits as those ops
 __global__ void rh_dlogit_kernel(bf16 *dl, const float *dgate, const int32_t *choice, const float *y, int64_t n, int e,
                                  int top) {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); t < n; t += warps) {
@@ -154,7 +157,8 @@ extern "C" kiln_error *kiln_router_head_dlogits_cuda(kiln_bf16 *dlogits, const f
             err = kiln_f32_to_bf16_cuda(dlogits, scratch + n * e, n * e, stream);
         goto done;
     }
-    rh_dlogit_kernel<<<grid_for(n, 8), 256, 0, st>>>((bf16 *)dlogits, dgate, choice, probs, n, (int)e, (int)top);
+    kiln_launch(rh_dlogit_kernel, grid_for(n, 8), 256, 0, st, (bf16 *)dlogits, dgate, choice, probs, n, (int)e,
+                (int)top);
     LAUNCH_CHECK("router head dlogits");
 done:
     if (scratch) cudaFreeAsync(scratch, st);
@@ -182,8 +186,8 @@ extern "C" kiln_error *kiln_router_head_forward_cuda(float *logits, float *probs
         goto done;
     }
     {
-        rh_fwd_kernel<<<(unsigned)((n + RH_T - 1) / RH_T), RH_THREADS, rh_smem(r, e), st>>>(
-            logits, probs, (const bf16 *)a, (const bf16 *)w, n, (int)r, (int)e);
+        kiln_launch(rh_fwd_kernel, (unsigned)((n + RH_T - 1) / RH_T), RH_THREADS, rh_smem(r, e), st, logits, probs,
+                    (const bf16 *)a, (const bf16 *)w, n, (int)r, (int)e);
         LAUNCH_CHECK("router head forward");
     }
 done:

@@ -1,11 +1,13 @@
 // ZAYA's residual scaling y = (x + b) * s on the device, f32. The backward gives each block a tile of
 // columns and a chunk of rows: dx directly, db/ds as per-chunk partials summed in a fixed order.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 // a row per block iteration, channels across the threads (no division per element); V = 4: 16-byte accesses
 template <int V>
 static __global__ void scale_shift_fwd_kernel(float *y, const float *x, const float *b, const float *s, int64_t n,
                                               int64_t d, int accumulate) {
+    pdl_wait();
     float xv[V], bv[V], sv[V], yv[V];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         for (int64_t j = threadIdx.x * V; j < d; j += blockDim.x * V) {
@@ -27,6 +29,7 @@ template <int V>
 static __global__ void scale_shift_bwd_kernel(float *dx, float *dbp, float *dsp, const float *dy, const float *x,
                                               const float *b, const float *s, int64_t n, int64_t d, int64_t rows_per,
                                               int write) {
+    pdl_wait();
     const int64_t j = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V;
     if (j >= d) return;
     const int64_t r0 = blockIdx.y * rows_per, r1 = r0 + rows_per < n ? r0 + rows_per : n;
@@ -67,11 +70,11 @@ extern "C" kiln_error *kiln_scale_shift_forward_cuda(float *y, const float *x, c
     if (n <= 0 || d <= 0) return NULL;
     const int grid = (int)(n < 65535 ? n : 65535);
     if (d % 4 == 0 && aligned16(y) && aligned16(x) && aligned16(b) && aligned16(s))
-        scale_shift_fwd_kernel<4><<<grid, d >= 2048 ? 256 : d >= 512 ? 128 : 32, 0, (cudaStream_t)stream>>>(
-            y, x, b, s, n, d, accumulate);
+        kiln_launch(scale_shift_fwd_kernel<4>, grid, d >= 2048 ? 256 : d >= 512 ? 128 : 32, 0, (cudaStream_t)stream,
+                    y, x, b, s, n, d, accumulate);
     else
-        scale_shift_fwd_kernel<1><<<grid, d >= 1024 ? 256 : d >= 256 ? 128 : 64, 0, (cudaStream_t)stream>>>(
-            y, x, b, s, n, d, accumulate);
+        kiln_launch(scale_shift_fwd_kernel<1>, grid, d >= 1024 ? 256 : d >= 256 ? 128 : 64, 0, (cudaStream_t)stream,
+                    y, x, b, s, n, d, accumulate);
     LAUNCH_CHECK("scale_shift forward");
 done:
     return err;
@@ -93,11 +96,11 @@ static kiln_error *scale_shift_bwd(float *dx, float *db, float *ds, const float 
     if (db) CUDA_TRY(kiln_ops_scratch((void **)&dbp, (size_t)(chunks * d) * sizeof(float), st));
     if (ds) CUDA_TRY(kiln_ops_scratch((void **)&dsp, (size_t)(chunks * d) * sizeof(float), st));
     if (vec)
-        scale_shift_bwd_kernel<4><<<dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st>>>(dx, dbp, dsp, dy, x, b, s,
-                                                                                               n, d, rows_per, write);
+        kiln_launch(scale_shift_bwd_kernel<4>, dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st, dx, dbp, dsp,
+                    dy, x, b, s, n, d, rows_per, write);
     else
-        scale_shift_bwd_kernel<1><<<dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st>>>(dx, dbp, dsp, dy, x, b, s,
-                                                                                               n, d, rows_per, write);
+        kiln_launch(scale_shift_bwd_kernel<1>, dim3((unsigned)tiles, (unsigned)chunks), threads, 0, st, dx, dbp, dsp,
+                    dy, x, b, s, n, d, rows_per, write);
     LAUNCH_CHECK("scale_shift backward");
     if (db) CUDA_TRY(colsum_add(db, dbp, chunks, d, st));
     if (ds) CUDA_TRY(colsum_add(ds, dsp, chunks, d, st));

@@ -1,7 +1,9 @@
 // Row softmax on the device (the router's probabilities, rows of E+1 classes): one warp per row, f32.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 static __global__ void softmax_fwd_kernel(float *y, const float *x, int64_t n, int64_t d) {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < n; r += warps) {
@@ -17,6 +19,7 @@ static __global__ void softmax_fwd_kernel(float *y, const float *x, int64_t n, i
     }
 }
 static __global__ void softmax_bwd_kernel(float *dx, const float *dy, const float *y, int64_t n, int64_t d) {
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t r = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < n; r += warps) {
@@ -30,7 +33,7 @@ static __global__ void softmax_bwd_kernel(float *dx, const float *dy, const floa
 extern "C" kiln_error *kiln_softmax_forward_cuda(float *y, const float *x, int64_t n, int64_t d, void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    softmax_fwd_kernel<<<grid_for(n, 8), 256, 0, (cudaStream_t)stream>>>(y, x, n, d);
+    kiln_launch(softmax_fwd_kernel, grid_for(n, 8), 256, 0, (cudaStream_t)stream, y, x, n, d);
     LAUNCH_CHECK("softmax forward");
 done:
     return err;
@@ -39,7 +42,7 @@ extern "C" kiln_error *kiln_softmax_backward_cuda(float *dx, const float *dy, co
                                                   void *stream) {
     kiln_error *err = NULL;
     if (n <= 0 || d <= 0) return NULL;
-    softmax_bwd_kernel<<<grid_for(n, 8), 256, 0, (cudaStream_t)stream>>>(dx, dy, y, n, d);
+    kiln_launch(softmax_bwd_kernel, grid_for(n, 8), 256, 0, (cudaStream_t)stream, dx, dy, y, n, d);
     LAUNCH_CHECK("softmax backward");
 done:
     return err;

@@ -3,9 +3,11 @@
 // cache. Backward: the delayed half's gradient moves one step back; token 0's goes to the bias, summed over
 // the sequences in order (one thread per channel: deterministic, the CPU's order).
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 static __global__ void vshift_fwd_kernel(bf16 *v, const bf16 *vc, const bf16 *vd, const float *bvd, int64_t B, int64_t T,
                                          int64_t Kh, int64_t ld) {
+    pdl_wait();
     const int64_t total = B * T * Kh;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bt = e / Kh, j = e % Kh, t = bt % T;
@@ -16,6 +18,7 @@ static __global__ void vshift_fwd_kernel(bf16 *v, const bf16 *vc, const bf16 *vd
 
 static __global__ void vshift_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh,
                                          int64_t ld) {
+    pdl_wait();
     const int64_t total = B * T * Kh;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bt = e / Kh, j = e % Kh, t = bt % T;
@@ -28,6 +31,7 @@ static __global__ void vshift_bwd_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, i
 // projections: Kh = 128, rows 1536 apart): a thread per element took 16 us a layer each way at issue [cuda]'s shape
 static __global__ void vshift_fwd8_kernel(bf16 *v, const bf16 *vc, const bf16 *vd, const float *bvd, int64_t B,
                                           int64_t T, int64_t Kh, int64_t ld) {
+    pdl_wait();
     const int64_t k8 = Kh / 8, total = B * T * k8;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bt = e / k8, j = (e - bt * k8) * 8, t = bt % T;
@@ -46,6 +50,7 @@ static __global__ void vshift_fwd8_kernel(bf16 *v, const bf16 *vc, const bf16 *v
 
 static __global__ void vshift_bwd8_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh,
                                           int64_t ld) {
+    pdl_wait();
     const int64_t k8 = Kh / 8, total = B * T * k8;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bt = e / k8, j = (e - bt * k8) * 8, t = bt % T;
@@ -57,6 +62,7 @@ static __global__ void vshift_bwd8_kernel(bf16 *dvc, bf16 *dvd, const bf16 *dv, 
 }
 
 static __global__ void vshift_bias_kernel(float *dbvd, const bf16 *dv, int64_t B, int64_t T, int64_t Kh) {
+    pdl_wait();
     const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (j >= Kh) return;
     float acc = dbvd[j];
@@ -74,11 +80,11 @@ extern "C" kiln_error *kiln_value_shift_forward_cuda(kiln_bf16 *v, const kiln_bf
         return kiln_errorf(KILN_EINVAL, "value_shift forward: row stride %lld < %lld channels", (long long)ld,
                            (long long)Kh);
     if (Kh % 8 == 0 && ld % 8 == 0 && aligned16(v) && aligned16(vc) && aligned16(vd))
-        vshift_fwd8_kernel<<<grid_for(B * T * Kh / 8, 256), 256, 0, (cudaStream_t)stream>>>(
-            (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh, ld);
+        kiln_launch(vshift_fwd8_kernel, grid_for(B * T * Kh / 8, 256), 256, 0, (cudaStream_t)stream, (bf16 *)v,
+                    (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh, ld);
     else
-        vshift_fwd_kernel<<<grid_for(B * T * Kh, 256), 256, 0, (cudaStream_t)stream>>>(
-            (bf16 *)v, (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh, ld);
+        kiln_launch(vshift_fwd_kernel, grid_for(B * T * Kh, 256), 256, 0, (cudaStream_t)stream, (bf16 *)v,
+                    (const bf16 *)vc, (const bf16 *)vd, bvd, B, T, Kh, ld);
     LAUNCH_CHECK("value_shift forward");
 done:
     return err;
@@ -95,15 +101,15 @@ extern "C" kiln_error *kiln_value_shift_backward_cuda(kiln_bf16 *dvc, kiln_bf16 
                            (long long)Kh);
     if (dvc || dvd) {
         if (Kh % 8 == 0 && ld % 8 == 0 && aligned16(dv) && aligned16(dvc) && aligned16(dvd))
-            vshift_bwd8_kernel<<<grid_for(B * T * Kh / 8, 256), 256, 0, st>>>((bf16 *)dvc, (bf16 *)dvd,
-                                                                              (const bf16 *)dv, B, T, Kh, ld);
+            kiln_launch(vshift_bwd8_kernel, grid_for(B * T * Kh / 8, 256), 256, 0, st, (bf16 *)dvc, (bf16 *)dvd,
+                        (const bf16 *)dv, B, T, Kh, ld);
         else
-            vshift_bwd_kernel<<<grid_for(B * T * Kh, 256), 256, 0, st>>>((bf16 *)dvc, (bf16 *)dvd, (const bf16 *)dv, B,
-                                                                         T, Kh, ld);
+            kiln_launch(vshift_bwd_kernel, grid_for(B * T * Kh, 256), 256, 0, st, (bf16 *)dvc, (bf16 *)dvd,
+                        (const bf16 *)dv, B, T, Kh, ld);
         LAUNCH_CHECK("value_shift backward");
     }
     if (dbvd) {
-        vshift_bias_kernel<<<(int)((Kh + 127) / 128), 128, 0, st>>>(dbvd, (const bf16 *)dv, B, T, Kh);
+        kiln_launch(vshift_bias_kernel, (int)((Kh + 127) / 128), 128, 0, st, dbvd, (const bf16 *)dv, B, T, Kh);
         LAUNCH_CHECK("value_shift backward (bias)");
     }
 done:

@@ -6,9 +6,11 @@
 // activations, one rounding per output. Column sums over tokens (weight gradients) go through the fixed
 // order colsum_add of ops_common.cuh, never float atomics.
 #include "ops_common.cuh"
+#include "launch.cuh"
 
 // ---- q|k packing: qk [N, Q+K] = q [N,Q] | k [N,K] (also the convolution's dy from dqpre|dkpre) ----
 static __global__ void pack2_kernel(bf16 *qk, const bf16 *q, const bf16 *k, int64_t N, int64_t Q, int64_t K) {
+    pdl_wait();
     const int64_t C = Q + K;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * C; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t n = i / C, c = i % C;
@@ -19,8 +21,8 @@ extern "C" kiln_error *kiln_zaya_pack_qk_cuda(kiln_bf16 *qk, const kiln_bf16 *q,
                                               int64_t Q, int64_t K, void *stream) {
     kiln_error *err = NULL;
     if (N * (Q + K) > 0)
-        pack2_kernel<<<grid_for(N * (Q + K), 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)qk, (const bf16 *)q,
-                                                                                    (const bf16 *)k, N, Q, K);
+        kiln_launch(pack2_kernel, grid_for(N * (Q + K), 256), 256, 0, (cudaStream_t)stream, (bf16 *)qk,
+                    (const bf16 *)q, (const bf16 *)k, N, Q, K);
     LAUNCH_CHECK("zaya pack q|k");
 done:
     return err;
@@ -31,6 +33,7 @@ done:
 // router's [16384, 256] took 17.5 us forward and 43 us backward with two-byte accesses, bench/kernel_trace.sh)
 template <int V>
 static __global__ void rstate_fwd_kernel(bf16 *rdown, const bf16 *prev, const float *scale, int64_t N, int64_t R) {
+    pdl_wait();
     const int64_t nv = N * R / V;
     for (int64_t iv = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; iv < nv; iv += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i = iv * V;
@@ -48,11 +51,11 @@ extern "C" kiln_error *kiln_zaya_router_state_forward_cuda(kiln_bf16 *rdown, con
                                                            int64_t N, int64_t R, void *stream) {
     kiln_error *err = NULL;
     if (N * R > 0 && rstate_vec4(R, rdown, prev, scale, scale))
-        rstate_fwd_kernel<4><<<grid_for(N * R / 4, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)rdown, (const bf16 *)prev,
-                                                                                        scale, N, R);
+        kiln_launch(rstate_fwd_kernel<4>, grid_for(N * R / 4, 256), 256, 0, (cudaStream_t)stream, (bf16 *)rdown,
+                    (const bf16 *)prev, scale, N, R);
     else if (N * R > 0)
-        rstate_fwd_kernel<1><<<grid_for(N * R, 256), 256, 0, (cudaStream_t)stream>>>((bf16 *)rdown, (const bf16 *)prev,
-                                                                                    scale, N, R);
+        kiln_launch(rstate_fwd_kernel<1>, grid_for(N * R, 256), 256, 0, (cudaStream_t)stream, (bf16 *)rdown,
+                    (const bf16 *)prev, scale, N, R);
     LAUNCH_CHECK("zaya router state forward");
 done:
     return err;
@@ -71,6 +74,7 @@ done:
 template <int V>
 static __global__ void rstate_bwd_chunk_kernel(bf16 *drs, float *dprev, float *part, const bf16 *dxn, const float *carry,
                                                const bf16 *prev, const float *scale, int64_t N, int64_t R, int64_t rp) {
+    pdl_wait();
     const int64_t r0 = blockIdx.x * rp, r1 = r0 + rp < N ? r0 + rp : N;
     for (int64_t j = threadIdx.x * V; j < R; j += blockDim.x * V) {
         float sj[V] = {};
@@ -112,13 +116,11 @@ extern "C" kiln_error *kiln_zaya_router_state_backward_cuda(kiln_bf16 *drs, floa
         const int64_t cols = v4 ? R / 4 : R;
         const int threads = cols >= 256 ? 256 : (int)((cols + 31) / 32 * 32);
         if (v4)
-            rstate_bwd_chunk_kernel<4><<<(int)nc, threads, 0, s>>>((bf16 *)drs, with_prev ? dprev : NULL, part,
-                                                                   (const bf16 *)dxn, carry, (const bf16 *)prev, scale, N,
-                                                                   R, rp);
+            kiln_launch(rstate_bwd_chunk_kernel<4>, (int)nc, threads, 0, s, (bf16 *)drs, with_prev ? dprev : NULL,
+                        part, (const bf16 *)dxn, carry, (const bf16 *)prev, scale, N, R, rp);
         else
-            rstate_bwd_chunk_kernel<1><<<(int)nc, threads, 0, s>>>((bf16 *)drs, with_prev ? dprev : NULL, part,
-                                                                   (const bf16 *)dxn, carry, (const bf16 *)prev, scale, N,
-                                                                   R, rp);
+            kiln_launch(rstate_bwd_chunk_kernel<1>, (int)nc, threads, 0, s, (bf16 *)drs, with_prev ? dprev : NULL,
+                        part, (const bf16 *)dxn, carry, (const bf16 *)prev, scale, N, R, rp);
         LAUNCH_CHECK("zaya router state backward");
         if (part) CUDA_TRY(colsum_add_multi(&dscale, 1, part, nc, R, s));
     }
@@ -128,6 +130,7 @@ done:
 
 // Route counts [E1] += how many of the N*top choices went to each class (integer atomics: exact).
 static __global__ void count_kernel(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < S; i += (int64_t)gridDim.x * blockDim.x) {
         int32_t e = choice[i];
         if (e >= 0 && e < E1) atomicAdd((unsigned long long *)&counts[e], 1ull);
@@ -136,7 +139,7 @@ static __global__ void count_kernel(int64_t *counts, const int32_t *choice, int6
 extern "C" kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1,
                                                   void *stream) {
     kiln_error *err = NULL;
-    if (S > 0) count_kernel<<<grid_for(S, 256), 256, 0, (cudaStream_t)stream>>>(counts, choice, S, E1);
+    if (S > 0) kiln_launch(count_kernel, grid_for(S, 256), 256, 0, (cudaStream_t)stream, counts, choice, S, E1);
     LAUNCH_CHECK("zaya route counts");
 done:
     return err;
@@ -145,12 +148,14 @@ done:
 // ---- the trainer's whole-buffer pieces ----
 // x *= s over n floats.
 static __global__ void scale_kernel(float *x, int64_t n, float s) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] *= s;
 }
 extern "C" kiln_error *kiln_zaya_scale_cuda(float *x, int64_t n, float s, void *stream) {
     kiln_error *err = NULL;
-    if (n > 0) scale_kernel<<<grid_for(n, 256) < 4096 ? grid_for(n, 256) : 4096, 256, 0, (cudaStream_t)stream>>>(x, n, s);
+    if (n > 0) kiln_launch(scale_kernel, grid_for(n, 256) < 4096 ? grid_for(n, 256) : 4096, 256, 0,
+                           (cudaStream_t)stream, x, n, s);
     LAUNCH_CHECK("scale");
 done:
     return err;
@@ -160,6 +165,7 @@ done:
 // one block sums the partials in order; the same bits every run for the same n.
 enum { SUMSQ_BLOCKS = 1024 };
 static __global__ void sumsq_partial_kernel(double *part, const float *x, int64_t n) {
+    pdl_wait();
     __shared__ double sh[32];
     double s = 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -168,6 +174,7 @@ static __global__ void sumsq_partial_kernel(double *part, const float *x, int64_
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 static __global__ void sumsq_final_kernel(double *out, const double *part, int nb) {
+    pdl_wait();
     __shared__ double sh[32];
     double s = 0;
     for (int i = threadIdx.x; i < nb; i += blockDim.x) s += part[i];
@@ -179,9 +186,9 @@ extern "C" kiln_error *kiln_zaya_sumsq_cuda(double *out, const float *x, int64_t
     cudaStream_t s = (cudaStream_t)stream;
     double *part = NULL;
     CUDA_TRY(cudaMallocAsync((void **)&part, SUMSQ_BLOCKS * sizeof(double), s));
-    sumsq_partial_kernel<<<SUMSQ_BLOCKS, 256, 0, s>>>(part, x, n);
+    kiln_launch(sumsq_partial_kernel, SUMSQ_BLOCKS, 256, 0, s, part, x, n);
     LAUNCH_CHECK("sum of squares");
-    sumsq_final_kernel<<<1, 1024, 0, s>>>(out, part, SUMSQ_BLOCKS);
+    kiln_launch(sumsq_final_kernel, 1, 1024, 0, s, out, part, SUMSQ_BLOCKS);
     LAUNCH_CHECK("sum of squares");
 done:
     if (part) cudaFreeAsync(part, s);
@@ -192,6 +199,7 @@ done:
 enum { WS_WORDS = 256 };
 struct words_arg { uint32_t v[WS_WORDS]; };
 static __global__ void words_set_kernel(uint32_t *dst, words_arg a, int n) {
+    pdl_wait();
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = a.v[i];
 }
 extern "C" kiln_error *kiln_words_set_cuda(uint32_t *dst, const uint32_t *src, int64_t n, void *stream) {
@@ -200,7 +208,7 @@ extern "C" kiln_error *kiln_words_set_cuda(uint32_t *dst, const uint32_t *src, i
         words_arg a;
         const int m = (int)(n - i < WS_WORDS ? n - i : WS_WORDS);
         memcpy(a.v, src + i, (size_t)m * sizeof *src);
-        words_set_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(dst + i, a, m);
+        kiln_launch(words_set_kernel, 1, 256, 0, (cudaStream_t)stream, dst + i, a, m);
         LAUNCH_CHECK("words to the device");
     }
 done:
@@ -222,6 +230,7 @@ static __device__ __forceinline__ double sq_bf16x2(uint32_t u) {
 }
 static __global__ void __launch_bounds__(SQ_THREADS) sumsq_items_kernel(double *part, const float *x, const sq_item *items,
                                                                         const uint32_t *zmask) {
+    pdl_wait();
     __shared__ double sh[32];
     const sq_item q = items[blockIdx.x];
     if (q.zbit1 && zmask && mask_bit(zmask, q.zbit1 - 1)) {
@@ -319,7 +328,8 @@ extern "C" kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0,
     if (k0 < 0 || k1 > p->count || k0 > k1)
         return kiln_errorf(KILN_EINVAL, "sum of squares: segments %d..%d of %d", k0, k1 - 1, p->count);
     const int i0 = p->first[k0], ni = p->first[k1] - i0;
-    if (ni) sumsq_items_kernel<<<(unsigned)ni, SQ_THREADS, 0, (cudaStream_t)stream>>>(p->part + i0, x, p->items + i0, p->zmask);
+    if (ni) kiln_launch(sumsq_items_kernel, (unsigned)ni, SQ_THREADS, 0, (cudaStream_t)stream, p->part + i0, x,
+                        p->items + i0, p->zmask);
     LAUNCH_CHECK("sum of squares (segments)");
 done:
     return err;
@@ -332,7 +342,7 @@ extern "C" kiln_error *kiln_sumsq_plan_total(const kiln_sumsq_plan *p, double *o
         CUDA_TRY(cudaMemsetAsync(out, 0, sizeof *out, s));
         return NULL;
     }
-    sumsq_final_kernel<<<1, 1024, 0, s>>>(out, p->part, p->nitems);
+    kiln_launch(sumsq_final_kernel, 1, 1024, 0, s, out, p->part, p->nitems);
     LAUNCH_CHECK("sum of squares (segments)");
 done:
     return err;

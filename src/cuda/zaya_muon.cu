@@ -27,6 +27,7 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda_ops.h"
+#include "launch.cuh"
 
 #define NS_A 3.4445f
 #define NS_B (-4.7750f)
@@ -200,6 +201,7 @@ cublasStatus_t rm_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float 
 
 // f32 -> bf16, round to nearest even; four elements a thread where both buffers allow 16/8-byte accesses
 __global__ void to_bf16_kernel(__nv_bfloat16 *y, const float *x, int64_t n, int vec) {
+    pdl_wait();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     int64_t done4 = 0;
     if (vec) {
@@ -222,7 +224,7 @@ kiln_error *to_bf16(__nv_bfloat16 *y, const float *x, int64_t n, cudaStream_t st
     const int vec = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 8 == 0;
     int64_t blocks = ((vec ? n / 4 : n) + 255) / 256;
     blocks = blocks < 1 ? 1 : blocks > 8192 ? 8192 : blocks;
-    to_bf16_kernel<<<(unsigned)blocks, 256, 0, st>>>(y, x, n, vec);
+    kiln_launch(to_bf16_kernel, (unsigned)blocks, 256, 0, st, y, x, n, vec);
     CUDA_TRY(cudaGetLastError());
 done:
     return err;

@@ -7,9 +7,11 @@
  * AdamW's state (the same per-element f64 formula). The sum of squares is compared to 1e-12 relative. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_testutil.h"
+#include "kiln/cuda.h"
 #include "kiln/optim.h"
 #include "kiln/zaya.h"
 #include "kiln/zaya_cuda.h"
@@ -644,6 +646,69 @@ TEST(gpu_zaya_train_deterministic) {
     CHECK_MSG(ck_same_model_file(a, r), "recomputation changed the final model");
     printf("    loss %.4f -> %.4f over 30 steps\n", la[0], la[29]);
     CHECK_MSG(la[29] < 0.8 * la[0], "loss did not fall: %.4f -> %.4f", la[0], la[29]);
+}
+
+/* The grad_norm fields of metrics.jsonl as written (%.6g), concatenated: two runs' norms compared as text */
+static char *ck_gnorms(const char *out) {
+    char path[1400], *text = NULL, *r = NULL;
+    size_t len = 0, n = 0;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    kiln_error *e = kiln_read_file(path, &text, &len);
+    if (e) {
+        kiln_error_free(e);
+        return NULL;
+    }
+    r = calloc(len + 1, 1);
+    for (char *p = text; r && (p = strstr(p, "\"grad_norm\":"));) {
+        p += 12;
+        while (*p && *p != ',' && *p != '}') r[n++] = *p++;
+        r[n++] = ';';
+    }
+    free(text);
+    return r;
+}
+
+/* A switch whose two settings must give the same bits: `kiln train --device cuda` with env=0 and without it (the
+ * default), the same losses, gradient norms and final model. One micro-batch a step and AdamW everywhere, so the
+ * experts' weight gradients are bf16 with their zero mask (the trainer's path at the [cuda] size). */
+static void same_bits_without(const char *env, const char *name) {
+    const char *data = ck_data();
+    char dd[1200], *text = NULL;
+    size_t len = 0;
+    snprintf(dd, sizeof dd, "%s", data);
+    char an[64], bn[64];
+    snprintf(an, sizeof an, "%s_on", name), snprintf(bn, sizeof bn, "%s_off", name);
+    const char *a = out_dir(an), *b = out_dir(bn);
+    const char *cfg = ck_config(dd, a, 20, 1, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
+    CHECK_OK(kiln_read_file(cfg, &text, &len));
+    char *o = text ? strstr(text, "\"optim\": {") : NULL;
+    CHECK(o != NULL);
+    if (!o) return;
+    char edited[8192];
+    snprintf(edited, sizeof edited, "%.*s\"optim\": {\"muon\": false, %s", (int)(o - text), text, o + strlen("\"optim\": {"));
+    free(text);
+    CHECK_OK(kiln_write_file_atomic(cfg, edited, strlen(edited)));
+    CHECK(gpu_train(cfg, a, NULL) == 0);
+    setenv(env, "0", 1);
+    CHECK(gpu_train(cfg, b, NULL) == 0);
+    unsetenv(env);
+    double la[20] = {0}, lb[20] = {0};
+    CHECK(ck_losses(a, la, 20) == 20 && ck_losses(b, lb, 20) == 20);
+    char *ga = ck_gnorms(a), *gb = ck_gnorms(b);
+    CHECK_MSG(!memcmp(la, lb, sizeof la), "the losses with and without %s=0 differ", env);
+    CHECK_MSG(ga && gb && !strcmp(ga, gb), "the gradient norms with and without %s=0 differ", env);
+    CHECK_MSG(ck_same_model_file(a, b), "the final models with and without %s=0 differ", env);
+    printf("    loss %.4f -> %.4f; gradient norms %.60s...\n", la[0], la[19], ga ? ga : "?");
+    free(ga), free(gb);
+}
+
+/* Programmatic dependent launch (src/cuda/launch.cuh) only lets a kernel's blocks be placed before the kernel
+ * ahead of it has drained; each waits for it before touching memory. A kernel that touched memory before its
+ * wait would race with the one before it, and the small kernels of this tiny model are where such a race
+ * shows. So: a run with PDL (the default on this device) and one with KILN_PDL=0 give the same bits. */
+TEST(gpu_zaya_train_pdl) {
+    printf("    PDL on this device: %s\n", kiln_cuda_pdl() ? "yes" : "no (both runs launch plainly)");
+    same_bits_without("KILN_PDL", "pdl");
 }
 
 /* The same config on the CPU and the GPU from the same seed: the loss curves agree within bf16 noise.
