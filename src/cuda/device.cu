@@ -5,7 +5,6 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda.h"
-#include "launch.cuh"
 
 extern "C" int kiln_cuda_built(void) { return 1; }
 
