@@ -14,11 +14,9 @@ extern "C" {
 
 /* Built with CUDA? (Says nothing about a device being present.) */
 int kiln_cuda_built(void);
-/* Programmatic dependent launch of kiln's own kernels (src/cuda/launch.cuh): 1 when on (an sm_90+ device
- * and KILN_PDL not 0, read once); kiln_cuda_set_pdl(0/1) overrides it for the process (tests compare both;
- * 1 still needs the device), -1 goes back to the environment's choice. The same results either way. */
+/* Programmatic dependent launch of kiln's own kernels (src/cuda/launch.cuh): 1 when on, that is on an sm_90+
+ * device unless KILN_PDL=0 (read once per process). The same results either way. */
 int kiln_cuda_pdl(void);
-void kiln_cuda_set_pdl(int on);
 /* Device 0's name, multiprocessors, memory and the driver/runtime versions. */
 typedef struct {
     char name[256];

@@ -11,7 +11,7 @@ extern "C" int kiln_cuda_built(void) { return 1; }
 // PDL (src/cuda/launch.cuh) needs sm_90; KILN_PDL=0 turns it off. Decided once per process (a process uses
 // one GPU), stored in one int (bit 0: the device has it, bit 1: the environment wants it) so that a racing
 // first call only computes the same value again.
-static volatile int g_pdl = -1, g_pdl_force = -1;
+static volatile int g_pdl = -1;
 extern "C" int kiln_cuda_pdl(void) {
     int v = g_pdl;
     if (v < 0) {
@@ -22,10 +22,8 @@ extern "C" int kiln_cuda_pdl(void) {
             cudaGetLastError(), major = 0;
         g_pdl = v = (major >= 9) | (!(e && !strcmp(e, "0")) << 1);
     }
-    const int force = g_pdl_force;
-    return (v & 1) && (force >= 0 ? force : v >> 1);
+    return v == 3;
 }
-extern "C" void kiln_cuda_set_pdl(int on) { g_pdl_force = on < 0 ? -1 : !!on; }
 
 extern "C" kiln_error *kiln_cuda_device_info(kiln_cuda_info *info) {
     kiln_error *err = NULL;

@@ -7,7 +7,6 @@ static kiln_error *no_cuda(void) {
 }
 int kiln_cuda_built(void) { return 0; }
 int kiln_cuda_pdl(void) { return 0; }
-void kiln_cuda_set_pdl(int on) { (void)on; }
 kiln_error *kiln_cuda_device_info(kiln_cuda_info *info) { (void)info; return no_cuda(); }
 kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out) { (void)name, (void)out; return no_cuda(); }
 kiln_error *kiln_cuda_gemm_time(kiln_cuda_gemm_type t, int64_t m, int64_t n, int64_t k, const char *layout, int iters,
