@@ -144,7 +144,8 @@ kiln_error *kiln_experts_profile_read_cuda(double us[KILN_EXPERTS_NPASS]);
  * (the same spread over KILN_GROUPED_STREAMS side streams, default 8, joined back to `stream` by events),
  * "lt_chunks" (NT/NN as one pointer-array batched cuBLASLt GEMM over KILN_GROUPED_CHUNK-row chunks, default
  * 256; TN as lt_loop), "lt_mixed" (NT/NN: the full chunks batched, each expert's remaining rows a GEMM on a
- * side stream; TN as lt_streams). Chosen by kiln_grouped_gemm_set_path, else the environment variable
+ * side stream; TN as lt_streams, or with a bf16 C and KILN_GROUPED_DW=wg one wgmma kernel of kiln's own where the shape
+ * allows, src/cuda/experts_dw_wg.h). Chosen by kiln_grouped_gemm_set_path, else the environment variable
  * KILN_GROUPED_GEMM, else the default, lt_mixed (should it fail on a call that overwrites its output, the
  * process warns and uses "grouped" from then on). Every path is deterministic
  * (KILN_GROUPED_TUNE=1, which picks each large cuBLASLt plan's algorithm by timing its candidates once, keeps

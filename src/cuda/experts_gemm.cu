@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "experts_dw_wg.h"
 #include "gemm_lt.h"
 #include "kiln/cuda_ops.h"
 #include "kiln/log.h"
@@ -565,6 +566,43 @@ extern "C" kiln_error *kiln_grouped_gemm_path(const char **name) {
     return err;
 }
 
+// ---- the weight gradients on wgmma (experts_dw_wg.cu) ----
+
+// KILN_GROUPED_DW=wg: lt_mixed's bf16 weight gradients as one persistent wgmma kernel (experts_dw_wg.cu) instead of
+// a cuBLASLt GEMM an expert on the side streams; lt (the default until it has been measured in the trainer): the
+// latter. Read at each call, as the other switches.
+static int dw_wg_wanted(void) {
+    const char *v = getenv("KILN_GROUPED_DW");
+    return v && !strcmp(v, "wg");
+}
+
+// One launch for every expert's C_e (KILN_GROUPED_DW_SMS: its CTAs at most, 0 = one an SM). Deferred (g_defer)
+// with side streams, it runs on the next side stream in turn and is joined later, so that the caller's stream goes
+// on as with the per-expert GEMMs (the two projections' kernels then also fill each other's last round); else on
+// st. Called with g_lock held.
+static kiln_error *dw_wg(void *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E, int64_t m,
+                         int64_t n, int accumulate, int ns, cudaStream_t st) {
+    static int next; // the side stream of the next deferred launch
+    kiln_error *err = NULL;
+    long sms = 0;
+    if ((err = env_int("KILN_GROUPED_DW_SMS", 0, 4096, 0, 1, &sms))) return err;
+    if (!g_defer || ns <= 1)
+        return kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)sms, st);
+    const int i = next++ % ns;
+    if ((err = side_streams(i + 1))) return err;
+    CUDA_TRY(cudaEventRecord(g_fork, st));
+    CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
+    err = kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)sms, g_side[i]);
+    { // joined later (kiln_grouped_gemm_join); after an error, now: nothing later on st may overtake it
+        const cudaError_t e1 = cudaEventRecord(g_join[i], g_side[i]);
+        if (e1 != cudaSuccess && !err) err = kiln_errorf(KILN_EIO, "marking side stream %d: %s", i, cudaGetErrorString(e1));
+        if (!err) g_pending[i] = 1;
+        else cudaStreamWaitEvent(st, g_join[i], 0);
+    }
+done:
+    return err;
+}
+
 // kiln_grouped_gemm_cuda, and with defer its _async twin (side streams left running)
 static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
                                 int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
@@ -575,7 +613,7 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
               nn = layout && !strcmp(layout, "NN");
     const size_t ce = c_f32 ? 4 : 2;
     int path = DEFAULT_PATH, locked = 0, nj = 0, is_default = 0, ran = 0; // ran: a cuBLASLt path started
-    int zero_jobs = 0;
+    int zero_jobs = 0, wg = 0;
     long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1, solo = DEFAULT_SOLO;
     job *js = NULL;
     if (looped) *looped = 0;
@@ -607,7 +645,9 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     // an expert without rows: its weight gradient is an empty sum. Where the GEMMs run on side streams the clearing
     // does too (a job of its own), beside the other experts' GEMMs, and with defer beside whatever the caller's
     // stream does next: under concentrated routing most experts may be empty, 48 MB of f32 each at the [cuda] size.
-    zero_jobs = tn && !accumulate && !keep_empty && (path == P_LT_STREAMS || path == P_LT_MIXED) && ns > 1;
+    // the weight gradients (bf16) as one persistent wgmma kernel where KILN_GROUPED_DW=wg and it takes the shape
+    wg = tn && !c_f32 && path == P_LT_MIXED && dw_wg_wanted() && kiln_experts_dw_wg_ok(E, offs[E], m, n, a, b, c);
+    zero_jobs = !wg && tn && !accumulate && !keep_empty && (path == P_LT_STREAMS || path == P_LT_MIXED) && ns > 1;
     if (tn && !accumulate && !keep_empty && !zero_jobs)
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
@@ -617,6 +657,10 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
         goto done;
     }
     ran = 1; // from here on an error is the GEMM's own, not the configuration's
+    if (wg) {
+        err = dw_wg(c, a, b, offs, E, m, n, accumulate, (int)ns, st);
+        goto done;
+    }
     // the chunks overwrite their overlap, so they cannot accumulate
     if ((path == P_LT_CHUNKS || path == P_LT_MIXED) && !tn && !accumulate) {
         err = chunked(c, c_f32, a, b, offs, E, n, k, nt, ch, path == P_LT_MIXED ? solo : 0, path == P_LT_MIXED ? (int)ns : 0,

@@ -1,7 +1,8 @@
 // Hopper's asynchronous pieces shared by kiln's own wgmma kernels (gemm_tc.cu: the GEMM with fused epilogues;
-// cca_conv_wg.cu: CCA's grouped convolution and its weights' gradient; clip_attention.cu): mbarriers, TMA 2-D and
-// 3-D loads into 128-byte-swizzled shared memory, wgmma's shared-memory descriptors (K-major, MN-major, unswizzled)
-// and its m64n128k16 / m64n256k16 / m64n8k16 bf16 instructions with f32 accumulators; the epilogues' bf16 pairs.
+// cca_conv_wg.cu: CCA's grouped convolution and its weights' gradient; experts_dw_wg.cu: the experts' weight
+// gradients; clip_attention.cu): mbarriers, TMA 2-D and 3-D loads into 128-byte-swizzled shared memory, wgmma's
+// shared-memory descriptors (K-major, MN-major, unswizzled) and its m64n128k16 / m64n256k16 / m64n8k16 bf16
+// instructions with f32 accumulators; the epilogues' bf16 pairs.
 // sm_90a only (wgmma, setmaxnreg); the host encodes the tensor maps (kiln_tma_map_bf16, gemm_tc.h).
 #ifndef KILN_CUDA_WGMMA_CUH
 #define KILN_CUDA_WGMMA_CUH
