@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cuda/experts_dw_wg.h"
 #include "gpu_testutil.h"
 #include "kiln/nn.h"
 
@@ -647,4 +648,190 @@ TEST(gpu_experts_dw_defer) {
     }
     g_dw_write = 0, g_dw_defer = 0;
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+}
+
+/* ---- the weight gradients on wgmma (src/cuda/experts_dw_wg.cu, KILN_GROUPED_DW=wg) ---- */
+
+/* C (bf16, E x [m, n]) against sums in double over the same bf16 numbers: C_e = (acc ? c0_e : 0) + A_eᵀ B_e for an
+ * expert with rows, c0_e for one without (keep: left as it was) or zero (!keep) */
+static float *dw_ref(const float *a, const float *b, const float *c0, const int32_t *offs, int64_t E, int64_t m,
+                     int64_t n, int acc, int keep) {
+    float *ref = malloc((size_t)(E * m * n) * sizeof *ref);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t o = (e * m + i) * n + j;
+                if (offs[e + 1] == offs[e]) {
+                    ref[o] = keep || acc ? c0[o] : 0.0f;
+                    continue;
+                }
+                double s = acc ? c0[o] : 0.0;
+                for (int64_t r = offs[e]; r < offs[e + 1]; r++) s += (double)a[r * m + i] * b[r * n + j];
+                ref[o] = (float)s;
+            }
+    return ref;
+}
+
+/* the experts without rows: C_e exactly c0_e (keep) or exactly zero */
+static void dw_check_empty(const char *name, const float *got, const float *c0, const int32_t *offs, int64_t E,
+                           int64_t mn, int keep) {
+    int64_t moved = 0;
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] == offs[e])
+            for (int64_t i = 0; i < mn; i++) moved += got[e * mn + i] != (keep ? c0[e * mn + i] : 0.0f);
+    CHECK_MSG(moved == 0, "%s: %lld entries of the experts without rows changed", name, (long long)moved);
+}
+
+/* kiln_experts_dw_wg itself, written and added to, bf16 C within 1e-2 (one rounding, as the TN cases above). Row
+ * counts that end inside a K block of 64 (1, 2, 5, 6, 17, 63 rows past the last whole one: the next expert's rows in
+ * that block must not count), one that ends on a block, an expert without rows (its C_e left exactly as it was), the
+ * last expert ending at S (rows past S read as zeros); fewer CTAs than tiles (sms 3 and 5: the ring and the held
+ * stores carried across tiles of different experts); the written result twice, bit for bit. */
+TEST(gpu_experts_dw_wg) {
+    static const int32_t offs_a[5] = {0, 70, 70, 200, 333}, offs_b[4] = {0, 1, 129, 257},
+                         offs_c[7] = {0, 63, 127, 127, 400, 401, 700};
+    static const struct {
+        const int32_t *offs;
+        int64_t E, m, n;
+        int sms;
+    } cs[3] = {{offs_a, 4, 128, 256, 0}, {offs_b, 3, 256, 512, 3}, {offs_c, 6, 384, 256, 5}};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 2900);
+    if (!kiln_experts_dw_wg_ok(4, 333, 128, 256, (void *)16, (void *)16, (void *)16)) {
+        printf("  (no sm_90 device: the kernel does not run here)\n");
+        return;
+    }
+    for (int i = 0; i < 3; i++)
+        for (int acc = 0; acc < 2; acc++) {
+            const int32_t *offs = cs[i].offs;
+            const int64_t E = cs[i].E, m = cs[i].m, n = cs[i].n, S = offs[E], nc = E * m * n;
+            float *a = gt_rand(&rng, S * m, 1.0f), *b = gt_rand(&rng, S * n, 1.0f), *c0 = gt_rand(&rng, nc, 4.0f);
+            gt_round_bf16(a, S * m), gt_round_bf16(b, S * n), gt_round_bf16(c0, nc);
+            float *ref = dw_ref(a, b, c0, offs, E, m, n, acc, 1);
+            kiln_bf16 *d_a = gt_up_bf16(a, S * m), *d_b = gt_up_bf16(b, S * n), *d_c = gt_up_bf16(c0, nc);
+            CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, acc, cs[i].sms, NULL));
+            float *got = gt_down_bf16(d_c, nc);
+            char name[96];
+            snprintf(name, sizeof name, "dw wg %lld x [%lld x %lld] %s sms %d", (long long)E, (long long)m, (long long)n,
+                     acc ? "+=" : "=", cs[i].sms);
+            GT_CLOSE(name, got, ref, nc, 1e-2);
+            dw_check_empty(name, got, c0, offs, E, m * n, 1);
+            if (!acc) { /* again over the same stale C: the same bits */
+                kiln_cuda_free(d_c);
+                d_c = gt_up_bf16(c0, nc);
+                CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, 0, cs[i].sms, NULL));
+                float *again = gt_down_bf16(d_c, nc);
+                CHECK_MSG(!memcmp(again, got, (size_t)nc * sizeof *got), "%s: a second run gave other bits", name);
+                free(again);
+            }
+            kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
+            free(a), free(b), free(c0), free(ref), free(got);
+        }
+    const int32_t bad[3] = {0, 9, 4};
+    CHECK_ERR(kiln_experts_dw_wg(NULL, NULL, NULL, bad, 2, 128, 256, 0, 0, NULL), "decrease");
+    CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 128, (void *)16, (void *)16, (void *)16)); /* n % 256 */
+    CHECK(!kiln_experts_dw_wg_ok(2, 64, 64, 256, (void *)16, (void *)16, (void *)16));  /* m % 128 */
+    CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 256, (void *)16, (void *)18, (void *)16)); /* alignment */
+}
+
+/* KILN_GROUPED_DW=wg through kiln_grouped_gemm_cuda (TN, bf16 C): written (the empty expert zeroed), added to, and
+ * written with the empty expert kept; in place and deferred to a side stream (_async + join); then the experts' op
+ * in the trainer's mode (bf16 weight gradients written, the empty experts kept, deferred) against the CPU's */
+TEST(gpu_experts_dw_wg_paths) {
+    static const int32_t offs[5] = {0, 70, 70, 200, 333};
+    const int64_t E = 4, m = 256, n = 256, S = offs[E], nc = E * m * n;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 3000);
+    if (!kiln_experts_dw_wg_ok(E, S, m, n, (void *)16, (void *)16, (void *)16)) {
+        printf("  (no sm_90 device: the kernel does not run here)\n");
+        return;
+    }
+    CHECK(setenv("KILN_GROUPED_DW", "wg", 1) == 0);
+    CHECK_OK(kiln_grouped_gemm_set_path("lt_mixed"));
+    for (int mode = 0; mode < 3; mode++)
+        for (int async = 0; async < 2; async++) {
+            float *a = gt_rand(&rng, S * m, 1.0f), *b = gt_rand(&rng, S * n, 1.0f), *c0 = gt_rand(&rng, nc, 4.0f);
+            gt_round_bf16(a, S * m), gt_round_bf16(b, S * n), gt_round_bf16(c0, nc);
+            const int acc = mode == KILN_GG_ADD, keep = mode == KILN_GG_WRITE_KEEP_EMPTY;
+            float *ref = dw_ref(a, b, c0, offs, E, m, n, acc, keep);
+            kiln_bf16 *d_a = gt_up_bf16(a, S * m), *d_b = gt_up_bf16(b, S * n), *d_c = gt_up_bf16(c0, nc);
+            if (async) {
+                CHECK_OK(kiln_grouped_gemm_cuda_async(d_c, 0, d_a, d_b, offs, E, m, n, 0, "TN", mode, NULL));
+                CHECK_OK(kiln_grouped_gemm_join(NULL));
+            } else CHECK_OK(kiln_grouped_gemm_cuda(d_c, 0, d_a, d_b, offs, E, m, n, 0, "TN", mode, NULL, NULL));
+            float *got = gt_down_bf16(d_c, nc);
+            char name[96];
+            snprintf(name, sizeof name, "TN wg mode %d%s", mode, async ? " async" : "");
+            GT_CLOSE(name, got, ref, nc, 1e-2);
+            dw_check_empty(name, got, c0, offs, E, m * n, acc || keep);
+            kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
+            free(a), free(b), free(c0), free(ref), free(got);
+        }
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    /* the experts' op: dwdn is [H, I] over rows of dye [S, H] and act [S, I], dwgu [2I, H] over dgu and xe */
+    const ex_case ec[] = {{700, 4, 2, 256, 256, 0.1, 2}, {1500, 8, 1, 256, 512, 0.05, 5}};
+    g_dw_write = 1, g_dw_bf16 = 1, g_dw_keep = 1;
+    for (int d = 0; d < 2; d++) {
+        g_dw_defer = d;
+        for (size_t i = 0; i < sizeof ec / sizeof ec[0]; i++) experts_case(&ec[i], 3100 + i);
+    }
+    g_dw_write = 0, g_dw_bf16 = 0, g_dw_keep = 0, g_dw_defer = 0;
+    unsetenv("KILN_GROUPED_DW");
+}
+
+/* Timing (printed, never asserted): a layer's two weight-gradient GEMMs at issue [cuda]'s size (16 experts, 16384
+ * rows routed unevenly, one expert empty; gate_up [4096 x 2048], down [2048 x 2048] an expert, bf16 C written with
+ * the empty expert kept), as the experts' backward runs them (both deferred, then joined): cuBLASLt an expert on the
+ * side streams (lt) against the one wgmma kernel (wg); the two results compared (1e-2). */
+TEST(gpu_experts_dw_wg_timing) {
+    const int64_t E = 16, S = 16384, H = 2048, I = 2048;
+    int32_t offs[17];
+    double wsum = 0, w[16];
+    for (int64_t e = 0; e < E; e++) w[e] = e == 11 ? 0.0 : 1.0 / sqrt((double)e + 1.0), wsum += w[e];
+    offs[0] = 0;
+    for (int64_t e = 0; e < E; e++) offs[e + 1] = e == E - 1 ? (int32_t)S : offs[e] + (int32_t)(S * w[e] / wsum);
+    if (!kiln_experts_dw_wg_ok(E, S, 2 * I, H, (void *)16, (void *)16, (void *)16)) {
+        printf("  (no sm_90 device: the kernel does not run here)\n");
+        return;
+    }
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 3200);
+    float *h = gt_rand(&rng, S * 2 * I, 1.0f);
+    kiln_bf16 *dgu = gt_up_bf16(h, S * 2 * I), *xe = gt_up_bf16(h, S * H), *dye = gt_up_bf16(h + 7, S * H);
+    kiln_bf16 *act = gt_up_bf16(h + 3, S * I);
+    kiln_bf16 *cgu[2] = {gt_dev((size_t)(E * 2 * I * H) * 2), gt_dev((size_t)(E * 2 * I * H) * 2)};
+    kiln_bf16 *cdn[2] = {gt_dev((size_t)(E * H * I) * 2), gt_dev((size_t)(E * H * I) * 2)};
+    static const char *const how[2] = {"lt", "wg"};
+    const double flops = 2.0 * S * (2.0 * I * H + (double)H * I);
+    CHECK_OK(kiln_grouped_gemm_set_path("lt_mixed"));
+    for (int rep = 0; rep < 2; rep++)
+        for (int v = 0; v < 2; v++) {
+            if (v) CHECK(setenv("KILN_GROUPED_DW", "wg", 1) == 0);
+            else unsetenv("KILN_GROUPED_DW");
+            double best = 1e30;
+            for (int it = 0; it < 13; it++) {
+                CHECK_OK(kiln_cuda_sync());
+                const double t0 = gt_now_s();
+                CHECK_OK(kiln_grouped_gemm_cuda_async(cdn[v], 0, dye, act, offs, E, H, I, 0, "TN", KILN_GG_WRITE_KEEP_EMPTY,
+                                                      NULL));
+                CHECK_OK(kiln_grouped_gemm_cuda_async(cgu[v], 0, dgu, xe, offs, E, 2 * I, H, 0, "TN",
+                                                      KILN_GG_WRITE_KEEP_EMPTY, NULL));
+                CHECK_OK(kiln_grouped_gemm_join(NULL));
+                CHECK_OK(kiln_cuda_sync());
+                const double dt = gt_now_s() - t0;
+                if (it >= 3 && dt < best) best = dt;
+            }
+            printf("    dW of a layer, %s: %.3f ms, %.0f TFLOP/s (best of 10)\n", how[v], best * 1e3, flops / best * 1e-12);
+        }
+    unsetenv("KILN_GROUPED_DW");
+    CHECK_OK(kiln_grouped_gemm_set_path(NULL));
+    float *g0 = gt_down_bf16(cgu[0], E * 2 * I * H), *g1 = gt_down_bf16(cgu[1], E * 2 * I * H);
+    float *d0 = gt_down_bf16(cdn[0], E * H * I), *d1 = gt_down_bf16(cdn[1], E * H * I);
+    for (int64_t i = 11 * 2 * I * H; i < 12 * 2 * I * H; i++) g0[i] = g1[i] = 0.0f; /* expert 11: never written */
+    for (int64_t i = 11 * H * I; i < 12 * H * I; i++) d0[i] = d1[i] = 0.0f;
+    GT_CLOSE("dW gate_up, wg vs lt", g1, g0, E * 2 * I * H, 1e-2);
+    GT_CLOSE("dW down, wg vs lt", d1, d0, E * H * I, 1e-2);
+    free(g0), free(g1), free(d0), free(d1), free(h);
+    kiln_cuda_free(dgu), kiln_cuda_free(xe), kiln_cuda_free(dye), kiln_cuda_free(act);
+    for (int v = 0; v < 2; v++) kiln_cuda_free(cgu[v]), kiln_cuda_free(cdn[v]);
 }
