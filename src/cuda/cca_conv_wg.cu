@@ -175,13 +175,9 @@ static __global__ void __launch_bounds__(THREADS, 1)
             }
             wgmma_commit();
             fence_acc(acc);
-            wgmma_wait<1>(); // the previous block's group has completed: its slot goes back to the producer
-            fence_acc(acc);
-            if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+            ring_next<STAGES>(acc, empty, it, kb, lane);
         }
-        wgmma_wait<0>();
-        fence_acc(acc);
-        if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        ring_drain<STAGES>(acc, empty, it, lane);
         // epilogue: row tok[h], columns 8j + cb + {0, 1} of the head; acc[4j + 2h + e] (+ the lo half's, 64 on)
 #pragma unroll
         for (int h = 0; h < 2; h++) {

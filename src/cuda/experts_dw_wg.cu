@@ -128,13 +128,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (holding) drain_held<0, KILN_GEMM_TC_NONE, BN>(held, hp0, hp1, drained, upto);
                 drained = upto;
             }
-            wgmma_wait<1>(); // the previous block's group has completed: its slot goes back to the producer
-            fence_acc(acc);
-            if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+            ring_next<STAGES>(acc, empty, it, kb, lane);
         }
-        wgmma_wait<0>();
-        fence_acc(acc);
-        if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        ring_drain<STAGES>(acc, empty, it, lane);
 
         // acc[4j + 2h + i]: row r + 8h, column c + 8j + i of the tile's expert
         const int r = m0 + cw * 64 + warp * 16 + lane / 4, c = n0 + 2 * (lane % 4);

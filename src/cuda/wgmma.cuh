@@ -72,6 +72,23 @@ template <int R> static __device__ __forceinline__ void fence_acc(float (&d)[R])
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The consumer side of a ring of STAGES slots whose `empty` barriers take one arrival per consumer warp. After the
+// wgmma group of K block kb (ring iteration it) is committed: wait until the block before it has completed, and give
+// that block's slot back to the producer.
+template <int STAGES, int R>
+static __device__ __forceinline__ void ring_next(float (&acc)[R], uint64_t *empty, uint32_t it, int kb, int lane) {
+    wgmma_wait<1>();
+    fence_acc(acc);
+    if (kb > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+}
+// after a tile's last K block (it: one past its ring iteration): every group completed, the last slot given back
+template <int STAGES, int R>
+static __device__ __forceinline__ void ring_drain(float (&acc)[R], uint64_t *empty, uint32_t it, int lane) {
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+}
+
 // wgmma's accumulator operands: the register numbers in the instruction text and the C++ operands beside them
 #define WG_REGS_0_63 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define WG_REGS_64_127 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
