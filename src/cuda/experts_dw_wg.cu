@@ -10,8 +10,8 @@
 //  - The tiles of every expert with rows are dealt round-robin (tile t to CTA t % grid), the experts with the most
 //    rows first, so the kernel's last round is of the cheapest tiles. The schedule (experts, first rows, counts)
 //    is a kernel parameter written on the host, which knows the offsets: no device read before the first load.
-//  - An expert's K blocks start at its first row, so its last block may run into the next expert's rows: each
-//    consumer warpgroup zeroes those rows of its A box before its MMAs (whole 128-byte rows: the swizzle only
+//  - An expert's K blocks start at its first row, so its last block may run into the next expert's rows: the
+//    consumers zero those rows of the A and B boxes before their MMAs (whole 128-byte rows: the swizzle only
 //    permutes 16-byte chunks within a row), so they add nothing. Rows past S read as zeros (TMA).
 //  - The stores are deferred (gemm_tc_epi.cuh): a tile's bf16 results wait in registers and are stored in 16
 //    chunks under the next tile's MMAs; with accumulate the tile is added to C right after its MMAs.
@@ -103,16 +103,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kb = 0; kb < kbn; kb++, it++) {
             const int q = it % STAGES;
             mbar_wait(&full[q], (it / STAGES) & 1);
-            uint8_t *abox = sa + q * A_BYTES + cw * BOX;
+            uint8_t *abox = sa + q * A_BYTES + cw * BOX, *bslot = sb + q * B_BYTES;
             if (kb == kbn - 1 && tail < BK) {
-                // rows tail.. of the block are the next expert's (or zeros past S): cleared in this warpgroup's A
-                // box, then made visible to the tensor cores' reads (async proxy) before any of its MMAs
-                uint4 *z = (uint4 *)abox;
-                for (int i = tail * 8 + tid; i < BK * 8; i += 128) z[i] = make_uint4(0u, 0u, 0u, 0u);
+                // rows tail.. of the block are the next expert's (or zeros past S): cleared in both operands (an Inf
+                // there times a zero would still be NaN), this warpgroup's A box and half of the B boxes, made
+                // visible to the tensor cores' reads (async proxy) before either warpgroup's MMAs
+                uint4 *za = (uint4 *)abox, *zb = (uint4 *)(bslot + 2 * cw * BOX);
+                for (int i = tail * 8 + tid; i < BK * 8; i += 128) {
+                    za[i] = make_uint4(0u, 0u, 0u, 0u);
+                    zb[i] = make_uint4(0u, 0u, 0u, 0u), zb[BK * 8 + i] = make_uint4(0u, 0u, 0u, 0u);
+                }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+                asm volatile("bar.sync 1, 256;\n" ::: "memory");
             }
-            const uint32_t a_addr = smem_u32(abox), b_addr = smem_u32(sb + q * B_BYTES);
+            const uint32_t a_addr = smem_u32(abox), b_addr = smem_u32(bslot);
             fence_acc(acc);
             wgmma_fence();
 #pragma unroll

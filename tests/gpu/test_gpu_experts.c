@@ -684,9 +684,9 @@ static void dw_check_empty(const char *name, const float *got, const float *c0, 
 
 /* kiln_experts_dw_wg itself, written and added to, bf16 C within 1e-2 (one rounding, as the TN cases above). Row
  * counts that end inside a K block of 64 (1, 2, 5, 6, 17, 63 rows past the last whole one: the next expert's rows in
- * that block must not count), one that ends on a block, an expert without rows (its C_e left exactly as it was), the
- * last expert ending at S (rows past S read as zeros); fewer CTAs than tiles (sms 3 and 5: the ring and the held
- * stores carried across tiles of different experts); the written result twice, bit for bit. */
+ * that block must not count, an Inf there included), one that ends on a block, an expert without rows (its C_e left
+ * exactly as it was), the last expert ending at S (rows past S read as zeros); fewer CTAs than tiles (sms 3 and 5:
+ * the ring and the held stores carried across tiles of different experts); the written result twice, bit for bit. */
 TEST(gpu_experts_dw_wg) {
     static const int32_t offs_a[5] = {0, 70, 70, 200, 333}, offs_b[4] = {0, 1, 129, 257},
                          offs_c[7] = {0, 63, 127, 127, 400, 401, 700};
@@ -727,6 +727,20 @@ TEST(gpu_experts_dw_wg) {
             kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
             free(a), free(b), free(c0), free(ref), free(got);
         }
+    { /* an Inf in the next expert's rows of expert 0's last K block (row 100 of A and of B) does not reach C_0 */
+        static const int32_t offs[3] = {0, 70, 140};
+        const int64_t m = 128, n = 256, S = 140;
+        float *a = gt_rand(&rng, S * m, 1.0f), *b = gt_rand(&rng, S * n, 1.0f), *c0 = gt_rand(&rng, 2 * m * n, 1.0f);
+        gt_round_bf16(a, S * m), gt_round_bf16(b, S * n), gt_round_bf16(c0, 2 * m * n);
+        a[100 * m + 5] = INFINITY, b[100 * n + 7] = INFINITY;
+        float *ref = dw_ref(a, b, c0, offs, 1, m, n, 0, 1); /* expert 0 alone */
+        kiln_bf16 *d_a = gt_up_bf16(a, S * m), *d_b = gt_up_bf16(b, S * n), *d_c = gt_up_bf16(c0, 2 * m * n);
+        CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, 2, m, n, 0, 0, NULL));
+        float *got = gt_down_bf16(d_c, 2 * m * n);
+        GT_CLOSE("dw wg, Inf in the next expert's rows", got, ref, m * n, 1e-2);
+        kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
+        free(a), free(b), free(c0), free(ref), free(got);
+    }
     const int32_t bad[3] = {0, 9, 4};
     CHECK_ERR(kiln_experts_dw_wg(NULL, NULL, NULL, bad, 2, 128, 256, 0, 0, NULL), "decrease");
     CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 128, (void *)16, (void *)16, (void *)16)); /* n % 256 */
