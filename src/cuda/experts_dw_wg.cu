@@ -167,7 +167,7 @@ extern "C" int kiln_experts_dw_wg_ok(int64_t E, int64_t S, int64_t m, int64_t n,
     int dev, major, optin;
     const int64_t lim = (int64_t)1 << 31;
     if (E < 1 || E > KILN_DW_WG_MAXE || S < 0 || S + BK >= lim || m < BM || n < BN || m % BM || n % BN || m >= lim ||
-        n >= lim || (m / BM) * (n / BN) * E >= lim || ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15)
+        n >= lim || (m / BM) * (n / BN) * E >= lim || ((uintptr_t)a | (uintptr_t)b) & 15 || (uintptr_t)c & 3)
         return 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
@@ -186,7 +186,7 @@ extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, cons
     const int64_t S = E >= 1 && E <= KILN_DW_WG_MAXE ? offs[E] : 0;
     if (!kiln_experts_dw_wg_ok(E, S, m, n, a, b, c))
         return kiln_errorf(KILN_EUNSUPPORTED, "experts' weight gradients on wgmma: E=%lld S=%lld m=%lld n=%lld (needs "
-                           "sm_90, m %% %d == 0, n %% %d == 0, E <= %d, 16-byte aligned buffers)",
+                           "sm_90, m %% %d == 0, n %% %d == 0, E <= %d, A and B 16-byte aligned, C 4)",
                            (long long)E, (long long)S, (long long)m, (long long)n, BM, BN, (int)KILN_DW_WG_MAXE);
     memset(&s, 0, sizeof s);
     s.tn = (int)(n / BN), s.tpe = (int)(m / BM) * s.tn;

@@ -23,7 +23,7 @@ extern "C" {
 enum { KILN_DW_WG_MAXE = 256 }; /* experts a call takes (the schedule is a kernel parameter) */
 
 /* 1 when the kernel takes this call: an sm_90 device with the shared memory, m % 128 == 0, n % 256 == 0,
- * 1 <= E <= KILN_DW_WG_MAXE, S, m, n < 2^31, a, b, c 16-byte aligned */
+ * 1 <= E <= KILN_DW_WG_MAXE, S, m, n < 2^31, a and b 16-byte aligned (TMA), c 4 (bf16 pairs) */
 int kiln_experts_dw_wg_ok(int64_t E, int64_t S, int64_t m, int64_t n, const void *a, const void *b, const void *c);
 
 /* offs: E + 1 row offsets on the host. sms: CTAs at most (0: one an SM). Asynchronous on stream. */

@@ -646,7 +646,13 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     // does too (a job of its own), beside the other experts' GEMMs, and with defer beside whatever the caller's
     // stream does next: under concentrated routing most experts may be empty, 48 MB of f32 each at the [cuda] size.
     // the weight gradients (bf16) as one persistent wgmma kernel where KILN_GROUPED_DW=wg and it takes the shape
-    wg = tn && !c_f32 && path == P_LT_MIXED && dw_wg_wanted() && kiln_experts_dw_wg_ok(E, offs[E], m, n, a, b, c);
+    if (tn && !c_f32 && path == P_LT_MIXED && dw_wg_wanted()) {
+        static int said; // once a process: a request the kernel does not take, so that no timing is misread
+        wg = kiln_experts_dw_wg_ok(E, offs[E], m, n, a, b, c);
+        if (!wg && !said)
+            said = 1, kiln_log(KILN_LOG_WARN, "KILN_GROUPED_DW=wg: the wgmma kernel does not take %lld experts of %lld x "
+                               "%lld (or this device): cuBLASLt instead", (long long)E, (long long)m, (long long)n);
+    }
     zero_jobs = !wg && tn && !accumulate && !keep_empty && (path == P_LT_STREAMS || path == P_LT_MIXED) && ns > 1;
     if (tn && !accumulate && !keep_empty && !zero_jobs)
         for (int64_t e = 0; e < E; e++)

@@ -745,7 +745,9 @@ TEST(gpu_experts_dw_wg) {
     CHECK_ERR(kiln_experts_dw_wg(NULL, NULL, NULL, bad, 2, 128, 256, 0, 0, NULL), "decrease");
     CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 128, (void *)16, (void *)16, (void *)16)); /* n % 256 */
     CHECK(!kiln_experts_dw_wg_ok(2, 64, 64, 256, (void *)16, (void *)16, (void *)16));  /* m % 128 */
-    CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 256, (void *)16, (void *)18, (void *)16)); /* alignment */
+    CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 256, (void *)16, (void *)18, (void *)16)); /* B's alignment */
+    CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 256, (void *)16, (void *)16, (void *)18)); /* C's */
+    CHECK(kiln_experts_dw_wg_ok(2, 64, 128, 256, (void *)16, (void *)16, (void *)20));
 }
 
 /* KILN_GROUPED_DW=wg through kiln_grouped_gemm_cuda (TN, bf16 C): written (the empty expert zeroed), added to, and
