@@ -58,7 +58,7 @@ def short(name):
 
 # category of a record by its (demangled, shortened) name; the first pattern that matches
 CATEGORIES = [
-    ("GEMM", "#3b6fb6", re.compile(r"^nvjet|cutlass|gemm|splitKreduce|Kernel2|matmul(?!_dq)", re.I)),
+    ("GEMM", "#3b6fb6", re.compile(r"^nvjet|cutlass|gemm|splitKreduce|Kernel2|matmul(?!_dq)|edw::dw_wg_kernel", re.I)),
     ("attention", "#8e44ad", re.compile(r"sdpa|fmha|attn|attention|matmul_dq|dot_do_o", re.I)),
     ("optimizer", "#c0392b", re.compile(r"adamw|muon|sumsq", re.I)),
     ("norms", "#27ae60", re.compile(r"^rn::|rmsnorm|layernorm|l2norm|qk_(fwd|bwd)", re.I)),
