@@ -409,15 +409,10 @@ using namespace ccawg;
 // the shapes and device every kernel here takes: 128 channels a head, whole K blocks, sm_90 with `smem` bytes of
 // shared memory for a CTA
 static int wg_device_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, size_t smem) {
-    int dev, major, optin;
     if (s->C / s->groups != CG || s->C % s->groups || (CG * s->k1) % BKW || s->B * (s->T + s->k1 - 1) >= INT32_MAX ||
         NH % KV || NH + KV != s->groups)
         return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
-    return smem <= (size_t)optin;
+    return kiln_wgmma_device_ok(smem);
 }
 
 extern "C" int kiln_cca_grp_fwd_wg_ok(const kiln_conv_shape *s, int64_t NH, int64_t KV, const void *mid, const void *q,

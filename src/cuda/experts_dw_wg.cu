@@ -18,13 +18,11 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_check.h"
 #include "experts_dw_wg.h"
 #include "gemm_tc_epi.cuh"
-#include "kiln/log.h"
 #include "launch.cuh"
 #include "wgmma.cuh"
 
@@ -164,16 +162,11 @@ using namespace edw;
 
 extern "C" int kiln_experts_dw_wg_ok(int64_t E, int64_t S, int64_t m, int64_t n, const void *a, const void *b,
                                      const void *c) {
-    int dev, major, optin;
     const int64_t lim = (int64_t)1 << 31;
     if (E < 1 || E > KILN_DW_WG_MAXE || S < 0 || S + BK >= lim || m < BM || n < BN || m % BM || n % BN || m >= lim ||
         n >= lim || (m / BM) * (n / BN) * E >= lim || ((uintptr_t)a | (uintptr_t)b) & 15 || (uintptr_t)c & 3)
         return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
-    return SMEM <= (size_t)optin;
+    return kiln_wgmma_device_ok(SMEM);
 }
 
 extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,

@@ -463,6 +463,15 @@ static kiln_error *tma_map(void *map, cuuint32_t rank, const kiln_bf16 *p, int64
     return NULL;
 }
 
+extern "C" int kiln_wgmma_device_ok(size_t smem) {
+    int dev, major, optin;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9 ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return smem <= (size_t)optin;
+}
+
 extern "C" kiln_error *kiln_tma_map_bf16(void *map, const kiln_bf16 *p, int64_t rows, int64_t cols, int64_t ld,
                                          int box_rows, const char *name) {
     return tma_map(map, 2, p, 1, rows, cols, ld, box_rows, name);

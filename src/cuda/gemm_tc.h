@@ -12,6 +12,7 @@
 #ifndef KILN_CUDA_GEMM_TC_H
 #define KILN_CUDA_GEMM_TC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kiln/cuda_ops.h"
@@ -60,6 +61,10 @@ kiln_error *kiln_gemm_tc_cuda(int64_t M, int64_t N, int64_t K, const kiln_bf16 *
 kiln_error *kiln_gemm_tc_tile_cuda(kiln_gemm_tc_tile tile, int64_t M, int64_t N, int64_t K, const kiln_bf16 *A,
                                    int64_t lda, const kiln_bf16 *B, int64_t ldb, void *C, int64_t ldc,
                                    kiln_gemm_tc_epilogue epi, const void *bias, int bias_f32, void *stream);
+
+/* 1 when the current device runs kiln's wgmma kernels (sm_90: wgmma, setmaxnreg) with smem bytes of shared memory
+ * for a CTA (the opt-in maximum); shared by the kernels built on wgmma.cuh */
+int kiln_wgmma_device_ok(size_t smem);
 
 /* A CUtensorMap (map: 64 bytes, 64-byte aligned) over the bf16 matrix [rows, cols] with row stride ld elements,
  * read in boxes of box_rows x 64 columns into 128-byte-swizzled shared memory, rows and columns out of range
