@@ -8,7 +8,10 @@
 //  - One CTA an SM, three warpgroups (as gemm_tc.cu): warpgroup 0's one thread walks the CTA's tiles and their K
 //    blocks and issues the loads into a 4-slot ring; warpgroups 1 and 2 run the MMAs, 64 rows of the tile each.
 //  - The tiles of every expert with rows are dealt round-robin (tile t to CTA t % grid), the experts with the most
-//    rows first, so the kernel's last round is of the cheapest tiles. The schedule (experts, first rows, counts)
+//    rows first, so the kernel's last round is of the cheapest tiles. A CTA holds its SM until its tiles are done
+//    (nothing else fits beside it); a grid of several CTAs an SM (KILN_GROUPED_DW_CTAS) runs in waves instead, so
+//    that other streams' kernels (the router's backward) get SMs between them, at the cost of a deferred epilogue
+//    a wave. The schedule (experts, first rows, counts)
 //    is a kernel parameter written on the host, which knows the offsets: no device read before the first load.
 //  - An expert's K blocks start at its first row, so its last block may run into the next expert's rows: the
 //    consumers zero those rows of the A and B boxes before their MMAs (whole 128-byte rows: the swizzle only
@@ -170,12 +173,12 @@ extern "C" int kiln_experts_dw_wg_ok(int64_t E, int64_t S, int64_t m, int64_t n,
 }
 
 extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
-                                         int64_t E, int64_t m, int64_t n, int accumulate, int sms, void *stream) {
+                                         int64_t E, int64_t m, int64_t n, int accumulate, int ctas, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     CUtensorMap tm_a, tm_b;
     sched s;
-    int dev = 0, nsm = 0;
+    int dev = 0, grid = 0;
     const int64_t S = E >= 1 && E <= KILN_DW_WG_MAXE ? offs[E] : 0;
     if (!kiln_experts_dw_wg_ok(E, S, m, n, a, b, c))
         return kiln_errorf(KILN_EUNSUPPORTED, "experts' weight gradients on wgmma: E=%lld S=%lld m=%lld n=%lld (needs "
@@ -197,18 +200,18 @@ extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, cons
     if (!s.n) return NULL;
     s.tiles = s.n * s.tpe;
     CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-    if (sms > 0 && sms < nsm) nsm = sms;
-    if (nsm > s.tiles) nsm = s.tiles;
+    CUDA_TRY(cudaDeviceGetAttribute(&grid, cudaDevAttrMultiProcessorCount, dev));
+    if (ctas > 0) grid = ctas; // fewer: SMs left to other streams; more: CTAs in waves, other kernels between them
+    if (grid > s.tiles) grid = s.tiles;
     if ((err = kiln_tma_map_bf16(&tm_a, a, S, m, m, BK, "the experts' output gradients (A)")) ||
         (err = kiln_tma_map_bf16(&tm_b, b, S, n, n, BK, "the experts' inputs (B)")))
         goto done;
     if (accumulate) {
         CUDA_TRY(cudaFuncSetAttribute(dw_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-        kiln_launch(dw_wg_kernel<true>, (unsigned)nsm, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, s);
+        kiln_launch(dw_wg_kernel<true>, (unsigned)grid, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, s);
     } else {
         CUDA_TRY(cudaFuncSetAttribute(dw_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-        kiln_launch(dw_wg_kernel<false>, (unsigned)nsm, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, s);
+        kiln_launch(dw_wg_kernel<false>, (unsigned)grid, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, s);
     }
     CUDA_TRY(cudaGetLastError());
 done:

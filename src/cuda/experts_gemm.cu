@@ -576,7 +576,7 @@ static int dw_wg_wanted(void) {
     return v && !strcmp(v, "wg");
 }
 
-// One launch for every expert's C_e (KILN_GROUPED_DW_SMS: its CTAs at most, 0 = one an SM). Deferred (g_defer)
+// One launch for every expert's C_e (KILN_GROUPED_DW_CTAS: its grid, 0 = one CTA an SM). Deferred (g_defer)
 // with side streams, it runs on the next side stream in turn and is joined later, so that the caller's stream goes
 // on as with the per-expert GEMMs (the two projections' kernels then also fill each other's last round); else on
 // st. Called with g_lock held.
@@ -584,15 +584,15 @@ static kiln_error *dw_wg(void *c, const kiln_bf16 *a, const kiln_bf16 *b, const 
                          int64_t n, int accumulate, int ns, cudaStream_t st) {
     static int next; // the side stream of the next deferred launch
     kiln_error *err = NULL;
-    long sms = 0;
-    if ((err = env_int("KILN_GROUPED_DW_SMS", 0, 4096, 0, 1, &sms))) return err;
+    long ctas = 0;
+    if ((err = env_int("KILN_GROUPED_DW_CTAS", 0, 1 << 20, 0, 1, &ctas))) return err;
     if (!g_defer || ns <= 1)
-        return kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)sms, st);
+        return kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)ctas, st);
     const int i = next++ % ns;
     if ((err = side_streams(i + 1))) return err;
     CUDA_TRY(cudaEventRecord(g_fork, st));
     CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
-    err = kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)sms, g_side[i]);
+    err = kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)ctas, g_side[i]);
     { // joined later (kiln_grouped_gemm_join); after an error, now: nothing later on st may overtake it
         const cudaError_t e1 = cudaEventRecord(g_join[i], g_side[i]);
         if (e1 != cudaSuccess && !err) err = kiln_errorf(KILN_EIO, "marking side stream %d: %s", i, cudaGetErrorString(e1));

@@ -685,23 +685,24 @@ static void dw_check_empty(const char *name, const float *got, const float *c0, 
 /* kiln_experts_dw_wg itself, written and added to, bf16 C within 1e-2 (one rounding, as the TN cases above). Row
  * counts that end inside a K block of 64 (1, 2, 5, 6, 17, 63 rows past the last whole one: the next expert's rows in
  * that block must not count, an Inf there included), one that ends on a block, an expert without rows (its C_e left
- * exactly as it was), the last expert ending at S (rows past S read as zeros); fewer CTAs than tiles (sms 3 and 5:
- * the ring and the held stores carried across tiles of different experts); the written result twice, bit for bit. */
+ * exactly as it was), the last expert ending at S (rows past S read as zeros); fewer CTAs than tiles (grids of 3 and 5:
+ * the ring and the held stores carried across tiles of different experts) and more CTAs than SMs (a grid of 200 over
+ * 192 tiles: waves); the written result twice, bit for bit. */
 TEST(gpu_experts_dw_wg) {
     static const int32_t offs_a[5] = {0, 70, 70, 200, 333}, offs_b[4] = {0, 1, 129, 257},
                          offs_c[7] = {0, 63, 127, 127, 400, 401, 700};
     static const struct {
         const int32_t *offs;
         int64_t E, m, n;
-        int sms;
-    } cs[3] = {{offs_a, 4, 128, 256, 0}, {offs_b, 3, 256, 512, 3}, {offs_c, 6, 384, 256, 5}};
+        int ctas;
+    } cs[4] = {{offs_a, 4, 128, 256, 0}, {offs_b, 3, 256, 512, 3}, {offs_c, 6, 384, 256, 5}, {offs_a, 4, 2048, 1024, 200}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 2900);
     if (!kiln_experts_dw_wg_ok(4, 333, 128, 256, (void *)16, (void *)16, (void *)16)) {
         printf("  (no sm_90 device: the kernel does not run here)\n");
         return;
     }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         for (int acc = 0; acc < 2; acc++) {
             const int32_t *offs = cs[i].offs;
             const int64_t E = cs[i].E, m = cs[i].m, n = cs[i].n, S = offs[E], nc = E * m * n;
@@ -709,17 +710,17 @@ TEST(gpu_experts_dw_wg) {
             gt_round_bf16(a, S * m), gt_round_bf16(b, S * n), gt_round_bf16(c0, nc);
             float *ref = dw_ref(a, b, c0, offs, E, m, n, acc, 1);
             kiln_bf16 *d_a = gt_up_bf16(a, S * m), *d_b = gt_up_bf16(b, S * n), *d_c = gt_up_bf16(c0, nc);
-            CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, acc, cs[i].sms, NULL));
+            CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, acc, cs[i].ctas, NULL));
             float *got = gt_down_bf16(d_c, nc);
             char name[96];
-            snprintf(name, sizeof name, "dw wg %lld x [%lld x %lld] %s sms %d", (long long)E, (long long)m, (long long)n,
-                     acc ? "+=" : "=", cs[i].sms);
+            snprintf(name, sizeof name, "dw wg %lld x [%lld x %lld] %s grid %d", (long long)E, (long long)m, (long long)n,
+                     acc ? "+=" : "=", cs[i].ctas);
             GT_CLOSE(name, got, ref, nc, 1e-2);
             dw_check_empty(name, got, c0, offs, E, m * n, 1);
             if (!acc) { /* again over the same stale C: the same bits */
                 kiln_cuda_free(d_c);
                 d_c = gt_up_bf16(c0, nc);
-                CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, 0, cs[i].sms, NULL));
+                CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, 0, cs[i].ctas, NULL));
                 float *again = gt_down_bf16(d_c, nc);
                 CHECK_MSG(!memcmp(again, got, (size_t)nc * sizeof *got), "%s: a second run gave other bits", name);
                 free(again);
@@ -798,7 +799,8 @@ TEST(gpu_experts_dw_wg_paths) {
 /* Timing (printed, never asserted): a layer's two weight-gradient GEMMs at issue [cuda]'s size (16 experts, 16384
  * rows routed unevenly, one expert empty; gate_up [4096 x 2048], down [2048 x 2048] an expert, bf16 C written with
  * the empty expert kept), as the experts' backward runs them (both deferred, then joined): cuBLASLt an expert on the
- * side streams (lt) against the one wgmma kernel (wg); the two results compared (1e-2). */
+ * side streams (lt) against the one wgmma kernel (wg), one CTA an SM and in waves of 4 an SM; the results compared
+ * (wg against lt within 1e-2, the two grids bit for bit: each element is the same sum either way). */
 TEST(gpu_experts_dw_wg_timing) {
     const int64_t E = 16, S = 16384, H = 2048, I = 2048;
     int32_t offs[17];
@@ -815,15 +817,18 @@ TEST(gpu_experts_dw_wg_timing) {
     float *h = gt_rand(&rng, S * 2 * I, 1.0f);
     kiln_bf16 *dgu = gt_up_bf16(h, S * 2 * I), *xe = gt_up_bf16(h, S * H), *dye = gt_up_bf16(h + 7, S * H);
     kiln_bf16 *act = gt_up_bf16(h + 3, S * I);
-    kiln_bf16 *cgu[2] = {gt_dev((size_t)(E * 2 * I * H) * 2), gt_dev((size_t)(E * 2 * I * H) * 2)};
-    kiln_bf16 *cdn[2] = {gt_dev((size_t)(E * H * I) * 2), gt_dev((size_t)(E * H * I) * 2)};
-    static const char *const how[2] = {"lt", "wg"};
+    kiln_bf16 *cgu[3] = {gt_dev((size_t)(E * 2 * I * H) * 2), gt_dev((size_t)(E * 2 * I * H) * 2),
+                         gt_dev((size_t)(E * 2 * I * H) * 2)};
+    kiln_bf16 *cdn[3] = {gt_dev((size_t)(E * H * I) * 2), gt_dev((size_t)(E * H * I) * 2), gt_dev((size_t)(E * H * I) * 2)};
+    static const char *const how[3] = {"lt", "wg", "wg, KILN_GROUPED_DW_CTAS=528 (4 an SM, waves)"};
     const double flops = 2.0 * S * (2.0 * I * H + (double)H * I);
     CHECK_OK(kiln_grouped_gemm_set_path("lt_mixed"));
     for (int rep = 0; rep < 2; rep++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             if (v) CHECK(setenv("KILN_GROUPED_DW", "wg", 1) == 0);
             else unsetenv("KILN_GROUPED_DW");
+            if (v == 2) CHECK(setenv("KILN_GROUPED_DW_CTAS", "528", 1) == 0);
+            else unsetenv("KILN_GROUPED_DW_CTAS");
             double best = 1e30;
             for (int it = 0; it < 13; it++) {
                 CHECK_OK(kiln_cuda_sync());
@@ -839,15 +844,20 @@ TEST(gpu_experts_dw_wg_timing) {
             }
             printf("    dW of a layer, %s: %.3f ms, %.0f TFLOP/s (best of 10)\n", how[v], best * 1e3, flops / best * 1e-12);
         }
-    unsetenv("KILN_GROUPED_DW");
+    unsetenv("KILN_GROUPED_DW"), unsetenv("KILN_GROUPED_DW_CTAS");
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
-    float *g0 = gt_down_bf16(cgu[0], E * 2 * I * H), *g1 = gt_down_bf16(cgu[1], E * 2 * I * H);
-    float *d0 = gt_down_bf16(cdn[0], E * H * I), *d1 = gt_down_bf16(cdn[1], E * H * I);
-    for (int64_t i = 11 * 2 * I * H; i < 12 * 2 * I * H; i++) g0[i] = g1[i] = 0.0f; /* expert 11: never written */
-    for (int64_t i = 11 * H * I; i < 12 * H * I; i++) d0[i] = d1[i] = 0.0f;
-    GT_CLOSE("dW gate_up, wg vs lt", g1, g0, E * 2 * I * H, 1e-2);
-    GT_CLOSE("dW down, wg vs lt", d1, d0, E * H * I, 1e-2);
-    free(g0), free(g1), free(d0), free(d1), free(h);
+    float *g[3], *d[3];
+    for (int v = 0; v < 3; v++) {
+        g[v] = gt_down_bf16(cgu[v], E * 2 * I * H), d[v] = gt_down_bf16(cdn[v], E * H * I);
+        for (int64_t i = 11 * 2 * I * H; i < 12 * 2 * I * H; i++) g[v][i] = 0.0f; /* expert 11: never written */
+        for (int64_t i = 11 * H * I; i < 12 * H * I; i++) d[v][i] = 0.0f;
+    }
+    GT_CLOSE("dW gate_up, wg vs lt", g[1], g[0], E * 2 * I * H, 1e-2);
+    GT_CLOSE("dW down, wg vs lt", d[1], d[0], E * H * I, 1e-2);
+    CHECK_MSG(!memcmp(g[2], g[1], (size_t)(E * 2 * I * H) * sizeof(float)) &&
+                  !memcmp(d[2], d[1], (size_t)(E * H * I) * sizeof(float)),
+              "wg in waves gave other bits than wg one CTA an SM");
+    for (int v = 0; v < 3; v++) free(g[v]), free(d[v]), kiln_cuda_free(cgu[v]), kiln_cuda_free(cdn[v]);
+    free(h);
     kiln_cuda_free(dgu), kiln_cuda_free(xe), kiln_cuda_free(dye), kiln_cuda_free(act);
-    for (int v = 0; v < 2; v++) kiln_cuda_free(cgu[v]), kiln_cuda_free(cdn[v]);
 }
