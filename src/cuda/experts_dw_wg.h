@@ -6,8 +6,8 @@
  * order, in one CTA: the same bits on every run.
  * Why: cuBLASLt runs the 2 x E GEMMs of a layer's weight gradients one per expert (k = the expert's rows), each
  * about two waves of tiles with its own fill and drain, on side streams to fill each other's gaps (the [cuda]
- * benchmark: ~0.9 ms a layer for 412 GFLOP, docs/perf.md session 29); here all the experts' tiles are dealt
- * to one CTA an SM, the largest experts first, and a tile's stores run under the next tile's MMAs.
+ * benchmark: ~0.9 ms a layer for at most 412 GFLOP, docs/perf.md session 29); here all the experts' tiles are dealt
+ * to the CTAs (one an SM by default), the largest experts first, and a tile's stores run under the next tile's MMAs.
  * Internal to the CUDA side (experts_gemm.cu, its GPU tests). */
 #ifndef KILN_CUDA_EXPERTS_DW_WG_H
 #define KILN_CUDA_EXPERTS_DW_WG_H
