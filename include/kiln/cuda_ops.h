@@ -88,6 +88,11 @@ typedef struct {
                    * (half the bytes for the GEMM's write and for every later read: norm, optimizer) */
     int dw_keep_empty; /* 1 (with dw_write): an expert without rows keeps whatever its dwgu/dwdn held (not zeroed);
                         * the caller treats them as zero from exp_off_host (the trainer's zero mask) */
+    double *dw_sq;   /* nullable (device, 2E doubles; with dw_bf16 and dw_defer): where both weight gradients run on
+                      * the wgmma kernel (kiln_grouped_gemm_dw_sq_cuda_async), [0, E) gets each expert's gate_up
+                      * gradient's sum of squares and [E, 2E) its down's, ready once joined (KILN_GROUPED_DW_SQ=0: not
+                      * asked for) */
+    int dw_sq_done;  /* set by the backward: 1 when it wrote dw_sq */
 } kiln_experts_cuda_scratch;
 /* The routing decision as kiln_route_topk (include/kiln/nn.h): probs [n,e1] and bias [e1] f32 (the last
  * class is the skip class) -> choice, gate [n*top] (f32, unbiased, 0 for the skip class); one warp per
@@ -163,6 +168,13 @@ kiln_error *kiln_grouped_gemm_cuda_async(void *c, int c_f32, const kiln_bf16 *a,
                                          int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
                                          void *stream);
 kiln_error *kiln_grouped_gemm_join(void *stream);
+/* _async's TN with a bf16 C (the experts' weight gradients), and where the wgmma kernel runs it (KILN_GROUPED_DW=wg,
+ * C written) also sq[e] (device, E doubles) = the sum of squares of C_e as stored, 0 for an expert without rows
+ * (from the tiles' registers in a fixed order: no read-back), ready in the stream's order once joined; *sq_done = 1
+ * then, else 0 and sq is not touched */
+kiln_error *kiln_grouped_gemm_dw_sq_cuda_async(void *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
+                                               int64_t E, int64_t m, int64_t n, int accumulate, double *sq, int *sq_done,
+                                               void *stream);
 /* Select the grouped GEMM's path by name for the process (NULL: back to KILN_GROUPED_GEMM or the default);
  * an unknown name is an error listing the known ones. */
 kiln_error *kiln_grouped_gemm_set_path(const char *name);
@@ -529,6 +541,10 @@ kiln_error *kiln_sumsq_plan_run(const kiln_sumsq_plan *p, double *out, const flo
  * total sums every chunk's partial in order, once all are done: the same bits as run */
 kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0, int k1, const float *x, void *stream);
 kiln_error *kiln_sumsq_plan_total(const kiln_sumsq_plan *p, double *out, void *stream);
+/* segments [k0, k1)'s sums given instead of read: vals[k - k0] (device, doubles) stands in segment k's first chunk's
+ * partial, zeros in its other chunks' (the experts' weight gradients' sums from their GEMM,
+ * kiln_grouped_gemm_dw_sq_cuda_async); total then sums them in the same order */
+kiln_error *kiln_sumsq_plan_give(const kiln_sumsq_plan *p, int k0, int k1, const double *vals, void *stream);
 /* dst[0..n) (device) = src[0..n) (host), queued on stream: the values travel as kernel parameters, so src may
  * change as soon as the call returns (no staging buffer to keep alive) */
 kiln_error *kiln_words_set_cuda(uint32_t *dst, const uint32_t *src, int64_t n, void *stream);

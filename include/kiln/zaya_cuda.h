@@ -89,6 +89,10 @@ kiln_error *kiln_zaya_cuda_master_split(kiln_zaya_cuda *g);
 /* out (device, one double) = the sum of squares of the whole gradient, f32 and bf16 tensors as they are stored;
  * queued on the model's stream */
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out);
+/* the layers whose experts' weight-gradient kernel gave their gradients' sums of squares in the last backward
+ * (KILN_GROUPED_DW=wg where it runs both projections; KILN_GROUPED_DW_SQ=0: none), which the sum above then takes
+ * instead of reading those gradients back */
+int kiln_zaya_cuda_expert_sumsq_given(const kiln_zaya_cuda *g);
 /* kiln_zaya_cuda_grads_zero for the next backward: zeroes only the gradients it adds to (one memset per run of such
  * tensors), not those it overwrites (kiln_zaya_cuda_grad_overwritten, and the LM head's weight, whose GEMM comes
  * first and writes it): 0.2 of 7 GB at the [cuda] size. The next backward gives the same gradients as after

@@ -219,7 +219,7 @@ static kiln_error *run_routing(moe_gpu_case *cs, int np, int iters, int warmup, 
     float *out = d[17], *dout = out + N * H, *dx = dout + N * H, *dgate = dx + N * H;
     kiln_experts_cuda x = {N, H, I, E, top, d[0], d[1], d[2], off_h, d[3], d[4], d[5], 0, d[6], d[7], d[8], d[9]};
     /* dx written, as the trainer's backward does (its first writer); the weight gradients accumulated */
-    kiln_experts_cuda_scratch w = {d[10], d[11], d[12], d[13], 0, 0, 1, 0, 0};
+    kiln_experts_cuda_scratch w = {d[10], d[11], d[12], d[13], 0, 0, 1, 0, 0, NULL, 0};
     kiln_bf16 *in = d[14], *wgu = d[15], *wdn = d[16];
     float *dwgu = d[18], *dwdn = d[19];
     if ((e = kiln_cuda_copy(d[0], choice, (size_t)S * 4, KILN_CUDA_H2D)) ||

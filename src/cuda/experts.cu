@@ -417,6 +417,9 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     const int dwmode = !w->dw_write ? KILN_GG_ADD : w->dw_keep_empty ? KILN_GG_WRITE_KEEP_EMPTY : KILN_GG_WRITE;
     const char *dv = getenv("KILN_EXPERTS_DW_DEFER");
     const int defer = w->dw_defer && !(dv && !strcmp(dv, "0"));
+    const char *sqv = getenv("KILN_GROUPED_DW_SQ"); // =0: the caller reads the gradients back for their norm, as before
+    const int want_sq = w->dw_sq && !(sqv && !strcmp(sqv, "0"));
+    w->dw_sq_done = 0;
     // weight gradients a previous call left running read and write buffers this call may reuse
     if ((err = kiln_grouped_gemm_join(stream))) goto done;
     if (N) CUDA_TRY(cudaMemsetAsync(dgate, 0, (size_t)(N * top) * sizeof(float), st));
@@ -460,7 +463,16 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
     if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
         goto done;
-    if (defer) {
+    if (defer && want_sq && !dw_f32 && dwgu && dwdn) {
+        // as below, and their sums of squares from the wgmma kernel where it runs both (the gradient norm's share)
+        int done_dn = 0, done_gu = 0;
+        if ((err = kiln_grouped_gemm_dw_sq_cuda_async(dwdn, w->dye, x->act, x->exp_off_host, E, H, I, dwmode,
+                                                      w->dw_sq + E, &done_dn, stream)) ||
+            (err = kiln_grouped_gemm_dw_sq_cuda_async(dwgu, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, dwmode, w->dw_sq,
+                                                      &done_gu, stream)))
+            goto done;
+        w->dw_sq_done = done_dn && done_gu;
+    } else if (defer) {
         // both weight gradients on the side streams, left running: the caller's stream goes on with the gated
         // sum's dx and whatever follows (the router's backward) while they fill the SMs around it; the caller
         // joins (kiln_experts_backward_join_cuda) before dye/dgu/act/xe are reused or the gradients read

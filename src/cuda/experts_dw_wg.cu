@@ -51,7 +51,7 @@ struct sched {
 template <bool ACC>
 __global__ void __launch_bounds__(THREADS, 1)
     dw_wg_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b, bf16 *C, int M,
-                 int N, const __grid_constant__ sched s) {
+                 int N, double *sqp, const __grid_constant__ sched s) {
     pdl_wait();
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -152,11 +152,47 @@ __global__ void __launch_bounds__(THREADS, 1)
         } else {
             hold_tile<KILN_GEMM_TC_NONE, BN, float>(acc, held, NULL, c);
             hp0 = p0, hp1 = p1, holding = true;
+            if (sqp) {
+                // the tile's sum of squares as stored (the bf16 values), in a fixed order: a thread's 128 in four f32
+                // chains (this runs with the tensor cores idle: f32 FMAs, not f64), then f64 across the warp
+                float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < BN / 4; j++) {
+                    const float2 v = unpack_bf16x2(held[j]);
+                    s4[j & 3] = fmaf(v.x, v.x, s4[j & 3]), s4[j & 3] = fmaf(v.y, v.y, s4[j & 3]);
+                }
+                double ss = ((double)s4[0] + (double)s4[1]) + ((double)s4[2] + (double)s4[3]);
+#pragma unroll
+                for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                if (lane == 0) sqp[(int64_t)t * 8 + cw * 4 + warp] = ss;
+            }
         }
     }
     if constexpr (!ACC) {
         if (holding) drain_held<0, KILN_GEMM_TC_NONE, BN>(held, hp0, hp1, 0, NCH);
     }
+}
+
+// sq[e] = the sum of expert e's tiles' parts (8 a tile, in tile order), in f64 and a fixed order; 0 for an expert
+// without rows. One block an expert.
+constexpr int SQ_THREADS = 256;
+__global__ void __launch_bounds__(SQ_THREADS)
+    dw_sq_kernel(double *sq, const double *sqp, const __grid_constant__ sched s) {
+    pdl_wait();
+    __shared__ double red[SQ_THREADS];
+    const int e = blockIdx.x;
+    int x = 0;
+    while (x < s.n && s.e[x] != e) x++;
+    double v = 0.0;
+    if (x < s.n)
+        for (int64_t i = (int64_t)x * s.tpe * 8 + threadIdx.x; i < (int64_t)(x + 1) * s.tpe * 8; i += SQ_THREADS) v += sqp[i];
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = SQ_THREADS / 2; h; h >>= 1) {
+        if ((int)threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) sq[e] = red[0];
 }
 
 } // namespace edw
@@ -173,17 +209,21 @@ extern "C" int kiln_experts_dw_wg_ok(int64_t E, int64_t S, int64_t m, int64_t n,
 }
 
 extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
-                                         int64_t E, int64_t m, int64_t n, int accumulate, int ctas, void *stream) {
+                                         int64_t E, int64_t m, int64_t n, int accumulate, int ctas, double *sq,
+                                         void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     CUtensorMap tm_a, tm_b;
     sched s;
     int dev = 0, grid = 0;
+    double *sqp = NULL;
     const int64_t S = E >= 1 && E <= KILN_DW_WG_MAXE ? offs[E] : 0;
     if (!kiln_experts_dw_wg_ok(E, S, m, n, a, b, c))
         return kiln_errorf(KILN_EUNSUPPORTED, "experts' weight gradients on wgmma: E=%lld S=%lld m=%lld n=%lld (needs "
                            "sm_90, m %% %d == 0, n %% %d == 0, E <= %d, A and B 16-byte aligned, C 4)",
                            (long long)E, (long long)S, (long long)m, (long long)n, BM, BN, (int)KILN_DW_WG_MAXE);
+    if (sq && accumulate)
+        return kiln_errorf(KILN_EINVAL, "experts' weight gradients on wgmma: sums of squares of added-to gradients");
     memset(&s, 0, sizeof s);
     s.tn = (int)(n / BN), s.tpe = (int)(m / BM) * s.tn;
     for (int64_t e = 0; e < E; e++) {
@@ -197,7 +237,10 @@ extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, cons
             s.e[x] = s.e[x - 1], s.r0[x] = s.r0[x - 1], s.rows[x] = s.rows[x - 1];
         s.e[x] = (int)e, s.r0[x] = offs[e], s.rows[x] = offs[e + 1] - offs[e];
     }
-    if (!s.n) return NULL;
+    if (!s.n) { // nothing to compute: every sum of squares is 0
+        if (sq) CUDA_TRY(cudaMemsetAsync(sq, 0, (size_t)E * sizeof *sq, st));
+        goto done;
+    }
     s.tiles = s.n * s.tpe;
     CUDA_TRY(cudaGetDevice(&dev));
     CUDA_TRY(cudaDeviceGetAttribute(&grid, cudaDevAttrMultiProcessorCount, dev));
@@ -206,15 +249,23 @@ extern "C" kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, cons
     if ((err = kiln_tma_map_bf16(&tm_a, a, S, m, m, BK, "the experts' output gradients (A)")) ||
         (err = kiln_tma_map_bf16(&tm_b, b, S, n, n, BK, "the experts' inputs (B)")))
         goto done;
+    if (sq) CUDA_TRY(cudaMallocAsync((void **)&sqp, (size_t)s.tiles * 8 * sizeof *sqp, st));
     if (accumulate) {
         CUDA_TRY(cudaFuncSetAttribute(dw_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-        kiln_launch(dw_wg_kernel<true>, (unsigned)grid, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, s);
+        kiln_launch(dw_wg_kernel<true>, (unsigned)grid, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, sqp,
+                    s);
     } else {
         CUDA_TRY(cudaFuncSetAttribute(dw_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-        kiln_launch(dw_wg_kernel<false>, (unsigned)grid, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, s);
+        kiln_launch(dw_wg_kernel<false>, (unsigned)grid, THREADS, SMEM, st, tm_a, tm_b, (bf16 *)c, (int)m, (int)n, sqp,
+                    s);
     }
     CUDA_TRY(cudaGetLastError());
+    if (sq) {
+        kiln_launch(dw_sq_kernel, (unsigned)E, SQ_THREADS, 0, st, sq, (const double *)sqp, s);
+        CUDA_TRY(cudaGetLastError());
+    }
 done:
+    if (sqp) cudaFreeAsync(sqp, st);
     return err ? kiln_error_wrap(err, "experts' weight gradients on wgmma (%lld experts, %lld x %lld)", (long long)E,
                                  (long long)m, (long long)n)
                : NULL;

@@ -26,10 +26,12 @@ enum { KILN_DW_WG_MAXE = 256 }; /* experts a call takes (the schedule is a kerne
  * 1 <= E <= KILN_DW_WG_MAXE, S, m, n < 2^31, a and b 16-byte aligned (TMA), c 4 (bf16 pairs) */
 int kiln_experts_dw_wg_ok(int64_t E, int64_t S, int64_t m, int64_t n, const void *a, const void *b, const void *c);
 
-/* offs: E + 1 row offsets on the host. ctas: the grid (0: one CTA an SM; never more than tiles). Asynchronous on
- * stream. */
+/* offs: E + 1 row offsets on the host. ctas: the grid (0: one CTA an SM; never more than tiles). sq (nullable, device,
+ * E doubles; written C only): sq[e] = the sum of squares of C_e as stored (the bf16 values), 0 for an expert without
+ * rows, summed in a fixed order from the tiles' registers (a thread's squares in f32 chains of 32, f64 beyond: the
+ * gradient norm's share of the experts without reading them back). Asynchronous on stream. */
 kiln_error *kiln_experts_dw_wg(kiln_bf16 *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E,
-                               int64_t m, int64_t n, int accumulate, int ctas, void *stream);
+                               int64_t m, int64_t n, int accumulate, int ctas, double *sq, void *stream);
 
 #ifdef __cplusplus
 }

@@ -581,18 +581,18 @@ static int dw_wg_wanted(void) {
 // on as with the per-expert GEMMs (the two projections' kernels then also fill each other's last round); else on
 // st. Called with g_lock held.
 static kiln_error *dw_wg(void *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs, int64_t E, int64_t m,
-                         int64_t n, int accumulate, int ns, cudaStream_t st) {
+                         int64_t n, int accumulate, double *sq, int ns, cudaStream_t st) {
     static int next; // the side stream of the next deferred launch
     kiln_error *err = NULL;
     long ctas = 0;
     if ((err = env_int("KILN_GROUPED_DW_CTAS", 0, 1 << 20, 0, 1, &ctas))) return err;
     if (!g_defer || ns <= 1)
-        return kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)ctas, st);
+        return kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)ctas, sq, st);
     const int i = next++ % ns;
     if ((err = side_streams(i + 1))) return err;
     CUDA_TRY(cudaEventRecord(g_fork, st));
     CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
-    err = kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)ctas, g_side[i]);
+    err = kiln_experts_dw_wg((kiln_bf16 *)c, a, b, offs, E, m, n, accumulate, (int)ctas, sq, g_side[i]);
     { // joined later (kiln_grouped_gemm_join); after an error, now: nothing later on st may overtake it
         const cudaError_t e1 = cudaEventRecord(g_join[i], g_side[i]);
         if (e1 != cudaSuccess && !err) err = kiln_errorf(KILN_EIO, "marking side stream %d: %s", i, cudaGetErrorString(e1));
@@ -603,10 +603,11 @@ done:
     return err;
 }
 
-// kiln_grouped_gemm_cuda, and with defer its _async twin (side streams left running)
+// kiln_grouped_gemm_cuda, and with defer its _async twin (side streams left running); sq (TN, written bf16 C): the
+// experts' sums of squares where the wgmma kernel runs, *sq_done = 1 then
 static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
                                 int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
-                                int *looped, int defer, void *stream) {
+                                int *looped, int defer, double *sq, int *sq_done, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
     const int tn = layout && !strcmp(layout, "TN"), nt = layout && !strcmp(layout, "NT"),
@@ -617,6 +618,7 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     long ns = DEFAULT_STREAMS, ch = DEFAULT_CHUNK, dwb = 1, solo = DEFAULT_SOLO;
     job *js = NULL;
     if (looped) *looped = 0;
+    if (sq_done) *sq_done = 0;
     if (accumulate < KILN_GG_WRITE || accumulate > KILN_GG_WRITE_KEEP_EMPTY)
         return kiln_errorf(KILN_EINVAL, "grouped GEMM: accumulate %d, expected 0 (=), 1 (+=) or 2 (=, empty experts "
                            "kept)", accumulate);
@@ -664,7 +666,8 @@ static kiln_error *grouped_gemm(void *c, int c_f32, const kiln_bf16 *a, const ki
     }
     ran = 1; // from here on an error is the GEMM's own, not the configuration's
     if (wg) {
-        err = dw_wg(c, a, b, offs, E, m, n, accumulate, (int)ns, st);
+        if (!(err = dw_wg(c, a, b, offs, E, m, n, accumulate, accumulate ? NULL : sq, (int)ns, st)) && sq && sq_done)
+            *sq_done = !accumulate;
         goto done;
     }
     // the chunks overwrite their overlap, so they cannot accumulate
@@ -728,13 +731,19 @@ done:
 extern "C" kiln_error *kiln_grouped_gemm_cuda(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
                                               const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
                                               const char *layout, int accumulate, int *looped, void *stream) {
-    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, looped, 0, stream);
+    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, looped, 0, NULL, NULL, stream);
 }
 
 extern "C" kiln_error *kiln_grouped_gemm_cuda_async(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
                                                     const int32_t *offs, int64_t E, int64_t m, int64_t n, int64_t k,
                                                     const char *layout, int accumulate, void *stream) {
-    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, NULL, 1, stream);
+    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, NULL, 1, NULL, NULL, stream);
+}
+
+extern "C" kiln_error *kiln_grouped_gemm_dw_sq_cuda_async(void *c, const kiln_bf16 *a, const kiln_bf16 *b,
+                                                          const int32_t *offs, int64_t E, int64_t m, int64_t n,
+                                                          int accumulate, double *sq, int *sq_done, void *stream) {
+    return grouped_gemm(c, 0, a, b, offs, E, m, n, 0, "TN", accumulate, NULL, 1, sq, sq_done, stream);
 }
 
 extern "C" kiln_error *kiln_grouped_gemm_join(void *stream) {

@@ -272,6 +272,7 @@ struct kiln_sumsq_plan {
     double *part;   // device, one per item
     int nitems, count;
     int *first;     // host: segment k's items are [first[k], first[k + 1])
+    int *first_dev; // the same on the device (kiln_sumsq_plan_give)
     const uint32_t *zmask; // kiln_sumsq_plan_set_zero_mask's (device)
 };
 
@@ -281,6 +282,7 @@ extern "C" void kiln_sumsq_plan_free(kiln_sumsq_plan *p) {
     if (!p) return;
     cudaFree(p->items);
     cudaFree(p->part);
+    cudaFree(p->first_dev);
     free(p->first);
     free(p);
 }
@@ -316,6 +318,8 @@ extern "C" kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int co
     CUDA_TRY(cudaMalloc((void **)&p->items, (size_t)(m + 1) * sizeof *h));
     CUDA_TRY(cudaMalloc((void **)&p->part, (size_t)(m + 1) * sizeof(double)));
     if (m) CUDA_TRY(cudaMemcpy(p->items, h, (size_t)m * sizeof *h, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaMalloc((void **)&p->first_dev, ((size_t)count + 1) * sizeof(int)));
+    CUDA_TRY(cudaMemcpy(p->first_dev, p->first, ((size_t)count + 1) * sizeof(int), cudaMemcpyHostToDevice));
 done:
     free(h);
     if (err) kiln_sumsq_plan_free(p);
@@ -331,6 +335,25 @@ extern "C" kiln_error *kiln_sumsq_plan_partial(const kiln_sumsq_plan *p, int k0,
     if (ni) kiln_launch(sumsq_items_kernel, (unsigned)ni, SQ_THREADS, 0, (cudaStream_t)stream, p->part + i0, x,
                         p->items + i0, p->zmask);
     LAUNCH_CHECK("sum of squares (segments)");
+done:
+    return err;
+}
+
+// segment k0 + blockIdx.x's sum given: its first item's partial, zeros in its others
+static __global__ void sumsq_give_kernel(double *part, const int *first, int k0, const double *vals) {
+    pdl_wait();
+    const int k = k0 + (int)blockIdx.x, i0 = first[k], i1 = first[k + 1];
+    for (int i = i0 + (int)threadIdx.x; i < i1; i += (int)blockDim.x) part[i] = i == i0 ? vals[blockIdx.x] : 0.0;
+}
+
+extern "C" kiln_error *kiln_sumsq_plan_give(const kiln_sumsq_plan *p, int k0, int k1, const double *vals, void *stream) {
+    kiln_error *err = NULL;
+    if (k0 < 0 || k1 > p->count || k0 > k1)
+        return kiln_errorf(KILN_EINVAL, "sum of squares: segments %d..%d of %d", k0, k1 - 1, p->count);
+    if (k1 > k0)
+        kiln_launch(sumsq_give_kernel, (unsigned)(k1 - k0), 64, 0, (cudaStream_t)stream, p->part, (const int *)p->first_dev,
+                    k0, vals);
+    LAUNCH_CHECK("sum of squares (given segments)");
 done:
     return err;
 }

@@ -43,6 +43,7 @@ kiln_error *kiln_zaya_cuda_master_f32(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_master_split(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 int kiln_zaya_cuda_grad_bf16(const kiln_zaya_cuda *g, int i) { (void)g, (void)i; return 0; }
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) { (void)g, (void)out; NOCUDA; }
+int kiln_zaya_cuda_expert_sumsq_given(const kiln_zaya_cuda *g) { (void)g; return 0; }
 kiln_error *kiln_zaya_cuda_grads_zero_added(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 float *kiln_zaya_cuda_params(kiln_zaya_cuda *g) { (void)g; return NULL; }
 size_t kiln_zaya_cuda_numel(const kiln_zaya_cuda *g) { (void)g; return 0; }
@@ -178,6 +179,10 @@ struct kiln_zaya_cuda {
     int xkeep, zwords, zany;
     uint32_t *zmask, *zhost;
     unsigned char *seg_queued; /* a segment's partial sums are queued on nstream since the last backward began */
+    /* the experts' weight gradients' sums of squares as their GEMM gave them (KILN_GROUPED_DW=wg, one segment an
+     * expert): dwsq [layers][2E] device (gate_up's E, then down's), dwsq_ok[l]: layer l's last backward gave them */
+    double *dwsq;
+    unsigned char *dwsq_ok;
     cudaStream_t nstream;  /* the experts' partial sums of squares, beside the rest of the backward */
     cudaEvent_t nsq_ev, nsq_done;
     gscratch s;
@@ -396,8 +401,10 @@ static void expert_sumsq_free(kiln_zaya_cuda *g) {
     if (g->nsq_ev) cudaEventDestroy(g->nsq_ev);
     if (g->nsq_done) cudaEventDestroy(g->nsq_done);
     kiln_sumsq_plan_free(g->gsq);
-    free(g->xseg), free(g->seg_queued);
+    free(g->xseg), free(g->seg_queued), free(g->dwsq_ok);
+    kiln_cuda_free(g->dwsq);
     g->nstream = NULL, g->nsq_ev = g->nsq_done = NULL, g->gsq = NULL, g->xseg = NULL, g->seg_queued = NULL, g->nseg = 0;
+    g->dwsq = NULL, g->dwsq_ok = NULL;
     kiln_cuda_free(g->zmask);
     free(g->zhost);
     g->zmask = g->zhost = NULL, g->xkeep = g->zwords = g->zany = 0;
@@ -860,6 +867,10 @@ kiln_error *kiln_zaya_cuda_set_expert_grads_bf16(kiln_zaya_cuda *g, int on) {
     e = kiln_sumsq_plan_create(seg, ns, &g->gsq);
     if (!e) kiln_sumsq_plan_set_zero_mask(g->gsq, kiln_zaya_cuda_zero_mask(g));
     if (!e && !(g->seg_queued = calloc((size_t)ns + 1, 1))) e = kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+    if (!e && g->xsegn == E) { /* room for the sums the experts' weight-gradient kernel may give (one segment an expert) */
+        if (!(g->dwsq_ok = calloc((size_t)nl + 1, 1))) e = kiln_errorf(KILN_ENOMEM, "the gradient's segments");
+        if (!e) e = kiln_cuda_alloc((void **)&g->dwsq, (size_t)(nl * 2 * E) * sizeof *g->dwsq);
+    }
     if (!e && (cudaStreamCreateWithFlags(&g->nstream, cudaStreamNonBlocking) != cudaSuccess ||
                cudaEventCreateWithFlags(&g->nsq_ev, cudaEventDisableTiming) != cudaSuccess ||
                cudaEventCreateWithFlags(&g->nsq_done, cudaEventDisableTiming) != cudaSuccess))
@@ -880,13 +891,22 @@ static kiln_error *queue_expert_sumsq(kiln_zaya_cuda *g, int64_t l) {
     if (!g->gsq) return NULL;
     CU(cudaEventRecord(g->nsq_ev, g->stream));
     CU(cudaStreamWaitEvent(g->nstream, g->nsq_ev, 0));
+    const int64_t E = g->m->cfg.num_experts;
     for (int h = 0; h < 2; h++) {
         const int k = g->xseg[2 * l + h];
         if (k < 0 || g->seg_queued[k]) continue;
-        KILN_TRY(kiln_sumsq_plan_partial(g->gsq, k, k + g->xsegn, g->g, g->nstream));
+        if (g->dwsq_ok && g->dwsq_ok[l]) /* the sums the weight-gradient kernel gave: nothing to read back */
+            KILN_TRY(kiln_sumsq_plan_give(g->gsq, k, k + g->xsegn, g->dwsq + (l * 2 + h) * E, g->nstream));
+        else KILN_TRY(kiln_sumsq_plan_partial(g->gsq, k, k + g->xsegn, g->g, g->nstream));
         memset(g->seg_queued + k, 1, (size_t)g->xsegn);
     }
     return NULL;
+}
+
+int kiln_zaya_cuda_expert_sumsq_given(const kiln_zaya_cuda *g) {
+    int n = 0;
+    for (int64_t l = 0; g->dwsq_ok && l < g->m->cfg.num_layers; l++) n += g->dwsq_ok[l] != 0;
+    return n;
 }
 
 kiln_error *kiln_zaya_cuda_grad_sumsq(kiln_zaya_cuda *g, double *out) {
@@ -1329,10 +1349,12 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
         return kiln_errorf(KILN_EINVAL, "layer %lld backward: the experts' weight gradients are bf16 and written once "
                            "per zeroing; a second backward would add to them (one micro-batch a step, or turn "
                            "kiln_zaya_cuda_set_expert_grads_bf16 off)", (long long)li);
-    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16, g->xkeep};
+    kiln_experts_cuda_scratch xs = {s->dye, s->dact, s->dgu, s->dxe, g->grads_zeroed, 1, 1, g->xg16, g->xkeep,
+                                    g->dwsq ? g->dwsq + li * 2 * E : NULL, 0};
     /* dln2_pair: no dx here; ln2's backward reads the rows dxe (slot order) through tok_slot */
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_cuda(&ex, g->dln2_pair ? NULL : s->dln2f, s->dgate, Gd->gate_up, Gd->down, s->dmoe, BF(g, W->gate_up),
                                         BF(g, W->down), &xs, st));
+    if (g->dwsq_ok) g->dwsq_ok[li] = (unsigned char)xs.dw_sq_done;
     /* it joined the previous (next higher) layer's deferred weight gradients first */
     if (li + 1 < c->num_layers) KILN_TRY(queue_expert_sumsq(g, li + 1));
     /* router: the gate is the unbiased probability of the chosen (non-skip) class */

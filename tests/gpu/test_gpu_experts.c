@@ -120,6 +120,9 @@ static int g_dx_write;
 static int g_dw_bf16;
 /* 1 (with g_dw_write): an expert without rows keeps its weight gradients as they were (dw_keep_empty) */
 static int g_dw_keep;
+/* 1 (with g_dw_bf16 and g_dw_defer): the backward is asked for the weight gradients' sums of squares (dw_sq); where
+ * it gives them, they are checked against the downloaded gradients; g_dw_sq_seen counts the cases that gave them */
+static int g_dw_sq, g_dw_sq_seen;
 
 /* forward and backward against the CPU op; returns nothing, checks inside */
 static void experts_case(const ex_case *c, uint64_t seed) {
@@ -144,7 +147,8 @@ static void experts_case(const ex_case *c, uint64_t seed) {
     x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
     kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
                                    gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), g_dw_write,
-                                   g_dw_defer, g_dx_write, g_dw_bf16, g_dw_keep};
+                                   g_dw_defer, g_dx_write, g_dw_bf16, g_dw_keep, NULL, 0};
+    if (g_dw_sq) w.dw_sq = gt_dev((size_t)(2 * E) * sizeof(double));
     kiln_bf16 *d_in = gt_up_bf16(in, N * H), *d_wgu = gt_up_bf16(wgu, nw), *d_wdn = gt_up_bf16(wdn, nd);
     float *d_out = gt_dev((size_t)(N * H) * 4), *d_dout = gt_up_f32(dout, N * H), *d_dx = gt_up_f32(dx, N * H);
     float *d_dgate = gt_dev((size_t)S * 4);
@@ -204,9 +208,27 @@ static void experts_case(const ex_case *c, uint64_t seed) {
         CHECK_MSG(moved == 0, "expert %lld has no tokens but %lld of its gradient entries changed", (long long)c->empty,
                   (long long)moved);
     }
+    if (w.dw_sq && w.dw_sq_done) { /* each expert's sums of squares against its downloaded gradients (0 without rows) */
+        double *sq = malloc((size_t)(2 * E) * sizeof *sq), worst = 0;
+        CHECK_OK(kiln_cuda_copy(sq, w.dw_sq, (size_t)(2 * E) * sizeof *sq, KILN_CUDA_D2H));
+        for (int64_t e = 0; e < 2 * E; e++) {
+            const int64_t x0 = e % E, ne = e < E ? 2 * I * H : H * I;
+            const float *gr = e < E ? g_dwgu + x0 * ne : g_dwdn + x0 * ne;
+            int64_t rows = 0;
+            for (int64_t q = 0; q < S; q++) rows += choice[q] == x0;
+            double want = 0;
+            for (int64_t q = 0; rows && q < ne; q++) want += (double)gr[q] * gr[q];
+            const double d = fabs(sq[e] - want) / (want > 0 ? want : 1.0);
+            worst = d > worst ? d : worst;
+        }
+        CHECK_MSG(worst <= 2e-6, "the weight gradients' sums of squares off by %.3g (relative)", worst);
+        printf("    experts dW sums of squares    rel err %.3g (tol 2e-06)\n", worst);
+        g_dw_sq_seen++;
+        free(sq);
+    }
 
     free_dev_experts(&x);
-    kiln_cuda_free(w.dye), kiln_cuda_free(w.dact), kiln_cuda_free(w.dgu), kiln_cuda_free(w.dxe);
+    kiln_cuda_free(w.dye), kiln_cuda_free(w.dact), kiln_cuda_free(w.dgu), kiln_cuda_free(w.dxe), kiln_cuda_free(w.dw_sq);
     kiln_cuda_free(d_in), kiln_cuda_free(d_wgu), kiln_cuda_free(d_wdn), kiln_cuda_free(d_out), kiln_cuda_free(d_dout);
     kiln_cuda_free(d_dx), kiln_cuda_free(d_dgate), kiln_cuda_free(d_dwgu), kiln_cuda_free(d_dwdn);
     free(g_out), free(g_dx), free(g_dgate), free(g_dwgu), free(g_dwdn);
@@ -271,7 +293,7 @@ TEST(gpu_experts_dw_bf16) {
     const ex_case cs[] = {{257, 8, 2, 96, 80, 0.1, 7}, {3000, 4, 1, 64, 96, 0.05, 1}, {40, 4, 2, 16, 8, 1.0, -1}};
     dw_bf16_cases(cs, sizeof cs / sizeof cs[0], 0, 1700);
     kiln_experts_cuda x = {0};
-    kiln_experts_cuda_scratch w = {NULL, NULL, NULL, NULL, 0, 0, 0, 1, 0};
+    kiln_experts_cuda_scratch w = {NULL, NULL, NULL, NULL, 0, 0, 0, 1, 0, NULL, 0};
     CHECK_ERR(kiln_experts_backward_cuda(&x, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &w, NULL), "dw_write");
 }
 
@@ -335,7 +357,8 @@ static void experts_deterministic(void) {
         x.act = gt_dev((size_t)(S * I) * 2), x.ye = gt_dev((size_t)(S * H) * 2);
         /* the second run also writes dx over random values (dx_write): the same bits as adding onto zeros */
         kiln_experts_cuda_scratch w = {gt_dev((size_t)(S * H) * 2), gt_dev((size_t)(S * I) * 2),
-                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r, 0, 0};
+                                       gt_dev((size_t)(S * 2 * I) * 2), gt_dev((size_t)(S * H) * 2), 0, r, r, 0, 0,
+                                       NULL, 0};
         float *d_out = gt_dev((size_t)(N * H) * 4), *d_dx = gt_up_f32(r ? dout : zero, N * H), *d_dgate = gt_dev((size_t)S * 4);
         float *d_dwgu = gt_up_f32(zero, nw), *d_dwdn = gt_up_f32(zero, nd);
         CHECK_OK(kiln_experts_forward_cuda(&x, d_out, d_in, d_wgu, d_wdn, NULL));
@@ -710,22 +733,40 @@ TEST(gpu_experts_dw_wg) {
             gt_round_bf16(a, S * m), gt_round_bf16(b, S * n), gt_round_bf16(c0, nc);
             float *ref = dw_ref(a, b, c0, offs, E, m, n, acc, 1);
             kiln_bf16 *d_a = gt_up_bf16(a, S * m), *d_b = gt_up_bf16(b, S * n), *d_c = gt_up_bf16(c0, nc);
-            CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, acc, cs[i].ctas, NULL));
+            double *d_sq = acc ? NULL : (double *)gt_dev((size_t)E * sizeof(double));
+            CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, acc, cs[i].ctas, d_sq, NULL));
             float *got = gt_down_bf16(d_c, nc);
             char name[96];
             snprintf(name, sizeof name, "dw wg %lld x [%lld x %lld] %s grid %d", (long long)E, (long long)m, (long long)n,
                      acc ? "+=" : "=", cs[i].ctas);
             GT_CLOSE(name, got, ref, nc, 1e-2);
             dw_check_empty(name, got, c0, offs, E, m * n, 1);
-            if (!acc) { /* again over the same stale C: the same bits */
+            if (!acc) { /* the sums of squares against the stored C_e's in double (2e-6: a thread's squares go in f32
+                         * chains of 32, each at most 32 roundings of 2^-24 off); again: the same bits */
+                double sq[8], sq2[8], worst = 0;
+                CHECK_OK(kiln_cuda_sync());
+                CHECK_OK(kiln_cuda_copy(sq, d_sq, (size_t)E * sizeof(double), KILN_CUDA_D2H));
+                for (int64_t e = 0; e < E; e++) {
+                    double want = 0;
+                    if (offs[e + 1] > offs[e])
+                        for (int64_t q = 0; q < m * n; q++) want += (double)got[e * m * n + q] * got[e * m * n + q];
+                    CHECK_MSG(offs[e + 1] > offs[e] || sq[e] == 0.0, "%s: expert %lld without rows: sum of squares %g",
+                              name, (long long)e, sq[e]);
+                    const double d = fabs(sq[e] - want) / (want > 0 ? want : 1.0);
+                    worst = d > worst ? d : worst;
+                }
+                CHECK_MSG(worst <= 2e-6, "%s: sums of squares off by %.3g (relative)", name, worst);
+                printf("    %-28s sums of squares rel err %.3g (tol 2e-06)\n", name, worst);
                 kiln_cuda_free(d_c);
                 d_c = gt_up_bf16(c0, nc);
-                CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, 0, cs[i].ctas, NULL));
+                CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, E, m, n, 0, cs[i].ctas, d_sq, NULL));
                 float *again = gt_down_bf16(d_c, nc);
+                CHECK_OK(kiln_cuda_copy(sq2, d_sq, (size_t)E * sizeof(double), KILN_CUDA_D2H));
                 CHECK_MSG(!memcmp(again, got, (size_t)nc * sizeof *got), "%s: a second run gave other bits", name);
+                CHECK_MSG(!memcmp(sq, sq2, (size_t)E * sizeof(double)), "%s: a second run gave other sums of squares", name);
                 free(again);
             }
-            kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
+            kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c), kiln_cuda_free(d_sq);
             free(a), free(b), free(c0), free(ref), free(got);
         }
     { /* an Inf in the next expert's rows of expert 0's last K block (row 100 of A and of B) does not reach C_0 */
@@ -736,14 +777,16 @@ TEST(gpu_experts_dw_wg) {
         a[100 * m + 5] = INFINITY, b[100 * n + 7] = INFINITY;
         float *ref = dw_ref(a, b, c0, offs, 1, m, n, 0, 1); /* expert 0 alone */
         kiln_bf16 *d_a = gt_up_bf16(a, S * m), *d_b = gt_up_bf16(b, S * n), *d_c = gt_up_bf16(c0, 2 * m * n);
-        CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, 2, m, n, 0, 0, NULL));
+        CHECK_OK(kiln_experts_dw_wg(d_c, d_a, d_b, offs, 2, m, n, 0, 0, NULL, NULL));
         float *got = gt_down_bf16(d_c, 2 * m * n);
         GT_CLOSE("dw wg, Inf in the next expert's rows", got, ref, m * n, 1e-2);
         kiln_cuda_free(d_a), kiln_cuda_free(d_b), kiln_cuda_free(d_c);
         free(a), free(b), free(c0), free(ref), free(got);
     }
     const int32_t bad[3] = {0, 9, 4};
-    CHECK_ERR(kiln_experts_dw_wg(NULL, NULL, NULL, bad, 2, 128, 256, 0, 0, NULL), "decrease");
+    CHECK_ERR(kiln_experts_dw_wg(NULL, NULL, NULL, bad, 2, 128, 256, 0, 0, NULL, NULL), "decrease");
+    double one;
+    CHECK_ERR(kiln_experts_dw_wg(NULL, NULL, NULL, offs_a, 4, 128, 256, 1, 0, &one, NULL), "added-to");
     CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 128, (void *)16, (void *)16, (void *)16)); /* n % 256 */
     CHECK(!kiln_experts_dw_wg_ok(2, 64, 64, 256, (void *)16, (void *)16, (void *)16));  /* m % 128 */
     CHECK(!kiln_experts_dw_wg_ok(2, 64, 128, 256, (void *)16, (void *)18, (void *)16)); /* B's alignment */
@@ -753,7 +796,8 @@ TEST(gpu_experts_dw_wg) {
 
 /* KILN_GROUPED_DW=wg through kiln_grouped_gemm_cuda (TN, bf16 C): written (the empty expert zeroed), added to, and
  * written with the empty expert kept; in place and deferred to a side stream (_async + join); then the experts' op
- * in the trainer's mode (bf16 weight gradients written, the empty experts kept, deferred) against the CPU's */
+ * in the trainer's mode (bf16 weight gradients written, the empty experts kept, deferred, their sums of squares
+ * asked for) against the CPU's, the sums of squares given in each deferred case */
 TEST(gpu_experts_dw_wg_paths) {
     static const int32_t offs[5] = {0, 70, 70, 200, 333};
     const int64_t E = 4, m = 256, n = 256, S = offs[E], nc = E * m * n;
@@ -787,12 +831,13 @@ TEST(gpu_experts_dw_wg_paths) {
     CHECK_OK(kiln_grouped_gemm_set_path(NULL));
     /* the experts' op: dwdn is [H, I] over rows of dye [S, H] and act [S, I], dwgu [2I, H] over dgu and xe */
     const ex_case ec[] = {{700, 4, 2, 256, 256, 0.1, 2}, {1500, 8, 1, 256, 512, 0.05, 5}};
-    g_dw_write = 1, g_dw_bf16 = 1, g_dw_keep = 1;
+    g_dw_write = 1, g_dw_bf16 = 1, g_dw_keep = 1, g_dw_sq = 1, g_dw_sq_seen = 0;
     for (int d = 0; d < 2; d++) {
         g_dw_defer = d;
         for (size_t i = 0; i < sizeof ec / sizeof ec[0]; i++) experts_case(&ec[i], 3100 + i);
     }
-    g_dw_write = 0, g_dw_bf16 = 0, g_dw_keep = 0, g_dw_defer = 0;
+    CHECK_MSG(g_dw_sq_seen == 2, "%d of the 2 deferred cases gave the weight gradients' sums of squares", g_dw_sq_seen);
+    g_dw_write = 0, g_dw_bf16 = 0, g_dw_keep = 0, g_dw_defer = 0, g_dw_sq = 0;
     unsetenv("KILN_GROUPED_DW");
 }
 

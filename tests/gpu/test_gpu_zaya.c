@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda/experts_dw_wg.h"
 #include "gpu_testutil.h"
 #include "kiln/cuda_attention.h"
 #include "kiln/safetensors.h"
@@ -276,6 +277,62 @@ TEST(gpu_zaya_random_16_experts_separate_passes) {
     random_model(64, 24, 16, 1, 0, 0);
     unsetenv("KILN_CCA_PROJ");
     unsetenv("KILN_MOE_COMBINE");
+}
+
+/* KILN_GROUPED_DW=wg on a model whose experts the wgmma weight-gradient kernel takes (hidden and moe_intermediate
+ * 256): it gives every layer's experts' sums of squares, and the gradient's sum of squares is the host's f64 sum of
+ * what download_grads gives within 2e-6 (a thread's squares go in f32 chains of 32); with KILN_GROUPED_DW_SQ=0 (read
+ * back) no layer's are given and the sum is the host's within 1e-12, as in the test below */
+TEST(gpu_zaya_expert_grads_dw_sq) {
+    if (!kiln_experts_dw_wg_ok(4, 64, 256, 256, (void *)16, (void *)16, (void *)16)) {
+        printf("  (no sm_90 device: the kernel does not run here)\n");
+        return;
+    }
+    kiln_zaya_config c;
+    kiln_zaya_config_default(&c);
+    c.vocab_size = 301, c.hidden_size = 256, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 32;
+    c.num_experts = 4, c.top_k = 1, c.moe_intermediate = 256, c.router_hidden = 24;
+    c.layer_types[0] = c.layer_types[1] = KILN_LAYER_HYBRID;
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    if (!m) return;
+    perturb_params(m, 29, 0.0f);
+    gt_round_bf16(m->w, (int64_t)m->numel);
+    const int64_t B = 2, T = 64, N = B * T;
+    int64_t *ids = malloc((size_t)N * sizeof *ids);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 29);
+    for (int64_t i = 0; i < N; i++) ids[i] = (int64_t)(kiln_rng_u64(&rng) % (uint64_t)c.vocab_size);
+    float *gr = malloc(m->numel * sizeof *gr);
+    CHECK(setenv("KILN_GROUPED_DW", "wg", 1) == 0);
+    for (int off = 0; off < 2; off++) {
+        if (off) CHECK(setenv("KILN_GROUPED_DW_SQ", "0", 1) == 0);
+        kiln_zaya_cuda *g = NULL;
+        double ss = -1, want = 0, *d = NULL;
+        CHECK_OK(kiln_zaya_cuda_create(m, B, T, 0, &g));
+        if (!g) break;
+        CHECK_OK(kiln_zaya_cuda_set_expert_grads_bf16(g, 1));
+        CHECK_OK(kiln_zaya_cuda_grads_zero(g));
+        CHECK_OK(kiln_zaya_cuda_forward(g, ids, NULL));
+        CHECK_OK(kiln_zaya_cuda_backward(g));
+        const int given = kiln_zaya_cuda_expert_sumsq_given(g);
+        CHECK_OK(kiln_cuda_alloc((void **)&d, sizeof *d));
+        CHECK_OK(kiln_zaya_cuda_grad_sumsq(g, d));
+        CHECK_OK(kiln_zaya_cuda_sync(g));
+        CHECK_OK(kiln_cuda_copy(&ss, d, sizeof ss, KILN_CUDA_D2H));
+        kiln_cuda_free(d);
+        CHECK_OK(kiln_zaya_cuda_download_grads(g, gr));
+        for (size_t j = 0; j < m->numel; j++) want += (double)gr[j] * gr[j];
+        const double tol = off ? 1e-12 : 2e-6;
+        CHECK_MSG(given == (off ? 0 : (int)c.num_layers), "%s: %d layers' sums of squares given", off ? "SQ=0" : "wg", given);
+        CHECK_MSG(fabs(ss - want) <= tol * want, "%s: sum of squares %.17g, host %.17g", off ? "SQ=0" : "wg", ss, want);
+        printf("    %s: %d layers' experts' sums given; sum of squares %.9g (host %.9g, tol %.0e)\n",
+               off ? "KILN_GROUPED_DW_SQ=0" : "wg", given, ss, want, tol);
+        kiln_zaya_cuda_free(g);
+    }
+    unsetenv("KILN_GROUPED_DW"), unsetenv("KILN_GROUPED_DW_SQ");
+    free(gr), free(ids);
+    kiln_zaya_free(m);
 }
 
 /* The experts' weight gradients in bf16 (kiln_zaya_cuda_set_expert_grads_bf16, the trainer's default on one

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/experts_dw_wg.h"
 #include "gpu_testutil.h"
 #include "kiln/cuda.h"
 #include "kiln/optim.h"
@@ -671,23 +672,37 @@ static char *ck_gnorms(const char *out) {
 /* A switch whose two settings must give the same bits: `kiln train --device cuda` with env=0 and without it (the
  * default), the same losses, gradient norms and final model. One micro-batch a step and AdamW everywhere, so the
  * experts' weight gradients are bf16 with their zero mask (the trainer's path at the [cuda] size). */
+/* ck_config's 20-step run with AdamW everywhere (the experts' bf16 weight gradients with their zero mask), the
+ * experts' intermediate size `inter` (ck_config's 32 where 0); NULL when the config could not be edited */
+static const char *adamw_config(const char *dd, const char *out, int hidden, int inter) {
+    char *text = NULL;
+    size_t len = 0;
+    const char *cfg = ck_config(dd, out, 20, 1, hidden, "\"ckpt_every\": 0, \"device\": \"cuda\"");
+    CHECK_OK(kiln_read_file(cfg, &text, &len));
+    char *o = text ? strstr(text, "\"optim\": {") : NULL, *mi = text ? strstr(text, "\"moe_intermediate_size\": 32") : NULL;
+    CHECK(o != NULL && mi != NULL && mi < o);
+    if (!o || !mi || mi > o) {
+        free(text);
+        return NULL;
+    }
+    const size_t mil = strlen("\"moe_intermediate_size\": 32");
+    char edited[8192];
+    snprintf(edited, sizeof edited, "%.*s\"moe_intermediate_size\": %d%.*s\"optim\": {\"muon\": false, %s", (int)(mi - text),
+             text, inter ? inter : 32, (int)(o - mi - mil), mi + mil, o + strlen("\"optim\": {"));
+    free(text);
+    CHECK_OK(kiln_write_file_atomic(cfg, edited, strlen(edited)));
+    return cfg;
+}
+
 static void same_bits_without(const char *env, const char *name) {
     const char *data = ck_data();
-    char dd[1200], *text = NULL;
-    size_t len = 0;
+    char dd[1200];
     snprintf(dd, sizeof dd, "%s", data);
     char an[64], bn[64];
     snprintf(an, sizeof an, "%s_on", name), snprintf(bn, sizeof bn, "%s_off", name);
     const char *a = out_dir(an), *b = out_dir(bn);
-    const char *cfg = ck_config(dd, a, 20, 1, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
-    CHECK_OK(kiln_read_file(cfg, &text, &len));
-    char *o = text ? strstr(text, "\"optim\": {") : NULL;
-    CHECK(o != NULL);
-    if (!o) return;
-    char edited[8192];
-    snprintf(edited, sizeof edited, "%.*s\"optim\": {\"muon\": false, %s", (int)(o - text), text, o + strlen("\"optim\": {"));
-    free(text);
-    CHECK_OK(kiln_write_file_atomic(cfg, edited, strlen(edited)));
+    const char *cfg = adamw_config(dd, a, 32, 0);
+    if (!cfg) return;
     CHECK(gpu_train(cfg, a, NULL) == 0);
     setenv(env, "0", 1);
     CHECK(gpu_train(cfg, b, NULL) == 0);
@@ -709,6 +724,46 @@ static void same_bits_without(const char *env, const char *name) {
 TEST(gpu_zaya_train_pdl) {
     printf("    PDL on this device: %s\n", kiln_cuda_pdl() ? "yes" : "no (both runs launch plainly)");
     same_bits_without("KILN_PDL", "pdl");
+}
+
+/* KILN_GROUPED_DW=wg end to end where its kernel takes the experts (hidden and moe_intermediate 256), so that the
+ * experts' part of the gradient norm comes from it: 20 steps' losses and gradient norms against the same run with
+ * KILN_GROUPED_DW_SQ=0 (those gradients read back for the norm), within 1e-5 relative (the norm's sums added in
+ * another order move the clip scale by ~1e-7, which the two runs carry only into their last bits) */
+TEST(gpu_zaya_train_dw_sq) {
+    if (!kiln_experts_dw_wg_ok(4, 64, 256, 256, (void *)16, (void *)16, (void *)16)) {
+        printf("  (no sm_90 device: the kernel does not run here)\n");
+        return;
+    }
+    const char *data = ck_data();
+    char dd[1200];
+    snprintf(dd, sizeof dd, "%s", data);
+    const char *a = out_dir("dwsq_on"), *b = out_dir("dwsq_off");
+    const char *cfg = adamw_config(dd, a, 256, 256);
+    if (!cfg) return;
+    CHECK(setenv("KILN_GROUPED_DW", "wg", 1) == 0);
+    CHECK(gpu_train(cfg, a, NULL) == 0);
+    CHECK(setenv("KILN_GROUPED_DW_SQ", "0", 1) == 0);
+    CHECK(gpu_train(cfg, b, NULL) == 0);
+    unsetenv("KILN_GROUPED_DW"), unsetenv("KILN_GROUPED_DW_SQ");
+    double la[20] = {0}, lb[20] = {0}, worst = 0;
+    CHECK(ck_losses(a, la, 20) == 20 && ck_losses(b, lb, 20) == 20);
+    char *ga = ck_gnorms(a), *gb = ck_gnorms(b);
+    CHECK(ga && gb);
+    const char *pa = ga ? ga : "", *pb = gb ? gb : "";
+    for (int i = 0; i < 20; i++) {
+        char *ea, *eb;
+        const double na = strtod(pa, &ea), nb = strtod(pb, &eb);
+        CHECK_MSG(ea != pa && eb != pb, "step %d: no gradient norm", i + 1);
+        if (ea == pa || eb == pb) break;
+        pa = *ea ? ea + 1 : ea, pb = *eb ? eb + 1 : eb;
+        const double dn = fabs(na - nb) / fmax(fabs(nb), 1e-30), dl = fabs(la[i] - lb[i]) / fmax(fabs(lb[i]), 1e-30);
+        worst = fmax(worst, fmax(dn, dl));
+    }
+    CHECK_MSG(la[0] == lb[0], "the first step's losses differ: %.9g, %.9g", la[0], lb[0]);
+    CHECK_MSG(worst <= 1e-5, "losses or gradient norms with and without KILN_GROUPED_DW_SQ=0 differ by %.3g", worst);
+    printf("    loss %.4f -> %.4f; worst relative difference %.3g (tol 1e-05)\n", la[0], la[19], worst);
+    free(ga), free(gb);
 }
 
 /* The same config on the CPU and the GPU from the same seed: the loss curves agree within bf16 noise.
