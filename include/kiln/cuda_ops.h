@@ -168,13 +168,13 @@ kiln_error *kiln_grouped_gemm_cuda_async(void *c, int c_f32, const kiln_bf16 *a,
                                          int64_t E, int64_t m, int64_t n, int64_t k, const char *layout, int accumulate,
                                          void *stream);
 kiln_error *kiln_grouped_gemm_join(void *stream);
-/* _async's TN with a bf16 C (the experts' weight gradients), and where the wgmma kernel runs it (KILN_GROUPED_DW=wg,
- * C written) also sq[e] (device, E doubles) = the sum of squares of C_e as stored, 0 for an expert without rows
- * (from the tiles' registers in a fixed order: no read-back), ready in the stream's order once joined; *sq_done = 1
- * then, else 0 and sq is not touched */
-kiln_error *kiln_grouped_gemm_dw_sq_cuda_async(void *c, const kiln_bf16 *a, const kiln_bf16 *b, const int32_t *offs,
-                                               int64_t E, int64_t m, int64_t n, int accumulate, double *sq, int *sq_done,
-                                               void *stream);
+/* _async's TN (the experts' weight gradients), and with sq (nullable) where the wgmma kernel runs it (a bf16 C written,
+ * KILN_GROUPED_DW=wg) also sq[e] (device, E doubles) = the sum of squares of C_e as stored, 0 for an expert without
+ * rows (from the tiles' registers in a fixed order: no read-back), ready in the stream's order once joined;
+ * *sq_done = 1 then, else 0 and sq is not touched */
+kiln_error *kiln_grouped_gemm_dw_sq_cuda_async(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
+                                               const int32_t *offs, int64_t E, int64_t m, int64_t n, int accumulate,
+                                               double *sq, int *sq_done, void *stream);
 /* Select the grouped GEMM's path by name for the process (NULL: back to KILN_GROUPED_GEMM or the default);
  * an unknown name is an error listing the known ones. */
 kiln_error *kiln_grouped_gemm_set_path(const char *name);

@@ -463,25 +463,20 @@ extern "C" kiln_error *kiln_experts_backward_cuda(const kiln_experts_cuda *x, fl
     // gate_up: dxe = dgu wgu_e, dwgu_e += dguᵀ xe
     if ((err = kiln_grouped_gemm_cuda(w->dxe, 0, w->dgu, wgu, x->exp_off_host, E, 0, H, 2 * I, "NN", 0, NULL, stream)))
         goto done;
-    if (defer && want_sq && !dw_f32 && dwgu && dwdn) {
-        // as below, and their sums of squares from the wgmma kernel where it runs both (the gradient norm's share)
-        int done_dn = 0, done_gu = 0;
-        if ((err = kiln_grouped_gemm_dw_sq_cuda_async(dwdn, w->dye, x->act, x->exp_off_host, E, H, I, dwmode,
-                                                      w->dw_sq + E, &done_dn, stream)) ||
-            (err = kiln_grouped_gemm_dw_sq_cuda_async(dwgu, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, dwmode, w->dw_sq,
-                                                      &done_gu, stream)))
-            goto done;
-        w->dw_sq_done = done_dn && done_gu;
-    } else if (defer) {
+    if (defer) {
         // both weight gradients on the side streams, left running: the caller's stream goes on with the gated
         // sum's dx and whatever follows (the router's backward) while they fill the SMs around it; the caller
-        // joins (kiln_experts_backward_join_cuda) before dye/dgu/act/xe are reused or the gradients read
-        if (dwdn && (err = kiln_grouped_gemm_cuda_async(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I, 0, "TN",
-                                                        dwmode, stream)))
+        // joins (kiln_experts_backward_join_cuda) before dye/dgu/act/xe are reused or the gradients read. Their sums
+        // of squares come along where asked for and the wgmma kernel runs both (the gradient norm's share).
+        double *sq = want_sq && !dw_f32 && dwgu && dwdn ? w->dw_sq : NULL;
+        int done_dn = 0, done_gu = 0;
+        if (dwdn && (err = kiln_grouped_gemm_dw_sq_cuda_async(dwdn, dw_f32, w->dye, x->act, x->exp_off_host, E, H, I,
+                                                              dwmode, sq ? sq + E : NULL, &done_dn, stream)))
             goto done;
-        if (dwgu && (err = kiln_grouped_gemm_cuda_async(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN",
-                                                        dwmode, stream)))
+        if (dwgu && (err = kiln_grouped_gemm_dw_sq_cuda_async(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H,
+                                                              dwmode, sq, &done_gu, stream)))
             goto done;
+        w->dw_sq_done = sq && done_dn && done_gu;
     } else if (dwgu &&
                (err = kiln_grouped_gemm_cuda(dwgu, dw_f32, w->dgu, x->xe, x->exp_off_host, E, 2 * I, H, 0, "TN", dwmode,
                                              NULL, stream))) {

@@ -740,10 +740,10 @@ extern "C" kiln_error *kiln_grouped_gemm_cuda_async(void *c, int c_f32, const ki
     return grouped_gemm(c, c_f32, a, b, offs, E, m, n, k, layout, accumulate, NULL, 1, NULL, NULL, stream);
 }
 
-extern "C" kiln_error *kiln_grouped_gemm_dw_sq_cuda_async(void *c, const kiln_bf16 *a, const kiln_bf16 *b,
+extern "C" kiln_error *kiln_grouped_gemm_dw_sq_cuda_async(void *c, int c_f32, const kiln_bf16 *a, const kiln_bf16 *b,
                                                           const int32_t *offs, int64_t E, int64_t m, int64_t n,
                                                           int accumulate, double *sq, int *sq_done, void *stream) {
-    return grouped_gemm(c, 0, a, b, offs, E, m, n, 0, "TN", accumulate, NULL, 1, sq, sq_done, stream);
+    return grouped_gemm(c, c_f32, a, b, offs, E, m, n, 0, "TN", accumulate, NULL, 1, sq, sq_done, stream);
 }
 
 extern "C" kiln_error *kiln_grouped_gemm_join(void *stream) {
