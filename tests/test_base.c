@@ -44,6 +44,16 @@ TEST(json_parse_error_has_line_and_column) {
     CHECK(e && strncmp(kiln_error_msg(e), "invalid JSON", 12) == 0);
     kiln_error_free(e);
 
+    /* A number beyond the double range would be read as inf (and written back as null): refused, by its path.
+     * Found by the zaya_config fuzz target ("rope_theta": 04e596). */
+    CHECK_ERR(kiln_json_parse("{\"model\": {\"rope_theta\": 04e596}}", 33, "cfg", &root),
+              "cfg: invalid JSON: the number at model.rope_theta is beyond the range of a double");
+    CHECK_ERR(kiln_json_parse("[1, {\"x\": [2, -1e999]}]", 23, NULL, &root), "the number at [1].x[1] is beyond");
+    CHECK_ERR(kiln_json_parse("1e400", 5, NULL, &root), "the number at the top level is beyond");
+    CHECK(root == NULL);
+    CHECK_OK(kiln_json_parse("[1.7e308, -1.7e308, 4.9e-324, 1e-400]", 37, NULL, &root));
+    cJSON_Delete(root);
+
     /* Length-bounded: bytes past len are not read. */
     CHECK_OK(kiln_json_parse("{\"a\":1}garbage", 7, "t", &root));
     CHECK(cJSON_IsObject(root));

@@ -68,6 +68,24 @@ static size_t error_offset(const char *text, size_t len) {
     return pos2 >= len ? len : pos;
 }
 
+/* The first number in the tree that is not finite (written beyond the double range, as 1e999: cJSON reads it as
+ * inf, which no field of kiln's means, and which cJSON would write back as null), with its path, e.g.
+ * "model.rope_theta" or "[3].x"; NULL when there is none. */
+static const cJSON *nonfinite(const cJSON *item, char *path, size_t cap, size_t at) {
+    if (cJSON_IsNumber(item)) return isfinite(item->valuedouble) ? NULL : item;
+    if (!cJSON_IsArray(item) && !cJSON_IsObject(item)) return NULL;
+    int i = 0;
+    for (const cJSON *c = item->child; c; c = c->next, i++) {
+        int w = c->string ? snprintf(path + at, cap - at, "%s%s", at ? "." : "", c->string)
+                          : snprintf(path + at, cap - at, "[%d]", i);
+        const size_t next = w < 0 || (size_t)w >= cap - at ? cap - 1 : at + (size_t)w;
+        const cJSON *bad = nonfinite(c, path, cap, next);
+        if (bad) return bad;
+        path[at] = 0;
+    }
+    return NULL;
+}
+
 kiln_error *kiln_json_parse(const char *text, size_t len, const char *ctx, cJSON **out) {
     *out = NULL;
     const char *end = NULL;
@@ -84,6 +102,12 @@ kiln_error *kiln_json_parse(const char *text, size_t len, const char *ctx, cJSON
     if (pos < len) {
         cJSON_Delete(root);
         return syntax_error(text, len, pos, "invalid JSON: unexpected data after the value", ctx);
+    }
+    char path[256] = "";
+    if (nonfinite(root, path, sizeof path, 0)) {
+        cJSON_Delete(root);
+        return kiln_errorf(KILN_EFORMAT, CTX_FMT "invalid JSON: the number at %s is beyond the range of a double",
+                           CTX_ARGS(ctx), *path ? path : "the top level");
     }
     *out = root;
     return NULL;
