@@ -136,3 +136,25 @@ TEST(zaya_rejects_out_of_vocab_ids) {
     kiln_zaya_acts_free(a);
     kiln_zaya_free(m);
 }
+
+/* Bad numbers in config.json are errors naming the field, before any arithmetic on them (the fuzz targets found a
+ * partial_rotary_factor of 3e46 converted to an integer, and an out-of-range rope_theta read as inf). */
+TEST(zaya_config_bad_rope_numbers) {
+    kiln_zaya_config c;
+    static const char *bad[][2] = {
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 3e46}}}", "partial_rotary_factor = 3e+46 must be in (0, 1]"},
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 0}}}", "partial_rotary_factor = 0 must be in (0, 1]"},
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": -0.5}}}", "must be in (0, 1]"},
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 1.5}}}", "must be in (0, 1]"},
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 0.001}}}", "gives 0 rotary channels"},
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"rope_theta\": 0}}}", "rope_theta must be positive"},
+        {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"rope_theta\": 04e596}}}", "rope_parameters.hybrid.rope_theta is beyond the range"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kiln_zaya_config_default(&c);
+        CHECK_ERR(kiln_zaya_config_parse(bad[i][0], "cfg", &c), bad[i][1]);
+    }
+    kiln_zaya_config_default(&c);
+    CHECK_OK(kiln_zaya_config_parse("{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 1}}}", "cfg", &c));
+    CHECK(c.partial_rotary[KILN_LAYER_HYBRID] == 1.0);
+}

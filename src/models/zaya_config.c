@@ -211,8 +211,12 @@ kiln_error *kiln_zaya_config_validate(const kiln_zaya_config *c, const char *ctx
             return kiln_errorf(KILN_EINVAL, "%s: layer %lld is 'hybrid_sliding' but sliding_window is not set", ctx,
                                (long long)l);
         double pf = c->partial_rotary[t];
+        /* the range first: head_dim * pf is converted to an integer only when it fits (fuzzing found 3e46) */
+        if (!(pf > 0 && pf <= 1))
+            return kiln_errorf(KILN_EINVAL, "%s: rope_parameters.%s.partial_rotary_factor = %g must be in (0, 1]", ctx,
+                               type_names[t], pf);
         int64_t dim = (int64_t)(c->head_dim * pf), rot = 2 * ((dim + 1) / 2);
-        if (pf <= 0 || pf > 1 || rot > c->head_dim || dim < 1)
+        if (rot > c->head_dim || dim < 1)
             return kiln_errorf(KILN_EINVAL, "%s: rope_parameters.%s.partial_rotary_factor = %g gives %lld rotary "
                                "channels of head_dim %lld", ctx, type_names[t], pf, (long long)rot, (long long)c->head_dim);
         if (!(c->rope_theta[t] > 0))
