@@ -337,6 +337,11 @@ TEST(size_search_budget_errors) {
     double v;
     CHECK_ERR(kiln_size_parse_count("--total-params", "10X", &v), "unknown suffix");
     CHECK_ERR(kiln_size_parse_count("--total-params", "-5B", &v), "positive");
+    /* the suffix's product overflowed to inf and was accepted (found by the flags fuzz target) */
+    CHECK_ERR(kiln_size_parse_count("--total-params", "1e300T", &v), "'1e300T' is beyond 10^18");
+    CHECK_ERR(kiln_size_parse_count("--total-params", "5E307", &v), "beyond 10^18");
+    CHECK_OK(kiln_size_parse_count("--total-params", "1000000T", &v));
+    CHECK_NEAR(v, 1e18, 1);
     CHECK_OK(kiln_size_parse_count("--total-params", "8.3B", &v));
     CHECK_NEAR(v, 8.3e9, 1);
     CHECK_OK(kiln_size_parse_count("--active-params", "760M", &v));

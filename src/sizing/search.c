@@ -67,6 +67,8 @@ kiln_error *kiln_size_parse_count(const char *flag, const char *s, double *out) 
         if (end[1]) return kiln_errorf(KILN_EINVAL, "%s: '%s' has trailing characters", flag, s);
     }
     if (!(v > 0) || !isfinite(v)) return kiln_errorf(KILN_EINVAL, "%s: '%s' must be a positive count", flag, s);
+    /* the product checked, not v alone: "1e300T" is inf (fuzzing found it) */
+    if (!(v * mult <= 1e18)) return kiln_errorf(KILN_EINVAL, "%s: '%s' is beyond 10^18", flag, s);
     *out = v * mult;
     return NULL;
 }
