@@ -159,7 +159,9 @@ int kiln_decode_chain(const kiln_dec *steps, size_t nsteps, kiln_pieces *tokens,
         b = t;
     }
     out->n = 0;
-    for (size_t i = 0; i < a.n && !rc; i++) rc = kiln_buf_put(out, a.text.p + a.v[i].off, a.v[i].len);
+    /* a piece may be empty with no text behind it at all (a.text.p NULL): skipped, not offset from NULL */
+    for (size_t i = 0; i < a.n && !rc; i++)
+        if (a.v[i].len) rc = kiln_buf_put(out, a.text.p + a.v[i].off, a.v[i].len);
     if (!rc) rc = kiln_buf_put(out, "", 0);
     /* the caller owns *tokens: hand back whichever buffers are left */
     *tokens = a;
