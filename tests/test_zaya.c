@@ -138,7 +138,8 @@ TEST(zaya_rejects_out_of_vocab_ids) {
 }
 
 /* Bad numbers in config.json are errors naming the field, before any arithmetic on them (the fuzz targets found a
- * partial_rotary_factor of 3e46 converted to an integer, and an out-of-range rope_theta read as inf). */
+ * partial_rotary_factor of 3e46 and an eos_token_id list entry of 1e39 converted to integers, and an out-of-range
+ * rope_theta read as inf). */
 TEST(zaya_config_bad_rope_numbers) {
     kiln_zaya_config c;
     static const char *bad[][2] = {
@@ -149,6 +150,9 @@ TEST(zaya_config_bad_rope_numbers) {
         {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 0.001}}}", "gives 0 rotary channels"},
         {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"rope_theta\": 0}}}", "rope_theta must be positive"},
         {"{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"rope_theta\": 04e596}}}", "rope_parameters.hybrid.rope_theta is beyond the range"},
+        {"{\"model_type\": \"zaya\", \"eos_token_id\": [1e39, 2]}", "field 'eos_token_id' must hold non-negative integers"},
+        {"{\"model_type\": \"zaya\", \"eos_token_id\": [1.5]}", "must hold non-negative integers"},
+        {"{\"model_type\": \"zaya\", \"eos_token_id\": [-3]}", "must hold non-negative integers"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         kiln_zaya_config_default(&c);
@@ -157,4 +161,6 @@ TEST(zaya_config_bad_rope_numbers) {
     kiln_zaya_config_default(&c);
     CHECK_OK(kiln_zaya_config_parse("{\"model_type\": \"zaya\", \"rope_parameters\": {\"hybrid\": {\"partial_rotary_factor\": 1}}}", "cfg", &c));
     CHECK(c.partial_rotary[KILN_LAYER_HYBRID] == 1.0);
+    CHECK_OK(kiln_zaya_config_parse("{\"model_type\": \"zaya\", \"eos_token_id\": [106, 1]}", "cfg", &c));
+    CHECK(c.eos_token_id == 106);
 }

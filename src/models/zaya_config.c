@@ -1,6 +1,7 @@
 /* ZAYA config.json: HF ZayaConfig's fields and defaults, validated with errors that
  * name the field. HF writes many generic keys (architectures, dtype, ...): those are
  * ignored; a known key of the wrong type is an error. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,8 +47,11 @@ static kiln_error *get_token_id(const cJSON *root, const char *field, int64_t *o
     if (cJSON_IsArray(it)) {
         it = cJSON_GetArrayItem(it, 0);
         if (!it) { *out = -1; return NULL; }
-        if (!cJSON_IsNumber(it)) return kiln_errorf(KILN_EINVAL, "%s: field '%s' must hold integers", ctx, field);
-        *out = (int64_t)it->valuedouble;
+        const double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        /* checked before the conversion: 1e39 is not an int64 (fuzzing found it) */
+        if (!(v >= 0 && v <= 9007199254740992.0 && v == floor(v)))
+            return kiln_errorf(KILN_EINVAL, "%s: field '%s' must hold non-negative integers", ctx, field);
+        *out = (int64_t)v;
         return NULL;
     }
     return kiln_json_get_int(root, field, out, *out, 0, ctx);
