@@ -53,6 +53,7 @@ static kiln_error *tower(const cJSON *o, const char *ctx, int vision, clip_tower
         int64_t v;
         KILN_TRY(geti(o, "max_position_embeddings", &c->max_pos, 77, ctx));
         KILN_TRY(kiln_json_get_int(o, "vocab_size", &v, 49408, 0, ctx));
+        if (v < 1 || v > (1 << 30)) return kiln_errorf(KILN_EINVAL, "%s: field 'vocab_size' = %lld is out of range", ctx, (long long)v);
         c->vocab = v;
         KILN_TRY(kiln_json_get_int(o, "eos_token_id", &c->eos_token_id, 49407, 0, ctx));
         if (c->max_pos < 3) return kiln_errorf(KILN_EINVAL, "%s: max_position_embeddings %d is too small", ctx, c->max_pos);

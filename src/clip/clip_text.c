@@ -8,6 +8,7 @@
 #include "clip/clip_internal.h"
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
+#include "kiln/log.h"
 
 /* [token, id] of a Roberta/Bert processor's cls or sep */
 static int64_t pair_id(const cJSON *pp, const char *key) {
@@ -59,6 +60,12 @@ kiln_error *kiln_clip_load_text(kiln_clip *m) {
         else if (V > m->text.vocab || m->bos_id >= m->text.vocab || m->eos_id >= m->text.vocab)
             e = kiln_errorf(KILN_EFORMAT, "%s: the tokenizer has %lld ids, text_config.vocab_size is %lld", path,
                             (long long)V, (long long)m->text.vocab);
+        else if (m->text.eos_token_id != 2 && m->text.eos_token_id != m->eos_id)
+            /* HF's rule, kept (kiln_clip_eos_index), but the embeddings then pool a text's first token: a config
+             * without its eos_token_id (49407 by default) beside a smaller vocabulary does that */
+            kiln_log(KILN_LOG_WARN, "%s/config.json: text_config.eos_token_id %lld is not the tokenizer's end token "
+                     "%lld: texts are pooled at their first token, as transformers does with this config", m->dir,
+                     (long long)m->text.eos_token_id, (long long)m->eos_id);
     }
     cJSON_Delete(root);
     free(path);
