@@ -1,6 +1,7 @@
 /* config.json and preprocessor_config.json of a HF CLIPModel directory, with HF's defaults for
  * missing fields (CLIPTextConfig / CLIPVisionConfig / CLIPImageProcessor) and errors naming the
  * file and field. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ static kiln_error *tower(const cJSON *o, const char *ctx, int vision, clip_tower
     KILN_TRY(geti(o, "num_hidden_layers", &c->layers, 12, ctx));
     KILN_TRY(geti(o, "num_attention_heads", &c->heads, vision ? 12 : 8, ctx));
     KILN_TRY(kiln_json_get_double(o, "layer_norm_eps", &c->eps, 1e-5, 0, ctx));
+    if (!(c->eps >= 0)) return kiln_errorf(KILN_EINVAL, "%s: field 'layer_norm_eps' = %g must not be negative", ctx, c->eps);
     KILN_TRY(act_of(o, ctx, &c->act));
     if (c->hidden % c->heads)
         return kiln_errorf(KILN_EINVAL, "%s: hidden_size %d is not a multiple of num_attention_heads %d", ctx,
@@ -100,8 +102,10 @@ static kiln_error *size_of(const cJSON *root, const char *field, const char *pat
         return NULL;
     }
     if (cJSON_IsNumber(s)) {
-        int v = (int)s->valuedouble;
-        if (v <= 0 || v != s->valuedouble) return kiln_errorf(KILN_EINVAL, "%s must be a positive integer", ctx);
+        const double d = s->valuedouble; /* checked before the conversion: 1e10 is not an int */
+        if (!(d >= 1 && d <= (1 << 24) && d == floor(d)))
+            return kiln_errorf(KILN_EINVAL, "%s must be a positive integer up to %d", ctx, 1 << 24);
+        const int v = (int)d;
         if (shortest) *shortest = v; /* CLIP: get_size_dict(size, default_to_square=False) */
         else *h = *w = v;
         return NULL;
