@@ -85,6 +85,12 @@ TEST(ft_heartbeat_roundtrip) {
                       "\"loss\":\"lots\",\"grad_norm\":1,\"local_grad_norm\":1,\"step_s\":1,\"compute_s\":1,\"time\":1,\"recent\":[]}";
     CHECK_OK(kiln_write_file_atomic(test_join(dir, "rank_00001.json"), bad, strlen(bad)));
     CHECK_ERR(kiln_heartbeat_read(dir, 1, &g), "'loss'");
+    /* a step beyond int64 is refused before any conversion */
+    const char *big = "{\"rank\":1,\"world\":2,\"attempt\":1,\"pid\":1,\"step\":1,\"steps\":2,\"phase\":\"train\","
+                      "\"loss\":1,\"grad_norm\":1,\"local_grad_norm\":1,\"step_s\":1,\"compute_s\":1,\"time\":1,"
+                      "\"recent\":[[1,2,3],[1e300,2,3]]}";
+    CHECK_OK(kiln_write_file_atomic(test_join(dir, "rank_00001.json"), big, strlen(big)));
+    CHECK_ERR(kiln_heartbeat_read(dir, 1, &g), "'recent' entry 1 is not [step, loss, grad_norm]");
 }
 
 /* z-scores against a direct computation: mean and sample standard deviation of the window */

@@ -32,7 +32,10 @@ kiln_error *kiln_json_parse_file(const char *path, cJSON **out);
 /* Parse len bytes of text (need not be NUL-terminated); errors start with ctx. */
 kiln_error *kiln_json_parse(const char *text, size_t len, const char *ctx, cJSON **out);
 
-/* A whole number within +-2^53 (so it is exact in a double): 4096, 1e3, -2.
+/* 1 and *out set when item is a whole number within +-2^53 (so it is exact in a double), else 0 (*out untouched):
+ * the one place a JSON number becomes an integer (a double beyond int64 converted is undefined behaviour). */
+int kiln_json_int_value(const cJSON *item, int64_t *out);
+/* A whole number within +-2^53 (kiln_json_int_value): 4096, 1e3, -2.
  * Rejects 1.5, "32", true. */
 kiln_error *kiln_json_get_int(const cJSON *obj, const char *field, int64_t *out, int64_t dflt, int required,
                               const char *ctx);

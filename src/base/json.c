@@ -178,6 +178,16 @@ static kiln_error *wrong_type(const cJSON *v, const char *field, const char *wan
                        kiln_json_type_name(v));
 }
 
+int kiln_json_int_value(const cJSON *item, int64_t *out) {
+    if (!cJSON_IsNumber(item)) return 0;
+    const double d = item->valuedouble;
+    /* cJSON stores numbers as doubles; beyond 2^53 we could not tell which integer was written, so refuse rather
+     * than silently round (and the range comes before the conversion) */
+    if (!(fabs(d) <= 9007199254740992.0) || d != floor(d)) return 0;
+    *out = (int64_t)d;
+    return 1;
+}
+
 kiln_error *kiln_json_get_int(const cJSON *obj, const char *field, int64_t *out, int64_t dflt, int required,
                               const char *ctx) {
     const cJSON *v = lookup(obj, field);
@@ -187,15 +197,11 @@ kiln_error *kiln_json_get_int(const cJSON *obj, const char *field, int64_t *out,
         return NULL;
     }
     if (!cJSON_IsNumber(v)) return wrong_type(v, field, "an integer", ctx);
-    double d = v->valuedouble;
-    /* cJSON stores numbers as doubles; beyond 2^53 we could not tell which
-     * integer was written, so refuse rather than silently round. */
-    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0) {
+    if (!kiln_json_int_value(v, out)) {
         char desc[64];
         return kiln_errorf(KILN_EINVAL, CTX_FMT "field '%s' must be an integer, got %s", CTX_ARGS(ctx), field,
                            kiln_json_describe(v, desc, sizeof desc));
     }
-    *out = (int64_t)d;
     return NULL;
 }
 

@@ -1,7 +1,6 @@
 /* config.json and preprocessor_config.json of a HF CLIPModel directory, with HF's defaults for
  * missing fields (CLIPTextConfig / CLIPVisionConfig / CLIPImageProcessor) and errors naming the
  * file and field. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,10 +101,10 @@ static kiln_error *size_of(const cJSON *root, const char *field, const char *pat
         return NULL;
     }
     if (cJSON_IsNumber(s)) {
-        const double d = s->valuedouble; /* checked before the conversion: 1e10 is not an int */
-        if (!(d >= 1 && d <= (1 << 24) && d == floor(d)))
+        int64_t v64 = 0; /* 1e10 is no int */
+        if (!kiln_json_int_value(s, &v64) || v64 < 1 || v64 > (1 << 24))
             return kiln_errorf(KILN_EINVAL, "%s must be a positive integer up to %d", ctx, 1 << 24);
-        const int v = (int)d;
+        const int v = (int)v64;
         if (shortest) *shortest = v; /* CLIP: get_size_dict(size, default_to_square=False) */
         else *h = *w = v;
         return NULL;

@@ -13,8 +13,8 @@
 /* [token, id] of a Roberta/Bert processor's cls or sep */
 static int64_t pair_id(const cJSON *pp, const char *key) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(pp, key);
-    const cJSON *id = cJSON_IsArray(a) ? cJSON_GetArrayItem(a, 1) : NULL;
-    return cJSON_IsNumber(id) ? (int64_t)id->valuedouble : -1;
+    int64_t id = -1;
+    return cJSON_IsArray(a) && kiln_json_int_value(cJSON_GetArrayItem(a, 1), &id) ? id : -1;
 }
 
 /* TemplateProcessing: the id of the special token at the start (first = 1) or end of "single" */
@@ -29,8 +29,8 @@ static int64_t template_id(const cJSON *pp, int first) {
     if (!cJSON_IsString(name)) return -1;
     const cJSON *ent = cJSON_GetObjectItemCaseSensitive(sp, name->valuestring);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(ent, "ids");
-    const cJSON *id = cJSON_IsArray(ids) ? cJSON_GetArrayItem(ids, 0) : NULL;
-    return cJSON_IsNumber(id) ? (int64_t)id->valuedouble : -1;
+    int64_t id = -1;
+    return cJSON_IsArray(ids) && kiln_json_int_value(cJSON_GetArrayItem(ids, 0), &id) ? id : -1;
 }
 
 kiln_error *kiln_clip_load_text(kiln_clip *m) {

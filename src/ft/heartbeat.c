@@ -116,13 +116,14 @@ kiln_error *kiln_heartbeat_read(const char *dir, int rank, kiln_heartbeat *h) {
     if (!e && !cJSON_IsArray(rec)) e = kiln_errorf(KILN_EFORMAT, "%s: 'recent' must be a list", path);
     if (e) rec = NULL;
     cJSON_ArrayForEach(it, rec) {
-        if (h->nrecent == KILN_HB_RECENT || cJSON_GetArraySize(it) != 3 || !cJSON_IsNumber(cJSON_GetArrayItem(it, 0)) ||
+        if (h->nrecent == KILN_HB_RECENT || cJSON_GetArraySize(it) != 3 ||
+            !kiln_json_int_value(cJSON_GetArrayItem(it, 0), &h->recent[h->nrecent].step) ||
             !num_of(cJSON_GetArrayItem(it, 1), &h->recent[h->nrecent].loss) ||
             !num_of(cJSON_GetArrayItem(it, 2), &h->recent[h->nrecent].grad_norm)) {
             e = kiln_errorf(KILN_EFORMAT, "%s: 'recent' entry %d is not [step, loss, grad_norm]", path, h->nrecent);
             break;
         }
-        h->recent[h->nrecent++].step = (int64_t)cJSON_GetArrayItem(it, 0)->valuedouble;
+        h->nrecent++;
     }
     if (!e && h->rank != rank) e = kiln_errorf(KILN_EFORMAT, "%s: rank %d in the file of rank %d", path, h->rank, rank);
     cJSON_Delete(o);

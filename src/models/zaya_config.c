@@ -1,7 +1,6 @@
 /* ZAYA config.json: HF ZayaConfig's fields and defaults, validated with errors that
  * name the field. HF writes many generic keys (architectures, dtype, ...): those are
  * ignored; a known key of the wrong type is an error. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,11 +46,10 @@ static kiln_error *get_token_id(const cJSON *root, const char *field, int64_t *o
     if (cJSON_IsArray(it)) {
         it = cJSON_GetArrayItem(it, 0);
         if (!it) { *out = -1; return NULL; }
-        const double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
-        /* checked before the conversion: 1e39 is not an int64 (fuzzing found it) */
-        if (!(v >= 0 && v <= 9007199254740992.0 && v == floor(v)))
+        int64_t v = -1; /* 1e39 is no int64 (fuzzing found it converted) */
+        if (!kiln_json_int_value(it, &v) || v < 0)
             return kiln_errorf(KILN_EINVAL, "%s: field '%s' must hold non-negative integers", ctx, field);
-        *out = (int64_t)v;
+        *out = v;
         return NULL;
     }
     return kiln_json_get_int(root, field, out, *out, 0, ctx);
