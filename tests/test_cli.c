@@ -257,4 +257,18 @@ TEST(cli_diff) {
     snprintf(args, sizeof args, "diff '%s' '%s'", c, b);
     CHECK_MSG(test_run_kiln(args, out, sizeof out) == 1 && strstr(out, "only in"), "%s", out);
     expect_fail("diff onlyone.safetensors", "two files");
+    /* a NaN tolerance would pass any difference: no number flag takes nan or inf */
+    snprintf(args, sizeof args, "diff '%s' '%s' --tol nan", a, b);
+    expect_fail(args, "--tol: 'nan' is not a number");
+    snprintf(args, sizeof args, "diff '%s' '%s' --tol inf", a, b);
+    expect_fail(args, "--tol: 'inf' is not a number");
+}
+
+/* integer flags stored in an int are range-checked, not truncated (4294967297 was taken as 1 bootstrap sample) */
+TEST(cli_int_flags_in_range) {
+    expect_fail("cis score --bootstrap 4294967297 --suite s --manifest m --clip c --out o",
+                "--bootstrap must be 1..2147483647, got 4294967297");
+    expect_fail("cis score --chunk 0 --suite s --manifest m --clip c --out o", "--chunk must be 1..2147483647, got 0");
+    expect_fail("cis score --threshold nan --suite s --manifest m --clip c --out o", "--threshold: 'nan' is not a number");
+    expect_fail("cis embed --clip c --out o --texts t --batch 5000", "--batch must be 1..4096, got 5000");
 }

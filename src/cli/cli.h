@@ -27,6 +27,8 @@ int cli_fail(const char *cmd, kiln_error *e);
 int cli_wants_help(int argc, char **argv);
 /* Parse helpers: the error names the flag. */
 kiln_error *cli_int(const char *flag, const char *s, int64_t *out);
+/* cli_int within lo..hi (the error says so): for values stored in an int */
+kiln_error *cli_int_in(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 kiln_error *cli_double(const char *flag, const char *s, double *out);
 
 /* input_ids [B,T] (I64 or I32) from a safetensors file, as int64. */

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,15 +145,13 @@ static int cmd_score(int argc, char **argv) {
         else if (!strcmp(a, "--labels")) o.labels = argv[++i];
         else if (!strcmp(a, "--crops")) o.grids = argv[++i];
         else if (!strcmp(a, "--threads")) {
-            if (!(e = cli_int(a, argv[++i], &v)) && (v < 1 || v > 4096))
-                e = kiln_errorf(KILN_EINVAL, "--threads must be 1..4096, got %lld", (long long)v);
-            if (!e) omp_set_num_threads((int)v);
+            if (!(e = cli_int_in(a, argv[++i], 1, 4096, &v))) omp_set_num_threads((int)v);
         } else if (!strcmp(a, "--bootstrap")) {
-            if (!(e = cli_int(a, argv[++i], &v))) o.boot = (int)v;
+            if (!(e = cli_int_in(a, argv[++i], 1, INT32_MAX, &v))) o.boot = (int)v;
         } else if (!strcmp(a, "--permutations")) {
-            if (!(e = cli_int(a, argv[++i], &v))) o.perm = (int)v;
+            if (!(e = cli_int_in(a, argv[++i], 1, INT32_MAX, &v))) o.perm = (int)v;
         } else if (!strcmp(a, "--chunk")) {
-            if (!(e = cli_int(a, argv[++i], &v))) o.chunk = (int)v;
+            if (!(e = cli_int_in(a, argv[++i], 1, INT32_MAX, &v))) o.chunk = (int)v;
         } else if (!strcmp(a, "--seed")) {
             if (!(e = cli_int(a, argv[++i], &v))) o.seed = (uint64_t)v;
         } else if (!strcmp(a, "--threshold")) {

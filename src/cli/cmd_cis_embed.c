@@ -163,8 +163,7 @@ int cis_embed_main(int argc, char **argv) {
         if (dst) {
             *dst = argv[++i];
         } else {
-            kiln_error *e = cli_int("--batch", argv[++i], &batch);
-            if (!e && (batch < 1 || batch > 4096)) e = kiln_errorf(KILN_EINVAL, "--batch must be 1..4096, got %lld", (long long)batch);
+            kiln_error *e = cli_int_in("--batch", argv[++i], 1, 4096, &batch);
             if (e) return cli_fail("cis embed", e);
         }
     }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <math.h>
 
 #include "cli.h"
 
@@ -38,11 +39,22 @@ kiln_error *cli_int(const char *flag, const char *s, int64_t *out) {
     return NULL;
 }
 
+kiln_error *cli_int_in(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    int64_t v;
+    KILN_TRY(cli_int(flag, s, &v));
+    if (v < lo || v > hi)
+        return kiln_errorf(KILN_EINVAL, "%s must be %lld..%lld, got %lld", flag, (long long)lo, (long long)hi, (long long)v);
+    *out = v;
+    return NULL;
+}
+
 kiln_error *cli_double(const char *flag, const char *s, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end) return kiln_errorf(KILN_EINVAL, "%s: '%s' is not a number", flag, s);
+    /* strtod also reads "nan" and "inf": no flag means either, and NaN fails every comparison (a --tol of nan
+     * would pass any difference) */
+    if (errno || end == s || *end || !isfinite(v)) return kiln_errorf(KILN_EINVAL, "%s: '%s' is not a number", flag, s);
     *out = v;
     return NULL;
 }
