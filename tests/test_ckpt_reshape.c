@@ -151,9 +151,9 @@ TEST(ckpt_reshape_bad_input) {
     /* ... or its tensor list (another optimizer-state size than the shard holds) */
     CHECK(reshape_patched(src, to, "m2", "\"state_numel\":\t", "\"state_numel\":\t7", 1, "optimizer-state floats",
                           text, sizeof text));
-    /* ... or a world size its shards do not have */
-    CHECK(reshape_patched(src, to, "m3", "\"world_size\":\t1", "\"world_size\":\t2", 1, "one position per rank",
-                          text, sizeof text));
+    /* ... or a world size its shards do not have: rank 1's shard has no checksum, so nothing would check it */
+    CHECK(reshape_patched(src, to, "m3", "\"world_size\":\t1", "\"world_size\":\t2", 1,
+                          "'files' has no checksum for rank_00001.safetensors (world size 2)", text, sizeof text));
     /* positions saved for other data than the config's data directory holds */
     CHECK(reshape_patched(src, to, "m5", "\"fingerprint\":\t\"", "\"fingerprint\":\t\"1", 3,
                           "not the data this checkpoint was trained on", text, sizeof text));

@@ -651,6 +651,22 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
         if ((double)n != bytes) return kiln_errorf(KILN_EFORMAT, "%s: %llu bytes, manifest says %.0f", path, (unsigned long long)n, bytes);
         if (strcmp(got, hex)) return kiln_errorf(KILN_EFORMAT, "%s: checksum %s, manifest says %s", path, got, hex);
     }
+    /* every rank's shard is among them: a file the list leaves out would be read unchecked */
+    char ctx[1400];
+    snprintf(ctx, sizeof ctx, "%s/manifest.json", dir);
+    int64_t world = 0;
+    KILN_TRY(kiln_json_get_int(man, "world_size", &world, 0, 1, ctx));
+    if (world < 1 || world > 65536) return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)world);
+    for (int64_t r = 0; r < world; r++) {
+        char want[40];
+        snprintf(want, sizeof want, "rank_%05lld.safetensors", (long long)r);
+        int listed = 0;
+        cJSON_ArrayForEach(f, files) {
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
+            listed |= cJSON_IsString(x) && !strcmp(x->valuestring, want);
+        }
+        if (!listed) return kiln_errorf(KILN_EFORMAT, "%s: 'files' has no checksum for %s (world size %lld)", ctx, want, (long long)world);
+    }
     return NULL;
 }
 
