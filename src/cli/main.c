@@ -40,7 +40,7 @@ kiln_error *cli_int(const char *flag, const char *s, int64_t *out) {
 }
 
 kiln_error *cli_int_in(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    int64_t v;
+    int64_t v = 0;
     KILN_TRY(cli_int(flag, s, &v));
     if (v < lo || v > hi)
         return kiln_errorf(KILN_EINVAL, "%s must be %lld..%lld, got %lld", flag, (long long)lo, (long long)hi, (long long)v);
