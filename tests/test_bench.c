@@ -64,6 +64,15 @@ TEST(bench_membw_profile) {
     CHECK(run_main(kiln_bench_membw_main, bad3) == 2);
     const char *bad4[] = {"membw", "--bogus", NULL};
     CHECK(run_main(kiln_bench_membw_main, bad4) == 2);
+    /* --device cuda parses the same flags the same way (before it looks for a GPU) */
+    const char *bad5[] = {"membw", "--device", "cuda", "--factor", "nan", NULL};
+    CHECK(run_main(kiln_bench_membw_main, bad5) == 2);
+    const char *bad6[] = {"membw", "--device", "cuda", "--iters", "1000", NULL};
+    CHECK(run_main(kiln_bench_membw_main, bad6) == 2);
+    const char *bad7[] = {"membw", "--device", "cuda", "--threads", "2", NULL};
+    CHECK(run_main(kiln_bench_membw_main, bad7) == 2);
+    const char *bad8[] = {"membw", "--device", "tpu", NULL};
+    CHECK(run_main(kiln_bench_membw_main, bad8) == 2);
 }
 
 /* ---- gemm ---- */

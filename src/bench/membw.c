@@ -16,6 +16,7 @@
 
 #include "bench_util.h"
 #include "kiln/bench.h"
+#include "membw.h"
 
 static const char usage[] =
     "usage: kiln bench membw [options]\n\n"
@@ -102,19 +103,17 @@ static void csv_row(FILE *f, size_t i, const void *ctx) {
             R->moved / R->best_s / 1e9, R->moved / R->avg_s / 1e9);
 }
 
-int kiln_bench_membw_gpu(int argc, char **argv); /* membw_gpu.c */
-
-int kiln_bench_membw_main(int argc, char **argv) {
+/* The flags of both devices, over the device's defaults (--device is read first: cuda starts at 1M..4G per array, x4,
+ * 20 iterations). Returns -1, or the exit status (help, usage errors). */
+static int parse_opts(int argc, char **argv, membw_opts *o) {
+    *o = (membw_opts){4096, (size_t)2 << 30, 2, 10, 0, NULL, NULL, 0};
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--device")) {
-            if (!strcmp(argv[i + 1], "cuda")) return kiln_bench_membw_gpu(argc, argv);
-            if (strcmp(argv[i + 1], "cpu"))
+            o->cuda = !strcmp(argv[i + 1], "cuda");
+            if (!o->cuda && strcmp(argv[i + 1], "cpu"))
                 return kiln_bench_usage_err("membw", "--device '%s': expected cpu or cuda", argv[i + 1]);
         }
-    size_t min_b = 4096, max_b = (size_t)2 << 30;
-    double factor = 2;
-    long iters = 10, threads = 0;
-    const char *json_path = NULL, *csv_path = NULL;
+    if (o->cuda) o->min_b = 1 << 20, o->max_b = (size_t)4 << 30, o->factor = 4, o->iters = 20;
     static const char *const valued[] = {"--device", "--min",     "--max",  "--factor",
                                          "--iters",  "--threads", "--json", "--csv",    NULL};
     for (int i = 1; i < argc; i++) {
@@ -123,26 +122,40 @@ int kiln_bench_membw_main(int argc, char **argv) {
         if (r >= 0) return r;
         char *end;
         if (!strcmp(a, "--device")) {
-            continue; /* cpu */
+            continue; /* read above */
         } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
-            if (kiln_bench_parse_bytes(v, 64, 1e15, !strcmp(a, "--min") ? &min_b : &max_b))
+            if (kiln_bench_parse_bytes(v, 64, 1e15, !strcmp(a, "--min") ? &o->min_b : &o->max_b))
                 return kiln_bench_usage_err("membw", "%s '%s': expected a size >= 64 bytes like 4K, 64M, 2G", a, v);
         } else if (!strcmp(a, "--factor")) {
-            factor = strtod(v, &end);
-            if (*end || end == v || !(factor > 1.0) || factor > 1e6)
+            o->factor = strtod(v, &end);
+            if (*end || end == v || !(o->factor > 1.0) || o->factor > 1e6)
                 return kiln_bench_usage_err("membw", "--factor '%s': expected a number > 1", v);
         } else if (!strcmp(a, "--iters") || !strcmp(a, "--threads")) {
+            if (o->cuda && !strcmp(a, "--threads"))
+                return kiln_bench_usage_err("membw", "--threads sets the CPU's threads; --device cuda has none");
             long n = strtol(v, &end, 10);
             if (*end || end == v || n < 1 || n > 1000000)
                 return kiln_bench_usage_err("membw", "%s '%s': expected a positive integer", a, v);
-            if (!strcmp(a, "--iters")) iters = n;
-            else threads = n;
-        } else if (!strcmp(a, "--json")) json_path = v;
-        else csv_path = v;
+            if (!strcmp(a, "--iters")) o->iters = n;
+            else o->threads = n;
+        } else if (!strcmp(a, "--json")) o->json_path = v;
+        else o->csv_path = v;
     }
-    if (iters > 200) return kiln_bench_usage_err("membw", "--iters %ld: at most 200", iters);
-    if (min_b > max_b)
-        return kiln_bench_usage_err("membw", "--min (%zu bytes) exceeds --max (%zu bytes)", min_b, max_b);
+    if (o->iters > 200) return kiln_bench_usage_err("membw", "--iters %ld: at most 200", o->iters);
+    if (o->min_b > o->max_b)
+        return kiln_bench_usage_err("membw", "--min (%zu bytes) exceeds --max (%zu bytes)", o->min_b, o->max_b);
+    return -1;
+}
+
+int kiln_bench_membw_main(int argc, char **argv) {
+    membw_opts opt;
+    const int r = parse_opts(argc, argv, &opt);
+    if (r >= 0) return r;
+    if (opt.cuda) return kiln_bench_membw_gpu(&opt);
+    size_t min_b = opt.min_b, max_b = opt.max_b;
+    const double factor = opt.factor;
+    const long iters = opt.iters, threads = opt.threads;
+    const char *json_path = opt.json_path, *csv_path = opt.csv_path;
     double avail = kiln_bench_avail_bytes();
     if (avail > 0 && 3.0 * (double)max_b > 0.8 * avail) {
         size_t cap = (size_t)(0.8 * avail / 3.0) & ~(size_t)4095;
