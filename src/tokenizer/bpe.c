@@ -90,7 +90,7 @@ static void cache_put(kiln_bpe_cache *c, const char *w, size_t len, uint64_t h, 
         return;
     }
     memcpy(e.key, w, len);
-    memcpy(e.ids, ids, n * sizeof *ids);
+    if (n) memcpy(e.ids, ids, n * sizeof *ids); /* a word may encode to nothing (ids NULL then) */
     pthread_mutex_lock(&s->mu);
     if (!s->entries) s->entries = malloc(CACHE_SHARD_CAP * sizeof *s->entries);
     if (s->entries && !kiln_strmap_get(&s->map, w, len)) {
@@ -438,7 +438,8 @@ kiln_error *kiln_bpe_tokenize(const kiln_bpe *m, const char *s, size_t len, kiln
         size_t start = out->n;
         for (size_t i = 0; i < w.n && !rc; i++)
             if (w.len[i]) rc = kiln_ids_push(out, w.id[i]);
-        if (!rc && cacheable) cache_put(m->cache, s, len, h >> 7, out->v + start, out->n - start);
+        /* no ids at all (every piece empty): out->v may still be NULL, not to be offset */
+        if (!rc && cacheable) cache_put(m->cache, s, len, h >> 7, out->n > start ? out->v + start : NULL, out->n - start);
     }
     if (!e && rc) e = kiln_errorf(KILN_ENOMEM, "encode: out of memory");
     word_free(&w);
