@@ -339,6 +339,9 @@ static void zaya_unused(void *cfg) {
         for (int64_t l = 0; l < c->num_layers; l++) used |= c->layer_types[l] == t;
         if (!used) c->rope_theta[t] = c->partial_rotary[t] = 0;
     }
+    /* and the types past the layer count (a longer layer_types given first) */
+    if (c->num_layers >= 0 && c->num_layers < KILN_ZAYA_MAX_LAYERS)
+        memset(c->layer_types + c->num_layers, 0, (size_t)(KILN_ZAYA_MAX_LAYERS - c->num_layers));
 }
 static int fuzz_zaya_config(const uint8_t *data, size_t size) {
     static const config_io io = {"zaya_config", zaya_parse, zaya_text, sizeof(kiln_zaya_config), zaya_unused};
@@ -351,7 +354,18 @@ static kiln_error *train_parse(const char *text, const char *ctx, void *c) {
     return kiln_train_config_parse(text, ctx, c);
 }
 static char *train_text(const void *c) { return kiln_train_config_to_json(c); }
-static void train_unused(void *cfg) { zaya_unused(&((kiln_train_config *)cfg)->model); }
+/* the bytes after a string's end: a key given twice leaves the first value's tail there */
+static void clear_tail(char *s, size_t cap) {
+    const size_t n = strnlen(s, cap);
+    memset(s + n, 0, cap - n);
+}
+static void train_unused(void *cfg) {
+    kiln_train_config *c = cfg;
+    zaya_unused(&c->model);
+    clear_tail(c->data_dir, sizeof c->data_dir), clear_tail(c->ckpt_busy, sizeof c->ckpt_busy);
+    clear_tail(c->out_dir, sizeof c->out_dir), clear_tail(c->skip_steps, sizeof c->skip_steps);
+    clear_tail(c->device, sizeof c->device);
+}
 static int fuzz_train_config(const uint8_t *data, size_t size) {
     static const config_io io = {"train_config", train_parse, train_text, sizeof(kiln_train_config), train_unused};
     static kiln_train_config c, c2;
