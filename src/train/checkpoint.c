@@ -657,16 +657,21 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
     int64_t world = 0;
     KILN_TRY(kiln_json_get_int(man, "world_size", &world, 0, 1, ctx));
     if (world < 1 || world > 65536) return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)world);
-    for (int64_t r = 0; r < world; r++) {
-        char want[40];
-        snprintf(want, sizeof want, "rank_%05lld.safetensors", (long long)r);
-        int listed = 0;
-        cJSON_ArrayForEach(f, files) {
-            const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
-            listed |= cJSON_IsString(x) && !strcmp(x->valuestring, want);
-        }
-        if (!listed) return kiln_errorf(KILN_EFORMAT, "%s: 'files' has no checksum for %s (world size %lld)", ctx, want, (long long)world);
+    unsigned char *listed = calloc((size_t)world, 1); /* one pass over the list: a world of 65536 stays linear */
+    if (!listed) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
+    cJSON_ArrayForEach(f, files) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const char *nm = cJSON_IsString(x) ? x->valuestring : "";
+        int rank = 0, ok = strlen(nm) == 22 && !strncmp(nm, "rank_", 5) && !strcmp(nm + 10, ".safetensors");
+        for (int k = 5; ok && k < 10; k++) ok = nm[k] >= '0' && nm[k] <= '9', rank = 10 * rank + (nm[k] - '0');
+        if (ok && rank < world) listed[rank] = 1;
     }
+    int64_t r = 0;
+    while (r < world && listed[r]) r++;
+    free(listed);
+    if (r < world)
+        return kiln_errorf(KILN_EFORMAT, "%s: 'files' has no checksum for rank_%05lld.safetensors (world size %lld)", ctx,
+                           (long long)r, (long long)world);
     return NULL;
 }
 
