@@ -60,6 +60,36 @@ TEST(json_parse_error_has_line_and_column) {
     cJSON_Delete(root);
 }
 
+/* kiln_json_print writes every number so that it reads back as the same double (cJSON alone does not) */
+TEST(json_print_exact_numbers) {
+    const double v[] = {0.1 + 0.2, 6434445538011819.0, 9007199254740991.0, 1e-300, 5e-324, -0.0, 1.7976931348623157e308,
+                        100, -2.5, 3e-3 * 1.0000000000000002, 123456789012345678.0};
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    cJSON_AddItemToArray(a, cJSON_CreateNumber(INFINITY));
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "nested", a);
+    for (int formatted = 0; formatted < 2; formatted++) {
+        char *t = kiln_json_print(o, formatted);
+        CHECK(t != NULL);
+        if (!t) continue;
+        CHECK_MSG(strstr(t, "0.30000000000000004") && strstr(t, "9007199254740991") && strstr(t, "100,"), "%s", t);
+        cJSON *back = NULL;
+        CHECK_OK(kiln_json_parse(t, strlen(t), "printed", &back));
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(back, "nested");
+        for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+            const double x = cJSON_GetArrayItem(b, (int)i)->valuedouble;
+            CHECK_MSG(x == v[i] && signbit(x) == signbit(v[i]), "%.17g printed, read back as %.17g", v[i], x);
+        }
+        CHECK(cJSON_IsNull(cJSON_GetArrayItem(b, (int)(sizeof v / sizeof *v)))); /* inf: null, as cJSON prints it */
+        cJSON_Delete(back);
+        free(t);
+    }
+    /* the tree printed is left as it was: numbers still numbers */
+    CHECK(cJSON_IsNumber(cJSON_GetArrayItem(a, 0)) && cJSON_GetArrayItem(a, 0)->valuedouble == 0.1 + 0.2);
+    cJSON_Delete(o);
+}
+
 TEST(json_typed_getters) {
     cJSON *root = NULL;
     const char *text = "{\"hidden_size\": 4096, \"big\": 1e3, \"frac\": 1.5, \"name\": \"zaya\", \"eps\": 1e-6,"

@@ -183,6 +183,24 @@ TEST(train_config_parse_and_errors) {
     if (js) CHECK_OK(kiln_train_config_parse(js, "roundtrip", &d));
     CHECK(d.steps == 123 && d.sched.kind == KILN_SCHED_WSD && d.model.hidden_size == c.model.hidden_size);
     free(js);
+    /* ... bit for bit: values whose shortest exact text has 16-17 digits (cJSON alone writes 15 when they read back
+     * "close enough": 0.1 + 0.2 came back as 0.3, a seed of 2^53 - 1 as 9007199254740990; found by fuzzing) */
+    kiln_train_config_default(&c);
+    c.sched.lr = 0.1 + 0.2;
+    c.optim.beta2 = 0.95 + 1e-16;
+    c.model.rope_theta[0] = 10000.000000000002;
+    c.data_seed = 9007199254740991ull;
+    c.init_seed = 6434445538011819ull;
+    c.seq_len = 4097;
+    js = kiln_train_config_to_json(&c);
+    kiln_train_config_default(&d);
+    if (js) CHECK_OK(kiln_train_config_parse(js, "roundtrip", &d));
+    CHECK_MSG(d.sched.lr == c.sched.lr && d.optim.beta2 == c.optim.beta2 && d.model.rope_theta[0] == c.model.rope_theta[0],
+              "%.17g %.17g %.17g", d.sched.lr, d.optim.beta2, d.model.rope_theta[0]);
+    CHECK_MSG(d.data_seed == c.data_seed && d.init_seed == c.init_seed && d.seq_len == 4097, "%llu %llu",
+              (unsigned long long)d.data_seed, (unsigned long long)d.init_seed);
+    CHECK(js && strstr(js, "0.30000000000000004") && strstr(js, "9007199254740991"));
+    free(js);
 }
 
 /* optim.muon_ns_precision: bf16 by default (the GPU's Newton-Schulz; the CPU ignores it), each name parses,

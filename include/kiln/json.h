@@ -32,6 +32,11 @@ kiln_error *kiln_json_parse_file(const char *path, cJSON **out);
 /* Parse len bytes of text (need not be NUL-terminated); errors start with ctx. */
 kiln_error *kiln_json_parse(const char *text, size_t len, const char *ctx, cJSON **out);
 
+/* cJSON_Print (formatted) or cJSON_PrintUnformatted, but every number exact: the shortest text that reads back as
+ * the same double. cJSON 1.7.15 prints 15 significant digits when they read back "close enough" (0.1 + 0.2 as 0.3,
+ * 6434445538011819 as 6.43444553801182e+15): a config or manifest written through it would not read back the same.
+ * Non-finite numbers print as null (as cJSON does). malloc'd; NULL when out of memory. */
+char *kiln_json_print(const cJSON *item, int formatted);
 /* 1 and *out set when item is a whole number within +-2^53 (so it is exact in a double), else 0 (*out untouched):
  * the one place a JSON number becomes an integer (a double beyond int64 converted is undefined behaviour). */
 int kiln_json_int_value(const cJSON *item, int64_t *out);

@@ -149,19 +149,50 @@ static kiln_error *missing(const char *field, const char *ctx) {
     return kiln_errorf(KILN_ENOTFOUND, CTX_FMT "missing required field '%s'", CTX_ARGS(ctx), field);
 }
 
+/* The shortest text that reads back as exactly d (100, not 1e+02; 0.30000000000000004, not 0.3); "null" for what
+ * JSON cannot hold. cap >= 32. */
+static void number_text(double d, char *buf, size_t cap) {
+    if (!isfinite(d)) {
+        snprintf(buf, cap, "null");
+    } else if (d == floor(d) && fabs(d) < 1e17) {
+        snprintf(buf, cap, "%.0f", d);
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, cap, "%.*g", prec, d);
+            if (strtod(buf, NULL) == d) break;
+        }
+    }
+}
+
+/* Every number of the (copied) tree as its exact text (cJSON_Raw, printed verbatim) */
+static int exact_numbers(cJSON *item) {
+    for (; item; item = item->next) {
+        if (cJSON_IsNumber(item)) {
+            char buf[40];
+            number_text(item->valuedouble, buf, sizeof buf);
+            if (!(item->valuestring = strdup(buf))) return -1;
+            item->type = cJSON_Raw;
+        } else if (item->child && exact_numbers(item->child)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+char *kiln_json_print(const cJSON *item, int formatted) {
+    cJSON *copy = cJSON_Duplicate(item, 1); /* the item alone: a copy has no siblings */
+    if (!copy) return NULL;
+    char *text = exact_numbers(copy) ? NULL : formatted ? cJSON_Print(copy) : cJSON_PrintUnformatted(copy);
+    cJSON_Delete(copy);
+    return text;
+}
+
 const char *kiln_json_describe(const cJSON *item, char *buf, size_t cap) {
     if (cap == 0) return buf;
     if (cJSON_IsNumber(item)) {
-        double d = item->valuedouble;
-        if (d == floor(d) && fabs(d) < 1e17) {
-            snprintf(buf, cap, "%.0f", d); /* 100, not 1e+02 */
-        } else {
-            /* Shortest precision that reads back as the same double. */
-            for (int prec = 1; prec <= 17; prec++) {
-                snprintf(buf, cap, "%.*g", prec, d);
-                if (strtod(buf, NULL) == d) break;
-            }
-        }
+        char t[40];
+        number_text(item->valuedouble, t, sizeof t);
+        snprintf(buf, cap, "%s", t);
     } else if (cJSON_IsString(item) && item->valuestring && strlen(item->valuestring) + 3 <= cap) {
         snprintf(buf, cap, "\"%s\"", item->valuestring);
     } else {

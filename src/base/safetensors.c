@@ -950,7 +950,7 @@ static kiln_error *build_header(const char *path, const kiln_st_entry *entries, 
         offset += sizes[i];
     }
     if (ok && !e) {
-        *out = cJSON_PrintUnformatted(root);
+        *out = kiln_json_print(root, 0);
         ok = *out != NULL;
     }
     cJSON_Delete(root);

@@ -11,6 +11,7 @@
 
 #include "kiln/bench.h"
 #include "kiln/fsutil.h"
+#include "kiln/json.h"
 
 static void cpu_model(char *buf, size_t n) {
     snprintf(buf, n, "unknown");
@@ -65,7 +66,7 @@ cJSON *kiln_profile_section(cJSON *p, const char *section) {
 }
 
 kiln_error *kiln_profile_write(const cJSON *p, const char *path) {
-    char *text = cJSON_Print(p);
+    char *text = kiln_json_print(p, 1);
     if (!text) return kiln_errorf(KILN_ENOMEM, "%s", path);
     kiln_error *e = kiln_write_file_atomic(path, text, strlen(text));
     free(text);

@@ -709,7 +709,7 @@ static void kv_rows(sbuf *b, const cJSON *o) {
         sb_printf(b, "</th><td class=\"l\">");
         if (cJSON_IsString(it)) sb_esc(b, it->valuestring);
         else {
-            char *t = cJSON_PrintUnformatted(it);
+            char *t = kiln_json_print(it, 0);
             sb_esc(b, t ? t : "?");
             free(t);
         }

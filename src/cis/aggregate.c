@@ -553,7 +553,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         cis_buf_num(&sup, rnum(s, "cos_western_mean")), CIS_PUT(&sup, ",");
         cis_buf_num(&sup, rnum(s, "cos_western_max")), CIS_PUT(&sup, "\n");
     }
-    char *txt = cJSON_Print(root);
+    char *txt = kiln_json_print(root, 1);
     if (!txt) e = kiln_errorf(KILN_ENOMEM, "out of memory");
     else e = kiln_write_file_atomic(out, txt, strlen(txt));
     free(txt);

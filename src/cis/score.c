@@ -131,7 +131,7 @@ static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddNumberToObject(j, "threshold", o->threshold);
     cJSON_AddStringToObject(j, "absence_text", CIS_ABSENCE_TEXT);
-    char *s = cJSON_Print(j);
+    char *s = kiln_json_print(j, 1);
     cJSON_Delete(j);
     if (!s) return kiln_errorf(KILN_ENOMEM, "out of memory");
     char *path = kiln_path_join(run_dir, "run.json");
@@ -214,7 +214,7 @@ static kiln_error *write_embeddings(const kiln_cis_suite *s, const cis_textset *
         cJSON_AddNumberToObject(pca, "explained_2", ex[1]);
     }
     free(pi), free(ci), free(X), free(xy);
-    char *txt = cJSON_Print(root);
+    char *txt = kiln_json_print(root, 1);
     cJSON_Delete(root);
     char *path = kiln_path_join(run_dir, "embeddings.json");
     kiln_error *err = txt && path ? kiln_write_file_atomic(path, txt, strlen(txt)) : kiln_errorf(KILN_ENOMEM, "out of memory");

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kiln/fsutil.h"
+#include "kiln/json.h"
 #include "crc32c.h"
 
 kiln_error *ckpt_out_begin(ckpt_out *o, const char *to, int64_t step, int world) {
@@ -54,7 +55,7 @@ kiln_error *ckpt_out_commit(ckpt_out *o, cJSON *man) {
         cJSON_AddItemToArray(fs, f);
     }
     char path[1400];
-    char *text = cJSON_Print(man);
+    char *text = kiln_json_print(man, 1);
     if (!text) return kiln_errorf(KILN_ENOMEM, "%s: manifest", o->tmp);
     snprintf(path, sizeof path, "%s/manifest.json", o->tmp);
     kiln_error *e = kiln_write_file_atomic(path, text, strlen(text));

@@ -42,7 +42,7 @@ static kiln_error *parse(ckpt_src *s) {
     s->world = (int)world;
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(s->man, "config");
     if (!cJSON_IsObject(cfg)) return kiln_errorf(KILN_EFORMAT, "%s: no 'config' object", ctx);
-    char *text = cJSON_PrintUnformatted(cfg);
+    char *text = kiln_json_print(cfg, 0);
     if (!text) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
     char cctx[1500];
     snprintf(cctx, sizeof cctx, "%s: config", ctx);

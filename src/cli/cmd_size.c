@@ -327,7 +327,7 @@ static int run_search(opts *o) {
                 cJSON_AddNullToObject(root, "reference");
             }
         }
-        char *txt = cJSON_Print(root);
+        char *txt = kiln_json_print(root, 1);
         if (txt) puts(txt);
         free(txt);
         cJSON_Delete(root);
@@ -439,7 +439,7 @@ static int run_check(opts *o) {
             cJSON_AddNumberToObject(j, "decode_b1_gain", own.decode_ms_b1 / x->pred.decode_ms_b1 - 1);
             cJSON_AddItemToArray(arr, j);
         }
-        char *txt = cJSON_Print(root);
+        char *txt = kiln_json_print(root, 1);
         if (txt) puts(txt);
         free(txt);
         cJSON_Delete(root);
@@ -520,7 +520,7 @@ static int run_predict(opts *o) {
         cJSON_DeleteItemFromObject(j, "score");
         cJSON_AddItemToObject(root, "prediction", j);
         if (have_cuda) cJSON_AddItemToObject(root, "kiln_cuda", kiln_size_cuda_json(&cs, &cm));
-        char *txt = cJSON_Print(root);
+        char *txt = kiln_json_print(root, 1);
         if (txt) puts(txt);
         free(txt);
         cJSON_Delete(root);

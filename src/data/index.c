@@ -231,7 +231,7 @@ kiln_error *kiln_data_index_write(const char *dir, const kiln_data_index *ix) {
     char *path = kiln_path_join(dir, "index.json");
     if (!path) return oom(dir);
     cJSON *root = build_index(ix);
-    char *text = root ? cJSON_Print(root) : NULL;
+    char *text = root ? kiln_json_print(root, 1) : NULL;
     kiln_error *e = NULL;
     if (!text) {
         e = oom(path);

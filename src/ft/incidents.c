@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "kiln/ft.h"
+#include "kiln/json.h"
 
 static void iso_time(double t, char *buf, size_t cap) {
     time_t s = (time_t)t;
@@ -34,7 +35,7 @@ kiln_error *kiln_incident_append(const char *path, const kiln_incident *in) {
     else cJSON_AddNullToObject(o, "step");
     cJSON_AddStringToObject(o, "detail", in->detail ? in->detail : "");
     cJSON_AddStringToObject(o, "action", in->action ? in->action : "");
-    char *line = cJSON_PrintUnformatted(o);
+    char *line = kiln_json_print(o, 0);
     cJSON_Delete(o);
     if (!line) return kiln_errorf(KILN_ENOMEM, "incident");
     size_t n = strlen(line);

@@ -281,7 +281,7 @@ struct cJSON *kiln_zaya_config_to_cjson(const kiln_zaya_config *c) {
 
 kiln_error *kiln_zaya_config_save(const kiln_zaya_config *c, const char *path) {
     cJSON *o = kiln_zaya_config_to_cjson(c);
-    char *text = o ? cJSON_Print(o) : NULL;
+    char *text = o ? kiln_json_print(o, 1) : NULL;
     cJSON_Delete(o);
     if (!text) return kiln_errorf(KILN_ENOMEM, "%s", path);
     kiln_error *e = kiln_write_file_atomic(path, text, strlen(text));

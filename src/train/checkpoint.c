@@ -507,7 +507,7 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
     if (!e && comm->rank == 0) {
         char path[1400];
         cJSON *man = manifest_json(&w->snap, comm->size, sums, sums + comm->size);
-        char *text = man ? cJSON_Print(man) : NULL;
+        char *text = man ? kiln_json_print(man, 1) : NULL;
         cJSON_Delete(man);
         snprintf(path, sizeof path, "%s/manifest.json", w->tmp);
         e = text ? kiln_write_file_atomic(path, text, strlen(text)) : kiln_errorf(KILN_ENOMEM, "manifest");

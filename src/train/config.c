@@ -287,7 +287,7 @@ char *kiln_train_config_to_json(const kiln_train_config *c) {
         for (size_t i = 0; i < NFIELDS; i++)
             if (!strcmp(fields[i].section, sections[s])) cJSON_AddItemToObject(sec, fields[i].key, field_json(&fields[i], c));
     }
-    char *out = cJSON_Print(root);
+    char *out = kiln_json_print(root, 1);
     cJSON_Delete(root);
     return out;
 }
@@ -305,7 +305,7 @@ void kiln_train_config_print_help(FILE *f) {
     for (size_t i = 0; i < NFIELDS; i++) {
         if (strcmp(cur, fields[i].section)) fprintf(f, "\n[%s]\n", cur = fields[i].section);
         cJSON *v = field_json(&fields[i], &d);
-        char *s = cJSON_PrintUnformatted(v);
+        char *s = kiln_json_print(v, 0);
         fprintf(f, "  %-18s %-22s %s\n", fields[i].key, s ? s : "?", fields[i].help);
         free(s);
         cJSON_Delete(v);

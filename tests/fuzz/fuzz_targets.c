@@ -326,7 +326,7 @@ static kiln_error *zaya_parse(const char *text, const char *ctx, void *c) {
 }
 static char *zaya_text(const void *c) {
     cJSON *j = kiln_zaya_config_to_cjson(c);
-    char *a = j ? cJSON_PrintUnformatted(j) : NULL;
+    char *a = j ? kiln_json_print(j, 0) : NULL;
     cJSON_Delete(j);
     return a;
 }
