@@ -153,6 +153,7 @@ TEST(zaya_config_bad_rope_numbers) {
         {"{\"model_type\": \"zaya\", \"eos_token_id\": [1e39, 2]}", "field 'eos_token_id' must hold non-negative integers"},
         {"{\"model_type\": \"zaya\", \"eos_token_id\": [1.5]}", "must hold non-negative integers"},
         {"{\"model_type\": \"zaya\", \"eos_token_id\": [-3]}", "must hold non-negative integers"},
+        {"{\"model_type\": \"zaya\", \"bos_token_id\": -5}", "field 'bos_token_id' = -5 must be a token id, -1 or null"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         kiln_zaya_config_default(&c);
@@ -163,4 +164,6 @@ TEST(zaya_config_bad_rope_numbers) {
     CHECK(c.partial_rotary[KILN_LAYER_HYBRID] == 1.0);
     CHECK_OK(kiln_zaya_config_parse("{\"model_type\": \"zaya\", \"eos_token_id\": [106, 1]}", "cfg", &c));
     CHECK(c.eos_token_id == 106);
+    CHECK_OK(kiln_zaya_config_parse("{\"model_type\": \"zaya\", \"pad_token_id\": -1}", "cfg", &c));
+    CHECK(c.pad_token_id == -1);
 }

@@ -52,7 +52,12 @@ static kiln_error *get_token_id(const cJSON *root, const char *field, int64_t *o
         *out = v;
         return NULL;
     }
-    return kiln_json_get_int(root, field, out, *out, 0, ctx);
+    int64_t v = -1;
+    KILN_TRY(kiln_json_get_int(root, field, &v, *out, 0, ctx));
+    /* -1 is "none" as null is (some configs write it); other negatives would be written back as null (fuzzing) */
+    if (v < -1) return kiln_errorf(KILN_EINVAL, "%s: field '%s' = %lld must be a token id, -1 or null", ctx, field, (long long)v);
+    *out = v;
+    return NULL;
 }
 
 /* rope_parameters: either per layer type {"hybrid": {...}, "hybrid_sliding": {...}} or one dict
