@@ -43,8 +43,14 @@ def make(name, d):
 
     spec = CONFIGS[name]
     os.makedirs(d, exist_ok=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    fixture = os.path.join(here, "..", "..", "tests", "fixtures", "clip", "tiny_quickgelu")
+    # the text tower's special ids are the small tokenizer's (copied below), so that kiln's loader does not warn
+    # that texts would pool at their first token
+    with open(os.path.join(fixture, "config.json")) as f:
+        ids = {k: json.load(f)["text_config"][k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     torch.manual_seed(0)
-    cfg = CLIPConfig(text_config=dict(spec["text"], hidden_act="quick_gelu", max_position_embeddings=77),
+    cfg = CLIPConfig(text_config=dict(spec["text"], hidden_act="quick_gelu", max_position_embeddings=77, **ids),
                      vision_config=dict(spec["vision"], hidden_act="quick_gelu"), projection_dim=spec["projection_dim"])
     # random init on the GPU when there is one (L/14's 428M parameters take ~40 s to initialise on the
     # CPU); both sides then read the same saved file
@@ -57,10 +63,8 @@ def make(name, d):
         model = CLIPModel(cfg).eval()
     model.save_pretrained(d)
     del model
-    here = os.path.dirname(os.path.abspath(__file__))
     # a small CLIP tokenizer (the fixture's): the benchmark embeds images, the loader wants one
-    shutil.copy(os.path.join(here, "..", "..", "tests", "fixtures", "clip", "tiny_quickgelu", "tokenizer.json"),
-                os.path.join(d, "tokenizer.json"))
+    shutil.copy(os.path.join(fixture, "tokenizer.json"), os.path.join(d, "tokenizer.json"))
     with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
         json.dump({"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_normalize": True,
                    "do_rescale": True, "do_resize": True, "resample": 3, "rescale_factor": 1 / 255,
