@@ -575,7 +575,7 @@ TEST(clip_load_errors_name_the_problem) {
     load_fails_with(dir, pre, "\"height\":32,\"width\":32", "\"height\":30,\"width\":32",
                     "the processor makes 32x30 images, vision_config.image_size is 32");
     load_fails_with(dir, pre, "\"resample\":3", "\"resample\":2", "resample 2 is not supported");
-    /* numbers out of range are errors before any conversion (found by the clip_config fuzz target's kind) */
+    /* numbers out of range are errors before any conversion (the class fuzzing found in configs, docs/fuzzing.md) */
     load_fails_with(dir, pre, "\"crop_size\":{\"height\":32,\"width\":32}", "\"crop_size\":1e10",
                     "crop_size must be a positive integer up to 16777216");
     load_fails_with(dir, pre, "\"crop_size\":{\"height\":32,\"width\":32}", "\"crop_size\":32.5",
