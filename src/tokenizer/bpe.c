@@ -178,13 +178,12 @@ kiln_error *kiln_bpe_load(kiln_bpe *m, const cJSON *model, const char *path) {
     kiln_error *e = NULL;
     int64_t max_id = -1;
     for (const cJSON *it = vocab->child; it; it = it->next) {
-        if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= 9007199254740992.0) ||
-            it->valuedouble != (double)(int64_t)it->valuedouble) {
+        int64_t id = -1;
+        if (!kiln_json_int_value(it, &id) || id < 0) {
             char d[64];
             return kiln_errorf(KILN_EFORMAT, "%s: model.vocab[\"%s\"]: id must be a non-negative integer, got %s",
                                path, it->string, kiln_json_describe(it, d, sizeof d));
         }
-        int64_t id = (int64_t)it->valuedouble;
         if (id >= (int64_t)nv * 4 + 65536)
             return kiln_errorf(KILN_EFORMAT,
                                "%s: model.vocab[\"%s\"]: id %lld is out of range for a vocabulary of %d tokens", path,
