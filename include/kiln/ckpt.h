@@ -9,6 +9,9 @@
 
 #include "kiln/error.h"
 
+/* The most ranks a checkpoint may have (manifests are checked against it, reshapes and imports refuse more). */
+#define KILN_CKPT_MAX_WORLD 65536
+
 /* A committed checkpoint is valid when its COMMITTED marker and manifest exist and every file the
  * manifest lists has the recorded size and FNV-1a 64 checksum. The error names the first problem. */
 kiln_error *kiln_ckpt_verify(const char *step_dir);

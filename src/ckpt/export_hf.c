@@ -84,7 +84,8 @@ kiln_error *kiln_ckpt_export_hf(const char *from, const char *to, FILE *log) {
 }
 
 kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *config, int world, FILE *log) {
-    if (world < 1 || world > 65536) return kiln_errorf(KILN_EINVAL, "--world-size must be in 1..65536, got %d", world);
+    if (world < 1 || world > KILN_CKPT_MAX_WORLD)
+        return kiln_errorf(KILN_EINVAL, "--world-size must be in 1..%d, got %d", KILN_CKPT_MAX_WORLD, world);
     kiln_train_config cfg;
     kiln_train_config_default(&cfg);
     if (config) KILN_TRY(kiln_train_config_load(config, &cfg));

@@ -92,7 +92,8 @@ static kiln_error *map_position(const ckpt_src *s, int M, FILE *log, kiln_train_
 }
 
 kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int M, FILE *log) {
-    if (M < 1 || M > 65536) return kiln_errorf(KILN_EINVAL, "--world-size must be in 1..65536, got %d", M);
+    if (M < 1 || M > KILN_CKPT_MAX_WORLD)
+        return kiln_errorf(KILN_EINVAL, "--world-size must be in 1..%d, got %d", KILN_CKPT_MAX_WORLD, M);
     ckpt_src s;
     KILN_TRY(ckpt_src_open(from, log, &s));
     kiln_train_config nc;

@@ -656,8 +656,9 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
     snprintf(ctx, sizeof ctx, "%s/manifest.json", dir);
     int64_t world = 0;
     KILN_TRY(kiln_json_get_int(man, "world_size", &world, 0, 1, ctx));
-    if (world < 1 || world > 65536) return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)world);
-    unsigned char *listed = calloc((size_t)world, 1); /* one pass over the list: a world of 65536 stays linear */
+    if (world < 1 || world > KILN_CKPT_MAX_WORLD)
+        return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)world);
+    unsigned char *listed = calloc((size_t)world, 1); /* one pass over the list: the largest world stays linear */
     if (!listed) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
     cJSON_ArrayForEach(f, files) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
