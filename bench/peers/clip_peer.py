@@ -48,7 +48,8 @@ def make(name, d):
     # the text tower's special ids are the small tokenizer's (copied below), so that kiln's loader does not warn
     # that texts would pool at their first token
     with open(os.path.join(fixture, "config.json")) as f:
-        ids = {k: json.load(f)["text_config"][k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        text = json.load(f)["text_config"]
+    ids = {k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     torch.manual_seed(0)
     cfg = CLIPConfig(text_config=dict(spec["text"], hidden_act="quick_gelu", max_position_embeddings=77, **ids),
                      vision_config=dict(spec["vision"], hidden_act="quick_gelu"), projection_dim=spec["projection_dim"])
