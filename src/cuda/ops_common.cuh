@@ -114,6 +114,7 @@ static __global__ void colsum_add_kernel(float *out, const float *in, int64_t m,
     __shared__ double sh[32];
     for (int64_t j = blockIdx.x; j < d; j += gridDim.x) {
         double s = 0;
+#pragma unroll 8
         for (int64_t i = threadIdx.x; i < m; i += blockDim.x) s += in[i * d + j];
         s = block_sum(s, sh);
         if (threadIdx.x == 0) out[j] += (float)s;
@@ -134,7 +135,9 @@ static inline cudaError_t colsum_add(float *out, const float *in, int64_t m, int
         const int64_t blocks = (d + 255) / 256;
         kiln_launch(colsum_add_wide_kernel, (int)(blocks < 65535 ? blocks : 65535), 256, 0, st, out, in, m, d);
     } else {
-        const int threads = m >= 256 ? 256 : m > 32 ? 128 : 32;
+        // tall and narrow (QK norm's temperature: 16384 rows, 2 columns): 1024 threads a column, each thread's 16
+        // loads in flight together, not 64 one after another (16 us a call at 256 threads)
+        const int threads = m >= 4096 ? 1024 : m >= 256 ? 256 : m > 32 ? 128 : 32;
         kiln_launch(colsum_add_kernel, (int)(d < 65535 ? d : 65535), threads, 0, st, out, in, m, d);
     }
     return cudaGetLastError();

@@ -128,7 +128,10 @@ done:
     return err;
 }
 
-// Route counts [E1] += how many of the N*top choices went to each class (integer atomics: exact).
+// Route counts [E1] += how many of the N*top choices went to each class (integer atomics: exact). Each block
+// counts its share in shared memory first: one global atomic a class a block, instead of a global atomic a
+// choice on E1 addresses (the [cuda] config: 16384 choices on 17 counters, 12 us a layer).
+enum { COUNT_BLOCKS = 32, COUNT_SMEM_MAX = 4096 };
 static __global__ void count_kernel(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1) {
     pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < S; i += (int64_t)gridDim.x * blockDim.x) {
@@ -136,10 +139,28 @@ static __global__ void count_kernel(int64_t *counts, const int32_t *choice, int6
         if (e >= 0 && e < E1) atomicAdd((unsigned long long *)&counts[e], 1ull);
     }
 }
+static __global__ void count_smem_kernel(int64_t *counts, const int32_t *choice, int64_t S, int E1) {
+    pdl_wait();
+    extern __shared__ unsigned int hist[];
+    for (int i = threadIdx.x; i < E1; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < S; i += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t e = choice[i];
+        if (e >= 0 && e < E1) atomicAdd(&hist[e], 1u);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < E1; i += blockDim.x)
+        if (hist[i]) atomicAdd((unsigned long long *)&counts[i], (unsigned long long)hist[i]);
+}
 extern "C" kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1,
                                                   void *stream) {
     kiln_error *err = NULL;
-    if (S > 0) kiln_launch(count_kernel, grid_for(S, 256), 256, 0, (cudaStream_t)stream, counts, choice, S, E1);
+    const int64_t blocks = grid_for(S, 256) < COUNT_BLOCKS ? grid_for(S, 256) : COUNT_BLOCKS;
+    if (S > 0 && E1 <= COUNT_SMEM_MAX)
+        kiln_launch(count_smem_kernel, (unsigned)blocks, 256, (size_t)E1 * sizeof(unsigned int), (cudaStream_t)stream,
+                    counts, choice, S, (int)E1);
+    else if (S > 0)
+        kiln_launch(count_kernel, grid_for(S, 256), 256, 0, (cudaStream_t)stream, counts, choice, S, E1);
     LAUNCH_CHECK("zaya route counts");
 done:
     return err;
