@@ -102,7 +102,8 @@ static void dispatch_case(const ex_case *c, uint64_t seed) {
 TEST(gpu_experts_dispatch) {
     const ex_case cs[] = {
         {1, 1, 1, 1, 1, 0.0, -1},       {5, 3, 2, 1, 1, 0.3, 1},       {1000, 16, 1, 1, 1, 0.1, 7},
-        {3001, 7, 3, 1, 1, 0.2, -1},    {20000, 16, 2, 1, 1, 0.05, 0}, /* 40 chunks of 1024 slots */
+        {3001, 7, 3, 1, 1, 0.2, -1},    {20000, 16, 2, 1, 1, 0.05, 0}, /* 157 chunks of 256 slots */
+        {40000, 16, 2, 1, 1, 0.05, 0},  /* 80000 slots: past 64K, 79 chunks of 1024 */
         {700, 64, 4, 1, 1, 0.0, 63},    {100, 4, 1, 1, 1, 1.0, -1},   /* everything skipped */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) dispatch_case(&cs[i], 100 + i);

@@ -93,7 +93,12 @@ TEST(gpu_zaya_glue_counts_scale_sumsq) {
     const int64_t S = 5003, E1 = 9;
     int32_t *ch = malloc((size_t)S * sizeof *ch);
     int64_t ref[9] = {0}, got[9] = {0};
-    for (int64_t i = 0; i < S; i++) ch[i] = (int32_t)(kiln_rng_u64(&rng) % (uint64_t)E1), ref[ch[i]]++;
+    /* every 97th choice out of range (-1 or E1): not counted */
+    for (int64_t i = 0; i < S; i++) {
+        ch[i] = (int32_t)(kiln_rng_u64(&rng) % (uint64_t)E1);
+        if (i % 97 == 5) ch[i] = i % 2 ? -1 : (int32_t)E1;
+        else ref[ch[i]]++;
+    }
     int32_t *d_ch = gt_dev((size_t)S * 4);
     int64_t *d_cnt = gt_dev(sizeof got);
     CHECK_OK(kiln_cuda_copy(d_ch, ch, (size_t)S * 4, KILN_CUDA_H2D));
