@@ -12,6 +12,11 @@
 /* The most ranks a checkpoint may have (manifests are checked against it, reshapes and imports refuse more). */
 #define KILN_CKPT_MAX_WORLD 65536
 
+struct cJSON;
+/* A manifest's world_size: required, a whole number in 1..KILN_CKPT_MAX_WORLD; errors start with ctx (the manifest's
+ * path). */
+kiln_error *kiln_ckpt_manifest_world(const struct cJSON *man, const char *ctx, int64_t *world);
+
 /* A committed checkpoint is valid when its COMMITTED marker and manifest exist and every file the
  * manifest lists has the recorded size and FNV-1a 64 checksum. The error names the first problem. */
 kiln_error *kiln_ckpt_verify(const char *step_dir);

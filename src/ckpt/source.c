@@ -37,8 +37,7 @@ static kiln_error *parse(ckpt_src *s) {
     KILN_TRY(kiln_json_get_int(s->man, "format", &fmt, 0, 1, ctx));
     if (fmt != 1) return kiln_errorf(KILN_EUNSUPPORTED, "%s: format %lld is not 1", ctx, (long long)fmt);
     KILN_TRY(kiln_json_get_int(s->man, "step", &s->step, 0, 1, ctx));
-    KILN_TRY(kiln_json_get_int(s->man, "world_size", &world, 0, 1, ctx));
-    if (world < 1 || world > KILN_CKPT_MAX_WORLD) return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)world);
+    KILN_TRY(kiln_ckpt_manifest_world(s->man, ctx, &world));
     s->world = (int)world;
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(s->man, "config");
     if (!cJSON_IsObject(cfg)) return kiln_errorf(KILN_EFORMAT, "%s: no 'config' object", ctx);

@@ -155,7 +155,8 @@ static __global__ void count_smem_kernel(int64_t *counts, const int32_t *choice,
 extern "C" kiln_error *kiln_zaya_route_count_cuda(int64_t *counts, const int32_t *choice, int64_t S, int64_t E1,
                                                   void *stream) {
     kiln_error *err = NULL;
-    const int64_t blocks = grid_for(S, 256) < COUNT_BLOCKS ? grid_for(S, 256) : COUNT_BLOCKS;
+    int blocks = grid_for(S, 256);
+    if (blocks > COUNT_BLOCKS) blocks = COUNT_BLOCKS;
     if (S > 0 && E1 <= COUNT_SMEM_MAX)
         kiln_launch(count_smem_kernel, (unsigned)blocks, 256, (size_t)E1 * sizeof(unsigned int), (cudaStream_t)stream,
                     counts, choice, S, (int)E1);

@@ -624,6 +624,13 @@ static kiln_error *read_manifest(const char *dir, cJSON **out) {
 }
 
 /* Sizes and checksums of every file listed in the manifest. */
+kiln_error *kiln_ckpt_manifest_world(const cJSON *man, const char *ctx, int64_t *world) {
+    KILN_TRY(kiln_json_get_int(man, "world_size", world, 0, 1, ctx));
+    if (*world < 1 || *world > KILN_CKPT_MAX_WORLD)
+        return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)*world);
+    return NULL;
+}
+
 static kiln_error *verify_files(const char *dir, const cJSON *man) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
     if (!cJSON_IsArray(files)) return kiln_errorf(KILN_EFORMAT, "%s/manifest.json: no 'files' list", dir);
@@ -655,9 +662,7 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
     char ctx[1400];
     snprintf(ctx, sizeof ctx, "%s/manifest.json", dir);
     int64_t world = 0;
-    KILN_TRY(kiln_json_get_int(man, "world_size", &world, 0, 1, ctx));
-    if (world < 1 || world > KILN_CKPT_MAX_WORLD)
-        return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)world);
+    KILN_TRY(kiln_ckpt_manifest_world(man, ctx, &world));
     unsigned char *listed = calloc((size_t)world, 1); /* one pass over the list: the largest world stays linear */
     if (!listed) return kiln_errorf(KILN_ENOMEM, "%s", ctx);
     cJSON_ArrayForEach(f, files) {
