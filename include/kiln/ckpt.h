@@ -16,6 +16,11 @@ struct cJSON;
 /* A manifest's world_size: required, a whole number in 1..KILN_CKPT_MAX_WORLD; errors start with ctx (the manifest's
  * path). */
 kiln_error *kiln_ckpt_manifest_world(const struct cJSON *man, const char *ctx, int64_t *world);
+/* A rank's shard in a step directory, "DIR/rank_NNNNN.safetensors" (dir NULL: the bare name), written into buf
+ * (n bytes; truncated to fit) and returned: the one place that spells the name. */
+const char *kiln_ckpt_shard_path(char *buf, size_t n, const char *dir, int rank);
+/* The rank a bare shard name stands for, or -1 where the name is not exactly a shard's. */
+int kiln_ckpt_shard_rank(const char *name);
 
 /* A committed checkpoint is valid when its COMMITTED marker and manifest exist and every file the
  * manifest lists has the recorded size and FNV-1a 64 checksum. The error names the first problem. */

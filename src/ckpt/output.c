@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kiln/ckpt.h"
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
 #include "crc32c.h"
@@ -33,7 +34,7 @@ kiln_error *ckpt_out_begin(ckpt_out *o, const char *to, int64_t step, int world)
 
 kiln_error *ckpt_out_shard(ckpt_out *o, int rank, const kiln_st_entry *ent, size_t n) {
     char path[1400];
-    snprintf(path, sizeof path, "%s/rank_%05d.safetensors", o->tmp, rank);
+    kiln_ckpt_shard_path(path, sizeof path, o->tmp, rank);
     KILN_TRY(kiln_st_write(path, ent, n, NULL));
     uint32_t crc = 0;
     KILN_TRY(kiln_crc32c_file(path, &crc, &o->sizes[rank]));
@@ -47,8 +48,7 @@ kiln_error *ckpt_out_commit(ckpt_out *o, cJSON *man) {
     for (int r = 0; r < o->world; r++) {
         cJSON *f = cJSON_CreateObject();
         char name[64], hex[32];
-        snprintf(name, sizeof name, "rank_%05d.safetensors", r);
-        cJSON_AddStringToObject(f, "name", name);
+        cJSON_AddStringToObject(f, "name", kiln_ckpt_shard_path(name, sizeof name, NULL, r));
         cJSON_AddNumberToObject(f, "bytes", (double)o->sizes[r]);
         snprintf(hex, sizeof hex, "%08x", (unsigned)o->sums[r]);
         cJSON_AddStringToObject(f, "crc32c", hex);

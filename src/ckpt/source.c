@@ -112,7 +112,7 @@ static kiln_error *open_shards(ckpt_src *s) {
     const int64_t bias = s->cfg.model.num_layers * (s->cfg.model.num_experts + 1);
     for (int r = 0; r < s->world; r++) {
         char path[1500], name[128];
-        snprintf(path, sizeof path, "%s/rank_%05d.safetensors", s->dir, r);
+        kiln_ckpt_shard_path(path, sizeof path, s->dir, r);
         KILN_TRY(kiln_st_open(path, &s->st[r]));
         size_t want = r == 0 ? 3 : 0;
         for (int t = 0; t < s->table.nparams; t++) {

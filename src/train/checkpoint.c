@@ -261,8 +261,7 @@ static cJSON *manifest_json(const ckpt_snap *v, int world, const uint64_t *sums,
         cJSON_AddItemToArray(ld, x);
         cJSON *f = cJSON_CreateObject();
         char name[64];
-        snprintf(name, sizeof name, "rank_%05d.safetensors", r);
-        cJSON_AddStringToObject(f, "name", name);
+        cJSON_AddStringToObject(f, "name", kiln_ckpt_shard_path(name, sizeof name, NULL, r));
         cJSON_AddNumberToObject(f, "bytes", (double)sizes[r]);
         snprintf(hex, sizeof hex, "%08x", (unsigned)sums[r]);
         cJSON_AddStringToObject(f, "crc32c", hex);
@@ -525,7 +524,7 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
          * checksums were taken from the bytes written; resume verifies them again) */
         for (int r = 0; !e && r < comm->size; r++) {
             struct stat sb;
-            snprintf(path, sizeof path, "%s/rank_%05d.safetensors", w->fin, r);
+            kiln_ckpt_shard_path(path, sizeof path, w->fin, r);
             if (stat(path, &sb) || (uint64_t)sb.st_size != sums[comm->size + r])
                 e = kiln_errorf(KILN_EIO, "%s: missing or not %llu bytes after the commit", path,
                                 (unsigned long long)sums[comm->size + r]);
@@ -579,7 +578,7 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
     step_dir(w->tmp, sizeof w->tmp, out, v->step, 1);
     step_dir(w->fin, sizeof w->fin, out, v->step, 0);
     snprintf(w->root, sizeof w->root, "%s/ckpt", out);
-    snprintf(w->path, sizeof w->path, "%s/rank_%05d.safetensors", w->tmp, comm->rank);
+    kiln_ckpt_shard_path(w->path, sizeof w->path, w->tmp, comm->rank);
     kiln_error *e = NULL;
     if (comm->rank == 0) {
         e = kiln_mkdir(out);
@@ -623,13 +622,28 @@ static kiln_error *read_manifest(const char *dir, cJSON **out) {
     return kiln_json_parse_file(path, out);
 }
 
-/* Sizes and checksums of every file listed in the manifest. */
 kiln_error *kiln_ckpt_manifest_world(const cJSON *man, const char *ctx, int64_t *world) {
     KILN_TRY(kiln_json_get_int(man, "world_size", world, 0, 1, ctx));
     if (*world < 1 || *world > KILN_CKPT_MAX_WORLD)
         return kiln_errorf(KILN_EFORMAT, "%s: world_size %lld", ctx, (long long)*world);
     return NULL;
 }
+
+/* Five digits hold every rank below KILN_CKPT_MAX_WORLD, so the names of a checkpoint have one length and list in
+ * rank order. */
+const char *kiln_ckpt_shard_path(char *buf, size_t n, const char *dir, int rank) {
+    if (dir) snprintf(buf, n, "%s/rank_%05d.safetensors", dir, rank);
+    else snprintf(buf, n, "rank_%05d.safetensors", rank);
+    return buf;
+}
+
+int kiln_ckpt_shard_rank(const char *name) {
+    int rank = 0, ok = strlen(name) == 22 && !strncmp(name, "rank_", 5) && !strcmp(name + 10, ".safetensors");
+    for (int k = 5; ok && k < 10; k++) ok = name[k] >= '0' && name[k] <= '9', rank = 10 * rank + (name[k] - '0');
+    return ok ? rank : -1;
+}
+
+/* Sizes and checksums of every file listed in the manifest. */
 
 static kiln_error *verify_files(const char *dir, const cJSON *man) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
@@ -668,16 +682,16 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
     cJSON_ArrayForEach(f, files) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(f, "name");
         const char *nm = cJSON_IsString(x) ? x->valuestring : "";
-        int rank = 0, ok = strlen(nm) == 22 && !strncmp(nm, "rank_", 5) && !strcmp(nm + 10, ".safetensors");
-        for (int k = 5; ok && k < 10; k++) ok = nm[k] >= '0' && nm[k] <= '9', rank = 10 * rank + (nm[k] - '0');
-        if (ok && rank < world) listed[rank] = 1;
+        const int rank = kiln_ckpt_shard_rank(nm);
+        if (rank >= 0 && rank < world) listed[rank] = 1;
     }
     int64_t r = 0;
     while (r < world && listed[r]) r++;
     free(listed);
+    char nm[64];
     if (r < world)
-        return kiln_errorf(KILN_EFORMAT, "%s: 'files' has no checksum for rank_%05lld.safetensors (world size %lld)", ctx,
-                           (long long)r, (long long)world);
+        return kiln_errorf(KILN_EFORMAT, "%s: 'files' has no checksum for %s (world size %lld)", ctx,
+                           kiln_ckpt_shard_path(nm, sizeof nm, NULL, (int)r), (long long)world);
     return NULL;
 }
 
@@ -771,7 +785,7 @@ static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, ckpt_view *v)
     /* parameters: every rank reads every shard's params (all ranks hold the full model) */
     for (int r = 0; !e && r < comm->size; r++) {
         char path[1500];
-        snprintf(path, sizeof path, "%s/rank_%05d.safetensors", sd, r);
+        kiln_ckpt_shard_path(path, sizeof path, sd, r);
         kiln_st *st = NULL;
         e = kiln_st_open(path, &st);
         for (int t = v->part->first[r]; !e && t < v->part->first[r + 1]; t++) {
