@@ -7,6 +7,8 @@
 // blocks per SM keep one row's copy in flight while the other's exponentials run. ce_kernel (two passes over
 // the row in global memory) stays for the rows ce_smem_kernel does not take: V past CE_SMEM_MAX / 2, V not a
 // multiple of 8 or logits not 16-byte aligned (its scalar path).
+#include <cuda_fp16.h>
+
 #include "ops_common.cuh"
 #include "launch.cuh"
 
@@ -135,7 +137,17 @@ static __global__ void __launch_bounds__(CE_THREADS)
 // The same outputs from one read of each row: rows r = blockIdx.x + i*gridDim.x, the row's V/8 16-byte
 // pieces in dynamic shared memory (each thread copies and reads its own pieces: k = threadIdx.x + i*blockDim.x),
 // then the exact row max, the sum of exp(v - max) (fixed order: per thread, then the block's tree), and the
-// gradient exp(v - lse)/count, each exponential as exp2 of one fused multiply-add.
+// gradient exp(v - max)/sum/count.
+// Each exponential is taken once. Run r23 found the exponentials, not the bytes, bounding this kernel (1223 us
+// for 3.3 GB at 4.3 TB/s = 767 us; the loss-only pass 661 us), and the gradient pass used to take a second one,
+// exp(v - lse). Now the sum pass stores each piece's exp(v - max) * 2^15 as eight f16 over that piece's logits
+// (a thread overwrites only its own pieces, which no other thread reads after the max barrier), and the gradient
+// is that value times count^-1 / (sum * 2^15): a multiply, no exponential. The 2^15 keeps f16's normal range
+// down to exp(v - max) = 1.9e-9 (an f16 of 2^15 * 1 = 32768 stays finite); its rounding (2^-11 relative) is
+// finer than the bf16 the gradient is written in (2^-8). Each exponential is exp2 of one fused multiply-add
+// (2 ulp), against expf's ~10 instructions. The logit of the label is read, before its piece is overwritten, by
+// the thread that owns that piece, which also writes the row's loss.
+#define CE_EXP_SHIFT 15.0f
 static __global__ void __launch_bounds__(CE_THREADS)
     ce_smem_kernel(bf16 *dlogits, float *loss_tok, const bf16 *logits, const int64_t *ids, int64_t B, int64_t T,
                    int64_t V, float inv_count) {
@@ -158,6 +170,11 @@ static __global__ void __launch_bounds__(CE_THREADS)
         for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) cp_async<16>(row_s + k, row4 + k);
         __pipeline_commit();
         __pipeline_wait_prior(0);
+        const int64_t y = ids[r + 1];
+        const int ok = y >= 0 && y < V;
+        // the label's piece belongs to one thread (its own copy is visible to it now); thread 0 speaks for a bad label
+        const int owner = ok ? (int)((y / 8) % blockDim.x) : 0;
+        const float ly = ok && threadIdx.x == owner ? __bfloat162float(((const bf16 *)row_s)[y]) : 0.0f;
         float mx = -INFINITY;
         for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
             unpack8(row_s[k], v8);
@@ -167,40 +184,43 @@ static __global__ void __launch_bounds__(CE_THREADS)
         mx = warp_max(mx);
         __syncthreads(); // the previous row's readers of shm/shs are done
         if (lane == 0) shm[w] = mx;
-        __syncthreads(); // from here every thread's pieces of the row are visible to all
+        __syncthreads();
         mx = -INFINITY;
         for (int i = 0; i < nw; i++) mx = fmaxf(mx, shm[i]);
-        const int64_t y = ids[r + 1];
-        const int ok = y >= 0 && y < V;
-        // read between the two barriers: no thread overwrites its pieces before passing the second
-        const float ly = ok && threadIdx.x == 0 ? __bfloat162float(((const bf16 *)row_s)[y]) : 0.0f;
-        // exp(v - m) as 2^(v*log2(e) - m*log2(e)): one fused multiply-add and the hardware exp2 (2 ulp), against
-        // expf's ~10 instructions; the two passes of exponentials, not the bytes, bounded the kernel in run r23
-        // (1223 us for 3.3 GB at 4.3 TB/s = 767 us; the loss-only pass 661 us)
-        const float ml = mx * CE_LOG2E;
+        const float ml = CE_EXP_SHIFT - mx * CE_LOG2E;
         float s = 0.0f;
         for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
             unpack8(row_s[k], v8);
+            uint4 e;
+            __half2 *e2 = (__half2 *)&e;
 #pragma unroll
-            for (int i = 0; i < 8; i++) s += exp2f(fmaf(v8[i], CE_LOG2E, -ml));
+            for (int i = 0; i < 8; i += 2) {
+                const float a = exp2f(fmaf(v8[i], CE_LOG2E, ml)), b = exp2f(fmaf(v8[i + 1], CE_LOG2E, ml));
+                s += a, s += b;
+                e2[i / 2] = __floats2half2_rn(a, b);
+            }
+            if (drow) row_s[k] = e;
         }
         s = warp_sum(s);
         if (lane == 0) shs[w] = s;
         __syncthreads();
         s = 0.0f;
         for (int i = 0; i < nw; i++) s += shs[i]; // same order in every thread
-        const float lse = mx + logf(s);
-        if (loss_tok && threadIdx.x == 0) loss_tok[r] = ok ? lse - ly : NAN;
+        if (loss_tok && threadIdx.x == owner) loss_tok[r] = ok ? mx + logf(s * (1.0f / 32768.0f)) - ly : NAN; // 2^-15
         if (!drow) continue;
         uint4 *drow4 = (uint4 *)drow;
-        const float lsel = lse * CE_LOG2E;
+        const float c = inv_count / s;
         for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
-            unpack8(row_s[k], v8);
+            const uint4 e = row_s[k];
+            const __half2 *e2 = (const __half2 *)&e;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                v8[i] = exp2f(fmaf(v8[i], CE_LOG2E, -lsel)) * inv_count;
-                if (k * 8 + i == y) v8[i] -= inv_count;
+            for (int i = 0; i < 4; i++) {
+                const float2 f = __half22float2(e2[i]);
+                v8[2 * i] = f.x * c, v8[2 * i + 1] = f.y * c;
             }
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (k * 8 + i == y) v8[i] -= inv_count;
             drow4[k] = pack8(v8);
         }
     }
