@@ -73,7 +73,8 @@ done:
     return err;
 }
 kiln_lt_plan c_plans[MAX_CPLANS];
-kiln_lt_cache c_cache = {c_plans, 0, MAX_CPLANS};
+uint64_t c_hashes[MAX_CPLANS];
+kiln_lt_cache c_cache = {c_plans, c_hashes, 0, MAX_CPLANS};
 
 kiln_lt_key ckey(int64_t n, int64_t in, int64_t out, int y_f32, int bias, int acc, int fused, const uint32_t align[3]) {
     kiln_lt_key key = kiln_lt_key_make(n, out, in, 0, 1, y_f32, align);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "dispatch.h"
 #include "kiln/cuda_ops.h"
 #include "ops_common.cuh"
 #include "launch.cuh"
@@ -327,11 +328,12 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     const int64_t E = x->E, H = x->H, I = x->inter, N = x->N, top = x->top;
     int64_t S;
     int staged = 0;
+    int32_t *cnt = NULL; // the dispatch's counts between its two halves
     if (H < 1 || I < 1)
         return kiln_errorf(KILN_EINVAL, "experts forward: hidden=%lld inter=%lld", (long long)H, (long long)I);
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DISPATCH, 0, st));
-    if ((err = kiln_experts_dispatch_cuda(x, stream))) goto done;
-    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DISPATCH, 1, st));
+    // the offsets go to the host as soon as the scan has them: the scatter and the gather run while it waits
+    if ((err = kiln_experts_dispatch_offsets_cuda(x, &cnt, stream))) goto done;
     pthread_mutex_lock(&g_stage_lock);
     staged = 1;
     if (g_stage_n < E + 2) {
@@ -343,6 +345,10 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     if (!g_stage_ev) CUDA_TRY(cudaEventCreateWithFlags(&g_stage_ev, cudaEventDisableTiming));
     CUDA_TRY(cudaMemcpyAsync(g_stage, x->exp_off, (size_t)(E + 2) * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     CUDA_TRY(cudaEventRecord(g_stage_ev, st));
+    err = kiln_experts_dispatch_scatter_cuda(x, cnt, stream);
+    cnt = NULL;
+    if (err) goto done;
+    CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_DISPATCH, 1, st));
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_GATHER, 0, st));
     if (N * top) {
         kiln_launch(gather_kernel, (unsigned)(N * top), 128, 0, st, (__nv_bfloat16 *)x->xe, (const __nv_bfloat16 *)in,
@@ -392,6 +398,7 @@ extern "C" kiln_error *kiln_experts_forward_cuda(kiln_experts_cuda *x, float *ou
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(pass_mark(KILN_EXPERTS_PASS_COMBINE, 1, st));
 done:
+    if (cnt) cudaFreeAsync(cnt, st);
     if (staged) pthread_mutex_unlock(&g_stage_lock);
     if (err) err = kiln_error_wrap(err, "experts forward (tokens=%lld hidden=%lld inter=%lld experts=%lld top_k=%lld)",
                                    (long long)N, (long long)H, (long long)I, (long long)E, (long long)top);

@@ -117,7 +117,8 @@ kiln_error *path_now(int *out, int *is_default = NULL) {
 // ---- cuBLASLt plans (src/cuda/gemm_lt.h) ----
 
 kiln_lt_plan g_plans[MAX_PLANS];
-kiln_lt_cache g_cache = {g_plans, 0, MAX_PLANS};
+uint64_t g_hashes[MAX_PLANS];
+kiln_lt_cache g_cache = {g_plans, g_hashes, 0, MAX_PLANS};
 
 // 16-row steps up to 64, then 8 steps per power of two: 1000 -> 1024, 1100 -> 1152, 4779 -> 5120
 int64_t bucket(int64_t x) {
@@ -322,15 +323,18 @@ kiln_error *run_jobs(const job *js, int nj, int c_f32, float beta, int ns, const
             const int t = order[j];
             order[j] = order[j - 1], order[j - 1] = t;
         }
+    // the fork is marked before the main jobs, but the side streams are told to wait for it only after those are
+    // queued: where the host is late (the forward's first GEMM waits on it), the GPU starts on them sooner
     CUDA_TRY(cudaEventRecord(g_fork, st));
-    for (int i = 0; i < ns; i++) CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
-    forked = 1;
     for (int i = 0; i < nmj && !err; i++)
         err = lt_gemm(0, mj[i].c, c_f32, mj[i].a, mj[i].b, mj[i].m, mj[i].n, mj[i].k, mj[i].ta, mj[i].tb, beta, 0,
                       mj[i].align, st);
-    if (!err && bc && (err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k,
-                             0, bc->tb, 0.0f, bc->batch, bc->align, st)))
-        goto done;
+    if (!err && bc)
+        err = lt_gemm(0, (void *)bc->dc, c_f32, (const void *)bc->da, (const void *)bc->db, bc->m, bc->n, bc->k, 0, bc->tb,
+                      0.0f, bc->batch, bc->align, st);
+    for (int i = 0; i < ns; i++) CUDA_TRY(cudaStreamWaitEvent(g_side[i], g_fork, 0));
+    forked = 1;
+    if (err) goto done;
     for (int i = 0; i < nj && !err; i++) {
         const job *j = &js[order[i]];
         int s = 0;

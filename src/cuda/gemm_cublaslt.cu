@@ -381,9 +381,25 @@ done:
     return err;
 }
 
+// FNV-1a over the fields key_eq compares
+static uint64_t key_hash(const kiln_lt_key *k) {
+    const int64_t f[] = {k->m, k->n, k->k, k->batch, k->stride[0], k->stride[1], k->stride[2], k->ta, k->tb, k->c_f32,
+                         k->mode, k->bias, k->bias_f32, k->tag, k->align[0], k->align[1], k->align[2]};
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        for (int b = 0; b < 8; b++) h = (h ^ (uint64_t)((f[i] >> (8 * b)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
 kiln_lt_plan *kiln_lt_cache_find(kiln_lt_cache *c, const kiln_lt_key *key) {
+    if (!c->hash) {
+        for (int i = 0; i < c->n; i++)
+            if (key_eq(&c->plans[i].key, key)) return &c->plans[i];
+        return NULL;
+    }
+    const uint64_t h = key_hash(key);
     for (int i = 0; i < c->n; i++)
-        if (key_eq(&c->plans[i].key, key)) return &c->plans[i];
+        if (c->hash[i] == h && key_eq(&c->plans[i].key, key)) return &c->plans[i];
     return NULL;
 }
 
@@ -393,6 +409,7 @@ kiln_lt_plan *kiln_lt_cache_add(kiln_lt_cache *c, kiln_lt_plan *p) {
         c->n = 0;
     }
     c->plans[c->n] = *p;
+    if (c->hash) c->hash[c->n] = key_hash(&p->key);
     memset(p, 0, sizeof *p);
     return &c->plans[c->n++];
 }

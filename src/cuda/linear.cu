@@ -39,7 +39,8 @@ const size_t WS_BYTES = 32u << 20;
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 void *g_ws;
 kiln_lt_plan g_plans[MAX_PLANS];
-kiln_lt_cache g_cache = {g_plans, 0, MAX_PLANS};
+uint64_t g_hashes[MAX_PLANS];
+kiln_lt_cache g_cache = {g_plans, g_hashes, 0, MAX_PLANS};
 
 kiln_error *plan_get(const kiln_lt_key *key, kiln_lt_plan **out) {
     kiln_error *err = NULL;

@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "cuda_check.h"
+#include "dispatch.h"
 #include "kiln/cuda_ops.h"
 #include "launch.cuh"
 
@@ -166,11 +167,13 @@ done:
     return err ? kiln_error_wrap(err, "route gate backward") : NULL;
 }
 
-extern "C" kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *stream) {
+// The dispatch's first half: the histograms and the scan, after which x->exp_off is final; *cnt (NULL when there
+// are no slots) holds each (expert, chunk)'s first slot for the second half, which frees it.
+kiln_error *kiln_experts_dispatch_offsets_cuda(kiln_experts_cuda *x, int32_t **cnt, void *stream) {
     kiln_error *err = NULL;
     cudaStream_t st = (cudaStream_t)stream;
-    int32_t *cnt = NULL;
     const int64_t S = x->N * x->top;
+    *cnt = NULL;
     if (x->N < 0 || x->E < 1 || x->top < 1 || x->top > x->E || S > INT32_MAX || x->E > 8192)
         return kiln_errorf(KILN_EINVAL, "experts dispatch: N=%lld E=%lld top_k=%lld (need E in 1..8192, top_k in "
                            "1..E, N*top_k < 2^31)", (long long)x->N, (long long)x->E, (long long)x->top);
@@ -181,17 +184,38 @@ extern "C" kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *st
         CUDA_TRY(cudaMemsetAsync(x->exp_off, 0, sh, st));
         goto done;
     }
-    CUDA_TRY(cudaMallocAsync((void **)&cnt, (size_t)(E + 2) * nblk * sizeof(int32_t), st));
-    kiln_launch(hist_kernel, nblk, 256, sh, st, cnt, x->choice, S, E, nblk, chunk);
+    CUDA_TRY(cudaMallocAsync((void **)cnt, (size_t)(E + 2) * nblk * sizeof(int32_t), st));
+    kiln_launch(hist_kernel, nblk, 256, sh, st, *cnt, x->choice, S, E, nblk, chunk);
     CUDA_TRY(cudaGetLastError());
-    kiln_launch(scan_kernel, 1, 256, sh, st, cnt, x->exp_off, E, nblk);
-    CUDA_TRY(cudaGetLastError());
-    kiln_launch(scatter_kernel, nblk, 32, sh, st, x->slot_tok, x->slot_k, x->tok_slot, cnt, x->choice, S, E,
-                (int32_t)x->top, nblk, chunk);
+    kiln_launch(scan_kernel, 1, 256, sh, st, *cnt, x->exp_off, E, nblk);
     CUDA_TRY(cudaGetLastError());
 done:
-    if (cnt) cudaFreeAsync(cnt, st);
+    if (err && *cnt) cudaFreeAsync(*cnt, st), *cnt = NULL;
     if (err) err = kiln_error_wrap(err, "experts dispatch (N=%lld E=%lld top_k=%lld)", (long long)x->N,
                                    (long long)x->E, (long long)x->top);
     return err;
+}
+
+// The second half: the scatter into slot_tok, slot_k and tok_slot; frees cnt
+kiln_error *kiln_experts_dispatch_scatter_cuda(kiln_experts_cuda *x, int32_t *cnt, void *stream) {
+    kiln_error *err = NULL;
+    cudaStream_t st = (cudaStream_t)stream;
+    const int64_t S = x->N * x->top;
+    const int32_t E = (int32_t)x->E;
+    const int chunk = dispatch_chunk(S), nblk = (int)((S + chunk - 1) / chunk);
+    if (!cnt) return NULL;
+    kiln_launch(scatter_kernel, nblk, 32, (size_t)(E + 2) * sizeof(int32_t), st, x->slot_tok, x->slot_k, x->tok_slot,
+                cnt, x->choice, S, E, (int32_t)x->top, nblk, chunk);
+    CUDA_TRY(cudaGetLastError());
+done:
+    cudaFreeAsync(cnt, st);
+    if (err) err = kiln_error_wrap(err, "experts dispatch (N=%lld E=%lld top_k=%lld)", (long long)x->N,
+                                   (long long)x->E, (long long)x->top);
+    return err;
+}
+
+extern "C" kiln_error *kiln_experts_dispatch_cuda(kiln_experts_cuda *x, void *stream) {
+    int32_t *cnt = NULL;
+    KILN_TRY(kiln_experts_dispatch_offsets_cuda(x, &cnt, stream));
+    return kiln_experts_dispatch_scatter_cuda(x, cnt, stream);
 }
