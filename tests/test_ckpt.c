@@ -8,6 +8,7 @@
 
 #include "ckpt/crc32c.h"
 #include "ckpt_testutil.h"
+#include "kiln/ckpt.h"
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 
@@ -140,6 +141,23 @@ TEST(ckpt_crc32c) {
     uint32_t before = kiln_crc32c(0, buf, sizeof buf);
     buf[77] ^= 4; /* one flipped bit changes it */
     CHECK(kiln_crc32c(0, buf, sizeof buf) != before);
+}
+
+/* A shard's name, spelled and read back: every rank round-trips, near misses are not shards. */
+TEST(ckpt_shard_names) {
+    char buf[64];
+    CHECK(!strcmp(kiln_ckpt_shard_path(buf, sizeof buf, NULL, 7), "rank_00007.safetensors"));
+    CHECK(!strcmp(kiln_ckpt_shard_path(buf, sizeof buf, "a/step_3", 12), "a/step_3/rank_00012.safetensors"));
+    for (int r = 0; r < KILN_CKPT_MAX_WORLD; r += 1 + r / 7)
+        CHECK_MSG(kiln_ckpt_shard_rank(kiln_ckpt_shard_path(buf, sizeof buf, NULL, r)) == r, "rank %d", r);
+    CHECK(kiln_ckpt_shard_rank(kiln_ckpt_shard_path(buf, sizeof buf, NULL, KILN_CKPT_MAX_WORLD - 1)) ==
+          KILN_CKPT_MAX_WORLD - 1);
+    static const char *const bad[] = {"", "rank_0001.safetensors", "rank_000012.safetensors", "rank_0000a.safetensors",
+                                      "rank_00001.safetensor", "rank_00001.json", "Rank_00001.safetensors",
+                                      "rank_00001.safetensorsx", "rank_-0001.safetensors"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK_MSG(kiln_ckpt_shard_rank(bad[i]) == -1, "'%s'", bad[i]);
+    CHECK(!strcmp(kiln_ckpt_shard_path(buf, 8, NULL, 3), "rank_00")); /* truncated to fit, terminated */
 }
 
 /* Manifests carry crc32c; one that carries fnv1a64 (checkpoints from before) still verifies, and a
