@@ -147,7 +147,8 @@ static __global__ void __launch_bounds__(CE_THREADS)
 // finer than the bf16 the gradient is written in (2^-8). Each exponential is exp2 of one fused multiply-add
 // (2 ulp), against expf's ~10 instructions. The logit of the label is read, before its piece is overwritten, by
 // the thread that owns that piece, which also writes the row's loss.
-#define CE_EXP_SHIFT 15.0f
+#define CE_EXP_SHIFT 15
+#define CE_EXP_SCALE ((float)(1 << CE_EXP_SHIFT))
 static __global__ void __launch_bounds__(CE_THREADS)
     ce_smem_kernel(bf16 *dlogits, float *loss_tok, const bf16 *logits, const int64_t *ids, int64_t B, int64_t T,
                    int64_t V, float inv_count) {
@@ -187,7 +188,7 @@ static __global__ void __launch_bounds__(CE_THREADS)
         __syncthreads();
         mx = -INFINITY;
         for (int i = 0; i < nw; i++) mx = fmaxf(mx, shm[i]);
-        const float ml = CE_EXP_SHIFT - mx * CE_LOG2E;
+        const float ml = (float)CE_EXP_SHIFT - mx * CE_LOG2E;
         float s = 0.0f;
         for (int64_t k = threadIdx.x; k < nv; k += blockDim.x) {
             unpack8(row_s[k], v8);
@@ -206,7 +207,7 @@ static __global__ void __launch_bounds__(CE_THREADS)
         __syncthreads();
         s = 0.0f;
         for (int i = 0; i < nw; i++) s += shs[i]; // same order in every thread
-        if (loss_tok && threadIdx.x == owner) loss_tok[r] = ok ? mx + logf(s * (1.0f / 32768.0f)) - ly : NAN; // 2^-15
+        if (loss_tok && threadIdx.x == owner) loss_tok[r] = ok ? mx + logf(s * (1.0f / CE_EXP_SCALE)) - ly : NAN;
         if (!drow) continue;
         uint4 *drow4 = (uint4 *)drow;
         const float c = inv_count / s;

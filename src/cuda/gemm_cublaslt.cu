@@ -392,11 +392,6 @@ static uint64_t key_hash(const kiln_lt_key *k) {
 }
 
 kiln_lt_plan *kiln_lt_cache_find(kiln_lt_cache *c, const kiln_lt_key *key) {
-    if (!c->hash) {
-        for (int i = 0; i < c->n; i++)
-            if (key_eq(&c->plans[i].key, key)) return &c->plans[i];
-        return NULL;
-    }
     const uint64_t h = key_hash(key);
     for (int i = 0; i < c->n; i++)
         if (c->hash[i] == h && key_eq(&c->plans[i].key, key)) return &c->plans[i];
@@ -409,7 +404,7 @@ kiln_lt_plan *kiln_lt_cache_add(kiln_lt_cache *c, kiln_lt_plan *p) {
         c->n = 0;
     }
     c->plans[c->n] = *p;
-    if (c->hash) c->hash[c->n] = key_hash(&p->key);
+    c->hash[c->n] = key_hash(&p->key);
     memset(p, 0, sizeof *p);
     return &c->plans[c->n++];
 }

@@ -46,7 +46,7 @@ typedef struct {
 } kiln_lt_plan;
 
 /* A fixed table of plans; when full it starts over (a workload with that many shapes is not a training
- * step). Plans handed out stay valid until the table starts over. hash (cap entries, nullable): each plan's key
+ * step). Plans handed out stay valid until the table starts over. hash (cap entries): each plan's key
  * hash side by side, so that a lookup reads 8 bytes a plan instead of a plan's cache lines (the experts' grouped
  * GEMMs look up a plan per expert and call, hundreds of plans deep, on the host's path to each launch). */
 typedef struct {

@@ -644,7 +644,6 @@ int kiln_ckpt_shard_rank(const char *name) {
 }
 
 /* Sizes and checksums of every file listed in the manifest. */
-
 static kiln_error *verify_files(const char *dir, const cJSON *man) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files"), *f;
     if (!cJSON_IsArray(files)) return kiln_errorf(KILN_EFORMAT, "%s/manifest.json: no 'files' list", dir);
