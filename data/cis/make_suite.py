@@ -77,8 +77,8 @@ CULTURES = [
     ]),
     ("Indian", "ind", N, "India", [
         ("thali", "food", "an Indian thali meal", "a meal on a plate", "Delhi", [
-            ("a steel thali plate", "a plate", None),
-            ("dal", "lentil soup", "bowl"),
+            ("a brass thali plate", "a plate", None),
+            ("dal", "lentil soup", None),
             ("chapati", "flatbread", None),
             ("basmati rice", "rice", None),
             ("raita", "yogurt", None)]),
@@ -183,7 +183,7 @@ CULTURES = [
         ("supper", "food", "a Scottish Burns supper", "a dinner", "Edinburgh", [
             ("haggis", "a sausage", None),
             ("neeps and tatties", "mashed potatoes", None),
-            ("a dram of Scotch whisky", "a glass of liquor", "wine glass"),
+            ("a dram of Scotch whisky", "a glass of liquor", None),
             ("oatcakes", "crackers", None),
             ("cranachan", "a dessert of cream and berries", None)]),
         ("highland", "attire", "a Scottish man in Highland dress", "a man in a skirt", [
@@ -233,7 +233,7 @@ CULTURES = [
     ]),
     ("Spanish", "esp", W, "Seville", [
         ("tapas", "food", "a Spanish tapas meal", "a meal", "Madrid", [
-            ("paella", "a rice dish", None),
+            ("tortilla de patatas", "an omelette", None),
             ("jamon iberico", "ham", None),
             ("tapas in small clay cazuelas", "small dishes", "bowl"),
             ("a glass porron wine pitcher", "a wine jug", None),
@@ -250,7 +250,7 @@ CULTURES = [
             ("a central stone fountain", "a fountain", None),
             ("potted geraniums on the walls", "potted plants", "potted plant"),
             ("horseshoe arches", "arches", None)]),
-        ("semana", "ritual", "a Holy Week procession in Seville", "a street procession", [
+        ("semana", "ritual", "a Spanish Holy Week procession", "a street procession", [
             ("a paso float", "a float", None),
             ("nazarenos in pointed capirote hoods", "people in robes", "person"),
             ("tall processional candles", "candles", None),
@@ -259,10 +259,10 @@ CULTURES = [
     ]),
     ("Greek", "grc", W, "Greece", [
         ("taverna", "food", "a Greek taverna meal", "a meal", "Athens", [
-            ("a horiatiki salad with feta", "a salad", None),
+            ("a slab of feta cheese", "cheese", None),
             ("dolmades", "stuffed leaves", None),
             ("souvlaki skewers", "kebabs", None),
-            ("tzatziki", "a yogurt dip", "bowl"),
+            ("tzatziki", "a yogurt dip", None),
             ("a carafe of retsina", "a carafe of wine", None)]),
         ("evzone", "attire", "a Greek Evzone guard in uniform", "a guard in uniform", "Athens", [
             ("a white pleated fustanella", "a pleated skirt", "person"),
