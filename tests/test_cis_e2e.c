@@ -11,6 +11,7 @@
 #include "kiln/cis.h"
 #include "kiln/fsutil.h"
 #include "kiln/image.h"
+#include "kiln/json.h"
 #include "kiln/rng.h"
 #include "cis/cis_internal.h"
 #include "test.h"
@@ -171,6 +172,67 @@ TEST(cis_end_to_end) {
         snprintf(a, sizeof a, "%s", test_join(run1, files[i]));
         CHECK_MSG(same_file(a, test_join(run2, files[i])), "%s differs between two runs", files[i]);
     }
+
+    /* the resampling unit: prompts by default (here each prompt's two images, one per model) */
+    cJSON *sc = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run1, "scores.json"), &sc));
+    if (sc) {
+        const cJSON *g0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sc, "gap"), 0);
+        CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(sc, "cluster")->valuestring, "prompt"));
+        const cJSON *runj = cJSON_GetObjectItemCaseSensitive(sc, "run");
+        CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(runj, "cluster")->valuestring, "prompt"));
+        /* 36 prompts, each with a scored image (the two bad images are another model's of their prompts) */
+        CHECK_MSG(cJSON_GetObjectItemCaseSensitive(g0, "clusters")->valuedouble == 36, "%g prompts",
+                  cJSON_GetObjectItemCaseSensitive(g0, "clusters")->valuedouble);
+    }
+    cJSON_Delete(sc);
+    char *sum = slurp(test_join(run1, "summary.csv"));
+    CHECK(sum && !strncmp(sum, "section,by,level,n,estimate,ci_lo,ci_hi,p_value,clusters\n", 57));
+    CHECK_MSG(sum && strstr(sum, "\ncis,all,\"all\",70,") && strstr(sum, ",36\n"), "%.400s", sum ? sum : "(none)");
+    free(sum);
+    /* by culture (12 of them; rescoring nothing new): C(12, 6) = 924 relabellings, all counted */
+    snprintf(cmd, sizeof cmd,
+             "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --crops 1,2 --bootstrap 200 --chunk 7 "
+             "--threads 1 --resume --cluster culture --permutations 1000", suite, work, clip, run2);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "resampling cultures") && strstr(out, "(exact)") && strstr(out, "(one culture: no CI)"), "%s",
+              out);
+    sc = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run2, "scores.json"), &sc));
+    if (sc) {
+        const cJSON *g0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sc, "gap"), 0);
+        CHECK(cJSON_GetObjectItemCaseSensitive(g0, "clusters")->valuedouble == 12);
+        CHECK(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(g0, "exact")));
+        /* a culture's own mean has one cluster: no interval */
+        const cJSON *x;
+        int seen = 0;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(sc, "cis")) {
+            if (strcmp(cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring, "culture")) continue;
+            seen++;
+            CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(x, "lo")));
+        }
+        CHECK(seen == 12);
+    }
+    cJSON_Delete(sc);
+    /* a run written before the field resampled images, and keeps doing so */
+    sc = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run2, "run.json"), &sc));
+    if (sc) {
+        cJSON_DeleteItemFromObjectCaseSensitive(sc, "cluster");
+        char *t = kiln_json_print(sc, 1);
+        CHECK_OK(kiln_write_file_atomic(test_join(run2, "run.json"), t, strlen(t)));
+        free(t);
+    }
+    cJSON_Delete(sc);
+    snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run2, labels);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 0);
+    sc = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run2, "scores.json"), &sc));
+    if (sc) CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(sc, "cluster")->valuestring, "image"));
+    cJSON_Delete(sc);
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --cluster seeds", suite, work,
+             clip, test_join(d, "run6"));
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 2 && strstr(out, "--cluster 'seeds'"));
 
     /* a crash after two parts: --resume scores only the rest and ends with the same numbers */
     snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s", suite, work, clip, run3,

@@ -10,29 +10,129 @@ TEST(cis_perm_exact_hand) {
     /* x = 1,2 | 3,4: d = -2; of the 6 relabellings, {1,2} and {3,4} reach |d| = 2 */
     double x[] = {1, 2, 3, 4}, d, p;
     int g[] = {1, 1, 0, 0};
-    kiln_cis_perm_test_exact(x, g, 4, &d, &p);
+    kiln_cis_perm_test_exact(x, g, NULL, 4, &d, &p);
     CHECK_NEAR(d, -2, 1e-12);
     CHECK_NEAR(p, 2.0 / 6, 1e-12);
     int g2[] = {1, 0, 1, 0}; /* 1,3 | 2,4: d = -1; |d*| >= 1 for 4 of 6 */
-    kiln_cis_perm_test_exact(x, g2, 4, &d, &p);
+    kiln_cis_perm_test_exact(x, g2, NULL, 4, &d, &p);
     CHECK_NEAR(d, -1, 1e-12);
     CHECK_NEAR(p, 4.0 / 6, 1e-12);
 }
 
 TEST(cis_perm_random_matches_exact) {
-    double x[12] = {0.2, 0.4, 1, 0.6, 0.8, 0.5, 0.1, 0, 0.3, 0.25, 0.7, 0.9}, d, p, de, pe;
-    int g[12] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
-    kiln_cis_perm_test_exact(x, g, 12, &de, &pe);
-    kiln_cis_perm_test(x, g, 12, 40000, 7, &d, &p);
+    /* C(16, 8) = 12870 relabellings: 10000 permutations are drawn, not enumerated */
+    double x[16] = {0.2, 0.4, 1, 0.6, 0.8, 0.5, 0.1, 0, 0.3, 0.25, 0.7, 0.9, 0.45, 0.15, 0.35, 0.65}, d, p, de, pe;
+    int g[16] = {1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    kiln_cis_perm_test_exact(x, g, NULL, 16, &de, &pe);
+    CHECK(kiln_cis_perm_test(x, g, NULL, 16, 10000, 7, &d, &p) == 0);
     CHECK_NEAR(d, de, 1e-12);
-    /* binomial sd of the estimate: sqrt(p(1-p)/40000) < 0.0025 */
-    CHECK_NEAR(p, pe, 0.01);
+    /* binomial sd of the estimate: sqrt(p(1-p)/10000) < 0.005 */
+    CHECK_NEAR(p, pe, 0.02);
     double d2, p2;
-    kiln_cis_perm_test(x, g, 12, 40000, 7, &d2, &p2);
+    kiln_cis_perm_test(x, g, NULL, 16, 10000, 7, &d2, &p2);
     CHECK(p2 == p); /* seeded */
-    int none[12] = {0};
-    kiln_cis_perm_test(x, none, 12, 100, 7, &d, &p);
+    /* as many permutations as relabellings: every one is counted, the exact p-value */
+    CHECK(kiln_cis_perm_test(x, g, NULL, 16, 12870, 7, &d2, &p2) == 1);
+    CHECK(p2 == pe);
+    int none[16] = {0};
+    CHECK(kiln_cis_perm_test(x, none, NULL, 16, 100, 7, &d, &p) == -1);
     CHECK(isnan(p));
+}
+
+TEST(cis_cluster_perm_exact_hand) {
+    /* clusters A = {1, 1} and B = {2} western, C = {3, 3, 3} and D = {4} not, interleaved, with
+     * arbitrary ids. d = 4/3 - 13/4 = -23/12; of the C(4, 2) = 6 relabellings of the clusters only
+     * {A, B} and {C, D} reach |d|. Per image it would be C(7, 3) = 35 relabellings. */
+    double x[7] = {1, 3, 2, 1, 3, 4, 3}, d, p, pp;
+    int g[7] = {1, 0, 1, 1, 0, 0, 0}, cl[7] = {70, 90, 3, 70, 90, 1, 90};
+    CHECK(kiln_cis_nclusters(cl, 7) == 4);
+    CHECK(kiln_cis_nclusters(NULL, 7) == 7);
+    kiln_cis_perm_test_exact(x, g, cl, 7, &d, &p);
+    CHECK_NEAR(d, -23.0 / 12, 1e-12);
+    CHECK_NEAR(p, 2.0 / 6, 1e-12);
+    CHECK(kiln_cis_perm_test(x, g, cl, 7, 6, 1, &d, &pp) == 1 && pp == p);
+    CHECK(kiln_cis_perm_test(x, g, cl, 7, 5, 1, &d, &pp) == 0 && pp >= 1.0 / 6);
+    /* per image d(S) = (7 s - 51) / 12 for a 3-subset of sum s: only {1, 1, 2} (s = 4) reaches |d|,
+     * 1 of 35; the same data look far more significant when its images count as independent */
+    kiln_cis_perm_test_exact(x, g, NULL, 7, &d, &pp);
+    CHECK_NEAR(pp, 1.0 / 35, 1e-12);
+    CHECK_NEAR(d, -23.0 / 12, 1e-12);
+    /* a cluster holding both groups: no p-value, the difference still reported */
+    int mixed[7] = {70, 90, 3, 90, 90, 1, 90};
+    CHECK(kiln_cis_perm_test(x, g, mixed, 7, 100, 1, &d, &p) == -1);
+    CHECK(isnan(p) && fabs(d + 23.0 / 12) < 1e-12);
+}
+
+TEST(cis_cluster_singletons_are_plain) {
+    /* every observation its own cluster (any ids, in order): the per-observation statistics, bit for bit */
+    kiln_rng r;
+    kiln_rng_seed(&r, 4);
+    double x[80], y[80];
+    int g[80], id[80];
+    for (int i = 0; i < 80; i++) x[i] = 1 + i % 5, y[i] = kiln_rng_uniform(&r), g[i] = i % 3 == 0, id[i] = 5 * i + 2;
+    double a, b, c, d;
+    kiln_cis_bootstrap_mean(y, NULL, 80, 500, 0.95, 3, &a, &b);
+    kiln_cis_bootstrap_mean(y, id, 80, 500, 0.95, 3, &c, &d);
+    CHECK(a == c && b == d && a < b);
+    kiln_cis_bootstrap_slope(x, y, NULL, 80, 500, 0.95, 3, &a, &b);
+    kiln_cis_bootstrap_slope(x, y, id, 80, 500, 0.95, 3, &c, &d);
+    CHECK(a == c && b == d && a < b);
+    kiln_cis_perm_test(y, g, NULL, 80, 500, 3, &a, &b);
+    kiln_cis_perm_test(y, g, id, 80, 500, 3, &c, &d);
+    CHECK(a == c && b == d);
+    /* one cluster: nothing to resample */
+    int one[80] = {0};
+    kiln_cis_bootstrap_mean(y, one, 80, 100, 0.95, 3, &a, &b);
+    CHECK(isnan(a) && isnan(b));
+    kiln_cis_bootstrap_slope(x, y, one, 80, 100, 0.95, 3, &a, &b);
+    CHECK(isnan(a) && isnan(b));
+}
+
+/* 40 clusters of 5 observations: a cluster effect (sd 1) shared by its five, noise sd 0.3 each */
+static void clustered_sample(kiln_rng *r, double *x, int *cl, int ncl, int m, double shift) {
+    for (int k = 0; k < ncl; k++) {
+        double u = kiln_rng_normal(r) + shift;
+        for (int j = 0; j < m; j++) x[k * m + j] = u + 0.3 * kiln_rng_normal(r), cl[k * m + j] = k;
+    }
+}
+
+TEST(cis_cluster_bootstrap_coverage) {
+    /* the true mean is 0. Resampling clusters covers it near the nominal 95%; resampling the 200
+     * observations as if independent gives intervals ~0.46 as wide (design effect 1 + 4 * 0.92)
+     * and covers it ~65% of the time */
+    kiln_rng r;
+    kiln_rng_seed(&r, 21);
+    double x[200];
+    int cl[200], cov_cl = 0, cov_obs = 0, trials = 200;
+    for (int t = 0; t < trials; t++) {
+        clustered_sample(&r, x, cl, 40, 5, 0);
+        double lo, hi;
+        kiln_cis_bootstrap_mean(x, cl, 200, 500, 0.95, (uint64_t)t, &lo, &hi);
+        cov_cl += lo <= 0 && 0 <= hi;
+        kiln_cis_bootstrap_mean(x, NULL, 200, 500, 0.95, (uint64_t)t, &lo, &hi);
+        cov_obs += lo <= 0 && 0 <= hi;
+    }
+    CHECK_MSG(cov_cl >= 174 && cov_cl <= 199, "clusters: covered %d of %d", cov_cl, trials);
+    CHECK_MSG(cov_obs <= 160, "observations: covered %d of %d", cov_obs, trials);
+}
+
+TEST(cis_cluster_perm_false_positives) {
+    /* no group effect: 20 clusters, 10 in each group. Relabelling clusters rejects at 5% about 5%
+     * of the time; relabelling observations (as if independent) far more often */
+    kiln_rng r;
+    kiln_rng_seed(&r, 33);
+    double x[100], d, p;
+    int cl[100], g[100], rej_cl = 0, rej_obs = 0, trials = 200;
+    for (int t = 0; t < trials; t++) {
+        clustered_sample(&r, x, cl, 20, 5, 0);
+        for (int i = 0; i < 100; i++) g[i] = cl[i] % 2;
+        kiln_cis_perm_test(x, g, cl, 100, 400, (uint64_t)t, &d, &p);
+        rej_cl += p <= 0.05;
+        kiln_cis_perm_test(x, g, NULL, 100, 400, (uint64_t)t, &d, &p);
+        rej_obs += p <= 0.05;
+    }
+    CHECK_MSG(rej_cl <= 20, "clusters: %d of %d rejected", rej_cl, trials);
+    CHECK_MSG(rej_obs >= 50, "observations: %d of %d rejected", rej_obs, trials);
 }
 
 TEST(cis_bootstrap_mean_coverage) {
@@ -43,20 +143,20 @@ TEST(cis_bootstrap_mean_coverage) {
     for (int t = 0; t < trials; t++) {
         for (int i = 0; i < 60; i++) x[i] = 5 + kiln_rng_normal(&r);
         double lo, hi;
-        kiln_cis_bootstrap_mean(x, 60, 1000, 0.95, (uint64_t)t, &lo, &hi);
+        kiln_cis_bootstrap_mean(x, NULL, 60, 1000, 0.95, (uint64_t)t, &lo, &hi);
         CHECK(lo < kiln_cis_mean(x, 60) && kiln_cis_mean(x, 60) < hi);
         covered += lo <= 5 && 5 <= hi;
     }
     /* nominal 95%; the percentile bootstrap runs a little under at n = 60 */
     CHECK_MSG(covered >= 175 && covered <= 198, "covered %d of %d", covered, trials);
     double c[5] = {0.4, 0.4, 0.4, 0.4, 0.4}, lo, hi;
-    kiln_cis_bootstrap_mean(c, 5, 200, 0.95, 1, &lo, &hi);
+    kiln_cis_bootstrap_mean(c, NULL, 5, 200, 0.95, 1, &lo, &hi);
     CHECK_NEAR(lo, 0.4, 1e-15);
     CHECK_NEAR(hi, 0.4, 1e-15);
     /* large-sample width ~ 2 * 1.96 * sd / sqrt(n) */
     double big[2000];
     for (int i = 0; i < 2000; i++) big[i] = kiln_rng_normal(&r);
-    kiln_cis_bootstrap_mean(big, 2000, 2000, 0.95, 3, &lo, &hi);
+    kiln_cis_bootstrap_mean(big, NULL, 2000, 2000, 0.95, 3, &lo, &hi);
     CHECK_NEAR(hi - lo, 2 * 1.96 / sqrt(2000), 0.015);
 }
 
@@ -72,8 +172,8 @@ TEST(cis_ols_exact) {
     kiln_rng_seed(&r, 5);
     double xs[300], ys[300], lo, hi, lo2, hi2;
     for (int i = 0; i < 300; i++) xs[i] = 1 + i % 5, ys[i] = 0.9 - 0.1 * xs[i] + 0.05 * kiln_rng_normal(&r);
-    kiln_cis_bootstrap_slope(xs, ys, 300, 1000, 0.95, 9, &lo, &hi);
-    kiln_cis_bootstrap_slope(xs, ys, 300, 1000, 0.95, 9, &lo2, &hi2);
+    kiln_cis_bootstrap_slope(xs, ys, NULL, 300, 1000, 0.95, 9, &lo, &hi);
+    kiln_cis_bootstrap_slope(xs, ys, NULL, 300, 1000, 0.95, 9, &lo2, &hi2);
     CHECK(lo < -0.1 && -0.1 < hi && hi - lo < 0.02);
     CHECK(lo == lo2 && hi == hi2);
 }

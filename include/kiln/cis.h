@@ -86,20 +86,31 @@ kiln_error *kiln_cis_worklist_write(const kiln_cis_suite *s, int images_per_prom
 /* ---- statistics (stats.c) ---- */
 
 double kiln_cis_mean(const double *x, int n);
-/* Percentile bootstrap CI of the mean: B resamples of n with replacement from a seeded RNG;
- * lo/hi are the (1-level)/2 and (1+level)/2 quantiles (linear interpolation). n == 0 gives NaN. */
-void kiln_cis_bootstrap_mean(const double *x, int n, int B, double level, uint64_t seed, double *lo, double *hi);
+/* Clusters: the functions below take cl, where cl[i] >= 0 names observation i's cluster (any ids;
+ * NULL: every observation its own cluster). They resample and relabel whole clusters, so the
+ * observations of one cluster (the images of one prompt) count as one unit; with one cluster an
+ * observation they are the usual per-observation statistics, draw for draw. */
+int kiln_cis_nclusters(const int *cl, int n);
+/* Percentile bootstrap CI of the mean: B resamples of the clusters with replacement from a seeded
+ * RNG, each the mean over its observations; lo/hi are the (1-level)/2 and (1+level)/2 quantiles
+ * (linear interpolation). Fewer than two clusters give NaN. */
+void kiln_cis_bootstrap_mean(const double *x, const int *cl, int n, int B, double level, uint64_t seed, double *lo,
+                             double *hi);
 /* Least-squares line y = a + b x. Returns 0, or -1 when x has no spread. */
 int kiln_cis_ols(const double *x, const double *y, int n, double *slope, double *intercept);
-/* Bootstrap CI of the OLS slope, resampling (x, y) pairs; resamples without spread in x are
- * drawn again. */
-void kiln_cis_bootstrap_slope(const double *x, const double *y, int n, int B, double level, uint64_t seed,
-                              double *lo, double *hi);
-/* Two-sided permutation test of mean(x[g==1]) - mean(x[g==0]): nperm random relabellings
- * (seeded); p = (1 + #{|d*| >= |d|}) / (1 + nperm). *diff gets the observed difference. */
-void kiln_cis_perm_test(const double *x, const int *g, int n, int nperm, uint64_t seed, double *diff, double *p);
-/* The same test over every relabelling (n <= 24): p = #{|d*| >= |d|} / C(n, n1). */
-void kiln_cis_perm_test_exact(const double *x, const int *g, int n, double *diff, double *p);
+/* Bootstrap CI of the OLS slope, resampling clusters of (x, y) pairs; resamples without spread in x
+ * are drawn again. Fewer than two clusters give NaN. */
+void kiln_cis_bootstrap_slope(const double *x, const double *y, const int *cl, int n, int B, double level,
+                              uint64_t seed, double *lo, double *hi);
+/* Two-sided permutation test of mean(x[g==1]) - mean(x[g==0]) (over observations) relabelling
+ * whole clusters, the number of g==1 clusters kept: every relabelling when there are at most
+ * nperm of them, p = #{|d*| >= |d|} / C(clusters, g==1 clusters) (returns 1); else nperm random
+ * ones (seeded), p = (1 + #{|d*| >= |d|}) / (1 + nperm) (returns 0). *diff gets the observed
+ * difference. No p-value (NaN, returns -1) with one group only, or a cluster holding both. */
+int kiln_cis_perm_test(const double *x, const int *g, const int *cl, int n, int nperm, uint64_t seed, double *diff,
+                       double *p);
+/* The same test over every relabelling (at most 2^24 of them, else NaN). */
+void kiln_cis_perm_test_exact(const double *x, const int *g, const int *cl, int n, double *diff, double *p);
 
 typedef struct {
     int tp, fp, tn, fn;
@@ -152,6 +163,8 @@ typedef struct {
     int perm;             /* permutations (default 10000) */
     uint64_t seed;        /* statistics seed (default 0) */
     double threshold;     /* used when no labels calibrate one (default 0.5) */
+    const char *cluster;  /* the unit the bootstrap and permutations move: "prompt" (default; an image's
+                             seeds and models together), "scene", "culture" or "image" (docs/cis.md) */
     FILE *progress;       /* NULL: stderr */
     const volatile int *stop; /* set (e.g. by a SIGINT handler) to stop after the current image */
 } kiln_cis_score_opts;
@@ -161,6 +174,8 @@ void kiln_cis_score_opts_default(kiln_cis_score_opts *o);
  * Per-item problems are recorded in the results and counted in *nerrors; the call itself fails
  * only when nothing can be scored (bad suite, manifest, CLIP directory, output directory). */
 kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerrors);
+/* 1 when unit names a cluster unit (image, prompt, scene, culture). */
+int kiln_cis_cluster_unit_known(const char *unit);
 /* Recompute every aggregate from out_dir's results (after scoring, or with new labels). */
 kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o);
 /* The HTML report of a scored run directory. */

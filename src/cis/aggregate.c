@@ -23,12 +23,14 @@ typedef struct {
     int *verdict;
     double cis, mis; /* mis NaN when the suite has no generic context */
     char cx[16];
+    int cl;          /* the row's cluster (params.unit): the unit the bootstrap and the permutations move */
 } row;
 
 typedef struct {
     int boot, perm;
     uint64_t seed;
     double threshold;
+    const char *unit; /* image, prompt, scene or culture */
 } params;
 
 static const char *rstr(const cJSON *o, const char *f) {
@@ -93,13 +95,15 @@ static const dim dims[] = {{"all", d_all},         {"model", d_model},       {"c
 
 /* A mean with its bootstrap CI, as a JSON object and a summary.csv line. */
 static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *by, const char *level,
-                     const double *v, int n, const params *pr) {
+                     const double *v, const int *cl, int n, const params *pr) {
     double lo, hi, m = kiln_cis_mean(v, n);
-    kiln_cis_bootstrap_mean(v, n, pr->boot, 0.95, key_seed(pr, section, by, level), &lo, &hi);
+    kiln_cis_bootstrap_mean(v, cl, n, pr->boot, 0.95, key_seed(pr, section, by, level), &lo, &hi);
+    int ncl = kiln_cis_nclusters(cl, n);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "by", by);
     cJSON_AddStringToObject(o, "level", level);
     cJSON_AddNumberToObject(o, "n", n);
+    cJSON_AddNumberToObject(o, "clusters", ncl);
     cJSON_AddNumberToObject(o, "mean", m);
     cJSON_AddNumberToObject(o, "lo", lo);
     cJSON_AddNumberToObject(o, "hi", hi);
@@ -108,7 +112,7 @@ static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *
     cis_buf_json_str(csv, level);
     cis_buf_printf(csv, ",%d,", n);
     cis_buf_num(csv, m), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
-    cis_buf_num(csv, hi), CIS_PUT(csv, ",\n");
+    cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d\n", ncl);
 }
 
 typedef double (*val_fn)(const row *r);
@@ -120,33 +124,37 @@ static void by_dims(cJSON *arr, cis_buf *csv, const char *section, row *rows, in
                     int ndims) {
     const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
     double *v = malloc((size_t)(n + 1) * sizeof *v);
-    if (!lv || !v) goto out;
+    int *cl = malloc((size_t)(n + 1) * sizeof *cl);
+    if (!lv || !v || !cl) goto out;
     for (int d = 0; d < ndims; d++) {
         int nl = levels(rows, n, dims[d].fn, lv);
         for (int l = 0; l < nl; l++) {
             int k = 0;
             for (int i = 0; i < n; i++)
-                if (rows[i].p && !strcmp(dims[d].fn(&rows[i]), lv[l]) && !isnan(val(&rows[i]))) v[k++] = val(&rows[i]);
-            if (k) add_mean(arr, csv, section, dims[d].name, lv[l], v, k, pr);
+                if (rows[i].p && !strcmp(dims[d].fn(&rows[i]), lv[l]) && !isnan(val(&rows[i])))
+                    v[k] = val(&rows[i]), cl[k++] = rows[i].cl;
+            if (k) add_mean(arr, csv, section, dims[d].name, lv[l], v, cl, k, pr);
         }
     }
 out:
-    free(lv), free(v);
+    free(lv), free(v), free(cl);
 }
 
 /* Western minus non-Western mean CIS within each level of dim, with a permutation p-value. */
 static void gaps(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, const params *pr) {
     const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
     double *v = malloc((size_t)(n + 1) * sizeof *v);
-    int *g = malloc((size_t)(n + 1) * sizeof *g);
-    if (!lv || !v || !g) goto out;
+    int *g = malloc((size_t)(n + 1) * sizeof *g), *cl = malloc((size_t)(n + 1) * sizeof *cl);
+    if (!lv || !v || !g || !cl) goto out;
     int nl = levels(rows, n, dm->fn, lv);
     for (int l = 0; l < nl; l++) {
         int k = 0, nw = 0;
         for (int i = 0; i < n; i++)
-            if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l])) v[k] = rows[i].cis, nw += g[k] = rows[i].p->western, k++;
+            if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l]))
+                v[k] = rows[i].cis, cl[k] = rows[i].cl, nw += g[k] = rows[i].p->western, k++;
         double diff, p;
-        kiln_cis_perm_test(v, g, k, pr->perm, key_seed(pr, "gap", dm->name, lv[l]), &diff, &p);
+        int how = kiln_cis_perm_test(v, g, cl, k, pr->perm, key_seed(pr, "gap", dm->name, lv[l]), &diff, &p);
+        int ncl = kiln_cis_nclusters(cl, k);
         double sw = 0, sn = 0;
         for (int i = 0; i < k; i++) *(g[i] ? &sw : &sn) += v[i];
         cJSON *o = cJSON_CreateObject();
@@ -154,38 +162,44 @@ static void gaps(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, cons
         cJSON_AddStringToObject(o, "level", lv[l]);
         cJSON_AddNumberToObject(o, "n_western", nw);
         cJSON_AddNumberToObject(o, "n_non_western", k - nw);
+        cJSON_AddNumberToObject(o, "clusters", ncl);
         cJSON_AddNumberToObject(o, "western", nw ? sw / nw : NAN);
         cJSON_AddNumberToObject(o, "non_western", k - nw ? sn / (k - nw) : NAN);
         cJSON_AddNumberToObject(o, "gap", diff);
         cJSON_AddNumberToObject(o, "p", p);
         cJSON_AddNumberToObject(o, "permutations", pr->perm);
+        cJSON_AddBoolToObject(o, "exact", how == 1); /* every relabelling of the clusters counted */
         cJSON_AddItemToArray(arr, o);
         cis_buf_printf(csv, "gap,%s,", dm->name);
         cis_buf_json_str(csv, lv[l]);
         cis_buf_printf(csv, ",%d,", k);
-        cis_buf_num(csv, diff), CIS_PUT(csv, ",,,"), cis_buf_num(csv, p), CIS_PUT(csv, "\n");
+        cis_buf_num(csv, diff), CIS_PUT(csv, ",,,"), cis_buf_num(csv, p), cis_buf_printf(csv, ",%d\n", ncl);
     }
 out:
-    free(lv), free(v), free(g);
+    free(lv), free(v), free(g), free(cl);
 }
 
 /* OLS slope of CIS on complexity within each level of dim, with a bootstrap CI. */
 static void fragility(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, const params *pr) {
     const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
     double *x = malloc((size_t)(n + 1) * sizeof *x), *y = malloc((size_t)(n + 1) * sizeof *y);
-    if (!lv || !x || !y) goto out;
+    int *cl = malloc((size_t)(n + 1) * sizeof *cl);
+    if (!lv || !x || !y || !cl) goto out;
     int nl = levels(rows, n, dm->fn, lv);
     for (int l = 0; l < nl; l++) {
         int k = 0;
         for (int i = 0; i < n; i++)
-            if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l])) x[k] = rows[i].ncomp, y[k] = rows[i].cis, k++;
+            if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l]))
+                x[k] = rows[i].ncomp, y[k] = rows[i].cis, cl[k] = rows[i].cl, k++;
         double s, c, lo, hi;
         kiln_cis_ols(x, y, k, &s, &c);
-        kiln_cis_bootstrap_slope(x, y, k, pr->boot, 0.95, key_seed(pr, "fragility", dm->name, lv[l]), &lo, &hi);
+        kiln_cis_bootstrap_slope(x, y, cl, k, pr->boot, 0.95, key_seed(pr, "fragility", dm->name, lv[l]), &lo, &hi);
+        int ncl = kiln_cis_nclusters(cl, k);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "by", dm->name);
         cJSON_AddStringToObject(o, "level", lv[l]);
         cJSON_AddNumberToObject(o, "n", k);
+        cJSON_AddNumberToObject(o, "clusters", ncl);
         cJSON_AddNumberToObject(o, "slope", s);
         cJSON_AddNumberToObject(o, "intercept", c);
         cJSON_AddNumberToObject(o, "lo", lo);
@@ -195,10 +209,48 @@ static void fragility(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm,
         cis_buf_json_str(csv, lv[l]);
         cis_buf_printf(csv, ",%d,", k);
         cis_buf_num(csv, s), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
-        cis_buf_num(csv, hi), CIS_PUT(csv, ",\n");
+        cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d\n", ncl);
     }
 out:
-    free(lv), free(x), free(y);
+    free(lv), free(x), free(y), free(cl);
+}
+
+/* ---- clusters ---- */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+int kiln_cis_cluster_unit_known(const char *unit) {
+    return unit && (!strcmp(unit, "image") || !strcmp(unit, "prompt") || !strcmp(unit, "scene") ||
+                    !strcmp(unit, "culture"));
+}
+
+static const char *cluster_key(const kiln_cis_prompt *p, const char *unit) {
+    return !strcmp(unit, "prompt") ? p->id : !strcmp(unit, "scene") ? p->scene : p->culture;
+}
+
+/* Each scored row's cluster id: its index for "image", else the rank of its prompt id, scene or
+ * culture among the run's distinct ones (so the ids, and with them the draws, do not depend on
+ * the order of the results). */
+static kiln_error *assign_clusters(row *rows, int n, const char *unit) {
+    if (!strcmp(unit, "image")) {
+        for (int i = 0; i < n; i++) rows[i].cl = i;
+        return NULL;
+    }
+    const char **key = malloc((size_t)(n + 1) * sizeof *key);
+    if (!key) return kiln_errorf(KILN_ENOMEM, "out of memory");
+    int k = 0, u = 0;
+    for (int i = 0; i < n; i++)
+        if (rows[i].p) key[k++] = cluster_key(rows[i].p, unit);
+    qsort(key, (size_t)k, sizeof *key, cmp_str);
+    for (int i = 0; i < k; i++) /* the distinct keys */
+        if (!u || strcmp(key[u - 1], key[i])) key[u++] = key[i];
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].p) continue;
+        const char *me = cluster_key(rows[i].p, unit);
+        rows[i].cl = (int)((const char **)bsearch(&me, key, (size_t)u, sizeof *key, cmp_str) - key);
+    }
+    free(key);
+    return NULL;
 }
 
 /* ---- labels ---- */
@@ -305,6 +357,13 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         (e = kiln_json_get_double(run, "threshold", &pr.threshold, 0.5, 0, rj)))
         goto done;
     pr.boot = (int)boot, pr.perm = (int)perm, pr.seed = (uint64_t)seed;
+    /* runs written before the field resampled images: keep their method */
+    if ((e = kiln_json_get_string(run, "cluster", &pr.unit, "image", 0, rj))) goto done;
+    if (!kiln_cis_cluster_unit_known(pr.unit)) {
+        e = kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture", rj,
+                        pr.unit);
+        goto done;
+    }
 
     int n = res.n, nerr = 0;
     rows = calloc((size_t)(n ? n : 1), sizeof *rows);
@@ -346,6 +405,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         }
         r->mis = rnum(r->rec, "generic_sim") - rnum(r->rec, "context_sim");
     }
+    if ((e = assign_clusters(rows, n, pr.unit))) goto done;
 
     root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "run", cJSON_Duplicate(run, 1));
@@ -401,6 +461,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     }
     cJSON_AddNumberToObject(root, "threshold", thr);
     cJSON_AddStringToObject(root, "threshold_source", thr_source);
+    cJSON_AddStringToObject(root, "cluster", pr.unit); /* what the CIs and p-values resampled */
 
     for (int i = 0; i < n; i++) {
         row *r = &rows[i];
@@ -413,7 +474,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         r->cis = (double)present / r->ncomp;
     }
 
-    CIS_PUT(&summary, "section,by,level,n,estimate,ci_lo,ci_hi,p_value\n");
+    CIS_PUT(&summary, "section,by,level,n,estimate,ci_lo,ci_hi,p_value,clusters\n");
     by_dims(cJSON_AddArrayToObject(root, "cis"), &summary, "cis", rows, n, v_cis, &pr, NDIMS);
     cJSON *ga = cJSON_AddArrayToObject(root, "gap");
     gaps(ga, &summary, rows, n, &dims[0], &pr);
@@ -429,7 +490,8 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     {
         const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
         double *v = malloc((size_t)(n + 1) * sizeof *v);
-        if (lv && v) {
+        int *cl = malloc((size_t)(n + 1) * sizeof *cl);
+        if (lv && v && cl) {
             int nl = levels(rows, n, d_complexity, lv);
             const char *grp[2] = {"non_western", "western"};
             for (int gi = 0; gi < 2; gi++)
@@ -437,11 +499,11 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
                     int k = 0;
                     for (int i = 0; i < n; i++)
                         if (rows[i].p && !strcmp(rows[i].p->group, grp[gi]) && !strcmp(rows[i].cx, lv[l]))
-                            v[k++] = rows[i].cis;
-                    if (k) add_mean(cu, &summary, "curve", grp[gi], lv[l], v, k, &pr);
+                            v[k] = rows[i].cis, cl[k++] = rows[i].cl;
+                    if (k) add_mean(cu, &summary, "curve", grp[gi], lv[l], v, cl, k, &pr);
                 }
         }
-        free(lv), free(v);
+        free(lv), free(v), free(cl);
     }
     by_dims(cJSON_AddArrayToObject(root, "misalignment"), &summary, "misalignment", rows, n, v_mis, &pr, 4);
     /* grounding entropy over components: by group, culture and verdict */
@@ -449,9 +511,11 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     {
         int cap = 0;
         for (int i = 0; i < n; i++) cap += rows[i].ncomp;
+        /* an image's components share its cluster (one image, one prompt) */
         double *v = malloc((size_t)(cap + 1) * sizeof *v);
+        int *cl = malloc((size_t)(cap + 1) * sizeof *cl);
         const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
-        if (v && lv) {
+        if (v && cl && lv) {
             for (int d = 0; d < 4; d++) {
                 if (d == 1) continue; /* model: not needed here */
                 int nl = levels(rows, n, dims[d].fn, lv);
@@ -460,19 +524,20 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
                     for (int i = 0; i < n; i++)
                         for (int c = 0; rows[i].p && c < rows[i].ncomp; c++)
                             if (!strcmp(dims[d].fn(&rows[i]), lv[l]) && !isnan(rows[i].entropy[c]))
-                                v[k++] = rows[i].entropy[c];
-                    if (k) add_mean(gr, &summary, "grounding", dims[d].name, lv[l], v, k, &pr);
+                                v[k] = rows[i].entropy[c], cl[k++] = rows[i].cl;
+                    if (k) add_mean(gr, &summary, "grounding", dims[d].name, lv[l], v, cl, k, &pr);
                 }
             }
             for (int want = 0; want < 2; want++) {
                 int k = 0;
                 for (int i = 0; i < n; i++)
                     for (int c = 0; rows[i].p && c < rows[i].ncomp; c++)
-                        if (rows[i].verdict[c] == want && !isnan(rows[i].entropy[c])) v[k++] = rows[i].entropy[c];
-                if (k) add_mean(gr, &summary, "grounding", "verdict", want ? "present" : "absent", v, k, &pr);
+                        if (rows[i].verdict[c] == want && !isnan(rows[i].entropy[c]))
+                            v[k] = rows[i].entropy[c], cl[k++] = rows[i].cl;
+                if (k) add_mean(gr, &summary, "grounding", "verdict", want ? "present" : "absent", v, cl, k, &pr);
             }
         }
-        free(v), free(lv);
+        free(v), free(cl), free(lv);
     }
     cJSON_AddItemToObject(root, "superposition", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(emb, "superposition"), 1));
     cJSON_AddItemToObject(root, "pca", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(emb, "pca"), 1));

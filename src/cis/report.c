@@ -329,9 +329,14 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
     cis_buf_printf(&b, "</code>. %d images, %d scored, %d errors. Crops <code>", (int)jnum(counts, "images"),
                    (int)jnum(counts, "scored"), (int)jnum(counts, "errors"));
     cis_buf_html(&b, jstr(run, "crops"));
-    cis_buf_printf(&b, "</code>; threshold %.4f (%s); %d bootstrap resamples, %d permutations, seed %.0f.</p>\n",
-                   jnum(s, "threshold"), jstr(s, "threshold_source"), (int)jnum(run, "bootstrap"), (int)jnum(run, "permutations"),
-                   jnum(run, "seed"));
+    /* scores.json of runs before the field resampled images */
+    const char *unit = *jstr(s, "cluster") ? jstr(s, "cluster") : "image";
+    cis_buf_printf(&b, "</code>; threshold %.4f (", jnum(s, "threshold"));
+    cis_buf_html(&b, jstr(s, "threshold_source"));
+    cis_buf_printf(&b, "); %d bootstrap resamples and %d permutations of whole ", (int)jnum(run, "bootstrap"),
+                   (int)jnum(run, "permutations"));
+    cis_buf_html(&b, unit);
+    cis_buf_printf(&b, "s (the unit of the CIs and p-values), seed %.0f.</p>\n", jnum(run, "seed"));
     if (jnum(counts, "errors") > 0) {
         CIS_PUT(&b, "<div class=\"warn\"><b>Items that could not be scored:</b><ul>");
         for (const cJSON *x = jget(s, "errors") ? jget(s, "errors")->child : NULL; x; x = x->next) {

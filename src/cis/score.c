@@ -28,6 +28,7 @@ void kiln_cis_score_opts_default(kiln_cis_score_opts *o) {
     o->perm = 10000;
     o->seed = 0;
     o->threshold = 0.5;
+    o->cluster = "prompt";
 }
 
 kiln_error *cis_mkdir(const char *dir) {
@@ -130,6 +131,7 @@ static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_
     cJSON_AddNumberToObject(j, "permutations", o->perm);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddNumberToObject(j, "threshold", o->threshold);
+    cJSON_AddStringToObject(j, "cluster", o->cluster);
     cJSON_AddStringToObject(j, "absence_text", CIS_ABSENCE_TEXT);
     char *s = kiln_json_print(j, 1);
     cJSON_Delete(j);
@@ -337,6 +339,9 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if (!o->suite || !o->manifest || !o->clip_dir || !o->out_dir)
         return kiln_errorf(KILN_EINVAL, "score needs a suite, a manifest, a CLIP directory and an output directory");
     if (o->chunk < 1) return kiln_errorf(KILN_EINVAL, "chunk must be >= 1");
+    if (!kiln_cis_cluster_unit_known(o->cluster))
+        return kiln_errorf(KILN_EINVAL, "cluster: '%s' is not one of image, prompt, scene, culture",
+                           o->cluster ? o->cluster : "(none)");
     int grids[8], ngrids;
     KILN_TRY(kiln_cis_parse_grids(o->grids, grids, &ngrids, 8));
     kiln_cis_suite suite = {0, NULL};

@@ -36,20 +36,98 @@ static void interval(double *stat, int B, double level, double *lo, double *hi) 
     *hi = quantile_sorted(stat, B, (1 + level) / 2);
 }
 
-void kiln_cis_bootstrap_mean(const double *x, int n, int B, double level, uint64_t seed, double *lo, double *hi) {
-    *lo = *hi = NAN;
-    if (n <= 0 || B <= 0) return;
-    double *stat = malloc((size_t)B * sizeof *stat);
-    if (!stat) return;
-    kiln_rng r;
-    kiln_rng_seed(&r, seed);
-    for (int b = 0; b < B; b++) {
-        double s = 0;
-        for (int i = 0; i < n; i++) s += x[draw(&r, n)];
-        stat[b] = s / n;
+/* Observations in clusters: cl[i] >= 0 names observation i's cluster (cl NULL: each observation
+ * is its own). The bootstrap and the permutation test below move whole clusters, so observations
+ * that share one (the images of one prompt: its seeds and models) count as one unit. Drawing
+ * images one by one treats K images of a prompt as K independent prompts and makes intervals
+ * too narrow and p-values too small whenever a prompt's images resemble each other, which is
+ * what a generator's seeds do. ord lists the observations cluster by cluster (clusters by
+ * ascending id, observations in input order within one); cluster k owns ord[start[k] ..
+ * start[k + 1]). With every observation its own cluster the draws, sums and roundings are those
+ * of the plain (per observation) statistics. */
+typedef struct {
+    int ncl;
+    int *ord, *start;
+} clusters;
+
+static void clusters_free(clusters *c) {
+    free(c->ord), free(c->start);
+    c->ord = c->start = NULL;
+}
+
+static int cmp_int_pair(const void *a, const void *b) {
+    const int *x = a, *y = b;
+    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* 0, or -1 when out of memory */
+static int clusters_make(const int *cl, int n, clusters *c) {
+    c->ncl = 0;
+    c->ord = malloc((size_t)(n + 1) * sizeof *c->ord);
+    c->start = malloc((size_t)(n + 2) * sizeof *c->start);
+    int *pair = cl ? malloc((size_t)(2 * n + 2) * sizeof *pair) : NULL;
+    if (!c->ord || !c->start || (cl && !pair)) {
+        free(pair);
+        clusters_free(c);
+        return -1;
     }
-    interval(stat, B, level, lo, hi);
-    free(stat);
+    if (!cl) {
+        for (int i = 0; i < n; i++) c->ord[i] = c->start[i] = i;
+        c->ncl = n;
+    } else {
+        for (int i = 0; i < n; i++) pair[2 * i] = cl[i], pair[2 * i + 1] = i;
+        qsort(pair, (size_t)n, 2 * sizeof *pair, cmp_int_pair);
+        for (int i = 0; i < n; i++) {
+            if (i == 0 || pair[2 * i] != pair[2 * i - 2]) c->start[c->ncl++] = i;
+            c->ord[i] = pair[2 * i + 1];
+        }
+    }
+    c->start[c->ncl] = n;
+    free(pair);
+    return 0;
+}
+
+/* each cluster's sum of x and size */
+static void cluster_sums(const clusters *c, const double *x, double *sum, double *cnt) {
+    for (int k = 0; k < c->ncl; k++) {
+        double s = 0;
+        for (int j = c->start[k]; j < c->start[k + 1]; j++) s += x[c->ord[j]];
+        sum[k] = s, cnt[k] = c->start[k + 1] - c->start[k];
+    }
+}
+
+int kiln_cis_nclusters(const int *cl, int n) {
+    clusters c;
+    if (n <= 0 || clusters_make(cl, n, &c)) return 0;
+    int k = c.ncl;
+    clusters_free(&c);
+    return k;
+}
+
+void kiln_cis_bootstrap_mean(const double *x, const int *cl, int n, int B, double level, uint64_t seed, double *lo,
+                             double *hi) {
+    *lo = *hi = NAN;
+    clusters c = {0, NULL, NULL};
+    if (n <= 0 || B <= 0 || clusters_make(cl, n, &c)) return;
+    double *stat = malloc((size_t)B * sizeof *stat), *sum = malloc((size_t)c.ncl * sizeof *sum),
+           *cnt = malloc((size_t)c.ncl * sizeof *cnt);
+    if (stat && sum && cnt && c.ncl >= 2) {
+        cluster_sums(&c, x, sum, cnt);
+        kiln_rng r;
+        kiln_rng_seed(&r, seed);
+        for (int b = 0; b < B; b++) {
+            double s = 0, m = 0;
+            for (int i = 0; i < c.ncl; i++) {
+                uint32_t k = draw(&r, c.ncl);
+                s += sum[k], m += cnt[k];
+            }
+            stat[b] = s / m;
+        }
+        interval(stat, B, level, lo, hi);
+    }
+    free(stat), free(sum), free(cnt);
+    clusters_free(&c);
 }
 
 int kiln_cis_ols(const double *x, const double *y, int n, double *slope, double *intercept) {
@@ -66,33 +144,68 @@ int kiln_cis_ols(const double *x, const double *y, int n, double *slope, double 
     return 0;
 }
 
-void kiln_cis_bootstrap_slope(const double *x, const double *y, int n, int B, double level, uint64_t seed,
-                              double *lo, double *hi) {
+/* kiln_cis_ols over the observations of the clusters d[0..nd) (a cluster as often as it is drawn),
+ * in that order: the same two passes and roundings as kiln_cis_ols over the gathered pairs. */
+static int ols_drawn(const clusters *c, const uint32_t *d, int nd, const double *x, const double *y, double *slope) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    int m = 0;
+    for (int i = 0; i < nd; i++)
+        for (int j = c->start[d[i]]; j < c->start[d[i] + 1]; j++) sx += x[c->ord[j]], sy += y[c->ord[j]], m++;
+    if (m < 2) return -1;
+    double mx = sx / m, my = sy / m;
+    for (int i = 0; i < nd; i++)
+        for (int j = c->start[d[i]]; j < c->start[d[i] + 1]; j++) {
+            double dx = x[c->ord[j]] - mx;
+            sxx += dx * dx;
+            sxy += dx * (y[c->ord[j]] - my);
+        }
+    if (!(sxx > 0)) return -1;
+    *slope = sxy / sxx;
+    return 0;
+}
+
+void kiln_cis_bootstrap_slope(const double *x, const double *y, const int *cl, int n, int B, double level,
+                              uint64_t seed, double *lo, double *hi) {
     *lo = *hi = NAN;
     double s0, i0;
-    if (B <= 0 || kiln_cis_ols(x, y, n, &s0, &i0)) return;
-    double *stat = malloc((size_t)B * sizeof *stat), *bx = malloc((size_t)n * sizeof *bx),
-           *by = malloc((size_t)n * sizeof *by);
-    if (stat && bx && by) {
+    clusters c = {0, NULL, NULL};
+    if (B <= 0 || kiln_cis_ols(x, y, n, &s0, &i0) || clusters_make(cl, n, &c)) return;
+    double *stat = malloc((size_t)B * sizeof *stat);
+    uint32_t *d = malloc((size_t)c.ncl * sizeof *d);
+    if (stat && d && c.ncl >= 2) {
         kiln_rng r;
         kiln_rng_seed(&r, seed);
         for (int b = 0, tries = 0; b < B && tries < 100 * B; tries++) {
-            for (int i = 0; i < n; i++) {
-                uint32_t k = draw(&r, n);
-                bx[i] = x[k], by[i] = y[k];
-            }
-            double s, c;
-            if (!kiln_cis_ols(bx, by, n, &s, &c)) stat[b++] = s;
+            for (int i = 0; i < c.ncl; i++) d[i] = draw(&r, c.ncl);
+            double s;
+            if (!ols_drawn(&c, d, c.ncl, x, y, &s)) stat[b++] = s;
             if (b == B) interval(stat, B, level, lo, hi);
         }
     }
-    free(stat), free(bx), free(by);
+    free(stat), free(d);
+    clusters_free(&c);
 }
 
 /* mean(x[g]) - mean(x[!g]) given the sum over g and the group size. */
-static double diff_of(double sum1, int n1, double total, int n) { return sum1 / n1 - (total - sum1) / (n - n1); }
+static double diff_of(double sum1, double n1, double total, double n) { return sum1 / n1 - (total - sum1) / (n - n1); }
 
-void kiln_cis_perm_test(const double *x, const int *g, int n, int nperm, uint64_t seed, double *diff, double *p) {
+/* C(n, k), or cap + 1 when it is larger than cap */
+static double binom_capped(int n, int k, double cap) {
+    if (k < 0 || k > n) return 0;
+    if (k > n - k) k = n - k;
+    double c = 1;
+    for (int i = 1; i <= k; i++) {
+        c = c * (n - k + i) / i;
+        if (c > cap) return cap + 1;
+    }
+    return floor(c + 0.5);
+}
+
+/* The permutation test over cluster labels. exact_cap: enumerate every split when there are at
+ * most that many, else draw nperm of them (nperm 0: none drawn). Returns 1 exact, 0 sampled, -1
+ * no p-value. */
+static int perm_test(const double *x, const int *g, const int *cl, int n, int nperm, uint64_t seed, double exact_cap,
+                     double *diff, double *p) {
     *diff = *p = NAN;
     int n1 = 0;
     double total = 0, sum1 = 0;
@@ -100,54 +213,77 @@ void kiln_cis_perm_test(const double *x, const int *g, int n, int nperm, uint64_
         total += x[i];
         if (g[i]) n1++, sum1 += x[i];
     }
-    if (n1 == 0 || n1 == n || nperm <= 0) return;
+    if (n1 == 0 || n1 == n) return -1;
     double d = diff_of(sum1, n1, total, n);
     *diff = d;
-    double *v = malloc((size_t)n * sizeof *v);
-    if (!v) return;
-    memcpy(v, x, (size_t)n * sizeof *v);
-    kiln_rng r;
-    kiln_rng_seed(&r, seed);
+    clusters c = {0, NULL, NULL};
+    if (clusters_make(cl, n, &c)) return -1;
+    int ret = -1, n1c = 0;
+    double *sum = malloc((size_t)c.ncl * sizeof *sum), *cnt = malloc((size_t)c.ncl * sizeof *cnt);
+    int *idx = malloc((size_t)c.ncl * sizeof *idx);
+    if (!sum || !cnt || !idx) goto out;
+    for (int k = 0; k < c.ncl; k++) { /* a cluster's observations must share their group */
+        int gk = g[c.ord[c.start[k]]] != 0;
+        for (int j = c.start[k] + 1; j < c.start[k + 1]; j++)
+            if ((g[c.ord[j]] != 0) != gk) goto out;
+        n1c += gk;
+    }
+    cluster_sums(&c, x, sum, cnt);
     /* a relative tolerance so relabellings equal to the observed split count despite rounding */
     double tol = 1e-12 * (fabs(d) + 1);
     long ge = 0;
-    for (int t = 0; t < nperm; t++) {
-        /* partial Fisher-Yates: the first n1 slots are a uniform random subset */
-        double s = 0;
-        for (int i = 0; i < n1; i++) {
-            int j = i + (int)draw(&r, n - i);
-            double tmp = v[i];
-            v[i] = v[j], v[j] = tmp;
-            s += v[i];
+    double splits = binom_capped(c.ncl, n1c, exact_cap);
+    if (splits <= exact_cap) {
+        /* every n1c-subset of the clusters, in lexicographic order */
+        long all = 0;
+        for (int i = 0; i < n1c; i++) idx[i] = i;
+        for (;;) {
+            double s = 0, m = 0;
+            for (int i = 0; i < n1c; i++) s += sum[idx[i]], m += cnt[idx[i]];
+            all++;
+            if (fabs(diff_of(s, m, total, n)) >= fabs(d) - tol) ge++;
+            int i = n1c - 1;
+            while (i >= 0 && idx[i] == c.ncl - n1c + i) i--;
+            if (i < 0) break;
+            idx[i]++;
+            for (int j = i + 1; j < n1c; j++) idx[j] = idx[j - 1] + 1;
         }
-        if (fabs(diff_of(s, n1, total, n)) >= fabs(d) - tol) ge++;
+        *p = (double)ge / all;
+        ret = 1;
+    } else if (nperm > 0) {
+        kiln_rng r;
+        kiln_rng_seed(&r, seed);
+        for (int k = 0; k < c.ncl; k++) idx[k] = k;
+        for (int t = 0; t < nperm; t++) {
+            /* partial Fisher-Yates: the first n1c slots are a uniform random subset */
+            double s = 0, m = 0;
+            for (int i = 0; i < n1c; i++) {
+                int j = i + (int)draw(&r, c.ncl - i), tmp = idx[i];
+                idx[i] = idx[j], idx[j] = tmp;
+                s += sum[idx[i]], m += cnt[idx[i]];
+            }
+            if (fabs(diff_of(s, m, total, n)) >= fabs(d) - tol) ge++;
+        }
+        *p = (1.0 + ge) / (1.0 + nperm);
+        ret = 0;
     }
-    *p = (1.0 + ge) / (1.0 + nperm);
-    free(v);
+out:
+    free(sum), free(cnt), free(idx);
+    clusters_free(&c);
+    return ret;
 }
 
-void kiln_cis_perm_test_exact(const double *x, const int *g, int n, double *diff, double *p) {
-    *diff = *p = NAN;
-    if (n > 24) return;
-    int n1 = 0;
-    double total = 0, sum1 = 0;
-    for (int i = 0; i < n; i++) {
-        total += x[i];
-        if (g[i]) n1++, sum1 += x[i];
+int kiln_cis_perm_test(const double *x, const int *g, const int *cl, int n, int nperm, uint64_t seed, double *diff,
+                       double *p) {
+    if (nperm <= 0) {
+        *diff = *p = NAN;
+        return -1;
     }
-    if (n1 == 0 || n1 == n) return;
-    double d = diff_of(sum1, n1, total, n), tol = 1e-12 * (fabs(d) + 1);
-    long ge = 0, all = 0;
-    for (uint32_t mask = 0; mask < (1u << n); mask++) {
-        if (__builtin_popcount(mask) != n1) continue;
-        double s = 0;
-        for (int i = 0; i < n; i++)
-            if (mask >> i & 1) s += x[i];
-        all++;
-        if (fabs(diff_of(s, n1, total, n)) >= fabs(d) - tol) ge++;
-    }
-    *diff = d;
-    *p = (double)ge / all;
+    return perm_test(x, g, cl, n, nperm, seed, nperm, diff, p);
+}
+
+void kiln_cis_perm_test_exact(const double *x, const int *g, const int *cl, int n, double *diff, double *p) {
+    if (perm_test(x, g, cl, n, 0, 0, 1 << 24, diff, p) != 1) *p = NAN;
 }
 
 void kiln_cis_agree(const int *pred, const int *truth, int n, kiln_cis_agreement *o) {

@@ -19,10 +19,12 @@ static const char usage[] =
     "             path); generate the images at those paths and the worklist is the run manifest\n"
     "  score      --suite S --manifest M --clip DIR --out RUN/ [--resume] [--labels L [--labels-as-judge]]\n"
     "             [--crops 1,2,3] [--threads N] [--bootstrap 2000] [--permutations 10000] [--seed 0]\n"
-    "             [--threshold 0.5] [--chunk 16]\n"
+    "             [--threshold 0.5] [--chunk 16] [--cluster prompt|scene|culture|image]\n"
     "             judge every component of every image with CLIP (whole image and overlapping crop grids),\n"
     "             then CIS per image and aggregates with bootstrap CIs, the Western/non-Western gap with a\n"
     "             permutation test, fragility, misalignment, grounding entropy, embedding superposition.\n"
+    "             --cluster: the unit the bootstrap and the permutations move (default prompt: a prompt's\n"
+    "             images count as one unit; scene or culture are stricter; image treats images as independent)\n"
     "             Results are written every --chunk images: Ctrl-C keeps them and --resume continues.\n"
     "             Exit 1 when some items could not be scored (each error is recorded in RUN/scores.json)\n"
     "  calibrate  RUN/ --labels L [--labels-as-judge]\n"
@@ -105,16 +107,22 @@ static void print_summary(const char *run_dir) {
         return;
     }
     const cJSON *x;
-    printf("%-22s %6s %7s  %s\n", "culture", "n", "CIS", "95% CI");
+    const char *unit = str_of(cJSON_GetObjectItemCaseSensitive(s, "run"), "cluster");
+    printf("%-22s %6s %7s  %s (resampling %ss)\n", "culture", "n", "CIS", "95% CI", strcmp(unit, "?") ? unit : "image");
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "cis")) {
         const char *by = str_of(x, "by");
         if (strcmp(by, "culture") && strcmp(by, "group") && strcmp(by, "all")) continue;
-        printf("%-22s %6.0f %7.3f  [%.3f, %.3f]\n", str_of(x, "level"), num_of(x, "n"), num_of(x, "mean"), num_of(x, "lo"),
-               num_of(x, "hi"));
+        if (isnan(num_of(x, "lo"))) /* one cluster: nothing to resample */
+            printf("%-22s %6.0f %7.3f  (one %s: no CI)\n", str_of(x, "level"), num_of(x, "n"), num_of(x, "mean"),
+                   strcmp(unit, "?") ? unit : "image");
+        else
+            printf("%-22s %6.0f %7.3f  [%.3f, %.3f]\n", str_of(x, "level"), num_of(x, "n"), num_of(x, "mean"),
+                   num_of(x, "lo"), num_of(x, "hi"));
     }
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "gap")) {
-        printf("gap western - non_western (%s=%s): %.3f, permutation p = %.4g\n", str_of(x, "by"), str_of(x, "level"),
-               num_of(x, "gap"), num_of(x, "p"));
+        printf("gap western - non_western (%s=%s): %.3f, permutation p = %.4g%s\n", str_of(x, "by"), str_of(x, "level"),
+               num_of(x, "gap"), num_of(x, "p"),
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "exact")) ? " (exact)" : "");
     }
     const cJSON *cal = cJSON_GetObjectItemCaseSensitive(s, "calibration");
     if (cal) {
@@ -144,7 +152,14 @@ static int cmd_score(int argc, char **argv) {
         else if (!strcmp(a, "--out")) o.out_dir = argv[++i];
         else if (!strcmp(a, "--labels")) o.labels = argv[++i];
         else if (!strcmp(a, "--crops")) o.grids = argv[++i];
-        else if (!strcmp(a, "--threads")) {
+        else if (!strcmp(a, "--cluster")) {
+            o.cluster = argv[++i];
+            if (!kiln_cis_cluster_unit_known(o.cluster)) {
+                fprintf(stderr, "kiln cis score: --cluster '%s': expected image, prompt, scene or culture\n",
+                        o.cluster);
+                return 2;
+            }
+        } else if (!strcmp(a, "--threads")) {
             if (!(e = cli_int_in(a, argv[++i], 1, 4096, &v))) omp_set_num_threads((int)v);
         } else if (!strcmp(a, "--bootstrap")) {
             if (!(e = cli_int_in(a, argv[++i], 1, INT32_MAX, &v))) o.boot = (int)v;
