@@ -224,11 +224,43 @@ TEST(cis_end_to_end) {
         free(t);
     }
     cJSON_Delete(sc);
-    snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run2, labels);
-    CHECK(test_run_kiln(cmd, out, sizeof out) == 0);
+    /* and labels over many images: the judge's agreement out of sample, 5 folds of images */
+    char labels2[512];
+    snprintf(labels2, sizeof labels2, "%s", test_join(d, "labels2.jsonl"));
+    {
+        kiln_cis_manifest m2;
+        kiln_cis_suite s2;
+        CHECK_OK(kiln_cis_manifest_load(work, &m2));
+        CHECK_OK(kiln_cis_suite_load(suite, &s2));
+        FILE *lf = fopen(labels2, "w");
+        for (int i = 10; lf && i < 50; i++) {
+            int pi = kiln_cis_suite_find(&s2, m2.items[i].prompt_id);
+            if (pi >= 0)
+                fprintf(lf, "{\"image\": \"%s\", \"component\": \"%s\", \"present\": %s}\n", m2.items[i].image,
+                        s2.p[pi].comp[0].phrase, i % 3 ? "false" : "true");
+        }
+        if (lf) fclose(lf);
+        kiln_cis_manifest_free(&m2);
+        kiln_cis_suite_free(&s2);
+    }
+    snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run2, labels2);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0, "%s", out);
+    CHECK_MSG(strstr(out, "out of sample (5 folds of images)"), "%s", out);
     sc = NULL;
     CHECK_OK(kiln_json_parse_file(test_join(run2, "scores.json"), &sc));
-    if (sc) CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(sc, "cluster")->valuestring, "image"));
+    if (sc) {
+        CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(sc, "cluster")->valuestring, "image"));
+        const cJSON *cal = cJSON_GetObjectItemCaseSensitive(sc, "calibration");
+        const cJSON *cv = cJSON_GetObjectItemCaseSensitive(cal, "agreement_cross_validated");
+        CHECK(cJSON_IsObject(cv));
+        if (cJSON_IsObject(cv)) {
+            double tot = 0;
+            const char *f4[] = {"tp", "fp", "tn", "fn"};
+            for (int i = 0; i < 4; i++) tot += cJSON_GetObjectItemCaseSensitive(cv, f4[i])->valuedouble;
+            CHECK(tot == 40 && cJSON_GetObjectItemCaseSensitive(cal, "pairs")->valuedouble == 40);
+            CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(cv, "thresholds")) == 5);
+        }
+    }
     cJSON_Delete(sc);
     snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --cluster seeds", suite, work,
              clip, test_join(d, "run6"));
@@ -287,6 +319,7 @@ TEST(cis_end_to_end) {
         CHECK(strstr(sj, "\"threshold_source\":\t\"calibrated\"") != NULL);
         CHECK(strstr(sj, "\"unmatched_labels\":\t1") != NULL);
         CHECK(strstr(sj, "\"kappa\"") != NULL);
+        CHECK(strstr(sj, "\"agreement_cross_validated\":\tnull") != NULL); /* both labels of one prompt */
     }
     free(sj);
 

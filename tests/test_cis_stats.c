@@ -207,6 +207,31 @@ TEST(cis_calibrate_youden) {
     CHECK_NEAR(t, 0.5, 1e-12);
 }
 
+TEST(cis_calibrate_cross_validated) {
+    /* fold 0: 0.2 (absent), 0.6 (present); fold 1: 0.4 (present), 0.5 (absent). Fitted on fold 1
+     * alone, J = 0 at 0.2 and at 0.75, the tie to 0.75: fold 0 judged absent, absent (0.6 missed).
+     * Fitted on fold 0: 0.4 (J = 1): fold 1 judged present, present (0.5 a false positive). In
+     * sample the best threshold (0.55 or so) gets 3 of 4; out of sample 2 of 4, kappa 0. */
+    double s[] = {0.2, 0.6, 0.4, 0.5}, thr[3];
+    int y[] = {0, 1, 1, 0}, fold[] = {0, 0, 1, 1};
+    kiln_cis_agreement a;
+    CHECK(kiln_cis_cv_agreement(s, y, fold, 4, 3, 0.5, thr, &a) == 2);
+    CHECK_NEAR(thr[0], 0.75, 1e-12); /* fold 0's judge, fitted on fold 1 */
+    CHECK_NEAR(thr[1], 0.4, 1e-12);
+    CHECK(isnan(thr[2])); /* fold 2 holds nothing */
+    CHECK(a.tp == 1 && a.fn == 1 && a.tn == 1 && a.fp == 1);
+    CHECK_NEAR(a.accuracy, 0.5, 1e-12);
+    CHECK_NEAR(a.kappa, 0, 1e-12);
+    /* training folds of one class: the fallback threshold */
+    int y1[] = {1, 1, 0, 0};
+    CHECK(kiln_cis_cv_agreement(s, y1, fold, 4, 2, 0.45, thr, &a) == 2);
+    CHECK(thr[0] == 0.45 && thr[1] == 0.45);
+    CHECK(a.tp == 1 && a.fn == 1 && a.fp == 1 && a.tn == 1); /* 0.6 and 0.5 at or above 0.45 */
+    /* one fold only: nothing to hold out */
+    int same[] = {1, 1, 1, 1};
+    CHECK(kiln_cis_cv_agreement(s, y, same, 4, 2, 0.5, NULL, &a) == 0);
+}
+
 TEST(cis_entropy_and_judge) {
     double u[4] = {0.25, 0.25, 0.25, 0.25}, h[4] = {0.5, 0.5, 0, 0}, o[4] = {1, 0, 0, 0};
     CHECK_NEAR(kiln_cis_entropy_norm(u, 4), 1, 1e-12);

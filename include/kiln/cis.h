@@ -122,6 +122,13 @@ void kiln_cis_agree(const int *pred, const int *truth, int n, kiln_cis_agreement
  * against labels: candidates are midpoints between sorted distinct scores (and below/above all);
  * ties go to the midpoint nearest 0.5. Returns -1 when labels are all one class. */
 int kiln_cis_calibrate(const double *score, const int *label, int n, double *threshold, double *youden_j);
+/* Out-of-sample agreement of that calibration: pair i is in fold[i] (0..K-1); each fold's pairs are
+ * judged (score >= t) at the threshold calibrated on the other folds' pairs (fallback where those
+ * hold one class only), and the folds' judgements pooled give *out. thr (optional, K entries) gets
+ * each fold's threshold (NaN for a fold without pairs). Returns the folds that held pairs, 0 (and
+ * *out zeroed) when fewer than two did. */
+int kiln_cis_cv_agreement(const double *score, const int *label, const int *fold, int n, int K, double fallback,
+                          double *thr, kiln_cis_agreement *out);
 /* Shannon entropy of p (sums to 1) divided by log(n): 0 = one point, 1 = uniform. */
 double kiln_cis_entropy_norm(const double *p, int n);
 /* First two principal components of the rows of X [n, d] (centred), by power iteration with

@@ -299,6 +299,41 @@ static cJSON *agreement_json(const kiln_cis_agreement *a) {
     return o;
 }
 
+typedef struct {
+    uint64_t h;
+    int cl;
+} hashed_cl;
+
+static int cmp_hashed(const void *a, const void *b) {
+    const hashed_cl *x = a, *y = b;
+    if (x->h != y->h) return (x->h > y->h) - (x->h < y->h);
+    return (x->cl > y->cl) - (x->cl < y->cl);
+}
+
+/* Cross-validation folds of the labelled pairs: whole clusters (the run's unit) to a fold, so no
+ * prompt is both calibrated on and judged; the clusters in a seeded hash order, dealt round-robin
+ * to min(5, clusters) folds so that every fold holds some. Returns K, 0 when out of memory. */
+static int cv_folds(const int *pc, int k, uint64_t seed, int *fold) {
+    hashed_cl *u = malloc((size_t)(k + 1) * sizeof *u);
+    if (!u) return 0;
+    int nu = 0;
+    for (int i = 0; i < k; i++) {
+        int seen = 0;
+        for (int j = 0; j < nu && !seen; j++) seen = u[j].cl == pc[i];
+        if (!seen) {
+            uint64_t h = kiln_fnv1a64(KILN_FNV1A64_INIT, &pc[i], sizeof pc[i]);
+            u[nu].h = kiln_fnv1a64(h, &seed, sizeof seed), u[nu++].cl = pc[i];
+        }
+    }
+    qsort(u, (size_t)nu, sizeof *u, cmp_hashed);
+    int K = nu < 5 ? nu : 5;
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < nu; j++)
+            if (u[j].cl == pc[i]) fold[i] = j % K;
+    free(u);
+    return K;
+}
+
 /* Judge vs labels at threshold t over the labelled pairs. */
 static void agree_at(row *rows, int n, double t, kiln_cis_agreement *a) {
     int cap = 0, k = 0;
@@ -428,15 +463,16 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         int cap = 0, k = 0;
         for (int i = 0; i < n; i++) cap += rows[i].ncomp;
         double *sc = malloc((size_t)(cap + 1) * sizeof *sc);
-        int *lb = malloc((size_t)(cap + 1) * sizeof *lb);
-        if (!sc || !lb) {
-            free(sc), free(lb);
+        int *lb = malloc((size_t)(cap + 1) * sizeof *lb), *pc = malloc((size_t)(cap + 1) * sizeof *pc),
+            *fold = malloc((size_t)(cap + 1) * sizeof *fold);
+        if (!sc || !lb || !pc || !fold) {
+            free(sc), free(lb), free(pc), free(fold);
             e = kiln_errorf(KILN_ENOMEM, "out of memory");
             goto done;
         }
         for (int i = 0; i < n; i++)
             for (int c = 0; c < rows[i].ncomp; c++)
-                if (rows[i].label[c] >= 0) sc[k] = rows[i].prob[c], lb[k] = rows[i].label[c], k++;
+                if (rows[i].label[c] >= 0) sc[k] = rows[i].prob[c], lb[k] = rows[i].label[c], pc[k] = rows[i].cl, k++;
         cJSON *cal = cJSON_AddObjectToObject(root, "calibration");
         cJSON_AddStringToObject(cal, "labels", o->labels);
         cJSON_AddNumberToObject(cal, "pairs", k);
@@ -457,7 +493,20 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         cJSON_AddItemToObject(cal, "agreement", agreement_json(&a));
         agree_at(rows, n, pr.threshold, &a);
         cJSON_AddItemToObject(cal, "agreement_at_default", agreement_json(&a));
-        free(sc), free(lb);
+        /* the agreement above is in sample (the threshold was fitted on those labels); this one is not */
+        double thr_f[5];
+        int K = cv_folds(pc, k, pr.seed, fold);
+        if (K >= 2 && kiln_cis_cv_agreement(sc, lb, fold, k, K, pr.threshold, thr_f, &a) >= 2) {
+            cJSON *cv = agreement_json(&a);
+            cJSON_AddNumberToObject(cv, "folds", K);
+            cJSON_AddStringToObject(cv, "fold_unit", pr.unit);
+            cJSON *ta = cJSON_AddArrayToObject(cv, "thresholds");
+            for (int f = 0; f < K; f++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(thr_f[f]));
+            cJSON_AddItemToObject(cal, "agreement_cross_validated", cv);
+        } else {
+            cJSON_AddNullToObject(cal, "agreement_cross_validated"); /* labels from one cluster */
+        }
+        free(sc), free(lb), free(pc), free(fold);
     }
     cJSON_AddNumberToObject(root, "threshold", thr);
     cJSON_AddStringToObject(root, "threshold_source", thr_source);

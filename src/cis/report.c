@@ -434,16 +434,29 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
     CIS_PUT(&b, "</section>\n");
     const cJSON *cal = jget(s, "calibration");
     if (cal) {
-        const cJSON *a = jget(cal, "agreement");
         cis_buf_printf(&b, "<section><h2>Judge vs human labels</h2><p>%d labelled pairs; threshold %.4f (Youden's J %.3f)"
-                           "%s.</p><table><tr><th>accuracy</th><th>precision</th><th>recall</th><th>balanced acc.</th>"
-                           "<th>Cohen's &kappa;</th></tr><tr><td>", (int)jnum(cal, "pairs"), jnum(s, "threshold"),
+                           "%s. The first row is in sample (the threshold was fitted on these labels); the second "
+                           "judges each fold of the labels at the threshold fitted on the others.</p><table><tr>"
+                           "<th></th><th>accuracy</th><th>precision</th><th>recall</th><th>balanced acc.</th>"
+                           "<th>Cohen's &kappa;</th></tr>\n", (int)jnum(cal, "pairs"), jnum(s, "threshold"),
                        jnum(cal, "youden_j"), cJSON_IsTrue(jget(cal, "labels_as_judge")) ? "; labels replace the judge" : "");
-        num(&b, jnum(a, "accuracy"), 3), CIS_PUT(&b, "</td><td>");
-        num(&b, jnum(a, "precision"), 3), CIS_PUT(&b, "</td><td>");
-        num(&b, jnum(a, "recall"), 3), CIS_PUT(&b, "</td><td>");
-        num(&b, jnum(a, "balanced_accuracy"), 3), CIS_PUT(&b, "</td><td>");
-        num(&b, jnum(a, "kappa"), 3), CIS_PUT(&b, "</td></tr></table></section>\n");
+        for (int row = 0; row < 2; row++) {
+            const cJSON *a = jget(cal, row ? "agreement_cross_validated" : "agreement");
+            if (!cJSON_IsObject(a)) continue;
+            if (row) {
+                cis_buf_printf(&b, "<tr><td>cross-validated (%d folds of ", (int)jnum(a, "folds"));
+                cis_buf_html(&b, jstr(a, "fold_unit"));
+                CIS_PUT(&b, "s)</td><td>");
+            } else {
+                CIS_PUT(&b, "<tr><td>in sample</td><td>");
+            }
+            num(&b, jnum(a, "accuracy"), 3), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(a, "precision"), 3), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(a, "recall"), 3), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(a, "balanced_accuracy"), 3), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(a, "kappa"), 3), CIS_PUT(&b, "</td></tr>\n");
+        }
+        CIS_PUT(&b, "</table></section>\n");
     }
     CIS_PUT(&b, "<section><h2>Examples per culture</h2>\n");
     examples(&b, s, hd);

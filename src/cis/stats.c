@@ -343,6 +343,41 @@ int kiln_cis_calibrate(const double *score, const int *label, int n, double *thr
     return 0;
 }
 
+int kiln_cis_cv_agreement(const double *score, const int *label, const int *fold, int n, int K, double fallback,
+                          double *thr, kiln_cis_agreement *out) {
+    memset(out, 0, sizeof *out);
+    int used = 0;
+    for (int f = 0; f < K; f++) {
+        int k = 0;
+        for (int i = 0; i < n; i++) k += fold[i] == f;
+        used += k > 0;
+        if (thr) thr[f] = NAN;
+    }
+    if (used < 2) return 0;
+    double *ts = malloc((size_t)n * sizeof *ts);
+    int *tl = malloc((size_t)n * sizeof *tl), *pred = malloc((size_t)n * sizeof *pred);
+    if (!ts || !tl || !pred) {
+        free(ts), free(tl), free(pred);
+        return 0;
+    }
+    for (int f = 0; f < K; f++) {
+        int k = 0, held = 0;
+        for (int i = 0; i < n; i++) {
+            if (fold[i] != f) ts[k] = score[i], tl[k++] = label[i];
+            else held = 1;
+        }
+        if (!held) continue;
+        double t, j;
+        if (kiln_cis_calibrate(ts, tl, k, &t, &j)) t = fallback;
+        if (thr) thr[f] = t;
+        for (int i = 0; i < n; i++)
+            if (fold[i] == f) pred[i] = score[i] >= t;
+    }
+    kiln_cis_agree(pred, label, n, out);
+    free(ts), free(tl), free(pred);
+    return used;
+}
+
 double kiln_cis_entropy_norm(const double *p, int n) {
     if (n < 2) return 0;
     double h = 0;

@@ -130,6 +130,11 @@ static void print_summary(const char *run_dir) {
         printf("labels: %.0f pairs; threshold %.4f; judge accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
                num_of(cal, "pairs"), num_of(s, "threshold"), num_of(a, "accuracy"), num_of(a, "precision"),
                num_of(a, "recall"), num_of(a, "kappa"));
+        const cJSON *cv = cJSON_GetObjectItemCaseSensitive(cal, "agreement_cross_validated");
+        if (cJSON_IsObject(cv))
+            printf("  out of sample (%.0f folds of %ss): accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
+                   num_of(cv, "folds"), str_of(cv, "fold_unit"), num_of(cv, "accuracy"), num_of(cv, "precision"),
+                   num_of(cv, "recall"), num_of(cv, "kappa"));
     }
     printf("all numbers: %s/scores.json, summary.csv, images.csv, components.csv, superposition.csv\n", run_dir);
     cJSON_Delete(s);
