@@ -39,6 +39,24 @@ TEST(cis_perm_random_matches_exact) {
     CHECK(isnan(p));
 }
 
+TEST(cis_holm_hand) {
+    /* sorted 0.01, 0.03, 0.04, 0.5 of m = 4: 4 x 0.01, 3 x 0.03, max(0.09, 2 x 0.04), 0.5; NaN is out */
+    double p[] = {0.01, 0.04, NAN, 0.03, 0.5}, a[5];
+    kiln_cis_holm(p, 5, a);
+    CHECK_NEAR(a[0], 0.04, 1e-15);
+    CHECK_NEAR(a[1], 0.09, 1e-15);
+    CHECK(isnan(a[2]));
+    CHECK_NEAR(a[3], 0.09, 1e-15);
+    CHECK_NEAR(a[4], 0.5, 1e-15);
+    double q[] = {0.6, 0.4}, b[2]; /* 2 x 0.4 = 0.8, then max(0.8, 0.6) */
+    kiln_cis_holm(q, 2, b);
+    CHECK_NEAR(b[0], 0.8, 1e-15);
+    CHECK_NEAR(b[1], 0.8, 1e-15);
+    double one = 0.3, c;
+    kiln_cis_holm(&one, 1, &c);
+    CHECK(c == 0.3);
+}
+
 TEST(cis_cluster_perm_exact_hand) {
     /* clusters A = {1, 1} and B = {2} western, C = {3, 3, 3} and D = {4} not, interleaved, with
      * arbitrary ids. d = 4/3 - 13/4 = -23/12; of the C(4, 2) = 6 relabellings of the clusters only

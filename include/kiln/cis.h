@@ -109,6 +109,9 @@ void kiln_cis_bootstrap_slope(const double *x, const double *y, const int *cl, i
  * difference. No p-value (NaN, returns -1) with one group only, or a cluster holding both. */
 int kiln_cis_perm_test(const double *x, const int *g, const int *cl, int n, int nperm, uint64_t seed, double *diff,
                        double *p);
+/* Holm's step-down adjustment of a family of p-values (NaN entries are not in the family and
+ * stay NaN): the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) p_(j)). */
+void kiln_cis_holm(const double *p, int n, double *adj);
 /* The same test over every relabelling (at most 2^24 of them, else NaN). */
 void kiln_cis_perm_test_exact(const double *x, const int *g, const int *cl, int n, double *diff, double *p);
 

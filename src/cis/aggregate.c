@@ -112,7 +112,7 @@ static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *
     cis_buf_json_str(csv, level);
     cis_buf_printf(csv, ",%d,", n);
     cis_buf_num(csv, m), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
-    cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d\n", ncl);
+    cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d,\n", ncl);
 }
 
 typedef double (*val_fn)(const row *r);
@@ -140,43 +140,52 @@ out:
     free(lv), free(v), free(cl);
 }
 
-/* Western minus non-Western mean CIS within each level of dim, with a permutation p-value. */
+/* Western minus non-Western mean CIS within each level of dim, with a permutation p-value, and
+ * that p-value adjusted by Holm's method over the dimension's levels (one family of tests: the
+ * settings, the models or the categories). */
 static void gaps(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, const params *pr) {
     const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
-    double *v = malloc((size_t)(n + 1) * sizeof *v);
-    int *g = malloc((size_t)(n + 1) * sizeof *g), *cl = malloc((size_t)(n + 1) * sizeof *cl);
-    if (!lv || !v || !g || !cl) goto out;
+    double *v = malloc((size_t)(n + 1) * sizeof *v), *pv = malloc((size_t)(n + 1) * sizeof *pv),
+           *padj = malloc((size_t)(n + 1) * sizeof *padj), *dv = malloc((size_t)(n + 1) * sizeof *dv);
+    int *g = malloc((size_t)(n + 1) * sizeof *g), *cl = malloc((size_t)(n + 1) * sizeof *cl),
+        *nk = malloc((size_t)(n + 1) * sizeof *nk), *nc = malloc((size_t)(n + 1) * sizeof *nc);
+    cJSON **obj = malloc((size_t)(n + 1) * sizeof *obj);
+    if (!lv || !v || !pv || !padj || !dv || !g || !cl || !nk || !nc || !obj) goto out;
     int nl = levels(rows, n, dm->fn, lv);
     for (int l = 0; l < nl; l++) {
         int k = 0, nw = 0;
         for (int i = 0; i < n; i++)
             if (rows[i].p && !strcmp(dm->fn(&rows[i]), lv[l]))
                 v[k] = rows[i].cis, cl[k] = rows[i].cl, nw += g[k] = rows[i].p->western, k++;
-        double diff, p;
-        int how = kiln_cis_perm_test(v, g, cl, k, pr->perm, key_seed(pr, "gap", dm->name, lv[l]), &diff, &p);
-        int ncl = kiln_cis_nclusters(cl, k);
+        int how = kiln_cis_perm_test(v, g, cl, k, pr->perm, key_seed(pr, "gap", dm->name, lv[l]), &dv[l], &pv[l]);
+        nk[l] = k, nc[l] = kiln_cis_nclusters(cl, k);
         double sw = 0, sn = 0;
         for (int i = 0; i < k; i++) *(g[i] ? &sw : &sn) += v[i];
-        cJSON *o = cJSON_CreateObject();
+        cJSON *o = obj[l] = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "by", dm->name);
         cJSON_AddStringToObject(o, "level", lv[l]);
         cJSON_AddNumberToObject(o, "n_western", nw);
         cJSON_AddNumberToObject(o, "n_non_western", k - nw);
-        cJSON_AddNumberToObject(o, "clusters", ncl);
+        cJSON_AddNumberToObject(o, "clusters", nc[l]);
         cJSON_AddNumberToObject(o, "western", nw ? sw / nw : NAN);
         cJSON_AddNumberToObject(o, "non_western", k - nw ? sn / (k - nw) : NAN);
-        cJSON_AddNumberToObject(o, "gap", diff);
-        cJSON_AddNumberToObject(o, "p", p);
+        cJSON_AddNumberToObject(o, "gap", dv[l]);
+        cJSON_AddNumberToObject(o, "p", pv[l]);
         cJSON_AddNumberToObject(o, "permutations", pr->perm);
         cJSON_AddBoolToObject(o, "exact", how == 1); /* every relabelling of the clusters counted */
         cJSON_AddItemToArray(arr, o);
+    }
+    kiln_cis_holm(pv, nl, padj);
+    for (int l = 0; l < nl; l++) {
+        cJSON_AddNumberToObject(obj[l], "p_holm", padj[l]);
         cis_buf_printf(csv, "gap,%s,", dm->name);
         cis_buf_json_str(csv, lv[l]);
-        cis_buf_printf(csv, ",%d,", k);
-        cis_buf_num(csv, diff), CIS_PUT(csv, ",,,"), cis_buf_num(csv, p), cis_buf_printf(csv, ",%d\n", ncl);
+        cis_buf_printf(csv, ",%d,", nk[l]);
+        cis_buf_num(csv, dv[l]), CIS_PUT(csv, ",,,"), cis_buf_num(csv, pv[l]), cis_buf_printf(csv, ",%d,", nc[l]);
+        cis_buf_num(csv, padj[l]), CIS_PUT(csv, "\n");
     }
 out:
-    free(lv), free(v), free(g), free(cl);
+    free(lv), free(v), free(pv), free(padj), free(dv), free(g), free(cl), free(nk), free(nc), free(obj);
 }
 
 /* OLS slope of CIS on complexity within each level of dim, with a bootstrap CI. */
@@ -209,7 +218,7 @@ static void fragility(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm,
         cis_buf_json_str(csv, lv[l]);
         cis_buf_printf(csv, ",%d,", k);
         cis_buf_num(csv, s), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
-        cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d\n", ncl);
+        cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d,\n", ncl);
     }
 out:
     free(lv), free(x), free(y), free(cl);
@@ -523,7 +532,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         r->cis = (double)present / r->ncomp;
     }
 
-    CIS_PUT(&summary, "section,by,level,n,estimate,ci_lo,ci_hi,p_value,clusters\n");
+    CIS_PUT(&summary, "section,by,level,n,estimate,ci_lo,ci_hi,p_value,clusters,p_holm\n");
     by_dims(cJSON_AddArrayToObject(root, "cis"), &summary, "cis", rows, n, v_cis, &pr, NDIMS);
     cJSON *ga = cJSON_AddArrayToObject(root, "gap");
     gaps(ga, &summary, rows, n, &dims[0], &pr);

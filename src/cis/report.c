@@ -370,17 +370,21 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
     for (int i = 0; i < 5; i++) table_means(&b, jget(s, "cis"), dims[i], "mean CIS");
     CIS_PUT(&b, "</section>\n<section><h2>Western vs non-Western gap</h2>\n");
     chart_gap(&b, s);
-    CIS_PUT(&b, "<table><tr><th>by</th><th>level</th><th>Western</th><th>non-Western</th><th>gap</th><th>p</th></tr>\n");
+    CIS_PUT(&b, "<p>p: two-sided permutation test; Holm: adjusted over the levels of its row's <i>by</i> (one "
+                "family of tests each).</p>\n<table><tr><th>by</th><th>level</th><th>clusters</th><th>Western</th>"
+                "<th>non-Western</th><th>gap</th><th>p</th><th>Holm p</th></tr>\n");
     for (const cJSON *x = jget(s, "gap") ? jget(s, "gap")->child : NULL; x; x = x->next) {
         CIS_PUT(&b, "<tr><td>");
         cis_buf_html(&b, jstr(x, "by"));
         CIS_PUT(&b, "</td><td>");
         cis_buf_html(&b, jstr(x, "level"));
         CIS_PUT(&b, "</td><td>");
+        num(&b, jnum(x, "clusters"), 0), CIS_PUT(&b, "</td><td>");
         num(&b, jnum(x, "western"), 3), CIS_PUT(&b, "</td><td>");
         num(&b, jnum(x, "non_western"), 3), CIS_PUT(&b, "</td><td>");
         num(&b, jnum(x, "gap"), 3), CIS_PUT(&b, "</td><td>");
-        num(&b, jnum(x, "p"), 4), CIS_PUT(&b, "</td></tr>\n");
+        num(&b, jnum(x, "p"), 4), CIS_PUT(&b, "</td><td>");
+        num(&b, jnum(x, "p_holm"), 4), CIS_PUT(&b, "</td></tr>\n");
     }
     CIS_PUT(&b, "</table></section>\n<section><h2>Compositional fragility</h2>\n");
     chart_fragility(&b, s);

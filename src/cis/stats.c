@@ -273,6 +273,27 @@ out:
     return ret;
 }
 
+void kiln_cis_holm(const double *p, int n, double *adj) {
+    int *o = malloc((size_t)(n + 1) * sizeof *o), m = 0;
+    for (int i = 0; i < n; i++) {
+        adj[i] = NAN;
+        if (o && !isnan(p[i])) o[m++] = i;
+    }
+    if (!o) return;
+    for (int i = 1; i < m; i++) /* insertion sort by p (families are a few levels), ties by index */
+        for (int j = i; j > 0 && p[o[j - 1]] > p[o[j]]; j--) {
+            int t = o[j];
+            o[j] = o[j - 1], o[j - 1] = t;
+        }
+    double run = 0;
+    for (int j = 0; j < m; j++) {
+        double a = (m - j) * p[o[j]];
+        run = fmax(run, a < 1 ? a : 1);
+        adj[o[j]] = run;
+    }
+    free(o);
+}
+
 int kiln_cis_perm_test(const double *x, const int *g, const int *cl, int n, int nperm, uint64_t seed, double *diff,
                        double *p) {
     if (nperm <= 0) {
