@@ -205,17 +205,23 @@ static void chart_pca(cis_buf *b, const cJSON *s) {
 }
 
 static void table_means(cis_buf *b, const cJSON *arr, const char *by, const char *what) {
-    cis_buf_printf(b, "<table><tr><th>%s</th><th>n</th><th>%s</th><th>95%% CI</th></tr>\n", by, what);
+    cis_buf_printf(b, "<table><tr><th>%s</th><th>n</th><th>clusters</th><th>%s</th><th>95%% CI</th></tr>\n", by, what);
     for (const cJSON *x = arr ? arr->child : NULL; x; x = x->next) {
         if (strcmp(jstr(x, "by"), by)) continue;
         CIS_PUT(b, "<tr><td>");
         cis_buf_html(b, jstr(x, "level"));
         cis_buf_printf(b, "</td><td>%d</td><td>", (int)jnum(x, "n"));
+        num(b, jnum(x, "clusters"), 0); /* the units the CI resampled (scores.json's "cluster") */
+        CIS_PUT(b, "</td><td>");
         num(b, jnum(x, "mean"), 3);
         CIS_PUT(b, "</td><td>");
-        num(b, jnum(x, "lo"), 3);
-        CIS_PUT(b, " &ndash; ");
-        num(b, jnum(x, "hi"), 3);
+        if (isnan(jnum(x, "lo"))) {
+            CIS_PUT(b, "none (one cluster)");
+        } else {
+            num(b, jnum(x, "lo"), 3);
+            CIS_PUT(b, " &ndash; ");
+            num(b, jnum(x, "hi"), 3);
+        }
         CIS_PUT(b, "</td></tr>\n");
     }
     CIS_PUT(b, "</table>\n");
