@@ -268,6 +268,14 @@ TEST(cis_end_to_end) {
         }
     }
     cJSON_Delete(sc);
+    /* resumed without --cluster, such a run keeps resampling images (and a new run's prompts stay prompts) */
+    snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s --resume", suite, work, clip,
+             run2, common);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "resampling images"), "%s", out);
+    char *rj2 = slurp(test_join(run2, "run.json"));
+    CHECK(rj2 && strstr(rj2, "\"cluster\":\t\"image\""));
+    free(rj2);
     snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --cluster seeds", suite, work,
              clip, test_join(d, "run6"));
     CHECK(test_run_kiln(cmd, out, sizeof out) == 2 && strstr(out, "--cluster 'seeds'"));

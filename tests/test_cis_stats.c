@@ -106,6 +106,54 @@ TEST(cis_cluster_singletons_are_plain) {
     CHECK(isnan(a) && isnan(b));
 }
 
+TEST(cis_stats_as_before_clusters) {
+    /* Per observation, the numbers of the implementation before clusters (bda72e0's stats.c, seed 3),
+     * so that the cluster code's NULL path is held to it and not only to itself */
+    double x[50], y[50], a, b;
+    int g[50];
+    for (int i = 0; i < 50; i++) y[i] = ((i * 37) % 101) / 100.0, x[i] = 1 + i % 5, g[i] = i % 3 == 0;
+    kiln_cis_bootstrap_mean(y, NULL, 50, 400, 0.95, 3, &a, &b);
+    CHECK_NEAR(a, 0.4235000000000001, 1e-12);
+    CHECK_NEAR(b, 0.58891499999999986, 1e-12);
+    kiln_cis_bootstrap_slope(x, y, NULL, 50, 400, 0.95, 3, &a, &b);
+    CHECK_NEAR(a, -0.050123365787053502, 1e-12);
+    CHECK_NEAR(b, 0.068085535967534305, 1e-12);
+    CHECK(kiln_cis_perm_test(y, g, NULL, 50, 200, 3, &a, &b) == 0);
+    CHECK_NEAR(a, -0.085864527629233411, 1e-12);
+    CHECK(b == 66.0 / 201); /* 65 of 200 relabellings at least as far apart */
+    /* NaN data: no p-value (not 0, which no relabelling could then reach) */
+    y[7] = NAN;
+    CHECK(kiln_cis_perm_test(y, g, NULL, 50, 200, 3, &a, &b) == -1 && isnan(b));
+}
+
+TEST(cis_cluster_unequal_sizes) {
+    /* five clusters of nine 1s and five single 0s: the mean over images is 45/50 = 0.9, the mean of
+     * the cluster means 0.5. A resample of k big clusters has mean 9k / (8k + 10): the 95% interval
+     * runs from k = 2 (0.69) to k = 8 (0.97) and holds 0.9; averaging cluster means instead would
+     * centre it on 0.5 and miss 0.9 */
+    double x[50], lo, hi;
+    int cl[50], n = 0;
+    for (int k = 0; k < 5; k++)
+        for (int j = 0; j < 9; j++) x[n] = 1, cl[n++] = k;
+    for (int k = 5; k < 10; k++) x[n] = 0, cl[n++] = k;
+    kiln_cis_bootstrap_mean(x, cl, n, 4000, 0.95, 5, &lo, &hi);
+    CHECK_MSG(lo > 0.6 && lo < 0.9 && hi >= 0.9 && hi < 1, "[%g, %g]", lo, hi);
+    /* the permutation test weighs images too: unequal clusters, the sampled p against the exact one
+     * (C(14, 7) = 3432 relabellings; exact p ~0.033, so 3000 draws have sd ~0.0033) */
+    kiln_rng r;
+    kiln_rng_seed(&r, 8);
+    double v[105], d, p, de, pe;
+    int c2[105], g[105], m = 0;
+    for (int k = 0; k < 14; k++)
+        for (int j = 0; j <= k; j++) v[m] = kiln_rng_uniform(&r) + (k % 2 ? 0.01 * k : 0), c2[m] = k, g[m++] = k % 2;
+    kiln_cis_perm_test_exact(v, g, c2, m, &de, &pe);
+    CHECK(kiln_cis_perm_test(v, g, c2, m, 200000, 9, &d, &p) == 1); /* 3432 <= 200000: counted */
+    CHECK(p == pe && d == de);
+    CHECK(kiln_cis_perm_test(v, g, c2, m, 3000, 9, &d, &p) == 0);
+    CHECK_MSG(fabs(p - pe) < 0.015, "sampled %g, exact %g", p, pe);
+    CHECK_MSG(pe > 0.01 && pe < 0.5, "exact p %g: the data should give a p far from 0 and 1", pe);
+}
+
 /* 40 clusters of 5 observations: a cluster effect (sd 1) shared by its five, noise sd 0.3 each */
 static void clustered_sample(kiln_rng *r, double *x, int *cl, int ncl, int m, double shift) {
     for (int k = 0; k < ncl; k++) {
@@ -248,6 +296,8 @@ TEST(cis_calibrate_cross_validated) {
     /* one fold only: nothing to hold out */
     int same[] = {1, 1, 1, 1};
     CHECK(kiln_cis_cv_agreement(s, y, same, 4, 2, 0.5, NULL, &a) == 0);
+    int outside[] = {0, 1, 2, 1}; /* a fold past K - 1 */
+    CHECK(kiln_cis_cv_agreement(s, y, outside, 4, 2, 0.5, NULL, &a) == 0);
 }
 
 TEST(cis_entropy_and_judge) {

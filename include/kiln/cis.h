@@ -88,8 +88,10 @@ kiln_error *kiln_cis_worklist_write(const kiln_cis_suite *s, int images_per_prom
 double kiln_cis_mean(const double *x, int n);
 /* Clusters: the functions below take cl, where cl[i] >= 0 names observation i's cluster (any ids;
  * NULL: every observation its own cluster). They resample and relabel whole clusters, so the
- * observations of one cluster (the images of one prompt) count as one unit; with one cluster an
- * observation they are the usual per-observation statistics, draw for draw. */
+ * observations of one cluster (the images of one prompt) count as one unit. With one cluster an
+ * observation (cl NULL, or ids increasing in input order) they are the per-observation statistics
+ * draw for draw, but for two changes that came with clusters: a single observation has no CI, and
+ * the permutation test counts every relabelling when there are at most nperm of them. */
 int kiln_cis_nclusters(const int *cl, int n);
 /* Percentile bootstrap CI of the mean: B resamples of the clusters with replacement from a seeded
  * RNG, each the mean over its observations; lo/hi are the (1-level)/2 and (1+level)/2 quantiles
@@ -129,7 +131,7 @@ int kiln_cis_calibrate(const double *score, const int *label, int n, double *thr
  * judged (score >= t) at the threshold calibrated on the other folds' pairs (fallback where those
  * hold one class only), and the folds' judgements pooled give *out. thr (optional, K entries) gets
  * each fold's threshold (NaN for a fold without pairs). Returns the folds that held pairs, 0 (and
- * *out zeroed) when fewer than two did. */
+ * *out zeroed) when fewer than two did or a fold lies outside 0..K-1. */
 int kiln_cis_cv_agreement(const double *score, const int *label, const int *fold, int n, int K, double fallback,
                           double *thr, kiln_cis_agreement *out);
 /* Shannon entropy of p (sums to 1) divided by log(n): 0 = one point, 1 = uniform. */
@@ -173,8 +175,9 @@ typedef struct {
     int perm;             /* permutations (default 10000) */
     uint64_t seed;        /* statistics seed (default 0) */
     double threshold;     /* used when no labels calibrate one (default 0.5) */
-    const char *cluster;  /* the unit the bootstrap and permutations move: "prompt" (default; an image's
-                             seeds and models together), "scene", "culture" or "image" (docs/cis.md) */
+    const char *cluster;  /* the unit the bootstrap and permutations move: "prompt" (an image's seeds and
+                             models together), "scene", "culture" or "image" (docs/cis.md); NULL: prompt
+                             for a new run, a resumed run's own */
     FILE *progress;       /* NULL: stderr */
     const volatile int *stop; /* set (e.g. by a SIGINT handler) to stop after the current image */
 } kiln_cis_score_opts;

@@ -319,27 +319,45 @@ static int cmp_hashed(const void *a, const void *b) {
     return (x->cl > y->cl) - (x->cl < y->cl);
 }
 
-/* Cross-validation folds of the labelled pairs: whole clusters (the run's unit) to a fold, so no
- * prompt is both calibrated on and judged; the clusters in a seeded hash order, dealt round-robin
- * to min(5, clusters) folds so that every fold holds some. Returns K, 0 when out of memory. */
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Cross-validation folds of the labelled pairs: whole clusters (the run's unit) to a fold, so that
+ * under prompt, scene or culture no prompt is both calibrated on and judged; the clusters in a
+ * seeded hash order (of their ids' little-endian bytes: the same folds on every machine), dealt
+ * round-robin to min(5, clusters) folds so that every fold holds some. Returns K, -1 when out of
+ * memory. */
 static int cv_folds(const int *pc, int k, uint64_t seed, int *fold) {
+    int *ids = malloc((size_t)(k + 1) * sizeof *ids), *rank = malloc((size_t)(k + 1) * sizeof *rank);
     hashed_cl *u = malloc((size_t)(k + 1) * sizeof *u);
-    if (!u) return 0;
+    if (!ids || !rank || !u) {
+        free(ids), free(rank), free(u);
+        return -1;
+    }
+    memcpy(ids, pc, (size_t)k * sizeof *ids);
+    qsort(ids, (size_t)k, sizeof *ids, cmp_int);
     int nu = 0;
-    for (int i = 0; i < k; i++) {
-        int seen = 0;
-        for (int j = 0; j < nu && !seen; j++) seen = u[j].cl == pc[i];
-        if (!seen) {
-            uint64_t h = kiln_fnv1a64(KILN_FNV1A64_INIT, &pc[i], sizeof pc[i]);
-            u[nu].h = kiln_fnv1a64(h, &seed, sizeof seed), u[nu++].cl = pc[i];
-        }
+    for (int i = 0; i < k; i++) /* the distinct clusters, ascending */
+        if (!nu || ids[nu - 1] != ids[i]) ids[nu++] = ids[i];
+    for (int j = 0; j < nu; j++) {
+        unsigned char b[12];
+        for (int t = 0; t < 4; t++) b[t] = (unsigned char)((uint32_t)ids[j] >> (8 * t));
+        for (int t = 0; t < 8; t++) b[4 + t] = (unsigned char)(seed >> (8 * t));
+        u[j].h = kiln_fnv1a64(KILN_FNV1A64_INIT, b, sizeof b), u[j].cl = ids[j];
     }
     qsort(u, (size_t)nu, sizeof *u, cmp_hashed);
     int K = nu < 5 ? nu : 5;
-    for (int i = 0; i < k; i++)
-        for (int j = 0; j < nu; j++)
-            if (u[j].cl == pc[i]) fold[i] = j % K;
-    free(u);
+    for (int j = 0; j < nu; j++) { /* rank[position of u[j].cl among ids] = j */
+        const int *at = bsearch(&u[j].cl, ids, (size_t)nu, sizeof *ids, cmp_int);
+        rank[at - ids] = j;
+    }
+    for (int i = 0; i < k; i++) {
+        const int *at = bsearch(&pc[i], ids, (size_t)nu, sizeof *ids, cmp_int);
+        fold[i] = rank[at - ids] % K;
+    }
+    free(ids), free(rank), free(u);
     return K;
 }
 
@@ -505,6 +523,11 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         /* the agreement above is in sample (the threshold was fitted on those labels); this one is not */
         double thr_f[5];
         int K = cv_folds(pc, k, pr.seed, fold);
+        if (K < 0) {
+            free(sc), free(lb), free(pc), free(fold);
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+            goto done;
+        }
         if (K >= 2 && kiln_cis_cv_agreement(sc, lb, fold, k, K, pr.threshold, thr_f, &a) >= 2) {
             cJSON *cv = agreement_json(&a);
             cJSON_AddNumberToObject(cv, "folds", K);

@@ -28,7 +28,7 @@ void kiln_cis_score_opts_default(kiln_cis_score_opts *o) {
     o->perm = 10000;
     o->seed = 0;
     o->threshold = 0.5;
-    o->cluster = "prompt";
+    o->cluster = NULL; /* a new run: prompt; a resumed one: its own */
 }
 
 kiln_error *cis_mkdir(const char *dir) {
@@ -121,7 +121,7 @@ void cis_results_free(cis_results *r) {
 
 /* ---- the run's fixed inputs ---- */
 
-static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir) {
+static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir, const char *unit) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "suite", o->suite);
     cJSON_AddStringToObject(j, "manifest", o->manifest);
@@ -131,7 +131,7 @@ static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_
     cJSON_AddNumberToObject(j, "permutations", o->perm);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddNumberToObject(j, "threshold", o->threshold);
-    cJSON_AddStringToObject(j, "cluster", o->cluster);
+    cJSON_AddStringToObject(j, "cluster", unit);
     cJSON_AddStringToObject(j, "absence_text", CIS_ABSENCE_TEXT);
     char *s = kiln_json_print(j, 1);
     cJSON_Delete(j);
@@ -339,9 +339,8 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if (!o->suite || !o->manifest || !o->clip_dir || !o->out_dir)
         return kiln_errorf(KILN_EINVAL, "score needs a suite, a manifest, a CLIP directory and an output directory");
     if (o->chunk < 1) return kiln_errorf(KILN_EINVAL, "chunk must be >= 1");
-    if (!kiln_cis_cluster_unit_known(o->cluster))
-        return kiln_errorf(KILN_EINVAL, "cluster: '%s' is not one of image, prompt, scene, culture",
-                           o->cluster ? o->cluster : "(none)");
+    if (o->cluster && !kiln_cis_cluster_unit_known(o->cluster))
+        return kiln_errorf(KILN_EINVAL, "cluster: '%s' is not one of image, prompt, scene, culture", o->cluster);
     int grids[8], ngrids;
     KILN_TRY(kiln_cis_parse_grids(o->grids, grids, &ngrids, 8));
     kiln_cis_suite suite = {0, NULL};
@@ -377,7 +376,30 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     }
     if ((e = cis_mkdir(results))) goto done;
     if (o->resume && (e = cis_read_results(o->out_dir, &prev))) goto done;
-    if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir))) goto done;
+    /* the resampling unit: --cluster, else a resumed run keeps its own (image for runs from before
+     * the field, as they were aggregated), else prompt */
+    char unit[16] = "prompt";
+    if (o->cluster) {
+        snprintf(unit, sizeof unit, "%s", o->cluster);
+    } else if (o->resume && !stat(runjson, &st)) {
+        cJSON *old = NULL;
+        const char *u;
+        if ((e = kiln_json_parse_file(runjson, &old)) ||
+            (e = kiln_json_get_string(old, "cluster", &u, "image", 0, runjson))) {
+            cJSON_Delete(old);
+            goto done;
+        }
+        if (!kiln_cis_cluster_unit_known(u)) {
+            e = kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture",
+                            runjson, u);
+            cJSON_Delete(old);
+            goto done;
+        }
+        snprintf(unit, sizeof unit, "%s", u);
+        cJSON_Delete(old);
+    }
+    if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir, unit)))
+        goto done;
     if ((e = cis_textset_build(&suite, &ts))) goto done;
     int D = kiln_clip_dim(clip);
     if (!(T = malloc((size_t)ts.ntext * D * sizeof *T))) {

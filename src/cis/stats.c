@@ -43,8 +43,9 @@ static void interval(double *stat, int B, double level, double *lo, double *hi) 
  * too narrow and p-values too small whenever a prompt's images resemble each other, which is
  * what a generator's seeds do. ord lists the observations cluster by cluster (clusters by
  * ascending id, observations in input order within one); cluster k owns ord[start[k] ..
- * start[k + 1]). With every observation its own cluster the draws, sums and roundings are those
- * of the plain (per observation) statistics. */
+ * start[k + 1]). With every observation its own cluster, the ids increasing in input order (cl
+ * NULL, or the row indices aggregate.c passes for "image"), the draws, sums and roundings are those
+ * of the per-observation statistics kiln had before clusters. */
 typedef struct {
     int ncl;
     int *ord, *start;
@@ -66,7 +67,7 @@ static int clusters_make(const int *cl, int n, clusters *c) {
     c->ncl = 0;
     c->ord = malloc((size_t)(n + 1) * sizeof *c->ord);
     c->start = malloc((size_t)(n + 2) * sizeof *c->start);
-    int *pair = cl ? malloc((size_t)(2 * n + 2) * sizeof *pair) : NULL;
+    int *pair = cl ? malloc((2 * (size_t)n + 2) * sizeof *pair) : NULL;
     if (!c->ord || !c->start || (cl && !pair)) {
         free(pair);
         clusters_free(c);
@@ -175,7 +176,7 @@ void kiln_cis_bootstrap_slope(const double *x, const double *y, const int *cl, i
     if (stat && d && c.ncl >= 2) {
         kiln_rng r;
         kiln_rng_seed(&r, seed);
-        for (int b = 0, tries = 0; b < B && tries < 100 * B; tries++) {
+        for (long long b = 0, tries = 0; b < B && tries < 100LL * B; tries++) {
             for (int i = 0; i < c.ncl; i++) d[i] = draw(&r, c.ncl);
             double s;
             if (!ols_drawn(&c, d, c.ncl, x, y, &s)) stat[b++] = s;
@@ -216,6 +217,7 @@ static int perm_test(const double *x, const int *g, const int *cl, int n, int np
     if (n1 == 0 || n1 == n) return -1;
     double d = diff_of(sum1, n1, total, n);
     *diff = d;
+    if (isnan(d)) return -1; /* no relabelling compares with NaN: p would read 0 */
     clusters c = {0, NULL, NULL};
     if (clusters_make(cl, n, &c)) return -1;
     int ret = -1, n1c = 0;
@@ -368,6 +370,8 @@ int kiln_cis_cv_agreement(const double *score, const int *label, const int *fold
                           double *thr, kiln_cis_agreement *out) {
     memset(out, 0, sizeof *out);
     int used = 0;
+    for (int i = 0; i < n; i++)
+        if (fold[i] < 0 || fold[i] >= K) return 0; /* every pair must be in a fold */
     for (int f = 0; f < K; f++) {
         int k = 0;
         for (int i = 0; i < n; i++) k += fold[i] == f;
