@@ -60,6 +60,40 @@ static size_t count_sub(const char *s, const char *sub) {
     return n;
 }
 
+/* a detector's output: the highest score per (image, class); bad lines named */
+TEST(cis_detections_format) {
+    const char *d = test_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s", test_join(d, "det.jsonl"));
+    const char *good = "{\"image\": \"a.png\", \"class\": \"cup\", \"score\": 0.3}\n"
+                       "\n"
+                       "{\"image\": \"a.png\", \"class\": \"cup\", \"score\": 0.8, \"box\": [1, 2, 30, 40]}\n"
+                       "{\"image\": \"b.png\", \"class\": \"cup\", \"score\": 0.1}\n"
+                       "{\"image\": \"a.png\", \"class\": \"person\", \"score\": 1}\n";
+    CHECK_OK(kiln_write_file_atomic(path, good, strlen(good)));
+    cis_detections t;
+    CHECK_OK(cis_detections_load(path, &t));
+    CHECK(t.lines == 4 && t.n == 3);
+    CHECK(cis_detections_score(&t, "a.png", "cup") == 0.8);
+    CHECK(cis_detections_score(&t, "b.png", "cup") == 0.1);
+    CHECK(cis_detections_score(&t, "a.png", "person") == 1);
+    CHECK(cis_detections_score(&t, "b.png", "person") == 0);
+    CHECK(cis_detections_score(&t, "c.png", "cup") == 0);
+    cis_detections_free(&t);
+    const char *bad[][2] = {
+        {"{\"image\": \"a.png\", \"class\": \"cup\", \"score\": 1.5}\n", "det.jsonl:1: score 1.5 is not in [0, 1]"},
+        {"\n{\"image\": \"a.png\", \"class\": \"cup\", \"score\": 0.5, \"label\": 3}\n", "det.jsonl:2: unknown field 'label'"},
+        {"{\"image\": \"a.png\", \"class\": \"\", \"score\": 0.5}\n", "det.jsonl:1: image and class must not be empty"},
+        {"{\"image\": \"a.png\", \"class\": \"cup\", \"score\": 0.5, \"box\": [1, 2, 3]}\n",
+         "det.jsonl:1: box must be four finite numbers"},
+        {"{\"image\": \"a.png\", \"class\": \"cup\"}\n", "det.jsonl:1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_OK(kiln_write_file_atomic(path, bad[i][0], strlen(bad[i][0])));
+        CHECK_ERR(cis_detections_load(path, &t), bad[i][1]);
+    }
+}
+
 /* the report's thumbnail paths (a bug read past dir's end when dir was a whole prefix of the path: "../" in
  * debug builds) */
 TEST(cis_report_relpath) {
@@ -279,6 +313,104 @@ TEST(cis_end_to_end) {
     snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --cluster seeds", suite, work,
              clip, test_join(d, "run6"));
     CHECK(test_run_kiln(cmd, out, sizeof out) == 2 && strstr(out, "--cluster 'seeds'"));
+
+    /* an object detector's output beside the judge: every COCO-classed component of the scored images,
+     * some found (twice: the higher score counts), plus an image outside the run and a class no
+     * component names; a bad file stops the run before its directory exists */
+    {
+        char dets[512], run7[512];
+        snprintf(dets, sizeof dets, "%s", test_join(d, "dets.jsonl"));
+        snprintf(run7, sizeof run7, "%s", test_join(d, "run7"));
+        kiln_cis_manifest m3;
+        kiln_cis_suite s3;
+        CHECK_OK(kiln_cis_manifest_load(work, &m3));
+        CHECK_OK(kiln_cis_suite_load(suite, &s3));
+        FILE *df = fopen(dets, "w");
+        int pairs = 0, found = 0;
+        char probe_img[256] = "", probe_cls[64] = "";
+        for (int i = 0; df && i < m3.n; i++) {
+            int pi = kiln_cis_suite_find(&s3, m3.items[i].prompt_id);
+            if (pi < 0 || i == 5 || i == 6) continue; /* the unknown prompt, the missing and the corrupt image */
+            for (int c = 0; c < s3.p[pi].ncomp; c++) {
+                const char *cls = s3.p[pi].comp[c].coco;
+                if (!cls) continue;
+                pairs++;
+                if (i % 2) continue;
+                found++;
+                fprintf(df, "{\"image\": \"%s\", \"class\": \"%s\", \"score\": 0.2}\n", m3.items[i].image, cls);
+                fprintf(df, "{\"image\": \"%s\", \"class\": \"%s\", \"score\": 0.75}\n", m3.items[i].image, cls);
+                if (!*probe_img) snprintf(probe_img, sizeof probe_img, "%s", m3.items[i].image), snprintf(probe_cls, sizeof probe_cls, "%s", cls);
+            }
+        }
+        if (df) {
+            fputs("{\"image\": \"elsewhere.png\", \"class\": \"cup\", \"score\": 0.9}\n", df);
+            fprintf(df, "{\"image\": \"%s\", \"class\": \"giraffe\", \"score\": 0.9}\n", m3.items[0].image);
+            fclose(df);
+        }
+        kiln_cis_manifest_free(&m3);
+        kiln_cis_suite_free(&s3);
+        CHECK_MSG(pairs > 10 && found > 4, "%d pairs, %d found", pairs, found);
+        snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s --detections '%s' "
+                                  "--detector-threshold 0.5", suite, work, clip, run7, common, dets);
+        CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+        CHECK_MSG(strstr(out, "detector: ") && strstr(out, "(1 detection images not in the run)"), "%s", out);
+        cJSON *s7 = NULL;
+        CHECK_OK(kiln_json_parse_file(test_join(run7, "scores.json"), &s7));
+        const cJSON *dj = cJSON_GetObjectItemCaseSensitive(s7, "detector");
+        CHECK(cJSON_IsObject(dj));
+        if (cJSON_IsObject(dj)) {
+            CHECK_MSG(cJSON_GetObjectItemCaseSensitive(dj, "pairs")->valuedouble == pairs, "pairs %g, want %d",
+                      cJSON_GetObjectItemCaseSensitive(dj, "pairs")->valuedouble, pairs);
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(dj, "clip_vs_detector");
+            /* the detector's "present" count is what it found */
+            CHECK(cJSON_GetObjectItemCaseSensitive(a, "tp")->valuedouble + cJSON_GetObjectItemCaseSensitive(a, "fn")->valuedouble == found);
+            /* the detector found the components of the even items only: both groups reported, the
+             * overall inclusion strictly between 0 and 1 */
+            int groups = 0;
+            const cJSON *x;
+            cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s7, "detector_inclusion")) {
+                double mean = cJSON_GetObjectItemCaseSensitive(x, "mean")->valuedouble;
+                groups += !strcmp(cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring, "group");
+                if (!strcmp(cJSON_GetObjectItemCaseSensitive(x, "by")->valuestring, "all")) CHECK(mean > 0.2 && mean < 0.8);
+            }
+            CHECK(groups == 2);
+        }
+        cJSON_Delete(s7);
+        /* the probe's component line ends with its class and the higher of its two scores */
+        char *cj7 = slurp(test_join(run7, "components.csv")), want[128];
+        const char *head7 = "image,prompt_id,model,component,p,p_whole,view,present,label,entropy,coco,p_det\n";
+        CHECK(cj7 && !strncmp(cj7, head7, strlen(head7)));
+        snprintf(want, sizeof want, ",%s,0.75", probe_cls);
+        int hit = 0;
+        for (char *l = cj7, *nl; l && *l; l = nl ? nl + 1 : NULL) {
+            nl = strchr(l, '\n');
+            size_t len = nl ? (size_t)(nl - l) : strlen(l);
+            hit |= !strncmp(l, probe_img, strlen(probe_img)) && l[strlen(probe_img)] == ',' && len >= strlen(want) &&
+                   !strncmp(l + len - strlen(want), want, strlen(want));
+        }
+        CHECK_MSG(hit, "no line of %s ending %s", probe_img, want);
+        free(cj7);
+        char html7[600];
+        snprintf(html7, sizeof html7, "%s", test_join(run7, "report.html"));
+        snprintf(cmd, sizeof cmd, "cis report '%s' --out '%s'", run7, html7);
+        CHECK(test_run_kiln(cmd, out, sizeof out) == 0);
+        char *page7 = slurp(html7);
+        CHECK(page7 && strstr(page7, "<h2>Object detector</h2>") && strstr(page7, "share detected (detector)"));
+        free(page7);
+        /* resumed without --detections: kept */
+        snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s --resume", suite, work,
+                 clip, run7, common);
+        CHECK(test_run_kiln(cmd, out, sizeof out) == 1);
+        CHECK_MSG(strstr(out, "detector: "), "%s", out);
+        /* a bad detections file: named, and nothing written */
+        FILE *bf = fopen(dets, "a");
+        if (bf) fputs("{\"image\": \"x.png\", \"class\": \"cup\", \"score\": 7}\n", bf), fclose(bf);
+        snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --detections '%s'", suite,
+                 work, clip, test_join(d, "run8"), dets);
+        CHECK(test_run_kiln(cmd, out, sizeof out) == 1 && strstr(out, "dets.jsonl:") && strstr(out, "score 7 is not in [0, 1]"));
+        struct stat st8;
+        CHECK(stat(test_join(d, "run8"), &st8) != 0);
+    }
 
     /* a crash after two parts: --resume scores only the rest and ends with the same numbers */
     snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' %s", suite, work, clip, run3,

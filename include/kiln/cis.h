@@ -178,6 +178,9 @@ typedef struct {
     const char *cluster;  /* the unit the bootstrap and permutations move: "prompt" (an image's seeds and
                              models together), "scene", "culture" or "image" (docs/cis.md); NULL: prompt
                              for a new run, a resumed run's own */
+    const char *detections; /* NULL or an object detector's output (JSONL image, class, score; docs/cis-format.md),
+                               checked against the components' COCO classes; NULL on resume: the run's own */
+    double det_threshold;   /* a class is detected at score >= this (NaN: 0.5, or a resumed run's own) */
     FILE *progress;       /* NULL: stderr */
     const volatile int *stop; /* set (e.g. by a SIGINT handler) to stop after the current image */
 } kiln_cis_score_opts;

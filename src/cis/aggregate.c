@@ -22,6 +22,8 @@ typedef struct {
     int *label;   /* -1 unlabelled */
     int *verdict;
     double cis, mis; /* mis NaN when the suite has no generic context */
+    double *pdet;    /* per component: the detector's highest score for its COCO class (NaN: no class, no detections) */
+    double det, det_clip; /* over the components with a COCO class: detected / all, CLIP's present / all (else NaN) */
     char cx[16];
     int cl;          /* the row's cluster (params.unit): the unit the bootstrap and the permutations move */
 } row;
@@ -118,6 +120,8 @@ static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *
 typedef double (*val_fn)(const row *r);
 static double v_cis(const row *r) { return r->cis; }
 static double v_mis(const row *r) { return r->mis; }
+static double v_det(const row *r) { return r->det; }
+static double v_det_clip(const row *r) { return r->det_clip; }
 
 /* Means of val over every level of every dimension (rows where val is NaN are skipped). */
 static void by_dims(cJSON *arr, cis_buf *csv, const char *section, row *rows, int n, val_fn val, const params *pr,
@@ -374,6 +378,81 @@ static void agree_at(row *rows, int n, double t, kiln_cis_agreement *a) {
     free(pred), free(truth);
 }
 
+/* ---- an object detector's output ---- */
+
+/* Each scored row's pdet from the detections file (the components with a COCO class: the
+ * detector's highest score for it in that image, 0 where it found none). */
+static kiln_error *detector_scores(row *rows, int n, const char *path, cis_detections *det) {
+    KILN_TRY(cis_detections_load(path, det));
+    for (int i = 0; i < n; i++) {
+        row *r = &rows[i];
+        if (!r->p) continue;
+        if (!(r->pdet = malloc((size_t)r->ncomp * sizeof *r->pdet))) return kiln_errorf(KILN_ENOMEM, "out of memory");
+        for (int c = 0; c < r->ncomp; c++)
+            r->pdet[c] = r->p->comp[c].coco ? cis_detections_score(det, rstr(r->rec, "image"), r->p->comp[c].coco) : NAN;
+    }
+    return NULL;
+}
+
+/* The detector beside the judge: how often each says a COCO-classed component is there, and how
+ * well they agree (and each with the labels). Sets the rows' det and det_clip. */
+static cJSON *detector_json(row *rows, int n, const cis_detections *det, const char *path, double thr, int labelled) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "detections", path);
+    cJSON_AddNumberToObject(o, "threshold", thr);
+    cJSON_AddNumberToObject(o, "lines", det->lines);
+    /* the detections' images that are no scored image of the run (a detector run over other files) */
+    int unmatched = 0, distinct = 0;
+    const char **img = malloc((size_t)(n + 1) * sizeof *img);
+    int k = 0, cap = 0;
+    for (int i = 0; i < n; i++) cap += rows[i].p ? rows[i].ncomp : 0;
+    int *pc = malloc((size_t)(cap + 1) * sizeof *pc), *pd = malloc((size_t)(cap + 1) * sizeof *pd),
+        *pl = malloc((size_t)(cap + 1) * sizeof *pl), *qd = malloc((size_t)(cap + 1) * sizeof *qd);
+    if (!img || !pc || !pd || !pl || !qd) {
+        free(img), free(pc), free(pd), free(pl), free(qd);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    int ni = 0;
+    for (int i = 0; i < n; i++)
+        if (rows[i].p) img[ni++] = rstr(rows[i].rec, "image");
+    qsort(img, (size_t)ni, sizeof *img, cmp_str);
+    for (int i = 0; i < det->n; i++) {
+        if (i && !strcmp(det->d[i - 1].image, det->d[i].image)) continue;
+        distinct++;
+        unmatched += !bsearch(&det->d[i].image, img, (size_t)ni, sizeof *img, cmp_str);
+    }
+    cJSON_AddNumberToObject(o, "images", distinct);
+    cJSON_AddNumberToObject(o, "unmatched_images", unmatched);
+    int kl = 0;
+    for (int i = 0; i < n; i++) {
+        row *r = &rows[i];
+        r->det = r->det_clip = NAN;
+        if (!r->p) continue;
+        int m = 0, nd = 0, nc = 0;
+        for (int c = 0; c < r->ncomp; c++) {
+            if (isnan(r->pdet[c])) continue;
+            int d = r->pdet[c] >= thr;
+            m++, nd += d, nc += r->verdict[c];
+            pc[k] = r->verdict[c], pd[k++] = d;
+            if (r->label[c] >= 0) qd[kl] = d, pl[kl++] = r->label[c];
+        }
+        if (m) r->det = (double)nd / m, r->det_clip = (double)nc / m;
+    }
+    cJSON_AddNumberToObject(o, "pairs", k);
+    kiln_cis_agreement a;
+    kiln_cis_agree(pc, pd, k, &a); /* CLIP's verdicts against the detector's */
+    cJSON_AddItemToObject(o, "clip_vs_detector", agreement_json(&a));
+    if (labelled) {
+        kiln_cis_agree(qd, pl, kl, &a); /* the detector's against the labels */
+        cJSON *x = agreement_json(&a);
+        cJSON_AddNumberToObject(x, "pairs", kl);
+        cJSON_AddItemToObject(o, "detector_vs_labels", x);
+    }
+    free(img), free(pc), free(pd), free(pl), free(qd);
+    return o;
+}
+
 static kiln_error *csv_write(cis_buf *b, const char *dir, const char *name) {
     char *path = kiln_path_join(dir, name);
     kiln_error *e = path ? cis_buf_write(b, path) : kiln_errorf(KILN_ENOMEM, "out of memory");
@@ -401,6 +480,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     cJSON *run = NULL, *emb = NULL, *root = NULL;
     kiln_cis_suite suite = {0, NULL};
     cis_results res = {0};
+    cis_detections det = {0, 0, NULL};
     row *rows = NULL;
     cis_buf summary = {0}, images = {0}, comps = {0}, sup = {0};
     kiln_error *e = NULL;
@@ -468,6 +548,15 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         r->mis = rnum(r->rec, "generic_sim") - rnum(r->rec, "context_sim");
     }
     if ((e = assign_clusters(rows, n, pr.unit))) goto done;
+    const cJSON *detj = cJSON_GetObjectItemCaseSensitive(run, "detections");
+    double det_thr;
+    if ((e = kiln_json_get_double(run, "detector_threshold", &det_thr, 0.5, 0, rj))) goto done;
+    if (!(det_thr >= 0 && det_thr <= 1)) {
+        e = kiln_errorf(KILN_EFORMAT, "%s: field 'detector_threshold': %g is not in [0, 1]", rj, det_thr);
+        goto done;
+    }
+    if (cJSON_IsString(detj) && (e = detector_scores(rows, n, detj->valuestring, &det)))
+        goto done;
 
     root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "run", cJSON_Duplicate(run, 1));
@@ -554,6 +643,16 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         }
         r->cis = (double)present / r->ncomp;
     }
+    if (cJSON_IsString(detj)) {
+        cJSON *dj = detector_json(rows, n, &det, detj->valuestring, det_thr, o->labels != NULL);
+        if (!dj) {
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+            goto done;
+        }
+        cJSON_AddItemToObject(root, "detector", dj);
+    } else {
+        cJSON_AddNullToObject(root, "detector");
+    }
 
     CIS_PUT(&summary, "section,by,level,n,estimate,ci_lo,ci_hi,p_value,clusters,p_holm\n");
     by_dims(cJSON_AddArrayToObject(root, "cis"), &summary, "cis", rows, n, v_cis, &pr, NDIMS);
@@ -587,6 +686,10 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         free(lv), free(v), free(cl);
     }
     by_dims(cJSON_AddArrayToObject(root, "misalignment"), &summary, "misalignment", rows, n, v_mis, &pr, 4);
+    if (cJSON_IsString(detj)) { /* the COCO-classed components found by the detector, and by CLIP */
+        by_dims(cJSON_AddArrayToObject(root, "detector_inclusion"), &summary, "detector", rows, n, v_det, &pr, 4);
+        by_dims(cJSON_AddArrayToObject(root, "clip_inclusion_coco"), &summary, "clip_coco", rows, n, v_det_clip, &pr, 4);
+    }
     /* grounding entropy over components: by group, culture and verdict */
     cJSON *gr = cJSON_AddArrayToObject(root, "grounding");
     {
@@ -626,7 +729,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     /* per image */
     cJSON *ia = cJSON_AddArrayToObject(root, "images"), *ea = cJSON_AddArrayToObject(root, "errors");
     CIS_PUT(&images, "image,prompt_id,model,seed,culture,group,category,setting,complexity,present,cis,context_sim,generic_sim,misalignment,error\n");
-    CIS_PUT(&comps, "image,prompt_id,model,component,p,p_whole,view,present,label,entropy\n");
+    CIS_PUT(&comps, "image,prompt_id,model,component,p,p_whole,view,present,label,entropy,coco,p_det\n");
     for (int i = 0; i < n; i++) {
         row *r = &rows[i];
         const char *img = rstr(r->rec, "image"), *pid = rstr(r->rec, "prompt_id"), *model = rstr(r->rec, "model");
@@ -671,6 +774,9 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
             if (r->label[c] >= 0) cJSON_AddBoolToObject(y, "label", r->label[c]);
             else cJSON_AddNullToObject(y, "label");
             cJSON_AddNumberToObject(y, "entropy", r->entropy[c]);
+            if (r->p->comp[c].coco) cJSON_AddStringToObject(y, "coco", r->p->comp[c].coco);
+            else cJSON_AddNullToObject(y, "coco");
+            cJSON_AddNumberToObject(y, "p_det", r->pdet ? r->pdet[c] : NAN);
             cJSON_AddItemToArray(xc, y);
             csv_field(&comps, img), CIS_PUT(&comps, ","), csv_field(&comps, pid), CIS_PUT(&comps, ",");
             csv_field(&comps, model), CIS_PUT(&comps, ","), csv_field(&comps, r->p->comp[c].phrase);
@@ -678,7 +784,9 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
             cis_buf_num(&comps, rnum(cs, "p_whole"));
             cis_buf_printf(&comps, ",%.0f,%d,%s,", rnum(cs, "view"), r->verdict[c],
                            r->label[c] < 0 ? "" : r->label[c] ? "1" : "0");
-            cis_buf_num(&comps, r->entropy[c]), CIS_PUT(&comps, "\n");
+            cis_buf_num(&comps, r->entropy[c]), CIS_PUT(&comps, ",");
+            if (r->p->comp[c].coco) csv_field(&comps, r->p->comp[c].coco);
+            CIS_PUT(&comps, ","), cis_buf_num(&comps, r->pdet ? r->pdet[c] : NAN), CIS_PUT(&comps, "\n");
         }
         cJSON_AddItemToArray(ia, x);
         csv_field(&images, r->p->culture), CIS_PUT(&images, ","), csv_field(&images, r->p->group);
@@ -708,7 +816,9 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     if (!e) e = csv_write(&comps, dir, "components.csv");
     if (!e) e = csv_write(&sup, dir, "superposition.csv");
 done:
-    for (int i = 0; rows && i < res.n; i++) free(rows[i].prob), free(rows[i].entropy), free(rows[i].label), free(rows[i].verdict);
+    for (int i = 0; rows && i < res.n; i++)
+        free(rows[i].prob), free(rows[i].entropy), free(rows[i].label), free(rows[i].verdict), free(rows[i].pdet);
+    cis_detections_free(&det);
     free(rows);
     cis_buf_free(&summary), cis_buf_free(&images), cis_buf_free(&comps), cis_buf_free(&sup);
     cis_results_free(&res);

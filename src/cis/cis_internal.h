@@ -21,6 +21,22 @@ char *cis_strdup(const char *s); /* NULL stays NULL */
  * Truncated to cap - 1 characters. */
 void cis_relpath(const char *dir, const char *path, char *out, size_t cap);
 
+/* A detector's output (detections.c): the highest score per (image, class), sorted. */
+typedef struct {
+    char *image, *cls;
+    double score;
+} cis_det;
+typedef struct {
+    int n;      /* distinct (image, class) */
+    int lines;  /* detections read */
+    cis_det *d;
+} cis_detections;
+/* Errors name the file and line (unknown fields, a score outside [0, 1], a box of other than four numbers). */
+kiln_error *cis_detections_load(const char *path, cis_detections *out);
+/* The highest score of cls in image, 0 when the detector found none. */
+double cis_detections_score(const cis_detections *t, const char *image, const char *cls);
+void cis_detections_free(cis_detections *t);
+
 typedef struct {
     char *p;
     size_t n, cap;

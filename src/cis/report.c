@@ -468,6 +468,24 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
         }
         CIS_PUT(&b, "</table></section>\n");
     }
+    const cJSON *det = jget(s, "detector");
+    if (cJSON_IsObject(det)) {
+        const cJSON *a = jget(det, "clip_vs_detector"), *l = jget(det, "detector_vs_labels");
+        cis_buf_printf(&b, "<section><h2>Object detector</h2><p>Detections <code>");
+        cis_buf_html(&b, jstr(det, "detections"));
+        cis_buf_printf(&b, "</code> at score &ge; %.2f over the %d components that name a COCO class (%d of the "
+                           "detections' images are not in the run). CLIP's verdicts against the detector's: accuracy ",
+                       jnum(det, "threshold"), (int)jnum(det, "pairs"), (int)jnum(det, "unmatched_images"));
+        num(&b, jnum(a, "accuracy"), 3), CIS_PUT(&b, ", Cohen's &kappa; "), num(&b, jnum(a, "kappa"), 3);
+        if (cJSON_IsObject(l)) {
+            cis_buf_printf(&b, ". The detector against the %d labelled pairs with a class: accuracy ", (int)jnum(l, "pairs"));
+            num(&b, jnum(l, "accuracy"), 3), CIS_PUT(&b, ", &kappa; "), num(&b, jnum(l, "kappa"), 3);
+        }
+        CIS_PUT(&b, ".</p>\n");
+        table_means(&b, jget(s, "detector_inclusion"), "group", "share detected (detector)");
+        table_means(&b, jget(s, "clip_inclusion_coco"), "group", "share present (CLIP, same components)");
+        CIS_PUT(&b, "</section>\n");
+    }
     CIS_PUT(&b, "<section><h2>Examples per culture</h2>\n");
     examples(&b, s, hd);
     CIS_PUT(&b, "</section>\n</body></html>\n");

@@ -28,7 +28,9 @@ void kiln_cis_score_opts_default(kiln_cis_score_opts *o) {
     o->perm = 10000;
     o->seed = 0;
     o->threshold = 0.5;
-    o->cluster = NULL; /* a new run: prompt; a resumed one: its own */
+    o->cluster = NULL;    /* a new run: prompt; a resumed one: its own */
+    o->detections = NULL; /* a new run: none; a resumed one: its own */
+    o->det_threshold = NAN;
 }
 
 kiln_error *cis_mkdir(const char *dir) {
@@ -121,7 +123,36 @@ void cis_results_free(cis_results *r) {
 
 /* ---- the run's fixed inputs ---- */
 
-static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir, const char *unit) {
+/* What a run keeps across --resume unless the command line says otherwise. */
+typedef struct {
+    char unit[16];
+    char *detections; /* NULL: none */
+    double det_threshold;
+} run_keep;
+
+static kiln_error *read_run_keep(const char *runjson, run_keep *k) {
+    cJSON *old = NULL;
+    const char *u, *det;
+    kiln_error *e = kiln_json_parse_file(runjson, &old);
+    if (!e && !(e = kiln_json_get_string(old, "cluster", &u, "image", 0, runjson)) &&
+        !(e = kiln_json_get_double(old, "detector_threshold", &k->det_threshold, 0.5, 0, runjson))) {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(old, "detections");
+        det = cJSON_IsString(d) ? d->valuestring : NULL;
+        if (!kiln_cis_cluster_unit_known(u))
+            e = kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture",
+                            runjson, u);
+        else if (d && !cJSON_IsNull(d) && !det)
+            e = kiln_errorf(KILN_EFORMAT, "%s: field 'detections': expected a path or null", runjson);
+        else if (det && !(k->detections = cis_strdup(det)))
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        else
+            snprintf(k->unit, sizeof k->unit, "%s", u);
+    }
+    cJSON_Delete(old);
+    return e;
+}
+
+static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir, const run_keep *k) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "suite", o->suite);
     cJSON_AddStringToObject(j, "manifest", o->manifest);
@@ -131,7 +162,10 @@ static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_
     cJSON_AddNumberToObject(j, "permutations", o->perm);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddNumberToObject(j, "threshold", o->threshold);
-    cJSON_AddStringToObject(j, "cluster", unit);
+    cJSON_AddStringToObject(j, "cluster", k->unit);
+    if (k->detections) cJSON_AddStringToObject(j, "detections", k->detections);
+    else cJSON_AddNullToObject(j, "detections");
+    cJSON_AddNumberToObject(j, "detector_threshold", k->det_threshold);
     cJSON_AddStringToObject(j, "absence_text", CIS_ABSENCE_TEXT);
     char *s = kiln_json_print(j, 1);
     cJSON_Delete(j);
@@ -341,6 +375,8 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if (o->chunk < 1) return kiln_errorf(KILN_EINVAL, "chunk must be >= 1");
     if (o->cluster && !kiln_cis_cluster_unit_known(o->cluster))
         return kiln_errorf(KILN_EINVAL, "cluster: '%s' is not one of image, prompt, scene, culture", o->cluster);
+    if (!isnan(o->det_threshold) && !(o->det_threshold >= 0 && o->det_threshold <= 1))
+        return kiln_errorf(KILN_EINVAL, "detector threshold %g is not in [0, 1]", o->det_threshold);
     int grids[8], ngrids;
     KILN_TRY(kiln_cis_parse_grids(o->grids, grids, &ngrids, 8));
     kiln_cis_suite suite = {0, NULL};
@@ -350,6 +386,7 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     float *T = NULL;
     cis_results prev = {0};
     cis_buf b = {0};
+    run_keep keep = {"prompt", NULL, 0.5};
     char *runjson = kiln_path_join(o->out_dir, "run.json"), *results = kiln_path_join(o->out_dir, "results"),
          *suite_copy = kiln_path_join(o->out_dir, "suite.jsonl"), *suite_text = NULL;
     size_t suite_len;
@@ -363,6 +400,11 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         goto done;
     if ((e = kiln_cis_manifest_load(o->manifest, &man))) goto done;
     /* every input is checked before the run directory is touched */
+    if (o->detections) {
+        cis_detections det;
+        if ((e = cis_detections_load(o->detections, &det))) goto done;
+        cis_detections_free(&det);
+    }
     if ((e = kiln_clip_load(o->clip_dir, &clip))) {
         e = kiln_error_wrap(e, "--clip %s", o->clip_dir);
         goto done;
@@ -376,29 +418,19 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     }
     if ((e = cis_mkdir(results))) goto done;
     if (o->resume && (e = cis_read_results(o->out_dir, &prev))) goto done;
-    /* the resampling unit: --cluster, else a resumed run keeps its own (image for runs from before
-     * the field, as they were aggregated), else prompt */
-    char unit[16] = "prompt";
-    if (o->cluster) {
-        snprintf(unit, sizeof unit, "%s", o->cluster);
-    } else if (o->resume && !stat(runjson, &st)) {
-        cJSON *old = NULL;
-        const char *u;
-        if ((e = kiln_json_parse_file(runjson, &old)) ||
-            (e = kiln_json_get_string(old, "cluster", &u, "image", 0, runjson))) {
-            cJSON_Delete(old);
+    /* the resampling unit, the detections and their threshold: the command line's, else a resumed
+     * run's own (image for runs from before the field, as they were aggregated), else the defaults */
+    if (o->resume && !stat(runjson, &st) && (e = read_run_keep(runjson, &keep))) goto done;
+    if (o->cluster) snprintf(keep.unit, sizeof keep.unit, "%s", o->cluster);
+    if (o->detections) {
+        free(keep.detections);
+        if (!(keep.detections = cis_strdup(o->detections))) {
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
             goto done;
         }
-        if (!kiln_cis_cluster_unit_known(u)) {
-            e = kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture",
-                            runjson, u);
-            cJSON_Delete(old);
-            goto done;
-        }
-        snprintf(unit, sizeof unit, "%s", u);
-        cJSON_Delete(old);
     }
-    if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir, unit)))
+    if (!isnan(o->det_threshold)) keep.det_threshold = o->det_threshold;
+    if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir, &keep)))
         goto done;
     if ((e = cis_textset_build(&suite, &ts))) goto done;
     int D = kiln_clip_dim(clip);
@@ -469,6 +501,6 @@ done:
     kiln_clip_free(clip);
     kiln_cis_manifest_free(&man);
     kiln_cis_suite_free(&suite);
-    free(runjson), free(results), free(suite_copy), free(suite_text);
+    free(runjson), free(results), free(suite_copy), free(suite_text), free(keep.detections);
     return e;
 }

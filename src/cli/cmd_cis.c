@@ -20,11 +20,14 @@ static const char usage[] =
     "  score      --suite S --manifest M --clip DIR --out RUN/ [--resume] [--labels L [--labels-as-judge]]\n"
     "             [--crops 1,2,3] [--threads N] [--bootstrap 2000] [--permutations 10000] [--seed 0]\n"
     "             [--threshold 0.5] [--chunk 16] [--cluster prompt|scene|culture|image]\n"
+    "             [--detections D.jsonl [--detector-threshold 0.5]]\n"
     "             judge every component of every image with CLIP (whole image and overlapping crop grids),\n"
     "             then CIS per image and aggregates with bootstrap CIs, the Western/non-Western gap with a\n"
     "             permutation test, fragility, misalignment, grounding entropy, embedding superposition.\n"
     "             --cluster: the unit the bootstrap and the permutations move (default prompt: a prompt's\n"
     "             images count as one unit; scene or culture are stricter; image treats images as independent)\n"
+    "             --detections: an object detector's output over the images (JSONL image, class, score), checked\n"
+    "             against the components' COCO classes beside the CLIP judge\n"
     "             Results are written every --chunk images: Ctrl-C keeps them and --resume continues.\n"
     "             Exit 1 when some items could not be scored (each error is recorded in RUN/scores.json)\n"
     "  calibrate  RUN/ --labels L [--labels-as-judge]\n"
@@ -136,6 +139,13 @@ static void print_summary(const char *run_dir) {
                    num_of(cv, "folds"), str_of(cv, "fold_unit"), num_of(cv, "accuracy"), num_of(cv, "precision"),
                    num_of(cv, "recall"), num_of(cv, "kappa"));
     }
+    const cJSON *det = cJSON_GetObjectItemCaseSensitive(s, "detector");
+    if (cJSON_IsObject(det)) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(det, "clip_vs_detector");
+        printf("detector: %.0f components with a COCO class (%.0f detection images not in the run); CLIP agrees with it "
+               "on %.3f, kappa %.3f\n", num_of(det, "pairs"), num_of(det, "unmatched_images"), num_of(a, "accuracy"),
+               num_of(a, "kappa"));
+    }
     printf("all numbers: %s/scores.json, summary.csv, images.csv, components.csv, superposition.csv\n", run_dir);
     cJSON_Delete(s);
 }
@@ -157,7 +167,14 @@ static int cmd_score(int argc, char **argv) {
         else if (!strcmp(a, "--out")) o.out_dir = argv[++i];
         else if (!strcmp(a, "--labels")) o.labels = argv[++i];
         else if (!strcmp(a, "--crops")) o.grids = argv[++i];
-        else if (!strcmp(a, "--cluster")) {
+        else if (!strcmp(a, "--detections")) o.detections = argv[++i];
+        else if (!strcmp(a, "--detector-threshold")) {
+            if (!(e = cli_double(a, argv[++i], &d)) && !(d >= 0 && d <= 1)) {
+                fprintf(stderr, "kiln cis score: --detector-threshold must be in [0, 1]\n");
+                return 2;
+            }
+            o.det_threshold = d;
+        } else if (!strcmp(a, "--cluster")) {
             o.cluster = argv[++i];
             if (!kiln_cis_cluster_unit_known(o.cluster)) {
                 fprintf(stderr, "kiln cis score: --cluster '%s': expected image, prompt, scene or culture\n",

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cis/cis_internal.h"
 #include "ckpt/source.h"
 #include "clip/clip_internal.h"
 #include "kiln/ckpt.h"
@@ -418,6 +419,29 @@ static int fuzz_cis_manifest(const uint8_t *data, size_t size) {
     return rc;
 }
 
+static int fuzz_cis_detections(const uint8_t *data, size_t size) {
+    const char *T = "cis_detections";
+    const char *path = tmp_file(0, "detections.jsonl", data, size);
+    if (!path) return 0;
+    cis_detections t;
+    kiln_error *e = cis_detections_load(path, &t);
+    if (e) return drop(T, e);
+    int rc = 0;
+    /* what is kept: one entry per (image, class), sorted, each found by its name at its score in [0, 1] */
+    for (int i = 0; i < t.n && !rc; i++) {
+        const cis_det *d = &t.d[i];
+        if (!d->image || !*d->image || !d->cls || !*d->cls) rc = fail(T, "entry %d without its image or class", i);
+        else if (!(d->score >= 0 && d->score <= 1)) rc = fail(T, "entry %d: score %g", i, d->score);
+        else if (i && (strcmp(t.d[i - 1].image, d->image) > 0 ||
+                       (!strcmp(t.d[i - 1].image, d->image) && strcmp(t.d[i - 1].cls, d->cls) >= 0)))
+            rc = fail(T, "entries %d and %d out of order or repeated", i - 1, i);
+        else if (cis_detections_score(&t, d->image, d->cls) != d->score) rc = fail(T, "entry %d not found by its name", i);
+    }
+    if (!rc && t.n > t.lines) rc = fail(T, "%d entries from %d lines", t.n, t.lines);
+    cis_detections_free(&t);
+    return rc;
+}
+
 /* ---- flags: step ranges, fault specs, kiln size's lists and counts, the judge's grids ---- */
 
 static int fuzz_flags(const uint8_t *data, size_t size) {
@@ -670,6 +694,7 @@ const kiln_fuzz_target kiln_fuzz_targets[] = {
     {"hw_profile", fuzz_hw_profile, "a kiln size hardware profile"},
     {"cis_suite", fuzz_cis_suite, "a CIS prompt suite (JSON Lines): every accepted prompt whole and unique"},
     {"cis_manifest", fuzz_cis_manifest, "a CIS run manifest (JSON Lines)"},
+    {"cis_detections", fuzz_cis_detections, "an object detector's output for a CIS run (JSON Lines)"},
     {"flags", fuzz_flags, "byte 0 picks a flag parser (step ranges, faults, size lists, counts, grids); the rest is "
                           "the flag's value"},
     {"st_index", fuzz_st_index, "a sharded model's model.safetensors.index.json, over the committed shards"},
