@@ -410,6 +410,9 @@ TEST(cis_end_to_end) {
         CHECK(test_run_kiln(cmd, out, sizeof out) == 1 && strstr(out, "dets.jsonl:") && strstr(out, "score 7 is not in [0, 1]"));
         struct stat st8;
         CHECK(stat(test_join(d, "run8"), &st8) != 0);
+        /* run7 kept its own copy: aggregating it again does not read the (now broken) original */
+        snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run7, labels);
+        CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0 && strstr(out, "detector: "), "%s", out);
     }
 
     /* a crash after two parts: --resume scores only the rest and ends with the same numbers */

@@ -555,8 +555,12 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         e = kiln_errorf(KILN_EFORMAT, "%s: field 'detector_threshold': %g is not in [0, 1]", rj, det_thr);
         goto done;
     }
-    if (cJSON_IsString(detj) && (e = detector_scores(rows, n, detj->valuestring, &det)))
-        goto done;
+    if (cJSON_IsString(detj)) { /* the run's copy (score wrote it): the original may have moved */
+        char *dpath = kiln_path_join(dir, "detections.jsonl");
+        e = dpath ? detector_scores(rows, n, dpath, &det) : kiln_errorf(KILN_ENOMEM, "out of memory");
+        free(dpath);
+        if (e) goto done;
+    }
 
     root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "run", cJSON_Duplicate(run, 1));

@@ -387,6 +387,8 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     cis_results prev = {0};
     cis_buf b = {0};
     run_keep keep = {"prompt", NULL, 0.5};
+    char *det_text = NULL; /* the detections file's bytes, copied into the run */
+    size_t det_len = 0;
     char *runjson = kiln_path_join(o->out_dir, "run.json"), *results = kiln_path_join(o->out_dir, "results"),
          *suite_copy = kiln_path_join(o->out_dir, "suite.jsonl"), *suite_text = NULL;
     size_t suite_len;
@@ -402,7 +404,8 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     /* every input is checked before the run directory is touched */
     if (o->detections) {
         cis_detections det;
-        if ((e = cis_detections_load(o->detections, &det))) goto done;
+        if ((e = cis_detections_load(o->detections, &det)) || (e = kiln_read_file(o->detections, &det_text, &det_len)))
+            goto done;
         cis_detections_free(&det);
     }
     if ((e = kiln_clip_load(o->clip_dir, &clip))) {
@@ -430,6 +433,13 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         }
     }
     if (!isnan(o->det_threshold)) keep.det_threshold = o->det_threshold;
+    /* the run keeps copies of the suite and the detections it was aggregated with (run.json names the originals) */
+    if (det_text) {
+        char *det_copy = kiln_path_join(o->out_dir, "detections.jsonl");
+        e = det_copy ? kiln_write_file_atomic(det_copy, det_text, det_len) : kiln_errorf(KILN_ENOMEM, "out of memory");
+        free(det_copy);
+        if (e) goto done;
+    }
     if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir, &keep)))
         goto done;
     if ((e = cis_textset_build(&suite, &ts))) goto done;
@@ -501,6 +511,6 @@ done:
     kiln_clip_free(clip);
     kiln_cis_manifest_free(&man);
     kiln_cis_suite_free(&suite);
-    free(runjson), free(results), free(suite_copy), free(suite_text), free(keep.detections);
+    free(runjson), free(results), free(suite_copy), free(suite_text), free(keep.detections), free(det_text);
     return e;
 }
