@@ -218,6 +218,27 @@ TEST(cis_end_to_end) {
         /* 36 prompts, each with a scored image (the two bad images are another model's of their prompts) */
         CHECK_MSG(cJSON_GetObjectItemCaseSensitive(g0, "clusters")->valuedouble == 36, "%g prompts",
                   cJSON_GetObjectItemCaseSensitive(g0, "clusters")->valuedouble);
+        /* the two models against each other, paired by prompt: 34 prompts have both models' images
+         * (the missing and the corrupt image are alpha's); the estimate is the mean of the prompts'
+         * differences, recomputed here from the per-image records */
+        const cJSON *md = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sc, "model_diff"), 0);
+        CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(sc, "model_diff")) == 1);
+        CHECK(md && !strcmp(cJSON_GetObjectItemCaseSensitive(md, "a")->valuestring, "alpha"));
+        CHECK(md && cJSON_GetObjectItemCaseSensitive(md, "pairs")->valuedouble == 34);
+        double sum = 0;
+        int np = 0;
+        const cJSON *ia, *ib;
+        cJSON_ArrayForEach(ia, cJSON_GetObjectItemCaseSensitive(sc, "images")) {
+            if (strcmp(cJSON_GetObjectItemCaseSensitive(ia, "model")->valuestring, "alpha")) continue;
+            cJSON_ArrayForEach(ib, cJSON_GetObjectItemCaseSensitive(sc, "images"))
+                if (!strcmp(cJSON_GetObjectItemCaseSensitive(ib, "model")->valuestring, "beta") &&
+                    !strcmp(cJSON_GetObjectItemCaseSensitive(ib, "prompt_id")->valuestring,
+                            cJSON_GetObjectItemCaseSensitive(ia, "prompt_id")->valuestring))
+                    sum += cJSON_GetObjectItemCaseSensitive(ia, "cis")->valuedouble -
+                           cJSON_GetObjectItemCaseSensitive(ib, "cis")->valuedouble, np++;
+        }
+        CHECK(np == 34);
+        if (md) CHECK_NEAR(cJSON_GetObjectItemCaseSensitive(md, "diff")->valuedouble, sum / 34, 1e-12);
     }
     cJSON_Delete(sc);
     char *sum = slurp(test_join(run1, "summary.csv"));
@@ -290,6 +311,9 @@ TEST(cis_end_to_end) {
     CHECK_OK(kiln_json_parse_file(test_join(run2, "scores.json"), &sc));
     if (sc) {
         CHECK(!strcmp(cJSON_GetObjectItemCaseSensitive(sc, "cluster")->valuestring, "image"));
+        /* per image, the models pair on prompt and seed (the worklist gave both the same seeds) */
+        const cJSON *md = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sc, "model_diff"), 0);
+        CHECK(md && cJSON_GetObjectItemCaseSensitive(md, "pairs")->valuedouble == 34);
         const cJSON *cal = cJSON_GetObjectItemCaseSensitive(sc, "calibration");
         const cJSON *cv = cJSON_GetObjectItemCaseSensitive(cal, "agreement_cross_validated");
         CHECK(cJSON_IsObject(cv));
@@ -504,6 +528,7 @@ TEST(cis_end_to_end) {
         CHECK(strstr(page, "src=\"images/alpha/") != NULL); /* thumbnails relative to the page */
         CHECK(strstr(page, "Could not") == NULL && strstr(page, "could not be scored") != NULL);
         CHECK(strstr(page, "Cohen") != NULL);
+        CHECK(strstr(page, "Models against each other") != NULL);
     }
     free(page);
 

@@ -39,6 +39,25 @@ TEST(cis_perm_random_matches_exact) {
     CHECK(isnan(p));
 }
 
+TEST(cis_signflip_hand) {
+    /* d = 1, 2, 3: the 8 sign patterns sum to +-6, +-4, +-2, 0, 0; |sum| >= 6 for 2 of them */
+    double d[3] = {1, 2, 3}, mean, p;
+    CHECK(kiln_cis_signflip_test(d, 3, 8, 1, &mean, &p) == 1);
+    CHECK_NEAR(mean, 2, 1e-15);
+    CHECK_NEAR(p, 2.0 / 8, 1e-15);
+    double z[2] = {1, -1}; /* sum 0: every pattern is at least as far out */
+    CHECK(kiln_cis_signflip_test(z, 2, 100, 1, &mean, &p) == 1 && p == 1);
+    /* 2^16 patterns, 20000 drawn: close to the exact p (sd ~0.0018) */
+    kiln_rng r;
+    kiln_rng_seed(&r, 12);
+    double e[16], pe, ps;
+    for (int i = 0; i < 16; i++) e[i] = kiln_rng_normal(&r) + 0.15; /* exact p ~0.068 */
+    CHECK(kiln_cis_signflip_test(e, 16, 1 << 16, 1, &mean, &pe) == 1);
+    CHECK(kiln_cis_signflip_test(e, 16, 20000, 1, &mean, &ps) == 0);
+    CHECK_MSG(fabs(ps - pe) < 0.015 && pe > 0.01 && pe < 0.9, "sampled %g, exact %g", ps, pe);
+    CHECK(kiln_cis_signflip_test(e, 0, 100, 1, &mean, &p) == -1 && isnan(p));
+}
+
 TEST(cis_holm_hand) {
     /* sorted 0.01, 0.03, 0.04, 0.5 of m = 4: 4 x 0.01, 3 x 0.03, max(0.09, 2 x 0.04), 0.5; NaN is out */
     double p[] = {0.01, 0.04, NAN, 0.03, 0.5}, a[5];

@@ -111,6 +111,11 @@ void kiln_cis_bootstrap_slope(const double *x, const double *y, const int *cl, i
  * difference. No p-value (NaN, returns -1) with one group only, or a cluster holding both. */
 int kiln_cis_perm_test(const double *x, const int *g, const int *cl, int n, int nperm, uint64_t seed, double *diff,
                        double *p);
+/* Paired two-sided test of mean(d) = 0 (d: the paired differences) by flipping their signs: every
+ * one of the 2^n sign patterns when there are at most nperm of them, p = #{|sum*| >= |sum|} / 2^n
+ * (returns 1); else nperm random ones (seeded), p = (1 + #{|sum*| >= |sum|}) / (1 + nperm) (returns
+ * 0). *mean gets mean(d). No p-value (NaN, returns -1) for n == 0 or a NaN difference. */
+int kiln_cis_signflip_test(const double *d, int n, int nperm, uint64_t seed, double *mean, double *p);
 /* Holm's step-down adjustment of a family of p-values (NaN entries are not in the family and
  * stay NaN): the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) p_(j)). */
 void kiln_cis_holm(const double *p, int n, double *adj);

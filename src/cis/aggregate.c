@@ -228,6 +228,120 @@ out:
     free(lv), free(x), free(y), free(cl);
 }
 
+/* ---- models against each other ---- */
+
+typedef struct {
+    const char *pid;
+    double seed;
+    int row;
+} seed_key;
+
+static int cmp_seed_key(const void *a, const void *b) {
+    const seed_key *x = a, *y = b;
+    int c = strcmp(x->pid, y->pid);
+    if (c) return c;
+    if (x->seed != y->seed) return (x->seed > y->seed) - (x->seed < y->seed);
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* The pairs a model comparison is made of: the run's clusters (a prompt's images under every model,
+ * or a scene's, a culture's); under "image", the images of one prompt and seed (the worklist gives
+ * every model the same seeds). pk[i] for each scored row; returns the number of pairs, -1 when out
+ * of memory. */
+static int pair_keys(row *rows, int n, const params *pr, int *pk) {
+    if (strcmp(pr->unit, "image")) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (rows[i].p) pk[i] = rows[i].cl, m = rows[i].cl + 1 > m ? rows[i].cl + 1 : m;
+        return m;
+    }
+    seed_key *k = malloc((size_t)(n + 1) * sizeof *k);
+    if (!k) return -1;
+    int nk = 0, m = 0;
+    for (int i = 0; i < n; i++)
+        if (rows[i].p) k[nk].pid = rows[i].p->id, k[nk].seed = rnum(rows[i].rec, "seed"), k[nk++].row = i;
+    qsort(k, (size_t)nk, sizeof *k, cmp_seed_key);
+    for (int j = 0; j < nk; j++) {
+        if (j && (strcmp(k[j - 1].pid, k[j].pid) || k[j - 1].seed != k[j].seed)) m++;
+        pk[k[j].row] = m;
+    }
+    free(k);
+    return nk ? m + 1 : 0;
+}
+
+/* One comparison of two models. */
+typedef struct {
+    int a, b, pairs, exact;
+    double diff, lo, hi, p;
+} model_cmp;
+
+/* Every pair of models: the mean over the pairs both scored of (model a's mean CIS there - model
+ * b's), a bootstrap CI over the pairs, a paired sign-flip p-value, Holm-adjusted over the model
+ * pairs. Returns -1 when out of memory. */
+static int model_diffs(cJSON *arr, cis_buf *csv, row *rows, int n, const params *pr) {
+    const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
+    int *pk = malloc((size_t)(n + 1) * sizeof *pk), ret = -1;
+    double *sa = NULL, *sb = NULL, *d = NULL, *pv = NULL, *adj = NULL;
+    int *na = NULL, *nb = NULL;
+    model_cmp *mc = NULL;
+    int nm = lv ? levels(rows, n, d_model, lv) : 0, m = lv && pk ? pair_keys(rows, n, pr, pk) : -1;
+    int ncmp = nm * (nm - 1) / 2;
+    if (m < 0) goto out;
+    sa = calloc((size_t)m + 1, sizeof *sa), sb = calloc((size_t)m + 1, sizeof *sb);
+    d = malloc(((size_t)m + 1) * sizeof *d);
+    na = calloc((size_t)m + 1, sizeof *na), nb = calloc((size_t)m + 1, sizeof *nb);
+    pv = malloc(((size_t)ncmp + 1) * sizeof *pv), adj = malloc(((size_t)ncmp + 1) * sizeof *adj);
+    mc = malloc(((size_t)ncmp + 1) * sizeof *mc);
+    if (!sa || !sb || !d || !na || !nb || !pv || !adj || !mc) goto out;
+    char level[512];
+    for (int a = 0, q = 0; a < nm; a++)
+        for (int b = a + 1; b < nm; b++, q++) {
+            memset(sa, 0, (size_t)m * sizeof *sa), memset(sb, 0, (size_t)m * sizeof *sb);
+            memset(na, 0, (size_t)m * sizeof *na), memset(nb, 0, (size_t)m * sizeof *nb);
+            for (int i = 0; i < n; i++) {
+                if (!rows[i].p) continue;
+                const char *model = d_model(&rows[i]);
+                if (!strcmp(model, lv[a])) sa[pk[i]] += rows[i].cis, na[pk[i]]++;
+                else if (!strcmp(model, lv[b])) sb[pk[i]] += rows[i].cis, nb[pk[i]]++;
+            }
+            int k = 0;
+            for (int c = 0; c < m; c++)
+                if (na[c] && nb[c]) d[k++] = sa[c] / na[c] - sb[c] / nb[c];
+            snprintf(level, sizeof level, "%s - %s", lv[a], lv[b]);
+            model_cmp *x = &mc[q];
+            x->a = a, x->b = b, x->pairs = k;
+            x->exact = kiln_cis_signflip_test(d, k, pr->perm, key_seed(pr, "model_diff", "p", level), &x->diff, &x->p) == 1;
+            kiln_cis_bootstrap_mean(d, NULL, k, pr->boot, 0.95, key_seed(pr, "model_diff", "ci", level), &x->lo, &x->hi);
+            pv[q] = x->p;
+        }
+    kiln_cis_holm(pv, ncmp, adj);
+    for (int q = 0; q < ncmp; q++) {
+        const model_cmp *x = &mc[q];
+        snprintf(level, sizeof level, "%s - %s", lv[x->a], lv[x->b]);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "a", lv[x->a]);
+        cJSON_AddStringToObject(o, "b", lv[x->b]);
+        cJSON_AddNumberToObject(o, "pairs", x->pairs);
+        cJSON_AddNumberToObject(o, "diff", x->diff);
+        cJSON_AddNumberToObject(o, "lo", x->lo);
+        cJSON_AddNumberToObject(o, "hi", x->hi);
+        cJSON_AddNumberToObject(o, "p", x->p);
+        cJSON_AddBoolToObject(o, "exact", x->exact);
+        cJSON_AddNumberToObject(o, "p_holm", adj[q]);
+        cJSON_AddItemToArray(arr, o);
+        cis_buf_printf(csv, "model_diff,models,");
+        cis_buf_json_str(csv, level);
+        cis_buf_printf(csv, ",%d,", x->pairs);
+        cis_buf_num(csv, x->diff), CIS_PUT(csv, ","), cis_buf_num(csv, x->lo), CIS_PUT(csv, ",");
+        cis_buf_num(csv, x->hi), CIS_PUT(csv, ","), cis_buf_num(csv, x->p), cis_buf_printf(csv, ",%d,", x->pairs);
+        cis_buf_num(csv, adj[q]), CIS_PUT(csv, "\n");
+    }
+    ret = 0;
+out:
+    free(lv), free(pk), free(sa), free(sb), free(d), free(na), free(nb), free(pv), free(adj), free(mc);
+    return ret;
+}
+
 /* ---- clusters ---- */
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
@@ -665,6 +779,10 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     gaps(ga, &summary, rows, n, &dims[5], &pr); /* setting */
     gaps(ga, &summary, rows, n, &dims[1], &pr); /* model */
     gaps(ga, &summary, rows, n, &dims[4], &pr); /* category */
+    if (model_diffs(cJSON_AddArrayToObject(root, "model_diff"), &summary, rows, n, &pr)) {
+        e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
     cJSON *fr = cJSON_AddArrayToObject(root, "fragility");
     fragility(fr, &summary, rows, n, &dims[0], &pr);
     fragility(fr, &summary, rows, n, &dims[3], &pr); /* group */

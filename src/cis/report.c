@@ -392,7 +392,28 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
         num(&b, jnum(x, "p"), 4), CIS_PUT(&b, "</td><td>");
         num(&b, jnum(x, "p_holm"), 4), CIS_PUT(&b, "</td></tr>\n");
     }
-    CIS_PUT(&b, "</table></section>\n<section><h2>Compositional fragility</h2>\n");
+    CIS_PUT(&b, "</table></section>\n");
+    const cJSON *md = jget(s, "model_diff");
+    if (cJSON_GetArraySize(md) > 0) {
+        CIS_PUT(&b, "<section><h2>Models against each other</h2><p>Paired: each prompt (the run's unit) compared "
+                    "with itself under the other model; the difference is the mean over the pairs, its CI a "
+                    "bootstrap over them, p a sign-flip test, Holm over the model pairs.</p>\n<table><tr><th>a "
+                    "&minus; b</th><th>pairs</th><th>difference in CIS</th><th>95% CI</th><th>p</th><th>Holm p</th>"
+                    "</tr>\n");
+        for (const cJSON *x = md->child; x; x = x->next) {
+            CIS_PUT(&b, "<tr><td>");
+            cis_buf_html(&b, jstr(x, "a"));
+            CIS_PUT(&b, " &minus; ");
+            cis_buf_html(&b, jstr(x, "b"));
+            cis_buf_printf(&b, "</td><td>%d</td><td>", (int)jnum(x, "pairs"));
+            num(&b, jnum(x, "diff"), 3), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(x, "lo"), 3), CIS_PUT(&b, " &ndash; "), num(&b, jnum(x, "hi"), 3), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(x, "p"), 4), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(x, "p_holm"), 4), CIS_PUT(&b, "</td></tr>\n");
+        }
+        CIS_PUT(&b, "</table></section>\n");
+    }
+    CIS_PUT(&b, "<section><h2>Compositional fragility</h2>\n");
     chart_fragility(&b, s);
     CIS_PUT(&b, "<table><tr><th>by</th><th>level</th><th>n</th><th>slope</th><th>95% CI</th></tr>\n");
     for (const cJSON *x = jget(s, "fragility") ? jget(s, "fragility")->child : NULL; x; x = x->next) {

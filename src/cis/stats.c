@@ -275,6 +275,36 @@ out:
     return ret;
 }
 
+int kiln_cis_signflip_test(const double *d, int n, int nperm, uint64_t seed, double *mean, double *p) {
+    *mean = *p = NAN;
+    if (n <= 0 || nperm <= 0) return -1;
+    double s0 = 0, mag = 0;
+    for (int i = 0; i < n; i++) s0 += d[i], mag += fabs(d[i]);
+    if (isnan(s0)) return -1;
+    *mean = s0 / n;
+    /* a tolerance so patterns equal to the observed one count despite rounding */
+    double tol = 1e-12 * (mag + 1);
+    long ge = 0;
+    if (n < 31 && (double)(1u << n) <= nperm) {
+        for (uint32_t mask = 0; mask < (1u << n); mask++) {
+            double s = 0;
+            for (int i = 0; i < n; i++) s += mask >> i & 1 ? -d[i] : d[i];
+            ge += fabs(s) >= fabs(s0) - tol;
+        }
+        *p = (double)ge / (double)(1u << n);
+        return 1;
+    }
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (int t = 0; t < nperm; t++) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += kiln_rng_uniform(&r) < 0.5 ? -d[i] : d[i];
+        ge += fabs(s) >= fabs(s0) - tol;
+    }
+    *p = (1.0 + ge) / (1.0 + nperm);
+    return 0;
+}
+
 void kiln_cis_holm(const double *p, int n, double *adj) {
     int *o = malloc((size_t)(n + 1) * sizeof *o), m = 0;
     for (int i = 0; i < n; i++) {

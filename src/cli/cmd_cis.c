@@ -127,6 +127,11 @@ static void print_summary(const char *run_dir) {
                num_of(x, "gap"), num_of(x, "p"),
                cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "exact")) ? " (exact)" : "");
     }
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "model_diff")) {
+        printf("model %s - %s: %.3f [%.3f, %.3f] over %.0f pairs, paired p = %.4g%s\n", str_of(x, "a"), str_of(x, "b"),
+               num_of(x, "diff"), num_of(x, "lo"), num_of(x, "hi"), num_of(x, "pairs"), num_of(x, "p"),
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "exact")) ? " (exact)" : "");
+    }
     const cJSON *cal = cJSON_GetObjectItemCaseSensitive(s, "calibration");
     if (cal) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(cal, "agreement");
