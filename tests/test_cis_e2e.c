@@ -524,7 +524,7 @@ TEST(cis_end_to_end) {
     char *page = slurp(html);
     CHECK(page != NULL);
     if (page) {
-        CHECK_MSG(count_sub(page, "<svg") == 4, "%zu svg", count_sub(page, "<svg"));
+        CHECK_MSG(count_sub(page, "<svg") == 5, "%zu svg", count_sub(page, "<svg")); /* with the models' forest plot */
         CHECK(strstr(page, "src=\"images/alpha/") != NULL); /* thumbnails relative to the page */
         CHECK(strstr(page, "Could not") == NULL && strstr(page, "could not be scored") != NULL);
         CHECK(strstr(page, "Cohen") != NULL);

@@ -59,6 +59,48 @@ static void x_axis01(cis_buf *b, double x0, double x1, double y, const char *tit
     CIS_PUT(b, "</text>\n");
 }
 
+/* The model comparisons as a forest plot: each difference with its CI on a scale symmetric about 0. */
+static void chart_model_diff(cis_buf *b, const cJSON *md) {
+    int n = cJSON_GetArraySize(md);
+    if (n <= 0) return;
+    double R = 0.05;
+    for (const cJSON *x = md->child; x; x = x->next) {
+        const double v[3] = {jnum(x, "diff"), jnum(x, "lo"), jnum(x, "hi")};
+        for (int k = 0; k < 3; k++)
+            if (isfinite(v[k]) && fabs(v[k]) > R) R = fabs(v[k]);
+    }
+    R = ceil(R * 10 - 1e-9) / 10; /* a round scale: 0.1, 0.2, ... */
+    int W = 720, row = 24, top = 10, left = 160, right = 40, H = top + n * row + 50;
+    svg_open(b, W, H, "paired differences in mean CIS between models, with 95% CIs");
+    double x0 = left, x1 = W - right, y1 = top + n * row;
+#define XOF(v) (x0 + (x1 - x0) * ((v) + R) / (2 * R))
+    cis_buf_printf(b, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n",
+                   XOF(0), top, XOF(0), y1);
+    int i = 0;
+    for (const cJSON *x = md->child; x; x = x->next, i++) {
+        double y = top + i * row + row / 2.0, m = jnum(x, "diff"), lo = jnum(x, "lo"), hi = jnum(x, "hi");
+        cis_buf_printf(b, "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" text-anchor=\"end\">", left - 6, y + 4);
+        cis_buf_html(b, jstr(x, "a"));
+        CIS_PUT(b, " &minus; ");
+        cis_buf_html(b, jstr(x, "b"));
+        CIS_PUT(b, "</text>\n");
+        if (isfinite(lo) && isfinite(hi))
+            cis_buf_printf(b, "<line class=\"ci\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#111\" "
+                              "stroke-width=\"1.5\"/>\n", XOF(lo), y, XOF(hi), y);
+        if (isfinite(m))
+            cis_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%.3f [%.3f, %.3f], p = %.4g"
+                              "</title></circle>\n", XOF(m), y, C_WEST, m, lo, hi, jnum(x, "p"));
+    }
+    cis_buf_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x0, y1, x1, y1);
+    for (int t = -2; t <= 2; t++)
+        cis_buf_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>"
+                          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%+.2f</text>\n",
+                       XOF(t * R / 2), y1, XOF(t * R / 2), y1 + 4, XOF(t * R / 2), y1 + 16, t * R / 2);
+#undef XOF
+    cis_buf_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">difference in mean CIS "
+                      "(a &minus; b), paired over the run's units</text>\n</svg>\n", (x0 + x1) / 2, y1 + 32);
+}
+
 /* Per-culture mean CIS with 95% CI bars, Western cultures first. */
 static void chart_cultures(cis_buf *b, const cJSON *s) {
     const cJSON *cis = jget(s, "cis");
@@ -395,11 +437,14 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
     CIS_PUT(&b, "</table></section>\n");
     const cJSON *md = jget(s, "model_diff");
     if (cJSON_GetArraySize(md) > 0) {
-        CIS_PUT(&b, "<section><h2>Models against each other</h2><p>Paired: each prompt (the run's unit) compared "
-                    "with itself under the other model; the difference is the mean over the pairs, its CI a "
-                    "bootstrap over them, p a sign-flip test, Holm over the model pairs.</p>\n<table><tr><th>a "
-                    "&minus; b</th><th>pairs</th><th>difference in CIS</th><th>95% CI</th><th>p</th><th>Holm p</th>"
-                    "</tr>\n");
+        CIS_PUT(&b, "<section><h2>Models against each other</h2><p>Paired: each of the run's units (");
+        if (strcmp(unit, "image")) cis_buf_html(&b, unit), CIS_PUT(&b, "s");
+        else CIS_PUT(&b, "a prompt and seed");
+        CIS_PUT(&b, ") compared with itself under the other model; the difference is the mean over the pairs, its CI "
+                    "a bootstrap over them, p a sign-flip test, Holm over the model pairs.</p>\n");
+        chart_model_diff(&b, md);
+        CIS_PUT(&b, "<table><tr><th>a &minus; b</th><th>pairs</th><th>difference in CIS</th><th>95% CI</th><th>p</th>"
+                    "<th>Holm p</th></tr>\n");
         for (const cJSON *x = md->child; x; x = x->next) {
             CIS_PUT(&b, "<tr><td>");
             cis_buf_html(&b, jstr(x, "a"));
