@@ -546,6 +546,114 @@ TEST(cis_end_to_end) {
     CHECK_MSG(stat(test_join(d, "run4"), &st) != 0, "a failed start left a run directory behind");
 }
 
+/* The paired model comparison against a hand computation: three models, two seeds a prompt, one
+ * image missing, and the verdicts set by labels (--labels-as-judge) so that every CIS is known. */
+static int mdl_present(int mi, int pi, int k, int c) { return (mi * 7 + pi * 3 + k * 5 + c) % 3 == 0; }
+
+TEST(cis_model_diff_paired) {
+    const char *d = test_tmpdir();
+    char suite[512], clip[512], work[512], labels[512], out[16384], cmd[4096];
+    snprintf(suite, sizeof suite, "%s", test_join(d, "suite3.jsonl"));
+    char *full = slurp(test_src_path("data/cis/suite.jsonl"));
+    CHECK(full != NULL);
+    if (!full) return;
+    char *third = full;
+    for (int l = 0; l < 3 && third; l++) third = strchr(third, '\n') ? strchr(third, '\n') + 1 : NULL;
+    CHECK_OK(kiln_write_file_atomic(suite, full, third ? (size_t)(third - full) : strlen(full))); /* 3 prompts */
+    free(full);
+    snprintf(clip, sizeof clip, "%s", test_join(d, "clip"));
+    mkdir(clip, 0755);
+    if (clip_test_make_dir(clip, &clip_test_default, 7)) {
+        CHECK_MSG(0, "could not write the tiny CLIP");
+        return;
+    }
+    snprintf(work, sizeof work, "%s", test_join(d, "work.jsonl"));
+    snprintf(cmd, sizeof cmd, "cis prompts --suite '%s' --images-per-prompt 2 --models a,b,c --out '%s'", suite, work);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0, "%s", out);
+    kiln_cis_manifest m;
+    kiln_cis_suite s;
+    CHECK_OK(kiln_cis_manifest_load(work, &m));
+    CHECK_OK(kiln_cis_suite_load(suite, &s));
+    if (m.n != 18 || s.n != 3) {
+        CHECK_MSG(0, "%d items, %d prompts", m.n, s.n);
+        kiln_cis_manifest_free(&m), kiln_cis_suite_free(&s);
+        return;
+    }
+    mkdir(test_join(d, "images"), 0755);
+    const char *models[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) mkdir(test_join(d, i == 0 ? "images/a" : i == 1 ? "images/b" : "images/c"), 0755);
+    /* cis[model][prompt][seed] from the labels; c's image of prompt 1, seed 1 is missing */
+    double cis[3][3][2];
+    snprintf(labels, sizeof labels, "%s", test_join(d, "labels.jsonl"));
+    FILE *lf = fopen(labels, "w");
+    for (int i = 0; lf && i < m.n; i++) {
+        int mi = m.items[i].model[0] - 'a', pi = kiln_cis_suite_find(&s, m.items[i].prompt_id);
+        int k = m.items[i].image[strlen(m.items[i].image) - 5] - '0'; /* images/<model>/<id>_<k>.png */
+        CHECK(mi >= 0 && mi < 3 && pi >= 0 && (k == 0 || k == 1) && !strcmp(m.items[i].model, models[mi]));
+        if (mi < 0 || mi > 2 || pi < 0 || k < 0 || k > 1) continue;
+        if (!(mi == 2 && pi == 1 && k == 1)) write_png(m.items[i].path, (uint64_t)i + 5, 40, 36);
+        int present = 0;
+        for (int c = 0; c < s.p[pi].ncomp; c++) {
+            present += mdl_present(mi, pi, k, c);
+            fprintf(lf, "{\"image\": \"%s\", \"component\": \"%s\", \"present\": %s}\n", m.items[i].image,
+                    s.p[pi].comp[c].phrase, mdl_present(mi, pi, k, c) ? "true" : "false");
+        }
+        cis[mi][pi][k] = (double)present / s.p[pi].ncomp;
+    }
+    if (lf) fclose(lf);
+    kiln_cis_manifest_free(&m);
+    kiln_cis_suite_free(&s);
+    /* the expected differences: by prompt (a cell only both models scored counts), and by prompt and seed */
+    double want_p[3], want_i[3];
+    int pairs_i[3], q = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++, q++) {
+            double sum_p = 0, sum_i = 0;
+            int ni = 0;
+            for (int pi = 0; pi < 3; pi++) {
+                double sp = 0;
+                int np = 0;
+                for (int k = 0; k < 2; k++) {
+                    if ((a == 2 || b == 2) && pi == 1 && k == 1) continue;
+                    double dd = cis[a][pi][k] - cis[b][pi][k];
+                    sp += dd, np++, sum_i += dd, ni++;
+                }
+                sum_p += sp / np;
+            }
+            want_p[q] = sum_p / 3, want_i[q] = sum_i / ni, pairs_i[q] = ni;
+        }
+    /* the pattern must make the comparisons differ per prompt and per cell, or the checks below prove little */
+    CHECK(want_p[0] != 0 && want_p[1] != want_i[1] && want_p[2] != want_i[2]);
+    char run[512];
+    snprintf(run, sizeof run, "%s", test_join(d, "run"));
+    for (int pass = 0; pass < 2; pass++) {
+        snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --crops 1 --threads 1 "
+                                  "--labels '%s' --labels-as-judge --cluster %s%s", suite, work, clip, run, labels,
+                 pass ? "image" : "prompt", pass ? " --resume" : "");
+        CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 1, "%s", out); /* the missing image */
+        cJSON *sc = NULL;
+        CHECK_OK(kiln_json_parse_file(test_join(run, "scores.json"), &sc));
+        const cJSON *md = cJSON_GetObjectItemCaseSensitive(sc, "model_diff");
+        CHECK(cJSON_GetArraySize(md) == 3);
+        double p[3], adj[3];
+        q = 0;
+        for (const cJSON *x = md ? md->child : NULL; x && q < 3; x = x->next, q++) {
+            double diff = cJSON_GetObjectItemCaseSensitive(x, "diff")->valuedouble;
+            int pairs = (int)cJSON_GetObjectItemCaseSensitive(x, "pairs")->valuedouble;
+            CHECK_MSG(fabs(diff - (pass ? want_i[q] : want_p[q])) < 1e-12, "pass %d pair %d: diff %g, want %g", pass, q,
+                      diff, pass ? want_i[q] : want_p[q]);
+            CHECK_MSG(pairs == (pass ? pairs_i[q] : 3), "pass %d pair %d: %d pairs", pass, q, pairs);
+            p[q] = cJSON_GetObjectItemCaseSensitive(x, "p")->valuedouble;
+        }
+        kiln_cis_holm(p, 3, adj);
+        CHECK(adj[0] != p[0] || adj[1] != p[1] || adj[2] != p[2]); /* the adjustment did something */
+        q = 0;
+        for (const cJSON *x = md ? md->child : NULL; x && q < 3; x = x->next, q++)
+            CHECK(cJSON_GetObjectItemCaseSensitive(x, "p_holm")->valuedouble == adj[q]);
+        cJSON_Delete(sc);
+    }
+}
+
 TEST(cis_report_chromium) {
     /* a small scored run straight from the library: a hand-written results part */
     const char *d = test_tmpdir();

@@ -114,7 +114,7 @@ int kiln_cis_perm_test(const double *x, const int *g, const int *cl, int n, int 
 /* Paired two-sided test of mean(d) = 0 (d: the paired differences) by flipping their signs: every
  * one of the 2^n sign patterns when there are at most nperm of them, p = #{|sum*| >= |sum|} / 2^n
  * (returns 1); else nperm random ones (seeded), p = (1 + #{|sum*| >= |sum|}) / (1 + nperm) (returns
- * 0). *mean gets mean(d). No p-value (NaN, returns -1) for n == 0 or a NaN difference. */
+ * 0). *mean gets mean(d). No p-value (NaN, returns -1) for n == 0, nperm <= 0 or a NaN difference. */
 int kiln_cis_signflip_test(const double *d, int n, int nperm, uint64_t seed, double *mean, double *p);
 /* Holm's step-down adjustment of a family of p-values (NaN entries are not in the family and
  * stay NaN): the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) p_(j)). */

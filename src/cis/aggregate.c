@@ -22,7 +22,8 @@ typedef struct {
     int *label;   /* -1 unlabelled */
     int *verdict;
     double cis, mis; /* mis NaN when the suite has no generic context */
-    double *pdet;    /* per component: the detector's highest score for its COCO class (NaN: no class, no detections) */
+    double *pdet;    /* per component: the detector's highest score for its COCO class, 0 where it found none (NaN: no
+                        class; pdet NULL: no detections file) */
     double det, det_clip; /* over the components with a COCO class: detected / all, CLIP's present / all (else NaN) */
     char cx[16];
     int cl;          /* the row's cluster (params.unit): the unit the bootstrap and the permutations move */
@@ -244,29 +245,23 @@ static int cmp_seed_key(const void *a, const void *b) {
     return (x->row > y->row) - (x->row < y->row);
 }
 
-/* The pairs a model comparison is made of: the run's clusters (a prompt's images under every model,
- * or a scene's, a culture's); under "image", the images of one prompt and seed (the worklist gives
- * every model the same seeds). pk[i] for each scored row; returns the number of pairs, -1 when out
- * of memory. */
-static int pair_keys(row *rows, int n, const params *pr, int *pk) {
-    if (strcmp(pr->unit, "image")) {
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (rows[i].p) pk[i] = rows[i].cl, m = rows[i].cl + 1 > m ? rows[i].cl + 1 : m;
-        return m;
-    }
+/* The cells a model comparison pairs: a prompt and seed (the worklist gives every model the same
+ * seeds), cell[i] for each scored row; cell_cl[c] the cell's cluster under the run's unit (the cell
+ * itself under "image"). Returns the number of cells, -1 when out of memory. */
+static int cell_keys(row *rows, int n, const params *pr, int *cell, int *cell_cl) {
     seed_key *k = malloc((size_t)(n + 1) * sizeof *k);
     if (!k) return -1;
-    int nk = 0, m = 0;
+    int nk = 0, m = -1;
     for (int i = 0; i < n; i++)
         if (rows[i].p) k[nk].pid = rows[i].p->id, k[nk].seed = rnum(rows[i].rec, "seed"), k[nk++].row = i;
     qsort(k, (size_t)nk, sizeof *k, cmp_seed_key);
     for (int j = 0; j < nk; j++) {
-        if (j && (strcmp(k[j - 1].pid, k[j].pid) || k[j - 1].seed != k[j].seed)) m++;
-        pk[k[j].row] = m;
+        if (!j || strcmp(k[j - 1].pid, k[j].pid) || k[j - 1].seed != k[j].seed) m++;
+        cell[k[j].row] = m;
+        cell_cl[m] = strcmp(pr->unit, "image") ? rows[k[j].row].cl : m;
     }
     free(k);
-    return nk ? m + 1 : 0;
+    return m + 1;
 }
 
 /* One comparison of two models. */
@@ -275,38 +270,43 @@ typedef struct {
     double diff, lo, hi, p;
 } model_cmp;
 
-/* Every pair of models: the mean over the pairs both scored of (model a's mean CIS there - model
- * b's), a bootstrap CI over the pairs, a paired sign-flip p-value, Holm-adjusted over the model
- * pairs. Returns -1 when out of memory. */
+/* Every pair of models a, b, paired: the cells (prompt and seed) both scored, each cell's CIS
+ * under a minus under b, averaged within the run's clusters; the estimate is the mean over the
+ * clusters of those differences, with a bootstrap CI over the clusters, a paired sign-flip p-value,
+ * Holm-adjusted over the model pairs. A cell only one model scored (the other's image failed)
+ * is left out on both sides. Returns -1 when out of memory. */
 static int model_diffs(cJSON *arr, cis_buf *csv, row *rows, int n, const params *pr) {
     const char **lv = malloc((size_t)(n + 1) * sizeof *lv);
-    int *pk = malloc((size_t)(n + 1) * sizeof *pk), ret = -1;
-    double *sa = NULL, *sb = NULL, *d = NULL, *pv = NULL, *adj = NULL;
-    int *na = NULL, *nb = NULL;
+    int *cell = malloc((size_t)(n + 1) * sizeof *cell), *cell_cl = malloc((size_t)(n + 1) * sizeof *cell_cl), ret = -1;
+    double *ca = NULL, *cb = NULL, *dsum = NULL, *d = NULL, *pv = NULL, *adj = NULL;
+    int *cna = NULL, *cnb = NULL, *dn = NULL;
     model_cmp *mc = NULL;
-    int nm = lv ? levels(rows, n, d_model, lv) : 0, m = lv && pk ? pair_keys(rows, n, pr, pk) : -1;
+    int nm = lv ? levels(rows, n, d_model, lv) : 0, m = lv && cell && cell_cl ? cell_keys(rows, n, pr, cell, cell_cl) : -1;
     int ncmp = nm * (nm - 1) / 2;
     if (m < 0) goto out;
-    sa = calloc((size_t)m + 1, sizeof *sa), sb = calloc((size_t)m + 1, sizeof *sb);
-    d = malloc(((size_t)m + 1) * sizeof *d);
-    na = calloc((size_t)m + 1, sizeof *na), nb = calloc((size_t)m + 1, sizeof *nb);
+    ca = malloc(((size_t)m + 1) * sizeof *ca), cb = malloc(((size_t)m + 1) * sizeof *cb);
+    dsum = malloc(((size_t)m + 1) * sizeof *dsum), d = malloc(((size_t)m + 1) * sizeof *d);
+    cna = malloc(((size_t)m + 1) * sizeof *cna), cnb = malloc(((size_t)m + 1) * sizeof *cnb);
+    dn = malloc(((size_t)m + 1) * sizeof *dn);
     pv = malloc(((size_t)ncmp + 1) * sizeof *pv), adj = malloc(((size_t)ncmp + 1) * sizeof *adj);
     mc = malloc(((size_t)ncmp + 1) * sizeof *mc);
-    if (!sa || !sb || !d || !na || !nb || !pv || !adj || !mc) goto out;
+    if (!ca || !cb || !dsum || !d || !cna || !cnb || !dn || !pv || !adj || !mc) goto out;
     char level[512];
     for (int a = 0, q = 0; a < nm; a++)
         for (int b = a + 1; b < nm; b++, q++) {
-            memset(sa, 0, (size_t)m * sizeof *sa), memset(sb, 0, (size_t)m * sizeof *sb);
-            memset(na, 0, (size_t)m * sizeof *na), memset(nb, 0, (size_t)m * sizeof *nb);
+            for (int c = 0; c < m; c++) ca[c] = cb[c] = dsum[c] = 0, cna[c] = cnb[c] = dn[c] = 0;
             for (int i = 0; i < n; i++) {
                 if (!rows[i].p) continue;
                 const char *model = d_model(&rows[i]);
-                if (!strcmp(model, lv[a])) sa[pk[i]] += rows[i].cis, na[pk[i]]++;
-                else if (!strcmp(model, lv[b])) sb[pk[i]] += rows[i].cis, nb[pk[i]]++;
+                if (!strcmp(model, lv[a])) ca[cell[i]] += rows[i].cis, cna[cell[i]]++;
+                else if (!strcmp(model, lv[b])) cb[cell[i]] += rows[i].cis, cnb[cell[i]]++;
             }
+            /* the cells both scored, into their clusters (the cluster ids are below m: ranks, or cells) */
+            for (int c = 0; c < m; c++)
+                if (cna[c] && cnb[c]) dsum[cell_cl[c]] += ca[c] / cna[c] - cb[c] / cnb[c], dn[cell_cl[c]]++;
             int k = 0;
             for (int c = 0; c < m; c++)
-                if (na[c] && nb[c]) d[k++] = sa[c] / na[c] - sb[c] / nb[c];
+                if (dn[c]) d[k++] = dsum[c] / dn[c];
             snprintf(level, sizeof level, "%s - %s", lv[a], lv[b]);
             model_cmp *x = &mc[q];
             x->a = a, x->b = b, x->pairs = k;
@@ -338,7 +338,8 @@ static int model_diffs(cJSON *arr, cis_buf *csv, row *rows, int n, const params 
     }
     ret = 0;
 out:
-    free(lv), free(pk), free(sa), free(sb), free(d), free(na), free(nb), free(pv), free(adj), free(mc);
+    free(lv), free(cell), free(cell_cl), free(ca), free(cb), free(dsum), free(d), free(cna), free(cnb), free(dn);
+    free(pv), free(adj), free(mc);
     return ret;
 }
 
@@ -536,8 +537,11 @@ static cJSON *detector_json(row *rows, int n, const cis_detections *det, const c
         distinct++;
         unmatched += !bsearch(&det->d[i].image, img, (size_t)ni, sizeof *img, cmp_str);
     }
+    int without = 0; /* the run's images the file says nothing about (0 for all its classes, or another path) */
+    for (int i = 0; i < ni; i++) without += !cis_detections_has_image(det, img[i]);
     cJSON_AddNumberToObject(o, "images", distinct);
     cJSON_AddNumberToObject(o, "unmatched_images", unmatched);
+    cJSON_AddNumberToObject(o, "run_images_without_detections", without);
     int kl = 0;
     for (int i = 0; i < n; i++) {
         row *r = &rows[i];
@@ -664,6 +668,10 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     if ((e = assign_clusters(rows, n, pr.unit))) goto done;
     const cJSON *detj = cJSON_GetObjectItemCaseSensitive(run, "detections");
     double det_thr;
+    if (detj && !cJSON_IsString(detj) && !cJSON_IsNull(detj)) {
+        e = kiln_errorf(KILN_EFORMAT, "%s: field 'detections': expected a path or null", rj);
+        goto done;
+    }
     if ((e = kiln_json_get_double(run, "detector_threshold", &det_thr, 0.5, 0, rj))) goto done;
     if (!(det_thr >= 0 && det_thr <= 1)) {
         e = kiln_errorf(KILN_EFORMAT, "%s: field 'detector_threshold': %g is not in [0, 1]", rj, det_thr);

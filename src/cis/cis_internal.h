@@ -33,8 +33,10 @@ typedef struct {
 } cis_detections;
 /* Errors name the file and line (unknown fields, a score outside [0, 1], a box of other than four numbers). */
 kiln_error *cis_detections_load(const char *path, cis_detections *out);
+kiln_error *cis_detections_parse(const char *text, size_t len, const char *ctx, cis_detections *out);
 /* The highest score of cls in image, 0 when the detector found none. */
 double cis_detections_score(const cis_detections *t, const char *image, const char *cls);
+int cis_detections_has_image(const cis_detections *t, const char *image); /* any detection in image */
 void cis_detections_free(cis_detections *t);
 
 typedef struct {
@@ -43,7 +45,8 @@ typedef struct {
     int oom;
 } cis_buf;
 void cis_buf_put(cis_buf *b, const char *s, size_t n);
-#define CIS_PUT(b, lit) cis_buf_put((b), (lit), sizeof(lit) - 1)
+/* lit must be a string literal ("" lit does not compile otherwise): sizeof gives its length */
+#define CIS_PUT(b, lit) cis_buf_put((b), "" lit, sizeof("" lit) - 1)
 void cis_buf_printf(cis_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* s as a JSON string literal (quoted, escaped). */
 void cis_buf_json_str(cis_buf *b, const char *s);

@@ -66,9 +66,15 @@ kiln_error *cis_detections_load(const char *path, cis_detections *out) {
     char *text;
     size_t len;
     KILN_TRY(kiln_read_file(path, &text, &len));
-    det_ctx dc = {out, 0};
-    kiln_error *e = cis_jsonl_each(text, len, path, parse_det, &dc);
+    kiln_error *e = cis_detections_parse(text, len, path, out);
     free(text);
+    return e;
+}
+
+kiln_error *cis_detections_parse(const char *text, size_t len, const char *ctx, cis_detections *out) {
+    memset(out, 0, sizeof *out);
+    det_ctx dc = {out, 0};
+    kiln_error *e = cis_jsonl_each(text, len, ctx, parse_det, &dc);
     if (e) {
         cis_detections_free(out);
         return e;
@@ -97,6 +103,16 @@ double cis_detections_score(const cis_detections *t, const char *image, const ch
         else hi = mid;
     }
     return 0;
+}
+
+int cis_detections_has_image(const cis_detections *t, const char *image) {
+    int lo = 0, hi = t->n; /* the first entry not before (image, "") */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (cmp_key(t->d[mid].image, t->d[mid].cls, image, "") < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < t->n && !strcmp(t->d[lo].image, image);
 }
 
 void cis_detections_free(cis_detections *t) {

@@ -453,7 +453,9 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
             cis_buf_printf(&b, "</td><td>%d</td><td>", (int)jnum(x, "pairs"));
             num(&b, jnum(x, "diff"), 3), CIS_PUT(&b, "</td><td>");
             num(&b, jnum(x, "lo"), 3), CIS_PUT(&b, " &ndash; "), num(&b, jnum(x, "hi"), 3), CIS_PUT(&b, "</td><td>");
-            num(&b, jnum(x, "p"), 4), CIS_PUT(&b, "</td><td>");
+            num(&b, jnum(x, "p"), 4);
+            if (cJSON_IsTrue(jget(x, "exact"))) CIS_PUT(&b, " (exact)");
+            CIS_PUT(&b, "</td><td>");
             num(&b, jnum(x, "p_holm"), 4), CIS_PUT(&b, "</td></tr>\n");
         }
         CIS_PUT(&b, "</table></section>\n");

@@ -403,8 +403,10 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if ((e = kiln_cis_manifest_load(o->manifest, &man))) goto done;
     /* every input is checked before the run directory is touched */
     if (o->detections) {
+        /* read once: the bytes checked are the bytes the run keeps */
         cis_detections det;
-        if ((e = cis_detections_load(o->detections, &det)) || (e = kiln_read_file(o->detections, &det_text, &det_len)))
+        if ((e = kiln_read_file(o->detections, &det_text, &det_len)) ||
+            (e = cis_detections_parse(det_text, det_len, o->detections, &det)))
             goto done;
         cis_detections_free(&det);
     }

@@ -147,9 +147,12 @@ static void print_summary(const char *run_dir) {
     const cJSON *det = cJSON_GetObjectItemCaseSensitive(s, "detector");
     if (cJSON_IsObject(det)) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(det, "clip_vs_detector");
-        printf("detector: %.0f components with a COCO class (%.0f detection images not in the run); CLIP agrees with it "
-               "on %.3f, kappa %.3f\n", num_of(det, "pairs"), num_of(det, "unmatched_images"), num_of(a, "accuracy"),
-               num_of(a, "kappa"));
+        printf("detector: %.0f components with a COCO class (%.0f detection images not in the run); the judge agrees "
+               "with it on %.3f, kappa %.3f\n", num_of(det, "pairs"), num_of(det, "unmatched_images"),
+               num_of(a, "accuracy"), num_of(a, "kappa"));
+        if (num_of(det, "images") > 0 && num_of(det, "images") == num_of(det, "unmatched_images"))
+            fprintf(stderr, "warning: no detection names an image of this run: image paths must be written as in the "
+                            "manifest\n");
     }
     printf("all numbers: %s/scores.json, summary.csv, images.csv, components.csv, superposition.csv\n", run_dir);
     cJSON_Delete(s);
@@ -174,11 +177,13 @@ static int cmd_score(int argc, char **argv) {
         else if (!strcmp(a, "--crops")) o.grids = argv[++i];
         else if (!strcmp(a, "--detections")) o.detections = argv[++i];
         else if (!strcmp(a, "--detector-threshold")) {
-            if (!(e = cli_double(a, argv[++i], &d)) && !(d >= 0 && d <= 1)) {
-                fprintf(stderr, "kiln cis score: --detector-threshold must be in [0, 1]\n");
-                return 2;
+            if (!(e = cli_double(a, argv[++i], &d))) {
+                if (!(d >= 0 && d <= 1)) {
+                    fprintf(stderr, "kiln cis score: --detector-threshold must be in [0, 1]\n");
+                    return 2;
+                }
+                o.det_threshold = d;
             }
-            o.det_threshold = d;
         } else if (!strcmp(a, "--cluster")) {
             o.cluster = argv[++i];
             if (!kiln_cis_cluster_unit_known(o.cluster)) {
