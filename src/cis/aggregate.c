@@ -33,7 +33,7 @@ typedef struct {
     int boot, perm;
     uint64_t seed;
     double threshold;
-    const char *unit; /* image, prompt, scene or culture */
+    const char *unit; /* image, prompt, scene or culture (cis_run_keep.unit) */
 } params;
 
 static const char *rstr(const cJSON *o, const char *f) {
@@ -599,6 +599,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     kiln_cis_suite suite = {0, NULL};
     cis_results res = {0};
     cis_detections det = {0, 0, NULL};
+    cis_run_keep keep = {"", NULL, 0}; /* run.json's unit and detector (cis_run_keep_read) */
     row *rows = NULL;
     cis_buf summary = {0}, images = {0}, comps = {0}, sup = {0};
     kiln_error *e = NULL;
@@ -617,13 +618,8 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         (e = kiln_json_get_double(run, "threshold", &pr.threshold, 0.5, 0, rj)))
         goto done;
     pr.boot = (int)boot, pr.perm = (int)perm, pr.seed = (uint64_t)seed;
-    /* runs written before the field resampled images: keep their method */
-    if ((e = kiln_json_get_string(run, "cluster", &pr.unit, "image", 0, rj))) goto done;
-    if (!kiln_cis_cluster_unit_known(pr.unit)) {
-        e = kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture", rj,
-                        pr.unit);
-        goto done;
-    }
+    if ((e = cis_run_keep_read(run, rj, &keep))) goto done;
+    pr.unit = keep.unit;
 
     int n = res.n, nerr = 0;
     rows = calloc((size_t)(n ? n : 1), sizeof *rows);
@@ -666,18 +662,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         r->mis = rnum(r->rec, "generic_sim") - rnum(r->rec, "context_sim");
     }
     if ((e = assign_clusters(rows, n, pr.unit))) goto done;
-    const cJSON *detj = cJSON_GetObjectItemCaseSensitive(run, "detections");
-    double det_thr;
-    if (detj && !cJSON_IsString(detj) && !cJSON_IsNull(detj)) {
-        e = kiln_errorf(KILN_EFORMAT, "%s: field 'detections': expected a path or null", rj);
-        goto done;
-    }
-    if ((e = kiln_json_get_double(run, "detector_threshold", &det_thr, 0.5, 0, rj))) goto done;
-    if (!(det_thr >= 0 && det_thr <= 1)) {
-        e = kiln_errorf(KILN_EFORMAT, "%s: field 'detector_threshold': %g is not in [0, 1]", rj, det_thr);
-        goto done;
-    }
-    if (cJSON_IsString(detj)) { /* the run's copy (score wrote it): the original may have moved */
+    if (keep.detections) { /* the run's copy (score wrote it): the original may have moved */
         char *dpath = kiln_path_join(dir, "detections.jsonl");
         e = dpath ? detector_scores(rows, n, dpath, &det) : kiln_errorf(KILN_ENOMEM, "out of memory");
         free(dpath);
@@ -769,8 +754,8 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         }
         r->cis = (double)present / r->ncomp;
     }
-    if (cJSON_IsString(detj)) {
-        cJSON *dj = detector_json(rows, n, &det, detj->valuestring, det_thr, o->labels != NULL);
+    if (keep.detections) {
+        cJSON *dj = detector_json(rows, n, &det, keep.detections, keep.det_threshold, o->labels != NULL);
         if (!dj) {
             e = kiln_errorf(KILN_ENOMEM, "out of memory");
             goto done;
@@ -816,7 +801,7 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         free(lv), free(v), free(cl);
     }
     by_dims(cJSON_AddArrayToObject(root, "misalignment"), &summary, "misalignment", rows, n, v_mis, &pr, 4);
-    if (cJSON_IsString(detj)) { /* the COCO-classed components found by the detector, and by CLIP */
+    if (keep.detections) { /* the COCO-classed components found by the detector, and by CLIP */
         by_dims(cJSON_AddArrayToObject(root, "detector_inclusion"), &summary, "detector", rows, n, v_det, &pr, 4);
         by_dims(cJSON_AddArrayToObject(root, "clip_inclusion_coco"), &summary, "clip_coco", rows, n, v_det_clip, &pr, 4);
     }
@@ -949,6 +934,7 @@ done:
     for (int i = 0; rows && i < res.n; i++)
         free(rows[i].prob), free(rows[i].entropy), free(rows[i].label), free(rows[i].verdict), free(rows[i].pdet);
     cis_detections_free(&det);
+    free(keep.detections);
     free(rows);
     cis_buf_free(&summary), cis_buf_free(&images), cis_buf_free(&comps), cis_buf_free(&sup);
     cis_results_free(&res);

@@ -123,36 +123,35 @@ void cis_results_free(cis_results *r) {
 
 /* ---- the run's fixed inputs ---- */
 
-/* What a run keeps across --resume unless the command line says otherwise. */
-typedef struct {
-    char unit[16];
-    char *detections; /* NULL: none */
-    double det_threshold;
-} run_keep;
+kiln_error *cis_run_keep_read(const cJSON *run, const char *ctx, cis_run_keep *k) {
+    const char *u;
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(run, "detections");
+    KILN_TRY(kiln_json_get_string(run, "cluster", &u, "image", 0, ctx));
+    KILN_TRY(kiln_json_get_double(run, "detector_threshold", &k->det_threshold, 0.5, 0, ctx));
+    if (!kiln_cis_cluster_unit_known(u))
+        return kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture", ctx, u);
+    if (d && !cJSON_IsString(d) && !cJSON_IsNull(d))
+        return kiln_errorf(KILN_EFORMAT, "%s: field 'detections': expected a path or null", ctx);
+    if (!(k->det_threshold >= 0 && k->det_threshold <= 1))
+        return kiln_errorf(KILN_EFORMAT, "%s: field 'detector_threshold': %g is not in [0, 1]", ctx, k->det_threshold);
+    snprintf(k->unit, sizeof k->unit, "%s", u);
+    free(k->detections);
+    k->detections = NULL;
+    if (cJSON_IsString(d) && !(k->detections = cis_strdup(d->valuestring)))
+        return kiln_errorf(KILN_ENOMEM, "out of memory");
+    return NULL;
+}
 
-static kiln_error *read_run_keep(const char *runjson, run_keep *k) {
+/* A resumed run's kept fields (cis_run_keep_read). */
+static kiln_error *read_run_keep(const char *runjson, cis_run_keep *k) {
     cJSON *old = NULL;
-    const char *u, *det;
     kiln_error *e = kiln_json_parse_file(runjson, &old);
-    if (!e && !(e = kiln_json_get_string(old, "cluster", &u, "image", 0, runjson)) &&
-        !(e = kiln_json_get_double(old, "detector_threshold", &k->det_threshold, 0.5, 0, runjson))) {
-        const cJSON *d = cJSON_GetObjectItemCaseSensitive(old, "detections");
-        det = cJSON_IsString(d) ? d->valuestring : NULL;
-        if (!kiln_cis_cluster_unit_known(u))
-            e = kiln_errorf(KILN_EFORMAT, "%s: field 'cluster': '%s' is not one of image, prompt, scene, culture",
-                            runjson, u);
-        else if (d && !cJSON_IsNull(d) && !det)
-            e = kiln_errorf(KILN_EFORMAT, "%s: field 'detections': expected a path or null", runjson);
-        else if (det && !(k->detections = cis_strdup(det)))
-            e = kiln_errorf(KILN_ENOMEM, "out of memory");
-        else
-            snprintf(k->unit, sizeof k->unit, "%s", u);
-    }
+    if (!e) e = cis_run_keep_read(old, runjson, k);
     cJSON_Delete(old);
     return e;
 }
 
-static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir, const run_keep *k) {
+static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir, const cis_run_keep *k) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "suite", o->suite);
     cJSON_AddStringToObject(j, "manifest", o->manifest);
@@ -386,7 +385,7 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     float *T = NULL;
     cis_results prev = {0};
     cis_buf b = {0};
-    run_keep keep = {"prompt", NULL, 0.5};
+    cis_run_keep keep = {"prompt", NULL, 0.5}; /* a new run's; the command line's over it */
     char *det_text = NULL; /* the detections file's bytes, copied into the run */
     size_t det_len = 0;
     char *runjson = kiln_path_join(o->out_dir, "run.json"), *results = kiln_path_join(o->out_dir, "results"),

@@ -110,14 +110,14 @@ static void print_summary(const char *run_dir) {
         return;
     }
     const cJSON *x;
-    const char *unit = str_of(cJSON_GetObjectItemCaseSensitive(s, "run"), "cluster");
-    printf("%-22s %6s %7s  %s (resampling %ss)\n", "culture", "n", "CIS", "95% CI", strcmp(unit, "?") ? unit : "image");
+    const char *unit = str_of(s, "cluster"); /* the unit the aggregation used (image for runs before the field) */
+    printf("%-22s %6s %7s  %s (resampling %ss)\n", "culture", "n", "CIS", "95% CI", unit);
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "cis")) {
         const char *by = str_of(x, "by");
         if (strcmp(by, "culture") && strcmp(by, "group") && strcmp(by, "all")) continue;
         if (isnan(num_of(x, "lo"))) /* one cluster: nothing to resample */
             printf("%-22s %6.0f %7.3f  (one %s: no CI)\n", str_of(x, "level"), num_of(x, "n"), num_of(x, "mean"),
-                   strcmp(unit, "?") ? unit : "image");
+                   unit);
         else
             printf("%-22s %6.0f %7.3f  [%.3f, %.3f]\n", str_of(x, "level"), num_of(x, "n"), num_of(x, "mean"),
                    num_of(x, "lo"), num_of(x, "hi"));
