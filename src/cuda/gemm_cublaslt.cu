@@ -11,6 +11,7 @@
 
 #include "cuda_check.h"
 #include "kiln/cuda.h"
+#include "kiln/hash.h"
 #include "launch.cuh"
 
 extern "C" kiln_error *kiln_cuda_gemm_type_parse(const char *name, kiln_cuda_gemm_type *out) {
@@ -381,14 +382,11 @@ done:
     return err;
 }
 
-// FNV-1a over the fields key_eq compares
+// kiln's FNV-1a over the fields key_eq compares (in-process only: the bytes' order does not matter)
 static uint64_t key_hash(const kiln_lt_key *k) {
     const int64_t f[] = {k->m, k->n, k->k, k->batch, k->stride[0], k->stride[1], k->stride[2], k->ta, k->tb, k->c_f32,
                          k->mode, k->bias, k->bias_f32, k->tag, k->align[0], k->align[1], k->align[2]};
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-        for (int b = 0; b < 8; b++) h = (h ^ (uint64_t)((f[i] >> (8 * b)) & 0xff)) * 1099511628211ull;
-    return h;
+    return kiln_fnv1a64(KILN_FNV1A64_INIT, f, sizeof f);
 }
 
 kiln_lt_plan *kiln_lt_cache_find(kiln_lt_cache *c, const kiln_lt_key *key) {
