@@ -88,6 +88,11 @@ kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID_BYTES], in
 /* NCCL over the ranks of `boot` (MPI or local), one GPU per process picked by the process's local rank;
  * an error when a host has more ranks than GPUs. On success the new comm owns `boot`. */
 kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out);
+/* ---- Staged (src/comm/comm_staged.c): device buffers like NCCL's, each data collective copied to the host and
+ * run by `host` (MPI, or local), then copied back; synchronous and slow. Several ranks may share a GPU (the
+ * ranks of a host take its GPUs round robin), which NCCL refuses: it runs the GPU trainer's several-rank path
+ * on one GPU (KILN_COMM=staged). On success the new comm owns `host`. */
+kiln_error *kiln_comm_staged_from(kiln_comm *host, kiln_comm **out);
 /* "2.27.3", or an error when libnccl cannot be loaded. */
 kiln_error *kiln_comm_nccl_version(char *buf, size_t n);
 /* This process's rank among the ranks on its host and their number (OpenMPI's environment; 0 and 1

@@ -47,6 +47,8 @@ kiln_error *kiln_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 kiln_error *kiln_cuda_alloc(void **p, size_t bytes);
 void kiln_cuda_free(void *p);
 typedef enum { KILN_CUDA_H2D = 0, KILN_CUDA_D2H, KILN_CUDA_D2D } kiln_cuda_copy_kind;
+/* Wait for all work on the calling thread's device (every stream). */
+kiln_error *kiln_cuda_device_sync(void);
 /* synchronous */
 kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind);
 

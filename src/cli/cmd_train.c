@@ -133,10 +133,23 @@ static int cmd(int argc, char **argv) {
     if (!e && recompute) c.recompute = 1;
     if (e) return cli_fail("train", e);
 
+    /* KILN_COMM=staged: the device buffers' collectives through host memory over MPI (comm_staged.c), which
+     * lets several ranks share one GPU; else NCCL */
+    const char *kc = getenv("KILN_COMM");
+    if (kc && *kc && strcmp(kc, "nccl") && strcmp(kc, "staged"))
+        return cli_fail("train", kiln_errorf(KILN_EINVAL, "KILN_COMM=%s: expected nccl (the default) or staged", kc));
     kiln_comm *comm = NULL;
     e = kiln_comm_init(&argc, &argv, &comm);
     if (e) return cli_fail("train", e);
-    if (!strcmp(c.device, "cuda")) { /* NCCL over the ranks, one GPU each; one rank can do without it */
+    if (!strcmp(c.device, "cuda") && kc && !strcmp(kc, "staged")) {
+        kiln_comm *st = NULL;
+        e = kiln_comm_staged_from(comm, &st);
+        if (e) {
+            comm->finalize(comm);
+            return cli_fail("train", e);
+        }
+        comm = st;
+    } else if (!strcmp(c.device, "cuda")) { /* NCCL over the ranks, one GPU each; one rank can do without it */
         kiln_comm *nccl = NULL;
         e = kiln_comm_nccl_from(comm, &nccl);
         if (!e) comm = nccl;

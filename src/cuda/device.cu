@@ -79,6 +79,13 @@ extern "C" void kiln_cuda_free(void *p) {
     if (p) cudaFree(p);
 }
 
+extern "C" kiln_error *kiln_cuda_device_sync(void) {
+    kiln_error *err = NULL;
+    CUDA_TRY(cudaDeviceSynchronize());
+done:
+    return err;
+}
+
 extern "C" kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind) {
     kiln_error *err = NULL;
     static const cudaMemcpyKind k[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};

@@ -30,6 +30,7 @@ kiln_error *kiln_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
 }
 kiln_error *kiln_cuda_alloc(void **p, size_t bytes) { (void)bytes, *p = NULL; return no_cuda(); }
 void kiln_cuda_free(void *p) { (void)p; }
+kiln_error *kiln_cuda_device_sync(void) { return no_cuda(); }
 kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind) {
     (void)dst, (void)src, (void)bytes, (void)kind;
     return no_cuda();

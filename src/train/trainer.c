@@ -124,8 +124,8 @@ static int on_gpu(const kiln_train_config *c) { return !strcmp(c->device, "cuda"
 /* The GPU side: model, optimizer for this rank's tensors, and where the reduce-scatter lands. */
 static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
     if (!comm->device_buffers && comm->size > 1)
-        return kiln_errorf(KILN_EINVAL, "run.device cuda with %d ranks needs the NCCL backend (the %s backend moves host "
-                           "memory)", comm->size, comm->backend);
+        return kiln_errorf(KILN_EINVAL, "run.device cuda with %d ranks needs the NCCL or the staged backend (the %s "
+                           "backend moves host memory)", comm->size, comm->backend);
     KILN_TRY(kiln_zaya_cuda_create(t->m, c->micro_batch, c->seq_len, c->recompute, &t->gpu));
     kiln_zaya_cuda_set_deterministic(t->gpu, c->deterministic);
     /* The experts' weight gradients in bf16 (KILN_EXPERT_GRADS=bf16, the default where it applies; =f32 keeps

@@ -807,6 +807,85 @@ TEST(gpu_zaya_train_resume) {
     CHECK_MSG(ck_same_model_file(s, p), "stop + resume differs from a straight run");
 }
 
+/* Issue [cuda] item 2, the trainer's several-rank path on one GPU: two ranks under mpirun share the GPU through
+ * the staged backend (KILN_COMM=staged, src/comm/comm_staged.c; NCCL refuses two ranks on one GPU). That path
+ * (each rank's gradient reduce-scattered into its shard, the norm over the shards, the sharded AdamW/Muon, the
+ * all-gather, the bf16 copy refreshed, every rank's checkpoint shard) runs nowhere else on a one-GPU machine.
+ *  - Two ranks against one rank accumulating two micro-batches (the same data, the same global batch, as the
+ *    CPU's two-rank test): the two differ only in how the two micro-batches' f32 gradients are added (two
+ *    rounded partial sums on the host against the backward adding the second into the first), so the first
+ *    step's loss agrees to 1e-6 and its gradient norm to 1e-5; steps 2-5 to 1e-3 and all 20 to 2e-2 (bf16
+ *    training carries last-bit differences forward; a lost shard, a missed all-gather or a norm over one shard
+ *    moves them by far more).
+ *  - Stop after 10 steps and resume on two ranks: the same final model, bit for bit, as the straight run.
+ *  - The step-10 checkpoint reshaped to one rank and resumed there: steps 11-20 within 2e-2 of the two-rank
+ *    run's. */
+static int gpu_train_ranks(int np, const char *cfg, const char *out, const char *extra_args) {
+    char args[4096];
+    snprintf(args, sizeof args, "train --config '%s' --out '%s' --quiet %s", cfg, out, extra_args ? extra_args : "");
+    if (np == 1) return ck_kiln(args);
+    CHECK(setenv("KILN_COMM", "staged", 1) == 0); /* mpirun's local ranks inherit it */
+    const int rc = ck_mpi(np, args);
+    unsetenv("KILN_COMM");
+    return rc;
+}
+
+static double worst_rel_steps(const double *a, const double *b, int from, int to, int *at) {
+    double w = 0;
+    for (int i = from - 1; i < to; i++) {
+        const double d = fabs(a[i] - b[i]) / fmax(fabs(b[i]), 1e-30);
+        if (!(d <= w)) w = d, *at = i + 1;
+    }
+    return w;
+}
+
+TEST(gpu_zaya_train_two_ranks_staged) {
+    CHECK_MSG(ck_have_mpirun(), "mpirun not found: the GPU machine needs OpenMPI (.debs, scripts/gpu_machine_build.sh)");
+    if (!ck_have_mpirun()) return;
+    const char *data = ck_data();
+    char dd[1200], two[1200], one[1200], parts[1200], resh[1200], args[4096], text[16384];
+    snprintf(dd, sizeof dd, "%s", data);
+    snprintf(two, sizeof two, "%s", out_dir("two_ranks"));
+    snprintf(one, sizeof one, "%s", out_dir("one_rank_accum2"));
+    snprintf(parts, sizeof parts, "%s", out_dir("two_ranks_parts"));
+    snprintf(resh, sizeof resh, "%s", out_dir("reshaped_to_one"));
+    const char *c2 = ck_config(dd, two, 20, 1, 32, "\"ckpt_every\": 10, \"device\": \"cuda\"");
+    char cfg2[1200];
+    snprintf(cfg2, sizeof cfg2, "%s", c2);
+    const char *c1 = ck_config(dd, one, 20, 2, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
+    CHECK(gpu_train_ranks(2, cfg2, two, NULL) == 0);
+    CHECK(gpu_train_ranks(1, c1, one, NULL) == 0);
+    double l2[20] = {0}, l1[20] = {0};
+    CHECK(ck_losses(two, l2, 20) == 20 && ck_losses(one, l1, 20) == 20);
+    int at = 0, at5 = 0, at1 = 0;
+    const double w1 = worst_rel_steps(l2, l1, 1, 1, &at1), w5 = worst_rel_steps(l2, l1, 2, 5, &at5),
+                 w = worst_rel_steps(l2, l1, 1, 20, &at);
+    char *g2 = ck_gnorms(two), *g1 = ck_gnorms(one);
+    const double n2 = g2 ? atof(g2) : NAN, n1 = g1 ? atof(g1) : NAN, wn = fabs(n2 - n1) / fmax(fabs(n1), 1e-30);
+    printf("    two ranks %.4f -> %.4f, one rank x2 %.4f -> %.4f; step 1 loss %.2g, norm %.2g (%.6g, %.6g); steps "
+           "2-5 %.2g; all %.2g at step %d\n", l2[0], l2[19], l1[0], l1[19], w1, wn, n2, n1, w5, w, at);
+    CHECK_MSG(w1 <= 1e-6, "step 1: the two ranks' loss differs from one rank's by %.3g", w1);
+    CHECK_MSG(wn <= 1e-5, "step 1: the two ranks' gradient norm %.9g differs from one rank's %.9g", n2, n1);
+    CHECK_MSG(w5 <= 1e-3, "steps 2-5: the loss differs by %.3g at step %d", w5, at5);
+    CHECK_MSG(w <= 2e-2, "the loss differs by %.3g at step %d", w, at);
+    free(g2), free(g1);
+    /* stop + resume on two ranks; the step-10 checkpoint also reshaped for one rank before the resume */
+    CHECK(gpu_train_ranks(2, cfg2, parts, "--stop-after 10") == 0);
+    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s' --world-size 1", parts, resh);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
+    CHECK(gpu_train_ranks(2, cfg2, parts, "--resume") == 0);
+    CHECK_MSG(ck_same_model_file(two, parts), "two ranks: stop + resume differs from the straight run");
+    char rcfg[1300];
+    snprintf(rcfg, sizeof rcfg, "%s/config.json", resh);
+    CHECK(gpu_train_ranks(1, rcfg, resh, "--resume") == 0);
+    double lr[20] = {0};
+    CHECK(ck_losses(resh, lr, 20) == 20);
+    int atr = 0;
+    const double wr = worst_rel_steps(lr, l2, 11, 20, &atr);
+    printf("    reshaped to one rank: steps 11-20 within %.2g of two ranks' (step %d)\n", wr, atr);
+    CHECK_MSG(wr <= 2e-2, "reshaped to one rank: the loss differs by %.3g at step %d", wr, atr);
+}
+
 /* Issue [cuda]'s check: the built-in default training run (kiln train with no config: the generated corpus,
  * its BPE tokenizer, the ~2M-parameter model), 200 steps on the CPU and on the GPU from the same seed, the
  * loss curves agreeing within bf16 noise. Both runs use the default's own configuration, taken from a
