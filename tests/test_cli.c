@@ -262,6 +262,25 @@ TEST(cli_diff) {
     expect_fail(args, "--tol: 'nan' is not a number");
     snprintf(args, sizeof args, "diff '%s' '%s' --tol inf", a, b);
     expect_fail(args, "--tol: 'inf' is not a number");
+    snprintf(args, sizeof args, "diff '%s' '%s' --tol -1", a, b);
+    expect_fail(args, "--tol -1: expected a tolerance >= 0");
+    /* non-finite values: a NaN on either side fails (fmax used to drop it: 0 problems), an infinity only in the
+     * reference fails (inf/inf was NaN, which passed), the same infinity on both sides agrees */
+    char n[600], inf[600];
+    snprintf(n, sizeof n, "%s/nan.safetensors", d);
+    snprintf(inf, sizeof inf, "%s/inf.safetensors", d);
+    float xn[4] = {1, NAN, 3, 4}, xi[4] = {1, -2, INFINITY, 4};
+    kiln_st_entry en[1] = {{"w", KILN_DT_F32, 1, s4, xn}}, ei[1] = {{"w", KILN_DT_F32, 1, s4, xi}};
+    CHECK_OK(kiln_st_write(n, en, 1, NULL));
+    CHECK_OK(kiln_st_write(inf, ei, 1, NULL));
+    const char *pairs[4][2] = {{n, c}, {c, n}, {c, inf}, {inf, c}}; /* c: w alone, finite */
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "diff '%s' '%s'", pairs[i][0], pairs[i][1]);
+        CHECK_MSG(test_run_kiln(args, out, sizeof out) == 1 && strstr(out, "non-finite") && strstr(out, "1 problems"),
+                  "%s -> %s", args, out);
+    }
+    snprintf(args, sizeof args, "diff '%s' '%s'", inf, inf);
+    CHECK_MSG(test_run_kiln(args, out, sizeof out) == 0 && strstr(out, "0 problems"), "%s", out);
 }
 
 /* integer flags stored in an int are range-checked, not truncated (4294967297 was taken as 1 bootstrap sample) */

@@ -14,11 +14,13 @@ static const char usage[] =
     "usage: kiln diff A.safetensors B.safetensors [--tol X] [--all]\n\n"
     "Compares every tensor the two files share (B is the reference): relative error\n"
     "max|a-b| / max|b| per tensor. Prints the worst tensors (all with --all), exits 1 if any\n"
-    "exceeds --tol (default 1e-4) or if a tensor is in only one file or has another shape.\n";
+    "exceeds --tol (default 1e-4), holds a NaN, or an infinity the other file does not have at\n"
+    "that element, or if a tensor is in only one file or has another shape.\n";
 
 typedef struct {
     const char *name;
     double rel;
+    int64_t nonfinite; /* elements with a NaN, or an infinity not on both sides */
 } diff_row;
 
 static int by_rel_desc(const void *a, const void *b) {
@@ -53,14 +55,22 @@ static kiln_error *run(const char *pa, const char *pb, double tol, int all, int 
         if (!e) e = kiln_st_read_f32(ta, va, (size_t)ta->numel);
         if (!e) e = kiln_st_read_f32(tb, vb, (size_t)tb->numel);
         if (!e) {
+            /* a NaN on either side, or an infinity the other side does not have, fails the tensor (fmax would drop
+             * a NaN, and inf/inf is NaN, which compares false with the tolerance); the same infinity on both sides
+             * agrees and is left out of max|b| */
             double md = 0, mr = 0;
+            int64_t nonfinite = 0;
             for (int64_t j = 0; j < tb->numel; j++) {
-                md = fmax(md, fabs((double)va[j] - vb[j]));
-                mr = fmax(mr, fabs((double)vb[j]));
+                const double x = va[j], y = vb[j];
+                if (!isfinite(x) || !isfinite(y)) {
+                    nonfinite += isnan(x) || isnan(y) || x != y;
+                    continue;
+                }
+                md = fmax(md, fabs(x - y));
+                mr = fmax(mr, fabs(y));
             }
-            double rel = mr > 0 ? md / mr : md;
-            if (isnan(md)) rel = INFINITY;
-            rows[nrows++] = (diff_row){tb->name, rel};
+            const double rel = nonfinite ? INFINITY : mr > 0 ? md / mr : md;
+            rows[nrows++] = (diff_row){tb->name, rel, nonfinite};
             if (rel > tol) (*bad)++;
         }
         free(va);
@@ -76,7 +86,10 @@ static kiln_error *run(const char *pa, const char *pb, double tol, int all, int 
         size_t show = all ? nrows : (nrows < 5 ? nrows : 5);
         printf("%-64s %12s\n", "tensor (worst first)", "rel err");
         for (size_t i = 0; i < show; i++)
-            printf("%-64s %12.3e%s\n", rows[i].name, rows[i].rel, rows[i].rel > tol ? "  > tol" : "");
+            if (rows[i].nonfinite)
+                printf("%-64s %12s  %lld NaN/Inf element%s not in both\n", rows[i].name, "non-finite",
+                       (long long)rows[i].nonfinite, rows[i].nonfinite == 1 ? "" : "s");
+            else printf("%-64s %12.3e%s\n", rows[i].name, rows[i].rel, rows[i].rel > tol ? "  > tol" : "");
         printf("%zu tensors compared, %d problems (tolerance %.1e)\n", nrows, *bad, tol);
     }
     free(rows);
@@ -94,6 +107,7 @@ static int cmd(int argc, char **argv) {
         if (!strcmp(argv[i], "--tol")) {
             if (i + 1 >= argc) e = kiln_errorf(KILN_EINVAL, "--tol needs a value");
             else e = cli_double("--tol", argv[++i], &tol);
+            if (!e && !(tol >= 0)) e = kiln_errorf(KILN_EINVAL, "--tol %s: expected a tolerance >= 0", argv[i]);
         } else if (!strcmp(argv[i], "--all")) {
             all = 1;
         } else if (argv[i][0] == '-') {

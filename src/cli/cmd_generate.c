@@ -1,5 +1,6 @@
 /* kiln generate --model DIR --prompt-ids "1,2,3" [--max-new N --temperature T --top-k K --top-p P --seed S]
  * Decodes with the cache (K/V, CCA convolution history, delayed value), one token at a time. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,10 +153,15 @@ static int cmd(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) e = cli_int(a, v, &g.seed);
         else e = kiln_errorf(KILN_EINVAL, "unknown option '%s' (see kiln generate --help)", a);
     }
-    if (!e && (!g.model || !(g.prompt || g.text) || (g.prompt && g.text)))
+    if (!e && g.prompt && g.text) e = kiln_errorf(KILN_EINVAL, "give --prompt or --prompt-ids, not both");
+    if (!e && (!g.model || !(g.prompt || g.text)))
         e = kiln_errorf(KILN_EINVAL, "--model and one of --prompt or --prompt-ids are required");
     if (!e && (g.max_new < 0 || g.max_new > 1000000)) e = kiln_errorf(KILN_EINVAL, "--max-new must be in 0..1000000");
     if (!e && g.so.top_k < 0) e = kiln_errorf(KILN_EINVAL, "--top-k must be >= 0");
+    if (!e && !(g.so.temperature >= 0 && isfinite(g.so.temperature)))
+        e = kiln_errorf(KILN_EINVAL, "--temperature %g: expected 0 (greedy) or a positive number", g.so.temperature);
+    if (!e && !(g.so.top_p > 0 && g.so.top_p <= 1))
+        e = kiln_errorf(KILN_EINVAL, "--top-p %g: expected a probability mass in (0, 1] (1 = off)", g.so.top_p);
     if (!e) e = run(&g);
     return e ? cli_fail("generate", e) : 0;
 }

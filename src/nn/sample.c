@@ -28,16 +28,27 @@ int64_t kiln_sample(const float *logits, int64_t V, const kiln_sample_opts *o, k
     for (int64_t v = 0; v < V; v++) work[v].p /= sum;
     qsort(work, (size_t)V, sizeof *work, by_prob_desc);
     int64_t keep = V;
-    if (o->top_k > 0 && o->top_k < keep) keep = o->top_k;
-    if (o->top_p > 0 && o->top_p < 1) {
-        double cum = 0;
-        for (int64_t i = 0; i < keep; i++) {
-            cum += work[i].p;
-            if (cum >= o->top_p) { keep = i + 1; break; }
-        }
+    if (o->top_k > 0 && o->top_k < keep) {
+        keep = o->top_k;
+        /* HF's top-k removes what scores below the k-th score: tokens tied with it stay */
+        while (keep < V && work[keep].p == work[keep - 1].p) keep++;
     }
     double total = 0;
     for (int64_t i = 0; i < keep; i++) total += work[i].p;
+    if (o->top_p > 0 && o->top_p < 1) {
+        /* the nucleus of what top-k left, renormalised (HF's top-p runs a softmax over the filtered scores):
+         * a token stays while the mass ranked above it is below top_p */
+        double cum = 0;
+        for (int64_t i = 0; i < keep; i++) {
+            cum += work[i].p;
+            if (cum >= o->top_p * total) {
+                keep = i + 1;
+                break;
+            }
+        }
+        total = 0;
+        for (int64_t i = 0; i < keep; i++) total += work[i].p;
+    }
     double u = kiln_rng_uniform(rng) * total, acc = 0;
     for (int64_t i = 0; i < keep; i++) {
         acc += work[i].p;
