@@ -9,6 +9,7 @@
 #include "ckpt/crc32c.h"
 #include "ckpt_testutil.h"
 #include "kiln/ckpt.h"
+#include "kiln/json.h"
 #include "kiln/safetensors.h"
 #include "kiln/zaya.h"
 
@@ -286,4 +287,134 @@ TEST(ckpt_st_write_stream_same_bytes) {
     }
     CHECK_ERR(kiln_st_write_stream(got, nodata, 4, NULL, NULL, NULL), "no data source");
     CHECK_ERR(kiln_st_write(got, nodata, 4, NULL), "data is NULL"); /* without a source the data is required */
+}
+
+/* ---- which checkpoints pruning keeps, and what a manifest may claim ---- */
+
+/* Flips one byte of the data of a checkpoint's rank-0 shard: its checksum no longer matches. */
+static void ck_flip_shard(const char *out, int step) {
+    char shard[1300];
+    snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", out, step);
+    FILE *f = fopen(shard, "r+b");
+    CHECK_MSG(f != NULL, "%s: cannot open", shard);
+    if (!f) return;
+    fseek(f, -17, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -17, SEEK_END);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
+static int ck_has_step(const char *out, int step) {
+    char p[1300];
+    snprintf(p, sizeof p, "%s/ckpt/step_%08d", out, step);
+    return access(p, F_OK) == 0;
+}
+
+/* keep_last counts valid checkpoints no newer than the one just committed, which is never deleted. The reviewer's
+ * repro: checkpoints 4, 8, 12, the shard of 12 corrupted, then keep_last 1 and --resume --stop-after 2: it resumed
+ * from 8, saved 10, and deleted 4, 8 and 10 (the corrupt 12 counted as the newest), leaving nothing resumable. */
+TEST(ckpt_prune_keeps_the_runs_own_valid_checkpoints) {
+    char data[1024], out[1024], args[4096], text[16384];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(out, sizeof out, test_tmpdir());
+    const char *c1 = ck_config(data, out, 30, 1, 32, "\"ckpt_every\": 4, \"keep_last\": 3, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 12", c1);
+    CHECK(ck_kiln(args) == 0);
+    CHECK(ck_has_step(out, 4) && ck_has_step(out, 8) && ck_has_step(out, 12));
+    ck_flip_shard(out, 12);
+    const char *c2 = ck_config(data, out, 30, 1, 32, "\"ckpt_every\": 4, \"keep_last\": 1, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --resume --stop-after 2", c2);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "skipping checkpoint") &&
+                  strstr(text, "resumed from step 8"), "%s", text);
+    CHECK_MSG(ck_has_step(out, 10), "the checkpoint just committed (step 10) was deleted");
+    CHECK_MSG(!ck_has_step(out, 8) && !ck_has_step(out, 4), "keep_last 1 kept older checkpoints than step 10");
+    CHECK_MSG(ck_has_step(out, 12), "the newer (corrupt) step 12 is not this run's to delete");
+    snprintf(args, sizeof args, "ckpt verify '%s/ckpt/step_00000010'", out);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
+    snprintf(args, sizeof args, "train --config '%s' --resume --stop-after 1", c2);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "resumed from step 10"), "%s", text);
+    CHECK(ck_has_step(out, 11) && !ck_has_step(out, 10) && ck_has_step(out, 12));
+
+    /* a fresh run into an out_dir that holds another run's (valid) checkpoints 4, 8, 12, keep_last 2: its own saves
+     * 4 and 5 stay (8 and 12 used to count as the two newest and push them out) */
+    char out2[1024];
+    dir_copy(out2, sizeof out2, test_tmpdir());
+    const char *c3 = ck_config(data, out2, 30, 1, 32, "\"ckpt_every\": 4, \"keep_last\": 3, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 12", c3);
+    CHECK(ck_kiln(args) == 0);
+    const char *c4 = ck_config(data, out2, 30, 1, 32, "\"ckpt_every\": 1, \"keep_last\": 2, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --stop-after 5", c4);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "newer than step 0"), "%s", text);
+    CHECK_MSG(ck_has_step(out2, 4) && ck_has_step(out2, 5), "the fresh run's own saves 4 and 5 were deleted");
+    CHECK(!ck_has_step(out2, 3) && !ck_has_step(out2, 2) && !ck_has_step(out2, 1));
+    CHECK(ck_has_step(out2, 8) && ck_has_step(out2, 12));
+    snprintf(args, sizeof args, "ckpt verify '%s'", out2);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "4 checkpoints, 0 invalid"), "%s", text);
+}
+
+/* Replaces a field of a manifest (loader >= 0: of loaders[loader]) with val (taken over). */
+static void ck_edit_manifest(const char *path, int loader, const char *field, cJSON *val) {
+    cJSON *man = NULL;
+    CHECK_OK(kiln_json_parse_file(path, &man));
+    cJSON *obj = loader < 0 ? man : cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(man, "loaders"), loader);
+    CHECK_MSG(obj && cJSON_ReplaceItemInObjectCaseSensitive(obj, field, val), "%s: no field '%s'", path, field);
+    char *text = kiln_json_print(man, 1);
+    CHECK_OK(kiln_write_file_atomic(path, text, strlen(text)));
+    free(text);
+    cJSON_Delete(man);
+}
+
+/* manifest.json is not checksummed, so its fields are checked against what they must be: a step other than the
+ * directory's (the reviewer set 100 in step_12: verify passed and --resume "resumed from step 100" and trained
+ * nothing), a negative epoch, a seed that is not a hex number, a cursor that is not whole micro-batches. */
+TEST(ckpt_manifest_fields_are_cross_checked) {
+    char data[1024], out[1024], args[4096], text[16384], man[1300];
+    dir_copy(data, sizeof data, ck_data());
+    dir_copy(out, sizeof out, test_tmpdir());
+    const char *cfg = ck_config(data, out, 30, 1, 32, "\"ckpt_every\": 4, \"keep_last\": 3, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 12", cfg);
+    CHECK(ck_kiln(args) == 0);
+    snprintf(man, sizeof man, "%s/ckpt/step_00000012/manifest.json", out);
+    char *orig = NULL;
+    size_t olen = 0;
+    CHECK_OK(kiln_read_file(man, &orig, &olen));
+    if (!orig) return;
+    int64_t cursor = -1;
+    cJSON *m = NULL;
+    CHECK_OK(kiln_json_parse_file(man, &m));
+    CHECK(kiln_json_int_value(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(m,
+                                  "loaders"), 0), "cursor"), &cursor) && cursor > 0 && cursor % 4 == 0);
+    cJSON_Delete(m);
+
+    ck_edit_manifest(man, -1, "step", cJSON_CreateNumber(100));
+    snprintf(args, sizeof args, "ckpt verify '%s'", out);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "step 100") && strstr(text, "step_00000012") &&
+                  strstr(text, "3 checkpoints, 1 invalid"), "%s", text);
+    snprintf(args, sizeof args, "train --config '%s' --resume --stop-after 1", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "resumed from step 8") &&
+                  !strstr(text, "resumed from step 100"), "%s", text);
+
+    static const struct {
+        const char *field, *want;
+    } bad[] = {{"epoch", "loaders[0]: epoch -1 is negative"},
+               {"seed", "loaders[0]: seed 'zz' is not a hexadecimal number"},
+               {"fingerprint", "loaders[0]: fingerprint '' is not a hexadecimal number"},
+               {"cursor", "loaders[0]: cursor"}};
+    snprintf(args, sizeof args, "ckpt verify '%s/ckpt/step_00000012'", out);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_OK(kiln_write_file_atomic(man, orig, olen));
+        cJSON *v = !strcmp(bad[i].field, "epoch")    ? cJSON_CreateNumber(-1)
+                   : !strcmp(bad[i].field, "seed")   ? cJSON_CreateString("zz")
+                   : !strcmp(bad[i].field, "cursor") ? cJSON_CreateNumber((double)(cursor + 1))
+                                                     : cJSON_CreateString("");
+        ck_edit_manifest(man, 0, bad[i].field, v);
+        CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, bad[i].want) && strstr(text, man), "%s: %s",
+                  bad[i].field, text);
+    }
+    CHECK(strstr(text, "not a whole number of micro-batches of 4 windows"));
+    /* the manifest as written verifies */
+    CHECK_OK(kiln_write_file_atomic(man, orig, olen));
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
+    free(orig);
 }

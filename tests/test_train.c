@@ -195,3 +195,142 @@ TEST(train_ckpt_verify_and_corrupt_newest) {
     snprintf(args, sizeof args, "ckpt verify '%s/nothing-here'", out);
     CHECK(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "nothing-here"));
 }
+
+/* Steps of metrics.jsonl's records in file order (at most cap); returns their number. */
+static int metric_steps(const char *out, int *steps, int cap) {
+    char path[1300], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    kiln_error *e = kiln_read_file(path, &text, &len);
+    kiln_error_free(e);
+    int n = 0;
+    for (char *p = text; p && (p = strstr(p, "{\"step\":")) && n < cap; p += 8) steps[n++] = atoi(p + 8);
+    free(text);
+    return n;
+}
+
+static void flip_shard(const char *out, int step) {
+    char shard[1300];
+    snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", out, step);
+    FILE *f = fopen(shard, "r+b");
+    CHECK_MSG(f != NULL, "%s: cannot open", shard);
+    if (!f) return;
+    fseek(f, -17, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -17, SEEK_END);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
+/* --resume where ckpt/ holds checkpoints but none is valid fails, naming each and why, and leaves metrics.jsonl as
+ * it was (it used to print "starting from step 0", train from scratch and truncate metrics.jsonl). --resume with no
+ * checkpoint at all starts from step 0 as before, but keeps the old metrics.jsonl as metrics.jsonl.1. */
+TEST(train_resume_without_a_valid_checkpoint) {
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
+    char args[2048], text[16384], metrics[1300], aside[1400];
+    const char *cfg = ck_config(data, out, 6, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 3, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --quiet --stop-after 4", cfg);
+    CHECK(ck_kiln(args) == 0); /* checkpoints 2 and 4 */
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    char *before = NULL;
+    size_t blen = 0;
+    CHECK_OK(kiln_read_file(metrics, &before, &blen));
+    flip_shard(out, 2);
+    flip_shard(out, 4);
+    snprintf(args, sizeof args, "train --config '%s' --resume", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "no valid checkpoint to resume from") &&
+                  strstr(text, "step_00000004: ") && strstr(text, "step_00000002: ") &&
+                  strstr(text, "rank_00000.safetensors: checksum") && !strstr(text, "starting from step 0"), "%s", text);
+    char *after = NULL;
+    size_t alen = 0;
+    CHECK_OK(kiln_read_file(metrics, &after, &alen));
+    CHECK_MSG(before && after && alen == blen && !memcmp(before, after, blen), "metrics.jsonl changed");
+    free(after);
+    if (have_mpirun()) { /* on two ranks: rank 0 finds nothing usable, and every rank stops (none waits for it) */
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader timeout 120 mpirun "
+                 "--allow-run-as-root --oversubscribe -np 2 '%s' train --config '%s' --quiet --resume 2>&1", KILN_BINARY, cfg);
+        const int rc = test_run_shell(cmd, text, sizeof text);
+        CHECK_MSG(rc != 0 && rc != 124 && strstr(text, "no valid checkpoint to resume from"), "rc %d: %s", rc, text);
+    }
+
+    char ckdir[1300];
+    snprintf(ckdir, sizeof ckdir, "%s/ckpt", out);
+    kiln_rm_tree(ckdir);
+    snprintf(args, sizeof args, "train --config '%s' --resume --stop-after 1", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "starting from step 0"), "%s", text);
+    snprintf(aside, sizeof aside, "%s.1", metrics);
+    after = NULL;
+    CHECK_OK(kiln_read_file(aside, &after, &alen));
+    CHECK_MSG(before && after && alen == blen && !memcmp(before, after, blen),
+              "the previous metrics.jsonl is not kept as metrics.jsonl.1");
+    free(after);
+    free(before);
+    int steps[64];
+    CHECK(metric_steps(out, steps, 64) == 1 && steps[0] == 1);
+}
+
+/* run.out_dir under directories that do not exist is created with its parents; one that cannot be created says why. */
+TEST(train_out_dir_parents_are_created) {
+    const char *data = ck_data_splits(0), *base = test_tmpdir();
+    char out[1200], args[2048], text[8192];
+    snprintf(out, sizeof out, "%s/a/b/c", base);
+    const char *cfg = ck_config(data, out, 1, 1, 32, NULL);
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
+    int steps[8];
+    CHECK(metric_steps(out, steps, 8) == 1);
+    char file[1200];
+    snprintf(file, sizeof file, "%s/plain", base);
+    CHECK_OK(kiln_write_file_atomic(file, "x", 1));
+    snprintf(out, sizeof out, "%s/plain/run", base);
+    cfg = ck_config(data, out, 1, 1, 32, NULL);
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "plain/run") && strstr(text, "Not a directory"),
+              "%s", text);
+}
+
+/* Resuming from step S drops metrics.jsonl's records of steps after S (an abandoned timeline's: they appeared twice
+ * once the run passed those steps again) and keeps the others byte for byte. */
+TEST(train_resume_drops_the_abandoned_timelines_metrics) {
+    const char *data = ck_data_splits(1), *out = test_tmpdir();
+    char args[2048], text[16384], p[1300];
+    const char *cfg = ck_config(data, out, 20, 1, 32, "\"ckpt_every\": 4, \"keep_last\": 10, \"ckpt_busy\": \"wait\"");
+    snprintf(args, sizeof args, "train --config '%s' --quiet", cfg);
+    CHECK(ck_kiln(args) == 0);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    char *before = NULL;
+    size_t blen = 0;
+    CHECK_OK(kiln_read_file(p, &before, &blen));
+    char *cut = before ? strstr(before, "{\"step\":13,") : NULL; /* the records of steps 1-12 end here */
+    CHECK(cut != NULL);
+    for (int s = 16; s <= 20; s += 4) { /* the newer checkpoints are gone: the run resumes from 12 */
+        snprintf(p, sizeof p, "%s/ckpt/step_%08d", out, s);
+        kiln_rm_tree(p);
+    }
+    /* a crash in the middle of a record: a step after 12 is dropped like the rest, a line too short to say its step
+     * is kept, terminated so that the next record is not glued to it */
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    FILE *f = fopen(p, "ab");
+    CHECK(f != NULL);
+    if (f) fputs("{\"ste", f), fclose(f);
+    snprintf(args, sizeof args, "train --config '%s' --resume --stop-after 2", cfg);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "resumed from step 12"), "%s", text);
+    int steps[64];
+    const int n = metric_steps(out, steps, 64);
+    CHECK_MSG(n == 14, "%d records, expected steps 1-14 once each", n);
+    for (int i = 0; i < n && i < 14; i++) CHECK_MSG(steps[i] == i + 1, "record %d is of step %d", i + 1, steps[i]);
+    char *after = NULL;
+    size_t alen = 0;
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    CHECK_OK(kiln_read_file(p, &after, &alen));
+    CHECK_MSG(cut && after && alen > (size_t)(cut - before) && !memcmp(before, after, (size_t)(cut - before)),
+              "the records of steps 1-12 changed");
+    CHECK_MSG(cut && after && alen > (size_t)(cut - before) && !strncmp(after + (cut - before), "{\"ste\n{\"step\":13,", 15),
+              "the torn line is not kept and terminated");
+    free(after);
+    free(before);
+    /* replaced atomically: no temporary file left beside it */
+    snprintf(args, sizeof args, "ls -a '%s'", out);
+    CHECK(test_run_shell(args, text, sizeof text) == 0 && !strstr(text, ".tmp"));
+}

@@ -270,30 +270,148 @@ static cJSON *manifest_json(const ckpt_snap *v, int world, const uint64_t *sums,
     return o;
 }
 
-/* Delete all but the newest keep_last committed checkpoints. */
-static void prune(const char *out_dir, int64_t keep) {
+/* The step a checkpoint directory's name stands for: ".../step_00000012" (trailing slashes allowed) is 12; -1 when
+ * the last component is not exactly step_N (step_N.tmp, step_N.rejected, a copy under another name). */
+static int64_t dir_step(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    if (n - b < 6 || strncmp(dir + b, "step_", 5)) return -1;
+    int64_t s = 0;
+    for (size_t i = b + 5; i < n; i++) {
+        if (dir[i] < '0' || dir[i] > '9' || s > (INT64_MAX - 9) / 10) return -1;
+        s = 10 * s + (dir[i] - '0');
+    }
+    return s;
+}
+
+static int by_int64_desc(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* The steps of the step_N directories under out_dir/ckpt (exact names: not .tmp, not .rejected), newest first;
+ * *steps is malloc'd (NULL and 0 when there is no ckpt/ yet). */
+static kiln_error *list_steps(const char *out_dir, int64_t **steps, int *n) {
+    *steps = NULL;
+    *n = 0;
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/ckpt", out_dir);
     DIR *d = opendir(dir);
-    if (!d) return;
-    int64_t steps[4096];
-    int n = 0;
+    if (!d) return errno == ENOENT ? NULL : kiln_errorf(KILN_EIO, "%s: cannot list: %s", dir, strerror(errno));
+    int cap = 0;
+    kiln_error *e = NULL;
     struct dirent *de;
-    while ((de = readdir(d)) && n < 4096) {
-        long long s;
-        char tail[8];
-        if (sscanf(de->d_name, "step_%lld%7s", &s, tail) == 1) steps[n++] = s;
+    while (!e && (de = readdir(d))) {
+        const int64_t s = dir_step(de->d_name);
+        if (s < 0) continue;
+        if (*n == cap) {
+            int64_t *v = realloc(*steps, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *v);
+            if (!v) e = kiln_errorf(KILN_ENOMEM, "%s: listing checkpoints", dir);
+            else *steps = v;
+        }
+        if (!e) (*steps)[(*n)++] = s;
     }
     closedir(d);
-    for (int i = 0; i < n; i++) {
-        int newer = 0;
-        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
-        if (newer >= keep) {
-            char p[1300];
-            step_dir(p, sizeof p, out_dir, steps[i], 0);
-            kiln_rm_tree(p);
+    if (e) {
+        free(*steps);
+        *steps = NULL, *n = 0;
+        return e;
+    }
+    if (*n) qsort(*steps, (size_t)*n, sizeof **steps, by_int64_desc);
+    return NULL;
+}
+
+static kiln_error *check_dir(const char *sd, int64_t step);
+
+/* The writer's record of checkpoints known to be valid (committed by it, or verified: check_dir) so that each is
+ * verified at most once per process. Only rank 0's commit and its prune thread (one at a time) touch it. */
+typedef struct {
+    int64_t *steps;
+    int n, cap;
+} step_set;
+
+static int step_set_has(const step_set *s, int64_t step) {
+    for (int i = 0; i < s->n; i++)
+        if (s->steps[i] == step) return 1;
+    return 0;
+}
+
+static void step_set_add(step_set *s, int64_t step) {
+    if (step_set_has(s, step)) return;
+    if (s->n == s->cap) {
+        int64_t *v = realloc(s->steps, (size_t)(s->cap ? 2 * s->cap : 16) * sizeof *v);
+        if (!v) return; /* then it is verified again next time: slower, not wrong */
+        s->steps = v, s->cap = s->cap ? 2 * s->cap : 16;
+    }
+    s->steps[s->n++] = step;
+}
+
+static void step_set_del(step_set *s, int64_t step) {
+    for (int i = 0; i < s->n; i++)
+        if (s->steps[i] == step) s->steps[i--] = s->steps[--s->n];
+}
+
+/* Deletes old checkpoints after the commit of step `committed` (rank 0, on the writer's prune thread). The rule
+ * (docs/checkpoint-format.md, "Which checkpoints are kept"):
+ *  - the checkpoint just committed is never deleted;
+ *  - step_N directories newer than it are not this run's: a timeline it abandoned (it resumed from an older
+ *    checkpoint because the newer ones were invalid) or another run that used the same out_dir. They are neither
+ *    counted nor deleted: counting them let them push out the run's own saves (with keep_last 1 the only valid
+ *    checkpoint went and a corrupt one stayed), and deleting them would destroy what is not this run's to delete.
+ *    Once the run passes their step they are pruned like the rest (a save of the same step replaces one);
+ *  - of the others, newest first, the first keep_last valid ones are kept (an invalid one does not count: nothing
+ *    can resume from it) and everything older than the oldest of them is deleted, valid or not; an invalid one
+ *    between kept ones stays until it falls behind them.
+ * Validity is what resume checks (check_dir: checksums too), once per directory per process (known). */
+static void prune(const char *out_dir, int64_t keep, int64_t committed, step_set *known) {
+    int64_t *steps = NULL;
+    int n = 0;
+    kiln_error *e = list_steps(out_dir, &steps, &n);
+    if (e) {
+        kiln_log(KILN_LOG_WARN, "not deleting old checkpoints: %s", kiln_error_msg(e));
+        kiln_error_free(e);
+        return;
+    }
+    if (keep < 1) keep = 1; /* the one just committed stays whatever the config says */
+    int64_t kept = 0;
+    for (int i = 0; i < n; i++) { /* newest first */
+        char sd[1300];
+        step_dir(sd, sizeof sd, out_dir, steps[i], 0);
+        if (steps[i] > committed) continue;
+        if (kept >= keep) {
+            kiln_rm_tree(sd);
+            step_set_del(known, steps[i]);
+            continue;
+        }
+        if (steps[i] == committed || step_set_has(known, steps[i])) {
+            kept++;
+            continue;
+        }
+        kiln_error *bad = check_dir(sd, steps[i]);
+        if (!bad) {
+            step_set_add(known, steps[i]);
+            kept++;
+        } else {
+            kiln_log(KILN_LOG_DEBUG, "checkpoint %s is invalid, not counted toward run.keep_last: %s", sd,
+                     kiln_error_msg(bad));
+            kiln_error_free(bad);
         }
     }
+    free(steps);
+}
+
+int ckpt_count_newer(const char *out_dir, int64_t step, int64_t *newest) {
+    int64_t *steps = NULL;
+    int n = 0, k = 0;
+    *newest = -1;
+    kiln_error *e = list_steps(out_dir, &steps, &n);
+    kiln_error_free(e); /* a ckpt/ that cannot be listed: the resume or the first save says why */
+    while (k < n && steps[k] > step) k++;
+    if (k) *newest = steps[0];
+    free(steps);
+    return k;
 }
 
 /* ---------- the writer: snapshot, then write (here or on the background thread), then commit ---------- */
@@ -306,7 +424,8 @@ struct ckpt_writer {
      * can take a good part of a second, which the training thread should not wait for */
     kiln_bg_job prune_job;
     char prune_dir[1200];
-    int64_t prune_keep;
+    int64_t prune_keep, prune_step; /* keep_last, and the step just committed (never deleted) */
+    step_set known;                 /* checkpoints known to be valid (prune) */
     ckpt_snap snap;
     /* the staging copy: owned parameters, optimizer state, balance state, loader positions. Allocated
      * once on the first async save. */
@@ -380,6 +499,11 @@ kiln_error *ckpt_writer_use_cuda(ckpt_writer *w, kiln_zaya_cuda_snap *dev) {
     return NULL;
 }
 
+void ckpt_writer_known_valid(ckpt_writer *w, int64_t step) {
+    kiln_error_free(kiln_bg_join(&w->prune_job)); /* the set is the prune thread's while it runs */
+    step_set_add(&w->known, step);
+}
+
 const char *ckpt_writer_snapshot_where(const ckpt_writer *w) {
     return w->dev ? kiln_zaya_cuda_snap_where(w->dev) : w->async ? "host" : "live";
 }
@@ -389,6 +513,7 @@ void ckpt_writer_free(ckpt_writer *w) {
     /* an uncommitted save is abandoned: its step_N.tmp/ is ignored and replaced by the next run */
     kiln_error_free(kiln_bg_join(&w->job));
     kiln_error_free(kiln_bg_join(&w->prune_job));
+    free(w->known.steps);
     kiln_zaya_cuda_snap_free(w->dev);
     free(w->stage_f);
     free(w->stage_d);
@@ -481,7 +606,7 @@ static kiln_error *write_job(void *arg) {
 
 static kiln_error *prune_job(void *arg) {
     ckpt_writer *w = arg;
-    prune(w->prune_dir, w->prune_keep);
+    prune(w->prune_dir, w->prune_keep, w->prune_step, &w->known);
     return NULL;
 }
 
@@ -531,9 +656,11 @@ static kiln_error *commit(ckpt_writer *w, kiln_comm *comm, kiln_error *e) {
         }
         if (e) kiln_rm_tree(w->tmp);
         else {
+            kiln_error_free(kiln_bg_join(&w->prune_job)); /* before its fields change */
             snprintf(w->prune_dir, sizeof w->prune_dir, "%s", w->snap.cfg->out_dir);
             w->prune_keep = w->snap.cfg->keep_last;
-            kiln_error_free(kiln_bg_join(&w->prune_job));
+            w->prune_step = step;
+            step_set_add(&w->known, step);
             kiln_error_free(kiln_bg_start(&w->prune_job, prune_job, w));
         }
         /* KILN_LOG=debug: what bench/ckpt_gpu.sh reads */
@@ -581,7 +708,7 @@ kiln_error *ckpt_writer_save(ckpt_writer *w, kiln_comm *comm, const ckpt_view *v
     kiln_ckpt_shard_path(w->path, sizeof w->path, w->tmp, comm->rank);
     kiln_error *e = NULL;
     if (comm->rank == 0) {
-        e = kiln_mkdir(out);
+        e = kiln_mkdirs(out); /* an out_dir under directories that do not exist yet */
         if (!e) e = kiln_mkdir(w->root);
         kiln_rm_tree(w->tmp); /* a stale attempt from a crash */
         if (!e) e = kiln_mkdir(w->tmp);
@@ -694,44 +821,132 @@ static kiln_error *verify_files(const char *dir, const cJSON *man) {
     return NULL;
 }
 
+/* A hexadecimal number, nothing else (the writer prints 16 digits): strtoull read "zz" or "" as 0, another data order
+ * or an unchecked layout, silently. wide: more than 16 digits are allowed and saturate at UINT64_MAX, as strtoull
+ * does (for fingerprints: such a value matches no data layout, and the layout check says that more usefully). */
+static int parse_hex64(const char *s, int wide, uint64_t *out) {
+    uint64_t v = 0;
+    size_t n = 0;
+    for (; s[n]; n++) {
+        const char c = s[n];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0 || (n >= 16 && !wide)) return 0;
+        v = v >> 60 ? UINT64_MAX : v << 4 | (uint64_t)d;
+    }
+    if (!n) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Rank r's loader position, manifest "loaders"[r]: seed and fingerprint hex numbers, epoch and cursor whole numbers
+ * >= 0 (a negative one would become a huge unsigned position), and with block > 0 the cursor a whole number of
+ * blocks: the trainer's loader moves one micro-batch (= block) at a time and an epoch holds whole blocks, so any
+ * other cursor was not written by it and would shift every later micro-batch's windows. */
+static kiln_error *parse_loader(const cJSON *x, int r, int64_t block, const char *ctx, kiln_loader_state *out) {
+    char lctx[1500];
+    snprintf(lctx, sizeof lctx, "%s: loaders[%d]", ctx, r);
+    if (!cJSON_IsObject(x)) return kiln_errorf(KILN_EFORMAT, "%s: not an object", lctx);
+    const char *seed = NULL, *fp = NULL;
+    int64_t ep = 0, cur = 0;
+    uint64_t seed_v = 0, fp_v = 0;
+    KILN_TRY(kiln_json_get_string(x, "seed", &seed, NULL, 1, lctx));
+    KILN_TRY(kiln_json_get_string(x, "fingerprint", &fp, "0", 0, lctx));
+    KILN_TRY(kiln_json_get_int(x, "epoch", &ep, 0, 1, lctx));
+    KILN_TRY(kiln_json_get_int(x, "cursor", &cur, 0, 1, lctx));
+    if (!parse_hex64(seed, 0, &seed_v))
+        return kiln_errorf(KILN_EFORMAT, "%s: seed '%s' is not a hexadecimal number (1 to 16 digits)", lctx, seed);
+    if (!parse_hex64(fp, 1, &fp_v))
+        return kiln_errorf(KILN_EFORMAT, "%s: fingerprint '%s' is not a hexadecimal number", lctx, fp);
+    if (ep < 0) return kiln_errorf(KILN_EFORMAT, "%s: epoch %lld is negative", lctx, (long long)ep);
+    if (cur < 0) return kiln_errorf(KILN_EFORMAT, "%s: cursor %lld is negative", lctx, (long long)cur);
+    if (block > 0 && cur % block)
+        return kiln_errorf(KILN_EFORMAT, "%s: cursor %lld is not a whole number of micro-batches of %lld windows "
+                           "(not a position the trainer writes)", lctx, (long long)cur, (long long)block);
+    *out = (kiln_loader_state){seed_v, (uint64_t)ep, (uint64_t)cur, fp_v};
+    return NULL;
+}
+
+/* What the checksums cannot vouch for: manifest.json itself is not checksummed, so its fields are checked against
+ * what they must be. The step must be the directory's (dir_step < 0: a directory not named step_N, unchecked): a
+ * manifest saying 100 in step_12 resumed "from step 100" with step 12's weights and trained nothing. Loader positions:
+ * parse_loader, cursors against the micro-batch of the manifest's own config (the one they were written under). */
+static kiln_error *check_manifest(const cJSON *man, const char *ctx, int64_t dir_step) {
+    int64_t step = 0, block = 0;
+    double tokens = 0;
+    KILN_TRY(kiln_json_get_int(man, "step", &step, 0, 1, ctx));
+    if (step < 0) return kiln_errorf(KILN_EFORMAT, "%s: step %lld is negative", ctx, (long long)step);
+    if (dir_step >= 0 && step != dir_step)
+        return kiln_errorf(KILN_EFORMAT, "%s: step %lld, but the directory is step_%08lld's (an edited or misplaced "
+                           "manifest)", ctx, (long long)step, (long long)dir_step);
+    KILN_TRY(kiln_json_get_double(man, "tokens_seen", &tokens, 0, 1, ctx));
+    if (!(tokens >= 0)) return kiln_errorf(KILN_EFORMAT, "%s: tokens_seen %g is negative", ctx, tokens);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(man, "config"), "data");
+    if (cJSON_IsObject(data)) { /* import-hf and reshape write it too; without one the cursors go unchecked here */
+        char dctx[1500];
+        snprintf(dctx, sizeof dctx, "%s: config.data", ctx);
+        KILN_TRY(kiln_json_get_int(data, "micro_batch", &block, 0, 0, dctx));
+        if (block < 0) return kiln_errorf(KILN_EFORMAT, "%s: micro_batch %lld is negative", dctx, (long long)block);
+    }
+    /* whether there is one per rank is the reader's check (resume, reshape), after verify_files has matched the
+     * world size against the shards: the mismatch is reported there, as the shards' */
+    const cJSON *ld = cJSON_GetObjectItemCaseSensitive(man, "loaders");
+    if (!cJSON_IsArray(ld)) return kiln_errorf(KILN_EFORMAT, "%s: no 'loaders' list", ctx);
+    for (int r = 0; r < cJSON_GetArraySize(ld); r++) {
+        kiln_loader_state st;
+        KILN_TRY(parse_loader(cJSON_GetArrayItem(ld, r), r, block, ctx, &st));
+    }
+    return NULL;
+}
+
+/* A checkpoint resume may use: committed, its manifest consistent (check_manifest; step: the directory's step, or
+ * -1 for a directory not named step_N), every file at its recorded size and checksum. */
+static kiln_error *check_dir(const char *sd, int64_t step) {
+    cJSON *man = NULL;
+    KILN_TRY(read_manifest(sd, &man));
+    char ctx[1400];
+    snprintf(ctx, sizeof ctx, "%s/manifest.json", sd);
+    kiln_error *e = check_manifest(man, ctx, step);
+    if (!e) e = verify_files(sd, man);
+    cJSON_Delete(man);
+    return e;
+}
+
 kiln_error *ckpt_find_latest(const char *out_dir, int64_t *step) {
     *step = -1;
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/ckpt", out_dir);
-    DIR *d = opendir(dir);
-    if (!d) return NULL; /* no checkpoints yet */
-    int64_t best = -1;
-    struct dirent *de;
-    int64_t steps[4096];
+    int64_t *steps = NULL;
     int n = 0;
-    while ((de = readdir(d)) && n < 4096) {
-        long long s;
-        char tail[8];
-        if (sscanf(de->d_name, "step_%lld%7s", &s, tail) == 1) steps[n++] = s;
-    }
-    closedir(d);
-    /* newest first; a corrupt one is reported and skipped */
-    for (;;) {
-        int bi = -1;
-        for (int i = 0; i < n; i++)
-            if (steps[i] >= 0 && (bi < 0 || steps[i] > steps[bi])) bi = i;
-        if (bi < 0) break;
+    KILN_TRY(list_steps(out_dir, &steps, &n));
+    /* newest first; an invalid one is reported and skipped, and remembered for the error below */
+    char *why = NULL;
+    size_t len = 0;
+    FILE *f = n ? open_memstream(&why, &len) : NULL;
+    for (int i = 0; i < n && *step < 0; i++) {
         char sd[1300];
-        step_dir(sd, sizeof sd, out_dir, steps[bi], 0);
-        cJSON *man = NULL;
-        kiln_error *e = read_manifest(sd, &man);
-        if (!e) e = verify_files(sd, man);
-        cJSON_Delete(man);
+        step_dir(sd, sizeof sd, out_dir, steps[i], 0);
+        kiln_error *e = check_dir(sd, steps[i]);
         if (!e) {
-            best = steps[bi];
+            *step = steps[i];
             break;
         }
         kiln_log(KILN_LOG_WARN, "skipping checkpoint %s: %s", sd, kiln_error_msg(e));
+        if (f && i < 8) fprintf(f, "; step_%08lld: %s", (long long)steps[i], kiln_error_msg(e));
+        else if (f && i == 8) fprintf(f, "; and %d more", n - 8);
         kiln_error_free(e);
-        steps[bi] = -1;
     }
-    *step = best;
-    return NULL;
+    if (f) fclose(f);
+    kiln_error *e = NULL;
+    /* Directories there but none usable: an error, not a silent start from step 0 (which threw the run's progress
+     * away, truncated metrics.jsonl and went on to overwrite the directories a person might still repair). */
+    if (n && *step < 0) {
+        char what[64];
+        if (n == 1) snprintf(what, sizeof what, "its only checkpoint is invalid");
+        else snprintf(what, sizeof what, "all %d of its checkpoints are invalid", n);
+        e = kiln_errorf(KILN_EFORMAT, "%s/ckpt: no valid checkpoint to resume from: %s%s (move %s aside to start over)",
+                        out_dir, what, why ? why : "", n == 1 ? "it" : "them");
+    }
+    free(why);
+    free(steps);
+    return e;
 }
 
 static kiln_error *load_tensor_f32(const kiln_st *st, const char *name, float *dst, int64_t n, const char *file) {
@@ -751,13 +966,15 @@ static kiln_error *load_f64(const kiln_st *st, const char *name, double *dst, in
     return NULL;
 }
 
-static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, ckpt_view *v) {
+static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, int64_t sd_step, ckpt_view *v) {
     kiln_zaya *m = v->model;
     cJSON *man = NULL;
     KILN_TRY(read_manifest(sd, &man));
-    kiln_error *e = NULL;
     char ctx[1400];
     snprintf(ctx, sizeof ctx, "%s/manifest.json", sd);
+    /* every rank reads the manifest and checks it again (rank 0 checked it when it chose the checkpoint, but that
+     * is not this rank's read of it) */
+    kiln_error *e = check_manifest(man, ctx, sd_step);
     int64_t world = 0, fmt = 0, step = 0;
     double tokens = 0;
     int have_prev = 0;
@@ -780,6 +997,25 @@ static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, ckpt_view *v)
         if (!cJSON_IsString(nm) || strcmp(nm->valuestring, m->params[i].name))
             e = kiln_errorf(KILN_EFORMAT, "%s: tensor %d is '%s', this model's is '%s' (another model shape?)", ctx, i,
                             cJSON_IsString(nm) ? nm->valuestring : "?", m->params[i].name);
+        /* the optimizer's state is laid out per kind: a flipped optim.muon would otherwise surface as a state
+         * tensor of another size, blamed on the model's shape */
+        const cJSON *op = cJSON_GetObjectItemCaseSensitive(x, "optimizer");
+        const char *here = v->oparams[i].kind == KILN_OPT_MUON ? "muon" : "adamw";
+        if (!e && cJSON_IsString(op) && strcmp(op->valuestring, here))
+            e = kiln_errorf(KILN_EINVAL, "%s: tensor '%s' was trained with %s, this run would update it with %s: "
+                            "optim.muon differs from the checkpoint's", ctx, m->params[i].name, op->valuestring, here);
+    }
+    /* the data layout the loaders' positions belong to: named here, since the loader sees only a hash of it */
+    const cJSON *mdata = e ? NULL : cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(man, "config"), "data");
+    const struct {
+        const char *key;
+        int64_t here;
+    } lay[] = {{"seq_len", v->cfg->seq_len}, {"micro_batch", v->cfg->micro_batch}};
+    for (size_t k = 0; !e && mdata && k < sizeof lay / sizeof lay[0]; k++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(mdata, lay[k].key);
+        if (cJSON_IsNumber(x) && x->valuedouble != (double)lay[k].here)
+            e = kiln_errorf(KILN_EINVAL, "%s: trained with data.%s = %.0f, this config has %lld: the saved data "
+                            "positions belong to that layout", ctx, lay[k].key, x->valuedouble, (long long)lay[k].here);
     }
     /* parameters: every rank reads every shard's params (all ranks hold the full model) */
     for (int r = 0; !e && r < comm->size; r++) {
@@ -809,18 +1045,10 @@ static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, ckpt_view *v)
     const cJSON *ld = e ? NULL : cJSON_GetObjectItemCaseSensitive(man, "loaders");
     if (!e && (!cJSON_IsArray(ld) || cJSON_GetArraySize(ld) != comm->size))
         e = kiln_errorf(KILN_EFORMAT, "%s: 'loaders' must list one position per rank", ctx);
-    for (int r = 0; !e && r < comm->size; r++) {
-        const cJSON *x = cJSON_GetArrayItem(ld, r);
-        const char *seed = NULL, *fp = NULL;
-        int64_t ep = 0, cur = 0;
-        e = kiln_json_get_string(x, "seed", &seed, NULL, 1, ctx);
-        if (!e) e = kiln_json_get_string(x, "fingerprint", &fp, "0", 0, ctx);
-        if (!e) e = kiln_json_get_int(x, "epoch", &ep, 0, 1, ctx);
-        if (!e) e = kiln_json_get_int(x, "cursor", &cur, 0, 1, ctx);
-        if (!e)
-            v->loaders[r] = (kiln_loader_state){strtoull(seed, NULL, 16), (uint64_t)ep, (uint64_t)cur,
-                                                strtoull(fp, NULL, 16)};
-    }
+    /* the cursors against this run's micro-batch as well: the loader is restored with it as its block (a cursor
+     * of another block size would be caught by the fingerprint, unless that is 0: unchecked) */
+    for (int r = 0; !e && r < comm->size; r++)
+        e = parse_loader(cJSON_GetArrayItem(ld, r), r, v->cfg->micro_batch, ctx, &v->loaders[r]);
     if (!e) {
         v->step = step;
         v->tokens_seen = tokens;
@@ -833,19 +1061,13 @@ static kiln_error *ckpt_load_impl(kiln_comm *comm, const char *sd, ckpt_view *v)
 kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v) {
     char sd[1300];
     step_dir(sd, sizeof sd, v->cfg->out_dir, step, 0);
-    kiln_error *e = ckpt_load_impl(comm, sd, v);
+    kiln_error *e = ckpt_load_impl(comm, sd, step, v);
     return kiln_error_wrap(agree(comm, e, "loading the checkpoint"), "resuming from %s", sd);
 }
 
 /* ---------- for `kiln ckpt` ---------- */
 
-kiln_error *kiln_ckpt_verify(const char *step_dir) {
-    cJSON *man = NULL;
-    KILN_TRY(read_manifest(step_dir, &man));
-    kiln_error *e = verify_files(step_dir, man);
-    cJSON_Delete(man);
-    return e;
-}
+kiln_error *kiln_ckpt_verify(const char *step_dir) { return check_dir(step_dir, dir_step(step_dir)); }
 
 kiln_error *kiln_ckpt_describe(const char *step_dir, FILE *out) {
     cJSON *man = NULL;

@@ -75,6 +75,8 @@ void ckpt_writer_set_slow(ckpt_writer *w, int64_t ms, int64_t steps);
  * buffers. Where the snapshot goes: KILN_CKPT_SNAPSHOT = auto (default), device, pinned or pageable. */
 struct kiln_zaya_cuda_snap;
 kiln_error *ckpt_writer_use_cuda(ckpt_writer *w, struct kiln_zaya_cuda_snap *dev);
+/* A checkpoint the trainer resumed from (verified): pruning counts it as valid without reading it again. */
+void ckpt_writer_known_valid(ckpt_writer *w, int64_t step);
 /* Where the last save's snapshot went: "device", "pinned host", "pageable host", "live", "host". */
 const char *ckpt_writer_snapshot_where(const ckpt_writer *w);
 /* Joins the thread; an uncommitted save is abandoned (its .tmp directory is ignored later). */
@@ -106,8 +108,13 @@ ckpt_due ckpt_schedule_step(ckpt_schedule *s, int64_t step, int last, int stop, 
 void ckpt_schedule_warn(ckpt_schedule *s, int64_t step, const ckpt_progress *p);
 /* The end of the run: the counts (a warning when saves were deferred or waited). */
 void ckpt_schedule_report(const ckpt_schedule *s);
-/* Newest valid checkpoint's step (-1: none); verifies checksums and shapes. */
+/* Newest valid checkpoint's step (-1: no step_N directory at all); verifies the manifest's fields against the
+ * directory (its step) and the checksums, skipping invalid ones with a warning. step_N directories that are all
+ * invalid are an error naming each (the newest eight) and why. Rank 0 only. */
 kiln_error *ckpt_find_latest(const char *out_dir, int64_t *step);
+/* How many step_N directories under out_dir/ckpt are of a step greater than `step` (*newest: the greatest, -1 when
+ * none): an abandoned timeline's or another run's, which pruning leaves alone (checkpoint.c, prune). */
+int ckpt_count_newer(const char *out_dir, int64_t step, int64_t *newest);
 kiln_error *ckpt_load(kiln_comm *comm, int64_t step, ckpt_view *v);
 
 #endif

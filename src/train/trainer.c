@@ -17,6 +17,7 @@
 
 #include "kiln/cuda.h"
 #include "kiln/data.h"
+#include "kiln/fsutil.h"
 #include "kiln/ft.h"
 #include "kiln/log.h"
 #include "kiln/zaya_cuda.h"
@@ -28,8 +29,6 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
-
-static int mkdir_p_simple(const char *dir) { return mkdir(dir, 0755) && errno != EEXIST; }
 
 /* Micro-batches per rank at this step (the batch-size ramp). */
 static int64_t accum_at(const kiln_train_config *c, int64_t step) {
@@ -549,6 +548,89 @@ static kiln_error *ft_start(trainer *t, const kiln_train_config *c, kiln_comm *c
     return comm->barrier(comm);
 }
 
+/* The step of a metrics.jsonl record: the line starts {"step":N (log_metrics writes that); 0 for another line. */
+static int record_step(const char *line, size_t len, int64_t *step) {
+    static const char key[] = "{\"step\":";
+    if (len <= sizeof key - 1 || memcmp(line, key, sizeof key - 1)) return 0;
+    int64_t s = 0;
+    size_t i = sizeof key - 1, d = 0;
+    for (; i < len && line[i] >= '0' && line[i] <= '9' && d < 18; i++, d++) s = 10 * s + (line[i] - '0');
+    if (!d) return 0;
+    *step = s;
+    return 1;
+}
+
+/* Resuming from step S: the records of steps after S are an abandoned timeline's (the run went past S before and
+ * resumes from an older checkpoint: newer ones invalid, set aside by kiln run, or removed); they would appear twice
+ * once the run passes them again. Everything else is kept, a last line cut short by a crash too (terminated, so that
+ * the next record is not glued to it); the file is replaced atomically (temp file, fsync, rename), and only when
+ * something changes. */
+static kiln_error *metrics_keep_upto(const char *path, int64_t S) {
+    char *text = NULL;
+    size_t len = 0;
+    kiln_error *e = kiln_read_file(path, &text, &len);
+    if (e && kiln_error_code(e) == KILN_ENOTFOUND) {
+        kiln_error_free(e);
+        return NULL; /* nothing to keep */
+    }
+    if (e) return kiln_error_wrap(e, "resuming from step %lld", (long long)S);
+    char *out = malloc(len + 2);
+    if (!out) {
+        free(text);
+        return kiln_errorf(KILN_ENOMEM, "%s", path);
+    }
+    size_t n = 0, dropped = 0;
+    int torn = 0;
+    for (size_t at = 0; at < len;) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        const size_t l = nl ? (size_t)(nl - (text + at)) + 1 : len - at;
+        int64_t step = 0;
+        if (record_step(text + at, l, &step) && step > S) dropped++;
+        else {
+            memcpy(out + n, text + at, l);
+            n += l;
+            if (!nl) out[n++] = '\n', torn = 1;
+        }
+        at += l;
+    }
+    if (dropped || torn) e = kiln_write_file_atomic(path, out, n);
+    if (!e && dropped)
+        kiln_log(KILN_LOG_INFO, "%s: dropped %zu record%s of steps after %lld (an abandoned timeline)", path, dropped,
+                 dropped > 1 ? "s" : "", (long long)S);
+    free(out);
+    free(text);
+    return e;
+}
+
+/* Opens out_dir/metrics.jsonl (rank 0), creating out_dir and its parents. A fresh run starts the file over (as
+ * always); a resumed one keeps the records up to its step and appends (metrics_keep_upto); a --resume that found no
+ * checkpoint at all starts over too, but moves an existing file aside first (metrics.jsonl.1, .2, ...; a warning says
+ * where) instead of truncating it: those records may be all that is left of a run whose checkpoints are gone. */
+static kiln_error *open_metrics(trainer *t, const kiln_train_config *c, int resume, int resumed, int64_t start) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", c->out_dir);
+    KILN_TRY(kiln_mkdirs(c->out_dir));
+    struct stat sb;
+    if (resumed) KILN_TRY(metrics_keep_upto(path, start));
+    else if (resume && stat(path, &sb) == 0 && sb.st_size > 0) {
+        char aside[1300];
+        int k = 1;
+        for (; k < 10000; k++) {
+            snprintf(aside, sizeof aside, "%s.%d", path, k);
+            if (access(aside, F_OK) != 0 && errno == ENOENT) break;
+        }
+        if (k == 10000) return kiln_errorf(KILN_EIO, "%s: no free name to move it aside as (%s.1 to .9999 exist)", path, path);
+        if (rename(path, aside))
+            return kiln_errorf(KILN_EIO, "%s: cannot move it aside to %s: %s", path, aside, strerror(errno));
+        KILN_TRY(kiln_fsync_path(c->out_dir));
+        kiln_log(KILN_LOG_WARN, "no checkpoint to resume from: starting from step 0; the previous %s is kept as %s", path,
+                 aside);
+    }
+    if (!(t->metrics = fopen(path, resumed ? "a" : "w")))
+        return kiln_errorf(KILN_EIO, "%s: cannot write: %s", path, strerror(errno));
+    return NULL;
+}
+
 kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kiln_comm *comm, double *final_loss) {
     KILN_TRY(kiln_train_config_validate(c));
     int threads = c->threads;
@@ -573,10 +655,16 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
     if (!e) e = ft_start(&t, c, comm);
     int64_t start = 0;
     double tokens = 0;
+    int resumed = 0; /* from a checkpoint (of step `start`) */
     if (!e && (o->resume || t.ft.resume)) {
         int64_t step = -1;
-        if (comm->rank == 0) e = ckpt_find_latest(c->out_dir, &step);
-        if (!e) e = comm->broadcast(comm, &step, sizeof step, 0);
+        /* rank 0 picks the checkpoint; when it cannot (step_N directories, none valid) every rank must stop, not
+         * wait for a broadcast rank 0 never makes */
+        kiln_error *fe = comm->rank == 0 ? ckpt_find_latest(c->out_dir, &step) : NULL;
+        if (fe) step = -2;
+        e = comm->broadcast(comm, &step, sizeof step, 0);
+        if (fe) kiln_error_free(e), e = fe;
+        else if (!e && step == -2) e = kiln_errorf(KILN_EINVAL, "resuming: rank 0 found no valid checkpoint");
         if (!e && step >= 0) {
             ckpt_view v = view_of(&t, c, 0, 0);
             e = ckpt_load(comm, step, &v);
@@ -584,17 +672,23 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             if (!e) e = host_to_cuda(&t);
             start = v.step;
             tokens = v.tokens_seen;
+            resumed = !e;
+            if (!e) ckpt_writer_known_valid(t.ckw, step);
             if (!e && comm->rank == 0 && !o->quiet) printf("resumed from step %lld\n", (long long)start);
         } else if (!e && comm->rank == 0 && !o->quiet) {
             printf("no checkpoint in %s/ckpt: starting from step 0\n", c->out_dir);
         }
     }
     if (!e && comm->rank == 0) {
-        char path[1200];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", c->out_dir);
-        if (mkdir_p_simple(c->out_dir) || !(t.metrics = fopen(path, start > 0 ? "a" : "w")))
-            e = kiln_errorf(KILN_EIO, "%s: cannot write", path);
+        int64_t newest = -1;
+        const int n = ckpt_count_newer(c->out_dir, start, &newest);
+        if (n)
+            kiln_log(KILN_LOG_WARN, "%s/ckpt holds %d checkpoint%s newer than step %lld (up to step_%08lld): an abandoned "
+                     "timeline's or another run's. They are left in place and not counted by run.keep_last until this "
+                     "run passes their step; --resume takes the newest valid checkpoint, which may be one of them",
+                     c->out_dir, n, n > 1 ? "s" : "", (long long)start, (long long)newest);
     }
+    if (!e && comm->rank == 0) e = open_metrics(&t, c, o->resume || t.ft.resume, resumed, start);
     const double fpt = t.m ? 3.0 * flops_per_token(t.m, c->seq_len) : 0;
     const double peak = (t.gpu ? 989e12 /* H200 dense bf16 */ : cpu_peak_flops(threads)) * comm->size;
     const int tty = isatty(1);
