@@ -109,6 +109,21 @@ static void patch_file(const char *path, const char *from, const char *to) {
     free(t);
 }
 
+/* Change the hex digit after the first `marker` in a file (another value, the same number of digits). */
+static void flip_digit_after(const char *path, const char *marker) {
+    char *t = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(path, &t, &n));
+    char *p = t ? strstr(t, marker) : NULL;
+    CHECK_MSG(p != NULL, "%s: no '%s'", path, marker);
+    if (p) {
+        p += strlen(marker);
+        *p = *p == '0' ? '1' : '0';
+        CHECK_OK(kiln_write_file_atomic(path, t, n));
+    }
+    free(t);
+}
+
 static void copy_tree(const char *from, const char *to) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", from, to);
@@ -143,20 +158,28 @@ TEST(ckpt_reshape_bad_input) {
     /* 3 ranks: fine (accum 1 each) */
     snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/b' --world-size 3", run, to);
     CHECK(ck_kiln(args) == 0);
-    /* never over an existing checkpoint */
-    CHECK(contains(args, "already exists", text, sizeof text));
+    /* never over an existing conversion: its config.json is named; with --force, still never over its checkpoint */
+    CHECK(contains(args, "b/config.json already exists", text, sizeof text));
+    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/b' --world-size 3 --force", run, to);
+    CHECK(contains(args, "b/ckpt/step_00000002 already exists", text, sizeof text));
     /* a manifest that does not match its shards: the recorded size and checksum */
     CHECK(reshape_patched(src, to, "m1", "\"bytes\":\t", "\"bytes\":\t1", 1, "rank_00000.safetensors", text,
                           sizeof text) && strstr(text, "manifest says"));
     /* ... or its tensor list (another optimizer-state size than the shard holds) */
     CHECK(reshape_patched(src, to, "m2", "\"state_numel\":\t", "\"state_numel\":\t7", 1, "optimizer-state floats",
                           text, sizeof text));
-    /* ... or a world size its shards do not have: rank 1's shard has no checksum, so nothing would check it */
-    CHECK(reshape_patched(src, to, "m3", "\"world_size\":\t1", "\"world_size\":\t2", 1,
-                          "'files' has no checksum for rank_00001.safetensors (world size 2)", text, sizeof text));
-    /* positions saved for other data than the config's data directory holds */
-    CHECK(reshape_patched(src, to, "m5", "\"fingerprint\":\t\"", "\"fingerprint\":\t\"1", 3,
-                          "not the data this checkpoint was trained on", text, sizeof text));
+    /* ... or a world size its shards do not have: rank 1 has no shard checksum and no loader position, so nothing
+     * would check it (which of the two is named first is the manifest reader's order) */
+    CHECK(reshape_patched(src, to, "m3", "\"world_size\":\t1", "\"world_size\":\t2", 1, "(world size 2)", text,
+                          sizeof text));
+    /* positions saved for other data than the config's data directory holds: another fingerprint of 16 digits */
+    char m5[1300], man5[1400];
+    snprintf(m5, sizeof m5, "%s/m5", to);
+    copy_tree(src, m5);
+    snprintf(man5, sizeof man5, "%s/manifest.json", m5);
+    flip_digit_after(man5, "\"fingerprint\":\t\"");
+    snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s/c' --world-size 3", m5, to);
+    CHECK(contains(args, "not the data this checkpoint was trained on", text, sizeof text));
     /* a missing shard */
     snprintf(bad, sizeof bad, "%s/m4", to);
     copy_tree(src, bad);

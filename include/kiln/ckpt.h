@@ -23,7 +23,8 @@ const char *kiln_ckpt_shard_path(char *buf, size_t n, const char *dir, int rank)
 int kiln_ckpt_shard_rank(const char *name);
 
 /* A committed checkpoint is valid when its COMMITTED marker and manifest exist and every file the
- * manifest lists has the recorded size and FNV-1a 64 checksum. The error names the first problem. */
+ * manifest lists has the recorded size and checksum (CRC-32C; FNV-1a 64 in older checkpoints that say so). The
+ * error names the first problem. */
 kiln_error *kiln_ckpt_verify(const char *step_dir);
 /* Print step, world size, tokens seen, tensors and parameters, files and loader positions. */
 kiln_error *kiln_ckpt_describe(const char *step_dir, FILE *out);
@@ -35,15 +36,21 @@ void kiln_ckpt_list_free(char **dirs, int n);
 /* Convert a checkpoint written by N ranks into one for M ranks. from: a step directory, or a run
  * or ckpt/ directory (its newest valid checkpoint); checksums are verified first. Writes
  * to/ckpt/step_N/ (never over an existing one) and to/config.json (grad_accum scaled by N/M so the
- * global batch is unchanged, run.out_dir = to); `kiln train --config to/config.json --resume` on M
+ * global batch is unchanged, run.out_dir = to's absolute path); `kiln train --config to/config.json --resume` on M
  * ranks continues the run. Errors say why a world size cannot work (the global batch or the data
  * position does not divide). Progress and notes go to log (nullable). */
-kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int world_size, FILE *log);
+kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int world_size, int force, FILE *log);
 /* A checkpoint's parameters and balancing biases as a HF ZAYA directory (config.json,
  * model.safetensors, and the data's tokenizer.json when present). */
-kiln_error *kiln_ckpt_export_hf(const char *from, const char *hf_dir, FILE *log);
+kiln_error *kiln_ckpt_export_hf(const char *from, const char *hf_dir, int force, FILE *log);
 /* A HF ZAYA directory as a step-0 checkpoint for world_size ranks in to/ckpt/, with to/config.json:
  * the training config (file `config`, or the defaults when NULL) with the HF model. */
-kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *config, int world_size, FILE *log);
+kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *config, int world_size, int force,
+                                FILE *log);
+/* force (the three converters): without it a converter refuses, before writing anything and naming the file, a --to
+ * directory that already holds what it writes (to/config.json; for export-hf config.json, model.safetensors,
+ * tokenizer.json), a model (config.json, model*.safetensors, model.safetensors.index.json) or checkpoints; with it
+ * those files are replaced, and export-hf also removes the weights it does not write (a sharded model's shards and
+ * index) so that the directory holds one model. An existing to/ckpt/step_N of the step written is never replaced. */
 
 #endif

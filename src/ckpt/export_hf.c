@@ -6,6 +6,7 @@
  * checkpoint (fresh optimizer and balance state, data at the start) in the trainer's layout for
  * any world size, with the training config beside it, so that `kiln train --config TO/config.json
  * --resume` starts training from the HF weights. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,28 +29,66 @@ static kiln_error *mkdir_to(const char *dir) {
     return NULL;
 }
 
-/* The data's tokenizer beside the model, when this machine has it (as `kiln train` does). */
-static void copy_tokenizer(const kiln_train_config *c, const char *to, FILE *log) {
+/* The data's tokenizer.json, when this machine has it (malloc'd path; NULL: none, nothing to copy). */
+static char *tokenizer_of(const kiln_train_config *c) {
     kiln_data_index *ix = NULL;
-    if (failed(kiln_data_index_read(c->data_dir, &ix))) return;
-    char *text = NULL, *dst = kiln_path_join(to, "tokenizer.json");
-    size_t len = 0;
-    if (ix->tokenizer_path && dst && !failed(kiln_read_file(ix->tokenizer_path, &text, &len)) &&
-        !failed(kiln_write_file_atomic(dst, text, len)) && log)
-        fprintf(log, "copied the data's tokenizer %s -> %s\n", ix->tokenizer_path, dst);
-    free(text);
-    free(dst);
+    if (failed(kiln_data_index_read(c->data_dir, &ix))) return NULL;
+    char *p = ix->tokenizer_path && access(ix->tokenizer_path, R_OK) == 0 ? strdup(ix->tokenizer_path) : NULL;
     kiln_data_index_free(ix);
+    return p;
 }
 
-kiln_error *kiln_ckpt_export_hf(const char *from, const char *to, FILE *log) {
+/* The data's tokenizer beside the model (as `kiln train` does). */
+static void copy_tokenizer(const char *src, const char *to, FILE *log) {
+    char *text = NULL, *dst = kiln_path_join(to, "tokenizer.json");
+    size_t len = 0;
+    if (src && dst && !failed(kiln_read_file(src, &text, &len)) && !failed(kiln_write_file_atomic(dst, text, len)) && log)
+        fprintf(log, "copied the data's tokenizer %s -> %s\n", src, dst);
+    free(text);
+    free(dst);
+}
+
+/* The weights of another model that --force leaves in `to` beside the new model.safetensors: a sharded model's
+ * model-*.safetensors and model.safetensors.index.json. A loader would take one or the other model depending on
+ * what it looks for first; removed after the new model is in place, so a failed export loses nothing more. */
+static kiln_error *remove_other_weights(const char *to, FILE *log) {
+    DIR *d = opendir(to);
+    if (!d) return kiln_errorf(KILN_EIO, "%s: cannot list: %s", to, strerror(errno));
+    kiln_error *e = NULL;
+    struct dirent *de;
+    const size_t ext = strlen(".safetensors");
+    while (!e && (de = readdir(d))) {
+        const char *n = de->d_name;
+        const size_t len = strlen(n);
+        const int shard = !strncmp(n, "model", 5) && len >= 5 + ext && !strcmp(n + len - ext, ".safetensors") &&
+                          strcmp(n, "model.safetensors");
+        if (!shard && strcmp(n, "model.safetensors.index.json")) continue;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", to, n);
+        if (unlink(path)) e = kiln_errorf(KILN_EIO, "%s: cannot remove: %s", path, strerror(errno));
+        else if (log) fprintf(log, "removed %s (--force: the exported model.safetensors replaces it)\n", path);
+    }
+    closedir(d);
+    return e;
+}
+
+kiln_error *kiln_ckpt_export_hf(const char *from, const char *to, int force, FILE *log) {
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/model.safetensors", to);
-    if (access(probe, F_OK) == 0)
-        return kiln_errorf(KILN_EINVAL, "%s already exists: export into a new or empty directory (nothing was overwritten)",
-                           probe);
+    /* the files always written, checked before the input's checksums are read (minutes for a large checkpoint) */
+    const char *const writes[] = {"config.json", "model.safetensors", NULL};
+    KILN_TRY(ckpt_out_check_target(to, writes, 0, force, "export-hf"));
     ckpt_src s;
     KILN_TRY(ckpt_src_open(from, log, &s));
+    /* tokenizer.json only where the data's is found: known once the checkpoint's config is; still nothing written */
+    char *tok = tokenizer_of(&s.cfg);
+    const char *const writes_tok[] = {"tokenizer.json", NULL};
+    kiln_error *te = tok ? ckpt_out_check_target(to, writes_tok, 0, force, "export-hf") : NULL;
+    if (te) {
+        free(tok);
+        ckpt_src_close(&s);
+        return te;
+    }
     const kiln_zaya *m = &s.table;
     const int64_t L = m->cfg.num_layers, E1 = m->cfg.num_experts + 1;
     const size_t n = (size_t)m->nparams + (size_t)L;
@@ -73,19 +112,24 @@ kiln_error *kiln_ckpt_export_hf(const char *from, const char *to, FILE *log) {
         snprintf(cp, sizeof cp, "%s/config.json", to);
         e = kiln_zaya_config_save(&m->cfg, cp);
     }
-    if (!e) copy_tokenizer(&s.cfg, to, log);
+    if (!e) copy_tokenizer(tok, to, log);
+    if (!e && force) e = remove_other_weights(to, log);
     if (!e && log)
         fprintf(log, "exported %s (step %lld, %zu parameters) -> %s (config.json, model.safetensors)\n", s.dir,
                 (long long)s.step, m->numel, to);
     free(ent);
     free(names);
+    free(tok);
     ckpt_src_close(&s);
     return e;
 }
 
-kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *config, int world, FILE *log) {
+kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *config, int world, int force,
+                                FILE *log) {
     if (world < 1 || world > KILN_CKPT_MAX_WORLD)
         return kiln_errorf(KILN_EINVAL, "--world-size must be in 1..%d, got %d", KILN_CKPT_MAX_WORLD, world);
+    const char *const writes[] = {"config.json", NULL};
+    KILN_TRY(ckpt_out_check_target(to, writes, 1, force, "import-hf"));
     kiln_train_config cfg;
     kiln_train_config_default(&cfg);
     if (config) KILN_TRY(kiln_train_config_load(config, &cfg));
@@ -116,6 +160,7 @@ kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *
         if (!zero) e = kiln_errorf(KILN_ENOMEM, "import");
     }
     if (!e) e = ckpt_out_begin(&o, to, 0, world);
+    if (!e) snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s", o.abs); /* as DIR/config.json says (ckpt_out_config) */
     for (int r = 0; !e && r < world; r++) {
         const int first = part.first[r], last = part.first[r + 1];
         const size_t cap = 2 * (size_t)(last - first) + 3;
@@ -155,11 +200,11 @@ kiln_error *kiln_ckpt_import_hf(const char *hf_dir, const char *to, const char *
         if (prov) cJSON_AddStringToObject(prov, "hf_dir", hf_dir);
         e = man ? ckpt_out_commit(&o, man) : kiln_errorf(KILN_ENOMEM, "manifest");
     }
-    if (!e) e = ckpt_out_config(to, &cfg);
+    if (!e) e = ckpt_out_config(&o, &cfg);
     if (!e) e = kiln_error_wrap(kiln_ckpt_verify(o.fin), "verifying the imported checkpoint");
     if (!e && log)
         fprintf(log, "imported %s (%zu parameters) -> %s for %d rank%s; train with: %skiln train --config %s/config.json "
-                "--resume\n", hf_dir, m->numel, o.fin, world, world > 1 ? "s" : "", world > 1 ? "mpirun -np N " : "", to);
+                "--resume\n", hf_dir, m->numel, o.fin, world, world > 1 ? "s" : "", world > 1 ? "mpirun -np N " : "", o.abs);
     ckpt_out_end(&o);
     cJSON_Delete(man);
     zero1_partition_free(&part);

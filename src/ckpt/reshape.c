@@ -91,9 +91,12 @@ static kiln_error *map_position(const ckpt_src *s, int M, FILE *log, kiln_train_
     return NULL;
 }
 
-kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int M, FILE *log) {
+kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int M, int force, FILE *log) {
     if (M < 1 || M > KILN_CKPT_MAX_WORLD)
         return kiln_errorf(KILN_EINVAL, "--world-size must be in 1..%d, got %d", KILN_CKPT_MAX_WORLD, M);
+    /* before the input's checksums are read (minutes for a large checkpoint): a refusal comes at once */
+    const char *const writes[] = {"config.json", NULL};
+    KILN_TRY(ckpt_out_check_target(to, writes, 1, force, "reshape"));
     ckpt_src s;
     KILN_TRY(ckpt_src_open(from, log, &s));
     kiln_train_config nc;
@@ -148,7 +151,7 @@ kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int M, FILE *log
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(s.man, "tokens_seen");
         if (cJSON_IsNumber(x)) tokens = x->valuedouble;
         have_prev = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s.man, "balance_have_prev"));
-        snprintf(nc.out_dir, sizeof nc.out_dir, "%s", to);
+        snprintf(nc.out_dir, sizeof nc.out_dir, "%s", o.abs); /* as DIR/config.json says (ckpt_out_config) */
         man = ckpt_manifest_new(&nc, &s.table, s.op, owner, M, s.step, tokens, have_prev, pos);
         cJSON *prov = man ? cJSON_AddObjectToObject(man, "reshaped_from") : NULL;
         if (prov) {
@@ -158,12 +161,12 @@ kiln_error *kiln_ckpt_reshape(const char *from, const char *to, int M, FILE *log
         }
         e = man ? ckpt_out_commit(&o, man) : kiln_errorf(KILN_ENOMEM, "manifest");
     }
-    if (!e) e = ckpt_out_config(to, &nc);
+    if (!e) e = ckpt_out_config(&o, &nc);
     /* the output is read back and checked like any checkpoint before we call it done */
     if (!e) e = kiln_error_wrap(kiln_ckpt_verify(o.fin), "verifying the reshaped checkpoint");
     if (!e && log)
         fprintf(log, "wrote %s and %s/config.json; continue with: mpirun -np %d kiln train --config %s/config.json --resume\n",
-                o.fin, to, M, to);
+                o.fin, o.abs, M, o.abs);
     ckpt_out_end(&o);
     cJSON_Delete(man);
     zero1_partition_free(&part);

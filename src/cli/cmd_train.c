@@ -28,8 +28,8 @@ static const char usage[] =
     "  --resume          continue from the newest valid checkpoint in run.out_dir/ckpt\n"
     "  --data DIR        override data.dir\n"
     "  --out DIR         override run.out_dir\n"
-    "  --steps N         override run.steps\n"
-    "  --stop-after N    stop after N steps of this run, with a checkpoint (resume later)\n"
+    "  --steps N         override run.steps (N >= 0; 0 saves the initial model)\n"
+    "  --stop-after N    stop after N >= 1 steps of this run, with a checkpoint (resume later)\n"
     "  --device D        cpu or cuda: overrides run.device (cuda: one GPU per rank, NCCL between ranks,\n"
     "                    bf16 activations and GEMMs, f32 master weights, gradients and optimizer state)\n"
     "  --recompute       cuda: activation recomputation (sets run.recompute)\n"
@@ -117,8 +117,17 @@ static int cmd(int argc, char **argv) {
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--device")) device = v;
-        else if (!strcmp(a, "--steps")) e = cli_int(a, v, &steps);
-        else if (!strcmp(a, "--stop-after")) e = cli_int(a, v, &o.stop_after);
+        /* the range run.steps has in a config (up to 2^53: the largest integer its JSON holds exactly, and the
+         * checkpoints' manifests hold the config as JSON); a negative value used to be taken for "not given" */
+        else if (!strcmp(a, "--steps")) e = cli_int_in(a, v, 0, (int64_t)1 << 53, &steps);
+        else if (!strcmp(a, "--stop-after")) {
+            /* 0 is kiln_train_opts' "no stop", and a run cannot stop before its first step: --stop-after 0 (or
+             * less) would silently train to the end */
+            e = cli_int(a, v, &o.stop_after);
+            if (!e && o.stop_after < 1)
+                e = kiln_errorf(KILN_EINVAL, "--stop-after must be >= 1 (steps this run trains before it stops with a "
+                                "checkpoint), got %lld", (long long)o.stop_after);
+        }
         else e = kiln_errorf(KILN_EINVAL, "unknown option '%s' (see kiln train --help)", a);
     }
     if (!e && device && strcmp(device, "cpu") && strcmp(device, "cuda"))

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kiln/log.h"
 #include "kiln/rng.h"
 
 struct kiln_loader {
@@ -236,10 +237,24 @@ kiln_error *kiln_loader_next(kiln_loader *l, int64_t B, int64_t *ids) {
 kiln_loader_state kiln_loader_get_state(const kiln_loader *l) { return l->st; }
 
 kiln_error *kiln_loader_set_state(kiln_loader *l, const kiln_loader_state *s) {
+    /* the fingerprint is a hash: which of its inputs differs is not known here, so every one is named, with the
+     * values this loader has */
     if (s->fingerprint && s->fingerprint != l->fingerprint)
         return kiln_errorf(KILN_EINVAL, "%s: loader state was saved for another data layout (fingerprint %016" PRIx64
-                           ", this loader %016" PRIx64 "): the shards, T or world size differ", l->dir,
-                           s->fingerprint, l->fingerprint);
+                           ", this loader %016" PRIx64 "): the shards, the window length T (data.seq_len, %" PRIu64
+                           " here), the world size (%d here) or the block of windows dealt to a rank (data.micro_batch, %"
+                           PRIu64 " here) differ", l->dir, s->fingerprint, l->fingerprint, l->T, l->world, l->block);
+    /* No fingerprint: a checkpoint that `kiln ckpt reshape` wrote where the data was not reachable. Its position is
+     * exact for the data it was trained on, but nothing can tell whether this is that data (or the same seq_len and
+     * micro_batch): it is accepted, since refusing would strand the checkpoint, and said loudly, since a mismatch
+     * trains on other windows than the run would have without any error. A position at the very start (import-hf's
+     * step 0) is right for any data: nothing to warn about. */
+    if (!s->fingerprint && (s->epoch || s->cursor))
+        kiln_log(KILN_LOG_WARN, "%s: the saved data position (epoch %" PRIu64 ", window %" PRIu64 ") has no data "
+                 "fingerprint (a checkpoint `kiln ckpt reshape` wrote where the data was not reachable): whether this is "
+                 "the data it was trained on, with the same data.seq_len and data.micro_batch, cannot be checked; to have "
+                 "it checked, reshape the original checkpoint again on a machine where its data.dir is reachable",
+                 l->dir, s->epoch, s->cursor);
     if (s->cursor >= l->per_rank)
         return kiln_errorf(KILN_EINVAL, "%s: loader state cursor %" PRIu64 " is past the %" PRIu64
                            " windows each rank takes per epoch", l->dir, s->cursor, l->per_rank);

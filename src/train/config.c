@@ -1,6 +1,7 @@
 /* The training config: one JSON file in sections (model, data, optim, balance, run). Every field
  * has a default and a line of help, kept together in one table; unknown fields and wrong types
  * are errors naming the field. The model section takes HF ZayaConfig's field names. */
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,12 @@ typedef struct {
     size_t off;
     const char *help;
 } field;
+
+/* The largest integer a JSON number holds exactly (and kiln_json_get_int accepts): an int64_t field's natural bound,
+ * since configs are written back as JSON into checkpoints' manifests and read again at resume. */
+#define JSON_INT_MAX ((int64_t)1 << 53)
+/* More threads per rank than any machine has cores: OpenMP would fail to create them (and abort). */
+#define THREADS_MAX 4096
 
 #define O(m) offsetof(kiln_train_config, m)
 static const field fields[] = {
@@ -74,6 +81,32 @@ static const field fields[] = {
     {"run", "save_final", F_BOOL, O(save_final), "write the final checkpoint and model/ (false: a benchmark run)"},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
+
+/* The F_INT fields held in an int (the rest are int64_t). */
+static int is_int_field(const field *f) { return f->off == O(optim.muon_ns_steps) || f->off == O(threads); }
+
+/* The accepted range of the F_INT fields: their natural lower bound, and at most what their C type holds. */
+static const struct {
+    size_t off;
+    int64_t lo, hi;
+} int_ranges[] = {
+    {O(seq_len), 2, JSON_INT_MAX},          {O(micro_batch), 1, JSON_INT_MAX},
+    {O(grad_accum), 1, JSON_INT_MAX},       {O(batch_ramp_start), 0, JSON_INT_MAX},
+    {O(batch_ramp_steps), 0, JSON_INT_MAX}, {O(sched.warmup), 0, JSON_INT_MAX},
+    {O(optim.muon_ns_steps), 1, INT_MAX},   {O(steps), 0, JSON_INT_MAX},
+    {O(log_every), 1, JSON_INT_MAX},        {O(eval_every), 0, JSON_INT_MAX},
+    {O(eval_batches), 1, JSON_INT_MAX},     {O(ckpt_every), 0, JSON_INT_MAX},
+    {O(keep_last), 1, JSON_INT_MAX},        {O(threads), 0, THREADS_MAX},
+};
+
+static void int_range(const field *f, int64_t *lo, int64_t *hi) {
+    /* a field added without an entry still gets its C type's range: it can never wrap */
+    *lo = is_int_field(f) ? INT_MIN : -JSON_INT_MAX;
+    *hi = is_int_field(f) ? INT_MAX : JSON_INT_MAX;
+    for (size_t i = 0; i < sizeof int_ranges / sizeof int_ranges[0]; i++)
+        if (int_ranges[i].off == f->off) *lo = int_ranges[i].lo, *hi = int_ranges[i].hi;
+}
+
 static const char *const sections[] = {"model", "data", "optim", "balance", "run", NULL};
 
 void kiln_train_config_default(kiln_train_config *c) {
@@ -131,13 +164,24 @@ static const field *find_field(const char *section, const char *key) {
     return NULL;
 }
 
+static int64_t int_value(const field *f, const kiln_train_config *c) {
+    const char *base = (const char *)c + f->off;
+    return is_int_field(f) ? *(const int *)base : *(const int64_t *)base;
+}
+
 static kiln_error *set_field(const field *f, const cJSON *sec, const char *ctx, kiln_train_config *c) {
     char *base = (char *)c + f->off;
     switch (f->type) {
     case F_INT: {
         int64_t v;
         KILN_TRY(kiln_json_get_int(sec, f->key, &v, 0, 1, ctx));
-        if (f->off == O(optim.muon_ns_steps) || f->off == O(threads)) *(int *)base = (int)v;
+        /* before the store: an int field would wrap (4294967297 -> 1) and pass any later check */
+        int64_t lo, hi;
+        int_range(f, &lo, &hi);
+        if (v < lo || v > hi)
+            return kiln_errorf(KILN_EINVAL, "%s: field '%s.%s' = %lld is outside %lld..%lld", ctx, f->section, f->key,
+                               (long long)v, (long long)lo, (long long)hi);
+        if (is_int_field(f)) *(int *)base = (int)v;
         else *(int64_t *)base = v;
         return NULL;
     }
@@ -222,18 +266,23 @@ kiln_error *kiln_train_config_load(const char *path, kiln_train_config *c) {
 
 kiln_error *kiln_train_config_validate(const kiln_train_config *c) {
     KILN_TRY(kiln_zaya_config_validate(&c->model, "config: model"));
-    struct { const char *name; int64_t v, lo; } ints[] = {
-        {"data.seq_len", c->seq_len, 2}, {"data.micro_batch", c->micro_batch, 1}, {"data.grad_accum", c->grad_accum, 1},
-        {"run.steps", c->steps, 0}, {"run.log_every", c->log_every, 1}, {"run.eval_every", c->eval_every, 0},
-        {"run.eval_batches", c->eval_batches, 1}, {"run.ckpt_every", c->ckpt_every, 0}, {"run.keep_last", c->keep_last, 1},
-        {"optim.warmup", c->sched.warmup, 0}, {"data.batch_ramp_start", c->batch_ramp_start, 0},
-        {"data.batch_ramp_steps", c->batch_ramp_steps, 0}, {"optim.ns_steps", c->optim.muon_ns_steps, 1},
-        {"run.threads", c->threads, 0},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (ints[i].v < ints[i].lo)
-            return kiln_errorf(KILN_EINVAL, "config: field '%s' = %lld must be >= %lld", ints[i].name, (long long)ints[i].v,
-                               (long long)ints[i].lo);
+    /* every integer field against the table's range (a config built in code, or changed by a flag, too) */
+    for (size_t i = 0; i < NFIELDS; i++) {
+        const field *f = &fields[i];
+        if (f->type != F_INT) continue;
+        const int64_t v = int_value(f, c);
+        int64_t lo, hi;
+        int_range(f, &lo, &hi);
+        if (v < lo || v > hi)
+            return kiln_errorf(KILN_EINVAL, "config: field '%s.%s' = %lld is outside %lld..%lld", f->section, f->key,
+                               (long long)v, (long long)lo, (long long)hi);
+    }
+    /* the tokens of a step are counted in a double (tokens_seen, metrics, manifests): exact up to 2^53. Divided, not
+     * multiplied: each factor may be up to 2^53 itself */
+    if (c->seq_len > JSON_INT_MAX / c->micro_batch || c->seq_len * c->micro_batch > JSON_INT_MAX / c->grad_accum)
+        return kiln_errorf(KILN_EINVAL, "config: data.seq_len x data.micro_batch x data.grad_accum = %lld x %lld x %lld "
+                           "tokens per step on each rank is more than 2^53", (long long)c->seq_len,
+                           (long long)c->micro_batch, (long long)c->grad_accum);
     if (c->batch_ramp_start > c->grad_accum)
         return kiln_errorf(KILN_EINVAL, "config: data.batch_ramp_start (%lld) exceeds data.grad_accum (%lld)",
                            (long long)c->batch_ramp_start, (long long)c->grad_accum);
@@ -264,9 +313,7 @@ kiln_error *kiln_train_config_validate(const kiln_train_config *c) {
 static cJSON *field_json(const field *f, const kiln_train_config *c) {
     const char *base = (const char *)c + f->off;
     switch (f->type) {
-    case F_INT:
-        if (f->off == O(optim.muon_ns_steps) || f->off == O(threads)) return cJSON_CreateNumber(*(const int *)base);
-        return cJSON_CreateNumber((double)*(const int64_t *)base);
+    case F_INT: return cJSON_CreateNumber((double)int_value(f, c));
     case F_U64: return cJSON_CreateNumber((double)*(const uint64_t *)base);
     case F_DBL: return cJSON_CreateNumber(*(const double *)base);
     case F_BOOL: return cJSON_CreateBool(*(const int *)base);
