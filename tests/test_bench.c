@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -455,6 +456,15 @@ TEST(bench_report_errors) {
                         "gemm[0]: missing required field 'm'");
     expect_report_error(d, "membw_sec.json", "{\"kiln_profile\": 1, \"membw\": {}}", "'membw'");
     expect_report_error(d, "syntax.json", "{\"kiln_profile\": 1,", "invalid JSON");
+    /* a field written as null (an unmeasured time is inf, which JSON writes as null) is not "missing" */
+    expect_report_error(d, "io_null.json",
+                        "{\"kiln_profile\": 1, \"io\": [{\"test\":\"par_write\",\"bytes\":65536,\"threads\":1,"
+                        "\"seconds\":null,\"gbs\":null}]}",
+                        "io[0]: field 'seconds' is null, not a number");
+    expect_report_error(d, "comm_null.json",
+                        "{\"kiln_profile\": 1, \"comm\": [{\"collective\":\"all_reduce\",\"ranks\":null,\"bytes\":8,"
+                        "\"busbw_gbs\":1}]}",
+                        "comm[0]: field 'ranks' is null, not an integer");
     char out[8192];
     const char *none[] = {"report", NULL};
     CHECK(run_main_stderr(kiln_bench_report_main, none, d, out, sizeof out) == 2);
@@ -468,6 +478,80 @@ TEST(bench_report_errors) {
     const char *miss[] = {"report", missing, "--out", html, NULL};
     CHECK(run_main_stderr(kiln_bench_report_main, miss, d, out, sizeof out) == 1);
     CHECK(strstr(out, "missing.json") != NULL);
+}
+
+/* ---- io ---- */
+
+/* With one thread in the parallel tests (--threads 1; also the default with --files 1 or on one core) the
+ * parallel rows were stored into the sequential rows' slots: par_write/par_read printed inf and their JSON
+ * had "seconds": null, which kiln bench report refused. Every row must be measured and the report must read
+ * the profile. */
+TEST(bench_io_one_thread_fills_every_row) {
+    const char *d = test_tmpdir();
+    char scratch[512], prof[512], html[512], args[2048];
+    static char out[16384];
+    snprintf(scratch, sizeof scratch, "%s", test_join(d, "scratch"));
+    snprintf(html, sizeof html, "%s", test_join(d, "io.html"));
+    CHECK(mkdir(scratch, 0755) == 0);
+    const char *extra[2] = {"--threads 1 --files 2", "--files 1"}; /* explicit, and the default min(files, cores) */
+    for (int k = 0; k < 2; k++) {
+        snprintf(prof, sizeof prof, "%s", test_join(d, k ? "io1.json" : "io0.json"));
+        snprintf(args, sizeof args, "bench io --dir '%s' --size 64K --iters 1 %s --json '%s'", scratch, extra[k], prof);
+        int rc = test_run_kiln(args, out, sizeof out);
+        CHECK_MSG(rc == 0, "kiln %s: exit %d\n%s", args, rc, out);
+        CHECK_MSG(!strstr(out, " inf"), "a row printed inf:\n%s", out);
+        char *text = NULL;
+        size_t len = 0;
+        CHECK_OK(kiln_read_file(prof, &text, &len));
+        CHECK_MSG(text && !strstr(text, "null"), "the profile holds null:\n%s", text ? text : "");
+        free(text);
+        cJSON *p = load_json(prof);
+        const cJSON *io = p ? cJSON_GetObjectItemCaseSensitive(p, "io") : NULL, *r;
+        CHECK(cJSON_GetArraySize(io) == 4);
+        const char *tests[4] = {"seq_write", "par_write", "seq_read", "par_read"};
+        int i = 0;
+        cJSON_ArrayForEach(r, io) {
+            CHECK_MSG(i < 4 && !strcmp(str(r, "test"), tests[i]), "record %d is '%s'", i, str(r, "test"));
+            CHECK_MSG(num(r, "seconds") > 0 && isfinite(num(r, "seconds")) && num(r, "gbs") > 0 && num(r, "threads") == 1,
+                      "%s: seconds %g, gbs %g, threads %g", str(r, "test"), num(r, "seconds"), num(r, "gbs"),
+                      num(r, "threads"));
+            i++;
+        }
+        cJSON_Delete(p);
+        snprintf(args, sizeof args, "bench report '%s' --out '%s'", prof, html);
+        rc = test_run_kiln(args, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "4 io records"), "kiln %s: exit %d\n%s", args, rc, out);
+    }
+}
+
+/* The messages of bad io and gemm flags say what is wrong. */
+TEST(bench_flag_messages) {
+    const char *d = test_tmpdir();
+    char args[1024], file[512];
+    static char out[8192];
+    snprintf(args, sizeof args, "bench io --dir '%s'", test_join(d, "nodir"));
+    CHECK(test_run_kiln(args, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "nodir: no such directory (it does not exist)") && !strstr(out, "not a directory"), "%s", out);
+    snprintf(file, sizeof file, "%s", test_join(d, "plain"));
+    CHECK_OK(kiln_write_file_atomic(file, "x", 1));
+    snprintf(args, sizeof args, "bench io --dir '%s'", file);
+    CHECK(test_run_kiln(args, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "plain: not a directory"), "%s", out);
+    /* a directory that does not exist: were a size accepted, nothing would be written (exit 1, not 2) */
+    snprintf(args, sizeof args, "bench io --dir '%s' --size 99999G", test_join(d, "nodir"));
+    CHECK(test_run_kiln(args, out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "from 4K to 65536G") && !strstr(out, "expected a size >="), "%s", out);
+    snprintf(args, sizeof args, "bench io --dir '%s' --size 65537G", test_join(d, "nodir"));
+    CHECK(test_run_kiln(args, out, sizeof out) == 2);
+    /* 0 is non-negative: the message must not say that is what it expected */
+    const char *zero[2] = {"bench gemm --iters 0", "bench gemm --threads 0"};
+    for (int k = 0; k < 2; k++) {
+        CHECK(test_run_kiln(zero[k], out, sizeof out) == 2);
+        CHECK_MSG(strstr(out, "'0': expected a positive integer in 1..") && !strstr(out, "non-negative"), "%s: %s",
+                  zero[k], out);
+    }
+    CHECK(test_run_kiln("bench gemm --warmup -1", out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "'-1': expected a non-negative integer in 0.."), "%s", out);
 }
 
 /* The page in a real browser: headless Chromium must parse it into 3 <svg> elements without

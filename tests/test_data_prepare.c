@@ -421,6 +421,62 @@ TEST(data_prepare_errors_name_the_input) {
     CHECK(file_exists(test_join(out, "index.json")));
 }
 
+/* A .jsonl text with an escaped NUL was cut there (cJSON's strings are NUL-terminated and the text's length
+ * was taken with strlen): the text keeps its NULs, as a plain text file does; "\\\\u0000" (an escaped
+ * backslash) is no NUL; a raw NUL byte (not JSON) and a line that leaves no control character free to stand
+ * in for NUL are errors naming file:line. */
+TEST(data_prepare_jsonl_keeps_escaped_nul) {
+    const char *dir = keep(test_tmpdir()), *out = keep(test_join(dir, "out"));
+    const char *tok = write_tokenizer(dir, 257);
+    if (!tokenizer_is_bytes(tok)) return;
+    const char *in = keep(test_join(dir, "nul.jsonl"));
+    spit_str(in, "{\"text\": \"ab\\u0000cd\\u0000\"}\n"          /* a b NUL c d NUL */
+                 "{\"text\": \"x\\u0001y\\u0000z\\u0002\"}\n"    /* \u0001 and \u0002 stay themselves */
+                 "{\"text\": \"\\\\u0000!\"}\n"                  /* backslash u 0 0 0 0 ! */
+                 "{\"text\": \"\\u0000\", \"text\\u0000\": \"no\"}\n"); /* a lone NUL; "text\0" is another key */
+    const char *inputs[1] = {in};
+    CHECK_OK(prepare(tok, inputs, 1, out, 0, 2, 0));
+    stream st;
+    read_split(out, "train", &st);
+    static const unsigned char want[][9] = {{'a', 'b', 0, 'c', 'd', 0}, {'x', 1, 'y', 0, 'z', 2},
+                                            {'\\', 'u', '0', '0', '0', '0', '!'}, {0}};
+    const size_t wlen[4] = {6, 6, 7, 1};
+    uint64_t pos = 0;
+    int ok = st.ndocs == 4;
+    for (size_t d = 0; ok && d < 4; d++) {
+        ok = st.starts[d] == pos;
+        for (size_t i = 0; ok && i < wlen[d]; i++) ok = st.tok[pos++] == want[d][i];
+        ok = ok && st.tok[pos++] == EOS;
+    }
+    CHECK_MSG(ok && pos == st.n, "%llu documents / %llu tokens, not the texts with their NULs (document 0 has %llu "
+              "tokens)", (unsigned long long)st.ndocs, (unsigned long long)st.n,
+              (unsigned long long)(st.ndocs > 1 ? st.starts[1] : st.n));
+    /* errors */
+    const char *bad = keep(test_join(dir, "bad.jsonl"));
+    const char *only_bad[1] = {bad};
+    static const char raw_nul[] = "{\"text\": \"ok\"}\n{\"text\": \"a\0b\"}\n";
+    spit(bad, raw_nul, sizeof raw_nul - 1);
+    CHECK_ERR(prepare(tok, only_bad, 1, out, 0, 2, 0), "bad.jsonl:2: a raw NUL byte at column 12");
+    char line[512] = "{\"text\": \"\\u0000";
+    for (int c = 1; c < 32; c++) snprintf(line + strlen(line), sizeof line - strlen(line), "\\u%04x", c);
+    snprintf(line + strlen(line), sizeof line - strlen(line), "\"}\n");
+    spit_str(bad, line);
+    CHECK_ERR(prepare(tok, only_bad, 1, out, 0, 2, 0), "bad.jsonl:1: the line escapes NUL");
+    CHECK_ERR(prepare(tok, only_bad, 1, out, 0, 2, 0), "a NUL in the text of JSON Lines input is not supported");
+    /* with one control character left free it reads */
+    line[0] = 0;
+    snprintf(line, sizeof line, "{\"text\": \"\\u0000");
+    for (int c = 1; c < 32; c++)
+        if (c != 0x1f) snprintf(line + strlen(line), sizeof line - strlen(line), "\\u%04x", c);
+    snprintf(line + strlen(line), sizeof line - strlen(line), "\"}\n");
+    spit_str(bad, line);
+    CHECK_OK(prepare(tok, only_bad, 1, out, 0, 2, 0));
+    read_split(out, "train", &st);
+    ok = st.ndocs == 1 && st.n == 32 && st.tok[0] == 0 && st.tok[31] == EOS;
+    for (int c = 1; ok && c < 31; c++) ok = st.tok[c] == c;
+    CHECK_MSG(ok, "%llu tokens, want NUL, 0x01..0x1e and EOS", (unsigned long long)st.n);
+}
+
 /* ---- the command line ---- */
 
 TEST(data_cli_prepare_and_inspect) {

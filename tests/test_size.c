@@ -1,9 +1,14 @@
 /* kiln size: parameter counts against kiln's own parameter table, FLOP and memory conventions,
  * the GEMM quantization model, hardware profiles, the CLI and its errors. */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "kiln/fsutil.h"
+#include "kiln/log.h"
 #include "kiln/optim.h"
 #include "kiln/sizing.h"
 #include "models/zaya_internal.h"
@@ -322,6 +327,251 @@ TEST(size_profiles_builtin_and_errors) {
     CHECK_NEAR(kiln_hw_comm_time(p, 0, 2097152, 8), 2097152.0 * 7 / 8 / 150e9 + p->comm_latency_us * 1e-6, 1e-12);
     free(p);
     free(q);
+}
+
+/* `kiln bench comm` records stand for the GPUs' interconnect only when measured between GPUs (backend nccl):
+ * MPI on CPU ranks ("mpi") and one process ("local") were merged as the interconnect, and the interconnect's
+ * source, which --explain and the header print, still said it was an estimate. */
+TEST(size_bench_comm_only_gpu_records) {
+    const char *dir = test_tmpdir();
+    char mpi[600], mixed[600], gemm[600];
+    snprintf(mpi, sizeof mpi, "%s", test_join(dir, "comm_mpi.json"));
+    snprintf(mixed, sizeof mixed, "%s", test_join(dir, "comm_mixed.json"));
+    snprintf(gemm, sizeof gemm, "%s", test_join(dir, "gemm.json"));
+    FILE *f = fopen(mpi, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
+          "{\"backend\": \"mpi\", \"collective\": \"reduce_scatter\", \"ranks\": 2, \"bytes\": 1048576, \"busbw_gbs\": 5.0}, "
+          "{\"backend\": \"mpi\", \"collective\": \"all_gather\", \"ranks\": 2, \"bytes\": 1048576, \"busbw_gbs\": 6.0}]}", f);
+    fclose(f);
+    f = fopen(mixed, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
+          "{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, \"bytes\": 1048576, \"busbw_gbs\": 100.0}, "
+          "{\"backend\": \"mpi\", \"collective\": \"reduce_scatter\", \"ranks\": 2, \"bytes\": 1048576, \"busbw_gbs\": 5.0}, "
+          "{\"backend\": \"local\", \"collective\": \"all_gather\", \"ranks\": 1, \"bytes\": 1048576, \"busbw_gbs\": 9.0}]}", f);
+    fclose(f);
+    f = fopen(gemm, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"gemm\", \"gemm\": [{\"backend\": \"cublaslt\", \"dtype\": \"bf16\", "
+          "\"m\": 4096, \"n\": 4096, \"k\": 4096, \"tflops\": 500.0}]}", f);
+    fclose(f);
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    CHECK(strncmp(p->interconnect_source, "estimate", 8) == 0);
+    /* only CPU records: nothing to merge, and the error says why */
+    CHECK_ERR(kiln_hw_profile_merge_bench(p, mpi), "2 comm record(s) skipped: backend mpi, not collectives between GPUs");
+    CHECK(p->nrs == 0 && p->nag == 0 && strncmp(p->interconnect_source, "estimate", 8) == 0);
+    /* GPU and CPU records: only the GPUs' (the warning about the others is the CLI test's, below) */
+    const kiln_log_level level = kiln_log_get_level();
+    kiln_log_set_level(KILN_LOG_ERROR);
+    CHECK_OK(kiln_hw_profile_merge_bench(p, mixed));
+    kiln_log_set_level(level);
+    CHECK_MSG(p->nrs == 1 && p->rs[0].ranks == 8 && p->nag == 0, "%d reduce-scatter records (ranks %lld), %d all-gather",
+              p->nrs, (long long)(p->nrs ? p->rs[0].ranks : 0), p->nag);
+    /* 2 GPUs take the nearest measured rank count, the GPUs' 100 GB/s, not the CPU ranks' 5 */
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, 1048576, 2), 1048576.0 / 2 / 100e9 + p->comm_latency_us * 1e-6, 1e-12);
+    CHECK_MSG(!strncmp(p->interconnect_source, "measured: kiln bench comm over 8 GPUs (nccl", 43) &&
+                  strstr(p->interconnect_source, "comm_mixed.json") &&
+                  strstr(p->interconnect_source, "2 comm record(s) skipped: backend mpi, local"),
+              "interconnect source: %s", p->interconnect_source);
+    CHECK_MSG(!strncmp(p->source, "interconnect measured by --bench ", 33) && strstr(p->source, "comm_mixed.json") &&
+                  strstr(p->source, "; profile before --bench: measured bf16 GEMMs"),
+              "profile source: %s", p->source);
+    /* a second file adds its note; the profile's own summary is marked once */
+    CHECK_OK(kiln_hw_profile_merge_bench(p, gemm));
+    const char *mark = strstr(p->source, "profile before --bench");
+    CHECK_MSG(!strncmp(p->source, "GEMMs measured by --bench ", 26) && strstr(p->source, "interconnect measured by") &&
+                  mark && !strstr(mark + 1, "profile before --bench"),
+              "profile source: %s", p->source);
+    free(p);
+    /* the command line: --explain's interconnect line and the header say measured, and from which file */
+    static char out[1 << 17];
+    char args[2000];
+    snprintf(args, sizeof args, "size --profile h200 --total-params 8.3B --active-params 760M --bench '%s' --explain "
+             "--top 1", mixed);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "  interconnect: measured: kiln bench comm over 8 GPUs") &&
+                  strstr(out, "profile h200: NVIDIA H200 SXM (141 GB HBM3e), 8 per node over NVLink 4 (interconnect "
+                              "measured by --bench ") &&
+                  strstr(out, "warning: ") && strstr(out, "2 comm record(s) skipped"),
+              "%s", out);
+    snprintf(args, sizeof args, "size --profile h200 --total-params 8.3B --active-params 760M --bench '%s'", mpi);
+    CHECK(test_run_kiln(args, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "no GPU measurements to merge") && strstr(out, "2 comm record(s) skipped"), "%s", out);
+}
+
+/* The attention forward and forward + backward records pair by every field that tells cases apart: a sweep
+ * over KV heads or implementations paired one case's forward with another's backward (the last match). */
+TEST(size_bench_attention_pairs_same_case) {
+    const char *dir = test_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s", test_join(dir, "attn_sweep.json"));
+#define ATT(be, kv, pass, fl, us)                                                                              \
+    "{\"backend\": \"" be "\", \"device\": \"cuda\", \"dtype\": \"bf16\", \"pass\": \"" pass "\", \"batch\": 1, "        \
+    "\"seq\": 4096, \"heads\": 8, \"kv_heads\": " #kv ", \"head_dim\": 128, \"window\": 0, \"flops\": " #fl            \
+    ", \"time_us\": " #us "}"
+    FILE *f = fopen(path, "w");
+    fputs("{\"kiln_profile\": 1, \"attention\": [" ATT("cuda", 2, "fwd", 1e12, 2000) "," ATT("cuda", 8, "fwd", 1e12, 4000)
+          "," ATT("cuda", 2, "fwd_bwd", 3.5e12, 7000) "," ATT("cuda", 8, "fwd_bwd", 3.5e12, 20000) ","
+          ATT("cudnn", 2, "fwd", 1e12, 1000) "," ATT("cudnn", 2, "fwd_bwd", 3.5e12, 9000) "]}", f);
+    fclose(f);
+#undef ATT
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    CHECK_OK(kiln_hw_profile_merge_bench(p, path));
+    /* head dim 128 from the first case (cuda, 2 KV heads): forward 1e12 in 2 ms, backward 2.5e12 in 7 - 2 ms */
+    CHECK_NEAR(kiln_hw_attn_eff(p, 128, 0), 500.0 / p->peak_bf16, 1e-9);
+    CHECK_NEAR(kiln_hw_attn_eff(p, 128, 1), 500.0 / p->peak_bf16, 1e-9);
+    /* the timed kernels: per (shape, KV heads), the later implementation's own pair */
+    int seen = 0;
+    for (int i = 0; i < p->nattn_t; i++) {
+        const kiln_hw_attn_timed *a = &p->attn_t[i];
+        if (a->kv_heads == 2) CHECK_MSG(a->fwd_us == 1000 && a->bwd_us == 8000, "kv 2: %g / %g us", a->fwd_us, a->bwd_us);
+        if (a->kv_heads == 8) CHECK_MSG(a->fwd_us == 4000 && a->bwd_us == 16000, "kv 8: %g / %g us", a->fwd_us, a->bwd_us);
+        seen += a->kv_heads == 2 || a->kv_heads == 8;
+    }
+    CHECK(seen == 2 && p->nattn_t == 2);
+    free(p);
+}
+
+/* Every count flag is bounded (docs/sizing.md): past the bounds the step's token counts overflowed int64 and
+ * kiln size printed negative memory, -inf step times and negative counts; the bound applies after the K/M
+ * suffix; a malformed or out-of-range flag exits 2. */
+TEST(size_flag_ranges) {
+    static char out[1 << 17];
+    char args[1200];
+    const char *cfg = test_src_path("tests/fixtures/zaya/many_experts/config.json");
+    const char *base = "size --profile h200 --total-params 8.3B --active-params 760M";
+    struct { const char *flags, *needle; } bad[] = {
+        {"--seq 1073741824 --tokens-per-step 1024M", "--seq must be 1..16777216"},
+        {"--seq 9223372036854775807", "--seq must be 1..16777216"},
+        {"--context 0", "--context must be 1..16777216"},
+        {"--gpus 9223372036854775807", "--gpus must be 1..1048576"},
+        {"--micro-batch 1048577", "--micro-batch must be 1..1048576"},
+        {"--micro-batch 1048576 --seq 16777216", "is more than 4294967296"},
+        {"--tokens-per-step 1099511627776M", "'1099511627776M' is not a token count in 1..1099511627776"},
+        {"--tokens-per-step 1048577M", "is not a token count"},
+        {"--tokens-per-step 9223372036854775807K", "is not a token count"},
+        {"--tokens-per-step 99999999999999999999", "is not a token count"},
+        {"--vocab 9223372036854775807", "--vocab must be 1..2147483647"},
+        {"--vocab 2147483648", "--vocab must be 1..2147483647"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "%s %s", base, bad[i].flags);
+        int rc = test_run_kiln(args, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, bad[i].needle), "kiln %s: exit %d, want 2 and '%s':\n%s", args, rc,
+                  bad[i].needle, out);
+        snprintf(args, sizeof args, "size predict '%s' --profile h200 %s", cfg, bad[i].flags);
+        rc = test_run_kiln(args, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, bad[i].needle), "kiln %s: exit %d, want 2:\n%s", args, rc, out);
+    }
+    /* the largest values predict finite, non-negative numbers */
+    snprintf(args, sizeof args, "size predict '%s' --profile h200 --seq 16777216 --micro-batch 256 --tokens-per-step "
+             "1048576M --gpus 1048576 --json", cfg);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK_MSG(!strstr(out, "null") && !strstr(out, ": -") && !strstr(out, ":\t-"), "%s", out);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *pr = cJSON_GetObjectItem(j, "prediction");
+    double mem = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(pr, "memory_gib"), "total"));
+    double step = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(pr, "train"), "step_s"));
+    CHECK_MSG(mem > 0 && isfinite(mem) && step > 0 && isfinite(step), "memory %g GiB, step %g s", mem, step);
+    cJSON_Delete(j);
+    snprintf(args, sizeof args, "%s --gpus 1048576 --tokens-per-step 1048576M --json --top 1", base);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    j = cJSON_Parse(out);
+    step = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j,
+                                "ranked"), 0), "train"), "step_s"));
+    CHECK_MSG(step > 0 && isfinite(step), "step %g s", step);
+    cJSON_Delete(j);
+    /* the library refuses the same */
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    kiln_size_shape s;
+    kiln_size_shape_zaya_default(&s);
+    kiln_size_setup u;
+    kiln_size_setup_default(&u);
+    kiln_size_pred r;
+    u.seq = (int64_t)1 << 25;
+    CHECK_ERR(kiln_size_predict(&s, p, &u, &r), "sequence 33554432 is outside 1..16777216");
+    u.seq = 4096;
+    u.train.gpus = INT64_MAX;
+    CHECK_ERR(kiln_size_predict(&s, p, &u, &r), "gpus");
+    u.train.gpus = 8;
+    u.tokens_per_step = ((int64_t)1 << 40) + 1;
+    CHECK_ERR(kiln_size_predict(&s, p, &u, &r), "tokens per step");
+    free(p);
+    kiln_size_budget b;
+    kiln_size_budget_default(&b, KILN_ARCH_ZAYA);
+    b.total = 8.3e9, b.active = 760e6, b.vocab = INT64_MAX;
+    kiln_size_result res;
+    p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    CHECK_ERR(kiln_size_search(&b, p, &res), "vocab 9223372036854775807 is outside 1..2147483647");
+    free(p);
+}
+
+/* Byte counts past int64 (cuDNN's attention workspace is B·heads·T² bf16) were rounded to 256 through an int64
+ * cast, which turned them negative. */
+TEST(size_cuda_memory_huge_counts_stay_positive) {
+    const char *old = getenv("KILN_CUDNN_WORKSPACE_MB"), *old_impl = getenv("KILN_ATTENTION");
+    char saved[64] = "", saved_impl[64] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    if (old_impl) snprintf(saved_impl, sizeof saved_impl, "%s", old_impl);
+    setenv("KILN_CUDNN_WORKSPACE_MB", "0", 1); /* no cap: the workspace counts whatever its size */
+    unsetenv("KILN_ATTENTION");
+    kiln_size_shape s;
+    kiln_size_shape_zaya_default(&s);
+    s.layers = 2;
+    s.heads = 4096, s.kv_heads = 2, s.head_dim = 128, s.hidden = 2048;
+    kiln_size_train t;
+    kiln_size_train_default(&t);
+    t.micro_batch = 256, t.seq = (int64_t)1 << 24, t.gpus = 1; /* 2^32 tokens: the largest micro-batch */
+    kiln_size_cuda_memory m;
+    CHECK_OK(kiln_size_cuda_memory_train(&s, &t, 0, &m));
+    /* B·heads·T²·2 = 2^8·2^12·2^48·2 = 2^69 bytes */
+    CHECK_MSG(m.pool >= 0x1p69 && isfinite(m.pool) && m.total > m.pool && m.activations > 0 && m.scratch > 0,
+              "pool %g, activations %g, scratch %g, total %g", m.pool, m.activations, m.scratch, m.total);
+    t.micro_batch = 257;
+    CHECK_ERR(kiln_size_cuda_memory_train(&s, &t, 0, &m), "is more than 4294967296");
+    if (old) setenv("KILN_CUDNN_WORKSPACE_MB", saved, 1);
+    else unsetenv("KILN_CUDNN_WORKSPACE_MB");
+    if (old_impl) setenv("KILN_ATTENTION", saved_impl, 1);
+}
+
+/* Messages: no shape formed (a sentinel leaked: "the smallest layer has 1e+300 parameters"), trailing garbage
+ * after --aspect, hexadecimal counts, the memory limit as it is (90% of the device). */
+TEST(size_messages) {
+    static char out[1 << 17];
+    const char *base = "size --profile h200 --total-params 8.3B --active-params 760M";
+    char args[1200];
+    snprintf(args, sizeof args, "%s --head-dims 1048576", base);
+    CHECK(test_run_kiln(args, out, sizeof out) == 1);
+    CHECK_MSG(strstr(out, "the lists form no shape") && strstr(out, "--head-dims 1048576") && !strstr(out, "1e+300"),
+              "%s", out);
+    const char *aspects[] = {"32:128xyz", "32:128:4", "0x20:128", "32:inf", "32:nan", ":128", "32:", "32", "64:32"};
+    for (size_t i = 0; i < sizeof aspects / sizeof aspects[0]; i++) {
+        snprintf(args, sizeof args, "%s --aspect '%s'", base, aspects[i]);
+        int rc = test_run_kiln(args, out, sizeof out);
+        CHECK_MSG(rc == 2 && strstr(out, "--aspect"), "--aspect %s: exit %d\n%s", aspects[i], rc, out);
+    }
+    snprintf(args, sizeof args, "%s --aspect 16.5:256 --top 1", base);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0 && strstr(out, "outside hidden/layers 16.5..256"));
+    CHECK(test_run_kiln("size --profile h200 --total-params 0x2B --active-params 760M", out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "'0x2B' is not a decimal parameter count"), "%s", out);
+    double v;
+    const char *nondecimal[] = {"0x2B", "0X1p3", " 8B", "infB", "nan", "1e3 "};
+    for (size_t i = 0; i < sizeof nondecimal / sizeof nondecimal[0]; i++) {
+        kiln_error *e = kiln_size_parse_count("--total-params", nondecimal[i], &v);
+        CHECK_MSG(e != NULL, "'%s' was read as %g", nondecimal[i], v);
+        kiln_error_free(e);
+    }
+    CHECK_OK(kiln_size_parse_count("--total-params", "1.5e9", &v));
+    CHECK_NEAR(v, 1.5e9, 1);
+    CHECK_OK(kiln_size_parse_count("--total-params", "+8.3B", &v));
+    /* the real limit: 90% of the H100 profile's 79.6 GiB */
+    CHECK(test_run_kiln("size --profile h100 --total-params 80B --active-params 20B --micro-batch 64", out,
+                        sizeof out) == 1);
+    CHECK_MSG(strstr(out, "do not fit in 71.6 GiB per GPU (90% of the profile's 79.6 GiB)") &&
+                  !strstr(out, "in 80 GiB"),
+              "%s", out);
 }
 
 TEST(size_search_budget_errors) {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
@@ -791,6 +792,51 @@ TEST(tok_train_by_hand) {
     CHECK_ERR(kiln_tokenizer_train_bpe(files, 1, &o, out), "line 2 is not valid UTF-8");
     o.vocab_size = 0;
     CHECK_ERR(kiln_tokenizer_train_bpe(files, 1, &o, out), "vocab_size");
+}
+
+/* Options the trainer used to take quietly: a vocab_size below the byte-level alphabet plus the special tokens
+ * (it wrote 257 tokens for --vocab 100), an empty special token (dropped, and with it the default
+ * <|endoftext|>), a negative min_frequency. Each is an error naming the option, before any input is read. */
+TEST(tok_train_rejects_bad_options) {
+    setenv("KILN_PROGRESS", "0", 1);
+    const char *dir = test_tmpdir();
+    char in[512], out[512];
+    snprintf(in, sizeof in, "%s", test_join(dir, "in.txt"));
+    snprintf(out, sizeof out, "%s", test_join(dir, "tok.json"));
+    put(in, "ab ab ab\n");
+    const char *files[] = {in};
+    const char *one[] = {"<|endoftext|>", NULL}, *two[] = {"<|endoftext|>", "<|pad|>", NULL};
+    const char *empty[] = {"<|endoftext|>", "", NULL}, *dup[] = {"<|endoftext|>", "<|endoftext|>", NULL};
+    kiln_bpe_train_opts o = {.vocab_size = 100, .special = one, .threads = 1};
+    CHECK_ERR(kiln_tokenizer_train_bpe(files, 1, &o, out), "vocab_size 100 is below the minimum 257");
+    o.vocab_size = 257;
+    o.special = two;
+    CHECK_ERR(kiln_tokenizer_train_bpe(files, 1, &o, out), "vocab_size 257 is below the minimum 258");
+    o.special = dup; /* the same token twice is one token */
+    CHECK_OK(kiln_tokenizer_train_bpe(files, 1, &o, out));
+    o.special = empty;
+    o.vocab_size = 300;
+    CHECK_ERR(kiln_tokenizer_train_bpe(files, 1, &o, out), "special token 2 is empty");
+    o.special = one;
+    o.min_frequency = -1;
+    CHECK_ERR(kiln_tokenizer_train_bpe(files, 1, &o, out), "min_frequency -1");
+    /* the minimum is checked before the inputs are read */
+    o.min_frequency = 0;
+    o.vocab_size = 256;
+    const char *missing[] = {test_join(dir, "nope.txt")};
+    CHECK_ERR(kiln_tokenizer_train_bpe(missing, 1, &o, out), "below the minimum 257");
+    CHECK_MSG(access(out, F_OK) == 0, "the successful run above wrote no file");
+    /* the command line */
+    char args[2048], buf[4096];
+    snprintf(args, sizeof args, "tokenizer train --vocab 100 --input '%s' --out '%s'", in, out);
+    CHECK(test_run_kiln(args, buf, sizeof buf) == 1);
+    CHECK_MSG(strstr(buf, "vocab_size 100 is below the minimum 257"), "%s", buf);
+    snprintf(args, sizeof args, "tokenizer train --vocab 300 --special '' --input '%s' --out '%s'", in, out);
+    CHECK(test_run_kiln(args, buf, sizeof buf) == 1);
+    CHECK_MSG(strstr(buf, "--special: a special token cannot be empty"), "%s", buf);
+    snprintf(args, sizeof args, "tokenizer train --vocab 300 --min-frequency -1 --input '%s' --out '%s'", in, out);
+    CHECK(test_run_kiln(args, buf, sizeof buf) == 1);
+    CHECK_MSG(strstr(buf, "--min-frequency: must be at least 0, got -1"), "%s", buf);
 }
 
 TEST(tok_train_roundtrip_deterministic) {

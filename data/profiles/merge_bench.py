@@ -3,7 +3,7 @@
 
 The same selection as `kiln size --bench` (src/sizing/hw.c): bf16 gemm records replace gemm.records;
 the best GPU membw copy replaces memory.achieved_gbs; reduce_scatter/all_gather records over 2+ ranks
-(not the local backend) replace comm.records; full-causal bf16 attention records off the CPU (`kiln bench
+(measured over GPUs: the nccl backend) replace comm.records; full-causal bf16 attention records off the CPU (`kiln bench
 attention --device cuda`, a fwd and the matching fwd_bwd per shape; per head dim the one with the most
 work) replace attention.records. Each replaced section's `source` names the files. kiln's own timed
 kernels go to the kiln_kernels section: attention fwd/bwd per full-causal shape, the expert op (balanced
@@ -64,7 +64,7 @@ def main(argv):
             # fwd_bwd per shape; per head dim the one with the most work (as kiln size --bench reads them)
             if r.get("backend") == "cpu" or r.get("dtype") != "bf16" or r.get("pass") != "fwd" or r.get("window", 0):
                 continue
-            key = ("batch", "seq", "heads", "kv_heads", "head_dim", "window", "backend")
+            key = ("device", "backend", "impl", "dtype", "batch", "seq", "heads", "kv_heads", "head_dim", "window")
             both = [x for x in recs if x.get("pass") == "fwd_bwd" and all(x.get(k) == r.get(k) for k in key)]
             if not both or r.get("time_us", 0) <= 0 or both[0]["time_us"] <= r["time_us"]:
                 continue
@@ -77,7 +77,7 @@ def main(argv):
             if r["head_dim"] not in attn or work > attn[r["head_dim"]][0]:
                 attn[r["head_dim"]] = (work, fwd, bwd)
         for r in p.get("comm", []):
-            if (r.get("collective") in ("reduce_scatter", "all_gather") and r.get("backend") != "local"
+            if (r.get("collective") in ("reduce_scatter", "all_gather") and r.get("backend") == "nccl"
                     and r.get("ranks", 0) >= 2 and r.get("busbw_gbs", 0) > 0 and r.get("bytes", 0) > 0):
                 comm.append({k: r[k] for k in ("collective", "bytes", "ranks", "busbw_gbs")})
     if not (gemm or comm or copy or attn or k_moe):

@@ -345,8 +345,9 @@ int kiln_bench_gemm_main(int argc, char **argv) {
             errno = 0;
             long x = strtol(v, &end, 10);
             int lo = !strcmp(a, "--warmup") ? 0 : 1;
-            if (*end || end == v || errno || x < lo || x > 100000000)
-                return kiln_bench_usage_err("gemm", "%s: expected a non-negative integer", a);
+            if (*end || end == v || errno || x < lo || x > 100000000) /* --warmup may be 0, the others not */
+                return kiln_bench_usage_err("gemm", "%s '%s': expected %s integer in %d..100000000", a, v,
+                                            lo ? "a positive" : "a non-negative", lo);
             if (!strcmp(a, "--iters")) iters = x;
             else if (!strcmp(a, "--warmup")) warmup = x;
             else if (!strcmp(a, "--threads")) threads = x;

@@ -40,7 +40,7 @@ static const char usage[] =
     "--ckpt the checkpoint writer's save throughput against the sequential write speed measured in the same\n"
     "run. GB/s = 1e9 bytes/s. Scratch files are created in D and removed.\n\n"
     "  --dir D          directory on the file system to measure (required)\n"
-    "  --size SIZE      bytes per file, K/M/G suffixes (binary) (default 256M)\n"
+    "  --size SIZE      bytes per file, 4K to 65536G, K/M/G suffixes (binary) (default 256M)\n"
     "  --files N        files per test (default 4)\n"
     "  --threads T      threads of the parallel tests (default: min(files, cores))\n"
     "  --iters N        repetitions; the best is reported (default 3)\n"
@@ -407,7 +407,9 @@ int kiln_bench_io_main(int argc, char **argv) {
         if (r >= 0) return r;
         if (!strcmp(a, "--dir")) dir = v;
         else if (!strcmp(a, "--size")) {
-            if (kiln_bench_parse_bytes(v, 4096, 1e14, &size)) return kiln_bench_usage_err("io", "--size '%s': expected a size >= 4K like 64M, 1G", v);
+            /* 64 TiB: past any one file a checkpoint shard is, and far inside size_t and the double arithmetic */
+            if (kiln_bench_parse_bytes(v, 4096, 65536.0 * 1073741824.0, &size))
+                return kiln_bench_usage_err("io", "--size '%s': expected a size from 4K to 65536G (64 TiB), like 64M or 1G", v);
         } else if (!strcmp(a, "--files")) {
             if ((r = kiln_bench_parse_int("io", a, v, 1, 999, &files)) >= 0) return r;
         } else if (!strcmp(a, "--threads")) {
@@ -423,8 +425,14 @@ int kiln_bench_io_main(int argc, char **argv) {
     if (!dir) return kiln_bench_usage_err("io", "--dir D is required (the file system to measure)");
     if (cuda && !ckpt) return kiln_bench_usage_err("io", "--device cuda measures the checkpoint writer: it needs --ckpt");
     struct stat sb;
-    if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) {
-        kiln_bench_fail("io", NULL, kiln_errorf(KILN_ENOTFOUND, "%s: not a directory", dir));
+    if (stat(dir, &sb)) {
+        const int err = errno;
+        kiln_bench_fail("io", NULL, err == ENOENT ? kiln_errorf(KILN_ENOTFOUND, "%s: no such directory (it does not exist)", dir)
+                                                  : kiln_errorf(KILN_EIO, "%s: cannot stat: %s", dir, strerror(err)));
+        return 1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        kiln_bench_fail("io", NULL, kiln_errorf(KILN_EINVAL, "%s: not a directory", dir));
         return 1;
     }
     if (!threads) {
@@ -451,9 +459,10 @@ int kiln_bench_io_main(int argc, char **argv) {
             double s = 0;
             /* write then read, with one thread then many: each read finds the files just written */
             int t = k == 0 || k == 2 ? 1 : (int)threads, write = k < 2;
-            int idx = write ? (t == 1 ? 0 : 1) : (t == 1 ? 2 : 3);
+            /* the record is the test's, not the thread count's: with --threads 1 (or one core, or --files 1)
+             * the parallel tests also run on one thread and must still fill their own rows */
             e = pass(dir, (int)files, size, t, write, buf, &s);
-            if (!e && s < rec[idx].seconds) rec[idx].seconds = s;
+            if (!e && s < rec[k].seconds) rec[k].seconds = s;
             kiln_progress_update(&pr, (uint64_t)(it * 4 + k + 1));
         }
     kiln_progress_finish(&pr);
@@ -489,6 +498,14 @@ int kiln_bench_io_main(int argc, char **argv) {
         else
             printf("(no seq_write_mapped: %s is not on a file system the checkpoint writer maps files on)\n", dir);
     }
+    /* every row must hold a measured time: an unmeasured one (INFINITY) would print inf and reach the JSON as
+     * null, which kiln bench report refuses; better to say which test it is here than write such a profile */
+    for (size_t i = 0; i < nrec; i++)
+        if (!(rec[i].seconds > 0) || !isfinite(rec[i].seconds)) {
+            kiln_bench_fail("io", NULL, kiln_errorf(KILN_EINVAL, "%s: no time was measured (%g s); nothing written",
+                                                    rec[i].test, rec[i].seconds));
+            return 1;
+        }
     printf("%-18s %14s %8s %10s %10s %12s\n", "test", "bytes", "threads", "seconds", "GB/s", "vs seq write");
     for (size_t i = 0; i < nrec; i++) {
         printf("%-18s %14.0f %8.0f %10.4f %10.3f", rec[i].test, rec[i].bytes, rec[i].threads, rec[i].seconds,

@@ -111,11 +111,31 @@ static void *grow(void *v, size_t n, size_t sz) {
     return realloc(v, (n ? 2 * n : 1) * sz);
 }
 
+/* A required field that is present but null: kiln's JSON readers treat null as absent, which would report
+ * it as "missing"; it is there, and null is what a writer puts where it had no finite number (an unmeasured
+ * time is inf, which JSON cannot hold). Say that instead. */
+static kiln_error *null_field(const cJSON *o, const char *f, int req, const char *want, const char *ctx) {
+    const cJSON *v = NULL;
+    if (req && cJSON_IsObject(o))
+        for (const cJSON *c = o->child; c; c = c->next)
+            if (c->string && !strcmp(c->string, f)) v = c; /* the last of repeated keys, as the readers take */
+    if (!v || !cJSON_IsNull(v)) return NULL;
+    return kiln_errorf(KILN_EINVAL, "%s: field '%s' is null, not %s (the benchmark wrote no value for it: not "
+                       "measured, or not finite)", ctx, f, want);
+}
+
 static kiln_error *get_num(const cJSON *o, const char *f, double *out, double dflt, int req, const char *ctx) {
+    KILN_TRY(null_field(o, f, req, "a number", ctx));
     return kiln_json_get_double(o, f, out, dflt, req, ctx);
 }
 
+static kiln_error *get_int(const cJSON *o, const char *f, int64_t *out, int64_t dflt, int req, const char *ctx) {
+    KILN_TRY(null_field(o, f, req, "an integer", ctx));
+    return kiln_json_get_int(o, f, out, dflt, req, ctx);
+}
+
 static kiln_error *get_str(const cJSON *o, const char *f, const char **out, const char *dflt, int req, const char *ctx) {
+    KILN_TRY(null_field(o, f, req, "a string", ctx));
     return kiln_json_get_string(o, f, out, dflt, req, ctx);
 }
 
@@ -136,7 +156,7 @@ static kiln_error *load_comm(report *r, int fi, const cJSON *it, const char *ctx
     KILN_TRY(get_str(it, "backend", &c.backend, "?", 0, ctx));
     KILN_TRY(get_str(it, "collective", &c.collective, NULL, 1, ctx));
     KILN_TRY(get_str(it, "dtype", &c.dtype, "?", 0, ctx));
-    KILN_TRY(kiln_json_get_int(it, "ranks", &c.ranks, 0, 1, ctx));
+    KILN_TRY(get_int(it, "ranks", &c.ranks, 0, 1, ctx));
     const cJSON *ip = cJSON_GetObjectItemCaseSensitive(it, "inplace");
     if (cJSON_IsBool(ip)) c.inplace = cJSON_IsTrue(ip);
     else if (cJSON_IsNumber(ip)) c.inplace = ip->valuedouble != 0;
@@ -163,9 +183,9 @@ static kiln_error *load_gemm(report *r, int fi, const cJSON *it, const char *ctx
     KILN_TRY(get_str(it, "dtype", &g.dtype, "?", 0, ctx));
     KILN_TRY(get_str(it, "label", &g.label, "", 0, ctx));
     KILN_TRY(get_str(it, "layout", &g.layout, "", 0, ctx));
-    KILN_TRY(kiln_json_get_int(it, "m", &g.m, 0, 1, ctx));
-    KILN_TRY(kiln_json_get_int(it, "n", &g.n, 0, 1, ctx));
-    KILN_TRY(kiln_json_get_int(it, "k", &g.k, 0, 1, ctx));
+    KILN_TRY(get_int(it, "m", &g.m, 0, 1, ctx));
+    KILN_TRY(get_int(it, "n", &g.n, 0, 1, ctx));
+    KILN_TRY(get_int(it, "k", &g.k, 0, 1, ctx));
     KILN_TRY(get_num(it, "count", &g.count, 1, 0, ctx));
     KILN_TRY(get_num(it, "time_us", &g.time_us, NAN, 0, ctx));
     KILN_TRY(get_num(it, "tflops", &g.tflops, 0, 1, ctx));

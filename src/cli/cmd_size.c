@@ -3,7 +3,9 @@
  *   kiln size check CONFIG --profile P [...]                         audit a config, nearest faster shapes
  *   kiln size predict CONFIG --profile P [...]                       one shape: step time, tokens/s, memory
  *   kiln size profiles                                               the built-in hardware profiles */
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include "kiln/json.h"
 #include "kiln/sizing.h"
 #include "kiln/train.h"
+#include "sizing/sizing_internal.h"
 
 static const char usage[] =
     "usage: kiln size --profile P --total-params X --active-params Y [options]\n"
@@ -23,19 +26,19 @@ static const char usage[] =
     "profile's evidence behind each choice. CONFIG: a HF config.json or a kiln train config.\n\n"
     "  --profile P          built-in (h100, h200, mi300x) or a profile JSON path (docs/sizing.md)\n"
     "  --bench FILE         merge `kiln bench` measurements (gemm, comm, membw, attention); repeatable\n"
-    "  --total-params X     non-embedding total, with K/M/B/T suffixes (8.3B)\n"
+    "  --total-params X     non-embedding total, decimal with K/M/B/T suffixes (8.3B), at most 10^18\n"
     "  --active-params Y    non-embedding parameters a token uses (760M); dense: defaults to the total\n"
     "  --arch zaya|dense    architecture (default zaya)\n"
-    "  --context T          training sequence length and inference context (default 4096)\n"
+    "  --context T          training sequence length and inference context, 1..2^24 (default 4096)\n"
     "  --seq T              same as --context\n"
-    "  --tokens-per-step N  global batch in tokens (default 4M = 4194304; K/M suffixes)\n"
-    "  --gpus G             data-parallel GPUs, ZeRO-1 (default 8)\n"
-    "  --micro-batch B      sequences per GPU per micro-batch (default 1)\n"
+    "  --tokens-per-step N  global batch in tokens, 1..2^40 (default 4M = 4194304; K/M suffixes)\n"
+    "  --gpus G             data-parallel GPUs, ZeRO-1, 1..2^20 (default 8)\n"
+    "  --micro-batch B      sequences per GPU per micro-batch, 1..2^20, B x T at most 2^32 (default 1)\n"
     "  --recompute          full activation recomputation\n"
     "  --adamw              AdamW everywhere (default: Muon for hidden and expert matrices)\n"
     "  --weights bf16|fp32  working weights (default bf16 + an fp32 master sharded by ZeRO-1; fp32: no master)\n"
     "  --grads fp32|bf16    gradient buffer (default fp32, kiln's flat buffer)\n"
-    "  --vocab V            vocabulary before padding to 128 (default 262144)\n"
+    "  --vocab V            vocabulary before padding to 128, 1..2^31-1 (default 262144)\n"
     "  --tolerance F        relative budget tolerance (default 0.05)\n"
     "  --aspect MIN:MAX     hidden/layers band (default 32:128)\n"
     "  --hidden L --head-dims L --cca L --kv-heads L --experts L --top-k L --widths L\n"
@@ -61,16 +64,48 @@ static kiln_error *parse_arch(const char *s, kiln_size_arch *a) {
     return NULL;
 }
 
-/* A token count with binary K/M suffixes (4M = 4194304), as kiln bench's sizes. */
+/* A token count with binary K/M suffixes (4M = 4194304), as kiln bench's sizes, in 1..2^40. */
 static kiln_error *parse_tokens(const char *flag, const char *s, int64_t *out) {
     char *end;
+    errno = 0;
     long long v = strtoll(s, &end, 10);
     int64_t mult = 1;
     if (end != s && (*end == 'K' || *end == 'k')) { mult = 1024; end++; }
     else if (end != s && (*end == 'M' || *end == 'm')) { mult = 1048576; end++; }
-    if (end == s || *end || v < 1 || v > ((int64_t)1 << 40))
-        return kiln_errorf(KILN_EINVAL, "%s: '%s' is not a positive token count (e.g. 4M, 1048576)", flag, s);
+    /* the limit is on the count, after the suffix: 1099511627776M is 2^60 tokens (and v * mult could overflow) */
+    if (end == s || *end || errno || v < 1 || v > KILN_SIZE_MAX_TOKENS_PER_STEP / mult)
+        return kiln_errorf(KILN_EINVAL, "%s: '%s' is not a token count in 1..%lld (2^40 = 1048576M; e.g. 4M, 1048576)",
+                           flag, s, (long long)KILN_SIZE_MAX_TOKENS_PER_STEP);
     *out = v * mult;
+    return NULL;
+}
+
+/* A decimal number, all of s (no hexadecimal, inf or nan, which strtod would also read). */
+static int decimal(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return 0;
+    for (const char *c = s; c < end; c++)
+        if (!strchr("0123456789.eE+-", *c)) return 0;
+    *out = v;
+    return 1;
+}
+
+/* --aspect MIN:MAX, both decimal, nothing after them. */
+static kiln_error *parse_aspect(const char *v, double *lo, double *hi) {
+    const char *colon = strchr(v, ':');
+    char a[64];
+    double x = 0, y = 0;
+    int ok = colon && (size_t)(colon - v) < sizeof a;
+    if (ok) {
+        memcpy(a, v, (size_t)(colon - v));
+        a[colon - v] = 0;
+        ok = decimal(a, &x) && decimal(colon + 1, &y) && x > 0 && y >= x;
+    }
+    if (!ok) return kiln_errorf(KILN_EINVAL, "--aspect: '%s' is not MIN:MAX with 0 < MIN <= MAX (e.g. 32:128)", v);
+    *lo = x;
+    *hi = y;
     return NULL;
 }
 
@@ -110,13 +145,14 @@ static kiln_error *parse(int argc, char **argv, int first, int want_config, opts
             KILN_TRY(parse_tokens(a, v, &o->b.setup.tokens_per_step));
             o->have_tps = 1;
         } else if (!strcmp(a, "--context") || !strcmp(a, "--seq")) {
-            KILN_TRY(cli_int(a, v, &iv));
-            if (iv < 1) return kiln_errorf(KILN_EINVAL, "%s: %lld must be positive", a, (long long)iv);
+            KILN_TRY(cli_int_in(a, v, 1, KILN_SIZE_MAX_SEQ, &iv));
             o->b.setup.seq = iv;
             o->have_setup_seq = 1;
         } else if (!strcmp(a, "--gpus") || !strcmp(a, "--micro-batch") || !strcmp(a, "--vocab") || !strcmp(a, "--top")) {
-            KILN_TRY(cli_int(a, v, &iv));
-            if (iv < 1) return kiln_errorf(KILN_EINVAL, "%s: %lld must be positive", a, (long long)iv);
+            /* bounded: past these the step's token counts overflow (docs/sizing.md gives the ranges) */
+            const int64_t max = !strcmp(a, "--gpus") ? KILN_SIZE_MAX_GPUS : !strcmp(a, "--micro-batch")
+                                ? KILN_SIZE_MAX_MICRO_BATCH : !strcmp(a, "--vocab") ? KILN_SIZE_MAX_VOCAB : INT64_MAX;
+            KILN_TRY(cli_int_in(a, v, 1, max, &iv));
             if (!strcmp(a, "--gpus")) o->b.setup.train.gpus = iv;
             else if (!strcmp(a, "--micro-batch")) { o->b.setup.train.micro_batch = iv; o->have_mb = 1; }
             else if (!strcmp(a, "--vocab")) { o->b.vocab = iv; o->have_vocab = 1; }
@@ -126,9 +162,7 @@ static kiln_error *parse(int argc, char **argv, int first, int want_config, opts
             if (!(dv > 0 && dv < 1)) return kiln_errorf(KILN_EINVAL, "--tolerance: %g must be in (0, 1)", dv);
             o->b.tolerance = dv;
         } else if (!strcmp(a, "--aspect")) {
-            if (sscanf(v, "%lf:%lf", &o->b.min_aspect, &o->b.max_aspect) != 2 || !(o->b.min_aspect > 0) ||
-                o->b.max_aspect < o->b.min_aspect)
-                return kiln_errorf(KILN_EINVAL, "--aspect: '%s' is not MIN:MAX with 0 < MIN <= MAX", v);
+            KILN_TRY(parse_aspect(v, &o->b.min_aspect, &o->b.max_aspect));
         } else if (!strcmp(a, "--weights") || !strcmp(a, "--grads")) {
             int bytes = !strcmp(v, "bf16") ? 2 : !strcmp(v, "fp32") ? 4 : 0;
             if (!bytes) return kiln_errorf(KILN_EINVAL, "%s: '%s' is not bf16 or fp32", a, v);
@@ -149,6 +183,9 @@ static kiln_error *parse(int argc, char **argv, int first, int want_config, opts
         else return kiln_errorf(KILN_EINVAL, "unknown option '%s'", a);
     }
     o->b.setup.train.seq = o->b.setup.seq;
+    /* each flag is in range; their product too (a config's values are checked when the prediction runs) */
+    KILN_TRY(kiln_size_check_run("flags", o->b.setup.train.gpus, o->b.setup.train.micro_batch, o->b.setup.seq,
+                                 o->b.setup.tokens_per_step));
     if (!o->profile) return kiln_errorf(KILN_EINVAL, "--profile is required (built-in: h100, h200, mi300x)");
     if (want_config && !o->config) return kiln_errorf(KILN_EINVAL, "a CONFIG (config.json or train config) is required");
     return NULL;
@@ -186,8 +223,14 @@ static kiln_error *load_config(const char *path, opts *o, kiln_size_shape *s) {
         kiln_size_shape_from_zaya(&t->model, s);
         if (!o->have_setup_seq) o->b.setup.seq = o->b.setup.train.seq = t->seq_len;
         if (!o->have_mb) o->b.setup.train.micro_batch = t->micro_batch;
-        if (!o->have_tps)
-            o->b.setup.tokens_per_step = t->micro_batch * t->seq_len * t->grad_accum * o->b.setup.train.gpus;
+        if (!o->have_tps) { /* in doubles: the product of a config's values and --gpus may pass int64 */
+            double tps = (double)t->micro_batch * (double)t->seq_len * (double)t->grad_accum * (double)o->b.setup.train.gpus;
+            if (!(tps <= (double)KILN_SIZE_MAX_TOKENS_PER_STEP))
+                e = kiln_errorf(KILN_EINVAL, "%s: micro_batch x seq_len x grad_accum x %lld GPUs = %.4g tokens per step, "
+                                "more than %lld; pass --tokens-per-step", path, (long long)o->b.setup.train.gpus, tps,
+                                (long long)KILN_SIZE_MAX_TOKENS_PER_STEP);
+            else o->b.setup.tokens_per_step = (int64_t)tps;
+        }
         o->b.setup.train.muon = t->optim.use_muon;
         o->b.setup.train.ns_precision = (int)t->optim.muon_ns_precision;
     }
@@ -459,8 +502,8 @@ static int run_check(opts *o) {
             printf("        ! vocab %lld is not a multiple of 128: pad to %lld (whole lm_head tiles)\n",
                    (long long)s.vocab, (long long)r.vocab);
         if (!own.fits)
-            printf("        ! training needs %.1f GiB per GPU, more than 90%% of %.0f GiB: add GPUs (ZeRO-1), "
-                   "--recompute or a smaller micro-batch\n", own.mem.total / GIB, p->mem_gib);
+            printf("        ! training needs %.1f GiB per GPU, more than %.1f GiB (90%% of %.4g GiB): add GPUs (ZeRO-1), "
+                   "--recompute or a smaller micro-batch\n", own.mem.total / GIB, 0.9 * p->mem_gib, p->mem_gib);
         if (!nsug) printf("\nno faster shape of the same budget among %lld candidates\n", (long long)r.n);
         else {
             printf("\nnearest faster shapes (same budget +-%g%%), fewest changes first:\n", 100 * b->tolerance);

@@ -21,12 +21,13 @@ static const char usage[] =
     "(GPT-2 / Llama-3 byte-level, SentencePiece-style with byte fallback such as Gemma).\n\n"
     "train    learns a byte-level BPE (GPT-2 regex, as HF's ByteLevelBPETokenizer) from the files, read\n"
     "         line by line; writes a tokenizer.json that HF `tokenizers` loads\n"
-    "  --vocab N          vocabulary size, special tokens and the 256 byte symbols included\n"
+    "  --vocab N          vocabulary size, special tokens and the 256 byte symbols included (so at least\n"
+    "                     256 + the special tokens)\n"
     "  --input FILE...    UTF-8 text files (several after one --input, or --input repeated)\n"
     "  --out FILE         where to write tokenizer.json (atomically)\n"
-    "  --special TOKEN    a special token, ids 0.. in order (repeatable; default <|endoftext|>)\n"
+    "  --special TOKEN    a special token, not empty, ids 0.. in order (repeatable; default <|endoftext|>)\n"
     "  --threads N        threads for counting words (default: all cores)\n"
-    "  --min-frequency N  stop when the most frequent pair is rarer than N (default 0)\n"
+    "  --min-frequency N  stop when the most frequent pair is rarer than N, N >= 0 (default 0)\n"
     "encode   prints the ids of the text, comma-separated (no special tokens are added)\n"
     "  --tokenizer FILE   a tokenizer.json\n"
     "  --text STR | --file FILE   the text, given or read from a file (bytes as they are)\n"
@@ -81,6 +82,8 @@ static int train(int argc, char **argv) {
         } else if (!strcmp(a, "--out")) {
             out = v;
         } else if (!strcmp(a, "--special")) {
+            /* an empty one would be dropped, and with it the default <|endoftext|> it replaces */
+            if (!*v) e = kiln_errorf(KILN_EINVAL, "--special: a special token cannot be empty");
             special[nspecial++] = v;
         } else if (!strcmp(a, "--threads")) {
             e = cli_int("--threads", v, &threads);
@@ -90,6 +93,8 @@ static int train(int argc, char **argv) {
     }
     if (!rc && !e && (!have_vocab || !ninputs || !out)) rc = usage_error("%s", "train needs --vocab, --input and --out");
     if (!rc && !e && vocab < 1) e = kiln_errorf(KILN_EINVAL, "--vocab: must be at least 1, got %lld", (long long)vocab);
+    if (!rc && !e && minf < 0)
+        e = kiln_errorf(KILN_EINVAL, "--min-frequency: must be at least 0, got %lld", (long long)minf);
     if (!rc && !e && (threads < 0 || threads > 4096))
         e = kiln_errorf(KILN_EINVAL, "--threads: must be between 0 and 4096, got %lld", (long long)threads);
     if (!rc && !e) {

@@ -76,23 +76,96 @@ static int blank(const char *s, size_t n) {
     return 1;
 }
 
-/* The document in one .jsonl line: an object whose "text" is a string. */
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The control character (below 0x20) a line's "\u0000" escapes can stand in for while cJSON parses it, or -1.
+ *
+ * Why: cJSON decodes "\u0000" into a NUL byte inside its NUL-terminated valuestring and keeps no length, so
+ * everything after the first NUL would be lost (strlen stops there). A control character that occurs nowhere
+ * in the line (neither raw nor as an escape) can only come out of the decoded text where we put it: the
+ * line is parsed again with every "\u0000" rewritten to it, and it is turned back into NUL in the text.
+ * Bytes below 0x20 come out of cJSON only from such bytes or escapes (\b \t \n \f \r are never chosen;
+ * any other escape decodes to 0x20 or above). *nul: whether the line has a "\u0000" escape at all. */
+static int nul_stand_in(const char *line, size_t len, int *nul) {
+    int used[32] = {0};
+    *nul = 0;
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char c = (unsigned char)line[i];
+        if (c < 32) {
+            used[c] = 1;
+        } else if (c == '\\' && i + 1 < len) { /* an escape: its letter is not a quote or another escape */
+            if (line[i + 1] == 'u' && i + 5 < len) {
+                int v = 0;
+                for (int k = 2; k < 6 && v >= 0; k++) v = hexval(line[i + k]) < 0 ? -1 : v * 16 + hexval(line[i + k]);
+                if (v >= 0 && v < 32) used[v] = 1;
+                if (v == 0) *nul = 1;
+            }
+            i++;
+        }
+    }
+    for (int c = 1; c < 32; c++)
+        if (!used[c] && c != '\b' && c != '\t' && c != '\n' && c != '\f' && c != '\r') return c;
+    return -1;
+}
+
+/* The document in one .jsonl line: an object whose "text" is a string. The text keeps escaped NULs
+ * ("\u0000"), as a plain text file keeps its NUL bytes. */
 static kiln_error *jsonl_doc(const char *line, size_t len, const char *ctx, char **text, size_t *tlen) {
+    /* JSON has no raw NUL (control characters are escaped in strings); cJSON would cut the text there */
+    const char *raw = memchr(line, 0, len);
+    if (raw)
+        return kiln_errorf(KILN_EFORMAT, "%s: a raw NUL byte at column %zu: JSON Lines input must escape it as "
+                           "\\u0000 (plain text files keep NUL bytes as they are)", ctx, (size_t)(raw - line) + 1);
     cJSON *root = NULL;
-    KILN_TRY(kiln_json_parse(line, len, ctx, &root));
+    KILN_TRY(kiln_json_parse(line, len, ctx, &root)); /* the line as written: errors quote it faithfully */
+    int nul = 0;
+    const int alt = nul_stand_in(line, len, &nul);
+    char *copy = NULL;
     kiln_error *e = NULL;
+    if (nul && alt < 0) {
+        e = kiln_errorf(KILN_EFORMAT, "%s: the line escapes NUL (\\u0000) and uses every other control character "
+                        "too, so kiln cannot keep the NULs of its text: a NUL in the text of JSON Lines input is not "
+                        "supported here (a plain text file keeps it)", ctx);
+    } else if (nul) { /* parse it again with the stand-in for NUL (nul_stand_in says why) */
+        copy = malloc(len + 1);
+        if (!copy) e = oom(ctx);
+        else copy[len] = 0;
+        for (size_t i = 0; copy && i < len; i++) {
+            copy[i] = line[i];
+            if (line[i] == '\\' && i + 1 < len) { /* escapes are copied whole: the u0000 after "\\\\" is text */
+                i++;
+                copy[i] = line[i];
+                if (line[i] == 'u' && i + 4 < len && !memcmp(line + i + 1, "0000", 4)) {
+                    memcpy(copy + i + 1, "00", 2);
+                    copy[i + 3] = "0123456789abcdef"[alt >> 4];
+                    copy[i + 4] = "0123456789abcdef"[alt & 15];
+                    i += 4;
+                }
+            }
+        }
+        if (copy) {
+            cJSON_Delete(root);
+            root = NULL;
+            e = kiln_json_parse(copy, len, ctx, &root);
+        }
+    }
     const char *s = NULL;
-    if (!cJSON_IsObject(root))
+    if (!e && !cJSON_IsObject(root))
         e = kiln_errorf(KILN_EFORMAT, "%s: expected a JSON object with a \"text\" field, got %s", ctx,
                         kiln_json_type_name(root));
-    else
+    else if (!e)
         e = kiln_json_get_string(root, "text", &s, NULL, 1, ctx);
     if (!e) {
         *tlen = strlen(s);
         *text = malloc(*tlen + 1);
         if (!*text) e = oom(ctx);
         else memcpy(*text, s, *tlen + 1);
+        for (size_t i = 0; !e && nul && i < *tlen; i++)
+            if ((*text)[i] == (char)alt) (*text)[i] = 0;
     }
+    free(copy);
     cJSON_Delete(root);
     return e;
 }

@@ -11,6 +11,7 @@
 
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
+#include "kiln/log.h"
 #include "kiln/sizing.h"
 #include "kiln_hw_builtin.h"
 
@@ -268,6 +269,47 @@ static double num(const cJSON *r, const char *f) {
     return cJSON_IsNumber(it) ? it->valuedouble : -1;
 }
 
+/* Whether two `kiln bench attention` records time the same kernel on the same shape: every field that tells
+ * cases apart must agree (absent on both sides agrees; no window is window 0). A sweep over KV-head counts,
+ * windows or implementations (--impl own,cudnn: backend cuda / cudnn / cudnn-nondet) holds several records
+ * that agree on seq, batch, heads and head dim alone. */
+static int attn_same_case(const cJSON *a, const cJSON *b) {
+    static const char *const strs[] = {"device", "backend", "impl", "dtype"};
+    static const char *const nums[] = {"batch", "seq", "heads", "kv_heads", "head_dim"};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, strs[i]), *y = cJSON_GetObjectItemCaseSensitive(b, strs[i]);
+        if (cJSON_IsString(x) != cJSON_IsString(y) || (cJSON_IsString(x) && strcmp(x->valuestring, y->valuestring)))
+            return 0;
+    }
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        if (num(a, nums[i]) != num(b, nums[i])) return 0;
+    const double wa = num(a, "window"), wb = num(b, "window");
+    return (wa > 0 ? wa : 0) == (wb > 0 ? wb : 0);
+}
+
+/* The fwd_bwd record that goes with the fwd record r: of the same case, the k-th one for the k-th fwd of
+ * that case (a case timed twice pairs in order), or NULL. */
+static const cJSON *attn_partner(const cJSON *sec, const cJSON *r) {
+    int k = 0;
+    const cJSON *x;
+    for (x = sec->child; x && x != r; x = x->next) k += str_is(x, "pass", "fwd") && attn_same_case(x, r);
+    cJSON_ArrayForEach(x, sec)
+        if (str_is(x, "pass", "fwd_bwd") && attn_same_case(x, r) && k-- == 0) return x;
+    return NULL;
+}
+
+/* Puts "NOTE; " in front of the profile's own summary, which says what is measured and what is estimated
+ * (the header of kiln size and --explain print it): after a merge, part of that is no longer so, and the
+ * summary is marked as the profile's before the merge. The note goes first so that a long summary loses its
+ * tail, not the note. */
+static void source_note(kiln_hw_profile *p, const char *note) {
+    static const char mark[] = "profile before --bench: ";
+    char buf[sizeof p->source];
+    const int first = !strstr(p->source, mark);
+    if (snprintf(buf, sizeof buf, "%s; %s%s", note, first ? mark : "", p->source) < 0) return;
+    memcpy(p->source, buf, sizeof buf);
+}
+
 /* kiln's own timed kernels from a kiln bench profile, added to the profile's tables (a shape measured
  * again replaces the earlier record): attention fwd and fwd_bwd pairs off the CPU, the expert op with
  * balanced routing (fwd and fwd_bwd), the GPU copy sweep (bytes moved = read + written). Returns 1 when
@@ -277,27 +319,20 @@ static int merge_kernels(kiln_hw_profile *p, const cJSON *root, const char *path
     const cJSON *sec = cJSON_GetObjectItemCaseSensitive(root, "attention"), *r, *r2;
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
         if (str_is(r, "backend", "cpu") || !str_is(r, "dtype", "bf16") || !str_is(r, "pass", "fwd")) continue;
-        cJSON_ArrayForEach(r2, sec) {
-            const cJSON *b1 = cJSON_GetObjectItemCaseSensitive(r, "backend"), *b2 = cJSON_GetObjectItemCaseSensitive(r2, "backend");
-            if (!str_is(r2, "pass", "fwd_bwd") || str_is(r2, "backend", "cpu")) continue;
-            if (cJSON_IsString(b1) != cJSON_IsString(b2) || (cJSON_IsString(b1) && strcmp(b1->valuestring, b2->valuestring)))
-                continue; /* the same implementation (kiln's kernels or cuDNN's) */
-            static const char *key[] = {"batch", "seq", "heads", "kv_heads", "head_dim", "window"};
-            int same = 1;
-            for (int j = 0; j < 6; j++) same &= num(r2, key[j]) == num(r, key[j]);
-            if (!same || num(r, "time_us") <= 0 || num(r2, "time_us") <= num(r, "time_us")) continue;
-            kiln_hw_attn_timed a = {(int64_t)num(r, "batch"), (int64_t)num(r, "seq"), (int64_t)num(r, "heads"),
-                                    (int64_t)num(r, "kv_heads"), (int64_t)num(r, "head_dim"),
-                                    (int64_t)(num(r, "window") > 0 ? num(r, "window") : 0), num(r, "time_us"),
-                                    num(r2, "time_us") - num(r, "time_us")};
-            if (a.batch < 1 || a.seq < 1 || a.heads < 1 || a.kv_heads < 1 || a.head_dim < 1) continue;
-            int j = 0;
-            while (j < p->nattn_t && !(p->attn_t[j].batch == a.batch && p->attn_t[j].seq == a.seq &&
-                                       p->attn_t[j].heads == a.heads && p->attn_t[j].kv_heads == a.kv_heads &&
-                                       p->attn_t[j].head_dim == a.head_dim && p->attn_t[j].window == a.window))
-                j++;
-            if (j < 64) p->attn_t[j] = a, p->nattn_t += j == p->nattn_t, found++;
-        }
+        /* the same implementation (kiln's kernels or cuDNN's) on the same shape: attn_partner */
+        r2 = attn_partner(sec, r);
+        if (!r2 || num(r, "time_us") <= 0 || num(r2, "time_us") <= num(r, "time_us")) continue;
+        kiln_hw_attn_timed a = {(int64_t)num(r, "batch"), (int64_t)num(r, "seq"), (int64_t)num(r, "heads"),
+                                (int64_t)num(r, "kv_heads"), (int64_t)num(r, "head_dim"),
+                                (int64_t)(num(r, "window") > 0 ? num(r, "window") : 0), num(r, "time_us"),
+                                num(r2, "time_us") - num(r, "time_us")};
+        if (a.batch < 1 || a.seq < 1 || a.heads < 1 || a.kv_heads < 1 || a.head_dim < 1) continue;
+        int j = 0;
+        while (j < p->nattn_t && !(p->attn_t[j].batch == a.batch && p->attn_t[j].seq == a.seq &&
+                                   p->attn_t[j].heads == a.heads && p->attn_t[j].kv_heads == a.kv_heads &&
+                                   p->attn_t[j].head_dim == a.head_dim && p->attn_t[j].window == a.window))
+            j++;
+        if (j < 64) p->attn_t[j] = a, p->nattn_t += j == p->nattn_t, found++;
     }
     sec = cJSON_GetObjectItemCaseSensitive(root, "moe");
     /* with several grouped-GEMM paths timed ("path"), the one the trainer runs ("default_path": true) */
@@ -367,14 +402,35 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
         kiln_hw_gemm_point g = {(int64_t)num(r, "m"), (int64_t)num(r, "n"), (int64_t)num(r, "k"), num(r, "tflops")};
         if (g.m > 0 && g.n > 0 && g.k > 0 && g.tflops > 0) q->gemm[ng++] = g;
     }
+    /* Only collectives between GPUs stand for the interconnect: `kiln bench comm` writes backend "nccl" for those
+     * (--backend nccl), "mpi" for CPU ranks under mpirun and "local" for one process; the last two measure the
+     * host's memory or network, which a GPU's gradients do not cross. */
+    int comm_skipped = 0;
+    char skipped_backends[64] = "";
+    int64_t comm_ranks = 0;
     sec = cJSON_GetObjectItemCaseSensitive(root, "comm");
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
-        if (str_is(r, "backend", "local")) continue;
+        if (!str_is(r, "backend", "nccl")) {
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "backend");
+            const char *bn = cJSON_IsString(b) ? b->valuestring : "none";
+            comm_skipped++;
+            if (!strstr(skipped_backends, bn) && strlen(skipped_backends) + strlen(bn) + 3 < sizeof skipped_backends)
+                snprintf(skipped_backends + strlen(skipped_backends), sizeof skipped_backends - strlen(skipped_backends),
+                         "%s%s", *skipped_backends ? ", " : "", bn);
+            continue;
+        }
         kiln_hw_comm_point c = {(int64_t)num(r, "bytes"), num(r, "busbw_gbs"), (int64_t)num(r, "ranks")};
         if (c.bytes <= 0 || c.busbw_gbs <= 0 || c.ranks < 2) continue;
-        if (str_is(r, "collective", "reduce_scatter") && nrs < KILN_HW_MAX_POINTS) q->rs[nrs++] = c;
-        if (str_is(r, "collective", "all_gather") && nag < KILN_HW_MAX_POINTS) q->ag[nag++] = c;
+        const int rs = str_is(r, "collective", "reduce_scatter"), ag = str_is(r, "collective", "all_gather");
+        if (rs && nrs < KILN_HW_MAX_POINTS) q->rs[nrs++] = c;
+        if (ag && nag < KILN_HW_MAX_POINTS) q->ag[nag++] = c;
+        if ((rs || ag) && c.ranks > comm_ranks) comm_ranks = c.ranks;
     }
+    char skipped[200] = "";
+    if (comm_skipped)
+        snprintf(skipped, sizeof skipped, "%d comm record(s) skipped: backend %s, not collectives between GPUs (kiln "
+                 "bench comm --backend nccl measures those)", comm_skipped, skipped_backends);
+
     double copy = 0;
     sec = cJSON_GetObjectItemCaseSensitive(root, "membw");
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec)
@@ -383,14 +439,10 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
     sec = cJSON_GetObjectItemCaseSensitive(root, "attention");
     if (cJSON_IsArray(sec)) cJSON_ArrayForEach(r, sec) {
         if (str_is(r, "backend", "cpu") || !str_is(r, "dtype", "bf16") || !str_is(r, "pass", "fwd")) continue;
-        /* the matching fwd_bwd record of the same shape gives the backward */
+        /* the fwd_bwd record of the same case (shape, KV heads, implementation: attn_partner) gives the backward */
         double fwd_t = num(r, "time_us"), flops = num(r, "flops"), bwd_t = -1;
-        const cJSON *r2;
-        cJSON_ArrayForEach(r2, sec)
-            if (str_is(r2, "pass", "fwd_bwd") && num(r2, "seq") == num(r, "seq") && num(r2, "batch") == num(r, "batch") &&
-                num(r2, "heads") == num(r, "heads") && num(r2, "head_dim") == num(r, "head_dim") &&
-                num(r2, "window") == num(r, "window"))
-                bwd_t = num(r2, "time_us") - fwd_t;
+        const cJSON *r2 = attn_partner(sec, r);
+        if (r2) bwd_t = num(r2, "time_us") - fwd_t;
         int64_t D = (int64_t)num(r, "head_dim");
         /* full causal only (a window's saving is in the FLOP count, not the efficiency); per head dim the
          * record with the most work */
@@ -403,12 +455,20 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
         if (j == na && na < 64) q->attn[na] = a, attn_work[na++] = work;
         else if (j < na && work > attn_work[j]) q->attn[j] = a, attn_work[j] = work;
     }
-    got += merge_kernels(p, root, path);
-    if (ng) { memcpy(p->gemm, q->gemm, sizeof q->gemm[0] * (size_t)ng); p->ngemm = ng; got++;
+    char merged[160] = ""; /* the sections this file replaces, for the profile's summary */
+#define MERGED(what) snprintf(merged + strlen(merged), sizeof merged - strlen(merged), "%s%s", *merged ? ", " : "", what)
+    if (merge_kernels(p, root, path)) { got++; MERGED("kernel times"); }
+    if (ng) { memcpy(p->gemm, q->gemm, sizeof q->gemm[0] * (size_t)ng); p->ngemm = ng; got++; MERGED("GEMMs");
               snprintf(p->gemm_source, sizeof p->gemm_source, "measured: %s", path); }
     if (nrs) { memcpy(p->rs, q->rs, sizeof q->rs[0] * (size_t)nrs); p->nrs = nrs; got++; }
     if (nag) { memcpy(p->ag, q->ag, sizeof q->ag[0] * (size_t)nag); p->nag = nag; got++; }
-    if (copy > 0) { p->mem_gbs = copy; got++;
+    if (nrs || nag) { /* --explain's interconnect line and the summary say where the figures now come from */
+        MERGED("interconnect");
+        snprintf(p->interconnect_source, sizeof p->interconnect_source, "measured: kiln bench comm over %lld GPUs "
+                 "(nccl; %d reduce-scatter, %d all-gather sizes): %s%s%s", (long long)comm_ranks, nrs, nag, path,
+                 comm_skipped ? "; " : "", comm_skipped ? skipped : "");
+    }
+    if (copy > 0) { p->mem_gbs = copy; got++; MERGED("memory bandwidth");
                     snprintf(p->memory_source, sizeof p->memory_source, "measured copy: %s", path); }
     if (na) { /* the first measured file replaces the built-in estimates; later ones add or replace head dims */
         if (strncmp(p->attention_source, "measured", 8)) p->nattn = 0;
@@ -418,13 +478,21 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
             if (j < 64) p->attn[j] = q->attn[i], p->nattn += j == p->nattn;
         }
         got++;
+        MERGED("attention");
         if (strncmp(p->attention_source, "measured", 8))
             snprintf(p->attention_source, sizeof p->attention_source, "measured: %s", path);
     }
+#undef MERGED
     free(q);
+    if (*merged) {
+        char note[sizeof merged + 300];
+        snprintf(note, sizeof note, "%s measured by --bench %s", merged, path);
+        source_note(p, note);
+    }
+    if (got && comm_skipped) kiln_log(KILN_LOG_WARN, "%s: %s", path, skipped); /* else the error says it */
     if (!got)
-        e = kiln_errorf(KILN_EINVAL, "%s: no GPU measurements to merge (bf16 gemm, comm over 2+ ranks, membw or "
-                        "bf16 attention off the CPU)", path);
+        e = kiln_errorf(KILN_EINVAL, "%s: no GPU measurements to merge (bf16 gemm, nccl comm over 2+ ranks, membw or "
+                        "bf16 attention off the CPU)%s%s", path, comm_skipped ? "; " : "", skipped);
 out:
     cJSON_Delete(root);
     return e;

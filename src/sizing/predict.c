@@ -13,12 +13,31 @@
 #include <string.h>
 
 #include "kiln/sizing.h"
+#include "sizing_internal.h"
 
 void kiln_size_setup_default(kiln_size_setup *u) {
     memset(u, 0, sizeof *u);
     u->seq = 4096;
     u->tokens_per_step = 4 << 20;
     kiln_size_train_default(&u->train);
+}
+
+kiln_error *kiln_size_check_run(const char *what, int64_t gpus, int64_t micro_batch, int64_t seq,
+                                int64_t tokens_per_step) {
+    const struct { const char *name; int64_t v, max; } f[] = {
+        {"gpus", gpus, KILN_SIZE_MAX_GPUS}, {"micro-batch", micro_batch, KILN_SIZE_MAX_MICRO_BATCH},
+        {"sequence", seq, KILN_SIZE_MAX_SEQ}, {"tokens per step", tokens_per_step, KILN_SIZE_MAX_TOKENS_PER_STEP}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (i == 3 && tokens_per_step < 0) continue;
+        if (f[i].v < 1 || f[i].v > f[i].max)
+            return kiln_errorf(KILN_EINVAL, "%s: %s %lld is outside 1..%lld", what, f[i].name, (long long)f[i].v,
+                               (long long)f[i].max);
+    }
+    if (micro_batch * seq > KILN_SIZE_MAX_MICRO_TOKENS) /* both bounded above: the product fits */
+        return kiln_errorf(KILN_EINVAL, "%s: a micro-batch of %lld x %lld = %lld tokens is more than %lld", what,
+                           (long long)micro_batch, (long long)seq, (long long)(micro_batch * seq),
+                           (long long)KILN_SIZE_MAX_MICRO_TOKENS);
+    return NULL;
 }
 
 /* A linear layer over `tokens` rows: forward, or forward + dX + dW. */
@@ -98,10 +117,8 @@ kiln_error *kiln_size_predict(const kiln_size_shape *s, const kiln_hw_profile *p
     if ((tr->weight_bytes != 2 && tr->weight_bytes != 4) || (tr->grad_bytes != 2 && tr->grad_bytes != 4))
         return kiln_errorf(KILN_EINVAL, "predict: weights of %d and gradients of %d bytes (2 or 4)", tr->weight_bytes,
                            tr->grad_bytes);
-    if (tr->gpus < 1 || tr->micro_batch < 1 || u->seq < 1 || u->tokens_per_step < 1)
-        return kiln_errorf(KILN_EINVAL, "predict: gpus %lld, micro-batch %lld, sequence %lld and tokens per step %lld "
-                           "must be positive", (long long)tr->gpus, (long long)tr->micro_batch, (long long)u->seq,
-                           (long long)u->tokens_per_step);
+    /* bounded above too: past the limits the step's token counts overflow int64 and the times turn negative */
+    KILN_TRY(kiln_size_check_run("predict", tr->gpus, tr->micro_batch, u->seq, u->tokens_per_step));
     kiln_size_train t = *tr;
     t.seq = u->seq;
     kiln_size_count(s, &r->params);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kiln/sizing.h"
+#include "sizing_internal.h"
 
 static void list_set(kiln_size_list *l, const int64_t *v, int n) {
     l->n = n;
@@ -55,6 +56,12 @@ kiln_error *kiln_size_parse_count(const char *flag, const char *s, double *out) 
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s) return kiln_errorf(KILN_EINVAL, "%s: '%s' is not a parameter count (e.g. 8.3B, 760M)", flag, s);
+    /* strtod also reads hexadecimal ("0x2B" would be 43), "inf", "nan" and leading blanks: a count is decimal
+     * digits, a point and an exponent, then the suffix */
+    for (const char *c = s; c < end; c++)
+        if (!strchr("0123456789.eE+-", *c))
+            return kiln_errorf(KILN_EINVAL, "%s: '%s' is not a decimal parameter count (digits with an optional K, M, "
+                               "B or T suffix, e.g. 8.3B, 760M, 1.5e9; no hexadecimal)", flag, s);
     double mult = 1;
     if (*end) {
         switch (toupper((unsigned char)*end)) {
@@ -156,7 +163,9 @@ kiln_error *kiln_size_search(const kiln_size_budget *b, const kiln_hw_profile *p
     if (b->arch == KILN_ARCH_ZAYA && b->active > b->total * (1 + b->tolerance))
         return kiln_errorf(KILN_EINVAL, "budget: active parameters (%.4g) exceed the total (%.4g): a token cannot use "
                            "more parameters than the model has", b->active, b->total);
-    if (b->vocab < 1) return kiln_errorf(KILN_EINVAL, "budget: vocab %lld must be positive", (long long)b->vocab);
+    if (b->vocab < 1 || b->vocab > KILN_SIZE_MAX_VOCAB) /* the padding to 128 below must not overflow */
+        return kiln_errorf(KILN_EINVAL, "budget: vocab %lld is outside 1..%lld", (long long)b->vocab,
+                           (long long)KILN_SIZE_MAX_VOCAB);
     const int64_t V = (b->vocab + 127) / 128 * 128;
     r->vocab = V;
     int64_t cap = 0;
@@ -228,16 +237,36 @@ kiln_error *kiln_size_search(const kiln_size_budget *b, const kiln_hw_profile *p
     }
     if (!r->n) {
         kiln_error *e;
-        if (smallest_layer > b->active * (1 + b->tolerance))
+        if (!r->enumerated) { /* smallest_layer is still its sentinel: say what kept every combination out */
+            char lists[400] = "";
+            const struct { const char *flag; const kiln_size_list *l; } ls[] = {
+                {"--hidden", &b->hiddens}, {"--head-dims", &b->head_dims}, {"--cca", &b->cca}, {"--kv-heads", &b->kv_heads},
+                {"--experts", E}, {"--top-k", K}};
+            for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
+                if (b->arch != KILN_ARCH_ZAYA && i >= 4) break;
+                size_t at = strlen(lists);
+                snprintf(lists + at, sizeof lists - at, "%s%s ", i ? "; " : "", ls[i].flag);
+                for (int j = 0; j < ls[i].l->n && j < 12; j++) {
+                    at = strlen(lists);
+                    snprintf(lists + at, sizeof lists - at, "%s%lld", j ? "," : "", (long long)ls[i].l->v[j]);
+                }
+                at = strlen(lists);
+                if (ls[i].l->n > 12) snprintf(lists + at, sizeof lists - at, ",...");
+            }
+            e = kiln_errorf(KILN_EINVAL, "budget: the lists form no shape: a shape needs a hidden size that is a multiple "
+                            "of cca x head dim, KV heads that divide the query heads (hidden / cca / head dim) with KV "
+                            "heads x head dim even%s (%s)", b->arch == KILN_ARCH_ZAYA ? ", and top-k at most the experts" : "",
+                            lists);
+        } else if (smallest_layer > b->active * (1 + b->tolerance))
             e = kiln_errorf(KILN_EINVAL, "budget: %.4g active parameters are too small for one layer of any candidate "
                             "(the smallest layer has %.4g non-embedding parameters)", b->active, smallest_layer);
         else
             e = kiln_errorf(KILN_EINVAL, "budget: no shape fits: %lld enumerated, %lld miss the budget (total %.4g, "
                             "active %.4g, tolerance %g%%), %lld outside hidden/layers %g..%g, %lld do not fit in "
-                            "%.0f GiB; widen the lists or the tolerance",
+                            "%.1f GiB per GPU (90%% of the profile's %.4g GiB); widen the lists or the tolerance",
                             (long long)r->enumerated, (long long)r->rejected_budget, b->total, b->active,
                             100 * b->tolerance, (long long)r->rejected_aspect, b->min_aspect, b->max_aspect,
-                            (long long)r->rejected_memory, p->mem_gib);
+                            (long long)r->rejected_memory, 0.9 * p->mem_gib, p->mem_gib);
         kiln_size_result_free(r);
         return e;
     }
@@ -354,7 +383,7 @@ void kiln_size_print_rules(FILE *f, const kiln_hw_profile *p, const kiln_size_bu
         "  6. Vocabulary padded up to a multiple of 128 (whole lm_head tiles, divisible by 64 too).\n"
         "  7. Memory per GPU: bf16 weights + fp32 gradients + (fp32 master + optimizer states)/G (ZeRO-1;\n"
         "     Muon 1 state for hidden and expert matrices, AdamW 2 for the rest) + activations (+ logits);\n"
-        "     a candidate must fit in 90%% of %.0f GiB.\n"
+        "     a candidate must fit in 90%% of %.4g GiB.\n"
         "  8. Comm: ZeRO-1 reduce-scatter of fp32 gradients and all-gather of bf16 weights, not overlapped;\n"
         "     bus bandwidth %s.\n"
         "  9. Inference: prefill = forward of one prompt; decode step = sum over kernels of max(FLOPs, bytes)\n"

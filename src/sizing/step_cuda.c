@@ -211,8 +211,7 @@ kiln_error *kiln_size_cuda_step_predict(const kiln_size_shape *s, const kiln_hw_
     if (s->arch != KILN_ARCH_ZAYA)
         return kiln_errorf(KILN_EINVAL, "kiln's CUDA trainer trains ZAYA shapes (this one is dense)");
     const kiln_size_train *t = &u->train;
-    if (t->gpus < 1 || t->micro_batch < 1 || u->seq < 1 || u->tokens_per_step < 1)
-        return kiln_errorf(KILN_EINVAL, "gpus, micro-batch, sequence and tokens per step must be positive");
+    KILN_TRY(kiln_size_check_run("CUDA step", t->gpus, t->micro_batch, u->seq, u->tokens_per_step));
     const int64_t B = t->micro_batch, T = u->seq, N = B * T, L = s->layers, V = s->vocab;
     const int64_t H = s->hidden, NH = s->heads, KV = s->kv_heads, D = s->head_dim, Q = NH * D, K = KV * D, C = Q + K;
     const int64_t R = s->router_hidden, E1 = s->experts + 1, I = s->expert_inter;

@@ -20,16 +20,18 @@
  *    per-row workspace (B·heads·T floats).
  * What the CUDA runtime holds besides (context, cuBLAS workspaces, the ops' stream-ordered pool) is a
  * property of the machine and driver, not of the shape: the profile's measured memory.runtime_gib. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kiln/sizing.h"
 #include "sizing_internal.h"
 
-static double piece(double n, double elem) {
-    double bytes = (n > 0 ? n : 1) * elem;
-    return (double)(((int64_t)bytes + 255) & ~(int64_t)255);
-}
+/* Rounded up to 256 bytes in doubles (exact below 2^53): a large shape's byte count (cuDNN's dP is B·heads·T²)
+ * may pass int64, where a cast would turn it negative. */
+static double align256(double b) { return ceil(floor(b) / 256) * 256; }
+
+static double piece(double n, double elem) { return align256((n > 0 ? n : 1) * elem); }
 
 typedef struct {
     int64_t padded, muon, adamw, largest_muon; /* elements */
@@ -153,8 +155,6 @@ void kiln_size_cuda_arena(const kiln_size_shape *s, int64_t batch, int64_t seq, 
     *scratch = w;
 }
 
-static double align256(double b) { return (double)(((int64_t)b + 255) & ~(int64_t)255); }
-
 double kiln_size_cuda_attention_workspace(const kiln_size_shape *s, int64_t batch, int64_t seq) {
     const char *impl = getenv("KILN_ATTENTION"), *cap_env = getenv("KILN_CUDNN_WORKSPACE_MB");
     if (impl && *impl && strcmp(impl, "cudnn") && strcmp(impl, "cudnn-nondet")) return 0; /* kiln's kernels */
@@ -172,9 +172,7 @@ kiln_error *kiln_size_cuda_memory_train(const kiln_size_shape *s, const kiln_siz
     KILN_TRY(kiln_size_shape_validate(s));
     if (s->arch != KILN_ARCH_ZAYA)
         return kiln_errorf(KILN_EINVAL, "kiln's CUDA trainer trains ZAYA shapes (this one is dense)");
-    if (t->micro_batch < 1 || t->seq < 1 || t->gpus < 1)
-        return kiln_errorf(KILN_EINVAL, "micro-batch %lld, sequence %lld and gpus %lld must be positive",
-                           (long long)t->micro_batch, (long long)t->seq, (long long)t->gpus);
+    KILN_TRY(kiln_size_check_run("CUDA memory", t->gpus, t->micro_batch, t->seq, -1));
     tensors tt;
     walk(s, &tt);
     const double G = (double)t->gpus, nw = (double)(tt.padded + 1);

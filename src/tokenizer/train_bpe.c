@@ -442,21 +442,26 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
     if (nfiles == 0) return kiln_errorf(KILN_EINVAL, "train: no input files");
     if (o->vocab_size > INT32_MAX) return kiln_errorf(KILN_EINVAL, "train: vocab_size %lld is too large",
                                                       (long long)o->vocab_size);
+    if (o->min_frequency < 0)
+        return kiln_errorf(KILN_EINVAL, "train: min_frequency %lld must be at least 0", (long long)o->min_frequency);
+    /* an empty special token would be no token at all: refused rather than dropped, since giving one replaces the
+     * default <|endoftext|> and the caller would lose both */
+    for (size_t i = 0; o->special && o->special[i]; i++)
+        if (!*o->special[i]) return kiln_errorf(KILN_EINVAL, "train: special token %zu is empty", i + 1);
     trainer t;
     memset(&t, 0, sizeof t);
     t.q = kiln_heap_make(sizeof(qentry), 1024, q_before);
-    kiln_error *e = read_inputs(&t, files, nfiles);
-    if (!e) e = count_words(&t, o->threads);
+    kiln_error *e = NULL;
 #define OOM_IF(cond)                                                   \
     do {                                                               \
         if (!e && (cond)) e = kiln_errorf(KILN_ENOMEM, "train: out of memory"); \
     } while (0)
 
-    /* 2. the initial vocabulary: special tokens, then the byte-level alphabet by code point */
+    /* 2. the initial vocabulary: special tokens, then the byte-level alphabet by code point (built before the
+     * inputs are read, which it does not depend on, so that a vocab_size below it fails at once) */
     size_t nspecial = 0;
     for (size_t i = 0; !e && o->special && o->special[i]; i++) {
         const char *s = o->special[i];
-        if (!*s) continue;
         size_t before = t.voc.n;
         OOM_IF(vocab_add(&t.voc, s, strlen(s)) < 0);
         if (t.voc.n > before) nspecial = t.voc.n;
@@ -476,6 +481,13 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
         byte_sym[order[k]] = vocab_add(&t.voc, u, l);
         OOM_IF(byte_sym[order[k]] < 0);
     }
+    /* every byte needs its symbol, so the vocabulary cannot be smaller than this: asking for less would
+     * quietly give this many tokens anyway */
+    if (!e && (size_t)o->vocab_size < t.voc.n)
+        e = kiln_errorf(KILN_EINVAL, "train: vocab_size %lld is below the minimum %zu: the byte-level alphabet's 256 "
+                        "symbols and %zu special token(s) come first", (long long)o->vocab_size, t.voc.n, nspecial);
+    if (!e) e = read_inputs(&t, files, nfiles);
+    if (!e) e = count_words(&t, o->threads);
 
     /* words as symbol ids; pair counts and where each pair occurs */
     size_t total = 0;
@@ -511,7 +523,8 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
     /* 3. merges */
     kiln_progress prog;
     size_t target = (size_t)o->vocab_size > t.voc.n ? (size_t)o->vocab_size - t.voc.n : 0;
-    kiln_progress_start(&prog, "bpe merges", target, "merge");
+    const int started = !e; /* no progress line after an error (a vocab_size below the minimum, a bad input) */
+    if (started) kiln_progress_start(&prog, "bpe merges", target, "merge");
     kiln_buf nt = {0};
     while (!e && (int64_t)t.voc.n < o->vocab_size && t.q.n) {
         qentry top;
@@ -559,7 +572,7 @@ kiln_error *kiln_tokenizer_train_bpe(const char *const *files, size_t nfiles, co
         where_reset(&t.where);
         kiln_progress_update(&prog, t.nmerges);
     }
-    kiln_progress_finish(&prog);
+    if (started) kiln_progress_finish(&prog);
     kiln_buf_free(&nt);
 
     /* a pair merged twice keeps its last rank (HF collects the merges into a map) */
