@@ -73,6 +73,19 @@ TEST(cli_logits_and_generate_run) {
     expect_fail(args, "expected an integer at character 3");
     snprintf(args, sizeof args, "generate --model '%s' --prompt-ids '3,40'", model);
     expect_fail(args, "token id 40 at [0, 1]");
+    /* sampling values HF refuses (they used to act as greedy or "off") */
+    snprintf(args, sizeof args, "generate --model '%s' --prompt-ids 3 --temperature -1", model);
+    expect_fail(args, "--temperature -1: expected 0 (greedy) or a positive number");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt-ids 3 --top-p 0", model);
+    expect_fail(args, "--top-p 0: expected a probability mass in (0, 1]");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt-ids 3 --top-p 1.5", model);
+    expect_fail(args, "--top-p 1.5");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt-ids 3 --prompt hi", model);
+    expect_fail(args, "give --prompt or --prompt-ids, not both");
+    /* a tokenizer whose ids run past the model's vocabulary: named as --prompt's, not --prompt-ids' */
+    snprintf(args, sizeof args, "generate --model '%s' --prompt 'hello world' --tokenizer '%s'", model,
+             test_src_path("tests/fixtures/tokenizer/gpt2.json"));
+    expect_fail(args, "--prompt (the tokenizer's ids): token id");
 }
 
 TEST(cli_bad_token_ids) {

@@ -88,7 +88,8 @@ static kiln_error *run(const gen_args *g) {
     } else if (!e) {
         e = parse_ids(g->prompt, &ids, &n);
     }
-    if (!e) e = cli_check_ids(m, "--prompt-ids", ids, 1, n);
+    /* --prompt's ids come from the tokenizer: one past the model's vocabulary means the two do not belong together */
+    if (!e) e = cli_check_ids(m, g->text ? "--prompt (the tokenizer's ids)" : "--prompt-ids", ids, 1, n);
     if (!e) {
         const int64_t V = m->cfg.vocab_size;
         int64_t *all = realloc(ids, (size_t)(n + g->max_new) * sizeof *ids);
