@@ -244,7 +244,7 @@ TEST(cis_end_to_end) {
     char *sum = slurp(test_join(run1, "summary.csv"));
     const char *head = "section,by,level,n,estimate,ci_lo,ci_hi,p_value,clusters,p_holm\n";
     CHECK(sum && !strncmp(sum, head, strlen(head)));
-    CHECK_MSG(sum && strstr(sum, "\ncis,all,\"all\",70,") && strstr(sum, ",36,\n"), "%.400s", sum ? sum : "(none)");
+    CHECK_MSG(sum && strstr(sum, "\ncis,all,all,70,") && strstr(sum, ",36,\n"), "%.400s", sum ? sum : "(none)");
     free(sum);
     /* by culture (12 of them; rescoring nothing new): C(12, 6) = 924 relabellings, all counted */
     snprintf(cmd, sizeof cmd,
@@ -720,4 +720,256 @@ TEST(cis_report_chromium) {
         CHECK_MSG(!strstr(l, "net::ERR_"), "the page tried to load something missing:\n%s", l);
     }
     free(t), free(l);
+}
+
+/* A test-side RFC 4180 reader: the rows of text, each as its fields (quoted fields unquoted, ""
+ * inside them one quote). Returns the number of rows; fields[r][f] and nf[r] filled up to cap rows. */
+#define CSV_MAXF 32
+static int csv_rows(const char *t, char fields[][CSV_MAXF][128], int *nf, int cap) {
+    int r = 0;
+    const char *p = t;
+    while (*p && r < cap) {
+        int f = 0;
+        for (;;) {
+            char buf[128];
+            size_t n = 0;
+            if (*p == '"') {
+                for (p++; *p && !(*p == '"' && p[1] != '"'); p++) {
+                    if (*p == '"') p++; /* "" */
+                    if (n < sizeof buf - 1) buf[n++] = *p;
+                }
+                if (*p == '"') p++;
+            } else {
+                while (*p && *p != ',' && *p != '\n')
+                    if (n < sizeof buf - 1) buf[n++] = *p++;
+                    else p++;
+            }
+            buf[n] = 0;
+            if (f < CSV_MAXF) snprintf(fields[r][f], 128, "%s", buf);
+            f++;
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            if (*p == '\n') p++;
+            break;
+        }
+        nf[r++] = f;
+    }
+    return r;
+}
+
+static double jnum(const cJSON *o, const char *path1, const char *path2) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, path1);
+    if (path2) x = cJSON_GetObjectItemCaseSensitive(x, path2);
+    return cJSON_IsNumber(x) ? x->valuedouble : NAN;
+}
+static const char *jstr(const cJSON *o, const char *path1, const char *path2) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, path1);
+    if (path2) x = cJSON_GetObjectItemCaseSensitive(x, path2);
+    return cJSON_IsString(x) ? x->valuestring : "";
+}
+
+/* What a resume keeps and refuses (the run's settings, suite, CLIP model and calibration; the
+ * current manifest), options checked before scoring, CSV that CSV readers read, Ctrl-C while
+ * aggregating. */
+TEST(cis_resume_guards) {
+    const char *d = test_tmpdir();
+    char suite[512], suite2[512], clip[512], clip2[512], man[512], man2[512], labels[512], run[512], cmd[6144];
+    static char out[16384];
+    const char *lines[4] = {
+        "{\"id\":\"w1\",\"prompt\":\"p w1\",\"culture\":\"Sc\\\"ot, tish\",\"group\":\"western\",\"category\":\"food\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"haggis\"},{\"phrase\":\"a kilt\"}],\"complexity\":2}\n",
+        "{\"id\":\"w2\",\"prompt\":\"p w2\",\"culture\":\"Italian\",\"group\":\"western\",\"category\":\"food\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"pizza\"}],\"complexity\":1}\n",
+        "{\"id\":\"n1\",\"prompt\":\"p n1\",\"culture\":\"Ethiopian\",\"group\":\"non_western\",\"category\":\"food\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"injera\"},{\"phrase\":\"a mesob\"}],\"complexity\":2}\n",
+        "{\"id\":\"n2\",\"prompt\":\"p n2\",\"culture\":\"Japanese\",\"group\":\"non_western\",\"category\":\"food\","
+        "\"setting\":\"modern\",\"components\":[{\"phrase\":\"sushi\"}],\"complexity\":1}\n"};
+    snprintf(suite, sizeof suite, "%s", test_join(d, "suite.jsonl"));
+    snprintf(suite2, sizeof suite2, "%s", test_join(d, "suite2.jsonl"));
+    FILE *f = fopen(suite, "w");
+    for (int i = 0; i < 4; i++) fputs(lines[i], f);
+    fclose(f);
+    snprintf(clip, sizeof clip, "%s", test_join(d, "clip"));
+    snprintf(clip2, sizeof clip2, "%s", test_join(d, "clip2"));
+    mkdir(clip, 0755), mkdir(clip2, 0755);
+    if (clip_test_make_dir(clip, &clip_test_default, 2026) || clip_test_make_dir(clip2, &clip_test_default, 2027)) {
+        CHECK_MSG(0, "could not write the tiny CLIPs");
+        return;
+    }
+    mkdir(test_join(d, "img"), 0755);
+    snprintf(man, sizeof man, "%s", test_join(d, "man.jsonl"));
+    f = fopen(man, "w");
+    const char *ids[4] = {"w1", "w2", "n1", "n2"};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 2; k++) {
+            char rel[64];
+            snprintf(rel, sizeof rel, "img/%s_%d.png", ids[i], k);
+            write_png(test_join(d, rel), (uint64_t)(i * 2 + k), 36, 32);
+            fprintf(f, "{\"image\": \"%s\", \"prompt_id\": \"%s\", \"model\": \"m\", \"seed\": %d}\n", rel, ids[i], k + 1);
+        }
+    fclose(f);
+    snprintf(labels, sizeof labels, "%s", test_join(d, "labels.jsonl"));
+    f = fopen(labels, "w");
+    fputs("{\"image\": \"img/w1_0.png\", \"component\": \"haggis\", \"present\": true}\n", f);
+    fputs("{\"image\": \"img/n1_0.png\", \"component\": \"injera\", \"present\": false}\n", f);
+    fclose(f);
+    snprintf(run, sizeof run, "%s", test_join(d, "run"));
+    char base[2048];
+    snprintf(base, sizeof base, "cis score --suite '%s' --manifest '%s' --out '%s' --threads 1 --chunk 3", suite, man, run);
+
+    /* options are checked before anything is scored: a missing labels file, bad seeds */
+    const char *early[][2] = {{"--labels /nonexistent/labels.jsonl", "/nonexistent/labels.jsonl"},
+                              {"--seed -1", "--seed"},
+                              {"--seed 9223372036854775807", "--seed"},
+                              {"--seed 9007199254740993", "--seed"}};
+    for (size_t i = 0; i < sizeof early / sizeof *early; i++) {
+        snprintf(cmd, sizeof cmd, "%s --clip '%s' %s", base, clip, early[i][0]);
+        int rc = test_run_kiln(cmd, out, sizeof out);
+        struct stat st;
+        CHECK_MSG(rc != 0 && strstr(out, early[i][1]) && stat(run, &st) != 0, "%s: rc %d, %s", early[i][0], rc, out);
+    }
+    /* a manifest seed beyond 2^53 would silently be another seed */
+    snprintf(man2, sizeof man2, "%s", test_join(d, "man2.jsonl"));
+    f = fopen(man2, "w");
+    fputs("{\"image\": \"img/w1_0.png\", \"prompt_id\": \"w1\", \"model\": \"m\", \"seed\": 9007199254740993}\n", f);
+    fclose(f);
+    kiln_cis_manifest mm;
+    CHECK_ERR(kiln_cis_manifest_load(man2, &mm), "man2.jsonl:1: seed");
+
+    /* the run, then a resume without the options: the run's settings are kept */
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --crops 1,2 --threshold 0.1 --bootstrap 30 --permutations 40 --seed 7", base,
+             clip);
+    int rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    cJSON *rj = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run, "run.json"), &rj));
+    CHECK_MSG(!strcmp(jstr(rj, "crops", NULL), "1,2") && jnum(rj, "threshold", NULL) == 0.1 &&
+                  jnum(rj, "bootstrap", NULL) == 30 && jnum(rj, "permutations", NULL) == 40 && jnum(rj, "seed", NULL) == 7,
+              "resume replaced the run's settings: crops %s threshold %g", jstr(rj, "crops", NULL),
+              jnum(rj, "threshold", NULL));
+    CHECK(!strncmp(jstr(rj, "clip_id", NULL), "fnv1a64:", 8));
+    cJSON_Delete(rj);
+    /* given with another value: refused, naming the option, both values and run.json */
+    char *rj_before = slurp(test_join(run, "run.json"));
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume --crops 1,2,3", base, clip);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "--crops 1,2,3") && strstr(out, "crops 1,2 (") && strstr(out, "run.json"), "%s", out);
+    /* another CLIP model (same shapes, other weights) */
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip2);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "another CLIP model"), "%s", out);
+    /* a changed suite: a renamed phrase, an added component; refused before anything is written */
+    const char *variants[][2] = {{"\"haggis\"", "\"neeps\""}, {"{\"phrase\":\"pizza\"}],\"complexity\":1",
+                                                               "{\"phrase\":\"pizza\"},{\"phrase\":\"wine\"}],\"complexity\":2"}};
+    const char *want[] = {"components[0] phrase \"neeps\"", "prompt 'w2' has 2 components"};
+    for (int v = 0; v < 2; v++) {
+        f = fopen(suite2, "w");
+        for (int i = 0; i < 4; i++) {
+            const char *at = strstr(lines[i], variants[v][0]);
+            if (!at) {
+                fputs(lines[i], f);
+                continue;
+            }
+            fwrite(lines[i], 1, (size_t)(at - lines[i]), f);
+            fputs(variants[v][1], f);
+            fputs(at + strlen(variants[v][0]), f);
+        }
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --out '%s' --clip '%s' --resume", suite2, man,
+                 run, clip);
+        rc = test_run_kiln(cmd, out, sizeof out);
+        CHECK_MSG(rc == 1 && strstr(out, want[v]) && strstr(out, "suite2.jsonl:"), "%s", out);
+    }
+    CHECK_MSG(rj_before && same_file(test_join(run, "suite.jsonl"), suite), "a refused resume rewrote the suite copy");
+    char *rj_after = slurp(test_join(run, "run.json"));
+    CHECK_MSG(rj_before && rj_after && !strcmp(rj_before, rj_after), "a refused resume rewrote run.json");
+    free(rj_before), free(rj_after);
+
+    /* a calibration survives a resume (here one that changes the resampling unit) */
+    snprintf(cmd, sizeof cmd, "cis calibrate '%s' --labels '%s'", run, labels);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume --cluster scene", base, clip);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 0, "%s", out);
+    cJSON *sc = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run, "scores.json"), &sc));
+    CHECK_MSG(!strcmp(jstr(sc, "threshold_source", NULL), "calibrated") && jnum(sc, "calibration", "pairs") == 2,
+              "threshold_source %s", jstr(sc, "threshold_source", NULL));
+    CHECK(!strcmp(jstr(sc, "cluster", NULL), "scene"));
+    cJSON_Delete(sc);
+
+    /* CSV: every row as many fields as the header, the quoted culture back intact (components.csv has no
+     * culture column), no null */
+    const char *csvs[] = {"summary.csv", "images.csv", "components.csv", "superposition.csv"};
+    static char fields[512][CSV_MAXF][128];
+    static int nf[512];
+    for (size_t c = 0; c < sizeof csvs / sizeof *csvs; c++) {
+        char *t = slurp(test_join(run, csvs[c]));
+        CHECK(t != NULL);
+        if (!t) continue;
+        int nr = csv_rows(t, fields, nf, 512), bad = 0, quoted = 0;
+        for (int r = 1; r < nr; r++) {
+            bad += nf[r] != nf[0];
+            for (int k = 0; k < nf[r] && k < CSV_MAXF; k++) {
+                quoted += !strcmp(fields[r][k], "Sc\"ot, tish");
+                bad += !strcmp(fields[r][k], "null");
+            }
+        }
+        CHECK_MSG(nr > 1 && !bad && (quoted || c == 2), "%s: %d rows, %d bad, %d with the culture", csvs[c], nr, bad, quoted);
+        free(t);
+    }
+
+    /* a changed manifest: two images gone, one with another model: the gone ones are not counted, the
+     * changed one is scored again */
+    f = fopen(man, "w");
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 2; k++) {
+            if (k == 1 && (i == 0 || i == 2)) continue;
+            fprintf(f, "{\"image\": \"img/%s_%d.png\", \"prompt_id\": \"%s\", \"model\": \"%s\", \"seed\": %d}\n", ids[i],
+                    k, ids[i], i == 1 && k == 0 ? "m2" : "m", k + 1);
+        }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "1 image(s) of the run had another prompt_id, model or seed") &&
+                  strstr(out, "img/w2_0.png"), "%s", out);
+    sc = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run, "scores.json"), &sc));
+    CHECK_MSG(jnum(sc, "counts", "images") == 6 && jnum(sc, "counts", "not_in_manifest") == 2, "%g images, %g dropped",
+              jnum(sc, "counts", "images"), jnum(sc, "counts", "not_in_manifest"));
+    int m2 = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(sc, "images")) m2 += !strcmp(jstr(x, "model", NULL), "m2");
+    CHECK(m2 == 1);
+    cJSON_Delete(sc);
+
+    /* Ctrl-C while aggregating: stopped with the scored results kept, scores.json not half-written */
+    {
+        kiln_cis_score_opts o;
+        kiln_cis_score_opts_default(&o);
+        o.suite = suite, o.manifest = man, o.clip_dir = clip, o.out_dir = run, o.resume = 1;
+        FILE *nul = fopen("/dev/null", "w");
+        o.progress = nul;
+        static volatile int one = 1;
+        o.stop = &one;
+        remove(test_join(run, "scores.json"));
+        int ns, ne;
+        CHECK_ERR(kiln_cis_score(&o, &ns, &ne), "interrupted while aggregating");
+        struct stat st;
+        CHECK(stat(test_join(run, "scores.json"), &st) != 0);
+        CHECK(stat(test_join(run, "results/part-000000.jsonl"), &st) == 0);
+        if (nul) fclose(nul);
+        /* and the loops themselves give up */
+        double xs[600], lo, hi;
+        int cl[600];
+        for (int i = 0; i < 600; i++) xs[i] = i % 7, cl[i] = i;
+        cis_stop = &one;
+        kiln_cis_bootstrap_mean(xs, cl, 600, 100000, 0.95, 1, &lo, &hi);
+        cis_stop = NULL;
+        CHECK(isnan(lo) && isnan(hi));
+    }
 }

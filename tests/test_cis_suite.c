@@ -1,6 +1,7 @@
 /* The CIS prompt suite, run manifests and generation worklists. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kiln/cis.h"
 #include "kiln/fsutil.h"
@@ -66,6 +67,33 @@ TEST(cis_suite_errors) {
     CHECK_ERR(parse("[1]"), "s.jsonl:1: expected a JSON object");
     CHECK_ERR(parse("{\"id\": "), "s.jsonl:1");
     CHECK_ERR(parse(""), "no prompts");
+    /* ids name the worklist's files: none may lead out of images/<model>/ */
+    CHECK_ERR(parse("\n{\"id\":\"../../x\",\"prompt\":\"p\",\"culture\":\"c\",\"group\":\"western\",\"category\":\"f\","
+                    "\"setting\":\"modern\",\"components\":[{\"phrase\":\"x\"}],\"complexity\":1}"),
+              "s.jsonl:2: prompt id '../../x' must not contain '/'");
+}
+
+/* kiln cis prompts refuses model names it would drop or that score would reject, before writing */
+TEST(cis_prompts_model_names) {
+    const char *d = test_tmpdir();
+    char suite[512], wl[512], cmd[8192], out[4096];
+    snprintf(suite, sizeof suite, "%s", test_join(d, "s.jsonl"));
+    snprintf(wl, sizeof wl, "%s", test_join(d, "w.jsonl"));
+    const char *one = P_HEAD "\"components\":[{\"phrase\":\"x\"}],\"complexity\":1}\n";
+    CHECK_OK(kiln_write_file_atomic(suite, one, strlen(one)));
+    char many[4096] = "";
+    for (int i = 0; i < 257; i++) snprintf(many + strlen(many), sizeof many - strlen(many), "%sm%d", i ? "," : "", i);
+    const char *bad[][2] = {{"sd21,sd21", "is given twice"}, {"a,,b", "is empty"}, {"a,", "is empty"},
+                            {many, "one more than the 256"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cmd, sizeof cmd, "cis prompts --suite '%s' --images-per-prompt 1 --models '%s' --out '%s'", suite,
+                 bad[i][0], wl);
+        int rc = test_run_kiln(cmd, out, sizeof out);
+        struct stat st;
+        CHECK_MSG(rc == 2 && strstr(out, bad[i][1]) && stat(wl, &st) != 0, "%.40s: rc %d %s", bad[i][0], rc, out);
+    }
+    snprintf(cmd, sizeof cmd, "cis prompts --suite '%s' --images-per-prompt 1 --models a,b --out '%s'", suite, wl);
+    CHECK(test_run_kiln(cmd, out, sizeof out) == 0);
 }
 
 TEST(cis_worklist_and_manifest) {

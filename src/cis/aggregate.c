@@ -96,6 +96,26 @@ static const dim dims[] = {{"all", d_all},         {"model", d_model},       {"c
                            {"complexity", d_complexity}};
 #define NDIMS ((int)(sizeof dims / sizeof *dims))
 
+/* RFC 4180: a field holding a comma, quote or line break is quoted, its quotes doubled. */
+static void csv_field(cis_buf *b, const char *s) {
+    if (strpbrk(s, ",\"\r\n")) {
+        CIS_PUT(b, "\"");
+        for (const char *p = s; *p; p++) {
+            if (*p == '"') CIS_PUT(b, "\""); /* a quote is doubled */
+            cis_buf_put(b, p, 1);
+        }
+        CIS_PUT(b, "\"");
+    } else {
+        cis_buf_put(b, s, strlen(s));
+    }
+}
+
+/* A number in a CSV file: empty where it does not exist (NaN: a CI of one cluster, a p-value of one
+ * group), not JSON's null, which spreadsheets and CSV readers take for text. */
+static void csv_num(cis_buf *b, double v) {
+    if (isfinite(v)) cis_buf_num(b, v);
+}
+
 /* A mean with its bootstrap CI, as a JSON object and a summary.csv line. */
 static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *by, const char *level,
                      const double *v, const int *cl, int n, const params *pr) {
@@ -111,11 +131,11 @@ static void add_mean(cJSON *arr, cis_buf *csv, const char *section, const char *
     cJSON_AddNumberToObject(o, "lo", lo);
     cJSON_AddNumberToObject(o, "hi", hi);
     cJSON_AddItemToArray(arr, o);
-    cis_buf_printf(csv, "%s,%s,", section, by);
-    cis_buf_json_str(csv, level);
+    csv_field(csv, section), CIS_PUT(csv, ","), csv_field(csv, by), CIS_PUT(csv, ",");
+    csv_field(csv, level);
     cis_buf_printf(csv, ",%d,", n);
-    cis_buf_num(csv, m), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
-    cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d,\n", ncl);
+    csv_num(csv, m), CIS_PUT(csv, ","), csv_num(csv, lo), CIS_PUT(csv, ",");
+    csv_num(csv, hi), cis_buf_printf(csv, ",,%d,\n", ncl);
 }
 
 typedef double (*val_fn)(const row *r);
@@ -184,10 +204,10 @@ static void gaps(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm, cons
     for (int l = 0; l < nl; l++) {
         cJSON_AddNumberToObject(obj[l], "p_holm", padj[l]);
         cis_buf_printf(csv, "gap,%s,", dm->name);
-        cis_buf_json_str(csv, lv[l]);
+        csv_field(csv, lv[l]);
         cis_buf_printf(csv, ",%d,", nk[l]);
-        cis_buf_num(csv, dv[l]), CIS_PUT(csv, ",,,"), cis_buf_num(csv, pv[l]), cis_buf_printf(csv, ",%d,", nc[l]);
-        cis_buf_num(csv, padj[l]), CIS_PUT(csv, "\n");
+        csv_num(csv, dv[l]), CIS_PUT(csv, ",,,"), csv_num(csv, pv[l]), cis_buf_printf(csv, ",%d,", nc[l]);
+        csv_num(csv, padj[l]), CIS_PUT(csv, "\n");
     }
 out:
     free(lv), free(v), free(pv), free(padj), free(dv), free(g), free(cl), free(nk), free(nc), free(obj);
@@ -220,10 +240,10 @@ static void fragility(cJSON *arr, cis_buf *csv, row *rows, int n, const dim *dm,
         cJSON_AddNumberToObject(o, "hi", hi);
         cJSON_AddItemToArray(arr, o);
         cis_buf_printf(csv, "fragility,%s,", dm->name);
-        cis_buf_json_str(csv, lv[l]);
+        csv_field(csv, lv[l]);
         cis_buf_printf(csv, ",%d,", k);
-        cis_buf_num(csv, s), CIS_PUT(csv, ","), cis_buf_num(csv, lo), CIS_PUT(csv, ",");
-        cis_buf_num(csv, hi), cis_buf_printf(csv, ",,%d,\n", ncl);
+        csv_num(csv, s), CIS_PUT(csv, ","), csv_num(csv, lo), CIS_PUT(csv, ",");
+        csv_num(csv, hi), cis_buf_printf(csv, ",,%d,\n", ncl);
     }
 out:
     free(lv), free(x), free(y), free(cl);
@@ -330,11 +350,11 @@ static int model_diffs(cJSON *arr, cis_buf *csv, row *rows, int n, const params 
         cJSON_AddNumberToObject(o, "p_holm", adj[q]);
         cJSON_AddItemToArray(arr, o);
         cis_buf_printf(csv, "model_diff,models,");
-        cis_buf_json_str(csv, level);
+        csv_field(csv, level);
         cis_buf_printf(csv, ",%d,", x->pairs);
-        cis_buf_num(csv, x->diff), CIS_PUT(csv, ","), cis_buf_num(csv, x->lo), CIS_PUT(csv, ",");
-        cis_buf_num(csv, x->hi), CIS_PUT(csv, ","), cis_buf_num(csv, x->p), cis_buf_printf(csv, ",%d,", x->pairs);
-        cis_buf_num(csv, adj[q]), CIS_PUT(csv, "\n");
+        csv_num(csv, x->diff), CIS_PUT(csv, ","), csv_num(csv, x->lo), CIS_PUT(csv, ",");
+        csv_num(csv, x->hi), CIS_PUT(csv, ","), csv_num(csv, x->p), cis_buf_printf(csv, ",%d,", x->pairs);
+        csv_num(csv, adj[q]), CIS_PUT(csv, "\n");
     }
     ret = 0;
 out:
@@ -410,6 +430,58 @@ static kiln_error *apply_label(const cJSON *o, int line, const char *cl, void *u
             }
     }
     lc->unmatched++;
+    return NULL;
+}
+
+kiln_error *cis_labels_check(const char *path) {
+    char *text;
+    size_t len;
+    KILN_TRY(kiln_read_file(path, &text, &len));
+    label_ctx lc = {NULL, 0, 0, 0}; /* no rows: every label is only checked */
+    kiln_error *e = cis_jsonl_each(text, len, path, apply_label, &lc);
+    free(text);
+    return e;
+}
+
+/* Keeps the records of rs that the run's manifest (RUN/manifest.jsonl, the copy the last score wrote)
+ * lists with the same prompt id, model and seed; frees the others and returns how many. A run from
+ * before the copy keeps every record. */
+static int cmp_item_image(const void *a, const void *b) {
+    return strcmp((*(const kiln_cis_item *const *)a)->image, (*(const kiln_cis_item *const *)b)->image);
+}
+static kiln_error *keep_manifest_records(const char *dir, cis_results *rs, int *dropped) {
+    *dropped = 0;
+    char *mp = kiln_path_join(dir, "manifest.jsonl");
+    if (!mp) return kiln_errorf(KILN_ENOMEM, "out of memory");
+    kiln_cis_manifest m = {0, NULL};
+    kiln_error *e = kiln_cis_manifest_load(mp, &m);
+    free(mp);
+    if (e && kiln_error_code(e) == KILN_ENOTFOUND) {
+        kiln_error_free(e);
+        return NULL;
+    }
+    if (e) return e;
+    const kiln_cis_item **by = malloc((size_t)m.n * sizeof *by);
+    if (!by) {
+        kiln_cis_manifest_free(&m);
+        return kiln_errorf(KILN_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < m.n; i++) by[i] = &m.items[i];
+    qsort(by, (size_t)m.n, sizeof *by, cmp_item_image);
+    int k = 0;
+    for (int i = 0; i < rs->n; i++) {
+        kiln_cis_item key = {0};
+        const kiln_cis_item *kp = &key, *const *hit;
+        key.image = (char *)rstr(rs->rec[i], "image");
+        hit = bsearch(&kp, by, (size_t)m.n, sizeof *by, cmp_item_image);
+        if (hit && cis_record_matches(rs->rec[i], (*hit)->image, (*hit)->prompt_id, (*hit)->model, (long long)(*hit)->seed))
+            rs->rec[k++] = rs->rec[i];
+        else
+            cJSON_Delete(rs->rec[i]), (*dropped)++;
+    }
+    rs->n = k;
+    free(by);
+    kiln_cis_manifest_free(&m);
     return NULL;
 }
 
@@ -578,19 +650,6 @@ static kiln_error *csv_write(cis_buf *b, const char *dir, const char *name) {
     return e;
 }
 
-static void csv_field(cis_buf *b, const char *s) {
-    if (strpbrk(s, ",\"\n")) {
-        CIS_PUT(b, "\"");
-        for (const char *p = s; *p; p++) {
-            if (*p == '"') CIS_PUT(b, "\""); /* a quote is doubled */
-            cis_buf_put(b, p, 1);
-        }
-        CIS_PUT(b, "\"");
-    } else {
-        cis_buf_put(b, s, strlen(s));
-    }
-}
-
 kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     const char *dir = o->out_dir;
     char *rj = kiln_path_join(dir, "run.json"), *sj = kiln_path_join(dir, "suite.jsonl"),
@@ -599,7 +658,11 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     kiln_cis_suite suite = {0, NULL};
     cis_results res = {0};
     cis_detections det = {0, 0, NULL};
-    cis_run_keep keep = {"", NULL, 0}; /* run.json's unit and detector (cis_run_keep_read) */
+    cis_run_keep keep = {"", NULL, 0, NULL, 0}; /* run.json's unit, detector and labels (cis_run_keep_read) */
+    char *labels_path = NULL, *labels_text = NULL; /* the labels read: the command line's, else the run's copy */
+    size_t labels_len = 0;
+    int as_judge = o->labels_as_judge, dropped = 0;
+    cis_stop = o->stop;
     row *rows = NULL;
     cis_buf summary = {0}, images = {0}, comps = {0}, sup = {0};
     kiln_error *e = NULL;
@@ -608,7 +671,8 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         goto done;
     }
     if ((e = kiln_json_parse_file(rj, &run)) || (e = kiln_cis_suite_load(sj, &suite)) ||
-        (e = kiln_json_parse_file(ej, &emb)) || (e = cis_read_results(dir, &res)))
+        (e = kiln_json_parse_file(ej, &emb)) || (e = cis_read_results(dir, &res)) ||
+        (e = keep_manifest_records(dir, &res, &dropped)))
         goto done;
     params pr;
     int64_t boot, perm, seed;
@@ -617,9 +681,35 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         (e = kiln_json_get_int(run, "seed", &seed, 0, 0, rj)) ||
         (e = kiln_json_get_double(run, "threshold", &pr.threshold, 0.5, 0, rj)))
         goto done;
+    if (boot < 1 || boot > INT32_MAX || perm < 1 || perm > INT32_MAX || seed < 0 || seed > CIS_SEED_MAX) {
+        e = kiln_errorf(KILN_EFORMAT, "%s: bootstrap, permutations or seed out of range", rj);
+        goto done;
+    }
     pr.boot = (int)boot, pr.perm = (int)perm, pr.seed = (uint64_t)seed;
     if ((e = cis_run_keep_read(run, rj, &keep))) goto done;
     pr.unit = keep.unit;
+    /* the labels: the command line's (and from now on the run's: a resume or another aggregation keeps
+     * the calibration), else the run's copy of those it was calibrated with */
+    if (o->labels) {
+        if ((e = kiln_read_file(o->labels, &labels_text, &labels_len))) goto done;
+        labels_path = kiln_path_join(dir, "labels.jsonl");
+        free(keep.labels);
+        if (!labels_path || !(keep.labels = cis_strdup(o->labels))) {
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+            goto done;
+        }
+        keep.labels_as_judge = o->labels_as_judge;
+        cJSON_ReplaceItemInObjectCaseSensitive(run, "labels", cJSON_CreateString(o->labels));
+        if (!cJSON_GetObjectItemCaseSensitive(run, "labels")) cJSON_AddStringToObject(run, "labels", o->labels);
+        cJSON_DeleteItemFromObjectCaseSensitive(run, "labels_as_judge");
+        cJSON_AddBoolToObject(run, "labels_as_judge", o->labels_as_judge != 0);
+    } else if (keep.labels) {
+        char *copy = kiln_path_join(dir, "labels.jsonl");
+        e = copy ? kiln_read_file(copy, &labels_text, &labels_len) : kiln_errorf(KILN_ENOMEM, "out of memory");
+        free(copy);
+        if (e) goto done;
+        as_judge = keep.labels_as_judge;
+    }
 
     int n = res.n, nerr = 0;
     rows = calloc((size_t)(n ? n : 1), sizeof *rows);
@@ -675,18 +765,16 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     cJSON_AddNumberToObject(counts, "images", n);
     cJSON_AddNumberToObject(counts, "scored", n - nerr);
     cJSON_AddNumberToObject(counts, "errors", nerr);
+    /* records of images the run's manifest no longer lists (or lists with another prompt id, model or seed) */
+    cJSON_AddNumberToObject(counts, "not_in_manifest", dropped);
 
     /* labels: calibrate the threshold, measure the judge, or replace it */
     double thr = pr.threshold;
     const char *thr_source = "default";
-    if (o->labels) {
-        char *text;
-        size_t len;
+    if (labels_text) {
         label_ctx lc = {rows, n, 0, 0};
-        if ((e = kiln_read_file(o->labels, &text, &len))) goto done;
-        e = cis_jsonl_each(text, len, o->labels, apply_label, &lc);
-        free(text);
-        if (e) goto done;
+        if ((e = cis_jsonl_each(labels_text, labels_len, o->labels ? o->labels : keep.labels, apply_label, &lc)))
+            goto done;
         int cap = 0, k = 0;
         for (int i = 0; i < n; i++) cap += rows[i].ncomp;
         double *sc = malloc((size_t)(cap + 1) * sizeof *sc);
@@ -701,10 +789,10 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
             for (int c = 0; c < rows[i].ncomp; c++)
                 if (rows[i].label[c] >= 0) sc[k] = rows[i].prob[c], lb[k] = rows[i].label[c], pc[k] = rows[i].cl, k++;
         cJSON *cal = cJSON_AddObjectToObject(root, "calibration");
-        cJSON_AddStringToObject(cal, "labels", o->labels);
+        cJSON_AddStringToObject(cal, "labels", keep.labels);
         cJSON_AddNumberToObject(cal, "pairs", k);
         cJSON_AddNumberToObject(cal, "unmatched_labels", lc.unmatched);
-        cJSON_AddBoolToObject(cal, "labels_as_judge", o->labels_as_judge != 0);
+        cJSON_AddBoolToObject(cal, "labels_as_judge", as_judge != 0);
         double t, j;
         if (!kiln_cis_calibrate(sc, lb, k, &t, &j)) {
             thr = t;
@@ -749,13 +837,13 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
         if (!r->p) continue;
         int present = 0;
         for (int c = 0; c < r->ncomp; c++) {
-            r->verdict[c] = o->labels_as_judge && r->label[c] >= 0 ? r->label[c] : r->prob[c] >= thr;
+            r->verdict[c] = as_judge && r->label[c] >= 0 ? r->label[c] : r->prob[c] >= thr;
             present += r->verdict[c];
         }
         r->cis = (double)present / r->ncomp;
     }
     if (keep.detections) {
-        cJSON *dj = detector_json(rows, n, &det, keep.detections, keep.det_threshold, o->labels != NULL);
+        cJSON *dj = detector_json(rows, n, &det, keep.detections, keep.det_threshold, labels_text != NULL);
         if (!dj) {
             e = kiln_errorf(KILN_ENOMEM, "out of memory");
             goto done;
@@ -848,10 +936,10 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
     for (int i = 0; i < n; i++) {
         row *r = &rows[i];
         const char *img = rstr(r->rec, "image"), *pid = rstr(r->rec, "prompt_id"), *model = rstr(r->rec, "model");
-        double seedv = rnum(r->rec, "seed");
+        double seedv = rnum(r->rec, "seed"); /* an integer below 2^53 (the manifest's limit): exact */
         csv_field(&images, img), CIS_PUT(&images, ","), csv_field(&images, pid), CIS_PUT(&images, ",");
         csv_field(&images, model);
-        cis_buf_printf(&images, ",%.0f,", seedv);
+        cis_buf_printf(&images, ",%lld,", (long long)seedv);
         if (!r->p) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "image", img);
@@ -895,32 +983,45 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
             cJSON_AddItemToArray(xc, y);
             csv_field(&comps, img), CIS_PUT(&comps, ","), csv_field(&comps, pid), CIS_PUT(&comps, ",");
             csv_field(&comps, model), CIS_PUT(&comps, ","), csv_field(&comps, r->p->comp[c].phrase);
-            CIS_PUT(&comps, ","), cis_buf_num(&comps, r->prob[c]), CIS_PUT(&comps, ",");
-            cis_buf_num(&comps, rnum(cs, "p_whole"));
+            CIS_PUT(&comps, ","), csv_num(&comps, r->prob[c]), CIS_PUT(&comps, ",");
+            csv_num(&comps, rnum(cs, "p_whole"));
             cis_buf_printf(&comps, ",%.0f,%d,%s,", rnum(cs, "view"), r->verdict[c],
                            r->label[c] < 0 ? "" : r->label[c] ? "1" : "0");
-            cis_buf_num(&comps, r->entropy[c]), CIS_PUT(&comps, ",");
+            csv_num(&comps, r->entropy[c]), CIS_PUT(&comps, ",");
             if (r->p->comp[c].coco) csv_field(&comps, r->p->comp[c].coco);
-            CIS_PUT(&comps, ","), cis_buf_num(&comps, r->pdet ? r->pdet[c] : NAN), CIS_PUT(&comps, "\n");
+            CIS_PUT(&comps, ","), csv_num(&comps, r->pdet ? r->pdet[c] : NAN), CIS_PUT(&comps, "\n");
         }
         cJSON_AddItemToArray(ia, x);
         csv_field(&images, r->p->culture), CIS_PUT(&images, ","), csv_field(&images, r->p->group);
         CIS_PUT(&images, ","), csv_field(&images, r->p->category), CIS_PUT(&images, ",");
         csv_field(&images, r->p->setting);
         cis_buf_printf(&images, ",%d,%d,", r->ncomp, present);
-        cis_buf_num(&images, r->cis), CIS_PUT(&images, ",");
-        cis_buf_num(&images, rnum(r->rec, "context_sim")), CIS_PUT(&images, ",");
-        cis_buf_num(&images, rnum(r->rec, "generic_sim")), CIS_PUT(&images, ",");
-        cis_buf_num(&images, r->mis), CIS_PUT(&images, ",\n");
+        csv_num(&images, r->cis), CIS_PUT(&images, ",");
+        csv_num(&images, rnum(r->rec, "context_sim")), CIS_PUT(&images, ",");
+        csv_num(&images, rnum(r->rec, "generic_sim")), CIS_PUT(&images, ",");
+        csv_num(&images, r->mis), CIS_PUT(&images, ",\n");
     }
     CIS_PUT(&sup, "phrase,culture,group,category,cos_generic,cos_western_mean,cos_western_max\n");
     for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(emb, "superposition")->child; s; s = s->next) {
         csv_field(&sup, rstr(s, "phrase")), CIS_PUT(&sup, ","), csv_field(&sup, rstr(s, "culture"));
         CIS_PUT(&sup, ","), csv_field(&sup, rstr(s, "group")), CIS_PUT(&sup, ",");
         csv_field(&sup, rstr(s, "category")), CIS_PUT(&sup, ",");
-        cis_buf_num(&sup, rnum(s, "cos_generic")), CIS_PUT(&sup, ",");
-        cis_buf_num(&sup, rnum(s, "cos_western_mean")), CIS_PUT(&sup, ",");
-        cis_buf_num(&sup, rnum(s, "cos_western_max")), CIS_PUT(&sup, "\n");
+        csv_num(&sup, rnum(s, "cos_generic")), CIS_PUT(&sup, ",");
+        csv_num(&sup, rnum(s, "cos_western_mean")), CIS_PUT(&sup, ",");
+        csv_num(&sup, rnum(s, "cos_western_max")), CIS_PUT(&sup, "\n");
+    }
+    if (o->stop && *o->stop) { /* the statistics were cut short: the previous outputs stay as they were */
+        e = kiln_errorf(KILN_EINVAL, "interrupted while aggregating; the scored results are kept: `kiln cis score "
+                                     "--resume` (or `kiln cis calibrate`) aggregates them again");
+        goto done;
+    }
+    if (o->labels) { /* the run remembers its calibration (after every check: a bad file changes nothing) */
+        char *rtxt = kiln_json_print(run, 1);
+        if (!rtxt) e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        else if (!(e = kiln_write_file_atomic(labels_path, labels_text, labels_len)))
+            e = kiln_write_file_atomic(rj, rtxt, strlen(rtxt));
+        free(rtxt);
+        if (e) goto done;
     }
     char *txt = kiln_json_print(root, 1);
     if (!txt) e = kiln_errorf(KILN_ENOMEM, "out of memory");
@@ -933,8 +1034,10 @@ kiln_error *kiln_cis_aggregate(const kiln_cis_score_opts *o) {
 done:
     for (int i = 0; rows && i < res.n; i++)
         free(rows[i].prob), free(rows[i].entropy), free(rows[i].label), free(rows[i].verdict), free(rows[i].pdet);
+    cis_stop = NULL;
     cis_detections_free(&det);
-    free(keep.detections);
+    cis_run_keep_free(&keep);
+    free(labels_path), free(labels_text);
     free(rows);
     cis_buf_free(&summary), cis_buf_free(&images), cis_buf_free(&comps), cis_buf_free(&sup);
     cis_results_free(&res);

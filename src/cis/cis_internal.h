@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kiln/cis.h"
 #include "kiln/error.h"
 
 /* Calls fn(obj, line, ctx_line, user) for every non-blank line of text; ctx_line is
@@ -38,6 +39,16 @@ kiln_error *cis_detections_parse(const char *text, size_t len, const char *ctx, 
 double cis_detections_score(const cis_detections *t, const char *image, const char *cls);
 int cis_detections_has_image(const cis_detections *t, const char *image); /* any detection in image */
 void cis_detections_free(cis_detections *t);
+
+/* The first difference between a run's copy of its suite (a, read from actx) and the suite given
+ * again on a resume (b, from bctx), as an error naming the prompt and component; NULL when they
+ * hold the same prompts, fields and components in the same order. */
+kiln_error *cis_suite_compare(const kiln_cis_suite *a, const char *actx, const kiln_cis_suite *b, const char *bctx);
+
+/* Set (aggregate.c) to the caller's stop flag while aggregating: the bootstrap and permutation loops
+ * of stats.c give up when it reads nonzero, so that Ctrl-C is not ignored for the minutes an
+ * aggregation of a large run takes. NULL: never stop. */
+extern const volatile int *cis_stop;
 
 typedef struct {
     char *p;

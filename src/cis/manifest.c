@@ -8,6 +8,7 @@
 #include "kiln/fsutil.h"
 #include "kiln/hash.h"
 #include "kiln/json.h"
+#include "score_internal.h"
 
 static const char *const item_fields[] = {"image", "prompt_id", "model", "seed", "prompt", NULL};
 
@@ -26,6 +27,9 @@ static kiln_error *parse_item(const cJSON *o, int line, const char *cl, void *us
     KILN_TRY(kiln_json_get_string(o, "prompt_id", &pid, NULL, 1, cl));
     KILN_TRY(kiln_json_get_string(o, "model", &model, NULL, 1, cl));
     KILN_TRY(kiln_json_get_int(o, "seed", &seed, 0, 1, cl));
+    if (seed > CIS_SEED_MAX || seed < -CIS_SEED_MAX)
+        return kiln_errorf(KILN_EFORMAT, "%s: seed %lld is beyond 2^53 - 1: JSON numbers that large are not exact "
+                                         "(it may have been another seed)", cl, (long long)seed);
     KILN_TRY(kiln_json_get_string(o, "prompt", &prompt, NULL, 0, cl));
     if (!*image || !*pid || !*model) return kiln_errorf(KILN_EFORMAT, "%s: image, prompt_id and model must not be empty", cl);
     for (int i = 0; i < m->n; i++)

@@ -14,20 +14,24 @@
 #include "kiln/cis.h"
 #include "kiln/clip.h"
 #include "kiln/fsutil.h"
+#include "kiln/hash.h"
 #include "kiln/image.h"
 #include "kiln/json.h"
 #include "kiln/progress.h"
 #include "score_internal.h"
 #include "textset.h"
 
+/* grids NULL, boot and perm 0, seed UINT64_MAX and threshold NaN mean "not given": a new run takes
+ * the defaults (1,2,3, 2000, 10000, 0, 0.5), a resumed one its own run.json's values (a resume must
+ * not judge the rest of the images with other settings than the scored ones). */
 void kiln_cis_score_opts_default(kiln_cis_score_opts *o) {
     memset(o, 0, sizeof *o);
-    o->grids = "1,2,3";
+    o->grids = NULL;
     o->chunk = 16;
-    o->boot = 2000;
-    o->perm = 10000;
-    o->seed = 0;
-    o->threshold = 0.5;
+    o->boot = 0;
+    o->perm = 0;
+    o->seed = UINT64_MAX;
+    o->threshold = NAN;
     o->cluster = NULL;    /* a new run: prompt; a resumed one: its own */
     o->detections = NULL; /* a new run: none; a resumed one: its own */
     o->det_threshold = NAN;
@@ -134,37 +138,109 @@ kiln_error *cis_run_keep_read(const cJSON *run, const char *ctx, cis_run_keep *k
         return kiln_errorf(KILN_EFORMAT, "%s: field 'detections': expected a path or null", ctx);
     if (!(k->det_threshold >= 0 && k->det_threshold <= 1))
         return kiln_errorf(KILN_EFORMAT, "%s: field 'detector_threshold': %g is not in [0, 1]", ctx, k->det_threshold);
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(run, "labels");
+    if (l && !cJSON_IsString(l) && !cJSON_IsNull(l))
+        return kiln_errorf(KILN_EFORMAT, "%s: field 'labels': expected a path or null", ctx);
+    KILN_TRY(kiln_json_get_bool(run, "labels_as_judge", &k->labels_as_judge, 0, 0, ctx));
     snprintf(k->unit, sizeof k->unit, "%s", u);
-    free(k->detections);
-    k->detections = NULL;
-    if (cJSON_IsString(d) && !(k->detections = cis_strdup(d->valuestring)))
+    free(k->detections), free(k->labels);
+    k->detections = k->labels = NULL;
+    if ((cJSON_IsString(d) && !(k->detections = cis_strdup(d->valuestring))) ||
+        (cJSON_IsString(l) && !(k->labels = cis_strdup(l->valuestring))))
         return kiln_errorf(KILN_ENOMEM, "out of memory");
     return NULL;
 }
 
-/* A resumed run's kept fields (cis_run_keep_read). */
-static kiln_error *read_run_keep(const char *runjson, cis_run_keep *k) {
-    cJSON *old = NULL;
-    kiln_error *e = kiln_json_parse_file(runjson, &old);
-    if (!e) e = cis_run_keep_read(old, runjson, k);
-    cJSON_Delete(old);
+void cis_run_keep_free(cis_run_keep *k) {
+    free(k->detections), free(k->labels);
+    k->detections = k->labels = NULL;
+}
+
+int cis_record_matches(const cJSON *rec, const char *image, const char *prompt_id, const char *model, long long seed) {
+    const cJSON *i = cJSON_GetObjectItemCaseSensitive(rec, "image"), *p = cJSON_GetObjectItemCaseSensitive(rec, "prompt_id"),
+                *m = cJSON_GetObjectItemCaseSensitive(rec, "model"), *s = cJSON_GetObjectItemCaseSensitive(rec, "seed");
+    return cJSON_IsString(i) && !strcmp(i->valuestring, image) && cJSON_IsString(p) &&
+           !strcmp(p->valuestring, prompt_id) && cJSON_IsString(m) && !strcmp(m->valuestring, model) &&
+           cJSON_IsNumber(s) && s->valuedouble == (double)seed; /* seeds are below 2^53: exact as doubles */
+}
+
+/* An identity of a CLIP directory: FNV-1a 64 over the name, size and contents of each of its
+ * .json, .txt and .safetensors files (config, tokenizer, weights), in name order. A content hash
+ * (about a second per GB, once per score) rather than sizes and times: a checkpoint copied or
+ * re-downloaded keeps its identity, and another one of the same shapes does not. */
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static kiln_error *clip_identity(const char *dir, char *out, size_t cap) {
+    DIR *d = opendir(dir);
+    if (!d) return kiln_errorf(KILN_EIO, "--clip %s: %s", dir, strerror(errno));
+    char **names = NULL;
+    int n = 0;
+    kiln_error *e = NULL;
+    struct dirent *de;
+    while ((de = readdir(d)) && !e) {
+        size_t len = strlen(de->d_name);
+        const char *ext = strrchr(de->d_name, '.');
+        if (de->d_name[0] == '.' || !ext || (strcmp(ext, ".json") && strcmp(ext, ".txt") && strcmp(ext, ".safetensors")))
+            continue;
+        char **nn = realloc(names, (size_t)(n + 1) * sizeof *nn);
+        if (!nn || !(nn[n] = malloc(len + 1))) {
+            if (nn) names = nn;
+            e = kiln_errorf(KILN_ENOMEM, "out of memory");
+            break;
+        }
+        names = nn;
+        memcpy(names[n++], de->d_name, len + 1);
+    }
+    closedir(d);
+    if (!e) qsort(names, (size_t)n, sizeof *names, cmp_name);
+    uint64_t h = KILN_FNV1A64_INIT;
+    for (int i = 0; i < n && !e; i++) {
+        char *path = kiln_path_join(dir, names[i]);
+        uint64_t fh = 0, size = 0;
+        struct stat st;
+        if (!path) e = kiln_errorf(KILN_ENOMEM, "out of memory");
+        else if (!stat(path, &st) && S_ISREG(st.st_mode) && !(e = kiln_fnv1a64_file(path, &fh, &size))) {
+            unsigned char b[16];
+            for (int t = 0; t < 8; t++) b[t] = (unsigned char)(size >> (8 * t)), b[8 + t] = (unsigned char)(fh >> (8 * t));
+            h = kiln_fnv1a64(h, names[i], strlen(names[i]) + 1);
+            h = kiln_fnv1a64(h, b, sizeof b);
+        }
+        free(path);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (!e) snprintf(out, cap, "fnv1a64:%016llx", (unsigned long long)h);
     return e;
 }
 
-static kiln_error *write_run_json(const kiln_cis_score_opts *o, const char *run_dir, const cis_run_keep *k) {
+/* The settings a run is scored and aggregated with: the command line's over a resumed run's own
+ * (run.json) over the defaults. */
+typedef struct {
+    const char *grids;
+    int boot, perm;
+    uint64_t seed;
+    double threshold;
+    char clip_id[40];
+} run_settings;
+
+static kiln_error *write_run_json(const kiln_cis_score_opts *o, const run_settings *rs, const char *run_dir,
+                                  const cis_run_keep *k) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "suite", o->suite);
     cJSON_AddStringToObject(j, "manifest", o->manifest);
     cJSON_AddStringToObject(j, "clip", o->clip_dir);
-    cJSON_AddStringToObject(j, "crops", o->grids);
-    cJSON_AddNumberToObject(j, "bootstrap", o->boot);
-    cJSON_AddNumberToObject(j, "permutations", o->perm);
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
-    cJSON_AddNumberToObject(j, "threshold", o->threshold);
+    cJSON_AddStringToObject(j, "clip_id", rs->clip_id);
+    cJSON_AddStringToObject(j, "crops", rs->grids);
+    cJSON_AddNumberToObject(j, "bootstrap", rs->boot);
+    cJSON_AddNumberToObject(j, "permutations", rs->perm);
+    cJSON_AddNumberToObject(j, "seed", (double)rs->seed); /* <= CIS_SEED_MAX: exact */
+    cJSON_AddNumberToObject(j, "threshold", rs->threshold);
     cJSON_AddStringToObject(j, "cluster", k->unit);
     if (k->detections) cJSON_AddStringToObject(j, "detections", k->detections);
     else cJSON_AddNullToObject(j, "detections");
     cJSON_AddNumberToObject(j, "detector_threshold", k->det_threshold);
+    if (k->labels) cJSON_AddStringToObject(j, "labels", k->labels);
+    else cJSON_AddNullToObject(j, "labels");
+    cJSON_AddBoolToObject(j, "labels_as_judge", k->labels_as_judge);
     cJSON_AddStringToObject(j, "absence_text", CIS_ABSENCE_TEXT);
     char *s = kiln_json_print(j, 1);
     cJSON_Delete(j);
@@ -367,6 +443,50 @@ static kiln_error *flush_part(const char *results, int *part, cis_buf *b) {
     return e;
 }
 
+/* Same grid sizes (as parsed: "1,2" and "2" are one setting, the whole image is always a view). */
+static int same_grids(const char *a, const char *b) {
+    int ga[8], gb[8], na, nb;
+    kiln_error *e1 = kiln_cis_parse_grids(a, ga, &na, 8), *e2 = kiln_cis_parse_grids(b, gb, &nb, 8);
+    int same = !e1 && !e2 && na == nb && !memcmp(ga, gb, (size_t)na * sizeof *ga);
+    kiln_error_free(e1), kiln_error_free(e2);
+    return same;
+}
+
+/* A resume keeps the run's settings: each option the command line left out takes run.json's value;
+ * one given with another value is refused where it changes how images are judged (--crops, the CLIP
+ * model), and recomputes the statistics where it only changes those (--bootstrap, --permutations,
+ * --seed, --threshold; docs/cis.md). */
+static kiln_error *resume_settings(const kiln_cis_score_opts *o, const cJSON *old, const char *runjson,
+                                   run_settings *rs) {
+    const char *crops, *old_id, *old_clip;
+    int64_t boot, perm, seed;
+    double thr;
+    KILN_TRY(kiln_json_get_string(old, "crops", &crops, "1,2,3", 0, runjson));
+    KILN_TRY(kiln_json_get_string(old, "clip_id", &old_id, NULL, 0, runjson));
+    KILN_TRY(kiln_json_get_string(old, "clip", &old_clip, "?", 0, runjson));
+    KILN_TRY(kiln_json_get_int(old, "bootstrap", &boot, 2000, 0, runjson));
+    KILN_TRY(kiln_json_get_int(old, "permutations", &perm, 10000, 0, runjson));
+    KILN_TRY(kiln_json_get_int(old, "seed", &seed, 0, 0, runjson));
+    KILN_TRY(kiln_json_get_double(old, "threshold", &thr, 0.5, 0, runjson));
+    if (o->grids && !same_grids(o->grids, crops))
+        return kiln_errorf(KILN_EINVAL,
+                           "--crops %s: the run was scored with crops %s (%s); a resume keeps the run's settings: "
+                           "leave --crops out, or score into a new --out", o->grids, crops, runjson);
+    if (old_id && strcmp(old_id, rs->clip_id))
+        return kiln_errorf(KILN_EINVAL,
+                           "--clip %s: another CLIP model (%s) than the one the run was scored with (%s, %s in %s); "
+                           "a resume must use the same model, or score into a new --out", o->clip_dir, rs->clip_id,
+                           old_clip, old_id, runjson);
+    if (boot < 1 || perm < 1 || boot > INT_MAX || perm > INT_MAX || seed < 0 || seed > CIS_SEED_MAX || !(thr >= 0 && thr <= 1))
+        return kiln_errorf(KILN_EFORMAT, "%s: bootstrap, permutations, seed or threshold out of range", runjson);
+    if (!o->grids && !(rs->grids = cis_strdup(crops))) return kiln_errorf(KILN_ENOMEM, "out of memory");
+    if (!o->boot) rs->boot = (int)boot;
+    if (!o->perm) rs->perm = (int)perm;
+    if (o->seed == UINT64_MAX) rs->seed = (uint64_t)seed;
+    if (isnan(o->threshold)) rs->threshold = thr;
+    return NULL;
+}
+
 kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerrors) {
     *nscored = *nerrors = 0;
     if (!o->suite || !o->manifest || !o->clip_dir || !o->out_dir)
@@ -376,30 +496,46 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         return kiln_errorf(KILN_EINVAL, "cluster: '%s' is not one of image, prompt, scene, culture", o->cluster);
     if (!isnan(o->det_threshold) && !(o->det_threshold >= 0 && o->det_threshold <= 1))
         return kiln_errorf(KILN_EINVAL, "detector threshold %g is not in [0, 1]", o->det_threshold);
+    /* every option is checked before the hours of scoring, not by the aggregation after them */
+    if (o->boot < 0 || o->perm < 0) return kiln_errorf(KILN_EINVAL, "--bootstrap and --permutations must be >= 1");
+    if (o->seed != UINT64_MAX && o->seed > (uint64_t)CIS_SEED_MAX)
+        return kiln_errorf(KILN_EINVAL, "--seed %llu: seeds are 0 .. 2^53 - 1 (run.json keeps them as exact JSON numbers)",
+                           (unsigned long long)o->seed);
+    if (!isnan(o->threshold) && !(o->threshold >= 0 && o->threshold <= 1))
+        return kiln_errorf(KILN_EINVAL, "--threshold %g is not in [0, 1]", o->threshold);
+    if (o->labels_as_judge && !o->labels) return kiln_errorf(KILN_EINVAL, "--labels-as-judge needs --labels");
+    if (o->labels) KILN_TRY(cis_labels_check(o->labels));
     int grids[8], ngrids;
-    KILN_TRY(kiln_cis_parse_grids(o->grids, grids, &ngrids, 8));
-    kiln_cis_suite suite = {0, NULL};
+    if (o->grids) KILN_TRY(kiln_cis_parse_grids(o->grids, grids, &ngrids, 8));
+    run_settings rs = {o->grids ? o->grids : "1,2,3", o->boot ? o->boot : 2000, o->perm ? o->perm : 10000,
+                       o->seed == UINT64_MAX ? 0 : o->seed, isnan(o->threshold) ? 0.5 : o->threshold, ""};
+    char *grids_own = NULL; /* rs.grids when it came from run.json */
+    kiln_cis_suite suite = {0, NULL}, run_suite = {0, NULL};
     kiln_cis_manifest man = {0, NULL};
     cis_textset ts = {0};
     kiln_clip *clip = NULL;
     float *T = NULL;
     cis_results prev = {0};
     cis_buf b = {0};
-    cis_run_keep keep = {"prompt", NULL, 0.5}; /* a new run's; the command line's over it */
-    char *det_text = NULL; /* the detections file's bytes, copied into the run */
-    size_t det_len = 0;
+    cJSON *old = NULL;
+    cis_run_keep keep = {"prompt", NULL, 0.5, NULL, 0}; /* a new run's; the command line's over it */
+    char *det_text = NULL, *man_text = NULL; /* the detections file's and the manifest's bytes, copied into the run */
+    size_t det_len = 0, man_len = 0;
     char *runjson = kiln_path_join(o->out_dir, "run.json"), *results = kiln_path_join(o->out_dir, "results"),
-         *suite_copy = kiln_path_join(o->out_dir, "suite.jsonl"), *suite_text = NULL;
+         *suite_copy = kiln_path_join(o->out_dir, "suite.jsonl"),
+         *man_copy = kiln_path_join(o->out_dir, "manifest.jsonl"), *suite_text = NULL;
     size_t suite_len;
     kiln_error *e = NULL;
-    if (!runjson || !results || !suite_copy) {
+    FILE *note = o->progress ? o->progress : stderr;
+    if (!runjson || !results || !suite_copy || !man_copy) {
         e = kiln_errorf(KILN_ENOMEM, "out of memory");
         goto done;
     }
     if ((e = kiln_read_file(o->suite, &suite_text, &suite_len)) ||
         (e = kiln_cis_suite_parse(suite_text, suite_len, o->suite, &suite)))
         goto done;
-    if ((e = kiln_cis_manifest_load(o->manifest, &man))) goto done;
+    if ((e = kiln_read_file(o->manifest, &man_text, &man_len)) || (e = kiln_cis_manifest_load(o->manifest, &man)))
+        goto done;
     /* every input is checked before the run directory is touched */
     if (o->detections) {
         /* read once: the bytes checked are the bytes the run keeps */
@@ -413,18 +549,33 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         e = kiln_error_wrap(e, "--clip %s", o->clip_dir);
         goto done;
     }
-    if ((e = cis_mkdir(o->out_dir))) goto done;
+    if ((e = clip_identity(o->clip_dir, rs.clip_id, sizeof rs.clip_id))) goto done;
     struct stat st;
-    if (!o->resume && !stat(runjson, &st)) {
+    int have_run = !stat(runjson, &st);
+    if (!o->resume && have_run) {
         e = kiln_errorf(KILN_EINVAL, "%s already holds a run: pass --resume to continue it, or choose another --out",
                         o->out_dir);
         goto done;
     }
-    if ((e = cis_mkdir(results))) goto done;
-    if (o->resume && (e = cis_read_results(o->out_dir, &prev))) goto done;
+    if (o->resume && have_run) {
+        /* the run's own settings, suite and model, checked before anything of it is rewritten */
+        if ((e = kiln_json_parse_file(runjson, &old)) || (e = cis_run_keep_read(old, runjson, &keep)) ||
+            (e = resume_settings(o, old, runjson, &rs)))
+            goto done;
+        if (!o->grids) grids_own = (char *)rs.grids;
+        if ((e = kiln_cis_parse_grids(rs.grids, grids, &ngrids, 8))) goto done;
+        if ((e = kiln_cis_suite_load(suite_copy, &run_suite)) ||
+            (e = cis_suite_compare(&run_suite, suite_copy, &suite, o->suite))) {
+            e = kiln_error_wrap(e, "--suite %s differs from the run's (a resume must score with the run's suite; "
+                                   "score into a new --out for another)", o->suite);
+            goto done;
+        }
+        if ((e = cis_read_results(o->out_dir, &prev))) goto done;
+    } else if (!o->grids && (e = kiln_cis_parse_grids(rs.grids, grids, &ngrids, 8))) {
+        goto done;
+    }
     /* the resampling unit, the detections and their threshold: the command line's, else a resumed
      * run's own (image for runs from before the field, as they were aggregated), else the defaults */
-    if (o->resume && !stat(runjson, &st) && (e = read_run_keep(runjson, &keep))) goto done;
     if (o->cluster) snprintf(keep.unit, sizeof keep.unit, "%s", o->cluster);
     if (o->detections) {
         free(keep.detections);
@@ -434,14 +585,17 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         }
     }
     if (!isnan(o->det_threshold)) keep.det_threshold = o->det_threshold;
-    /* the run keeps copies of the suite and the detections it was aggregated with (run.json names the originals) */
+    if ((e = cis_mkdir(o->out_dir)) || (e = cis_mkdir(results))) goto done;
+    /* the run keeps copies of the suite, the manifest and the detections it was aggregated with (run.json
+     * names the originals): aggregation counts only the images the manifest lists */
     if (det_text) {
         char *det_copy = kiln_path_join(o->out_dir, "detections.jsonl");
         e = det_copy ? kiln_write_file_atomic(det_copy, det_text, det_len) : kiln_errorf(KILN_ENOMEM, "out of memory");
         free(det_copy);
         if (e) goto done;
     }
-    if ((e = kiln_write_file_atomic(suite_copy, suite_text, suite_len)) || (e = write_run_json(o, o->out_dir, &keep)))
+    if ((!have_run || !o->resume) && (e = kiln_write_file_atomic(suite_copy, suite_text, suite_len))) goto done;
+    if ((e = kiln_write_file_atomic(man_copy, man_text, man_len)) || (e = write_run_json(o, &rs, o->out_dir, &keep)))
         goto done;
     if ((e = cis_textset_build(&suite, &ts))) goto done;
     int D = kiln_clip_dim(clip);
@@ -457,18 +611,26 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
 
     scorer sc = {clip, &suite, &ts, T, D, kiln_clip_image_size(clip), kiln_clip_grid(clip), kiln_clip_logit_scale(clip),
                  grids, ngrids};
-    int part = prev.next_part;
+    int part = prev.next_part, changed = 0;
+    const char *changed_first = NULL;
     kiln_progress pg;
     if (o->progress) kiln_progress_start_to(&pg, "cis score", (uint64_t)man.n, "img", o->progress, 0);
     else kiln_progress_start(&pg, "cis score", (uint64_t)man.n, "img");
     int inchunk = 0;
     for (int i = 0; i < man.n && !e; i++) {
         const kiln_cis_item *it = &man.items[i];
+        /* done when the run holds an error-free record of this image with the item's prompt id, model
+         * and seed; a record of the image with other metadata is stale (the manifest changed): scored
+         * again, and the new record replaces it */
         int done_before = 0;
         for (int k = 0; k < prev.n && !done_before; k++) {
             const cJSON *im = cJSON_GetObjectItemCaseSensitive(prev.rec[k], "image");
-            done_before = !strcmp(im->valuestring, it->image) &&
-                          cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(prev.rec[k], "error"));
+            if (strcmp(im->valuestring, it->image)) continue;
+            if (!cis_record_matches(prev.rec[k], it->image, it->prompt_id, it->model, (long long)it->seed)) {
+                if (!changed++) changed_first = it->image;
+                break;
+            }
+            done_before = cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(prev.rec[k], "error"));
         }
         if (done_before) {
             (*nscored)++;
@@ -503,15 +665,22 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if (!e) e = fe;
     else kiln_error_free(fe);
     kiln_progress_finish(&pg);
+    if (changed)
+        fprintf(note, "note: %d image(s) of the run had another prompt_id, model or seed in the manifest (first: %s): "
+                      "scored again\n", changed, changed_first);
     if (!e) e = kiln_cis_aggregate(o);
 done:
     cis_buf_free(&b);
     cis_results_free(&prev);
     free(T);
+    free(grids_own);
+    cJSON_Delete(old);
     cis_textset_free(&ts, &suite);
     kiln_clip_free(clip);
     kiln_cis_manifest_free(&man);
     kiln_cis_suite_free(&suite);
-    free(runjson), free(results), free(suite_copy), free(suite_text), free(keep.detections), free(det_text);
+    kiln_cis_suite_free(&run_suite);
+    cis_run_keep_free(&keep);
+    free(runjson), free(results), free(suite_copy), free(man_copy), free(suite_text), free(det_text), free(man_text);
     return e;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cis_internal.h"
 #include "kiln/cis.h"
 #include "kiln/rng.h"
 
@@ -98,6 +99,10 @@ static void cluster_sums(const clusters *c, const double *x, double *sum, double
     }
 }
 
+const volatile int *cis_stop;
+/* Every 256 iterations: a read of a volatile int costs little, but not nothing, in loops this tight. */
+#define STOPPED(i) (((i) & 255) == 0 && cis_stop && *cis_stop)
+
 int kiln_cis_nclusters(const int *cl, int n) {
     clusters c;
     if (n <= 0 || clusters_make(cl, n, &c)) return 0;
@@ -117,7 +122,8 @@ void kiln_cis_bootstrap_mean(const double *x, const int *cl, int n, int B, doubl
         cluster_sums(&c, x, sum, cnt);
         kiln_rng r;
         kiln_rng_seed(&r, seed);
-        for (int b = 0; b < B; b++) {
+        int b;
+        for (b = 0; b < B && !STOPPED(b); b++) {
             double s = 0, m = 0;
             for (int i = 0; i < c.ncl; i++) {
                 uint32_t k = draw(&r, c.ncl);
@@ -125,7 +131,7 @@ void kiln_cis_bootstrap_mean(const double *x, const int *cl, int n, int B, doubl
             }
             stat[b] = s / m;
         }
-        interval(stat, B, level, lo, hi);
+        if (b == B) interval(stat, B, level, lo, hi);
     }
     free(stat), free(sum), free(cnt);
     clusters_free(&c);
@@ -176,7 +182,7 @@ void kiln_cis_bootstrap_slope(const double *x, const double *y, const int *cl, i
     if (stat && d && c.ncl >= 2) {
         kiln_rng r;
         kiln_rng_seed(&r, seed);
-        for (long long b = 0, tries = 0; b < B && tries < 100LL * B; tries++) {
+        for (long long b = 0, tries = 0; b < B && tries < 100LL * B && !STOPPED(tries); tries++) {
             for (int i = 0; i < c.ncl; i++) d[i] = draw(&r, c.ncl);
             double s;
             if (!ols_drawn(&c, d, c.ncl, x, y, &s)) stat[b++] = s;
@@ -240,6 +246,7 @@ static int perm_test(const double *x, const int *g, const int *cl, int n, int np
         long all = 0;
         for (int i = 0; i < n1c; i++) idx[i] = i;
         for (;;) {
+            if (STOPPED(all)) goto out; /* no p-value: the caller discards the aggregation */
             double s = 0, m = 0;
             for (int i = 0; i < n1c; i++) s += sum[idx[i]], m += cnt[idx[i]];
             all++;
@@ -257,6 +264,7 @@ static int perm_test(const double *x, const int *g, const int *cl, int n, int np
         kiln_rng_seed(&r, seed);
         for (int k = 0; k < c.ncl; k++) idx[k] = k;
         for (int t = 0; t < nperm; t++) {
+            if (STOPPED(t)) goto out;
             /* partial Fisher-Yates: the first n1c slots are a uniform random subset */
             double s = 0, m = 0;
             for (int i = 0; i < n1c; i++) {
@@ -287,6 +295,7 @@ int kiln_cis_signflip_test(const double *d, int n, int nperm, uint64_t seed, dou
     long ge = 0;
     if (n < 31 && (double)(1u << n) <= nperm) {
         for (uint32_t mask = 0; mask < (1u << n); mask++) {
+            if (STOPPED(mask)) return -1;
             double s = 0;
             for (int i = 0; i < n; i++) s += mask >> i & 1 ? -d[i] : d[i];
             ge += fabs(s) >= fabs(s0) - tol;
@@ -297,6 +306,7 @@ int kiln_cis_signflip_test(const double *d, int n, int nperm, uint64_t seed, dou
     kiln_rng r;
     kiln_rng_seed(&r, seed);
     for (int t = 0; t < nperm; t++) {
+        if (STOPPED(t)) return -1;
         double s = 0;
         for (int i = 0; i < n; i++) s += kiln_rng_uniform(&r) < 0.5 ? -d[i] : d[i];
         ge += fabs(s) >= fabs(s0) - tol;

@@ -41,6 +41,9 @@ static kiln_error *parse_prompt(const cJSON *o, int line, const char *cl, void *
     KILN_TRY(kiln_json_get_string(o, "scene", &scene, id, 0, cl));
     KILN_TRY(kiln_json_get_string(o, "context", &context, NULL, 0, cl));
     KILN_TRY(kiln_json_get_string(o, "generic_context", &gctx, NULL, 0, cl));
+    /* the id names files (the worklist's images/<model>/<id>_<k>.png): no path outside that folder */
+    if (strchr(id, '/') || strchr(id, '\\') || !strcmp(id, ".") || !strcmp(id, ".."))
+        return kiln_errorf(KILN_EFORMAT, "%s: prompt id '%s' must not contain '/' or '\\' or be '.' or '..'", cl, id);
     if (strcmp(group, "western") && strcmp(group, "non_western"))
         return kiln_errorf(KILN_EFORMAT, "%s: prompt '%s': group must be \"western\" or \"non_western\", got \"%s\"",
                            cl, id, group);
@@ -138,4 +141,51 @@ int kiln_cis_suite_find(const kiln_cis_suite *s, const char *id) {
     for (int i = 0; i < s->n; i++)
         if (!strcmp(s->p[i].id, id)) return i;
     return -1;
+}
+
+static int same_str(const char *a, const char *b) { return (!a && !b) || (a && b && !strcmp(a, b)); }
+static const char *or_none(const char *s) { return s ? s : "(none)"; }
+
+kiln_error *cis_suite_compare(const kiln_cis_suite *a, const char *actx, const kiln_cis_suite *b, const char *bctx) {
+    /* a resume judges the remaining images against the run's prompts: a renamed phrase would report
+     * the scored images' probabilities under a phrase they were never compared with */
+    for (int i = 0; i < a->n || i < b->n; i++) {
+        if (i >= a->n)
+            return kiln_errorf(KILN_EINVAL, "%s:%d: prompt '%s' is not in the run's suite %s (%d prompts)", bctx,
+                               b->p[i].line, b->p[i].id, actx, a->n);
+        if (i >= b->n)
+            return kiln_errorf(KILN_EINVAL, "%s: prompt '%s' of the run's suite (%s:%d) is missing (%d prompts)", bctx,
+                               a->p[i].id, actx, a->p[i].line, b->n);
+        const kiln_cis_prompt *x = &a->p[i], *y = &b->p[i];
+        if (strcmp(x->id, y->id))
+            return kiln_errorf(KILN_EINVAL, "%s:%d: prompt %d is '%s', the run's suite (%s:%d) has '%s'", bctx, y->line,
+                               i + 1, y->id, actx, x->line, x->id);
+        const struct {
+            const char *name, *u, *v;
+        } f[] = {{"prompt", x->prompt, y->prompt},          {"culture", x->culture, y->culture},
+                 {"region", x->region, y->region},          {"group", x->group, y->group},
+                 {"category", x->category, y->category},    {"setting", x->setting, y->setting},
+                 {"scene", x->scene, y->scene},             {"context", x->context, y->context},
+                 {"generic_context", x->generic_context, y->generic_context}};
+        for (size_t k = 0; k < sizeof f / sizeof *f; k++)
+            if (!same_str(f[k].u, f[k].v))
+                return kiln_errorf(KILN_EINVAL, "%s:%d: prompt '%s': %s \"%s\", the run's suite (%s:%d) has \"%s\"", bctx,
+                                   y->line, y->id, f[k].name, or_none(f[k].v), actx, x->line, or_none(f[k].u));
+        if (x->ncomp != y->ncomp)
+            return kiln_errorf(KILN_EINVAL, "%s:%d: prompt '%s' has %d components, the run's suite (%s:%d) has %d", bctx,
+                               y->line, y->id, y->ncomp, actx, x->line, x->ncomp);
+        for (int c = 0; c < x->ncomp; c++) {
+            const kiln_cis_component *p = &x->comp[c], *q = &y->comp[c];
+            const struct {
+                const char *name, *u, *v;
+            } g[] = {{"phrase", p->phrase, q->phrase}, {"generic", p->generic, q->generic}, {"coco", p->coco, q->coco}};
+            for (size_t k = 0; k < sizeof g / sizeof *g; k++)
+                if (!same_str(g[k].u, g[k].v))
+                    return kiln_errorf(KILN_EINVAL,
+                                       "%s:%d: prompt '%s': components[%d] %s \"%s\", the run's suite (%s:%d) has \"%s\"",
+                                       bctx, y->line, y->id, c, g[k].name, or_none(g[k].v), actx, x->line,
+                                       or_none(g[k].u));
+        }
+    }
+    return NULL;
 }

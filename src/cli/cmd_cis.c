@@ -40,8 +40,16 @@ static const char usage[] =
     "Formats: docs/cis-format.md; the method and every output file: docs/cis.md.\n";
 
 static volatile int stop_flag;
+/* The first Ctrl-C asks the run to stop where its results are safe (after the current image, or
+ * between aggregates); a second one kills at once (the default action: the results written so far
+ * are complete files, and the shell sees the SIGINT). signal() keeps a handler installed on Linux,
+ * so without this a second Ctrl-C would only set the flag again. */
 static void on_sigint(int sig) {
-    (void)sig;
+    if (stop_flag) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
     stop_flag = 1;
 }
 
@@ -75,8 +83,21 @@ static int cmd_prompts(int argc, char **argv) {
     char *mcopy = models ? strdup(models) : NULL;
     const char *names[256];
     int nm = 0;
-    for (char *t = mcopy ? strtok(mcopy, ",") : NULL; t; t = strtok(NULL, ","))
-        if (nm < 256) names[nm++] = t;
+    /* every name checked here, before the worklist is written: an empty, repeated or 257th name would
+     * otherwise be dropped silently (strtok skips empty fields) or give a worklist that score rejects */
+    for (char *t = mcopy, *end; t; t = end ? end + 1 : NULL) {
+        end = strchr(t, ',');
+        if (end) *end = 0;
+        const char *why = !*t ? "is empty" : nm == 256 ? "is one more than the 256 models allowed" : NULL;
+        for (int j = 0; j < nm && !why; j++)
+            if (!strcmp(names[j], t)) why = "is given twice";
+        if (why) {
+            fprintf(stderr, "kiln cis prompts: --models: model %d ('%s') %s\n", nm + 1, t, why);
+            free(mcopy);
+            return 2;
+        }
+        names[nm++] = t;
+    }
     kiln_cis_suite s;
     kiln_error *e = kiln_cis_suite_load(suite, &s);
     if (!e) {
@@ -200,9 +221,16 @@ static int cmd_score(int argc, char **argv) {
         } else if (!strcmp(a, "--chunk")) {
             if (!(e = cli_int_in(a, argv[++i], 1, INT32_MAX, &v))) o.chunk = (int)v;
         } else if (!strcmp(a, "--seed")) {
-            if (!(e = cli_int(a, argv[++i], &v))) o.seed = (uint64_t)v;
+            /* up to 2^53 - 1: run.json keeps the seed as a JSON number, exact only that far */
+            if (!(e = cli_int_in(a, argv[++i], 0, 9007199254740991LL, &v))) o.seed = (uint64_t)v;
         } else if (!strcmp(a, "--threshold")) {
-            if (!(e = cli_double(a, argv[++i], &d))) o.threshold = d;
+            if (!(e = cli_double(a, argv[++i], &d))) {
+                if (!(d >= 0 && d <= 1)) {
+                    fprintf(stderr, "kiln cis score: --threshold must be in [0, 1]\n");
+                    return 2;
+                }
+                o.threshold = d;
+            }
         } else {
             fprintf(stderr, "kiln cis score: unknown option '%s'\n\n%s", a, usage);
             return 2;
@@ -211,10 +239,6 @@ static int cmd_score(int argc, char **argv) {
     }
     if (!o.suite || !o.manifest || !o.clip_dir || !o.out_dir) {
         fprintf(stderr, "kiln cis score: --suite, --manifest, --clip and --out are required\n");
-        return 2;
-    }
-    if (o.boot < 1 || o.perm < 1 || o.chunk < 1 || !(o.threshold >= 0 && o.threshold <= 1)) {
-        fprintf(stderr, "kiln cis score: --bootstrap, --permutations, --chunk must be >= 1, --threshold in [0, 1]\n");
         return 2;
     }
     if (o.labels_as_judge && !o.labels) {
@@ -226,7 +250,11 @@ static int cmd_score(int argc, char **argv) {
     int nscored, nerr;
     kiln_error *e = kiln_cis_score(&o, &nscored, &nerr);
     signal(SIGINT, SIG_DFL);
-    if (e) return cli_fail("cis score", e);
+    if (e) {
+        int interrupted = stop_flag; /* Ctrl-C while scoring or aggregating: 130, as a shell reports it */
+        cli_fail("cis score", e);
+        return interrupted ? 130 : 1;
+    }
     print_summary(o.out_dir);
     printf("%d images scored, %d could not be scored%s\n", nscored, nerr,
            nerr ? " (errors per item in scores.json \"errors\" and images.csv; fix them and run again with --resume)" : "");
