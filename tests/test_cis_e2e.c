@@ -114,6 +114,12 @@ TEST(cis_report_relpath) {
     char small[6];
     cis_relpath("/r/t1", "/r/t1/img/a.png", small, sizeof small);
     CHECK(!strcmp(small, "img/a"));
+    /* as <img src>: a space, '#', '?', '"', '%' and a UTF-8 byte percent-encoded; '/', '.', '-', '_', '~' kept */
+    cis_buf u = {0};
+    cis_buf_url_path(&u, "../img dir/0_w1 #0 ?\"q\"%-~.\xc3\xa9.png");
+    CIS_PUT(&u, "\0");
+    CHECK_MSG(!u.oom && !strcmp(u.p, "../img%20dir/0_w1%20%230%20%3F%22q%22%25-~.%C3%A9.png"), "%s", u.p ? u.p : "(null)");
+    cis_buf_free(&u);
 }
 
 TEST(cis_end_to_end) {
@@ -529,6 +535,9 @@ TEST(cis_end_to_end) {
         CHECK(strstr(page, "Could not") == NULL && strstr(page, "could not be scored") != NULL);
         CHECK(strstr(page, "Cohen") != NULL);
         CHECK(strstr(page, "Models against each other") != NULL);
+        /* numbers that do not exist (a one-cluster level's CI, a p without two groups) read "n/a", not "nan" */
+        const char *nans[] = {"[nan", "nan]", "= nan", ": nan", ">nan<"};
+        for (int k = 0; k < 5; k++) CHECK_MSG(!strstr(page, nans[k]), "the report prints %s", nans[k]);
     }
     free(page);
 

@@ -65,6 +65,9 @@ void cis_buf_json_str(cis_buf *b, const char *s);
 void cis_buf_num(cis_buf *b, double v);
 /* s with &<>" escaped for HTML. */
 void cis_buf_html(cis_buf *b, const char *s);
+/* A path as a URL path (the report's <img src>): bytes other than unreserved characters and '/' percent-encoded, so
+ * that a file name with a space, '#', '?' or '%' names that file; the result needs no HTML escaping. */
+void cis_buf_url_path(cis_buf *b, const char *path);
 kiln_error *cis_buf_write(cis_buf *b, const char *path); /* atomic; frees nothing */
 void cis_buf_free(cis_buf *b);
 

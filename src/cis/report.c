@@ -31,6 +31,30 @@ static void num(cis_buf *b, double v, int prec) {
     else cis_buf_printf(b, "%.*f", prec, v);
 }
 
+/* v with %.*f, or "n/a" where it does not exist (a CI of one cluster, the p of a gap with one group): for the %s of a
+ * title or table cell, which would otherwise read "nan". buf: at least 48 bytes. */
+static const char *fx(char *buf, double v, int prec) {
+    if (isnan(v)) return "n/a";
+    snprintf(buf, 48, "%.*f", prec, v);
+    return buf;
+}
+/* the same with %.4g (p-values) */
+static const char *gx(char *buf, double v) {
+    if (isnan(v)) return "n/a";
+    snprintf(buf, 48, "%.4g", v);
+    return buf;
+}
+
+/* (cis_internal.h) A '#' in a thumbnail's path began a fragment, a '?' a query. */
+void cis_buf_url_path(cis_buf *b, const char *p) {
+    for (; *p; p++) {
+        const unsigned char c = (unsigned char)*p;
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || strchr("-_.~/", c))
+            cis_buf_printf(b, "%c", c);
+        else cis_buf_printf(b, "%%%02X", c);
+    }
+}
+
 /* The entry of arr with by == by and level == level. */
 static const cJSON *find(const cJSON *arr, const char *by, const char *level) {
     for (const cJSON *x = arr ? arr->child : NULL; x; x = x->next)
@@ -88,8 +112,11 @@ static void chart_model_diff(cis_buf *b, const cJSON *md) {
             cis_buf_printf(b, "<line class=\"ci\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#111\" "
                               "stroke-width=\"1.5\"/>\n", XOF(lo), y, XOF(hi), y);
         if (isfinite(m))
-            cis_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%.3f [%.3f, %.3f], p = %.4g"
-                              "</title></circle>\n", XOF(m), y, C_WEST, m, lo, hi, jnum(x, "p"));
+        {
+            char f1[48], f2[48], f4[48];
+            cis_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"><title>%.3f [%s, %s], p = %s"
+                              "</title></circle>\n", XOF(m), y, C_WEST, m, fx(f1, lo, 3), fx(f2, hi, 3), gx(f4, jnum(x, "p")));
+        }
     }
     cis_buf_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x0, y1, x1, y1);
     for (int t = -2; t <= 2; t++)
@@ -126,7 +153,9 @@ static void chart_cultures(cis_buf *b, const cJSON *s) {
             cis_buf_printf(b, "</text><rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%d\" fill=\"%s\">"
                               "<title>", x0, y + 4, (x1 - x0) * (isnan(m) ? 0 : m), row - 8, west ? C_WEST : C_NONWEST);
             cis_buf_html(b, jstr(x, "level"));
-            cis_buf_printf(b, ": %.3f [%.3f, %.3f], n=%d</title></rect>\n", m, lo, hi, (int)jnum(x, "n"));
+            char f0[48], f1[48], f2[48];
+            cis_buf_printf(b, ": %s [%s, %s], n=%d</title></rect>\n", fx(f0, m, 3), fx(f1, lo, 3), fx(f2, hi, 3),
+                           (int)jnum(x, "n"));
             if (!isnan(lo))
                 cis_buf_printf(b, "<line class=\"ci\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#111\" "
                                   "stroke-width=\"1.5\"/>\n", x0 + (x1 - x0) * lo, y + row / 2.0, x0 + (x1 - x0) * hi,
@@ -150,13 +179,16 @@ static void chart_gap(cis_buf *b, const cJSON *s) {
                        y + row + 4, lv[k][1]);
         for (int w = 0; w < 2; w++) {
             double m = g ? jnum(g, w ? "western" : "non_western") : NAN;
+            char f0[48];
             cis_buf_printf(b, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%d\" fill=\"%s\">"
-                              "<title>%s %s: %.3f</title></rect>\n", x0, y + w * row, (x1 - x0) * (isnan(m) ? 0 : m),
-                           row - 4, w ? C_WEST : C_NONWEST, lv[k][1], w ? "western" : "non-western", m);
+                              "<title>%s %s: %s</title></rect>\n", x0, y + w * row, (x1 - x0) * (isnan(m) ? 0 : m),
+                           row - 4, w ? C_WEST : C_NONWEST, lv[k][1], w ? "western" : "non-western", fx(f0, m, 3));
         }
-        if (g)
-            cis_buf_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">gap %.3f, p = %.4g</text>\n",
-                           x1, y + 2 * row + 6, jnum(g, "gap"), jnum(g, "p"));
+        if (g) {
+            char f0[48], f1[48];
+            cis_buf_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">gap %s, p = %s</text>\n",
+                           x1, y + 2 * row + 6, fx(f0, jnum(g, "gap"), 3), gx(f1, jnum(g, "p")));
+        }
         y += 2 * row + 12;
     }
     x_axis01(b, x0, x1, y, "mean CIS (orange: non-Western, blue: Western)");
@@ -198,9 +230,10 @@ static void chart_fragility(cis_buf *b, const cJSON *s) {
         for (const cJSON *x = cu ? cu->child : NULL; x; x = x->next) {
             if (strcmp(jstr(x, "by"), grp[gi])) continue;
             double px = PX(atoi(jstr(x, "level"))) + (gi ? 3 : -3);
-            cis_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>%s, complexity %s: %.3f "
-                              "[%.3f, %.3f]</title></circle>\n", px, PY(jnum(x, "mean")), col, grp[gi], jstr(x, "level"),
-                           jnum(x, "mean"), jnum(x, "lo"), jnum(x, "hi"));
+            char f0[48], f1[48], f2[48];
+            cis_buf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>%s, complexity %s: %s "
+                              "[%s, %s]</title></circle>\n", px, PY(jnum(x, "mean")), col, grp[gi], jstr(x, "level"),
+                           fx(f0, jnum(x, "mean"), 3), fx(f1, jnum(x, "lo"), 3), fx(f2, jnum(x, "hi"), 3));
             if (!isnan(jnum(x, "lo")))
                 cis_buf_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n", px,
                                PY(jnum(x, "lo")), px, PY(jnum(x, "hi")), col);
@@ -320,7 +353,7 @@ static void examples(cis_buf *b, const cJSON *s, const char *html_dir) {
             if (path[0] == '/' && html_dir) cis_relpath(html_dir, path, rel, sizeof rel);
             else snprintf(rel, sizeof rel, "%s", path);
             CIS_PUT(b, "<figure class=\"ex\"><img src=\"");
-            cis_buf_html(b, rel);
+            cis_buf_url_path(b, rel);
             CIS_PUT(b, "\" alt=\"");
             cis_buf_html(b, jstr(x, "image"));
             CIS_PUT(b, "\" width=\"160\"><figcaption><b>");
@@ -399,15 +432,16 @@ kiln_error *kiln_cis_report(const char *run_dir, const char *out_html) {
     const cJSON *all = find(jget(s, "cis"), "all", "all"), *gap = find(jget(s, "gap"), "all", "all"),
                 *fr = find(jget(s, "fragility"), "all", "all");
     CIS_PUT(&b, "<section><h2>Summary</h2><table><tr><th>measure</th><th>estimate</th><th>95% CI / p</th></tr>\n");
+    char f0[48], f1[48], f2[48];
     if (all)
-        cis_buf_printf(&b, "<tr><td>mean CIS</td><td>%.3f</td><td>%.3f &ndash; %.3f</td></tr>\n", jnum(all, "mean"),
-                       jnum(all, "lo"), jnum(all, "hi"));
+        cis_buf_printf(&b, "<tr><td>mean CIS</td><td>%s</td><td>%s &ndash; %s</td></tr>\n", fx(f0, jnum(all, "mean"), 3),
+                       fx(f1, jnum(all, "lo"), 3), fx(f2, jnum(all, "hi"), 3));
     if (gap)
-        cis_buf_printf(&b, "<tr><td>gap (Western &minus; non-Western)</td><td>%.3f</td><td>p = %.4g (%d permutations)</td>"
-                           "</tr>\n", jnum(gap, "gap"), jnum(gap, "p"), (int)jnum(gap, "permutations"));
+        cis_buf_printf(&b, "<tr><td>gap (Western &minus; non-Western)</td><td>%s</td><td>p = %s (%d permutations)</td>"
+                           "</tr>\n", fx(f0, jnum(gap, "gap"), 3), gx(f1, jnum(gap, "p")), (int)jnum(gap, "permutations"));
     if (fr)
-        cis_buf_printf(&b, "<tr><td>fragility (CIS per added component)</td><td>%.4f</td><td>%.4f &ndash; %.4f</td></tr>\n",
-                       jnum(fr, "slope"), jnum(fr, "lo"), jnum(fr, "hi"));
+        cis_buf_printf(&b, "<tr><td>fragility (CIS per added component)</td><td>%s</td><td>%s &ndash; %s</td></tr>\n",
+                       fx(f0, jnum(fr, "slope"), 4), fx(f1, jnum(fr, "lo"), 4), fx(f2, jnum(fr, "hi"), 4));
     CIS_PUT(&b, "</table></section>\n");
 
     CIS_PUT(&b, "<section><h2>CIS per culture</h2>\n");
