@@ -540,6 +540,12 @@ TEST(cis_end_to_end) {
         for (int k = 0; k < 5; k++) CHECK_MSG(!strstr(page, nans[k]), "the report prints %s", nans[k]);
     }
     free(page);
+    /* the page over the run's own scores.json: refused (it replaced the results it shows) */
+    snprintf(cmd, sizeof cmd, "cis report '%s' --out '%s'", run1, test_join(run1, "scores.json"));
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 2 && strstr(out, "is the run's scores.json"), "%s", out);
+    char *kept = slurp(test_join(run1, "scores.json"));
+    CHECK(kept && kept[0] == '{');
+    free(kept);
 
     /* bad input that stops the run: another architecture, a broken suite */
     const char *bad = "{\"model_type\": \"siglip\"}";

@@ -94,6 +94,14 @@ TEST(cis_prompts_model_names) {
     }
     snprintf(cmd, sizeof cmd, "cis prompts --suite '%s' --images-per-prompt 1 --models a,b --out '%s'", suite, wl);
     CHECK(test_run_kiln(cmd, out, sizeof out) == 0);
+    /* --out naming the suite itself: refused, the suite kept (the worklist replaced it) */
+    snprintf(cmd, sizeof cmd, "cis prompts --suite '%s' --images-per-prompt 1 --out '%s/./s.jsonl'", suite, d);
+    CHECK_MSG(test_run_kiln(cmd, out, sizeof out) == 2 && strstr(out, "is the suite itself"), "%s", out);
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(suite, &text, &len));
+    CHECK(text && len == strlen(one) && !memcmp(text, one, len));
+    free(text);
 }
 
 TEST(cis_worklist_and_manifest) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "kiln/cis.h"
@@ -61,6 +62,12 @@ static int need_arg(int i, int argc, const char *flag) {
     return 1;
 }
 
+/* Whether `out` is the same file as `in` (both existing): an output written over one of the command's inputs. */
+static int same_file(const char *out, const char *in) {
+    struct stat a, b;
+    return !stat(out, &a) && !stat(in, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 static int cmd_prompts(int argc, char **argv) {
     const char *suite = NULL, *out = "worklist.jsonl", *models = NULL;
     int64_t k = 0;
@@ -78,6 +85,10 @@ static int cmd_prompts(int argc, char **argv) {
     }
     if (!suite || k < 1 || k > 100000) {
         fprintf(stderr, "kiln cis prompts: --suite and --images-per-prompt K (1..100000) are required\n");
+        return 2;
+    }
+    if (same_file(out, suite)) {
+        fprintf(stderr, "kiln cis prompts: --out %s is the suite itself: the worklist would replace it\n", out);
         return 2;
     }
     char *mcopy = models ? strdup(models) : NULL;
@@ -296,6 +307,17 @@ static int cmd_report(int argc, char **argv) {
     if (!run || !out) {
         fprintf(stderr, "kiln cis report: RUN/ and --out report.html are required\n");
         return 2;
+    }
+    /* the page written over the run's own files (scores.json and the rest) would lose the results it shows */
+    static const char *const mine[] = {"scores.json", "run.json", "suite.jsonl", "manifest.jsonl", "labels.jsonl",
+                                       "detections.jsonl", "images.csv", "summary.csv", "components.csv"};
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++) {
+        char in[4200];
+        snprintf(in, sizeof in, "%s/%s", run, mine[i]);
+        if (same_file(out, in)) {
+            fprintf(stderr, "kiln cis report: --out %s is the run's %s: the report would replace it\n", out, mine[i]);
+            return 2;
+        }
     }
     kiln_error *e = kiln_cis_report(run, out);
     if (e) return cli_fail("cis report", e);
