@@ -145,6 +145,20 @@ static inline int ck_mpi(int np, const char *args) {
     return rc;
 }
 
+/* Flips one byte of the data of a checkpoint's rank-0 shard: its checksum no longer matches. */
+static inline void ck_flip_shard(const char *out, int step) {
+    char shard[1300];
+    snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", out, step);
+    FILE *f = fopen(shard, "r+b");
+    CHECK_MSG(f != NULL, "%s: cannot open", shard);
+    if (!f) return;
+    fseek(f, -17, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -17, SEEK_END);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
 /* Whole-file comparison. */
 static inline int ck_same_file(const char *a, const char *b) {
     char *x = NULL, *y = NULL;

@@ -291,20 +291,6 @@ TEST(ckpt_st_write_stream_same_bytes) {
 
 /* ---- which checkpoints pruning keeps, and what a manifest may claim ---- */
 
-/* Flips one byte of the data of a checkpoint's rank-0 shard: its checksum no longer matches. */
-static void ck_flip_shard(const char *out, int step) {
-    char shard[1300];
-    snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", out, step);
-    FILE *f = fopen(shard, "r+b");
-    CHECK_MSG(f != NULL, "%s: cannot open", shard);
-    if (!f) return;
-    fseek(f, -17, SEEK_END);
-    int c = fgetc(f);
-    fseek(f, -17, SEEK_END);
-    fputc(c ^ 0x10, f);
-    fclose(f);
-}
-
 static int ck_has_step(const char *out, int step) {
     char p[1300];
     snprintf(p, sizeof p, "%s/ckpt/step_%08d", out, step);

@@ -209,19 +209,6 @@ static int metric_steps(const char *out, int *steps, int cap) {
     return n;
 }
 
-static void flip_shard(const char *out, int step) {
-    char shard[1300];
-    snprintf(shard, sizeof shard, "%s/ckpt/step_%08d/rank_00000.safetensors", out, step);
-    FILE *f = fopen(shard, "r+b");
-    CHECK_MSG(f != NULL, "%s: cannot open", shard);
-    if (!f) return;
-    fseek(f, -17, SEEK_END);
-    int c = fgetc(f);
-    fseek(f, -17, SEEK_END);
-    fputc(c ^ 0x10, f);
-    fclose(f);
-}
-
 /* --resume where ckpt/ holds checkpoints but none is valid fails, naming each and why, and leaves metrics.jsonl as
  * it was (it used to print "starting from step 0", train from scratch and truncate metrics.jsonl). --resume with no
  * checkpoint at all starts from step 0 as before, but keeps the old metrics.jsonl as metrics.jsonl.1. */
@@ -235,8 +222,8 @@ TEST(train_resume_without_a_valid_checkpoint) {
     char *before = NULL;
     size_t blen = 0;
     CHECK_OK(kiln_read_file(metrics, &before, &blen));
-    flip_shard(out, 2);
-    flip_shard(out, 4);
+    ck_flip_shard(out, 2);
+    ck_flip_shard(out, 4);
     snprintf(args, sizeof args, "train --config '%s' --resume", cfg);
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "no valid checkpoint to resume from") &&
                   strstr(text, "step_00000004: ") && strstr(text, "step_00000002: ") &&
