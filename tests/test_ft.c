@@ -52,6 +52,9 @@ TEST(ft_fault_spec) {
     CHECK_ERR(kiln_faults_parse("kill:step=x", &f), "step='x'");
     CHECK_ERR(kiln_faults_parse("kill:step=3:when=4", &f), "unknown key 'when'");
     CHECK_ERR(kiln_faults_parse("kill:step", &f), "not key=value");
+    /* an int field must not wrap onto a real rank or attempt (4294967296 -> 0) */
+    CHECK_ERR(kiln_faults_parse("kill:rank=4294967296:step=3", &f), "rank=4294967296 is out of range");
+    CHECK_ERR(kiln_faults_parse("kill:step=3:attempt=2147483648", &f), "attempt=2147483648 is out of range");
     CHECK_OK(kiln_faults_parse("", &f));
     CHECK(f.n == 0);
 }
@@ -247,16 +250,18 @@ TEST(ft_run_cli_errors) {
     char args[2048];
     const char *dir = test_tmpdir();
     snprintf(args, sizeof args, "run --run-dir '%s' --launcher direct --np 2 -- kiln train --help", dir);
-    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "--launcher direct starts one rank"), "%s", text);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 2 && strstr(text, "--launcher direct starts one rank"), "%s", text);
     snprintf(args, sizeof args, "run --run-dir '%s' --quiet -- kiln train --help", dir);
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "finished after 1 attempt"), "%s", text);
     /* a command that cannot run is not retried */
     snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 -- /nonexistent/trainer", dir);
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "give up: the command itself is wrong"), "%s", text);
-    /* a failing command is retried up to the budget, then given up */
-    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --max-restarts 2 -- sh -c 'echo boom: error >&2; exit 3'", dir);
+    /* a failing command is retried up to the budget, then given up (its error changes from one attempt to the
+     * next: the same one twice before any step would end it at once, test_ft_supervisor.c) */
+    snprintf(args, sizeof args,
+             "run --run-dir '%s' --backoff 0 --max-restarts 2 -- sh -c 'echo boom $KILN_RUN_ATTEMPT: error >&2; exit 3'", dir);
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "give up: 2 restarts used") &&
-                  strstr(text, "exited with status 3: boom: error"), "%s", text);
+                  strstr(text, "exited with status 3: boom 3: error"), "%s", text);
     char *log = NULL;
     size_t len = 0;
     CHECK_OK(kiln_read_file(test_join(dir, "incidents.jsonl"), &log, &len));
@@ -264,4 +269,36 @@ TEST(ft_run_cli_errors) {
     for (size_t i = 0; log && i < len; i++) lines += log[i] == '\n';
     CHECK_MSG(lines == 4, "%d incidents:\n%s", lines, log ? log : ""); /* not found; exit, exit, exit + give up */
     free(log);
+}
+
+/* Usage errors exit 2 and name the flags and the range; the run directory is created with its parents, and a
+ * non-directory in its place is refused before any attempt. */
+TEST(ft_run_cli_usage_and_run_dir) {
+    char text[4096], args[4096];
+    CHECK_MSG(test_run_kiln("run kiln train", text, sizeof text) == 2 && strstr(text, "must follow '--'"), "%s", text);
+    CHECK_MSG(test_run_kiln("run --spike-window 3 --spike-min 5 -- true", text, sizeof text) == 2 &&
+                  strstr(text, "--spike-min") && strstr(text, "--spike-window"), "%s", text);
+    CHECK_MSG(test_run_kiln("run --np 1000000000 -- true", text, sizeof text) == 2 && strstr(text, "--np must be 1..99999"),
+              "%s", text);
+    CHECK_MSG(test_run_kiln("run --np 99999999999 -- true", text, sizeof text) == 2 && strstr(text, "--np must be 1..99999"),
+              "%s", text);
+    CHECK_MSG(test_run_kiln("run --max-restarts 99999999999 -- true", text, sizeof text) == 2 &&
+                  strstr(text, "--max-restarts must be 0..1000000000"), "%s", text);
+    /* a --run-dir too long for the protocol's buffers: refused with the limit, not cut short */
+    char longdir[1300];
+    memset(longdir, 'd', 1200);
+    longdir[1200] = 0;
+    snprintf(args, sizeof args, "run --run-dir '%s' -- true", longdir);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 2 && strstr(text, "1200 bytes long: at most 1000"), "%s", text);
+    /* parents created (the default runs/default in a fresh directory is the same case) */
+    const char *dir = test_tmpdir();
+    snprintf(args, sizeof args, "run --run-dir '%s/a/b/c' -- true", dir);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0 && strstr(text, "finished after 1 attempt"), "%s", text);
+    /* RUN_DIR/heartbeat a regular file: an error naming it, no attempt */
+    const char *d2 = test_tmpdir();
+    CHECK_OK(kiln_write_file_atomic(test_join(d2, "heartbeat"), "x", 1));
+    snprintf(args, sizeof args, "run --run-dir '%s' -- true", d2);
+    CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "heartbeat: exists and is not a directory") &&
+                  !strstr(text, "attempt 1"), "%s", text);
+    CHECK(test_run_kiln("run --help", text, sizeof text) == 0 && strstr(text, "slow-save"));
 }

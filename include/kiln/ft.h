@@ -196,6 +196,14 @@ void kiln_supervisor_opts_default(kiln_supervisor_opts *o);
  * subreaper and stops the job by signalling every one of its descendants: call it from a process
  * whose only children are the job's (the kiln run CLI). *exit_status: 0 finished, 1 gave up,
  * 130 interrupted. Errors are for the supervisor's own failures (cannot launch, bad options). */
+/* kiln run's limits: ranks (heartbeat files rank_NNNNN.json), the length of --run-dir (the trainer takes
+ * KILN_HEARTBEAT_DIR up to 1023 bytes), the loss-spike window (allocated whole). */
+#define KILN_FT_MAX_NP 99999
+#define KILN_FT_MAX_RUN_DIR 1000
+#define KILN_FT_MAX_SPIKE_WINDOW 1000000
+/* The supervisor's options are consistent (kiln_supervise checks them too; the CLI calls this first, so that a usage
+ * error exits 2 before anything starts). */
+kiln_error *kiln_supervisor_check(const kiln_supervisor_opts *o);
 kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status);
 
 #endif

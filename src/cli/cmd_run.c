@@ -21,15 +21,18 @@ static const char usage[] =
     "  --launcher L           auto (default: direct for 1 rank, mpirun for more), direct, mpirun\n"
     "  --mpirun PROG          the mpirun program (default mpirun; OpenMPI's -x passes the protocol)\n"
     "  --mpirun-args \"A B\"    extra mpirun arguments, e.g. \"--oversubscribe --allow-run-as-root\"\n"
-    "  --run-dir DIR          heartbeat/ and incidents.jsonl (default runs/default, the default run's\n"
-    "                         out_dir); several nodes need it on a shared file system\n"
-    "  --max-restarts N       retry budget (default 5)\n"
+    "  --run-dir DIR          heartbeat/, incidents.jsonl and ft_state.json (the windows skipped so far:\n"
+    "                         the same command continues the run) (default runs/default, the default\n"
+    "                         run's out_dir; created with its parents); several nodes need it on a\n"
+    "                         shared file system\n"
+    "  --max-restarts N       retry budget (default 5; the same error before any step twice in a row\n"
+    "                         ends the run at once)\n"
     "  --backoff S            first restart delay, doubled each restart (default 1)\n"
     "  --backoff-max S        longest delay (default 60)\n"
     "  --hang-timeout S       no heartbeat progress for S seconds is a hang (default 300; must exceed the\n"
     "                         longest step, evaluation or checkpoint save)\n"
     "  --start-timeout S      time to a rank's first heartbeat (default 600)\n"
-    "  --grace S              SIGTERM to SIGKILL (default 10)\n"
+    "  --grace S              SIGTERM (or Ctrl-C) to SIGKILL (default 10; a second Ctrl-C: at once)\n"
     "  --spike-z Z            a loss Z standard deviations above the window's mean is a spike (default 6,\n"
     "                         0: off)\n"
     "  --spike-window N       steps in the window (default 50)\n"
@@ -43,7 +46,8 @@ static const char usage[] =
     "  --quiet                do not forward the ranks' output\n\n"
     "The training command gets KILN_HEARTBEAT_DIR, KILN_RUN_ATTEMPT, KILN_RESUME, KILN_REJECT_FROM and\n"
     "KILN_SKIP_STEPS (docs/fault-tolerance.md). KILN_FAULT injects faults for tests, e.g.\n"
-    "KILN_FAULT=kill:rank=1:step=7 (kinds: kill, stop, nan, spike, slow, disk-full, crash-in-save).\n"
+    "KILN_FAULT=kill:rank=1:step=7 (kinds: kill, stop, nan, spike, slow, disk-full, crash-in-save,\n"
+    "slow-save).\n"
     "Exit status: 0 finished, 1 gave up, 130 interrupted, 2 usage.\n";
 
 static volatile int interrupted;
@@ -58,10 +62,9 @@ static kiln_error *num_arg(const char *flag, const char *v, double lo, double *o
     return NULL;
 }
 
-static kiln_error *int_arg(const char *flag, const char *v, int64_t lo, int *out) {
+static kiln_error *int_arg(const char *flag, const char *v, int64_t lo, int64_t hi, int *out) {
     int64_t x;
-    KILN_TRY(cli_int(flag, v, &x));
-    if (x < lo || x > 1000000000) return kiln_errorf(KILN_EINVAL, "%s: %s must be >= %lld", flag, v, (long long)lo);
+    KILN_TRY(cli_int_in(flag, v, lo, hi, &x));
     *out = (int)x;
     return NULL;
 }
@@ -77,9 +80,13 @@ static int cmd(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--")) break;
         if (!strcmp(a, "--quiet")) { o.quiet = 1; continue; }
+        if (a[0] != '-') { /* "kiln run kiln train": the command's words taken for options */
+            e = kiln_errorf(KILN_EINVAL, "'%s': the training command must follow '--' (kiln run [options] -- kiln train ...)", a);
+            break;
+        }
         if (i + 1 >= argc) { e = kiln_errorf(KILN_EINVAL, "%s needs a value (see kiln run --help)", a); break; }
         const char *v = argv[++i];
-        if (!strcmp(a, "--np")) e = int_arg(a, v, 1, &o.np);
+        if (!strcmp(a, "--np")) e = int_arg(a, v, 1, KILN_FT_MAX_NP, &o.np);
         else if (!strcmp(a, "--launcher")) {
             if (!strcmp(v, "auto")) o.launcher = KILN_LAUNCH_AUTO;
             else if (!strcmp(v, "direct")) o.launcher = KILN_LAUNCH_DIRECT;
@@ -88,18 +95,18 @@ static int cmd(int argc, char **argv) {
         } else if (!strcmp(a, "--mpirun")) o.mpirun = v;
         else if (!strcmp(a, "--mpirun-args")) o.mpirun_args = v;
         else if (!strcmp(a, "--run-dir")) o.run_dir = v;
-        else if (!strcmp(a, "--max-restarts")) e = int_arg(a, v, 0, &o.max_restarts);
+        else if (!strcmp(a, "--max-restarts")) e = int_arg(a, v, 0, 1000000000, &o.max_restarts);
         else if (!strcmp(a, "--backoff")) e = num_arg(a, v, 0, &o.backoff_s);
         else if (!strcmp(a, "--backoff-max")) e = num_arg(a, v, 0, &o.backoff_max_s);
         else if (!strcmp(a, "--hang-timeout")) e = num_arg(a, v, 0.1, &o.hang_timeout_s);
         else if (!strcmp(a, "--start-timeout")) e = num_arg(a, v, 0.1, &o.start_timeout_s);
         else if (!strcmp(a, "--grace")) e = num_arg(a, v, 0, &o.grace_s);
         else if (!strcmp(a, "--spike-z")) e = num_arg(a, v, 0, &o.spike_z);
-        else if (!strcmp(a, "--spike-window")) e = int_arg(a, v, 2, &o.spike_window);
-        else if (!strcmp(a, "--spike-min")) e = int_arg(a, v, 2, &o.spike_min);
-        else if (!strcmp(a, "--skip-window")) e = int_arg(a, v, 0, &o.skip_window);
+        else if (!strcmp(a, "--spike-window")) e = int_arg(a, v, 2, KILN_FT_MAX_SPIKE_WINDOW, &o.spike_window);
+        else if (!strcmp(a, "--spike-min")) e = int_arg(a, v, 2, KILN_FT_MAX_SPIKE_WINDOW, &o.spike_min);
+        else if (!strcmp(a, "--skip-window")) e = int_arg(a, v, 0, 1000000000, &o.skip_window);
         else if (!strcmp(a, "--straggler-factor")) e = num_arg(a, v, 0, &o.straggler_factor);
-        else if (!strcmp(a, "--straggler-steps")) e = int_arg(a, v, 1, &o.straggler_steps);
+        else if (!strcmp(a, "--straggler-steps")) e = int_arg(a, v, 1, 1000000000, &o.straggler_steps);
         else if (!strcmp(a, "--straggler-action")) {
             if (!strcmp(v, "warn")) o.straggler_restart = 0;
             else if (!strcmp(v, "restart")) o.straggler_restart = 1;
@@ -116,6 +123,13 @@ static int cmd(int argc, char **argv) {
         return 2;
     }
     o.cmd = argv + i + 1; /* argv is NULL-terminated */
+    /* the options together (--spike-min above --spike-window, --launcher direct with --np 2, a --run-dir too
+     * long): usage errors too, before anything is created */
+    if ((e = kiln_supervisor_check(&o))) {
+        fprintf(stderr, "kiln run: error: %s\n", kiln_error_msg(e));
+        kiln_error_free(e);
+        return 2;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal; /* no SA_RESTART: poll() returns and the supervisor acts */

@@ -2,6 +2,7 @@
  * Each fault fires in one launch only (attempt=, default 1), so the restarted run gets past it and
  * a test can compare its final weights with a fault-free run's. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,9 @@ static kiln_error *parse_one(const char *item, kiln_fault *f) {
         long long v = strtoll(eq + 1, &end, 10);
         if (errno || end == eq + 1 || *end || v < 0)
             return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': %s='%s' is not a non-negative integer", item, tok, eq + 1);
+        /* rank and attempt are ints: a larger value must not wrap onto a real rank (4294967296 -> 0) */
+        if ((!strcmp(tok, "rank") || !strcmp(tok, "attempt")) && v > INT_MAX)
+            return kiln_errorf(KILN_EINVAL, "KILN_FAULT '%s': %s=%lld is out of range (0..%d)", item, tok, v, INT_MAX);
         if (!strcmp(tok, "rank")) f->rank = (int)v;
         else if (!strcmp(tok, "step")) f->step = v;
         else if (!strcmp(tok, "attempt")) f->attempt = (int)v;

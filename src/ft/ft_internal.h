@@ -2,7 +2,23 @@
 #ifndef KILN_FT_INTERNAL_H
 #define KILN_FT_INTERNAL_H
 
+#include <stdint.h>
 #include <sys/types.h>
+
+#include "kiln/ft.h"
+
+/* Rank 0's step log in the heartbeat directory: one line per trained step, so that the supervisor judges
+ * every step however many pass between two polls (a beat carries only the last KILN_HB_RECENT). */
+#define KILN_FT_STEP_LOG "steps_00000.jsonl"
+typedef struct {
+    int attempt;
+    int64_t step;
+    double loss, grad_norm;
+    long end; /* the file offset just past this record's line */
+} ft_step_rec;
+/* Up to cap complete records of dir's step log from byte offset `off` on (a line still being written is left for
+ * the next call; a malformed one is skipped). Returns how many, or -1 when there is no step log. */
+int ft_step_log_read(const char *dir, long off, ft_step_rec *out, int cap);
 
 /* The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie...), 0 when gone. */
 char ft_proc_state(pid_t pid);

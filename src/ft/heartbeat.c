@@ -15,6 +15,7 @@
 #include "kiln/fsutil.h"
 #include "kiln/ft.h"
 #include "kiln/json.h"
+#include "ft_internal.h"
 
 char *kiln_heartbeat_path(const char *dir, int rank) {
     char name[32];
@@ -39,6 +40,26 @@ void kiln_heartbeat_record(kiln_heartbeat *h, int64_t step, double loss, double 
     h->nrecent++;
 }
 
+/* One line "[attempt,step,loss,grad_norm]\n" of dir/steps_00000.jsonl, appended with one write() (O_APPEND, no
+ * fsync: like the beat, it is only for the live supervisor). The supervisor reads the complete lines only. */
+static kiln_error *step_log_append(const char *dir, const kiln_heartbeat *h) {
+    char loss[40], gn[40], line[160], *path = kiln_path_join(dir, KILN_FT_STEP_LOG);
+    if (!path) return kiln_errorf(KILN_ENOMEM, "step log");
+    num(loss, sizeof loss, h->recent[h->nrecent - 1].loss);
+    num(gn, sizeof gn, h->recent[h->nrecent - 1].grad_norm);
+    int n = snprintf(line, sizeof line, "[%d,%lld,%s,%s]\n", h->attempt, (long long)h->step, loss, gn);
+    kiln_error *e = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) e = kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    else {
+        ssize_t w = write(fd, line, (size_t)n);
+        if (w != n) e = kiln_errorf(KILN_EIO, "%s: write: %s", path, w < 0 ? strerror(errno) : "short write");
+        close(fd);
+    }
+    free(path);
+    return e;
+}
+
 kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
     char loss[40], gn[40], lgn[40], text[1024 + KILN_HB_RECENT * 128];
     num(loss, sizeof loss, h->loss);
@@ -58,10 +79,14 @@ kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
     }
     n += snprintf(text + n, sizeof text - (size_t)n, "]}\n");
     if (n >= (int)sizeof text) return kiln_errorf(KILN_EINVAL, "heartbeat of rank %d: longer than %zu bytes", h->rank, sizeof text);
+    kiln_error *e = NULL;
+    /* rank 0 also appends each trained step to the step log, before the beat that reports it: a beat
+     * keeps only the last KILN_HB_RECENT steps, and fast steps can outrun the supervisor's polls */
+    if (h->rank == 0 && !strcmp(h->phase, "train") && h->nrecent > 0 && h->recent[h->nrecent - 1].step == h->step)
+        KILN_TRY(step_log_append(dir, h));
     char *path = kiln_heartbeat_path(dir, h->rank), tmp[1300];
     if (!path) return kiln_errorf(KILN_ENOMEM, "heartbeat");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    kiln_error *e = NULL;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) e = kiln_errorf(KILN_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     else {
@@ -129,4 +154,35 @@ kiln_error *kiln_heartbeat_read(const char *dir, int rank, kiln_heartbeat *h) {
     cJSON_Delete(o);
     free(path);
     return e;
+}
+
+int ft_step_log_read(const char *dir, long off, ft_step_rec *out, int cap) {
+    char *path = kiln_path_join(dir, KILN_FT_STEP_LOG);
+    FILE *f = path ? fopen(path, "r") : NULL;
+    free(path);
+    if (!f) return -1;
+    int n = 0;
+    char line[256];
+    if (fseek(f, off, SEEK_SET)) {
+        fclose(f);
+        return 0;
+    }
+    while (n < cap && fgets(line, sizeof line, f)) {
+        size_t l = strlen(line);
+        if (!l || line[l - 1] != '\n') break; /* being written: read at the next call */
+        off += (long)l;
+        cJSON *a = cJSON_Parse(line);
+        int64_t att = 0;
+        ft_step_rec *r = &out[n];
+        if (cJSON_IsArray(a) && cJSON_GetArraySize(a) == 4 && kiln_json_int_value(cJSON_GetArrayItem(a, 0), &att) &&
+            kiln_json_int_value(cJSON_GetArrayItem(a, 1), &r->step) && num_of(cJSON_GetArrayItem(a, 2), &r->loss) &&
+            num_of(cJSON_GetArrayItem(a, 3), &r->grad_norm)) {
+            r->attempt = (int)att;
+            r->end = off;
+            n++;
+        }
+        cJSON_Delete(a);
+    }
+    fclose(f);
+    return n;
 }

@@ -24,7 +24,9 @@
 #include <unistd.h>
 
 #include "ft_internal.h"
+#include "kiln/fsutil.h"
 #include "kiln/ft.h"
+#include "kiln/json.h"
 
 void kiln_supervisor_opts_default(kiln_supervisor_opts *o) {
     memset(o, 0, sizeof *o);
@@ -83,6 +85,15 @@ typedef struct {
     int64_t spike_step;         /* last step fed to the spike detector */
     int64_t straggler_step;
     kiln_spike_detector spike;
+    /* the losses the detector has accepted, oldest first, at most --spike-window, kept across attempts: a restart
+     * continues from those of the steps before its first one instead of going blind for --spike-min steps */
+    int64_t *hist_step;
+    double *hist_loss;
+    int nhist, seeded;            /* seeded: this attempt's detector was rebuilt from the history */
+    const kiln_step_ranges *skip; /* the windows skipped so far (their losses leave the history) */
+    long log_off;                 /* how far rank 0's step log has been read */
+    int have_log;                 /* this attempt has a step log (else: the beats' recent lists) */
+    double int_at;                /* monotonic time of the Ctrl-C (0: none) */
     int first_dead;             /* a rank seen dead (zombie or gone) while the job ran */
     /* the incident that ends the attempt */
     char kind[32], detail[1024];
@@ -142,15 +153,17 @@ static void error_line(const attempt_state *a, int *rank, char *buf, size_t cap)
     buf[0] = 0;
     const char *s = a->err_tail, *best = NULL;
     size_t bl = 0;
-    int best_cause = 0;
+    int best_score = -1;
     while (*s) {
         const char *e = strchr(s, '\n');
         size_t l = e ? (size_t)(e - s) : strlen(s);
         char line[512];
         snprintf(line, sizeof line, "%.*s", (int)(l < 511 ? l : 511), s);
         if (strstr(line, "error") && !strstr(line, "mpirun") && line[0] != '-') {
-            int cause = !strstr(line, "another rank");
-            if (!best || (cause && !best_cause)) best = s, bl = l, best_cause = cause;
+            /* a cause first; then a line in kiln's own form ("kiln ...: error: ...") over any output that merely
+             * contains the word (a data sample, a warning about "errors") */
+            int score = 4 * !strstr(line, "another rank") + 2 * !!strstr(line, "error:") + !strncmp(line, "kiln", 4);
+            if (score > best_score) best = s, bl = l, best_score = score;
         }
         s += l + (e ? 1 : 0);
     }
@@ -224,6 +237,51 @@ static int check_nan(attempt_state *a) {
     return 0;
 }
 
+/* Before the first step an attempt trains is judged: the detector is rebuilt from the accepted losses of the
+ * steps before it, less those of any skipped window (they belong to a rolled-back stretch). */
+static void spike_seed(attempt_state *a, int64_t first) {
+    int k = 0;
+    for (int i = 0; i < a->nhist; i++)
+        if (a->hist_step[i] < first && !kiln_step_ranges_contains(a->skip, a->hist_step[i]))
+            a->hist_step[k] = a->hist_step[i], a->hist_loss[k] = a->hist_loss[i], k++;
+    a->nhist = k;
+    kiln_spike_reset(&a->spike);
+    for (int i = 0; i < k; i++) kiln_spike_push(&a->spike, a->hist_loss[i], 0); /* z_max 0: always kept */
+    a->seeded = 1;
+}
+
+/* One trained step's global loss and gradient norm: 1 when it ends the attempt (NaN, spike), -1 when a NaN
+ * waits for the beat that tells who produced it (the step is judged again at the next poll), 0 otherwise. */
+static int judge_step(attempt_state *a, int64_t s, double loss, double gn) {
+    const kiln_supervisor_opts *o = a->o;
+    if (s <= a->spike_step) return 0;
+    if (!isfinite(loss) || !isfinite(gn)) {
+        const int who = nan_blame(a, s);
+        if (who < 0 && nan_wait(a, s)) return -1;
+        a->spike_step = s;
+        set_incident(a, "nan", who, s, s, "loss %g, gradient norm %g%s", loss, gn,
+                     who >= 0 ? " (this rank's own gradient was not finite)" : "");
+        return 1;
+    }
+    a->spike_step = s;
+    if (!(o->spike_z > 0)) return 0;
+    if (!a->seeded) spike_seed(a, s);
+    double z = kiln_spike_push(&a->spike, loss, o->spike_z);
+    if (z > o->spike_z) {
+        set_incident(a, "loss-spike", -1, s, s, "loss %.6g is %.1f standard deviations above the mean of the "
+                     "last %d steps", loss, z, a->spike.n);
+        return 1;
+    }
+    if (a->nhist == a->spike.window) {
+        memmove(a->hist_step, a->hist_step + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_step);
+        memmove(a->hist_loss, a->hist_loss + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_loss);
+        a->nhist--;
+    }
+    a->hist_step[a->nhist] = s;
+    a->hist_loss[a->nhist++] = loss;
+    return 0;
+}
+
 /* Read every rank's heartbeat; returns 1 when it ends the attempt (NaN, spike, straggler restart). */
 static int poll_heartbeats(attempt_state *a) {
     const kiln_supervisor_opts *o = a->o;
@@ -242,30 +300,29 @@ static int poll_heartbeats(attempt_state *a) {
         a->have_hb[r] = 1;
     }
     if (check_nan(a)) return 1;
-    /* every step trained since the last poll, from the beat's recent list: the loss and norm are
-     * global, the same on every rank, so the lowest rank reporting is followed */
+    /* every step trained since the last poll, from rank 0's step log (the loss and norm are global, the same on
+     * every rank): a beat lists only the last KILN_HB_RECENT steps, and more than that can pass between two polls
+     * of fast steps. The log is written before the beat, so it holds every step a beat reports. */
+    ft_step_rec rec[256];
+    int n;
+    while ((n = ft_step_log_read(a->hb_dir, a->log_off, rec, 256)) > 0) {
+        a->have_log = 1;
+        for (int i = 0; i < n; i++) {
+            int j = rec[i].attempt == a->attempt ? judge_step(a, rec[i].step, rec[i].loss, rec[i].grad_norm) : 0;
+            if (j < 0) return 0;
+            a->log_off = rec[i].end;
+            if (j > 0) return 1;
+        }
+    }
+    if (n == 0) a->have_log = 1;
+    /* no step log (a trainer that writes beats but not the log): the recent lists of the lowest rank reporting */
     int r0 = -1;
-    for (int r = 0; r < np && r0 < 0; r++)
+    for (int r = 0; r < np && r0 < 0 && !a->have_log; r++)
         if (a->have_hb[r]) r0 = r;
     for (int i = 0; r0 >= 0 && i < a->hb[r0].nrecent; i++) {
-        const int64_t s = a->hb[r0].recent[i].step;
-        const double loss = a->hb[r0].recent[i].loss, gn = a->hb[r0].recent[i].grad_norm;
-        if (s <= a->spike_step) continue;
-        if (!isfinite(loss) || !isfinite(gn)) {
-            const int who = nan_blame(a, s);
-            if (who < 0 && nan_wait(a, s)) return 0; /* looked at again at the next poll */
-            a->spike_step = s;
-            set_incident(a, "nan", who, s, s, "loss %g, gradient norm %g%s", loss, gn,
-                         who >= 0 ? " (this rank's own gradient was not finite)" : "");
-            return 1;
-        }
-        a->spike_step = s;
-        double z = o->spike_z > 0 ? kiln_spike_push(&a->spike, loss, o->spike_z) : 0;
-        if (o->spike_z > 0 && z > o->spike_z) {
-            set_incident(a, "loss-spike", -1, s, s, "loss %.6g is %.1f standard deviations above the mean of the "
-                         "last %d steps", loss, z, a->spike.n);
-            return 1;
-        }
+        int j = judge_step(a, a->hb[r0].recent[i].step, a->hb[r0].recent[i].loss, a->hb[r0].recent[i].grad_norm);
+        if (j < 0) return 0;
+        if (j > 0) return 1;
     }
     /* stragglers: compare the ranks' compute times once all have reported the same new step (not once the
      * run has ended: there is nothing left to restart) */
@@ -357,7 +414,8 @@ static void signal_all(attempt_state *a, int sig) {
     for (int i = 0; i < n; i++) kill(d[i], sig);
 }
 
-/* SIGTERM everything under the supervisor, SIGKILL what is left after the grace period, reap all. */
+/* SIGTERM everything under the supervisor, SIGKILL what is left after the grace period (at once on a second
+ * Ctrl-C), reap all. */
 static void stop_job(attempt_state *a, double grace) {
     if (count_descendants() == 0) {
         reap(a);
@@ -373,6 +431,7 @@ static void stop_job(attempt_state *a, double grace) {
                 if (poll(&p, 1, 0) > 0) forward(a, i);
             }
         if (count_descendants() == 0) return;
+        if (a->o->interrupted && *a->o->interrupted > 1) break;
         sleep_s(0.02);
     }
     for (int round = 0; round < 50 && count_descendants() > 0; round++) {
@@ -523,8 +582,8 @@ static kiln_error *launch(attempt_state *a, int use_mpirun, const char *skip, in
     if (!o->quiet) {
         fprintf(o->out, "kiln run: attempt %d:", a->attempt);
         for (int i = 0; argv[i]; i++) fprintf(o->out, " %s", argv[i]);
-        fprintf(o->out, "%s%s\n", skip && *skip ? "  (skipping steps " : "", skip && *skip ? skip : "");
-        if (skip && *skip) fprintf(o->out, ")\n");
+        if (skip && *skip) fprintf(o->out, "  (skipping steps %s)", skip);
+        fprintf(o->out, "\n");
         fflush(o->out);
     }
     free(argv);
@@ -537,7 +596,6 @@ static outcome watch(attempt_state *a) {
     const kiln_supervisor_opts *o = a->o;
     double last_hb = 0;
     int sent_int = 0;
-    double int_at = 0;
     for (;;) {
         struct pollfd p[2];
         int n = 0, idx[2];
@@ -550,13 +608,13 @@ static outcome watch(attempt_state *a) {
         if (o->interrupted && *o->interrupted) {
             if (!sent_int) { /* Ctrl-C: the ranks save a checkpoint and exit (the trainer's own SIGINT path) */
                 sent_int = 1;
-                int_at = mono();
+                a->int_at = mono();
                 int any = 0;
                 for (int r = 0; r < o->np; r++)
                     if (a->have_hb[r] && ft_proc_state((pid_t)a->hb[r].pid)) kill((pid_t)a->hb[r].pid, SIGINT), any = 1;
                 if (!any && !a->child_exited) kill(-a->child, SIGINT);
             }
-            if (a->child_exited || *o->interrupted > 1 || mono() - int_at > o->grace_s) return OUT_INTERRUPTED;
+            if (a->child_exited || *o->interrupted > 1 || mono() - a->int_at > o->grace_s) return OUT_INTERRUPTED;
             continue;
         }
         if (a->child_exited) {
@@ -588,42 +646,101 @@ static void clear_heartbeats(const char *dir) {
     if (glob(pat, 0, NULL, &g) == 0)
         for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
     globfree(&g);
+    snprintf(pat, sizeof pat, "%s/%s", dir, KILN_FT_STEP_LOG);
+    unlink(pat);
 }
 
-static kiln_error *mkdir_one(const char *d) {
-    if (mkdir(d, 0755) && errno != EEXIST) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", d, strerror(errno));
+/* The directory and its parents (the default runs/default in a fresh directory); an existing non-directory
+ * (a file named heartbeat) is an error here, not a failure of every attempt later. */
+static kiln_error *make_dir(const char *d) {
+    KILN_TRY(kiln_mkdirs(d));
+    struct stat sb;
+    if (stat(d, &sb)) return kiln_errorf(KILN_EIO, "%s: %s", d, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return kiln_errorf(KILN_EINVAL, "%s: exists and is not a directory", d);
     return NULL;
 }
 
-static kiln_error *check_opts(const kiln_supervisor_opts *o, int *use_mpirun) {
+/* RUN_DIR/ft_state.json: what must outlive this supervisor process (a rerun after Ctrl-C, a lost supervisor)
+ * and is not in the checkpoints: the data windows to skip, and a set-aside from step reject_from that no
+ * attempt has applied yet. Replaced atomically whenever it changes. */
+#define STATE_FILE "ft_state.json"
+
+static kiln_error *state_save(const char *run_dir, const kiln_step_ranges *skip, int64_t reject_from) {
+    char *path = kiln_path_join(run_dir, STATE_FILE), steps[1024], text[1200];
+    if (!path) return kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
+    kiln_step_ranges_format(skip, steps, sizeof steps);
+    int n = snprintf(text, sizeof text, "{\"skip_steps\":\"%s\",\"reject_from\":%lld}\n", steps,
+                     (long long)reject_from);
+    kiln_error *e = kiln_write_file_atomic(path, text, (size_t)n);
+    free(path);
+    return e;
+}
+
+static kiln_error *state_load(const char *run_dir, kiln_step_ranges *skip, int64_t *reject_from) {
+    char *path = kiln_path_join(run_dir, STATE_FILE);
+    if (!path) return kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
+    kiln_error *e = NULL;
+    if (access(path, F_OK) == 0) {
+        cJSON *o = NULL;
+        const char *steps = NULL;
+        e = kiln_json_parse_file(path, &o);
+        if (!e) e = kiln_json_get_string(o, "skip_steps", &steps, "", 0, path);
+        if (!e) e = kiln_json_get_int(o, "reject_from", reject_from, 0, 0, path);
+        if (!e && *reject_from < 0) e = kiln_errorf(KILN_EFORMAT, "%s: field 'reject_from' must be >= 0", path);
+        if (!e && (e = kiln_step_ranges_parse(steps, skip))) e = kiln_error_wrap(e, "%s: field 'skip_steps'", path);
+        cJSON_Delete(o);
+    }
+    free(path);
+    return e;
+}
+
+/* Whether rank 0 of this attempt wrote a beat: it applies KILN_REJECT_FROM in its setup, before its first beat. */
+static int rank0_beat(attempt_state *a) {
+    if (a->have_hb[0]) return 1;
+    kiln_heartbeat h;
+    kiln_error *e = kiln_heartbeat_read(a->hb_dir, 0, &h);
+    int ok = !e && h.attempt == a->attempt;
+    kiln_error_free(e);
+    return ok;
+}
+
+kiln_error *kiln_supervisor_check(const kiln_supervisor_opts *o) {
     if (!o->cmd || !o->cmd[0]) return kiln_errorf(KILN_EINVAL, "no training command (kiln run [options] -- kiln train ...)");
-    if (o->np < 1) return kiln_errorf(KILN_EINVAL, "--np %d: need at least one rank", o->np);
+    if (o->np < 1 || o->np > KILN_FT_MAX_NP)
+        return kiln_errorf(KILN_EINVAL, "--np %d: need 1..%d ranks (rank files are numbered with five digits)", o->np,
+                           KILN_FT_MAX_NP);
+    /* the trainer takes KILN_HEARTBEAT_DIR (RUN_DIR/heartbeat) up to 1023 bytes, and paths under it are built in
+     * fixed buffers: a longer one is refused here rather than cut short */
+    if (!o->run_dir || !*o->run_dir) return kiln_errorf(KILN_EINVAL, "--run-dir: empty");
+    if (strlen(o->run_dir) > KILN_FT_MAX_RUN_DIR)
+        return kiln_errorf(KILN_EINVAL, "--run-dir '%.40s...' is %zu bytes long: at most %d", o->run_dir,
+                           strlen(o->run_dir), KILN_FT_MAX_RUN_DIR);
     if (o->max_restarts < 0) return kiln_errorf(KILN_EINVAL, "--max-restarts must be >= 0");
     if (!(o->hang_timeout_s > 0) || !(o->start_timeout_s > 0) || o->grace_s < 0 || o->backoff_s < 0)
         return kiln_errorf(KILN_EINVAL, "timeouts must be > 0, --grace and --backoff >= 0");
     if (o->spike_z < 0 || o->straggler_factor < 0 || o->skip_window < 0)
         return kiln_errorf(KILN_EINVAL, "--spike-z, --straggler-factor and --skip-window must be >= 0");
-    if (o->spike_z > 0 && (o->spike_window < 2 || o->spike_min < 2 || o->spike_min > o->spike_window))
-        return kiln_errorf(KILN_EINVAL, "--spike-window %d, --spike-min %d: need 2 <= min <= window", o->spike_window,
-                           o->spike_min);
+    if (o->spike_z > 0 && (o->spike_window < 2 || o->spike_min < 2 || o->spike_min > o->spike_window ||
+                           o->spike_window > KILN_FT_MAX_SPIKE_WINDOW))
+        return kiln_errorf(KILN_EINVAL, "--spike-window %d, --spike-min %d: need 2 <= --spike-min <= --spike-window <= %d",
+                           o->spike_window, o->spike_min, KILN_FT_MAX_SPIKE_WINDOW);
     if (o->launcher == KILN_LAUNCH_DIRECT && o->np > 1)
         return kiln_errorf(KILN_EUNSUPPORTED, "--launcher direct starts one rank: kiln's communication layer is MPI, whose "
                            "ranks are started by mpirun (use --launcher mpirun, the default for --np > 1)");
-    *use_mpirun = o->launcher == KILN_LAUNCH_MPIRUN || (o->launcher == KILN_LAUNCH_AUTO && o->np > 1);
     return NULL;
 }
 
 kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
     *exit_status = 1;
-    int use_mpirun = 0;
-    KILN_TRY(check_opts(o, &use_mpirun));
+    KILN_TRY(kiln_supervisor_check(o));
+    const int use_mpirun = o->launcher == KILN_LAUNCH_MPIRUN || (o->launcher == KILN_LAUNCH_AUTO && o->np > 1);
     attempt_state a;
     memset(&a, 0, sizeof a);
     a.o = o;
     snprintf(a.hb_dir, sizeof a.hb_dir, "%s/heartbeat", o->run_dir);
     snprintf(a.incidents, sizeof a.incidents, "%s/incidents.jsonl", o->run_dir);
-    KILN_TRY(mkdir_one(o->run_dir));
-    KILN_TRY(mkdir_one(a.hb_dir));
+    KILN_TRY(make_dir(o->run_dir));
+    KILN_TRY(make_dir(a.hb_dir));
     const int np = o->np;
     a.hb = calloc((size_t)np, sizeof *a.hb);
     a.have_hb = calloc((size_t)np, sizeof *a.have_hb);
@@ -634,31 +751,51 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
     if (!a.hb || !a.have_hb || !a.slow_count || !a.straggler_told || !a.last_change)
         e = kiln_errorf(KILN_ENOMEM, "supervisor");
     if (!e && o->spike_z > 0) e = kiln_spike_init(&a.spike, o->spike_window, o->spike_min);
+    if (!e && o->spike_z > 0) {
+        a.hist_step = calloc((size_t)o->spike_window, sizeof *a.hist_step);
+        a.hist_loss = calloc((size_t)o->spike_window, sizeof *a.hist_loss);
+        if (!a.hist_step || !a.hist_loss) e = kiln_errorf(KILN_ENOMEM, "loss-spike history of %d steps", o->spike_window);
+    }
     /* ranks orphaned by a dying mpirun become our children, so they can still be stopped */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     kiln_step_ranges skip = {0};
+    a.skip = &skip;
+    /* a rerun of the same command (after Ctrl-C, or a lost supervisor) goes on skipping the windows found so far,
+     * and sets aside what an earlier attempt was told to and never did */
     int64_t reject_from = 0;
+    if (!e) e = state_load(o->run_dir, &skip, &reject_from);
+    /* the error of the last attempt when it failed before any beat (a command that fails the same way twice before
+     * its first step is not failing transiently: retrying cannot help) */
+    char early_fail[sizeof a.detail] = "";
     for (int attempt = 1, restarts = 0; !e; attempt++) {
         a.attempt = attempt;
         a.child_exited = 0;
         a.err_tail[0] = 0;
         a.mpi_rank = a.mpi_signal = a.first_dead = -1;
         a.spike_step = a.straggler_step = 0;
-        a.nan_seen = 0;
+        a.nan_seen = a.int_at = 0;
+        a.log_off = 0;
+        a.have_log = a.seeded = 0;
         a.kind[0] = a.detail[0] = 0;
         memset(a.have_hb, 0, (size_t)np * sizeof *a.have_hb);
         memset(a.slow_count, 0, (size_t)np * sizeof *a.slow_count);
         memset(a.straggler_told, 0, (size_t)np * sizeof *a.straggler_told);
-        if (a.spike.x) kiln_spike_reset(&a.spike);
         clear_heartbeats(a.hb_dir);
         char skips[1024];
         kiln_step_ranges_format(&skip, skips, sizeof skips);
         e = launch(&a, use_mpirun, skips, reject_from);
         if (e) break;
-        reject_from = 0;
         outcome out = watch(&a);
+        /* the set-aside stays in force until an attempt has applied it: one that failed before its setup (a launch
+         * failure, an out-of-memory) did not, and the next would resume from a checkpoint trained on the bad window */
+        if (reject_from > 0 && rank0_beat(&a)) {
+            reject_from = 0;
+            e = state_save(o->run_dir, &skip, reject_from);
+        }
         if (out == OUT_INTERRUPTED) {
-            stop_job(&a, o->grace_s);
+            /* the grace runs from the Ctrl-C, not again from here; a second Ctrl-C kills at once */
+            double left = o->grace_s - (mono() - a.int_at);
+            stop_job(&a, *o->interrupted > 1 || left < 0 ? 0 : left);
             kiln_heartbeat h; /* the step the ranks stopped at */
             kiln_error *he = kiln_heartbeat_read(a.hb_dir, 0, &h);
             int64_t at = !he && h.attempt == attempt ? h.step : -1;
@@ -669,6 +806,7 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
             break;
         }
         stop_job(&a, o->grace_s);
+        if (e) break;
         for (int i = 0; i < 2; i++)
             if (a.out_fd[i] >= 0) close(a.out_fd[i]), a.out_fd[i] = -1;
         if (out == OUT_DONE) {
@@ -680,6 +818,13 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         /* an incident: roll back, perhaps skip the bad window, restart, or give up */
         int st = a.child_status;
         int fatal = a.child_exited && WIFEXITED(st) && (WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 127);
+        /* the same error line, before any rank's first beat, twice in a row: a missing config file, an unknown
+         * flag. Only an exit with an error line counts (a kill, a hang or a silent exit may well be transient). */
+        int any_beat = rank0_beat(&a);
+        for (int r = 0; r < np; r++) any_beat |= a.have_hb[r];
+        const int early = !strcmp(a.kind, "exit") && !any_beat && strchr(a.detail, ':');
+        const int repeated = early && !strcmp(early_fail, a.detail);
+        snprintf(early_fail, sizeof early_fail, "%s", early ? a.detail : "");
         char action[1200];
         int64_t lo = -1;
         if (a.bad_step > 0 && o->skip_window > 0) {
@@ -687,9 +832,17 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
             e = kiln_step_ranges_add(&skip, lo, a.bad_step);
             if (e) break;
         }
-        if (fatal || restarts >= o->max_restarts) {
-            snprintf(action, sizeof action, fatal ? "give up: the command itself is wrong (usage error or not found)"
-                                                  : "give up: %d restarts used (--max-restarts)", restarts);
+        if (lo > 0 || a.bad_step > 0) { /* before anything else can stop us: a rerun must know */
+            int64_t from = lo > 0 ? lo : a.bad_step;
+            reject_from = reject_from > 0 && reject_from < from ? reject_from : from;
+            e = state_save(o->run_dir, &skip, reject_from);
+            if (e) break;
+        }
+        if (fatal || repeated || restarts >= o->max_restarts) {
+            snprintf(action, sizeof action,
+                     fatal      ? "give up: the command itself is wrong (usage error or not found)"
+                     : repeated ? "give up: the same error before any step twice: not a transient failure"
+                                : "give up: %d restarts used (--max-restarts)", restarts);
             log_incident(&a, a.kind, a.rank, a.step, a.detail, action);
             *exit_status = 1;
             break;
@@ -699,11 +852,9 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         if (lo > 0) {
             snprintf(action, sizeof action, "restart from the newest valid checkpoint before step %lld in %.3g s, "
                      "skipping steps %lld-%lld", (long long)lo, wait, (long long)lo, (long long)a.bad_step);
-            reject_from = lo;
         } else if (a.bad_step > 0) {
             snprintf(action, sizeof action, "restart from the newest valid checkpoint before step %lld in %.3g s",
                      (long long)a.bad_step, wait);
-            reject_from = a.bad_step;
         } else {
             snprintf(action, sizeof action, "restart from the newest valid checkpoint in %.3g s", wait);
         }
@@ -720,6 +871,8 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         if (a.out_fd[i] > 0) close(a.out_fd[i]);
     kiln_step_ranges_free(&skip);
     kiln_spike_free(&a.spike);
+    free(a.hist_step);
+    free(a.hist_loss);
     free(a.hb);
     free(a.have_hb);
     free(a.slow_count);
