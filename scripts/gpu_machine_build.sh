@@ -1,6 +1,7 @@
 # Sourced by the scripts that run on the GPU machine (bench/*.sh, tests/gpu/run.sh): builds kiln there.
 # That machine has nvcc, CMake and PyTorch but no Debian package manager, so cJSON and OpenBLAS come from
-# the .deb files in .debs/ (apt-get download on a Debian machine), unpacked into /opt/kdeps:
+# the .deb files in .debs/ (apt-get download on a Debian machine), unpacked into /opt/kdeps (OpenMPI's, in .debs/mpi/,
+# into /opt/kdeps-mpi by kiln_kdeps_mpi):
 #   apt-get download libcjson1 libcjson-dev libopenblas0-openmp libopenblas-openmp-dev libopenblas-dev libopenblas0 \
 #     libgfortran5 libgomp1 libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo libjpeg-dev zlib1g-dev \
 #     openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libhwloc15 libevent-core-2.1-7 \
@@ -19,7 +20,7 @@ kiln_gpu_build() {
            -DOPENBLAS_LIB=/opt/kdeps/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
            -DOPENBLAS_INCLUDE=/opt/kdeps/usr/include/x86_64-linux-gnu/openblas-openmp)
   fi
-  kiln_kdeps_mpi && extra+=(-DMPI_C_COMPILER=/opt/kdeps/usr/bin/mpicc)
+  kiln_kdeps_mpi && extra+=(-DMPI_C_COMPILER=/opt/kdeps-mpi/usr/bin/mpicc)
   if [ -n "${KILN_CUDNN_INCLUDE:-}" ]; then extra+=(-DKILN_CUDNN_INCLUDE="$KILN_CUDNN_INCLUDE"); fi
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA="$cuda" -DKILN_WERROR=OFF "${extra[@]}" >/dev/null
   local t
@@ -28,19 +29,27 @@ kiln_gpu_build() {
   done
 }
 
-# OpenMPI from .debs (the second half of the list above), unpacked into /opt/kdeps where the machine has no mpirun of its own: the two-rank GPU test
-# (gpu_zaya_train_two_ranks_staged) runs `mpirun -np 2 kiln train --device cuda` there. OpenMPI and PMIx look for
-# their plugins and help files under their build prefix (/usr); OPAL_PREFIX, PMIX_DESTDIR and PMIx's component
-# path move them to the copy. Returns 1 (and changes nothing) where there is no such copy or mpirun exists.
+# OpenMPI from .debs/mpi (the second half of the list above, kept apart so that a machine with an MPI of its own
+# never gets these libraries on its LD_LIBRARY_PATH), unpacked into /opt/kdeps-mpi only where the machine has no
+# mpirun: the two-rank GPU test (gpu_zaya_train_two_ranks_staged) runs `mpirun -np 2 kiln train --device cuda`
+# there. OpenMPI and PMIx look for their plugins and help files under their build prefix (/usr); OPAL_PREFIX,
+# PMIX_DESTDIR and PMIx's component path move them to the copy. Returns 1 (and changes nothing) where the machine
+# has its own mpirun or there are no such .debs; sourcing twice is harmless (OPAL_PREFIX then names the copy).
 kiln_kdeps_mpi() {
-  local k=/opt/kdeps
-  command -v mpirun >/dev/null 2>&1 && [ -z "${OPAL_PREFIX:-}" ] && return 1
+  local k=/opt/kdeps-mpi f
+  if [ "${OPAL_PREFIX:-}" != "$k/usr" ]; then
+    command -v mpirun >/dev/null 2>&1 && return 1
+    ls .debs/mpi/*.deb >/dev/null 2>&1 || return 1
+    for f in .debs/mpi/*.deb; do dpkg -x "$f" $k; done
+  fi
   [ -x $k/usr/bin/orterun ] || return 1
   ln -sf mpirun.openmpi $k/usr/bin/mpirun
   ln -sf mpicc.openmpi $k/usr/bin/mpicc
   export OPAL_PREFIX=$k/usr PMIX_DESTDIR=$k
   export PMIX_MCA_mca_base_component_path=$k/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
   export OMPI_MCA_plm_rsh_agent=false # one host: no remote shell (the image has none)
+  # large messages between the ranks by copies through shared memory, not process_vm_readv (a sandbox may refuse it)
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
   case ":$PATH:" in *":$k/usr/bin:"*) ;; *) export PATH=$k/usr/bin:$PATH ;; esac
   case ":${LD_LIBRARY_PATH:-}:" in *":$k/usr/lib/x86_64-linux-gnu/openmpi/lib:"*) ;;
     *) export LD_LIBRARY_PATH=$k/usr/lib/x86_64-linux-gnu:$k/usr/lib/x86_64-linux-gnu/openmpi/lib:${LD_LIBRARY_PATH:-} ;;

@@ -865,7 +865,9 @@ TEST(gpu_zaya_train_two_ranks_staged) {
     printf("    two ranks %.4f -> %.4f, one rank x2 %.4f -> %.4f; step 1 loss %.2g, norm %.2g (%.6g, %.6g); steps "
            "2-5 %.2g; all %.2g at step %d\n", l2[0], l2[19], l1[0], l1[19], w1, wn, n2, n1, w5, w, at);
     CHECK_MSG(w1 <= 1e-6, "step 1: the two ranks' loss differs from one rank's by %.3g", w1);
-    CHECK_MSG(wn <= 1e-5, "step 1: the two ranks' gradient norm %.9g differs from one rank's %.9g", n2, n1);
+    /* 2e-5: the norms differ by f32 summation order (~1e-7), but metrics.jsonl holds them to %.6g, whose last digit
+     * is worth up to 1e-5 of the value */
+    CHECK_MSG(wn <= 2e-5, "step 1: the two ranks' gradient norm %.9g differs from one rank's %.9g", n2, n1);
     CHECK_MSG(w5 <= 1e-3, "steps 2-5: the loss differs by %.3g at step %d", w5, at5);
     CHECK_MSG(w <= 2e-2, "the loss differs by %.3g at step %d", w, at);
     free(g2), free(g1);
