@@ -464,9 +464,11 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
     if (nag) { memcpy(p->ag, q->ag, sizeof q->ag[0] * (size_t)nag); p->nag = nag; got++; }
     if (nrs || nag) { /* --explain's interconnect line and the summary say where the figures now come from */
         MERGED("interconnect");
-        snprintf(p->interconnect_source, sizeof p->interconnect_source, "measured: kiln bench comm over %lld GPUs "
-                 "(nccl; %d reduce-scatter, %d all-gather sizes): %s%s%s", (long long)comm_ranks, nrs, nag, path,
-                 comm_skipped ? "; " : "", comm_skipped ? skipped : "");
+        /* a long path is cut: the line is a label (the return value used, so gcc does not warn of the cut) */
+        if (snprintf(p->interconnect_source, sizeof p->interconnect_source, "measured: kiln bench comm over %lld GPUs "
+                     "(nccl; %d reduce-scatter, %d all-gather sizes): %s%s%s", (long long)comm_ranks, nrs, nag, path,
+                     comm_skipped ? "; " : "", comm_skipped ? skipped : "") >= (int)sizeof p->interconnect_source)
+            p->interconnect_source[sizeof p->interconnect_source - 1] = 0;
     }
     if (copy > 0) { p->mem_gbs = copy; got++; MERGED("memory bandwidth");
                     snprintf(p->memory_source, sizeof p->memory_source, "measured copy: %s", path); }
