@@ -131,6 +131,14 @@ static double num_of(const cJSON *o, const char *f) {
     return cJSON_IsNumber(v) ? v->valuedouble : NAN;
 }
 
+/* v as %.*f, or "n/a" where the number does not exist (a precision without positives, a CI of one cluster).
+ * buf: 48 bytes. */
+static const char *nx(char *buf, double v, int prec) {
+    if (isnan(v)) return "n/a";
+    snprintf(buf, 48, "%.*f", prec, v);
+    return buf;
+}
+
 /* A readable summary of RUN/scores.json. */
 static void print_summary(const char *run_dir) {
     char path[4096];
@@ -160,21 +168,28 @@ static void print_summary(const char *run_dir) {
                cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "exact")) ? " (exact)" : "");
     }
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(s, "model_diff")) {
-        printf("model %s - %s: %.3f [%.3f, %.3f] over %.0f pairs, paired p = %.4g%s\n", str_of(x, "a"), str_of(x, "b"),
-               num_of(x, "diff"), num_of(x, "lo"), num_of(x, "hi"), num_of(x, "pairs"), num_of(x, "p"),
-               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "exact")) ? " (exact)" : "");
+        if (!(num_of(x, "pairs") > 0)) { /* say why, not "nan over 0 pairs" */
+            printf("model %s - %s: no pairs: no (prompt, seed) cell was scored for both (different seeds?)\n",
+                   str_of(x, "a"), str_of(x, "b"));
+            continue;
+        }
+        char f0[48], f1[48], f2[48];
+        printf("model %s - %s: %s [%s, %s] over %.0f pairs, paired p = %.4g%s\n", str_of(x, "a"), str_of(x, "b"),
+               nx(f0, num_of(x, "diff"), 3), nx(f1, num_of(x, "lo"), 3), nx(f2, num_of(x, "hi"), 3), num_of(x, "pairs"),
+               num_of(x, "p"), cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "exact")) ? " (exact)" : "");
     }
     const cJSON *cal = cJSON_GetObjectItemCaseSensitive(s, "calibration");
     if (cal) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(cal, "agreement");
-        printf("labels: %.0f pairs; threshold %.4f; judge accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
-               num_of(cal, "pairs"), num_of(s, "threshold"), num_of(a, "accuracy"), num_of(a, "precision"),
-               num_of(a, "recall"), num_of(a, "kappa"));
+        char f0[48], f1[48], f2[48], f3[48];
+        printf("labels: %.0f pairs; threshold %.4f; judge accuracy %s precision %s recall %s kappa %s\n",
+               num_of(cal, "pairs"), num_of(s, "threshold"), nx(f0, num_of(a, "accuracy"), 3),
+               nx(f1, num_of(a, "precision"), 3), nx(f2, num_of(a, "recall"), 3), nx(f3, num_of(a, "kappa"), 3));
         const cJSON *cv = cJSON_GetObjectItemCaseSensitive(cal, "agreement_cross_validated");
         if (cJSON_IsObject(cv))
-            printf("  out of sample (%.0f folds of %ss): accuracy %.3f precision %.3f recall %.3f kappa %.3f\n",
-                   num_of(cv, "folds"), str_of(cv, "fold_unit"), num_of(cv, "accuracy"), num_of(cv, "precision"),
-                   num_of(cv, "recall"), num_of(cv, "kappa"));
+            printf("  out of sample (%.0f folds of %ss): accuracy %s precision %s recall %s kappa %s\n",
+                   num_of(cv, "folds"), str_of(cv, "fold_unit"), nx(f0, num_of(cv, "accuracy"), 3),
+                   nx(f1, num_of(cv, "precision"), 3), nx(f2, num_of(cv, "recall"), 3), nx(f3, num_of(cv, "kappa"), 3));
     }
     const cJSON *det = cJSON_GetObjectItemCaseSensitive(s, "detector");
     if (cJSON_IsObject(det)) {

@@ -762,7 +762,10 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             }
         }
         if (!e && stop[0] > 0) {
-            if (comm->rank == 0 && !o->quiet) printf("\nstopped at step %lld; checkpoint saved, resume with --resume\n", (long long)step);
+            /* under kiln run the supervisor resumes it (the same kiln run command again, after a Ctrl-C) */
+            if (comm->rank == 0 && !o->quiet)
+                printf("\nstopped at step %lld; checkpoint saved, %s\n", (long long)step,
+                       t.ft.heartbeat_dir[0] ? "kiln run resumes from it" : "resume with --resume");
             break;
         }
     }
