@@ -145,6 +145,15 @@ static inline int ck_mpi(int np, const char *args) {
     return rc;
 }
 
+/* RUN_DIR/incidents.jsonl of a `kiln run` (malloc'd; "" where there is none yet). */
+static inline char *ck_incidents(const char *run_dir) {
+    char *text = NULL;
+    size_t len = 0;
+    kiln_error *e = kiln_read_file(test_join(run_dir, "incidents.jsonl"), &text, &len);
+    kiln_error_free(e);
+    return text ? text : strdup("");
+}
+
 /* Flips one byte of the data of a checkpoint's rank-0 shard: its checksum no longer matches. */
 static inline void ck_flip_shard(const char *out, int step) {
     char shard[1300];

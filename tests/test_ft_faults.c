@@ -95,14 +95,6 @@ static const char *reference(const char *skip) {
     return d;
 }
 
-static char *incidents(const char *out) {
-    char *text = NULL;
-    size_t len = 0;
-    kiln_error *e = kiln_read_file(test_join(out, "incidents.jsonl"), &text, &len);
-    kiln_error_free(e);
-    return text ? text : strdup("");
-}
-
 static int count(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p++) n++;
@@ -128,7 +120,7 @@ TEST(ft_fault_kill_rank_twice) {
     char fault[128], text[32768];
     snprintf(fault, sizeof fault, "kill:rank=1:step=%d,kill:rank=0:step=%d:attempt=2", s1, s2);
     int rc = supervised(out, config(out, NULL), fault, NULL, NULL, text, sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"killed\"") == 2 && strstr(log, "\"kind\":\"killed\",\"rank\":1") &&
                   strstr(log, "\"kind\":\"killed\",\"rank\":0") && strstr(log, "signal 9"), "%s", log);
@@ -142,7 +134,7 @@ TEST(ft_fault_sigstop_hang) {
     const char *ref = reference(NULL), *out = test_tmpdir();
     char text[32768];
     int rc = supervised(out, config(out, NULL), "stop:rank=0:step=6", "--hang-timeout 3 --grace 1", NULL, text, sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"hang\"") == 1 && strstr(log, "\"kind\":\"hang\",\"rank\":0,\"step\":5") &&
                   strstr(log, "the rank is stopped"), "%s", log);
@@ -157,7 +149,7 @@ TEST(ft_fault_nan_rollback_and_skip) {
     const char *ref = reference("9"), *out = test_tmpdir();
     char text[32768];
     int rc = supervised(out, config(out, NULL), "nan:rank=1:step=9", NULL, NULL, text, sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") && strstr(text, "skipping steps 9"), "rc %d\n%s", rc,
               text);
     CHECK_MSG(count(log, "\"kind\":\"nan\"") == 1 && strstr(log, "\"kind\":\"nan\",\"rank\":1,\"step\":9") &&
@@ -175,7 +167,7 @@ TEST(ft_fault_loss_spike) {
     char text[32768];
     int rc = supervised(out, config(out, NULL), "spike:rank=0:step=12", "--spike-min 4 --spike-window 8 --spike-z 8", NULL,
                         text, sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"loss-spike\"") == 1 && strstr(log, "\"step\":12") && strstr(log, "skipping steps 12-12"),
               "%s", log);
@@ -222,7 +214,7 @@ TEST(ft_fault_disk_full_during_save) {
     char text[32768];
     int rc = supervised(out, config(out, "\"ckpt_busy\": \"wait\""), "disk-full:rank=1:step=8", NULL, NULL, text,
                         sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") && strstr(text, "checkpoint at step 8"), "rc %d\n%s", rc,
               text);
     CHECK_MSG(count(log, "\"kind\":\"exit\",\"rank\":1") == 1 && strstr(log, "File too large"), "%s\n%s", log, text);
@@ -238,7 +230,7 @@ TEST(ft_fault_crash_in_save) {
     char text[32768];
     int rc = supervised(out, config(out, "\"ckpt_busy\": \"wait\""), "crash-in-save:rank=0:step=8", NULL, NULL, text,
                         sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"killed\",\"rank\":0") == 1 && strstr(log, "signal 25"), "%s", log);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
@@ -252,7 +244,7 @@ TEST(ft_fault_straggler_warns) {
     char text[32768];
     int rc = supervised(out, config(out, NULL), "slow:rank=1:step=2:ms=250", "--straggler-factor 3 --straggler-steps 2",
                         NULL, text, sizeof text);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt"), "rc %d\n%s", rc, text);
     CHECK_MSG(count(log, "\"kind\":\"straggler\",\"rank\":1") == 1 && strstr(log, "\"action\":\"warn\""), "%s", log);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
@@ -269,7 +261,7 @@ TEST(ft_fault_kill_direct_launch) {
     setenv("KILN_FAULT", "kill:step=7", 1);
     int rc = test_run_kiln(args, text, sizeof text);
     unsetenv("KILN_FAULT");
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(strstr(log, "\"kind\":\"killed\",\"rank\":0,\"step\":6") && strstr(log, "signal 9"), "%s", log);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the fault-free run");
@@ -309,7 +301,7 @@ TEST(ft_run_ctrl_c_stops_cleanly) {
     int st = 0;
     waitpid(pid, &st, 0);
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 130, "exit status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    char *log = incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(strstr(log, "\"kind\":\"interrupted\""), "%s", log);
     free(log);
     kiln_heartbeat h;

@@ -18,14 +18,6 @@ static const char *sup_config(const char *out, const char *extra) {
     return ck_config(ck_data(), out, 16, 1, 32, run);
 }
 
-static char *sup_incidents(const char *run_dir) {
-    char *text = NULL;
-    size_t len = 0;
-    kiln_error *e = kiln_read_file(test_join(run_dir, "incidents.jsonl"), &text, &len);
-    kiln_error_free(e);
-    return text ? text : strdup("");
-}
-
 static int sup_exists(const char *out, const char *rel) {
     char p[1400];
     snprintf(p, sizeof p, "%s/%s", out, rel);
@@ -59,7 +51,7 @@ TEST(ft_sup_reject_outlives_a_failed_attempt) {
              "'[ \"$KILN_RUN_ATTEMPT\" = 2 ] && exit 1; exec \"$0\" train --config \"$1\" --quiet' '%s' '%s' 2>&1",
              KILN_BINARY, out, KILN_BINARY, sup_config(out, NULL));
     int rc = test_run_shell(cmd, text, sizeof text);
-    char *log = sup_incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(strstr(log, "\"kind\":\"loss-spike\"") && strstr(log, "\"step\":12"), "%s", log);
     CHECK_MSG(sup_exists(out, "ckpt/step_00000012.rejected"), "the checkpoint of step 12 was not set aside\n%s", text);
@@ -92,7 +84,7 @@ TEST(ft_sup_skip_windows_outlive_ctrl_c) {
     char *log = NULL;
     for (int i = 0; i < 1200; i++) { /* 60 s at most */
         free(log);
-        log = sup_incidents(out);
+        log = ck_incidents(out);
         if (strstr(log, "loss-spike")) break;
         usleep(50000);
     }
@@ -124,7 +116,7 @@ TEST(ft_sup_spike_right_after_restart) {
              "--spike-window 8 --spike-z 8 -- kiln train --config '%s' --quiet 2>&1",
              KILN_BINARY, out, sup_config(out, "\"ckpt_busy\": \"wait\""));
     int rc = test_run_shell(cmd, text, sizeof text);
-    char *log = sup_incidents(out);
+    char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts"), "rc %d\n%s", rc, text);
     CHECK_MSG(strstr(log, "\"kind\":\"loss-spike\"") && strstr(log, "\"step\":10"), "%s", log);
     free(log);
@@ -157,7 +149,7 @@ TEST(ft_sup_spike_between_polls_of_fast_steps) {
     int rc = test_run_kiln(args, text, sizeof text);
     double dt = sup_now() - t0;
     unsetenv("KILN_FAULT");
-    char *log = sup_incidents(out);
+    char *log = ck_incidents(out);
     int found = 0;
     const int at[] = {700, 1300, 1900, 2500};
     for (int i = 0; i < 4; i++) {
@@ -214,7 +206,7 @@ TEST(ft_sup_same_early_error_twice_gives_up) {
     int rc = test_run_kiln(args, text, sizeof text);
     CHECK_MSG(rc == 1 && strstr(text, "the same error before any step twice") && !strstr(text, "attempt 3"), "rc %d\n%s",
               rc, text);
-    char *log = sup_incidents(dir);
+    char *log = ck_incidents(dir);
     int lines = 0;
     for (const char *s = log; *s; s++) lines += *s == '\n';
     CHECK_MSG(lines == 2, "%d incidents:\n%s", lines, log);

@@ -40,22 +40,26 @@ void kiln_heartbeat_record(kiln_heartbeat *h, int64_t step, double loss, double 
     h->nrecent++;
 }
 
-/* One line "[attempt,step,loss,grad_norm]\n" of dir/steps_00000.jsonl, appended with one write() (O_APPEND, no
- * fsync: like the beat, it is only for the live supervisor). The supervisor reads the complete lines only. */
+/* n bytes into path opened with flags (O_WRONLY | O_CREAT | ...), in one write() (no fsync: heartbeats and the step
+ * log are only for the live supervisor) */
+static kiln_error *write_once(const char *path, int flags, const char *buf, int n) {
+    int fd = open(path, flags, 0644);
+    if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
+    ssize_t w = write(fd, buf, (size_t)n);
+    kiln_error *e = w == n ? NULL : kiln_errorf(KILN_EIO, "%s: write: %s", path, w < 0 ? strerror(errno) : "short write");
+    close(fd);
+    return e;
+}
+
+/* One line "[attempt,step,loss,grad_norm]\n" of dir/steps_00000.jsonl, appended with one write() (O_APPEND). The
+ * supervisor reads the complete lines only. */
 static kiln_error *step_log_append(const char *dir, const kiln_heartbeat *h) {
     char loss[40], gn[40], line[160], *path = kiln_path_join(dir, KILN_FT_STEP_LOG);
     if (!path) return kiln_errorf(KILN_ENOMEM, "step log");
     num(loss, sizeof loss, h->recent[h->nrecent - 1].loss);
     num(gn, sizeof gn, h->recent[h->nrecent - 1].grad_norm);
     int n = snprintf(line, sizeof line, "[%d,%lld,%s,%s]\n", h->attempt, (long long)h->step, loss, gn);
-    kiln_error *e = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd < 0) e = kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
-    else {
-        ssize_t w = write(fd, line, (size_t)n);
-        if (w != n) e = kiln_errorf(KILN_EIO, "%s: write: %s", path, w < 0 ? strerror(errno) : "short write");
-        close(fd);
-    }
+    kiln_error *e = write_once(path, O_WRONLY | O_CREAT | O_APPEND, line, n);
     free(path);
     return e;
 }
@@ -87,15 +91,9 @@ kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
     char *path = kiln_heartbeat_path(dir, h->rank), tmp[1300];
     if (!path) return kiln_errorf(KILN_ENOMEM, "heartbeat");
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) e = kiln_errorf(KILN_EIO, "%s: cannot write: %s", tmp, strerror(errno));
-    else {
-        ssize_t w = write(fd, text, (size_t)n);
-        if (w != n) e = kiln_errorf(KILN_EIO, "%s: write: %s", tmp, w < 0 ? strerror(errno) : "short write");
-        close(fd);
-        if (!e && rename(tmp, path)) e = kiln_errorf(KILN_EIO, "%s: rename: %s", path, strerror(errno));
-        if (e) unlink(tmp);
-    }
+    e = write_once(tmp, O_WRONLY | O_CREAT | O_TRUNC, text, n);
+    if (!e && rename(tmp, path)) e = kiln_errorf(KILN_EIO, "%s: rename: %s", path, strerror(errno));
+    if (e) unlink(tmp);
     free(path);
     return e;
 }
