@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../src/ft/ft_internal.h"
 #include "kiln/fsutil.h"
 #include "kiln/ft.h"
 #include "kiln/json.h"
@@ -94,6 +95,74 @@ TEST(ft_heartbeat_roundtrip) {
                       "\"recent\":[[1,2,3],[1e300,2,3]]}";
     CHECK_OK(kiln_write_file_atomic(test_join(dir, "rank_00001.json"), big, strlen(big)));
     CHECK_ERR(kiln_heartbeat_read(dir, 1, &g), "'recent' entry 1 is not [step, loss, grad_norm]");
+}
+
+/* Rank 0's step log as the supervisor reads it: complete lines only. A last line without its newline (a write cut
+ * short by a crash or a full disk, or one still being written) is not read, and the offset stays before it, so a
+ * truncated record is never judged (nor a prefix of a number taken for the loss); once the line is complete it is
+ * read from there. */
+TEST(ft_step_log_truncated_last_line) {
+    const char *dir = test_tmpdir();
+    kiln_heartbeat h = {0};
+    h.rank = 0, h.world = 1, h.attempt = 2, h.steps = 10;
+    snprintf(h.phase, sizeof h.phase, "train");
+    for (int s = 1; s <= 2; s++) {
+        h.step = s, h.loss = 2.5 / s, h.grad_norm = 1;
+        kiln_heartbeat_record(&h, s, h.loss, h.grad_norm);
+        CHECK_OK(kiln_heartbeat_write(dir, &h)); /* appends [2,s,loss,1] to the log */
+    }
+    ft_step_rec rec[8];
+    int n = ft_step_log_read(dir, 0, rec, 8);
+    CHECK_MSG(n == 2 && rec[0].attempt == 2 && rec[0].step == 1 && rec[0].loss == 2.5 && rec[1].step == 2 &&
+                  rec[1].loss == 1.25, "%d records", n);
+    const long end2 = n == 2 ? rec[1].end : 0;
+    /* step 3's line cut short: "[2,3,12" could pass for a loss of 12 (or, cut after "1", of 1) */
+    FILE *f = fopen(test_join(dir, "steps_00000.jsonl"), "a");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("[2,3,12", f);
+    fflush(f);
+    n = ft_step_log_read(dir, 0, rec, 8);
+    CHECK_MSG(n == 2 && rec[1].end == end2, "%d records, the last ends at %ld (want %ld)", n, n ? rec[n - 1].end : -1L,
+              end2);
+    CHECK_MSG(ft_step_log_read(dir, end2, rec, 8) == 0, "the truncated line was read");
+    /* a whole record but no newline yet: still not read */
+    fputs(".5,1]", f);
+    fflush(f);
+    CHECK(ft_step_log_read(dir, end2, rec, 8) == 0);
+    fputs("\n", f);
+    fclose(f);
+    n = ft_step_log_read(dir, end2, rec, 8);
+    CHECK_MSG(n == 1 && rec[0].step == 3 && rec[0].loss == 12.5, "%d records, step %lld", n,
+              n ? (long long)rec[0].step : -1LL);
+    CHECK(ft_step_log_read(test_join(dir, "none"), 0, rec, 8) == -1); /* no log */
+}
+
+/* The errors kiln run retries before any step however often they repeat: transient errnos, by symbol or message */
+static int transient_is(const char *text, const char *want) {
+    const char *got = ft_transient_errno(text);
+    return got && !strcmp(got, want);
+}
+
+TEST(ft_transient_errors) {
+    CHECK(transient_is("kiln train: error: /shared/x: cannot open: Resource temporarily unavailable", "EAGAIN"));
+    CHECK(transient_is("open failed: resource TEMPORARILY unavailable", "EAGAIN"));
+    CHECK(transient_is("kiln train: error: /dev/nvidia0: Device or resource busy", "EBUSY"));
+    CHECK(transient_is("NCCL WARN connect to 10.0.0.2<4242> failed: Connection refused", "ECONNREFUSED"));
+    CHECK(transient_is("bind 29500: Address already in use", "EADDRINUSE"));
+    CHECK(transient_is("socket: Connection timed out", "ETIMEDOUT"));
+    CHECK(transient_is("read: Interrupted system call", "EINTR"));
+    CHECK(transient_is("nfs: Stale file handle", "ESTALE"));
+    CHECK(transient_is("error: lock failed (errno EBUSY)", "EBUSY"));
+    CHECK(transient_is("error: EWOULDBLOCK", "EAGAIN"));
+    /* not transient: a missing file, a full disk, permissions, memory; a symbol inside another word */
+    CHECK(ft_transient_errno("kiln train: error: cfg.json: cannot open: No such file or directory") == NULL);
+    CHECK(ft_transient_errno("kiln train: error: out/ckpt: cannot write: No space left on device") == NULL);
+    CHECK(ft_transient_errno("kiln train: error: out: Permission denied") == NULL);
+    CHECK(ft_transient_errno("kiln train: error: Cannot allocate memory") == NULL);
+    CHECK(ft_transient_errno("kiln train: error: unknown flag --frob") == NULL);
+    CHECK(ft_transient_errno("XEBUSY2 and EAGAINED") == NULL);
+    CHECK(ft_transient_errno("") == NULL && ft_transient_errno(NULL) == NULL);
 }
 
 /* z-scores against a direct computation: mean and sample standard deviation of the window */

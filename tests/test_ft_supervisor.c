@@ -1,15 +1,19 @@
 /* kiln run's supervisor, one rank launched directly (no mpirun needed): the rejection of checkpoints
  * trained on a bad window outlives an attempt that fails before applying it, the skip windows outlive
- * the supervisor process, the spike detector is not blind after a restart nor between two polls of
- * fast steps, Ctrl-C's grace, and the rule that stops retrying a failure that repeats before any step. */
+ * the supervisor process, the spike detector is not blind after a restart, after a rerun (its history in
+ * ft_state.json) nor between two polls of fast steps, Ctrl-C's grace, and the rule that stops retrying a failure that
+ * repeats before any step unless its error is a transient one. */
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "ckpt_testutil.h"
 #include "kiln/fsutil.h"
+#include "kiln/json.h"
 
 /* 16 steps, a checkpoint every 4 (kept: 3) on the tiny model; extra: more "run" fields. */
 static const char *sup_config(const char *out, const char *extra) {
@@ -66,11 +70,13 @@ TEST(ft_sup_reject_outlives_a_failed_attempt) {
 }
 
 /* Ctrl-C during the back-off after a spike; the same command run again must still skip the window (and set
- * aside the checkpoints trained on it), not train the spiked step again. */
+ * aside the checkpoints trained on it), not train the spiked step again. The checkpoints are taken when due
+ * ("ckpt_busy": "wait"): a save deferred past step 12 (the default, while the previous one is still being written)
+ * would leave no checkpoint of step 12 to set aside on a busy machine, whatever the supervisor does. */
 TEST(ft_sup_skip_windows_outlive_ctrl_c) {
     const char *ref = test_tmpdir(), *out = test_tmpdir();
     sup_reference(ref, "12");
-    const char *cfg = sup_config(out, NULL);
+    const char *cfg = sup_config(out, "\"ckpt_busy\": \"wait\"");
     pid_t pid = fork();
     if (pid == 0) {
         int devnull = open("/dev/null", O_WRONLY);
@@ -198,19 +204,29 @@ TEST(ft_sup_ctrl_c_grace) {
     CHECK_MSG(twice < 1.5, "a second Ctrl-C 0.3 s after the first: stopped after %.2f s", twice);
 }
 
-/* The same error before any step, twice in a row: not retried further; a failure whose error changes is. */
-TEST(ft_sup_same_early_error_twice_gives_up) {
+/* The same error before any step, three times in a row: not retried further (a missing config file, a full disk);
+ * a failure whose error changes is (test_ft.c). */
+TEST(ft_sup_same_early_error_gives_up) {
     const char *dir = test_tmpdir();
     char args[2048], text[16384];
     snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 -- kiln train --config '%s/missing.json'", dir, dir);
     int rc = test_run_kiln(args, text, sizeof text);
-    CHECK_MSG(rc == 1 && strstr(text, "the same error before any step twice") && !strstr(text, "attempt 3"), "rc %d\n%s",
-              rc, text);
+    CHECK_MSG(rc == 1 && strstr(text, "give up: the same error before any step in 3 attempts in a row: not a transient "
+                                      "failure") && strstr(text, "attempt 3") && !strstr(text, "attempt 4"),
+              "rc %d\n%s", rc, text);
     char *log = ck_incidents(dir);
     int lines = 0;
     for (const char *s = log; *s; s++) lines += *s == '\n';
-    CHECK_MSG(lines == 2, "%d incidents:\n%s", lines, log);
+    CHECK_MSG(lines == 3, "%d incidents:\n%s", lines, log);
     free(log);
+    /* a full disk is not transient: it does not spend the whole budget either */
+    const char *d3 = test_tmpdir();
+    snprintf(args, sizeof args,
+             "run --run-dir '%s' --backoff 0 --max-restarts 10 -- sh -c 'echo \"kiln train: error: out/ckpt: cannot "
+             "write: No space left on device\" >&2; exit 1'", d3);
+    rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 1 && strstr(text, "in 3 attempts in a row") && !strstr(text, "attempt 4") &&
+                  !strstr(text, "transient error"), "rc %d\n%s", rc, text);
     /* the error line that explains the failure: kiln's own, not any line that mentions "error" */
     const char *d2 = test_tmpdir();
     snprintf(args, sizeof args,
@@ -218,4 +234,200 @@ TEST(ft_sup_same_early_error_twice_gives_up) {
              "echo \"kiln train: error: the real cause\" >&2; exit 3'", d2);
     rc = test_run_kiln(args, text, sizeof text);
     CHECK_MSG(rc == 1 && strstr(text, "exited with status 3: kiln train: error: the real cause"), "rc %d\n%s", rc, text);
+}
+
+/* An early error that names a transient errno (a file system briefly unavailable, a busy device) is retried with the
+ * back-off, however often it repeats, within --max-restarts; and the run goes on once it clears. */
+TEST(ft_sup_transient_early_error_is_retried) {
+    const char *dir = test_tmpdir();
+    char args[2048], text[16384];
+    snprintf(args, sizeof args,
+             "run --run-dir '%s' --backoff 0.01 --max-restarts 5 -- sh -c 'if [ \"$KILN_RUN_ATTEMPT\" -lt 5 ]; then "
+             "echo \"kiln train: error: /shared/data/index.json: cannot open: Resource temporarily unavailable\" >&2; "
+             "exit 1; fi; exit 0'", dir);
+    int rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 5 attempts (4 restarts)") &&
+                  strstr(text, "in 0.01 s (failed before any step, with a transient error, EAGAIN: retried within "
+                               "--max-restarts)") && strstr(text, "in 0.08 s (failed"), "rc %d\n%s", rc, text);
+    /* one that never clears spends the budget, and no more */
+    const char *d2 = test_tmpdir();
+    snprintf(args, sizeof args,
+             "run --run-dir '%s' --backoff 0 --max-restarts 3 -- sh -c 'echo \"kiln train: error: /dev/nvidia0: Device "
+             "or resource busy\" >&2; exit 1'", d2);
+    rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 1 && strstr(text, "give up: 3 restarts used (--max-restarts)") && strstr(text, "attempt 4") &&
+                  !strstr(text, "attempt 5") && strstr(text, "transient error, EBUSY"), "rc %d\n%s", rc, text);
+    char *log = ck_incidents(d2);
+    int lines = 0;
+    for (const char *s = log; *s; s++) lines += *s == '\n';
+    CHECK_MSG(lines == 4, "%d incidents:\n%s", lines, log);
+    free(log);
+}
+
+/* ---- the loss-spike detector's history in RUN_DIR/ft_state.json ---- */
+
+/* A stand-in trainer: each argument ATTEMPT@STEP:LOSS appends that step to rank 0's step log in attempt ATTEMPT;
+ * ATTEMPT@beat writes rank 0's first beat (phase start: the trainer has applied KILN_REJECT_FROM); ATTEMPT@sleep
+ * writes its pid to RUN_DIR/trainer.pid and sleeps (a job still running when the supervisor is lost). */
+static const char *hist_trainer(void) {
+    static char path[1200];
+    snprintf(path, sizeof path, "%s", test_join(test_tmpdir(), "trainer.sh"));
+    const char *sh = "log=\"$KILN_HEARTBEAT_DIR/steps_00000.jsonl\"\n"
+                     "for x in \"$@\"; do\n"
+                     "  case $x in\n"
+                     "    \"$KILN_RUN_ATTEMPT\"@sleep) echo $$ > \"$KILN_HEARTBEAT_DIR/../trainer.pid\"\n"
+                     "      exec sleep 60;;\n"
+                     "    \"$KILN_RUN_ATTEMPT\"@beat) printf '{\"rank\":0,\"world\":1,\"attempt\":%s,\"pid\":%s,\"step\":0,"
+                     "\"steps\":9,\"phase\":\"start\",\"loss\":0,\"grad_norm\":0,\"local_grad_norm\":0,\"step_s\":0,"
+                     "\"compute_s\":0,\"time\":0,\"recent\":[]}' \"$KILN_RUN_ATTEMPT\" $$ > \"$KILN_HEARTBEAT_DIR/b\"\n"
+                     "      mv \"$KILN_HEARTBEAT_DIR/b\" \"$KILN_HEARTBEAT_DIR/rank_00000.json\";;\n"
+                     "    \"$KILN_RUN_ATTEMPT\"@*) y=${x#*@}\n"
+                     "      printf '[%s,%s,%s,1]\\n' \"$KILN_RUN_ATTEMPT\" \"${y%%:*}\" \"${y#*:}\" >> \"$log\";;\n"
+                     "  esac\n"
+                     "done\n";
+    CHECK_OK(kiln_write_file_atomic(path, sh, strlen(sh)));
+    return path;
+}
+
+/* The [step, loss] pairs of RUN_DIR/ft_state.json's history; returns how many (-1: no such field). *reject: the
+ * file's reject_from (NULL: not wanted). */
+static int hist_read_state(const char *run_dir, int64_t *step, double *loss, int cap, int64_t *reject) {
+    cJSON *o = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run_dir, "ft_state.json"), &o));
+    if (reject) *reject = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "reject_from"));
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "spike_history"), *it;
+    int n = h ? 0 : -1;
+    cJSON_ArrayForEach(it, h) {
+        if (n < cap)
+            step[n] = (int64_t)cJSON_GetArrayItem(it, 0)->valuedouble, loss[n] = cJSON_GetArrayItem(it, 1)->valuedouble;
+        n++;
+    }
+    cJSON_Delete(o);
+    return n;
+}
+
+static int hist_read(const char *run_dir, int64_t *step, double *loss, int cap) {
+    return hist_read_state(run_dir, step, loss, cap, NULL);
+}
+
+/* The history outlives the supervisor: a state file of an older kiln (no history) loads and gets one; a rerun judges
+ * its first step against the losses of the steps before it (a spike right away is seen, not missed for --spike-min
+ * steps), and not against those of steps after its resume point (the rolled-back stretch: here losses of 100 that
+ * would hide the spike); what it writes back is bounded by --spike-window and leaves the skipped step out. */
+TEST(ft_sup_spike_history_in_state_file) {
+    const char *dir = test_tmpdir(), *tr = hist_trainer();
+    char args[4096], text[16384];
+    int64_t st[16];
+    double ls[16];
+    /* an older kiln's state file: loads; the history is written at the end (bounded to the window: the last 4) */
+    const char *old = "{\"skip_steps\":\"\",\"reject_from\":0}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(dir, "ft_state.json"), old, strlen(old)));
+    snprintf(args, sizeof args, "run --run-dir '%s' --spike-window 4 --spike-min 3 -- sh '%s' 1@1:5 1@2:5.2 1@3:4.9 "
+             "1@4:5.1 1@5:5", dir, tr);
+    int rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt"), "rc %d\n%s", rc, text);
+    int n = hist_read(dir, st, ls, 16);
+    CHECK_MSG(n == 4 && st[0] == 2 && st[3] == 5 && ls[0] == 5.2 && ls[1] == 4.9 && ls[3] == 5, "%d entries", n);
+    /* a history that runs past the rerun's resume point (step 5 comes first: it resumed from step 4) */
+    const char *d2 = test_tmpdir();
+    const char *past = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,5],[2,5.2],[3,4.9],[4,5.1],"
+                       "[5,100],[6,100],[7,100],[8,100]]}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(d2, "ft_state.json"), past, strlen(past)));
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 8 --spike-min 3 --spike-z 8 -- sh '%s' "
+             "1@5:8 2@6:5.05 2@7:4.95", d2, tr);
+    rc = test_run_kiln(args, text, sizeof text);
+    char *log = ck_incidents(d2);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":5,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    n = hist_read(d2, st, ls, 16);
+    const int64_t want[] = {1, 2, 3, 4, 6, 7};
+    int same = n == 6;
+    for (int i = 0; same && i < 6; i++) same = st[i] == want[i];
+    CHECK_MSG(same && ls[4] == 5.05 && ls[5] == 4.95, "%d entries, the 5th step %lld", n,
+              n > 4 ? (long long)st[4] : -1LL);
+    /* a damaged history is an error naming the file and the field, before any launch */
+    const char *d3 = test_tmpdir();
+    const char *bad = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[2,5],[1,5]]}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(d3, "ft_state.json"), bad, strlen(bad)));
+    snprintf(args, sizeof args, "run --run-dir '%s' -- true", d3);
+    rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 1 && strstr(text, "ft_state.json: field 'spike_history': entry 1: step 1 after step 2") &&
+                  !strstr(text, "attempt 1"), "rc %d\n%s", rc, text);
+    const char *bad2 = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,\"nan\"]]}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(d3, "ft_state.json"), bad2, strlen(bad2)));
+    rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 1 && strstr(text, "field 'spike_history': entry 0 is not [step >= 1, finite loss]"), "rc %d\n%s",
+              rc, text);
+}
+
+/* A lost supervisor (SIGKILL, its node gone) while the job runs: the history it had judged is in ft_state.json
+ * already (written at most every 2 s), so the rerun sees a spike at its first step; and so is the set-aside the
+ * attempt applied (it beat), so that the rerun does not set aside the checkpoints that attempt saved. */
+TEST(ft_sup_spike_history_outlives_a_lost_supervisor) {
+    const char *dir = test_tmpdir(), *tr = hist_trainer();
+    const char *pending = "{\"skip_steps\":\"\",\"reject_from\":7}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(dir, "ft_state.json"), pending, strlen(pending)));
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(KILN_BINARY, KILN_BINARY, "run", "--run-dir", dir, "--spike-min", "3", "--spike-window", "8", "--", "sh",
+              tr, "1@beat", "1@1:5", "1@2:5.2", "1@3:4.9", "1@4:5.1", "1@sleep", (char *)NULL);
+        _exit(127);
+    }
+    int n = -1;
+    int64_t st[16], reject = -1;
+    double ls[16];
+    for (int i = 0; i < 200 && (n < 4 || access(test_join(dir, "trainer.pid"), F_OK)); i++) { /* 10 s at most */
+        usleep(50000);
+        n = hist_read_state(dir, st, ls, 16, &reject);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    char *pidtext = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(test_join(dir, "trainer.pid"), &pidtext, &len));
+    pid_t job = pidtext ? (pid_t)atoi(pidtext) : 0;
+    if (job > 1) kill(-job, SIGKILL); /* the job's own process group (kiln run gives it one) */
+    free(pidtext);
+    CHECK_MSG(n == 4 && reject == 0, "the history in ft_state.json: %d entries; reject_from %lld", n, (long long)reject);
+    char args[4096], text[16384];
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-min 3 --spike-window 8 --spike-z 8 -- sh '%s' "
+             "1@5:8 2@6:5", dir, tr);
+    int rc = test_run_kiln(args, text, sizeof text);
+    char *log = ck_incidents(dir);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":5,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+}
+
+/* The real trainer: a first kiln run ends (killed at step 9, no restart allowed: --max-restarts 0) after judging
+ * steps 1-8; the same command run again resumes from step 8 (or 4) and must see the spike at step 10, when a fresh
+ * detector would still be blind (--spike-min 6: 1 or 5 steps judged by then). */
+TEST(ft_sup_spike_history_outlives_the_supervisor) {
+    const char *ref = test_tmpdir(), *out = test_tmpdir();
+    sup_reference(ref, "10");
+    const char *cfg = sup_config(out, "\"ckpt_busy\": \"wait\"");
+    char cmd[4096], text[32768];
+    snprintf(cmd, sizeof cmd,
+             "KILN_FAULT=kill:step=9 '%s' run --run-dir '%s' --max-restarts 0 --spike-min 6 --spike-window 6 "
+             "--spike-z 8 -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
+    int rc = test_run_shell(cmd, text, sizeof text);
+    CHECK_MSG(rc == 1 && strstr(text, "give up: 0 restarts used"), "rc %d\n%s", rc, text);
+    int64_t st[16];
+    double ls[16];
+    int n = hist_read(out, st, ls, 16);
+    CHECK_MSG(n == 6 && st[0] == 3 && st[5] == 8, "%d entries in the history, from step %lld", n,
+              n > 0 ? (long long)st[0] : -1LL);
+    snprintf(cmd, sizeof cmd,
+             "KILN_FAULT=spike:step=10 '%s' run --run-dir '%s' --backoff 0.05 --spike-min 6 --spike-window 6 "
+             "--spike-z 8 -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
+    rc = test_run_shell(cmd, text, sizeof text);
+    char *log = ck_incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") && strstr(log, "\"kind\":\"loss-spike\"") &&
+                  strstr(log, "\"step\":10,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 10\n%s", text);
 }

@@ -201,6 +201,10 @@ void kiln_supervisor_opts_default(kiln_supervisor_opts *o);
 #define KILN_FT_MAX_NP 99999
 #define KILN_FT_MAX_RUN_DIR 1000
 #define KILN_FT_MAX_SPIKE_WINDOW 1000000
+/* The same error line before any rank's first heartbeat in this many attempts in a row ends the retries (a missing
+ * config file, an unknown flag: not transient), unless the line names a transient errno (EAGAIN, EBUSY, ETIMEDOUT,
+ * ECONNREFUSED, EINTR, ...: retried within --max-restarts). */
+#define KILN_FT_EARLY_REPEATS 3
 /* The supervisor's options are consistent (kiln_supervise checks them too; the CLI calls this first, so that a usage
  * error exits 2 before anything starts). */
 kiln_error *kiln_supervisor_check(const kiln_supervisor_opts *o);

@@ -20,6 +20,12 @@ typedef struct {
  * the next call; a malformed one is skipped). Returns how many, or -1 when there is no step log. */
 int ft_step_log_read(const char *dir, long off, ft_step_rec *out, int cap);
 
+/* The errno symbol (e.g. "EAGAIN") when text (an error line) names one of a transient condition, by its symbol
+ * (EAGAIN, EBUSY, ETIMEDOUT, ECONNREFUSED, EINTR, ...) or by its message ("Resource temporarily unavailable",
+ * case-insensitive); NULL otherwise (ENOENT, ENOSPC, EACCES, ENOMEM... are not transient). kiln run retries such a
+ * failure before any step within --max-restarts instead of giving up when it repeats. */
+const char *ft_transient_errno(const char *text);
+
 /* The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie...), 0 when gone. */
 char ft_proc_state(pid_t pid);
 /* Every live descendant of root (children, their children...), at most cap; returns the count. */

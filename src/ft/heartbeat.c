@@ -52,7 +52,17 @@ static kiln_error *write_once(const char *path, int flags, const char *buf, int 
 }
 
 /* One line "[attempt,step,loss,grad_norm]\n" of dir/steps_00000.jsonl, appended with one write() (O_APPEND). The
- * supervisor reads the complete lines only. */
+ * supervisor reads the complete lines only (ft_step_log_read: a last line without its newline is left for the next
+ * read, so a write cut short by a crash or a full disk is never judged).
+ *
+ * The file is opened and closed at every step on purpose: nothing is buffered in the trainer between steps (a crash
+ * loses no line a beat has reported; no FILE buffer can flush half a line later), the line is one write() of a
+ * descriptor opened with O_APPEND, and kiln_heartbeat_write stays a call without state between steps (no descriptor
+ * for the trainer to own and close on every exit path). Measured on the CPU machine (ext4, 2 cores; 20,000 lines, 6 runs, quiet
+ * and loaded), open + write + close costs 7-11 us a line against 2.4-3.9 us for a write() on a descriptor kept
+ * open: 5-7 us more a step, about 0.01% of a ~70 ms GPU step (the 0.1% that would matter is 70 us), and a few % of
+ * the beat written next to it (0.3-1.5 ms there, nearly all of it the rename over the previous beat, where ext4
+ * starts writing the new file's data). Not worth a descriptor kept open. */
 static kiln_error *step_log_append(const char *dir, const kiln_heartbeat *h) {
     char loss[40], gn[40], line[160], *path = kiln_path_join(dir, KILN_FT_STEP_LOG);
     if (!path) return kiln_errorf(KILN_ENOMEM, "step log");

@@ -85,12 +85,17 @@ typedef struct {
     int64_t spike_step;         /* last step fed to the spike detector */
     int64_t straggler_step;
     kiln_spike_detector spike;
-    /* the losses the detector has accepted, oldest first, at most --spike-window, kept across attempts: a restart
-     * continues from those of the steps before its first one instead of going blind for --spike-min steps */
+    /* the losses the detector has accepted (with --spike-z 0: every finite loss), oldest first, at most
+     * --spike-window (hist_cap), kept across attempts and in RUN_DIR/ft_state.json across reruns: a restart or a
+     * rerun continues from those of the steps before its first one instead of going blind for --spike-min steps */
     int64_t *hist_step;
     double *hist_loss;
-    int nhist, seeded;            /* seeded: this attempt's detector was rebuilt from the history */
+    int nhist, hist_cap, seeded;  /* seeded: this attempt's history was cut to the steps before its first one */
+    int state_dirty, state_warned; /* ft_state.json is behind (the history, a set-aside applied); a failed write told */
+    int state_now;                /* ... and must not wait for the interval (a set-aside applied) */
+    double state_saved;           /* monotonic time ft_state.json was last written */
     const kiln_step_ranges *skip; /* the windows skipped so far (their losses leave the history) */
+    int64_t reject_from;          /* checkpoints of step >= this are set aside by the next attempt (0: none) */
     long log_off;                 /* how far rank 0's step log has been read */
     int have_log;                 /* this attempt has a step log (else: the beats' recent lists) */
     double int_at;                /* monotonic time of the Ctrl-C (0: none) */
@@ -237,17 +242,34 @@ static int check_nan(attempt_state *a) {
     return 0;
 }
 
-/* Before the first step an attempt trains is judged: the detector is rebuilt from the accepted losses of the
- * steps before it, less those of any skipped window (they belong to a rolled-back stretch). */
+/* Before the first step an attempt trains is judged: the history is cut to the steps before it, less those of any
+ * skipped window (both belong to a rolled-back stretch: the attempt resumed from a checkpoint before `first`), and the
+ * detector rebuilt from what is left. A rerun's first attempt does the same with the history from ft_state.json. */
 static void spike_seed(attempt_state *a, int64_t first) {
     int k = 0;
     for (int i = 0; i < a->nhist; i++)
         if (a->hist_step[i] < first && !kiln_step_ranges_contains(a->skip, a->hist_step[i]))
             a->hist_step[k] = a->hist_step[i], a->hist_loss[k] = a->hist_loss[i], k++;
+    a->state_dirty |= k != a->nhist;
     a->nhist = k;
-    kiln_spike_reset(&a->spike);
-    for (int i = 0; i < k; i++) kiln_spike_push(&a->spike, a->hist_loss[i], 0); /* z_max 0: always kept */
+    if (a->o->spike_z > 0) {
+        kiln_spike_reset(&a->spike);
+        for (int i = 0; i < k; i++) kiln_spike_push(&a->spike, a->hist_loss[i], 0); /* z_max 0: always kept */
+    }
     a->seeded = 1;
+}
+
+/* A judged step's loss joins the history (the oldest falls out past --spike-window). */
+static void hist_add(attempt_state *a, int64_t s, double loss) {
+    if (a->hist_cap <= 0) return;
+    if (a->nhist == a->hist_cap) {
+        memmove(a->hist_step, a->hist_step + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_step);
+        memmove(a->hist_loss, a->hist_loss + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_loss);
+        a->nhist--;
+    }
+    a->hist_step[a->nhist] = s;
+    a->hist_loss[a->nhist++] = loss;
+    a->state_dirty = 1;
 }
 
 /* One trained step's global loss and gradient norm: 1 when it ends the attempt (NaN, spike), -1 when a NaN
@@ -264,22 +286,123 @@ static int judge_step(attempt_state *a, int64_t s, double loss, double gn) {
         return 1;
     }
     a->spike_step = s;
-    if (!(o->spike_z > 0)) return 0;
     if (!a->seeded) spike_seed(a, s);
-    double z = kiln_spike_push(&a->spike, loss, o->spike_z);
-    if (z > o->spike_z) {
-        set_incident(a, "loss-spike", -1, s, s, "loss %.6g is %.1f standard deviations above the mean of the "
-                     "last %d steps", loss, z, a->spike.n);
-        return 1;
+    if (o->spike_z > 0) {
+        double z = kiln_spike_push(&a->spike, loss, o->spike_z);
+        if (z > o->spike_z) {
+            set_incident(a, "loss-spike", -1, s, s, "loss %.6g is %.1f standard deviations above the mean of the "
+                         "last %d steps", loss, z, a->spike.n);
+            return 1;
+        }
     }
-    if (a->nhist == a->spike.window) {
-        memmove(a->hist_step, a->hist_step + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_step);
-        memmove(a->hist_loss, a->hist_loss + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_loss);
-        a->nhist--;
-    }
-    a->hist_step[a->nhist] = s;
-    a->hist_loss[a->nhist++] = loss;
+    hist_add(a, s, loss);
     return 0;
+}
+
+/* RUN_DIR/ft_state.json: what must outlive this supervisor process (a rerun after Ctrl-C, a lost supervisor)
+ * and is not in the checkpoints: the data windows to skip, a set-aside from step reject_from that no attempt has
+ * applied yet, and the loss-spike detector's history as [step, loss] pairs, oldest first:
+ *   {"skip_steps":"12","reject_from":0,"spike_history":[[5,2.31],[6,2.29]]}
+ * Replaced atomically (kiln_write_file_atomic: temp file, fsync, rename, fsync of the directory). A new skip window
+ * and its set-aside are written at once, before the back-off, and a failure stops the supervisor (a rerun would
+ * train the bad window again). The set-aside applied (rank 0 of an attempt beat) is written as soon as it is seen,
+ * and the history at most every STATE_LAZY_EVERY_S seconds while an attempt runs and at its end: a failed write of
+ * those is a warning (a rerun would at worst set aside checkpoints trained anew, or judge its first steps against
+ * an older window). The history written is at most --spike-window losses, none of a skipped window; a rerun cuts it
+ * to the steps before its first one (spike_seed), since it resumes from the newest valid checkpoint, which may be
+ * older than the newest steps judged. A file without "spike_history" (an older kiln's) loads with an empty history. */
+#define STATE_FILE "ft_state.json"
+#define STATE_LAZY_EVERY_S 2.0
+
+/* The ranges as text, without the cap of a fixed buffer (malloc'd; NULL when out of memory). */
+static char *ranges_text(const kiln_step_ranges *r) {
+    size_t cap = (size_t)r->n * 44 + 1; /* "," + 20 digits + "-" + 20 digits per range */
+    char *t = malloc(cap);
+    if (t) kiln_step_ranges_format(r, t, cap);
+    return t;
+}
+
+static kiln_error *state_save(attempt_state *a) {
+    char *path = kiln_path_join(a->o->run_dir, STATE_FILE), *steps = ranges_text(a->skip);
+    /* an entry "[step,loss]," is at most 1 + 19 + 1 + 24 (%.17g) + 2 bytes */
+    size_t cap = (steps ? strlen(steps) : 0) + (size_t)a->nhist * 64 + 128;
+    char *text = malloc(cap);
+    kiln_error *e = NULL;
+    if (!path || !steps || !text) {
+        e = kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
+    } else {
+        size_t n = (size_t)snprintf(text, cap, "{\"skip_steps\":\"%s\",\"reject_from\":%lld,\"spike_history\":[", steps,
+                                    (long long)a->reject_from);
+        int k = 0;
+        for (int i = 0; i < a->nhist; i++) {
+            const int64_t s = a->hist_step[i];
+            if (kiln_step_ranges_contains(a->skip, s)) continue;
+            n += (size_t)snprintf(text + n, cap - n, "%s[%lld,%.17g]", k++ ? "," : "", (long long)s, a->hist_loss[i]);
+        }
+        n += (size_t)snprintf(text + n, cap - n, "]}\n");
+        e = kiln_write_file_atomic(path, text, n);
+    }
+    if (!e) a->state_dirty = a->state_now = 0, a->state_saved = mono();
+    free(text);
+    free(steps);
+    free(path);
+    return e;
+}
+
+/* What is written lazily (the history, a set-aside applied) is not worth stopping the run for: a failed write is a
+ * warning (once), and the next try comes at the next interval. force: now, whatever the interval. */
+static void state_save_lazy(attempt_state *a, int force) {
+    if (!a->state_dirty || (!force && !a->state_now && mono() - a->state_saved < STATE_LAZY_EVERY_S)) return;
+    kiln_error *e = state_save(a);
+    if (e && !a->state_warned)
+        fprintf(stderr, "kiln run: warning: %s (kept for a rerun once a write succeeds)\n", kiln_error_msg(e));
+    a->state_warned |= e != NULL;
+    if (e) a->state_saved = mono(), a->state_now = 0; /* retried at the next interval, not at every poll */
+    kiln_error_free(e);
+}
+
+/* The history field of ft_state.json: [[step, loss], ...], steps increasing, losses finite; the newest hist_cap
+ * entries are kept. */
+static kiln_error *history_load(attempt_state *a, const cJSON *h, const char *path) {
+    const int n = cJSON_GetArraySize(h);
+    int i = 0;
+    int64_t prev = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, h) {
+        int64_t step = 0;
+        const cJSON *l = cJSON_GetArrayItem(it, 1);
+        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2 || !kiln_json_int_value(cJSON_GetArrayItem(it, 0), &step)
+            || step < 1 || !cJSON_IsNumber(l) || !isfinite(l->valuedouble))
+            return kiln_errorf(KILN_EFORMAT, "%s: field 'spike_history': entry %d is not [step >= 1, finite loss]",
+                               path, i);
+        if (step <= prev)
+            return kiln_errorf(KILN_EFORMAT, "%s: field 'spike_history': entry %d: step %lld after step %lld (steps "
+                               "must increase)", path, i, (long long)step, (long long)prev);
+        prev = step;
+        if (i++ >= n - a->hist_cap) a->hist_step[a->nhist] = step, a->hist_loss[a->nhist++] = l->valuedouble;
+    }
+    return NULL;
+}
+
+static kiln_error *state_load(attempt_state *a, kiln_step_ranges *skip) {
+    char *path = kiln_path_join(a->o->run_dir, STATE_FILE);
+    if (!path) return kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
+    kiln_error *e = NULL;
+    if (access(path, F_OK) == 0) {
+        cJSON *o = NULL;
+        const cJSON *h = NULL;
+        const char *steps = NULL;
+        e = kiln_json_parse_file(path, &o);
+        if (!e) e = kiln_json_get_string(o, "skip_steps", &steps, "", 0, path);
+        if (!e) e = kiln_json_get_int(o, "reject_from", &a->reject_from, 0, 0, path);
+        if (!e && a->reject_from < 0) e = kiln_errorf(KILN_EFORMAT, "%s: field 'reject_from' must be >= 0", path);
+        if (!e && (e = kiln_step_ranges_parse(steps, skip))) e = kiln_error_wrap(e, "%s: field 'skip_steps'", path);
+        if (!e) e = kiln_json_get_array(o, "spike_history", &h, 0, path); /* absent in an older kiln's file */
+        if (!e && h && a->hist_cap > 0) e = history_load(a, h, path);
+        cJSON_Delete(o);
+    }
+    free(path);
+    return e;
 }
 
 /* Read every rank's heartbeat; returns 1 when it ends the attempt (NaN, spike, straggler restart). */
@@ -299,6 +422,9 @@ static int poll_heartbeats(attempt_state *a) {
         a->hb[r] = h;
         a->have_hb[r] = 1;
     }
+    /* rank 0 applies the set-aside in its setup, before its first beat: from now on a rerun must not set aside the
+     * checkpoints this attempt saves (they are trained anew, from before the bad window) */
+    if (a->reject_from > 0 && a->have_hb[0]) a->reject_from = 0, a->state_dirty = a->state_now = 1; /* after the poll */
     if (check_nan(a)) return 1;
     /* every step trained since the last poll, from rank 0's step log (the loss and norm are global, the same on
      * every rank): a beat lists only the last KILN_HB_RECENT steps, and more than that can pass between two polls
@@ -635,6 +761,7 @@ static outcome watch(attempt_state *a) {
         if (mono() - last_hb >= 0.1) {
             last_hb = mono();
             if (poll_heartbeats(a) || check_hang(a)) return OUT_INCIDENT;
+            state_save_lazy(a, 0); /* a lost supervisor loses at most the last interval's steps (a set-aside none) */
         }
     }
 }
@@ -660,40 +787,6 @@ static kiln_error *make_dir(const char *d) {
     return NULL;
 }
 
-/* RUN_DIR/ft_state.json: what must outlive this supervisor process (a rerun after Ctrl-C, a lost supervisor)
- * and is not in the checkpoints: the data windows to skip, and a set-aside from step reject_from that no
- * attempt has applied yet. Replaced atomically whenever it changes. */
-#define STATE_FILE "ft_state.json"
-
-static kiln_error *state_save(const char *run_dir, const kiln_step_ranges *skip, int64_t reject_from) {
-    char *path = kiln_path_join(run_dir, STATE_FILE), steps[1024], text[1200];
-    if (!path) return kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
-    kiln_step_ranges_format(skip, steps, sizeof steps);
-    int n = snprintf(text, sizeof text, "{\"skip_steps\":\"%s\",\"reject_from\":%lld}\n", steps,
-                     (long long)reject_from);
-    kiln_error *e = kiln_write_file_atomic(path, text, (size_t)n);
-    free(path);
-    return e;
-}
-
-static kiln_error *state_load(const char *run_dir, kiln_step_ranges *skip, int64_t *reject_from) {
-    char *path = kiln_path_join(run_dir, STATE_FILE);
-    if (!path) return kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
-    kiln_error *e = NULL;
-    if (access(path, F_OK) == 0) {
-        cJSON *o = NULL;
-        const char *steps = NULL;
-        e = kiln_json_parse_file(path, &o);
-        if (!e) e = kiln_json_get_string(o, "skip_steps", &steps, "", 0, path);
-        if (!e) e = kiln_json_get_int(o, "reject_from", reject_from, 0, 0, path);
-        if (!e && *reject_from < 0) e = kiln_errorf(KILN_EFORMAT, "%s: field 'reject_from' must be >= 0", path);
-        if (!e && (e = kiln_step_ranges_parse(steps, skip))) e = kiln_error_wrap(e, "%s: field 'skip_steps'", path);
-        cJSON_Delete(o);
-    }
-    free(path);
-    return e;
-}
-
 /* Whether rank 0 of this attempt wrote a beat: it applies KILN_REJECT_FROM in its setup, before its first beat. */
 static int rank0_beat(attempt_state *a) {
     if (a->have_hb[0]) return 1;
@@ -702,6 +795,38 @@ static int rank0_beat(attempt_state *a) {
     int ok = !e && h.attempt == a->attempt;
     kiln_error_free(e);
     return ok;
+}
+
+/* The errno that makes a failure transient, by its symbol or glibc's message: a resource busy or briefly unavailable
+ * (a file system being remounted, a port still held by the last attempt's rank, a peer not listening yet). Not
+ * among them: ENOENT, EACCES, ENOSPC, EDQUOT, ENOMEM, EIO... (a missing file, a full disk or a model that does not
+ * fit fails the same way on every attempt). */
+static const int transient_errnos[] = {EAGAIN, EBUSY, ETIMEDOUT, ECONNREFUSED, ECONNRESET, ECONNABORTED, EINTR,
+                                       EADDRINUSE, ENETUNREACH, ENETDOWN, EHOSTUNREACH, EHOSTDOWN, ESTALE, ETXTBSY};
+static const char *const transient_names[] = {"EAGAIN", "EBUSY", "ETIMEDOUT", "ECONNREFUSED", "ECONNRESET",
+                                              "ECONNABORTED", "EINTR", "EADDRINUSE", "ENETUNREACH", "ENETDOWN",
+                                              "EHOSTUNREACH", "EHOSTDOWN", "ESTALE", "ETXTBSY"};
+
+static int word_char(char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* text holds `w` as a whole word (EAGAIN, not XEAGAINX) */
+static int has_word(const char *text, const char *w) {
+    const size_t n = strlen(w);
+    for (const char *p = text; (p = strstr(p, w)); p++)
+        if ((p == text || !word_char(p[-1])) && !word_char(p[n])) return 1;
+    return 0;
+}
+
+const char *ft_transient_errno(const char *text) {
+    if (!text) return NULL;
+    for (size_t i = 0; i < sizeof transient_errnos / sizeof transient_errnos[0]; i++) {
+        const char *msg = strerror(transient_errnos[i]);
+        if (has_word(text, transient_names[i]) || (msg && *msg && strcasestr(text, msg))) return transient_names[i];
+    }
+    if (has_word(text, "EWOULDBLOCK")) return "EAGAIN";
+    return NULL;
 }
 
 kiln_error *kiln_supervisor_check(const kiln_supervisor_opts *o) {
@@ -751,22 +876,27 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
     if (!a.hb || !a.have_hb || !a.slow_count || !a.straggler_told || !a.last_change)
         e = kiln_errorf(KILN_ENOMEM, "supervisor");
     if (!e && o->spike_z > 0) e = kiln_spike_init(&a.spike, o->spike_window, o->spike_min);
-    if (!e && o->spike_z > 0) {
-        a.hist_step = calloc((size_t)o->spike_window, sizeof *a.hist_step);
-        a.hist_loss = calloc((size_t)o->spike_window, sizeof *a.hist_loss);
-        if (!a.hist_step || !a.hist_loss) e = kiln_errorf(KILN_ENOMEM, "loss-spike history of %d steps", o->spike_window);
+    /* the history is kept with the detector off too (every finite loss), so that a rerun that turns it on is not
+     * blind either; a window out of range then means none */
+    a.hist_cap = o->spike_window >= 2 && o->spike_window <= KILN_FT_MAX_SPIKE_WINDOW ? o->spike_window : 0;
+    if (!e && a.hist_cap > 0) {
+        a.hist_step = calloc((size_t)a.hist_cap, sizeof *a.hist_step);
+        a.hist_loss = calloc((size_t)a.hist_cap, sizeof *a.hist_loss);
+        if (!a.hist_step || !a.hist_loss) e = kiln_errorf(KILN_ENOMEM, "loss-spike history of %d steps", a.hist_cap);
     }
     /* ranks orphaned by a dying mpirun become our children, so they can still be stopped */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     kiln_step_ranges skip = {0};
     a.skip = &skip;
     /* a rerun of the same command (after Ctrl-C, or a lost supervisor) goes on skipping the windows found so far,
-     * and sets aside what an earlier attempt was told to and never did */
-    int64_t reject_from = 0;
-    if (!e) e = state_load(o->run_dir, &skip, &reject_from);
-    /* the error of the last attempt when it failed before any beat (a command that fails the same way twice before
-     * its first step is not failing transiently: retrying cannot help) */
+     * sets aside what an earlier attempt was told to and never did, and judges its first steps against the losses
+     * of the steps before them */
+    if (!e) e = state_load(&a, &skip);
+    /* the error of the last attempts when they failed before any beat with the same error line, and how many in a
+     * row: KILN_FT_EARLY_REPEATS of them end the retries (a command that fails the same way every time before its
+     * first step is not failing transiently: retrying cannot help), unless the line names a transient errno */
     char early_fail[sizeof a.detail] = "";
+    int early_count = 0;
     for (int attempt = 1, restarts = 0; !e; attempt++) {
         a.attempt = attempt;
         a.child_exited = 0;
@@ -781,17 +911,15 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         memset(a.slow_count, 0, (size_t)np * sizeof *a.slow_count);
         memset(a.straggler_told, 0, (size_t)np * sizeof *a.straggler_told);
         clear_heartbeats(a.hb_dir);
-        char skips[1024];
-        kiln_step_ranges_format(&skip, skips, sizeof skips);
-        e = launch(&a, use_mpirun, skips, reject_from);
+        char *skips = ranges_text(&skip);
+        e = skips ? launch(&a, use_mpirun, skips, a.reject_from) : kiln_errorf(KILN_ENOMEM, "skip windows");
+        free(skips);
         if (e) break;
         outcome out = watch(&a);
         /* the set-aside stays in force until an attempt has applied it: one that failed before its setup (a launch
          * failure, an out-of-memory) did not, and the next would resume from a checkpoint trained on the bad window */
-        if (reject_from > 0 && rank0_beat(&a)) {
-            reject_from = 0;
-            e = state_save(o->run_dir, &skip, reject_from);
-        }
+        if (a.reject_from > 0 && rank0_beat(&a)) a.reject_from = 0, a.state_dirty = 1; /* a beat watch did not read */
+        state_save_lazy(&a, 1); /* and the steps judged since the last write, whatever comes next */
         if (out == OUT_INTERRUPTED) {
             /* the grace runs from the Ctrl-C, not again from here; a second Ctrl-C kills at once */
             double left = o->grace_s - (mono() - a.int_at);
@@ -818,13 +946,18 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         /* an incident: roll back, perhaps skip the bad window, restart, or give up */
         int st = a.child_status;
         int fatal = a.child_exited && WIFEXITED(st) && (WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 127);
-        /* the same error line, before any rank's first beat, twice in a row: a missing config file, an unknown
-         * flag. Only an exit with an error line counts (a kill, a hang or a silent exit may well be transient). */
+        /* the same error line, before any rank's first beat, KILN_FT_EARLY_REPEATS times in a row: a missing config
+         * file, an unknown flag. Only an exit with an error line counts (a kill, a hang or a silent exit may well be
+         * transient), and not a line naming a transient errno (a file system or a port briefly unavailable): that
+         * one is retried with the back-off, within --max-restarts, like any other failure. */
         int any_beat = rank0_beat(&a);
         for (int r = 0; r < np; r++) any_beat |= a.have_hb[r];
         const int early = !strcmp(a.kind, "exit") && !any_beat && strchr(a.detail, ':');
-        const int repeated = early && !strcmp(early_fail, a.detail);
-        snprintf(early_fail, sizeof early_fail, "%s", early ? a.detail : "");
+        const char *transient = early ? ft_transient_errno(a.detail) : NULL;
+        const int counts = early && !transient;
+        early_count = counts && !strcmp(early_fail, a.detail) ? early_count + 1 : counts;
+        snprintf(early_fail, sizeof early_fail, "%s", counts ? a.detail : "");
+        const int repeated = early_count >= KILN_FT_EARLY_REPEATS;
         char action[1200];
         int64_t lo = -1;
         if (a.bad_step > 0 && o->skip_window > 0) {
@@ -834,15 +967,18 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         }
         if (lo > 0 || a.bad_step > 0) { /* before anything else can stop us: a rerun must know */
             int64_t from = lo > 0 ? lo : a.bad_step;
-            reject_from = reject_from > 0 && reject_from < from ? reject_from : from;
-            e = state_save(o->run_dir, &skip, reject_from);
+            a.reject_from = a.reject_from > 0 && a.reject_from < from ? a.reject_from : from;
+            e = state_save(&a);
             if (e) break;
         }
         if (fatal || repeated || restarts >= o->max_restarts) {
-            snprintf(action, sizeof action,
-                     fatal      ? "give up: the command itself is wrong (usage error or not found)"
-                     : repeated ? "give up: the same error before any step twice: not a transient failure"
-                                : "give up: %d restarts used (--max-restarts)", restarts);
+            if (fatal)
+                snprintf(action, sizeof action, "give up: the command itself is wrong (usage error or not found)");
+            else if (repeated)
+                snprintf(action, sizeof action, "give up: the same error before any step in %d attempts in a row: "
+                         "not a transient failure (fix the cause, then run the same command again)", early_count);
+            else
+                snprintf(action, sizeof action, "give up: %d restarts used (--max-restarts)", restarts);
             log_incident(&a, a.kind, a.rank, a.step, a.detail, action);
             *exit_status = 1;
             break;
@@ -856,7 +992,9 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
             snprintf(action, sizeof action, "restart from the newest valid checkpoint before step %lld in %.3g s",
                      (long long)a.bad_step, wait);
         } else {
-            snprintf(action, sizeof action, "restart from the newest valid checkpoint in %.3g s", wait);
+            snprintf(action, sizeof action, "restart from the newest valid checkpoint in %.3g s%s%s%s", wait,
+                     transient ? " (failed before any step, with a transient error, " : "", transient ? transient : "",
+                     transient ? ": retried within --max-restarts)" : "");
         }
         log_incident(&a, a.kind, a.rank, a.step, a.detail, action);
         for (double t0 = mono(); mono() - t0 < wait && !(o->interrupted && *o->interrupted);) sleep_s(0.02);
