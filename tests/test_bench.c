@@ -1,9 +1,14 @@
 /* kiln bench membw, gemm and report: profiles, FLOP counts, the range parser, the model's GEMM
  * shapes, and the HTML report (also rendered in headless Chromium). */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -443,6 +448,45 @@ static void expect_report_error(const char *d, const char *name, const char *jso
     CHECK_MSG(access(html, F_OK) != 0, "%s: a page was written despite the error", name);
 }
 
+/* What kiln bench comm writes must render: 0-byte records (sizes below one element per rank block, -b 8 over 3
+ * ranks: the report refused them, "field 'bytes' must be > 0") stay in the table and off the log2 plot; one-rank
+ * records carry a note that they move no data between ranks, and the "moved" column (derived for profiles
+ * written before the field). */
+TEST(bench_report_comm_zero_bytes_and_one_rank) {
+    const char *d = test_tmpdir();
+    static const char prof_text[] =
+        "{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": [\n"
+        " {\"backend\":\"mpi\",\"collective\":\"all_gather\",\"dtype\":\"float\",\"ranks\":3,\"inplace\":false,"
+        "\"bytes\":0,\"count\":0,\"time_us_avg\":0.1,\"algbw_gbs\":0,\"busbw_gbs\":0,\"wrong\":0,\"moved\":\"between_ranks\"},\n"
+        " {\"backend\":\"mpi\",\"collective\":\"all_gather\",\"dtype\":\"float\",\"ranks\":3,\"inplace\":false,"
+        "\"bytes\":4092,\"count\":1023,\"time_us_avg\":20,\"algbw_gbs\":0.2046,\"busbw_gbs\":0.1364,\"wrong\":0},\n"
+        " {\"backend\":\"local\",\"collective\":\"broadcast\",\"dtype\":\"float\",\"ranks\":1,\"inplace\":true,"
+        "\"bytes\":4096,\"count\":1024,\"time_us_avg\":0.04,\"algbw_gbs\":0,\"busbw_gbs\":0,\"wrong\":0,\"moved\":\"none\"},\n"
+        " {\"backend\":\"local\",\"collective\":\"broadcast\",\"dtype\":\"float\",\"ranks\":1,\"inplace\":false,"
+        "\"bytes\":4096,\"count\":1024,\"time_us_avg\":0.2,\"algbw_gbs\":20.48,\"busbw_gbs\":0,\"wrong\":0}]}\n";
+    char prof[512], html[512];
+    snprintf(prof, sizeof prof, "%s", test_join(d, "comm.json"));
+    snprintf(html, sizeof html, "%s", test_join(d, "comm.html"));
+    CHECK_OK(kiln_write_file_atomic(prof, prof_text, strlen(prof_text)));
+    const char *args[] = {"report", prof, "--out", html, NULL};
+    char out[8192];
+    int rc = run_main_stderr(kiln_bench_report_main, args, d, out, sizeof out);
+    CHECK_MSG(rc == 0, "exit %d: %s", rc, out);
+    char *t = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(html, &t, &len));
+    if (t) {
+        CHECK_MSG(strstr(t, "id=\"one-rank\"") && strstr(t, "move no data between ranks"), "no one-rank note");
+        CHECK(strstr(t, "Records of 0 bytes") != NULL);
+        CHECK(count_sub(t, "<td class=\"l\">between_ranks</td>") == 2); /* given, and derived from ranks 3 */
+        CHECK(count_sub(t, "<td class=\"l\">none</td>") == 1);
+        CHECK(count_sub(t, "<td class=\"l\">local_copy</td>") == 1); /* derived: one rank, out of place */
+        CHECK_MSG(!strstr(t, "nan") && !strstr(t, "inf\"") && !strstr(t, "-inf"), "a 0-byte point reached the plot");
+        CHECK(count_sub(t, "<circle") == 3); /* the 0-byte record is not on the log2 axis */
+    }
+    free(t);
+}
+
 TEST(bench_report_errors) {
     const char *d = test_tmpdir();
     expect_report_error(d, "noversion.json", "{\"membw\": []}", "'kiln_profile'");
@@ -461,6 +505,10 @@ TEST(bench_report_errors) {
                         "{\"kiln_profile\": 1, \"io\": [{\"test\":\"par_write\",\"bytes\":65536,\"threads\":1,"
                         "\"seconds\":null,\"gbs\":null}]}",
                         "io[0]: field 'seconds' is null, not a number");
+    expect_report_error(d, "comm_bytes.json",
+                        "{\"kiln_profile\": 1, \"comm\": [{\"collective\":\"all_reduce\",\"ranks\":2,\"bytes\":-8,"
+                        "\"busbw_gbs\":1}]}",
+                        "comm[0]: field 'bytes' must be >= 0");
     expect_report_error(d, "comm_null.json",
                         "{\"kiln_profile\": 1, \"comm\": [{\"collective\":\"all_reduce\",\"ranks\":null,\"bytes\":8,"
                         "\"busbw_gbs\":1}]}",
@@ -500,6 +548,9 @@ TEST(bench_io_one_thread_fills_every_row) {
         int rc = test_run_kiln(args, out, sizeof out);
         CHECK_MSG(rc == 0, "kiln %s: exit %d\n%s", args, rc, out);
         CHECK_MSG(!strstr(out, " inf"), "a row printed inf:\n%s", out);
+        /* in a log (stdout not a terminal: fully buffered) the header comes before the progress lines on stderr */
+        const char *hdr = strstr(out, "kiln bench io: "), *prog = strstr(out, " pass (");
+        CHECK_MSG(hdr && prog && hdr < prog, "the header is not before the progress lines in a log:\n%s", out);
         char *text = NULL;
         size_t len = 0;
         CHECK_OK(kiln_read_file(prof, &text, &len));
@@ -522,6 +573,64 @@ TEST(bench_io_one_thread_fills_every_row) {
         rc = test_run_kiln(args, out, sizeof out);
         CHECK_MSG(rc == 0 && strstr(out, "4 io records"), "kiln %s: exit %d\n%s", args, rc, out);
     }
+}
+
+/* Files in dir whose name starts with prefix. */
+static int count_prefixed(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += !strncmp(e->d_name, prefix, strlen(prefix));
+    closedir(d);
+    return n;
+}
+
+/* Ctrl-C in the middle of kiln bench io used to leave its scratch files behind: files x size bytes (1 GiB with
+ * the defaults) of kiln-io-PID-NNN.bin in the measured directory. Now the passes stop, the files are removed and
+ * the process dies of the signal, as the shell expects; nothing is written. */
+TEST(bench_io_ctrl_c_removes_scratch_files) {
+    const char *d = test_tmpdir();
+    char scratch[512], prof[512], log[512];
+    snprintf(scratch, sizeof scratch, "%s", test_join(d, "scratch"));
+    snprintf(prof, sizeof prof, "%s", test_join(d, "io.json"));
+    snprintf(log, sizeof log, "%s", test_join(d, "io.log"));
+    CHECK(mkdir(scratch, 0755) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+        execl(KILN_BINARY, KILN_BINARY, "bench", "io", "--dir", scratch, "--size", "32M", "--files", "4", "--iters",
+              "100", "--ckpt", "--json", prof, (char *)NULL);
+        _exit(127);
+    }
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    /* wait for the first scratch file (the signal handlers are in place before any is created) */
+    int seen = 0;
+    for (int i = 0; i < 2000 && !seen; i++) {
+        seen = count_prefixed(scratch, "kiln-io-") > 0;
+        if (!seen) {
+            struct timespec ts = {0, 5000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    CHECK_MSG(seen, "no scratch file appeared in %s", scratch);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *text = NULL;
+    size_t len = 0;
+    kiln_error_free(kiln_read_file(log, &text, &len));
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT, "status %#x (want: killed by SIGINT)\n%s", status,
+              text ? text : "");
+    CHECK_MSG(count_prefixed(scratch, "kiln-io-") == 0, "scratch files left in %s after Ctrl-C\n%s", scratch,
+              text ? text : "");
+    CHECK_MSG(text && strstr(text, "interrupted by signal 2") && strstr(text, "scratch files removed"), "%s",
+              text ? text : "");
+    CHECK_MSG(access(prof, F_OK) != 0, "a profile was written after Ctrl-C");
+    free(text);
 }
 
 /* The messages of bad io and gemm flags say what is wrong. */
@@ -552,6 +661,23 @@ TEST(bench_flag_messages) {
     }
     CHECK(test_run_kiln("bench gemm --warmup -1", out, sizeof out) == 2);
     CHECK_MSG(strstr(out, "'-1': expected a non-negative integer in 0.."), "%s", out);
+    /* a shape whose A, B and C do not fit in memory is refused before anything runs: malloc's overcommit let
+     * such a sweep run its small shapes, then the OOM killer took the process (their numbers unwritten) */
+    CHECK(test_run_kiln("bench gemm -m 64,1048576 -n 1048576 -k 1", out, sizeof out) == 2);
+    CHECK_MSG(strstr(out, "1048576x1048576x1 needs") && strstr(out, "MemAvailable") && !strstr(out, "TFLOP/s"), "%s",
+              out);
+    /* an output that cannot be written fails before the benchmark runs, not after it (the numbers lost) */
+    static const char *const benches[5] = {"gemm -m 64", "membw --min 4K --max 8K", "attention --seq 16 --head-dim 8",
+                                           "moe --tokens 16 --hidden 16 --inter 16 --experts 2", "io --size 4K --files 1"};
+    for (int k = 0; k < 5; k++) {
+        for (int f = 0; f < 2; f++) {
+            snprintf(args, sizeof args, "bench %s%s%s %s '%s'", benches[k], k == 4 ? " --dir " : "", k == 4 ? d : "",
+                     f ? "--csv" : "--json", f ? d : test_join(d, "nodir/out.json"));
+            int rc = test_run_kiln(args, out, sizeof out);
+            CHECK_MSG(rc == 1 && strstr(out, f ? "is a directory" : "nothing was run") && count_sub(out, "\n") == 1,
+                      "kiln %s: exit %d (want 1 and the error alone)\n%s", args, rc, out);
+        }
+    }
 }
 
 /* The page in a real browser: headless Chromium must parse it into 3 <svg> elements without

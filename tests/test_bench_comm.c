@@ -25,8 +25,26 @@ TEST(bench_comm_busbw_formulas) {
     CHECK_NEAR(kiln_coll_busbw_factor(KILN_COLL_ALLGATHER, 2), 0.5, 1e-15);
     CHECK_NEAR(kiln_coll_busbw_factor(KILN_COLL_ALLTOALL, 4), 0.75, 1e-15);
     CHECK_NEAR(kiln_coll_busbw_factor(KILN_COLL_BROADCAST, 16), 1.0, 1e-15);
-    for (int c = 0; c < KILN_COLL_COUNT; c++) /* one rank moves nothing over the bus, but a broadcast "does" */
-        CHECK_NEAR(kiln_coll_busbw_factor((kiln_coll)c, 1), c == KILN_COLL_BROADCAST ? 1.0 : 0.0, 1e-15);
+    /* every collective at 1, 2, 3 and 4 ranks (nccl-tests' PERFORMANCE.md), out of place and in place alike:
+     * all-reduce 2(n-1)/n, reduce-scatter / all-gather / all-to-all (n-1)/n, broadcast 1; and at one rank 0
+     * for every collective: nothing crosses between ranks, a broadcast included (nccl-tests' factor 1 there
+     * made a one-rank broadcast's copy, in place nothing at all, read as GB/s of bus bandwidth) */
+    static const double want[4][KILN_COLL_COUNT] = {
+        {0, 0, 0, 0, 0},
+        {1.0, 0.5, 0.5, 1.0, 0.5},
+        {4.0 / 3, 2.0 / 3, 2.0 / 3, 1.0, 2.0 / 3},
+        {1.5, 0.75, 0.75, 1.0, 0.75}};
+    for (int n = 1; n <= 4; n++)
+        for (int c = 0; c < KILN_COLL_COUNT; c++)
+            CHECK_MSG(fabs(kiln_coll_busbw_factor((kiln_coll)c, n) - want[n - 1][c]) <= 1e-15, "%s at %d rank(s): %g, want %g",
+                      kiln_coll_name((kiln_coll)c), n, kiln_coll_busbw_factor((kiln_coll)c, n), want[n - 1][c]);
+    /* what a call moves, and algbw: one rank in place moves nothing (0 GB/s however fast the no-op is) */
+    CHECK(kiln_coll_moved(1, 1) == KILN_COLL_MOVES_NONE && kiln_coll_moved(1, 0) == KILN_COLL_MOVES_LOCAL_COPY);
+    CHECK(kiln_coll_moved(2, 1) == KILN_COLL_MOVES_BETWEEN_RANKS && kiln_coll_moved(3, 0) == KILN_COLL_MOVES_BETWEEN_RANKS);
+    CHECK(!strcmp(kiln_coll_moved_name(KILN_COLL_MOVES_NONE), "none"));
+    CHECK(kiln_coll_call_algbw_gbs(1, 1, 1 << 20, 0.05) == 0.0);
+    CHECK_NEAR(kiln_coll_call_algbw_gbs(1, 0, 1000, 1.0), 1.0, 1e-12);
+    CHECK_NEAR(kiln_coll_call_algbw_gbs(2, 1, 1000, 1.0), 1.0, 1e-12);
     /* all-reduce of 1 GiB per rank on 8 ranks in 0.1 s: algbw 10.737 GB/s, busbw 1.75x that */
     CHECK_NEAR(kiln_coll_busbw_gbs(KILN_COLL_ALLREDUCE, 8, (size_t)1 << 30, 1e5), 10.73741824 * 1.75, 1e-9);
     CHECK_NEAR(kiln_coll_busbw_gbs(KILN_COLL_ALLGATHER, 4, 4000, 1.0), 3.0, 1e-12);
@@ -38,6 +56,37 @@ TEST(bench_comm_busbw_formulas) {
     CHECK(kiln_coll_count(KILN_COLL_ALLREDUCE, 1000, 4, 3, &blk) == 250 && blk == 250);
     CHECK(kiln_coll_count(KILN_COLL_BROADCAST, 10, 2, 7, &blk) == 5 && blk == 5);
     CHECK(!strcmp(kiln_coll_name(KILN_COLL_ALLTOALL), "alltoall"));
+}
+
+/* The check's fill patterns must catch a result of zeros and a block delivered to the wrong rank at every rank
+ * count and block size. The old pattern, ((j + 3r) mod 5) - 2, summed to 0 at every element over 5, 10, ...
+ * ranks (an all-reduce returning zeros passed) and repeated every 5 elements (a reduce-scatter handing rank r
+ * the block of rank r+1 passed at blocks of 5k elements, e.g. 1024 floats over 6 ranks). */
+TEST(bench_comm_fill_patterns) {
+    for (int n = 1; n <= 130; n++) {
+        int nonzero = 0, exact = 1;
+        for (size_t j = 0; j < 64; j++) {
+            double sum = 0;
+            for (int r = 0; r < n; r++) sum += kiln_coll_red_val(r, j);
+            exact &= sum == kiln_coll_red_sum(n, j);
+            nonzero += sum != 0;
+            float v = kiln_coll_red_val(n - 1, j);
+            CHECK(v == 0 || v == 1); /* partial sums of 0/1 stay integers <= ranks: exact in bf16 to 256 ranks */
+        }
+        CHECK_MSG(exact, "%d ranks: kiln_coll_red_sum differs from the sum of the ranks' values", n);
+        CHECK_MSG(nonzero >= 16, "%d ranks: the expected all-reduce is 0 at %d of 64 elements", n, 64 - nonzero);
+        if (n < 2) continue;
+        /* every block size of a small sweep: rank 0's reduce-scatter block differs from rank 1's somewhere */
+        for (size_t blk = 1; blk <= 300; blk++) {
+            int differ = 0;
+            for (size_t k = 0; k < blk && !differ; k++)
+                differ = kiln_coll_red_sum(n, k) != kiln_coll_red_sum(n, blk + k);
+            if (blk >= 8) CHECK_MSG(differ, "%d ranks, blocks of %zu: blocks 0 and 1 expect the same sums", n, blk);
+        }
+    }
+    /* data movement: every rank's value differs at every element (all-gather, all-to-all, broadcast) */
+    for (size_t j = 0; j < 300; j++)
+        for (int r = 1; r < 128; r++) CHECK(kiln_coll_mov_val(r, j) != kiln_coll_mov_val(r - 1, j));
 }
 
 static cJSON *load_json(const char *path) {
@@ -99,11 +148,26 @@ static int check_profile(const char *path, const char *backend, int ranks, const
         CHECK_MSG(tmin >= 0 && tmin <= tavg * (1 + 1e-12) && tavg <= tmax * (1 + 1e-12), "times %g %g %g", tmin, tavg,
                   tmax);
         double alg = num(r, "algbw_gbs"), bus = num(r, "busbw_gbs");
-        if (tavg > 0) CHECK_NEAR(alg, bytes / 1e3 / tavg, 1e-9 * (alg + 1));
+        if (tavg > 0 && !(ranks == 1 && cJSON_IsTrue(ip))) CHECK_NEAR(alg, bytes / 1e3 / tavg, 1e-9 * (alg + 1));
         double want = kiln_coll_busbw_factor((kiln_coll)c, ranks);
         if (alg > 0)
             CHECK_MSG(fabs(bus / alg - want) <= 1e-12, "%s: busbw/algbw %.15g, want %.15g", str(r, "collective"),
                       bus / alg, want);
+        /* one rank: no bus traffic for any collective; in place no traffic at all, and the record says so */
+        const char *moved = ranks > 1 ? "between_ranks" : cJSON_IsTrue(ip) ? "none" : "local_copy";
+        CHECK_MSG(!strcmp(str(r, "moved"), moved), "%s inplace %d, %d rank(s): moved '%s', want '%s'",
+                  str(r, "collective"), cJSON_IsTrue(ip), ranks, str(r, "moved"), moved);
+        if (ranks == 1) {
+            CHECK_MSG(bus == 0, "%s inplace %d on one rank: busbw %g GB/s, want 0", str(r, "collective"),
+                      cJSON_IsTrue(ip), bus);
+            if (cJSON_IsTrue(ip))
+                CHECK_MSG(alg == 0, "%s in place on one rank moves nothing: algbw %g GB/s, want 0",
+                          str(r, "collective"), alg);
+            else if (bytes > 0)
+                CHECK_MSG(alg > 0, "%s out of place on one rank: algbw %g (the local copy's)", str(r, "collective"), alg);
+        } else if (bytes > 0 && tavg > 0) {
+            CHECK_MSG(alg > 0, "%s: algbw %g", str(r, "collective"), alg);
+        }
     }
     for (int c = 0; c < KILN_COLL_COUNT; c++)
         CHECK_MSG(seen[c][0] > 0 && seen[c][0] == seen[c][1], "%s: %d out-of-place and %d in-place records",
@@ -121,6 +185,41 @@ static int count_lines(const char *path) {
     return n;
 }
 
+/* The table's rows against the JSON records: the same sizes, counts, times, bandwidths and #wrong, in order
+ * (out of place, then in place, per row). */
+static void check_table_matches_profile(const char *out, const char *json) {
+    cJSON *p = load_json(json);
+    const cJSON *sec = p ? cJSON_GetObjectItemCaseSensitive(p, "comm") : NULL;
+    const cJSON *rec = sec ? sec->child : NULL;
+    int rows = 0;
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        unsigned long long size, count;
+        char type[16], redop[8];
+        int root, used = 0;
+        if (line[0] == '#' || sscanf(line, "%llu %llu %15s %7s %d%n", &size, &count, type, redop, &root, &used) != 5)
+            continue;
+        const char *q = line + used;
+        for (int v = 0; v < 2 && rec; v++, rec = rec->next) {
+            double t, alg, bus;
+            char w[16];
+            int k = 0;
+            if (sscanf(q, "%lf %lf %lf %15s%n", &t, &alg, &bus, w, &k) != 4) break;
+            q += k;
+            CHECK_MSG(num(rec, "bytes") == (double)size && num(rec, "count") == (double)count,
+                      "row %d: %llu bytes %llu elements, record %g / %g", rows, size, count, num(rec, "bytes"),
+                      num(rec, "count"));
+            CHECK_MSG(fabs(num(rec, "time_us_avg") - t) <= 0.5 * (t < 1e4 ? 0.01 : t < 1e6 ? 0.1 : 1) + 1e-9 &&
+                          fabs(num(rec, "algbw_gbs") - alg) <= 0.005 + 1e-9 && fabs(num(rec, "busbw_gbs") - bus) <= 0.005 + 1e-9,
+                      "row %d: table %g us %g %g GB/s, record %g us %g %g", rows, t, alg, bus, num(rec, "time_us_avg"),
+                      num(rec, "algbw_gbs"), num(rec, "busbw_gbs"));
+            CHECK_MSG(atof(w) == num(rec, "wrong"), "row %d: #wrong %s, record %g", rows, w, num(rec, "wrong"));
+        }
+        rows++;
+    }
+    CHECK_MSG(rows > 0 && !rec, "%d table rows; records left over: %s", rows, rec ? "yes" : "no");
+    cJSON_Delete(p);
+}
+
 TEST(bench_comm_one_rank_local) {
     const char *dir = test_tmpdir();
     const char *json = test_join(dir, "comm.json"), *csv = test_join(dir, "comm.csv");
@@ -130,9 +229,14 @@ TEST(bench_comm_one_rank_local) {
     CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
     CHECK(strstr(out, "backend local, 1 rank") && strstr(out, "# Collective: alltoall"));
     CHECK(strstr(out, "#       size         count      type   redop    root     time   algbw   busbw #wrong"));
+    CHECK_MSG(strstr(out, "# One rank: no data moves between ranks, so busbw is 0 for every collective") &&
+                  strstr(out, "# Avg bus bandwidth    : 0 (one rank: no data moves between ranks)") &&
+                  !strstr(out, "# Avg bus bandwidth    : 0\n"),
+              "the table does not say that one rank moves no data:\n%s", out);
     int n = check_profile(json, "local", 1, "float", 65536);
     CHECK_MSG(n == 5 * 14 * 2, "%d records, want 5 collectives x 14 sizes x 2", n);
     CHECK_MSG(count_lines(csv) == n + 1, "CSV has %d lines for %d records", count_lines(csv), n);
+    check_table_matches_profile(out, json);
     /* only in-place, two collectives, bf16 */
     snprintf(args, sizeof args, "bench comm -b 1K -e 4K -n 2 -w 0 -d bfloat16 --inplace "
                                 "--collectives alltoall,all_reduce --csv '%s'", csv);
@@ -142,6 +246,60 @@ TEST(bench_comm_one_rank_local) {
 }
 
 static int have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+/* Odd rank counts and sizes that are not whole rank blocks: 3 and 4 ranks, sizes 6, 42, 294, ... bytes in float
+ * and bf16 (count rounded down to whole blocks; 0 elements per block at 6 bytes); every result checked, the
+ * factors as nccl-tests', the table the same as the JSON, and kiln bench report takes the profile (it refused
+ * the 0-byte records that kiln bench comm writes for sizes below one element per block, the default -b 8 over
+ * 3+ ranks included). */
+TEST(bench_comm_three_and_four_ranks_mpi) {
+    CHECK_MSG(have_mpirun(), "mpirun not found: install openmpi-bin");
+    if (!have_mpirun()) return;
+    const char *dir = test_tmpdir();
+    for (int n = 3; n <= 4; n++) {
+        const char *dt = n == 3 ? "float" : "bfloat16";
+        char json[512], html[512], cmd[4096];
+        static char out[131072];
+        snprintf(json, sizeof json, "%s", test_join(dir, n == 3 ? "c3.json" : "c4.json"));
+        snprintf(html, sizeof html, "%s", test_join(dir, n == 3 ? "c3.html" : "c4.html"));
+        snprintf(cmd, sizeof cmd,
+                 "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np %d "
+                 "'%s' bench comm -b 6 -e 20K -f 7 -n 2 -w 1 -d %s --json '%s' 2>&1", n, KILN_BINARY, dt, json);
+        int rc = test_run_shell(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0, "mpirun -np %d bench comm failed (%d): %s", n, rc, out);
+        CHECK_MSG(strstr(out, n == 3 ? "backend mpi, 3 ranks" : "backend mpi, 4 ranks") && !strstr(out, "FAILED") &&
+                      !strstr(out, "One rank"), "%s", out);
+        int recs = check_profile(json, "mpi", n, dt, 20480);
+        CHECK_MSG(recs == 5 * 5 * 2, "%d ranks: %d records, want 5 collectives x 5 sizes x 2", n, recs);
+        check_table_matches_profile(out, json);
+        snprintf(cmd, sizeof cmd, "bench report '%s' --out '%s'", json, html);
+        rc = test_run_kiln(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "50 comm"), "kiln %s: exit %d\n%s", cmd, rc, out);
+    }
+}
+
+/* --json / --csv that cannot be written fail before anything is measured (they used to fail after the whole
+ * sweep, whose numbers were then lost), under mpirun too, every rank stopping. */
+TEST(bench_comm_unwritable_output_fails_first) {
+    const char *dir = test_tmpdir();
+    char args[2048], out[8192];
+    snprintf(args, sizeof args, "bench comm -e 1K -n 1 -w 0 --json '%s'", test_join(dir, "nodir/comm.json"));
+    int rc = test_run_kiln(args, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "--json") && strstr(out, "nodir/comm.json") && strstr(out, "nothing was run") &&
+                  !strstr(out, "# Collective"), "rc %d: %s", rc, out);
+    snprintf(args, sizeof args, "bench comm -e 1K -n 1 -w 0 --csv '%s'", dir);
+    rc = test_run_kiln(args, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "is a directory") && !strstr(out, "# Collective"), "rc %d: %s", rc, out);
+    if (!have_mpirun()) return;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader timeout 60 mpirun --allow-run-as-root --oversubscribe "
+             "-np 2 '%s' bench comm -e 1K -n 1 -w 0 --json '%s' 2>&1", KILN_BINARY, test_join(dir, "nodir/c.json"));
+    static char mout[65536];
+    rc = test_run_shell(cmd, mout, sizeof mout);
+    CHECK_MSG(rc != 0 && rc != 124 && strstr(mout, "nothing was run") && !strstr(mout, "# Collective"), "rc %d: %s", rc,
+              mout);
+}
 
 TEST(bench_comm_two_ranks_mpi) {
     CHECK_MSG(have_mpirun(), "mpirun not found: install openmpi-bin");

@@ -398,6 +398,130 @@ TEST(size_bench_comm_only_gpu_records) {
     CHECK_MSG(strstr(out, "no GPU measurements to merge") && strstr(out, "2 comm record(s) skipped"), "%s", out);
 }
 
+/* Measured comm records stand only for jobs on their side of the node boundary. The H200 profile has 8 GPUs a
+ * node, NVLink inside (360 GB/s) and 45 GB/s a GPU across nodes: a kiln bench comm over the 8 GPUs of one node
+ * (350 GB/s) was used for 64 GPUs on 8 nodes too, predicting ZeRO-1's collectives ~8x faster than the network
+ * allows, while --explain said the bus bandwidth came "from the measured comm records". */
+TEST(size_comm_measured_inside_a_node_not_across) {
+    const char *dir = test_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s", test_join(dir, "nccl8.json"));
+    FILE *f = fopen(path, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
+          "{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, \"bytes\": 1048576, \"busbw_gbs\": 350.0}, "
+          "{\"backend\": \"nccl\", \"collective\": \"all_gather\", \"ranks\": 8, \"bytes\": 1048576, \"busbw_gbs\": 350.0}]}", f);
+    fclose(f);
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    CHECK(p->gpus_per_node == 8 && p->inter_busbw_gbs == 45 && p->intra_busbw_gbs == 360);
+    CHECK_OK(kiln_hw_profile_merge_bench(p, path));
+    const double S = 1e9, lat = p->comm_latency_us * 1e-6;
+    /* inside the node: the measurement (8 and 4 GPUs alike) */
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 8), S * 7 / 8 / 350e9 + lat, 1e-12);
+    CHECK_NEAR(kiln_hw_comm_time(p, 1, S, 4), S * 3 / 4 / 350e9 + lat, 1e-12);
+    /* across nodes: the profile's inter-node figure, not NVLink's measurement */
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 64), S * 63 / 64 / 45e9 + lat, 1e-12);
+    CHECK_NEAR(kiln_hw_comm_time(p, 1, S, 16), S * 15 / 16 / 45e9 + lat, 1e-12);
+    char why[600];
+    CHECK(kiln_hw_comm_source(p, 8, why, sizeof why) == 1);
+    CHECK_MSG(strstr(why, "reduce-scatter measured over 8 GPUs") && strstr(why, "all-gather measured over 8 GPUs"), "%s",
+              why);
+    CHECK(kiln_hw_comm_source(p, 64, why, sizeof why) == 0);
+    CHECK_MSG(strstr(why, "64 GPUs are across nodes") && strstr(why, "inter-node figure, 45 GB/s") &&
+                  strstr(why, "measured records are all inside a node"), "%s", why);
+    /* a measurement across nodes (16 GPUs) stands for 64, and not for 8 */
+    p->rs[0].ranks = 16;
+    p->ag[0].ranks = 16;
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 64), S * 63 / 64 / 350e9 + lat, 1e-12);
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 8), S * 7 / 8 / 360e9 + lat, 1e-12);
+    free(p);
+    /* the CLI: --explain's rule 8 says which for the --gpus asked, and the step's comm time follows */
+    static char out[1 << 17];
+    char args[2000];
+    snprintf(args, sizeof args, "size --profile h200 --total-params 8.3B --active-params 760M --bench '%s' --explain "
+             "--top 1 --gpus 64", path);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "bus bandwidth: 64 GPUs are across nodes (8 per node): reduce-scatter at the profile's "
+                          "inter-node figure, 45 GB/s") && !strstr(out, "from the measured comm records"),
+              "%s", out);
+    snprintf(args, sizeof args, "size --profile h200 --total-params 8.3B --active-params 760M --bench '%s' --explain "
+             "--top 1 --gpus 8", path);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "bus bandwidth: 8 GPUs are inside one node (8 per node): reduce-scatter measured over 8 GPUs"),
+              "%s", out);
+}
+
+/* The experts' evidence compares the shape with the alternative of the same total AND active parameters: twice
+ * the experts at half the width and twice the top-k (so the same rows per expert). It compared with twice the
+ * experts at the same top-k, half the active parameters and half the rows per expert, whose lower GEMM rate
+ * (502 against 688 TFLOP/s for ZAYA1's experts on the H200) argued for fewer, wider experts where the same budget
+ * runs at the same rate. */
+TEST(size_expert_evidence_same_active_parameters) {
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    kiln_size_budget b;
+    kiln_size_budget_default(&b, KILN_ARCH_ZAYA);
+    kiln_size_candidate c;
+    memset(&c, 0, sizeof c);
+    c.shape = b.base;
+    c.shape.arch = KILN_ARCH_ZAYA;
+    c.shape.vocab = 262144, c.shape.hidden = 2048, c.shape.layers = 40, c.shape.heads = 8, c.shape.kv_heads = 2;
+    c.shape.head_dim = 128, c.shape.experts = 16, c.shape.top_k = 1, c.shape.expert_inter = 2048;
+    CHECK_OK(kiln_size_predict(&c.shape, p, &b.setup, &c.pred));
+    kiln_size_explain_candidate(p, &b, &c);
+    const char *line = NULL;
+    for (int i = 0; i < c.nwhy; i++)
+        if (strstr(c.why[i], "16 experts x width 2048")) line = c.why[i];
+    CHECK(line != NULL);
+    if (line) {
+        const int64_t n = b.setup.train.micro_batch * b.setup.seq;
+        kiln_hw_gemm_why w;
+        kiln_hw_gemm_time_grouped(p, 32, (n * 2 + 31) / 32, 2048, 2048, &w); /* 32 x 1024 at top-2: gate_up N = 2048 */
+        char want[128];
+        snprintf(want, sizeof want, "the same total and active parameters as 32 x 1024 top-2: %.0f TFLOP/s", w.tflops);
+        CHECK_MSG(strstr(line, want), "'%s' lacks '%s'", line, want);
+    }
+    free(p);
+}
+
+/* A step is whole micro-batches on every GPU: with --gpus 2048 at micro-batch 1 x 4096 the prediction is for
+ * 8388608 tokens a step while the setup line said "4194304 tokens per step" (the global batch silently doubled). */
+TEST(size_setup_says_the_tokens_per_step_predicted) {
+    CHECK(kiln_size_step_tokens(&(kiln_size_setup){.seq = 4096, .tokens_per_step = 4194304,
+                                                  .train = {.gpus = 2048, .micro_batch = 1}}, NULL) == 8388608);
+    int64_t mbs = 0;
+    CHECK(kiln_size_step_tokens(&(kiln_size_setup){.seq = 4096, .tokens_per_step = 4194304,
+                                                  .train = {.gpus = 24, .micro_batch = 1}}, &mbs) == 43 * 24 * 4096 &&
+          mbs == 43);
+    static char out[1 << 17];
+    CHECK(test_run_kiln("size --profile h200 --total-params 8.3B --active-params 760M --gpus 2048 --top 1", out,
+                        sizeof out) == 0);
+    CHECK_MSG(strstr(out, "note: a step is whole micro-batches on every GPU: 1 x 2048 GPU(s) x 1 x 4096 = 8388608 tokens "
+                          "per step are predicted, 2x the 4194304 asked"), "%s", out);
+    CHECK(test_run_kiln("size --profile h200 --total-params 8.3B --active-params 760M --gpus 8 --top 1 --json", out,
+                        sizeof out) == 0);
+    CHECK_MSG(!strstr(out, "note: a step") && strstr(out, "\"tokens_per_step_predicted\":\t4194304"), "%s", out);
+}
+
+/* kiln size check keeps a config's own vocabulary; its evidence line said "vocab 50257 = 392 x 128 (no padding
+ * needed)" (392 x 128 is 50176) right above the warning that 50257 is not a multiple of 128. */
+TEST(size_check_vocab_evidence_not_a_multiple) {
+    const char *dir = test_tmpdir();
+    char cfg[600], args[1200];
+    static char out[1 << 16];
+    snprintf(cfg, sizeof cfg, "%s", test_join(dir, "config.json"));
+    static const char text[] =
+        "{\"model_type\": \"zaya\", \"hidden_size\": 2048, \"num_hidden_layers\": 8, \"num_attention_heads\": 8, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 128, \"num_experts\": 16, \"moe_intermediate_size\": 2048, "
+        "\"vocab_size\": 50257}";
+    CHECK_OK(kiln_write_file_atomic(cfg, text, strlen(text)));
+    snprintf(args, sizeof args, "size check '%s' --profile h200", cfg);
+    CHECK(test_run_kiln(args, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "- vocab 50257 (not a multiple of 128; 50304 is): lm_head at") &&
+                  strstr(out, "! vocab 50257 is not a multiple of 128: pad to 50304") && !strstr(out, "= 392 x 128") &&
+                  !strstr(out, "50257 = "), "%s", out);
+}
+
 /* The attention forward and forward + backward records pair by every field that tells cases apart: a sweep
  * over KV heads or implementations paired one case's forward with another's backward (the last match). */
 TEST(size_bench_attention_pairs_same_case) {

@@ -170,8 +170,13 @@ double kiln_hw_gemm_time_grouped(const kiln_hw_profile *p, double groups, int64_
 /* Efficiency of the attention kernel at head dim D (pass 0 forward, 1 backward), including the
  * head-dim tile padding. */
 double kiln_hw_attn_eff(const kiln_hw_profile *p, int64_t head_dim, int backward);
-/* Seconds for a reduce-scatter (0) or all-gather (1) of `bytes` (the full buffer) over g ranks. */
+/* Seconds for a reduce-scatter (0) or all-gather (1) of `bytes` (the full buffer) over g ranks. Measured comm
+ * records count only for jobs on their side of the node boundary (gpus_per_node): a measurement inside one
+ * node does not stand for a job across nodes, nor the reverse; otherwise the intra-/inter-node figure. */
 double kiln_hw_comm_time(const kiln_hw_profile *p, int all_gather, double bytes, int64_t g);
+/* Where kiln_hw_comm_time's bus bandwidth for g GPUs comes from, in words (--explain); returns whether from
+ * measured records. */
+int kiln_hw_comm_source(const kiln_hw_profile *p, int64_t g, char *buf, size_t n);
 
 /* ---------------- predictions (predict.c) ---------------- */
 
@@ -182,6 +187,10 @@ typedef struct {
 } kiln_size_setup;
 
 void kiln_size_setup_default(kiln_size_setup *u);
+/* The tokens of one optimizer step as predicted: a whole number of micro-batches on every GPU, at least
+ * tokens_per_step (more where gpus x micro_batch x seq does not divide it: with --gpus 2048 at micro-batch 1 x
+ * 4096, 8388608 for the default 4194304). *micro_batches (nullable): the micro-batches per step (grad_accum). */
+int64_t kiln_size_step_tokens(const kiln_size_setup *u, int64_t *micro_batches);
 
 typedef struct {
     kiln_size_params params;

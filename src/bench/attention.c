@@ -278,6 +278,10 @@ int kiln_bench_attention_main(int argc, char **argv) {
         free(cs);
         return 2;
     }
+    if (kiln_bench_check_outputs("attention", json_path, csv_path)) {
+        free(cs);
+        return 1;
+    }
     kiln_bench_set_threads(threads);
     int nthreads = omp_get_max_threads();
     if (cuda) {

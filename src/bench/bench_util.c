@@ -2,10 +2,12 @@
 #include "bench/bench_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -154,6 +156,35 @@ static kiln_error *write_csv(const kiln_bench_output *o, const char *path) {
     kiln_error *e = kiln_write_file_atomic(path, buf, len);
     free(buf);
     return e;
+}
+
+kiln_error *kiln_bench_check_output(const char *flag, const char *path) {
+    if (!path) return NULL;
+    if (!*path) return kiln_errorf(KILN_EINVAL, "%s: empty file name", flag);
+    struct stat st;
+    if (!stat(path, &st) && S_ISDIR(st.st_mode))
+        return kiln_errorf(KILN_EINVAL, "%s %s: is a directory, not a file to write", flag, path);
+    /* the atomic writer's temp file lives beside the target: probe the same directory the same way */
+    char probe[4200];
+    if (snprintf(probe, sizeof probe, "%s.probe.%ld", path, (long)getpid()) >= (int)sizeof probe)
+        return kiln_errorf(KILN_EINVAL, "%s: the path is too long", flag);
+    int fd = open(probe, O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd < 0) {
+        const int err = errno;
+        return kiln_errorf(KILN_EIO, "%s %s: cannot create a file there (%s); nothing was run", flag, path,
+                           strerror(err));
+    }
+    close(fd);
+    unlink(probe);
+    return NULL;
+}
+
+int kiln_bench_check_outputs(const char *bench, const char *json_path, const char *csv_path) {
+    kiln_error *e = kiln_bench_check_output("--json", json_path);
+    if (!e) e = kiln_bench_check_output("--csv", csv_path);
+    if (!e) return 0;
+    kiln_bench_fail(bench, NULL, e);
+    return 1;
 }
 
 int kiln_bench_write_outputs(const kiln_bench_output *o, const char *json_path, const char *csv_path) {

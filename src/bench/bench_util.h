@@ -64,6 +64,13 @@ typedef struct {
     void (*csv_row)(FILE *f, size_t i, const void *ctx);      /* print row i, with its newline */
 } kiln_bench_output;
 
+/* Whether `path` (the value of `flag`) can be written by the atomic writer: not a directory, and its directory
+ * exists and takes a new file (a probe file is created there and removed). Run before a benchmark, so that an
+ * unwritable --json or --csv fails at once, not after the whole run has been measured and lost. */
+kiln_error *kiln_bench_check_output(const char *flag, const char *path);
+/* Both outputs (each when not NULL): on an error prints "kiln bench BENCH: error: ..." and returns 1; else 0. */
+int kiln_bench_check_outputs(const char *bench, const char *json_path, const char *csv_path);
+
 /* The JSON profile to json_path, then the CSV to csv_path (each when not NULL; both atomic). On an
  * error prints "kiln bench BENCH: error: writing profile: ..." (or "writing CSV: ") and returns 1;
  * the CSV is not written after a failed profile. Returns 0 on success. */

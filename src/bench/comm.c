@@ -26,7 +26,8 @@
 
 static const char usage[] =
     "usage: kiln bench comm [options]            (mpirun -np N kiln bench comm ... for N ranks)\n\n"
-    "Times collectives over message sizes from -b to -e, nccl-tests' columns and bus-bandwidth conventions.\n\n"
+    "Times collectives over message sizes from -b to -e, nccl-tests' columns and bus-bandwidth conventions.\n"
+    "One rank (no mpirun) moves no data between ranks: busbw is 0, and in place algbw too (records: \"moved\").\n\n"
     "  -b, --minbytes N      smallest size in bytes, K/M/G suffixes (default 8)\n"
     "  -e, --maxbytes N      largest size (default 1G; capped with a warning to what memory holds)\n"
     "  -f, --stepfactor N    multiply the size by N each step, N >= 2 (default 2)\n"
@@ -230,10 +231,10 @@ static int ranks_on_host(const kiln_comm *c, long threads) {
     return n > 0 ? n * (int)threads : c->size; /* unknown: assume all on this host */
 }
 
-/* ---- fill patterns: small integers, exact in f32 and bf16 (sums too, up to 128 ranks) ---- */
+/* ---- fill patterns (comm_formulas.h): small integers, exact in f32 and bf16 (sums too, up to 128 ranks) ---- */
 
-static float red_val(int r, size_t j) { return (float)((int)((j + 3 * (size_t)r) % 5) - 2); }
-static float mov_val(int r, size_t j) { return (float)((int)((j * 31 + (size_t)r * 17) % 251) - 125); }
+#define red_val kiln_coll_red_val
+#define mov_val kiln_coll_mov_val
 #define SENTINEL (-999.0f)
 
 static void put(void *b, size_t i, float v, kiln_dtype dt) {
@@ -260,7 +261,6 @@ typedef struct {
     char *da, *db;           /* device backends: the buffers the collectives use; a, b stage them */
     const void *dsend;
     void *drecv;
-    float sums[5];           /* sum over ranks of red_val(r, j), by j % 5 */
 } run;
 
 /* set the send/recv pointers and fill the inputs (and a sentinel where results go) */
@@ -347,10 +347,11 @@ static size_t count_wrong(const run *u) {
     size_t bad = 0;
     switch (u->coll) {
     case KILN_COLL_ALLREDUCE:
-        for (size_t j = 0; j < cnt; j++) bad += !same(get(r, j, dt), u->sums[j % 5], dt);
+        for (size_t j = 0; j < cnt; j++) bad += !same(get(r, j, dt), kiln_coll_red_sum(u->c->size, j), dt);
         break;
     case KILN_COLL_REDUCE_SCATTER:
-        for (size_t k = 0; k < blk; k++) bad += !same(get(r, k, dt), u->sums[((size_t)me * blk + k) % 5], dt);
+        for (size_t k = 0; k < blk; k++)
+            bad += !same(get(r, k, dt), kiln_coll_red_sum(u->c->size, (size_t)me * blk + k), dt);
         break;
     case KILN_COLL_ALLGATHER:
         for (size_t j = 0; j < cnt; j++) bad += !same(get(r, j, dt), mov_val((int)(j / blk), j), dt);
@@ -400,8 +401,9 @@ static kiln_error *measure(run *u, const opts *o, result *res) {
     KILN_TRY(c->allreduce_max_f64(c, t, 3)); /* the slowest rank, as nccl-tests */
     res->tmin = t[0], res->tavg = t[1], res->tmax = t[2];
     size_t bytes = u->count * u->ts;
-    res->algbw = kiln_coll_algbw_gbs(bytes, res->tavg);
-    res->busbw = kiln_coll_busbw_gbs(u->coll, c->size, bytes, res->tavg);
+    /* one rank: nothing crosses between ranks (busbw 0); in place nothing moves at all (algbw 0 too) */
+    res->algbw = kiln_coll_call_algbw_gbs(c->size, u->inplace, bytes, res->tavg);
+    res->busbw = res->algbw * kiln_coll_busbw_factor(u->coll, c->size);
     res->wrong = -1;
     if (o->check) {
         prepare(u);
@@ -476,11 +478,13 @@ static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, const run *u, 
     cJSON_AddNumberToObject(j, "busbw_gbs", r->busbw);
     if (r->wrong >= 0) cJSON_AddNumberToObject(j, "wrong", r->wrong);
     else cJSON_AddNullToObject(j, "wrong");
+    const char *moved = kiln_coll_moved_name(kiln_coll_moved(c->size, u->inplace));
+    cJSON_AddStringToObject(j, "moved", moved);
     cJSON_AddItemToArray(sec, j);
     sb_printf(csv, "%s,%s,%s,%d,%d,%zu,%zu,%.17g,%.17g,%.17g,%.17g,%.17g,", c->backend, kiln_coll_name(u->coll),
               type_name(u->dt), c->size, u->inplace, bytes, u->count, r->tmin, r->tavg, r->tmax, r->algbw, r->busbw);
-    if (r->wrong >= 0) sb_printf(csv, "%.0f\n", r->wrong);
-    else sb_printf(csv, "\n");
+    if (r->wrong >= 0) sb_printf(csv, "%.0f", r->wrong);
+    sb_printf(csv, ",%s\n", moved);
 }
 
 /* ---- main ---- */
@@ -574,6 +578,10 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
             printf("\n");
         }
     }
+    if (me == 0 && n == 1) /* nccl-tests prints S/time whatever moved: on one rank that is not a bandwidth */
+        printf("#\n# One rank: no data moves between ranks, so busbw is 0 for every collective (broadcast too).\n"
+               "# Out of place a call copies send to recv in this process (algbw: that copy); in place it moves\n"
+               "# nothing at all (algbw 0). The calls are still timed. Records: \"moved\": local_copy / none.\n");
 
     cJSON *prof = NULL, *sec = NULL;
     sbuf csv = {0};
@@ -592,14 +600,10 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
             }
         }
         sb_printf(&csv, "backend,collective,dtype,ranks,inplace,bytes,count,time_us_min,time_us_avg,time_us_max,"
-                  "algbw_gbs,busbw_gbs,wrong\n");
+                  "algbw_gbs,busbw_gbs,wrong,moved\n");
     }
     double all_wrong = 0;
     run u = {.c = c, .dt = o->dt, .ts = ts, .a = a, .b = b, .da = da, .db = db, .root = 0};
-    for (int m = 0; m < 5; m++) {
-        u.sums[m] = 0;
-        for (int r = 0; r < n; r++) u.sums[m] += red_val(r, (size_t)m);
-    }
     for (int ci = 0; ci < KILN_COLL_COUNT && !e; ci++) {
         if (!o->want[ci]) continue;
         u.coll = (kiln_coll)ci;
@@ -641,7 +645,8 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         }
         if (!e && me == 0) {
             if (o->check) printf("# Out of bounds values : %.0f %s\n", wrong, wrong > 0 ? "FAILED" : "OK");
-            printf("# Avg bus bandwidth    : %g\n", rows ? bw_sum / rows : 0.0);
+            printf("# Avg bus bandwidth    : %g%s\n", rows ? bw_sum / rows : 0.0,
+                   n == 1 ? " (one rank: no data moves between ranks)" : "");
         }
         all_wrong += wrong;
     }
@@ -752,6 +757,19 @@ int kiln_bench_comm_main(int argc, char **argv) {
         return 1;
     }
     int wrong = 0, rank = c->rank;
+    /* only rank 0 writes the files: it checks them before anything runs, and every rank stops with it */
+    e = rank == 0 ? kiln_bench_check_output("--json", o.json) : NULL;
+    if (!e && rank == 0) e = kiln_bench_check_output("--csv", o.csv);
+    double bad = e != NULL;
+    kiln_error *ae = c->allreduce_sum_f64(c, &bad, 1);
+    if (e || ae || bad > 0) {
+        if (e) fprintf(stderr, "kiln bench comm (rank %d): error: %s\n", rank, kiln_error_msg(e));
+        else if (ae && rank == 0) fprintf(stderr, "kiln bench comm (rank %d): error: %s\n", rank, kiln_error_msg(ae));
+        kiln_error_free(e);
+        kiln_error_free(ae);
+        c->finalize(c);
+        return 1;
+    }
     if (o.nccl) {
         int owned = 0;
         e = bench_nccl(c, &o, &wrong, &owned);

@@ -454,6 +454,25 @@ int kiln_bench_gemm_main(int argc, char **argv) {
     if (gpu && gtype == KILN_CUDA_FP8) /* see the usage: FP8 GEMMs run as y = x·Wᵀ */
         for (size_t i = 0; i < nshapes; i++) snprintf(shapes[i].layout, sizeof shapes[i].layout, "NT");
 
+    if (!gpu) { /* A, B and C in host memory: a shape past it was an OOM kill after the others' numbers (unwritten) */
+        const double avail = kiln_bench_avail_bytes();
+        for (size_t i = 0; avail > 0 && i < nshapes; i++) {
+            const kiln_gemm_shape *s = &shapes[i];
+            const double need = 4.0 * ((double)s->m * (double)s->k + (double)s->k * (double)s->n +
+                                       (double)s->m * (double)s->n);
+            if (need > 0.8 * avail) {
+                kiln_bench_usage_err("gemm", "%lldx%lldx%lld needs %.3g GiB (A, B and C in fp32) but only %.3g GiB is "
+                                     "available (80%% of MemAvailable); nothing was run", (long long)s->m,
+                                     (long long)s->n, (long long)s->k, need / 1073741824.0, 0.8 * avail / 1073741824.0);
+                free(shapes);
+                return 2;
+            }
+        }
+    }
+    if (kiln_bench_check_outputs("gemm", json_path, csv_path)) {
+        free(shapes);
+        return 1;
+    }
     double *us = calloc(nshapes, sizeof *us);
     if (!us) {
         free(shapes);

@@ -151,6 +151,7 @@ int kiln_bench_membw_main(int argc, char **argv) {
     membw_opts opt;
     const int r = parse_opts(argc, argv, &opt);
     if (r >= 0) return r;
+    if (kiln_bench_check_outputs("membw", opt.json_path, opt.csv_path)) return 1;
     if (opt.cuda) return kiln_bench_membw_gpu(&opt);
     size_t min_b = opt.min_b, max_b = opt.max_b;
     const double factor = opt.factor;

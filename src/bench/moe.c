@@ -286,6 +286,10 @@ int kiln_bench_moe_main(int argc, char **argv) {
         free(cs);
         return 2;
     }
+    if (kiln_bench_check_outputs("moe", json_path, csv_path)) {
+        free(cs);
+        return 1;
+    }
     kiln_bench_set_threads(threads);
     int nthreads = omp_get_max_threads();
     printf("kiln bench moe: experts through kiln_linear_* (openblas sgemm) + kiln_swiglu_*, fp32, %d threads, "

@@ -459,6 +459,7 @@ int kiln_bench_moe_gpu(int argc, char **argv) {
         }
     }
     if (top > experts) return kiln_bench_usage_err("moe", "--top-k %lld exceeds --experts %lld", top, experts);
+    if (kiln_bench_check_outputs("moe", json_path, csv_path)) return 1;
     if (experts > 8192) return kiln_bench_usage_err("moe", "--experts %lld: at most 8192 on the GPU", experts);
     if ((double)tokens * (double)top > (double)INT32_MAX)
         return kiln_bench_usage_err("moe", "--tokens %lld x --top-k %lld: more than 2^31-1 routed slots", tokens, top);

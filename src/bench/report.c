@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "comm_formulas.h"
 #include "kiln/bench.h"
 #include "kiln/fsutil.h"
 #include "kiln/json.h"
@@ -62,7 +63,7 @@ static void sb_esc(sbuf *b, const char *t) {
 
 typedef struct {
     int file;
-    const char *backend, *collective, *dtype;
+    const char *backend, *collective, *dtype, *moved;
     int64_t ranks;
     int inplace;
     double bytes, count, tmin, tavg, tmax, algbw, busbw, wrong;
@@ -171,8 +172,12 @@ static kiln_error *load_comm(report *r, int fi, const cJSON *it, const char *ctx
     KILN_TRY(get_num(it, "algbw_gbs", &c.algbw, NAN, 0, ctx));
     KILN_TRY(get_num(it, "busbw_gbs", &c.busbw, 0, 1, ctx));
     KILN_TRY(get_num(it, "wrong", &c.wrong, NAN, 0, ctx)); /* null: unchecked */
-    if (!(c.bytes > 0)) return kiln_errorf(KILN_EFORMAT, "%s: field 'bytes' must be > 0", ctx);
+    /* 0 is a size kiln bench comm writes: a size below one element per rank block (-b 8 over 3 ranks) */
+    if (!(c.bytes >= 0)) return kiln_errorf(KILN_EFORMAT, "%s: field 'bytes' must be >= 0", ctx);
     if (c.ranks < 1) return kiln_errorf(KILN_EFORMAT, "%s: field 'ranks' must be >= 1", ctx);
+    /* what the call moved: profiles before the field was written follow from ranks and in place */
+    KILN_TRY(get_str(it, "moved", &c.moved,
+                     kiln_coll_moved_name(kiln_coll_moved(c.ranks > 1 ? 2 : 1, c.inplace)), 0, ctx));
     PUSH_REC(r->c, r->nc, c, ctx);
     return NULL;
 }
@@ -496,7 +501,10 @@ static void render_comm(sbuf *b, const report *r) {
     if (!r->nc) return;
     int multi_file = distinct_files(&r->c[0].file, r->nc, sizeof(comm_rec)), multi_be = 0, multi_dt = 0, multi_ip = 0;
     double wrong = 0;
+    int one_rank = 0, zero_bytes = 0;
     for (size_t i = 0; i < r->nc; i++) {
+        one_rank |= r->c[i].ranks == 1;
+        zero_bytes |= !(r->c[i].bytes > 0);
         multi_be |= strcmp(r->c[i].backend, r->c[0].backend) != 0;
         multi_dt |= strcmp(r->c[i].dtype, r->c[0].dtype) != 0;
         multi_ip |= r->c[i].inplace != r->c[0].inplace;
@@ -506,10 +514,18 @@ static void render_comm(sbuf *b, const report *r) {
     if (wrong > 0)
         sb_printf(b, "<p class=\"warn\">⚠ Warning: %g wrong elements in the comm results (rows marked in red): those "
                      "collectives returned incorrect data, their bandwidth is meaningless.</p>\n", wrong);
+    if (one_rank)
+        sb_printf(b, "<p class=\"note\" id=\"one-rank\">One-rank records move no data between ranks: their bus "
+                     "bandwidth is 0 by definition (nccl-tests' factors), and in place a call moves nothing at all "
+                     "(column <i>moved</i>). They time the call, not a link.</p>\n");
+    if (zero_bytes)
+        sb_printf(b, "<p class=\"note\">Records of 0 bytes (sizes below one element per rank block) are in the "
+                     "table, not on the log-scale plot.</p>\n");
     series_set ss = {0};
     int oom = 0;
     for (size_t i = 0; i < r->nc && !oom; i++) {
         const comm_rec *c = &r->c[i];
+        if (!(c->bytes > 0)) continue; /* no place on a log2 axis */
         char name[200];
         int n = multi_file ? snprintf(name, sizeof name, "[%d] %s, %lld ranks", c->file + 1, c->collective,
                                       (long long)c->ranks)
@@ -526,7 +542,7 @@ static void render_comm(sbuf *b, const report *r) {
     series_free(&ss);
     sb_printf(b, "<table><tr><th>file</th><th>backend</th><th>collective</th><th>dtype</th><th>ranks</th><th>in-place</th>"
                  "<th>bytes</th><th>count</th><th>time min (µs)</th><th>time avg (µs)</th><th>time max (µs)</th>"
-                 "<th>algbw (GB/s)</th><th>busbw (GB/s)</th><th>wrong</th></tr>\n");
+                 "<th>algbw (GB/s)</th><th>busbw (GB/s)</th><th>wrong</th><th>moved</th></tr>\n");
     for (size_t i = 0; i < r->nc; i++) {
         const comm_rec *c = &r->c[i];
         sb_printf(b, "<tr%s><td>%d</td><td>", c->wrong > 0 ? " class=\"bad\"" : "", c->file + 1);
@@ -544,7 +560,9 @@ static void render_comm(sbuf *b, const report *r) {
         num_cell(b, c->algbw);
         num_cell(b, c->busbw);
         num_cell(b, c->wrong);
-        sb_printf(b, "</tr>\n");
+        sb_printf(b, "<td class=\"l\">");
+        sb_esc(b, c->moved);
+        sb_printf(b, "</td></tr>\n");
     }
     sb_printf(b, "</table></section>\n");
 }
@@ -748,6 +766,7 @@ static void render_page(sbuf *b, const report *r) {
               "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}\ntd.l,th{text-align:left}\n"
               "tr.bad td{background:#fdd;color:#900}\ntr.total td{font-weight:bold}\n"
               ".warn{background:#fdd;border:2px solid #c00;color:#900;padding:10px;font-weight:bold}\n"
+              ".note{background:#eef4ff;border:1px solid #88a;padding:8px}\n"
               "svg{display:block;margin:8px 0}\nsection{margin-top:32px}\n</style></head><body>\n"
               "<h1>kiln bench report</h1>\n");
     if (wrong > 0)

@@ -267,6 +267,13 @@ static void print_setup(FILE *f, const opts *o, const kiln_hw_profile *p) {
     fprintf(f, "setup: %lld GPU(s), ZeRO-1; sequence %lld; micro-batch %lld; %lld tokens per step; %s; %s\n",
             (long long)u->train.gpus, (long long)u->seq, (long long)u->train.micro_batch, (long long)u->tokens_per_step,
             u->train.muon ? "Muon + AdamW" : "AdamW", u->train.recompute ? "activation recomputation" : "no recomputation");
+    int64_t mbs = 0;
+    const int64_t step = kiln_size_step_tokens(u, &mbs);
+    if (step != u->tokens_per_step) /* the predictions are for this global batch, not the one asked */
+        fprintf(f, "note: a step is whole micro-batches on every GPU: %lld x %lld GPU(s) x %lld x %lld = %lld tokens per "
+                "step are predicted, %.3gx the %lld asked (--tokens-per-step, --gpus, --micro-batch, --seq)\n",
+                (long long)mbs, (long long)u->train.gpus, (long long)u->train.micro_batch, (long long)u->seq,
+                (long long)step, (double)step / (double)u->tokens_per_step, (long long)u->tokens_per_step);
 }
 
 /* Why a reference shape is not among the first `top`: its gaps to the leader, term by term. */
@@ -353,6 +360,8 @@ static int run_search(opts *o) {
         cJSON_AddNumberToObject(bud, "active_nonembed", o->b.active);
         cJSON_AddNumberToObject(bud, "tolerance", o->b.tolerance);
         cJSON_AddNumberToObject(bud, "vocab_padded", (double)r.vocab);
+        cJSON_AddNumberToObject(bud, "tokens_per_step", (double)o->b.setup.tokens_per_step);
+        cJSON_AddNumberToObject(bud, "tokens_per_step_predicted", (double)kiln_size_step_tokens(&o->b.setup, NULL));
         cJSON_AddNumberToObject(root, "enumerated", (double)r.enumerated);
         cJSON_AddNumberToObject(root, "candidates", (double)r.n);
         cJSON *arr = cJSON_AddArrayToObject(root, "ranked");

@@ -227,6 +227,13 @@ kiln_error *kiln_size_write_html(const char *path, const kiln_hw_profile *p, con
               u->train.muon ? "Muon + AdamW" : "AdamW", u->train.recompute ? "recomputation" : "no recomputation",
               (long long)r->enumerated, (long long)r->rejected_budget, (long long)r->rejected_aspect, bu->min_aspect,
               bu->max_aspect, (long long)r->rejected_memory, (long long)r->n);
+    int64_t mbs = 0;
+    const int64_t step = kiln_size_step_tokens(u, &mbs);
+    if (step != u->tokens_per_step)
+        sb_printf(&b, "<p><b>Note:</b> a step is whole micro-batches on every GPU: %lld &times; %lld GPU(s) &times; %lld "
+                      "&times; %lld = %lld tokens per step are predicted, not the %lld asked.</p>\n",
+                  (long long)mbs, (long long)u->train.gpus, (long long)u->train.micro_batch, (long long)u->seq,
+                  (long long)step, (long long)u->tokens_per_step);
     scatter(&b, r, top, ref);
     breakdown(&b, r, top, ref);
     sb_printf(&b, "<table>\n<tr><th>rank</th><th>shape</th><th>total B</th><th>active B</th><th>train tok/s/GPU</th>"

@@ -622,12 +622,27 @@ double kiln_hw_attn_eff(const kiln_hw_profile *p, int64_t D, int backward) {
     return e * (double)D / (double)padded;
 }
 
-/* Bus bandwidth at `bytes` over g ranks: measured records of the nearest rank count, linear in
- * log2(bytes) between sizes; else the intra- or inter-node figure. */
-static double busbw(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, double bytes, int64_t g) {
+/* Whether measured records over `ranks` GPUs stand for a job of g GPUs: both inside one node, or both across
+ * nodes. A measurement inside a node (NVLink) says nothing of the network between nodes, and one across
+ * nodes nothing of NVLink. */
+static int comm_same_side(const kiln_hw_profile *p, int64_t ranks, int64_t g) {
+    return (ranks <= p->gpus_per_node) == (g <= p->gpus_per_node);
+}
+
+/* The rank count of the measured records used for g GPUs (the nearest on g's side of the node boundary), or
+ * -1 when none stands for g. */
+static int64_t comm_ranks_for(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, int64_t g) {
     int64_t best = -1;
     for (int i = 0; i < n; i++)
-        if (best < 0 || llabs(pts[i].ranks - g) < llabs(best - g)) best = pts[i].ranks;
+        if (comm_same_side(p, pts[i].ranks, g) && (best < 0 || llabs(pts[i].ranks - g) < llabs(best - g)))
+            best = pts[i].ranks;
+    return best;
+}
+
+/* Bus bandwidth at `bytes` over g ranks: measured records of the nearest rank count on the same side of the
+ * node boundary, linear in log2(bytes) between sizes; else the intra- or inter-node figure. */
+static double busbw(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, double bytes, int64_t g) {
+    const int64_t best = comm_ranks_for(p, pts, n, g);
     if (best < 0) return g <= p->gpus_per_node ? p->intra_busbw_gbs : p->inter_busbw_gbs;
     double x = log2(bytes), lo_x = -1e300, hi_x = 1e300, lo = 0, hi = 0;
     for (int i = 0; i < n; i++) {
@@ -640,6 +655,30 @@ static double busbw(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int
     if (hi_x > 1e299) return lo;
     if (hi_x - lo_x < 1e-12) return lo;
     return lo + (hi - lo) * (x - lo_x) / (hi_x - lo_x);
+}
+
+int kiln_hw_comm_source(const kiln_hw_profile *p, int64_t g, char *buf, size_t n) {
+    const int inside = g <= p->gpus_per_node;
+    const double fig = inside ? p->intra_busbw_gbs : p->inter_busbw_gbs;
+    const int64_t r[2] = {comm_ranks_for(p, p->rs, p->nrs, g), comm_ranks_for(p, p->ag, p->nag, g)};
+    const int have[2] = {p->nrs > 0, p->nag > 0};
+    static const char *const name[2] = {"reduce-scatter", "all-gather"};
+    int len = snprintf(buf, n, "%lld GPUs are %s (%lld per node): ", (long long)g,
+                       inside ? "inside one node" : "across nodes", (long long)p->gpus_per_node);
+    for (int k = 0; k < 2 && len >= 0 && (size_t)len < n; k++) {
+        if (r[k] >= 0)
+            len += snprintf(buf + len, n - (size_t)len, "%s%s measured over %lld GPUs (interpolated over log2 bytes)",
+                            k ? "; " : "", name[k], (long long)r[k]);
+        else
+            len += snprintf(buf + len, n - (size_t)len, "%s%s at the profile's %s figure, %.4g GB/s%s", k ? "; " : "",
+                            name[k], inside ? "intra-node" : "inter-node", fig,
+                            have[k] ? (inside ? " (its measured records are all across nodes: they do not stand for "
+                                                "a job inside a node)"
+                                              : " (its measured records are all inside a node: NVLink says nothing of "
+                                                "the network between nodes)")
+                                    : "");
+    }
+    return r[0] >= 0 || r[1] >= 0;
 }
 
 double kiln_hw_comm_time(const kiln_hw_profile *p, int all_gather, double bytes, int64_t g) {

@@ -22,6 +22,13 @@ void kiln_size_setup_default(kiln_size_setup *u) {
     kiln_size_train_default(&u->train);
 }
 
+int64_t kiln_size_step_tokens(const kiln_size_setup *u, int64_t *micro_batches) {
+    const int64_t per_micro = u->train.gpus * u->train.micro_batch * u->seq;
+    const int64_t mbs = per_micro > 0 ? (u->tokens_per_step + per_micro - 1) / per_micro : 0;
+    if (micro_batches) *micro_batches = mbs;
+    return mbs * per_micro;
+}
+
 kiln_error *kiln_size_check_run(const char *what, int64_t gpus, int64_t micro_batch, int64_t seq,
                                 int64_t tokens_per_step) {
     const struct { const char *name; int64_t v, max; } f[] = {

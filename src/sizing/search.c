@@ -334,26 +334,36 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
     if (s->arch == KILN_ARCH_ZAYA) {
         int64_t rows = (int64_t)ceil((double)n * (double)s->top_k / (double)s->experts);
         kiln_hw_gemm_time_grouped(p, (double)s->experts, rows, 2 * s->expert_inter, s->hidden, &w);
+        /* the alternative with the same total AND active parameters: twice the experts at half the width with
+         * twice the top-k, so the same rows per expert (at the same top-k it would hold half the active
+         * parameters and see half the rows: not the same model budget) */
         kiln_hw_gemm_why w2;
-        int64_t rows2 = (int64_t)ceil((double)n * (double)s->top_k / (double)(2 * s->experts));
+        int64_t rows2 = (int64_t)ceil((double)n * (double)(2 * s->top_k) / (double)(2 * s->experts));
         kiln_hw_gemm_time_grouped(p, 2.0 * (double)s->experts, rows2 < 1 ? 1 : rows2, s->expert_inter, s->hidden, &w2);
         why(c, "%lld experts x width %lld, top-%lld: %lld rows per expert per micro-batch, grouped gate_up at %.0f "
-            "TFLOP/s (%lldx%lld tiles %.0f%% full, %.0f wave(s) %.0f%% full); the same parameters as %lld x %lld: %.0f "
-            "TFLOP/s; decode reads %.2f GB of expert weights per step at batch 1",
+            "TFLOP/s (%lldx%lld tiles %.0f%% full, %.0f wave(s) %.0f%% full); the same total and active parameters as "
+            "%lld x %lld top-%lld: %.0f TFLOP/s; decode reads %.2f GB of expert weights per step at batch 1",
             (long long)s->experts, (long long)s->expert_inter, (long long)s->top_k, (long long)rows, w.tflops,
             (long long)w.tile_m, (long long)w.tile_n, 100 * w.tile_util, w.waves, 100 * w.wave_util, (long long)(2 * s->experts), (long long)(s->expert_inter / 2),
-            w2.tflops, 2.0 * 3 * (double)s->top_k * (double)s->expert_inter * (double)s->hidden * (double)s->layers / 1e9);
+            (long long)(2 * s->top_k), w2.tflops,
+            2.0 * 3 * (double)s->top_k * (double)s->expert_inter * (double)s->hidden * (double)s->layers / 1e9);
     } else {
         double rf = gemm_rate(p, n, 2 * s->ffn, s->hidden, &w);
         why(c, "SwiGLU width %lld (%.2f x hidden): gate_up at %.0f TFLOP/s (tiles %.0f%%, waves %.0f%%)",
             (long long)s->ffn, (double)s->ffn / (double)s->hidden, rf, 100 * w.tile_util, 100 * w.wave_util);
     }
     double rv = gemm_rate(p, n, s->vocab, s->hidden, &w);
-    char pad[64] = "no padding needed";
-    if (s->vocab != b->vocab) snprintf(pad, sizeof pad, "padded from %lld", (long long)b->vocab);
-    why(c, "vocab %lld = %lld x 128 (%s): lm_head at %.0f TFLOP/s, %lldx%lld tiles %.0f%% full",
-        (long long)s->vocab, (long long)(s->vocab / 128), pad, rv, (long long)w.tile_m, (long long)w.tile_n,
-        100 * w.tile_util);
+    char pad[96] = "no padding needed";
+    if (s->vocab % 128) /* kiln size check keeps a config's own vocabulary: say what it is, not "= 0 x 128" */
+        snprintf(pad, sizeof pad, "not a multiple of 128; %lld is", (long long)((s->vocab + 127) / 128 * 128));
+    else if (s->vocab != b->vocab) snprintf(pad, sizeof pad, "padded from %lld", (long long)b->vocab);
+    if (s->vocab % 128)
+        why(c, "vocab %lld (%s): lm_head at %.0f TFLOP/s, %lldx%lld tiles %.0f%% full", (long long)s->vocab, pad, rv,
+            (long long)w.tile_m, (long long)w.tile_n, 100 * w.tile_util);
+    else
+        why(c, "vocab %lld = %lld x 128 (%s): lm_head at %.0f TFLOP/s, %lldx%lld tiles %.0f%% full",
+            (long long)s->vocab, (long long)(s->vocab / 128), pad, rv, (long long)w.tile_m, (long long)w.tile_n,
+            100 * w.tile_util);
     why(c, "%lld layers fill the budget: %.3gB total, %.3gB active (non-embedding; target %.3gB / %.3gB +-%g%%)",
         (long long)s->layers, (double)c->pred.params.total_nonembed / 1e9, (double)c->pred.params.active_nonembed / 1e9,
         b->total / 1e9, b->active / 1e9, 100 * b->tolerance);
@@ -364,6 +374,8 @@ void kiln_size_explain_candidate(const kiln_hw_profile *p, const kiln_size_budge
 }
 
 void kiln_size_print_rules(FILE *f, const kiln_hw_profile *p, const kiln_size_budget *b) {
+    char comm_src[600];
+    kiln_hw_comm_source(p, b->setup.train.gpus, comm_src, sizeof comm_src);
     fprintf(f,
         "Rules (docs/sizing.md):\n"
         "  1. Budget: non-embedding parameters within +-%g%% of the total and the active targets; the layer\n"
@@ -378,14 +390,16 @@ void kiln_size_print_rules(FILE *f, const kiln_hw_profile *p, const kiln_size_bu
         "  4. Attention: 4 x query channels FLOPs per visible key forward (causal, sliding windows), 2.5x\n"
         "     that backward, at the profile's efficiency for the head dim; head dims are padded to %lld.\n"
         "     Source: %s.\n"
-        "  5. Experts: balanced routing, tokens x top_k / experts rows per expert GEMM; fewer, wider experts\n"
-        "     give taller GEMMs and fewer weights to read when decoding at small batch.\n"
+        "  5. Experts: balanced routing, tokens x top_k / experts rows per expert GEMM. At one top-k, fewer,\n"
+        "     wider experts give taller GEMMs; at the same total and active parameters (2E experts of half the\n"
+        "     width at twice the top-k, what each candidate's evidence compares) the rows per expert and the\n"
+        "     weights read per token are the same, and only the quantization of the narrower GEMMs differs.\n"
         "  6. Vocabulary padded up to a multiple of 128 (whole lm_head tiles, divisible by 64 too).\n"
         "  7. Memory per GPU: bf16 weights + fp32 gradients + (fp32 master + optimizer states)/G (ZeRO-1;\n"
         "     Muon 1 state for hidden and expert matrices, AdamW 2 for the rest) + activations (+ logits);\n"
         "     a candidate must fit in 90%% of %.4g GiB.\n"
         "  8. Comm: ZeRO-1 reduce-scatter of fp32 gradients and all-gather of bf16 weights, not overlapped;\n"
-        "     bus bandwidth %s.\n"
+        "     bus bandwidth: %s.\n"
         "  9. Inference: prefill = forward of one prompt; decode step = sum over kernels of max(FLOPs, bytes)\n"
         "     at batch 1 and 64, experts touched = E(1-(1-k/E)^batch), plus reading the KV cache (memory\n"
         "     bandwidth %.0f GB/s, %s).\n"
@@ -397,8 +411,7 @@ void kiln_size_print_rules(FILE *f, const kiln_hw_profile *p, const kiln_size_bu
         p->ngemm ? "interpolated over log2(MNK) between the measured shapes, each divided by its own quantization"
                  : "the profile's gemm_efficiency (no GEMM measured)",
         (long long)p->head_dim_tile, p->attention_source, p->mem_gib,
-        p->nrs || p->nag ? "from the measured comm records (interpolated over log2 bytes)"
-                         : "the profile's intra-/inter-node figures",
+        comm_src,
         p->mem_gbs, p->memory_source,
         b->rank_by == KILN_RANK_TRAIN ? "training tokens/s per GPU only"
         : b->rank_by == KILN_RANK_DECODE ? "decode latency only (0.5 batch 1 + 0.5 batch 64)"
