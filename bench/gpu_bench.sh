@@ -67,7 +67,9 @@ for p in copies[0]["copy"]:
                            if x["device"] == "cuda" and x["kernel"] == "copy" and x["bytes_per_array"] == p["bytes"])
     tv = statistics.median(x["gbs_best"] for pr in copies for x in pr["copy"] if x["bytes"] == p["bytes"])
     print(f"{p['bytes']:12} {kv:10.0f} {tv:11.0f} {kv / tv:6.3f}")
-print(f"{'collective':15} {'dtype':9} {'bytes':>11} {'kiln busbw':>11} {'torch busbw':>12} {'ratio':>6}  (NCCL, {peers[0]['gpu']})")
+# the ratio is torch's time over kiln's (> 1: kiln faster): on one GPU both bus bandwidths are 0 (nothing moves
+# between ranks), and at several it equals the busbw ratio
+print(f"{'collective':15} {'dtype':9} {'bytes':>11} {'kiln busbw':>11} {'torch busbw':>12} {'kiln us':>9} {'torch us':>9} {'ratio':>6}  (NCCL, {peers[0]['gpu']})")
 for dt in ["float", "bfloat16"]:
     try:
         kc = json.load(open(f"{out}/comm_nccl_{dt}.json"))["comm"]
@@ -80,7 +82,7 @@ for dt in ["float", "bfloat16"]:
         ip = t["collective"] in ("all_reduce", "broadcast")
         k = [x for x in kc if x["collective"] == t["collective"] and x["bytes"] == t["bytes"] and x["inplace"] == ip]
         if k: print(f"{t['collective']:15} {dt:9} {t['bytes']:11} {k[0]['busbw_gbs']:11.1f} {t['busbw_gbs']:12.1f} "
-                    f"{k[0]['busbw_gbs'] / t['busbw_gbs'] if t['busbw_gbs'] else float('nan'):6.3f}")
+                    f"{k[0]['time_us_avg']:9.1f} {t['time_us_avg']:9.1f} {t['time_us_avg'] / k[0]['time_us_avg']:6.3f}")
 PY
 cat "$out/membw_gpu_$rounds.txt"
 [ -e "$out/comm_nccl_float.txt" ] && cat "$out/comm_nccl_float.txt"; true

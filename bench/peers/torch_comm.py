@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The peer of `kiln bench comm --backend nccl`: the same five collectives through torch.distributed (NCCL),
 timed the same way (per call: the collective, then torch.cuda.synchronize(); wall clock; the slowest
-rank's mean), with nccl-tests' bus-bandwidth factors. Launch with torchrun --nproc_per_node N.
+rank's mean), with nccl-tests' bus-bandwidth factors (and kiln's 0 on one rank). Launch with torchrun --nproc_per_node N.
 Prints one JSON object on rank 0: {"torch": version, "nccl": version, "ranks": N, "comm": [records]}.
 Usage: torch_comm.py MINBYTES MAXBYTES DTYPE(float|bfloat16) [ITERS] [WARMUP]"""
 import json, os, sys, time
@@ -9,6 +9,9 @@ import torch
 import torch.distributed as dist
 
 def busbw_factor(coll, n):
+    # kiln's convention (src/bench/comm_formulas.h): one rank moves nothing between ranks, broadcast included
+    if n <= 1:
+        return 0.0
     if coll == "all_reduce":
         return 2 * (n - 1) / n
     if coll in ("reduce_scatter", "all_gather", "alltoall"):
@@ -63,6 +66,8 @@ def main():
             us = avg.item()
             nbytes = count * ts
             algbw = nbytes / (us * 1e-6) / 1e9
+            if n == 1 and coll in ("all_reduce", "broadcast"):
+                algbw = 0.0  # in place on one rank nothing moves (kiln's "moved": none)
             recs.append({"collective": coll, "bytes": nbytes, "count": count, "ranks": n, "time_us_avg": us,
                          "algbw_gbs": algbw, "busbw_gbs": algbw * busbw_factor(coll, n)})
             s *= 2
