@@ -2,7 +2,7 @@
 # That machine has nvcc, CMake and PyTorch but no Debian package manager, so cJSON and OpenBLAS come from
 # the .deb files in .debs/ (apt-get download on a Debian machine), unpacked into /opt/kdeps (OpenMPI's, in .debs/mpi/,
 # into /opt/kdeps-mpi by kiln_kdeps_mpi):
-#   apt-get download libcjson1 libcjson-dev libopenblas0-openmp libopenblas-openmp-dev libopenblas-dev libopenblas0 \
+#   apt-get download libcjson1 libcjson-dev libxxhash-dev libxxhash0 libopenblas0-openmp libopenblas-openmp-dev libopenblas-dev libopenblas0 \
 #     libgfortran5 libgomp1 libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo libjpeg-dev zlib1g-dev \
 #     openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libhwloc15 libevent-core-2.1-7 \
 #     libevent-pthreads-2.1-7 libevent-2.1-7 libfabric1 libucx0 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 \

@@ -5,10 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-if ! dpkg -s libopenblas-dev libopenblas-openmp-dev libcjson-dev libpng-dev libjpeg-dev libopenmpi-dev openmpi-bin chromium cmake pkg-config gcc >/dev/null 2>&1; then
+if ! dpkg -s libopenblas-dev libopenblas-openmp-dev libcjson-dev libxxhash-dev libpng-dev libjpeg-dev libopenmpi-dev openmpi-bin chromium cmake pkg-config gcc >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq build-essential cmake pkg-config \
-    libopenblas-dev libopenblas-openmp-dev libcjson-dev libpng-dev libjpeg-dev libopenmpi-dev openmpi-bin chromium >/dev/null
+    libopenblas-dev libopenblas-openmp-dev libcjson-dev libxxhash-dev libpng-dev libjpeg-dev libopenmpi-dev openmpi-bin chromium >/dev/null
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"

@@ -5,11 +5,14 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "kiln/cis.h"
+#include "kiln/clip.h"
 #include "kiln/fsutil.h"
+#include "kiln/hash.h"
 #include "kiln/image.h"
 #include "kiln/json.h"
 #include "kiln/rng.h"
@@ -867,7 +870,13 @@ TEST(cis_resume_guards) {
                   jnum(rj, "bootstrap", NULL) == 30 && jnum(rj, "permutations", NULL) == 40 && jnum(rj, "seed", NULL) == 7,
               "resume replaced the run's settings: crops %s threshold %g", jstr(rj, "crops", NULL),
               jnum(rj, "threshold", NULL));
-    CHECK(!strncmp(jstr(rj, "clip_id", NULL), "fnv1a64:", 8));
+    {
+        kiln_clip *cm = NULL;
+        CHECK_OK(kiln_clip_load(clip, &cm));
+        CHECK_MSG(cm && !strcmp(jstr(rj, "clip_id", NULL), kiln_clip_id(cm)) && !strncmp(kiln_clip_id(cm), "xxh64:", 6),
+                  "run.json clip_id %s", jstr(rj, "clip_id", NULL));
+        kiln_clip_free(cm);
+    }
     cJSON_Delete(rj);
     /* given with another value: refused, naming the option, both values and run.json */
     char *rj_before = slurp(test_join(run, "run.json"));
@@ -987,4 +996,146 @@ TEST(cis_resume_guards) {
         cis_stop = NULL;
         CHECK(isnan(lo) && isnan(hi));
     }
+}
+
+/* The CLIP identity as kiln wrote it before kiln_clip_id (run.json's clip_id "fnv1a64:..."): FNV-1a 64
+ * over the name (with its NUL), then size and FNV-1a of the contents (8 bytes each, little-endian), of
+ * each .json, .txt and .safetensors file, in name order. */
+static void legacy_clip_id(const char *dir, char *out, size_t cap) {
+    char names[32][256];
+    int n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && n < 32) {
+        const char *ext = strrchr(de->d_name, '.');
+        if (de->d_name[0] != '.' && ext && (!strcmp(ext, ".json") || !strcmp(ext, ".txt") || !strcmp(ext, ".safetensors")))
+            snprintf(names[n++], sizeof names[0], "%s", de->d_name);
+    }
+    if (d) closedir(d);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(names[j], names[i]) < 0) {
+                char t[256];
+                memcpy(t, names[i], sizeof t), memcpy(names[i], names[j], sizeof t), memcpy(names[j], t, sizeof t);
+            }
+    uint64_t h = KILN_FNV1A64_INIT;
+    for (int i = 0; i < n; i++) {
+        uint64_t fh = 0, size = 0;
+        CHECK_OK(kiln_fnv1a64_file(test_join(dir, names[i]), &fh, &size));
+        unsigned char b[16];
+        for (int t = 0; t < 8; t++) b[t] = (unsigned char)(size >> (8 * t)), b[8 + t] = (unsigned char)(fh >> (8 * t));
+        h = kiln_fnv1a64(h, names[i], strlen(names[i]) + 1);
+        h = kiln_fnv1a64(h, b, sizeof b);
+    }
+    snprintf(out, cap, "fnv1a64:%016llx", (unsigned long long)h);
+}
+
+/* run.json's clip_id replaced by id (the rest kept) */
+static void set_clip_id(const char *runjson, const char *id) {
+    cJSON *rj = NULL;
+    CHECK_OK(kiln_json_parse_file(runjson, &rj));
+    if (!rj) return;
+    cJSON_ReplaceItemInObjectCaseSensitive(rj, "clip_id", cJSON_CreateString(id));
+    char *t = kiln_json_print(rj, 1);
+    CHECK_OK(kiln_write_file_atomic(runjson, t, strlen(t)));
+    free(t);
+    cJSON_Delete(rj);
+}
+
+/* A resume checks the CLIP model against run.json's clip_id in the form the run has it: kiln_clip_id's
+ * (xxh64:, hashed as the loader reads the weights), or the fnv1a64: of runs written before it (the files
+ * read once more, then run.json records the new form); another form is refused with what to do. The
+ * same model in another directory resumes. */
+TEST(cis_resume_clip_identity_forms) {
+    const char *d = test_tmpdir();
+    char suite[512], clip[512], clip2[512], moved[512], man[512], run[512], cmd[4096], base[2048], legacy[40];
+    static char out[16384];
+    snprintf(suite, sizeof suite, "%s", test_join(d, "suite.jsonl"));
+    FILE *f = fopen(suite, "w");
+    fputs("{\"id\":\"w1\",\"prompt\":\"p w1\",\"culture\":\"Scottish\",\"group\":\"western\",\"category\":\"food\","
+          "\"setting\":\"modern\",\"components\":[{\"phrase\":\"haggis\"}],\"complexity\":1}\n"
+          "{\"id\":\"n1\",\"prompt\":\"p n1\",\"culture\":\"Ethiopian\",\"group\":\"non_western\",\"category\":"
+          "\"food\",\"setting\":\"modern\",\"components\":[{\"phrase\":\"injera\"}],\"complexity\":1}\n",
+          f);
+    fclose(f);
+    snprintf(clip, sizeof clip, "%s", test_join(d, "clip"));
+    snprintf(clip2, sizeof clip2, "%s", test_join(d, "clip2"));
+    snprintf(moved, sizeof moved, "%s", test_join(d, "moved"));
+    mkdir(clip, 0755), mkdir(clip2, 0755), mkdir(moved, 0755);
+    if (clip_test_make_dir(clip, &clip_test_default, 31) || clip_test_make_dir(clip2, &clip_test_default, 32)) {
+        CHECK_MSG(0, "could not write the tiny CLIPs");
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "cp '%s'/* '%s'/", clip, moved);
+    CHECK(system(cmd) == 0);
+    mkdir(test_join(d, "img"), 0755);
+    snprintf(man, sizeof man, "%s", test_join(d, "man.jsonl"));
+    f = fopen(man, "w");
+    for (int i = 0; i < 2; i++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "img/%d.png", i);
+        write_png(test_join(d, rel), (uint64_t)i, 36, 32);
+        fprintf(f, "{\"image\": \"%s\", \"prompt_id\": \"%s\", \"model\": \"m\", \"seed\": 1}\n", rel, i ? "n1" : "w1");
+    }
+    fclose(f);
+    snprintf(run, sizeof run, "%s", test_join(d, "run"));
+    const char *rjp = test_join(run, "run.json");
+    snprintf(base, sizeof base, "cis score --suite '%s' --manifest '%s' --out '%s' --threads 1 --bootstrap 20 "
+             "--permutations 20", suite, man, run);
+    snprintf(cmd, sizeof cmd, "%s --clip '%s'", base, clip);
+    int rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+    char *now_id = NULL;
+    cJSON *rj = NULL;
+    CHECK_OK(kiln_json_parse_file(rjp, &rj));
+    if (!rj) return;
+    now_id = strdup(jstr(rj, "clip_id", NULL));
+    cJSON_Delete(rj);
+    CHECK_MSG(!strncmp(now_id, "xxh64:", 6), "%s", now_id);
+
+    /* the same model moved: resumes */
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, moved);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && !strstr(out, "older fnv1a64 form"), "rc %d: %s", rc, out);
+
+    /* a run of the older form: the same model resumes (once checked by the old hash), run.json then holds
+     * the new form */
+    legacy_clip_id(clip, legacy, sizeof legacy);
+    set_clip_id(rjp, legacy);
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && strstr(out, "older fnv1a64 form"), "rc %d: %s", rc, out);
+    rj = NULL;
+    CHECK_OK(kiln_json_parse_file(rjp, &rj));
+    CHECK_MSG(rj && !strcmp(jstr(rj, "clip_id", NULL), now_id), "run.json clip_id %s, want %s", rj ? jstr(rj, "clip_id", NULL) : "?",
+              now_id);
+    cJSON_Delete(rj);
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && !strstr(out, "older fnv1a64 form"), "rc %d: %s", rc, out);
+
+    /* ... and another model is refused in either form, naming both ids, run.json untouched */
+    char *before = NULL;
+    for (int form = 0; form < 2; form++) {
+        set_clip_id(rjp, form ? legacy : now_id);
+        free(before);
+        before = slurp(rjp);
+        snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip2);
+        rc = test_run_kiln(cmd, out, sizeof out);
+        CHECK_MSG(rc == 1 && strstr(out, "another CLIP model") && strstr(out, form ? legacy : now_id) &&
+                      strstr(out, form ? "(fnv1a64:" : "(xxh64:"),
+                  "form %d: rc %d: %s", form, rc, out);
+        char *after = slurp(rjp);
+        CHECK_MSG(before && after && !strcmp(before, after), "a refused resume rewrote run.json");
+        free(after);
+    }
+    /* a form this kiln does not know: refused, saying what to do */
+    set_clip_id(rjp, "sha256:0123456789abcdef");
+    snprintf(cmd, sizeof cmd, "%s --clip '%s' --resume", base, clip);
+    rc = test_run_kiln(cmd, out, sizeof out);
+    CHECK_MSG(rc == 1 && strstr(out, "clip_id 'sha256:0123456789abcdef' is in a form this kiln does not know") &&
+                  strstr(out, "score into a new --out"),
+              "rc %d: %s", rc, out);
+    free(before);
+    free(now_id);
 }

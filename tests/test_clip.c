@@ -3,16 +3,20 @@
  * weights, quick_gelu and gelu, legacy and new end-token pooling) against a float64 reference
  * written here from the HF definitions; preprocessing; bad directories. The fixture tests compare
  * with transformers itself (tests/fixtures/clip, made by make_clip_fixtures.py on the GPU machine). */
+#include <fcntl.h>
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "clip_testutil.h"
 #include "kiln/clip.h"
 #include "kiln/fsutil.h"
+#include "kiln/hash.h"
 #include "kiln/json.h"
 #include "kiln/nn.h"
 #include "kiln/rng.h"
@@ -602,4 +606,155 @@ TEST(clip_load_errors_name_the_problem) {
     CHECK(remove(test_join(dir, "tokenizer.json")) == 0);
     CHECK_ERR(kiln_clip_load(dir, &m), "tokenizer.json");
     CHECK(m == NULL);
+}
+
+/* ---- the model's identity (kiln_clip_id, src/clip/clip_id.c) ---- */
+
+/* XXH64 against libxxhash's values (bytes i*7+1, lengths across every tail case, two seeds), and the
+ * streaming form against the one-shot for every split */
+TEST(clip_id_xxh64_matches_xxhash) {
+    static const struct {
+        size_t n;
+        uint64_t seed, want;
+    } v[] = {{0, 0, 0xef46db3751d8e999ULL},    {1, 0, 0x8a4127811b21e730ULL},    {3, 0, 0xb6e6c910c2fd373aULL},
+             {4, 0, 0x22eda2cf6af4c124ULL},    {8, 0, 0xc6f1803a5e0b3222ULL},    {31, 0, 0x6ab1c40e29f50073ULL},
+             {32, 0, 0x5a0756fbe9ecd3d1ULL},   {33, 0, 0xdc50cdc37bb9c183ULL},   {100, 0, 0xd248bfc5208b0b16ULL},
+             {1000, 0, 0x6be03acbf959c413ULL}, {0, 0x9e3779b97f4a7c15ULL, 0xc4349fc93c010000ULL},
+             {1, 0x9e3779b97f4a7c15ULL, 0x32888f619f930a8fULL},  {3, 0x9e3779b97f4a7c15ULL, 0xac68126d7acfce15ULL},
+             {4, 0x9e3779b97f4a7c15ULL, 0xd8d778ded6ee56b4ULL},  {8, 0x9e3779b97f4a7c15ULL, 0x81c06e0c87ca2c12ULL},
+             {31, 0x9e3779b97f4a7c15ULL, 0x407e1b0246aa4c89ULL}, {32, 0x9e3779b97f4a7c15ULL, 0x0fdbc75cbf63f5bdULL},
+             {33, 0x9e3779b97f4a7c15ULL, 0x199870762697ae29ULL}, {100, 0x9e3779b97f4a7c15ULL, 0x8d818c65ab873d61ULL},
+             {1000, 0x9e3779b97f4a7c15ULL, 0xc7fe574d3ee26a09ULL}};
+    unsigned char b[1000];
+    for (int i = 0; i < 1000; i++) b[i] = (unsigned char)(i * 7 + 1);
+    CHECK(kiln_xxh64("abc", 3, 0) == 0x44bc2cf5ad770999ULL);
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        CHECK_MSG(kiln_xxh64(b, v[i].n, v[i].seed) == v[i].want, "n %zu seed %llx: %016llx", v[i].n,
+                  (unsigned long long)v[i].seed, (unsigned long long)kiln_xxh64(b, v[i].n, v[i].seed));
+        for (size_t a = 0; a <= v[i].n; a += v[i].n > 40 ? 13 : 1)
+            for (size_t c = a; c <= v[i].n; c += v[i].n > 40 ? 29 : 1) {
+                kiln_xxh64_state s;
+                kiln_xxh64_init(&s, v[i].seed);
+                kiln_xxh64_update(&s, b, a);
+                kiln_xxh64_update(&s, b + a, c - a);
+                kiln_xxh64_update(&s, b + c, v[i].n - c);
+                if (kiln_xxh64_digest(&s) != v[i].want) {
+                    CHECK_MSG(0, "streaming n %zu split at %zu, %zu", v[i].n, a, c);
+                    return;
+                }
+            }
+    }
+}
+
+static int id_of(const char *dir, char *id, size_t cap) {
+    kiln_clip *m = NULL;
+    kiln_error *e = kiln_clip_load(dir, &m);
+    if (e) {
+        CHECK_MSG(0, "%s", kiln_error_msg(e));
+        kiln_error_free(e);
+        return -1;
+    }
+    snprintf(id, cap, "%s", kiln_clip_id(m));
+    kiln_clip_free(m);
+    return 0;
+}
+
+/* flip bit `bit` of byte `off` of the file's data section (after the header), keeping its size and times */
+static void flip_data_bit(const char *path, size_t off, int bit) {
+    struct stat st;
+    CHECK(stat(path, &st) == 0);
+    FILE *f = fopen(path, "r+b");
+    unsigned char h8[8], c;
+    CHECK(f && fread(h8, 1, 8, f) == 8);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | h8[i];
+    CHECK(fseek(f, (long)(8 + hl + off), SEEK_SET) == 0 && fread(&c, 1, 1, f) == 1);
+    c ^= (unsigned char)(1u << bit);
+    CHECK(fseek(f, (long)(8 + hl + off), SEEK_SET) == 0 && fwrite(&c, 1, 1, f) == 1);
+    fclose(f);
+    struct timespec t[2] = {st.st_atim, st.st_mtim};
+    CHECK(utimensat(AT_FDCWD, path, t, 0) == 0);
+}
+
+/* The id is a content hash of what the model is: the same bytes give the same id (another directory,
+ * any thread count, tensors resharded and reordered); any changed weight bit, another checkpoint of the
+ * same shapes, or a changed config/tokenizer file gives another, whatever the files' sizes and times. */
+TEST(clip_id_is_the_models_content) {
+    const char *d = test_tmpdir();
+    char a[512], b[512], c[512], cmd[2048], id0[40], id[40];
+    snprintf(a, sizeof a, "%s/a", d);
+    snprintf(b, sizeof b, "%s/b", d);
+    snprintf(c, sizeof c, "%s/c", d);
+    mkdir(a, 0755), mkdir(b, 0755), mkdir(c, 0755);
+    if (clip_test_make_dir(a, &clip_test_default, 11) || clip_test_make_dir(b, &clip_test_default, 12)) {
+        CHECK_MSG(0, "could not write the tiny CLIPs");
+        return;
+    }
+    if (id_of(a, id0, sizeof id0)) return;
+    CHECK_MSG(!strncmp(id0, "xxh64:", 6) && strlen(id0) == 22, "%s", id0);
+    /* another checkpoint of the same shapes (the same file sizes) */
+    CHECK(!id_of(b, id, sizeof id) && strcmp(id, id0));
+    /* the same files elsewhere, on one thread */
+    snprintf(cmd, sizeof cmd, "cp -p '%s'/* '%s'/", a, c);
+    CHECK(system(cmd) == 0);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    CHECK(!id_of(c, id, sizeof id) && !strcmp(id, id0));
+    omp_set_num_threads(threads > 1 ? threads : 3);
+    CHECK(!id_of(c, id, sizeof id) && !strcmp(id, id0));
+    omp_set_num_threads(threads);
+    /* one weight's sign, or two (in FNV-1a over 8-byte words, h = (h ^ w) * p, two words' top bits cancel:
+     * a multiplication carries bits only upwards), with the file's size and times kept */
+    const char *st_c = test_join(c, "model.safetensors");
+    size_t size = 0;
+    {
+        kiln_st *st = NULL;
+        CHECK_OK(kiln_st_open(st_c, &st));
+        if (!st) return;
+        for (size_t i = 0; i < kiln_st_count(st); i++) size += kiln_st_at(st, i)->nbytes;
+        kiln_st_close(st);
+    }
+    /* byte 7 of a 64-bit word: an f32's sign bit, and the top bit of the word */
+    size_t off1 = ((size - 4096) & ~(size_t)7) | 7, off2 = ((size / 2) & ~(size_t)7) | 7;
+    flip_data_bit(st_c, off1, 7);
+    CHECK(!id_of(c, id, sizeof id) && strcmp(id, id0));
+    flip_data_bit(st_c, off2, 7);
+    CHECK(!id_of(c, id, sizeof id) && strcmp(id, id0));
+    flip_data_bit(st_c, off1, 7);
+    flip_data_bit(st_c, off2, 7);
+    CHECK(!id_of(c, id, sizeof id) && !strcmp(id, id0));
+    /* the tokenizer and config files count; files of other kinds do not */
+    FILE *f = fopen(test_join(c, "README.md"), "w");
+    fputs("notes\n", f), fclose(f);
+    CHECK(!id_of(c, id, sizeof id) && !strcmp(id, id0));
+    f = fopen(test_join(c, "tokenizer.json"), "a");
+    fputs(" ", f), fclose(f);
+    CHECK(!id_of(c, id, sizeof id) && strcmp(id, id0));
+    snprintf(cmd, sizeof cmd, "cp -p '%s/tokenizer.json' '%s/'", a, c);
+    CHECK(system(cmd) == 0 && !id_of(c, id, sizeof id) && !strcmp(id, id0));
+    /* resharded: the tensors in two files in reverse order, with an index */
+    {
+        kiln_st *st = NULL;
+        CHECK_OK(kiln_st_open(st_c, &st));
+        if (!st) return;
+        size_t n = kiln_st_count(st), half = n / 2;
+        kiln_st_entry *e = calloc(n, sizeof *e);
+        char *index = malloc(256 * n + 64); /* names are < 128 bytes */
+        size_t k = (size_t)sprintf(index, "{\"metadata\": {}, \"weight_map\": {");
+        for (size_t i = 0; i < n; i++) {
+            const kiln_st_tensor *t = kiln_st_at(st, n - 1 - i);
+            e[i] = (kiln_st_entry){t->name, t->dtype, t->ndim, t->shape, t->data};
+            k += (size_t)sprintf(index + k, "%s\"%s\": \"%s\"", i ? ", " : "", t->name,
+                                 i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors");
+        }
+        sprintf(index + k, "}}\n");
+        CHECK_OK(kiln_st_write(test_join(b, "model-00001-of-00002.safetensors"), e, half, NULL));
+        CHECK_OK(kiln_st_write(test_join(b, "model-00002-of-00002.safetensors"), e + half, n - half, NULL));
+        f = fopen(test_join(b, "model.safetensors.index.json"), "w");
+        fputs(index, f), fclose(f);
+        free(index), free(e);
+        kiln_st_close(st);
+        CHECK(remove(test_join(b, "model.safetensors")) == 0);
+        CHECK(!id_of(b, id, sizeof id) && !strcmp(id, id0));
+    }
 }

@@ -1,9 +1,11 @@
 /* kiln cis embed: the CLI contract (image_embeds / text_embeds [N,D] F32, rows in input order,
  * equal to the library's embeddings), and bad items: every unreadable image is named with its line,
- * nothing is written, an existing output stays as it was. */
+ * nothing is written, an existing output stays as it was; bad CLIP directories through `cis embed` and
+ * `cis score` alike: the file and tensor named, exit 1, nothing written. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "clip_testutil.h"
 #include "kiln/clip.h"
@@ -124,4 +126,93 @@ TEST(clip_cli_bad_items_are_named_and_nothing_is_written) {
     CHECK(test_run_kiln(cmd, out, sizeof out) == 2 && strstr(out, "--images / --texts are required"));
     snprintf(cmd, sizeof cmd, "cis embed --clip '%s/nope' --texts '%s' --out '%s'", dir, test_join(dir, "images.txt"), o);
     CHECK(test_run_kiln(cmd, out, sizeof out) == 1 && strstr(out, "nope"));
+}
+
+/* the bytes of path with the first `from` (searched over the whole file, NULs included) replaced by `to`
+ * of the same length, or the file cut to `keep` bytes (keep >= 0) */
+static void edit_file(const char *path, const char *from, const char *to, long keep) {
+    char *d = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(path, &d, &n));
+    if (!d) return;
+    if (from) {
+        size_t k = strlen(from);
+        char *at = NULL;
+        for (size_t i = 0; i + k <= n && !at; i++)
+            if (!memcmp(d + i, from, k)) at = d + i;
+        CHECK_MSG(at != NULL, "%s: no '%s'", path, from);
+        if (at) memcpy(at, to, k);
+    }
+    if (keep >= 0 && (size_t)keep < n) n = (size_t)keep;
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(d, 1, n, f) == n);
+    if (f) fclose(f);
+    free(d);
+}
+
+/* Bad CLIP directories, through both commands that load one (kiln cis embed and kiln cis score): each
+ * is an error that names the file (and the tensor where one is at fault), exit 1, no crash, nothing
+ * written. */
+TEST(clip_cli_bad_clip_directories_are_named) {
+    const char *dir = test_tmpdir();
+    char good[1024], cmd[8192], out[8192];
+    snprintf(good, sizeof good, "%s/good", dir);
+    mkdir(good, 0755);
+    if (clip_test_make_dir(good, &clip_test_default, 8)) {
+        CHECK_MSG(0, "could not write the tiny CLIP");
+        return;
+    }
+    write_file(test_join(dir, "texts.txt"), "a photo of a cat\n");
+    make_png(test_join(dir, "a.png"), 40, 36, 2);
+    write_file(test_join(dir, "suite.jsonl"),
+               "{\"id\":\"w1\",\"prompt\":\"p\",\"culture\":\"Scottish\",\"group\":\"western\",\"category\":\"food\","
+               "\"setting\":\"modern\",\"components\":[{\"phrase\":\"haggis\"}],\"complexity\":1}\n");
+    write_file(test_join(dir, "man.jsonl"), "{\"image\": \"a.png\", \"prompt_id\": \"w1\", \"model\": \"m\", \"seed\": 1}\n");
+    /* name, the file changed: `from` -> `to`, or keep: -2 removed, < -2 that many bytes cut off its end, >= 0
+     * cut to that length (-1: none); what the message must hold */
+    const struct {
+        const char *name, *file, *from, *to;
+        long keep;
+        const char *want[3];
+    } bad[] = {
+        {"no_config", "config.json", NULL, NULL, -2, {"no_config/config.json", "cannot open", NULL}},
+        {"siglip", "config.json", "\"model_type\":\"clip\"", "\"model_type\":\"sigl\"", -1,
+         {"siglip/config.json", "model_type is \"sigl\", not \"clip\"", NULL}},
+        {"three_layers", "config.json", "\"num_hidden_layers\":2", "\"num_hidden_layers\":3", -1,
+         {"three_layers", "tensor 'text_model.encoder.layers.2.layer_norm1.weight' is missing", NULL}},
+        {"cut_data", "model.safetensors", NULL, NULL, -100,
+         {"cut_data/model.safetensors", "tensor 'visual_projection.weight'", "past the end"}},
+        {"cut_header", "model.safetensors", NULL, NULL, 50, {"cut_header/model.safetensors", "header length", NULL}},
+        {"transposed", "model.safetensors", "\"text_projection.weight\":{\"dtype\":\"F32\",\"shape\":[16,32]",
+         "\"text_projection.weight\":{\"dtype\":\"F32\",\"shape\":[32,16]", -1,
+         {"transposed/model.safetensors", "tensor 'text_projection.weight' has shape [32,16], config.json says [16,32]",
+          NULL}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char model[1024], path[1100];
+        snprintf(model, sizeof model, "%s/%s", dir, bad[i].name);
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", good, model);
+        CHECK(system(cmd) == 0);
+        snprintf(path, sizeof path, "%s/%s", model, bad[i].file);
+        if (bad[i].keep == -2) CHECK(remove(path) == 0);
+        else if (bad[i].keep < -1) {
+            struct stat st;
+            CHECK(stat(path, &st) == 0);
+            edit_file(path, NULL, NULL, (long)st.st_size + bad[i].keep);
+        } else edit_file(path, bad[i].from, bad[i].to, bad[i].keep);
+        for (int c = 0; c < 2; c++) {
+            const char *o = test_join(dir, c ? "run" : "out.safetensors");
+            if (!c)
+                snprintf(cmd, sizeof cmd, "cis embed --clip '%s' --texts '%s' --out '%s'", model, test_join(dir, "texts.txt"), o);
+            else
+                snprintf(cmd, sizeof cmd, "cis score --suite '%s' --manifest '%s' --clip '%s' --out '%s' --threads 1",
+                         test_join(dir, "suite.jsonl"), test_join(dir, "man.jsonl"), model, o);
+            int rc = test_run_kiln(cmd, out, sizeof out);
+            int named = 1;
+            for (int k = 0; k < 3 && bad[i].want[k]; k++) named &= strstr(out, bad[i].want[k]) != NULL;
+            struct stat st;
+            CHECK_MSG(rc == 1 && named && stat(o, &st) != 0, "%s, %s: rc %d, %s", bad[i].name, c ? "score" : "embed",
+                      rc, out);
+        }
+    }
 }

@@ -24,6 +24,12 @@ int kiln_clip_dim(const kiln_clip *m);           /* projection_dim D */
 int kiln_clip_image_size(const kiln_clip *m);    /* S */
 int kiln_clip_grid(const kiln_clip *m);          /* patches per side G = S / patch_size */
 float kiln_clip_logit_scale(const kiln_clip *m); /* exp(logit_scale) */
+/* The model's identity: "xxh64:" + 16 hex digits, a content hash of the weights the model read (each
+ * tensor's name, dtype, shape and bytes) and of the directory's .json and .txt files, computed by
+ * kiln_clip_load as it reads them (no second read). The same bytes give the same id wherever the
+ * directory is and however the safetensors are sharded; another checkpoint of the same shapes, sizes
+ * and times does not. Format: docs/cis-format.md. */
+const char *kiln_clip_id(const kiln_clip *m);
 /* Where kiln_clip_embed_images runs: "cpu" (the default; f32, OpenBLAS) or "cuda" (device 0: the
  * vision tower's weights are uploaded once as bf16, activations bf16, the residual stream and every
  * reduction f32; freed with the model or by setting "cpu" again). Texts always run on the CPU.

@@ -164,12 +164,12 @@ int cis_record_matches(const cJSON *rec, const char *image, const char *prompt_i
            cJSON_IsNumber(s) && s->valuedouble == (double)seed; /* seeds are below 2^53: exact as doubles */
 }
 
-/* An identity of a CLIP directory: FNV-1a 64 over the name, size and contents of each of its
- * .json, .txt and .safetensors files (config, tokenizer, weights), in name order. A content hash
- * (about a second per GB, once per score) rather than sizes and times: a checkpoint copied or
- * re-downloaded keeps its identity, and another one of the same shapes does not. */
+/* The CLIP model's identity of runs written before kiln_clip_id (run.json's clip_id "fnv1a64:..."):
+ * FNV-1a 64 over the name, size and contents of each of the directory's .json, .txt and .safetensors
+ * files, in name order. A second read of every file (about a second per GB), so only a resume of such
+ * a run computes it, once: run.json then records kiln_clip_id's form (docs/cis-format.md). */
 static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-static kiln_error *clip_identity(const char *dir, char *out, size_t cap) {
+static kiln_error *clip_identity_fnv1a64(const char *dir, char *out, size_t cap) {
     DIR *d = opendir(dir);
     if (!d) return kiln_errorf(KILN_EIO, "--clip %s: %s", dir, strerror(errno));
     char **names = NULL;
@@ -219,7 +219,7 @@ typedef struct {
     int boot, perm;
     uint64_t seed;
     double threshold;
-    char clip_id[40];
+    char clip_id[40]; /* kiln_clip_id of the model */
 } run_settings;
 
 static kiln_error *write_run_json(const kiln_cis_score_opts *o, const run_settings *rs, const char *run_dir,
@@ -457,7 +457,7 @@ static int same_grids(const char *a, const char *b) {
  * model), and recomputes the statistics where it only changes those (--bootstrap, --permutations,
  * --seed, --threshold; docs/cis.md). */
 static kiln_error *resume_settings(const kiln_cis_score_opts *o, const cJSON *old, const char *runjson,
-                                   run_settings *rs) {
+                                   run_settings *rs, FILE *note) {
     const char *crops, *old_id, *old_clip;
     int64_t boot, perm, seed;
     double thr;
@@ -472,11 +472,28 @@ static kiln_error *resume_settings(const kiln_cis_score_opts *o, const cJSON *ol
         return kiln_errorf(KILN_EINVAL,
                            "--crops %s: the run was scored with crops %s (%s); a resume keeps the run's settings: "
                            "leave --crops out, or score into a new --out", o->grids, crops, runjson);
-    if (old_id && strcmp(old_id, rs->clip_id))
-        return kiln_errorf(KILN_EINVAL,
-                           "--clip %s: another CLIP model (%s) than the one the run was scored with (%s, %s in %s); "
-                           "a resume must use the same model, or score into a new --out", o->clip_dir, rs->clip_id,
-                           old_clip, old_id, runjson);
+    if (old_id) {
+        /* the model's identity in the form run.json has it: kiln_clip_id's, or a run's from before it */
+        const char *cur = rs->clip_id;
+        char legacy[40];
+        if (!strncmp(old_id, "fnv1a64:", 8)) {
+            fprintf(note, "note: %s holds the CLIP model's identity in the older fnv1a64 form: checking --clip %s "
+                          "against it by reading its files once more (about a second per GB); run.json records "
+                          "the newer form from now on\n", runjson, o->clip_dir);
+            KILN_TRY(clip_identity_fnv1a64(o->clip_dir, legacy, sizeof legacy));
+            cur = legacy;
+        } else if (strncmp(old_id, "xxh64:", 6)) {
+            return kiln_errorf(KILN_EFORMAT,
+                               "%s: clip_id '%s' is in a form this kiln does not know (it writes xxh64:..., and checks "
+                               "fnv1a64:... of older runs): resume with the kiln that wrote the run, or score into a new "
+                               "--out", runjson, old_id);
+        }
+        if (strcmp(old_id, cur))
+            return kiln_errorf(KILN_EINVAL,
+                               "--clip %s: another CLIP model (%s) than the one the run was scored with (%s, %s in %s); "
+                               "a resume must use the same model, or score into a new --out", o->clip_dir, cur,
+                               old_clip, old_id, runjson);
+    }
     if (boot < 1 || perm < 1 || boot > INT_MAX || perm > INT_MAX || seed < 0 || seed > CIS_SEED_MAX || !(thr >= 0 && thr <= 1))
         return kiln_errorf(KILN_EFORMAT, "%s: bootstrap, permutations, seed or threshold out of range", runjson);
     if (!o->grids && !(rs->grids = cis_strdup(crops))) return kiln_errorf(KILN_ENOMEM, "out of memory");
@@ -549,7 +566,7 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
         e = kiln_error_wrap(e, "--clip %s", o->clip_dir);
         goto done;
     }
-    if ((e = clip_identity(o->clip_dir, rs.clip_id, sizeof rs.clip_id))) goto done;
+    snprintf(rs.clip_id, sizeof rs.clip_id, "%s", kiln_clip_id(clip)); /* hashed as the weights were read */
     struct stat st;
     int have_run = !stat(runjson, &st);
     if (!o->resume && have_run) {
@@ -560,7 +577,7 @@ kiln_error *kiln_cis_score(const kiln_cis_score_opts *o, int *nscored, int *nerr
     if (o->resume && have_run) {
         /* the run's own settings, suite and model, checked before anything of it is rewritten */
         if ((e = kiln_json_parse_file(runjson, &old)) || (e = cis_run_keep_read(old, runjson, &keep)) ||
-            (e = resume_settings(o, old, runjson, &rs)))
+            (e = resume_settings(o, old, runjson, &rs, note)))
             goto done;
         if (!o->grids) grids_own = (char *)rs.grids;
         if ((e = kiln_cis_parse_grids(rs.grids, grids, &ngrids, 8))) goto done;

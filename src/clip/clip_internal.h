@@ -6,6 +6,7 @@
  *   clip_preprocess.c  CLIPImageProcessor: shortest-side bicubic resize, center crop, rescale, normalize
  *   clip_cuda.c        the vision tower on the GPU (kiln_clip_set_device "cuda")
  *   clip_text.c        CLIP's text ids: tokenizer.json encode, truncation, <|startoftext|> ... <|endoftext|>
+ *   clip_id.c          the model's identity (kiln_clip_id), hashed as the loader reads the weights
  */
 #ifndef KILN_CLIP_INTERNAL_H
 #define KILN_CLIP_INTERNAL_H
@@ -13,6 +14,7 @@
 #include <stdint.h>
 
 #include "kiln/clip.h"
+#include "kiln/safetensors.h"
 #include "kiln/tokenizer.h"
 
 enum { CLIP_ACT_QUICK_GELU = 1, CLIP_ACT_GELU, CLIP_ACT_GELU_TANH };
@@ -55,6 +57,8 @@ struct kiln_clip {
     struct clip_gpu *gpu; /* the vision tower on the device (clip_cuda.c), or NULL: CPU */
     struct clip_cpu_bufs *cpu_bufs; /* the CPU vision tower's activations, kept between calls (clip_forward.c) */
     int cpu_bufs_busy;              /* a call is using them (atomic) */
+    uint64_t weights_digest;        /* the weights' part of the identity (clip_id.c) */
+    char id[32];                    /* kiln_clip_id: "xxh64:" + 16 hex digits */
 };
 
 kiln_error *kiln_clip_read_config(const char *path, clip_tower_cfg *text, clip_tower_cfg *vision, int *proj_dim);
@@ -68,6 +72,12 @@ int kiln_clip_eos_index(const kiln_clip *m, const int64_t *ids, int n);
 /* clip_cuda.c: the GPU vision tower and its release (no-op without a device copy) */
 kiln_error *kiln_clip_embed_images_cuda(kiln_clip *m, const float *pixels, int n, float *out, float *patches);
 void kiln_clip_gpu_free(kiln_clip *m);
+/* clip_id.c: tensor i of src (already checked: shape, F32/F16/BF16/F64) converted into dst[i] as f32, on
+ * the OpenMP threads, piece by piece, each piece's bytes hashed as the conversion reads them;
+ * *digest the weights' part of the identity. */
+kiln_error *clip_id_load_tensors(const kiln_st_tensor *const *src, float *const *dst, size_t n, uint64_t *digest);
+/* clip_id.c: m->id from m->weights_digest and the directory's .json/.txt files */
+kiln_error *clip_id_finish(kiln_clip *m);
 /* clip_forward.c: the CPU vision tower's kept activations */
 void kiln_clip_cpu_free(kiln_clip *m);
 

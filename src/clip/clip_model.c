@@ -119,12 +119,19 @@ kiln_error *kiln_clip_load_weights(kiln_clip *m) {
     o_scale = l.total, rc |= add(&l, "logit_scale", 0, 0, 0, 0, 0);
     kiln_error *e = NULL;
     kiln_st *st = NULL;
+    const kiln_st_tensor **src = NULL; /* the file's tensor of each wanted one, in the table's order */
+    float **dst = NULL;                /* where each goes in m->w */
     if (rc || !(m->w = malloc(sizeof(float) * (l.total ? l.total : 1)))) {
         e = kiln_errorf(KILN_ENOMEM, "%s: out of memory for the CLIP weights", m->dir);
         goto out;
     }
     m->nw = l.total;
     if ((e = kiln_st_open_dir(m->dir, &st))) goto out;
+    /* every tensor checked (name, shape, dtype; nothing extra) before any byte of data is read */
+    if (!(src = calloc(l.n ? l.n : 1, sizeof *src)) || !(dst = calloc(l.n ? l.n : 1, sizeof *dst))) {
+        e = kiln_errorf(KILN_ENOMEM, "%s: out of memory", m->dir);
+        goto out;
+    }
     for (size_t i = 0; i < l.n && !e; i++) {
         const want *w = &l.v[i];
         const kiln_st_tensor *t = kiln_st_find(st, w->name);
@@ -146,7 +153,8 @@ kiln_error *kiln_clip_load_weights(kiln_clip *m) {
                             w->name, kiln_dtype_name(t->dtype));
             break;
         }
-        e = kiln_st_read_f32(t, m->w + w->off, (size_t)t->numel);
+        src[i] = t;
+        dst[i] = m->w + w->off;
     }
     /* anything else in the file means a different architecture than the config describes */
     for (size_t i = 0; st && !e && i < kiln_st_count(st); i++) {
@@ -159,6 +167,8 @@ kiln_error *kiln_clip_load_weights(kiln_clip *m) {
             e = kiln_errorf(KILN_EFORMAT, "%s: unexpected tensor '%s' (config.json describes %d text and %d vision layers)",
                             t->file, t->name, tc->layers, vc->layers);
     }
+    /* the data, converted to f32 and hashed for the model's identity in the same pass (clip_id.c) */
+    if (!e) e = clip_id_load_tensors((const kiln_st_tensor *const *)src, dst, l.n, &m->weights_digest);
     if (e) goto out;
     float *w = m->w;
     m->tok_emb = w + o_tok, m->tpos_emb = w + o_tpos, m->final_ln_w = w + o_fln_w, m->final_ln_b = w + o_fln_b;
@@ -176,6 +186,8 @@ kiln_error *kiln_clip_load_weights(kiln_clip *m) {
     for (int i = 0; i < vc->layers; i++) bind_layer(w, &vlo[i], &m->vl[i]);
 out:
     kiln_st_close(st);
+    free(src);
+    free(dst);
     free(l.v);
     free(tlo);
     free(vlo);
@@ -209,6 +221,7 @@ kiln_error *kiln_clip_load(const char *dir, kiln_clip **out) {
     }
     if (!e) e = kiln_clip_load_weights(m);
     if (!e) e = kiln_clip_load_text(m);
+    if (!e) e = clip_id_finish(m);
     free(cfg);
     free(pre);
     if (e) {
