@@ -84,9 +84,13 @@ static inline const char *ck_data(void) { return ck_data_splits(0); }
 /* A config file for a tiny model; hidden: the model width; extra: more fields for "run". */
 static inline const char *ck_config(const char *data, const char *out, int64_t steps, int64_t accum, int hidden,
                              const char *extra) {
-    char *p = kiln_path_join(test_tmpdir(), "cfg.json");
+    /* a file of its own per call (16 in turn): a test that writes two configs before running them ran both with
+     * the second's contents when they shared one path */
     static char keep[16][1200];
     static int k;
+    char name[32];
+    snprintf(name, sizeof name, "cfg_%02d.json", k & 15);
+    char *p = kiln_path_join(test_tmpdir(), name);
     char *slot = keep[k++ & 15];
     snprintf(slot, sizeof keep[0], "%s", p);
     free(p);

@@ -871,12 +871,31 @@ TEST(gpu_zaya_train_two_ranks_staged) {
     CHECK_MSG(w5 <= 1e-3, "steps 2-5: the loss differs by %.3g at step %d", w5, at5);
     CHECK_MSG(w <= 2e-2, "the loss differs by %.3g at step %d", w, at);
     free(g2), free(g1);
-    /* stop + resume on two ranks; the step-10 checkpoint also reshaped for one rank before the resume */
+    /* stop + resume on two ranks, with the async checkpoint writer (the default) and the synchronous one; the
+     * async step-10 checkpoint also reshaped for one rank before the resume */
     CHECK(gpu_train_ranks(2, cfg2, parts, "--stop-after 10") == 0);
     snprintf(args, sizeof args, "ckpt reshape --from '%s' --to '%s' --world-size 1", parts, resh);
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 0, "%s", text);
     CHECK(gpu_train_ranks(2, cfg2, parts, "--resume") == 0);
+    double lp[20] = {0};
+    int atp = 0;
+    CHECK(ck_losses(parts, lp, 20) == 20);
+    const double wp = worst_rel_steps(lp, l2, 11, 20, &atp);
+    printf("    two ranks, stop + resume (async writer): steps 11-20 within %.3g of the straight run's (step %d)\n", wp,
+           atp);
     CHECK_MSG(ck_same_model_file(two, parts), "two ranks: stop + resume differs from the straight run");
+    char sync_parts[1200];
+    snprintf(sync_parts, sizeof sync_parts, "%s", out_dir("two_ranks_parts_sync"));
+    const char *cs = ck_config(dd, sync_parts, 20, 1, 32, "\"ckpt_every\": 10, \"device\": \"cuda\", \"async_ckpt\": false");
+    char cfgs[1200];
+    snprintf(cfgs, sizeof cfgs, "%s", cs);
+    CHECK(gpu_train_ranks(2, cfgs, sync_parts, "--stop-after 10") == 0);
+    CHECK(gpu_train_ranks(2, cfgs, sync_parts, "--resume") == 0);
+    CHECK(ck_losses(sync_parts, lp, 20) == 20);
+    const double ws = worst_rel_steps(lp, l2, 11, 20, &atp);
+    printf("    two ranks, stop + resume (sync writer): steps 11-20 within %.3g of the straight run's (step %d)\n", ws,
+           atp);
+    CHECK_MSG(ck_same_model_file(two, sync_parts), "two ranks: stop + resume (sync writer) differs from the straight run");
     char rcfg[1300];
     snprintf(rcfg, sizeof rcfg, "%s/config.json", resh);
     CHECK(gpu_train_ranks(1, rcfg, resh, "--resume") == 0);
