@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -370,4 +371,280 @@ TEST(ft_run_cli_usage_and_run_dir) {
     CHECK_MSG(test_run_kiln(args, text, sizeof text) == 1 && strstr(text, "heartbeat: exists and is not a directory") &&
                   !strstr(text, "attempt 1"), "%s", text);
     CHECK(test_run_kiln("run --help", text, sizeof text) == 0 && strstr(text, "slow-save"));
+}
+
+/* ---- the background heartbeat writer (kiln_heartbeat_writer) ---- */
+
+static double ft_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* rank's beat h for `step` of phase (a trained step is recorded in its recent list; loss 1000 + step) */
+static void hb_fill(kiln_heartbeat *h, int rank, int64_t step, const char *phase) {
+    h->rank = rank, h->world = 2, h->attempt = 3, h->pid = 77, h->step = step, h->steps = 100000;
+    snprintf(h->phase, sizeof h->phase, "%s", phase);
+    h->loss = 1000.0 + (double)step, h->grad_norm = 0.5, h->local_grad_norm = 0.25, h->time = 1.7e9 + (double)step;
+    if (!strcmp(phase, "train")) kiln_heartbeat_record(h, step, h->loss, h->grad_norm);
+}
+
+/* The whole step log is steps 1..n of attempt 3, in order, each once, with its loss; returns how many records. */
+static int hb_log_check(const char *dir, int64_t n) {
+    ft_step_rec *rec = malloc((size_t)(n + 1) * sizeof *rec);
+    if (!rec) return -1;
+    int got = ft_step_log_read(dir, 0, rec, (int)n + 1), bad = 0;
+    for (int i = 0; i < got && !bad; i++)
+        if (rec[i].step != i + 1 || rec[i].attempt != 3 || rec[i].loss != 1000.0 + (double)(i + 1)) {
+            test_fail(__FILE__, __LINE__, "step log record %d: attempt %d, step %lld, loss %g", i, rec[i].attempt,
+                      (long long)rec[i].step, rec[i].loss);
+            bad = 1;
+        }
+    CHECK_MSG(got == n, "the step log holds %d records, want %lld", got, (long long)n);
+    free(rec);
+    return got;
+}
+
+/* A slow file system (every write of the writer's thread delayed 3 ms; posts in bursts and pauses): every step in the
+ * log, in order, exactly once; a beat on disk never reports a step whose line is not in the log yet (read the beat,
+ * then the log: the log only grows); far fewer beats written than posted (coalesced); the last one on disk at close. */
+TEST(ft_hb_writer_slow_fs_order) {
+    const char *dir = test_tmpdir();
+    kiln_heartbeat_writer *w = NULL;
+    CHECK_OK(kiln_heartbeat_writer_open(dir, &w));
+    if (!w) return;
+    ft_heartbeat_writer_set_delay(w, 3);
+    kiln_heartbeat h = {0};
+    hb_fill(&h, 0, 0, "start");
+    CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    const int64_t N = 3000;
+    int checks = 0, ahead = 0;
+    for (int64_t s = 1; s <= N; s++) {
+        hb_fill(&h, 0, s, s % 500 == 250 ? "skip" : "train"); /* a skipped step has no line */
+        CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+        if (s % 97 == 0) usleep(2000); /* a pause: the thread catches up mid-run */
+        if (s % 31 == 0) {
+            kiln_heartbeat g;
+            kiln_error *e = kiln_heartbeat_read(dir, 0, &g);
+            if (e) kiln_error_free(e); /* not written yet */
+            else {
+                static ft_step_rec rec[4096];
+                int n = ft_step_log_read(dir, 0, rec, 4096);
+                int64_t last = n > 0 ? rec[n - 1].step : 0;
+                if (!strcmp(g.phase, "train") && last < g.step) ahead++;
+                checks++;
+            }
+        }
+    }
+    hb_fill(&h, 0, N, "done");
+    CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    CHECK_OK(kiln_heartbeat_writer_flush(w));
+    int64_t beats = 0, lines = 0, batches = 0;
+    ft_heartbeat_writer_counts(w, &beats, &lines, &batches);
+    CHECK_OK(kiln_heartbeat_writer_close(w));
+    CHECK_MSG(ahead == 0 && checks > 10, "%d of %d beats read reported a step not in the log yet", ahead, checks);
+    /* steps 250, 750, ... were skipped: the log holds the others */
+    static ft_step_rec rec[4096];
+    int n = ft_step_log_read(dir, 0, rec, 4096), bad = 0;
+    int64_t want = 1;
+    for (int i = 0; i < n && !bad; i++, want++) {
+        if (want % 500 == 250) want++;
+        bad = rec[i].step != want || rec[i].attempt != 3 || rec[i].loss != 1000.0 + (double)want;
+        CHECK_MSG(!bad, "record %d: step %lld (want %lld), attempt %d, loss %g", i, (long long)rec[i].step,
+                  (long long)want, rec[i].attempt, rec[i].loss);
+    }
+    CHECK_MSG(n == N - N / 500 && lines == n, "%d records, %lld lines written, want %lld", n, (long long)lines,
+              (long long)(N - N / 500));
+    kiln_heartbeat g;
+    CHECK_OK(kiln_heartbeat_read(dir, 0, &g));
+    CHECK(g.step == N && !strcmp(g.phase, "done") && g.attempt == 3 && g.nrecent == KILN_HB_RECENT &&
+          g.recent[KILN_HB_RECENT - 1].step == N);
+    CHECK_MSG(beats < N / 4 && batches == beats, "%lld beats written in %lld batches for %lld posts", (long long)beats,
+              (long long)batches, (long long)N + 2);
+    CHECK(access(test_join(dir, "rank_00000.json.tmp"), F_OK) != 0);
+    printf("    %lld posts, %lld beats written (3 ms a write)\n", (long long)N + 2, (long long)beats);
+}
+
+/* Coalescing and lag: a burst posted while one beat is being written (100 ms) is one more write, of the newest beat,
+ * not one per post; and the newest beat reaches the disk once the write in flight ends, without a flush. */
+TEST(ft_hb_writer_coalesces_and_lags_one_write) {
+    const char *dir = test_tmpdir();
+    kiln_heartbeat_writer *w = NULL;
+    CHECK_OK(kiln_heartbeat_writer_open(dir, &w));
+    if (!w) return;
+    ft_heartbeat_writer_set_delay(w, 100);
+    kiln_heartbeat h = {0};
+    hb_fill(&h, 0, 1, "train");
+    CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    usleep(20000); /* the thread has taken step 1 and is writing it */
+    const double t0 = ft_now();
+    for (int64_t s = 2; s <= 50; s++) {
+        hb_fill(&h, 0, s, "train");
+        CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    }
+    const double post_s = ft_now() - t0;
+    kiln_heartbeat g = {0};
+    double seen = -1;
+    while (ft_now() - t0 < 30) { /* a liveness bound, not a speed check: two writes of 100 ms are due */
+        kiln_error *e = kiln_heartbeat_read(dir, 0, &g);
+        if (!e && g.step == 50) {
+            seen = ft_now() - t0;
+            break;
+        }
+        kiln_error_free(e);
+        usleep(2000);
+    }
+    /* step 1's write ends ~80 ms after the burst, step 50's ~100 ms later; one write per post would take 4.9 s.
+     * Times are printed, not judged (tests never assert on time): what is judged is how many writes were made */
+    CHECK_MSG(seen > 0, "step 50's beat never reached the disk");
+    CHECK_OK(kiln_heartbeat_writer_flush(w));
+    int64_t beats = 0, lines = 0, batches = 0;
+    ft_heartbeat_writer_counts(w, &beats, &lines, &batches);
+    /* 2 when the thread took step 1 before the burst (the usual case), 1 when it woke only after it (a loaded
+     * machine): never one write per post */
+    CHECK_MSG(beats >= 1 && beats <= 2 && batches == beats && lines == 50,
+              "%lld beats, %lld lines, %lld batches (want 1 or 2 beats and batches, 50 lines)", (long long)beats,
+              (long long)lines, (long long)batches);
+    CHECK_OK(kiln_heartbeat_writer_close(w));
+    hb_log_check(dir, 50);
+    printf("    49 posts in %.1f us; the newest beat on disk after %.0f ms (100 ms a write)\n", post_s * 1e6, seen * 1e3);
+}
+
+/* close() writes everything posted before it returns (the "done" beat of a trainer about to exit), for each of two
+ * ranks' writers in one directory (several ranks per node: rank 1 writes no step log); closing NULL is nothing. */
+TEST(ft_hb_writer_close_flushes) {
+    const char *dir = test_tmpdir();
+    kiln_heartbeat_writer *w0 = NULL, *w1 = NULL;
+    CHECK_OK(kiln_heartbeat_writer_open(dir, &w0));
+    CHECK_OK(kiln_heartbeat_writer_open(dir, &w1));
+    if (!w0 || !w1) return;
+    ft_heartbeat_writer_set_delay(w0, 150);
+    ft_heartbeat_writer_set_delay(w1, 150);
+    kiln_heartbeat h0 = {0}, h1 = {0};
+    hb_fill(&h0, 0, 0, "start");
+    hb_fill(&h1, 1, 0, "start");
+    CHECK_OK(kiln_heartbeat_writer_post(w0, &h0));
+    CHECK_OK(kiln_heartbeat_writer_post(w1, &h1));
+    for (int64_t s = 1; s <= 7; s++) {
+        hb_fill(&h0, 0, s, "train");
+        hb_fill(&h1, 1, s, "train");
+        CHECK_OK(kiln_heartbeat_writer_post(w0, &h0));
+        CHECK_OK(kiln_heartbeat_writer_post(w1, &h1));
+    }
+    hb_fill(&h0, 0, 7, "done");
+    hb_fill(&h1, 1, 7, "done");
+    CHECK_OK(kiln_heartbeat_writer_post(w0, &h0));
+    CHECK_OK(kiln_heartbeat_writer_post(w1, &h1));
+    const double t0 = ft_now();
+    CHECK_OK(kiln_heartbeat_writer_close(w0));
+    CHECK_OK(kiln_heartbeat_writer_close(w1));
+    const double close_s = ft_now() - t0;
+    for (int r = 0; r < 2; r++) {
+        kiln_heartbeat g;
+        CHECK_OK(kiln_heartbeat_read(dir, r, &g));
+        CHECK_MSG(g.step == 7 && !strcmp(g.phase, "done") && g.nrecent == 7, "rank %d: step %lld, phase %s", r,
+                  (long long)g.step, g.phase);
+    }
+    hb_log_check(dir, 7);
+    CHECK_MSG(close_s > 0.1, "close returned after %.3f s: it did not wait for the write", close_s);
+    CHECK_OK(kiln_heartbeat_writer_close(NULL));
+}
+
+/* An error of a background write is not lost: it comes back, naming the file and the step, from the next post (or
+ * flush, or close), once; the writer writes nothing after it and later posts fail too. The heartbeat directory
+ * cannot be a path too long to open (a component over NAME_MAX), nor a directory replaced by a file mid-run (chmod
+ * would not stop root). */
+TEST(ft_hb_writer_background_error) {
+    char longdir[1400];
+    char name[301];
+    memset(name, 'x', 300);
+    name[300] = 0;
+    snprintf(longdir, sizeof longdir, "%s/%s", test_tmpdir(), name);
+    kiln_heartbeat_writer *w = NULL;
+    CHECK_OK(kiln_heartbeat_writer_open(longdir, &w));
+    if (!w) return;
+    kiln_heartbeat h = {0};
+    hb_fill(&h, 1, 0, "start");
+    CHECK_OK(kiln_heartbeat_writer_post(w, &h)); /* accepted: written in the background, where it fails */
+    kiln_error *e = NULL;
+    for (int i = 0; i < 500 && !e; i++) { /* the next post reports it (5 s at most) */
+        usleep(10000);
+        hb_fill(&h, 1, i + 1, "train");
+        e = kiln_heartbeat_writer_post(w, &h);
+    }
+    CHECK_MSG(e && strstr(kiln_error_msg(e), "rank_00001.json") && strstr(kiln_error_msg(e), "heartbeat of step 0") &&
+                  strstr(kiln_error_msg(e), "File name too long"), "%s", e ? kiln_error_msg(e) : "no error");
+    kiln_error_free(e);
+    CHECK_ERR(kiln_heartbeat_writer_post(w, &h), "stopped at an earlier error");
+    CHECK_ERR(kiln_heartbeat_writer_flush(w), "stopped at an earlier error");
+    CHECK_OK(kiln_heartbeat_writer_close(w)); /* reported already */
+
+    /* reported by close when no post came after it */
+    CHECK_OK(kiln_heartbeat_writer_open(longdir, &w));
+    if (!w) return;
+    hb_fill(&h, 0, 5, "train");
+    CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    CHECK_ERR(kiln_heartbeat_writer_close(w), "step log line of step 5, written in the background");
+
+    /* the directory replaced by a file under a running writer: the step log's append fails first, and no beat is
+     * written after it (it would report a step whose line is missing) */
+    const char *root = test_tmpdir();
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/hb", root);
+    CHECK(mkdir(dir, 0755) == 0);
+    CHECK_OK(kiln_heartbeat_writer_open(dir, &w));
+    if (!w) return;
+    for (int64_t s = 1; s <= 3; s++) {
+        hb_fill(&h, 0, s, "train");
+        CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    }
+    CHECK_OK(kiln_heartbeat_writer_flush(w));
+    char cmd[2600], out[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && echo x > '%s'", dir, dir);
+    CHECK(test_run_shell(cmd, out, sizeof out) == 0);
+    hb_fill(&h, 0, 4, "train");
+    CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+    e = kiln_heartbeat_writer_close(w);
+    CHECK_MSG(e && strstr(kiln_error_msg(e), "hb/steps_00000.jsonl: cannot open: Not a directory") &&
+                  strstr(kiln_error_msg(e), "step 4"), "%s", e ? kiln_error_msg(e) : "no error");
+    kiln_error_free(e);
+    /* a bad testing hook is an error naming the variable */
+    setenv("KILN_HEARTBEAT_DELAY_MS", "soon", 1);
+    CHECK_ERR(kiln_heartbeat_writer_open(root, &w), "KILN_HEARTBEAT_DELAY_MS='soon'");
+    unsetenv("KILN_HEARTBEAT_DELAY_MS");
+}
+
+/* The cost the training thread sees: post() against the synchronous kiln_heartbeat_write, 4,000 beats of rank 0
+ * (with the step log) into the test's directory, back to back. Printed only (tests never assert on time); what is
+ * checked is that every step reached the log. Back to back, the queue fills (1024 lines) and post waits for the
+ * thread now and then: the worst post is a write's time, the mean stays far below one. */
+TEST(ft_hb_writer_cost) {
+    const char *d1 = test_tmpdir(), *d2 = test_tmpdir();
+    const int N = 4000;
+    kiln_heartbeat h = {0};
+    double t0 = ft_now();
+    for (int s = 1; s <= N; s++) {
+        hb_fill(&h, 0, s, "train");
+        CHECK_OK(kiln_heartbeat_write(d1, &h));
+    }
+    const double sync_s = ft_now() - t0;
+    memset(&h, 0, sizeof h);
+    kiln_heartbeat_writer *w = NULL;
+    CHECK_OK(kiln_heartbeat_writer_open(d2, &w));
+    if (!w) return;
+    double worst = 0;
+    t0 = ft_now();
+    for (int s = 1; s <= N; s++) {
+        hb_fill(&h, 0, s, "train");
+        const double a = ft_now();
+        CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+        const double b = ft_now() - a;
+        worst = b > worst ? b : worst;
+    }
+    const double post_s = ft_now() - t0;
+    CHECK_OK(kiln_heartbeat_writer_close(w));
+    const double all_s = ft_now() - t0;
+    hb_log_check(d2, N);
+    printf("    %d beats: kiln_heartbeat_write %.2f us a beat; post %.2f us a beat (worst %.0f us), all written by close "
+           "after %.2f s\n", N, sync_s / N * 1e6, post_s / N * 1e6, worst * 1e6, all_s);
 }

@@ -2,7 +2,9 @@
  * trained on a bad window outlives an attempt that fails before applying it, the skip windows outlive
  * the supervisor process, the spike detector is not blind after a restart, after a rerun (its history in
  * ft_state.json) nor between two polls of fast steps, Ctrl-C's grace, and the rule that stops retrying a failure that
- * repeats before any step unless its error is a transient one. */
+ * repeats before any step unless its error is a transient one; the trainer's heartbeats written by a background
+ * thread: every step in the log and the last beat on disk at exit, with a slow writer too, and a failed write
+ * stopping the trainer. */
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -11,8 +13,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "../src/ft/ft_internal.h"
 #include "ckpt_testutil.h"
 #include "kiln/fsutil.h"
+#include "kiln/ft.h"
 #include "kiln/json.h"
 
 /* 16 steps, a checkpoint every 4 (kept: 3) on the tiny model; extra: more "run" fields. */
@@ -45,7 +49,10 @@ static void sup_reference(const char *ref, const char *skip) {
 #define SPIKE_OPTS "--spike-min 4 --spike-window 8 --spike-z 8"
 
 /* A spike at step 12; the restart after it fails before the trainer starts (exit 1 from the wrapper): the
- * attempt after that must still set aside the checkpoints of step >= 12 and skip step 12. */
+ * attempt after that must still set aside the checkpoints of step >= 12 and skip step 12. The checkpoints are taken
+ * when due ("ckpt_busy": "wait"): with ~2 ms steps the save of step 8 may still be being written at step 12, and a
+ * save deferred past step 12 leaves no step_00000012 to set aside (1 run in 10 once beats left the training thread
+ * and the steps got shorter). */
 TEST(ft_sup_reject_outlives_a_failed_attempt) {
     const char *ref = test_tmpdir(), *out = test_tmpdir();
     sup_reference(ref, "12");
@@ -53,7 +60,7 @@ TEST(ft_sup_reject_outlives_a_failed_attempt) {
     snprintf(cmd, sizeof cmd,
              "KILN_FAULT=spike:step=12 '%s' run --run-dir '%s' --backoff 0.05 " SPIKE_OPTS " -- sh -c "
              "'[ \"$KILN_RUN_ATTEMPT\" = 2 ] && exit 1; exec \"$0\" train --config \"$1\" --quiet' '%s' '%s' 2>&1",
-             KILN_BINARY, out, KILN_BINARY, sup_config(out, NULL));
+             KILN_BINARY, out, KILN_BINARY, sup_config(out, "\"ckpt_busy\": \"wait\""));
     int rc = test_run_shell(cmd, text, sizeof text);
     char *log = ck_incidents(out);
     CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts"), "rc %d\n%s", rc, text);
@@ -430,4 +437,147 @@ TEST(ft_sup_spike_history_outlives_the_supervisor) {
                   strstr(log, "\"step\":10,"), "rc %d\n%s\n%s", rc, text, log);
     free(log);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 10\n%s", text);
+}
+
+/* ---- the trainer's heartbeats, written by a background thread (kiln_heartbeat_writer) ---- */
+
+/* hb's step log is steps from..to of `attempt` (from = 0: whatever the first), each once and in order, but for the
+ * steps in skip[0..nskip); *first: the first step. Failures are reported; returns 1 when it is so. */
+static int sup_log_is(const char *hb, int attempt, int64_t from, int64_t to, const int64_t *skip, int nskip,
+                      int64_t *first) {
+    const int cap = 100000;
+    ft_step_rec *rec = malloc((size_t)cap * sizeof *rec);
+    if (!rec) return 0;
+    int n = ft_step_log_read(hb, 0, rec, cap), ok = n > 0;
+    int64_t want = n > 0 ? (from ? from : rec[0].step) : 0;
+    if (first) *first = want;
+    for (int i = 0; i < n && ok; i++, want++) {
+        for (int k = 0; k < nskip; k++)
+            if (want == skip[k]) want++;
+        ok = rec[i].step == want && rec[i].attempt == attempt;
+        CHECK_MSG(ok, "%s: record %d is step %lld of attempt %d, want step %lld of attempt %d", hb, i,
+                  (long long)rec[i].step, rec[i].attempt, (long long)want, attempt);
+    }
+    CHECK_MSG(n > 0 && want - 1 == to, "%s: %d records, the last step %lld, want %lld", hb, n,
+              n > 0 ? (long long)rec[n - 1].step : -1LL, (long long)to);
+    free(rec);
+    return ok && want - 1 == to;
+}
+
+/* A plain `kiln train` with kiln run's KILN_HEARTBEAT_DIR and a slow heartbeat file system (every background write
+ * 40 ms, steps far faster): at exit every step is in the log, once, in order, with the loss metrics.jsonl has, and the
+ * beat on disk is the last one ("done"); beats were coalesced, yet nothing was lost. */
+TEST(ft_sup_trainer_beats_slow_writer) {
+    const char *out = test_tmpdir(), *hb = test_join(test_tmpdir(), "hb");
+    CHECK(mkdir(hb, 0755) == 0);
+    char cmd[4096], text[16384];
+    snprintf(cmd, sizeof cmd, "KILN_HEARTBEAT_DIR='%s' KILN_HEARTBEAT_DELAY_MS=40 '%s' train --config '%s' --quiet 2>&1",
+             hb, KILN_BINARY, sup_config(out, NULL));
+    int rc = test_run_shell(cmd, text, sizeof text);
+    CHECK_MSG(rc == 0, "rc %d\n%s", rc, text);
+    CHECK(sup_log_is(hb, 1, 1, 16, NULL, 0, NULL));
+    kiln_heartbeat g;
+    CHECK_OK(kiln_heartbeat_read(hb, 0, &g));
+    CHECK_MSG(g.step == 16 && !strcmp(g.phase, "done") && g.nrecent == 16, "the beat on disk: step %lld, phase %s",
+              (long long)g.step, g.phase);
+    double loss[16];
+    ft_step_rec rec[16];
+    if (ck_losses(out, loss, 16) == 16 && ft_step_log_read(hb, 0, rec, 16) == 16)
+        for (int i = 0; i < 16; i++)
+            CHECK_MSG(fabs(rec[i].loss - loss[i]) <= 1e-5 * fabs(loss[i]), "step %d: loss %.9g in the log, %.9g in "
+                      "metrics.jsonl", i + 1, rec[i].loss, loss[i]);
+}
+
+/* Ctrl-C with a slow heartbeat writer (300 ms a write): the trainer saves, and the beat and the step log on disk at
+ * its exit reach the step it stopped at, the step of the checkpoint it saved. */
+TEST(ft_sup_trainer_beats_on_ctrl_c) {
+    const char *out = test_tmpdir(), *hb = test_join(test_tmpdir(), "hb");
+    CHECK(mkdir(hb, 0755) == 0);
+    const char *cfg = ck_config(ck_data(), out, 100000, 1, 32, "\"ckpt_every\": 1000000");
+    setenv("KILN_HEARTBEAT_DIR", hb, 1);
+    setenv("KILN_HEARTBEAT_DELAY_MS", "300", 1);
+    int rc = ck_train_until_sigint(cfg, out, 3000);
+    unsetenv("KILN_HEARTBEAT_DIR");
+    unsetenv("KILN_HEARTBEAT_DELAY_MS");
+    CHECK_MSG(rc == 130, "exit status %d", rc);
+    kiln_heartbeat g;
+    CHECK_OK(kiln_heartbeat_read(hb, 0, &g));
+    CHECK_MSG(g.step > 1 && !strcmp(g.phase, "train"), "the beat on disk: step %lld, phase %s", (long long)g.step, g.phase);
+    CHECK(sup_log_is(hb, 1, 1, g.step, NULL, 0, NULL));
+    char ck[64];
+    snprintf(ck, sizeof ck, "ckpt/step_%08lld/COMMITTED", (long long)g.step);
+    CHECK_MSG(sup_exists(out, ck), "no committed checkpoint of step %lld, the last beat's", (long long)g.step);
+}
+
+/* A heartbeat write that fails in the background stops the trainer (exit 1, the error naming the file), as a failed
+ * synchronous beat did: a heartbeat directory under a regular file, and one replaced by a file mid-run. */
+TEST(ft_sup_trainer_beat_error_stops_it) {
+    const char *out = test_tmpdir(), *root = test_tmpdir();
+    CHECK_OK(kiln_write_file_atomic(test_join(root, "file"), "x", 1));
+    char cmd[8192], text[16384];
+    snprintf(cmd, sizeof cmd, "KILN_HEARTBEAT_DIR='%s/file/hb' '%s' train --config '%s' --quiet 2>&1", root,
+             KILN_BINARY, sup_config(out, NULL));
+    int rc = test_run_shell(cmd, text, sizeof text);
+    CHECK_MSG(rc == 1 && strstr(text, "kiln train (rank 0): error: ") &&
+                  strstr(text, "/file/hb/rank_00000.json.tmp: cannot open: Not a directory"), "rc %d\n%s", rc, text);
+    /* replaced mid-run (steps of 20 ms or more: 300 of them take 6 s and more; replaced once the first beat is there) */
+    const char *out2 = test_tmpdir(), *hb = test_join(root, "hb");
+    CHECK(mkdir(hb, 0755) == 0);
+    snprintf(cmd, sizeof cmd,
+             "KILN_HEARTBEAT_DIR='%s' KILN_FAULT=slow:step=1:ms=20 '%s' train --config '%s' --quiet > '%s/log' 2>&1 & p=$!; "
+             "i=0; while [ ! -e '%s/rank_00000.json' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.3; "
+             "rm -rf '%s' && echo x > '%s'; wait $p; echo \"rc=$?\"; cat '%s/log'",
+             hb, KILN_BINARY, ck_config(ck_data(), out2, 300, 1, 32, "\"ckpt_every\": 1000000"), root, hb, hb, hb, root);
+    rc = test_run_shell(cmd, text, sizeof text);
+    CHECK_MSG(rc == 0 && strstr(text, "rc=1\n") && strstr(text, "kiln train (rank 0): error: ") &&
+                  strstr(text, "/hb/steps_00000.jsonl: cannot open: Not a directory"), "rc %d\n%s", rc, text);
+    double loss[300];
+    const int steps = ck_losses(out2, loss, 300);
+    CHECK_MSG(steps > 0 && steps < 300, "trained %d steps of 300 (it should stop at the failed beat)", steps);
+}
+
+/* kiln run with a slow heartbeat file system (20 ms a background write; steps far faster, so beats are coalesced and
+ * lag): two spikes, one per attempt, are both seen (every step is judged from the log), no hang is declared
+ * (--hang-timeout 5: beats keep coming), and the last attempt's log holds each of its steps once, in order, without
+ * the skipped ones; its last beat is "done". The steps (~0.1 ms) run hundreds ahead of what the supervisor has judged
+ * (its 0.1 s poll, and here the writer's lag): every checkpoint is kept, so that one before step 900 is left to roll
+ * back to. */
+TEST(ft_sup_slow_heartbeat_writer) {
+    const char *out = test_tmpdir();
+    char *p = kiln_path_join(test_tmpdir(), "fast.json");
+    char cfg[4096], args[4096], text[65536];
+    snprintf(cfg, sizeof cfg,
+             "{\"model\": {\"vocab_size\": %d, \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 1,"
+             " \"num_key_value_heads\": 1, \"head_dim\": 8, \"num_experts\": 2, \"moe_intermediate_size\": 8,"
+             " \"router_hidden_size\": 8, \"eos_token_id\": null},"
+             " \"data\": {\"dir\": \"%s\", \"seq_len\": 4, \"micro_batch\": 1, \"grad_accum\": 1},"
+             " \"optim\": {\"lr\": 0.001, \"min_lr\": 0.001, \"warmup\": 0},"
+             " \"run\": {\"steps\": 1200, \"out_dir\": \"%s\", \"log_every\": 1000, \"eval_every\": 0, \"threads\": 1,"
+             " \"ckpt_every\": 200, \"keep_last\": 100}}",
+             CK_VOCAB, ck_data(), out);
+    CHECK_OK(kiln_write_file_atomic(p, cfg, strlen(cfg)));
+    snprintf(args, sizeof args,
+             "run --run-dir '%s' --backoff 0.05 --spike-z 300 --hang-timeout 5 -- kiln train --config '%s' --quiet", out, p);
+    free(p);
+    setenv("KILN_FAULT", "spike:step=500,spike:step=900:attempt=2", 1);
+    setenv("KILN_HEARTBEAT_DELAY_MS", "20", 1);
+    int rc = test_run_kiln(args, text, sizeof text);
+    unsetenv("KILN_FAULT");
+    unsetenv("KILN_HEARTBEAT_DELAY_MS");
+    char *log = ck_incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":500,") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":900,") && !strstr(log, "\"hang\""),
+              "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    const int64_t skip[] = {500, 900};
+    int64_t first = 0;
+    const char *hb = test_join(out, "heartbeat");
+    CHECK(sup_log_is(hb, 3, 0, 1200, skip, 2, &first));
+    CHECK_MSG(first > 500 && first <= 900, "the last attempt's first step %lld (want one after 500, before 900)\n%s",
+              (long long)first, text);
+    kiln_heartbeat g;
+    CHECK_OK(kiln_heartbeat_read(hb, 0, &g));
+    CHECK_MSG(g.step == 1200 && g.attempt == 3 && !strcmp(g.phase, "done"), "the last beat: step %lld of attempt %d, %s",
+              (long long)g.step, g.attempt, g.phase);
 }

@@ -8,6 +8,7 @@
  *
  * Supervisor -> trainer protocol (environment variables, read by kiln_train):
  *   KILN_HEARTBEAT_DIR  write DIR/rank_NNNNN.json (atomically) at start and after every step
+ *                       (by a background thread: kiln_heartbeat_writer)
  *   KILN_RUN_ATTEMPT    1 for the first launch, 2 for the first restart, ...
  *   KILN_RESUME=1       resume from the newest valid checkpoint (as --resume; every attempt)
  *   KILN_REJECT_FROM=S  before resuming, set committed checkpoints of step >= S aside (renamed
@@ -104,6 +105,27 @@ void kiln_heartbeat_record(kiln_heartbeat *h, int64_t step, double loss, double 
 kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h);
 kiln_error *kiln_heartbeat_read(const char *dir, int rank, kiln_heartbeat *h);
 char *kiln_heartbeat_path(const char *dir, int rank);
+
+/* The trainer's heartbeats written off the training thread: what kiln_heartbeat_write does, by a thread of the
+ * writer's own (one per writer, so one per rank). post() copies the beat, wakes the thread and returns (microseconds:
+ * docs/fault-tolerance.md); nothing is written on the caller's thread.
+ *   - every trained step that post() would log (rank 0, phase "train": kiln_heartbeat_write's step-log line) is
+ *     appended to dir/steps_00000.jsonl, in post order, exactly once, and before (or in the same batch as, ahead of)
+ *     the beat that reports it; a poster waits while 1024 lines are pending (a file system that far behind);
+ *   - the beat file is replaced atomically (temp + rename). Beats posted while one is being written are coalesced:
+ *     only the newest is written next, so the file lags the newest post by at most the one write in flight;
+ *   - an error of a background write (naming the file and the step) is returned by the next post, flush or close,
+ *     once; the writer then writes nothing more (a later beat must not get ahead of a missing line) and every later
+ *     post or flush fails too;
+ *   - flush() waits until everything posted so far is written; close() writes everything posted, ends the thread and
+ *     frees the writer (NULL: nothing), returning an error not returned yet. Call it before the process exits.
+ * If no thread can be started, post() writes synchronously. The environment variable KILN_HEARTBEAT_DELAY_MS (a
+ * testing hook, read by open) makes the thread sleep that long before each write: a slow file system. */
+typedef struct kiln_heartbeat_writer kiln_heartbeat_writer;
+kiln_error *kiln_heartbeat_writer_open(const char *dir, kiln_heartbeat_writer **out);
+kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_heartbeat *h);
+kiln_error *kiln_heartbeat_writer_flush(kiln_heartbeat_writer *w);
+kiln_error *kiln_heartbeat_writer_close(kiln_heartbeat_writer *w);
 
 /* ---- detectors (pure functions; the supervisor feeds them heartbeats) ---- */
 

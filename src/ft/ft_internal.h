@@ -20,6 +20,12 @@ typedef struct {
  * the next call; a malformed one is skipped). Returns how many, or -1 when there is no step log. */
 int ft_step_log_read(const char *dir, long off, ft_step_rec *out, int cap);
 
+/* Testing hooks of kiln_heartbeat_writer: the thread sleeps ms before each write from its next batch on (a slow file
+ * system; as KILN_HEARTBEAT_DELAY_MS); what it has written so far: beat files, step-log lines, batches (one batch:
+ * the lines and the newest beat pending when the thread woke; a failed batch is not counted). */
+void ft_heartbeat_writer_set_delay(kiln_heartbeat_writer *w, long ms);
+void ft_heartbeat_writer_counts(kiln_heartbeat_writer *w, int64_t *beats, int64_t *lines, int64_t *batches);
+
 /* The errno symbol (e.g. "EAGAIN") when text (an error line) names one of a transient condition, by its symbol
  * (EAGAIN, EBUSY, ETIMEDOUT, ECONNREFUSED, EINTR, ...) or by its message ("Resource temporarily unavailable",
  * case-insensitive); NULL otherwise (ENOENT, ENOSPC, EACCES, ENOMEM... are not transient). kiln run retries such a

@@ -1,13 +1,18 @@
 /* Per-rank heartbeat files: dir/rank_NNNNN.json, one small JSON object replaced after every step.
  * Replaced by rename, so a reader sees the previous or the new beat, never half of one; not
  * fsynced, since a heartbeat says "alive now" and is worthless after a crash. NaN and Inf are
- * what the supervisor looks for, and JSON has no numbers for them: they are written as strings. */
+ * what the supervisor looks for, and JSON has no numbers for them: they are written as strings.
+ * The trainer writes them through kiln_heartbeat_writer, on a thread of its own (below): the
+ * rename costs 0.3-1.5 ms on ext4, more on NFS, and must not sit on the training thread. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -51,61 +56,305 @@ static kiln_error *write_once(const char *path, int flags, const char *buf, int 
     return e;
 }
 
-/* One line "[attempt,step,loss,grad_norm]\n" of dir/steps_00000.jsonl, appended with one write() (O_APPEND). The
- * supervisor reads the complete lines only (ft_step_log_read: a last line without its newline is left for the next
- * read, so a write cut short by a crash or a full disk is never judged).
+/* One line "[attempt,step,loss,grad_norm]\n" of the step log into buf; returns its length. */
+static int step_line(char *buf, size_t cap, int attempt, int64_t step, double loss, double grad_norm) {
+    char l[40], g[40];
+    num(l, sizeof l, loss);
+    num(g, sizeof g, grad_norm);
+    return snprintf(buf, cap, "[%d,%lld,%s,%s]\n", attempt, (long long)step, l, g);
+}
+
+/* n bytes of complete lines appended to dir/steps_00000.jsonl with one write() (O_APPEND). The supervisor reads the
+ * complete lines only (ft_step_log_read: a last line without its newline is left for the next read, so a write cut
+ * short by a crash or a full disk is never judged).
  *
- * The file is opened and closed at every step on purpose: nothing is buffered in the trainer between steps (a crash
- * loses no line a beat has reported; no FILE buffer can flush half a line later), the line is one write() of a
- * descriptor opened with O_APPEND, and kiln_heartbeat_write stays a call without state between steps (no descriptor
- * for the trainer to own and close on every exit path). Measured on the CPU machine (ext4, 2 cores; 20,000 lines, 6 runs, quiet
- * and loaded), open + write + close costs 7-11 us a line against 2.4-3.9 us for a write() on a descriptor kept
- * open: 5-7 us more a step, about 0.01% of a ~70 ms GPU step (the 0.1% that would matter is 70 us), and a few % of
- * the beat written next to it (0.3-1.5 ms there, nearly all of it the rename over the previous beat, where ext4
- * starts writing the new file's data). Not worth a descriptor kept open. */
-static kiln_error *step_log_append(const char *dir, const kiln_heartbeat *h) {
-    char loss[40], gn[40], line[160], *path = kiln_path_join(dir, KILN_FT_STEP_LOG);
+ * The file is opened and closed at every append on purpose: nothing is buffered in a FILE between appends (a crash
+ * loses no line a beat has reported; no buffer can flush half a line later), a heartbeat directory removed or
+ * replaced under a running trainer is an error at the next append rather than lines going to an unlinked file, and
+ * there is no descriptor to own. Measured on the CPU machine (ext4, 2 cores; 20,000 lines, 6 runs, quiet and loaded),
+ * open + write + close costs 7-11 us a line against 2.4-3.9 us for a write() on a descriptor kept open; under kiln
+ * run that is the background writer's time (kiln_heartbeat_writer), not the training thread's, and it appends all the
+ * lines pending since its last append in one write(). */
+static kiln_error *step_log_append(const char *dir, const char *lines, int n) {
+    char *path = kiln_path_join(dir, KILN_FT_STEP_LOG);
     if (!path) return kiln_errorf(KILN_ENOMEM, "step log");
-    num(loss, sizeof loss, h->recent[h->nrecent - 1].loss);
-    num(gn, sizeof gn, h->recent[h->nrecent - 1].grad_norm);
-    int n = snprintf(line, sizeof line, "[%d,%lld,%s,%s]\n", h->attempt, (long long)h->step, loss, gn);
-    kiln_error *e = write_once(path, O_WRONLY | O_CREAT | O_APPEND, line, n);
+    kiln_error *e = write_once(path, O_WRONLY | O_CREAT | O_APPEND, lines, n);
     free(path);
     return e;
 }
 
-kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
-    char loss[40], gn[40], lgn[40], text[1024 + KILN_HB_RECENT * 128];
+/* The beat as JSON into text[cap]; *n its length. */
+static kiln_error *beat_text(const kiln_heartbeat *h, char *text, size_t cap, int *n_out) {
+    char loss[40], gn[40], lgn[40];
     num(loss, sizeof loss, h->loss);
     num(gn, sizeof gn, h->grad_norm);
     num(lgn, sizeof lgn, h->local_grad_norm);
-    int n = snprintf(text, sizeof text,
+    int n = snprintf(text, cap,
                      "{\"rank\":%d,\"world\":%d,\"attempt\":%d,\"pid\":%ld,\"step\":%lld,\"steps\":%lld,\"phase\":\"%s\","
                      "\"loss\":%s,\"grad_norm\":%s,\"local_grad_norm\":%s,\"step_s\":%.6f,\"compute_s\":%.6f,"
                      "\"time\":%.3f,\"recent\":[",
                      h->rank, h->world, h->attempt, h->pid, (long long)h->step, (long long)h->steps, h->phase, loss, gn,
                      lgn, h->step_s, h->compute_s, h->time);
-    for (int i = 0; i < h->nrecent && i < KILN_HB_RECENT; i++) {
+    for (int i = 0; i < h->nrecent && i < KILN_HB_RECENT && n < (int)cap; i++) {
         num(loss, sizeof loss, h->recent[i].loss);
         num(gn, sizeof gn, h->recent[i].grad_norm);
-        n += snprintf(text + n, sizeof text - (size_t)n, "%s[%lld,%s,%s]", i ? "," : "", (long long)h->recent[i].step,
-                      loss, gn);
+        n += snprintf(text + n, cap - (size_t)n, "%s[%lld,%s,%s]", i ? "," : "", (long long)h->recent[i].step, loss, gn);
     }
-    n += snprintf(text + n, sizeof text - (size_t)n, "]}\n");
-    if (n >= (int)sizeof text) return kiln_errorf(KILN_EINVAL, "heartbeat of rank %d: longer than %zu bytes", h->rank, sizeof text);
-    kiln_error *e = NULL;
-    /* rank 0 also appends each trained step to the step log, before the beat that reports it: a beat
-     * keeps only the last KILN_HB_RECENT steps, and fast steps can outrun the supervisor's polls */
-    if (h->rank == 0 && !strcmp(h->phase, "train") && h->nrecent > 0 && h->recent[h->nrecent - 1].step == h->step)
-        KILN_TRY(step_log_append(dir, h));
-    char *path = kiln_heartbeat_path(dir, h->rank), tmp[1300];
+    if (n < (int)cap) n += snprintf(text + n, cap - (size_t)n, "]}\n");
+    if (n >= (int)cap) return kiln_errorf(KILN_EINVAL, "heartbeat of rank %d: longer than %zu bytes", h->rank, cap);
+    *n_out = n;
+    return NULL;
+}
+
+/* dir/rank_NNNNN.json replaced by text: temp file, one write(), rename (no fsync) */
+static kiln_error *beat_replace(const char *dir, int rank, const char *text, int n) {
+    char *path = kiln_heartbeat_path(dir, rank), tmp[4200];
     if (!path) return kiln_errorf(KILN_ENOMEM, "heartbeat");
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    e = write_once(tmp, O_WRONLY | O_CREAT | O_TRUNC, text, n);
-    if (!e && rename(tmp, path)) e = kiln_errorf(KILN_EIO, "%s: rename: %s", path, strerror(errno));
-    if (e) unlink(tmp);
+    kiln_error *e = NULL;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        e = kiln_errorf(KILN_EINVAL, "%s: the heartbeat's path is too long", path);
+    else {
+        e = write_once(tmp, O_WRONLY | O_CREAT | O_TRUNC, text, n);
+        if (!e && rename(tmp, path)) e = kiln_errorf(KILN_EIO, "%s: rename: %s", path, strerror(errno));
+        if (e) unlink(tmp);
+    }
     free(path);
     return e;
+}
+
+/* The beat reports a trained step that goes into rank 0's step log: the last entry of its recent list. */
+static int wants_line(const kiln_heartbeat *h) {
+    return h->rank == 0 && !strcmp(h->phase, "train") && h->nrecent > 0 && h->recent[h->nrecent - 1].step == h->step;
+}
+
+#define BEAT_CAP (1024 + KILN_HB_RECENT * 128)
+#define LINE_CAP 128 /* "[attempt,step,loss,grad_norm]\n": at most 11 + 20 + 2 x 24 + 6 bytes */
+
+kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
+    char text[BEAT_CAP];
+    int n = 0;
+    KILN_TRY(beat_text(h, text, sizeof text, &n));
+    /* rank 0 also appends each trained step to the step log, before the beat that reports it: a beat
+     * keeps only the last KILN_HB_RECENT steps, and fast steps can outrun the supervisor's polls */
+    if (wants_line(h)) {
+        char line[LINE_CAP];
+        const int l = step_line(line, sizeof line, h->attempt, h->step, h->recent[h->nrecent - 1].loss,
+                                h->recent[h->nrecent - 1].grad_norm);
+        KILN_TRY(step_log_append(dir, line, l));
+    }
+    return beat_replace(dir, h->rank, text, n);
+}
+
+/* ---- the background writer (kiln run's trainer) ----
+ *
+ * One thread per writer. post() only copies: the step's record joins a queue of step-log lines (FIFO, bounded: a
+ * poster waits while HB_QUEUE lines are pending, a writer that far behind is a file system that stalls) and the beat
+ * replaces the one in the "newest beat" slot (beats not yet taken are coalesced: only the newest matters). The thread
+ * takes everything pending under the lock, in one go, then appends the lines (one write()) and then replaces the beat
+ * file: a beat's own line was posted with it or before it, so it is in the log before the beat is on disk. A post
+ * while the thread writes is taken as soon as that write ends: the beat on disk lags by at most one write in flight.
+ * The first error of a background write is kept, later work dropped (it would put a beat ahead of a missing line),
+ * and the error returned by the next post, flush or close. */
+#define HB_QUEUE 1024
+
+typedef struct {
+    int attempt;
+    int64_t step;
+    double loss, grad_norm;
+} hb_line;
+
+struct kiln_heartbeat_writer {
+    char *dir;
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* the thread: something posted, or close */
+    pthread_cond_t done; /* posters: room in the queue; flush: a batch written */
+    pthread_t tid;
+    int threaded, stop, failed;
+    hb_line q[HB_QUEUE]; /* pending lines, a ring: q[(qhead + i) % HB_QUEUE], i < qn */
+    int qhead, qn;
+    kiln_heartbeat beat; /* the newest beat not yet taken */
+    int have_beat;
+    uint64_t posted, finished; /* posts so far; posts whose work is written (or dropped after an error) */
+    kiln_error *err;           /* the first background error, not yet returned */
+    long delay_ms;             /* a testing hook: sleep before each batch (a slow file system) */
+    int64_t nbeats, nlines, nbatches;
+    /* the thread's own: what it took */
+    hb_line lines[HB_QUEUE];
+    kiln_heartbeat taken;
+    char *linebuf; /* HB_QUEUE * LINE_CAP */
+};
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {(time_t)(ms / 1000), (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+}
+
+/* Write what was taken: lines first, then the beat. */
+static kiln_error *write_batch(kiln_heartbeat_writer *w, int nl, int have_beat) {
+    if (nl) {
+        int n = 0;
+        for (int i = 0; i < nl; i++)
+            n += step_line(w->linebuf + n, LINE_CAP, w->lines[i].attempt, w->lines[i].step, w->lines[i].loss,
+                           w->lines[i].grad_norm);
+        kiln_error *e = step_log_append(w->dir, w->linebuf, n);
+        if (e) {
+            if (nl == 1) return kiln_error_wrap(e, "step log line of step %lld, written in the background",
+                                                (long long)w->lines[0].step);
+            return kiln_error_wrap(e, "step log lines of steps %lld-%lld, written in the background",
+                                   (long long)w->lines[0].step, (long long)w->lines[nl - 1].step);
+        }
+    }
+    if (have_beat) {
+        char text[BEAT_CAP];
+        int n = 0;
+        kiln_error *e = beat_text(&w->taken, text, sizeof text, &n);
+        if (!e) e = beat_replace(w->dir, w->taken.rank, text, n);
+        if (e) return kiln_error_wrap(e, "heartbeat of step %lld, written in the background", (long long)w->taken.step);
+    }
+    return NULL;
+}
+
+static void *writer_main(void *p) {
+    kiln_heartbeat_writer *w = p;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stop && !w->qn && !w->have_beat) pthread_cond_wait(&w->work, &w->mu);
+        if (!w->qn && !w->have_beat) break; /* closed, and everything written */
+        const int nl = w->qn, hb = w->have_beat, skip = w->failed;
+        for (int i = 0; i < nl; i++) w->lines[i] = w->q[(w->qhead + i) % HB_QUEUE];
+        w->qhead = (w->qhead + nl) % HB_QUEUE, w->qn = 0;
+        if (hb) w->taken = w->beat, w->have_beat = 0;
+        const uint64_t upto = w->posted;
+        const long delay = w->delay_ms;
+        pthread_cond_broadcast(&w->done); /* room in the queue */
+        pthread_mutex_unlock(&w->mu);
+        if (delay > 0 && !skip) sleep_ms(delay);
+        kiln_error *e = skip ? NULL : write_batch(w, nl, hb);
+        pthread_mutex_lock(&w->mu);
+        if (!skip && !e) w->nlines += nl, w->nbeats += hb, w->nbatches++;
+        if (e && !w->failed) w->err = e, w->failed = 1;
+        else kiln_error_free(e);
+        w->finished = upto;
+        pthread_cond_broadcast(&w->done);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+kiln_error *kiln_heartbeat_writer_open(const char *dir, kiln_heartbeat_writer **out) {
+    *out = NULL;
+    long delay = 0;
+    const char *d = getenv("KILN_HEARTBEAT_DELAY_MS");
+    if (d && *d) {
+        char *end = NULL;
+        errno = 0;
+        delay = strtol(d, &end, 10);
+        if (errno || *end || delay < 0 || delay > 3600000)
+            return kiln_errorf(KILN_EINVAL, "KILN_HEARTBEAT_DELAY_MS='%s': want milliseconds, 0..3600000", d);
+    }
+    kiln_heartbeat_writer *w = calloc(1, sizeof *w);
+    if (!w) return kiln_errorf(KILN_ENOMEM, "%s: heartbeat writer", dir);
+    w->dir = strdup(dir);
+    w->linebuf = malloc((size_t)HB_QUEUE * LINE_CAP);
+    if (!w->dir || !w->linebuf) {
+        free(w->dir);
+        free(w->linebuf);
+        free(w);
+        return kiln_errorf(KILN_ENOMEM, "%s: heartbeat writer", dir);
+    }
+    w->delay_ms = delay;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->work, NULL);
+    pthread_cond_init(&w->done, NULL);
+    /* the thread inherits this mask: Ctrl-C and the supervisor's SIGTERM keep landing on the training thread */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    w->threaded = pthread_create(&w->tid, NULL, writer_main, w) == 0; /* else: written synchronously by post */
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    *out = w;
+    return NULL;
+}
+
+/* The error to return now (taken out of the writer), or NULL. Called with the lock held. */
+static kiln_error *take_error(kiln_heartbeat_writer *w) {
+    kiln_error *e = w->err;
+    w->err = NULL;
+    if (!e && w->failed)
+        e = kiln_errorf(KILN_EIO, "%s: the heartbeat writer stopped at an earlier error", w->dir);
+    return e;
+}
+
+kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_heartbeat *h) {
+    if (!w->threaded) { /* no thread could be started: as kiln_heartbeat_write, with the delay hook */
+        if (w->delay_ms > 0) sleep_ms(w->delay_ms);
+        kiln_error *e = kiln_heartbeat_write(w->dir, h);
+        w->posted++, w->finished++, w->nbatches++, w->nbeats += !e, w->nlines += !e && wants_line(h);
+        return e;
+    }
+    const int line = wants_line(h);
+    pthread_mutex_lock(&w->mu);
+    while (line && w->qn == HB_QUEUE && !w->failed) pthread_cond_wait(&w->done, &w->mu); /* far behind: wait */
+    if (w->failed) {
+        kiln_error *e = take_error(w);
+        pthread_mutex_unlock(&w->mu);
+        return e;
+    }
+    if (line) {
+        hb_line *l = &w->q[(w->qhead + w->qn++) % HB_QUEUE];
+        l->attempt = h->attempt, l->step = h->step;
+        l->loss = h->recent[h->nrecent - 1].loss, l->grad_norm = h->recent[h->nrecent - 1].grad_norm;
+    }
+    w->beat = *h, w->have_beat = 1;
+    w->posted++;
+    pthread_mutex_unlock(&w->mu);
+    pthread_cond_signal(&w->work); /* after the unlock: the thread does not wake into a held mutex */
+    return NULL;
+}
+
+kiln_error *kiln_heartbeat_writer_flush(kiln_heartbeat_writer *w) {
+    if (!w->threaded) return NULL;
+    pthread_mutex_lock(&w->mu);
+    const uint64_t target = w->posted;
+    while (w->finished < target) pthread_cond_wait(&w->done, &w->mu);
+    kiln_error *e = w->failed ? take_error(w) : NULL;
+    pthread_mutex_unlock(&w->mu);
+    return e;
+}
+
+kiln_error *kiln_heartbeat_writer_close(kiln_heartbeat_writer *w) {
+    if (!w) return NULL;
+    if (w->threaded) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->work);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->tid, NULL); /* the thread writes everything posted before it ends */
+    }
+    kiln_error *e = w->err; /* an error already returned by a post or a flush is not returned again */
+    pthread_cond_destroy(&w->work);
+    pthread_cond_destroy(&w->done);
+    pthread_mutex_destroy(&w->mu);
+    free(w->linebuf);
+    free(w->dir);
+    free(w);
+    return e;
+}
+
+void ft_heartbeat_writer_set_delay(kiln_heartbeat_writer *w, long ms) {
+    pthread_mutex_lock(&w->mu);
+    w->delay_ms = ms;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void ft_heartbeat_writer_counts(kiln_heartbeat_writer *w, int64_t *beats, int64_t *lines, int64_t *batches) {
+    pthread_mutex_lock(&w->mu);
+    if (beats) *beats = w->nbeats;
+    if (lines) *lines = w->nlines;
+    if (batches) *batches = w->nbatches;
+    pthread_mutex_unlock(&w->mu);
 }
 
 static int num_of(const cJSON *x, double *out) {
