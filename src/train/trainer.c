@@ -19,6 +19,7 @@
 #include "kiln/data.h"
 #include "kiln/fsutil.h"
 #include "kiln/ft.h"
+#include "kiln/hash.h"
 #include "kiln/log.h"
 #include "kiln/zaya_cuda.h"
 #include "kiln/zaya_cuda_snapshot.h"
@@ -300,6 +301,29 @@ static kiln_error *balance_step(trainer *t, const kiln_train_config *c, kiln_com
     return NULL;
 }
 
+/* KILN_STEP_DEBUG=N: each rank prints, for the first N steps of the GPU trainer, what it feeds into and gets out of
+ * the step's collectives (its micro-batches' token hash and loss, its own gradient's sum of squares, its shard's
+ * after the reduce-scatter, the parameters' before the optimizer and after the all-gather), so that a several-rank
+ * run can be compared with one rank accumulating the same micro-batches, line by line. A debugging aid: each
+ * sum costs a device pass and a synchronisation, and with split master weights (one rank, bf16 expert gradients)
+ * the parameters' sums read the split form. */
+static int64_t step_debug_steps(void) {
+    const char *v = getenv("KILN_STEP_DEBUG");
+    return v && *v ? atoll(v) : 0;
+}
+
+static void step_debug(const kiln_comm *comm, int64_t step, const char *what, double v) {
+    fprintf(stderr, "kiln step-debug: rank %d step %lld %s %.9g\n", comm->rank, (long long)step + 1, what, v);
+}
+
+static void step_debug_sumsq(kiln_zaya_cuda *g, const kiln_comm *comm, int64_t step, const char *what, const float *x,
+                             size_t n) {
+    double v = NAN;
+    kiln_error *e = kiln_zaya_cuda_sumsq(g, x, n, &v);
+    kiln_error_free(e);
+    step_debug(comm, step, what, v);
+}
+
 /* The step on the GPU: the CPU step's sequence, with the gradients, the reduce-scatter (NCCL), the norm,
  * the optimizer and the all-gather on the device; the balance controller stays on the host. */
 static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_comm *comm, int64_t step,
@@ -308,6 +332,10 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda *g = t->gpu;
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
     const int me = comm->rank;
+    const int64_t dbg = step_debug_steps();
+    if (step < dbg)
+        step_debug_sumsq(g, comm, step, "parameters' sum of squares before the step", kiln_zaya_cuda_params(g),
+                         kiln_zaya_cuda_numel(g));
     if (!t->grads_clean) /* else the last optimizer step zeroed them */
         KILN_TRY(t->zero_added ? kiln_zaya_cuda_grads_zero_added(g) : kiln_zaya_cuda_grads_zero(g));
     t->grads_clean = 0;
@@ -320,6 +348,14 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         KILN_TRY(kiln_zaya_cuda_forward(g, t->ids, NULL));
         KILN_TRY(kiln_zaya_cuda_backward(g));
         KILN_TRY(kiln_zaya_cuda_loss(g, &loss));
+        if (step < dbg) {
+            const size_t nb = (size_t)(c->micro_batch * c->seq_len) * sizeof *t->ids;
+            step_debug(comm, step, "micro-batch token hash (low 32 bits)",
+                       (double)(kiln_fnv1a64(KILN_FNV1A64_INIT, t->ids, nb) & 0xffffffffu));
+            step_debug(comm, step, "micro-batch loss", loss);
+            step_debug_sumsq(g, comm, step, "gradient sum of squares so far (all tensors, f32 as stored)",
+                             kiln_zaya_cuda_grads(g), kiln_zaya_cuda_numel(g));
+        }
         KILN_TRY(kiln_zaya_cuda_route_counts(g, t->counts));
         loss_sum += loss;
     }
@@ -343,6 +379,8 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
         KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
+        if (step < dbg) step_debug_sumsq(g, comm, step, "shard's sum of squares after the reduce-scatter",
+                                         t->gshard_dev, t->dcounts[me]);
     }
     double stats[3] = {0, loss_sum / (double)accum, 0};
     kiln_zaya_cuda_profile_push(g, "gradient norm");
@@ -382,6 +420,8 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
         KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
+        if (step < dbg) step_debug_sumsq(g, comm, step, "parameters' sum of squares after the all-gather",
+                                         kiln_zaya_cuda_params(g), kiln_zaya_cuda_numel(g));
     }
     if (comm->size > 1) { /* one rank's optimizer wrote the bf16 copy itself */
         kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
