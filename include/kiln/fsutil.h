@@ -42,6 +42,10 @@ kiln_error *kiln_mmap_close(int fd, const char *path, size_t size, void **map);
  * dir gives a copy of name). Plain string concatenation: ".." and absolute
  * names are not interpreted. Returns NULL only when out of memory. */
 char *kiln_path_join(const char *dir, const char *name);
+/* The names of dir's entries that keep(name) accepts, sorted by strcmp (malloc'd; free with
+ * kiln_dir_names_free). Not filtered by type: the caller stats what it opens. */
+kiln_error *kiln_dir_names(const char *dir, int (*keep)(const char *name), char ***names, size_t *n);
+void kiln_dir_names_free(char **names, size_t n);
 
 /* Create one directory level (an existing one is fine). */
 kiln_error *kiln_mkdir(const char *path);

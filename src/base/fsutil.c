@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* nftw, fallocate */
 #include "kiln/fsutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -389,3 +390,35 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 void kiln_rm_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+kiln_error *kiln_dir_names(const char *dir, int (*keep)(const char *name), char ***names_out, size_t *n_out) {
+    *names_out = NULL, *n_out = 0;
+    DIR *d = opendir(dir);
+    if (!d) return kiln_errorf(KILN_EIO, "%s: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0;
+    kiln_error *e = NULL;
+    struct dirent *de;
+    while (!e && (de = readdir(d))) {
+        if (!keep(de->d_name)) continue;
+        char **nn = realloc(names, (n + 1) * sizeof *nn);
+        if (nn) names = nn;
+        if (!nn || !(names[n] = strdup(de->d_name))) e = kiln_errorf(KILN_ENOMEM, "%s: out of memory", dir);
+        else n++;
+    }
+    closedir(d);
+    if (e) {
+        kiln_dir_names_free(names, n);
+        return e;
+    }
+    if (n) qsort(names, n, sizeof *names, cmp_name);
+    *names_out = names, *n_out = n;
+    return NULL;
+}
+
+void kiln_dir_names_free(char **names, size_t n) {
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+}

@@ -168,32 +168,18 @@ int cis_record_matches(const cJSON *rec, const char *image, const char *prompt_i
  * FNV-1a 64 over the name, size and contents of each of the directory's .json, .txt and .safetensors
  * files, in name order. A second read of every file (about a second per GB), so only a resume of such
  * a run computes it, once: run.json then records kiln_clip_id's form (docs/cis-format.md). */
-static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int is_fnv_id_file(const char *name) {
+    const char *ext = strrchr(name, '.');
+    return name[0] != '.' && ext && (!strcmp(ext, ".json") || !strcmp(ext, ".txt") || !strcmp(ext, ".safetensors"));
+}
+
 static kiln_error *clip_identity_fnv1a64(const char *dir, char *out, size_t cap) {
-    DIR *d = opendir(dir);
-    if (!d) return kiln_errorf(KILN_EIO, "--clip %s: %s", dir, strerror(errno));
     char **names = NULL;
-    int n = 0;
-    kiln_error *e = NULL;
-    struct dirent *de;
-    while ((de = readdir(d)) && !e) {
-        size_t len = strlen(de->d_name);
-        const char *ext = strrchr(de->d_name, '.');
-        if (de->d_name[0] == '.' || !ext || (strcmp(ext, ".json") && strcmp(ext, ".txt") && strcmp(ext, ".safetensors")))
-            continue;
-        char **nn = realloc(names, (size_t)(n + 1) * sizeof *nn);
-        if (!nn || !(nn[n] = malloc(len + 1))) {
-            if (nn) names = nn;
-            e = kiln_errorf(KILN_ENOMEM, "out of memory");
-            break;
-        }
-        names = nn;
-        memcpy(names[n++], de->d_name, len + 1);
-    }
-    closedir(d);
-    if (!e) qsort(names, (size_t)n, sizeof *names, cmp_name);
+    size_t n = 0;
+    kiln_error *e = kiln_dir_names(dir, is_fnv_id_file, &names, &n);
+    if (e) return e;
     uint64_t h = KILN_FNV1A64_INIT;
-    for (int i = 0; i < n && !e; i++) {
+    for (size_t i = 0; i < n && !e; i++) {
         char *path = kiln_path_join(dir, names[i]);
         uint64_t fh = 0, size = 0;
         struct stat st;
@@ -206,8 +192,7 @@ static kiln_error *clip_identity_fnv1a64(const char *dir, char *out, size_t cap)
         }
         free(path);
     }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
+    kiln_dir_names_free(names, n);
     if (!e) snprintf(out, cap, "fnv1a64:%016llx", (unsigned long long)h);
     return e;
 }

@@ -13,7 +13,6 @@
  *
  * The value depends on the bytes only: not on the thread count, the piece a thread took, how the
  * tensors are split into shards or ordered in a file, file times, or where the directory is. */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,8 +100,6 @@ kiln_error *clip_id_load_tensors(const kiln_st_tensor *const *src, float *const 
     return first;
 }
 
-static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 /* *.json and *.txt but the safetensors index (model.safetensors.index.json): that only says which shard
  * holds which tensor, and the tensors are hashed by content */
 static int is_id_file(const char *name) {
@@ -113,28 +110,10 @@ static int is_id_file(const char *name) {
 }
 
 kiln_error *clip_id_finish(kiln_clip *m) {
-    DIR *d = opendir(m->dir);
-    if (!d) return kiln_errorf(KILN_EIO, "%s: %s", m->dir, strerror(errno));
     char **names = NULL;
     size_t n = 0;
-    kiln_error *e = NULL;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!is_id_file(de->d_name)) continue;
-        char **nn = realloc(names, (n + 1) * sizeof *nn);
-        if (!nn) {
-            e = kiln_errorf(KILN_ENOMEM, "out of memory");
-            break;
-        }
-        names = nn;
-        if (!(names[n] = strdup(de->d_name))) {
-            e = kiln_errorf(KILN_ENOMEM, "out of memory");
-            break;
-        }
-        n++;
-    }
-    closedir(d);
-    if (!e && n) qsort(names, n, sizeof *names, cmp_name);
+    kiln_error *e = kiln_dir_names(m->dir, is_id_file, &names, &n);
+    if (e) return e;
     kiln_xxh64_state s;
     kiln_xxh64_init(&s, 0);
     for (size_t i = 0; i < n && !e; i++) {
@@ -149,8 +128,7 @@ kiln_error *clip_id_finish(kiln_clip *m) {
         }
         free(path);
     }
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
+    kiln_dir_names_free(names, n);
     if (e) return e;
     put_str(&s, "weights");
     put_u64(&s, m->weights_digest);
