@@ -163,7 +163,7 @@ kiln_error *tune(kiln_lt_plan *p, int slot, void *c, const void *a, const void *
             if (g_tune_c) CUDA_TRY(cudaFree(g_tune_c));
             g_tune_c = NULL, g_tune_c_bytes = 0;
             CUDA_TRY(cudaMalloc(&g_tune_c, cbytes));
-            CUDA_TRY(cudaMemset(g_tune_c, 0, cbytes));
+            CUDA_TRY(cudaMemsetAsync(g_tune_c, 0, cbytes, st)); // on st: the legacy stream would not order it before the tuning
             g_tune_c_bytes = cbytes;
         }
         c = g_tune_c;

@@ -599,8 +599,12 @@ kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int 
             scratch_layout(g, &sb, aw);
         }
     }
-    if (!e && (cudaMemset(g->w, 0, nw * sizeof(float)) != cudaSuccess ||
-               cudaMemset(g->wb, 0, nw * sizeof(bf)) != cudaSuccess))
+    /* On the model's stream, where the upload below is queued after them. A plain cudaMemset runs on the legacy
+     * stream, which the non-blocking model stream does not wait for: it could land after the upload and leave
+     * the weights zero. It did, on the second of two processes sharing one GPU (session 36: rank 1 began with
+     * all-zero weights, its loss ln(vocab), its gradient zero, and the two-rank run hardly learned). */
+    if (!e && (cudaMemsetAsync(g->w, 0, nw * sizeof(float), g->stream) != cudaSuccess ||
+               cudaMemsetAsync(g->wb, 0, nw * sizeof(bf), g->stream) != cudaSuccess))
         e = kiln_errorf(KILN_EIO, "ZAYA on CUDA: clearing the parameters");
     if (!e) e = kiln_zaya_cuda_upload_params(g, m->w);
     if (!e) e = kiln_zaya_cuda_upload_balancing(g, m->balancing);
