@@ -758,7 +758,9 @@ static att_plan *get_plan(const kiln_attn_shape *s, const att_cudnn_layout *l, i
         if (h) {
             for (int64_t b = 0; b < 2 * s->B; b++) h[b] = (int32_t)s->Tq;
             if (cudaMalloc((void **)&p->seq, (size_t)(2 * s->B) * sizeof *h) != cudaSuccess ||
-                cudaMemcpy(p->seq, h, (size_t)(2 * s->B) * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess)
+                cudaMemcpy(p->seq, h, (size_t)(2 * s->B) * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess ||
+                /* landed before the plan runs on a non-blocking stream (a pageable copy may return before) */
+                cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess)
                 snprintf(g->err, sizeof g->err, "cannot allocate the sequence lengths");
             free(h);
         } else {

@@ -678,6 +678,9 @@ extern "C" kiln_error *kiln_adamw_multi_create(const kiln_adamw_tensor *t, int c
         CUDA_TRY(cudaMalloc((void **)&p->work[l], (size_t)(nb + 1) * sizeof *hw));
         if (nb) CUDA_TRY(cudaMemcpy(p->work[l], hw, (size_t)nb * sizeof *hw, cudaMemcpyHostToDevice));
     }
+    // the tables' copies (and the zeros' memset) ran on the legacy stream, which a non-blocking stream's step
+    // does not wait for, and a copy from pageable memory may return before its data lands
+    CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
 done:
     free(hs);
     free(hw);

@@ -342,6 +342,8 @@ extern "C" kiln_error *kiln_sumsq_plan_create(const kiln_sumsq_seg *segs, int co
     if (m) CUDA_TRY(cudaMemcpy(p->items, h, (size_t)m * sizeof *h, cudaMemcpyHostToDevice));
     CUDA_TRY(cudaMalloc((void **)&p->first_dev, ((size_t)count + 1) * sizeof(int)));
     CUDA_TRY(cudaMemcpy(p->first_dev, p->first, ((size_t)count + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    // landed before a non-blocking stream's pass reads them (a copy from pageable memory may return before)
+    CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
 done:
     free(h);
     if (err) kiln_sumsq_plan_free(p);
