@@ -1,9 +1,13 @@
 /* kiln bench comm: nccl-tests' bandwidth formulas, one rank without mpirun, two ranks under mpirun (float
  * and bf16, every result checked, busbw/algbw = the formula's factor), and usage errors. */
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -369,4 +373,163 @@ TEST(bench_comm_nccl_unavailable) {
     CHECK_MSG(rc == 1 && strstr(out, "kiln bench comm (rank 0): error: ") &&
                   (strstr(out, "CUDA") || strstr(out, "cuda") || strstr(out, "NCCL")),
               "rc %d, output '%s'", rc, out);
+}
+
+/* ---- stopped sweeps keep their records ---- */
+
+/* `sh -c CMD` in the background, its output to `log`; returns the pid (the shell execs the command) */
+static pid_t spawn_logged(const char *cmd, const char *log) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits up to 60 s for `needle` in the file `path`; whether it came. */
+static int wait_for_text(const char *path, const char *needle) {
+    for (int i = 0; i < 6000; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        kiln_error_free(kiln_read_file(path, &text, &len));
+        const int seen = text && strstr(text, needle);
+        free(text);
+        if (seen) return 1;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+/* The records of a stopped sweep's profile: it parses, says why it is incomplete (`why` in its "incomplete"), has
+ * at least `min` records of `ranks` ranks, and the CSV (when csv is not NULL) has a row for each. Returns the number
+ * of records (-1 when the profile is unreadable). */
+static int stopped_profile(const char *json, const char *csv, const char *why, int min, int ranks) {
+    char *text = NULL;
+    size_t len = 0;
+    kiln_error *e = kiln_read_file(json, &text, &len);
+    CHECK_MSG(!e, "no profile after the stop: %s", e ? kiln_error_msg(e) : "");
+    kiln_error_free(e);
+    cJSON *p = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(p, "%s does not parse", json);
+    if (!p) return -1;
+    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(p, "incomplete"), *recs = cJSON_GetObjectItemCaseSensitive(p, "comm");
+    CHECK_MSG(cJSON_IsString(inc) && strstr(inc->valuestring, why), "\"incomplete\": %s (want it to say '%s')",
+              cJSON_IsString(inc) ? inc->valuestring : "(absent)", why);
+    const int n = cJSON_GetArraySize(recs);
+    CHECK_MSG(n >= min, "%d records kept, want at least %d", n, min);
+    for (int i = 0; i < n; i++) {
+        const cJSON *r = cJSON_GetArrayItem(recs, i);
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(r, "ranks"), *t = cJSON_GetObjectItemCaseSensitive(r, "time_us_avg");
+        CHECK_MSG(cJSON_IsNumber(rk) && rk->valueint == ranks, "record %d: ranks %g", i, cJSON_IsNumber(rk) ? rk->valuedouble : -1);
+        CHECK_MSG(cJSON_IsNumber(t) && t->valuedouble > 0, "record %d: no time", i);
+    }
+    cJSON_Delete(p);
+    if (csv) {
+        char *t = NULL;
+        size_t l = 0;
+        kiln_error_free(kiln_read_file(csv, &t, &l));
+        int lines = 0;
+        for (size_t i = 0; t && i < l; i++) lines += t[i] == '\n';
+        CHECK_MSG(lines == n + 1, "%s: %d lines for %d records", csv, lines, n);
+        free(t);
+    }
+    return n;
+}
+
+/* Ctrl-C in a sweep lost every record measured: the JSON and CSV were written at the end only. Now the sweep stops
+ * after the record running (every rank agreeing, in the timing's own all-reduce), the records measured so far are
+ * written with "incomplete" saying why, and the process dies of the signal. One rank here; under mpirun below. */
+TEST(bench_comm_ctrl_c_keeps_records) {
+    const char *d = test_tmpdir();
+    char json[512], csv[512], log[512], cmd[2048];
+    snprintf(json, sizeof json, "%s", test_join(d, "c.json"));
+    snprintf(csv, sizeof csv, "%s", test_join(d, "c.csv"));
+    snprintf(log, sizeof log, "%s", test_join(d, "c.log"));
+    snprintf(cmd, sizeof cmd, "exec '%s' bench comm -b 1K -e 512M -f 2 -n 400 -d float --json '%s' --csv '%s'",
+             KILN_BINARY, json, csv);
+    pid_t pid = spawn_logged(cmd, log);
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    const int rows = wait_for_text(log, "float     sum");
+    CHECK_MSG(rows, "no row of the sweep appeared in %s", log);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *text = NULL;
+    size_t len = 0;
+    kiln_error_free(kiln_read_file(log, &text, &len));
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT, "status %#x (want: killed by SIGINT)\n%s", status,
+              text ? text : "");
+    CHECK_MSG(text && strstr(text, "interrupted by signal 2") && strstr(text, "they are in"), "%s", text ? text : "");
+    free(text);
+    if (rows) stopped_profile(json, csv, "interrupted by signal 2", 2, 1);
+    /* the report reads it and says it is incomplete */
+    char html[512], args[1400];
+    static char out[8192];
+    snprintf(html, sizeof html, "%s", test_join(d, "c.html"));
+    snprintf(args, sizeof args, "bench report '%s' --out '%s'", json, html);
+    CHECK_MSG(test_run_kiln(args, out, sizeof out) == 0, "%s", out);
+    text = NULL;
+    kiln_error_free(kiln_read_file(html, &text, &len));
+    CHECK_MSG(text && strstr(text, "<th>incomplete</th>") && strstr(text, "interrupted by signal 2"),
+              "the report does not say the profile is incomplete");
+    free(text);
+}
+
+/* The same under mpirun: Ctrl-C reaches mpirun, which sends its ranks SIGTERM; all of them stop at the same record
+ * and rank 0 writes what was measured. */
+TEST(bench_comm_ctrl_c_under_mpirun_keeps_records) {
+    CHECK_MSG(have_mpirun(), "mpirun not found: install openmpi-bin");
+    if (!have_mpirun()) return;
+    const char *d = test_tmpdir();
+    char json[512], csv[512], log[512], cmd[2048];
+    snprintf(json, sizeof json, "%s", test_join(d, "m.json"));
+    snprintf(csv, sizeof csv, "%s", test_join(d, "m.csv"));
+    snprintf(log, sizeof log, "%s", test_join(d, "m.log"));
+    snprintf(cmd, sizeof cmd,
+             "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader exec mpirun --allow-run-as-root --oversubscribe -np 2 "
+             "'%s' bench comm -b 1K -e 512M -f 2 -n 400 -d float --json '%s' --csv '%s'", KILN_BINARY, json, csv);
+    pid_t pid = spawn_logged(cmd, log);
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    const int rows = wait_for_text(log, "float     sum");
+    CHECK_MSG(rows, "no row of the sweep appeared in %s", log);
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK_MSG(!(WIFEXITED(status) && WEXITSTATUS(status) == 0), "mpirun exited 0 after Ctrl-C");
+    if (rows) stopped_profile(json, csv, "interrupted by signal", 2, 2);
+}
+
+/* A sweep killed outright (SIGKILL: what mpirun sends ranks that outlast its SIGTERM) keeps the records up to its
+ * last periodic save; KILN_BENCH_SAVE_EVERY=0 saves after every row. */
+TEST(bench_comm_killed_keeps_saved_records) {
+    const char *d = test_tmpdir();
+    char json[512], log[512], cmd[2048];
+    snprintf(json, sizeof json, "%s", test_join(d, "k.json"));
+    snprintf(log, sizeof log, "%s", test_join(d, "k.log"));
+    snprintf(cmd, sizeof cmd, "KILN_BENCH_SAVE_EVERY=0 exec '%s' bench comm -b 1K -e 512M -f 2 -n 400 -d float --json '%s'",
+             KILN_BINARY, json);
+    pid_t pid = spawn_logged(cmd, log);
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    int saved = wait_for_text(log, "float     sum");
+    for (int i = 0; saved && i < 6000 && access(json, F_OK) != 0; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    saved = saved && access(json, F_OK) == 0;
+    CHECK_MSG(saved, "no partial profile appeared at %s", json);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    if (saved) stopped_profile(json, NULL, "still running", 1, 1);
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,4 +221,34 @@ int kiln_bench_parse_bytes(const char *s, double lo, double hi, size_t *out) {
     if (v < lo || v > hi) return -1;
     *out = (size_t)v;
     return 0;
+}
+
+/* ---- stopping on a signal ---- */
+
+static volatile sig_atomic_t bench_stop;
+
+static void on_stop(int sig) { bench_stop = sig; }
+
+void kiln_bench_catch_stops(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+int kiln_bench_stop_signal(void) { return (int)bench_stop; }
+
+kiln_error *kiln_bench_interrupted(const char *where) {
+    return kiln_errorf(KILN_EIO, "interrupted by signal %d (%s) %s", (int)bench_stop, strsignal((int)bench_stop), where);
+}
+
+void kiln_bench_die_of_stop(void) {
+    const int sig = (int)bench_stop;
+    if (!sig) return;
+    signal(sig, SIG_DFL);
+    raise(sig);
 }

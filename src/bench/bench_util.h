@@ -52,6 +52,20 @@ extern const char *const kiln_bench_pass_names[2]; /* "fwd", "fwd_bwd" */
 void kiln_bench_pass_header(const char *unit);
 void kiln_bench_pass_row(const double us[2], const double flops[2], double tokens, double scale, int prec);
 
+/* ---- stopping on a signal ---- */
+
+/* SIGINT (Ctrl-C), SIGTERM (what mpirun sends its ranks on Ctrl-C) and SIGHUP set a flag instead of killing the
+ * process, so that a benchmark stops at its next safe point, cleans up and keeps what it measured; a second
+ * signal kills at once (SA_RESETHAND). */
+void kiln_bench_catch_stops(void);
+/* The signal caught since kiln_bench_catch_stops, 0 if none. */
+int kiln_bench_stop_signal(void);
+/* "interrupted by signal N (NAME) WHERE" */
+kiln_error *kiln_bench_interrupted(const char *where);
+/* When a signal was caught: its default action restored and the signal raised again, so that the process dies of
+ * it, as the shell (and mpirun) expect of an interrupted program. Returns when none was caught. */
+void kiln_bench_die_of_stop(void);
+
 /* ---- outputs ---- */
 
 typedef struct {

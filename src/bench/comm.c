@@ -377,6 +377,7 @@ static double now_us(void) {
 typedef struct {
     double tmin, tavg, tmax, algbw, busbw;
     double wrong; /* -1: not checked */
+    int stop;     /* a signal some rank caught (kiln_bench_stop_signal): every rank stops at this record */
 } result;
 
 /* warm-up, timed iterations, then (with -c 1) a fresh run whose result is checked */
@@ -387,7 +388,7 @@ static kiln_error *measure(run *u, const opts *o, result *res) {
     for (long i = 0; i < o->warmup; i++) KILN_TRY(op(u));
     KILN_TRY(kiln_comm_sync(c));
     KILN_TRY(c->barrier(c));
-    double t[3] = {1e300, 0, 0}; /* min, sum, max */
+    double t[4] = {1e300, 0, 0, 0}; /* min, sum, max; a caught signal */
     for (long i = 0; i < o->iters; i++) {
         double t0 = now_us();
         KILN_TRY(op(u));
@@ -398,14 +399,18 @@ static kiln_error *measure(run *u, const opts *o, result *res) {
         t[2] = dt > t[2] ? dt : t[2];
     }
     t[1] /= (double)o->iters;
-    KILN_TRY(c->allreduce_max_f64(c, t, 3)); /* the slowest rank, as nccl-tests */
+    /* the slowest rank, as nccl-tests; and whether any rank caught Ctrl-C or mpirun's SIGTERM, so that all stop at
+     * the same record (one that left alone would leave the others waiting in the next collective) */
+    t[3] = kiln_bench_stop_signal();
+    KILN_TRY(c->allreduce_max_f64(c, t, 4));
     res->tmin = t[0], res->tavg = t[1], res->tmax = t[2];
+    res->stop = (int)t[3];
     size_t bytes = u->count * u->ts;
     /* one rank: nothing crosses between ranks (busbw 0); in place nothing moves at all (algbw 0 too) */
     res->algbw = kiln_coll_call_algbw_gbs(c->size, u->inplace, bytes, res->tavg);
     res->busbw = res->algbw * kiln_coll_busbw_factor(u->coll, c->size);
     res->wrong = -1;
-    if (o->check) {
+    if (o->check && !res->stop) {
         prepare(u);
         KILN_TRY(upload(u));
         KILN_TRY(op(u));
@@ -488,6 +493,27 @@ static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, const run *u, 
 }
 
 /* ---- main ---- */
+
+/* Rank 0: the profile and the CSV as they stand, each replaced atomically. `incomplete`, when not NULL, is why the
+ * sweep is short, written into the profile (field "incomplete"; removed again by the final, complete save). */
+static kiln_error *save_outputs(cJSON *prof, const sbuf *csv, const opts *o, const char *incomplete) {
+    cJSON_DeleteItemFromObjectCaseSensitive(prof, "incomplete");
+    if (incomplete && !cJSON_AddStringToObject(prof, "incomplete", incomplete)) return kiln_errorf(KILN_ENOMEM, "profile");
+    if (o->json) KILN_TRY(kiln_error_wrap(kiln_profile_write(prof, o->json), "--json"));
+    if (o->csv) {
+        if (!csv->s) return kiln_errorf(KILN_ENOMEM, "--csv %s", o->csv);
+        KILN_TRY(kiln_error_wrap(kiln_write_file_atomic(o->csv, csv->s, csv->len), "--csv"));
+    }
+    return NULL;
+}
+
+/* Long sweeps save what they have every 10 s (rank 0, between records): mpirun follows its SIGTERM with a SIGKILL
+ * a few seconds later, which a record of gigabytes can outlast, and a killed run keeps its records up to the last
+ * save. KILN_BENCH_SAVE_EVERY=S changes the period (a testing hook; 0: after every row). */
+static double save_every_s(void) {
+    const char *v = getenv("KILN_BENCH_SAVE_EVERY");
+    return v && *v ? atof(v) : 10.0;
+}
 
 static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     const int me = c->rank, n = c->size;
@@ -602,9 +628,11 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         sb_printf(&csv, "backend,collective,dtype,ranks,inplace,bytes,count,time_us_min,time_us_avg,time_us_max,"
                   "algbw_gbs,busbw_gbs,wrong,moved\n");
     }
-    double all_wrong = 0;
+    double all_wrong = 0, last_save = now_us(), save_every = save_every_s();
+    size_t nrec = 0;
+    int stop = 0;
     run u = {.c = c, .dt = o->dt, .ts = ts, .a = a, .b = b, .da = da, .db = db, .root = 0};
-    for (int ci = 0; ci < KILN_COLL_COUNT && !e; ci++) {
+    for (int ci = 0; ci < KILN_COLL_COUNT && !e && !stop; ci++) {
         if (!o->want[ci]) continue;
         u.coll = (kiln_coll)ci;
         const int reduces = ci == KILN_COLL_ALLREDUCE || ci == KILN_COLL_REDUCE_SCATTER;
@@ -614,24 +642,32 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         }
         double bw_sum = 0, wrong = 0;
         int rows = 0;
-        for (size_t s = o->minb; !e; s *= (size_t)o->factor) {
+        for (size_t s = o->minb; !e && !stop; s *= (size_t)o->factor) {
             u.count = kiln_coll_count(u.coll, s, ts, n, &u.block);
             result res[2];
-            for (int ip = 0; ip < 2 && !e; ip++) {
+            int have[2] = {0, 0};
+            for (int ip = 0; ip < 2 && !e && !stop; ip++) {
                 if ((ip && !o->ip) || (!ip && !o->oop)) continue;
                 u.inplace = ip;
                 e = measure(&u, o, &res[ip]);
-                if (!e) {
+                /* the signal came while this record was timed (and mpirun's shutdown may have slowed it): dropped */
+                if (!e && res[ip].stop) stop = res[ip].stop;
+                else if (!e) {
+                    have[ip] = 1, nrec++;
                     bw_sum += res[ip].busbw, rows++;
                     if (res[ip].wrong > 0) wrong += res[ip].wrong;
                     if (me == 0) add_record(sec, &csv, c, &u, &res[ip]);
                 }
             }
-            if (!e && me == 0) {
+            if (!e && me == 0 && (have[0] || have[1])) {
                 printf("%12zu  %12zu  %8s  %6s  %6d", u.count * ts, u.count, type_name(o->dt), reduces ? "sum" : "none",
                        ci == KILN_COLL_BROADCAST ? u.root : -1);
                 for (int ip = 0; ip < 2; ip++) {
                     if ((ip && !o->ip) || (!ip && !o->oop)) continue;
+                    if (!have[ip]) { /* stopped before it */
+                        printf("  %7s  %6s  %6s  %5s", "-", "-", "-", "-");
+                        continue;
+                    }
                     char t[32], w[32];
                     fmt_time(t, sizeof t, res[ip].tavg);
                     if (res[ip].wrong >= 0) snprintf(w, sizeof w, "%.0f", res[ip].wrong);
@@ -640,10 +676,14 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
                 }
                 printf("\n");
                 fflush(stdout);
+                if (!stop && (o->json || o->csv) && now_us() - last_save >= save_every * 1e6) {
+                    e = save_outputs(prof, &csv, o, "the sweep was still running: a partial save, made as it goes");
+                    last_save = now_us();
+                }
             }
             if (s > maxb / (size_t)o->factor) break;
         }
-        if (!e && me == 0) {
+        if (!e && !stop && me == 0) {
             if (o->check) printf("# Out of bounds values : %.0f %s\n", wrong, wrong > 0 ? "FAILED" : "OK");
             printf("# Avg bus bandwidth    : %g%s\n", rows ? bw_sum / rows : 0.0,
                    n == 1 ? " (one rank: no data moves between ranks)" : "");
@@ -651,11 +691,14 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         all_wrong += wrong;
     }
     if (me == 0) printf("#\n");
-    if (!e && me == 0 && o->json) e = kiln_error_wrap(kiln_profile_write(prof, o->json), "--json");
-    if (!e && me == 0 && o->csv) {
-        if (!csv.s) e = kiln_errorf(KILN_ENOMEM, "--csv %s", o->csv);
-        else e = kiln_error_wrap(kiln_write_file_atomic(o->csv, csv.s, csv.len), "--csv");
-    }
+    char why[200] = "";
+    if (stop)
+        snprintf(why, sizeof why, "interrupted by signal %d (%s) after %zu record%s", stop, strsignal(stop), nrec,
+                 nrec == 1 ? "" : "s");
+    if (!e && me == 0) e = save_outputs(prof, &csv, o, stop ? why : NULL);
+    if (!e && stop) /* the outputs hold every record measured; the caller dies of the signal */
+        e = kiln_errorf(KILN_EIO, "%s%s%s%s%s", why, o->json || o->csv ? "; they are in " : "", o->json ? o->json : "",
+                        o->json && o->csv ? " and " : "", o->csv ? o->csv : "");
     cJSON_Delete(prof);
     free(csv.s);
     free(a);
@@ -757,6 +800,7 @@ int kiln_bench_comm_main(int argc, char **argv) {
         return 1;
     }
     int wrong = 0, rank = c->rank;
+    kiln_bench_catch_stops(); /* Ctrl-C, or mpirun's SIGTERM: the sweep stops after the record running, and saves */
     /* only rank 0 writes the files: it checks them before anything runs, and every rank stops with it */
     e = rank == 0 ? kiln_bench_check_output("--json", o.json) : NULL;
     if (!e && rank == 0) e = kiln_bench_check_output("--csv", o.csv);
@@ -781,6 +825,7 @@ int kiln_bench_comm_main(int argc, char **argv) {
     if (e) {
         if (rank == 0 || !wrong) fprintf(stderr, "kiln bench comm (rank %d): error: %s\n", rank, kiln_error_msg(e));
         kiln_error_free(e);
+        kiln_bench_die_of_stop(); /* interrupted: die of the signal, as the shell and mpirun expect */
         return 1;
     }
     return 0;

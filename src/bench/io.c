@@ -55,28 +55,8 @@ static const char usage[] =
 
 #define CHUNK ((size_t)8 << 20)
 
-/* Ctrl-C (SIGINT), SIGTERM, SIGHUP: the passes stop at the next chunk, the scratch files (up to files x size
- * bytes, gigabytes) and the checkpoint directory are removed, then the signal is raised again. A second
- * signal kills at once (SA_RESETHAND). */
-static volatile sig_atomic_t io_stop;
-
-static void on_stop(int sig) { io_stop = sig; }
-
-static void catch_stops(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-}
-
-static kiln_error *interrupted(const char *where) {
-    return kiln_errorf(KILN_EIO, "interrupted by signal %d (%s) %s", (int)io_stop, strsignal((int)io_stop), where);
-}
-
+/* Ctrl-C (SIGINT), SIGTERM, SIGHUP (kiln_bench_catch_stops): the passes stop at the next chunk, the scratch files
+ * (up to files x size bytes, gigabytes) and the checkpoint directory are removed, then the signal is raised again. */
 typedef struct {
     const char *test;
     double bytes, file_bytes, files, threads, seconds, vs_seq_write;
@@ -99,9 +79,9 @@ static kiln_error *write_one(const char *path, size_t size, const unsigned char 
     int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
     if (fd < 0) return kiln_errorf(KILN_EIO, "%s: cannot create: %s", path, strerror(errno));
     for (size_t done = 0; done < size;) {
-        if (io_stop) {
+        if (kiln_bench_stop_signal()) {
             close(fd);
-            return interrupted(path);
+            return kiln_bench_interrupted(path);
         }
         size_t n = size - done < CHUNK ? size - done : CHUNK;
         ssize_t w = write(fd, buf, n);
@@ -127,9 +107,9 @@ static kiln_error *read_one(const char *path, size_t size, unsigned char *buf) {
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     size_t done = 0;
     for (;;) {
-        if (io_stop) {
+        if (kiln_bench_stop_signal()) {
             close(fd);
-            return interrupted(path);
+            return kiln_bench_interrupted(path);
         }
         ssize_t r = read(fd, buf, CHUNK);
         if (r < 0 && errno == EINTR) continue;
@@ -202,7 +182,7 @@ static kiln_error *mapped_pass(const char *dir, int nfiles, size_t size, const u
         kiln_atomic_file f;
         if ((e = kiln_atomic_begin_mapped(&f, path, size))) break; /* every file mapped, whatever its size */
         for (size_t done = 0; !e && done < size; done += piece)
-            e = io_stop ? interrupted(path) : kiln_atomic_write(&f, buf, size - done < piece ? size - done : piece);
+            e = kiln_bench_stop_signal() ? kiln_bench_interrupted(path) : kiln_atomic_write(&f, buf, size - done < piece ? size - done : piece);
         if (e) kiln_atomic_abort(&f);
         else e = kiln_atomic_commit(&f);
     }
@@ -338,8 +318,8 @@ static kiln_error *ckpt_bench(const char *dir, double target, int iters, int cud
     kiln_progress pr;
     kiln_progress_start(&pr, "bench io ckpt", (uint64_t)iters, "save");
     for (int it = 0; !e && it < iters; it++) {
-        if (io_stop) {
-            e = interrupted(c.out_dir);
+        if (kiln_bench_stop_signal()) {
+            e = kiln_bench_interrupted(c.out_dir);
             break;
         }
         ckpt_view v = {4 * it + 1, &c, m, &part, op, state, &bal, &ls, 0};
@@ -476,7 +456,7 @@ int kiln_bench_io_main(int argc, char **argv) {
         threads = n < 1 ? 1 : n < files ? n : files;
     }
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a write error to report, not a kill */
-    catch_stops();
+    kiln_bench_catch_stops();
     unsigned char *buf = malloc(CHUNK);
     if (!buf) return 1;
     for (size_t i = 0; i < CHUNK / sizeof(float); i++) ((float *)buf)[i] = (float)((i * 2654435761u) % 1000003) * 1e-3f;
@@ -516,14 +496,12 @@ int kiln_bench_io_main(int argc, char **argv) {
     free(buf);
     ckpt_times ct = {0};
     if (!e && ckpt) e = ckpt_bench(dir, (double)size * (double)files, (int)iters, cuda, &ct);
-    if (!e && io_stop) e = interrupted(dir); /* during the last save: its numbers are in, but the user said stop */
+    if (!e && kiln_bench_stop_signal()) e = kiln_bench_interrupted(dir); /* during the last save: its numbers are in, but the user said stop */
     if (e) {
         kiln_bench_fail("io", NULL, e);
-        if (io_stop) { /* everything is cleaned up: die of the signal, as the shell expects */
+        if (kiln_bench_stop_signal()) { /* everything is cleaned up: die of the signal, as the shell expects */
             fprintf(stderr, "kiln bench io: scratch files removed from %s; nothing written\n", dir);
-            const int sig = (int)io_stop;
-            signal(sig, SIG_DFL);
-            raise(sig);
+            kiln_bench_die_of_stop();
         }
         return 1;
     }

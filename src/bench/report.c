@@ -784,6 +784,12 @@ static void render_page(sbuf *b, const report *r) {
         sb_printf(b, "</td></tr><tr><th>date</th><td class=\"l\">");
         sb_esc(b, cJSON_IsString(date) ? date->valuestring : "");
         sb_printf(b, "</td></tr>\n");
+        const cJSON *inc = cJSON_GetObjectItemCaseSensitive(root, "incomplete"); /* a sweep stopped early */
+        if (cJSON_IsString(inc)) {
+            sb_printf(b, "<tr class=\"bad\"><th>incomplete</th><td class=\"l\">");
+            sb_esc(b, inc->valuestring);
+            sb_printf(b, "</td></tr>\n");
+        }
         kv_rows(b, cJSON_GetObjectItemCaseSensitive(root, "machine"));
         kv_rows(b, cJSON_GetObjectItemCaseSensitive(root, "libraries"));
         sb_printf(b, "</table>\n");
