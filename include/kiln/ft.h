@@ -42,6 +42,8 @@ kiln_error *kiln_step_ranges_add(kiln_step_ranges *r, int64_t lo, int64_t hi);
 int kiln_step_ranges_contains(const kiln_step_ranges *r, int64_t step);
 /* "3,9-12" into buf (sorted, merged); returns buf. */
 const char *kiln_step_ranges_format(const kiln_step_ranges *r, char *buf, size_t cap);
+/* The same, malloc'd and never cut short; NULL when out of memory. */
+char *kiln_step_ranges_text(const kiln_step_ranges *r);
 void kiln_step_ranges_free(kiln_step_ranges *r);
 
 /* ---- fault injection (a testing hook; KILN_FAULT) ----

@@ -32,6 +32,15 @@ void ft_heartbeat_writer_counts(kiln_heartbeat_writer *w, int64_t *beats, int64_
  * failure before any step within --max-restarts instead of giving up when it repeats. */
 const char *ft_transient_errno(const char *text);
 
+/* RUN_DIR/ft_state.json (src/ft/state.c). The text (malloc'd, *len bytes): the skip ranges, reject_from and the
+ * history entries not inside a skipped window. The parse: appends the skip ranges to *skip (initialised by the caller;
+ * freed by it on error too), sets *reject_from, and keeps the newest `cap` history entries in hist_step/hist_loss
+ * (*nhist of them); errors name `path` and the field. A file without "spike_history" (an older kiln's) has none. */
+kiln_error *ft_state_format(const kiln_step_ranges *skip, int64_t reject_from, const int64_t *hist_step,
+                            const double *hist_loss, int nhist, char **text, size_t *len);
+kiln_error *ft_state_parse(const char *text, size_t len, const char *path, kiln_step_ranges *skip,
+                           int64_t *reject_from, int64_t *hist_step, double *hist_loss, int cap, int *nhist);
+
 /* The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie...), 0 when gone. */
 char ft_proc_state(pid_t pid);
 /* Every live descendant of root (children, their children...), at most cap; returns the count. */

@@ -89,6 +89,13 @@ const char *kiln_step_ranges_format(const kiln_step_ranges *r, char *buf, size_t
     return buf;
 }
 
+char *kiln_step_ranges_text(const kiln_step_ranges *r) {
+    const size_t cap = (size_t)r->n * 44 + 1; /* "," + 20 digits + "-" + 20 digits per range */
+    char *t = malloc(cap);
+    if (t) kiln_step_ranges_format(r, t, cap);
+    return t;
+}
+
 void kiln_step_ranges_free(kiln_step_ranges *r) {
     free(r->r);
     memset(r, 0, sizeof *r);

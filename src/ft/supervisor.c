@@ -314,37 +314,14 @@ static int judge_step(attempt_state *a, int64_t s, double loss, double gn) {
 #define STATE_FILE "ft_state.json"
 #define STATE_LAZY_EVERY_S 2.0
 
-/* The ranges as text, without the cap of a fixed buffer (malloc'd; NULL when out of memory). */
-static char *ranges_text(const kiln_step_ranges *r) {
-    size_t cap = (size_t)r->n * 44 + 1; /* "," + 20 digits + "-" + 20 digits per range */
-    char *t = malloc(cap);
-    if (t) kiln_step_ranges_format(r, t, cap);
-    return t;
-}
-
 static kiln_error *state_save(attempt_state *a) {
-    char *path = kiln_path_join(a->o->run_dir, STATE_FILE), *steps = ranges_text(a->skip);
-    /* an entry "[step,loss]," is at most 1 + 19 + 1 + 24 (%.17g) + 2 bytes */
-    size_t cap = (steps ? strlen(steps) : 0) + (size_t)a->nhist * 64 + 128;
-    char *text = malloc(cap);
-    kiln_error *e = NULL;
-    if (!path || !steps || !text) {
-        e = kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
-    } else {
-        size_t n = (size_t)snprintf(text, cap, "{\"skip_steps\":\"%s\",\"reject_from\":%lld,\"spike_history\":[", steps,
-                                    (long long)a->reject_from);
-        int k = 0;
-        for (int i = 0; i < a->nhist; i++) {
-            const int64_t s = a->hist_step[i];
-            if (kiln_step_ranges_contains(a->skip, s)) continue;
-            n += (size_t)snprintf(text + n, cap - n, "%s[%lld,%.17g]", k++ ? "," : "", (long long)s, a->hist_loss[i]);
-        }
-        n += (size_t)snprintf(text + n, cap - n, "]}\n");
-        e = kiln_write_file_atomic(path, text, n);
-    }
+    char *path = kiln_path_join(a->o->run_dir, STATE_FILE), *text = NULL;
+    size_t n = 0;
+    kiln_error *e = path ? ft_state_format(a->skip, a->reject_from, a->hist_step, a->hist_loss, a->nhist, &text, &n)
+                         : kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
+    if (!e) e = kiln_write_file_atomic(path, text, n);
     if (!e) a->state_dirty = a->state_now = 0, a->state_saved = mono();
     free(text);
-    free(steps);
     free(path);
     return e;
 }
@@ -361,46 +338,17 @@ static void state_save_lazy(attempt_state *a, int force) {
     kiln_error_free(e);
 }
 
-/* The history field of ft_state.json: [[step, loss], ...], steps increasing, losses finite; the newest hist_cap
- * entries are kept. */
-static kiln_error *history_load(attempt_state *a, const cJSON *h, const char *path) {
-    const int n = cJSON_GetArraySize(h);
-    int i = 0;
-    int64_t prev = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, h) {
-        int64_t step = 0;
-        const cJSON *l = cJSON_GetArrayItem(it, 1);
-        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2 || !kiln_json_int_value(cJSON_GetArrayItem(it, 0), &step)
-            || step < 1 || !cJSON_IsNumber(l) || !isfinite(l->valuedouble))
-            return kiln_errorf(KILN_EFORMAT, "%s: field 'spike_history': entry %d is not [step >= 1, finite loss]",
-                               path, i);
-        if (step <= prev)
-            return kiln_errorf(KILN_EFORMAT, "%s: field 'spike_history': entry %d: step %lld after step %lld (steps "
-                               "must increase)", path, i, (long long)step, (long long)prev);
-        prev = step;
-        if (i++ >= n - a->hist_cap) a->hist_step[a->nhist] = step, a->hist_loss[a->nhist++] = l->valuedouble;
-    }
-    return NULL;
-}
-
 static kiln_error *state_load(attempt_state *a, kiln_step_ranges *skip) {
-    char *path = kiln_path_join(a->o->run_dir, STATE_FILE);
+    char *path = kiln_path_join(a->o->run_dir, STATE_FILE), *text = NULL;
     if (!path) return kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
     kiln_error *e = NULL;
+    size_t len = 0;
     if (access(path, F_OK) == 0) {
-        cJSON *o = NULL;
-        const cJSON *h = NULL;
-        const char *steps = NULL;
-        e = kiln_json_parse_file(path, &o);
-        if (!e) e = kiln_json_get_string(o, "skip_steps", &steps, "", 0, path);
-        if (!e) e = kiln_json_get_int(o, "reject_from", &a->reject_from, 0, 0, path);
-        if (!e && a->reject_from < 0) e = kiln_errorf(KILN_EFORMAT, "%s: field 'reject_from' must be >= 0", path);
-        if (!e && (e = kiln_step_ranges_parse(steps, skip))) e = kiln_error_wrap(e, "%s: field 'skip_steps'", path);
-        if (!e) e = kiln_json_get_array(o, "spike_history", &h, 0, path); /* absent in an older kiln's file */
-        if (!e && h && a->hist_cap > 0) e = history_load(a, h, path);
-        cJSON_Delete(o);
+        e = kiln_read_file(path, &text, &len);
+        if (!e) e = ft_state_parse(text, len, path, skip, &a->reject_from, a->hist_step, a->hist_loss, a->hist_cap,
+                                   &a->nhist);
     }
+    free(text);
     free(path);
     return e;
 }
@@ -911,7 +859,7 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         memset(a.slow_count, 0, (size_t)np * sizeof *a.slow_count);
         memset(a.straggler_told, 0, (size_t)np * sizeof *a.straggler_told);
         clear_heartbeats(a.hb_dir);
-        char *skips = ranges_text(&skip);
+        char *skips = kiln_step_ranges_text(&skip);
         e = skips ? launch(&a, use_mpirun, skips, a.reject_from) : kiln_errorf(KILN_ENOMEM, "skip windows");
         free(skips);
         if (e) break;

@@ -14,6 +14,7 @@
 #include "cis/cis_internal.h"
 #include "ckpt/source.h"
 #include "clip/clip_internal.h"
+#include "ft/ft_internal.h"
 #include "kiln/ckpt.h"
 #include "kiln/cis.h"
 #include "kiln/data.h"
@@ -683,6 +684,71 @@ static int fuzz_json(const uint8_t *data, size_t size) {
     return drop("json", e);
 }
 
+/* ---- kiln run's ft_state.json: parsed, written and parsed again to the same values ---- */
+
+#define FT_HIST_CAP 64
+
+typedef struct {
+    kiln_step_ranges skip;
+    int64_t reject, hs[FT_HIST_CAP];
+    double hl[FT_HIST_CAP];
+    int nh;
+} ft_state_vals;
+
+/* 1 parsed, 0 refused (with a message), -1 an invariant broken */
+static int ft_state_read(const char *T, const char *text, size_t len, ft_state_vals *v) {
+    v->reject = -1, v->nh = -1;
+    kiln_error *e = ft_state_parse(text, len, "ft_state.json", &v->skip, &v->reject, v->hs, v->hl, FT_HIST_CAP, &v->nh);
+    if (e) return drop(T, e) ? -1 : 0;
+    if (v->reject < 0 || v->nh < 0 || v->nh > FT_HIST_CAP)
+        return fail(T, "reject_from %lld, %d history entries", (long long)v->reject, v->nh);
+    for (int i = 0; i < v->nh; i++)
+        if (v->hs[i] < 1 || (i && v->hs[i] <= v->hs[i - 1]) || !isfinite(v->hl[i]))
+            return fail(T, "history entry %d: step %lld, loss %g", i, (long long)v->hs[i], v->hl[i]);
+    return 1;
+}
+
+/* The text written from what was read reads back as the same values: the skip windows, reject_from, and every
+ * history entry outside a skipped window (those are left out on purpose), bit for bit. */
+static int fuzz_ft_state(const uint8_t *data, size_t size) {
+    const char *T = "ft_state";
+    ft_state_vals a = {0}, b = {0};
+    char *text = NULL;
+    size_t n = 0;
+    int rc = ft_state_read(T, (const char *)data, size, &a);
+    if (rc == 1) {
+        kiln_error *e = ft_state_format(&a.skip, a.reject, a.hs, a.hl, a.nh, &text, &n);
+        if (e) {
+            rc = fail(T, "a parsed state does not format: %s", kiln_error_msg(e));
+            kiln_error_free(e);
+        }
+    }
+    if (rc == 1) {
+        const int r2 = ft_state_read(T, text, n, &b);
+        if (r2 != 1) rc = r2 < 0 ? -1 : fail(T, "its own text is refused:\n%.*s", (int)n, text);
+    }
+    if (rc == 1) {
+        char *sa = kiln_step_ranges_text(&a.skip), *sb = kiln_step_ranges_text(&b.skip);
+        int k = 0;
+        rc = 0;
+        if (!sa || !sb || strcmp(sa, sb) || a.reject != b.reject)
+            rc = fail(T, "skip '%s' / reject_from %lld read back as '%s' / %lld", sa ? sa : "?", (long long)a.reject,
+                      sb ? sb : "?", (long long)b.reject);
+        for (int i = 0; !rc && i < a.nh; i++) {
+            if (kiln_step_ranges_contains(&a.skip, a.hs[i])) continue;
+            if (k >= b.nh || b.hs[k] != a.hs[i] || memcmp(&b.hl[k], &a.hl[i], sizeof(double)))
+                rc = fail(T, "history entry [%lld, %.17g] read back as entry %d of %d:\n%.*s", (long long)a.hs[i], a.hl[i],
+                          k, b.nh, (int)n, text);
+            k++;
+        }
+        if (!rc && k != b.nh) rc = fail(T, "%d history entries read back as %d", k, b.nh);
+        free(sa), free(sb);
+    }
+    kiln_step_ranges_free(&a.skip), kiln_step_ranges_free(&b.skip);
+    free(text);
+    return rc < 0 ? -1 : 0;
+}
+
 const kiln_fuzz_target kiln_fuzz_targets[] = {
     {"safetensors", fuzz_safetensors, "a .safetensors file: opened, every tensor read, written back and compared"},
     {"image", fuzz_image, "a PNG or JPEG file: decoded and resized"},
@@ -704,6 +770,7 @@ const kiln_fuzz_target kiln_fuzz_targets[] = {
                                       "every accepted tower and preprocessing usable"},
     {"ckpt_manifest", fuzz_ckpt_manifest, "a checkpoint's manifest.json beside a committed two-rank checkpoint: "
                                           "verified, described and opened for conversion; what opens is whole"},
+    {"ft_state", fuzz_ft_state, "kiln run's ft_state.json: parsed, written back and parsed to the same values"},
     {"json", fuzz_json, "JSON text through kiln_json_parse"},
     {NULL, NULL, NULL},
 };
