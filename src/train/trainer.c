@@ -253,12 +253,6 @@ static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm
     if (!t->state || !t->gshard || !t->ws || !t->counts || !t->imbalance || !t->loader_states)
         return kiln_errorf(KILN_ENOMEM, "optimizer state");
     if (on_gpu(c)) KILN_TRY(setup_cuda(t, c, comm));
-    /* said until the several-rank GPU step is shown right: its first run (two ranks on one GPU through the staged
-     * backend) disagreed with one rank accumulating the same micro-batches (docs/perf.md, session 35) */
-    if (on_gpu(c) && comm->size > 1 && comm->rank == 0)
-        kiln_log(KILN_LOG_WARN, "training on %d GPU ranks is not verified: the two-rank GPU test disagrees with one "
-                 "rank accumulating the same micro-batches (step 1's gradient norm about half); one GPU per run is "
-                 "verified (docs/perf.md, session 35)", comm->size);
     return balance_init(&t->bal, L, E1);
 }
 
