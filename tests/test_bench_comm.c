@@ -124,6 +124,9 @@ static int check_profile(const char *path, const char *backend, int ranks, const
     cJSON *p = load_json(path);
     if (!p) return 0;
     CHECK(num(p, "kiln_profile") == 1 && !strcmp(str(p, "bench"), "comm"));
+    /* every rank runs on this host here: one host, in the machine's list and in every record */
+    const cJSON *hl = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "machine"), "hosts");
+    CHECK_MSG(cJSON_GetArraySize(hl) == 1 && cJSON_IsString(cJSON_GetArrayItem(hl, 0)), "%s: machine.hosts", path);
     const cJSON *sec = cJSON_GetObjectItemCaseSensitive(p, "comm");
     CHECK_MSG(cJSON_IsArray(sec), "%s: no \"comm\" array", path);
     int seen[KILN_COLL_COUNT][2] = {{0}}, n = 0;
@@ -141,6 +144,7 @@ static int check_profile(const char *path, const char *backend, int ranks, const
         seen[c][cJSON_IsTrue(ip)]++;
         CHECK(!strcmp(str(r, "backend"), backend) && !strcmp(str(r, "dtype"), dtype));
         CHECK(num(r, "ranks") == ranks);
+        CHECK_MSG(num(r, "hosts") == 1, "hosts %g", num(r, "hosts"));
         CHECK_MSG(num(r, "wrong") == 0, "%s %s inplace %d bytes %.0f: %g wrong", str(r, "collective"), dtype,
                   cJSON_IsTrue(ip), num(r, "bytes"), num(r, "wrong"));
         double bytes = num(r, "bytes"), count = num(r, "count");

@@ -451,6 +451,42 @@ TEST(size_comm_measured_inside_a_node_not_across) {
               "%s", out);
 }
 
+/* The records say which hosts their ranks ran on (kiln bench comm's "hosts"): 8 ranks on 2 hosts (4 GPUs of each of
+ * two 8-GPU nodes) crossed the network although 8 <= gpus_per_node, and stand for jobs across nodes, not for one
+ * node; a set over 8 ranks on 1 host beside it is the one used inside a node. Without "hosts" (an older profile)
+ * the rank count decides, as above. */
+TEST(size_comm_records_sided_by_hosts) {
+    const char *dir = test_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s", test_join(dir, "hosts.json"));
+    FILE *f = fopen(path, "w");
+    fputs("{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
+          "{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, \"hosts\": 2, \"bytes\": 1048576, \"busbw_gbs\": 40.0}, "
+          "{\"backend\": \"nccl\", \"collective\": \"all_gather\", \"ranks\": 8, \"hosts\": 2, \"bytes\": 1048576, \"busbw_gbs\": 40.0}]}", f);
+    fclose(f);
+    kiln_hw_profile *p = malloc(sizeof *p);
+    CHECK_OK(kiln_hw_profile_load("h200", p));
+    CHECK_OK(kiln_hw_profile_merge_bench(p, path));
+    CHECK(p->nrs == 1 && p->rs[0].hosts == 2);
+    const double S = 1e9, lat = p->comm_latency_us * 1e-6;
+    /* across nodes: the two-host measurement; inside one: the profile's NVLink figure, not the network's 40 GB/s */
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 64), S * 63 / 64 / 40e9 + lat, 1e-12);
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 8), S * 7 / 8 / 360e9 + lat, 1e-12);
+    char why[600];
+    CHECK(kiln_hw_comm_source(p, 64, why, sizeof why) == 1);
+    CHECK_MSG(strstr(why, "reduce-scatter measured over 8 GPUs on 2 hosts"), "%s", why);
+    CHECK(kiln_hw_comm_source(p, 8, why, sizeof why) == 0);
+    CHECK_MSG(strstr(why, "measured records are all across nodes"), "%s", why);
+    /* a one-host set of the same rank count beside it: each used on its own side, never mixed */
+    p->rs[1] = p->rs[0], p->rs[1].hosts = 1, p->rs[1].busbw_gbs = 350, p->nrs = 2;
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 8), S * 7 / 8 / 350e9 + lat, 1e-12);
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 64), S * 63 / 64 / 40e9 + lat, 1e-12);
+    /* hosts absent: 8 ranks of an 8-GPU node count as inside it */
+    p->rs[0].hosts = 0, p->nrs = 1;
+    CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 8), S * 7 / 8 / 40e9 + lat, 1e-12);
+    free(p);
+}
+
 /* The experts' evidence compares the shape with the alternative of the same total AND active parameters: twice
  * the experts at half the width and twice the top-k (so the same rows per expert). It compared with twice the
  * experts at the same top-k, half the active parameters and half the rows per expert, whose lower GEMM rate

@@ -107,7 +107,9 @@ void kiln_size_kv_cache(const kiln_size_shape *s, int64_t batch, int64_t capacit
 
 typedef struct { int64_t m, n, k; double tflops; } kiln_hw_gemm_point;
 typedef struct { int64_t head_dim; double fwd_eff, bwd_eff; } kiln_hw_attn_point;
-typedef struct { int64_t bytes; double busbw_gbs; int64_t ranks; } kiln_hw_comm_point;
+/* hosts: how many hosts the ranks ran on (kiln bench comm's records say; 0 when unknown: then a record over more
+ * ranks than gpus_per_node is taken to cross nodes) */
+typedef struct { int64_t bytes; double busbw_gbs; int64_t ranks, hosts; } kiln_hw_comm_point;
 
 /* Timed kernels of kiln's own (kiln bench attention / moe --device cuda, the membw copy sweep) and, for op
  * classes no kiln bench times, how their measured time in a calibration run of `kiln train --device cuda`

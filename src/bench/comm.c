@@ -466,7 +466,8 @@ static void print_table_head(const opts *o) {
     printf("\n");
 }
 
-static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, const run *u, const result *r) {
+/* hosts: how many distinct hosts the ranks ran on (node boundaries: kiln size tells NVLink from the network by it) */
+static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, int hosts, const run *u, const result *r) {
     size_t bytes = u->count * u->ts;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "backend", c->backend);
@@ -485,11 +486,12 @@ static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, const run *u, 
     else cJSON_AddNullToObject(j, "wrong");
     const char *moved = kiln_coll_moved_name(kiln_coll_moved(c->size, u->inplace));
     cJSON_AddStringToObject(j, "moved", moved);
+    cJSON_AddNumberToObject(j, "hosts", hosts);
     cJSON_AddItemToArray(sec, j);
     sb_printf(csv, "%s,%s,%s,%d,%d,%zu,%zu,%.17g,%.17g,%.17g,%.17g,%.17g,", c->backend, kiln_coll_name(u->coll),
               type_name(u->dt), c->size, u->inplace, bytes, u->count, r->tmin, r->tavg, r->tmax, r->algbw, r->busbw);
     if (r->wrong >= 0) sb_printf(csv, "%.0f", r->wrong);
-    sb_printf(csv, ",%s\n", moved);
+    sb_printf(csv, ",%s,%d\n", moved, hosts);
 }
 
 /* ---- main ---- */
@@ -591,14 +593,23 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
                "datatype: %s\n#\n# Using ranks\n", o->minb, maxb, o->factor, o->warmup, o->iters, o->check,
                type_name(o->dt));
     }
-    for (int r = 0; r < n && !e; r++) { /* each rank's pid and host, printed by rank 0 */
+    /* rank 0: the distinct hosts, in rank order (each rank's name, truncated to 63 characters) */
+    char (*hosts)[64] = me == 0 ? calloc((size_t)n, sizeof *hosts) : NULL;
+    int nhosts = 0;
+    if (me == 0 && !hosts) e = kiln_errorf(KILN_ENOMEM, "%d host names", n);
+    for (int r = 0; r < n; r++) { /* each rank's pid and host, printed by rank 0 (every rank takes part) */
         memset(&info, 0, sizeof info);
         info.pid = (int)getpid();
         info.device = c->device_buffers ? c->device : -1;
         memcpy(info.host, host, sizeof info.host - 1); /* truncated to 63 characters */
         memcpy(info.gpu, gpu, sizeof info.gpu - 1);
-        e = c->broadcast(c, &info, sizeof info, r);
+        kiln_error *be = c->broadcast(c, &info, sizeof info, r);
+        if (be && !e) e = be;
+        else kiln_error_free(be);
         if (!e && me == 0) {
+            int k = 0;
+            while (k < nhosts && strcmp(hosts[k], info.host)) k++;
+            if (k == nhosts) memcpy(hosts[nhosts++], info.host, sizeof info.host);
             printf("#  Rank %2d Pid %6d on %s", r, info.pid, info.host);
             if (info.device >= 0) printf(" device %2d %s", info.device, info.gpu);
             printf("\n");
@@ -624,9 +635,12 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
                 cJSON_AddStringToObject(mach, "gpu", gpu);
                 cJSON_AddNumberToObject(mach, "gpu_memory_gib", (double)dtotal / 1073741824.0);
             }
+            /* "machine" describes rank 0's host; the ranks' hosts, each once in rank order, say where the rest ran */
+            cJSON *hl = mach ? cJSON_AddArrayToObject(mach, "hosts") : NULL;
+            for (int k = 0; hl && k < nhosts; k++) cJSON_AddItemToArray(hl, cJSON_CreateString(hosts[k]));
         }
         sb_printf(&csv, "backend,collective,dtype,ranks,inplace,bytes,count,time_us_min,time_us_avg,time_us_max,"
-                  "algbw_gbs,busbw_gbs,wrong,moved\n");
+                  "algbw_gbs,busbw_gbs,wrong,moved,hosts\n");
     }
     double all_wrong = 0, last_save = now_us(), save_every = save_every_s();
     size_t nrec = 0;
@@ -656,7 +670,7 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
                     have[ip] = 1, nrec++;
                     bw_sum += res[ip].busbw, rows++;
                     if (res[ip].wrong > 0) wrong += res[ip].wrong;
-                    if (me == 0) add_record(sec, &csv, c, &u, &res[ip]);
+                    if (me == 0) add_record(sec, &csv, c, nhosts, &u, &res[ip]);
                 }
             }
             if (!e && me == 0 && (have[0] || have[1])) {
@@ -700,6 +714,7 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         e = kiln_errorf(KILN_EIO, "%s%s%s%s%s", why, o->json || o->csv ? "; they are in " : "", o->json ? o->json : "",
                         o->json && o->csv ? " and " : "", o->csv ? o->csv : "");
     cJSON_Delete(prof);
+    free(hosts);
     free(csv.s);
     free(a);
     free(b);

@@ -215,10 +215,14 @@ static kiln_error *parse(const cJSON *root, const char *ctx, kiln_hw_profile *p)
             char rctx[700];
             snprintf(rctx, sizeof rctx, "%s.records[%d]", sctx, i++);
             const char *col;
-            kiln_hw_comm_point c;
+            kiln_hw_comm_point c = {0};
             KILN_TRY(kiln_json_get_string(r, "collective", &col, NULL, 1, rctx));
             KILN_TRY(get_posi(r, "bytes", &c.bytes, rctx));
             KILN_TRY(get_posi(r, "ranks", &c.ranks, rctx));
+            KILN_TRY(kiln_json_get_int(r, "hosts", &c.hosts, 0, 0, rctx)); /* optional: 0, unknown */
+            if (c.hosts < 0 || c.hosts > c.ranks)
+                return kiln_errorf(KILN_EINVAL, "%s: field 'hosts' is %lld: expected 1 to ranks (%lld)", rctx,
+                                   (long long)c.hosts, (long long)c.ranks);
             KILN_TRY(get_pos(r, "busbw_gbs", &c.busbw_gbs, 1, rctx));
             if (!strcmp(col, "reduce_scatter") && p->nrs < KILN_HW_MAX_POINTS) p->rs[p->nrs++] = c;
             else if (!strcmp(col, "all_gather") && p->nag < KILN_HW_MAX_POINTS) p->ag[p->nag++] = c;
@@ -419,8 +423,10 @@ kiln_error *kiln_hw_profile_merge_bench(kiln_hw_profile *p, const char *path) {
                          "%s%s", *skipped_backends ? ", " : "", bn);
             continue;
         }
-        kiln_hw_comm_point c = {(int64_t)num(r, "bytes"), num(r, "busbw_gbs"), (int64_t)num(r, "ranks")};
+        kiln_hw_comm_point c = {(int64_t)num(r, "bytes"), num(r, "busbw_gbs"), (int64_t)num(r, "ranks"),
+                                (int64_t)num(r, "hosts")};
         if (c.bytes <= 0 || c.busbw_gbs <= 0 || c.ranks < 2) continue;
+        if (c.hosts < 0 || c.hosts > c.ranks) c.hosts = 0; /* an older kiln's record (none), or nonsense: unknown */
         const int rs = str_is(r, "collective", "reduce_scatter"), ag = str_is(r, "collective", "all_gather");
         if (rs && nrs < KILN_HW_MAX_POINTS) q->rs[nrs++] = c;
         if (ag && nag < KILN_HW_MAX_POINTS) q->ag[nag++] = c;
@@ -622,31 +628,36 @@ double kiln_hw_attn_eff(const kiln_hw_profile *p, int64_t D, int backward) {
     return e * (double)D / (double)padded;
 }
 
-/* Whether measured records over `ranks` GPUs stand for a job of g GPUs: both inside one node, or both across
- * nodes. A measurement inside a node (NVLink) says nothing of the network between nodes, and one across
- * nodes nothing of NVLink. */
-static int comm_same_side(const kiln_hw_profile *p, int64_t ranks, int64_t g) {
-    return (ranks <= p->gpus_per_node) == (g <= p->gpus_per_node);
+/* Whether a measured record crossed nodes: by the hosts its ranks ran on when it says (kiln bench comm's records
+ * do), else by its rank count against gpus_per_node (ranks packed onto nodes, as mpirun places them by default). */
+static int comm_across(const kiln_hw_profile *p, const kiln_hw_comm_point *c) {
+    return c->hosts > 0 ? c->hosts > 1 : c->ranks > p->gpus_per_node;
 }
 
-/* The rank count of the measured records used for g GPUs (the nearest on g's side of the node boundary), or
- * -1 when none stands for g. */
-static int64_t comm_ranks_for(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, int64_t g) {
-    int64_t best = -1;
+/* Whether a measured record stands for a job of g GPUs: both inside one node, or both across nodes. A measurement
+ * inside a node (NVLink) says nothing of the network between nodes, and one across nodes nothing of NVLink. */
+static int comm_same_side(const kiln_hw_profile *p, const kiln_hw_comm_point *c, int64_t g) {
+    return comm_across(p, c) == (g > p->gpus_per_node);
+}
+
+/* A record of the measured set used for g GPUs (one run's records: the same rank and host counts; the nearest rank
+ * count on g's side of the node boundary), or -1 when none stands for g. */
+static int comm_set_for(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, int64_t g) {
+    int best = -1;
     for (int i = 0; i < n; i++)
-        if (comm_same_side(p, pts[i].ranks, g) && (best < 0 || llabs(pts[i].ranks - g) < llabs(best - g)))
-            best = pts[i].ranks;
+        if (comm_same_side(p, &pts[i], g) && (best < 0 || llabs(pts[i].ranks - g) < llabs(pts[best].ranks - g)))
+            best = i;
     return best;
 }
 
-/* Bus bandwidth at `bytes` over g ranks: measured records of the nearest rank count on the same side of the
- * node boundary, linear in log2(bytes) between sizes; else the intra- or inter-node figure. */
+/* Bus bandwidth at `bytes` over g ranks: the measured set's records (comm_set_for), linear in log2(bytes) between
+ * sizes; else the intra- or inter-node figure. */
 static double busbw(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int n, double bytes, int64_t g) {
-    const int64_t best = comm_ranks_for(p, pts, n, g);
+    const int best = comm_set_for(p, pts, n, g);
     if (best < 0) return g <= p->gpus_per_node ? p->intra_busbw_gbs : p->inter_busbw_gbs;
     double x = log2(bytes), lo_x = -1e300, hi_x = 1e300, lo = 0, hi = 0;
     for (int i = 0; i < n; i++) {
-        if (pts[i].ranks != best) continue;
+        if (pts[i].ranks != pts[best].ranks || pts[i].hosts != pts[best].hosts) continue;
         double px = log2((double)pts[i].bytes);
         if (px <= x && px > lo_x) { lo_x = px; lo = pts[i].busbw_gbs; }
         if (px >= x && px < hi_x) { hi_x = px; hi = pts[i].busbw_gbs; }
@@ -660,16 +671,20 @@ static double busbw(const kiln_hw_profile *p, const kiln_hw_comm_point *pts, int
 int kiln_hw_comm_source(const kiln_hw_profile *p, int64_t g, char *buf, size_t n) {
     const int inside = g <= p->gpus_per_node;
     const double fig = inside ? p->intra_busbw_gbs : p->inter_busbw_gbs;
-    const int64_t r[2] = {comm_ranks_for(p, p->rs, p->nrs, g), comm_ranks_for(p, p->ag, p->nag, g)};
+    const kiln_hw_comm_point *pts[2] = {p->rs, p->ag};
+    const int r[2] = {comm_set_for(p, p->rs, p->nrs, g), comm_set_for(p, p->ag, p->nag, g)};
     const int have[2] = {p->nrs > 0, p->nag > 0};
     static const char *const name[2] = {"reduce-scatter", "all-gather"};
     int len = snprintf(buf, n, "%lld GPUs are %s (%lld per node): ", (long long)g,
                        inside ? "inside one node" : "across nodes", (long long)p->gpus_per_node);
     for (int k = 0; k < 2 && len >= 0 && (size_t)len < n; k++) {
-        if (r[k] >= 0)
-            len += snprintf(buf + len, n - (size_t)len, "%s%s measured over %lld GPUs (interpolated over log2 bytes)",
-                            k ? "; " : "", name[k], (long long)r[k]);
-        else
+        if (r[k] >= 0) {
+            const kiln_hw_comm_point *c = &pts[k][r[k]];
+            char on[48] = "";
+            if (c->hosts > 0) snprintf(on, sizeof on, " on %lld host%s", (long long)c->hosts, c->hosts > 1 ? "s" : "");
+            len += snprintf(buf + len, n - (size_t)len, "%s%s measured over %lld GPUs%s (interpolated over log2 bytes)",
+                            k ? "; " : "", name[k], (long long)c->ranks, on);
+        } else
             len += snprintf(buf + len, n - (size_t)len, "%s%s at the profile's %s figure, %.4g GB/s%s", k ? "; " : "",
                             name[k], inside ? "intra-node" : "inter-node", fig,
                             have[k] ? (inside ? " (its measured records are all across nodes: they do not stand for "
