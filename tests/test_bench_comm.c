@@ -67,18 +67,33 @@ TEST(bench_comm_busbw_formulas) {
  * ranks (an all-reduce returning zeros passed) and repeated every 5 elements (a reduce-scatter handing rank r
  * the block of rank r+1 passed at blocks of 5k elements, e.g. 1024 floats over 6 ranks). */
 TEST(bench_comm_fill_patterns) {
-    for (int n = 1; n <= 130; n++) {
-        int nonzero = 0, exact = 1;
-        for (size_t j = 0; j < 64; j++) {
+    /* up to 130 ranks every one, then rank counts past bf16's exact 256 (the values took part at every element, so
+     * 257+ ranks summed to integers above 256 that bf16 rounds, and the check reported correct sums wrong) */
+    static const int big[] = {255, 256, 257, 300, 320, 512, 513, 1000, 1024, 4096, 5000};
+    for (int t = 0; t < 130 + (int)(sizeof big / sizeof big[0]); t++) {
+        const int n = t < 130 ? t + 1 : big[t - 130];
+        int nonzero = 0, exact = 1, most = 0;
+        int *seen = calloc((size_t)n, sizeof *seen); /* elements where each rank's value is 1 */
+        for (size_t j = 0; j < 256; j++) {
             double sum = 0;
-            for (int r = 0; r < n; r++) sum += kiln_coll_red_val(r, j);
+            for (int r = 0; r < n; r++) {
+                const float v = kiln_coll_red_val(n, r, j);
+                CHECK(v == 0 || v == 1);
+                sum += v;
+                if (seen) seen[r] += v == 1;
+            }
             exact &= sum == kiln_coll_red_sum(n, j);
             nonzero += sum != 0;
-            float v = kiln_coll_red_val(n - 1, j);
-            CHECK(v == 0 || v == 1); /* partial sums of 0/1 stay integers <= ranks: exact in bf16 to 256 ranks */
+            most = sum > most ? (int)sum : most;
         }
         CHECK_MSG(exact, "%d ranks: kiln_coll_red_sum differs from the sum of the ranks' values", n);
-        CHECK_MSG(nonzero >= 16, "%d ranks: the expected all-reduce is 0 at %d of 64 elements", n, 64 - nonzero);
+        /* every partial sum is an integer <= the whole: exact in bf16 while the whole is <= 256 */
+        CHECK_MSG(most <= 256, "%d ranks: a sum of %d is not exact in bf16", n, most);
+        CHECK_MSG(nonzero >= 64, "%d ranks: the expected all-reduce is 0 at %d of 256 elements", n, 256 - nonzero);
+        int absent = 0; /* a rank whose value is 0 everywhere: losing its contribution would pass */
+        for (int r = 0; seen && r < n; r++) absent += seen[r] == 0;
+        CHECK_MSG(absent == 0, "%d ranks: %d rank(s) contribute nothing in 256 elements", n, absent);
+        free(seen);
         if (n < 2) continue;
         /* every block size of a small sweep: rank 0's reduce-scatter block differs from rank 1's somewhere */
         for (size_t blk = 1; blk <= 300; blk++) {

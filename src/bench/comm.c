@@ -231,9 +231,8 @@ static int ranks_on_host(const kiln_comm *c, long threads) {
     return n > 0 ? n * (int)threads : c->size; /* unknown: assume all on this host */
 }
 
-/* ---- fill patterns (comm_formulas.h): small integers, exact in f32 and bf16 (sums too, up to 128 ranks) ---- */
+/* ---- fill patterns (comm_formulas.h): small integers, exact in f32 and bf16 (their sums too, at any rank count) ---- */
 
-#define red_val kiln_coll_red_val
 #define mov_val kiln_coll_mov_val
 #define SENTINEL (-999.0f)
 
@@ -273,13 +272,13 @@ static void prepare(run *u) {
     case KILN_COLL_ALLREDUCE:
         u->send = u->inplace ? b : a;
         u->recv = b;
-        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, red_val(me, j), dt);
+        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, kiln_coll_red_val(u->c->size, me, j), dt);
         if (!u->inplace) for (size_t j = 0; j < cnt; j++) put(b, j, SENTINEL, dt);
         break;
     case KILN_COLL_REDUCE_SCATTER:
         u->send = u->inplace ? b : a;
         u->recv = u->inplace ? b + (size_t)me * blk * u->ts : b;
-        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, red_val(me, j), dt);
+        for (size_t j = 0; j < cnt; j++) put((void *)u->send, j, kiln_coll_red_val(u->c->size, me, j), dt);
         if (!u->inplace) for (size_t k = 0; k < blk; k++) put(b, k, SENTINEL, dt);
         break;
     case KILN_COLL_ALLGATHER:

@@ -90,11 +90,14 @@ static inline size_t kiln_coll_count(kiln_coll c, size_t bytes, size_t typesize,
 
 /* ---- the check's fill patterns: small integers, exact in f32 and bf16 ----
  *
- * Reductions: element j of rank r is bit (r mod 64) of a 64-bit mix of j, 0 or 1, so every partial sum of up to
- * 128 ranks is an integer <= 128, exact in bf16 whatever MPI's or NCCL's order of additions. The expected sum
- * S_n(j) over n ranks is a popcount of the mix; it varies from element to element for every n (a pattern
- * periodic in j or summing to 0 over the ranks would let a result of zeros, or rank r's block delivered to
- * another rank, pass the check: ((j + 3r) mod 5) - 2 did both, at 5k ranks and at blocks of 5k elements).
+ * Reductions: element j of rank r is bit (r mod 64) of a 64-bit mix of j, 0 or 1. Ranks come in groups of 64
+ * (group r / 64); at most four groups take part at any element, so that every partial sum, whatever MPI's or
+ * NCCL's order of additions, is an integer <= 256, exact in bf16 (8 significant bits): up to 256 ranks all of them
+ * do, beyond it group g takes part at the elements j with j mod m == g mod m, m = ceil(groups / 4) (a lost rank
+ * still shows at 1/m of the elements). The expected sum S_n(j) over n ranks is a popcount of the mix; it varies
+ * from element to element for every n (a pattern periodic in j or summing to 0 over the ranks would let a result
+ * of zeros, or rank r's block delivered to another rank, pass the check: ((j + 3r) mod 5) - 2 did both, at 5k
+ * ranks and at blocks of 5k elements).
  * Data movement: ((31j + 17r) mod 251) - 125, distinct for every rank below 251 at each j. */
 static inline uint64_t kiln_coll_mix(uint64_t j) { /* splitmix64's finaliser */
     uint64_t z = j + 0x9e3779b97f4a7c15ull;
@@ -103,18 +106,29 @@ static inline uint64_t kiln_coll_mix(uint64_t j) { /* splitmix64's finaliser */
     return z ^ (z >> 31);
 }
 
-static inline float kiln_coll_red_val(int r, size_t j) {
+/* m above: 1 up to 256 ranks */
+static inline size_t kiln_coll_red_period(int nranks) {
+    const size_t groups = ((size_t)nranks + 63) / 64;
+    return groups <= 4 ? 1 : (groups + 3) / 4;
+}
+
+static inline float kiln_coll_red_val(int nranks, int r, size_t j) {
+    const size_t m = kiln_coll_red_period(nranks);
+    if (j % m != ((size_t)r >> 6) % m) return 0.0f;
     return (float)((kiln_coll_mix((uint64_t)j) >> ((unsigned)r & 63)) & 1);
 }
 
 static inline int kiln_coll_popcount64(uint64_t x) { return __builtin_popcountll(x); }
 
-/* the sum over ranks 0..nranks-1 of kiln_coll_red_val(r, j) */
+/* the sum over ranks 0..nranks-1 of kiln_coll_red_val(nranks, r, j) */
 static inline float kiln_coll_red_sum(int nranks, size_t j) {
     const uint64_t h = kiln_coll_mix((uint64_t)j);
+    const size_t m = kiln_coll_red_period(nranks), groups = ((size_t)nranks + 63) / 64;
     const unsigned rem = (unsigned)nranks & 63;
-    return (float)((nranks >> 6) * kiln_coll_popcount64(h) +
-                   kiln_coll_popcount64(rem ? h & ((1ull << rem) - 1) : 0));
+    int sum = 0;
+    for (size_t g = j % m; g < groups; g += m) /* the groups taking part at j: full ones, and the last maybe not */
+        sum += kiln_coll_popcount64(g == groups - 1 && rem ? h & ((1ull << rem) - 1) : h);
+    return (float)sum;
 }
 
 static inline float kiln_coll_mov_val(int r, size_t j) {
