@@ -340,8 +340,8 @@ extern "C" kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) {
     KILN_TRY(boot->allreduce_sum_f64(boot, &bad, 1));
     if (ce != cudaSuccess) return kiln_errorf(KILN_EIO, "rank %d: no CUDA device: %s", boot->rank, cudaGetErrorString(ce));
     if (ls > ndev)
-        return kiln_errorf(KILN_EINVAL, "%d ranks on this host but %d GPU%s: NCCL needs one GPU per rank", ls, ndev,
-                           ndev == 1 ? "" : "s");
+        return kiln_errorf(KILN_EINVAL, "%d ranks on this host but %d GPU%s: NCCL needs one GPU per rank (KILN_COMM=staged "
+                           "lets ranks share a GPU, slowly, through host memory)", ls, ndev, ndev == 1 ? "" : "s");
     if (bad > 0) return kiln_errorf(KILN_EIO, "rank %d: another rank has no usable GPU", boot->rank);
     unsigned char id[KILN_NCCL_ID_BYTES] = {0};
     double ok = 1;
