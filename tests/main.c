@@ -1,5 +1,6 @@
 /* Test runner: runs every registered test (or those whose name contains argv[1]). */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -55,6 +56,19 @@ int test_run_kiln(const char *args, char *out, size_t outcap) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", KILN_BINARY, args);
     return test_run_shell(cmd, out, outcap);
+}
+
+int test_spawn_logged(const char *cmd, const char *log) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid > 0 ? (int)pid : -1;
 }
 
 int test_run_shell(const char *cmd, char *out, size_t outcap) {

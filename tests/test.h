@@ -23,6 +23,9 @@ const char *test_tmpdir(void);
 int test_run_kiln(const char *args, char *out, size_t outcap);
 /* Run a shell command line (redirect stderr yourself: "... 2>&1"); the same status and capture. */
 int test_run_shell(const char *cmd, char *out, size_t outcap);
+/* `sh -c cmd` in the background, stdout and stderr to the file `log`; its pid (start cmd with exec for the
+ * command's own), -1 when it could not start. The caller signals and reaps it (waitpid). */
+int test_spawn_logged(const char *cmd, const char *log);
 /* Load a local HTML file in headless Chromium (a test dependency: .ci/run and scripts/setup.sh install
  * it; missing, the test fails). *dom: the DOM after scripts ran; *log: Chromium's stderr, where console
  * messages and failed loads appear; both malloc'd (NULL on failure). Returns Chromium's exit status. */

@@ -595,16 +595,10 @@ TEST(bench_io_ctrl_c_removes_scratch_files) {
     snprintf(prof, sizeof prof, "%s", test_join(d, "io.json"));
     snprintf(log, sizeof log, "%s", test_join(d, "io.log"));
     CHECK(mkdir(scratch, 0755) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_CREAT | O_WRONLY | O_TRUNC, 0644);
-        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-        execl(KILN_BINARY, KILN_BINARY, "bench", "io", "--dir", scratch, "--size", "32M", "--files", "4", "--iters",
-              "100", "--ckpt", "--json", prof, (char *)NULL);
-        _exit(127);
-    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec '%s' bench io --dir '%s' --size 32M --files 4 --iters 100 --ckpt --json '%s'",
+             KILN_BINARY, scratch, prof);
+    pid_t pid = test_spawn_logged(cmd, log);
     CHECK(pid > 0);
     if (pid <= 0) return;
     /* wait for the first scratch file (the signal handlers are in place before any is created) */

@@ -396,20 +396,6 @@ TEST(bench_comm_nccl_unavailable) {
 
 /* ---- stopped sweeps keep their records ---- */
 
-/* `sh -c CMD` in the background, its output to `log`; returns the pid (the shell execs the command) */
-static pid_t spawn_logged(const char *cmd, const char *log) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_CREAT | O_WRONLY | O_TRUNC, 0644);
-        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
 /* Waits up to 60 s for `needle` in the file `path`; whether it came. */
 static int wait_for_text(const char *path, const char *needle) {
     for (int i = 0; i < 6000; i++) {
@@ -423,6 +409,28 @@ static int wait_for_text(const char *path, const char *needle) {
         nanosleep(&ts, NULL);
     }
     return 0;
+}
+
+/* `sh -c cmd` in the background (output to log) until its sweep's first row is printed and, when `file` is not
+ * NULL, that file exists; then signal `sig` to it and reap it. Returns the wait status; *came: whether they came
+ * (the signal is sent either way). */
+static int sweep_stopped(const char *cmd, const char *log, const char *file, int sig, int *came) {
+    *came = 0;
+    pid_t pid = test_spawn_logged(cmd, log);
+    CHECK(pid > 0);
+    if (pid <= 0) return -1;
+    *came = wait_for_text(log, "float     sum");
+    CHECK_MSG(*came, "no row of the sweep appeared in %s", log);
+    for (int i = 0; *came && file && i < 6000 && access(file, F_OK) != 0; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    if (file && access(file, F_OK) != 0) *came = 0;
+    CHECK_MSG(!file || *came, "no partial profile appeared at %s", file);
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
 }
 
 /* The records of a stopped sweep's profile: it parses, says why it is incomplete (`why` in its "incomplete"), has
@@ -473,14 +481,8 @@ TEST(bench_comm_ctrl_c_keeps_records) {
     snprintf(log, sizeof log, "%s", test_join(d, "c.log"));
     snprintf(cmd, sizeof cmd, "exec '%s' bench comm -b 1K -e 512M -f 2 -n 400 -d float --json '%s' --csv '%s'",
              KILN_BINARY, json, csv);
-    pid_t pid = spawn_logged(cmd, log);
-    CHECK(pid > 0);
-    if (pid <= 0) return;
-    const int rows = wait_for_text(log, "float     sum");
-    CHECK_MSG(rows, "no row of the sweep appeared in %s", log);
-    kill(pid, SIGINT);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    int rows = 0;
+    const int status = sweep_stopped(cmd, log, NULL, SIGINT, &rows);
     char *text = NULL;
     size_t len = 0;
     kiln_error_free(kiln_read_file(log, &text, &len));
@@ -515,14 +517,8 @@ TEST(bench_comm_ctrl_c_under_mpirun_keeps_records) {
     snprintf(cmd, sizeof cmd,
              "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader exec mpirun --allow-run-as-root --oversubscribe -np 2 "
              "'%s' bench comm -b 1K -e 512M -f 2 -n 400 -d float --json '%s' --csv '%s'", KILN_BINARY, json, csv);
-    pid_t pid = spawn_logged(cmd, log);
-    CHECK(pid > 0);
-    if (pid <= 0) return;
-    const int rows = wait_for_text(log, "float     sum");
-    CHECK_MSG(rows, "no row of the sweep appeared in %s", log);
-    kill(pid, SIGINT);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    int rows = 0;
+    const int status = sweep_stopped(cmd, log, NULL, SIGINT, &rows);
     CHECK_MSG(!(WIFEXITED(status) && WEXITSTATUS(status) == 0), "mpirun exited 0 after Ctrl-C");
     if (rows) stopped_profile(json, csv, "interrupted by signal", 2, 2);
 }
@@ -536,19 +532,8 @@ TEST(bench_comm_killed_keeps_saved_records) {
     snprintf(log, sizeof log, "%s", test_join(d, "k.log"));
     snprintf(cmd, sizeof cmd, "KILN_BENCH_SAVE_EVERY=0 exec '%s' bench comm -b 1K -e 512M -f 2 -n 400 -d float --json '%s'",
              KILN_BINARY, json);
-    pid_t pid = spawn_logged(cmd, log);
-    CHECK(pid > 0);
-    if (pid <= 0) return;
-    int saved = wait_for_text(log, "float     sum");
-    for (int i = 0; saved && i < 6000 && access(json, F_OK) != 0; i++) {
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
-    saved = saved && access(json, F_OK) == 0;
-    CHECK_MSG(saved, "no partial profile appeared at %s", json);
-    kill(pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    int saved = 0;
+    const int status = sweep_stopped(cmd, log, json, SIGKILL, &saved);
     CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     if (saved) stopped_profile(json, NULL, "still running", 1, 1);
 }
