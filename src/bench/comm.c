@@ -231,7 +231,7 @@ static int ranks_on_host(const kiln_comm *c, long threads) {
     return n > 0 ? n * (int)threads : c->size; /* unknown: assume all on this host */
 }
 
-/* ---- fill patterns (comm_formulas.h): small integers, exact in f32 and bf16 (their sums too, at any rank count) ---- */
+/* ---- fill patterns (comm_formulas.h): small integers, exact in f32 and bf16 (sums too, at any rank count) ---- */
 
 #define mov_val kiln_coll_mov_val
 #define SENTINEL (-999.0f)
@@ -499,7 +499,8 @@ static void add_record(cJSON *sec, sbuf *csv, const kiln_comm *c, int hosts, con
  * sweep is short, written into the profile (field "incomplete"; removed again by the final, complete save). */
 static kiln_error *save_outputs(cJSON *prof, const sbuf *csv, const opts *o, const char *incomplete) {
     cJSON_DeleteItemFromObjectCaseSensitive(prof, "incomplete");
-    if (incomplete && !cJSON_AddStringToObject(prof, "incomplete", incomplete)) return kiln_errorf(KILN_ENOMEM, "profile");
+    if (incomplete && !cJSON_AddStringToObject(prof, "incomplete", incomplete))
+        return kiln_errorf(KILN_ENOMEM, "profile");
     if (o->json) KILN_TRY(kiln_error_wrap(kiln_profile_write(prof, o->json), "--json"));
     if (o->csv) {
         if (!csv->s) return kiln_errorf(KILN_ENOMEM, "--csv %s", o->csv);

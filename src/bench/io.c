@@ -182,7 +182,8 @@ static kiln_error *mapped_pass(const char *dir, int nfiles, size_t size, const u
         kiln_atomic_file f;
         if ((e = kiln_atomic_begin_mapped(&f, path, size))) break; /* every file mapped, whatever its size */
         for (size_t done = 0; !e && done < size; done += piece)
-            e = kiln_bench_stop_signal() ? kiln_bench_interrupted(path) : kiln_atomic_write(&f, buf, size - done < piece ? size - done : piece);
+            e = kiln_bench_stop_signal() ? kiln_bench_interrupted(path)
+                                         : kiln_atomic_write(&f, buf, size - done < piece ? size - done : piece);
         if (e) kiln_atomic_abort(&f);
         else e = kiln_atomic_commit(&f);
     }
@@ -496,7 +497,8 @@ int kiln_bench_io_main(int argc, char **argv) {
     free(buf);
     ckpt_times ct = {0};
     if (!e && ckpt) e = ckpt_bench(dir, (double)size * (double)files, (int)iters, cuda, &ct);
-    if (!e && kiln_bench_stop_signal()) e = kiln_bench_interrupted(dir); /* during the last save: its numbers are in, but the user said stop */
+    /* during the last save: its numbers are in, but the user said stop */
+    if (!e && kiln_bench_stop_signal()) e = kiln_bench_interrupted(dir);
     if (e) {
         kiln_bench_fail("io", NULL, e);
         if (kiln_bench_stop_signal()) { /* everything is cleaned up: die of the signal, as the shell expects */

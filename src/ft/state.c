@@ -2,7 +2,7 @@
  *   {"skip_steps":"12","reject_from":0,"spike_history":[[5,2.31],[6,2.29]]}
  * the data windows to skip, a set-aside of checkpoints from step reject_from not applied yet (0: none), and the
  * loss-spike detector's history as [step, loss] pairs, oldest first. Its text and its parse, one place each, so
- * that the two agree (tests/fuzz: ft_state, a parse of the written text gives the same text). */
+ * that the two agree (tests/fuzz: ft_state, the written text parses back to the same values). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
