@@ -327,18 +327,21 @@ static int hist_read(const char *run_dir, int64_t *step, double *loss, int cap) 
 /* The history outlives the supervisor: a state file of an older kiln (no history) loads and gets one; a rerun judges
  * its first step against the losses of the steps before it (a spike right away is seen, not missed for --spike-min
  * steps), and not against those of steps after its resume point (the rolled-back stretch: here losses of 100 that
- * would hide the spike); what it writes back is bounded by --spike-window and leaves the skipped step out. */
+ * would hide the spike); what it writes back is bounded (by 1024 losses, or --spike-window when larger; here
+ * KILN_FT_HISTORY_KEEP) and leaves the skipped step out. */
 TEST(ft_sup_spike_history_in_state_file) {
     const char *dir = test_tmpdir(), *tr = hist_trainer();
     char args[4096], text[16384];
     int64_t st[16];
     double ls[16];
-    /* an older kiln's state file: loads; the history is written at the end (bounded to the window: the last 4) */
+    /* an older kiln's state file: loads; the history is written at the end (bounded: the last 4) */
     const char *old = "{\"skip_steps\":\"\",\"reject_from\":0}\n";
     CHECK_OK(kiln_write_file_atomic(test_join(dir, "ft_state.json"), old, strlen(old)));
     snprintf(args, sizeof args, "run --run-dir '%s' --spike-window 4 --spike-min 3 -- sh '%s' 1@1:5 1@2:5.2 1@3:4.9 "
              "1@4:5.1 1@5:5", dir, tr);
+    CHECK(setenv("KILN_FT_HISTORY_KEEP", "4", 1) == 0);
     int rc = test_run_kiln(args, text, sizeof text);
+    unsetenv("KILN_FT_HISTORY_KEEP");
     CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt"), "rc %d\n%s", rc, text);
     int n = hist_read(dir, st, ls, 16);
     CHECK_MSG(n == 4 && st[0] == 2 && st[3] == 5 && ls[0] == 5.2 && ls[1] == 4.9 && ls[3] == 5, "%d entries", n);
@@ -360,6 +363,20 @@ TEST(ft_sup_spike_history_in_state_file) {
     for (int i = 0; same && i < 6; i++) same = st[i] == want[i];
     CHECK_MSG(same && ls[4] == 5.05 && ls[5] == 4.95, "%d entries, the 5th step %lld", n,
               n > 4 ? (long long)st[4] : -1LL);
+    /* a rerun resuming further back than the window (step 7 first; 12 steps judged before, the window 4): the history
+     * keeps more than the window, so the 4 losses before step 7 judge it. Kept to the window alone, the history was
+     * steps 9-12, all cut, and the spike went unseen for --spike-min steps. */
+    const char *d4 = test_tmpdir();
+    const char *twelve = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,5],[2,5.2],[3,4.9],[4,5.1],"
+                         "[5,5],[6,5.05],[7,4.95],[8,5],[9,5.1],[10,4.9],[11,5],[12,5.05]]}\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(d4, "ft_state.json"), twelve, strlen(twelve)));
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 4 --spike-min 3 --spike-z 8 -- sh '%s' "
+             "1@7:8 2@8:5.05 2@9:4.95", d4, tr);
+    rc = test_run_kiln(args, text, sizeof text);
+    log = ck_incidents(d4);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":7,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
     /* a damaged history is an error naming the file and the field, before any launch */
     const char *d3 = test_tmpdir();
     const char *bad = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[2,5],[1,5]]}\n";
@@ -433,7 +450,7 @@ TEST(ft_sup_spike_history_outlives_the_supervisor) {
     int64_t st[16];
     double ls[16];
     int n = hist_read(out, st, ls, 16);
-    CHECK_MSG(n == 6 && st[0] == 3 && st[5] == 8, "%d entries in the history, from step %lld", n,
+    CHECK_MSG(n == 8 && st[0] == 1 && st[7] == 8, "%d entries in the history, from step %lld", n,
               n > 0 ? (long long)st[0] : -1LL);
     snprintf(cmd, sizeof cmd,
              "KILN_FAULT=spike:step=10 '%s' run --run-dir '%s' --backoff 0.05 --spike-min 6 --spike-window 6 "

@@ -85,9 +85,10 @@ typedef struct {
     int64_t spike_step;         /* last step fed to the spike detector */
     int64_t straggler_step;
     kiln_spike_detector spike;
-    /* the losses the detector has accepted (with --spike-z 0: every finite loss), oldest first, at most
-     * --spike-window (hist_cap), kept across attempts and in RUN_DIR/ft_state.json across reruns: a restart or a
-     * rerun continues from those of the steps before its first one instead of going blind for --spike-min steps */
+    /* the losses the detector has accepted (with --spike-z 0: every finite loss), oldest first, at most hist_cap
+     * (history_keep), kept across attempts and in RUN_DIR/ft_state.json across reruns: a restart or a rerun
+     * continues from the last --spike-window of those before its first step instead of going blind for --spike-min
+     * steps */
     int64_t *hist_step;
     double *hist_loss;
     int nhist, hist_cap, seeded;  /* seeded: this attempt's history was cut to the steps before its first one */
@@ -254,12 +255,24 @@ static void spike_seed(attempt_state *a, int64_t first) {
     a->nhist = k;
     if (a->o->spike_z > 0) {
         kiln_spike_reset(&a->spike);
-        for (int i = 0; i < k; i++) kiln_spike_push(&a->spike, a->hist_loss[i], 0); /* z_max 0: always kept */
+        for (int i = k > a->o->spike_window ? k - a->o->spike_window : 0; i < k; i++)
+            kiln_spike_push(&a->spike, a->hist_loss[i], 0); /* z_max 0: always kept */
     }
     a->seeded = 1;
 }
 
-/* A judged step's loss joins the history (the oldest falls out past --spike-window). */
+/* How many losses the history keeps: more than the detector's window, since a restart resumes from the newest
+ * checkpoint, up to run.ckpt_every steps back (200 by default), and its first steps are judged against the window
+ * of losses before the checkpoint; a history of --spike-window losses alone was all after it, cut, and the detector
+ * went blind for --spike-min steps. 1024, or the window when larger; KILN_FT_HISTORY_KEEP=N (a testing hook). */
+#define HISTORY_KEEP 1024
+static int history_keep(int window) {
+    const char *v = getenv("KILN_FT_HISTORY_KEEP");
+    const long keep = v && *v ? atol(v) : HISTORY_KEEP;
+    return keep > window && keep <= KILN_FT_MAX_SPIKE_WINDOW ? (int)keep : window;
+}
+
+/* A judged step's loss joins the history (the oldest falls out past hist_cap). */
 static void hist_add(attempt_state *a, int64_t s, double loss) {
     if (a->hist_cap <= 0) return;
     if (a->nhist == a->hist_cap) {
@@ -308,9 +321,9 @@ static int judge_step(attempt_state *a, int64_t s, double loss, double gn) {
  * train the bad window again). The set-aside applied (rank 0 of an attempt beat) is written as soon as it is seen,
  * and the history at most every STATE_LAZY_EVERY_S seconds while an attempt runs and at its end: a failed write of
  * those is a warning (a rerun would at worst set aside checkpoints trained anew, or judge its first steps against
- * an older window). The history written is at most --spike-window losses, none of a skipped window; a rerun cuts it
- * to the steps before its first one (spike_seed), since it resumes from the newest valid checkpoint, which may be
- * older than the newest steps judged. A file without "spike_history" (an older kiln's) loads with an empty history. */
+ * an older window). The history written is at most hist_cap losses (history_keep), none of a skipped window; a
+ * rerun cuts it to the steps before its first one (spike_seed), since it resumes from the newest valid checkpoint,
+ * which may be older than the newest steps judged. A file without "spike_history" (an older kiln's) loads with an empty history. */
 #define STATE_FILE "ft_state.json"
 #define STATE_LAZY_EVERY_S 2.0
 
@@ -826,7 +839,8 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
     if (!e && o->spike_z > 0) e = kiln_spike_init(&a.spike, o->spike_window, o->spike_min);
     /* the history is kept with the detector off too (every finite loss), so that a rerun that turns it on is not
      * blind either; a window out of range then means none */
-    a.hist_cap = o->spike_window >= 2 && o->spike_window <= KILN_FT_MAX_SPIKE_WINDOW ? o->spike_window : 0;
+    a.hist_cap = o->spike_window >= 2 && o->spike_window <= KILN_FT_MAX_SPIKE_WINDOW ? history_keep(o->spike_window)
+                                                                                     : 0;
     if (!e && a.hist_cap > 0) {
         a.hist_step = calloc((size_t)a.hist_cap, sizeof *a.hist_step);
         a.hist_loss = calloc((size_t)a.hist_cap, sizeof *a.hist_loss);
