@@ -544,14 +544,16 @@ TEST(ft_sup_trainer_beat_error_stops_it) {
     int rc = test_run_shell(cmd, text, sizeof text);
     CHECK_MSG(rc == 1 && strstr(text, "kiln train (rank 0): error: ") &&
                   strstr(text, "/file/hb/rank_00000.json.tmp: cannot open: Not a directory"), "rc %d\n%s", rc, text);
-    /* replaced mid-run (steps of 20 ms or more: 300 of them take 6 s and more; replaced once the first beat is there) */
+    /* replaced mid-run (steps of 20 ms or more: 300 of them take 6 s and more; replaced once the first beat is there).
+     * Moved aside in one rename: an rm -rf raced the writer, which created a file in it between rm's unlinks and its
+     * rmdir ("Directory not empty"), so the directory stayed and the run trained on (a flake under load, session 36). */
     const char *out2 = test_tmpdir(), *hb = test_join(root, "hb");
     CHECK(mkdir(hb, 0755) == 0);
     snprintf(cmd, sizeof cmd,
              "KILN_HEARTBEAT_DIR='%s' KILN_FAULT=slow:step=1:ms=20 '%s' train --config '%s' --quiet > '%s/log' 2>&1 & p=$!; "
              "i=0; while [ ! -e '%s/rank_00000.json' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.3; "
-             "rm -rf '%s' && echo x > '%s'; wait $p; echo \"rc=$?\"; cat '%s/log'",
-             hb, KILN_BINARY, ck_config(ck_data(), out2, 300, 1, 32, "\"ckpt_every\": 1000000"), root, hb, hb, hb, root);
+             "mv '%s' '%s.gone' && echo x > '%s'; wait $p; echo \"rc=$?\"; cat '%s/log'",
+             hb, KILN_BINARY, ck_config(ck_data(), out2, 300, 1, 32, "\"ckpt_every\": 1000000"), root, hb, hb, hb, hb, root);
     rc = test_run_shell(cmd, text, sizeof text);
     /* which write fails first (the step log's line or the beat's temp file) and how (the directory gone, or a file
      * in its place) depends on where the writer is when the directory goes: any of them, named */
