@@ -855,42 +855,55 @@ static double worst_rel_steps(const double *a, const double *b, int from, int to
     return w;
 }
 
-TEST(gpu_zaya_train_two_ranks_staged) {
+/* np ranks (staged, one GPU) against one rank accumulating np micro-batches of the same data, `steps` steps (see
+ * above for the tolerances); the np-rank run's directory is `many`, its config written to cfg_out. Returns whether
+ * mpirun was there. */
+static int ranks_match_accumulation(int np, int steps, const char *data, const char *many, const char *extra,
+                                    char *cfg_out, size_t cfg_cap) {
     CHECK_MSG(ck_have_mpirun(), "mpirun not found: the GPU machine needs OpenMPI (.debs, scripts/gpu_machine_build.sh)");
-    if (!ck_have_mpirun()) return;
-    const char *data = ck_data();
-    char dd[1200], two[1200], one[1200], parts[1200], resh[1200], args[4096], text[16384];
-    snprintf(dd, sizeof dd, "%s", data);
-    snprintf(two, sizeof two, "%s", out_dir("two_ranks"));
-    snprintf(one, sizeof one, "%s", out_dir("one_rank_accum2"));
-    snprintf(parts, sizeof parts, "%s", out_dir("two_ranks_parts"));
-    snprintf(resh, sizeof resh, "%s", out_dir("reshaped_to_one"));
-    const char *c2 = ck_config(dd, two, 20, 1, 32, "\"ckpt_every\": 10, \"device\": \"cuda\"");
-    char cfg2[1200];
-    snprintf(cfg2, sizeof cfg2, "%s", c2);
-    const char *c1 = ck_config(dd, one, 20, 2, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
-    CHECK(gpu_train_ranks(2, cfg2, two, NULL) == 0);
+    if (!ck_have_mpirun()) return 0;
+    char one[1200], name[64];
+    snprintf(name, sizeof name, "one_rank_accum%d", np);
+    snprintf(one, sizeof one, "%s", out_dir(name));
+    snprintf(cfg_out, cfg_cap, "%s", ck_config(data, many, steps, 1, 32, extra));
+    const char *c1 = ck_config(data, one, steps, np, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
+    CHECK(gpu_train_ranks(np, cfg_out, many, NULL) == 0);
     CHECK(gpu_train_ranks(1, c1, one, NULL) == 0);
-    double l2[20] = {0}, l1[20] = {0};
-    CHECK(ck_losses(two, l2, 20) == 20 && ck_losses(one, l1, 20) == 20);
+    double l2[64] = {0}, l1[64] = {0};
+    CHECK(ck_losses(many, l2, steps) == steps && ck_losses(one, l1, steps) == steps);
     int at = 0, at5 = 0, at1 = 0;
     const double w1 = worst_rel_steps(l2, l1, 1, 1, &at1), w5 = worst_rel_steps(l2, l1, 2, 5, &at5),
-                 w = worst_rel_steps(l2, l1, 1, 20, &at);
-    char *g2 = ck_gnorms(two), *g1 = ck_gnorms(one);
+                 w = worst_rel_steps(l2, l1, 1, steps, &at);
+    char *g2 = ck_gnorms(many), *g1 = ck_gnorms(one);
     const double n2 = g2 ? atof(g2) : NAN, n1 = g1 ? atof(g1) : NAN, wn = fabs(n2 - n1) / fmax(fabs(n1), 1e-30);
-    printf("    two ranks %.4f -> %.4f, one rank x2 %.4f -> %.4f; step 1 loss %.2g, norm %.2g (%.6g, %.6g); steps "
-           "2-5 %.2g; all %.2g at step %d\n", l2[0], l2[19], l1[0], l1[19], w1, wn, n2, n1, w5, w, at);
+    printf("    %d ranks %.4f -> %.4f, one rank x%d %.4f -> %.4f; step 1 loss %.2g, norm %.2g (%.6g, %.6g); steps "
+           "2-5 %.2g; all %.2g at step %d\n", np, l2[0], l2[steps - 1], np, l1[0], l1[steps - 1], w1, wn, n2, n1, w5, w,
+           at);
     if (!(w1 <= 1e-6 && wn <= 2e-5)) { /* say where they part: each rank's inputs and sums against one rank's */
-        step_debug_lines(2, cfg2, out_dir("two_ranks_debug"));
+        step_debug_lines(np, cfg_out, out_dir("ranks_debug"));
         step_debug_lines(1, c1, out_dir("one_rank_debug"));
     }
-    CHECK_MSG(w1 <= 1e-6, "step 1: the two ranks' loss differs from one rank's by %.3g", w1);
+    CHECK_MSG(w1 <= 1e-6, "step 1: the %d ranks' loss differs from one rank's by %.3g", np, w1);
     /* 2e-5: the norms differ by f32 summation order (~1e-7), but metrics.jsonl holds them to %.6g, whose last digit
      * is worth up to 1e-5 of the value */
-    CHECK_MSG(wn <= 2e-5, "step 1: the two ranks' gradient norm %.9g differs from one rank's %.9g", n2, n1);
+    CHECK_MSG(wn <= 2e-5, "step 1: the %d ranks' gradient norm %.9g differs from one rank's %.9g", np, n2, n1);
     CHECK_MSG(w5 <= 1e-3, "steps 2-5: the loss differs by %.3g at step %d", w5, at5);
     CHECK_MSG(w <= 2e-2, "the loss differs by %.3g at step %d", w, at);
     free(g2), free(g1);
+    return 1;
+}
+
+TEST(gpu_zaya_train_two_ranks_staged) {
+    const char *data = ck_data();
+    char dd[1200], two[1200], parts[1200], resh[1200], args[4096], text[16384], cfg2[1200];
+    snprintf(dd, sizeof dd, "%s", data);
+    snprintf(two, sizeof two, "%s", out_dir("two_ranks"));
+    snprintf(parts, sizeof parts, "%s", out_dir("two_ranks_parts"));
+    snprintf(resh, sizeof resh, "%s", out_dir("reshaped_to_one"));
+    if (!ranks_match_accumulation(2, 20, dd, two, "\"ckpt_every\": 10, \"device\": \"cuda\"", cfg2, sizeof cfg2))
+        return;
+    double l2[20] = {0};
+    CHECK(ck_losses(two, l2, 20) == 20);
     /* stop + resume on two ranks, with the async checkpoint writer (the default) and the synchronous one; the
      * async step-10 checkpoint also reshaped for one rank before the resume */
     CHECK(gpu_train_ranks(2, cfg2, parts, "--stop-after 10") == 0);
@@ -925,6 +938,16 @@ TEST(gpu_zaya_train_two_ranks_staged) {
     const double wr = worst_rel_steps(lr, l2, 11, 20, &atr);
     printf("    reshaped to one rank: steps 11-20 within %.2g of two ranks' (step %d)\n", wr, atr);
     CHECK_MSG(wr <= 2e-2, "reshaped to one rank: the loss differs by %.3g at step %d", wr, atr);
+}
+
+/* Three ranks: ZeRO-1's shards of unequal sizes (the tensors split by element count over 3), 10 steps against one rank
+ * accumulating three micro-batches, as the two-rank test. */
+TEST(gpu_zaya_train_three_ranks_staged) {
+    const char *data = ck_data();
+    char dd[1200], three[1200], cfg[1200];
+    snprintf(dd, sizeof dd, "%s", data);
+    snprintf(three, sizeof three, "%s", out_dir("three_ranks"));
+    ranks_match_accumulation(3, 10, dd, three, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
 }
 
 /* Issue [cuda]'s check: the built-in default training run (kiln train with no config: the generated corpus,
