@@ -855,18 +855,18 @@ static double worst_rel_steps(const double *a, const double *b, int from, int to
     return w;
 }
 
-/* np ranks (staged, one GPU) against one rank accumulating np micro-batches of the same data, `steps` steps (see
- * above for the tolerances); the np-rank run's directory is `many`, its config written to cfg_out. Returns whether
- * mpirun was there. */
-static int ranks_match_accumulation(int np, int steps, const char *data, const char *many, const char *extra,
+/* np ranks (staged, one GPU) accumulating `accum` micro-batches each against one rank accumulating np x accum
+ * micro-batches of the same data, `steps` steps (see above for the tolerances); the np-rank run's directory is
+ * `many`, its config written to cfg_out. Returns whether mpirun was there. */
+static int ranks_match_accumulation(int np, int accum, int steps, const char *data, const char *many, const char *extra,
                                     char *cfg_out, size_t cfg_cap) {
     CHECK_MSG(ck_have_mpirun(), "mpirun not found: the GPU machine needs OpenMPI (.debs, scripts/gpu_machine_build.sh)");
     if (!ck_have_mpirun()) return 0;
     char one[1200], name[64];
-    snprintf(name, sizeof name, "one_rank_accum%d", np);
+    snprintf(name, sizeof name, "one_rank_accum%d", np * accum);
     snprintf(one, sizeof one, "%s", out_dir(name));
-    snprintf(cfg_out, cfg_cap, "%s", ck_config(data, many, steps, 1, 32, extra));
-    const char *c1 = ck_config(data, one, steps, np, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
+    snprintf(cfg_out, cfg_cap, "%s", ck_config(data, many, steps, accum, 32, extra));
+    const char *c1 = ck_config(data, one, steps, np * accum, 32, "\"ckpt_every\": 0, \"device\": \"cuda\"");
     CHECK(gpu_train_ranks(np, cfg_out, many, NULL) == 0);
     CHECK(gpu_train_ranks(1, c1, one, NULL) == 0);
     double l2[64] = {0}, l1[64] = {0};
@@ -876,9 +876,9 @@ static int ranks_match_accumulation(int np, int steps, const char *data, const c
                  w = worst_rel_steps(l2, l1, 1, steps, &at);
     char *g2 = ck_gnorms(many), *g1 = ck_gnorms(one);
     const double n2 = g2 ? atof(g2) : NAN, n1 = g1 ? atof(g1) : NAN, wn = fabs(n2 - n1) / fmax(fabs(n1), 1e-30);
-    printf("    %d ranks %.4f -> %.4f, one rank x%d %.4f -> %.4f; step 1 loss %.2g, norm %.2g (%.6g, %.6g); steps "
-           "2-5 %.2g; all %.2g at step %d\n", np, l2[0], l2[steps - 1], np, l1[0], l1[steps - 1], w1, wn, n2, n1, w5, w,
-           at);
+    printf("    %d ranks x%d %.4f -> %.4f, one rank x%d %.4f -> %.4f; step 1 loss %.2g, norm %.2g (%.6g, %.6g); steps "
+           "2-5 %.2g; all %.2g at step %d\n", np, accum, l2[0], l2[steps - 1], np * accum, l1[0], l1[steps - 1], w1, wn,
+           n2, n1, w5, w, at);
     if (!(w1 <= 1e-6 && wn <= 2e-5)) { /* say where they part: each rank's inputs and sums against one rank's */
         step_debug_lines(np, cfg_out, out_dir("ranks_debug"));
         step_debug_lines(1, c1, out_dir("one_rank_debug"));
@@ -900,7 +900,7 @@ TEST(gpu_zaya_train_two_ranks_staged) {
     snprintf(two, sizeof two, "%s", out_dir("two_ranks"));
     snprintf(parts, sizeof parts, "%s", out_dir("two_ranks_parts"));
     snprintf(resh, sizeof resh, "%s", out_dir("reshaped_to_one"));
-    if (!ranks_match_accumulation(2, 20, dd, two, "\"ckpt_every\": 10, \"device\": \"cuda\"", cfg2, sizeof cfg2))
+    if (!ranks_match_accumulation(2, 1, 20, dd, two, "\"ckpt_every\": 10, \"device\": \"cuda\"", cfg2, sizeof cfg2))
         return;
     double l2[20] = {0};
     CHECK(ck_losses(two, l2, 20) == 20);
@@ -947,7 +947,17 @@ TEST(gpu_zaya_train_three_ranks_staged) {
     char dd[1200], three[1200], cfg[1200];
     snprintf(dd, sizeof dd, "%s", data);
     snprintf(three, sizeof three, "%s", out_dir("three_ranks"));
-    ranks_match_accumulation(3, 10, dd, three, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
+    ranks_match_accumulation(3, 1, 10, dd, three, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
+}
+
+/* Two ranks each accumulating two micro-batches (the backward adding into the gradient, then the reduce-scatter)
+ * against one rank accumulating four. */
+TEST(gpu_zaya_train_two_ranks_accum_staged) {
+    const char *data = ck_data();
+    char dd[1200], many[1200], cfg[1200];
+    snprintf(dd, sizeof dd, "%s", data);
+    snprintf(many, sizeof many, "%s", out_dir("two_ranks_accum2"));
+    ranks_match_accumulation(2, 2, 10, dd, many, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
 }
 
 /* Issue [cuda]'s check: the built-in default training run (kiln train with no config: the generated corpus,
