@@ -549,7 +549,9 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     while (last <= maxb / (size_t)o->factor) last *= (size_t)o->factor;
     size_t alloc = last < 64 ? 64 : last;
     char *a = malloc(alloc), *b = malloc(alloc), *da = NULL, *db = NULL;
-    double fail = !a || !b;
+    /* rank 0: the distinct hosts, in rank order (each rank's name, truncated to 63 characters) */
+    char (*hosts)[64] = me == 0 ? calloc((size_t)n, sizeof *hosts) : NULL;
+    double fail = !a || !b || (me == 0 && !hosts); /* every rank learns it: one stopping alone would leave the others */
     if (!fail && c->device_buffers) {
         kiln_error *de = kiln_cuda_alloc((void **)&da, alloc);
         if (!de) de = kiln_cuda_alloc((void **)&db, alloc);
@@ -564,6 +566,7 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     if (e) {
         free(a);
         free(b);
+        free(hosts);
         kiln_cuda_free(da);
         kiln_cuda_free(db);
         return e;
@@ -593,19 +596,14 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
                "datatype: %s\n#\n# Using ranks\n", o->minb, maxb, o->factor, o->warmup, o->iters, o->check,
                type_name(o->dt));
     }
-    /* rank 0: the distinct hosts, in rank order (each rank's name, truncated to 63 characters) */
-    char (*hosts)[64] = me == 0 ? calloc((size_t)n, sizeof *hosts) : NULL;
     int nhosts = 0;
-    if (me == 0 && !hosts) e = kiln_errorf(KILN_ENOMEM, "%d host names", n);
-    for (int r = 0; r < n; r++) { /* each rank's pid and host, printed by rank 0 (every rank takes part) */
+    for (int r = 0; r < n && !e; r++) { /* each rank's pid and host, printed by rank 0 */
         memset(&info, 0, sizeof info);
         info.pid = (int)getpid();
         info.device = c->device_buffers ? c->device : -1;
         memcpy(info.host, host, sizeof info.host - 1); /* truncated to 63 characters */
         memcpy(info.gpu, gpu, sizeof info.gpu - 1);
-        kiln_error *be = c->broadcast(c, &info, sizeof info, r);
-        if (be && !e) e = be;
-        else kiln_error_free(be);
+        e = c->broadcast(c, &info, sizeof info, r);
         if (!e && me == 0) {
             int k = 0;
             while (k < nhosts && strcmp(hosts[k], info.host)) k++;
