@@ -324,6 +324,23 @@ static int hist_read(const char *run_dir, int64_t *step, double *loss, int cap) 
     return hist_read_state(run_dir, step, loss, cap, NULL);
 }
 
+/* A rerun in a fresh run directory whose ft_state.json is `state`, its stand-in trainer (tr) reporting a spike as the
+ * first step of attempt 1 (`steps`: "1@S:8 2@..."), after which attempt 2 finishes: the spike at step `spike` is
+ * seen (a loss-spike incident of that step). Returns the run directory. */
+static const char *rerun_sees_spike(const char *tr, const char *state, int window, const char *steps, int spike) {
+    const char *d = test_tmpdir();
+    char args[4096], text[16384], want[96];
+    CHECK_OK(kiln_write_file_atomic(test_join(d, "ft_state.json"), state, strlen(state)));
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window %d --spike-min 3 --spike-z 8 -- sh '%s' %s",
+             d, window, tr, steps);
+    const int rc = test_run_kiln(args, text, sizeof text);
+    char *log = ck_incidents(d);
+    snprintf(want, sizeof want, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":%d,", spike);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") && strstr(log, want), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    return d;
+}
+
 /* The history outlives the supervisor: a state file of an older kiln (no history) loads and gets one; a rerun judges
  * its first step against the losses of the steps before it (a spike right away is seen, not missed for --spike-min
  * steps), and not against those of steps after its resume point (the rolled-back stretch: here losses of 100 that
@@ -346,17 +363,8 @@ TEST(ft_sup_spike_history_in_state_file) {
     int n = hist_read(dir, st, ls, 16);
     CHECK_MSG(n == 4 && st[0] == 2 && st[3] == 5 && ls[0] == 5.2 && ls[1] == 4.9 && ls[3] == 5, "%d entries", n);
     /* a history that runs past the rerun's resume point (step 5 comes first: it resumed from step 4) */
-    const char *d2 = test_tmpdir();
-    const char *past = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,5],[2,5.2],[3,4.9],[4,5.1],"
-                       "[5,100],[6,100],[7,100],[8,100]]}\n";
-    CHECK_OK(kiln_write_file_atomic(test_join(d2, "ft_state.json"), past, strlen(past)));
-    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 8 --spike-min 3 --spike-z 8 -- sh '%s' "
-             "1@5:8 2@6:5.05 2@7:4.95", d2, tr);
-    rc = test_run_kiln(args, text, sizeof text);
-    char *log = ck_incidents(d2);
-    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":5,"), "rc %d\n%s\n%s", rc, text, log);
-    free(log);
+    const char *d2 = rerun_sees_spike(tr, "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,5],[2,5.2],[3,4.9],"
+                                      "[4,5.1],[5,100],[6,100],[7,100],[8,100]]}\n", 8, "1@5:8 2@6:5.05 2@7:4.95", 5);
     n = hist_read(d2, st, ls, 16);
     const int64_t want[] = {1, 2, 3, 4, 6, 7};
     int same = n == 6;
@@ -366,17 +374,8 @@ TEST(ft_sup_spike_history_in_state_file) {
     /* a rerun resuming further back than the window (step 7 first; 12 steps judged before, the window 4): the history
      * keeps more than the window, so the 4 losses before step 7 judge it. Kept to the window alone, the history was
      * steps 9-12, all cut, and the spike went unseen for --spike-min steps. */
-    const char *d4 = test_tmpdir();
-    const char *twelve = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,5],[2,5.2],[3,4.9],[4,5.1],"
-                         "[5,5],[6,5.05],[7,4.95],[8,5],[9,5.1],[10,4.9],[11,5],[12,5.05]]}\n";
-    CHECK_OK(kiln_write_file_atomic(test_join(d4, "ft_state.json"), twelve, strlen(twelve)));
-    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 4 --spike-min 3 --spike-z 8 -- sh '%s' "
-             "1@7:8 2@8:5.05 2@9:4.95", d4, tr);
-    rc = test_run_kiln(args, text, sizeof text);
-    log = ck_incidents(d4);
-    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":7,"), "rc %d\n%s\n%s", rc, text, log);
-    free(log);
+    rerun_sees_spike(tr, "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[1,5],[2,5.2],[3,4.9],[4,5.1],[5,5],"
+                         "[6,5.05],[7,4.95],[8,5],[9,5.1],[10,4.9],[11,5],[12,5.05]]}\n", 4, "1@7:8 2@8:5.05 2@9:4.95", 7);
     /* a damaged history is an error naming the file and the field, before any launch */
     const char *d3 = test_tmpdir();
     const char *bad = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[2,5],[1,5]]}\n";

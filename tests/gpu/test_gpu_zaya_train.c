@@ -940,25 +940,22 @@ TEST(gpu_zaya_train_two_ranks_staged) {
     CHECK_MSG(wr <= 2e-2, "reshaped to one rank: the loss differs by %.3g at step %d", wr, atr);
 }
 
-/* Three ranks: ZeRO-1's shards of unequal sizes (the tensors split by element count over 3), 10 steps against one rank
- * accumulating three micro-batches, as the two-rank test. */
-TEST(gpu_zaya_train_three_ranks_staged) {
-    const char *data = ck_data();
-    char dd[1200], three[1200], cfg[1200];
-    snprintf(dd, sizeof dd, "%s", data);
-    snprintf(three, sizeof three, "%s", out_dir("three_ranks"));
-    ranks_match_accumulation(3, 1, 10, dd, three, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
-}
-
-/* Two ranks each accumulating two micro-batches (the backward adding into the gradient, then the reduce-scatter)
- * against one rank accumulating four. */
-TEST(gpu_zaya_train_two_ranks_accum_staged) {
+/* ranks_match_accumulation over 10 steps in a directory of its own */
+static void ranks_case(int np, int accum, const char *name) {
     const char *data = ck_data();
     char dd[1200], many[1200], cfg[1200];
     snprintf(dd, sizeof dd, "%s", data);
-    snprintf(many, sizeof many, "%s", out_dir("two_ranks_accum2"));
-    ranks_match_accumulation(2, 2, 10, dd, many, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
+    snprintf(many, sizeof many, "%s", out_dir(name));
+    ranks_match_accumulation(np, accum, 10, dd, many, "\"ckpt_every\": 0, \"device\": \"cuda\"", cfg, sizeof cfg);
 }
+
+/* Three ranks: ZeRO-1's shards of unequal sizes (the tensors split by element count over 3) against one rank
+ * accumulating three micro-batches, as the two-rank test. */
+TEST(gpu_zaya_train_three_ranks_staged) { ranks_case(3, 1, "three_ranks"); }
+
+/* Two ranks each accumulating two micro-batches (the backward adding into the gradient, then the reduce-scatter)
+ * against one rank accumulating four. */
+TEST(gpu_zaya_train_two_ranks_accum_staged) { ranks_case(2, 2, "two_ranks_accum2"); }
 
 /* Issue [cuda]'s check: the built-in default training run (kiln train with no config: the generated corpus,
  * its BPE tokenizer, the ~2M-parameter model), 200 steps on the CPU and on the GPU from the same seed, the
