@@ -17,19 +17,34 @@ uint64_t kiln_fnv1a64(uint64_t h, const void *data, size_t n) {
     return h;
 }
 
-kiln_error *kiln_fnv1a64_file(const char *path, uint64_t *hash, uint64_t *size) {
+/* Every byte of the file at path through feed(ctx, bytes, n), 64 KiB at a time; *size the bytes read. The one
+ * read loop of the file hashes below. */
+static kiln_error *feed_file(const char *path, void (*feed)(void *ctx, const void *p, size_t n), void *ctx,
+                             uint64_t *size) {
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char buf[1 << 16];
-    uint64_t h = KILN_FNV1A64_INIT, n = 0;
+    uint64_t n = 0;
     size_t k;
     while ((k = fread(buf, 1, sizeof buf, f)) > 0) {
-        h = kiln_fnv1a64(h, buf, k);
+        feed(ctx, buf, k);
         n += k;
     }
     int bad = ferror(f);
     fclose(f);
     if (bad) return kiln_errorf(KILN_EIO, "%s: read error", path);
+    *size = n;
+    return NULL;
+}
+
+static void feed_fnv1a64(void *ctx, const void *p, size_t n) {
+    uint64_t *h = ctx;
+    *h = kiln_fnv1a64(*h, p, n);
+}
+
+kiln_error *kiln_fnv1a64_file(const char *path, uint64_t *hash, uint64_t *size) {
+    uint64_t h = KILN_FNV1A64_INIT, n = 0;
+    KILN_TRY(feed_file(path, feed_fnv1a64, &h, &n));
     *hash = h;
     *size = n;
     return NULL;
@@ -50,19 +65,14 @@ uint64_t kiln_xxh64_digest(const kiln_xxh64_state *s) { return XXH64_digest((con
 
 uint64_t kiln_xxh64(const void *data, size_t n, uint64_t seed) { return XXH64(data, n, seed); }
 
+static void feed_xxh64(void *ctx, const void *p, size_t n) { kiln_xxh64_update(ctx, p, n); }
+
 kiln_error *kiln_xxh64_file(const char *path, uint64_t *hash, uint64_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kiln_errorf(KILN_EIO, "%s: cannot open: %s", path, strerror(errno));
-    unsigned char buf[1 << 16];
     kiln_xxh64_state s;
     kiln_xxh64_init(&s, 0);
-    size_t k;
-    uint64_t total = 0;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0) kiln_xxh64_update(&s, buf, k), total += k;
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) return kiln_errorf(KILN_EIO, "%s: read error", path);
+    uint64_t n = 0;
+    KILN_TRY(feed_file(path, feed_xxh64, &s, &n));
     *hash = kiln_xxh64_digest(&s);
-    *size = total;
+    *size = n;
     return NULL;
 }
