@@ -91,6 +91,7 @@ typedef struct {
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
     int grads_clean;  /* the last (overlapped or zeroing) optimizer step left the device gradients zero */
+    int64_t step_debug; /* KILN_STEP_DEBUG: the GPU steps that print their sums (step_debug_steps) */
     int opt_zero;     /* one rank, AdamW on every tensor, KILN_OPT_ZERO_GRADS=fused: the step zeroes the gradients */
     int zero_added;   /* zero only the gradients the backward adds to (KILN_OPT_ZERO_GRADS=0: all of them) */
 } trainer;
@@ -212,6 +213,17 @@ static kiln_error *host_to_cuda(trainer *t) {
     return kiln_zaya_cuda_opt_state_upload(t->gopt, t->state);
 }
 
+/* KILN_STEP_DEBUG=N: each rank prints, for the first N steps of the GPU trainer, what it feeds into and gets out of
+ * the step's collectives (its micro-batches' token hash and loss, its own gradient's sum of squares, its shard's
+ * after the reduce-scatter, the parameters' before the optimizer and after the all-gather), so that a several-rank
+ * run can be compared with one rank accumulating the same micro-batches, line by line. A debugging aid: each
+ * sum costs a device pass and a synchronisation, and with split master weights (one rank, bf16 expert gradients)
+ * the parameters' sums read the split form. */
+static int64_t step_debug_steps(void) {
+    const char *v = getenv("KILN_STEP_DEBUG");
+    return v && *v ? atoll(v) : 0;
+}
+
 static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
     KILN_TRY(kiln_zaya_create(&c->model, &t->m));
     kiln_zaya_init_random(t->m, c->init_seed);
@@ -253,6 +265,7 @@ static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm
     if (!t->state || !t->gshard || !t->ws || !t->counts || !t->imbalance || !t->loader_states)
         return kiln_errorf(KILN_ENOMEM, "optimizer state");
     if (on_gpu(c)) KILN_TRY(setup_cuda(t, c, comm));
+    t->step_debug = step_debug_steps();
     return balance_init(&t->bal, L, E1);
 }
 
@@ -301,17 +314,6 @@ static kiln_error *balance_step(trainer *t, const kiln_train_config *c, kiln_com
     return NULL;
 }
 
-/* KILN_STEP_DEBUG=N: each rank prints, for the first N steps of the GPU trainer, what it feeds into and gets out of
- * the step's collectives (its micro-batches' token hash and loss, its own gradient's sum of squares, its shard's
- * after the reduce-scatter, the parameters' before the optimizer and after the all-gather), so that a several-rank
- * run can be compared with one rank accumulating the same micro-batches, line by line. A debugging aid: each
- * sum costs a device pass and a synchronisation, and with split master weights (one rank, bf16 expert gradients)
- * the parameters' sums read the split form. */
-static int64_t step_debug_steps(void) {
-    const char *v = getenv("KILN_STEP_DEBUG");
-    return v && *v ? atoll(v) : 0;
-}
-
 static void step_debug(const kiln_comm *comm, int64_t step, const char *what, double v) {
     fprintf(stderr, "kiln step-debug: rank %d step %lld %s %.9g\n", comm->rank, (long long)step + 1, what, v);
 }
@@ -332,7 +334,7 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     kiln_zaya_cuda *g = t->gpu;
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
     const int me = comm->rank;
-    const int64_t dbg = step_debug_steps();
+    const int64_t dbg = t->step_debug;
     if (step < dbg)
         step_debug_sumsq(g, comm, step, "parameters' sum of squares before the step", kiln_zaya_cuda_params(g),
                          kiln_zaya_cuda_numel(g));
