@@ -398,23 +398,35 @@ TEST(size_bench_comm_only_gpu_records) {
     CHECK_MSG(strstr(out, "no GPU measurements to merge") && strstr(out, "2 comm record(s) skipped"), "%s", out);
 }
 
+/* The H200 profile with `kiln bench comm` records merged from a file written to dir/name (its path in path[600]):
+ * a reduce-scatter and an all-gather of 1 MiB, each with the record fields `fields` and busbw GB/s. NULL when the
+ * profile cannot be loaded (the failure reported). */
+static kiln_hw_profile *h200_with_comm(const char *name, const char *fields, double busbw, char *path) {
+    snprintf(path, 600, "%s", test_join(test_tmpdir(), name));
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
+             "{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", %s, \"bytes\": 1048576, \"busbw_gbs\": %g}, "
+             "{\"backend\": \"nccl\", \"collective\": \"all_gather\", %s, \"bytes\": 1048576, \"busbw_gbs\": %g}]}",
+             fields, busbw, fields, busbw);
+    CHECK_OK(kiln_write_file_atomic(path, text, strlen(text)));
+    kiln_hw_profile *p = malloc(sizeof *p);
+    kiln_error *e = p ? kiln_hw_profile_load("h200", p) : kiln_errorf(KILN_ENOMEM, "profile");
+    if (!e) e = kiln_hw_profile_merge_bench(p, path);
+    CHECK_OK(e);
+    if (e) free(p), p = NULL;
+    return p;
+}
+
 /* Measured comm records stand only for jobs on their side of the node boundary. The H200 profile has 8 GPUs a
  * node, NVLink inside (360 GB/s) and 45 GB/s a GPU across nodes: a kiln bench comm over the 8 GPUs of one node
  * (350 GB/s) was used for 64 GPUs on 8 nodes too, predicting ZeRO-1's collectives ~8x faster than the network
  * allows, while --explain said the bus bandwidth came "from the measured comm records". */
 TEST(size_comm_measured_inside_a_node_not_across) {
-    const char *dir = test_tmpdir();
     char path[600];
-    snprintf(path, sizeof path, "%s", test_join(dir, "nccl8.json"));
-    FILE *f = fopen(path, "w");
-    fputs("{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
-          "{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, \"bytes\": 1048576, \"busbw_gbs\": 350.0}, "
-          "{\"backend\": \"nccl\", \"collective\": \"all_gather\", \"ranks\": 8, \"bytes\": 1048576, \"busbw_gbs\": 350.0}]}", f);
-    fclose(f);
-    kiln_hw_profile *p = malloc(sizeof *p);
-    CHECK_OK(kiln_hw_profile_load("h200", p));
+    kiln_hw_profile *p = h200_with_comm("nccl8.json", "\"ranks\": 8", 350, path);
+    if (!p) return;
     CHECK(p->gpus_per_node == 8 && p->inter_busbw_gbs == 45 && p->intra_busbw_gbs == 360);
-    CHECK_OK(kiln_hw_profile_merge_bench(p, path));
     const double S = 1e9, lat = p->comm_latency_us * 1e-6;
     /* inside the node: the measurement (8 and 4 GPUs alike) */
     CHECK_NEAR(kiln_hw_comm_time(p, 0, S, 8), S * 7 / 8 / 350e9 + lat, 1e-12);
@@ -456,17 +468,9 @@ TEST(size_comm_measured_inside_a_node_not_across) {
  * node; a set over 8 ranks on 1 host beside it is the one used inside a node. Without "hosts" (an older profile)
  * the rank count decides, as above. */
 TEST(size_comm_records_sided_by_hosts) {
-    const char *dir = test_tmpdir();
     char path[600];
-    snprintf(path, sizeof path, "%s", test_join(dir, "hosts.json"));
-    FILE *f = fopen(path, "w");
-    fputs("{\"kiln_profile\": 1, \"bench\": \"comm\", \"comm\": ["
-          "{\"backend\": \"nccl\", \"collective\": \"reduce_scatter\", \"ranks\": 8, \"hosts\": 2, \"bytes\": 1048576, \"busbw_gbs\": 40.0}, "
-          "{\"backend\": \"nccl\", \"collective\": \"all_gather\", \"ranks\": 8, \"hosts\": 2, \"bytes\": 1048576, \"busbw_gbs\": 40.0}]}", f);
-    fclose(f);
-    kiln_hw_profile *p = malloc(sizeof *p);
-    CHECK_OK(kiln_hw_profile_load("h200", p));
-    CHECK_OK(kiln_hw_profile_merge_bench(p, path));
+    kiln_hw_profile *p = h200_with_comm("hosts.json", "\"ranks\": 8, \"hosts\": 2", 40, path);
+    if (!p) return;
     CHECK(p->nrs == 1 && p->rs[0].hosts == 2);
     const double S = 1e9, lat = p->comm_latency_us * 1e-6;
     /* across nodes: the two-host measurement; inside one: the profile's NVLink figure, not the network's 40 GB/s */
