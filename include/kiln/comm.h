@@ -85,8 +85,8 @@ kiln_error *kiln_comm_nccl_unique_id(unsigned char id[KILN_NCCL_ID_BYTES]);
  * (after NCCL's communicator is destroyed: MPI must outlive it). */
 kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID_BYTES], int nranks, int rank, int device,
                                   kiln_comm *boot, kiln_comm **out);
-/* NCCL over the ranks of `boot` (MPI or local), one GPU per process picked by the process's local rank;
- * an error when a host has more ranks than GPUs. On success the new comm owns `boot`. */
+/* NCCL over the ranks of `boot` (MPI or local), one GPU per process picked by kiln_gpu_for_rank; an error,
+ * on every rank, when a host has more ranks than GPUs or two of its ranks landed on one GPU. On success the new comm owns `boot`. */
 kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out);
 /* ---- Staged (src/comm/comm_staged.c): device buffers like NCCL's, each data collective copied to the host and
  * run by `host` (MPI, or local), then copied back; synchronous and slow. Several ranks may share a GPU (the
@@ -95,9 +95,30 @@ kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out);
 kiln_error *kiln_comm_staged_from(kiln_comm *host, kiln_comm **out);
 /* "2.27.3", or an error when libnccl cannot be loaded. */
 kiln_error *kiln_comm_nccl_version(char *buf, size_t n);
-/* This process's rank among the ranks on its host and their number (OpenMPI's environment; 0 and 1
- * without a launcher). */
-void kiln_comm_local_rank(int *local_rank, int *local_size);
+/* ---- Hosts (src/comm/comm_hosts.c): which ranks share a machine, learned from the ranks themselves (any
+ * launcher: mpirun, srun, PMIx), and the GPU each rank takes. A host is a running kernel (its boot id, else its
+ * host name), so containers on one machine count as one host. */
+typedef struct {
+    int local_rank; /* this rank's place among its host's ranks, in rank order */
+    int local_size; /* the ranks on its host */
+    int nhosts;     /* hosts over all ranks */
+    int host_index; /* this rank's host, numbered in the order of the hosts' first ranks */
+} kiln_host_layout;
+/* This host's identity (a 64-bit hash of the boot id or host name; of $KILN_HOST_ID when set). */
+uint64_t kiln_host_id(void);
+/* Every rank's value, in rank order (all[size]), through the control plane: any backend. */
+kiln_error *kiln_comm_allgather_u64(kiln_comm *c, uint64_t mine, uint64_t *all);
+/* The layout of the ranks of c (collective: every rank calls it). */
+kiln_error *kiln_comm_host_layout(kiln_comm *c, kiln_host_layout *out);
+/* The same from the ranks' host ids (ids[n]) for rank me: no communication. */
+kiln_error *kiln_host_layout_of(const uint64_t *ids, int n, int me, kiln_host_layout *out);
+/* The first of the per_rank CUDA devices this rank takes, ndev being those it sees: its local rank's own when
+ * the host's ranks see enough for all, device 0 when it sees exactly per_rank (a launcher bound them to it), else
+ * an error that says how many are needed. */
+kiln_error *kiln_gpu_for_rank(const kiln_host_layout *h, int per_rank, int ndev, int *device);
+/* 1 when two ranks of one host (host[r]) are on one GPU (gpu[r], e.g. a hash of its PCI bus id): *a < *b are
+ * such a pair. */
+int kiln_ranks_share_gpu(const uint64_t *host, const uint64_t *gpu, int n, int *a, int *b);
 
 #ifdef __cplusplus
 }

@@ -224,13 +224,6 @@ static double mem_available(void) {
     return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
 }
 
-static int ranks_on_host(const kiln_comm *c, long threads) {
-    const char *v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!v) v = getenv("MPI_LOCALNRANKS");
-    int n = v ? atoi(v) : 0;
-    return n > 0 ? n * (int)threads : c->size; /* unknown: assume all on this host */
-}
-
 /* ---- fill patterns (comm_formulas.h): small integers, exact in f32 and bf16 (sums too, at any rank count) ---- */
 
 #define mov_val kiln_coll_mov_val
@@ -522,8 +515,10 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     const size_t ts = kiln_dtype_size(o->dt);
     /* the largest size of the sweep, capped by memory: two buffers of it per rank, as nccl-tests */
     size_t maxb = o->maxb;
-    const long threads = o->nccl ? o->ngpus : 1;
-    double avail = mem_available(), budget = 0.8 * avail / ranks_on_host(c, threads);
+    /* the ranks sharing this host's memory (threads of one process included), and the hosts' count */
+    kiln_host_layout lay;
+    KILN_TRY(kiln_comm_host_layout(c, &lay));
+    double avail = mem_available(), budget = 0.8 * avail / lay.local_size;
     double capped = (double)maxb;
     if (avail > 0 && 2.0 * (double)maxb > budget) capped = budget / 2;
     size_t dfree = 0, dtotal = 0;
@@ -539,7 +534,7 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         if (me == 0)
             fprintf(stderr, "# warning: --maxbytes %zu needs %.1f MiB per rank for its two buffers; %.1f MiB are "
                     "available to each of %d rank(s) on this host: capped to %zu bytes\n", maxb,
-                    2.0 * (double)maxb / 1048576.0, budget / 1048576.0, ranks_on_host(c, threads), cap);
+                    2.0 * (double)maxb / 1048576.0, budget / 1048576.0, lay.local_size, cap);
         if (cap < o->minb)
             return kiln_errorf(KILN_ENOMEM, "not enough memory for --minbytes %zu (%.1f MiB available per rank)",
                                o->minb, budget / 1048576.0);
@@ -573,7 +568,7 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
     }
 
     struct {
-        int pid, device;
+        int pid, device, host_index, local_rank, local_size;
         char host[64], gpu[64];
     } info;
     char gpu[64] = "";
@@ -601,14 +596,15 @@ static kiln_error *bench(kiln_comm *c, const opts *o, int *wrong_total) {
         memset(&info, 0, sizeof info);
         info.pid = (int)getpid();
         info.device = c->device_buffers ? c->device : -1;
+        info.host_index = lay.host_index, info.local_rank = lay.local_rank, info.local_size = lay.local_size;
         memcpy(info.host, host, sizeof info.host - 1); /* truncated to 63 characters */
         memcpy(info.gpu, gpu, sizeof info.gpu - 1);
         e = c->broadcast(c, &info, sizeof info, r);
         if (!e && me == 0) {
-            int k = 0;
-            while (k < nhosts && strcmp(hosts[k], info.host)) k++;
-            if (k == nhosts) memcpy(hosts[nhosts++], info.host, sizeof info.host);
-            printf("#  Rank %2d Pid %6d on %s", r, info.pid, info.host);
+            /* hosts are numbered in the order of their first ranks: a new one is the next number */
+            if (info.host_index == nhosts && nhosts < n) memcpy(hosts[nhosts++], info.host, sizeof info.host);
+            printf("#  Rank %2d Pid %6d on %s (local rank %d of %d)", r, info.pid, info.host, info.local_rank,
+                   info.local_size);
             if (info.device >= 0) printf(" device %2d %s", info.device, info.gpu);
             printf("\n");
         }
@@ -748,18 +744,17 @@ static void *gpu_rank_main(void *arg) {
  * Sets *owned when a new comm took `boot` over (its finalize finalizes boot). */
 static kiln_error *bench_nccl(kiln_comm *boot, const opts *o, int *wrong, int *owned) {
     const long g = o->ngpus;
-    int lr, ls, ndev = 0;
-    kiln_comm_local_rank(&lr, &ls);
+    kiln_host_layout lay;
+    KILN_TRY(kiln_comm_host_layout(boot, &lay));
+    int ndev = 0, dev0 = -1;
     kiln_error *de = kiln_cuda_device_count(&ndev);
-    double bad = de != NULL || (long)ls * g > ndev;
+    if (!de) de = kiln_gpu_for_rank(&lay, (int)g, ndev, &dev0); /* g <= 1024 (parse_args) */
+    double bad = de != NULL;
     kiln_error *e = boot->allreduce_sum_f64(boot, &bad, 1);
     if (e || de) {
         kiln_error_free(e);
-        return de;
+        return de ? de : kiln_errorf(KILN_EIO, "agreeing on the processes' GPUs failed");
     }
-    if ((long)ls * g > ndev)
-        return kiln_errorf(KILN_EINVAL, "%d process%s x %ld GPU%s on this host need %ld GPUs; it has %d", ls,
-                           ls == 1 ? "" : "es", g, g == 1 ? "" : "s", (long)ls * g, ndev);
     if (bad > 0) return kiln_errorf(KILN_EIO, "another process has too few GPUs");
     if (boot->size == 1 && g == 1) { /* one rank: the plain path, no thread */
         kiln_comm *c = NULL;
@@ -787,7 +782,7 @@ static kiln_error *bench_nccl(kiln_comm *boot, const opts *o, int *wrong, int *o
     if (!ranks || !th) e = kiln_errorf(KILN_ENOMEM, "%ld GPU threads", g);
     for (long t = 0; !e && t < g; t++, started++) {
         ranks[t] = (gpu_rank){.o = o, .id = id, .nranks = boot->size * (int)g, .rank = boot->rank * (int)g + (int)t,
-                              .device = lr * (int)g + (int)t};
+                              .device = dev0 + (int)t};
         if (pthread_create(&th[t], NULL, gpu_rank_main, &ranks[t]))
             e = kiln_errorf(KILN_EIO, "cannot start the thread of GPU %ld", t);
     }

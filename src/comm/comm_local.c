@@ -60,11 +60,3 @@ kiln_error *kiln_comm_local(kiln_comm **out) {
     *out = c;
     return NULL;
 }
-
-void kiln_comm_local_rank(int *local_rank, int *local_size) {
-    const char *r = getenv("OMPI_COMM_WORLD_LOCAL_RANK"), *n = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!r) r = getenv("MPI_LOCALRANKID");
-    if (!n) n = getenv("MPI_LOCALNRANKS");
-    *local_rank = r ? atoi(r) : 0;
-    *local_size = n && atoi(n) > 0 ? atoi(n) : 1;
-}

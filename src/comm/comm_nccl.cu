@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kiln/comm.h"
+#include "kiln/hash.h"
 
 #if defined(__has_include)
 #if __has_include(<nccl.h>)
@@ -330,22 +331,51 @@ extern "C" kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID
     return NULL;
 }
 
+/* A hash of this process's current device's PCI address (domain:bus:device), the same in every process
+ * that sees that GPU whatever its CUDA index there; 0 when CUDA cannot say. */
+static uint64_t gpu_id(int device) {
+    char bus[32] = {0};
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus - 1, device) != cudaSuccess) return 0;
+    for (char *p = bus; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+    return kiln_fnv1a64(KILN_FNV1A64_INIT, bus, strlen(bus));
+}
+
 extern "C" kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) {
     *out = NULL;
-    int lr, ls, ndev = 0;
-    kiln_comm_local_rank(&lr, &ls);
+    kiln_host_layout h;
+    KILN_TRY(kiln_comm_host_layout(boot, &h));
+    int ndev = 0, dev = -1;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
-    /* every rank must learn whether all can go on: a rank that returns alone would hang the others */
-    double bad = ce != cudaSuccess || ls > ndev;
-    KILN_TRY(boot->allreduce_sum_f64(boot, &bad, 1));
-    if (ce != cudaSuccess) return kiln_errorf(KILN_EIO, "rank %d: no CUDA device: %s", boot->rank, cudaGetErrorString(ce));
-    if (ls > ndev)
-        return kiln_errorf(KILN_EINVAL, "%d ranks on this host but %d GPU%s: NCCL needs one GPU per rank (KILN_COMM=staged "
-                           "lets ranks share a GPU, slowly, through host memory)", ls, ndev, ndev == 1 ? "" : "s");
-    if (bad > 0) return kiln_errorf(KILN_EIO, "rank %d: another rank has no usable GPU", boot->rank);
+    kiln_error *e = ce != cudaSuccess ? kiln_errorf(KILN_EIO, "rank %d: no CUDA device: %s", boot->rank,
+                                                     cudaGetErrorString(ce))
+                                      : kiln_gpu_for_rank(&h, 1, ndev, &dev);
+    if (e && h.local_size > 1 && ndev >= 1)
+        e = kiln_error_wrap(e, "rank %d: NCCL needs a GPU of its own for each rank (KILN_COMM=staged lets ranks share "
+                            "one, slowly, through host memory)", boot->rank);
+    /* every rank must learn whether all can go on: a rank that returns alone would hang the others. The GPU's
+     * identity rides along: two ranks of a host on one GPU (a launcher's binding gone wrong) stop here with
+     * their names, not in NCCL's init */
+    uint64_t *host = (uint64_t *)calloc((size_t)boot->size, sizeof *host);
+    uint64_t *gpu = (uint64_t *)calloc((size_t)boot->size, sizeof *gpu);
+    kiln_error *ge = !host || !gpu ? kiln_errorf(KILN_ENOMEM, "GPU check of %d ranks", boot->size) : NULL;
+    if (!ge) ge = kiln_comm_allgather_u64(boot, kiln_host_id(), host);
+    if (!ge) ge = kiln_comm_allgather_u64(boot, e ? 0 : gpu_id(dev), gpu); /* 0: this rank has no GPU */
+    int bad_rank = -1, a = -1, b = -1;
+    for (int r = 0; !ge && r < boot->size && bad_rank < 0; r++)
+        if (!gpu[r]) bad_rank = r;
+    const int shared = !ge && bad_rank < 0 && kiln_ranks_share_gpu(host, gpu, boot->size, &a, &b);
+    free(host);
+    free(gpu);
+    if (e || ge) {
+        kiln_error_free(ge);
+        return e ? e : kiln_errorf(KILN_EIO, "rank %d: agreeing on the ranks' GPUs failed", boot->rank);
+    }
+    if (bad_rank >= 0) return kiln_errorf(KILN_EIO, "rank %d: rank %d has no usable GPU", boot->rank, bad_rank);
+    if (shared)
+        return kiln_errorf(KILN_EINVAL, "ranks %d and %d are on one host and one GPU: NCCL needs a GPU of its own for "
+                           "each rank (check the launcher's GPU binding, or KILN_COMM=staged to share one)", a, b);
     unsigned char id[KILN_NCCL_ID_BYTES] = {0};
     double ok = 1;
-    kiln_error *e = NULL;
     if (boot->rank == 0) {
         e = kiln_comm_nccl_unique_id(id);
         ok = !e;
@@ -354,5 +384,5 @@ extern "C" kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) {
     if (e) return e;
     if (!ok) return kiln_errorf(KILN_EIO, "rank %d: rank 0 could not start NCCL", boot->rank);
     KILN_TRY(boot->broadcast(boot, id, sizeof id, 0));
-    return kiln_comm_nccl_create(id, boot->size, boot->rank, lr, boot, out);
+    return kiln_comm_nccl_create(id, boot->size, boot->rank, dev, boot, out);
 }

@@ -154,8 +154,10 @@ kiln_error *kiln_comm_staged_from(kiln_comm *host, kiln_comm **out) {
     *out = NULL;
     if (host->device_buffers)
         return kiln_errorf(KILN_EINVAL, "staged collectives need a host backend under them, not %s", host->backend);
-    int lr, ls, ndev = 0;
-    kiln_comm_local_rank(&lr, &ls);
+    kiln_host_layout h;
+    KILN_TRY(kiln_comm_host_layout(host, &h));
+    const int lr = h.local_rank;
+    int ndev = 0;
     kiln_error *e = kiln_cuda_device_count(&ndev);
     if (!e && ndev < 1) e = kiln_errorf(KILN_EIO, "rank %d: no CUDA device", host->rank);
     /* the ranks of a host share its GPUs round robin (several on one GPU is what this backend allows) */
