@@ -53,3 +53,22 @@ TEST(gpu_comm_nccl_one_rank) {
     free(h), free(r), free(r2);
     c->finalize(c); /* and boot */
 }
+
+/* Two ranks of one machine on one GPU under NCCL (CUDA_VISIBLE_DEVICES=0 for both, whatever the machine has):
+ * every rank stops at start-up with both rank numbers and the way to share a GPU (KILN_COMM=staged), instead of
+ * failing, or hanging, inside NCCL's init. Both kiln bench comm and kiln train go through kiln_comm_nccl_from. */
+TEST(gpu_comm_nccl_two_ranks_on_one_gpu_refused) {
+    if (system("command -v mpirun >/dev/null 2>&1")) {
+        CHECK_MSG(0, "mpirun not found: the GPU machine needs OpenMPI (.debs, scripts/gpu_machine_build.sh)");
+        return;
+    }
+    char cmd[2048];
+    static char out[65536];
+    snprintf(cmd, sizeof cmd,
+             "CUDA_VISIBLE_DEVICES=0 OMPI_MCA_btl=self,vader timeout 120 mpirun --allow-run-as-root --oversubscribe "
+             "-np 2 '%s' bench comm --backend nccl -b 8 -e 64 -n 1 -w 0 2>&1", KILN_BINARY);
+    const int rc = test_run_shell(cmd, out, sizeof out);
+    CHECK_MSG(rc != 0 && rc != 124, "exit %d (want a refusal, not success or the timeout):\n%s", rc, out);
+    CHECK_MSG(strstr(out, "ranks 0 and 1 are on one host and one GPU") && strstr(out, "KILN_COMM=staged"),
+              "no refusal naming both ranks:\n%s", out);
+}
