@@ -88,6 +88,9 @@ kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID_BYTES], in
 /* NCCL over the ranks of `boot` (MPI or local), one GPU per process picked by kiln_gpu_for_rank; an error,
  * on every rank, when a host has more ranks than GPUs or two of its ranks landed on one GPU. On success the new comm owns `boot`. */
 kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out);
+/* The first of the per_rank GPUs this rank of `boot` takes (kiln_gpu_for_rank over the host layout), checked on
+ * every rank: an error everywhere when any rank has none or two ranks of a host would share one. Collective. */
+kiln_error *kiln_comm_pick_gpus(kiln_comm *boot, int per_rank, int *dev0);
 /* ---- Staged (src/comm/comm_staged.c): device buffers like NCCL's, each data collective copied to the host and
  * run by `host` (MPI, or local), then copied back; synchronous and slow. Several ranks may share a GPU (the
  * ranks of a host take its GPUs round robin), which NCCL refuses: it runs the GPU trainer's several-rank path

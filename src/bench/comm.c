@@ -744,18 +744,7 @@ static void *gpu_rank_main(void *arg) {
  * Sets *owned when a new comm took `boot` over (its finalize finalizes boot). */
 static kiln_error *bench_nccl(kiln_comm *boot, const opts *o, int *wrong, int *owned) {
     const long g = o->ngpus;
-    kiln_host_layout lay;
-    KILN_TRY(kiln_comm_host_layout(boot, &lay));
-    int ndev = 0, dev0 = -1;
-    kiln_error *de = kiln_cuda_device_count(&ndev);
-    if (!de) de = kiln_gpu_for_rank(&lay, (int)g, ndev, &dev0); /* g <= 1024 (parse_args) */
-    double bad = de != NULL;
-    kiln_error *e = boot->allreduce_sum_f64(boot, &bad, 1);
-    if (e || de) {
-        kiln_error_free(e);
-        return de ? de : kiln_errorf(KILN_EIO, "agreeing on the processes' GPUs failed");
-    }
-    if (bad > 0) return kiln_errorf(KILN_EIO, "another process has too few GPUs");
+    kiln_error *e = NULL;
     if (boot->size == 1 && g == 1) { /* one rank: the plain path, no thread */
         kiln_comm *c = NULL;
         KILN_TRY(kiln_comm_nccl_from(boot, &c));
@@ -764,6 +753,8 @@ static kiln_error *bench_nccl(kiln_comm *boot, const opts *o, int *wrong, int *o
         c->finalize(c); /* finalizes boot too */
         return e;
     }
+    int dev0 = -1;
+    KILN_TRY(kiln_comm_pick_gpus(boot, (int)g, &dev0)); /* g <= 1024 (parse_args); agreed on every rank */
     unsigned char id[KILN_NCCL_ID_BYTES] = {0};
     double ok = 1;
     if (boot->rank == 0) {

@@ -340,21 +340,21 @@ static uint64_t gpu_id(int device) {
     return kiln_fnv1a64(KILN_FNV1A64_INIT, bus, strlen(bus));
 }
 
-extern "C" kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) {
-    *out = NULL;
+extern "C" kiln_error *kiln_comm_pick_gpus(kiln_comm *boot, int per_rank, int *dev0) {
+    *dev0 = -1;
     kiln_host_layout h;
     KILN_TRY(kiln_comm_host_layout(boot, &h));
     int ndev = 0, dev = -1;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     kiln_error *e = ce != cudaSuccess ? kiln_errorf(KILN_EIO, "rank %d: no CUDA device: %s", boot->rank,
                                                      cudaGetErrorString(ce))
-                                      : kiln_gpu_for_rank(&h, 1, ndev, &dev);
+                                      : kiln_gpu_for_rank(&h, per_rank, ndev, &dev);
     if (e && h.local_size > 1 && ndev >= 1)
         e = kiln_error_wrap(e, "rank %d: NCCL needs a GPU of its own for each rank (KILN_COMM=staged lets ranks share "
                             "one, slowly, through host memory)", boot->rank);
     /* every rank must learn whether all can go on: a rank that returns alone would hang the others. The GPU's
      * identity rides along: two ranks of a host on one GPU (a launcher's binding gone wrong) stop here with
-     * their names, not in NCCL's init */
+     * their numbers, not in NCCL's init ("invalid usage") */
     uint64_t *host = (uint64_t *)calloc((size_t)boot->size, sizeof *host);
     uint64_t *gpu = (uint64_t *)calloc((size_t)boot->size, sizeof *gpu);
     kiln_error *ge = !host || !gpu ? kiln_errorf(KILN_ENOMEM, "GPU check of %d ranks", boot->size) : NULL;
@@ -374,6 +374,15 @@ extern "C" kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) {
     if (shared)
         return kiln_errorf(KILN_EINVAL, "ranks %d and %d are on one host and one GPU: NCCL needs a GPU of its own for "
                            "each rank (check the launcher's GPU binding, or KILN_COMM=staged to share one)", a, b);
+    *dev0 = dev;
+    return NULL;
+}
+
+extern "C" kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) {
+    *out = NULL;
+    int dev = -1;
+    KILN_TRY(kiln_comm_pick_gpus(boot, 1, &dev));
+    kiln_error *e = NULL;
     unsigned char id[KILN_NCCL_ID_BYTES] = {0};
     double ok = 1;
     if (boot->rank == 0) {

@@ -46,6 +46,10 @@ kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID_BYTES], in
     return no_cuda();
 }
 kiln_error *kiln_comm_nccl_from(kiln_comm *boot, kiln_comm **out) { (void)boot, *out = NULL; return no_cuda(); }
+kiln_error *kiln_comm_pick_gpus(kiln_comm *boot, int per_rank, int *dev0) {
+    (void)boot, (void)per_rank, *dev0 = -1;
+    return no_cuda();
+}
 kiln_error *kiln_comm_nccl_version(char *buf, size_t n) { (void)buf, (void)n; return no_cuda(); }
 #else
 typedef int kiln_nocuda_unused; /* ISO C forbids an empty translation unit */
