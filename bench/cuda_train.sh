@@ -32,22 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 test -f runs/default/data/index.json
 
 cfg="$out/cuda_train_config.json"
-python3 - "$cfg" "$steps" "$out/kiln_run" "${DETERMINISTIC:-1}" <<'PY'
-import json, sys
-path, steps, run, det = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] != "0"
-L = 8
-cfg = {
-    "model": {"vocab_size": 50304, "hidden_size": 2048, "num_hidden_layers": L, "layer_types": ["hybrid"] * L,
-              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16,
-              "num_experts_per_tok": 1, "moe_intermediate_size": 2048, "router_hidden_size": 256,
-              "tie_word_embeddings": True},
-    "data": {"dir": "runs/default/data", "seq_len": 4096, "micro_batch": 4, "grad_accum": 1},
-    "optim": {"muon": False, "lr": 1e-4, "min_lr": 1e-5, "warmup": 2},
-    "run": {"steps": steps, "log_every": 1, "eval_every": 0, "ckpt_every": 0, "save_final": False,
-            "device": "cuda", "out_dir": run, "deterministic": det},
-}
-json.dump(cfg, open(path, "w"), indent=1)
-PY
+python3 bench/zaya_bench_config.py "$cfg" "$steps" "$out/kiln_run" "${DETERMINISTIC:-1}"
 rm -rf "$out/kiln_run"
 extra=()
 [ "${RECOMPUTE:-0}" = 1 ] && extra+=(--recompute)
@@ -108,20 +93,15 @@ fwd_layer = (2 * H * (Q + 2 * K)          # q, k, v_current, v_delayed projectio
              + top * 6 * H * I)             # experts: gate_up (2I) and down, every token routed (top-1)
 exact = 3 * (L * fwd_layer + 2 * H * V)
 peer_way = 6 * active + 6 * L * 1024 * T
-rows = [json.loads(l) for l in open(f"{out}/kiln_run/metrics.jsonl")]
-# tokens_per_s in metrics is cumulative (tokens / elapsed): recover the elapsed time of each step
-el = [(r["step"], r["tokens"], r["tokens"] / r["tokens_per_s"]) for r in rows if r["tokens_per_s"] > 0]
-warm = min(3, len(el) - 2)
-s0, t0, e0 = el[warm]; s1, t1, e1 = el[-1]
-tps = (t1 - t0) / (e1 - e0)
-# the last step ran with per-op events: time the steady state on the steps before it when there are enough
-if len(el) - warm > 3:
-    s1, t1, e1 = el[-2]
-    tps = (t1 - t0) / (e1 - e0)
+sys.path.insert(0, "bench")
+import train_metrics
+rows = train_metrics.rows(f"{out}/kiln_run")
+# the steps after the first 3; the last one ran with per-op events and is left out when there are enough
+tps, s0, s1 = train_metrics.steady_tokens_per_s(rows)
 mem = re.search(r"device peak in use ([0-9.]+) GiB", log)
 kiln_mem = float(mem.group(1)) if mem else float("nan")
 kiln = {"tokens_per_s": tps, "ms_per_step": 1000 * B * T / tps, "mfu_exact": tps * exact / 989e12,
-        "mfu_peer_count": tps * peer_way / 989e12, "peak_mem_gib": kiln_mem, "steps_timed": f"{s0 + 1}..{s1}",
+        "mfu_peer_count": tps * peer_way / 989e12, "peak_mem_gib": kiln_mem, "steps_timed": f"{s0}..{s1}",
         "flops_per_token_exact": exact, "flops_per_token_peer_count": peer_way, "params_total": total,
         "params_active": active, "loss_last": rows[-1]["loss"]}
 peer = None

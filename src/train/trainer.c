@@ -80,6 +80,7 @@ typedef struct {
     FILE *metrics;
     kiln_ft_env ft;                /* kiln run's protocol: heartbeats, resume, data windows to skip, faults */
     double compute_s, local_gnorm; /* this rank's forward/backward time and own gradient norm, for heartbeats */
+    double rs_s, ag_s;             /* the last GPU step's reduce-scatter and all-gather (host wall; KILN_CUDA_PROFILE) */
     kiln_heartbeat hb;
     kiln_heartbeat_writer *hbw;    /* under kiln run: the beats' background writer (NULL: no heartbeats) */
     /* run.device = "cuda": the model, its gradients and this rank's optimizer state on the GPU; m->w and
@@ -379,8 +380,10 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     const float inv = 1.0f / (float)(accum * comm->size);
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the gradients are complete before NCCL's stream reads them */
+        const double t0 = now(); /* from here to the sync, the collective alone: the device is idle */
         KILN_TRY(comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(g), t->gshard_dev, t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
+        t->rs_s = now() - t0;
         if (step < dbg) step_debug_sumsq(g, comm, step, "shard's sum of squares after the reduce-scatter",
                                          t->gshard_dev, t->dcounts[me]);
     }
@@ -420,8 +423,10 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     }
     if (comm->size > 1) {
         KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
+        const double t0 = now();
         KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
         KILN_TRY(kiln_comm_sync(comm));
+        t->ag_s = now() - t0;
         if (step < dbg) step_debug_sumsq(g, comm, step, "parameters' sum of squares after the all-gather",
                                          kiln_zaya_cuda_params(g), kiln_zaya_cuda_numel(g));
     }
@@ -560,6 +565,12 @@ static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
     for (int i = 0; i < n; i++)
         if (rows[i].side)
             printf("  beside the model's stream: %s %.2f ms (%d)\n", rows[i].cls, rows[i].ms, rows[i].calls);
+    /* ZeRO-1's collectives run between the backward and the optimizer, and after it, with the model's stream
+     * idle (not overlapped): their host wall time is part of the step, and not of the ops above */
+    if (comm->size > 1)
+        printf("  %-40s %10.2f %6.1f%%\n  %-40s %10.2f %6.1f%%\n", "gradient reduce-scatter (host wall, idle GPU)",
+               t->rs_s * 1e3, 100 * t->rs_s / step_s, "parameter all-gather (host wall, idle GPU)", t->ag_s * 1e3,
+               100 * t->ag_s / step_s);
     return NULL;
 }
 
