@@ -201,6 +201,162 @@ TEST(ft_spike_detector) {
     CHECK_ERR(kiln_spike_init(&d, 4, 5), "minimum");
 }
 
+/* ---- the loss-spike detector's history: the dense part and the anchors (src/ft/history.c) ---- */
+
+static double fh_loss(int64_t s) { return 5 + 0.001 * (double)(s % 997); }
+
+/* h: window w, dense part cap, the losses of steps 1..to */
+static void fh_fill(ft_hist *h, int w, int cap, int64_t to) {
+    CHECK_OK(ft_hist_init(h, w, cap));
+    for (int64_t s = 1; s <= to; s++) CHECK_OK(ft_hist_add(h, s, fh_loss(s)));
+}
+
+/* Seeds h at `first` and returns how many losses the detector's window gets (the dense part's last `window`); each
+ * must be the loss of the step it should be: first - 1, first - 2, ... but the skipped ones, none left out. */
+static int fh_seed(ft_hist *h, int64_t first, const kiln_step_ranges *skip) {
+    int changed = 0;
+    CHECK_OK(ft_hist_seed(h, first, skip, &changed));
+    const int k = h->n < h->window ? h->n : h->window;
+    int64_t want = first - 1;
+    for (int i = h->n - 1; i >= 0; i--, want--) { /* the whole dense part: the window's older neighbours too */
+        while (kiln_step_ranges_contains(skip, want)) want--;
+        if (h->step[i] != want || h->loss[i] != fh_loss(want)) {
+            test_fail(__FILE__, __LINE__, "seeded at step %lld: entry %d of %d is step %lld (loss %.17g), want step %lld",
+                      (long long)first, i, h->n, (long long)h->step[i], h->loss[i], (long long)want);
+            return -1;
+        }
+    }
+    return k;
+}
+
+/* Which windows are kept and that a seed takes exactly the losses right before the resume step, from the dense part,
+ * an anchor or both, or none (a step no part holds the window of): every resume step of a 60-step run with a dense
+ * part of 5 and a window of 4; skipped steps left out; a 50,000-step run with the defaults' sizes (windows of 50,
+ * dense part 1024) keeps the windows before its last 4 multiples of 2000 and stays small. */
+TEST(ft_spike_history_anchors) {
+    ft_hist h;
+    int full = 0, none = 0;
+    for (int64_t first = 2; first <= 61; first++) {
+        fh_fill(&h, 4, 5, 60);
+        for (int i = 0; i < h.nanchor; i++)
+            CHECK_MSG(ft_hist_keeps(h.anchor[i].end, 60), "an anchor at step %lld", (long long)h.anchor[i].end);
+        const int k = fh_seed(&h, first, &(kiln_step_ranges){0});
+        const int64_t p = first - 1;
+        if (p == 20 || p == 25 || p == 30 || p == 40 || p == 45 || p >= 50)
+            CHECK_MSG(k == 4, "seeded at step %lld: %d losses (want the whole window: an anchor or the dense part)",
+                      (long long)first, k);
+        if (p == 41 || p == 46) CHECK_MSG(k == 0, "seeded at step %lld: %d losses (no window is held whole)",
+                                          (long long)first, k);
+        full += k == 4, none += k == 0;
+        ft_hist_free(&h);
+    }
+    CHECK_MSG(full >= 16 && none >= 2, "%d resume steps with a whole window, %d with none", full, none);
+    /* a skipped step inside the anchor's window is left out, and nothing from before the anchor fills its place */
+    kiln_step_ranges skip = {0};
+    CHECK_OK(kiln_step_ranges_parse("48", &skip));
+    fh_fill(&h, 4, 5, 60);
+    CHECK(fh_seed(&h, 51, &skip) == 3);
+    /* the attempt from step 51 goes on: its losses join the dense part after the window; a restart from step 51
+     * again (a crash before any checkpoint) finds the same window */
+    for (int64_t s = 51; s <= 58; s++) CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+    CHECK(fh_seed(&h, 51, &skip) == 3);
+    CHECK_ERR(ft_hist_add(&h, 50, 1), "step 50 after step 50");
+    ft_hist_free(&h);
+    kiln_step_ranges_free(&skip);
+
+    /* the defaults' sizes */
+    fh_fill(&h, 50, 1024, 50000);
+    CHECK_MSG(h.n == 1024 && h.step[0] == 48977 && h.from == 48977, "the dense part: %d losses from step %lld", h.n,
+              h.n ? (long long)h.step[0] : -1LL);
+    CHECK_MSG(h.nanchor >= 4 && h.nanchor <= 30 && h.anchored == 50LL * h.nanchor, "%d anchors, %lld losses",
+              h.nanchor, (long long)h.anchored);
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(ft_state_format(&(kiln_step_ranges){0}, 0, &h, &text, &len));
+    CHECK_MSG(len < 64 * 1024, "ft_state.json of %zu bytes", len);
+    ft_hist_free(&h);
+    /* the last 4 multiples of 2000 before the newest step (50000) and its last 4 of 500; not 42000 (8000 back) nor
+     * 43000 (7000 back, 4 x 1000 its reach); step 48976, next to the dense part, has the anchor of step 49000's losses
+     * up to it (48951-48976): all held, and fewer than the window */
+    const int64_t firsts[] = {44001, 46001, 48001, 48501, 42001, 43001, 48977};
+    const int want[] = {50, 50, 50, 50, 0, 0, 26};
+    for (int i = 0; i < 7; i++) {
+        kiln_step_ranges sk = {0};
+        int64_t reject = 0;
+        CHECK_OK(ft_hist_init(&h, 50, 1024));
+        CHECK_OK(ft_state_parse(text, len, "ft_state.json", &sk, &reject, &h));
+        const int k = fh_seed(&h, firsts[i], &sk);
+        CHECK_MSG(k == want[i], "seeded at step %lld: %d losses, want %d", (long long)firsts[i], k, want[i]);
+        ft_hist_free(&h);
+        kiln_step_ranges_free(&sk);
+    }
+    free(text);
+}
+
+/* ft_state.json's history fields: the anchors written and read back the same; an older kiln's file (no
+ * "spike_anchors") whose history is longer than the dense part leaves the anchors ft_hist_add would have; one with
+ * neither field has no history; a malformed anchor is an error naming the file, the field and the anchor. */
+TEST(ft_state_spike_anchors) {
+    ft_hist a, b;
+    fh_fill(&a, 4, 5, 60);
+    char *text = NULL;
+    size_t len = 0;
+    kiln_step_ranges skip = {0};
+    int64_t reject = -1;
+    CHECK_OK(ft_state_format(&skip, 0, &a, &text, &len));
+    CHECK_OK(ft_hist_init(&b, 4, 5));
+    CHECK_OK(ft_state_parse(text, len, "ft_state.json", &skip, &reject, &b));
+    int same = b.n == a.n && b.nanchor == a.nanchor && b.anchored == a.anchored && b.from == a.from;
+    for (int i = 0; same && i < a.n; i++) same = b.step[i] == a.step[i] && b.loss[i] == a.loss[i];
+    for (int i = 0; same && i < a.nanchor; i++) {
+        same = b.anchor[i].end == a.anchor[i].end && b.anchor[i].n == a.anchor[i].n;
+        for (int j = 0; same && j < a.anchor[i].n; j++)
+            same = b.anchor[i].step[j] == a.anchor[i].step[j] && b.anchor[i].loss[j] == a.anchor[i].loss[j];
+    }
+    CHECK_MSG(same, "read back: %d dense losses, %d anchors (wrote %d, %d)\n%s", b.n, b.nanchor, a.n, a.nanchor, text);
+    free(text);
+    ft_hist_free(&b);
+    /* an older kiln's file: the 60 losses in "spike_history" */
+    char old[8192];
+    size_t k = (size_t)snprintf(old, sizeof old, "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[");
+    for (int s = 1; s <= 60; s++) k += (size_t)snprintf(old + k, sizeof old - k, "%s[%d,%.17g]", s > 1 ? "," : "", s,
+                                                       fh_loss(s));
+    snprintf(old + k, sizeof old - k, "]}\n");
+    CHECK_OK(ft_hist_init(&b, 4, 5));
+    CHECK_OK(ft_state_parse(old, strlen(old), "ft_state.json", &skip, &reject, &b));
+    same = b.n == a.n && b.nanchor == a.nanchor && b.from == a.from;
+    for (int i = 0; same && i < a.nanchor; i++) same = b.anchor[i].end == a.anchor[i].end && b.anchor[i].n == a.anchor[i].n;
+    CHECK_MSG(same, "from an older kiln's history: %d dense losses from step %lld, %d anchors (live: %d, %lld, %d)", b.n,
+              (long long)b.from, b.nanchor, a.n, (long long)a.from, a.nanchor);
+    CHECK(fh_seed(&b, 51, &skip) == 4);
+    ft_hist_free(&b);
+    ft_hist_free(&a);
+    const char *none = "{\"skip_steps\":\"\",\"reject_from\":0}";
+    CHECK_OK(ft_hist_init(&b, 4, 5));
+    CHECK_OK(ft_state_parse(none, strlen(none), "ft_state.json", &skip, &reject, &b));
+    CHECK(b.n == 0 && b.nanchor == 0 && fh_seed(&b, 7, &skip) == 0);
+    ft_hist_free(&b);
+    static const struct {
+        const char *anchors, *err;
+    } bad[] = {
+        {"[[5,[[6,1]]]]", "ft_state.json: field 'spike_anchors': anchor 0: entry 0: step 6 after the window's end, step 5"},
+        {"[[5,[]]]", "ft_state.json: field 'spike_anchors': anchor 0 is not [end step >= 1, [[step, loss], ...]]"},
+        {"[[5,[[4,1]]],[5,[[5,1]]]]", "field 'spike_anchors': anchor 1: end step 5 after end step 5 (must increase)"},
+        {"[[9,[[4,1],[3,1]]]]", "field 'spike_anchors': anchor 0: entry 1: step 3 after step 4 (steps must increase)"},
+        {"[[9,[[4,\"inf\"]]]]", "field 'spike_anchors': anchor 0: entry 0 is not [step >= 1, finite loss]"},
+        {"[[0,[[1,1]]]]", "field 'spike_anchors': anchor 0 is not"},
+        {"{}", "spike_anchors"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char t[256];
+        snprintf(t, sizeof t, "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_anchors\":%s}", bad[i].anchors);
+        CHECK_OK(ft_hist_init(&b, 4, 5));
+        CHECK_ERR(ft_state_parse(t, strlen(t), "ft_state.json", &skip, &reject, &b), bad[i].err);
+        ft_hist_free(&b);
+    }
+    kiln_step_ranges_free(&skip);
+}
+
 TEST(ft_straggler_detector) {
     const double a[] = {3, 1, 2};
     CHECK(kiln_median(a, 3) == 2);

@@ -282,7 +282,8 @@ TEST(ft_sup_transient_early_error_is_retried) {
 
 /* A stand-in trainer: each argument ATTEMPT@STEP:LOSS appends that step to rank 0's step log in attempt ATTEMPT;
  * ATTEMPT@beat writes rank 0's first beat (phase start: the trainer has applied KILN_REJECT_FROM); ATTEMPT@sleep
- * writes its pid to RUN_DIR/trainer.pid and sleeps (a job still running when the supervisor is lost). */
+ * writes its pid to RUN_DIR/trainer.pid and sleeps (a job still running when the supervisor is lost); ATTEMPT@fail
+ * exits with status 3 (a crash: the next attempt resumes). */
 static const char *hist_trainer(void) {
     static char path[1200];
     snprintf(path, sizeof path, "%s", test_join(test_tmpdir(), "trainer.sh"));
@@ -295,6 +296,7 @@ static const char *hist_trainer(void) {
                      "\"steps\":9,\"phase\":\"start\",\"loss\":0,\"grad_norm\":0,\"local_grad_norm\":0,\"step_s\":0,"
                      "\"compute_s\":0,\"time\":0,\"recent\":[]}' \"$KILN_RUN_ATTEMPT\" $$ > \"$KILN_HEARTBEAT_DIR/b\"\n"
                      "      mv \"$KILN_HEARTBEAT_DIR/b\" \"$KILN_HEARTBEAT_DIR/rank_00000.json\";;\n"
+                     "    \"$KILN_RUN_ATTEMPT\"@fail) exit 3;;\n"
                      "    \"$KILN_RUN_ATTEMPT\"@*) y=${x#*@}\n"
                      "      printf '[%s,%s,%s,1]\\n' \"$KILN_RUN_ATTEMPT\" \"${y%%:*}\" \"${y#*:}\" >> \"$log\";;\n"
                      "  esac\n"
@@ -460,6 +462,143 @@ TEST(ft_sup_spike_history_outlives_the_supervisor) {
                   strstr(log, "\"step\":10,"), "rc %d\n%s\n%s", rc, text, log);
     free(log);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 10\n%s", text);
+}
+
+/* ---- a resume further back than the dense history (run.ckpt_every above history_keep): the anchors ---- */
+
+/* The loss the stand-in reports for step s: 4.9-5.1 (%g's text, and the double the supervisor reads from it). */
+static double hist_loss_of(int s, char *text, size_t cap) {
+    snprintf(text, cap, "%g", 5 + 0.05 * ((s * 7) % 5 - 2));
+    return strtod(text, NULL);
+}
+
+/* " ATTEMPT@S:LOSS" for the steps lo..hi appended to buf */
+static void hist_steps(char *buf, size_t cap, int attempt, int lo, int hi) {
+    size_t n = strlen(buf);
+    for (int s = lo; s <= hi && n < cap; s++) {
+        char l[32];
+        hist_loss_of(s, l, sizeof l);
+        n += (size_t)snprintf(buf + n, cap - n, " %d@%d:%s", attempt, s, l);
+    }
+}
+
+/* One supervisor, a dense history of 5 losses (KILN_FT_HISTORY_KEEP) and a window of 4: attempt 1 judges steps 1-60
+ * and crashes; attempt 2 resumes from the checkpoint of step 50, 10 steps behind the newest judged, and its first step
+ * spikes. Every dense loss (56-60) is after step 50 and cut; the window before step 51 (47-50) is the anchor of step
+ * 50, so the spike is seen at once. Without it the detector was blind for --spike-min steps and attempt 2 finished. */
+TEST(ft_sup_spike_after_a_rollback_past_the_history) {
+    const char *dir = test_tmpdir(), *tr = hist_trainer();
+    char steps[4096] = "", args[8192], text[16384];
+    hist_steps(steps, sizeof steps, 1, 1, 60);
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 4 --spike-min 3 --spike-z 8 -- sh '%s'%s "
+             "1@fail 2@51:8 3@52:5.05 3@53:4.95", dir, tr, steps);
+    CHECK(setenv("KILN_FT_HISTORY_KEEP", "5", 1) == 0);
+    const int rc = test_run_kiln(args, text, sizeof text);
+    unsetenv("KILN_FT_HISTORY_KEEP");
+    char *log = ck_incidents(dir);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":51,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+}
+
+/* The anchor of [end, ...] in RUN_DIR/ft_state.json's "spike_anchors": its steps and losses (at most cap); returns how
+ * many (-1: no such anchor; -2: no such field). *nanchors: how many anchors the file holds. */
+static int hist_read_anchor(const char *run_dir, int64_t end, int64_t *step, double *loss, int cap, int *nanchors) {
+    cJSON *o = NULL;
+    CHECK_OK(kiln_json_parse_file(test_join(run_dir, "ft_state.json"), &o));
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "spike_anchors"), *it;
+    int n = a ? -1 : -2;
+    *nanchors = cJSON_GetArraySize(a);
+    cJSON_ArrayForEach(it, a) {
+        if ((int64_t)cJSON_GetArrayItem(it, 0)->valuedouble != end) continue;
+        const cJSON *e;
+        n = 0;
+        cJSON_ArrayForEach(e, cJSON_GetArrayItem(it, 1)) {
+            if (n < cap)
+                step[n] = (int64_t)cJSON_GetArrayItem(e, 0)->valuedouble, loss[n] = cJSON_GetArrayItem(e, 1)->valuedouble;
+            n++;
+        }
+    }
+    cJSON_Delete(o);
+    return n;
+}
+
+/* The anchors outlive the supervisor: a first kiln run judges steps 1-60 (dense history 5, window 4) and writes the
+ * dense part (56-60, "spike_history" as before) and the anchors ("spike_anchors": the window 47-50 before step 51
+ * among them, bounded); a rerun resuming from step 50 sees a spike at its first step. An older kiln's file whose
+ * history is longer than the dense part leaves the same anchors (a rerun from step 40 sees its spike). And no window
+ * is made up: a rerun from step 46, whose window no part holds whole (the anchor of step 50 starts at 47), starts with
+ * an empty detector rather than one judged against the losses before a gap. */
+TEST(ft_sup_spike_history_anchors_in_state_file) {
+    const char *dir = test_tmpdir(), *tr = hist_trainer();
+    char steps[4096] = "", args[8192], text[16384], l[32];
+    hist_steps(steps, sizeof steps, 1, 1, 60);
+    snprintf(args, sizeof args, "run --run-dir '%s' --spike-window 4 --spike-min 3 -- sh '%s'%s", dir, tr, steps);
+    CHECK(setenv("KILN_FT_HISTORY_KEEP", "5", 1) == 0);
+    int rc = test_run_kiln(args, text, sizeof text);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt"), "rc %d\n%s", rc, text);
+    int64_t st[64];
+    double ls[64];
+    int n = hist_read(dir, st, ls, 64), nanchors = 0;
+    CHECK_MSG(n == 5 && st[0] == 56 && st[4] == 60, "spike_history: %d entries, from step %lld", n,
+              n > 0 ? (long long)st[0] : -1LL);
+    n = hist_read_anchor(dir, 50, st, ls, 64, &nanchors);
+    int same = n == 4;
+    for (int i = 0; same && i < 4; i++) same = st[i] == 47 + i && ls[i] == hist_loss_of(47 + i, l, sizeof l);
+    CHECK_MSG(same, "the anchor of step 50: %d entries, from step %lld", n, n > 0 ? (long long)st[0] : -1LL);
+    CHECK_MSG(nanchors >= 2 && nanchors <= 20, "%d anchors (a budget of 16 x 5 losses: 20 windows of 4)", nanchors);
+    /* a copy of the state file for the last rerun (the next one changes its own) */
+    char *state = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(test_join(dir, "ft_state.json"), &state, &len));
+    const char *d2 = test_tmpdir();
+    CHECK_OK(kiln_write_file_atomic(test_join(d2, "ft_state.json"), state, len));
+    free(state);
+    /* the rerun from step 50 */
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 4 --spike-min 3 --spike-z 8 -- sh '%s' "
+             "1@51:8 2@52:5.05 2@53:4.95", dir, tr);
+    rc = test_run_kiln(args, text, sizeof text);
+    char *log = ck_incidents(dir);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 2 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":51,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    /* an older kiln's file: the 60 losses in "spike_history" alone; the rerun from step 40 */
+    size_t k = (size_t)snprintf(text, sizeof text, "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[");
+    for (int s = 1; s <= 60; s++) {
+        hist_loss_of(s, l, sizeof l);
+        k += (size_t)snprintf(text + k, sizeof text - k, "%s[%d,%s]", s > 1 ? "," : "", s, l);
+    }
+    snprintf(text + k, sizeof text - k, "]}\n");
+    rerun_sees_spike(tr, text, 4, "1@41:8 2@42:5.05 2@43:4.95", 41);
+    /* the rerun from step 46: no window; the spike at 47 goes unseen (the limit: a resume step no part covers) */
+    snprintf(args, sizeof args, "run --run-dir '%s' --backoff 0 --spike-window 4 --spike-min 3 --spike-z 8 -- sh '%s' "
+             "1@47:8", d2, tr);
+    rc = test_run_kiln(args, text, sizeof text);
+    log = ck_incidents(d2);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt") && !strstr(log, "loss-spike"), "rc %d\n%s\n%s", rc,
+              text, log);
+    free(log);
+    unsetenv("KILN_FT_HISTORY_KEEP");
+}
+
+/* The real trainer: a checkpoint every 10 steps, the dense history 5 losses, the window 4. Killed at step 16, kiln run
+ * resumes from step 10, 5 steps behind the newest judged (15): the dense losses (11-15) are all after it, and the spike
+ * at step 11 is judged against the anchor of step 10 (steps 7-10). The run then skips step 11, as the reference does. */
+TEST(ft_sup_spike_after_a_checkpoint_past_the_history) {
+    const char *ref = test_tmpdir(), *out = test_tmpdir();
+    sup_reference(ref, "11");
+    const char *cfg = ck_config(ck_data(), out, 16, 1, 32, "\"ckpt_every\": 10, \"keep_last\": 3, \"ckpt_busy\": \"wait\"");
+    char cmd[4096], text[32768];
+    snprintf(cmd, sizeof cmd,
+             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=kill:step=16,spike:step=11:attempt=2 '%s' run --run-dir '%s' "
+             "--backoff 0.05 --spike-min 3 --spike-window 4 --spike-z 8 -- kiln train --config '%s' --quiet 2>&1",
+             KILN_BINARY, out, cfg);
+    int rc = test_run_shell(cmd, text, sizeof text);
+    char *log = ck_incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":11,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 11\n%s", text);
 }
 
 /* ---- the trainer's heartbeats, written by a background thread (kiln_heartbeat_writer) ---- */

@@ -32,14 +32,71 @@ void ft_heartbeat_writer_counts(kiln_heartbeat_writer *w, int64_t *beats, int64_
  * failure before any step within --max-restarts instead of giving up when it repeats. */
 const char *ft_transient_errno(const char *text);
 
-/* RUN_DIR/ft_state.json (src/ft/state.c). The text (malloc'd, *len bytes): the skip ranges, reject_from and the
- * history entries not inside a skipped window. The parse: appends the skip ranges to *skip (initialised by the caller;
- * freed by it on error too), sets *reject_from, and keeps the newest `cap` history entries in hist_step/hist_loss
- * (*nhist of them); errors name `path` and the field. A file without "spike_history" (an older kiln's) has none. */
-kiln_error *ft_state_format(const kiln_step_ranges *skip, int64_t reject_from, const int64_t *hist_step,
-                            const double *hist_loss, int nhist, char **text, size_t *len);
+/* The loss-spike detector's history across attempts and reruns (src/ft/history.c): the losses the detector accepted,
+ * [step, loss], steps increasing. Two parts:
+ *   - dense: the last `cap` losses (history_keep in supervisor.c), complete from step `from` on: every accepted loss of
+ *     a step >= from (and before the newest) is there;
+ *   - anchors: for older steps, the window (the last `window` accepted losses of steps <= end) of a bounded set of
+ *     steps `end` a rollback may well resume from (history.c says which), each complete from its first step to end.
+ * An attempt that starts at step `first` is judged against the window of losses right before it: ft_hist_seed finds
+ * it, exactly, wherever the parts hold every loss from some step up to first - 1, and nothing otherwise (a resume
+ * step no part covers: the detector starts empty, as a new run's). */
+typedef struct {
+    int64_t end; /* the window of the losses of steps <= end */
+    int n;       /* 1..window */
+    int64_t *step;
+    double *loss;
+} ft_anchor;
+
+typedef struct {
+    int window, cap;             /* --spike-window (an anchor's size); the dense part's size (>= window) */
+    int64_t *step;               /* [cap] the dense part, oldest first */
+    double *loss;
+    int n;
+    int64_t from;                /* the dense part is complete from this step on (INT64_MAX: nothing yet) */
+    ft_anchor *anchor;           /* [nanchor] by end, increasing */
+    int nanchor, anchor_alloc;
+    int64_t anchored;            /* losses held by the anchors, at most ft_hist_budget(cap) */
+} ft_hist;
+
+/* The anchors hold at most FT_ANCHOR_BUDGET times the dense part's losses, at most FT_ANCHOR_BUDGET_MAX losses (64 MB;
+ * still 4 windows of the largest --spike-window) and at most FT_ANCHOR_MAX windows (history.c: which go first). With
+ * the defaults (1024 losses, --spike-window 50) the rule of history.c keeps about 15-55 windows, far within all three;
+ * up to a window of about 500 too; with a window of 1000, 16 of them. */
+#define FT_ANCHOR_BUDGET 16
+#define FT_ANCHOR_BUDGET_MAX ((int64_t)1 << 22)
+#define FT_ANCHOR_MAX 256
+static inline int64_t ft_hist_budget(int cap) {
+    const int64_t b = (int64_t)FT_ANCHOR_BUDGET * cap;
+    return b < FT_ANCHOR_BUDGET_MAX ? b : FT_ANCHOR_BUDGET_MAX;
+}
+
+kiln_error *ft_hist_init(ft_hist *h, int window, int cap);
+void ft_hist_free(ft_hist *h);
+/* A judged step's accepted loss; step after every step held. The oldest dense loss falls out past cap, the windows that
+ * start with it kept as anchors first where the rule wants them. An error (out of memory for an anchor, a step not
+ * after the newest) leaves the history as it was but for that anchor or loss. */
+kiln_error *ft_hist_add(ft_hist *h, int64_t step, double loss);
+/* An attempt's first step: everything of steps >= first and of skipped windows goes (a rolled-back stretch); the
+ * dense part becomes the losses right before first that the parts hold without a gap (up to cap of them), so that its
+ * last `window` are the detector's window. *changed: whether anything went or came (the state file is behind). */
+kiln_error *ft_hist_seed(ft_hist *h, int64_t first, const kiln_step_ranges *skip, int *changed);
+/* The parse's entry points: an anchor (its last `window` losses kept; ends increasing), then the dense losses of a
+ * file (steps increasing; past cap the older ones leave anchors as ft_hist_add would have). */
+kiln_error *ft_hist_put_anchor(ft_hist *h, int64_t end, const int64_t *step, const double *loss, int n);
+kiln_error *ft_hist_load(ft_hist *h, const int64_t *step, const double *loss, int n);
+/* Whether an anchor at step `end` is kept while `newest` is the newest step judged (history.c: the rule). */
+int ft_hist_keeps(int64_t end, int64_t newest);
+
+/* RUN_DIR/ft_state.json (src/ft/state.c). The text (malloc'd, *len bytes): the skip ranges, reject_from, the dense
+ * history ("spike_history") and the anchors ("spike_anchors"), without the losses of skipped windows. The parse:
+ * appends the skip ranges to *skip (initialised by the caller; freed by it on error too), sets *reject_from, and loads
+ * the history into h (ft_hist_init'd and empty; NULL: the history fields are not read); errors name `path` and the
+ * field. A file without "spike_history" or "spike_anchors" (an older kiln's) has none of that part. */
+kiln_error *ft_state_format(const kiln_step_ranges *skip, int64_t reject_from, const ft_hist *h, char **text,
+                            size_t *len);
 kiln_error *ft_state_parse(const char *text, size_t len, const char *path, kiln_step_ranges *skip,
-                           int64_t *reject_from, int64_t *hist_step, double *hist_loss, int cap, int *nhist);
+                           int64_t *reject_from, ft_hist *h);
 
 /* The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' zombie...), 0 when gone. */
 char ft_proc_state(pid_t pid);

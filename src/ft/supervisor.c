@@ -85,13 +85,13 @@ typedef struct {
     int64_t spike_step;         /* last step fed to the spike detector */
     int64_t straggler_step;
     kiln_spike_detector spike;
-    /* the losses the detector has accepted (with --spike-z 0: every finite loss), oldest first, at most hist_cap
-     * (history_keep), kept across attempts and in RUN_DIR/ft_state.json across reruns: a restart or a rerun
-     * continues from the last --spike-window of those before its first step instead of going blind for --spike-min
-     * steps */
-    int64_t *hist_step;
-    double *hist_loss;
-    int nhist, hist_cap, seeded;  /* seeded: this attempt's history was cut to the steps before its first one */
+    /* the losses the detector has accepted (with --spike-z 0: every finite loss): the last history_keep of them and
+     * the windows before older round steps (src/ft/history.c), kept across attempts and in RUN_DIR/ft_state.json
+     * across reruns: a restart or a rerun continues from the --spike-window losses right before its first step
+     * instead of going blind for --spike-min steps, also when it resumes from further back than history_keep */
+    ft_hist hist;                 /* cap 0: none kept */
+    int seeded;                   /* this attempt's history was cut to the steps before its first one */
+    int hist_warned;              /* a failure to keep a loss or a window was told */
     int state_dirty, state_warned; /* ft_state.json is behind (the history, a set-aside applied); a failed write told */
     int state_now;                /* ... and must not wait for the interval (a set-aside applied) */
     double state_saved;           /* monotonic time ft_state.json was last written */
@@ -243,28 +243,37 @@ static int check_nan(attempt_state *a) {
     return 0;
 }
 
+/* The history failed to keep a loss or a window (out of memory): the run goes on, the detector perhaps blind for a
+ * few steps after a later restart; told once. */
+static void hist_warn(attempt_state *a, kiln_error *e) {
+    if (e && !a->hist_warned) fprintf(stderr, "kiln run: warning: %s\n", kiln_error_msg(e));
+    a->hist_warned |= e != NULL;
+    kiln_error_free(e);
+}
+
 /* Before the first step an attempt trains is judged: the history is cut to the steps before it, less those of any
  * skipped window (both belong to a rolled-back stretch: the attempt resumed from a checkpoint before `first`), and the
- * detector rebuilt from what is left. A rerun's first attempt does the same with the history from ft_state.json. */
+ * detector rebuilt from the window right before `first`: the dense part's, or an anchor's when the checkpoint was
+ * further back (ft_hist_seed: only losses held without a gap up to first - 1). A rerun's first attempt does the same
+ * with the history from ft_state.json. */
 static void spike_seed(attempt_state *a, int64_t first) {
-    int k = 0;
-    for (int i = 0; i < a->nhist; i++)
-        if (a->hist_step[i] < first && !kiln_step_ranges_contains(a->skip, a->hist_step[i]))
-            a->hist_step[k] = a->hist_step[i], a->hist_loss[k] = a->hist_loss[i], k++;
-    a->state_dirty |= k != a->nhist;
-    a->nhist = k;
+    int changed = 0;
+    hist_warn(a, ft_hist_seed(&a->hist, first, a->skip, &changed));
+    a->state_dirty |= changed;
     if (a->o->spike_z > 0) {
+        const int k = a->hist.n;
         kiln_spike_reset(&a->spike);
         for (int i = k > a->o->spike_window ? k - a->o->spike_window : 0; i < k; i++)
-            kiln_spike_push(&a->spike, a->hist_loss[i], 0); /* z_max 0: always kept */
+            kiln_spike_push(&a->spike, a->hist.loss[i], 0); /* z_max 0: always kept */
     }
     a->seeded = 1;
 }
 
-/* How many losses the history keeps: more than the detector's window, since a restart resumes from the newest
- * checkpoint, up to run.ckpt_every steps back (200 by default), and its first steps are judged against the window
- * of losses before the checkpoint; a history of --spike-window losses alone was all after it, cut, and the detector
- * went blind for --spike-min steps. 1024, or the window when larger; KILN_FT_HISTORY_KEEP=N (a testing hook). */
+/* How many losses the history's dense part keeps: more than the detector's window, since a restart resumes from the
+ * newest checkpoint, up to run.ckpt_every steps back (200 by default), and its first steps are judged against the
+ * window of losses before the checkpoint; a history of --spike-window losses alone was all after it, cut, and the
+ * detector went blind for --spike-min steps. Checkpoints further back are served by the anchors (history.c). 1024, or
+ * the window when larger; KILN_FT_HISTORY_KEEP=N (a testing hook). */
 #define HISTORY_KEEP 1024
 static int history_keep(int window) {
     const char *v = getenv("KILN_FT_HISTORY_KEEP");
@@ -272,16 +281,11 @@ static int history_keep(int window) {
     return keep > window && keep <= KILN_FT_MAX_SPIKE_WINDOW ? (int)keep : window;
 }
 
-/* A judged step's loss joins the history (the oldest falls out past hist_cap). */
+/* A judged step's loss joins the history (past history_keep the oldest falls out, leaving a window behind where the
+ * rule of history.c wants one). */
 static void hist_add(attempt_state *a, int64_t s, double loss) {
-    if (a->hist_cap <= 0) return;
-    if (a->nhist == a->hist_cap) {
-        memmove(a->hist_step, a->hist_step + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_step);
-        memmove(a->hist_loss, a->hist_loss + 1, (size_t)(a->nhist - 1) * sizeof *a->hist_loss);
-        a->nhist--;
-    }
-    a->hist_step[a->nhist] = s;
-    a->hist_loss[a->nhist++] = loss;
+    if (a->hist.cap <= 0) return;
+    hist_warn(a, ft_hist_add(&a->hist, s, loss));
     a->state_dirty = 1;
 }
 
@@ -314,23 +318,25 @@ static int judge_step(attempt_state *a, int64_t s, double loss, double gn) {
 
 /* RUN_DIR/ft_state.json: what must outlive this supervisor process (a rerun after Ctrl-C, a lost supervisor)
  * and is not in the checkpoints: the data windows to skip, a set-aside from step reject_from that no attempt has
- * applied yet, and the loss-spike detector's history as [step, loss] pairs, oldest first:
- *   {"skip_steps":"12","reject_from":0,"spike_history":[[5,2.31],[6,2.29]]}
+ * applied yet, and the loss-spike detector's history: its dense part as [step, loss] pairs, oldest first, and its
+ * anchors as [end, [[step, loss], ...]] (src/ft/state.c):
+ *   {"skip_steps":"12","reject_from":0,"spike_history":[[5,2.31],[6,2.29]],"spike_anchors":[]}
  * Replaced atomically (kiln_write_file_atomic: temp file, fsync, rename, fsync of the directory). A new skip window
  * and its set-aside are written at once, before the back-off, and a failure stops the supervisor (a rerun would
  * train the bad window again). The set-aside applied (rank 0 of an attempt beat) is written as soon as it is seen,
  * and the history at most every STATE_LAZY_EVERY_S seconds while an attempt runs and at its end: a failed write of
  * those is a warning (a rerun would at worst set aside checkpoints trained anew, or judge its first steps against
- * an older window). The history written is at most hist_cap losses (history_keep), none of a skipped window; a
- * rerun cuts it to the steps before its first one (spike_seed), since it resumes from the newest valid checkpoint,
- * which may be older than the newest steps judged. A file without "spike_history" (an older kiln's) loads with an empty history. */
+ * an older window). The history written is bounded (history_keep losses and the anchors' budget, history.c), none of
+ * a skipped window; a rerun cuts it to the steps before its first one (spike_seed), since it resumes from the newest
+ * valid checkpoint, which may be older than the newest steps judged. A file without "spike_history" or
+ * "spike_anchors" (an older kiln's) loads without that part. */
 #define STATE_FILE "ft_state.json"
 #define STATE_LAZY_EVERY_S 2.0
 
 static kiln_error *state_save(attempt_state *a) {
     char *path = kiln_path_join(a->o->run_dir, STATE_FILE), *text = NULL;
     size_t n = 0;
-    kiln_error *e = path ? ft_state_format(a->skip, a->reject_from, a->hist_step, a->hist_loss, a->nhist, &text, &n)
+    kiln_error *e = path ? ft_state_format(a->skip, a->reject_from, &a->hist, &text, &n)
                          : kiln_errorf(KILN_ENOMEM, "%s", STATE_FILE);
     if (!e) e = kiln_write_file_atomic(path, text, n);
     if (!e) a->state_dirty = a->state_now = 0, a->state_saved = mono();
@@ -358,8 +364,7 @@ static kiln_error *state_load(attempt_state *a, kiln_step_ranges *skip) {
     size_t len = 0;
     if (access(path, F_OK) == 0) {
         e = kiln_read_file(path, &text, &len);
-        if (!e) e = ft_state_parse(text, len, path, skip, &a->reject_from, a->hist_step, a->hist_loss, a->hist_cap,
-                                   &a->nhist);
+        if (!e) e = ft_state_parse(text, len, path, skip, &a->reject_from, &a->hist);
     }
     free(text);
     free(path);
@@ -839,13 +844,9 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
     if (!e && o->spike_z > 0) e = kiln_spike_init(&a.spike, o->spike_window, o->spike_min);
     /* the history is kept with the detector off too (every finite loss), so that a rerun that turns it on is not
      * blind either; a window out of range then means none */
-    a.hist_cap = o->spike_window >= 2 && o->spike_window <= KILN_FT_MAX_SPIKE_WINDOW ? history_keep(o->spike_window)
-                                                                                     : 0;
-    if (!e && a.hist_cap > 0) {
-        a.hist_step = calloc((size_t)a.hist_cap, sizeof *a.hist_step);
-        a.hist_loss = calloc((size_t)a.hist_cap, sizeof *a.hist_loss);
-        if (!a.hist_step || !a.hist_loss) e = kiln_errorf(KILN_ENOMEM, "loss-spike history of %d steps", a.hist_cap);
-    }
+    a.hist.from = INT64_MAX;
+    if (!e && o->spike_window >= 2 && o->spike_window <= KILN_FT_MAX_SPIKE_WINDOW)
+        e = ft_hist_init(&a.hist, o->spike_window, history_keep(o->spike_window));
     /* ranks orphaned by a dying mpirun become our children, so they can still be stopped */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     kiln_step_ranges skip = {0};
@@ -971,8 +972,7 @@ kiln_error *kiln_supervise(const kiln_supervisor_opts *o, int *exit_status) {
         if (a.out_fd[i] > 0) close(a.out_fd[i]);
     kiln_step_ranges_free(&skip);
     kiln_spike_free(&a.spike);
-    free(a.hist_step);
-    free(a.hist_loss);
+    ft_hist_free(&a.hist);
     free(a.hb);
     free(a.have_hb);
     free(a.slow_count);

@@ -686,30 +686,66 @@ static int fuzz_json(const uint8_t *data, size_t size) {
 
 /* ---- kiln run's ft_state.json: parsed, written and parsed again to the same values ---- */
 
+/* A small history (dense part of 64, windows of 8) so that inputs reach the anchors' budget and the dense part's
+ * overflow into anchors. */
+#define FT_HIST_WINDOW 8
 #define FT_HIST_CAP 64
 
 typedef struct {
     kiln_step_ranges skip;
-    int64_t reject, hs[FT_HIST_CAP];
-    double hl[FT_HIST_CAP];
-    int nh;
+    int64_t reject;
+    ft_hist h;
 } ft_state_vals;
 
 /* 1 parsed, 0 refused (with a message), -1 an invariant broken */
 static int ft_state_read(const char *T, const char *text, size_t len, ft_state_vals *v) {
-    v->reject = -1, v->nh = -1;
-    kiln_error *e = ft_state_parse(text, len, "ft_state.json", &v->skip, &v->reject, v->hs, v->hl, FT_HIST_CAP, &v->nh);
+    v->reject = -1;
+    kiln_error *e = ft_hist_init(&v->h, FT_HIST_WINDOW, FT_HIST_CAP);
     if (e) return drop(T, e) ? -1 : 0;
-    if (v->reject < 0 || v->nh < 0 || v->nh > FT_HIST_CAP)
-        return fail(T, "reject_from %lld, %d history entries", (long long)v->reject, v->nh);
-    for (int i = 0; i < v->nh; i++)
-        if (v->hs[i] < 1 || (i && v->hs[i] <= v->hs[i - 1]) || !isfinite(v->hl[i]))
-            return fail(T, "history entry %d: step %lld, loss %g", i, (long long)v->hs[i], v->hl[i]);
+    e = ft_state_parse(text, len, "ft_state.json", &v->skip, &v->reject, &v->h);
+    if (e) return drop(T, e) ? -1 : 0;
+    const ft_hist *h = &v->h;
+    if (v->reject < 0 || h->n < 0 || h->n > FT_HIST_CAP || (h->n && h->from > h->step[0]))
+        return fail(T, "reject_from %lld, %d history entries, complete from %lld", (long long)v->reject, h->n,
+                    (long long)h->from);
+    for (int i = 0; i < h->n; i++)
+        if (h->step[i] < 1 || (i && h->step[i] <= h->step[i - 1]) || !isfinite(h->loss[i]))
+            return fail(T, "history entry %d: step %lld, loss %g", i, (long long)h->step[i], h->loss[i]);
+    int64_t held = 0;
+    if (h->nanchor > FT_ANCHOR_MAX) return fail(T, "%d anchors", h->nanchor);
+    for (int i = 0; i < h->nanchor; i++) {
+        const ft_anchor *an = &h->anchor[i];
+        if ((i && an->end <= h->anchor[i - 1].end) || an->n < 1 || an->n > FT_HIST_WINDOW || an->step[an->n - 1] > an->end)
+            return fail(T, "anchor %d: end %lld, %d losses", i, (long long)an->end, an->n);
+        for (int j = 0; j < an->n; j++)
+            if (an->step[j] < 1 || (j && an->step[j] <= an->step[j - 1]) || !isfinite(an->loss[j]))
+                return fail(T, "anchor %d, entry %d: step %lld, loss %g", i, j, (long long)an->step[j], an->loss[j]);
+        held += an->n;
+    }
+    if (held != h->anchored || held > ft_hist_budget(FT_HIST_CAP))
+        return fail(T, "the anchors hold %lld losses, counted %lld", (long long)held, (long long)h->anchored);
     return 1;
 }
 
-/* The text written from what was read reads back as the same values: the skip windows, reject_from, and every
- * history entry outside a skipped window (those are left out on purpose), bit for bit. */
+/* b's step/loss[0..nb) are a's [0..na) less the steps of skipped windows, bit for bit (0), or a message (-1) */
+static int ft_same_pairs(const char *T, const char *what, const kiln_step_ranges *skip, const int64_t *as,
+                         const double *al, int na, const int64_t *bs, const double *bl, int nb, const char *text,
+                         size_t n) {
+    int k = 0;
+    for (int i = 0; i < na; i++) {
+        if (kiln_step_ranges_contains(skip, as[i])) continue;
+        if (k >= nb || bs[k] != as[i] || memcmp(&bl[k], &al[i], sizeof(double)))
+            return fail(T, "%s entry [%lld, %.17g] read back as entry %d of %d:\n%.*s", what, (long long)as[i], al[i], k,
+                        nb, (int)n, text);
+        k++;
+    }
+    if (k != nb) return fail(T, "%s: %d entries read back as %d", what, k, nb);
+    return 0;
+}
+
+/* The text written from what was read reads back as the same values: the skip windows, reject_from, every entry of
+ * the dense history outside a skipped window (those are left out on purpose), and every anchor with a loss outside
+ * them, bit for bit. */
 static int fuzz_ft_state(const uint8_t *data, size_t size) {
     const char *T = "ft_state";
     ft_state_vals a = {0}, b = {0};
@@ -717,7 +753,7 @@ static int fuzz_ft_state(const uint8_t *data, size_t size) {
     size_t n = 0;
     int rc = ft_state_read(T, (const char *)data, size, &a);
     if (rc == 1) {
-        kiln_error *e = ft_state_format(&a.skip, a.reject, a.hs, a.hl, a.nh, &text, &n);
+        kiln_error *e = ft_state_format(&a.skip, a.reject, &a.h, &text, &n);
         if (e) {
             rc = fail(T, "a parsed state does not format: %s", kiln_error_msg(e));
             kiln_error_free(e);
@@ -729,22 +765,31 @@ static int fuzz_ft_state(const uint8_t *data, size_t size) {
     }
     if (rc == 1) {
         char *sa = kiln_step_ranges_text(&a.skip), *sb = kiln_step_ranges_text(&b.skip);
-        int k = 0;
         rc = 0;
         if (!sa || !sb || strcmp(sa, sb) || a.reject != b.reject)
             rc = fail(T, "skip '%s' / reject_from %lld read back as '%s' / %lld", sa ? sa : "?", (long long)a.reject,
                       sb ? sb : "?", (long long)b.reject);
-        for (int i = 0; !rc && i < a.nh; i++) {
-            if (kiln_step_ranges_contains(&a.skip, a.hs[i])) continue;
-            if (k >= b.nh || b.hs[k] != a.hs[i] || memcmp(&b.hl[k], &a.hl[i], sizeof(double)))
-                rc = fail(T, "history entry [%lld, %.17g] read back as entry %d of %d:\n%.*s", (long long)a.hs[i], a.hl[i],
-                          k, b.nh, (int)n, text);
+        if (!rc)
+            rc = ft_same_pairs(T, "history", &a.skip, a.h.step, a.h.loss, a.h.n, b.h.step, b.h.loss, b.h.n, text, n);
+        int k = 0;
+        for (int i = 0; !rc && i < a.h.nanchor; i++) {
+            const ft_anchor *x = &a.h.anchor[i];
+            int left = 0;
+            for (int j = 0; j < x->n; j++) left += !kiln_step_ranges_contains(&a.skip, x->step[j]);
+            if (!left) continue; /* a window all skipped is not written */
+            if (k >= b.h.nanchor || b.h.anchor[k].end != x->end)
+                rc = fail(T, "the anchor at step %lld read back as anchor %d of %d:\n%.*s", (long long)x->end, k,
+                          b.h.nanchor, (int)n, text);
+            else
+                rc = ft_same_pairs(T, "anchor", &a.skip, x->step, x->loss, x->n, b.h.anchor[k].step, b.h.anchor[k].loss,
+                                   b.h.anchor[k].n, text, n);
             k++;
         }
-        if (!rc && k != b.nh) rc = fail(T, "%d history entries read back as %d", k, b.nh);
+        if (!rc && k != b.h.nanchor) rc = fail(T, "%d anchors read back as %d", k, b.h.nanchor);
         free(sa), free(sb);
     }
     kiln_step_ranges_free(&a.skip), kiln_step_ranges_free(&b.skip);
+    ft_hist_free(&a.h), ft_hist_free(&b.h);
     free(text);
     return rc < 0 ? -1 : 0;
 }
