@@ -139,6 +139,39 @@ TEST(ft_step_log_truncated_last_line) {
     CHECK(ft_step_log_read(test_join(dir, "none"), 0, rec, 8) == -1); /* no log */
 }
 
+/* The trainer's checkpoint lines [attempt,step,"ckpt"] among the step lines: read in order, as checkpoint records
+ * (loss and norm NaN), each ending where its line does; anything else of three elements, or a "ckpt" where a step
+ * line's loss is, is malformed and skipped. An older reader (four elements wanted) skips them: three elements. */
+TEST(ft_step_log_ckpt_lines) {
+    const char *dir = test_tmpdir();
+    const char *text = "[1,6,2.5,1]\n"
+                       "[1,6,\"ckpt\"]\n"
+                       "[1,7,\"ckpt\",1]\n"   /* four elements: a step line with a string for its loss */
+                       "[1,0,\"ckpt\"]\n"     /* step 0: no checkpoint */
+                       "[1,7,\"CKPT\"]\n"
+                       "[1,7,\"nan\"]\n"
+                       "[1.5,7,\"ckpt\"]\n"
+                       "[1,7,\"ckpt\",\"ckpt\"]\n"
+                       "{\"ckpt\":7}\n"
+                       "[2,7,2.25,\"nan\"]\n"
+                       "[2,1234,\"ckpt\"]\n";
+    CHECK_OK(kiln_write_file_atomic(test_join(dir, "steps_00000.jsonl"), text, strlen(text)));
+    ft_step_rec rec[16];
+    const int n = ft_step_log_read(dir, 0, rec, 16);
+    CHECK_MSG(n == 4, "%d records", n);
+    if (n != 4) return;
+    CHECK(!rec[0].ckpt && rec[0].attempt == 1 && rec[0].step == 6 && rec[0].loss == 2.5 && rec[0].grad_norm == 1);
+    CHECK(rec[1].ckpt && rec[1].attempt == 1 && rec[1].step == 6 && isnan(rec[1].loss) && isnan(rec[1].grad_norm));
+    CHECK(!rec[2].ckpt && rec[2].attempt == 2 && rec[2].step == 7 && rec[2].loss == 2.25 && isnan(rec[2].grad_norm));
+    CHECK(rec[3].ckpt && rec[3].attempt == 2 && rec[3].step == 1234);
+    CHECK(rec[0].end == 12 && rec[1].end == 12 + 13 && rec[3].end == (long)strlen(text));
+    /* from the offset of a checkpoint record on: what follows it */
+    CHECK(ft_step_log_read(dir, rec[1].end, rec, 16) == 2 && !rec[0].ckpt && rec[0].step == 7 && rec[1].ckpt);
+    cJSON *a = cJSON_Parse("[1,6,\"ckpt\"]");
+    CHECK(cJSON_GetArraySize(a) == 3); /* what an older reader's four-element rule skips */
+    cJSON_Delete(a);
+}
+
 /* The errors kiln run retries before any step however often they repeat: transient errnos, by symbol or message */
 static int transient_is(const char *text, const char *want) {
     const char *got = ft_transient_errno(text);
@@ -354,6 +387,196 @@ TEST(ft_state_spike_anchors) {
         CHECK_ERR(ft_state_parse(t, strlen(t), "ft_state.json", &skip, &reject, &b), bad[i].err);
         ft_hist_free(&b);
     }
+    kiln_step_ranges_free(&skip);
+}
+
+/* The number of anchors marked ckpt, and whether they are exactly the newest `want` of ends[0..n) (increasing) */
+static int fh_ckpts_are(const ft_hist *h, const int64_t *ends, int n, int want) {
+    int k = 0, ok = 1;
+    for (int i = 0; i < h->nanchor; i++)
+        if (h->anchor[i].ckpt) ok &= k < want && h->anchor[i].end == ends[n - want + k], k++;
+    return ok && k == want;
+}
+
+/* The checkpoints the trainer reports (ft_hist_ckpt): the window before each, from the dense part, at any step, round
+ * or not; the newest FT_ANCHOR_CKPT_KEEP of them kept whatever their depth (older ones only where the round-step rule
+ * keeps them); a report again of the same step, or of one the dense part holds nothing up to, adds nothing; a rollback
+ * past one drops it; a budget too small for them all keeps the newest, after dropping every other anchor. */
+TEST(ft_spike_history_ckpt_anchors) {
+    ft_hist h;
+    /* a checkpoint of step 11 (not round), then 29 more steps: the resume from it, 29 steps behind the newest with a
+     * dense part of 5, finds exactly the window 8-11; without the report nothing holds step 11 (blind) */
+    for (int report = 0; report <= 1; report++) {
+        fh_fill(&h, 4, 5, 11);
+        int added = -1;
+        if (report) CHECK_OK(ft_hist_ckpt(&h, 11, &added));
+        CHECK(added == (report ? 1 : -1));
+        for (int64_t s = 12; s <= 40; s++) CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+        const int k = fh_seed(&h, 12, &(kiln_step_ranges){0});
+        CHECK_MSG(k == (report ? 4 : 0), "%s: seeded at step 12: %d losses", report ? "reported" : "not reported", k);
+        ft_hist_free(&h);
+    }
+    /* the same, reported twice, and a report of a skipped step (its window: the losses up to the step before it) */
+    kiln_step_ranges skip = {0};
+    CHECK_OK(kiln_step_ranges_parse("23", &skip));
+    CHECK_OK(ft_hist_init(&h, 4, 5));
+    for (int64_t s = 1; s <= 40; s++) {
+        if (s != 23) CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+        if (s == 11 || s == 23) CHECK_OK(ft_hist_ckpt(&h, s, NULL));
+        if (s == 11) CHECK_OK(ft_hist_ckpt(&h, s, NULL));
+    }
+    int n11 = 0, n23 = 0;
+    for (int i = 0; i < h.nanchor; i++) {
+        n11 += h.anchor[i].end == 11 && h.anchor[i].ckpt && h.anchor[i].n == 4 && h.anchor[i].step[0] == 8;
+        n23 += h.anchor[i].end == 23 && h.anchor[i].ckpt && h.anchor[i].n == 4 && h.anchor[i].step[3] == 22;
+    }
+    CHECK_MSG(n11 == 1 && n23 == 1, "the checkpoints' anchors at 11 and 23: %d, %d", n11, n23);
+    CHECK(fh_seed(&h, 24, &skip) == 4);
+    /* the attempt from 24 goes on, then a rollback to step 11 (the checkpoint of 23 set aside): 23's anchor goes with
+     * the stretch, 11's stays and serves */
+    for (int64_t s = 24; s <= 60; s++) CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+    CHECK(fh_seed(&h, 12, &skip) == 4);
+    int left = 0;
+    for (int i = 0; i < h.nanchor; i++) left += h.anchor[i].ckpt;
+    CHECK_MSG(left == 1 && h.anchor[h.nanchor - 1].end == 11, "%d checkpoints' anchors after the rollback", left);
+    ft_hist_free(&h);
+    kiln_step_ranges_free(&skip);
+    /* nothing held up to the step: no anchor */
+    CHECK_OK(ft_hist_init(&h, 4, 5));
+    int added = -1;
+    CHECK_OK(ft_hist_ckpt(&h, 9, &added));
+    CHECK(added == 0 && h.nanchor == 0);
+    CHECK_OK(ft_hist_add(&h, 10, 1));
+    CHECK_OK(ft_hist_ckpt(&h, 9, &added));
+    CHECK(added == 0 && h.nanchor == 0);
+    ft_hist_free(&h);
+
+    /* 45 checkpoints, every 7 steps (7, 14, ..., 315), a dense part of 16, windows of 4 (a budget of 64 windows): the
+     * newest 32 stay, the older ones only where the round-step rule keeps them (none that far back: 35, 70 and 84 are
+     * round, out of their reach); a resume from each kept one, read back from ft_state.json, finds its window */
+    int64_t ends[45];
+    for (int i = 0; i < 45; i++) ends[i] = 7 * (i + 1);
+    CHECK_OK(ft_hist_init(&h, 4, 16));
+    for (int64_t s = 1, c = 0; s <= 320; s++) {
+        CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+        if (c < 45 && s == ends[c]) CHECK_OK(ft_hist_ckpt(&h, ends[c++], NULL));
+    }
+    CHECK_MSG(fh_ckpts_are(&h, ends, 45, FT_ANCHOR_CKPT_KEEP), "the checkpoints' anchors are not the newest 32");
+    CHECK(h.anchored <= ft_hist_budget(h.cap) && h.nanchor <= FT_ANCHOR_MAX);
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(ft_state_format(&(kiln_step_ranges){0}, 0, &h, &text, &len));
+    ft_hist_free(&h);
+    for (int i = 0; i < 45; i++) {
+        kiln_step_ranges sk = {0};
+        int64_t reject = 0;
+        CHECK_OK(ft_hist_init(&h, 4, 16));
+        CHECK_OK(ft_state_parse(text, len, "ft_state.json", &sk, &reject, &h));
+        const int k = fh_seed(&h, ends[i] + 1, &sk);
+        const int want = i >= 45 - FT_ANCHOR_CKPT_KEEP ? 4 : 0;
+        CHECK_MSG(k == want, "resumed from the checkpoint of step %lld: %d losses, want %d", (long long)ends[i], k, want);
+        ft_hist_free(&h);
+        kiln_step_ranges_free(&sk);
+    }
+    free(text);
+    /* a budget for 20 windows (window 8, dense part 10: 160 losses): the 45 checkpoints' anchors leave no room for
+     * others, and the newest 20 of them stay */
+    CHECK_OK(ft_hist_init(&h, 8, 10));
+    for (int64_t s = 1, c = 0; s <= 320; s++) {
+        CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+        if (c < 45 && s == ends[c]) CHECK_OK(ft_hist_ckpt(&h, ends[c++], NULL));
+    }
+    CHECK_MSG(h.anchored <= ft_hist_budget(h.cap) && fh_ckpts_are(&h, ends, 45, 20) && h.nanchor == 20,
+              "%d anchors holding %lld losses (a budget of %lld)", h.nanchor, (long long)h.anchored,
+              (long long)ft_hist_budget(h.cap));
+    ft_hist_free(&h);
+    /* a checkpoint's anchor past the newest 32 stays while the round-step rule keeps it: step 1000, not 999 */
+    CHECK_OK(ft_hist_init(&h, 4, 16));
+    for (int64_t s = 1; s <= 1100; s++) {
+        CHECK_OK(ft_hist_add(&h, s, fh_loss(s)));
+        if (s == 999 || s == 1000 || (s > 1000 && s % 3 == 0)) CHECK_OK(ft_hist_ckpt(&h, s, NULL));
+    }
+    int a999 = 0, a1000 = 0, nck = 0;
+    for (int i = 0; i < h.nanchor; i++) {
+        a999 += h.anchor[i].end == 999, a1000 += h.anchor[i].end == 1000 && h.anchor[i].ckpt;
+        nck += h.anchor[i].ckpt;
+    }
+    CHECK_MSG(a999 == 0 && a1000 == 1 && nck == FT_ANCHOR_CKPT_KEEP + 1, "999: %d, 1000: %d, %d checkpoints' anchors",
+              a999, a1000, nck);
+    ft_hist_free(&h);
+}
+
+/* ft_state.json's "spike_checkpoints": which anchors are checkpoints', written and read back (a checkpoint whose window
+ * is all skipped is written in neither field); a file of the previous format (anchors, no "spike_checkpoints") loads,
+ * its anchors kept by the round-step rule alone; a malformed list, or a checkpoint that is no anchor's end, is an error
+ * naming the file, the field and the entry. */
+TEST(ft_state_spike_checkpoints) {
+    ft_hist a, b;
+    CHECK_OK(ft_hist_init(&a, 4, 5));
+    for (int64_t s = 1; s <= 40; s++) {
+        CHECK_OK(ft_hist_add(&a, s, fh_loss(s)));
+        if (s == 11 || s == 23 || s == 30) CHECK_OK(ft_hist_ckpt(&a, s, NULL));
+    }
+    for (int with_skip = 0; with_skip <= 1; with_skip++) {
+        kiln_step_ranges skip = {0};
+        if (with_skip) CHECK_OK(kiln_step_ranges_parse("8-11", &skip)); /* the window of 11, all of it */
+        char *text = NULL;
+        size_t len = 0;
+        int64_t reject = -1;
+        CHECK_OK(ft_state_format(&skip, 0, &a, &text, &len));
+        const char *want = with_skip ? "\"spike_checkpoints\":[23,30]}" : "\"spike_checkpoints\":[11,23,30]}";
+        CHECK_MSG(text && strstr(text, want), "%s", text ? text : "");
+        kiln_step_ranges sk = {0};
+        CHECK_OK(ft_hist_init(&b, 4, 5));
+        CHECK_OK(ft_state_parse(text, len, "ft_state.json", &sk, &reject, &b));
+        int same = 1, k = 0;
+        for (int i = 0; i < a.nanchor && same; i++) {
+            if (with_skip && a.anchor[i].end == 11) continue;
+            same = k < b.nanchor && b.anchor[k].end == a.anchor[i].end && b.anchor[k].ckpt == a.anchor[i].ckpt;
+            k++;
+        }
+        CHECK_MSG(same && k == b.nanchor, "read back: %d anchors (wrote %d)\n%s", b.nanchor, a.nanchor, text);
+        CHECK(fh_seed(&b, 24, &sk) == 4);
+        free(text);
+        ft_hist_free(&b);
+        kiln_step_ranges_free(&skip);
+        kiln_step_ranges_free(&sk);
+    }
+    ft_hist_free(&a);
+    /* the previous format: the anchor of step 11 is not a checkpoint's, and step 11 not round, so at step 40 it goes */
+    const char *prev = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_history\":[[36,5],[37,5],[38,5],[39,5],[40,5]],"
+                       "\"spike_anchors\":[[11,[[8,5],[9,5],[10,5],[11,5]]],[40,[[37,5],[38,5],[39,5],[40,5]]]]}";
+    kiln_step_ranges skip = {0};
+    int64_t reject = -1;
+    CHECK_OK(ft_hist_init(&b, 4, 5));
+    CHECK_OK(ft_state_parse(prev, strlen(prev), "ft_state.json", &skip, &reject, &b));
+    CHECK_MSG(b.nanchor == 1 && b.anchor[0].end == 40 && !b.anchor[0].ckpt && b.n == 5, "%d anchors", b.nanchor);
+    ft_hist_free(&b);
+    static const struct {
+        const char *ckpts, *err;
+    } bad[] = {
+        {"[7]", "ft_state.json: field 'spike_checkpoints': entry 0: step 7 is not the end of an anchor in 'spike_anchors'"},
+        {"[5,9,12]", "ft_state.json: field 'spike_checkpoints': entry 2: step 12 is not the end of an anchor"},
+        {"[9,5]", "ft_state.json: field 'spike_checkpoints': entry 1: step 5 after step 9 (steps must increase)"},
+        {"[5,5]", "field 'spike_checkpoints': entry 1: step 5 after step 5"},
+        {"[0]", "ft_state.json: field 'spike_checkpoints': entry 0 is not a step >= 1"},
+        {"[5,\"9\"]", "field 'spike_checkpoints': entry 1 is not a step >= 1"},
+        {"[5,9.5]", "field 'spike_checkpoints': entry 1 is not a step >= 1"},
+        {"{}", "spike_checkpoints"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char t[512];
+        snprintf(t, sizeof t, "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_anchors\":[[5,[[4,1],[5,1]]],"
+                 "[9,[[8,1],[9,1]]]],\"spike_checkpoints\":%s}", bad[i].ckpts);
+        CHECK_OK(ft_hist_init(&b, 4, 5));
+        CHECK_ERR(ft_state_parse(t, strlen(t), "ft_state.json", &skip, &reject, &b), bad[i].err);
+        ft_hist_free(&b);
+    }
+    const char *none = "{\"skip_steps\":\"\",\"reject_from\":0,\"spike_checkpoints\":[3]}";
+    CHECK_OK(ft_hist_init(&b, 4, 5));
+    CHECK_ERR(ft_state_parse(none, strlen(none), "ft_state.json", &skip, &reject, &b),
+              "field 'spike_checkpoints': entry 0: step 3 is not the end of an anchor in 'spike_anchors'");
+    ft_hist_free(&b);
     kiln_step_ranges_free(&skip);
 }
 
@@ -704,6 +927,57 @@ TEST(ft_hb_writer_close_flushes) {
     hb_log_check(dir, 7);
     CHECK_MSG(close_s > 0.1, "close returned after %.3f s: it did not wait for the write", close_s);
     CHECK_OK(kiln_heartbeat_writer_close(NULL));
+}
+
+/* Checkpoint lines through the writer (a slow file system: 2 ms a write): each right after the line of its step, in
+ * post order with the step lines, none lost or doubled, also for a checkpoint of a skipped step (after the line of
+ * the step before it); counted as lines; the caller never waits for a write (flush does). */
+TEST(ft_hb_writer_ckpt_lines) {
+    const char *dir = test_tmpdir();
+    kiln_heartbeat_writer *w = NULL;
+    CHECK_OK(kiln_heartbeat_writer_open(dir, &w));
+    if (!w) return;
+    ft_heartbeat_writer_set_delay(w, 2);
+    kiln_heartbeat h = {0};
+    const int64_t N = 400;
+    int64_t nck = 0, nsteps = 0;
+    for (int64_t s = 1; s <= N; s++) {
+        const int skipped = s % 100 == 50;
+        hb_fill(&h, 0, s, skipped ? "skip" : "train");
+        CHECK_OK(kiln_heartbeat_writer_post(w, &h));
+        nsteps += !skipped;
+        if (s % 7 == 0 || skipped) {
+            CHECK_OK(kiln_heartbeat_writer_checkpoint(w, 3, s));
+            nck++;
+        }
+        if (s % 53 == 0) usleep(3000);
+    }
+    CHECK_OK(kiln_heartbeat_writer_flush(w));
+    int64_t lines = 0;
+    ft_heartbeat_writer_counts(w, NULL, &lines, NULL);
+    CHECK_OK(kiln_heartbeat_writer_close(w));
+    static ft_step_rec rec[1024];
+    const int n = ft_step_log_read(dir, 0, rec, 1024);
+    CHECK_MSG(n == nsteps + nck && lines == n, "%d records, %lld lines written, want %lld", n, (long long)lines,
+              (long long)(nsteps + nck));
+    int64_t want = 1, last = 0, bad = 0;
+    for (int i = 0; i < n && !bad; i++) {
+        if (rec[i].ckpt) { /* right after its step's line, or after the line before a skipped step */
+            bad = rec[i].attempt != 3 || (rec[i].step != last && !(rec[i].step == last + 1 && last % 100 == 49)) ||
+                  (rec[i].step % 7 && rec[i].step % 100 != 50);
+            CHECK_MSG(!bad, "record %d: the checkpoint of step %lld after step %lld", i, (long long)rec[i].step,
+                      (long long)last);
+            continue;
+        }
+        if (want % 100 == 50) want++;
+        bad = rec[i].step != want || rec[i].attempt != 3 || rec[i].loss != 1000.0 + (double)want;
+        CHECK_MSG(!bad, "record %d: step %lld, want %lld", i, (long long)rec[i].step, (long long)want);
+        last = want++;
+    }
+    /* every checkpoint posted is there: one record a multiple of 7 or skipped step */
+    int64_t seen = 0;
+    for (int i = 0; i < n; i++) seen += rec[i].ckpt;
+    CHECK(seen == nck);
 }
 
 /* An error of a background write is not lost: it comes back, naming the file and the step, from the next post (or

@@ -1,10 +1,11 @@
 /* kiln run's supervisor, one rank launched directly (no mpirun needed): the rejection of checkpoints
  * trained on a bad window outlives an attempt that fails before applying it, the skip windows outlive
  * the supervisor process, the spike detector is not blind after a restart, after a rerun (its history in
- * ft_state.json) nor between two polls of fast steps, Ctrl-C's grace, and the rule that stops retrying a failure that
- * repeats before any step unless its error is a transient one; the trainer's heartbeats written by a background
- * thread: every step in the log and the last beat on disk at exit, with a slow writer too, and a failed write
- * stopping the trainer. */
+ * ft_state.json), after a rollback further back than its dense history (to a checkpoint of any step: the trainer's
+ * checkpoint lines) nor between two polls of fast steps, Ctrl-C's grace, and the rule that stops retrying a failure
+ * that repeats before any step unless its error is a transient one; the trainer's heartbeats written by a background
+ * thread: every step (and checkpoint) in the log and the last beat on disk at exit, with a slow writer too, and a
+ * failed write stopping the trainer. */
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -601,29 +602,155 @@ TEST(ft_sup_spike_after_a_checkpoint_past_the_history) {
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 11\n%s", text);
 }
 
+/* ---- a resume further back than the dense history from a checkpoint of a step that is not round: the trainer's
+ * checkpoint lines ---- */
+
+/* The reference for these: `steps` steps of the tiny model told to skip `skip`, run plainly. */
+static void sup_reference_steps(const char *ref, int64_t steps, const char *skip) {
+    char extra[128], args[2048];
+    snprintf(extra, sizeof extra, "\"ckpt_every\": 1000, \"skip_steps\": \"%s\"", skip);
+    snprintf(args, sizeof args, "train --config '%s' --quiet", ck_config(ck_data(), ref, steps, 1, 32, extra));
+    CHECK(ck_kiln(args) == 0);
+}
+
+/* RUN_DIR/ft_state.json's "spike_checkpoints" holds `step` */
+static int sup_state_has_ckpt(const char *run_dir, int64_t step) {
+    cJSON *o = NULL;
+    kiln_error *e = kiln_json_parse_file(test_join(run_dir, "ft_state.json"), &o);
+    kiln_error_free(e);
+    const cJSON *it;
+    int found = 0;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(o, "spike_checkpoints")) found |= it->valuedouble == (double)step;
+    cJSON_Delete(o);
+    return found;
+}
+
+/* kiln run's options for these: the dense history 5 losses (KILN_FT_HISTORY_KEEP in the command's environment), the
+ * window 3: the round-step rule holds no window before step 11 once the newest judged step is 20 (12's, the only round
+ * one of 11-13, reaches 8 steps) */
+#define SUP_CKPT_OPTS "--backoff 0.05 --spike-min 3 --spike-window 3 --spike-z 8"
+
+/* The real trainer, a checkpoint every 11 steps: killed at step 22 (as it begins, before that step's checkpoint), kiln
+ * run resumes from step 11, 10 steps behind the newest judged (21). The dense losses (17-21) are all after it, and no
+ * round step's window holds step 11; the trainer's step log told of the checkpoint of step 11, and the window before
+ * it (9-11) was kept, so the spike at step 12, the first step of attempt 2, is seen. Without it the detector started
+ * empty there, blind for --spike-min steps, and attempt 2 finished with the spike trained in. */
+TEST(ft_sup_spike_after_an_unround_checkpoint_past_the_history) {
+    const char *ref = test_tmpdir(), *out = test_tmpdir();
+    sup_reference_steps(ref, 24, "12");
+    const char *cfg = ck_config(ck_data(), out, 24, 1, 32, "\"ckpt_every\": 11, \"keep_last\": 100, \"ckpt_busy\": \"wait\"");
+    char cmd[4096], text[32768];
+    snprintf(cmd, sizeof cmd,
+             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=kill:step=22,spike:step=12:attempt=2 '%s' run --run-dir '%s' " SUP_CKPT_OPTS
+             " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
+    int rc = test_run_shell(cmd, text, sizeof text);
+    char *log = ck_incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":12,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12\n%s", text);
+}
+
+/* A deferred save: checkpoints due every 2 steps on a slow disk (KILN_FAULT slow-save, each written in 9 steps: no
+ * timing), so the save of step 2 commits at step 11 and the one due at step 10 is taken there, at step 11; it commits at
+ * step 20, whose own save is still being written when the rank is killed at step 21. kiln run resumes from step 11, 9
+ * behind the newest judged (20), and the spike at step 12 is seen: the checkpoint line told of step 11. Every
+ * checkpoint is kept (run.keep_last 100): attempt 2 saves every 2 steps until the supervisor stops it, and with a
+ * few kept, step 11's went before the set-aside of those after step 12 left nothing to resume from. */
+TEST(ft_sup_spike_after_a_deferred_checkpoint_past_the_history) {
+    const char *ref = test_tmpdir(), *out = test_tmpdir();
+    sup_reference_steps(ref, 24, "12");
+    const char *cfg = ck_config(ck_data(), out, 24, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 100");
+    char cmd[4096], text[32768];
+    snprintf(cmd, sizeof cmd,
+             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=slow-save:step=1:ms=0:steps=9,kill:step=21,spike:step=12:attempt=2 '%s' "
+             "run --run-dir '%s' " SUP_CKPT_OPTS " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
+    int rc = test_run_shell(cmd, text, sizeof text);
+    char *log = ck_incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":12,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    /* the checkpoint of step 11 was the deferred one (metrics.jsonl keeps the records up to the resume step) */
+    char *metrics = NULL;
+    size_t len = 0;
+    CHECK_OK(kiln_read_file(test_join(out, "metrics.jsonl"), &metrics, &len));
+    CHECK_MSG(metrics && strstr(metrics, "{\"step\":11,") && strstr(metrics, "\"ckpt_deferred_from\":10,"), "%s\n%s",
+              metrics ? metrics : "", text);
+    free(metrics);
+    CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12\n%s", text);
+}
+
+/* A stop save (--stop-after 11: Ctrl-C's path, at a set step) ends a first kiln run; its ft_state.json keeps the
+ * window before the checkpoint of step 11 as a checkpoint's. The same command run again resumes from it, trains to a
+ * spike at step 22 and rolls back to step 11 (no checkpoint in between: run.ckpt_every 1000), 10 steps behind the
+ * newest judged: the spike at step 12 is seen, from the window kept across the two supervisors. */
+TEST(ft_sup_spike_after_a_stop_checkpoint_in_the_state_file) {
+    const char *ref = test_tmpdir(), *out = test_tmpdir();
+    sup_reference_steps(ref, 24, "12,22");
+    const char *cfg = ck_config(ck_data(), out, 24, 1, 32, "\"ckpt_every\": 1000, \"keep_last\": 100, \"ckpt_busy\": \"wait\"");
+    char cmd[4096], text[32768];
+    snprintf(cmd, sizeof cmd, "KILN_FT_HISTORY_KEEP=5 '%s' run --run-dir '%s' " SUP_CKPT_OPTS " -- kiln train --config "
+             "'%s' --quiet --stop-after 11 2>&1", KILN_BINARY, out, cfg);
+    int rc = test_run_shell(cmd, text, sizeof text);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 1 attempt") && sup_exists(out, "ckpt/step_00000011/COMMITTED"),
+              "rc %d\n%s", rc, text);
+    CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
+    snprintf(cmd, sizeof cmd,
+             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=spike:step=22,spike:step=12:attempt=2 '%s' run --run-dir '%s' "
+             SUP_CKPT_OPTS " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
+    rc = test_run_shell(cmd, text, sizeof text);
+    char *log = ck_incidents(out);
+    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":22,") &&
+                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":12,"), "rc %d\n%s\n%s", rc, text, log);
+    free(log);
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip steps 12 and 22\n%s", text);
+}
+
 /* ---- the trainer's heartbeats, written by a background thread (kiln_heartbeat_writer) ---- */
 
 /* hb's step log is steps from..to of `attempt` (from = 0: whatever the first), each once and in order, but for the
- * steps in skip[0..nskip); *first: the first step. Failures are reported; returns 1 when it is so. */
+ * steps in skip[0..nskip), with the checkpoints' records each right after its step's (or, for a skipped step, after
+ * the step before it); *first: the first step; *nckpt, *last_ckpt (may be NULL): how many checkpoint records, the step
+ * of the last one (0: none). Failures are reported; returns 1 when it is so. */
 static int sup_log_is(const char *hb, int attempt, int64_t from, int64_t to, const int64_t *skip, int nskip,
-                      int64_t *first) {
+                      int64_t *first, int *nckpt, int64_t *last_ckpt) {
     const int cap = 100000;
     ft_step_rec *rec = malloc((size_t)cap * sizeof *rec);
     if (!rec) return 0;
-    int n = ft_step_log_read(hb, 0, rec, cap), ok = n > 0;
-    int64_t want = n > 0 ? (from ? from : rec[0].step) : 0;
+    int n = ft_step_log_read(hb, 0, rec, cap), ok = n > 0, nck = 0;
+    int64_t want = 0, last = 0, ck = 0;
+    for (int i = 0; i < n && !want; i++)
+        if (!rec[i].ckpt) want = from ? from : rec[i].step;
     if (first) *first = want;
-    for (int i = 0; i < n && ok; i++, want++) {
+    for (int i = 0; i < n && ok; i++) {
+        if (rec[i].ckpt) {
+            int skipped = rec[i].step > last; /* every step after the last one logged up to it was skipped */
+            for (int64_t st = last + 1; st <= rec[i].step && skipped; st++) {
+                int sk = 0;
+                for (int k = 0; k < nskip; k++) sk |= st == skip[k];
+                skipped = sk;
+            }
+            ok = rec[i].attempt == attempt && (rec[i].step == last || skipped);
+            CHECK_MSG(ok, "%s: record %d is the checkpoint of step %lld of attempt %d, after step %lld", hb, i,
+                      (long long)rec[i].step, rec[i].attempt, (long long)last);
+            nck++, ck = rec[i].step;
+            continue;
+        }
         for (int k = 0; k < nskip; k++)
             if (want == skip[k]) want++;
         ok = rec[i].step == want && rec[i].attempt == attempt;
         CHECK_MSG(ok, "%s: record %d is step %lld of attempt %d, want step %lld of attempt %d", hb, i,
                   (long long)rec[i].step, rec[i].attempt, (long long)want, attempt);
+        last = want++;
     }
-    CHECK_MSG(n > 0 && want - 1 == to, "%s: %d records, the last step %lld, want %lld", hb, n,
-              n > 0 ? (long long)rec[n - 1].step : -1LL, (long long)to);
+    CHECK_MSG(n > 0 && last == to, "%s: %d records, the last step %lld, want %lld", hb, n, (long long)last, (long long)to);
+    if (nckpt) *nckpt = nck;
+    if (last_ckpt) *last_ckpt = ck;
     free(rec);
-    return ok && want - 1 == to;
+    return ok && last == to;
 }
 
 /* A plain `kiln train` with kiln run's KILN_HEARTBEAT_DIR and a slow heartbeat file system (every background write
@@ -637,14 +764,24 @@ TEST(ft_sup_trainer_beats_slow_writer) {
              hb, KILN_BINARY, sup_config(out, NULL));
     int rc = test_run_shell(cmd, text, sizeof text);
     CHECK_MSG(rc == 0, "rc %d\n%s", rc, text);
-    CHECK(sup_log_is(hb, 1, 1, 16, NULL, 0, NULL));
+    int nck = 0;
+    int64_t last_ck = 0;
+    CHECK(sup_log_is(hb, 1, 1, 16, NULL, 0, NULL, &nck, &last_ck));
+    /* the checkpoints every 4 steps (one may be deferred past its step while the previous is written), the last one
+     * the final save's */
+    CHECK_MSG(nck >= 2 && nck <= 4 && last_ck == 16, "%d checkpoint records, the last of step %lld", nck,
+              (long long)last_ck);
     kiln_heartbeat g;
     CHECK_OK(kiln_heartbeat_read(hb, 0, &g));
     CHECK_MSG(g.step == 16 && !strcmp(g.phase, "done") && g.nrecent == 16, "the beat on disk: step %lld, phase %s",
               (long long)g.step, g.phase);
     double loss[16];
-    ft_step_rec rec[16];
-    if (ck_losses(out, loss, 16) == 16 && ft_step_log_read(hb, 0, rec, 16) == 16)
+    ft_step_rec rec[32];
+    const int n = ft_step_log_read(hb, 0, rec, 32);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (!rec[i].ckpt) rec[k++] = rec[i];
+    if (ck_losses(out, loss, 16) == 16 && k == 16)
         for (int i = 0; i < 16; i++)
             CHECK_MSG(fabs(rec[i].loss - loss[i]) <= 1e-5 * fabs(loss[i]), "step %d: loss %.9g in the log, %.9g in "
                       "metrics.jsonl", i + 1, rec[i].loss, loss[i]);
@@ -665,7 +802,11 @@ TEST(ft_sup_trainer_beats_on_ctrl_c) {
     kiln_heartbeat g;
     CHECK_OK(kiln_heartbeat_read(hb, 0, &g));
     CHECK_MSG(g.step > 1 && !strcmp(g.phase, "train"), "the beat on disk: step %lld, phase %s", (long long)g.step, g.phase);
-    CHECK(sup_log_is(hb, 1, 1, g.step, NULL, 0, NULL));
+    int nck = 0;
+    int64_t last_ck = 0;
+    CHECK(sup_log_is(hb, 1, 1, g.step, NULL, 0, NULL, &nck, &last_ck));
+    CHECK_MSG(nck == 1 && last_ck == g.step, "%d checkpoint records, the last of step %lld (the Ctrl-C save's: %lld)",
+              nck, (long long)last_ck, (long long)g.step);
     char ck[64];
     snprintf(ck, sizeof ck, "ckpt/step_%08lld/COMMITTED", (long long)g.step);
     CHECK_MSG(sup_exists(out, ck), "no committed checkpoint of step %lld, the last beat's", (long long)g.step);
@@ -730,7 +871,7 @@ TEST(ft_sup_slow_heartbeat_writer) {
     const int64_t skip[] = {500, 900};
     int64_t first = 0;
     const char *hb = test_join(out, "heartbeat");
-    CHECK(sup_log_is(hb, 3, 0, 1200, skip, 2, &first));
+    CHECK(sup_log_is(hb, 3, 0, 1200, skip, 2, &first, NULL, NULL));
     CHECK_MSG(first > 500 && first <= 900, "the last attempt's first step %lld (want one after 500, before 900)\n%s",
               (long long)first, text);
     kiln_heartbeat g;

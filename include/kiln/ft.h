@@ -119,6 +119,10 @@ char *kiln_heartbeat_path(const char *dir, int rank);
  *   - an error of a background write (naming the file and the step) is returned by the next post, flush or close,
  *     once; the writer then writes nothing more (a later beat must not get ahead of a missing line) and every later
  *     post or flush fails too;
+ *   - checkpoint() (rank 0, as the save of step `step` starts) appends the line [attempt,step,"ckpt"] to the step
+ *     log the same way: queued after every line posted before it (the step's own), written by the thread, the caller
+ *     only waiting where post() would (1024 lines pending); the supervisor keeps the window of losses before it
+ *     (src/ft/history.c). A reader from before these lines skips them (not four elements);
  *   - flush() waits until everything posted so far is written; close() writes everything posted, ends the thread and
  *     frees the writer (NULL: nothing), returning an error not returned yet. Call it before the process exits.
  * If no thread can be started, post() writes synchronously. The environment variable KILN_HEARTBEAT_DELAY_MS (a
@@ -126,6 +130,7 @@ char *kiln_heartbeat_path(const char *dir, int rank);
 typedef struct kiln_heartbeat_writer kiln_heartbeat_writer;
 kiln_error *kiln_heartbeat_writer_open(const char *dir, kiln_heartbeat_writer **out);
 kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_heartbeat *h);
+kiln_error *kiln_heartbeat_writer_checkpoint(kiln_heartbeat_writer *w, int attempt, int64_t step);
 kiln_error *kiln_heartbeat_writer_flush(kiln_heartbeat_writer *w);
 kiln_error *kiln_heartbeat_writer_close(kiln_heartbeat_writer *w);
 

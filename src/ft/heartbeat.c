@@ -64,6 +64,12 @@ static int step_line(char *buf, size_t cap, int attempt, int64_t step, double lo
     return snprintf(buf, cap, "[%d,%lld,%s,%s]\n", attempt, (long long)step, l, g);
 }
 
+/* The checkpoint line "[attempt,step,\"ckpt\"]\n": three elements, so that a reader from before it (which wants four)
+ * skips it as malformed; the string where a loss is cannot be taken for one. */
+static int ckpt_line(char *buf, size_t cap, int attempt, int64_t step) {
+    return snprintf(buf, cap, "[%d,%lld,\"ckpt\"]\n", attempt, (long long)step);
+}
+
 /* n bytes of complete lines appended to dir/steps_00000.jsonl with one write() (O_APPEND). The supervisor reads the
  * complete lines only (ft_step_log_read: a last line without its newline is left for the next read, so a write cut
  * short by a crash or a full disk is never judged).
@@ -148,7 +154,8 @@ kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
 /* ---- the background writer (kiln run's trainer) ----
  *
  * One thread per writer. post() only copies: the step's record joins a queue of step-log lines (FIFO, bounded: a
- * poster waits while HB_QUEUE lines are pending, a writer that far behind is a file system that stalls) and the beat
+ * poster waits while HB_QUEUE lines are pending, a writer that far behind is a file system that stalls; checkpoint()
+ * queues a checkpoint's line the same way, so it is written after its step's) and the beat
  * replaces the one in the "newest beat" slot (beats not yet taken are coalesced: only the newest matters). The thread
  * takes everything pending under the lock, in one go, then appends the lines (one write()) and then replaces the beat
  * file: a beat's own line was posted with it or before it, so it is in the log before the beat is on disk. A post
@@ -158,7 +165,7 @@ kiln_error *kiln_heartbeat_write(const char *dir, const kiln_heartbeat *h) {
 #define HB_QUEUE 1024
 
 typedef struct {
-    int attempt;
+    int attempt, ckpt; /* ckpt: the checkpoint line of step (kiln_heartbeat_writer_checkpoint) */
     int64_t step;
     double loss, grad_norm;
 } hb_line;
@@ -194,8 +201,9 @@ static kiln_error *write_batch(kiln_heartbeat_writer *w, int nl, int have_beat) 
     if (nl) {
         int n = 0;
         for (int i = 0; i < nl; i++)
-            n += step_line(w->linebuf + n, LINE_CAP, w->lines[i].attempt, w->lines[i].step, w->lines[i].loss,
-                           w->lines[i].grad_norm);
+            n += w->lines[i].ckpt ? ckpt_line(w->linebuf + n, LINE_CAP, w->lines[i].attempt, w->lines[i].step)
+                                  : step_line(w->linebuf + n, LINE_CAP, w->lines[i].attempt, w->lines[i].step,
+                                              w->lines[i].loss, w->lines[i].grad_norm);
         kiln_error *e = step_log_append(w->dir, w->linebuf, n);
         if (e) {
             if (nl == 1) return kiln_error_wrap(e, "step log line of step %lld, written in the background",
@@ -304,13 +312,36 @@ kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_hear
     }
     if (line) {
         hb_line *l = &w->q[(w->qhead + w->qn++) % HB_QUEUE];
-        l->attempt = h->attempt, l->step = h->step;
+        l->attempt = h->attempt, l->step = h->step, l->ckpt = 0;
         l->loss = h->recent[h->nrecent - 1].loss, l->grad_norm = h->recent[h->nrecent - 1].grad_norm;
     }
     w->beat = *h, w->have_beat = 1;
     w->posted++;
     pthread_mutex_unlock(&w->mu);
     pthread_cond_signal(&w->work); /* after the unlock: the thread does not wake into a held mutex */
+    return NULL;
+}
+
+kiln_error *kiln_heartbeat_writer_checkpoint(kiln_heartbeat_writer *w, int attempt, int64_t step) {
+    if (!w->threaded) { /* as post without a thread: written here */
+        if (w->delay_ms > 0) sleep_ms(w->delay_ms);
+        char line[LINE_CAP];
+        kiln_error *e = step_log_append(w->dir, line, ckpt_line(line, sizeof line, attempt, step));
+        w->posted++, w->finished++, w->nbatches++, w->nlines += !e;
+        return e ? kiln_error_wrap(e, "step log line of the checkpoint of step %lld", (long long)step) : NULL;
+    }
+    pthread_mutex_lock(&w->mu);
+    while (w->qn == HB_QUEUE && !w->failed) pthread_cond_wait(&w->done, &w->mu); /* far behind: wait */
+    if (w->failed) {
+        kiln_error *e = take_error(w);
+        pthread_mutex_unlock(&w->mu);
+        return e;
+    }
+    hb_line *l = &w->q[(w->qhead + w->qn++) % HB_QUEUE]; /* after every line posted before it: its step's too */
+    l->attempt = attempt, l->step = step, l->ckpt = 1, l->loss = l->grad_norm = NAN;
+    w->posted++;
+    pthread_mutex_unlock(&w->mu);
+    pthread_cond_signal(&w->work);
     return NULL;
 }
 
@@ -431,9 +462,14 @@ int ft_step_log_read(const char *dir, long off, ft_step_rec *out, int cap) {
         cJSON *a = cJSON_Parse(line);
         int64_t att = 0;
         ft_step_rec *r = &out[n];
-        if (cJSON_IsArray(a) && cJSON_GetArraySize(a) == 4 && kiln_json_int_value(cJSON_GetArrayItem(a, 0), &att) &&
-            kiln_json_int_value(cJSON_GetArrayItem(a, 1), &r->step) && num_of(cJSON_GetArrayItem(a, 2), &r->loss) &&
-            num_of(cJSON_GetArrayItem(a, 3), &r->grad_norm)) {
+        const int size = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+        const cJSON *third = size == 3 ? cJSON_GetArrayItem(a, 2) : NULL;
+        r->ckpt = third && cJSON_IsString(third) && !strcmp(third->valuestring, "ckpt");
+        if ((size == 4 || r->ckpt) && kiln_json_int_value(cJSON_GetArrayItem(a, 0), &att) &&
+            kiln_json_int_value(cJSON_GetArrayItem(a, 1), &r->step) &&
+            (r->ckpt ? r->step >= 1 : num_of(cJSON_GetArrayItem(a, 2), &r->loss) &&
+                                          num_of(cJSON_GetArrayItem(a, 3), &r->grad_norm))) {
+            if (r->ckpt) r->loss = r->grad_norm = NAN;
             r->attempt = (int)att;
             r->end = off;
             n++;

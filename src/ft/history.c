@@ -7,10 +7,26 @@
  * after a spike; an invalid newest one): then every dense loss is after the resume step, cut, and without anchors the
  * detector was blind for --spike-min steps. Keeping every loss would make memory and ft_state.json grow with the run.
  *
- * Which steps: the supervisor does not know the checkpoints' steps ahead of a resume (the training command is opaque
- * to it: the config, its out_dir and its schedule are the trainer's; no beat or step-log line tells of a save), so it
- * keeps the windows before the steps checkpoint schedules are made of, round numbers, and keeps rounder ones longer:
- * an anchor at step A stays while
+ * Which steps, first: the checkpoints. The trainer (rank 0, kiln_heartbeat_writer_checkpoint) reports each checkpoint
+ * it takes, of step S, as a step-log line after step S's own, whatever made it (run.ckpt_every, a save deferred to S
+ * while the previous one was still being written, a Ctrl-C or SIGTERM save, the last step's). On reading it the
+ * supervisor keeps the window of the last `window` losses of steps <= S from the dense part (ft_hist_ckpt), marked
+ * ckpt: a resume from that checkpoint finds exactly its window, at any depth. The checkpoint rule keeps the newest
+ * FT_ANCHOR_CKPT_KEEP = 32 of them, whatever their step: only the newest checkpoints can be resumed from, since the
+ * trainer deletes all but its newest run.keep_last valid ones (2 by default; a handful is common) after each commit,
+ * and a resume takes the newest valid one left, or one before a set-aside window; the newer ones of a timeline rolled
+ * back past go with it (ft_hist_seed). 32 covers any run.keep_last up to 32 (a save that failed after its line
+ * counts too: at most one per attempt, since the trainer stops on it) at 32 windows, 1600 losses with the defaults,
+ * a tenth of the budget. With a --spike-window above the dense part's half (near 1000) the budget holds fewer: there
+ * they go after every other anchor, oldest first (prune).
+ *
+ * Then the round steps, for the checkpoints no line told of: those of a trainer from before checkpoint lines (or any
+ * other training command writing the step log), in an ft_state.json from before them, and the rare save whose line
+ * the supervisor did not keep (one before any step of its attempt was judged, all of them skipped; one read less
+ * than a poll before the supervisor was lost). There the supervisor does not know the checkpoints' steps ahead of a resume (the
+ * training command is opaque to it: the config, its out_dir and its schedule are the trainer's), so it keeps the
+ * windows before the steps checkpoint schedules are made of, round numbers, and keeps rounder ones longer: an anchor
+ * at step A stays while
  *     newest - A < FT_ANCHOR_REACH x round(A),
  * round(A) the largest of 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, ... (1, 2, 2.5 and 5 times a power of ten) that
  * divides A, newest the newest step judged. With run.ckpt_every one of those numbers, the windows before its last
@@ -19,8 +35,9 @@
  * rounder step is kept proportionally longer. The number kept grows with the log of the step: about 27 windows at
  * step 10^6 and 53 at 10^9 (beyond the dense part of 1024), within the budget (ft_internal.h: ft_hist_budget losses,
  * FT_ANCHOR_MAX windows; prune says which go first when it binds, as with a --spike-window near 1000). A resume step
- * of no such form further back than the dense part still finds no window, and the detector starts empty there, as
- * before.
+ * of neither kind further back than the dense part (an unreported checkpoint of a step that is not round) still
+ * finds no window, and the detector starts empty there, as before. A checkpoint's anchor at a round step is kept by
+ * either rule.
  *
  * Exactness: each part says from which step on it is complete (the dense part: `from`; an anchor: from its first loss
  * to its end). A window is taken only from parts that together hold every accepted loss from some step L up to
@@ -81,22 +98,39 @@ static void anchor_drop(ft_hist *h, int i) {
     h->nanchor--;
 }
 
-/* The rule at `newest`, then the budget: as if the reach were shorter, the window furthest into its reach
- * ((newest - end) / round(end), the oldest of equals) goes first. That drops the windows of barely round steps next to
- * the dense part (which still holds most of them: a resume there finds a shorter window, not none) before those of
- * the recent round steps a checkpoint schedule is made of. */
-static void prune(ft_hist *h, int64_t newest) {
+/* The end of the oldest anchor the checkpoint rule keeps: that of the FT_ANCHOR_CKPT_KEEP-th newest checkpoint's
+ * (INT64_MIN with fewer: every one). An anchor is the rule's when ckpt and end >= this. */
+static int64_t ckpt_floor(const ft_hist *h) {
+    int k = 0;
     for (int i = h->nanchor - 1; i >= 0; i--)
-        if (!ft_hist_keeps(h->anchor[i].end, newest)) anchor_drop(h, i);
+        if (h->anchor[i].ckpt && ++k == FT_ANCHOR_CKPT_KEEP) return h->anchor[i].end;
+    return INT64_MIN;
+}
+
+/* The rules at `newest` (an anchor stays when either keeps it), then the budget. Within it the checkpoint rule's
+ * anchors go last, the oldest first (known checkpoints over guessed steps). Of the others, as if the reach were
+ * shorter, the window furthest into its reach ((newest - end) / round(end), the oldest of equals) goes first. That
+ * drops the windows of barely round steps next to the dense part (which still holds most of them: a resume there finds
+ * a shorter window, not none) before those of the recent round steps a checkpoint schedule is made of. */
+static void prune(ft_hist *h, int64_t newest) {
+    const int64_t ckpt_from = ckpt_floor(h);
+    for (int i = h->nanchor - 1; i >= 0; i--)
+        if (!(h->anchor[i].ckpt && h->anchor[i].end >= ckpt_from) && !ft_hist_keeps(h->anchor[i].end, newest))
+            anchor_drop(h, i);
     while (h->nanchor > 0 && (h->nanchor > FT_ANCHOR_MAX || h->anchored > ft_hist_budget(h->cap))) {
-        int worst = 0;
+        const int64_t kept_from = ckpt_floor(h);
+        int worst = -1, oldest_ckpt = -1;
         double worst_r = -1;
         for (int i = 0; i < h->nanchor; i++) {
             const int64_t end = h->anchor[i].end;
+            if (h->anchor[i].ckpt && end >= kept_from) {
+                if (oldest_ckpt < 0) oldest_ckpt = i;
+                continue;
+            }
             const double r = newest > end ? (double)(newest - end) / (double)round_of(end) : 0;
             if (r > worst_r) worst = i, worst_r = r;
         }
-        anchor_drop(h, worst);
+        anchor_drop(h, worst >= 0 ? worst : oldest_ckpt);
     }
 }
 
@@ -106,7 +140,8 @@ static int64_t newest_of(const ft_hist *h) {
     return t;
 }
 
-/* A new anchor at `end` holding step/loss[0..n) (n >= 1), in order of end; one there already stays. */
+/* A new anchor at `end` holding step/loss[0..n) (n >= 1), in order of end, not a checkpoint's; one there already
+ * stays. */
 static kiln_error *anchor_insert(ft_hist *h, int64_t end, const int64_t *step, const double *loss, int n) {
     int at = h->nanchor;
     while (at > 0 && h->anchor[at - 1].end >= end) at--;
@@ -121,7 +156,7 @@ static kiln_error *anchor_insert(ft_hist *h, int64_t end, const int64_t *step, c
     if (!block) return kiln_errorf(KILN_ENOMEM, "loss-spike history: the window before step %lld", (long long)end);
     memmove(h->anchor + at + 1, h->anchor + at, (size_t)(h->nanchor - at) * sizeof *h->anchor);
     ft_anchor *a = &h->anchor[at];
-    a->end = end, a->n = n, a->step = block, a->loss = (double *)(block + n);
+    a->end = end, a->n = n, a->ckpt = 0, a->step = block, a->loss = (double *)(block + n);
     memcpy(a->step, step, (size_t)n * sizeof *step);
     memcpy(a->loss, loss, (size_t)n * sizeof *loss);
     h->nanchor++;
@@ -269,12 +304,49 @@ kiln_error *ft_hist_seed(ft_hist *h, int64_t first, const kiln_step_ranges *skip
     return NULL;
 }
 
-kiln_error *ft_hist_put_anchor(ft_hist *h, int64_t end, const int64_t *step, const double *loss, int n) {
+/* The index of the anchor at `end`, or -1 */
+static int anchor_at(const ft_hist *h, int64_t end) {
+    int l = 0, r = h->nanchor;
+    while (l < r) {
+        const int mid = l + (r - l) / 2;
+        if (h->anchor[mid].end < end) l = mid + 1;
+        else r = mid;
+    }
+    return l < h->nanchor && h->anchor[l].end == end ? l : -1;
+}
+
+kiln_error *ft_hist_ckpt(ft_hist *h, int64_t end, int *added) {
+    if (added) *added = 0;
+    if (h->cap <= 0 || end < 1) return NULL;
+    int l = 0, r = h->n; /* the last dense loss of a step <= end: step[l - 1] */
+    while (l < r) {
+        const int mid = l + (r - l) / 2;
+        if (h->step[mid] <= end) l = mid + 1;
+        else r = mid;
+    }
+    const int j = l - 1;
+    int i0 = j - h->window + 1 > 0 ? j - h->window + 1 : 0;
+    while (i0 <= j && h->step[i0] < h->from) i0++; /* only what the dense part holds whole (all of it, as kept) */
+    int at = anchor_at(h, end);
+    if (j >= i0 && (at < 0 || h->anchor[at].n <= j - i0 + 1)) {
+        if (at >= 0) anchor_drop(h, at); /* the same losses, or fewer of them: the dense part's window */
+        KILN_TRY(anchor_insert(h, end, h->step + i0, h->loss + i0, j - i0 + 1));
+        at = anchor_at(h, end);
+    }
+    if (at < 0) return NULL; /* no loss held up to end: no window known whole */
+    h->anchor[at].ckpt = 1;
+    prune(h, newest_of(h)); /* the 33rd newest checkpoint's anchor now stays only if round; the budget */
+    if (added) *added = anchor_at(h, end) >= 0;
+    return NULL;
+}
+
+kiln_error *ft_hist_put_anchor(ft_hist *h, int64_t end, const int64_t *step, const double *loss, int n, int ckpt) {
     if (h->cap <= 0) return NULL;
     if (n < 1 || end < 1 || (h->nanchor && end <= h->anchor[h->nanchor - 1].end))
         return kiln_errorf(KILN_EINVAL, "loss-spike history: the window before step %lld", (long long)end);
     const int keep = n < h->window ? n : h->window;
     KILN_TRY(anchor_insert(h, end, step + n - keep, loss + n - keep, keep));
+    h->anchor[h->nanchor - 1].ckpt = ckpt != 0;
     prune(h, newest_of(h)); /* the budget: a file of many windows is not all held at once */
     return NULL;
 }

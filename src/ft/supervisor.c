@@ -86,9 +86,10 @@ typedef struct {
     int64_t straggler_step;
     kiln_spike_detector spike;
     /* the losses the detector has accepted (with --spike-z 0: every finite loss): the last history_keep of them and
-     * the windows before older round steps (src/ft/history.c), kept across attempts and in RUN_DIR/ft_state.json
-     * across reruns: a restart or a rerun continues from the --spike-window losses right before its first step
-     * instead of going blind for --spike-min steps, also when it resumes from further back than history_keep */
+     * the windows before the checkpoints rank 0 reported and before older round steps (src/ft/history.c), kept across
+     * attempts and in RUN_DIR/ft_state.json across reruns: a restart or a rerun continues from the --spike-window
+     * losses right before its first step instead of going blind for --spike-min steps, also when it resumes from
+     * further back than history_keep */
     ft_hist hist;                 /* cap 0: none kept */
     int seeded;                   /* this attempt's history was cut to the steps before its first one */
     int hist_warned;              /* a failure to keep a loss or a window was told */
@@ -272,7 +273,8 @@ static void spike_seed(attempt_state *a, int64_t first) {
 /* How many losses the history's dense part keeps: more than the detector's window, since a restart resumes from the
  * newest checkpoint, up to run.ckpt_every steps back (200 by default), and its first steps are judged against the
  * window of losses before the checkpoint; a history of --spike-window losses alone was all after it, cut, and the
- * detector went blind for --spike-min steps. Checkpoints further back are served by the anchors (history.c). 1024, or
+ * detector went blind for --spike-min steps. Checkpoints further back are served by the anchors (history.c: the
+ * windows before the checkpoints the trainer reported, and before round steps). 1024, or
  * the window when larger; KILN_FT_HISTORY_KEEP=N (a testing hook). */
 #define HISTORY_KEEP 1024
 static int history_keep(int window) {
@@ -287,6 +289,19 @@ static void hist_add(attempt_state *a, int64_t s, double loss) {
     if (a->hist.cap <= 0) return;
     hist_warn(a, ft_hist_add(&a->hist, s, loss));
     a->state_dirty = 1;
+}
+
+/* Rank 0 took the checkpoint of step s (its step-log line, read after the lines of every step up to s, all judged): the
+ * window of the losses before it becomes a checkpoint's anchor (ft_hist_ckpt), so that a resume from that checkpoint,
+ * however far back, is judged from its first step; ft_state.json is written at the next poll, so that a rerun after a
+ * lost supervisor finds it too. Not before this attempt's first step is judged (every step since its resume skipped):
+ * the history may still hold a rolled-back stretch after the resume step, which the supervisor does not know; that
+ * checkpoint gets no window of its own (a round step's anchor may still serve). */
+static void ckpt_seen(attempt_state *a, int64_t s) {
+    if (a->hist.cap <= 0 || !a->seeded) return;
+    int added = 0;
+    hist_warn(a, ft_hist_ckpt(&a->hist, s, &added));
+    if (added) a->state_dirty = a->state_now = 1;
 }
 
 /* One trained step's global loss and gradient norm: 1 when it ends the attempt (NaN, spike), -1 when a NaN
@@ -318,18 +333,19 @@ static int judge_step(attempt_state *a, int64_t s, double loss, double gn) {
 
 /* RUN_DIR/ft_state.json: what must outlive this supervisor process (a rerun after Ctrl-C, a lost supervisor)
  * and is not in the checkpoints: the data windows to skip, a set-aside from step reject_from that no attempt has
- * applied yet, and the loss-spike detector's history: its dense part as [step, loss] pairs, oldest first, and its
- * anchors as [end, [[step, loss], ...]] (src/ft/state.c):
- *   {"skip_steps":"12","reject_from":0,"spike_history":[[5,2.31],[6,2.29]],"spike_anchors":[]}
+ * applied yet, and the loss-spike detector's history: its dense part as [step, loss] pairs, oldest first, its
+ * anchors as [end, [[step, loss], ...]] and the ends of the checkpoints' among them (src/ft/state.c):
+ *   {"skip_steps":"12","reject_from":0,"spike_history":[[5,2.31],[6,2.29]],"spike_anchors":[],"spike_checkpoints":[]}
  * Replaced atomically (kiln_write_file_atomic: temp file, fsync, rename, fsync of the directory). A new skip window
  * and its set-aside are written at once, before the back-off, and a failure stops the supervisor (a rerun would
- * train the bad window again). The set-aside applied (rank 0 of an attempt beat) is written as soon as it is seen,
- * and the history at most every STATE_LAZY_EVERY_S seconds while an attempt runs and at its end: a failed write of
+ * train the bad window again). The set-aside applied (rank 0 of an attempt beat) and a checkpoint's new anchor are
+ * written as soon as they are seen (at the next poll), and the rest of the history at most every STATE_LAZY_EVERY_S
+ * seconds while an attempt runs and at its end: a failed write of
  * those is a warning (a rerun would at worst set aside checkpoints trained anew, or judge its first steps against
  * an older window). The history written is bounded (history_keep losses and the anchors' budget, history.c), none of
  * a skipped window; a rerun cuts it to the steps before its first one (spike_seed), since it resumes from the newest
- * valid checkpoint, which may be older than the newest steps judged. A file without "spike_history" or
- * "spike_anchors" (an older kiln's) loads without that part. */
+ * valid checkpoint, which may be older than the newest steps judged. A file without "spike_history",
+ * "spike_anchors" or "spike_checkpoints" (an older kiln's) loads without that part. */
 #define STATE_FILE "ft_state.json"
 #define STATE_LAZY_EVERY_S 2.0
 
@@ -394,13 +410,16 @@ static int poll_heartbeats(attempt_state *a) {
     if (check_nan(a)) return 1;
     /* every step trained since the last poll, from rank 0's step log (the loss and norm are global, the same on
      * every rank): a beat lists only the last KILN_HB_RECENT steps, and more than that can pass between two polls
-     * of fast steps. The log is written before the beat, so it holds every step a beat reports. */
+     * of fast steps. The log is written before the beat, so it holds every step a beat reports; and the checkpoints
+     * taken, each after its step */
     ft_step_rec rec[256];
     int n;
     while ((n = ft_step_log_read(a->hb_dir, a->log_off, rec, 256)) > 0) {
         a->have_log = 1;
         for (int i = 0; i < n; i++) {
-            int j = rec[i].attempt == a->attempt ? judge_step(a, rec[i].step, rec[i].loss, rec[i].grad_norm) : 0;
+            int j = 0;
+            if (rec[i].attempt == a->attempt && rec[i].ckpt) ckpt_seen(a, rec[i].step);
+            else if (rec[i].attempt == a->attempt) j = judge_step(a, rec[i].step, rec[i].loss, rec[i].grad_norm);
             if (j < 0) return 0;
             a->log_off = rec[i].end;
             if (j > 0) return 1;

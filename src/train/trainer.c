@@ -817,7 +817,10 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             if (due.deferred_from && comm->rank == 0)
                 kiln_log(KILN_LOG_DEBUG, "checkpoint deferred from step %lld taken at step %lld", (long long)due.deferred_from,
                          (long long)step);
-            e = beat_flush(&t);
+            /* kiln run: rank 0's step log tells of this checkpoint (after step's own line; the flush below writes both
+             * before the checkpoint can exist), so that the supervisor keeps the window of losses before it */
+            if (t.hbw && comm->rank == 0) e = kiln_heartbeat_writer_checkpoint(t.hbw, t.ft.attempt, step);
+            if (!e) e = beat_flush(&t);
             if (!e) e = gather_loader_states(&t, comm);
             ckpt_view v = view_of(&t, c, step, tokens);
             if (!e) e = kiln_ft_fault_before_save(&t.ft, comm->rank, step);

@@ -724,6 +724,17 @@ static int ft_state_read(const char *T, const char *text, size_t len, ft_state_v
     }
     if (held != h->anchored || held > ft_hist_budget(FT_HIST_CAP))
         return fail(T, "the anchors hold %lld losses, counted %lld", (long long)held, (long long)h->anchored);
+    /* every anchor is one of the rules': a checkpoint's among the newest FT_ANCHOR_CKPT_KEEP of those, or a round
+     * step's within its reach of the newest step held */
+    int64_t newest = h->n ? h->step[h->n - 1] : 0;
+    if (h->nanchor && h->anchor[h->nanchor - 1].end > newest) newest = h->anchor[h->nanchor - 1].end;
+    for (int i = h->nanchor - 1, ck = 0; i >= 0; i--) {
+        const int mine = h->anchor[i].ckpt && ck < FT_ANCHOR_CKPT_KEEP;
+        ck += h->anchor[i].ckpt;
+        if (!mine && !ft_hist_keeps(h->anchor[i].end, newest))
+            return fail(T, "anchor %d (step %lld%s) kept by no rule at step %lld", i, (long long)h->anchor[i].end,
+                        h->anchor[i].ckpt ? ", a checkpoint's" : "", (long long)newest);
+    }
     return 1;
 }
 
@@ -745,7 +756,7 @@ static int ft_same_pairs(const char *T, const char *what, const kiln_step_ranges
 
 /* The text written from what was read reads back as the same values: the skip windows, reject_from, every entry of
  * the dense history outside a skipped window (those are left out on purpose), and every anchor with a loss outside
- * them, bit for bit. */
+ * them, bit for bit, a checkpoint's as one. */
 static int fuzz_ft_state(const uint8_t *data, size_t size) {
     const char *T = "ft_state";
     ft_state_vals a = {0}, b = {0};
@@ -777,9 +788,9 @@ static int fuzz_ft_state(const uint8_t *data, size_t size) {
             int left = 0;
             for (int j = 0; j < x->n; j++) left += !kiln_step_ranges_contains(&a.skip, x->step[j]);
             if (!left) continue; /* a window all skipped is not written */
-            if (k >= b.h.nanchor || b.h.anchor[k].end != x->end)
-                rc = fail(T, "the anchor at step %lld read back as anchor %d of %d:\n%.*s", (long long)x->end, k,
-                          b.h.nanchor, (int)n, text);
+            if (k >= b.h.nanchor || b.h.anchor[k].end != x->end || b.h.anchor[k].ckpt != x->ckpt)
+                rc = fail(T, "the anchor at step %lld%s read back as anchor %d of %d:\n%.*s", (long long)x->end,
+                          x->ckpt ? " (a checkpoint's)" : "", k, b.h.nanchor, (int)n, text);
             else
                 rc = ft_same_pairs(T, "anchor", &a.skip, x->step, x->loss, x->n, b.h.anchor[k].step, b.h.anchor[k].loss,
                                    b.h.anchor[k].n, text, n);
