@@ -582,6 +582,21 @@ TEST(ft_sup_spike_history_anchors_in_state_file) {
     unsetenv("KILN_FT_HISTORY_KEEP");
 }
 
+/* Runs cmd (a kiln run command line), which must finish after 3 attempts having reported a loss spike at each of
+ * steps[0..n); text[cap] gets its output. */
+static void sup_sees_spikes(const char *cmd, const char *out, const int64_t *steps, int n, char *text, size_t cap) {
+    const int rc = test_run_shell(cmd, text, cap);
+    char *log = ck_incidents(out);
+    int seen = rc == 0 && strstr(text, "finished after 3 attempts") != NULL;
+    for (int i = 0; i < n && seen; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":%lld,", (long long)steps[i]);
+        seen = log && strstr(log, want);
+    }
+    CHECK_MSG(seen, "rc %d\n%s\n%s", rc, text, log ? log : "");
+    free(log);
+}
+
 /* The real trainer: a checkpoint every 10 steps, the dense history 5 losses, the window 4. Killed at step 16, kiln run
  * resumes from step 10, 5 steps behind the newest judged (15): the dense losses (11-15) are all after it, and the spike
  * at step 11 is judged against the anchor of step 10 (steps 7-10). The run then skips step 11, as the reference does. */
@@ -594,11 +609,8 @@ TEST(ft_sup_spike_after_a_checkpoint_past_the_history) {
              "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=kill:step=16,spike:step=11:attempt=2 '%s' run --run-dir '%s' "
              "--backoff 0.05 --spike-min 3 --spike-window 4 --spike-z 8 -- kiln train --config '%s' --quiet 2>&1",
              KILN_BINARY, out, cfg);
-    int rc = test_run_shell(cmd, text, sizeof text);
-    char *log = ck_incidents(out);
-    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":11,"), "rc %d\n%s\n%s", rc, text, log);
-    free(log);
+    const int64_t spikes[] = {11};
+    sup_sees_spikes(cmd, out, spikes, 1, text, sizeof text);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 11\n%s", text);
 }
 
@@ -643,11 +655,8 @@ TEST(ft_sup_spike_after_an_unround_checkpoint_past_the_history) {
     snprintf(cmd, sizeof cmd,
              "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=kill:step=22,spike:step=12:attempt=2 '%s' run --run-dir '%s' " SUP_CKPT_OPTS
              " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
-    int rc = test_run_shell(cmd, text, sizeof text);
-    char *log = ck_incidents(out);
-    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":12,"), "rc %d\n%s\n%s", rc, text, log);
-    free(log);
+    const int64_t spikes[] = {12};
+    sup_sees_spikes(cmd, out, spikes, 1, text, sizeof text);
     CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12\n%s", text);
 }
@@ -666,11 +675,8 @@ TEST(ft_sup_spike_after_a_deferred_checkpoint_past_the_history) {
     snprintf(cmd, sizeof cmd,
              "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=slow-save:step=1:ms=0:steps=9,kill:step=21,spike:step=12:attempt=2 '%s' "
              "run --run-dir '%s' " SUP_CKPT_OPTS " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
-    int rc = test_run_shell(cmd, text, sizeof text);
-    char *log = ck_incidents(out);
-    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":12,"), "rc %d\n%s\n%s", rc, text, log);
-    free(log);
+    const int64_t spikes[] = {12};
+    sup_sees_spikes(cmd, out, spikes, 1, text, sizeof text);
     /* the checkpoint of step 11 was the deferred one (metrics.jsonl keeps the records up to the resume step) */
     char *metrics = NULL;
     size_t len = 0;
@@ -700,12 +706,8 @@ TEST(ft_sup_spike_after_a_stop_checkpoint_in_the_state_file) {
     snprintf(cmd, sizeof cmd,
              "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=spike:step=22,spike:step=12:attempt=2 '%s' run --run-dir '%s' "
              SUP_CKPT_OPTS " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
-    rc = test_run_shell(cmd, text, sizeof text);
-    char *log = ck_incidents(out);
-    CHECK_MSG(rc == 0 && strstr(text, "finished after 3 attempts") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":22,") &&
-                  strstr(log, "\"kind\":\"loss-spike\",\"rank\":null,\"step\":12,"), "rc %d\n%s\n%s", rc, text, log);
-    free(log);
+    const int64_t spikes[] = {22, 12};
+    sup_sees_spikes(cmd, out, spikes, 2, text, sizeof text);
     CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip steps 12 and 22\n%s", text);
 }
 
