@@ -295,14 +295,10 @@ static kiln_error *take_error(kiln_heartbeat_writer *w) {
     return e;
 }
 
-kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_heartbeat *h) {
-    if (!w->threaded) { /* no thread could be started: as kiln_heartbeat_write, with the delay hook */
-        if (w->delay_ms > 0) sleep_ms(w->delay_ms);
-        kiln_error *e = kiln_heartbeat_write(w->dir, h);
-        w->posted++, w->finished++, w->nbatches++, w->nbeats += !e, w->nlines += !e && wants_line(h);
-        return e;
-    }
-    const int line = wants_line(h);
+/* Queue the step-log line *line (NULL: none) behind every line queued before it and make *beat (NULL: none) the
+ * newest beat, for the thread to write; waits while HB_QUEUE lines are pending (a writer that far behind is a file
+ * system that stalls). The threaded path of post() and checkpoint(). */
+static kiln_error *enqueue(kiln_heartbeat_writer *w, const hb_line *line, const kiln_heartbeat *beat) {
     pthread_mutex_lock(&w->mu);
     while (line && w->qn == HB_QUEUE && !w->failed) pthread_cond_wait(&w->done, &w->mu); /* far behind: wait */
     if (w->failed) {
@@ -310,16 +306,25 @@ kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_hear
         pthread_mutex_unlock(&w->mu);
         return e;
     }
-    if (line) {
-        hb_line *l = &w->q[(w->qhead + w->qn++) % HB_QUEUE];
-        l->attempt = h->attempt, l->step = h->step, l->ckpt = 0;
-        l->loss = h->recent[h->nrecent - 1].loss, l->grad_norm = h->recent[h->nrecent - 1].grad_norm;
-    }
-    w->beat = *h, w->have_beat = 1;
+    if (line) w->q[(w->qhead + w->qn++) % HB_QUEUE] = *line;
+    if (beat) w->beat = *beat, w->have_beat = 1;
     w->posted++;
     pthread_mutex_unlock(&w->mu);
     pthread_cond_signal(&w->work); /* after the unlock: the thread does not wake into a held mutex */
     return NULL;
+}
+
+kiln_error *kiln_heartbeat_writer_post(kiln_heartbeat_writer *w, const kiln_heartbeat *h) {
+    if (!w->threaded) { /* no thread could be started: as kiln_heartbeat_write, with the delay hook */
+        if (w->delay_ms > 0) sleep_ms(w->delay_ms);
+        kiln_error *e = kiln_heartbeat_write(w->dir, h);
+        w->posted++, w->finished++, w->nbatches++, w->nbeats += !e, w->nlines += !e && wants_line(h);
+        return e;
+    }
+    if (!wants_line(h)) return enqueue(w, NULL, h);
+    const hb_line l = {.attempt = h->attempt, .step = h->step, .loss = h->recent[h->nrecent - 1].loss,
+                       .grad_norm = h->recent[h->nrecent - 1].grad_norm};
+    return enqueue(w, &l, h);
 }
 
 kiln_error *kiln_heartbeat_writer_checkpoint(kiln_heartbeat_writer *w, int attempt, int64_t step) {
@@ -330,19 +335,9 @@ kiln_error *kiln_heartbeat_writer_checkpoint(kiln_heartbeat_writer *w, int attem
         w->posted++, w->finished++, w->nbatches++, w->nlines += !e;
         return e ? kiln_error_wrap(e, "step log line of the checkpoint of step %lld", (long long)step) : NULL;
     }
-    pthread_mutex_lock(&w->mu);
-    while (w->qn == HB_QUEUE && !w->failed) pthread_cond_wait(&w->done, &w->mu); /* far behind: wait */
-    if (w->failed) {
-        kiln_error *e = take_error(w);
-        pthread_mutex_unlock(&w->mu);
-        return e;
-    }
-    hb_line *l = &w->q[(w->qhead + w->qn++) % HB_QUEUE]; /* after every line posted before it: its step's too */
-    l->attempt = attempt, l->step = step, l->ckpt = 1, l->loss = l->grad_norm = NAN;
-    w->posted++;
-    pthread_mutex_unlock(&w->mu);
-    pthread_cond_signal(&w->work);
-    return NULL;
+    /* after every line posted before it: its step's too */
+    const hb_line l = {.attempt = attempt, .ckpt = 1, .step = step, .loss = NAN, .grad_norm = NAN};
+    return enqueue(w, &l, NULL);
 }
 
 kiln_error *kiln_heartbeat_writer_flush(kiln_heartbeat_writer *w) {
