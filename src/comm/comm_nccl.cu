@@ -342,8 +342,18 @@ static uint64_t gpu_id(int device) {
 
 extern "C" kiln_error *kiln_comm_pick_gpus(kiln_comm *boot, int per_rank, int *dev0) {
     *dev0 = -1;
+    /* the hosts' ids gathered once: the layout comes from them, and so does the shared-GPU check below */
+    uint64_t *host = (uint64_t *)calloc((size_t)boot->size, sizeof *host);
+    uint64_t *gpu = (uint64_t *)calloc((size_t)boot->size, sizeof *gpu);
+    kiln_error *ge = !host || !gpu ? kiln_errorf(KILN_ENOMEM, "GPU check of %d ranks", boot->size) : NULL;
+    if (!ge) ge = kiln_comm_allgather_u64(boot, kiln_host_id(), host);
     kiln_host_layout h;
-    KILN_TRY(kiln_comm_host_layout(boot, &h));
+    if (!ge) ge = kiln_host_layout_of(host, boot->size, boot->rank, &h);
+    if (ge) {
+        free(host);
+        free(gpu);
+        return ge;
+    }
     int ndev = 0, dev = -1;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     kiln_error *e = ce != cudaSuccess ? kiln_errorf(KILN_EIO, "rank %d: no CUDA device: %s", boot->rank,
@@ -355,11 +365,7 @@ extern "C" kiln_error *kiln_comm_pick_gpus(kiln_comm *boot, int per_rank, int *d
     /* every rank must learn whether all can go on: a rank that returns alone would hang the others. The GPU's
      * identity rides along: two ranks of a host on one GPU (a launcher's binding gone wrong) stop here with
      * their numbers, not in NCCL's init ("invalid usage") */
-    uint64_t *host = (uint64_t *)calloc((size_t)boot->size, sizeof *host);
-    uint64_t *gpu = (uint64_t *)calloc((size_t)boot->size, sizeof *gpu);
-    kiln_error *ge = !host || !gpu ? kiln_errorf(KILN_ENOMEM, "GPU check of %d ranks", boot->size) : NULL;
-    if (!ge) ge = kiln_comm_allgather_u64(boot, kiln_host_id(), host);
-    if (!ge) ge = kiln_comm_allgather_u64(boot, e ? 0 : gpu_id(dev), gpu); /* 0: this rank has no GPU */
+    ge = kiln_comm_allgather_u64(boot, e ? 0 : gpu_id(dev), gpu); /* 0: this rank has no GPU */
     int bad_rank = -1, a = -1, b = -1;
     for (int r = 0; !ge && r < boot->size && bad_rank < 0; r++)
         if (!gpu[r]) bad_rank = r;
