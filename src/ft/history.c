@@ -164,6 +164,17 @@ static kiln_error *anchor_insert(ft_hist *h, int64_t end, const int64_t *step, c
     return NULL;
 }
 
+/* How many of the increasing steps st[0..n) are <= m (binary search). */
+static int count_upto(const int64_t *st, int n, int64_t m) {
+    int l = 0, r = n;
+    while (l < r) {
+        const int mid = l + (r - l) / 2;
+        if (st[mid] <= m) l = mid + 1;
+        else r = mid;
+    }
+    return l;
+}
+
 /* The anchors the rule wants at `newest` for the steps A in [lo, hi), their windows taken from st/ls[0..n) (steps
  * increasing, every accepted loss from st[0] on): the last `window` losses of steps <= A. Each level g of the rule
  * has at most FT_ANCHOR_REACH multiples in reach, so this is quick however wide [lo, hi) is (a long skipped window). */
@@ -180,13 +191,7 @@ static kiln_error *capture(ft_hist *h, const int64_t *st, const double *ls, int 
             if ((newest - lo) / FT_ANCHOR_REACH >= g) start = newest - FT_ANCHOR_REACH * g + 1; /* the reach of g */
             if (start >= hi) continue;
             for (int64_t m = start % g ? (start / g + 1) * g : start; m < hi; m += g) {
-                int l = 0, r = n; /* the last loss of a step <= m: st[l - 1] */
-                while (l < r) {
-                    const int mid = l + (r - l) / 2;
-                    if (st[mid] <= m) l = mid + 1;
-                    else r = mid;
-                }
-                const int j = l - 1;
+                const int j = count_upto(st, n, m) - 1; /* the last loss of a step <= m */
                 if (j >= 0) {
                     const int i0 = j - h->window + 1 > 0 ? j - h->window + 1 : 0;
                     kiln_error *e = anchor_insert(h, m, st + i0, ls + i0, j - i0 + 1);
@@ -318,13 +323,7 @@ static int anchor_at(const ft_hist *h, int64_t end) {
 kiln_error *ft_hist_ckpt(ft_hist *h, int64_t end, int *added) {
     if (added) *added = 0;
     if (h->cap <= 0 || end < 1) return NULL;
-    int l = 0, r = h->n; /* the last dense loss of a step <= end: step[l - 1] */
-    while (l < r) {
-        const int mid = l + (r - l) / 2;
-        if (h->step[mid] <= end) l = mid + 1;
-        else r = mid;
-    }
-    const int j = l - 1;
+    const int j = count_upto(h->step, h->n, end) - 1; /* the last dense loss of a step <= end */
     int i0 = j - h->window + 1 > 0 ? j - h->window + 1 : 0;
     while (i0 <= j && h->step[i0] < h->from) i0++; /* only what the dense part holds whole (all of it, as kept) */
     int at = anchor_at(h, end);
