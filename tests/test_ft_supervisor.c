@@ -642,23 +642,33 @@ static int sup_state_has_ckpt(const char *run_dir, int64_t step) {
  * one of 11-13, reaches 8 steps) */
 #define SUP_CKPT_OPTS "--backoff 0.05 --spike-min 3 --spike-window 3 --spike-z 8"
 
+/* The real trainer, 24 steps with the config's extra fields `extra` under KILN_FAULT=`faults` (a rank killed after the
+ * checkpoint of step 11 and a spike at step 12 in attempt 2): kiln run, its dense history 5 losses, must resume from
+ * step 11, see the spike at 12 in attempt 2, keep step 11 among ft_state.json's spike_checkpoints and end with the
+ * weights of the run told to skip step 12. The run's directory is out; its output in text[cap]. */
+static void sup_spike_after_ckpt_11(const char *extra, const char *faults, const char *out, char *text, size_t cap) {
+    const char *ref = test_tmpdir();
+    sup_reference_steps(ref, 24, "12");
+    const char *cfg = ck_config(ck_data(), out, 24, 1, 32, extra);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=%s '%s' run --run-dir '%s' " SUP_CKPT_OPTS
+             " -- kiln train --config '%s' --quiet 2>&1", faults, KILN_BINARY, out, cfg);
+    const int64_t spikes[] = {12};
+    sup_sees_spikes(cmd, out, spikes, 1, text, cap);
+    CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
+    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12\n%s", text);
+}
+
 /* The real trainer, a checkpoint every 11 steps: killed at step 22 (as it begins, before that step's checkpoint), kiln
  * run resumes from step 11, 10 steps behind the newest judged (21). The dense losses (17-21) are all after it, and no
  * round step's window holds step 11; the trainer's step log told of the checkpoint of step 11, and the window before
  * it (9-11) was kept, so the spike at step 12, the first step of attempt 2, is seen. Without it the detector started
  * empty there, blind for --spike-min steps, and attempt 2 finished with the spike trained in. */
 TEST(ft_sup_spike_after_an_unround_checkpoint_past_the_history) {
-    const char *ref = test_tmpdir(), *out = test_tmpdir();
-    sup_reference_steps(ref, 24, "12");
-    const char *cfg = ck_config(ck_data(), out, 24, 1, 32, "\"ckpt_every\": 11, \"keep_last\": 100, \"ckpt_busy\": \"wait\"");
-    char cmd[4096], text[32768];
-    snprintf(cmd, sizeof cmd,
-             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=kill:step=22,spike:step=12:attempt=2 '%s' run --run-dir '%s' " SUP_CKPT_OPTS
-             " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
-    const int64_t spikes[] = {12};
-    sup_sees_spikes(cmd, out, spikes, 1, text, sizeof text);
-    CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
-    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12\n%s", text);
+    char text[32768];
+    sup_spike_after_ckpt_11("\"ckpt_every\": 11, \"keep_last\": 100, \"ckpt_busy\": \"wait\"",
+                            "kill:step=22,spike:step=12:attempt=2", test_tmpdir(), text, sizeof text);
 }
 
 /* A deferred save: checkpoints due every 2 steps on a slow disk (KILN_FAULT slow-save, each written in 9 steps: no
@@ -668,15 +678,10 @@ TEST(ft_sup_spike_after_an_unround_checkpoint_past_the_history) {
  * checkpoint is kept (run.keep_last 100): attempt 2 saves every 2 steps until the supervisor stops it, and with a
  * few kept, step 11's went before the set-aside of those after step 12 left nothing to resume from. */
 TEST(ft_sup_spike_after_a_deferred_checkpoint_past_the_history) {
-    const char *ref = test_tmpdir(), *out = test_tmpdir();
-    sup_reference_steps(ref, 24, "12");
-    const char *cfg = ck_config(ck_data(), out, 24, 1, 32, "\"ckpt_every\": 2, \"keep_last\": 100");
-    char cmd[4096], text[32768];
-    snprintf(cmd, sizeof cmd,
-             "KILN_FT_HISTORY_KEEP=5 KILN_FAULT=slow-save:step=1:ms=0:steps=9,kill:step=21,spike:step=12:attempt=2 '%s' "
-             "run --run-dir '%s' " SUP_CKPT_OPTS " -- kiln train --config '%s' --quiet 2>&1", KILN_BINARY, out, cfg);
-    const int64_t spikes[] = {12};
-    sup_sees_spikes(cmd, out, spikes, 1, text, sizeof text);
+    const char *out = test_tmpdir();
+    char text[32768];
+    sup_spike_after_ckpt_11("\"ckpt_every\": 2, \"keep_last\": 100",
+                            "slow-save:step=1:ms=0:steps=9,kill:step=21,spike:step=12:attempt=2", out, text, sizeof text);
     /* the checkpoint of step 11 was the deferred one (metrics.jsonl keeps the records up to the resume step) */
     char *metrics = NULL;
     size_t len = 0;
@@ -684,8 +689,6 @@ TEST(ft_sup_spike_after_a_deferred_checkpoint_past_the_history) {
     CHECK_MSG(metrics && strstr(metrics, "{\"step\":11,") && strstr(metrics, "\"ckpt_deferred_from\":10,"), "%s\n%s",
               metrics ? metrics : "", text);
     free(metrics);
-    CHECK_MSG(sup_state_has_ckpt(out, 11), "ft_state.json's spike_checkpoints lacks step 11");
-    CHECK_MSG(ck_same_model(ref, out), "final weights differ from the run told to skip step 12\n%s", text);
 }
 
 /* A stop save (--stop-after 11: Ctrl-C's path, at a set step) ends a first kiln run; its ft_state.json keeps the
