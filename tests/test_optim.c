@@ -1,10 +1,12 @@
 /* Optimizers, schedules, the ZeRO-1 partition and the balance controller. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kiln/optim.h"
 #include "kiln/rng.h"
 #include "kiln/train.h"
+#include "kiln/zaya_cuda.h"
 #include "../src/train/train_internal.h"
 #include "test.h"
 #include "zaya_testutil.h"
@@ -121,6 +123,101 @@ TEST(zero1_partition_covers_whole_tensors) {
         for (int r = 0; r < world; r++) CHECK(p.counts[r] <= m->numel / (size_t)world + (size_t)biggest);
         zero1_partition_free(&p);
     }
+    kiln_zaya_free(m);
+}
+
+/* The GPU model's read precision by tensor (kiln_zaya_cuda_reads_f32, from its pointer fields) against an oracle
+ * written from the HF names: the GEMMs' weights and biases only as bf16; everything else (the value shift's delayed
+ * bias too, a tied LM head's embedding) as f32. */
+static int bf16_only_by_name(const char *name) {
+    static const char *gemm[] = {"q_proj.", "k_proj.", "v_proj_current.", "v_proj_delayed.weight", "o_proj.",
+                                 "gate.down_proj.", "router_mlp.fc1.", "router_mlp.fc2.", "router_mlp.out_proj.",
+                                 "experts.", "lm_head."};
+    for (size_t k = 0; k < sizeof gemm / sizeof gemm[0]; k++)
+        if (strstr(name, gemm[k])) return 1;
+    return 0;
+}
+
+TEST(zaya_cuda_reads_f32_by_tensor) {
+    for (int tied = 0; tied <= 1; tied++) {
+        kiln_zaya_config c;
+        tiny_config(&c, tied); /* the sliding-window layout with the tied head */
+        c.tie_word_embeddings = tied;
+        kiln_zaya *m = NULL;
+        CHECK_OK(kiln_zaya_create(&c, &m));
+        unsigned char *f32 = malloc((size_t)m->nparams);
+        CHECK_OK(kiln_zaya_cuda_reads_f32(m, f32));
+        int nb = 0;
+        for (int i = 0; i < m->nparams; i++) {
+            CHECK_MSG(f32[i] == !bf16_only_by_name(m->params[i].name), "%s: read as %s", m->params[i].name,
+                      f32[i] ? "f32" : "bf16 only");
+            nb += !f32[i];
+        }
+        CHECK(nb >= 13 * c.num_layers); /* every GEMM of every layer (attention biases on) */
+        CHECK(f32[0] == 1);             /* the embedding, tied or not */
+        free(f32);
+        kiln_zaya_free(m);
+    }
+}
+
+/* zero1_gather_runs: for each rank, its tensors exactly, each in one run of its kind from a tensor's start to a
+ * tensor's end; runs of one rank in offset order, neighbours of one rank of different kinds (merged otherwise). */
+static void check_runs(const zero1_partition *p, const size_t *off, const int64_t *numel, const unsigned char *f32,
+                       const zero1_run *r, int nr) {
+    int k = 0;
+    for (int root = 0; root < p->world; root++) {
+        for (int i = p->first[root]; i < p->first[root + 1]; i++) {
+            while (k < nr && r[k].root == root && off[i] >= r[k].off + r[k].n) k++;
+            CHECK_MSG(k < nr && r[k].root == root && r[k].off <= off[i] && off[i] + (size_t)numel[i] <= r[k].off + r[k].n,
+                      "rank %d: tensor %d [%zu, +%lld) in no run of its own", root, i, off[i], (long long)numel[i]);
+            if (k >= nr) return;
+            CHECK(r[k].f32 == (f32[i] != 0));
+            if (off[i] == r[k].off) CHECK(i == p->first[root] || k == 0 || r[k - 1].root != root || r[k - 1].f32 != r[k].f32);
+            if (i + 1 < p->first[root + 1] && off[i] + (size_t)numel[i] == r[k].off + r[k].n)
+                CHECK(k + 1 < nr && r[k + 1].off == off[i + 1]); /* the next run starts at the next tensor */
+        }
+        if (p->first[root] < p->first[root + 1]) k++;
+    }
+    CHECK(k == nr); /* no run beyond the ranks' tensors */
+}
+
+TEST(zero1_gather_runs_cover_each_rank) {
+    kiln_zaya_config c;
+    tiny_config(&c, 0);
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    const int n = m->nparams;
+    size_t *off = malloc(((size_t)n + 1) * sizeof *off);
+    int64_t *numel = malloc((size_t)n * sizeof *numel);
+    unsigned char *f32 = malloc((size_t)n), *rnd = malloc((size_t)n);
+    size_t end = 0;
+    for (int i = 0; i < n; i++) { /* the GPU's layout: each tensor 64-element aligned */
+        off[i] = (end + 63) / 64 * 64, numel[i] = m->params[i].numel, end = off[i] + (size_t)numel[i];
+    }
+    CHECK_OK(kiln_zaya_cuda_reads_f32(m, f32));
+    kiln_rng g;
+    kiln_rng_seed(&g, 11);
+    for (int world = 1; world <= 6; world++)
+        for (int pass = 0; pass < 2; pass++) {
+            const unsigned char *kind = f32;
+            if (pass) { /* kinds at random: merges and splits anywhere */
+                for (int i = 0; i < n; i++) rnd[i] = kiln_rng_uniform(&g) < 0.5;
+                kind = rnd;
+            }
+            zero1_partition p;
+            CHECK_OK(zero1_partition_make(m, world, &p));
+            zero1_run *r = NULL;
+            int nr = 0;
+            CHECK_OK(zero1_gather_runs(&p, off, numel, kind, &r, &nr));
+            check_runs(&p, off, numel, kind, r, nr);
+            int changes = 0; /* as many runs as kind changes within a rank, plus one a non-empty rank */
+            for (int q = 0; q < world; q++)
+                for (int i = p.first[q]; i < p.first[q + 1]; i++) changes += i == p.first[q] || kind[i] != kind[i - 1];
+            CHECK(nr == changes);
+            free(r);
+            zero1_partition_free(&p);
+        }
+    free(off), free(numel), free(f32), free(rnd);
     kiln_zaya_free(m);
 }
 

@@ -60,12 +60,19 @@ struct kiln_comm {
     kiln_error *(*allreduce_max_f64)(kiln_comm *c, double *buf, size_t n);
     /* wait for the data collectives issued so far (NULL: they are synchronous) */
     kiln_error *(*sync)(kiln_comm *c);
+    /* NCCL's group: the data collectives issued between the two calls are launched together at group_end and may
+     * run concurrently (several broadcasts from different roots, as one all-gather); every rank issues the same
+     * calls in the same order. NULL: the collectives run in order as issued (synchronous backends). */
+    kiln_error *(*group_start)(kiln_comm *c);
+    kiln_error *(*group_end)(kiln_comm *c);
     int device_buffers; /* 1: data collectives take device memory of CUDA device `device` */
     int device;
     void *impl;
 };
 
 static inline kiln_error *kiln_comm_sync(kiln_comm *c) { return c->sync ? c->sync(c) : NULL; }
+static inline kiln_error *kiln_comm_group_start(kiln_comm *c) { return c->group_start ? c->group_start(c) : NULL; }
+static inline kiln_error *kiln_comm_group_end(kiln_comm *c) { return c->group_end ? c->group_end(c) : NULL; }
 
 /* MPI when the process was started by mpirun (and kiln was built with MPI), else local. */
 kiln_error *kiln_comm_init(int *argc, char ***argv, kiln_comm **out);

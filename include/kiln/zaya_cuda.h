@@ -44,6 +44,15 @@ kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *grad);
 /* Re-derive the bf16 copy from the f32 master parameters (after an optimizer step that did not); split masters
  * (below) are joined first and split again after. */
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g);
+/* The same for elements [off, off+n) of the device layout alone (f32 masters, no split tensor among them), queued on
+ * the model's stream. */
+kiln_error *kiln_zaya_cuda_refresh_bf16_range(kiln_zaya_cuda *g, size_t off, size_t n);
+/* Which tensors the GPU model reads as f32 masters: f32[i] = 1 for the embedding (a tied LM head too), norms,
+ * residual scales, the CCA convolutions and temperature, the biases glue kernels read, the router's state scale and
+ * norm; 0 for those read only through their bf16 copy (the GEMMs' weights and biases: 95% of issue [cuda]'s model),
+ * whose masters a several-rank all-gather need not send (src/train/trainer.c, gather_params). Host only: no device
+ * needed, built with or without CUDA. f32 holds m->nparams entries. */
+kiln_error *kiln_zaya_cuda_reads_f32(const kiln_zaya *m, unsigned char *f32);
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g);
 /* Work queued on the model's stream since the last backward leaves every gradient element zero but those of the
  * tensors the next backward overwrites (kiln_zaya_cuda_grad_overwritten): an optimizer step that zeroes what it

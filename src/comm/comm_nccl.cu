@@ -232,6 +232,16 @@ static kiln_error *nsync(kiln_comm *c) {
     return NULL;
 }
 
+/* kiln_comm's group (the ZeRO-1 all-gather's broadcasts from every owner, launched as one) */
+static kiln_error *gstart(kiln_comm *c) {
+    NC_TRY(nc.GroupStart(), "group start");
+    return NULL;
+}
+static kiln_error *gend(kiln_comm *c) {
+    NC_TRY(nc.GroupEnd(), "group end (the grouped collectives' launch)");
+    return NULL;
+}
+
 /* ---- control plane: host memory, synchronous, through a small device staging buffer ---- */
 
 static kiln_error *host_coll(kiln_comm *c, void *buf, size_t bytes, knccl_dtype t, size_t count, int kind, int root,
@@ -316,6 +326,7 @@ extern "C" kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID
     c->broadcast = bc, c->barrier = barrier, c->finalize = fin, c->allreduce_sum_dt = ar_dt;
     c->reduce_scatter_sum_dt = rs_dt, c->allgather_dt = ag_dt, c->broadcast_dt = bc_dt, c->alltoall_dt = a2a_dt;
     c->allreduce_max_f64 = max64, c->sync = nsync;
+    c->group_start = gstart, c->group_end = gend;
     kiln_error *e = cu_err(cudaSetDevice(device), "cudaSetDevice");
     if (!e) e = cu_err(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     knccl_id u;

@@ -11,12 +11,75 @@
  * gradients joins first. */
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kiln/cuda.h"
 #include "kiln/zaya_cuda.h"
 #include "zaya_internal.h"
+
+/* ---- which tensors this file reads as f32 (kiln_zaya_cuda_reads_f32); host only, built with or without CUDA ----
+ * The fields below are read only through BF(): the GEMMs' weights and biases. Any other field's f32 master is read
+ * by a kernel (the embedding, norms, residual scales, the CCA convolutions and temperature, the value shift's bvd,
+ * the router's state scale and norm). A tensor is bf16-only when every field in it is listed here (a tied LM head
+ * is the embedding's tensor, which is read as f32). Keep this list in step with the BF() calls: a field missing
+ * here only costs a several-rank all-gather bytes; a field listed here that a kernel reads as f32 would read stale
+ * values on the ranks that do not own it (the GPU test gpu_zaya_train_gather_bf16_staged compares the bits). */
+static const size_t bf16_only_layer_fields[] = {
+    offsetof(kiln_zaya_layer_ptrs, wq),       offsetof(kiln_zaya_layer_ptrs, bq),
+    offsetof(kiln_zaya_layer_ptrs, wk),       offsetof(kiln_zaya_layer_ptrs, bk),
+    offsetof(kiln_zaya_layer_ptrs, wvc),      offsetof(kiln_zaya_layer_ptrs, bvc),
+    offsetof(kiln_zaya_layer_ptrs, wvd),      offsetof(kiln_zaya_layer_ptrs, wo),
+    offsetof(kiln_zaya_layer_ptrs, bo),       offsetof(kiln_zaya_layer_ptrs, r_down_w),
+    offsetof(kiln_zaya_layer_ptrs, r_down_b), offsetof(kiln_zaya_layer_ptrs, r_fc1_w),
+    offsetof(kiln_zaya_layer_ptrs, r_fc1_b),  offsetof(kiln_zaya_layer_ptrs, r_fc2_w),
+    offsetof(kiln_zaya_layer_ptrs, r_fc2_b),  offsetof(kiln_zaya_layer_ptrs, r_out_w),
+    offsetof(kiln_zaya_layer_ptrs, gate_up),  offsetof(kiln_zaya_layer_ptrs, down),
+};
+static const size_t bf16_only_top_fields[] = {offsetof(kiln_zaya_ptrs, lm_head_w), offsetof(kiln_zaya_ptrs, lm_head_b)};
+
+static int listed(const size_t *list, size_t n, size_t field) {
+    for (size_t i = 0; i < n; i++)
+        if (list[i] == field) return 1;
+    return 0;
+}
+
+/* the tensor holding host parameter pointer p (params are in offset order) */
+static int host_tensor_of(const kiln_zaya *m, const float *p) {
+    const size_t off = (size_t)(p - m->w);
+    int lo = 0, hi = m->nparams - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->params[mid].offset <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* seen[t]: bit 0 a bf16-only field lies in tensor t, bit 1 another field does */
+static void mark_fields(const kiln_zaya *m, const void *table, size_t bytes, const size_t *list, size_t nlist,
+                        unsigned char *seen) {
+    for (size_t f = 0; f < bytes / sizeof(float *); f++) {
+        const float *p;
+        memcpy(&p, (const char *)table + f * sizeof(float *), sizeof p);
+        if (p) seen[host_tensor_of(m, p)] |= listed(list, nlist, f * sizeof(float *)) ? 1 : 2;
+    }
+}
+
+kiln_error *kiln_zaya_cuda_reads_f32(const kiln_zaya *m, unsigned char *f32) {
+    unsigned char *seen = calloc((size_t)(m->nparams ? m->nparams : 1), 1);
+    if (!seen) return kiln_errorf(KILN_ENOMEM, "ZAYA: the tensors' read precision");
+    kiln_zaya_ptrs top = m->W;
+    top.layers = NULL; /* the layer table is not a parameter */
+    mark_fields(m, &top, sizeof top, bf16_only_top_fields, sizeof bf16_only_top_fields / sizeof(size_t), seen);
+    for (int64_t l = 0; l < m->cfg.num_layers; l++)
+        mark_fields(m, &m->W.layers[l], sizeof(kiln_zaya_layer_ptrs), bf16_only_layer_fields,
+                    sizeof bf16_only_layer_fields / sizeof(size_t), seen);
+    for (int i = 0; i < m->nparams; i++) f32[i] = seen[i] != 1; /* unbound tensors too: f32 is always safe */
+    free(seen);
+    return NULL;
+}
 
 #ifndef KILN_HAVE_CUDA
 
@@ -32,6 +95,7 @@ kiln_error *kiln_zaya_cuda_upload_balancing(kiln_zaya_cuda *g, const float *b) {
 kiln_error *kiln_zaya_cuda_download_params(kiln_zaya_cuda *g, float *w) { (void)g, (void)w; NOCUDA; }
 kiln_error *kiln_zaya_cuda_download_grads(kiln_zaya_cuda *g, float *d) { (void)g, (void)d; NOCUDA; }
 kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_refresh_bf16_range(kiln_zaya_cuda *g, size_t off, size_t n) { (void)g, (void)off, (void)n; NOCUDA; }
 kiln_error *kiln_zaya_cuda_grads_zero(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 void kiln_zaya_cuda_grads_mark_zero(kiln_zaya_cuda *g) { (void)g; }
 void kiln_zaya_cuda_set_deterministic(kiln_zaya_cuda *g, int on) { (void)g, (void)on; }
@@ -661,6 +725,18 @@ kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g) {
     KILN_TRY(kiln_zaya_cuda_master_f32(g));
     KILN_TRY(kiln_f32_to_bf16_cuda(g->wb, g->w, (int64_t)g->numel_dev, g->stream));
     return kiln_zaya_cuda_master_split(g);
+}
+
+kiln_error *kiln_zaya_cuda_refresh_bf16_range(kiln_zaya_cuda *g, size_t off, size_t n) {
+    if (off + n > g->numel_dev)
+        return kiln_errorf(KILN_EINVAL, "bf16 copy of elements %zu..%zu: the parameters have %zu", off, off + n,
+                           g->numel_dev);
+    if (g->wsplit_now)
+        for (int i = 0; i < g->m->nparams; i++)
+            if (kiln_zaya_cuda_grad_bf16(g, i) && g->poff[i] < off + n && off < g->poff[i] + (size_t)g->m->params[i].numel)
+                return kiln_errorf(KILN_EINVAL, "bf16 copy of elements %zu..%zu: %s is held split", off, off + n,
+                                   g->m->params[i].name);
+    return n ? kiln_f32_to_bf16_cuda(g->wb + off, g->w + off, (int64_t)n, g->stream) : NULL;
 }
 
 kiln_error *kiln_zaya_cuda_upload_params(kiln_zaya_cuda *g, const float *w) {

@@ -15,6 +15,18 @@ typedef struct {
 } zero1_partition;
 kiln_error *zero1_partition_make(const kiln_zaya *m, int world, zero1_partition *p);
 void zero1_partition_free(zero1_partition *p);
+/* The GPU all-gather after the sharded step as broadcasts from each owner: rank root's tensors [first[root],
+ * first[root+1]), consecutive tensors of one kind merged into a run of elements [off, off+n) of the device layout
+ * (off[i]: tensor i's offset there, numel[i] its elements; padding between merged tensors included). A run with
+ * f32 = 1 holds tensors the GPU model reads as f32 (f32[i], kiln_zaya_cuda_reads_f32) and goes out as f32 masters;
+ * the others go as their bf16 copy only, half the bytes. Runs in rank order, then offset order; *runs is the
+ * caller's to free. */
+typedef struct {
+    size_t off, n;
+    int root, f32;
+} zero1_run;
+kiln_error *zero1_gather_runs(const zero1_partition *p, const size_t *off, const int64_t *numel,
+                              const unsigned char *f32, zero1_run **runs, int *nruns);
 
 /* Expert load balancing as ZAYA1: after each step a PID controller moves every layer's
  * balancing biases toward equal expert load (the skip class toward its own target share). */

@@ -90,6 +90,8 @@ typedef struct {
     float *gshard_dev; /* this rank's summed gradient (device); aliases the gradients on one rank */
     int gshard_owned;
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
+    zero1_run *gruns;          /* several ranks, KILN_ZERO1_GATHER=bf16: the all-gather's broadcasts (gather_params) */
+    int ngruns;
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
     int grads_clean;  /* the last (overlapped or zeroing) optimizer step left the device gradients zero */
     int64_t step_debug; /* KILN_STEP_DEBUG: the GPU steps that print their sums (step_debug_steps) */
@@ -103,6 +105,7 @@ static void trainer_free(trainer *t) {
     kiln_zaya_cuda_opt_free(t->gopt);
     free(t->dcounts);
     free(t->ddispls);
+    free(t->gruns);
     if (t->gshard_owned) kiln_cuda_free(t->gshard_dev);
     kiln_zaya_cuda_free(t->gpu);
     kiln_zaya_acts_free(t->acts);
@@ -124,6 +127,78 @@ static void trainer_free(trainer *t) {
 }
 
 static int on_gpu(const kiln_train_config *c) { return !strcmp(c->device, "cuda"); }
+
+/* KILN_ZERO1_GATHER=bf16 (the default with several ranks): after the sharded step each owner sends the tensors the
+ * GPU model reads only as bf16 (the GEMMs' weights: 95% of issue [cuda]'s model; kiln_zaya_cuda_reads_f32) as the
+ * bf16 copy its optimizer step wrote, and the rest as f32 masters: about half an f32 all-gather's bytes, and no pass
+ * re-deriving the whole bf16 copy after it. Every rank computes with the same bits as =f32 (the optimizer rounds to
+ * nearest even, as the re-derivation does; GPU test gpu_zaya_train_gather_bf16_staged). The f32 masters of the
+ * other ranks' bf16-only tensors are stale on this rank then: whatever reads all of them (the final save) gathers
+ * them first (gather_f32); the checkpoints read each rank's own. =f32: every master as f32, then the whole bf16 copy
+ * re-derived (and always under KILN_STEP_DEBUG, whose parameter sums read every master). */
+static kiln_error *gather_setup(trainer *t) {
+    const char *v = getenv("KILN_ZERO1_GATHER");
+    if (v && *v && strcmp(v, "bf16") && strcmp(v, "f32"))
+        return kiln_errorf(KILN_EINVAL, "KILN_ZERO1_GATHER=%s: expected bf16 (the default) or f32", v);
+    if ((v && !strcmp(v, "f32")) || t->step_debug > 0) return NULL;
+    const int np = t->m->nparams;
+    unsigned char *f32 = malloc((size_t)np + 1);
+    size_t *off = malloc(((size_t)np + 1) * sizeof *off);
+    int64_t *numel = malloc(((size_t)np + 1) * sizeof *numel);
+    kiln_error *e = !f32 || !off || !numel ? kiln_errorf(KILN_ENOMEM, "ZeRO-1 all-gather plan") : NULL;
+    if (!e) e = kiln_zaya_cuda_reads_f32(t->m, f32);
+    for (int i = 0; i < np && !e; i++) off[i] = kiln_zaya_cuda_param_offset(t->gpu, i), numel[i] = t->m->params[i].numel;
+    if (!e) e = zero1_gather_runs(&t->part, off, numel, f32, &t->gruns, &t->ngruns);
+    free(f32), free(off), free(numel);
+    if (!e) kiln_log(KILN_LOG_DEBUG, "ZeRO-1 all-gather: %d broadcasts, bf16 where the model reads only bf16", t->ngruns);
+    return e;
+}
+
+/* Every rank's parameters after the sharded optimizer step, on the device: the GEMMs' bf16 copy and the f32 masters
+ * the model reads (above), or every f32 master and then the whole bf16 copy. The device is idle meanwhile. */
+static kiln_error *gather_params(trainer *t, kiln_comm *comm) {
+    kiln_zaya_cuda *g = t->gpu;
+    KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
+    if (!t->gruns) {
+        KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
+        KILN_TRY(kiln_comm_sync(comm));
+        kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
+        KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
+        kiln_zaya_cuda_profile_pop(g);
+        return NULL;
+    }
+    float *w = kiln_zaya_cuda_params(g);
+    uint16_t *wb = kiln_zaya_cuda_params_bf16(g);
+    KILN_TRY(kiln_comm_group_start(comm));
+    kiln_error *e = NULL;
+    for (int k = 0; k < t->ngruns && !e; k++) {
+        const zero1_run *r = &t->gruns[k];
+        e = r->f32 ? comm->broadcast_dt(comm, w + r->off, w + r->off, r->n, KILN_DT_F32, r->root)
+                   : comm->broadcast_dt(comm, wb + r->off, wb + r->off, r->n, KILN_DT_BF16, r->root);
+    }
+    kiln_error *ge = kiln_comm_group_end(comm); /* closed on every path: NCCL's group must not stay open */
+    if (e) {
+        kiln_error_free(ge);
+        return e;
+    }
+    KILN_TRY(ge);
+    KILN_TRY(kiln_comm_sync(comm));
+    /* the f32-read tensors' bf16 copy (the tied LM head's, the value shift's bias also feeds a GEMM) from their
+     * masters; a few percent of the elements */
+    kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
+    for (int k = 0; k < t->ngruns && !e; k++)
+        if (t->gruns[k].f32) e = kiln_zaya_cuda_refresh_bf16_range(g, t->gruns[k].off, t->gruns[k].n);
+    kiln_zaya_cuda_profile_pop(g);
+    return e;
+}
+
+/* every f32 master on every rank, where the bf16 all-gather left the other ranks' GEMM weights' masters stale */
+static kiln_error *gather_f32(trainer *t, kiln_comm *comm) {
+    if (!t->gruns) return NULL;
+    KILN_TRY(kiln_zaya_cuda_sync(t->gpu));
+    KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(t->gpu), t->dcounts, t->ddispls));
+    return kiln_comm_sync(comm);
+}
 
 /* The GPU side: model, optimizer for this rank's tensors, and where the reduce-scatter lands. */
 static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
@@ -164,6 +239,7 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
     if (comm->size > 1) {
         KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->dcounts[comm->rank] + 1) * sizeof(float)));
         t->gshard_owned = 1;
+        KILN_TRY(gather_setup(t));
     } else { /* one rank: the summed gradient is the gradient, and the collectives are identities */
         t->gshard_dev = kiln_zaya_cuda_grads(t->gpu);
     }
@@ -202,8 +278,9 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
 
 /* Host mirrors <- device (before the final save), and the reverse after a resume; checkpoints read the
  * device through the writer's snapshot (src/models/zaya_cuda_snapshot.c). */
-static kiln_error *cuda_to_host(trainer *t) {
+static kiln_error *cuda_to_host(trainer *t, kiln_comm *comm) {
     if (!t->gpu) return NULL;
+    KILN_TRY(gather_f32(t, comm));
     KILN_TRY(kiln_zaya_cuda_download_params(t->gpu, t->m->w));
     return kiln_zaya_cuda_opt_state_download(t->gopt, t->state);
 }
@@ -265,8 +342,8 @@ static kiln_error *setup(trainer *t, const kiln_train_config *c, kiln_comm *comm
     t->loader_states = calloc((size_t)comm->size, sizeof *t->loader_states);
     if (!t->state || !t->gshard || !t->ws || !t->counts || !t->imbalance || !t->loader_states)
         return kiln_errorf(KILN_ENOMEM, "optimizer state");
-    if (on_gpu(c)) KILN_TRY(setup_cuda(t, c, comm));
     t->step_debug = step_debug_steps();
+    if (on_gpu(c)) KILN_TRY(setup_cuda(t, c, comm));
     return balance_init(&t->bal, L, E1);
 }
 
@@ -417,23 +494,17 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
         t->grads_clean = 1;
     } else {
         kiln_zaya_cuda_profile_push(g, c->optim.use_muon ? "optimizer (Muon + AdamW)" : "optimizer (AdamW)");
+        /* its bf16 copy too where the bf16 all-gather sends that (one rank: always) */
         KILN_TRY(kiln_zaya_cuda_opt_step(t->gopt, t->gshard_dev, t->ddispls[me], scale, &c->optim, lr, step + 1,
-                                         comm->size == 1));
+                                         comm->size == 1 || t->gruns));
         kiln_zaya_cuda_profile_pop(g);
     }
-    if (comm->size > 1) {
-        KILN_TRY(kiln_zaya_cuda_sync(g)); /* the update is complete before NCCL's stream reads it */
+    if (comm->size > 1) { /* one rank's optimizer wrote the whole bf16 copy itself */
         const double t0 = now();
-        KILN_TRY(comm->allgather(comm, kiln_zaya_cuda_params(g), t->dcounts, t->ddispls));
-        KILN_TRY(kiln_comm_sync(comm));
+        KILN_TRY(gather_params(t, comm));
         t->ag_s = now() - t0;
         if (step < dbg) step_debug_sumsq(g, comm, step, "parameters' sum of squares after the all-gather",
                                          kiln_zaya_cuda_params(g), kiln_zaya_cuda_numel(g));
-    }
-    if (comm->size > 1) { /* one rank's optimizer wrote the bf16 copy itself */
-        kiln_zaya_cuda_profile_push(g, "bf16 weight copy");
-        KILN_TRY(kiln_zaya_cuda_refresh_bf16(g));
-        kiln_zaya_cuda_profile_pop(g);
     }
     KILN_TRY(balance_step(t, c, comm));
     KILN_TRY(kiln_zaya_cuda_upload_balancing(g, m->balancing));
@@ -840,7 +911,7 @@ kiln_error *kiln_train(const kiln_train_config *c, const kiln_train_opts *o, kil
             break;
         }
     }
-    if (!e && t.gpu && step >= c->steps && c->save_final) e = cuda_to_host(&t);
+    if (!e && t.gpu && step >= c->steps && c->save_final) e = cuda_to_host(&t, comm);
     if (!e && t.gpu && comm->rank == 0 && !o->quiet) {
         kiln_zaya_cuda_mem mem;
         e = kiln_zaya_cuda_memory(t.gpu, &mem);

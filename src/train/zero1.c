@@ -37,3 +37,20 @@ void zero1_partition_free(zero1_partition *p) {
     p->first = NULL;
     p->counts = p->displs = NULL;
 }
+
+kiln_error *zero1_gather_runs(const zero1_partition *p, const size_t *off, const int64_t *numel,
+                              const unsigned char *f32, zero1_run **runs, int *nruns) {
+    *runs = NULL, *nruns = 0;
+    const int nt = p->first[p->world];
+    zero1_run *r = malloc((size_t)(nt ? nt : 1) * sizeof *r); /* at most one run a tensor */
+    if (!r) return kiln_errorf(KILN_ENOMEM, "ZeRO-1 all-gather runs");
+    int n = 0;
+    for (int root = 0; root < p->world; root++)
+        for (int i = p->first[root]; i < p->first[root + 1]; i++) {
+            const int k = f32[i] != 0;
+            if (n && r[n - 1].root == root && r[n - 1].f32 == k) r[n - 1].n = off[i] + (size_t)numel[i] - r[n - 1].off;
+            else r[n++] = (zero1_run){.off = off[i], .n = (size_t)numel[i], .root = root, .f32 = k};
+        }
+    *runs = r, *nruns = n;
+    return NULL;
+}

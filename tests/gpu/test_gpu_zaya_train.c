@@ -957,6 +957,44 @@ TEST(gpu_zaya_train_three_ranks_staged) { ranks_case(3, 1, "three_ranks"); }
  * against one rank accumulating four. */
 TEST(gpu_zaya_train_two_ranks_accum_staged) { ranks_case(2, 2, "two_ranks_accum2"); }
 
+/* The several-rank all-gather in bf16 (KILN_ZERO1_GATHER=bf16, the default: the GEMMs' weights as the bf16 copy
+ * their owner's optimizer wrote, the tensors the model reads as f32 as masters) against every f32 master gathered
+ * and the whole bf16 copy re-derived (=f32), three ranks (uneven shards), Muon and AdamW, 8 steps with a checkpoint at
+ * 4: the same losses, the same checkpoint shards and the same final model, bit for bit. A tensor read as f32 that
+ * the bf16 path sends only as bf16 would leave stale masters on two of the ranks and part the runs at step 2; a
+ * final save that did not first gather the masters would write stale ones. */
+TEST(gpu_zaya_train_gather_bf16_staged) {
+    CHECK_MSG(ck_have_mpirun(), "mpirun not found: the GPU machine needs OpenMPI (.debs, scripts/gpu_machine_build.sh)");
+    if (!ck_have_mpirun()) return;
+    const char *data = ck_data();
+    char dd[1200], d16[1200], d32[1200], cfg16[1200], cfg32[1200];
+    snprintf(dd, sizeof dd, "%s", data);
+    snprintf(d16, sizeof d16, "%s", out_dir("gather_bf16"));
+    snprintf(d32, sizeof d32, "%s", out_dir("gather_f32"));
+    const char *extra = "\"ckpt_every\": 4, \"device\": \"cuda\", \"async_ckpt\": false";
+    snprintf(cfg16, sizeof cfg16, "%s", ck_config(dd, d16, 8, 1, 32, extra));
+    snprintf(cfg32, sizeof cfg32, "%s", ck_config(dd, d32, 8, 1, 32, extra));
+    CHECK(setenv("KILN_ZERO1_GATHER", "f32", 1) == 0);
+    CHECK(gpu_train_ranks(3, cfg32, d32, NULL) == 0);
+    unsetenv("KILN_ZERO1_GATHER");
+    CHECK(gpu_train_ranks(3, cfg16, d16, NULL) == 0);
+    double l16[8] = {0}, l32[8] = {0};
+    CHECK(ck_losses(d16, l16, 8) == 8 && ck_losses(d32, l32, 8) == 8);
+    int differ = 0;
+    for (int i = 0; i < 8; i++) differ += l16[i] != l32[i];
+    printf("    3 ranks, bf16 gather %.6f -> %.6f, f32 gather %.6f -> %.6f; %d of 8 losses differ\n", l16[0], l16[7],
+           l32[0], l32[7], differ);
+    CHECK_MSG(differ == 0, "the bf16 all-gather's losses differ from the f32 one's at %d steps", differ);
+    for (int r = 0; r < 3; r++)
+        for (int step = 4; step <= 8; step += 4) {
+            char a[1400], b[1400];
+            snprintf(a, sizeof a, "%s/ckpt/step_%08d/rank_%05d.safetensors", d16, step, r);
+            snprintf(b, sizeof b, "%s/ckpt/step_%08d/rank_%05d.safetensors", d32, step, r);
+            CHECK_MSG(ck_same_file(a, b), "rank %d's step-%d checkpoint shard differs between the two gathers", r, step);
+        }
+    CHECK_MSG(ck_same_model_file(d16, d32), "the final model differs between the bf16 and the f32 all-gather");
+}
+
 /* Issue [cuda]'s check: the built-in default training run (kiln train with no config: the generated corpus,
  * its BPE tokenizer, the ~2M-parameter model), 200 steps on the CPU and on the GPU from the same seed, the
  * loss curves agreeing within bf16 noise. Both runs use the default's own configuration, taken from a
