@@ -961,8 +961,9 @@ TEST(gpu_zaya_train_two_ranks_accum_staged) { ranks_case(2, 2, "two_ranks_accum2
  * their owner's optimizer wrote, the tensors the model reads as f32 as masters) against every f32 master gathered
  * and the whole bf16 copy re-derived (=f32), three ranks (uneven shards), Muon and AdamW, 8 steps with a checkpoint at
  * 4: the same losses, the same checkpoint shards and the same final model, bit for bit. A tensor read as f32 that
- * the bf16 path sends only as bf16 would leave stale masters on two of the ranks and part the runs at step 2; a
- * final save that did not first gather the masters would write stale ones. */
+ * the bf16 path sent only as bf16 would leave stale masters on the ranks that do not own it: with the convolution
+ * weights listed bf16-only, 6 of the 8 losses, every shard and the model differed (session 38, r3); a final save
+ * that did not first gather the masters would write stale ones. */
 TEST(gpu_zaya_train_gather_bf16_staged) {
     CHECK_MSG(ck_have_mpirun(), "mpirun not found: the GPU machine needs OpenMPI (.debs, scripts/gpu_machine_build.sh)");
     if (!ck_have_mpirun()) return;
