@@ -10,6 +10,8 @@
 #     breakdown (KILN_CUDA_PROFILE: the op classes, and the reduce-scatter and all-gather with the GPU idle).
 #     The loss of the most GPUs' run against 1 GPU accumulating as many micro-batches (the same global batch, the
 #     same data): step 1 within 1e-6, steps 2-5 within 1e-3, all within 2e-2 (bf16 noise; as the staged test).
+#     The most GPUs again with KILN_ZERO1_GATHER=f32 (every f32 master all-gathered, the bf16 copy re-derived):
+#     the default bf16 all-gather's time and tokens/s against it, and their losses, which must be equal.
 #  3. That run's step-$CKPT_AT checkpoint reshaped (kiln ckpt reshape) to 2 ranks and to 1, each resumed to the
 #     end: their losses against the straight run's, within 2e-2.
 # Env: OUT, COMM_MAX, SKIP_COMM=1, SKIP_TRAIN=1, TRAIN_STEPS (default 12), CKPT_AT (default 6; 0: no part 3),
@@ -96,6 +98,10 @@ done
 if [ "$gmax" -gt 1 ]; then
   echo "== 1 GPU accumulating $gmax micro-batches (the $gmax-GPU run's global batch)"
   train_run "train_g1_accum$gmax" 1 "$gmax" 0 || exit 1
+  echo "== $gmax GPUs, the all-gather in f32 (KILN_ZERO1_GATHER=f32)"
+  export KILN_ZERO1_GATHER=f32
+  train_run "train_g${gmax}_gather_f32" "$gmax" 1 0 || exit 1
+  unset KILN_ZERO1_GATHER
 fi
 # ---- 3. the most GPUs' checkpoint reshaped to 2 and 1, resumed ----
 reshaped=()
@@ -123,17 +129,29 @@ ok = True
 print(f"\n# ZeRO-1 data parallel, [cuda] benchmark config, micro-batch 4 x 4096 tokens a GPU, {steps} steps")
 print(f"{'gpus':>4} {'tokens/s':>12} {'per GPU':>10} {'efficiency':>10} {'ms/step':>8} {'reduce-scatter':>15} {'all-gather':>11}")
 base = None
-for g in tcounts:
-    tps, s0, s1 = tm.steady_tokens_per_s(tm.rows(f"{out}/train_g{g}"))
+def row(g, name, label=""):
+    global base
+    tps, s0, s1 = tm.steady_tokens_per_s(tm.rows(f"{out}/{name}"))
     per = tps / g
     base = base or per
-    log = open(f"{out}/train_g{g}.log").read()
+    log = open(f"{out}/{name}.log").read()
     rs = re.search(r"gradient reduce-scatter \(host wall, idle GPU\)\s+([0-9.]+)", log)
     ag = re.search(r"parameter all-gather \(host wall, idle GPU\)\s+([0-9.]+)", log)
     f = lambda m: f"{float(m.group(1)):.2f} ms" if m else "-"
-    print(f"{g:4} {tps:12.0f} {per:10.0f} {100 * per / base:9.1f}% {1000 * 16384 * g / tps:8.1f} {f(rs):>15} {f(ag):>11}")
+    print(f"{g:4} {tps:12.0f} {per:10.0f} {100 * per / base:9.1f}% {1000 * 16384 * g / tps:8.1f} {f(rs):>15} {f(ag):>11}"
+          f"{label}")
+    return tps, per
+for g in tcounts:
+    tps, per = row(g, f"train_g{g}")
     if g == gmax and gmax > 1 and per / base < 0.9:
         print(f"# below the 90% target at {g} GPUs: the collectives run with the GPU idle (see each log's breakdown)")
+if gmax > 1:
+    tps16 = tm.steady_tokens_per_s(tm.rows(f"{out}/train_g{gmax}"))[0]
+    tps32, _ = row(gmax, f"train_g{gmax}_gather_f32", "  (KILN_ZERO1_GATHER=f32)")
+    same = tm.losses(tm.rows(f"{out}/train_g{gmax}")) == tm.losses(tm.rows(f"{out}/train_g{gmax}_gather_f32"))
+    ok &= same
+    print(f"bf16 all-gather vs f32 at {gmax} GPUs: {tps16 / tps32:.3f}x the tokens/s; losses "
+          f"{'equal' if same else 'DIFFER'}")
 if gmax > 1:
     a, b = tm.losses(tm.rows(f"{out}/train_g{gmax}")), tm.losses(tm.rows(f"{out}/train_g1_accum{gmax}"))
     w1, _ = tm.worst_rel(a, b, [1])

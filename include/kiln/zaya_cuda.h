@@ -49,7 +49,7 @@ kiln_error *kiln_zaya_cuda_refresh_bf16(kiln_zaya_cuda *g);
 kiln_error *kiln_zaya_cuda_refresh_bf16_range(kiln_zaya_cuda *g, size_t off, size_t n);
 /* Which tensors the GPU model reads as f32 masters: f32[i] = 1 for the embedding (a tied LM head too), norms,
  * residual scales, the CCA convolutions and temperature, the biases glue kernels read, the router's state scale and
- * norm; 0 for those read only through their bf16 copy (the GEMMs' weights and biases: 95% of issue [cuda]'s model),
+ * norm; 0 for those read only through their bf16 copy (the GEMMs' weights and biases: 94% of issue [cuda]'s model),
  * whose masters a several-rank all-gather need not send (src/train/trainer.c, gather_params). Host only: no device
  * needed, built with or without CUDA. f32 holds m->nparams entries. */
 kiln_error *kiln_zaya_cuda_reads_f32(const kiln_zaya *m, unsigned char *f32);

@@ -129,7 +129,7 @@ static void trainer_free(trainer *t) {
 static int on_gpu(const kiln_train_config *c) { return !strcmp(c->device, "cuda"); }
 
 /* KILN_ZERO1_GATHER=bf16 (the default with several ranks): after the sharded step each owner sends the tensors the
- * GPU model reads only as bf16 (the GEMMs' weights: 95% of issue [cuda]'s model; kiln_zaya_cuda_reads_f32) as the
+ * GPU model reads only as bf16 (the GEMMs' weights: 94% of issue [cuda]'s model; kiln_zaya_cuda_reads_f32) as the
  * bf16 copy its optimizer step wrote, and the rest as f32 masters: about half an f32 all-gather's bytes, and no pass
  * re-deriving the whole bf16 copy after it. Every rank computes with the same bits as =f32 (the optimizer rounds to
  * nearest even, as the re-derivation does; GPU test gpu_zaya_train_gather_bf16_staged). The f32 masters of the
