@@ -642,6 +642,14 @@ static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
         printf("  %-40s %10.2f %6.1f%%\n  %-40s %10.2f %6.1f%%\n", "gradient reduce-scatter (host wall, idle GPU)",
                t->rs_s * 1e3, 100 * t->rs_s / step_s, "parameter all-gather (host wall, idle GPU)", t->ag_s * 1e3,
                100 * t->ag_s / step_s);
+    if (comm->size > 1) { /* what they move, for the bus bandwidth */
+        const double all = (double)kiln_zaya_cuda_numel(t->gpu);
+        double ag = 0;
+        for (int k = 0; k < t->ngruns; k++) ag += (double)t->gruns[k].n * (t->gruns[k].f32 ? 4 : 2);
+        printf("  (the reduce-scatter %.3f GB of f32 gradients; the all-gather %.3f GB, %s)\n", all * 4 / 1e9,
+               (t->gruns ? ag : all * 4) / 1e9,
+               t->gruns ? "the GEMM weights as bf16, the rest as f32 masters" : "every f32 master: KILN_ZERO1_GATHER=f32");
+    }
     return NULL;
 }
 
