@@ -45,9 +45,8 @@ static int listed(const size_t *list, size_t n, size_t field) {
     return 0;
 }
 
-/* the tensor holding host parameter pointer p (params are in offset order) */
-static int host_tensor_of(const kiln_zaya *m, const float *p) {
-    const size_t off = (size_t)(p - m->w);
+/* the tensor holding element off of the host layout (params are in offset order) */
+static int host_tensor_at(const kiln_zaya *m, size_t off) {
     int lo = 0, hi = m->nparams - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -63,7 +62,7 @@ static void mark_fields(const kiln_zaya *m, const void *table, size_t bytes, con
     for (size_t f = 0; f < bytes / sizeof(float *); f++) {
         const float *p;
         memcpy(&p, (const char *)table + f * sizeof(float *), sizeof p);
-        if (p) seen[host_tensor_of(m, p)] |= listed(list, nlist, f * sizeof(float *)) ? 1 : 2;
+        if (p) seen[host_tensor_at(m, (size_t)(p - m->w))] |= listed(list, nlist, f * sizeof(float *)) ? 1 : 2;
     }
 }
 
@@ -274,13 +273,8 @@ struct kiln_zaya_cuda {
 /* kiln_zaya_bind for the padded device layout: bind to the host buffer, then move every pointer to its
  * tensor's device offset (tensors are found by their host offset; a tied LM head maps to the embedding). */
 static size_t dev_off(const kiln_zaya_cuda *g, size_t host_off) {
-    int lo = 0, hi = g->m->nparams - 1;
-    while (lo < hi) { /* params are in offset order */
-        int mid = (lo + hi + 1) / 2;
-        if (g->m->params[mid].offset <= host_off) lo = mid;
-        else hi = mid - 1;
-    }
-    return g->poff[lo] + (host_off - g->m->params[lo].offset);
+    const int i = host_tensor_at(g->m, host_off);
+    return g->poff[i] + (host_off - g->m->params[i].offset);
 }
 static float *to_dev(const kiln_zaya_cuda *g, float *base, const float *host_p) {
     return host_p ? base + dev_off(g, (size_t)(host_p - g->m->w)) : NULL;
