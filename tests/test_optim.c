@@ -160,6 +160,41 @@ TEST(zaya_cuda_reads_f32_by_tensor) {
     }
 }
 
+/* The stage of the GPU backward after which each tensor's gradient is complete (kiln_zaya_cuda_grad_stages, from its
+ * pointer fields), which the several-rank trainer hands to the reduce-scatter there, against an oracle from the HF
+ * names: the LM head and the final norm first (0), then layer l's tensors after layer l (nl - l) but its experts'
+ * weights a stage later (the next layer down joins them), the input scale and bias with layer 0, the embedding (a
+ * tied LM head's too) at the end. */
+static int stage_by_name(const char *name, int nl) {
+    int l = -1;
+    if (sscanf(name, "model.layers.%d.", &l) == 1) return nl - l + (strstr(name, ".mlp.experts.") != NULL);
+    if (!strncmp(name, "model.norm.", 11) || !strncmp(name, "lm_head.", 8)) return 0;
+    if (!strncmp(name, "model.input_hidden_states_", 26)) return nl;
+    return nl + 1;
+}
+
+TEST(zaya_cuda_grad_stages_by_tensor) {
+    for (int tied = 0; tied <= 1; tied++) {
+        kiln_zaya_config c;
+        tiny_config(&c, tied);
+        c.tie_word_embeddings = tied;
+        kiln_zaya *m = NULL;
+        CHECK_OK(kiln_zaya_create(&c, &m));
+        const int nl = (int)c.num_layers;
+        int *stage = malloc((size_t)m->nparams * sizeof *stage), seen[16] = {0};
+        kiln_zaya_cuda_grad_stages(m, stage);
+        for (int i = 0; i < m->nparams; i++) {
+            CHECK_MSG(stage[i] == stage_by_name(m->params[i].name, nl), "%s: stage %d, expected %d", m->params[i].name,
+                      stage[i], stage_by_name(m->params[i].name, nl));
+            if (stage[i] >= 0 && stage[i] < 16) seen[stage[i]]++;
+        }
+        for (int k = 0; k <= nl + 1; k++) CHECK_MSG(seen[k] > 0, "no tensor at stage %d", k);
+        CHECK(stage[0] == nl + 1); /* the embedding, tied or not */
+        free(stage);
+        kiln_zaya_free(m);
+    }
+}
+
 /* zero1_gather_runs: for each rank, its tensors exactly, each in one run of its kind from a tensor's start to a
  * tensor's end; runs of one rank in offset order, neighbours of one rank of different kinds (merged otherwise). */
 static void check_runs(const zero1_partition *p, const size_t *off, const int64_t *numel, const unsigned char *f32,

@@ -65,6 +65,11 @@ struct kiln_comm {
      * calls in the same order. NULL: the collectives run in order as issued (synchronous backends). */
     kiln_error *(*group_start)(kiln_comm *c);
     kiln_error *(*group_end)(kiln_comm *c);
+    /* The data collectives issued after this call read their device buffers after the work queued so far on the
+     * CUDA stream `stream` (a cudaStream_t), whatever else the device is running: the ZeRO-1 reduce-scatter of each
+     * span of the gradient the backward has finished, while it goes on. NCCL: its stream waits for an event; staged:
+     * the next collective waits for that event instead of the whole device. NULL: no such order (host buffers). */
+    kiln_error *(*after_stream)(kiln_comm *c, void *stream);
     int device_buffers; /* 1: data collectives take device memory of CUDA device `device` */
     int device;
     void *impl;

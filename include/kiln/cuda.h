@@ -51,6 +51,11 @@ typedef enum { KILN_CUDA_H2D = 0, KILN_CUDA_D2H, KILN_CUDA_D2D } kiln_cuda_copy_
 kiln_error *kiln_cuda_device_sync(void);
 /* synchronous */
 kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_copy_kind kind);
+/* An event marking the work queued so far on `stream` (a cudaStream_t; NULL: the legacy stream): *ev is created on
+ * first use and recorded again by later calls; kiln_cuda_event_sync waits for it, kiln_cuda_event_free frees it. */
+kiln_error *kiln_cuda_event_record(void **ev, void *stream);
+kiln_error *kiln_cuda_event_sync(void *ev);
+void kiln_cuda_event_free(void *ev);
 
 #ifdef __cplusplus
 }

@@ -123,6 +123,20 @@ void *kiln_zaya_cuda_stream(kiln_zaya_cuda *g);
 /* Wait for everything queued on the model's stream (and the optimizer's). */
 kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g);
 
+/* A hook the backward calls, on the calling thread, for each span [lo, hi) of the gradient's device layout (runs of
+ * whole tensors, each with the padding after it) as soon as it has queued the last write to it: the work queued on
+ * `stream` (a cudaStream_t) so far finishes it (side streams are joined to it first). Every element is in exactly
+ * one span per backward, and spans come in the order the backward finishes them, from the LM head and the last layer
+ * down to the embedding. The trainer's several ranks start the ZeRO-1 reduce-scatter of each span there, while the
+ * backward goes on. An error from fn ends the backward with it. fn NULL: no hook (the default). */
+typedef kiln_error *(*kiln_zaya_cuda_grads_ready_fn)(void *ctx, size_t lo, size_t hi, void *stream);
+kiln_error *kiln_zaya_cuda_set_grads_ready(kiln_zaya_cuda *g, kiln_zaya_cuda_grads_ready_fn fn, void *ctx);
+/* The stage of the backward after which each tensor's gradient is complete (stage[m->nparams]): 0 after the LM head
+ * and the final norm, nl - l after layer l (with its input norm), nl + 1 at the end (the embedding, layer 0's experts).
+ * Layer l's expert weights (written beside the next layer down) are finished a stage after the rest of layer l.
+ * Host only: no device needed, built with or without CUDA. */
+void kiln_zaya_cuda_grad_stages(const kiln_zaya *m, int *stage);
+
 /* Forward over host ids [B,T] (checked against the vocabulary). loss (nullable): the mean next-token
  * loss, as kiln_zaya_forward's (its pass over the logits, and a wait for it). The logits stay on the device
  * until backward overwrites them. A training step passes NULL and reads the loss the backward computes

@@ -105,6 +105,7 @@ typedef struct {
     size_t stage_bytes;
     void *scratch;      /* in-place all-to-all's copy of its input */
     size_t scratch_bytes;
+    cudaEvent_t after;  /* after_stream's mark on the caller's stream */
 } nccl_impl;
 
 static nccl_impl *impl(kiln_comm *c) { return (nccl_impl *)c->impl; }
@@ -139,14 +140,16 @@ static kiln_error *ar(kiln_comm *c, float *b, size_t n) {
     return NULL;
 }
 
-/* uneven blocks: rank r reduces [displs[r], +counts[r]) to itself */
+/* uneven blocks: rank r reduces [displs[r], +counts[r]) to itself (empty blocks skipped: counts are the same on
+ * every rank, so every rank skips the same) */
 static kiln_error *rs(kiln_comm *c, const float *send, float *recv, const size_t *counts, const size_t *displs) {
     nccl_impl *m = impl(c);
     NC_TRY(nc.GroupStart(), "group start");
     knccl_result r = 0;
     for (int p = 0; p < c->size && !r; p++)
-        r = nc.Reduce(send + displs[p], p == c->rank ? recv : NULL, counts[p], KNCCL_F32, KNCCL_SUM, p, m->comm,
-                      m->stream);
+        if (counts[p])
+            r = nc.Reduce(send + displs[p], p == c->rank ? recv : NULL, counts[p], KNCCL_F32, KNCCL_SUM, p, m->comm,
+                          m->stream);
     knccl_result r2 = nc.GroupEnd();
     NC_TRY(r ? r : r2, "reduce-scatter (grouped reduce)");
     return NULL;
@@ -232,6 +235,15 @@ static kiln_error *nsync(kiln_comm *c) {
     return NULL;
 }
 
+/* the collectives issued next wait, on NCCL's stream, for the work queued so far on `stream` */
+static kiln_error *after(kiln_comm *c, void *stream) {
+    nccl_impl *m = impl(c);
+    if (!m->after) CU_TRY(cudaEventCreateWithFlags(&m->after, cudaEventDisableTiming), "after_stream (cudaEventCreate)");
+    CU_TRY(cudaEventRecord(m->after, (cudaStream_t)stream), "after_stream (cudaEventRecord)");
+    CU_TRY(cudaStreamWaitEvent(m->stream, m->after, 0), "after_stream (cudaStreamWaitEvent)");
+    return NULL;
+}
+
 /* kiln_comm's group (the ZeRO-1 all-gather's broadcasts from every owner, launched as one) */
 static kiln_error *gstart(kiln_comm *c) {
     NC_TRY(nc.GroupStart(), "group start");
@@ -280,6 +292,7 @@ static void fin(kiln_comm *c) {
     if (m->comm) nc.CommDestroy(m->comm);
     if (m->stage) cudaFree(m->stage);
     if (m->scratch) cudaFree(m->scratch);
+    if (m->after) cudaEventDestroy(m->after);
     if (m->stream) cudaStreamDestroy(m->stream);
     if (m->boot) m->boot->finalize(m->boot);
     free(m);
@@ -326,7 +339,7 @@ extern "C" kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID
     c->broadcast = bc, c->barrier = barrier, c->finalize = fin, c->allreduce_sum_dt = ar_dt;
     c->reduce_scatter_sum_dt = rs_dt, c->allgather_dt = ag_dt, c->broadcast_dt = bc_dt, c->alltoall_dt = a2a_dt;
     c->allreduce_max_f64 = max64, c->sync = nsync;
-    c->group_start = gstart, c->group_end = gend;
+    c->group_start = gstart, c->group_end = gend, c->after_stream = after;
     kiln_error *e = cu_err(cudaSetDevice(device), "cudaSetDevice");
     if (!e) e = cu_err(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     knccl_id u;

@@ -10,7 +10,10 @@
  *
  * The device is synchronised before each collective reads a device buffer: the callers' kernels may be on
  * non-blocking streams that a copy on the legacy stream would not wait for (kiln_cuda_copy synchronises after
- * its copy, so nothing reads a result before it has landed). */
+ * its copy, so nothing reads a result before it has landed). After after_stream, the next collective waits only
+ * for the work queued on that stream, as NCCL's would: what else is running (the rest of the backward, its side
+ * streams) goes on while its buffer is copied, so a span of the gradient handed over before its last writer
+ * finished is read unfinished here too, and a test sees it. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,8 @@ typedef struct {
     kiln_comm *host;   /* the backend the collectives run on; finalized with this comm */
     void *a, *b;       /* host staging: send side, receive side */
     size_t a_cap, b_cap;
+    void *after;       /* after_stream's event (kiln_cuda_event_record) */
+    int after_pending; /* the next collective waits for it instead of the whole device */
 } staged;
 
 static kiln_error *stage_reserve(void **p, size_t *cap, size_t bytes) {
@@ -32,12 +37,22 @@ static kiln_error *stage_reserve(void **p, size_t *cap, size_t bytes) {
     return NULL;
 }
 
-/* host staging a (and b when bb > 0), the device idle; NULL on success */
+/* host staging a (and b when bb > 0), the device idle (or, after after_stream, that stream's work done); NULL on
+ * success */
 static kiln_error *stage_begin(kiln_comm *c, size_t ab, size_t bb) {
     staged *s = c->impl;
     KILN_TRY(stage_reserve(&s->a, &s->a_cap, ab ? ab : 1));
     if (bb) KILN_TRY(stage_reserve(&s->b, &s->b_cap, bb));
-    return kiln_cuda_device_sync();
+    if (!s->after_pending) return kiln_cuda_device_sync();
+    s->after_pending = 0;
+    return kiln_cuda_event_sync(s->after);
+}
+
+static kiln_error *after(kiln_comm *c, void *stream) {
+    staged *s = c->impl;
+    KILN_TRY(kiln_cuda_event_record(&s->after, stream));
+    s->after_pending = 1;
+    return NULL;
 }
 
 static kiln_error *down(void *host, const void *dev, size_t bytes) {
@@ -147,6 +162,7 @@ static kiln_error *barrier(kiln_comm *c) {
 static void fin(kiln_comm *c) {
     staged *s = c->impl;
     s->host->finalize(s->host);
+    kiln_cuda_event_free(s->after);
     free(s->a), free(s->b), free(s), free(c);
 }
 
@@ -181,7 +197,7 @@ kiln_error *kiln_comm_staged_from(kiln_comm *host, kiln_comm **out) {
                      .allreduce_sum_f64 = ar64, .reduce_scatter_sum = rs, .allgather = ag, .broadcast = bc,
                      .barrier = barrier, .finalize = fin, .allreduce_sum_dt = ar_dt, .reduce_scatter_sum_dt = rs_dt,
                      .allgather_dt = ag_dt, .broadcast_dt = bc_dt, .alltoall_dt = a2a_dt,
-                     .allreduce_max_f64 = max64, .device_buffers = 1, .device = lr % ndev, .impl = s};
+                     .allreduce_max_f64 = max64, .after_stream = after, .device_buffers = 1, .device = lr % ndev, .impl = s};
     *out = c;
     return NULL;
 }

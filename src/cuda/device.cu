@@ -96,3 +96,22 @@ extern "C" kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, 
 done:
     return err;
 }
+
+extern "C" kiln_error *kiln_cuda_event_record(void **ev, void *stream) {
+    kiln_error *err = NULL;
+    if (!*ev) CUDA_TRY(cudaEventCreateWithFlags((cudaEvent_t *)ev, cudaEventDisableTiming));
+    CUDA_TRY(cudaEventRecord((cudaEvent_t)*ev, (cudaStream_t)stream));
+done:
+    return err;
+}
+
+extern "C" kiln_error *kiln_cuda_event_sync(void *ev) {
+    kiln_error *err = NULL;
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev));
+done:
+    return err;
+}
+
+extern "C" void kiln_cuda_event_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}

@@ -35,6 +35,9 @@ kiln_error *kiln_cuda_copy(void *dst, const void *src, size_t bytes, kiln_cuda_c
     (void)dst, (void)src, (void)bytes, (void)kind;
     return no_cuda();
 }
+kiln_error *kiln_cuda_event_record(void **ev, void *stream) { (void)ev, (void)stream; return no_cuda(); }
+kiln_error *kiln_cuda_event_sync(void *ev) { (void)ev; return no_cuda(); }
+void kiln_cuda_event_free(void *ev) { (void)ev; }
 
 /* the NCCL backend needs CUDA */
 #include "kiln/comm.h"

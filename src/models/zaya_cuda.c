@@ -80,6 +80,50 @@ kiln_error *kiln_zaya_cuda_reads_f32(const kiln_zaya *m, unsigned char *f32) {
     return NULL;
 }
 
+/* ---- when the backward has finished each tensor's gradient (kiln_zaya_cuda_grad_stages); host only ----
+ * Stage 0: after the LM head's backward and the final norm's (with the last layer's MLP join); stage nl - l: after
+ * layer l's backward and its input norm's (with layer l-1's MLP join, or the input scale and bias for layer 0);
+ * stage nl + 1: the end, after the embedding's backward and the join of layer 0's expert weight gradients. A layer's
+ * expert weights are written on side streams beside the rest of that layer and the next layer down
+ * (kiln_experts_backward_cuda's dw_defer), which that next layer's experts backward joins first: stage nl - l + 1
+ * for layer l >= 1. Everything else of layer l is written by the end of its stage (its post-MLP scale's hidden-state
+ * side earlier, by layer l+1's join). A tensor's stage is the latest of its fields'; a tensor no field binds is
+ * finished at the end. Keep in step with kiln_zaya_cuda_backward: a tensor staged too early is handed to the
+ * reduce-scatter unfinished (gpu_zaya_train_rs_overlap_staged compares the bits). */
+static int field_stage(int top, size_t field, int64_t l, int64_t nl) {
+    if (!top) {
+        const int expert = field == offsetof(kiln_zaya_layer_ptrs, gate_up) || field == offsetof(kiln_zaya_layer_ptrs, down);
+        return (int)(nl - l) + expert;
+    }
+    if (field == offsetof(kiln_zaya_ptrs, norm) || field == offsetof(kiln_zaya_ptrs, lm_head_w) ||
+        field == offsetof(kiln_zaya_ptrs, lm_head_b))
+        return 0;
+    if (field == offsetof(kiln_zaya_ptrs, in_scale) || field == offsetof(kiln_zaya_ptrs, in_bias)) return (int)nl;
+    return (int)nl + 1; /* the embedding (with a tied LM head: the same tensor, the later stage) */
+}
+/* table: layer l's pointers (l >= 0) or the top-level ones (l < 0) */
+static void stage_fields(const kiln_zaya *m, const void *table, size_t bytes, int64_t l, int *stage) {
+    for (size_t f = 0; f < bytes / sizeof(float *); f++) {
+        const float *p;
+        memcpy(&p, (const char *)table + f * sizeof(float *), sizeof p);
+        if (!p) continue;
+        const int i = host_tensor_at(m, (size_t)(p - m->w));
+        const int s = field_stage(l < 0, f * sizeof(float *), l, m->cfg.num_layers);
+        if (s > stage[i]) stage[i] = s;
+    }
+}
+
+void kiln_zaya_cuda_grad_stages(const kiln_zaya *m, int *stage) {
+    const int64_t nl = m->cfg.num_layers;
+    for (int i = 0; i < m->nparams; i++) stage[i] = -1;
+    kiln_zaya_ptrs top = m->W;
+    top.layers = NULL; /* the layer table is not a parameter */
+    stage_fields(m, &top, sizeof top, -1, stage);
+    for (int64_t l = 0; l < nl; l++) stage_fields(m, &m->W.layers[l], sizeof(kiln_zaya_layer_ptrs), l, stage);
+    for (int i = 0; i < m->nparams; i++)
+        if (stage[i] < 0) stage[i] = (int)nl + 1;
+}
+
 #ifndef KILN_HAVE_CUDA
 
 kiln_error *kiln_zaya_cuda_create(const kiln_zaya *m, int64_t B, int64_t T, int recompute, kiln_zaya_cuda **out) {
@@ -118,6 +162,10 @@ kiln_error *kiln_zaya_cuda_sync(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 kiln_error *kiln_zaya_cuda_forward(kiln_zaya_cuda *g, const int64_t *ids, double *loss) { (void)g, (void)ids, (void)loss; NOCUDA; }
 kiln_error *kiln_zaya_cuda_logits(kiln_zaya_cuda *g, float *l) { (void)g, (void)l; NOCUDA; }
 kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
+kiln_error *kiln_zaya_cuda_set_grads_ready(kiln_zaya_cuda *g, kiln_zaya_cuda_grads_ready_fn fn, void *ctx) {
+    (void)g, (void)fn, (void)ctx;
+    NOCUDA;
+}
 kiln_error *kiln_zaya_cuda_grads_clear_empty(kiln_zaya_cuda *g) { (void)g; NOCUDA; }
 const uint32_t *kiln_zaya_cuda_zero_mask(const kiln_zaya_cuda *g) { (void)g; return NULL; }
 int kiln_zaya_cuda_grad_zero_groups(const kiln_zaya_cuda *g, int i, int64_t *zn) { (void)g, (void)i; *zn = 0; return 0; }
@@ -247,6 +295,9 @@ struct kiln_zaya_cuda {
     double *dwsq;
     unsigned char *dwsq_ok;
     cudaStream_t nstream;  /* the experts' partial sums of squares, beside the rest of the backward */
+    kiln_zaya_cuda_grads_ready_fn ready_fn; /* kiln_zaya_cuda_set_grads_ready */
+    void *ready_ctx;
+    int *gstage;           /* each tensor's stage (kiln_zaya_cuda_grad_stages), made on the first set */
     cudaEvent_t nsq_ev, nsq_done;
     gscratch s;
     void *arena, *sarena;
@@ -475,6 +526,7 @@ void kiln_zaya_cuda_free(kiln_zaya_cuda *g) {
     if (g->ostream) cudaStreamSynchronize(g->ostream);
     if (g->stream) cudaStreamSynchronize(g->stream);
     expert_sumsq_free(g);
+    free(g->gstage);
     kiln_cuda_free(g->w);
     kiln_cuda_free(g->g);
     kiln_cuda_free(g->wb);
@@ -1528,6 +1580,34 @@ static kiln_error *layer_backward(kiln_zaya_cuda *g, int64_t li, glayer *L, cons
     return NULL;
 }
 
+kiln_error *kiln_zaya_cuda_set_grads_ready(kiln_zaya_cuda *g, kiln_zaya_cuda_grads_ready_fn fn, void *ctx) {
+    if (fn && !g->gstage) {
+        if (!(g->gstage = malloc((size_t)(g->m->nparams + 1) * sizeof *g->gstage)))
+            return kiln_errorf(KILN_ENOMEM, "ZAYA on CUDA: the gradient's stages");
+        kiln_zaya_cuda_grad_stages(g->m, g->gstage);
+    }
+    g->ready_fn = fn, g->ready_ctx = fn ? ctx : NULL;
+    return NULL;
+}
+
+/* The backward has queued the last write of every tensor of stage s on the model's stream: their spans (runs of
+ * tensors with the padding after each) go to the caller's hook. */
+static kiln_error *grads_ready(kiln_zaya_cuda *g, int s) {
+    if (!g->ready_fn) return NULL;
+    const int n = g->m->nparams;
+    for (int i = 0; i < n;) {
+        if (g->gstage[i] != s) {
+            i++;
+            continue;
+        }
+        int j = i + 1;
+        while (j < n && g->gstage[j] == s) j++;
+        KILN_TRY(g->ready_fn(g->ready_ctx, g->poff[i], g->poff[j], g->stream));
+        i = j;
+    }
+    return NULL;
+}
+
 /* the MLP join's first input for the norm + join backward: layer L's gated expert rows where the forward formed
  * them as it read them (moe_gather), else its moe */
 static void moe_join_input(const kiln_zaya_cuda *g, const glayer *L, kiln_norm_join_bwd *p) {
@@ -1572,6 +1652,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
                              .das = nl ? Gl->mlp_hs : g->G.in_scale, .da = nl ? s->dmoe : s->dx0};
     if (nl) moe_join_input(g, &g->L[nl - 1], &fj);
     OP(g, "residual + RMSNorm bwd", kiln_norm_join_backward_cuda(&fj, N, H, st));
+    KILN_TRY(grads_ready(g, 0)); /* the LM head and the final norm */
     for (int64_t l = nl - 1; l >= 0; l--) {
         glayer *L = &g->L[l];
         const bf *prev = l > 0 ? g->L[l - 1].rdown : NULL;
@@ -1590,6 +1671,8 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
                                  .da = l > 0 ? s->dmoe : s->dx0};
         if (l > 0) moe_join_input(g, &g->L[l - 1], &nj);
         OP(g, "residual + RMSNorm bwd", kiln_norm_join_backward_cuda(&nj, N, H, st));
+        e = grads_ready(g, (int)(nl - l)); /* layer l's, and layer l+1's experts (joined by layer l's) */
+        if (e) return kiln_error_wrap(e, "layer %lld backward: its finished gradients", (long long)l);
         float *t = s->dres;
         s->dres = s->dnext;
         s->dnext = t;
@@ -1603,6 +1686,7 @@ kiln_error *kiln_zaya_cuda_backward(kiln_zaya_cuda *g) {
     /* the first layer's expert weight gradients, left running beside the joins and the embedding's backward */
     OP(g, "experts (dispatch + grouped GEMMs) bwd", kiln_experts_backward_join_cuda(st));
     if (c->num_layers) KILN_TRY(queue_expert_sumsq(g, 0));
+    KILN_TRY(grads_ready(g, (int)nl + 1)); /* the rest */
     CU(cudaStreamSynchronize(st));
     sample_memory(g);
     return NULL;
