@@ -11,7 +11,9 @@
 #     The loss of the most GPUs' run against 1 GPU accumulating as many micro-batches (the same global batch, the
 #     same data): step 1 within 1e-6, steps 2-5 within 1e-3, all within 2e-2 (bf16 noise; as the staged test).
 #     The most GPUs again with KILN_ZERO1_GATHER=f32 (every f32 master all-gathered, the bf16 copy re-derived):
-#     the default bf16 all-gather's time and tokens/s against it, and their losses, which must be equal.
+#     the default bf16 all-gather's time and tokens/s against it, and their losses, which must be equal. And again
+#     with KILN_RS_OVERLAP=0 (the reduce-scatter after the backward instead of a span at a time inside it): the
+#     overlap's tokens/s against it, and their losses, which must be equal.
 #  3. That run's step-$CKPT_AT checkpoint reshaped (kiln ckpt reshape) to 2 ranks and to 1, each resumed to the
 #     end: their losses against the straight run's, within 2e-2.
 # Env: OUT, COMM_MAX, SKIP_COMM=1, SKIP_TRAIN=1, TRAIN_STEPS (default 12), CKPT_AT (default 6; 0: no part 3),
@@ -102,6 +104,10 @@ if [ "$gmax" -gt 1 ]; then
   export KILN_ZERO1_GATHER=f32
   train_run "train_g${gmax}_gather_f32" "$gmax" 1 0 || exit 1
   unset KILN_ZERO1_GATHER
+  echo "== $gmax GPUs, the reduce-scatter after the backward (KILN_RS_OVERLAP=0)"
+  export KILN_RS_OVERLAP=0
+  train_run "train_g${gmax}_rs_after" "$gmax" 1 0 || exit 1
+  unset KILN_RS_OVERLAP
 fi
 # ---- 3. the most GPUs' checkpoint reshaped to 2 and 1, resumed ----
 reshaped=()
@@ -135,7 +141,8 @@ def row(g, name, label=""):
     per = tps / g
     base = base or per
     log = open(f"{out}/{name}.log").read()
-    rs = re.search(r"gradient reduce-scatter \(host wall, idle GPU\)\s+([0-9.]+)", log)
+    # with the overlap (the default), the part of it left after the backward
+    rs = re.search(r"gradient reduce-scatter(?:, after the backward| \(host wall, idle GPU\))\s+([0-9.]+)", log)
     ag = re.search(r"parameter all-gather \(host wall, idle GPU\)\s+([0-9.]+)", log)
     f = lambda m: f"{float(m.group(1)):.2f} ms" if m else "-"
     print(f"{g:4} {tps:12.0f} {per:10.0f} {100 * per / base:9.1f}% {1000 * 16384 * g / tps:8.1f} {f(rs):>15} {f(ag):>11}"
@@ -152,6 +159,11 @@ if gmax > 1:
     same = tm.losses(tm.rows(f"{out}/train_g{gmax}")) == tm.losses(tm.rows(f"{out}/train_g{gmax}_gather_f32"))
     ok &= same
     print(f"bf16 all-gather vs f32 at {gmax} GPUs: {tps16 / tps32:.3f}x the tokens/s; losses "
+          f"{'equal' if same else 'DIFFER'}")
+    tpsa, _ = row(gmax, f"train_g{gmax}_rs_after", "  (KILN_RS_OVERLAP=0)")
+    same = tm.losses(tm.rows(f"{out}/train_g{gmax}")) == tm.losses(tm.rows(f"{out}/train_g{gmax}_rs_after"))
+    ok &= same
+    print(f"reduce-scatter inside the backward vs after it at {gmax} GPUs: {tps16 / tpsa:.3f}x the tokens/s; losses "
           f"{'equal' if same else 'DIFFER'}")
 if gmax > 1:
     a, b = tm.losses(tm.rows(f"{out}/train_g{gmax}")), tm.losses(tm.rows(f"{out}/train_g1_accum{gmax}"))
