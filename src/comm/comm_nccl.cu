@@ -341,7 +341,11 @@ extern "C" kiln_error *kiln_comm_nccl_create(const unsigned char id[KILN_NCCL_ID
     c->allreduce_max_f64 = max64, c->sync = nsync;
     c->group_start = gstart, c->group_end = gend, c->after_stream = after;
     kiln_error *e = cu_err(cudaSetDevice(device), "cudaSetDevice");
-    if (!e) e = cu_err(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    /* the greatest priority, as the model's stream has: the reduce-scatter's kernels beside the backward (the
+     * trainer's KILN_RS_OVERLAP) are not left waiting behind its pending blocks while their peers spin on them */
+    int least = 0, greatest = 0;
+    if (!e) e = cu_err(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    if (!e) e = cu_err(cudaStreamCreateWithPriority(&m->stream, cudaStreamNonBlocking, greatest), "cudaStreamCreate");
     knccl_id u;
     memcpy(u.internal, id, KILN_NCCL_ID_BYTES);
     if (!e) e = nc_err(nc.CommInitRank(&m->comm, nranks, u, rank), "comm init", NULL);
