@@ -256,6 +256,81 @@ TEST(zero1_gather_runs_cover_each_rank) {
     kiln_zaya_free(m);
 }
 
+/* The reduce-scatter inside the backward, on the host: the tiny model in the GPU's layout (64-element aligned), its
+ * tensors handed over in the backward's stages as grads_ready does (runs of one stage, the padding after each), each
+ * span cut into the owners' blocks by zero1_span_blocks. Over a backward every element must reach its owner exactly
+ * once and no other rank; each span's blocks lie in their owners' ranges, contiguous in rank order (as MPI's and
+ * the staged backend's reduce-scatter read them) and covering the span. Also random spans. */
+static void check_span(const zero1_partition *p, const size_t *dcounts, const size_t *ddispls, size_t lo, size_t hi,
+                       unsigned char *times, unsigned char *who) {
+    size_t cnt[8], dsp[8], at = 0;
+    zero1_span_blocks(dcounts, ddispls, p->world, lo, hi, cnt, dsp);
+    for (int r = 0; r < p->world; r++) {
+        CHECK_MSG(dsp[r] == at, "world %d span [%zu, %zu): rank %d's block starts at %zu, not %zu", p->world, lo, hi,
+                  r, dsp[r], at);
+        if (cnt[r]) CHECK(lo + dsp[r] >= ddispls[r] && lo + dsp[r] + cnt[r] <= ddispls[r] + dcounts[r]);
+        for (size_t e = lo + dsp[r]; times && e < lo + dsp[r] + cnt[r]; e++) times[e]++, who[e] = (unsigned char)r;
+        at = dsp[r] + cnt[r];
+    }
+    CHECK_MSG(at == hi - lo, "world %d span [%zu, %zu): the blocks cover %zu", p->world, lo, hi, at);
+}
+
+TEST(zero1_span_blocks_reach_each_owner_once) {
+    kiln_zaya_config c;
+    tiny_config(&c, 0);
+    kiln_zaya *m = NULL;
+    CHECK_OK(kiln_zaya_create(&c, &m));
+    const int n = m->nparams;
+    size_t *off = malloc(((size_t)n + 1) * sizeof *off), end = 0;
+    int *stage = malloc((size_t)n * sizeof *stage);
+    for (int i = 0; i < n; i++) off[i] = (end + 63) / 64 * 64, end = off[i] + (size_t)m->params[i].numel;
+    off[n] = end = (end + 63) / 64 * 64;
+    kiln_zaya_cuda_grad_stages(m, stage);
+    unsigned char *times = malloc(end), *who = malloc(end);
+    kiln_rng g;
+    kiln_rng_seed(&g, 5);
+    for (int world = 1; world <= 6; world++) {
+        zero1_partition p;
+        CHECK_OK(zero1_partition_make(m, world, &p));
+        size_t dcounts[8], ddispls[8];
+        for (int r = 0; r < world; r++) ddispls[r] = off[p.first[r]], dcounts[r] = off[p.first[r + 1]] - ddispls[r];
+        memset(times, 0, end);
+        int spans = 0;
+        for (int st = 0; st <= (int)c.num_layers + 1; st++)
+            for (int i = 0; i < n;) {
+                if (stage[i] != st) {
+                    i++;
+                    continue;
+                }
+                int j = i + 1;
+                while (j < n && stage[j] == st) j++;
+                check_span(&p, dcounts, ddispls, off[i], off[j], times, who);
+                spans++;
+                i = j;
+            }
+        CHECK(spans > (int)c.num_layers + 1); /* the experts split each layer's run */
+        for (size_t e = 0, bad = 0; e < end && bad < 3; e++) {
+            int owner = 0;
+            while (owner + 1 < world && e >= ddispls[owner + 1]) owner++;
+            const int ok = times[e] == 1 && who[e] == owner;
+            bad += !ok;
+            CHECK_MSG(ok, "world %d: element %zu reached rank %d %d times, not its owner %d once", world, e, who[e],
+                      times[e], owner);
+        }
+        for (int k = 0; k < 200; k++) { /* any span */
+            size_t a = (size_t)(kiln_rng_uniform(&g) * (double)end), b = (size_t)(kiln_rng_uniform(&g) * (double)end);
+            if (a > b) {
+                const size_t t = a;
+                a = b, b = t;
+            }
+            check_span(&p, dcounts, ddispls, a, b, NULL, NULL);
+        }
+        zero1_partition_free(&p);
+    }
+    free(times), free(who), free(stage), free(off);
+    kiln_zaya_free(m);
+}
+
 /* Feeding back the load of a skewed router moves the biases toward equal load. */
 TEST(balance_controller_moves_toward_equal_load) {
     kiln_train_config c;

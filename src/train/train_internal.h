@@ -27,6 +27,12 @@ typedef struct {
 } zero1_run;
 kiln_error *zero1_gather_runs(const zero1_partition *p, const size_t *off, const int64_t *numel,
                               const unsigned char *f32, zero1_run **runs, int *nruns);
+/* The reduce-scatter of the span [lo, hi) of a buffer partitioned into world contiguous blocks in rank order
+ * (rank r's: [displs[r], +counts[r])): each rank's part of the span as a block of the span itself (out_displs
+ * relative to lo, out_counts 0 for a rank with none of it), so again contiguous in rank order and summing to
+ * hi - lo where the partition covers the span. */
+void zero1_span_blocks(const size_t *counts, const size_t *displs, int world, size_t lo, size_t hi,
+                       size_t *out_counts, size_t *out_displs);
 
 /* Expert load balancing as ZAYA1: after each step a PID controller moves every layer's
  * balancing biases toward equal expert load (the skip class toward its own target share). */

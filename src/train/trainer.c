@@ -425,18 +425,13 @@ static void step_debug_sumsq(kiln_zaya_cuda *g, const kiln_comm *comm, int64_t s
 }
 
 /* The backward's hook (KILN_RS_OVERLAP): ZeRO-1's reduce-scatter of the gradient's elements [lo, hi), which the work
- * queued on `stream` finishes, each owner's part of it reduced to that owner's shard; on the comm's stream, after
- * that work, beside the rest of the backward. The owners' blocks are contiguous in rank order, so their parts of the
- * span are too (empty for most ranks). */
+ * queued on `stream` finishes, each owner's part of it (zero1_span_blocks; empty for most ranks) reduced to that
+ * owner's shard; on the comm's stream, after that work, beside the rest of the backward. */
 static kiln_error *rs_span(void *ctx, size_t lo, size_t hi, void *stream) {
     trainer *t = ctx;
     kiln_comm *comm = t->rs_comm;
     const int me = comm->rank;
-    for (int p = 0; p < comm->size; p++) {
-        const size_t a = t->ddispls[p], b = a + t->dcounts[p];
-        const size_t x = a < lo ? lo : a > hi ? hi : a, y = b < lo ? lo : b > hi ? hi : b;
-        t->span_displs[p] = x - lo, t->span_counts[p] = y - x;
-    }
+    zero1_span_blocks(t->dcounts, t->ddispls, comm->size, lo, hi, t->span_counts, t->span_displs);
     float *recv = t->gshard_dev + (t->span_counts[me] ? lo + t->span_displs[me] - t->ddispls[me] : 0);
     KILN_TRY(comm->after_stream(comm, stream));
     return comm->reduce_scatter_sum(comm, kiln_zaya_cuda_grads(t->gpu) + lo, recv, t->span_counts, t->span_displs);

@@ -54,3 +54,12 @@ kiln_error *zero1_gather_runs(const zero1_partition *p, const size_t *off, const
     *runs = r, *nruns = n;
     return NULL;
 }
+
+void zero1_span_blocks(const size_t *counts, const size_t *displs, int world, size_t lo, size_t hi,
+                       size_t *out_counts, size_t *out_displs) {
+    for (int r = 0; r < world; r++) {
+        const size_t a = displs[r], b = a + counts[r];
+        const size_t x = a < lo ? lo : a > hi ? hi : a, y = b < lo ? lo : b > hi ? hi : b;
+        out_displs[r] = x - lo, out_counts[r] = y - x;
+    }
+}
