@@ -245,15 +245,16 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
         KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->dcounts[comm->rank] + 1) * sizeof(float)));
         t->gshard_owned = 1;
         KILN_TRY(gather_setup(t));
-        /* KILN_RS_OVERLAP=1 (the default where the backend can order a collective after a stream: NCCL, staged; =0:
-         * the whole gradient after the backward): the reduce-scatter of each span of the gradient starts as soon as
-         * the backward has finished it (kiln_zaya_cuda_set_grads_ready, the step's last micro-batch), beside the
-         * rest of the backward, instead of with the device idle after it (~17 ms of a step at 8 GPUs by README's
-         * estimate, most of it hidden). The same sums: each element is reduced once, over the same ranks. */
+        /* KILN_RS_OVERLAP=1 (where the backend can order a collective after a stream: NCCL, staged): the
+         * reduce-scatter of each span of the gradient starts as soon as the backward has finished it
+         * (kiln_zaya_cuda_set_grads_ready, the step's last micro-batch), beside the rest of the backward, instead of
+         * with the device idle after it (~17 ms of a step at 8 GPUs by README's estimate, most of it hidden). The
+         * same sums: each element is reduced once, over the same ranks. Off by default (=0: the whole gradient after
+         * the backward) until a GPU has run it: written in session 39, when no device could be had. */
         const char *ro = getenv("KILN_RS_OVERLAP");
         if (ro && *ro && strcmp(ro, "0") && strcmp(ro, "1"))
-            return kiln_errorf(KILN_EINVAL, "KILN_RS_OVERLAP=%s: expected 1 (the default) or 0", ro);
-        t->rs_overlap = comm->after_stream && !(ro && !strcmp(ro, "0"));
+            return kiln_errorf(KILN_EINVAL, "KILN_RS_OVERLAP=%s: expected 0 (the default) or 1", ro);
+        t->rs_overlap = comm->after_stream && ro && !strcmp(ro, "1");
         if (t->rs_overlap) {
             t->rs_comm = comm;
             t->span_counts = calloc((size_t)comm->size, sizeof *t->span_counts);

@@ -996,8 +996,8 @@ TEST(gpu_zaya_train_gather_bf16_staged) {
     CHECK_MSG(ck_same_model_file(d16, d32), "the final model differs between the bf16 and the f32 all-gather");
 }
 
-/* The reduce-scatter started a span at a time inside the backward (KILN_RS_OVERLAP=1, the default with several ranks)
- * against the whole gradient after it (=0): the same losses, checkpoint shards and final model, bit for bit. Three
+/* The reduce-scatter started a span at a time inside the backward (KILN_RS_OVERLAP=1) against the whole gradient
+ * after it (=0, the default): the same losses, checkpoint shards and final model, bit for bit. Three
  * ranks (uneven shards, an owner's block starting inside a layer), and two ranks accumulating two micro-batches (the
  * hook on the second backward only). Staged, each span's copy waits only for the model's stream, as NCCL's stream
  * would, while the rest of the backward runs: a tensor handed over before its last write (a stage too early in
@@ -1015,8 +1015,9 @@ static void rs_overlap_case(int np, int accum, const char *name) {
     snprintf(cfgoff, sizeof cfgoff, "%s", ck_config(dd, doff, 8, accum, 32, extra));
     CHECK(setenv("KILN_RS_OVERLAP", "0", 1) == 0);
     CHECK(gpu_train_ranks(np, cfgoff, doff, NULL) == 0);
-    unsetenv("KILN_RS_OVERLAP");
+    CHECK(setenv("KILN_RS_OVERLAP", "1", 1) == 0);
     CHECK(gpu_train_ranks(np, cfgon, don, NULL) == 0);
+    unsetenv("KILN_RS_OVERLAP");
     double lon[8] = {0}, loff[8] = {0};
     CHECK(ck_losses(don, lon, 8) == 8 && ck_losses(doff, loff, 8) == 8);
     int differ = 0;
