@@ -89,9 +89,10 @@ kiln_error *kiln_zaya_cuda_reads_f32(const kiln_zaya *m, unsigned char *f32) {
  * for layer l >= 1. Everything else of layer l is written by the end of its stage (its post-MLP scale's hidden-state
  * side earlier, by layer l+1's join). A tensor's stage is the latest of its fields'; a tensor no field binds is
  * finished at the end. Keep in step with kiln_zaya_cuda_backward: a tensor staged too early is handed to the
- * reduce-scatter unfinished (gpu_zaya_train_rs_overlap_staged compares the bits). */
-static int field_stage(int top, size_t field, int64_t l, int64_t nl) {
-    if (!top) {
+ * reduce-scatter unfinished (gpu_zaya_train_rs_overlap_staged compares the bits). Below, l >= 0: a field of layer l's
+ * pointers; l < 0: of the top-level ones. */
+static int field_stage(size_t field, int64_t l, int64_t nl) {
+    if (l >= 0) {
         const int expert = field == offsetof(kiln_zaya_layer_ptrs, gate_up) || field == offsetof(kiln_zaya_layer_ptrs, down);
         return (int)(nl - l) + expert;
     }
@@ -101,14 +102,13 @@ static int field_stage(int top, size_t field, int64_t l, int64_t nl) {
     if (field == offsetof(kiln_zaya_ptrs, in_scale) || field == offsetof(kiln_zaya_ptrs, in_bias)) return (int)nl;
     return (int)nl + 1; /* the embedding (with a tied LM head: the same tensor, the later stage) */
 }
-/* table: layer l's pointers (l >= 0) or the top-level ones (l < 0) */
 static void stage_fields(const kiln_zaya *m, const void *table, size_t bytes, int64_t l, int *stage) {
     for (size_t f = 0; f < bytes / sizeof(float *); f++) {
         const float *p;
         memcpy(&p, (const char *)table + f * sizeof(float *), sizeof p);
         if (!p) continue;
         const int i = host_tensor_at(m, (size_t)(p - m->w));
-        const int s = field_stage(l < 0, f * sizeof(float *), l, m->cfg.num_layers);
+        const int s = field_stage(f * sizeof(float *), l, m->cfg.num_layers);
         if (s > stage[i]) stage[i] = s;
     }
 }

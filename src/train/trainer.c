@@ -92,7 +92,7 @@ typedef struct {
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
     zero1_run *gruns;          /* several ranks, KILN_ZERO1_GATHER=bf16: the all-gather's broadcasts (gather_params) */
     int ngruns;
-    int rs_overlap;            /* several ranks, KILN_RS_OVERLAP=1: the reduce-scatter a span at a time in the backward */
+    int rs_overlap;            /* several ranks, KILN_RS_OVERLAP=1, no KILN_FAULT: the reduce-scatter in the backward */
     kiln_comm *rs_comm;        /* rs_span's */
     size_t *span_counts, *span_displs;
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
@@ -455,9 +455,7 @@ static kiln_error *one_step_cuda(trainer *t, const kiln_train_config *c, kiln_co
     const int64_t accum = accum_at(c, step), L = c->model.num_layers, E1 = c->model.num_experts + 1;
     const int me = comm->rank;
     const int64_t dbg = t->step_debug;
-    /* the reduce-scatter in the last micro-batch's backward; not with KILN_FAULT's hooks, which change the
-     * gradient after the backward */
-    const int overlap = comm->size > 1 && t->rs_overlap && !t->ft.faults.n;
+    const int overlap = t->rs_overlap; /* the reduce-scatter in the last micro-batch's backward */
     if (step < dbg)
         step_debug_sumsq(g, comm, step, "parameters' sum of squares before the step", kiln_zaya_cuda_params(g),
                          kiln_zaya_cuda_numel(g));
@@ -690,7 +688,7 @@ static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
      * step, and not of the ops above */
     if (comm->size > 1)
         printf("  %-40s %10.2f %6.1f%%\n  %-40s %10.2f %6.1f%%\n",
-               t->rs_overlap && !t->ft.faults.n ? "gradient reduce-scatter, after the backward" :
+               t->rs_overlap ? "gradient reduce-scatter, after the backward" :
                                                   "gradient reduce-scatter (host wall, idle GPU)",
                t->rs_s * 1e3, 100 * t->rs_s / step_s, "parameter all-gather (host wall, idle GPU)", t->ag_s * 1e3,
                100 * t->ag_s / step_s);
@@ -732,6 +730,8 @@ static kiln_error *beat_flush(trainer *t) { return t->hbw ? kiln_heartbeat_write
 static kiln_error *ft_start(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
     KILN_TRY(kiln_ft_env_read(&t->ft));
     KILN_TRY(kiln_step_ranges_parse(c->skip_steps, &t->ft.skip));
+    /* KILN_FAULT's hooks change the gradient after the backward: the reduce-scatter waits for them */
+    if (t->ft.faults.n) t->rs_overlap = 0;
     if (t->ft.heartbeat_dir[0]) KILN_TRY(kiln_heartbeat_writer_open(t->ft.heartbeat_dir, &t->hbw)); /* its thread */
     int n = 0;
     if (comm->rank == 0 && t->ft.reject_from > 0) {
