@@ -92,7 +92,7 @@ typedef struct {
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
     zero1_run *gruns;          /* several ranks, KILN_ZERO1_GATHER=bf16: the all-gather's broadcasts (gather_params) */
     int ngruns;
-    int rs_overlap;            /* several ranks, KILN_RS_OVERLAP=1, no KILN_FAULT: the reduce-scatter in the backward */
+    int rs_overlap;            /* several ranks, not KILN_RS_OVERLAP=0, no KILN_FAULT: the reduce-scatter in the backward */
     kiln_comm *rs_comm;        /* rs_span's */
     size_t *span_counts, *span_displs;
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
@@ -245,16 +245,16 @@ static kiln_error *setup_cuda(trainer *t, const kiln_train_config *c, kiln_comm 
         KILN_TRY(kiln_cuda_alloc((void **)&t->gshard_dev, (t->dcounts[comm->rank] + 1) * sizeof(float)));
         t->gshard_owned = 1;
         KILN_TRY(gather_setup(t));
-        /* KILN_RS_OVERLAP=1 (where the backend can order a collective after a stream: NCCL, staged): the
-         * reduce-scatter of each span of the gradient starts as soon as the backward has finished it
-         * (kiln_zaya_cuda_set_grads_ready, the step's last micro-batch), beside the rest of the backward, instead of
-         * with the device idle after it (~17 ms of a step at 8 GPUs by README's estimate, most of it hidden). The
-         * same sums: each element is reduced once, over the same ranks. Off by default (=0: the whole gradient after
-         * the backward) until a GPU has run it: written in session 39, when no device could be had. */
+        /* The reduce-scatter inside the backward (the default where the backend can order a collective after a
+         * stream: NCCL, staged; KILN_RS_OVERLAP=0 turns it off): each span of the gradient is reduced as soon as
+         * the backward has finished it (kiln_zaya_cuda_set_grads_ready, the step's last micro-batch), beside the
+         * rest of the backward, instead of with the device idle after it (~17 ms of a step at 8 GPUs by README's
+         * estimate, most of it hidden). The same sums: each element is reduced once, over the same ranks; staged,
+         * the same bits (gpu_zaya_train_rs_overlap_staged, run on an H100 in session 40). */
         const char *ro = getenv("KILN_RS_OVERLAP");
         if (ro && *ro && strcmp(ro, "0") && strcmp(ro, "1"))
-            return kiln_errorf(KILN_EINVAL, "KILN_RS_OVERLAP=%s: expected 0 (the default) or 1", ro);
-        t->rs_overlap = comm->after_stream && ro && !strcmp(ro, "1");
+            return kiln_errorf(KILN_EINVAL, "KILN_RS_OVERLAP=%s: expected 1 (the default) or 0", ro);
+        t->rs_overlap = comm->after_stream && !(ro && !strcmp(ro, "0"));
         if (t->rs_overlap) {
             t->rs_comm = comm;
             t->span_counts = calloc((size_t)comm->size, sizeof *t->span_counts);
@@ -425,9 +425,10 @@ static void step_debug_sumsq(kiln_zaya_cuda *g, const kiln_comm *comm, int64_t s
     step_debug(comm, step, what, v);
 }
 
-/* The backward's hook (KILN_RS_OVERLAP): ZeRO-1's reduce-scatter of the gradient's elements [lo, hi), which the work
- * queued on `stream` finishes, each owner's part of it (zero1_span_blocks; empty for most ranks) reduced to that
- * owner's shard; on the comm's stream, after that work, beside the rest of the backward. */
+/* The backward's hook (the default on several ranks; KILN_RS_OVERLAP=0 turns it off): ZeRO-1's reduce-scatter of
+ * the gradient's elements [lo, hi), which the work queued on `stream` finishes, each owner's part of it
+ * (zero1_span_blocks; empty for most ranks) reduced to that owner's shard; on the comm's stream, after that work,
+ * beside the rest of the backward. */
 static kiln_error *rs_span(void *ctx, size_t lo, size_t hi, void *stream) {
     trainer *t = ctx;
     kiln_comm *comm = t->rs_comm;
@@ -684,7 +685,7 @@ static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
         if (rows[i].side)
             printf("  beside the model's stream: %s %.2f ms (%d)\n", rows[i].cls, rows[i].ms, rows[i].calls);
     /* ZeRO-1's collectives run between the backward and the optimizer (the reduce-scatter's part the backward did not
-     * hide, with KILN_RS_OVERLAP), and after it, with the model's stream idle: their host wall time is part of the
+     * hide, by default), and after it, with the model's stream idle: their host wall time is part of the
      * step, and not of the ops above */
     if (comm->size > 1)
         printf("  %-40s %10.2f %6.1f%%\n  %-40s %10.2f %6.1f%%\n",

@@ -996,8 +996,8 @@ TEST(gpu_zaya_train_gather_bf16_staged) {
     CHECK_MSG(ck_same_model_file(d16, d32), "the final model differs between the bf16 and the f32 all-gather");
 }
 
-/* The reduce-scatter started a span at a time inside the backward (KILN_RS_OVERLAP=1) against the whole gradient
- * after it (=0, the default): the same losses, checkpoint shards and final model, bit for bit. Three
+/* The reduce-scatter started a span at a time inside the backward (KILN_RS_OVERLAP=1, the default) against the whole
+ * gradient after it (=0): the same losses, checkpoint shards and final model, bit for bit. Three
  * ranks (uneven shards, an owner's block starting inside a layer), and two ranks accumulating two micro-batches (the
  * hook on the second backward only). Staged, each span's copy waits only for the model's stream, as NCCL's stream
  * would, while the rest of the backward runs: a tensor handed over before its last write (a stage too early in
