@@ -92,7 +92,7 @@ typedef struct {
     size_t *dcounts, *ddispls; /* the ZeRO-1 partition in the device layout (tensors 64-element aligned) */
     zero1_run *gruns;          /* several ranks, KILN_ZERO1_GATHER=bf16: the all-gather's broadcasts (gather_params) */
     int ngruns;
-    int rs_overlap;            /* several ranks, not KILN_RS_OVERLAP=0, no KILN_FAULT: the reduce-scatter in the backward */
+    int rs_overlap;            /* several ranks, no KILN_RS_OVERLAP=0, no KILN_FAULT: the reduce-scatter in the backward */
     kiln_comm *rs_comm;        /* rs_span's */
     size_t *span_counts, *span_displs;
     int opt_overlap;  /* one rank, AdamW, KILN_OPT_OVERLAP=1: the optimizer step runs beside the next forward */
