@@ -689,8 +689,8 @@ static kiln_error *print_profile(trainer *t, kiln_comm *comm, double step_s) {
      * step, and not of the ops above */
     if (comm->size > 1)
         printf("  %-40s %10.2f %6.1f%%\n  %-40s %10.2f %6.1f%%\n",
-               t->rs_overlap ? "gradient reduce-scatter, after the backward" :
-                                                  "gradient reduce-scatter (host wall, idle GPU)",
+               t->rs_overlap ? "gradient reduce-scatter, after the backward"
+                             : "gradient reduce-scatter (host wall, idle GPU)",
                t->rs_s * 1e3, 100 * t->rs_s / step_s, "parameter all-gather (host wall, idle GPU)", t->ag_s * 1e3,
                100 * t->ag_s / step_s);
     if (comm->size > 1) { /* what they move, for the bus bandwidth */
@@ -731,7 +731,8 @@ static kiln_error *beat_flush(trainer *t) { return t->hbw ? kiln_heartbeat_write
 static kiln_error *ft_start(trainer *t, const kiln_train_config *c, kiln_comm *comm) {
     KILN_TRY(kiln_ft_env_read(&t->ft));
     KILN_TRY(kiln_step_ranges_parse(c->skip_steps, &t->ft.skip));
-    /* KILN_FAULT's hooks change the gradient after the backward: the reduce-scatter waits for them */
+    /* KILN_FAULT's hooks change the gradient after the backward: the reduce-scatter waits for them (setup_cuda,
+     * which ran before, chose the reduce-scatter inside the backward) */
     if (t->ft.faults.n) t->rs_overlap = 0;
     if (t->ft.heartbeat_dir[0]) KILN_TRY(kiln_heartbeat_writer_open(t->ft.heartbeat_dir, &t->hbw)); /* its thread */
     int n = 0;
