@@ -2,12 +2,15 @@
 // for B/32, 257 for L/14, 577 for L/14-336) read straight out of the fused qkv activations [B*T, 3H] (row
 // stride `stride`) and written into [B*T, out_stride], with the online softmax in registers, so no T x T matrix
 // reaches memory (the batched-GEMM path of clip_ops.cu writes S in f32 and P in bf16: ~1.6 GB per L/14 layer at
-// 128 images). P is rounded to bf16 as the MMA operand, as flash attention does. Three kernels:
+// 128 images). P is rounded to bf16 as the MMA operand, as flash attention does. Four kernels:
 //  - short sequences, hd 64 (clip_attn_wg_kernel): one block per (image, head) holding that head's whole K and
 //    V in shared memory, m64 query tiles on wgmma; L/14 at 64 images in 0.092 ms against cuDNN's 0.123 (cuDNN's
 //    128 x 128 tiles make 257 tokens 3 x 3 tiles; here keys pad to 272 and the last row is split over warps);
+//  - the same at T mod 64 <= 16 and 4 tiles or more (clip_attn_wgp_kernel, the default there): persistent, one
+//    block an SM walking (image, head) items, the next ones' K, V and Q loading into a second buffer and each
+//    item's row tail run by one warpgroup beside the others' next tiles; L/14 at 64 images in 0.093 ms (H100);
 //  - short sequences, hd 32 (clip_attn_short_kernel): the same block shape on mma.sync;
-//  - anything else the two do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
+//  - anything else the others do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
 //    (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async), mma.sync
 //    m16n8k16 (bf16 in, f32 accumulate). Keys past T are masked; query rows past T are computed on zeros and
 //    not stored.
@@ -662,30 +665,14 @@ static __device__ __forceinline__ void cs_ready(int nchunk, int ch, int &loaded)
     loaded = ch + 1;
 }
 
-// The last rem = T mod 64 <= 32 rows (NT / 16 m16 tiles) on mma.sync, each tile split along the keys over the
-// block's warps; the slices' (max, sum, unnormalised output) meet in shared memory over K and V. Everything is
-// loaded (a first tile waited for it, or the wait before the tiles). It costs more than its FLOPs (L/14: 12 us
-// of the 93, run r-shortattn-9/11 in docs/perf.md): every block reaches it at about the same time, so its
-// latency is not hidden; staging its queries in shared memory or one 80-key step a warp changed nothing.
-template <int NT, int WGS>
-static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int T,
-                                               const bf16 *Ks, const bf16 *Vs, unsigned char *base, float c) {
-    constexpr int D = 64, NTH = 128 * WGS, nt16 = NT / 16;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Tk = (T + 15) & ~15, rem = T & 63;
-    const int nk16 = Tk >> 4, S = min(4 * WGS / nt16, nk16);
-    const int sl = warp % S, ka = sl * nk16 / S * 16, kend = min(T, (sl + 1) * nk16 / S * 16);
-    float *P = (float *)base + (size_t)warp * cs_part_floats<D>();
-    if (warp < nt16 * S) {
-        float o[1][D / 8][4], m[1][2], l[1][2];
-        cs_run<D, 64, 1>(o, m, l, qb, stride, (T & ~63) + 16 * (warp / S), T, Ks, Vs, ka, kend, c, lane);
-        cs_bar(); // K and V are read by all: the partials go over them
-        cs_store_part<D, 1>(P, o, m, l, lane);
-    } else {
-        cs_bar();
-    }
-    __syncthreads();
-    const float *P0 = (const float *)base;
-    for (int e = threadIdx.x; e < rem * (D / 2); e += NTH) {
+// The rows of the last rem = T mod 64 <= 32 past the m64 tiles from their tiles' S key slices' partials (S
+// consecutive a tile, from P0): out = sum_s w_s o_s / sum_s w_s l_s, w_s = exp2((m_s - max m) c), two columns a
+// thread (tid of nth)
+template <int D>
+static __device__ __forceinline__ void cs_combine(bf16 *ob, int64_t out_stride, const float *P0, int S, int T, float c,
+                                                  int tid, int nth) {
+    const int rem = T & 63;
+    for (int e = tid; e < rem * (D / 2); e += nth) {
         const int r = e / (D / 2), d = e % (D / 2) * 2, i = (T & ~63) + r, rr = r & 15;
         const float *Pt = P0 + (size_t)(r >> 4) * S * cs_part_floats<D>(); // slice 0 of the row's tile
         float M = -INFINITY;
@@ -703,9 +690,36 @@ static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, con
     }
 }
 
-// One (image, head) item on the block's WGS warpgroups: K and V into shared memory (base, 1024-byte aligned),
-// the m64 tiles on wgmma (tiles g, g + WGS, ... on warpgroup g), the last rem <= 32 rows on mma.sync.
+// The last rem = T mod 64 <= 32 rows (NT / 16 m16 tiles) on mma.sync, each tile split along the keys over the
+// block's warps; the slices' (max, sum, unnormalised output) meet in shared memory over K and V. Everything is
+// loaded (a first tile waited for it, or the wait before the tiles). It costs more than its FLOPs (L/14: 12 us
+// of the 93, run r-shortattn-9/11 in docs/perf.md): every block reaches it at about the same time, so its
+// latency is not hidden; staging its queries in shared memory or one 80-key step a warp changed nothing.
 template <int NT, int WGS>
+static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int T,
+                                               const bf16 *Ks, const bf16 *Vs, unsigned char *base, float c) {
+    constexpr int D = 64, NTH = 128 * WGS, nt16 = NT / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Tk = (T + 15) & ~15;
+    const int nk16 = Tk >> 4, S = min(4 * WGS / nt16, nk16);
+    const int sl = warp % S, ka = sl * nk16 / S * 16, kend = min(T, (sl + 1) * nk16 / S * 16);
+    float *P = (float *)base + (size_t)warp * cs_part_floats<D>();
+    if (warp < nt16 * S) {
+        float o[1][D / 8][4], m[1][2], l[1][2];
+        cs_run<D, 64, 1>(o, m, l, qb, stride, (T & ~63) + 16 * (warp / S), T, Ks, Vs, ka, kend, c, lane);
+        cs_bar(); // K and V are read by all: the partials go over them
+        cs_store_part<D, 1>(P, o, m, l, lane);
+    } else {
+        cs_bar();
+    }
+    __syncthreads();
+    cs_combine<D>(ob, out_stride, (const float *)base, S, T, c, threadIdx.x, NTH);
+}
+
+// One (image, head) item on the block's WGS warpgroups: K and V into shared memory (base, 1024-byte aligned),
+// the m64 tiles on wgmma (tiles g, g + WGS, ... on warpgroup g), the last rem <= 32 rows on mma.sync. PRE (the
+// persistent kernel below): K, V and then the tiles' Q rows are in base already, loaded and visible, Q's fragments
+// come from there, and the rows past the tiles are left to the caller.
+template <int NT, int WGS, bool PRE = false>
 static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T,
                                                int heads, int64_t stride, int64_t out_stride, float c, int item,
                                                unsigned char *base) {
@@ -720,29 +734,39 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
     bf16 *ob = out + (int64_t)b * T * out_stride + (int64_t)h * D;
     constexpr int CH = D / 8;
     const int rem = T & 63, ntile = (T >> 6) + (rem > 32), nfull = Tk >> 6;
-    for (int ch = 0; ch < nchunk; ch++) {
-        const int r0 = ch * CS_LG, nr = min(CS_LG, Tk - r0);
-        for (int e = threadIdx.x; e < nr * CH; e += NTH) {
-            const int r = r0 + e / CH, cc = e % CH;
-            const bool ok = r < T;
-            cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
-            cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
+    int loaded = nchunk;
+    if constexpr (!PRE) {
+        for (int ch = 0; ch < nchunk; ch++) {
+            const int r0 = ch * CS_LG, nr = min(CS_LG, Tk - r0);
+            for (int e = threadIdx.x; e < nr * CH; e += NTH) {
+                const int r = r0 + e / CH, cc = e % CH;
+                const bool ok = r < T;
+                cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
+                cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
+            }
+            cp_async_commit();
         }
-        cp_async_commit();
-    }
-    int loaded = 0;
-    // every warpgroup's first tile waits for each group of keys as it is needed (the same barriers in each);
-    // with fewer tiles than warpgroups, everything is waited for here
-    if (ntile < WGS) {
-        cp_async_wait<0>();
-        wg_fence_proxy();
-        __syncthreads();
-        loaded = nchunk;
+        loaded = 0;
+        // every warpgroup's first tile waits for each group of keys as it is needed (the same barriers in each);
+        // with fewer tiles than warpgroups, everything is waited for here
+        if (ntile < WGS) {
+            cp_async_wait<0>();
+            wg_fence_proxy();
+            __syncthreads();
+            loaded = nchunk;
+        }
     }
     for (int tile = wgi; tile < ntile; tile += WGS) {
         const int row0 = tile * 64 + (warp & 3) * 16;
         uint32_t qf1[1][4][4];
-        cs_load_q<D, 1>(qf1, qb, stride, row0, T, lane);
+        if constexpr (PRE) {
+            const bf16 *Qs = Vs + (size_t)Tk * D;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                ldsm_x4(qf1[0][kk], Qs + cs_swz<D>(row0 + (lane & 15), 2 * kk + (lane >> 4)));
+        } else {
+            cs_load_q<D, 1>(qf1, qb, stride, row0, T, lane);
+        }
         const uint32_t(&qf)[4][4] = qf1[0];
         float o[32], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
 #pragma unroll
@@ -784,7 +808,7 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
         cs_store<D, 1>(ob, out_stride, o1, l1, row0, T, lane);
     }
     // rows past the last multiple of 64 exist at NT = 16 and 32 only (T mod 64 in 1..32); 33..63 made a last m64 tile
-    if constexpr (NT == 16 || NT == 32)
+    if constexpr (!PRE && (NT == 16 || NT == 32))
         wg_tail<NT, WGS>(ob, out_stride, qb, stride, T, Ks, Vs, base, c);
 }
 
@@ -800,6 +824,126 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
     // wgmma's swizzle is a function of the address: K and V start on 1024 bytes (the launch adds the slack)
     unsigned char *base = cs_smem_buf + ((1024 - (smem_u32(cs_smem_buf) & 1023)) & 1023);
     wg_item<NT, WGS>(out, q, k, v, T, heads, stride, out_stride, c, blockIdx.x, base);
+}
+
+// ---- hd 64, persistent: four warpgroups a block and one block an SM; an item's loads run two items ahead and
+// its row tail beside the next item's tiles ----
+//
+// Why: the blocks above load their item's K and V when they start and wait for them (the first 64 keys at least),
+// each warpgroup then waits for its Q fragments from global memory, and at L/14 every warp of the block meets in
+// the row tail (12 us of the 92). With 2 blocks an SM nothing covers those waits. Here a block keeps two buffers
+// of K, V and Q (the m64 tiles' rows) in shared memory and walks items n = 0, 1, ... (blockIdx.x + n gridDim.x).
+// Its four warpgroups take one m64 tile of each item (L/14: 4 tiles and a row), Q's A fragments by ldmatrix, and
+// share the rest round robin: warpgroup n mod 4 runs item n's row tail on mma.sync (its 4 warps a quarter of the
+// keys each, combined over the buffer), then loads item n + 2 into that buffer, while the other three are already
+// on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival made as that
+// thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with their tiles of
+// the buffer's item). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run the tails of items
+// -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both buffers in shared
+// memory (L/14: 2 x 102 KB).
+//
+// Measured (H100, session 41, B = 64, 16 heads; tests/gpu gpu_clip_attn_short_timing): T = 257 0.0933 ms against
+// the two-warpgroup block's 0.0950, T = 256 0.0670 against 0.0772; the L/14 tower +1.0-1.1% (two A/B runs of three
+// rounds). The row tail and the 16-key last step still cost 0.026 ms of the 0.093 at 257: the same tile at T = 256
+// has one S -> softmax -> P·V round trip less. Tried and slower: that last key (T = 64 n + 1) on the CUDA cores,
+// after the last step (0.0997 against 0.0984 then) or as the first key while the first S runs (0.0997 / 0.0934);
+// the next item's completion announced by the loading warpgroup after its next tile instead of by the copies
+// (0.0973 against 0.0933); all threads loading and a block barrier an item (0.1006: the row tail unhidden).
+
+// K and V (Tk rows, zeros past T) and Q (Tq rows, all before T) of one item into a buffer, by nth threads
+static __device__ __forceinline__ void wgp_load(bf16 *buf, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Tk,
+                                                int Tq, int heads, int64_t stride, int item, int tid, int nth) {
+    constexpr int D = 64, CH = D / 8;
+    const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
+    bf16 *Ks = buf, *Vs = Ks + (size_t)Tk * D, *Qs = Vs + (size_t)Tk * D;
+    for (int e = tid; e < Tk * CH; e += nth) {
+        const int r = e / CH, cc = e % CH;
+        const bool ok = r < T;
+        const int64_t src = off + (int64_t)r * stride + cc * 8;
+        cp_async16(Ks + cs_swz<D>(r, cc), ok ? k + src : k, ok);
+        cp_async16(Vs + cs_swz<D>(r, cc), ok ? v + src : v, ok);
+    }
+    for (int e = tid; e < Tq * CH; e += nth) {
+        const int r = e / CH, cc = e % CH;
+        cp_async16(Qs + cs_swz<D>(r, cc), q + off + (int64_t)r * stride + cc * 8, true);
+    }
+}
+
+// the calling warpgroup's own barrier (ids 1..4; 0 is __syncthreads)
+static __device__ __forceinline__ void wgp_bar(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+
+// this thread's arrival on full once its cp.async copies so far have landed (.noinc: the arrival is one of the 128
+// the barrier expects), so that the loading warpgroup never waits for them
+static __device__ __forceinline__ void wgp_arrive_on_landing(uint64_t *full) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(full)) : "memory");
+}
+
+// Item n's rows past its m64 tiles (rem = T mod 64 in 1..16: one m16 tile) by the calling warpgroup, a quarter of
+// the keys a warp; the quarters' partials go over the item's buffer once every warpgroup is done with it (empty).
+static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int T,
+                                                const bf16 *Ks, const bf16 *Vs, float *P, uint64_t *empty,
+                                                uint32_t par, float c) {
+    constexpr int D = 64;
+    const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+    const int nk16 = ((T + 15) & ~15) >> 4, ka = wq * nk16 / 4 * 16, kend = min(T, (wq + 1) * nk16 / 4 * 16);
+    float o[1][D / 8][4], m[1][2], l[1][2];
+    cs_run<D, 64, 1>(o, m, l, qb, stride, T & ~63, T, Ks, Vs, ka, kend, c, lane);
+    wgp_bar(wg);              // this warpgroup's reads of K and V are done,
+    kwg::mbar_wait(empty, par); // and every other warpgroup's
+    cs_store_part<D, 1>(P + (size_t)wq * cs_part_floats<D>(), o, m, l, lane);
+    wgp_bar(wg);
+    cs_combine<D>(ob, out_stride, P, 4, T, c, threadIdx.x & 127, 128);
+    wgp_bar(wg); // the partials are read: the buffer may be loaded again
+}
+
+// grid: at most one block an SM and at most B * heads (items); 512 threads; NT 0 or 16
+template <int NT>
+static __global__ void __launch_bounds__(512, 1)
+    clip_attn_wgp_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int items,
+                         int64_t stride, int64_t out_stride, float c) {
+    static_assert(NT == 0 || NT == 16, "a row tail of T mod 64 <= 16 rows only");
+    constexpr int D = 64;
+    pdl_wait();
+    extern __shared__ __align__(16) unsigned char cs_smem_buf[];
+    unsigned char *base = cs_smem_buf + ((1024 - (smem_u32(cs_smem_buf) & 1023)) & 1023);
+    const int Tk = (T + 15) & ~15, ntile = T >> 6, Tq = ntile * 64, wg = threadIdx.x >> 7, tw = threadIdx.x & 127;
+    const size_t bufe = (size_t)(2 * Tk + Tq) * D; // a multiple of 1024 bytes: both buffers' K and V stay aligned
+    bf16 *buf0 = (bf16 *)base;
+    uint64_t *full = (uint64_t *)(buf0 + 2 * bufe), *empty = full + 2;
+    if (threadIdx.x == 0) {
+        kwg::mbar_init(&full[0], 128), kwg::mbar_init(&full[1], 128);
+        kwg::mbar_init(&empty[0], 512), kwg::mbar_init(&empty[1], 512);
+    }
+    __syncthreads();
+    const int G = gridDim.x, cnt = (items - (int)blockIdx.x + G - 1) / G; // this block's items
+    if (wg == 2) {
+        wgp_load(buf0, q, k, v, T, Tk, Tq, heads, stride, blockIdx.x, tw, 128);
+        wgp_arrive_on_landing(&full[0]);
+    } else if (wg == 3 && cnt > 1) {
+        wgp_load(buf0 + bufe, q, k, v, T, Tk, Tq, heads, stride, blockIdx.x + G, tw, 128);
+        wgp_arrive_on_landing(&full[1]);
+    }
+    for (int n = 0; n < cnt; n++) {
+        const int b = n & 1, item = blockIdx.x + n * G;
+        const uint32_t par = (n >> 1) & 1;
+        bf16 *cur = buf0 + b * bufe;
+        kwg::mbar_wait(&full[b], par);
+        wg_fence_proxy(); // the copies' generic-proxy writes, seen through the barrier, before wgmma reads them
+        wg_item<NT, 4, true>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
+        kwg::mbar_arrive(&empty[b]);
+        if (wg == n % 4) {
+            const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
+            bf16 *ob = out + (int64_t)(item / heads) * T * out_stride + (int64_t)(item % heads) * D;
+            if constexpr (NT > 0)
+                wgp_tail(ob, out_stride, q + off, stride, T, cur, cur + (size_t)Tk * D, (float *)cur, &empty[b], par, c);
+            else
+                kwg::mbar_wait(&empty[b], par);
+            if (n + 2 < cnt) {
+                wgp_load(cur, q, k, v, T, Tk, Tq, heads, stride, item + 2 * G, tw, 128);
+                wgp_arrive_on_landing(&full[b]);
+            }
+        }
+    }
 }
 
 // ---- the launchers ----
@@ -818,17 +962,33 @@ int clip_attention_supported(const void *q, const void *k, const void *v, const 
 // the second has no tile), one at T mod 64 in 33..48 (two would serialise their wgmma for registers). Other
 // head dims: the mma.sync kernel (4 warps, 64-key steps; hd 32 only). KILN_CLIP_ATTN_SHORT=0 sends
 // every call to the streaming kernel; KILN_CLIP_ATTN_SHORT_CFG=wg|wg2|mma forces one or two warpgroups or the
-// mma.sync kernel at hd 64 (tests/gpu compare them).
+// mma.sync kernel at hd 64 (tests/gpu compare them). Where the persistent kernel takes the shape (above: L/14's
+// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced.
 typedef struct {
-    int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel), its warps, its keys a step
+    int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel; 4: the persistent kernel), its warps, its keys a step
 } short_cfg;
 static int short_on(void) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT");
     return !(e && !strcmp(e, "0"));
 }
+static int smem_optin(void) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 0;
+    return optin;
+}
+// the persistent kernel's two buffers of K, V (T rounded up to 16 rows) and Q (the m64 tiles' rows), its four
+// mbarriers, + 1 KB to align the buffers on 1024 bytes
+static size_t wgp_buffer(int64_t T) { return (size_t)(2 * ((T + 15) & ~(int64_t)15) + (T & ~(int64_t)63)) * 128; }
+static size_t wgp_smem(int64_t T) { return 2 * wgp_buffer(T) + 4 * sizeof(uint64_t) + 1024; }
+static int wgp_takes(int64_t hd, int64_t T) {
+    return hd == 64 && (T & 63) <= 16 && (T >> 6) >= 4 && wgp_smem(T) <= (size_t)smem_optin();
+}
 static short_cfg short_config(int64_t hd, int64_t T) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT_CFG");
     if (hd != 64 || (e && !strcmp(e, "mma"))) return short_cfg{0, 4, 64};
+    if (!(e && (!strcmp(e, "wg") || !strcmp(e, "wg2"))) && wgp_takes(hd, T)) return short_cfg{4, 0, 0};
     const int64_t nt = ((T + 15) & ~(int64_t)15) & 63, ntile = (T >> 6) + ((T & 63) > 32);
     const int two = e && !strcmp(e, "wg2") ? 1 : e && !strcmp(e, "wg") ? 0 : ntile >= 4;
     return short_cfg{two && (nt == 0 || nt == 16) ? 2 : 1, 0, 0};
@@ -836,6 +996,7 @@ static short_cfg short_config(int64_t hd, int64_t T) {
 // K and V of T keys (padded to 16), or the key slices' partials, whichever is larger; the wgmma kernel: + 1 KB to
 // align K and V on 1024 bytes
 static size_t short_smem(int64_t hd, int64_t T, short_cfg c) {
+    if (c.wg == 4) return wgp_smem(T);
     const size_t Tk = (size_t)((T + 15) & ~(int64_t)15), kv = 2 * Tk * (size_t)hd * sizeof(bf16);
     const int pf = hd == 32 ? cs_part_floats<32>() : cs_part_floats<64>();
     const int64_t np = (T + 31) / 32;
@@ -848,11 +1009,7 @@ int clip_attention_short_takes(const void *q, const void *k, const void *v, cons
     // hd 128: two tiles' S, P and O spill at 255 registers in the mma.sync kernel; the streaming one takes it
     if (!short_on() || hd == 128 || !clip_attention_supported(q, k, v, out, T, hd, stride, out_stride) || T > 65536)
         return 0;
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 0;
-    return short_smem(hd, T, short_config(hd, T)) <= (size_t)optin;
+    return short_smem(hd, T, short_config(hd, T)) <= (size_t)smem_optin();
 }
 
 template <int D, int BN>
@@ -884,12 +1041,31 @@ static cudaError_t launch_wg(bf16 *out, const bf16 *q, const bf16 *k, const bf16
     return cudaGetLastError();
 }
 
+template <int NT>
+static cudaError_t launch_wgp(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
+                              int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
+    const size_t sm = wgp_smem(T);
+    cudaError_t e = cudaFuncSetAttribute(clip_attn_wgp_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    if (e != cudaSuccess) return e;
+    int dev = 0, nsm = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return e;
+    const int64_t items = B * heads, grid = items < nsm ? items : nsm;
+    kiln_launch(clip_attn_wgp_kernel<NT>, (unsigned)grid, 512, sm, st, out, q, k, v, (int)T, (int)heads, (int)items,
+                stride, out_stride, scale * 1.4426950408889634f);
+    return cudaGetLastError();
+}
+
 static cudaError_t launch_short(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
                                 int64_t heads, int64_t hd, int64_t stride, int64_t out_stride, float scale,
                                 cudaStream_t st) {
     const short_cfg c = short_config(hd, T);
     if (hd == 32) return launch_mma<32, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     if (!c.wg) return launch_mma<64, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    if (c.wg == 4)
+        return (T & 63) ? launch_wgp<16>(out, q, k, v, B, T, heads, stride, out_stride, scale, st)
+                        : launch_wgp<0>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     switch ((int)(((T + 15) & ~(int64_t)15) & 63) + c.wg) { // the last step's keys; c.wg == 2 only at 0 and 16
     case 1: return launch_wg<0, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     case 2: return launch_wg<0, 2>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);

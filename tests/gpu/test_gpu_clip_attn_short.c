@@ -5,9 +5,10 @@
  * warps), 256 (no remainder), B/32 (50: one m64 tile, rows past T on zeros), L/14-336 (577: 9 tiles and a row),
  * 17 and 1 (no m64 tile), 197, 289, 300, 40, 80, 100 (every kind of last key step: 16, 32, 48 keys or none, and
  * 1..32 or 33..63 rows past the last multiple of 64), 65 and 129 (one row past one or two tiles); odd head counts;
- * head dims 64, 32 and 128 (128: the streaming kernel); each kernel choice of KILN_CLIP_ATTN_SHORT_CFG. Inputs of
- * two magnitudes: the scores of the larger ones (standard deviation ~20 after scaling) move the row maxima between
- * key steps and between key slices, which the rescaling and the slices' combination must get right. Tolerance as
+ * head dims 64, 32 and 128 (128: the streaming kernel); each kernel choice of KILN_CLIP_ATTN_SHORT_CFG (the
+ * persistent one also with several items a block). Inputs of two magnitudes: the scores of the larger ones (standard
+ * deviation ~20 after scaling) move the row maxima between key steps and between key slices, which the rescaling
+ * and the slices' combination must get right. Tolerance as
  * tests/gpu/test_gpu_clip.c's attention: max |gpu - cpu| / max |cpu| <= 1e-2 (bf16 output, P rounded to bf16
  * before P·V). Shapes the kernels do not take must fall back to the streaming kernel with the same answers. */
 #include <math.h>
@@ -49,10 +50,11 @@ static const struct {
 TEST(gpu_clip_attn_short_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 81);
-    /* the default choice, one or two warpgroups forced, the mma.sync kernel at hd 64 */
-    static const char *const cfgs[] = {"", "wg", "wg2", "mma"};
+    /* the default choice, one or two warpgroups forced, the persistent kernel (where it takes the shape: T = 256
+     * and 257 here; the default choice elsewhere), the mma.sync kernel at hd 64 */
+    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "mma"};
     setenv("KILN_CLIP_ATTN", "own", 1);
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 5; c++) {
         setenv("KILN_CLIP_ATTN_SHORT_CFG", cfgs[c], 1);
         for (size_t i = 0; i < sizeof short_shapes / sizeof short_shapes[0]; i++)
             for (int big = 0; big < 2; big++) {
@@ -65,6 +67,17 @@ TEST(gpu_clip_attn_short_shapes) {
                 CHECK_MSG(!strcmp(ran, want), "%s T=%lld hd=%lld: ran %s, not %s", cfgs[c],
                           (long long)short_shapes[i].T, (long long)hd, ran, want);
             }
+    }
+    /* the persistent kernel with more items (images x heads) than SMs, so that each block runs several items
+     * through both of its buffers, some blocks one item more than others: L/14's 257 tokens, T = 272 (the
+     * longest tail it takes, 16 rows) and 256 (no tail) */
+    setenv("KILN_CLIP_ATTN_SHORT_CFG", "wgp", 1);
+    static const struct {
+        int64_t B, T, heads;
+    } many[] = {{40, 257, 16}, {23, 272, 12}, {29, 256, 11}};
+    for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
+        const char *r = short_case(&rng, many[i].B, many[i].T, many[i].heads, 64, 8.0f, "wgp, many items");
+        CHECK_MSG(!strcmp(r, "short"), "wgp T=%lld ran %s", (long long)many[i].T, r);
     }
     unsetenv("KILN_CLIP_ATTN_SHORT_CFG");
     /* K and V past shared memory (T = 1000 at hd 64: 252 KB) and KILN_CLIP_ATTN_SHORT=0: the streaming kernel */
@@ -99,7 +112,8 @@ TEST(gpu_clip_attn_short_timing) {
     const struct {
         const char *attn, *cfg, *shrt, *label;
     } impls[] = {{"cudnn", NULL, NULL, "cudnn"},   {"own", NULL, NULL, "short"},  {"own", "wg", NULL, "short wg"},
-                 {"own", "wg2", NULL, "short wg2"}, {"own", "mma", NULL, "short mma"}, {"own", NULL, "0", "streaming"}};
+                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"}, {"own", "mma", NULL, "short mma"},
+                 {"own", NULL, "0", "streaming"}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 82);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
