@@ -8,7 +8,7 @@
 //    128 x 128 tiles make 257 tokens 3 x 3 tiles; here keys pad to 272 and the last row is split over warps);
 //  - the same at T mod 64 <= 16 and 4 tiles or more (clip_attn_wgp_kernel, the default there): persistent, one
 //    block an SM walking (image, head) items, the next ones' K, V and Q loading into a second buffer and each
-//    item's row tail run by one warpgroup beside the others' next tiles; L/14 at 64 images in 0.093 ms (H100);
+//    item's row tail run by one warpgroup beside the others' next tiles; L/14 at 64 images in 0.088 ms (H100);
 //  - short sequences, hd 32 (clip_attn_short_kernel): the same block shape on mma.sync;
 //  - anything else the others do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
 //    (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async), mma.sync
@@ -337,16 +337,17 @@ static __device__ __forceinline__ void cs_store(bf16 *ob, int64_t out_stride, co
         }
 }
 
-// a key slice's partial result for 32 rows: unnormalised output [32][D + 4] f32 (+4: fewer bank conflicts
-// of the 8-byte stores), then the raw maxima [32] and the row sums [32]
-template <int D>
-static __host__ __device__ constexpr int cs_part_floats() { return 32 * (D + 4) + 64; }
+// a key slice's partial result for R = 32 rows (16 where one m16 tile is all there is): unnormalised output
+// [R][D + 4] f32 (+4: fewer bank conflicts of the 8-byte stores), then the raw maxima [R] and the row sums [R]
+template <int D, int R = 32>
+static __host__ __device__ constexpr int cs_part_floats() { return R * (D + 4) + 2 * R; }
 
-template <int D, int MT>
+template <int D, int MT, int R = 32>
 static __device__ __forceinline__ void cs_store_part(float *P, const float (&o)[MT][D / 8][4], const float (&m)[MT][2],
                                                      const float (&l)[MT][2], int lane) {
+    static_assert(16 * MT <= R, "the layout's rows hold the tiles'");
     const int g = lane >> 2, t = lane & 3;
-    float *pm = P + 32 * (D + 4), *pl = pm + 32;
+    float *pm = P + R * (D + 4), *pl = pm + R;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -668,20 +669,20 @@ static __device__ __forceinline__ void cs_ready(int nchunk, int ch, int &loaded)
 // The rows of the last rem = T mod 64 <= 32 past the m64 tiles from their tiles' S key slices' partials (S
 // consecutive a tile, from P0): out = sum_s w_s o_s / sum_s w_s l_s, w_s = exp2((m_s - max m) c), two columns a
 // thread (tid of nth)
-template <int D>
+template <int D, int R = 32>
 static __device__ __forceinline__ void cs_combine(bf16 *ob, int64_t out_stride, const float *P0, int S, int T, float c,
                                                   int tid, int nth) {
     const int rem = T & 63;
     for (int e = tid; e < rem * (D / 2); e += nth) {
         const int r = e / (D / 2), d = e % (D / 2) * 2, i = (T & ~63) + r, rr = r & 15;
-        const float *Pt = P0 + (size_t)(r >> 4) * S * cs_part_floats<D>(); // slice 0 of the row's tile
+        const float *Pt = P0 + (size_t)(r >> 4) * S * cs_part_floats<D, R>(); // slice 0 of the row's tile
         float M = -INFINITY;
-        for (int s = 0; s < S; s++) M = fmaxf(M, Pt[(size_t)s * cs_part_floats<D>() + 32 * (D + 4) + rr]);
+        for (int s = 0; s < S; s++) M = fmaxf(M, Pt[(size_t)s * cs_part_floats<D, R>() + R * (D + 4) + rr]);
         float den = 0.f, n0 = 0.f, n1 = 0.f;
         for (int s = 0; s < S; s++) {
-            const float *Ps = Pt + (size_t)s * cs_part_floats<D>();
-            const float w = cs_ex2((Ps[32 * (D + 4) + rr] - M) * c);
-            den += w * Ps[32 * (D + 4) + 32 + rr];
+            const float *Ps = Pt + (size_t)s * cs_part_floats<D, R>();
+            const float w = cs_ex2((Ps[R * (D + 4) + rr] - M) * c);
+            den += w * Ps[R * (D + 4) + R + rr];
             const float2 x = *(const float2 *)(Ps + rr * (D + 4) + d);
             n0 += w * x.x, n1 += w * x.y;
         }
@@ -835,20 +836,20 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // of K, V and Q (the m64 tiles' rows) in shared memory and walks items n = 0, 1, ... (blockIdx.x + n gridDim.x).
 // Its four warpgroups take one m64 tile of each item (L/14: 4 tiles and a row), Q's A fragments by ldmatrix, and
 // share the rest round robin: warpgroup n mod 4 runs item n's row tail on mma.sync (its 4 warps a quarter of the
-// keys each, combined over the buffer), then loads item n + 2 into that buffer, while the other three are already
-// on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival made as that
+// keys each, combined in a small region of their own), then loads item n + 2 into that buffer, while the other
+// three are already on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival made as that
 // thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with their tiles of
 // the buffer's item). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run the tails of items
 // -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both buffers in shared
 // memory (L/14: 2 x 102 KB).
 //
-// Measured (H100, session 41, B = 64, 16 heads; tests/gpu gpu_clip_attn_short_timing): T = 257 0.0933 ms against
-// the two-warpgroup block's 0.0950, T = 256 0.0670 against 0.0772; the L/14 tower +1.0-1.1% (two A/B runs of three
-// rounds). The row tail and the 16-key last step still cost 0.026 ms of the 0.093 at 257: the same tile at T = 256
-// has one S -> softmax -> P·V round trip less. Tried and slower: that last key (T = 64 n + 1) on the CUDA cores,
-// after the last step (0.0997 against 0.0984 then) or as the first key while the first S runs (0.0997 / 0.0934);
-// the next item's completion announced by the loading warpgroup after its next tile instead of by the copies
-// (0.0973 against 0.0933); all threads loading and a block barrier an item (0.1006: the row tail unhidden).
+// Measured (H100, session 41, B = 64, 16 heads; tests/gpu gpu_clip_attn_short_timing): T = 257 0.0881 ms against
+// the two-warpgroup block's 0.0944 (-6.7%), T = 256 0.0670 against 0.0775; the L/14 tower within +-1% of the
+// block kernel in the same runs (attention is ~13% of it). Steps on the way, each slower: all threads loading
+// and a block barrier an item (0.1006: the row tail unhidden); the next item's copies announced by the loading
+// warpgroup after its next tile (0.0973); the tail's partials over the buffer, so that the tail waited for every
+// warpgroup's tiles and passed its lateness on item to item (0.0933); T = 64 n + 1's last key on the CUDA cores,
+// after the last step or as the first key while the first S runs, instead of the 16-key step (+1-7%).
 
 // K and V (Tk rows, zeros past T) and Q (Tq rows, all before T) of one item into a buffer, by nth threads
 static __device__ __forceinline__ void wgp_load(bf16 *buf, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Tk,
@@ -879,21 +880,23 @@ static __device__ __forceinline__ void wgp_arrive_on_landing(uint64_t *full) {
 }
 
 // Item n's rows past its m64 tiles (rem = T mod 64 in 1..16: one m16 tile) by the calling warpgroup, a quarter of
-// the keys a warp; the quarters' partials go over the item's buffer once every warpgroup is done with it (empty).
+// the keys a warp. The quarters' partials meet in a region of their own (P), so that the tail waits for no other
+// warpgroup's tiles; tails of consecutive items take it in turn through `turn` (128 arrivals, once item n - 1's
+// tail has read it: phase n - 1; item n + 1's tail cannot run ahead of item n's release, since its item's
+// copies were issued after item n - 1's tail).
 static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int T,
-                                                const bf16 *Ks, const bf16 *Vs, float *P, uint64_t *empty,
-                                                uint32_t par, float c) {
+                                                const bf16 *Ks, const bf16 *Vs, float *P, uint64_t *turn, int n,
+                                                float c) {
     constexpr int D = 64;
     const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
     const int nk16 = ((T + 15) & ~15) >> 4, ka = wq * nk16 / 4 * 16, kend = min(T, (wq + 1) * nk16 / 4 * 16);
     float o[1][D / 8][4], m[1][2], l[1][2];
     cs_run<D, 64, 1>(o, m, l, qb, stride, T & ~63, T, Ks, Vs, ka, kend, c, lane);
-    wgp_bar(wg);              // this warpgroup's reads of K and V are done,
-    kwg::mbar_wait(empty, par); // and every other warpgroup's
-    cs_store_part<D, 1>(P + (size_t)wq * cs_part_floats<D>(), o, m, l, lane);
+    kwg::mbar_wait(turn, (uint32_t)(n + 1) & 1); // item n - 1's tail is done with P (passes at once for n = 0)
+    cs_store_part<D, 1, 16>(P + (size_t)wq * cs_part_floats<D, 16>(), o, m, l, lane);
     wgp_bar(wg);
-    cs_combine<D>(ob, out_stride, P, 4, T, c, threadIdx.x & 127, 128);
-    wgp_bar(wg); // the partials are read: the buffer may be loaded again
+    cs_combine<D, 16>(ob, out_stride, P, 4, T, c, threadIdx.x & 127, 128);
+    kwg::mbar_arrive(turn);
 }
 
 // grid: at most one block an SM and at most B * heads (items); 512 threads; NT 0 or 16
@@ -909,10 +912,12 @@ static __global__ void __launch_bounds__(512, 1)
     const int Tk = (T + 15) & ~15, ntile = T >> 6, Tq = ntile * 64, wg = threadIdx.x >> 7, tw = threadIdx.x & 127;
     const size_t bufe = (size_t)(2 * Tk + Tq) * D; // a multiple of 1024 bytes: both buffers' K and V stay aligned
     bf16 *buf0 = (bf16 *)base;
-    uint64_t *full = (uint64_t *)(buf0 + 2 * bufe), *empty = full + 2;
+    uint64_t *full = (uint64_t *)(buf0 + 2 * bufe), *empty = full + 2, *turn = full + 4;
+    float *P = (float *)(full + 8); // the row tails' partials (4 x 16 rows)
     if (threadIdx.x == 0) {
         kwg::mbar_init(&full[0], 128), kwg::mbar_init(&full[1], 128);
         kwg::mbar_init(&empty[0], 512), kwg::mbar_init(&empty[1], 512);
+        kwg::mbar_init(turn, 128);
     }
     __syncthreads();
     const int G = gridDim.x, cnt = (items - (int)blockIdx.x + G - 1) / G; // this block's items
@@ -925,23 +930,25 @@ static __global__ void __launch_bounds__(512, 1)
     }
     for (int n = 0; n < cnt; n++) {
         const int b = n & 1, item = blockIdx.x + n * G;
-        const uint32_t par = (n >> 1) & 1;
         bf16 *cur = buf0 + b * bufe;
-        kwg::mbar_wait(&full[b], par);
+        kwg::mbar_wait(&full[b], (n >> 1) & 1);
         wg_fence_proxy(); // the copies' generic-proxy writes, seen through the barrier, before wgmma reads them
         wg_item<NT, 4, true>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
-        kwg::mbar_arrive(&empty[b]);
+        if constexpr (NT == 0) kwg::mbar_arrive(&empty[b]);
         if (wg == n % 4) {
-            const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
-            bf16 *ob = out + (int64_t)(item / heads) * T * out_stride + (int64_t)(item % heads) * D;
-            if constexpr (NT > 0)
-                wgp_tail(ob, out_stride, q + off, stride, T, cur, cur + (size_t)Tk * D, (float *)cur, &empty[b], par, c);
-            else
-                kwg::mbar_wait(&empty[b], par);
+            if constexpr (NT > 0) {
+                const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
+                bf16 *ob = out + (int64_t)(item / heads) * T * out_stride + (int64_t)(item % heads) * D;
+                wgp_tail(ob, out_stride, q + off, stride, T, cur, cur + (size_t)Tk * D, P, turn, n, c);
+                kwg::mbar_arrive(&empty[b]); // its reads of K and V are done too
+            }
             if (n + 2 < cnt) {
+                kwg::mbar_wait(&empty[b], (n >> 1) & 1); // every warpgroup is done with this buffer
                 wgp_load(cur, q, k, v, T, Tk, Tq, heads, stride, item + 2 * G, tw, 128);
                 wgp_arrive_on_landing(&full[b]);
             }
+        } else if constexpr (NT > 0) {
+            kwg::mbar_arrive(&empty[b]);
         }
     }
 }
@@ -978,10 +985,12 @@ static int smem_optin(void) {
         return 0;
     return optin;
 }
-// the persistent kernel's two buffers of K, V (T rounded up to 16 rows) and Q (the m64 tiles' rows), its four
-// mbarriers, + 1 KB to align the buffers on 1024 bytes
+// the persistent kernel's two buffers of K, V (T rounded up to 16 rows) and Q (the m64 tiles' rows), its five
+// mbarriers (8 slots), the row tails' partials, + 1 KB to align the buffers on 1024 bytes
 static size_t wgp_buffer(int64_t T) { return (size_t)(2 * ((T + 15) & ~(int64_t)15) + (T & ~(int64_t)63)) * 128; }
-static size_t wgp_smem(int64_t T) { return 2 * wgp_buffer(T) + 4 * sizeof(uint64_t) + 1024; }
+static size_t wgp_smem(int64_t T) {
+    return 2 * wgp_buffer(T) + 8 * sizeof(uint64_t) + 4 * sizeof(float) * cs_part_floats<64, 16>() + 1024;
+}
 static int wgp_takes(int64_t hd, int64_t T) {
     return hd == 64 && (T & 63) <= 16 && (T >> 6) >= 4 && wgp_smem(T) <= (size_t)smem_optin();
 }
