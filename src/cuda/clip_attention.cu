@@ -837,11 +837,11 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // Its four warpgroups take one m64 tile of each item (L/14: 4 tiles and a row), Q's A fragments by ldmatrix, and
 // share the rest round robin: warpgroup n mod 4 runs item n's row tail on mma.sync (its 4 warps a quarter of the
 // keys each, combined in a small region of their own), then loads item n + 2 into that buffer, while the other
-// three are already on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival made as that
-// thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with their tiles of
-// the buffer's item). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run the tails of items
-// -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both buffers in shared
-// memory (L/14: 2 x 102 KB).
+// three are already on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival
+// made as that thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with the
+// buffer's item: its tiles, and the tail). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run
+// the tails of items -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both
+// buffers in shared memory (L/14: 2 x 102 KB).
 //
 // Measured (H100, session 41, B = 64, 16 heads; tests/gpu gpu_clip_attn_short_timing): T = 257 0.0881 ms against
 // the two-warpgroup block's 0.0944 (-6.7%), T = 256 0.0670 against 0.0775; the L/14 tower within +-1% of the
@@ -1054,7 +1054,8 @@ template <int NT>
 static cudaError_t launch_wgp(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
                               int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
     const size_t sm = wgp_smem(T);
-    cudaError_t e = cudaFuncSetAttribute(clip_attn_wgp_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    cudaError_t e =
+        cudaFuncSetAttribute(clip_attn_wgp_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (e != cudaSuccess) return e;
     int dev = 0, nsm = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
