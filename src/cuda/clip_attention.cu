@@ -545,15 +545,8 @@ static __device__ __forceinline__ void wg_mma(float (&d)[N / 2], const uint32_t 
                      : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB)
                      : "memory");
-    else if constexpr (N == 80) // the persistent kernel's first step where T mod 64 is in 1..16 (KILN_CLIP_ATTN_F80)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
-                     "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
-                     : "memory");
     else
-        static_assert(N == 16, "S steps of 16, 32, 48, 64 or 80 keys");
+        static_assert(N == 16, "S steps of 16, 32, 48 or 64 keys");
 }
 #undef WG_R8
 
@@ -726,9 +719,8 @@ static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, con
 // One (image, head) item on the block's WGS warpgroups: K and V into shared memory (base, 1024-byte aligned),
 // the m64 tiles on wgmma (tiles g, g + WGS, ... on warpgroup g), the last rem <= 32 rows on mma.sync. PRE (the
 // persistent kernel below): K, V and then the tiles' Q rows are in base already, loaded and visible, Q's fragments
-// come from there, and the rows past the tiles are left to the caller. F80 (PRE, NT = 16, T >= 144): keys in a first
-// step of 80, then steps of 64 (one step fewer than 64-key steps and a last one of 16).
-template <int NT, int WGS, bool PRE = false, bool F80 = false>
+// come from there, and the rows past the tiles are left to the caller.
+template <int NT, int WGS, bool PRE = false>
 static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T,
                                                int heads, int64_t stride, int64_t out_stride, float c, int item,
                                                unsigned char *base) {
@@ -792,32 +784,19 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
         } else {
             float sc[32];
             uint32_t pa[4][4];
-            if constexpr (F80) {
-                static_assert(PRE && NT == 16, "a first step of 80 keys where Tk = 64 n + 16, everything loaded");
-                {
-                    float s80[40]; // its own registers, as the last step's below
-                    uint32_t p80[5][4];
-                    wg_first<10>(s80, p80, m, l, alpha, qf, Ks, T, c, lane);
-                    wg_next<8, 5>(sc, o, p80, pa, m, l, alpha, qf, Ks, Vs, 80, 0, T, c, lane);
-                }
-                for (int j = 2; j < nfull; j++) // step j from key 16 + 64 j
-                    wg_next<8, 4>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 16 + 64 * j, 16 + 64 * (j - 1), T, c, lane);
-                wg_issue_pv<4>(o, pa, alpha, Vs, 16 + 64 * (nfull - 1));
+            wg_first<8>(sc, pa, m, l, alpha, qf, Ks, T, c, lane);
+            for (int j = 1; j < nfull; j++) {
+                if (j >= loaded) cs_ready(nchunk, j, loaded);
+                wg_next<8, 4>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 64 * j, 64 * (j - 1), T, c, lane);
+            }
+            if constexpr (NT > 0) {
+                if (nchunk > loaded) cs_ready(nchunk, nchunk - 1, loaded);
+                float st[NT / 2]; // its own registers: a wgmma of another width allocates its accumulators apart
+                uint32_t pl[NT / 16][4];
+                wg_next<NT / 8, 4>(st, o, pa, pl, m, l, alpha, qf, Ks, Vs, 64 * nfull, 64 * (nfull - 1), T, c, lane);
+                wg_issue_pv<NT / 16>(o, pl, alpha, Vs, 64 * nfull);
             } else {
-                wg_first<8>(sc, pa, m, l, alpha, qf, Ks, T, c, lane);
-                for (int j = 1; j < nfull; j++) {
-                    if (j >= loaded) cs_ready(nchunk, j, loaded);
-                    wg_next<8, 4>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 64 * j, 64 * (j - 1), T, c, lane);
-                }
-                if constexpr (NT > 0) {
-                    if (nchunk > loaded) cs_ready(nchunk, nchunk - 1, loaded);
-                    float st[NT / 2]; // its own registers: a wgmma of another width allocates its accumulators apart
-                    uint32_t pl[NT / 16][4];
-                    wg_next<NT / 8, 4>(st, o, pa, pl, m, l, alpha, qf, Ks, Vs, 64 * nfull, 64 * (nfull - 1), T, c, lane);
-                    wg_issue_pv<NT / 16>(o, pl, alpha, Vs, 64 * nfull);
-                } else {
-                    wg_issue_pv<4>(o, pa, alpha, Vs, 64 * (nfull - 1));
-                }
+                wg_issue_pv<4>(o, pa, alpha, Vs, 64 * (nfull - 1));
             }
         }
         wgmma_wait<0>();
@@ -920,8 +899,8 @@ static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, co
     kwg::mbar_arrive(turn);
 }
 
-// grid: at most one block an SM and at most B * heads (items); 512 threads; NT 0 or 16; F80: wg_item's
-template <int NT, bool F80>
+// grid: at most one block an SM and at most B * heads (items); 512 threads; NT 0 or 16
+template <int NT>
 static __global__ void __launch_bounds__(512, 1)
     clip_attn_wgp_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int items,
                          int64_t stride, int64_t out_stride, float c) {
@@ -954,7 +933,7 @@ static __global__ void __launch_bounds__(512, 1)
         bf16 *cur = buf0 + b * bufe;
         kwg::mbar_wait(&full[b], (n >> 1) & 1);
         wg_fence_proxy(); // the copies' generic-proxy writes, seen through the barrier, before wgmma reads them
-        wg_item<NT, 4, true, F80>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
+        wg_item<NT, 4, true>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
         if constexpr (NT == 0) kwg::mbar_arrive(&empty[b]);
         if (wg == n % 4) {
             if constexpr (NT > 0) {
@@ -991,12 +970,9 @@ int clip_attention_supported(const void *q, const void *k, const void *v, const 
 // head dims: the mma.sync kernel (4 warps, 64-key steps; hd 32 only). KILN_CLIP_ATTN_SHORT=0 sends
 // every call to the streaming kernel; KILN_CLIP_ATTN_SHORT_CFG=wg|wg2|mma forces one or two warpgroups or the
 // mma.sync kernel at hd 64 (tests/gpu compare them). Where the persistent kernel takes the shape (above: L/14's
-// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced; wgp80 runs it with
-// a first key step of 80 where T mod 64 is in 1..16 (one S -> softmax -> P·V round trip fewer a tile; not yet
-// measured).
+// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced.
 typedef struct {
     int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel; 4: the persistent kernel), its warps, its keys a step
-                   // (the persistent kernel: 80 for a first step of 80 keys, else 0)
 } short_cfg;
 static int short_on(void) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT");
@@ -1021,8 +997,7 @@ static int wgp_takes(int64_t hd, int64_t T) {
 static short_cfg short_config(int64_t hd, int64_t T) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT_CFG");
     if (hd != 64 || (e && !strcmp(e, "mma"))) return short_cfg{0, 4, 64};
-    if (!(e && (!strcmp(e, "wg") || !strcmp(e, "wg2"))) && wgp_takes(hd, T))
-        return short_cfg{4, 0, e && !strcmp(e, "wgp80") ? 80 : 0};
+    if (!(e && (!strcmp(e, "wg") || !strcmp(e, "wg2"))) && wgp_takes(hd, T)) return short_cfg{4, 0, 0};
     const int64_t nt = ((T + 15) & ~(int64_t)15) & 63, ntile = (T >> 6) + ((T & 63) > 32);
     const int two = e && !strcmp(e, "wg2") ? 1 : e && !strcmp(e, "wg") ? 0 : ntile >= 4;
     return short_cfg{two && (nt == 0 || nt == 16) ? 2 : 1, 0, 0};
@@ -1075,19 +1050,19 @@ static cudaError_t launch_wg(bf16 *out, const bf16 *q, const bf16 *k, const bf16
     return cudaGetLastError();
 }
 
-template <int NT, bool F80>
+template <int NT>
 static cudaError_t launch_wgp(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
                               int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
     const size_t sm = wgp_smem(T);
     cudaError_t e =
-        cudaFuncSetAttribute(clip_attn_wgp_kernel<NT, F80>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        cudaFuncSetAttribute(clip_attn_wgp_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (e != cudaSuccess) return e;
     int dev = 0, nsm = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return e;
     const int64_t items = B * heads, grid = items < nsm ? items : nsm;
-    kiln_launch(clip_attn_wgp_kernel<NT, F80>, (unsigned)grid, 512, sm, st, out, q, k, v, (int)T, (int)heads, (int)items,
+    kiln_launch(clip_attn_wgp_kernel<NT>, (unsigned)grid, 512, sm, st, out, q, k, v, (int)T, (int)heads, (int)items,
                 stride, out_stride, scale * 1.4426950408889634f);
     return cudaGetLastError();
 }
@@ -1099,9 +1074,8 @@ static cudaError_t launch_short(bf16 *out, const bf16 *q, const bf16 *k, const b
     if (hd == 32) return launch_mma<32, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     if (!c.wg) return launch_mma<64, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     if (c.wg == 4)
-        return !(T & 63)    ? launch_wgp<0, false>(out, q, k, v, B, T, heads, stride, out_stride, scale, st)
-               : c.bn == 80 ? launch_wgp<16, true>(out, q, k, v, B, T, heads, stride, out_stride, scale, st)
-                            : launch_wgp<16, false>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+        return (T & 63) ? launch_wgp<16>(out, q, k, v, B, T, heads, stride, out_stride, scale, st)
+                        : launch_wgp<0>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     switch ((int)(((T + 15) & ~(int64_t)15) & 63) + c.wg) { // the last step's keys; c.wg == 2 only at 0 and 16
     case 1: return launch_wg<0, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     case 2: return launch_wg<0, 2>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);

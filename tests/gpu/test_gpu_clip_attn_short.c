@@ -51,11 +51,10 @@ TEST(gpu_clip_attn_short_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 81);
     /* the default choice, one or two warpgroups forced, the persistent kernel (where it takes the shape: T = 256
-     * and 257 here; the default choice elsewhere) with 64-key steps and with a first step of 80 keys, the
-     * mma.sync kernel at hd 64 */
-    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "wgp80", "mma"};
+     * and 257 here; the default choice elsewhere), the mma.sync kernel at hd 64 */
+    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "mma"};
     setenv("KILN_CLIP_ATTN", "own", 1);
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 5; c++) {
         setenv("KILN_CLIP_ATTN_SHORT_CFG", cfgs[c], 1);
         for (size_t i = 0; i < sizeof short_shapes / sizeof short_shapes[0]; i++)
             for (int big = 0; big < 2; big++) {
@@ -72,16 +71,13 @@ TEST(gpu_clip_attn_short_shapes) {
     /* the persistent kernel with more items (images x heads) than SMs, so that each block runs several items
      * through both of its buffers, some blocks one item more than others: L/14's 257 tokens, T = 272 (the
      * longest tail it takes, 16 rows) and 256 (no tail) */
+    setenv("KILN_CLIP_ATTN_SHORT_CFG", "wgp", 1);
     static const struct {
         int64_t B, T, heads;
     } many[] = {{40, 257, 16}, {23, 272, 12}, {29, 256, 11}};
-    for (int f = 0; f < 2; f++) {
-        setenv("KILN_CLIP_ATTN_SHORT_CFG", f ? "wgp80" : "wgp", 1);
-        for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
-            const char *r = short_case(&rng, many[i].B, many[i].T, many[i].heads, 64, 8.0f,
-                                       f ? "wgp80, many items" : "wgp, many items");
-            CHECK_MSG(!strcmp(r, "short"), "wgp T=%lld ran %s", (long long)many[i].T, r);
-        }
+    for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
+        const char *r = short_case(&rng, many[i].B, many[i].T, many[i].heads, 64, 8.0f, "wgp, many items");
+        CHECK_MSG(!strcmp(r, "short"), "wgp T=%lld ran %s", (long long)many[i].T, r);
     }
     unsetenv("KILN_CLIP_ATTN_SHORT_CFG");
     /* K and V past shared memory (T = 1000 at hd 64: 252 KB) and KILN_CLIP_ATTN_SHORT=0: the streaming kernel */
@@ -116,8 +112,8 @@ TEST(gpu_clip_attn_short_timing) {
     const struct {
         const char *attn, *cfg, *shrt, *label;
     } impls[] = {{"cudnn", NULL, NULL, "cudnn"},   {"own", NULL, NULL, "short"},  {"own", "wg", NULL, "short wg"},
-                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"},
-                 {"own", "wgp80", NULL, "short wgp80"}, {"own", "mma", NULL, "short mma"}, {"own", NULL, "0", "streaming"}};
+                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"}, {"own", "mma", NULL, "short mma"},
+                 {"own", NULL, "0", "streaming"}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 82);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
