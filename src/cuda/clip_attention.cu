@@ -170,6 +170,22 @@ static __device__ __forceinline__ int cs_swz(int r, int c) {
     return r * D + ((c ^ cs_key<D>(r)) << 3);
 }
 
+// rows r0 .. r0 + nr - 1 of one head's K and V (kb, vb: its row 0, rows `stride` apart) into the swizzled arrays,
+// 16-byte cp.async copies by nth threads from tid; rows at or past T are zeros (k and v: valid addresses for the
+// copies that read nothing)
+template <int D>
+static __device__ __forceinline__ void cs_load_kv(bf16 *Ks, bf16 *Vs, const bf16 *kb, const bf16 *vb, const bf16 *k,
+                                                  const bf16 *v, int r0, int nr, int T, int64_t stride, int tid,
+                                                  int nth) {
+    constexpr int CH = D / 8;
+    for (int e = tid; e < nr * CH; e += nth) {
+        const int r = r0 + e / CH, cc = e % CH;
+        const bool ok = r < T;
+        cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
+        cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
+    }
+}
+
 static __device__ __forceinline__ float cs_ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -427,15 +443,9 @@ static __global__ void __launch_bounds__(WMAX * 32, MINB)
     const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
     bf16 *ob = out + (int64_t)b * T * out_stride + (int64_t)h * D;
     // every key chunk of K and V as its own group (rows T..Tk-1 zero: P is 0 there, and 0 * garbage could be NaN)
-    constexpr int CH = D / 8;
     for (int ch = 0; ch < nchunk; ch++) {
-        const int r0 = ch * CS_LG, nr = min(CS_LG, Tk - r0);
-        for (int e = threadIdx.x; e < nr * CH; e += blockDim.x) {
-            const int r = r0 + e / CH, cc = e % CH;
-            const bool ok = r < T;
-            cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
-            cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
-        }
+        const int r0 = ch * CS_LG;
+        cs_load_kv<D>(Ks, Vs, kb, vb, k, v, r0, min(CS_LG, Tk - r0), T, stride, threadIdx.x, blockDim.x);
         cp_async_commit();
     }
     const int npair = (T + 31) >> 5, rounds = npair / W, left = npair - rounds * W;
@@ -733,18 +743,12 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
     const int64_t off = (int64_t)b * T * stride + (int64_t)h * D;
     const bf16 *qb = q + off, *kb = k + off, *vb = v + off;
     bf16 *ob = out + (int64_t)b * T * out_stride + (int64_t)h * D;
-    constexpr int CH = D / 8;
     const int rem = T & 63, ntile = (T >> 6) + (rem > 32), nfull = Tk >> 6;
     int loaded = nchunk;
     if constexpr (!PRE) {
         for (int ch = 0; ch < nchunk; ch++) {
-            const int r0 = ch * CS_LG, nr = min(CS_LG, Tk - r0);
-            for (int e = threadIdx.x; e < nr * CH; e += NTH) {
-                const int r = r0 + e / CH, cc = e % CH;
-                const bool ok = r < T;
-                cp_async16(Ks + cs_swz<D>(r, cc), ok ? kb + (int64_t)r * stride + cc * 8 : k, ok);
-                cp_async16(Vs + cs_swz<D>(r, cc), ok ? vb + (int64_t)r * stride + cc * 8 : v, ok);
-            }
+            const int r0 = ch * CS_LG;
+            cs_load_kv<D>(Ks, Vs, kb, vb, k, v, r0, min(CS_LG, Tk - r0), T, stride, threadIdx.x, NTH);
             cp_async_commit();
         }
         loaded = 0;
@@ -851,7 +855,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // warpgroup's tiles and passed its lateness on item to item (0.0933); T = 64 n + 1's last key on the CUDA cores,
 // after the last step or as the first key while the first S runs, instead of the 16-key step (+1-7%).
 
-// K and V (Tk rows, zeros past T) and Q (Tq rows, all before T) of one item into a buffer, by nth threads
+// K and V (Tk rows, zeros past T) and Q (Tq rows, all before T) of one item into a buffer, by nth threads (its own
+// K/V loop rather than cs_load_kv's: with that one ptxas spilled 44 bytes of this kernel where it spills 36)
 static __device__ __forceinline__ void wgp_load(bf16 *buf, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Tk,
                                                 int Tq, int heads, int64_t stride, int item, int tid, int nth) {
     constexpr int D = 64, CH = D / 8;
