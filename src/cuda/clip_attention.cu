@@ -939,21 +939,17 @@ static __global__ void __launch_bounds__(512, 1)
         kwg::mbar_wait(&full[b], (n >> 1) & 1);
         wg_fence_proxy(); // the copies' generic-proxy writes, seen through the barrier, before wgmma reads them
         wg_item<NT, 4, true>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
-        if constexpr (NT == 0) kwg::mbar_arrive(&empty[b]);
-        if (wg == n % 4) {
-            if constexpr (NT > 0) {
-                const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
-                bf16 *ob = out + (int64_t)(item / heads) * T * out_stride + (int64_t)(item % heads) * D;
-                wgp_tail(ob, out_stride, q + off, stride, T, cur, cur + (size_t)Tk * D, P, turn, n, c);
-                kwg::mbar_arrive(&empty[b]); // its reads of K and V are done too
-            }
-            if (n + 2 < cnt) {
-                kwg::mbar_wait(&empty[b], (n >> 1) & 1); // every warpgroup is done with this buffer
-                wgp_load(cur, q, k, v, T, Tk, Tq, heads, stride, item + 2 * G, tw, 128);
-                wgp_arrive_on_landing(&full[b]);
-            }
-        } else if constexpr (NT > 0) {
-            kwg::mbar_arrive(&empty[b]);
+        const bool mine = wg == n % 4; // this item's tail, then the loads into its buffer
+        if (NT > 0 && mine) {
+            const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
+            bf16 *ob = out + (int64_t)(item / heads) * T * out_stride + (int64_t)(item % heads) * D;
+            wgp_tail(ob, out_stride, q + off, stride, T, cur, cur + (size_t)Tk * D, P, turn, n, c);
+        }
+        kwg::mbar_arrive(&empty[b]); // done with this buffer: the tiles, and the tail's reads of K and V
+        if (mine && n + 2 < cnt) {
+            kwg::mbar_wait(&empty[b], (n >> 1) & 1); // so is every warpgroup
+            wgp_load(cur, q, k, v, T, Tk, Tq, heads, stride, item + 2 * G, tw, 128);
+            wgp_arrive_on_landing(&full[b]);
         }
     }
 }
