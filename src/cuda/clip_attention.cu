@@ -8,7 +8,8 @@
 //    128 x 128 tiles make 257 tokens 3 x 3 tiles; here keys pad to 272 and the last row is split over warps);
 //  - the same at T mod 64 <= 16 and 4 tiles or more (clip_attn_wgp_kernel, the default there): persistent, one
 //    block an SM walking (image, head) items, the next ones' K, V and Q loading into a second buffer and each
-//    item's row tail run by one warpgroup beside the others' next tiles; L/14 at 64 images in 0.088 ms (H100);
+//    item's row tail run by one warpgroup beside the others' next tiles, the keys past 256 folded into each
+//    tile's first step; L/14 at 64 images in 0.082 ms (H100);
 //  - short sequences, hd 32 (clip_attn_short_kernel): the same block shape on mma.sync;
 //  - anything else the others do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
 //    (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async), mma.sync
@@ -527,7 +528,14 @@ static __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.pr
 template <int N, int TB = 0>
 static __device__ __forceinline__ void wg_mma(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int acc) {
     static_assert(TB == 0 || N == 64, "MN-major b only at N = 64");
-    if constexpr (N == 16)
+    if constexpr (N == 8)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
+                     : "memory");
+    else if constexpr (N == 16)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
                      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
@@ -556,7 +564,7 @@ static __device__ __forceinline__ void wg_mma(float (&d)[N / 2], const uint32_t 
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB)
                      : "memory");
     else
-        static_assert(N == 16, "S steps of 16, 32, 48 or 64 keys");
+        static_assert(N == 16, "S steps of 8, 16, 32, 48 or 64 keys");
 }
 #undef WG_R8
 
@@ -651,14 +659,64 @@ static __device__ __forceinline__ void wg_first(float (&sc)[NC * 4], uint32_t (&
     wg_pack<NC>(pa, sc);
 }
 
+// The first step of a tile with the keys past the last multiple of 64 folded in (jx = 64 nfull; T - jx of them,
+// 1..NX): S of keys 0..63 and of jx .. jx + NX, one softmax over both, P of keys 0..63 packed into pa for the next
+// step's P·V, and O = P V of the folded keys issued now, its own wgmma group (alpha = 1: O holds this step's
+// maxima, as pa does; wg_next<.., W> waits for it before it rescales O). At L/14 a tile then makes 4 S ->
+// softmax -> P V round trips, not 5 (the fifth a 16-key step for one key). Keys 0..63 hold the row maximum's
+// first value, so the softmax stays finite.
+template <int NX>
+static __device__ __forceinline__ void wg_first_x(float (&sc)[32], uint32_t (&pa)[4][4], float (&o)[32],
+                                                  float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                  const uint32_t (&qf)[4][4], const bf16 *Ks, const bf16 *Vs, int jx,
+                                                  int T, float c, int lane) {
+    static_assert(NX == 8 || NX == 16, "8 or 16 folded keys");
+    float s[32 + NX / 2], sx[NX / 2]; // s: the folded keys as if they followed key 63 (register renaming)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_mma<64>(sc, qf[kk], wg_desc(Ks + kk * 16), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_mma<NX>(sx, qf[kk], wg_desc(Ks + jx * 64 + kk * 16), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_acc(sc);
+    fence_acc(sx);
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = sc[i];
+#pragma unroll
+    for (int i = 0; i < NX / 2; i++) s[32 + i] = sx[i];
+    wg_softmax<8 + NX / 8>(s, m, l, alpha, 64 + T - jx, c, lane);
+#pragma unroll
+    for (int i = 0; i < 32; i++) sc[i] = s[i];
+    wg_pack<8>(pa, sc);
+    uint32_t px[4]; // keys jx .. jx + 16 as an A fragment: P = 0 past NX (V's rows there are zeros too)
+    px[0] = pack_bf16(s[32], s[33]);
+    px[1] = pack_bf16(s[34], s[35]);
+    if constexpr (NX == 16) {
+        px[2] = pack_bf16(s[36], s[37]);
+        px[3] = pack_bf16(s[38], s[39]);
+    } else {
+        px[2] = px[3] = 0u;
+    }
+    alpha[0] = alpha[1] = 1.f;
+    fence_acc(o); // O's registers written (zeros) before the fence, not between it and the wgmma
+    wgmma_fence();
+    wg_mma<64, 1>(o, px, wg_desc(Vs + jx * 64), 0);
+    wgmma_commit();
+}
+
 // a later step (8 NC keys from j0): S issued, then O rescaled and the previous step's P·V (pp: NP 16-key steps
 // from jp) issued, the softmax of S while P·V runs, P packed into pn once P·V has completed (pn may be pp)
-template <int NC, int NP>
+template <int NC, int NP, bool W = false>
 static __device__ __forceinline__ void wg_next(float (&sc)[NC * 4], float (&o)[32], const uint32_t (&pp)[NP][4],
                                                uint32_t (&pn)[NC / 2][4], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], const uint32_t (&qf)[4][4], const bf16 *Ks,
                                                const bf16 *Vs, int j0, int jp, int T, float c, int lane) {
     wg_issue_s<NC>(sc, qf, Ks, j0);
+    if constexpr (W) { // O's wgmma before S's has completed (the folded keys' P·V of wg_first_x; else a no-op)
+        wgmma_wait<1>();
+        fence_acc(o);
+    }
     wg_issue_pv<NP>(o, pp, alpha, Vs, jp);
     wgmma_wait<1>();
     fence_acc(sc);
@@ -729,12 +787,14 @@ static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, con
 // One (image, head) item on the block's WGS warpgroups: K and V into shared memory (base, 1024-byte aligned),
 // the m64 tiles on wgmma (tiles g, g + WGS, ... on warpgroup g), the last rem <= 32 rows on mma.sync. PRE (the
 // persistent kernel below): K, V and then the tiles' Q rows are in base already, loaded and visible, Q's fragments
-// come from there, and the rows past the tiles are left to the caller.
-template <int NT, int WGS, bool PRE = false>
+// come from there, and the rows past the tiles are left to the caller. NX > 0 (PRE only): the keys past the last
+// multiple of 64 (at most NX) go into the first step (wg_first_x) instead of a last step of their own.
+template <int NT, int WGS, bool PRE = false, int NX = 0>
 static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T,
                                                int heads, int64_t stride, int64_t out_stride, float c, int item,
                                                unsigned char *base) {
     constexpr int D = 64;
+    static_assert(NX == 0 || (PRE && NT == 16), "keys folded into the first step: loaded whole, one 16-key remainder");
     const int Tk = (T + 15) & ~15, nchunk = (Tk + CS_LG - 1) / CS_LG;
     bf16 *Ks = (bf16 *)base, *Vs = Ks + (size_t)Tk * D;
     const int b = item / heads, h = item % heads;
@@ -788,18 +848,27 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
         } else {
             float sc[32];
             uint32_t pa[4][4];
-            wg_first<8>(sc, pa, m, l, alpha, qf, Ks, T, c, lane);
-            for (int j = 1; j < nfull; j++) {
-                if (j >= loaded) cs_ready(nchunk, j, loaded);
-                wg_next<8, 4>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 64 * j, 64 * (j - 1), T, c, lane);
+            if constexpr (NX > 0) {
+                wg_first_x<NX>(sc, pa, o, m, l, alpha, qf, Ks, Vs, 64 * nfull, T, c, lane);
+                for (int j = 1; j < nfull; j++)
+                    wg_next<8, 4, true>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 64 * j, 64 * (j - 1), T, c, lane);
+                wgmma_wait<0>(); // a no-op (the loop's last step waited): without it ptxas sees a path from
+                fence_acc(o);    // wg_first_x's P·V to the rescaling below
+                wg_issue_pv<4>(o, pa, alpha, Vs, 64 * (nfull - 1));
+            } else {
+                wg_first<8>(sc, pa, m, l, alpha, qf, Ks, T, c, lane);
+                for (int j = 1; j < nfull; j++) {
+                    if (j >= loaded) cs_ready(nchunk, j, loaded);
+                    wg_next<8, 4>(sc, o, pa, pa, m, l, alpha, qf, Ks, Vs, 64 * j, 64 * (j - 1), T, c, lane);
+                }
             }
-            if constexpr (NT > 0) {
+            if constexpr (NT > 0 && NX == 0) {
                 if (nchunk > loaded) cs_ready(nchunk, nchunk - 1, loaded);
                 float st[NT / 2]; // its own registers: a wgmma of another width allocates its accumulators apart
                 uint32_t pl[NT / 16][4];
                 wg_next<NT / 8, 4>(st, o, pa, pl, m, l, alpha, qf, Ks, Vs, 64 * nfull, 64 * (nfull - 1), T, c, lane);
                 wg_issue_pv<NT / 16>(o, pl, alpha, Vs, 64 * nfull);
-            } else {
+            } else if constexpr (NX == 0) {
                 wg_issue_pv<4>(o, pa, alpha, Vs, 64 * (nfull - 1));
             }
         }
@@ -854,6 +923,15 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // warpgroup after its next tile (0.0973); the tail's partials over the buffer, so that the tail waited for every
 // warpgroup's tiles and passed its lateness on item to item (0.0933); T = 64 n + 1's last key on the CUDA cores,
 // after the last step or as the first key while the first S runs, instead of the 16-key step (+1-7%).
+//
+// The keys past the tiles' last multiple of 64 (T mod 64 of them, L/14: 1) fold into each tile's first step (NX
+// 8 or 16: wg_first_x), so that a tile makes 4 round trips at L/14, not 5 (session 42, H100): 0.0822 ms against
+// 0.0884-0.0889 with a step of their own (KILN_CLIP_ATTN_SHORT_CFG=wgp5, NX 0), the tower +0.3-0.4% in two
+// A/B runs. ptxas serialises this variant's wgmma (C7514: it does not see that the wait before O's rescaling in
+// the first wg_next retires the folded keys' P·V) and it is faster all the same; the four warpgroups an SM
+// cover each other's waits. Tried and slower: the folded keys' P·V with the last step's, at its maxima (0.0899;
+// ptxas serialises it too, for registers, and spills 28 bytes); Q's tile from shared memory as S's A operand with
+// the steps unrolled (0.0916, not serialised, 76 bytes spilled).
 
 // K and V (Tk rows, zeros past T) and Q (Tq rows, all before T) of one item into a buffer, by nth threads (its own
 // K/V loop rather than cs_load_kv's: with that one ptxas spilled 44 bytes of this kernel where it spills 36)
@@ -904,8 +982,9 @@ static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, co
     kwg::mbar_arrive(turn);
 }
 
-// grid: at most one block an SM and at most B * heads (items); 512 threads; NT 0 or 16
-template <int NT>
+// grid: at most one block an SM and at most B * heads (items); 512 threads; NT 0 or 16; NX 0 (the keys past 64 n
+// in a last step of 16) or 8 / 16 (T mod 64 <= NX: those keys folded into the first step)
+template <int NT, int NX>
 static __global__ void __launch_bounds__(512, 1)
     clip_attn_wgp_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int T, int heads, int items,
                          int64_t stride, int64_t out_stride, float c) {
@@ -938,7 +1017,7 @@ static __global__ void __launch_bounds__(512, 1)
         bf16 *cur = buf0 + b * bufe;
         kwg::mbar_wait(&full[b], (n >> 1) & 1);
         wg_fence_proxy(); // the copies' generic-proxy writes, seen through the barrier, before wgmma reads them
-        wg_item<NT, 4, true>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
+        wg_item<NT, 4, true, NX>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
         const bool mine = wg == n % 4; // this item's tail, then the loads into its buffer
         if (NT > 0 && mine) {
             const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
@@ -971,9 +1050,11 @@ int clip_attention_supported(const void *q, const void *k, const void *v, const 
 // head dims: the mma.sync kernel (4 warps, 64-key steps; hd 32 only). KILN_CLIP_ATTN_SHORT=0 sends
 // every call to the streaming kernel; KILN_CLIP_ATTN_SHORT_CFG=wg|wg2|mma forces one or two warpgroups or the
 // mma.sync kernel at hd 64 (tests/gpu compare them). Where the persistent kernel takes the shape (above: L/14's
-// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced.
+// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced; wgp5 runs it with
+// the keys past 64 n in a step of their own (session 41's kernel) instead of folded into the first.
 typedef struct {
-    int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel; 4: the persistent kernel), its warps, its keys a step
+    int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel; 4: the persistent kernel), its warps (the persistent
+                   // kernel: 1 for a last step of its own for the keys past 64 n), its keys a step
 } short_cfg;
 static int short_on(void) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT");
@@ -998,7 +1079,8 @@ static int wgp_takes(int64_t hd, int64_t T) {
 static short_cfg short_config(int64_t hd, int64_t T) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT_CFG");
     if (hd != 64 || (e && !strcmp(e, "mma"))) return short_cfg{0, 4, 64};
-    if (!(e && (!strcmp(e, "wg") || !strcmp(e, "wg2"))) && wgp_takes(hd, T)) return short_cfg{4, 0, 0};
+    if (!(e && (!strcmp(e, "wg") || !strcmp(e, "wg2"))) && wgp_takes(hd, T))
+        return short_cfg{4, e && !strcmp(e, "wgp5"), 0};
     const int64_t nt = ((T + 15) & ~(int64_t)15) & 63, ntile = (T >> 6) + ((T & 63) > 32);
     const int two = e && !strcmp(e, "wg2") ? 1 : e && !strcmp(e, "wg") ? 0 : ntile >= 4;
     return short_cfg{two && (nt == 0 || nt == 16) ? 2 : 1, 0, 0};
@@ -1051,19 +1133,19 @@ static cudaError_t launch_wg(bf16 *out, const bf16 *q, const bf16 *k, const bf16
     return cudaGetLastError();
 }
 
-template <int NT>
+template <int NT, int NX>
 static cudaError_t launch_wgp(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int64_t B, int64_t T,
                               int64_t heads, int64_t stride, int64_t out_stride, float scale, cudaStream_t st) {
     const size_t sm = wgp_smem(T);
     cudaError_t e =
-        cudaFuncSetAttribute(clip_attn_wgp_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        cudaFuncSetAttribute(clip_attn_wgp_kernel<NT, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     if (e != cudaSuccess) return e;
     int dev = 0, nsm = 0;
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return e;
     const int64_t items = B * heads, grid = items < nsm ? items : nsm;
-    kiln_launch(clip_attn_wgp_kernel<NT>, (unsigned)grid, 512, sm, st, out, q, k, v, (int)T, (int)heads, (int)items,
+    kiln_launch(clip_attn_wgp_kernel<NT, NX>, (unsigned)grid, 512, sm, st, out, q, k, v, (int)T, (int)heads, (int)items,
                 stride, out_stride, scale * 1.4426950408889634f);
     return cudaGetLastError();
 }
@@ -1074,9 +1156,13 @@ static cudaError_t launch_short(bf16 *out, const bf16 *q, const bf16 *k, const b
     const short_cfg c = short_config(hd, T);
     if (hd == 32) return launch_mma<32, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     if (!c.wg) return launch_mma<64, 64>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
-    if (c.wg == 4)
-        return (T & 63) ? launch_wgp<16>(out, q, k, v, B, T, heads, stride, out_stride, scale, st)
-                        : launch_wgp<0>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    if (c.wg == 4) {
+        const int rem = (int)(T & 63);
+        if (!rem) return launch_wgp<0, 0>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+        if (c.w == 1) return launch_wgp<16, 0>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+        return rem <= 8 ? launch_wgp<16, 8>(out, q, k, v, B, T, heads, stride, out_stride, scale, st)
+                        : launch_wgp<16, 16>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
+    }
     switch ((int)(((T + 15) & ~(int64_t)15) & 63) + c.wg) { // the last step's keys; c.wg == 2 only at 0 and 16
     case 1: return launch_wg<0, 1>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);
     case 2: return launch_wg<0, 2>(out, q, k, v, B, T, heads, stride, out_stride, scale, st);

@@ -51,10 +51,12 @@ TEST(gpu_clip_attn_short_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 81);
     /* the default choice, one or two warpgroups forced, the persistent kernel (where it takes the shape: T = 256
-     * and 257 here; the default choice elsewhere), the mma.sync kernel at hd 64 */
-    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "mma"};
+     * and 257 here; the default choice elsewhere) with the keys past the last multiple of 64 folded into the
+     * first step (its default) or in a step of their own (wgp5), the mma.sync kernel at hd 64 */
+    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "wgp5", "mma"};
+    const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     setenv("KILN_CLIP_ATTN", "own", 1);
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < ncfg; c++) {
         setenv("KILN_CLIP_ATTN_SHORT_CFG", cfgs[c], 1);
         for (size_t i = 0; i < sizeof short_shapes / sizeof short_shapes[0]; i++)
             for (int big = 0; big < 2; big++) {
@@ -70,14 +72,18 @@ TEST(gpu_clip_attn_short_shapes) {
     }
     /* the persistent kernel with more items (images x heads) than SMs, so that each block runs several items
      * through both of its buffers, some blocks one item more than others: L/14's 257 tokens, T = 272 (the
-     * longest tail it takes, 16 rows) and 256 (no tail) */
-    setenv("KILN_CLIP_ATTN_SHORT_CFG", "wgp", 1);
+     * longest tail it takes, 16 rows), 256 (no tail), 264 and 265 (8 and 9 keys past 256: the folded keys' two
+     * widths, all or one of the second's valid); each way of running those keys */
     static const struct {
         int64_t B, T, heads;
-    } many[] = {{40, 257, 16}, {23, 272, 12}, {29, 256, 11}};
-    for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
-        const char *r = short_case(&rng, many[i].B, many[i].T, many[i].heads, 64, 8.0f, "wgp, many items");
-        CHECK_MSG(!strcmp(r, "short"), "wgp T=%lld ran %s", (long long)many[i].T, r);
+    } many[] = {{40, 257, 16}, {23, 272, 12}, {29, 256, 11}, {21, 264, 9}, {19, 265, 10}};
+    static const char *const pcfgs[] = {"wgp", "wgp5"};
+    for (int c = 0; c < 2; c++) {
+        setenv("KILN_CLIP_ATTN_SHORT_CFG", pcfgs[c], 1);
+        for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
+            const char *r = short_case(&rng, many[i].B, many[i].T, many[i].heads, 64, 8.0f, pcfgs[c]);
+            CHECK_MSG(!strcmp(r, "short"), "%s T=%lld ran %s", pcfgs[c], (long long)many[i].T, r);
+        }
     }
     unsetenv("KILN_CLIP_ATTN_SHORT_CFG");
     /* K and V past shared memory (T = 1000 at hd 64: 252 KB) and KILN_CLIP_ATTN_SHORT=0: the streaming kernel */
@@ -112,7 +118,8 @@ TEST(gpu_clip_attn_short_timing) {
     const struct {
         const char *attn, *cfg, *shrt, *label;
     } impls[] = {{"cudnn", NULL, NULL, "cudnn"},   {"own", NULL, NULL, "short"},  {"own", "wg", NULL, "short wg"},
-                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"}, {"own", "mma", NULL, "short mma"},
+                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"}, {"own", "wgp5", NULL, "short wgp5"},
+                 {"own", "mma", NULL, "short mma"},
                  {"own", NULL, "0", "streaming"}};
     kiln_rng rng;
     kiln_rng_seed(&rng, 82);
