@@ -926,8 +926,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 //
 // The keys past the tiles' last multiple of 64 (T mod 64 of them, L/14: 1) fold into each tile's first step (NX
 // 8 or 16: wg_first_x), so that a tile makes 4 round trips at L/14, not 5 (session 42, H100): 0.0822 ms against
-// 0.0884-0.0889 with a step of their own (KILN_CLIP_ATTN_SHORT_CFG=wgp5, NX 0), the tower +0.3-0.4% in two
-// A/B runs. ptxas serialises this variant's wgmma (C7514: it does not see that the wait before O's rescaling in
+// 0.0883-0.0889 with a step of their own (KILN_CLIP_ATTN_SHORT_CFG=wgp5, NX 0); the tower +0.0-0.6% in three
+// A/B runs (within the spread between rounds). ptxas serialises this variant's wgmma (C7514: it does not see that the wait before O's rescaling in
 // the first wg_next retires the folded keys' P·V) and it is faster all the same; the four warpgroups an SM
 // cover each other's waits. Tried and slower: the folded keys' P·V with the last step's, at its maxima (0.0899;
 // ptxas serialises it too, for registers, and spills 28 bytes); Q's tile from shared memory as S's A operand with
