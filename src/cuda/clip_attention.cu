@@ -9,7 +9,7 @@
 //  - the same at T mod 64 <= 16 and 4 tiles or more (clip_attn_wgp_kernel, the default there): persistent, one
 //    block an SM walking (image, head) items, the next ones' K, V and Q loading into a second buffer and each
 //    item's row tail run by one warpgroup beside the others' next tiles, the keys past 256 folded into each
-//    tile's first step; L/14 at 64 images in 0.082 ms (H100);
+//    tile's first step; L/14 at 64 images in 0.081 ms (H100);
 //  - short sequences, hd 32 (clip_attn_short_kernel): the same block shape on mma.sync;
 //  - anything else the others do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
 //    (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async), mma.sync
@@ -786,7 +786,7 @@ static __device__ __forceinline__ void wg_tail(bf16 *ob, int64_t out_stride, con
 
 // One (image, head) item on the block's WGS warpgroups: K and V into shared memory (base, 1024-byte aligned),
 // the m64 tiles on wgmma (tiles g, g + WGS, ... on warpgroup g), the last rem <= 32 rows on mma.sync. PRE (the
-// persistent kernel below): K, V and then the tiles' Q rows are in base already, loaded and visible, Q's fragments
+// persistent kernel below): K, V and then Q's rows are in base already, loaded and visible, Q's fragments
 // come from there, and the rows past the tiles are left to the caller. NX > 0 (PRE only): the keys past the last
 // multiple of 64 (at most NX) go into the first step (wg_first_x) instead of a last step of their own.
 template <int NT, int WGS, bool PRE = false, int NX = 0>
@@ -906,7 +906,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // Why: the blocks above load their item's K and V when they start and wait for them (the first 64 keys at least),
 // each warpgroup then waits for its Q fragments from global memory, and at L/14 every warp of the block meets in
 // the row tail (12 us of the 92). With 2 blocks an SM nothing covers those waits. Here a block keeps two buffers
-// of K, V and Q (the m64 tiles' rows) in shared memory and walks items n = 0, 1, ... (blockIdx.x + n gridDim.x).
+// of K, V and Q (every row: the row tail's too) in shared memory and walks items n = 0, 1, ... (blockIdx.x + n gridDim.x).
 // Its four warpgroups take one m64 tile of each item (L/14: 4 tiles and a row), Q's A fragments by ldmatrix, and
 // share the rest round robin: warpgroup n mod 4 runs item n's row tail on mma.sync (its 4 warps a quarter of the
 // keys each, combined in a small region of their own), then loads item n + 2 into that buffer, while the other
@@ -927,16 +927,19 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // The keys past the tiles' last multiple of 64 (T mod 64 of them, L/14: 1) fold into each tile's first step (NX
 // 8 or 16: wg_first_x), so that a tile makes 4 round trips at L/14, not 5 (session 42, H100): 0.0822 ms against
 // 0.0883-0.0889 with a step of their own (KILN_CLIP_ATTN_SHORT_CFG=wgp5, NX 0); the tower +0.0-0.6% in three
-// A/B runs (within the spread between rounds). ptxas serialises this variant's wgmma (C7514: it does not see that the wait before O's rescaling in
-// the first wg_next retires the folded keys' P·V) and it is faster all the same; the four warpgroups an SM
-// cover each other's waits. Tried and slower: the folded keys' P·V with the last step's, at its maxima (0.0899;
+// A/B runs (within the spread between rounds). ptxas serialises this variant's wgmma (C7514: it does not see
+// that the wait before O's rescaling in the first wg_next retires the folded keys' P·V) and it is faster all the
+// same; the four warpgroups an SM cover each other's waits. Tried and slower: the folded keys' P·V with the last step's, at its maxima (0.0899;
 // ptxas serialises it too, for registers, and spills 28 bytes); Q's tile from shared memory as S's A operand with
-// the steps unrolled (0.0916, not serialised, 76 bytes spilled).
+// the steps unrolled (0.0916, not serialised, 76 bytes spilled). The row tail costs ~0.010 ms of the 0.082
+// (skipped, timing only: 0.0717-0.0731); its query rows come from the buffer since (0.0805-0.0813 against
+// 0.0823-0.0824 from global memory, built side by side); an 80-key step a warp in it was slower (0.0884-0.0904).
 
-// K and V (Tk rows, zeros past T) and Q (Tq rows, all before T) of one item into a buffer, by nth threads (its own
-// K/V loop rather than cs_load_kv's: with that one ptxas spilled 44 bytes of this kernel where it spills 36)
+// K, V and Q (Tk rows each, zeros past T: Q's rows past the m64 tiles are the row tail's) of one item into a
+// buffer, by nth threads (its own loop rather than cs_load_kv's: with that one ptxas spilled 44 bytes of this
+// kernel where it spilled 36)
 static __device__ __forceinline__ void wgp_load(bf16 *buf, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Tk,
-                                                int Tq, int heads, int64_t stride, int item, int tid, int nth) {
+                                                int heads, int64_t stride, int item, int tid, int nth) {
     constexpr int D = 64, CH = D / 8;
     const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
     bf16 *Ks = buf, *Vs = Ks + (size_t)Tk * D, *Qs = Vs + (size_t)Tk * D;
@@ -946,10 +949,7 @@ static __device__ __forceinline__ void wgp_load(bf16 *buf, const bf16 *q, const 
         const int64_t src = off + (int64_t)r * stride + cc * 8;
         cp_async16(Ks + cs_swz<D>(r, cc), ok ? k + src : k, ok);
         cp_async16(Vs + cs_swz<D>(r, cc), ok ? v + src : v, ok);
-    }
-    for (int e = tid; e < Tq * CH; e += nth) {
-        const int r = e / CH, cc = e % CH;
-        cp_async16(Qs + cs_swz<D>(r, cc), q + off + (int64_t)r * stride + cc * 8, true);
+        cp_async16(Qs + cs_swz<D>(r, cc), ok ? q + src : q, ok);
     }
 }
 
@@ -966,15 +966,20 @@ static __device__ __forceinline__ void wgp_arrive_on_landing(uint64_t *full) {
 // the keys a warp. The quarters' partials meet in a region of their own (P), so that the tail waits for no other
 // warpgroup's tiles; tails of consecutive items take it in turn through `turn` (128 arrivals, once item n - 1's
 // tail has read it: phase n - 1; item n + 1's tail cannot run ahead of item n's release, since its item's
-// copies were issued after item n - 1's tail).
-static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, const bf16 *qb, int64_t stride, int T,
-                                                const bf16 *Ks, const bf16 *Vs, float *P, uint64_t *turn, int n,
-                                                float c) {
+// copies were issued after item n - 1's tail). Its query rows come from the buffer (Qs), not from global memory:
+// a load of ~1 us on the warpgroup's path otherwise.
+static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, int T, const bf16 *Ks, const bf16 *Vs,
+                                                const bf16 *Qs, float *P, uint64_t *turn, int n, float c) {
     constexpr int D = 64;
     const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
     const int nk16 = ((T + 15) & ~15) >> 4, ka = wq * nk16 / 4 * 16, kend = min(T, (wq + 1) * nk16 / 4 * 16);
     float o[1][D / 8][4], m[1][2], l[1][2];
-    cs_run<D, 64, 1>(o, m, l, qb, stride, T & ~63, T, Ks, Vs, ka, kend, c, lane);
+    uint32_t qf[1][D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        ldsm_x4(qf[0][kk], Qs + cs_swz<D>((T & ~63) + (lane & 15), 2 * kk + (lane >> 4)));
+    cs_init<D, 1>(o, m, l);
+    for (int j0 = ka; j0 < kend; j0 += 64) cs_step<D, 64, 1>(o, m, l, qf, Ks, Vs, j0, min(64, kend - j0), c, lane);
     kwg::mbar_wait(turn, (uint32_t)(n + 1) & 1); // item n - 1's tail is done with P (passes at once for n = 0)
     cs_store_part<D, 1, 16>(P + (size_t)wq * cs_part_floats<D, 16>(), o, m, l, lane);
     wgp_bar(wg);
@@ -993,8 +998,8 @@ static __global__ void __launch_bounds__(512, 1)
     pdl_wait();
     extern __shared__ __align__(16) unsigned char cs_smem_buf[];
     unsigned char *base = cs_smem_buf + ((1024 - (smem_u32(cs_smem_buf) & 1023)) & 1023);
-    const int Tk = (T + 15) & ~15, ntile = T >> 6, Tq = ntile * 64, wg = threadIdx.x >> 7, tw = threadIdx.x & 127;
-    const size_t bufe = (size_t)(2 * Tk + Tq) * D; // a multiple of 1024 bytes: both buffers' K and V stay aligned
+    const int Tk = (T + 15) & ~15, wg = threadIdx.x >> 7, tw = threadIdx.x & 127;
+    const size_t bufe = (size_t)(3 * Tk) * D; // a multiple of 1024 bytes: both buffers' K and V stay aligned
     bf16 *buf0 = (bf16 *)base;
     uint64_t *full = (uint64_t *)(buf0 + 2 * bufe), *empty = full + 2, *turn = full + 4;
     float *P = (float *)(full + 8); // the row tails' partials (4 x 16 rows)
@@ -1006,10 +1011,10 @@ static __global__ void __launch_bounds__(512, 1)
     __syncthreads();
     const int G = gridDim.x, cnt = (items - (int)blockIdx.x + G - 1) / G; // this block's items
     if (wg == 2) {
-        wgp_load(buf0, q, k, v, T, Tk, Tq, heads, stride, blockIdx.x, tw, 128);
+        wgp_load(buf0, q, k, v, T, Tk, heads, stride, blockIdx.x, tw, 128);
         wgp_arrive_on_landing(&full[0]);
     } else if (wg == 3 && cnt > 1) {
-        wgp_load(buf0 + bufe, q, k, v, T, Tk, Tq, heads, stride, blockIdx.x + G, tw, 128);
+        wgp_load(buf0 + bufe, q, k, v, T, Tk, heads, stride, blockIdx.x + G, tw, 128);
         wgp_arrive_on_landing(&full[1]);
     }
     for (int n = 0; n < cnt; n++) {
@@ -1020,14 +1025,13 @@ static __global__ void __launch_bounds__(512, 1)
         wg_item<NT, 4, true, NX>(out, q, k, v, T, heads, stride, out_stride, c, item, (unsigned char *)cur);
         const bool mine = wg == n % 4; // this item's tail, then the loads into its buffer
         if (NT > 0 && mine) {
-            const int64_t off = (int64_t)(item / heads) * T * stride + (int64_t)(item % heads) * D;
             bf16 *ob = out + (int64_t)(item / heads) * T * out_stride + (int64_t)(item % heads) * D;
-            wgp_tail(ob, out_stride, q + off, stride, T, cur, cur + (size_t)Tk * D, P, turn, n, c);
+            wgp_tail(ob, out_stride, T, cur, cur + (size_t)Tk * D, cur + (size_t)2 * Tk * D, P, turn, n, c);
         }
-        kwg::mbar_arrive(&empty[b]); // done with this buffer: the tiles, and the tail's reads of K and V
+        kwg::mbar_arrive(&empty[b]); // done with this buffer: the tiles, and the tail's reads of K, V and Q
         if (mine && n + 2 < cnt) {
             kwg::mbar_wait(&empty[b], (n >> 1) & 1); // so is every warpgroup
-            wgp_load(cur, q, k, v, T, Tk, Tq, heads, stride, item + 2 * G, tw, 128);
+            wgp_load(cur, q, k, v, T, Tk, heads, stride, item + 2 * G, tw, 128);
             wgp_arrive_on_landing(&full[b]);
         }
     }
@@ -1067,9 +1071,9 @@ static int smem_optin(void) {
         return 0;
     return optin;
 }
-// the persistent kernel's two buffers of K, V (T rounded up to 16 rows) and Q (the m64 tiles' rows), its five
-// mbarriers (8 slots), the row tails' partials, + 1 KB to align the buffers on 1024 bytes
-static size_t wgp_buffer(int64_t T) { return (size_t)(2 * ((T + 15) & ~(int64_t)15) + (T & ~(int64_t)63)) * 128; }
+// the persistent kernel's two buffers of K, V and Q (T rounded up to 16 rows each), its five mbarriers (8 slots),
+// the row tails' partials, + 1 KB to align the buffers on 1024 bytes (L/14: 222.6 KB)
+static size_t wgp_buffer(int64_t T) { return (size_t)(3 * ((T + 15) & ~(int64_t)15)) * 128; }
 static size_t wgp_smem(int64_t T) {
     return 2 * wgp_buffer(T) + 8 * sizeof(uint64_t) + 4 * sizeof(float) * cs_part_floats<64, 16>() + 1024;
 }
