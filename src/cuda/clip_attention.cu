@@ -229,6 +229,13 @@ static __device__ __forceinline__ void cs_load_q(uint32_t (&qf)[MT][D / 16][4], 
         }
 }
 
+// the A fragments (m16 x k16 per kk) of rows row0 .. row0 + 15 from a swizzled [rows][D] array in shared memory
+template <int D>
+static __device__ __forceinline__ void cs_ldsm_q(uint32_t (&qf)[D / 16][4], const bf16 *Qs, int row0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], Qs + cs_swz<D>(row0 + (lane & 15), 2 * kk + (lane >> 4)));
+}
+
 // One online-softmax step of MT query tiles over keys j0 .. j0 + nval - 1 (0 < nval <= BN; keys past
 // nval in this step are masked; 8-key halves and 16-key steps wholly past nval are skipped). m holds raw
 // score maxima, c = scale * log2(e); l holds this thread's partial row sums.
@@ -378,15 +385,22 @@ static __device__ __forceinline__ void cs_store_part(float *P, const float (&o)[
         }
 }
 
-// MT tiles of the pair whose first row is row0 over keys ka .. kb - 1 (all of them loaded), into o/m/l
+// MT query tiles (their A fragments in qf) over keys ka .. kb - 1 (all of them loaded), into o/m/l
+template <int D, int BN, int MT>
+static __device__ __forceinline__ void cs_steps(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
+                                                const uint32_t (&qf)[MT][D / 16][4], const bf16 *Ks, const bf16 *Vs,
+                                                int ka, int kb, float c, int lane) {
+    cs_init<D, MT>(o, m, l);
+    for (int j0 = ka; j0 < kb; j0 += BN) cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, kb - j0), c, lane);
+}
+// the same for the MT tiles from row0 on, their queries from global memory
 template <int D, int BN, int MT>
 static __device__ __forceinline__ void cs_run(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                               const bf16 *qb, int64_t stride, int row0, int T, const bf16 *Ks,
                                               const bf16 *Vs, int ka, int kb, float c, int lane) {
     uint32_t qf[MT][D / 16][4];
     cs_load_q<D, MT>(qf, qb, stride, row0, T, lane);
-    cs_init<D, MT>(o, m, l);
-    for (int j0 = ka; j0 < kb; j0 += BN) cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, kb - j0), c, lane);
+    cs_steps<D, BN, MT>(o, m, l, qf, Ks, Vs, ka, kb, c, lane);
 }
 
 // One warp's pair (MT = 2 row tiles from row0; 1 where the second lies past T) over every key, stored: in round
@@ -825,6 +839,8 @@ static __device__ __forceinline__ void wg_item(bf16 *out, const bf16 *q, const b
         const int row0 = tile * 64 + (warp & 3) * 16;
         uint32_t qf1[1][4][4];
         if constexpr (PRE) {
+            // cs_ldsm_q written out: through the helper nvcc orders the address arithmetic differently in all
+            // four persistent kernels, and this is the code that was timed
             const bf16 *Qs = Vs + (size_t)Tk * D;
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
@@ -904,17 +920,17 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // its row tail beside the next item's tiles ----
 //
 // Why: the blocks above load their item's K and V when they start and wait for them (the first 64 keys at least),
-// each warpgroup then waits for its Q fragments from global memory, and at L/14 every warp of the block meets in
-// the row tail (12 us of the 92). With 2 blocks an SM nothing covers those waits. Here a block keeps two buffers
-// of K, V and Q (every row: the row tail's too) in shared memory and walks items n = 0, 1, ... (blockIdx.x + n gridDim.x).
+// each warpgroup then waits for its Q fragments from global memory, and at L/14 every warp of the block meets in the
+// row tail (12 us of the 92). With 2 blocks an SM nothing covers those waits. Here a block keeps two buffers of K, V
+// and Q (every row: the row tail's too) in shared memory and walks items n = 0, 1, ... (blockIdx.x + n gridDim.x).
 // Its four warpgroups take one m64 tile of each item (L/14: 4 tiles and a row), Q's A fragments by ldmatrix, and
 // share the rest round robin: warpgroup n mod 4 runs item n's row tail on mma.sync (its 4 warps a quarter of the
-// keys each, combined in a small region of their own), then loads item n + 2 into that buffer, while the other
-// three are already on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival
-// made as that thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with the
-// buffer's item: its tiles, and the tail). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run
-// the tails of items -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both
-// buffers in shared memory (L/14: 2 x 102 KB).
+// keys each, combined in a small region of their own), then loads item n + 2 into that buffer, while the other three
+// are already on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival made as
+// that thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with the buffer's
+// item: its tiles, and the tail). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run the tails
+// of items -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both buffers in
+// shared memory (L/14: 2 x 102 KB).
 //
 // Measured (H100, session 41, B = 64, 16 heads; tests/gpu gpu_clip_attn_short_timing): T = 257 0.0881 ms against
 // the two-warpgroup block's 0.0944 (-6.7%), T = 256 0.0670 against 0.0775; the L/14 tower within +-1% of the
@@ -929,15 +945,16 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // 0.0883-0.0889 with a step of their own (KILN_CLIP_ATTN_SHORT_CFG=wgp5, NX 0); the tower +0.0-0.6% in three
 // A/B runs (within the spread between rounds). ptxas serialises this variant's wgmma (C7514: it does not see
 // that the wait before O's rescaling in the first wg_next retires the folded keys' P·V) and it is faster all the
-// same; the four warpgroups an SM cover each other's waits. Tried and slower: the folded keys' P·V with the last step's, at its maxima (0.0899;
-// ptxas serialises it too, for registers, and spills 28 bytes); Q's tile from shared memory as S's A operand with
-// the steps unrolled (0.0916, not serialised, 76 bytes spilled). The row tail costs ~0.010 ms of the 0.082
-// (skipped, timing only: 0.0717-0.0731); its query rows come from the buffer since (0.0805-0.0813 against
-// 0.0823-0.0824 from global memory, built side by side); an 80-key step a warp in it was slower (0.0884-0.0904).
+// same; the four warpgroups an SM cover each other's waits. Tried and slower: the folded keys' P·V with the last
+// step's, at its maxima (0.0899; ptxas serialises it too, for registers, and spills 28 bytes); Q's tile from
+// shared memory as S's A operand with the steps unrolled (0.0916, not serialised, 76 bytes spilled). The row tail
+// costs ~0.010 ms of the 0.082 (skipped, timing only: 0.0717-0.0731); its query rows come from the buffer since
+// (0.0805-0.0813 against 0.0823-0.0824 from global memory, built side by side); an 80-key step on each of its
+// warps, its queries still from global memory, was slower (0.0884-0.0904).
 
 // K, V and Q (Tk rows each, zeros past T: Q's rows past the m64 tiles are the row tail's) of one item into a
-// buffer, by nth threads (its own loop rather than cs_load_kv's: with that one ptxas spilled 44 bytes of this
-// kernel where it spilled 36)
+// buffer, by nth threads, the three in one loop (cs_load_kv loads K and V only; with it and a Q loop beside it
+// ptxas spilled 44 bytes of this kernel where it spilled 36, session 41)
 static __device__ __forceinline__ void wgp_load(bf16 *buf, const bf16 *q, const bf16 *k, const bf16 *v, int T, int Tk,
                                                 int heads, int64_t stride, int item, int tid, int nth) {
     constexpr int D = 64, CH = D / 8;
@@ -975,11 +992,8 @@ static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, in
     const int nk16 = ((T + 15) & ~15) >> 4, ka = wq * nk16 / 4 * 16, kend = min(T, (wq + 1) * nk16 / 4 * 16);
     float o[1][D / 8][4], m[1][2], l[1][2];
     uint32_t qf[1][D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        ldsm_x4(qf[0][kk], Qs + cs_swz<D>((T & ~63) + (lane & 15), 2 * kk + (lane >> 4)));
-    cs_init<D, 1>(o, m, l);
-    for (int j0 = ka; j0 < kend; j0 += 64) cs_step<D, 64, 1>(o, m, l, qf, Ks, Vs, j0, min(64, kend - j0), c, lane);
+    cs_ldsm_q<D>(qf[0], Qs, T & ~63, lane);
+    cs_steps<D, 64, 1>(o, m, l, qf, Ks, Vs, ka, kend, c, lane);
     kwg::mbar_wait(turn, (uint32_t)(n + 1) & 1); // item n - 1's tail is done with P (passes at once for n = 0)
     cs_store_part<D, 1, 16>(P + (size_t)wq * cs_part_floats<D, 16>(), o, m, l, lane);
     wgp_bar(wg);

@@ -78,7 +78,7 @@ TEST(gpu_clip_attn_short_shapes) {
         int64_t B, T, heads;
     } many[] = {{40, 257, 16}, {23, 272, 12}, {29, 256, 11}, {21, 264, 9}, {19, 265, 10}};
     static const char *const pcfgs[] = {"wgp", "wgp5"};
-    for (int c = 0; c < 2; c++) {
+    for (size_t c = 0; c < sizeof pcfgs / sizeof pcfgs[0]; c++) {
         setenv("KILN_CLIP_ATTN_SHORT_CFG", pcfgs[c], 1);
         for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
             const char *r = short_case(&rng, many[i].B, many[i].T, many[i].heads, 64, 8.0f, pcfgs[c]);
