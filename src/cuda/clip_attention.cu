@@ -929,8 +929,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // are already on item n + 1. Mbarriers order it: full[b] (the loading warpgroup's 128 threads, each arrival made as
 // that thread's copies land: cp.async.mbarrier.arrive.noinc) and empty[b] (all 512 threads, done with the buffer's
 // item: its tiles, and the tail). The loaders of items 0 and 1 are warpgroups 2 and 3, as if they had run the tails
-// of items -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles or more, both buffers in
-// shared memory (L/14: 2 x 102 KB).
+// of items -2 and -1. Shapes: T mod 64 <= 16 (the tail one m16 tile or none), 4 tiles, both buffers in shared
+// memory (L/14: 2 x 102 KB; 5 tiles would not fit).
 //
 // Measured (H100, session 41, B = 64, 16 heads; tests/gpu gpu_clip_attn_short_timing): T = 257 0.0881 ms against
 // the two-warpgroup block's 0.0944 (-6.7%), T = 256 0.0670 against 0.0775; the L/14 tower within +-1% of the
@@ -940,17 +940,25 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 3 : 2)
 // warpgroup's tiles and passed its lateness on item to item (0.0933); T = 64 n + 1's last key on the CUDA cores,
 // after the last step or as the first key while the first S runs, instead of the 16-key step (+1-7%).
 //
-// The keys past the tiles' last multiple of 64 (T mod 64 of them, L/14: 1) fold into each tile's first step (NX
-// 8 or 16: wg_first_x), so that a tile makes 4 round trips at L/14, not 5 (session 42, H100): 0.0822 ms against
-// 0.0883-0.0889 with a step of their own (KILN_CLIP_ATTN_SHORT_CFG=wgp5, NX 0); the tower +0.0-0.6% in three
-// A/B runs (within the spread between rounds). ptxas serialises this variant's wgmma (C7514: it does not see
-// that the wait before O's rescaling in the first wg_next retires the folded keys' P·V) and it is faster all the
-// same; the four warpgroups an SM cover each other's waits. Tried and slower: the folded keys' P·V with the last
-// step's, at its maxima (0.0899; ptxas serialises it too, for registers, and spills 28 bytes); Q's tile from
-// shared memory as S's A operand with the steps unrolled (0.0916, not serialised, 76 bytes spilled). The row tail
-// costs ~0.010 ms of the 0.082 (skipped, timing only: 0.0717-0.0731); its query rows come from the buffer since
-// (0.0805-0.0813 against 0.0823-0.0824 from global memory, built side by side); an 80-key step on each of its
-// warps, its queries still from global memory, was slower (0.0884-0.0904).
+// The keys past the tiles' last multiple of 64 (T mod 64 of them, L/14: 1) can fold into each tile's first step (NX 8
+// or 16: wg_first_x; KILN_CLIP_ATTN_SHORT_CFG=wgpx, session 42's default), so that a tile makes 4 round trips at L/14,
+// not 5 (session 42, H100): 0.0822 ms against 0.0883-0.0889 with a step of their own (NX 0, then 36 bytes spilled; the
+// default again since session 43, below); the tower +0.0-0.6% in three A/B runs (within the spread between rounds).
+// ptxas serialises this variant's wgmma (C7514: it does not see that the wait before O's rescaling in the first wg_next
+// retires the folded keys' P·V) and it is faster all the same; the four warpgroups an SM cover each other's waits.
+// Tried and slower: the folded keys' P·V with the last step's, at its maxima (0.0899; ptxas serialises it too, for
+// registers, and spills 28 bytes); Q's tile from shared memory as S's A operand with the steps unrolled (0.0916, not
+// serialised, 76 bytes spilled). The row tail costs ~0.010 ms of the 0.082 (skipped, timing only: 0.0717-0.0731); its
+// query rows come from the buffer since (0.0805-0.0813 against 0.0823-0.0824 from global memory, built side by side);
+// an 80-key step on each of its warps, its queries still from global memory, was slower (0.0884-0.0904).
+//
+// Session 43 (H100, two rounds; tower: kiln_bench_clip L/14, batch 128, four rounds): with its queries from the
+// buffer, the tail's last quarter in one step of up to 80 keys (not 64 and then 1) cut ptxas's spills of the
+// kernel with the keys past 64 n in a step of their own (NX 0) from 36 bytes to 4, and that kernel became the
+// fastest: 0.0757-0.0758 ms, against the folded keys' 0.0777-0.0779 with the same tail (KILN_CLIP_ATTN_SHORT_CFG=
+// wgpx) and 0.0806-0.0817 for the folded keys with the 64-key tail before. The tower: 3,434 img/s (mean of four)
+// against 3,408 for the folded keys before, +0.8%, each of the four rounds ahead; its embeddings' worst cosine to
+// fp32 0.999926 (0.999923 before; the folded keys with the new tail 0.999921). So NX 0 is the default again.
 
 // K, V and Q (Tk rows each, zeros past T: Q's rows past the m64 tiles are the row tail's) of one item into a
 // buffer, by nth threads, the three in one loop (cs_load_kv loads K and V only; with it and a Q loop beside it
@@ -993,7 +1001,13 @@ static __device__ __forceinline__ void wgp_tail(bf16 *ob, int64_t out_stride, in
     float o[1][D / 8][4], m[1][2], l[1][2];
     uint32_t qf[1][D / 16][4];
     cs_ldsm_q<D>(qf[0], Qs, T & ~63, lane);
-    cs_steps<D, 64, 1>(o, m, l, qf, Ks, Vs, ka, kend, c, lane);
+    // a quarter of at most 17 16-key groups (T <= 272: wgp_takes) holds at most 80 keys: one step (L/14's last
+    // quarter, keys 192..256, is then one step, not 64 keys and then 1)
+    cs_init<D, 1>(o, m, l);
+    if (kend - ka > 64)
+        cs_step<D, 80, 1>(o, m, l, qf, Ks, Vs, ka, kend - ka, c, lane);
+    else
+        cs_step<D, 64, 1>(o, m, l, qf, Ks, Vs, ka, kend - ka, c, lane);
     kwg::mbar_wait(turn, (uint32_t)(n + 1) & 1); // item n - 1's tail is done with P (passes at once for n = 0)
     cs_store_part<D, 1, 16>(P + (size_t)wq * cs_part_floats<D, 16>(), o, m, l, lane);
     wgp_bar(wg);
@@ -1068,8 +1082,8 @@ int clip_attention_supported(const void *q, const void *k, const void *v, const 
 // head dims: the mma.sync kernel (4 warps, 64-key steps; hd 32 only). KILN_CLIP_ATTN_SHORT=0 sends
 // every call to the streaming kernel; KILN_CLIP_ATTN_SHORT_CFG=wg|wg2|mma forces one or two warpgroups or the
 // mma.sync kernel at hd 64 (tests/gpu compare them). Where the persistent kernel takes the shape (above: L/14's
-// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced; wgp5 runs it with
-// the keys past 64 n in a step of their own (session 41's kernel) instead of folded into the first.
+// 257 tokens; 256 goes to cuDNN under KILN_CLIP_ATTN=auto) it runs unless wg or wg2 is forced, the keys past 64 n
+// in a step of their own; wgpx folds them into the first step instead (slower since the 80-key tail, session 43).
 typedef struct {
     int wg, w, bn; // wgmma warpgroups (0: the mma.sync kernel; 4: the persistent kernel), its warps (the persistent
                    // kernel: 1 for a last step of its own for the keys past 64 n), its keys a step
@@ -1091,14 +1105,14 @@ static size_t wgp_buffer(int64_t T) { return (size_t)(3 * ((T + 15) & ~(int64_t)
 static size_t wgp_smem(int64_t T) {
     return 2 * wgp_buffer(T) + 8 * sizeof(uint64_t) + 4 * sizeof(float) * cs_part_floats<64, 16>() + 1024;
 }
-static int wgp_takes(int64_t hd, int64_t T) {
-    return hd == 64 && (T & 63) <= 16 && (T >> 6) >= 4 && wgp_smem(T) <= (size_t)smem_optin();
+static int wgp_takes(int64_t hd, int64_t T) { // 256 <= T <= 272: 4 m64 tiles, one a warpgroup, and a tail of <= 16
+    return hd == 64 && (T & 63) <= 16 && (T >> 6) == 4 && wgp_smem(T) <= (size_t)smem_optin();
 }
 static short_cfg short_config(int64_t hd, int64_t T) {
     const char *e = getenv("KILN_CLIP_ATTN_SHORT_CFG");
     if (hd != 64 || (e && !strcmp(e, "mma"))) return short_cfg{0, 4, 64};
     if (!(e && (!strcmp(e, "wg") || !strcmp(e, "wg2"))) && wgp_takes(hd, T))
-        return short_cfg{4, e && !strcmp(e, "wgp5"), 0};
+        return short_cfg{4, !(e && !strcmp(e, "wgpx")), 0};
     const int64_t nt = ((T + 15) & ~(int64_t)15) & 63, ntile = (T >> 6) + ((T & 63) > 32);
     const int two = e && !strcmp(e, "wg2") ? 1 : e && !strcmp(e, "wg") ? 0 : ntile >= 4;
     return short_cfg{two && (nt == 0 || nt == 16) ? 2 : 1, 0, 0};

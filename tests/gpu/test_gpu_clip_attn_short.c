@@ -51,9 +51,9 @@ TEST(gpu_clip_attn_short_shapes) {
     kiln_rng rng;
     kiln_rng_seed(&rng, 81);
     /* the default choice, one or two warpgroups forced, the persistent kernel (where it takes the shape: T = 256
-     * and 257 here; the default choice elsewhere) with the keys past the last multiple of 64 folded into the
-     * first step (its default) or in a step of their own (wgp5), the mma.sync kernel at hd 64 */
-    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "wgp5", "mma"};
+     * and 257 here; the default choice elsewhere) with the keys past the last multiple of 64 in a step of their
+     * own (its default) or folded into the first step (wgpx), the mma.sync kernel at hd 64 */
+    static const char *const cfgs[] = {"", "wg", "wg2", "wgp", "wgpx", "mma"};
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     setenv("KILN_CLIP_ATTN", "own", 1);
     for (int c = 0; c < ncfg; c++) {
@@ -77,7 +77,7 @@ TEST(gpu_clip_attn_short_shapes) {
     static const struct {
         int64_t B, T, heads;
     } many[] = {{40, 257, 16}, {23, 272, 12}, {29, 256, 11}, {21, 264, 9}, {19, 265, 10}};
-    static const char *const pcfgs[] = {"wgp", "wgp5"};
+    static const char *const pcfgs[] = {"wgp", "wgpx"};
     for (size_t c = 0; c < sizeof pcfgs / sizeof pcfgs[0]; c++) {
         setenv("KILN_CLIP_ATTN_SHORT_CFG", pcfgs[c], 1);
         for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) {
@@ -118,7 +118,7 @@ TEST(gpu_clip_attn_short_timing) {
     const struct {
         const char *attn, *cfg, *shrt, *label;
     } impls[] = {{"cudnn", NULL, NULL, "cudnn"},   {"own", NULL, NULL, "short"},  {"own", "wg", NULL, "short wg"},
-                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"}, {"own", "wgp5", NULL, "short wgp5"},
+                 {"own", "wg2", NULL, "short wg2"}, {"own", "wgp", NULL, "short wgp"}, {"own", "wgpx", NULL, "short wgpx"},
                  {"own", "mma", NULL, "short mma"},
                  {"own", NULL, "0", "streaming"}};
     kiln_rng rng;
