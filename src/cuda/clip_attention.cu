@@ -6,10 +6,9 @@
 //  - short sequences, hd 64 (clip_attn_wg_kernel): one block per (image, head) holding that head's whole K and
 //    V in shared memory, m64 query tiles on wgmma; L/14 at 64 images in 0.092 ms against cuDNN's 0.123 (cuDNN's
 //    128 x 128 tiles make 257 tokens 3 x 3 tiles; here keys pad to 272 and the last row is split over warps);
-//  - the same at T mod 64 <= 16 and 4 tiles or more (clip_attn_wgp_kernel, the default there): persistent, one
-//    block an SM walking (image, head) items, the next ones' K, V and Q loading into a second buffer and each
-//    item's row tail run by one warpgroup beside the others' next tiles, the keys past 256 folded into each
-//    tile's first step; L/14 at 64 images in 0.081 ms (H100);
+//  - the same at T mod 64 <= 16 and 4 tiles (clip_attn_wgp_kernel, the default there): persistent, one block
+//    an SM walking (image, head) items, the next ones' K, V and Q loading into a second buffer and each item's
+//    row tail run by one warpgroup beside the others' next tiles; L/14 at 64 images in 0.0765 ms (H100);
 //  - short sequences, hd 32 (clip_attn_short_kernel): the same block shape on mma.sync;
 //  - anything else the others do not take (clip_attn_kernel): a block owns 64 query rows of one (image, head)
 //    (4 warps x 16 rows) and streams 64-key tiles of K and V (double-buffered with cp.async), mma.sync
@@ -385,22 +384,15 @@ static __device__ __forceinline__ void cs_store_part(float *P, const float (&o)[
         }
 }
 
-// MT query tiles (their A fragments in qf) over keys ka .. kb - 1 (all of them loaded), into o/m/l
-template <int D, int BN, int MT>
-static __device__ __forceinline__ void cs_steps(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
-                                                const uint32_t (&qf)[MT][D / 16][4], const bf16 *Ks, const bf16 *Vs,
-                                                int ka, int kb, float c, int lane) {
-    cs_init<D, MT>(o, m, l);
-    for (int j0 = ka; j0 < kb; j0 += BN) cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, kb - j0), c, lane);
-}
-// the same for the MT tiles from row0 on, their queries from global memory
+// MT tiles of the pair whose first row is row0 over keys ka .. kb - 1 (all of them loaded), into o/m/l
 template <int D, int BN, int MT>
 static __device__ __forceinline__ void cs_run(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                               const bf16 *qb, int64_t stride, int row0, int T, const bf16 *Ks,
                                               const bf16 *Vs, int ka, int kb, float c, int lane) {
     uint32_t qf[MT][D / 16][4];
     cs_load_q<D, MT>(qf, qb, stride, row0, T, lane);
-    cs_steps<D, BN, MT>(o, m, l, qf, Ks, Vs, ka, kb, c, lane);
+    cs_init<D, MT>(o, m, l);
+    for (int j0 = ka; j0 < kb; j0 += BN) cs_step<D, BN, MT>(o, m, l, qf, Ks, Vs, j0, min(BN, kb - j0), c, lane);
 }
 
 // One warp's pair (MT = 2 row tiles from row0; 1 where the second lies past T) over every key, stored: in round
