@@ -18,6 +18,20 @@ bf16 copy written) as device copies of the same byte count. Not included: the CC
 FLOPs), norms, residual scaling, routing glue, embedding and cross-entropy. Prints one JSON line: the step's time
 in the loop (tensor work and optimizer traffic separately, CUDA events), the matmul and attention FLOPs, their
 rate, and the traffic's rate; bench/cuda_train.sh sets it beside both sides' steps.
+
+The design floor (session 44) adds what that floor leaves out, at its least. Issue [cuda] fixes the design: GEMMs
+through cuBLASLt (their inputs and outputs in memory; epilogues of bias and activation only, no prologue, no gather),
+the residual stream and its gradient in f32, f32 master weights and AdamW state. Under those rules:
+- AdamW can move no fewer than 26 bytes a parameter (m and v read and written, 16; the f32 master read and written,
+  8, its high half serving as the bf16 weight; a bf16 gradient read, 2). kiln's AdamW moves ~26.35.
+- Every pass between two GEMMs must read the GEMM outputs and the stored tensors it needs, and write the next GEMMs'
+  inputs, the residual stream and what the backward reads, at least once each. `pass_bytes` lists those bytes
+  tensor by tensor, as if each run of non-GEMM ops between two GEMMs were one perfect pass. They are timed here as
+  device copies of the same byte count.
+The design floor is the tensor work, plus 26/30 of the optimizer's copies, plus the passes' copies. No implementation
+of that design can step faster on this board. kiln's step minus it is what kiln's own passes, kernel gaps and
+distance from cuBLAS cost. The floor is optimistic in three ways: the experts are one dense GEMM, every pass is
+perfect, and nothing waits on the host.
 """
 import json
 import sys
@@ -31,6 +45,41 @@ def shapes(m):
     return [("in_proj", H, Q + 2 * K), ("o_proj", Q, H), ("router0", H, R), ("router1", R, R), ("router2", R, R),
             ("router3", R, E + 1), ("gate_up", H, 2 * I * m["num_experts_per_tok"]),
             ("down", I * m["num_experts_per_tok"], H)]
+
+
+def pass_bytes(m):
+    """[(what, bytes a token)] of the least memory traffic of the step's passes under the design rules above; the
+    layers' items count all of the layers. Activations bf16, the residual stream and its gradient f32; every token is
+    routed to an expert (top-k, no skip), as the tensor work counts it."""
+    H, L, V, R = m["hidden_size"], m["num_hidden_layers"], m["vocab_size"], m["router_hidden_size"]
+    Q, K = m["num_attention_heads"] * m["head_dim"], m["num_key_value_heads"] * m["head_dim"]
+    E1, top = m["num_experts"] + 1, m["num_experts_per_tok"]
+    I = top * m["moe_intermediate_size"]
+    P = Q + 2 * K  # the in-projection's output: q, k and the value's two halves; also qr, kr and v together
+    return [
+        # forward, a layer
+        ("residual joins + RMSNorm fwd: read the stream (f32) and the branch (o, or the experts' rows), write the "
+         "stream and the next norm's bf16 output; two a layer", L * 2 * (4 * H + 2 * H + 4 * H + 2 * H)),
+        ("CCA convolutions + QK norm + RoPE + value shift fwd: read the in-projection, write qr, kr, v", L * 2 * P * 2),
+        ("router fwd: state mix + RMSNorm, two GELUs, softmax + top-k", L * (3 * 2 * R + 2 * 2 * 2 * R + 4 * E1 + 8)),
+        ("experts fwd: gather the routed rows (read ln2, write them)", L * top * 2 * 2 * H),
+        ("experts fwd: SwiGLU (read gate and up, write the product)", L * (2 * 2 * I + 2 * I)),
+        # backward, a layer
+        # the MLP join's with the next norm's: read d(out) (f32), out (the norm's input), the norm output's
+        # gradient, res1 and the experts' rows (the per-channel scales' gradients and the gate's); write d(res1)
+        # and the rows' gradient. The attention join's with ln2's: read d(res1), res1, ln2's gradient from the
+        # experts and from the router, x and o (the scales' gradients); write d(x) and d(o)
+        ("residual joins + RMSNorm bwd: the MLP join (with the next norm) and the attention join (with ln2)",
+         L * ((4 * H + 4 * H + 2 * H + 4 * H + 2 * H + 4 * H + 2 * H) + (4 * H + 4 * H + 2 * 2 * H + 4 * H + 2 * H + 4 * H + 2 * H))),
+        ("CCA convolutions + QK norm + RoPE + value shift bwd: read dqr, dkr, dv and the in-projection (the rest "
+         "recomputed), write the in-projection's gradient", L * 3 * P * 2),
+        ("router bwd: the same tensors' gradients, the depth carry in f32", L * 2 * (3 * 2 * R + 2 * 2 * 2 * R + 4 * E1 + 8)),
+        ("experts bwd: SwiGLU (read the product's gradient, gate and up; write their gradients)", L * (2 * I + 2 * 2 * I + 2 * 2 * I)),
+        # once
+        ("embedding fwd + the input join: read the row, write the stream and layer 0's norm output", 2 * H + 4 * H + 2 * H),
+        ("embedding bwd: read the stream's gradient, add it into the tied weight's f32 gradient row", 4 * H + 2 * 4 * H),
+        ("cross-entropy: read the logits, write their gradient (bf16)", 2 * V + 2 * V),
+    ]
 
 
 def main():
@@ -70,6 +119,9 @@ def main():
     buf = 1 << 30  # 1 GiB copies: a copy moves twice its size
     src, dst = torch.empty(buf, device=dev, dtype=torch.uint8), torch.empty(buf, device=dev, dtype=torch.uint8)
     ncopy = max(1, round(opt_bytes / (2 * buf)))
+    passes = pass_bytes(m)
+    pass_step = N * sum(b for _, b in passes)
+    npass = max(1, round(pass_step / (2 * buf)))
 
     def linear3(n, i, o, rows):
         torch.matmul(x[:rows, :i], ws[n].t(), out=y[:rows, :o])   # forward
@@ -84,35 +136,49 @@ def main():
             out.backward(do)
         linear3("lm_head", H, V, N)
 
-    def optim_traffic():
-        for _ in range(ncopy):
+    def copies(n):
+        for _ in range(n):
             dst.copy_(src)
 
     mm_flops = 6.0 * N * (L * sum(i * o for _, i, o in layer) + H * V)
     attn_flops = L * 3.5 * 4.0 * B * NH * D * T * (T + 1) / 2  # forward QKᵀ, PV over the causal half; backward 2.5x
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
     for _ in range(2):
-        tensor_work(), optim_traffic()
+        tensor_work(), copies(ncopy), copies(npass)
     torch.cuda.synchronize()
-    steps, t_tensor, t_opt = 0, 0.0, 0.0
+    steps, t_tensor, t_opt, t_pass = 0, 0.0, 0.0, 0.0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         ev[0].record()
         tensor_work()
         ev[1].record()
-        optim_traffic()
+        copies(ncopy)
         ev[2].record()
-        ev[2].synchronize()
+        copies(npass)
+        ev[3].record()
+        ev[3].synchronize()
         t_tensor += ev[0].elapsed_time(ev[1])
         t_opt += ev[1].elapsed_time(ev[2])
+        t_pass += ev[2].elapsed_time(ev[3])
         steps += 1
     wall = time.perf_counter() - t0
-    res = {"side": "step floor", "steps": steps, "ms_per_step": 1e3 * wall / steps,
+    # the step floor (as before session 44) is the tensor work and the optimizer's copies; the design floor takes
+    # 26 of the optimizer's 30 bytes a parameter and adds the passes' copies (each copy's time scaled to the exact
+    # byte count: the copies move whole GiB)
+    opt_ms, pass_ms = t_opt / steps, t_pass / steps
+    tb_s = 2 * buf * (ncopy + npass) / ((opt_ms + pass_ms) * 1e-3) / 1e12
+    design = {"ms_per_step": t_tensor / steps + 26 * params / (tb_s * 1e9) + pass_step / (tb_s * 1e9),
+              "optimizer_bytes_per_param": 26, "optimizer_ms_per_step": 26 * params / (tb_s * 1e9),
+              "passes_bytes_per_step": pass_step, "passes_ms_per_step": pass_step / (tb_s * 1e9),
+              "copy_tb_per_s": tb_s, "passes": {w: N * b for w, b in passes}}
+    floor_ms = t_tensor / steps + opt_ms
+    res = {"side": "step floor", "steps": steps, "ms_per_step": floor_ms, "loop_wall_ms_per_step": 1e3 * wall / steps,
            "tensor_ms_per_step": t_tensor / steps, "optimizer_traffic_ms_per_step": t_opt / steps,
            "matmul_tflop_per_step": mm_flops / 1e12, "attention_tflop_per_step": attn_flops / 1e12,
            "tensor_tflops": (mm_flops + attn_flops) / (t_tensor / steps * 1e-3) / 1e12,
-           "optimizer_bytes_per_step": 2 * buf * ncopy, "optimizer_tb_per_s": 2 * buf * ncopy / (t_opt / steps * 1e-3) / 1e12,
-           "tokens_per_step": N, "tokens_per_s": N * steps / wall, "params": params,
+           "optimizer_bytes_per_step": 2 * buf * ncopy, "optimizer_tb_per_s": 2 * buf * ncopy / (opt_ms * 1e-3) / 1e12,
+           "passes_copies_ms_per_step": pass_ms, "design_floor": design,
+           "tokens_per_step": N, "tokens_per_s": N / (floor_ms * 1e-3), "params": params,
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     print(json.dumps(res))
 
