@@ -65,12 +65,13 @@ def pass_bytes(m):
         ("experts fwd: gather the routed rows (read ln2, write them)", L * top * 2 * 2 * H),
         ("experts fwd: SwiGLU (read gate and up, write the product)", L * (2 * 2 * I + 2 * I)),
         # backward, a layer
-        # the MLP join's with the next norm's: read d(out) (f32), out (the norm's input), the norm output's
-        # gradient, res1 and the experts' rows (the per-channel scales' gradients and the gate's); write d(res1)
-        # and the rows' gradient. The attention join's with ln2's: read d(res1), res1, ln2's gradient from the
-        # experts and from the router, x and o (the scales' gradients); write d(x) and d(o)
+        # the MLP join's with the next norm's: read d(out) (f32), res1 and the experts' rows (the per-channel
+        # scales' gradients and the gate's; out, the norm's input, recomputed from them), the norm output's
+        # gradient; write d(res1) and the rows' gradient. The attention join's with ln2's: read d(res1), x and o
+        # (the scales' gradients; res1, ln2's input, recomputed from them), ln2's gradient from the experts and
+        # from the router; write d(x) and d(o)
         ("residual joins + RMSNorm bwd: the MLP join (with the next norm) and the attention join (with ln2)",
-         L * ((4 * H + 4 * H + 2 * H + 4 * H + 2 * H + 4 * H + 2 * H) + (4 * H + 4 * H + 2 * 2 * H + 4 * H + 2 * H + 4 * H + 2 * H))),
+         L * ((4 * H + 4 * H + 2 * H + 2 * H + 4 * H + 2 * H) + (4 * H + 4 * H + 2 * H + 2 * 2 * H + 4 * H + 2 * H))),
         ("CCA convolutions + QK norm + RoPE + value shift bwd: read dqr, dkr, dv and the in-projection (the rest "
          "recomputed), write the in-projection's gradient", L * 3 * P * 2),
         ("router bwd: the same tensors' gradients, the depth carry in f32", L * 2 * (3 * 2 * R + 2 * 2 * 2 * R + 4 * E1 + 8)),
