@@ -156,7 +156,14 @@ try:
               f"{100 * dm / kiln['ms_per_step']:.1f}% of it")
         if peer:
             print(f"at the design floor kiln / peer <= {peer['ms_per_step'] / dm:.2f}x (no implementation of issue "
-                  f"[cuda]'s design steps faster on this board: bench/peers/zaya_step_floor.py)")
+                  f"[cuda]'s design steps faster on this board while every token reaches an expert: "
+                  f"bench/peers/zaya_step_floor.py)")
+    # the routing of kiln's last step: the skip expert's share of the tokens (no expert work), which the floor
+    # counts as routed
+    skip = [l[-1] for l in rows[-1].get("load", [])]
+    if skip:
+        print(f"kiln's last step: the skip expert took {100 * min(skip):.1f}-{100 * max(skip):.1f}% of the tokens by "
+              f"layer (mean {100 * sum(skip) / len(skip):.1f}%)")
 except (OSError, ValueError, KeyError, IndexError) as ex:
     print(f"(no step floor: {ex})")
 json.dump({"kiln": kiln, "peer": peer, "power": power, "step_floor": floor}, open(f"{out}/cuda_train.json", "w"), indent=1)

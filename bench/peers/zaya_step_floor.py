@@ -29,9 +29,11 @@ the residual stream and its gradient in f32, f32 master weights and AdamW state.
   tensor by tensor, as if each run of non-GEMM ops between two GEMMs were one perfect pass. They are timed here as
   device copies of the same byte count.
 The design floor is the tensor work, plus 26/30 of the optimizer's copies, plus the passes' copies. No implementation
-of that design can step faster on this board. kiln's step minus it is what kiln's own passes, kernel gaps and
-distance from cuBLAS cost. The floor is optimistic in three ways: the experts are one dense GEMM, every pass is
-perfect, and nothing waits on the host.
+of that design steps faster on this board while every token reaches an expert (tokens routed to the skip expert
+cost no expert work: at a skip share s the experts' GEMMs and passes shrink by s). kiln's step minus it is what
+kiln's own passes, kernel gaps and distance from cuBLAS cost. Otherwise the floor is optimistic: the experts are one
+dense GEMM, every pass is perfect, nothing waits on the host, the CCA convolutions' FLOPs and the gradient norm's
+reads (kiln clips; the peer does not) are left out.
 """
 import json
 import sys
