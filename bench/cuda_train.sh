@@ -158,6 +158,42 @@ try:
             print(f"at the design floor kiln / peer <= {peer['ms_per_step'] / dm:.2f}x (no implementation of issue "
                   f"[cuda]'s design steps faster on this board while every token reaches an expert: "
                   f"bench/peers/zaya_step_floor.py)")
+        # kiln's op classes of its last step (KILN_CUDA_PROFILE's table) against the design floor's items
+        ops = {mo.group(1).strip(): float(mo.group(2)) for mo in
+               re.finditer(r"^  (\S.*?)\s+([0-9.]+)\s+[0-9.]+%\s+\d+$", log, re.M)}
+        groups = [  # (what, kiln's op classes by prefix, the floor's: "tensor", "optimizer" or pass_bytes keys)
+            ("GEMMs + attention + the experts' gather and SwiGLU", ("linear", "LM head", "attention", "experts"),
+             ("tensor", "experts")),
+            ("AdamW + the gradient norm", ("optimizer", "gradient norm"), ("optimizer",)),
+            ("residual joins + RMSNorm fwd", ("residual + RMSNorm fwd",), ("joins_fwd",)),
+            ("residual joins + RMSNorm bwd", ("residual + RMSNorm bwd",), ("joins_bwd",)),
+            ("CCA convolutions + QK norm + RoPE fwd", ("CCA convolutions fwd", "QK norm + RoPE fwd"), ("cca_fwd",)),
+            ("CCA convolutions + QK norm + RoPE bwd", ("CCA convolutions bwd", "QK norm + RoPE bwd"), ("cca_bwd",)),
+            ("router and glue fwd", ("pointwise + glue fwd", "RMSNorm fwd"), ("router_fwd",)),
+            ("router and glue bwd", ("pointwise + glue bwd", "RMSNorm bwd"), ("router_bwd",)),
+            ("cross-entropy", ("cross-entropy",), ("cross_entropy",)),
+            ("embedding", ("embedding",), ("embedding",)),
+        ]
+        fl_ms = {"tensor": floor["tensor_ms_per_step"], "optimizer": d["optimizer_ms_per_step"]}
+        for it in d.get("passes", []):
+            fl_ms[it["key"]] = fl_ms.get(it["key"], 0.0) + it["bytes"] / (d["copy_tb_per_s"] * 1e9)
+        if ops and isinstance(d.get("passes"), list):
+            ops.pop("sum of the ops", None)
+            table, seen = [], set()
+            for what, pre, keys in groups:
+                names = [n for n in ops if n not in seen and n.startswith(pre)]
+                seen.update(names)
+                table.append({"work": what, "kiln_ms": sum(ops[n] for n in names),
+                              "floor_ms": sum(fl_ms.get(k, 0.0) for k in keys), "kiln_ops": names})
+            rest = [n for n in ops if n not in seen]
+            if rest:
+                table.append({"work": "other", "kiln_ms": sum(ops[n] for n in rest), "floor_ms": 0.0, "kiln_ops": rest})
+            print("\nkiln's last step (op classes, CUDA events) against the design floor, ms:")
+            print(f"{'':52}{'kiln':>8}{'floor':>8}{'above':>8}")
+            for r in table + [{"work": "sum", "kiln_ms": sum(r["kiln_ms"] for r in table),
+                               "floor_ms": sum(r["floor_ms"] for r in table)}]:
+                print(f"{r['work']:52}{r['kiln_ms']:8.2f}{r['floor_ms']:8.2f}{r['kiln_ms'] - r['floor_ms']:8.2f}")
+            floor["above_design_floor"] = table
     # the routing of kiln's last step: the skip expert's share of the tokens (no expert work), which the floor
     # counts as routed
     skip = [l[-1] for l in rows[-1].get("load", [])]

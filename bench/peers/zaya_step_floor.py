@@ -50,38 +50,44 @@ def shapes(m):
 
 
 def pass_bytes(m):
-    """[(what, bytes a token)] of the least memory traffic of the step's passes under the design rules above; the
-    layers' items count all of the layers. Activations bf16, the residual stream and its gradient f32; every token is
-    routed to an expert (top-k, no skip), as the tensor work counts it."""
+    """[(key, what, bytes a token)] of the least memory traffic of the step's passes under the design rules above;
+    the layers' items count all of the layers; key names the group of kiln's op classes the item is set against
+    (bench/cuda_train.sh). Activations bf16, the residual stream and its gradient f32; every token is routed to an
+    expert (top-k, no skip), as the tensor work counts it."""
     H, L, V, R = m["hidden_size"], m["num_hidden_layers"], m["vocab_size"], m["router_hidden_size"]
     Q, K = m["num_attention_heads"] * m["head_dim"], m["num_key_value_heads"] * m["head_dim"]
     E1, top = m["num_experts"] + 1, m["num_experts_per_tok"]
     I = top * m["moe_intermediate_size"]
     P = Q + 2 * K  # the in-projection's output: q, k and the value's two halves; also qr, kr and v together
+    router = 3 * 2 * R + 2 * 2 * 2 * R + 4 * E1 + 8  # rdown + the previous layer's in, rn out; two GELUs; the head
     return [
         # forward, a layer
-        ("residual joins + RMSNorm fwd: read the stream (f32) and the branch (o, or the experts' rows), write the "
-         "stream and the next norm's bf16 output; two a layer", L * 2 * (4 * H + 2 * H + 4 * H + 2 * H)),
-        ("CCA convolutions + QK norm + RoPE + value shift fwd: read the in-projection, write qr, kr, v", L * 2 * P * 2),
-        ("router fwd: state mix + RMSNorm, two GELUs, softmax + top-k", L * (3 * 2 * R + 2 * 2 * 2 * R + 4 * E1 + 8)),
-        ("experts fwd: gather the routed rows (read ln2, write them)", L * top * 2 * 2 * H),
-        ("experts fwd: SwiGLU (read gate and up, write the product)", L * (2 * 2 * I + 2 * I)),
+        ("joins_fwd", "residual joins + RMSNorm fwd: read the stream (f32) and the branch (o, or the experts' rows), "
+         "write the stream and the next norm's bf16 output; two a layer", L * 2 * (4 * H + 2 * H + 4 * H + 2 * H)),
+        ("cca_fwd", "CCA convolutions + QK norm + RoPE + value shift fwd: read the in-projection, write qr, kr, v",
+         L * 2 * P * 2),
+        ("router_fwd", "router fwd: state mix + RMSNorm, two GELUs, softmax + top-k", L * router),
+        ("experts", "experts fwd: gather the routed rows (read ln2, write them)", L * top * 2 * 2 * H),
+        ("experts", "experts fwd: SwiGLU (read gate and up, write the product)", L * (2 * 2 * I + 2 * I)),
         # backward, a layer
         # the MLP join's with the next norm's: read d(out) (f32), res1 and the experts' rows (the per-channel
         # scales' gradients and the gate's; out, the norm's input, recomputed from them), the norm output's
         # gradient; write d(res1) and the rows' gradient. The attention join's with ln2's: read d(res1), x and o
         # (the scales' gradients; res1, ln2's input, recomputed from them), ln2's gradient from the experts and
         # from the router; write d(x) and d(o)
-        ("residual joins + RMSNorm bwd: the MLP join (with the next norm) and the attention join (with ln2)",
-         L * ((4 * H + 4 * H + 2 * H + 2 * H + 4 * H + 2 * H) + (4 * H + 4 * H + 2 * H + 2 * 2 * H + 4 * H + 2 * H))),
-        ("CCA convolutions + QK norm + RoPE + value shift bwd: read dqr, dkr, dv and the in-projection (the rest "
-         "recomputed), write the in-projection's gradient", L * 3 * P * 2),
-        ("router bwd: the same tensors' gradients, the depth carry in f32", L * 2 * (3 * 2 * R + 2 * 2 * 2 * R + 4 * E1 + 8)),
-        ("experts bwd: SwiGLU (read the product's gradient, gate and up; write their gradients)", L * (2 * I + 2 * 2 * I + 2 * 2 * I)),
+        ("joins_bwd", "residual joins + RMSNorm bwd: the MLP join (with the next norm) and the attention join (with "
+         "ln2)", L * ((4 * H + 4 * H + 2 * H + 2 * H + 4 * H + 2 * H) + (4 * H + 4 * H + 2 * H + 2 * 2 * H + 4 * H + 2 * H))),
+        ("cca_bwd", "CCA convolutions + QK norm + RoPE + value shift bwd: read dqr, dkr, dv and the in-projection (the "
+         "rest recomputed), write the in-projection's gradient", L * 3 * P * 2),
+        ("router_bwd", "router bwd: the same tensors' gradients, the depth carry in f32", L * 2 * router),
+        ("experts", "experts bwd: SwiGLU (read the product's gradient, gate and up; write their gradients)",
+         L * (2 * I + 2 * 2 * I + 2 * 2 * I)),
         # once
-        ("embedding fwd + the input join: read the row, write the stream and layer 0's norm output", 2 * H + 4 * H + 2 * H),
-        ("embedding bwd: read the stream's gradient, add it into the tied weight's f32 gradient row", 4 * H + 2 * 4 * H),
-        ("cross-entropy: read the logits, write their gradient (bf16)", 2 * V + 2 * V),
+        ("embedding", "embedding fwd + the input join: read the row, write the stream and layer 0's norm output",
+         2 * H + 4 * H + 2 * H),
+        ("embedding", "embedding bwd: read the stream's gradient, add it into the tied weight's f32 gradient row",
+         4 * H + 2 * 4 * H),
+        ("cross_entropy", "cross-entropy: read the logits, write their gradient (bf16)", 2 * V + 2 * V),
     ]
 
 
@@ -123,7 +129,7 @@ def main():
     src, dst = torch.empty(buf, device=dev, dtype=torch.uint8), torch.empty(buf, device=dev, dtype=torch.uint8)
     ncopy = max(1, round(opt_bytes / (2 * buf)))
     passes = pass_bytes(m)
-    pass_step = N * sum(b for _, b in passes)
+    pass_step = N * sum(b for _, _, b in passes)
     npass = max(1, round(pass_step / (2 * buf)))
 
     def linear3(n, i, o, rows):
@@ -173,7 +179,8 @@ def main():
     design = {"ms_per_step": t_tensor / steps + 26 * params / (tb_s * 1e9) + pass_step / (tb_s * 1e9),
               "optimizer_bytes_per_param": 26, "optimizer_ms_per_step": 26 * params / (tb_s * 1e9),
               "passes_bytes_per_step": pass_step, "passes_ms_per_step": pass_step / (tb_s * 1e9),
-              "copy_tb_per_s": tb_s, "passes": {w: N * b for w, b in passes}}
+              "copy_tb_per_s": tb_s,
+              "passes": [{"key": k, "what": w, "bytes": N * b} for k, w, b in passes]}
     floor_ms = t_tensor / steps + opt_ms
     res = {"side": "step floor", "steps": steps, "ms_per_step": floor_ms, "loop_wall_ms_per_step": 1e3 * wall / steps,
            "tensor_ms_per_step": t_tensor / steps, "optimizer_traffic_ms_per_step": t_opt / steps,
