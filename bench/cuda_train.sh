@@ -124,6 +124,12 @@ if peer:
     print(f"params: kiln total {total/1e6:.0f}M active {active/1e6:.0f}M; peer total {peer['total_params']/1e6:.0f}M "
           f"active {peer['active_params']/1e6:.0f}M")
 print(f"FLOPs/token: exact {exact/1e9:.2f} G (matmuls, fwd x3), the peer's count {peer_way/1e9:.2f} G")
+# the routing of kiln's last step: the skip expert's share of the tokens (no expert work; the step floors count
+# every token as routed)
+skip = [l[-1] for l in rows[-1].get("load", [])]
+if skip:
+    print(f"kiln's last step: the skip expert took {100 * min(skip):.1f}-{100 * max(skip):.1f}% of the tokens by "
+          f"layer (mean {100 * sum(skip) / len(skip):.1f}%)")
 # each side's whole process under the sampler (warm-up and start-up included; the busy samples only)
 power = {}
 try:
@@ -177,7 +183,7 @@ try:
         fl_ms = {"tensor": floor["tensor_ms_per_step"], "optimizer": d["optimizer_ms_per_step"]}
         for it in d.get("passes", []):
             fl_ms[it["key"]] = fl_ms.get(it["key"], 0.0) + it["bytes"] / (d["copy_tb_per_s"] * 1e9)
-        if ops and isinstance(d.get("passes"), list):
+        if ops:
             ops.pop("sum of the ops", None)
             table, seen = [], set()
             for what, pre, keys in groups:
@@ -194,12 +200,6 @@ try:
                                "floor_ms": sum(r["floor_ms"] for r in table)}]:
                 print(f"{r['work']:52}{r['kiln_ms']:8.2f}{r['floor_ms']:8.2f}{r['kiln_ms'] - r['floor_ms']:8.2f}")
             floor["above_design_floor"] = table
-    # the routing of kiln's last step: the skip expert's share of the tokens (no expert work), which the floor
-    # counts as routed
-    skip = [l[-1] for l in rows[-1].get("load", [])]
-    if skip:
-        print(f"kiln's last step: the skip expert took {100 * min(skip):.1f}-{100 * max(skip):.1f}% of the tokens by "
-              f"layer (mean {100 * sum(skip) / len(skip):.1f}%)")
 except (OSError, ValueError, KeyError, IndexError) as ex:
     print(f"(no step floor: {ex})")
 json.dump({"kiln": kiln, "peer": peer, "power": power, "step_floor": floor}, open(f"{out}/cuda_train.json", "w"), indent=1)
