@@ -196,8 +196,9 @@ try:
                 table.append({"work": "other", "kiln_ms": sum(ops[n] for n in rest), "floor_ms": 0.0, "kiln_ops": rest})
             print("\nkiln's last step (op classes, CUDA events) against the design floor, ms:")
             print(f"{'':52}{'kiln':>8}{'floor':>8}{'above':>8}")
-            for r in table + [{"work": "sum", "kiln_ms": sum(r["kiln_ms"] for r in table),
-                               "floor_ms": sum(r["floor_ms"] for r in table)}]:
+            total = {"work": "sum", "kiln_ms": sum(x["kiln_ms"] for x in table),
+                     "floor_ms": sum(x["floor_ms"] for x in table)}
+            for r in table + [total]:
                 print(f"{r['work']:52}{r['kiln_ms']:8.2f}{r['floor_ms']:8.2f}{r['kiln_ms'] - r['floor_ms']:8.2f}")
             floor["above_design_floor"] = table
 except (OSError, ValueError, KeyError, IndexError) as ex:

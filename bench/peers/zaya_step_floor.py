@@ -177,19 +177,19 @@ def main():
     # the step floor (as before session 44) is the tensor work and the optimizer's copies; the design floor takes
     # 26 of the optimizer's 30 bytes a parameter and adds the passes' copies (each copy's time scaled to the exact
     # byte count: the copies move whole GiB)
-    opt_ms, pass_ms = t_opt / steps, t_pass / steps
+    tensor_ms, opt_ms, pass_ms = t_tensor / steps, t_opt / steps, t_pass / steps
     tb_s = 2 * buf * (ncopy + npass) / ((opt_ms + pass_ms) * 1e-3) / 1e12
     opt_min_ms, pass_min_ms = OPT_MIN_BYTES * params / (tb_s * 1e9), pass_step / (tb_s * 1e9)
-    design = {"ms_per_step": t_tensor / steps + opt_min_ms + pass_min_ms,
+    design = {"ms_per_step": tensor_ms + opt_min_ms + pass_min_ms,
               "optimizer_bytes_per_param": OPT_MIN_BYTES, "optimizer_ms_per_step": opt_min_ms,
               "passes_bytes_per_step": pass_step, "passes_ms_per_step": pass_min_ms,
               "copy_tb_per_s": tb_s,
               "passes": [{"key": k, "what": w, "bytes": N * b} for k, w, b in passes]}
-    floor_ms = t_tensor / steps + opt_ms
+    floor_ms = tensor_ms + opt_ms
     res = {"side": "step floor", "steps": steps, "ms_per_step": floor_ms, "loop_wall_ms_per_step": 1e3 * wall / steps,
-           "tensor_ms_per_step": t_tensor / steps, "optimizer_traffic_ms_per_step": t_opt / steps,
+           "tensor_ms_per_step": tensor_ms, "optimizer_traffic_ms_per_step": opt_ms,
            "matmul_tflop_per_step": mm_flops / 1e12, "attention_tflop_per_step": attn_flops / 1e12,
-           "tensor_tflops": (mm_flops + attn_flops) / (t_tensor / steps * 1e-3) / 1e12,
+           "tensor_tflops": (mm_flops + attn_flops) / (tensor_ms * 1e-3) / 1e12,
            "optimizer_bytes_per_step": 2 * buf * ncopy, "optimizer_tb_per_s": 2 * buf * ncopy / (opt_ms * 1e-3) / 1e12,
            "passes_copies_ms_per_step": pass_ms, "design_floor": design,
            "tokens_per_step": N, "tokens_per_s": N / (floor_ms * 1e-3), "params": params,
